@@ -1,0 +1,76 @@
+"""Helpers shared by the stage asset factories: keys, model dependencies, costs, metadata."""
+
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetKey, MetadataValue
+
+from campaigns.spec import CampaignSpec
+from costs.lines import compute_line
+from lineage.hashing import model_fingerprint, short, value_sha256
+from resources.pricing import PricingResource
+from tinymodels import recipe
+
+STAGES = (
+    "prompts",
+    "teacher_generations",
+    "distillation_set",
+    "tokenized_dataset",
+    "student_adapter",
+    "evaluation",
+    "promoted_model",
+    "campaign_cost",
+)
+
+DEMO_GROUP = "demo_models"
+
+
+def key(spec: CampaignSpec, stage: str) -> AssetKey:
+    return AssetKey([spec.name, stage])
+
+
+def demo_model_key(ref: str) -> AssetKey:
+    return AssetKey([DEMO_GROUP, ref.removeprefix(recipe.PREFIX)])
+
+
+def model_deps(*refs: str) -> list[AssetKey]:
+    """Asset keys of the demo models a stage reads (other models are plain paths)."""
+    return sorted({demo_model_key(r) for r in refs if recipe.is_demo_ref(r)}, key=lambda k: k.path)
+
+
+def stage_key(*parts: Any) -> str:
+    return short(value_sha256(list(parts)), 20)
+
+
+_FINGERPRINTS: dict[tuple[str, float], str] = {}
+
+
+def model_identity(path: Path, revision: str | None = None) -> str:
+    """Fingerprint of a model directory (memoized per path and mtime), plus its revision."""
+    mtime = max((p.stat().st_mtime for p in path.rglob("*") if p.is_file()), default=0.0)
+    cache_key = (str(path), mtime)
+    if cache_key not in _FINGERPRINTS:
+        _FINGERPRINTS[cache_key] = model_fingerprint(path)
+    return f"{_FINGERPRINTS[cache_key]}@{revision or ''}"
+
+
+def hardware_cost(pricing: PricingResource, spec: CampaignSpec, kind: str, hardware: str, seconds: float,
+                  hosts: int = 1, devices: int = 1) -> dict:
+    entry = pricing.price(hardware, spec.cost.catalog, spec.cost.overrides)
+    return compute_line(kind, entry, seconds, hosts=hosts, devices=devices)
+
+
+def usd(lines: list[dict]) -> float:
+    return float(sum(line["usd"] for line in lines))
+
+
+def base_metadata(manifest: dict, cached: bool) -> dict[str, Any]:
+    md: dict[str, Any] = {
+        "path": MetadataValue.path(manifest["path"]),
+        "content_key": manifest["key"],
+        "cached": cached,
+        "wall_seconds": float(manifest.get("wall_seconds", 0.0)),
+        "cost_usd": usd(manifest.get("cost_lines", [])),
+        "spent_this_run_usd": 0.0 if cached else usd(manifest.get("cost_lines", [])),
+    }
+    return md

@@ -1,0 +1,180 @@
+"""``campaign``: validate, run and inspect campaigns from the command line.
+
+``campaign run`` materializes the campaign's job through Dagster (the same assets, resources
+and checks the UI runs) against the persistent instance in ``$DAGSTER_HOME`` (default
+``.dagster_home/`` in the repository), so its runs show up in ``dagster dev`` too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from campaigns.loader import REPO_ROOT, CampaignError, default_campaign_files, load_campaigns, resolve_campaign
+
+EXIT_OK, EXIT_INVALID, EXIT_FAILED, EXIT_BLOCKED = 0, 1, 2, 3
+
+
+def _validate(args: argparse.Namespace) -> int:
+    files = args.files or default_campaign_files()
+    missing = [f for f in files if not Path(f).exists()]
+    loaded = load_campaigns([f for f in files if Path(f).exists()])
+    for name, src in loaded.sources.items():
+        print(f"ok       {src}  (campaign {name})")
+    for f in missing:
+        print(f"invalid  {f}: no such file")
+    for err in loaded.errors:
+        print(f"invalid  {err.path}")
+        for line in err.render().splitlines():
+            print(f"  {line}")
+    bad = len(loaded.errors) + len(missing)
+    print(f"\n{len(loaded.campaigns)} valid, {bad} invalid")
+    return EXIT_INVALID if bad else EXIT_OK
+
+
+def dagster_home() -> Path:
+    home = Path(os.environ.get("DAGSTER_HOME") or REPO_ROOT / ".dagster_home").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    shipped = REPO_ROOT / "dagster.yaml"
+    if shipped.exists() and not (home / "dagster.yaml").exists():
+        shutil.copy(shipped, home / "dagster.yaml")
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def _latest(artifacts: Path, campaign: str, stage: str) -> dict | None:
+    p = artifacts / campaign / stage / "LATEST.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def campaign_summary(artifacts: Path, campaign: str, primary_suite: str) -> dict:
+    """Scores, verdict and cost of the campaign's latest materializations (from the manifests)."""
+    from costs.report import cost_per_result
+
+    ev = _latest(artifacts, campaign, "evaluation")
+    gen = _latest(artifacts, campaign, "teacher_generations")
+    dist = _latest(artifacts, campaign, "distillation_set")
+    out: dict = {"campaign": campaign}
+    if ev:
+        gate = json.loads(Path(ev["gate_path"]).read_text())
+        scores = ev["scores"]
+        out |= {role: scores.get(role, {}).get(primary_suite) for role in ("teacher", "base", "candidate")}
+        out |= {"verdict": gate["verdict"], "reasons": gate["reasons"], "report": gate["markdown"]}
+    stages = {s: _latest(artifacts, campaign, s) for s in
+              ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")}
+    if all(stages.values()):
+        out["cost"] = cost_per_result(stages, dist["rows"], gen["prompt_tokens"] + gen["completion_tokens"],
+                                      out.get("candidate"), out.get("base"))
+    promoted = _latest(artifacts, campaign, "promoted_model")
+    if promoted and ev and promoted.get("key") == ev.get("candidate_key"):
+        out["promoted"] = promoted["adapter_path"]
+    return out
+
+
+def _fmt(x: float | None, pct: bool = True) -> str:
+    return "n/a" if x is None else (f"{x:.1%}" if pct else f"{x:.6f}")
+
+
+def print_summary(s: dict, seconds: float) -> None:
+    print(f"\n=== campaign {s['campaign']} ({seconds:.0f} s) ===")
+    print(f"teacher   exact match: {_fmt(s.get('teacher'))}")
+    print(f"base      exact match: {_fmt(s.get('base'))}")
+    print(f"student   exact match: {_fmt(s.get('candidate'))}")
+    print(f"gate verdict: {s.get('verdict', 'not evaluated')}")
+    for r in s.get("reasons", []):
+        print(f"  - {r}")
+    c = s.get("cost")
+    if c:
+        per_point = c["usd_per_point_gained"]
+        print(f"cost: total ${c['total_usd']:.6f} (teacher ${c['teacher_usd']:.6f}, training ${c['training_usd']:.6f}, "
+              f"evaluation ${c['evaluation_usd']:.6f})")
+        print(f"cost per result: ${c['usd_per_1k_accepted_examples'] or 0:.6f} per 1k accepted examples; "
+              f"${c['usd_per_million_teacher_tokens'] or 0:.6f} per M teacher tokens; "
+              + (f"${per_point:.6f} per point gained over base" if per_point is not None
+                 else "per point gained: not meaningful (no gain over base)"))
+    if s.get("promoted"):
+        print(f"promoted adapter: {s['promoted']}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        spec, source = resolve_campaign(args.campaign)
+    except CampaignError as e:
+        print(f"invalid campaign:\n{e}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyError as e:
+        print(e.args[0], file=sys.stderr)
+        return EXIT_INVALID
+    dagster_home()
+    from dagster import DagsterInstance
+
+    from assets.location import build_definitions, campaign_job_name
+    from resources.storage import ArtifactStore
+
+    defs = build_definitions([str(REPO_ROOT / source) if not Path(source).is_absolute() else source],
+                             artifact_root=args.artifacts)
+    job = defs.resolve_job_def(campaign_job_name(spec.name))
+    t0 = time.perf_counter()
+    with DagsterInstance.get() as instance:
+        result = job.execute_in_process(instance=instance, raise_on_error=False,
+                                        tags={"trigger": "manual", "campaign": spec.name})
+    seconds = time.perf_counter() - t0
+    summary = campaign_summary(ArtifactStore(root=args.artifacts).root_path(), spec.name, spec.evaluation.suites[0].name)
+    print_summary(summary, seconds)
+    print(f"dagster run id: {result.run_id} ({'success' if result.success else 'failure'})")
+    if summary.get("verdict") and summary["verdict"] != "GO":
+        print("promotion blocked by the gate.")
+        return EXIT_BLOCKED
+    if not result.success:
+        for ev in result.all_events:
+            if ev.is_step_failure:
+                print(f"step {ev.step_key} failed: {ev.event_specific_data.error.message.strip()}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _list(args: argparse.Namespace) -> int:
+    loaded = load_campaigns()
+    for name, src in loaded.sources.items():
+        print(f"{name:24s} {src}")
+    for e in loaded.errors:
+        print(f"{'(invalid)':24s} {e.path}")
+    return EXIT_OK
+
+
+def _build_models(args: argparse.Namespace) -> int:
+    from resources.storage import ArtifactStore
+    from tinymodels.build import build_demo_models
+
+    report = build_demo_models(ArtifactStore(root=args.artifacts).root_path(), force=args.force)
+    print(json.dumps(report, indent=2))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="campaign", description="Distillation and fine-tune campaigns on Dagster.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("validate", help="validate campaign files (default: campaigns/*.yaml)")
+    v.add_argument("files", nargs="*")
+    v.set_defaults(fn=_validate)
+    r = sub.add_parser("run", help="materialize a campaign end to end through Dagster")
+    r.add_argument("campaign", help="campaign name or YAML file")
+    r.add_argument("--artifacts", default="artifacts", help="artifact root (default: ./artifacts)")
+    r.set_defaults(fn=_run)
+    ls = sub.add_parser("list", help="list campaigns")
+    ls.set_defaults(fn=_list)
+    b = sub.add_parser("build-models", help="build the demo models (cached)")
+    b.add_argument("--artifacts", default="artifacts")
+    b.add_argument("--force", action="store_true")
+    b.set_defaults(fn=_build_models)
+    args = ap.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

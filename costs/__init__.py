@@ -1,0 +1,1 @@
+"""Pricing catalog, cost lines and cost-per-result arithmetic. Pure Python, no Dagster."""

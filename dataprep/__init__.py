@@ -1,0 +1,1 @@
+"""Plain data stages: prompt sources, filtering of teacher output, tokenization into Parquet."""

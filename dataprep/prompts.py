@@ -1,0 +1,118 @@
+"""Read a campaign's prompt source (JSONL files, a glob) and split it into train and held-out.
+
+Every bad input is a :class:`PromptSourceError` that names the file and line. The split is
+deterministic: an item is held out when the hash of (seed, id) falls under the fraction, so
+adding new prompt files never moves existing items between the splits.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PROMPT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("prompt", pa.string()),
+        ("reference", pa.string()),
+        ("category", pa.string()),
+        ("source_file", pa.string()),
+    ]
+)
+
+
+class PromptSourceError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceFields:
+    id: str = "id"
+    prompt: str = "prompt"
+    reference: str = "reference"
+    category: str = "category"
+
+
+def source_files(pattern: str, base_dir: str | Path) -> list[Path]:
+    p = Path(pattern)
+    full = str(p if p.is_absolute() else Path(base_dir) / p)
+    files = sorted(Path(f) for f in glob.glob(full, recursive=True) if Path(f).is_file())
+    if not files:
+        raise PromptSourceError(f"data.source {pattern!r}: no files match {full!r}; check the path or glob")
+    return files
+
+
+def read_prompts(files: list[Path], fields: SourceFields = SourceFields()) -> list[dict]:
+    """Rows with id, prompt, reference (may be None), category (default 'all'), source_file."""
+    rows: list[dict] = []
+    seen: dict[str, str] = {}
+    for f in files:
+        try:
+            text = f.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = f.read_bytes()[: e.start].count(b"\n") + 1
+            raise PromptSourceError(f"{f}:{line}: not valid UTF-8 ({e.reason}); re-encode the file as UTF-8") from None
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PromptSourceError(f"{f}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise PromptSourceError(f"{f}:{n}: expected a JSON object per line")
+            prompt = obj.get(fields.prompt)
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise PromptSourceError(f"{f}:{n}: field {fields.prompt!r} must be a non-empty string, got {prompt!r}")
+            pid = obj.get(fields.id)
+            pid = str(pid) if pid is not None else hashlib.sha256(prompt.encode()).hexdigest()[:16]
+            if pid in seen:
+                raise PromptSourceError(f"{f}:{n}: duplicate id {pid!r} (first seen in {seen[pid]})")
+            seen[pid] = f"{f}:{n}"
+            ref = obj.get(fields.reference)
+            cat = obj.get(fields.category)
+            rows.append(
+                {
+                    "id": pid,
+                    "prompt": prompt,
+                    "reference": None if ref is None else str(ref),
+                    "category": "all" if cat is None else str(cat),
+                    "source_file": f.name,
+                }
+            )
+    if not rows:
+        raise PromptSourceError(f"no prompts in {[str(f) for f in files]}: the source is empty")
+    return rows
+
+
+def is_heldout(item_id: str, fraction: float, seed: int) -> bool:
+    h = int.from_bytes(hashlib.sha256(f"{seed}:{item_id}".encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+def split(rows: list[dict], fraction: float, seed: int, max_items: int | None = None) -> tuple[list[dict], list[dict]]:
+    """(train, heldout); held-out items need a reference and are capped at ``max_items``."""
+    train, held = [], []
+    for r in rows:
+        (held if is_heldout(r["id"], fraction, seed) and r["reference"] is not None else train).append(r)
+    if max_items is not None and len(held) > max_items:
+        held.sort(key=lambda r: hashlib.sha256(f"{seed}:{r['id']}".encode()).hexdigest())
+        held, extra = held[:max_items], held[max_items:]
+        train += extra
+    return train, held
+
+
+def write_prompts(rows: list[dict], path: str | Path) -> Path:
+    table = pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA)
+    pq.write_table(table, path)
+    return Path(path)
+
+
+def read_prompt_table(path: str | Path) -> list[dict]:
+    return pq.read_table(path).to_pylist()

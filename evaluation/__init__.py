@@ -1,0 +1,1 @@
+"""Metrics, suites, paired comparison and gate logic. Never imports Dagster."""

@@ -1,0 +1,1 @@
+"""Teacher generation: local transformers models (and, later, OpenAI-compatible endpoints and vLLM)."""

@@ -1,0 +1,118 @@
+"""Batched generation with a local ``transformers`` model (optionally 4-bit, optionally + LoRA).
+
+Used by the ``transformers`` teacher backend and by evaluation. Prompts are bucketed by
+length (sorted, then batched) so that left padding stays small; results come back in input
+order. Imports torch: load this module lazily.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class Completion:
+    text: str
+    finish_reason: str  # "stop" (EOS) or "length" (hit max_new_tokens) or "error"
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    error: str | None = None
+
+
+def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, load_in_4bit: bool = False, compute_dtype: str = "bfloat16"):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict = {}
+    if load_in_4bit:
+        from transformers import BitsAndBytesConfig
+
+        dt = getattr(torch, compute_dtype)
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dt, bnb_4bit_quant_storage=dt
+        )
+        kwargs["dtype"] = dt
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir))
+    model.eval()
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+class LocalGenerator:
+    """Generate completions for many prompts with one loaded model."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 64):
+        self.model = model
+        self.tok = tokenizer
+        self.batch_size = batch_size
+        self.context_length = getattr(model.config, "max_position_embeddings", None)
+
+    @classmethod
+    def from_path(cls, model_dir, adapter_dir=None, load_in_4bit=False, compute_dtype="bfloat16", batch_size=64):
+        model, tok = load_model(model_dir, adapter_dir, load_in_4bit, compute_dtype)
+        return cls(model, tok, batch_size)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[Completion]:
+        enc = [self.tok(p)["input_ids"] for p in prompts]
+        order = sorted(range(len(prompts)), key=lambda i: len(enc[i]))
+        out: list[Completion | None] = [None] * len(prompts)
+        eos = self.tok.eos_token_id
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            too_long = [i for i in idx if self.context_length and len(enc[i]) + max_new_tokens > self.context_length]
+            for i in too_long:
+                out[i] = Completion("", "error", len(enc[i]), 0, 0.0,
+                                    f"prompt of {len(enc[i])} tokens + {max_new_tokens} new exceeds context {self.context_length}")
+            idx = [i for i in idx if i not in too_long]
+            if not idx:
+                continue
+            width = max(len(enc[i]) for i in idx)
+            ids = torch.full((len(idx), width), self.tok.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for row, i in enumerate(idx):
+                ids[row, width - len(enc[i]):] = torch.tensor(enc[i])
+                mask[row, width - len(enc[i]):] = 1
+            gen_kwargs: dict = {"max_new_tokens": max_new_tokens, "pad_token_id": self.tok.pad_token_id}
+            if temperature > 0:
+                torch.manual_seed(seed + start)
+                gen_kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
+            else:
+                gen_kwargs.update(do_sample=False)
+            t0 = time.perf_counter()
+            seqs = self.model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
+            latency = time.perf_counter() - t0
+            new = seqs[:, width:]
+            for row, i in enumerate(idx):
+                toks = new[row].tolist()
+                if eos in toks:
+                    toks, reason = toks[: toks.index(eos)], "stop"
+                    n_out = len(toks) + 1
+                else:
+                    toks = [t for t in toks if t != self.tok.pad_token_id]
+                    reason, n_out = "length", len(toks)
+                text = self.tok.decode(toks, skip_special_tokens=True)
+                out[i] = Completion(text, reason, len(enc[i]), n_out, latency)
+            if progress:
+                progress(len(idx))
+        return out  # type: ignore[return-value]  # every index was filled above

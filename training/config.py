@@ -1,0 +1,29 @@
+"""The trainer's input: one JSON file written by the launcher (or by hand)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from campaigns.spec import StudentSpec, TrainingSpec
+
+
+class TrainJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    campaign: str
+    base_model_path: str = Field(description="Directory of the base checkpoint (config, weights, tokenizer).")
+    dataset_path: str = Field(description="Tokenized Parquet file or directory of Parquet shards.")
+    output_dir: str = Field(description="Where the adapter, metrics and summary are written.")
+    student: StudentSpec
+    training: TrainingSpec
+
+    @classmethod
+    def read(cls, path: str | Path) -> TrainJob:
+        return cls.model_validate_json(Path(path).read_text())
+
+    def write(self, path: str | Path) -> Path:
+        Path(path).write_text(json.dumps(self.model_dump(mode="json"), indent=2))
+        return Path(path)
