@@ -20,6 +20,20 @@ class DatasetMismatch(ValueError):
     pass
 
 
+# Batch keys the trainer uses itself; every other key of a collated batch goes to model(**batch).
+NON_MODEL_KEYS = frozenset({"labels", "real_tokens"})
+
+
+def loss_token_count(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens that contribute to the loss (labels are shifted by one inside the loss)."""
+    return int((batch["labels"][:, 1:] != -100).sum())
+
+
+def real_token_count(batch: dict[str, torch.Tensor]) -> int:
+    """Non-padding tokens in the batch."""
+    return int(batch["real_tokens"]) if "real_tokens" in batch else int(batch["attention_mask"].sum())
+
+
 def parquet_files(path: str | Path) -> list[Path]:
     p = Path(path)
     files = sorted(p.glob("*.parquet")) if p.is_dir() else [p]

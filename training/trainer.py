@@ -139,8 +139,8 @@ class LoraTrainer:
     def _loss_step(self, batch: dict[str, torch.Tensor], global_tokens: int) -> float:
         """Forward + backward of one micro-batch; returns its summed token loss (unscaled)."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            position_ids=batch["position_ids"]).logits
+        inputs = {k: v for k, v in batch.items() if k not in tdata.NON_MODEL_KEYS}
+        logits = self.model(**inputs).logits
         labels = batch["labels"][:, 1:]
         loss_sum = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), labels.reshape(-1),
                                    ignore_index=-100, reduction="sum")
@@ -162,8 +162,8 @@ class LoraTrainer:
         for step, micro in tdata.iter_steps(self.plan, 0, self.total_steps, self.rank):
             t0 = time.perf_counter()
             batches = [tdata.collate(self.rows, idx, self.pad_id) for idx in micro]
-            local = torch.tensor([sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches),
-                                  sum(int(b["attention_mask"].sum()) for b in batches)], dtype=torch.float64)
+            local = torch.tensor([sum(tdata.loss_token_count(b) for b in batches),
+                                  sum(tdata.real_token_count(b) for b in batches)], dtype=torch.float64)
             dist.all_reduce(local)
             global_tokens, global_real = int(local[0]), int(local[1])
             if global_tokens == 0:
