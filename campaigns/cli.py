@@ -41,8 +41,11 @@ def dagster_home() -> Path:
     home = Path(os.environ.get("DAGSTER_HOME") or REPO_ROOT / ".dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
     shipped = REPO_ROOT / "dagster.yaml"
-    if shipped.exists() and not (home / "dagster.yaml").exists():
-        shutil.copy(shipped, home / "dagster.yaml")
+    if not (home / "dagster.yaml").exists():
+        if shipped.exists():
+            shutil.copy(shipped, home / "dagster.yaml")
+        else:
+            (home / "dagster.yaml").write_text("# Dagster instance settings (empty: local SQLite storage here)\n")
     os.environ["DAGSTER_HOME"] = str(home)
     return home
 
@@ -122,6 +125,7 @@ def _run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with DagsterInstance.get() as instance:
         result = job.execute_in_process(instance=instance, raise_on_error=False,
+                                        run_config={"loggers": {"console": {"config": {"log_level": args.log_level}}}},
                                         tags={"trigger": "manual", "campaign": spec.name})
     seconds = time.perf_counter() - t0
     summary = campaign_summary(ArtifactStore(root=args.artifacts).root_path(), spec.name, spec.evaluation.suites[0].name)
@@ -165,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="materialize a campaign end to end through Dagster")
     r.add_argument("campaign", help="campaign name or YAML file")
     r.add_argument("--artifacts", default="artifacts", help="artifact root (default: ./artifacts)")
+    r.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="Dagster run log level on the console (default: INFO)")
     r.set_defaults(fn=_run)
     ls = sub.add_parser("list", help="list campaigns")
     ls.set_defaults(fn=_list)

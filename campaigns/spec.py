@@ -80,16 +80,18 @@ class LoraSpec(_Strict):
 
 class QuantizationSpec(_Strict):
     load_in_4bit: bool = Field(True, description="QLoRA: load the frozen base in 4-bit with bitsandbytes.")
-    quant_type: Literal["nf4", "fp4"] = "nf4"
-    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    double_quant: bool = False
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type (NF4 is the QLoRA default).")
+    compute_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Dtype of matmuls and of the packed 4-bit storage (so FSDP can shard it)."
+    )
+    double_quant: bool = Field(False, description="Also quantize the quantization constants (saves ~0.4 bit/param).")
 
 
 class StudentSpec(_Strict):
     """The model being fine-tuned."""
 
     base_model: str = Field(description="Base model path or `@demo/<name>`.")
-    revision: str | None = None
+    revision: str | None = Field(None, description="Base model revision; part of the adapter's cache key.")
     lora: LoraSpec = LoraSpec()
     quantization: QuantizationSpec = QuantizationSpec()
 
@@ -106,12 +108,12 @@ class HeldoutSpec(_Strict):
 class FilterSpec(_Strict):
     """Rules that turn teacher generations into the distillation set; each is counted."""
 
-    drop_empty: bool = True
+    drop_empty: bool = Field(True, description="Drop empty completions.")
     drop_truncated: bool = Field(True, description="Drop completions that stopped on the length limit.")
     format_regex: str | None = Field(None, description="Completions must fully match this regex.")
     dedupe: bool = Field(True, description="Drop exact duplicate (prompt, completion) pairs.")
-    min_chars: int = Field(1, ge=0)
-    max_chars: int | None = Field(None, ge=1)
+    min_chars: int = Field(1, ge=0, description="Drop completions shorter than this (after stripping).")
+    max_chars: int | None = Field(None, ge=1, description="Drop completions longer than this.")
 
     @field_validator("format_regex")
     @classmethod
@@ -126,10 +128,10 @@ class FilterSpec(_Strict):
 
 class DataSpec(_Strict):
     source: str = Field(description="JSONL file or glob of files, relative to the repository root or absolute.")
-    id_field: str = "id"
-    prompt_field: str = "prompt"
+    id_field: str = Field("id", description="Field holding a stable item id (hash of the prompt when absent).")
+    prompt_field: str = Field("prompt", description="Field holding the prompt text.")
     reference_field: str = Field("reference", description="Reference answer, used for held-out evaluation only.")
-    category_field: str = "category"
+    category_field: str = Field("category", description="Field holding the item's category (for per-category results).")
     heldout: HeldoutSpec = HeldoutSpec()
     filters: FilterSpec = FilterSpec()
 
@@ -141,13 +143,13 @@ class TrainingSpec(_Strict):
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps; exclusive with `epochs`.")
     epochs: float | None = Field(None, gt=0, description="Passes over the dataset; exclusive with `max_steps`.")
     learning_rate: float = Field(2e-4, ge=0.0, le=1.0, description="Peak learning rate (0 trains nothing, on purpose).")
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.0, ge=0.0)
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before the cosine decay.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay on the adapter weights.")
     micro_batch_size: int = Field(8, ge=1, description="Sequences per process per micro-step.")
-    gradient_accumulation_steps: int = Field(1, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
     max_seq_len: int = Field(512, ge=8, le=1_048_576, description="Longest tokenized sequence.")
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    seed: int = 0
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    seed: int = Field(0, description="Seed of LoRA init, data order and dropout.")
     nodes: int = Field(1, ge=1, le=4096, description="Machines (torchrun --nnodes).")
     processes_per_node: int = Field(1, ge=1, le=64, description="Processes per machine, one per GPU (--nproc-per-node).")
     sharding: Literal["full", "hybrid", "none"] = Field(
@@ -155,7 +157,7 @@ class TrainingSpec(_Strict):
     )
     launcher: Literal["local", "k8s"] = Field("local", description="local: torchrun subprocesses; k8s: a Kubernetes Job.")
     hardware: str = Field("cpu-2vcpu", description="Pricing-catalog key of one training device (GPU or CPU host).")
-    log_every: int = Field(10, ge=1)
+    log_every: int = Field(10, ge=1, description="Log and stream metrics every this many steps.")
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingSpec:
@@ -180,21 +182,23 @@ class GateSpec(_Strict):
 
     min_score: float = Field(0.8, ge=0.0, le=1.0, description="Candidate score floor.")
     max_regression_vs_base: float = Field(0.03, ge=0.0, le=1.0, description="Allowed drop of candidate below base.")
-    max_empty_output_rate: float = Field(0.0, ge=0.0, le=1.0)
-    max_avg_latency_s: float = Field(30.0, gt=0.0)
+    max_empty_output_rate: float = Field(0.0, ge=0.0, le=1.0, description="Largest allowed share of empty outputs.")
+    max_avg_latency_s: float = Field(30.0, gt=0.0, description="Largest allowed average latency per item.")
     min_items: int = Field(20, ge=1, description="Fewer scored items than this is INCONCLUSIVE.")
 
 
 class SuiteSpec(_Strict):
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="Suite name (lowercase slug).")
     source: str = Field("heldout", description="`heldout` (the data split) or a JSONL file of items.")
-    scorer: Literal["exact_match", "normalized_exact_match"] = "exact_match"
-    max_new_tokens: int = Field(64, ge=1)
-    batch_size: int = Field(64, ge=1)
+    scorer: Literal["exact_match", "normalized_exact_match"] = Field(
+        "exact_match", description="Per-item scorer (see evaluation/scorers.py)."
+    )
+    max_new_tokens: int = Field(64, ge=1, description="Generation length limit for every model scored.")
+    batch_size: int = Field(64, ge=1, description="Items per generation batch (local models).")
 
 
 class EvaluationSpec(_Strict):
-    suites: list[SuiteSpec] = Field(min_length=1)
+    suites: list[SuiteSpec] = Field(min_length=1, description="Evaluation suites; the first is the primary one.")
     gate: GateSpec = GateSpec()
     evaluate_teacher: bool = Field(True, description="Also score the teacher, as the ceiling the student aims at.")
 
@@ -220,7 +224,7 @@ class CostSpec(_Strict):
 
 class ScheduleSpec(_Strict):
     cron: str = Field(description="Cron expression, e.g. '0 3 * * *'.")
-    timezone: str = "UTC"
+    timezone: str = Field("UTC", description="IANA timezone of the cron expression.")
     enabled: bool = Field(False, description="Start the schedule switched on.")
 
     @field_validator("cron")
@@ -238,7 +242,7 @@ class CampaignSpec(_Strict):
     """One distillation / fine-tune campaign."""
 
     name: Annotated[str, Field(description="Slug: lowercase letters, digits, underscores; the asset key prefix.")]
-    description: str = ""
+    description: str = Field("", description="Free text shown in the UI.")
     teacher: TeacherSpec
     student: StudentSpec
     data: DataSpec
