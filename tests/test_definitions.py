@@ -1,0 +1,63 @@
+"""The code location: every campaign's assets and gate check, light imports, broken files isolated."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from dagster import AssetKey
+
+from assets.common import STAGES
+from assets.location import build_definitions, campaign_job_name
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_location_import_does_not_load_torch():
+    code = ("import sys, json, definitions; "
+            "print(json.dumps([m for m in ('torch', 'transformers', 'datasets', 'peft') if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_every_campaign_has_its_graph_check_and_job():
+    defs = build_definitions()
+    keys = defs.resolve_all_asset_keys()
+    for name in ("demo", "demo_broken"):
+        for stage in STAGES:
+            assert AssetKey([name, stage]) in keys
+        assert defs.resolve_job_def(campaign_job_name(name)) is not None
+        graph = defs.resolve_asset_graph()
+        checks = {c.name for c in graph.asset_check_keys if c.asset_key == AssetKey([name, "evaluation"])}
+        assert checks >= {"gate"}
+        node = graph.get(AssetKey([name, "student_adapter"]))
+        assert AssetKey([name, "tokenized_dataset"]) in node.parent_keys
+        assert AssetKey(["demo_models", "student"]) in node.parent_keys
+        assert graph.get(AssetKey([name, "prompts"])).group_name == name
+    assert AssetKey(["demo_models", "teacher"]) in keys
+    assert defs.resolve_schedule_def("demo_schedule").cron_schedule == "0 3 * * *"
+
+
+def test_location_still_loads_with_a_broken_campaign(tmp_path):
+    demo = (REPO / "campaigns" / "demo.yaml").read_text()
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(demo.replace("name: demo", "name: typo").replace("max_steps: 150", "max_step: 150"))
+    defs = build_definitions([str(REPO / "campaigns" / "demo.yaml"), str(bad)])
+    keys = defs.resolve_all_asset_keys()
+    assert AssetKey(["demo", "student_adapter"]) in keys
+    assert AssetKey(["typo", "prompts"]) not in keys
+    invalid = defs.resolve_asset_graph().get(AssetKey(["invalid_campaigns", "typo"]))
+    assert "training.max_step: unknown key" in invalid.description
+
+
+def test_cli_validate_reports_file_and_field(tmp_path):
+    demo = (REPO / "campaigns" / "demo.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(demo.replace("  r: 16", "  r: sixteen"))
+    run = subprocess.run([sys.executable, "-m", "campaigns.cli", "validate", str(REPO / "campaigns" / "demo.yaml"),
+                          str(bad)], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "ok       campaigns/demo.yaml" in run.stdout
+    assert f"{bad}:" in run.stdout and "student.lora.r" in run.stdout and "'sixteen'" in run.stdout
+    ok = subprocess.run([sys.executable, "-m", "campaigns.cli", "validate"], cwd=REPO, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout

@@ -1,0 +1,78 @@
+"""End to end through Dagster on a shrunken demo: the student beats its base and is promoted; a
+re-run is a no-op; the broken campaign is blocked by the gate and never promoted."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInstance
+
+from assets.location import build_definitions, campaign_job_name
+from tinymodels import cipher
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def _campaign(tmp_path: Path, name: str, **training) -> Path:
+    spec = yaml.safe_load((REPO / "campaigns" / "demo.yaml").read_text())
+    data = tmp_path / "data" / "prompts.jsonl"
+    if not data.exists():
+        cipher.write_jsonl(cipher.items(700, seed=99), data)
+    spec["name"] = name
+    spec.pop("schedule", None)
+    spec["data"]["source"] = str(data)
+    spec["data"]["heldout"] = {"fraction": 0.12, "seed": 0}
+    spec["training"].update({"max_steps": 70, "log_every": 10, **training})
+    spec["evaluation"]["gate"]["min_items"] = 40
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _metadata(result, key: AssetKey) -> dict:
+    mats = [m for m in result.asset_materializations_for_node(key.to_python_identifier())]
+    assert mats, f"no materialization of {key.to_user_string()}"
+    return {k: v.value for k, v in mats[-1].metadata.items()}
+
+
+def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
+    path = _campaign(tmp_path, "mini")
+    defs = build_definitions([str(path)], artifact_root=str(artifact_root))
+    job = defs.resolve_job_def(campaign_job_name("mini"))
+    instance = DagsterInstance.ephemeral()
+    result = job.execute_in_process(instance=instance, raise_on_error=False)
+    assert result.success
+    ev = _metadata(result, AssetKey(["mini", "evaluation"]))
+    assert ev["verdict"] == "GO"
+    assert ev["cipher_base_score"] <= 0.2
+    assert ev["cipher_candidate_score"] >= 0.8
+    assert ev["cipher_candidate_score"] > ev["cipher_base_score"] + 0.5
+    assert ev["cipher_teacher_score"] >= 0.9
+    train = _metadata(result, AssetKey(["mini", "student_adapter"]))
+    assert train["final_loss"] < train["first_loss"] / 5
+    assert (artifact_root / "mini" / "promoted_model" / "CURRENT").exists()
+    checks = [e for e in result.get_asset_check_evaluations() if e.check_name == "gate"]
+    assert checks and checks[-1].passed
+    cost = _metadata(result, AssetKey(["mini", "campaign_cost"]))
+    assert cost["total_usd"] > 0 and cost["usd_per_point_gained"] > 0
+
+    # An unchanged campaign is a no-op: every stage reports its cached result.
+    again = job.execute_in_process(instance=instance, raise_on_error=False)
+    assert again.success
+    for stage in ("prompts", "teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation"):
+        assert _metadata(again, AssetKey(["mini", stage]))["cached"] is True, stage
+
+
+def test_broken_campaign_is_blocked_by_the_gate(tmp_path, artifact_root):
+    path = _campaign(tmp_path, "mini_broken", learning_rate=0.0, max_steps=4)
+    defs = build_definitions([str(path)], artifact_root=str(artifact_root))
+    result = defs.resolve_job_def(campaign_job_name("mini_broken")).execute_in_process(
+        instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.success
+    checks = [e for e in result.get_asset_check_evaluations() if e.check_name == "gate"]
+    assert checks and not checks[-1].passed
+    assert checks[-1].metadata["verdict"].value == "NO-GO"
+    assert not result.asset_materializations_for_node("mini_broken__promoted_model")
+    assert not (artifact_root / "mini_broken" / "promoted_model").exists()
