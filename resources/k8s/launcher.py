@@ -54,6 +54,9 @@ class K8sTrainingLauncher(ConfigurableResource):
     api_error_budget: int = Field(5, ge=0, description="Consecutive failed API reads tolerated before failing.")
     delete_on_success: bool = Field(True, description="Delete Job and Service when training succeeds.")
     echo_logs: bool = Field(True, description="Copy pod log lines to the step's stdout (captured by Dagster).")
+    owned_by_run_pod: bool = Field(True, description="When the Dagster run pod is in the training namespace, make it"
+                                                     " the owner of the Job and Service, so Kubernetes deletes them"
+                                                     " if the run pod dies without cleaning up.")
 
     # ------------------------------------------------------------------ API
     def api_client(self):
@@ -65,6 +68,17 @@ class K8sTrainingLauncher(ConfigurableResource):
             config.load_incluster_config(client_configuration=cfg)
             return client.ApiClient(cfg)
         return config.new_client_from_config(config_file=self.kubeconfig_file, context=self.kube_context)
+
+    def run_pod_owner(self, core, namespace: str) -> dict[str, str] | None:
+        """{name, uid} of the pod this code runs in, if it is a pod of ``namespace`` (else None)."""
+        pod = os.environ.get("HOSTNAME")
+        if not (self.owned_by_run_pod and pod and os.environ.get("KUBERNETES_SERVICE_HOST")):
+            return None
+        try:
+            me = core.read_namespaced_pod(pod, namespace)
+        except Exception:  # another namespace, or no permission: ttlSecondsAfterFinished remains the backstop
+            return None
+        return {"name": me.metadata.name, "uid": me.metadata.uid}
 
     # ------------------------------------------------------------------ launch
     def launch(self, context, job, workdir: Path, kubernetes: KubernetesSpec) -> dict:
@@ -96,7 +110,8 @@ class K8sTrainingLauncher(ConfigurableResource):
                                 extras={"campaign": job.campaign, "workload": name}) as session:
             w = mf.Workload(campaign=job.campaign, training=job.training, cluster=cluster, job_file=str(job_file),
                             name=name, run_id=context.run_id, asset_key=asset_key,
-                            pipes_env=dict(session.get_bootstrap_env_vars()))
+                            pipes_env=dict(session.get_bootstrap_env_vars()),
+                            owner=self.run_pod_owner(core, cluster.namespace))
             try:
                 for m in mf.build_manifests(w):
                     self._create(core, batch, custom, m)
@@ -252,7 +267,7 @@ class K8sTrainingLauncher(ConfigurableResource):
                 lines = text.decode("utf-8", errors="replace").splitlines()
             except Exception:
                 lines = []
-        waited = f" for {waited_s:.0f}s" if waited_s is not None else ""
+        waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
         tail = "\n".join(lines[-self.log_tail_lines:]) or "(no log lines)"
         return Failure(
             description=f"training {problem.describe()}{waited}; stopped job {w.name} (all {w.nodes} node(s))"

@@ -66,6 +66,7 @@ class Workload:
     run_id: str = "manual"
     asset_key: str = ""  # e.g. "demo/student_adapter"
     pipes_env: dict[str, str] = field(default_factory=dict)  # Dagster Pipes bootstrap (no secrets)
+    owner: dict[str, str] | None = None  # the Dagster run pod ({name, uid}) when it runs in the same namespace
 
     @property
     def nodes(self) -> int:
@@ -117,9 +118,20 @@ def object_annotations(w: Workload) -> dict[str, str]:
     return ann
 
 
+def owner_references(w: Workload) -> list[dict[str, Any]]:
+    """The run pod owns the objects: if it dies hard (node loss, SIGKILL), Kubernetes garbage-collects them."""
+    if not w.owner:
+        return []
+    return [{"apiVersion": "v1", "kind": "Pod", "name": w.owner["name"], "uid": w.owner["uid"],
+             "blockOwnerDeletion": False, "controller": False}]
+
+
 def _metadata(w: Workload, extra_annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"name": w.name, "namespace": w.namespace, "labels": object_labels(w),
-            "annotations": {**object_annotations(w), **(extra_annotations or {})}}
+    meta: dict[str, Any] = {"name": w.name, "namespace": w.namespace, "labels": object_labels(w),
+                            "annotations": {**object_annotations(w), **(extra_annotations or {})}}
+    if w.owner:
+        meta["ownerReferences"] = owner_references(w)
+    return meta
 
 
 # --------------------------------------------------------------------------- container
@@ -276,9 +288,12 @@ def indexed_job(w: Workload) -> dict[str, Any]:
 
 def headless_service(w: Workload) -> dict[str, Any]:
     """Gives pod 0 a DNS name before it is Ready, so the c10d rendezvous can start."""
+    meta: dict[str, Any] = {"name": w.name, "namespace": w.namespace, "labels": object_labels(w)}
+    if w.owner:
+        meta["ownerReferences"] = owner_references(w)
     return {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": w.name, "namespace": w.namespace, "labels": object_labels(w)},
+        "metadata": meta,
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
