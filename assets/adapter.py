@@ -8,7 +8,7 @@ from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
 from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
 from campaigns.spec import CampaignSpec
-from resources.launcher import LocalTorchrunLauncher
+from resources.launchers import TrainingLauncher
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
 
@@ -27,7 +27,7 @@ def build(spec: CampaignSpec):
            description=(f"LoRA r={s.lora.r} on `{s.base_model}` ({'4-bit QLoRA' if s.quantization.load_in_4bit else 'bf16'}),"
                         f" {tr.nodes} node(s) × {tr.processes_per_node} process(es), sharding {tr.sharding}."))
     def student_adapter(context: AssetExecutionContext, dataset: dict, storage: ArtifactStore,
-                        launcher: LocalTorchrunLauncher, pricing: PricingResource) -> Output[dict]:
+                        launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
         from training.config import TrainJob
 
         base = storage.resolve_model(s.base_model)
@@ -40,7 +40,8 @@ def build(spec: CampaignSpec):
             job = TrainJob(campaign=spec.name, base_model_path=str(base), dataset_path=dataset["dataset_path"],
                            output_dir=str(out), student=s, training=tr)
             t0 = time.perf_counter()
-            launched = launcher.launch(context, job, out)
+            cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
+            launched = launcher.launch(context, job, out, **cluster)
             wall = time.perf_counter() - t0
             summary = json.loads((out / "summary.json").read_text())
             lines = [hardware_cost(pricing, spec, "training", tr.hardware, wall, hosts=tr.nodes, devices=tr.world_size)]

@@ -14,6 +14,8 @@ from assets.io_manager import ManifestIOManager
 from campaigns.loader import load_campaigns
 from campaigns.spec import CampaignSpec
 from resources import ArtifactStore, LocalTorchrunLauncher, PricingResource, TeacherResource
+from resources.k8s import K8sTrainingLauncher
+from resources.launchers import TrainingLauncher
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ def default_resources(artifact_root: str = "artifacts") -> dict:
         "storage": ArtifactStore(root=artifact_root),
         "io_manager": ManifestIOManager(root=artifact_root),
         "teacher": TeacherResource(),
-        "launcher": LocalTorchrunLauncher(),
+        "launcher": TrainingLauncher(local=LocalTorchrunLauncher(), k8s=K8sTrainingLauncher()),
         "pricing": PricingResource(),
     }
 

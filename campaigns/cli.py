@@ -178,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--artifacts", default="artifacts")
     b.add_argument("--force", action="store_true")
     b.set_defaults(fn=_build_models)
+    from resources.k8s.render import add_parser as add_k8s_render  # pure: no Kubernetes client import
+
+    add_k8s_render(sub)
     args = ap.parse_args(argv)
     return args.fn(args)
 

@@ -1,0 +1,279 @@
+"""Launch ``python -m training`` as a multi-node Kubernetes workload and follow it from Dagster.
+
+Lifecycle of one launch (``K8sTrainingLauncher.launch``):
+
+1. Check that every path the trainer needs lies on a volume the pods mount, write the TrainJob
+   file there, and open a Pipes session (context in the pods' environment, messages from logs).
+2. Create the headless Service and the Indexed Job (or the PyTorchJob), labelled with the
+   campaign, the Dagster run id and the asset key.
+3. Poll the workload and its pods: follow each pod's log as soon as it starts (Pipes messages
+   stream into the asset: logs at once, training metrics as ``AssetObservation`` events); on the
+   first pod that fails (OOMKilled, non-zero exit, eviction, a missing Secret, an image that
+   cannot be pulled) fail the asset with the pod's name, reason and last log lines at once,
+   without waiting for the other ranks to hit their NCCL timeout.
+4. Delete the Job and the Service when the asset succeeds, fails or the Dagster run is cancelled
+   (``ttlSecondsAfterFinished`` is only the backstop).
+
+The Kubernetes client is imported inside the methods: a code location that never launches on
+Kubernetes never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetObservation, ConfigurableResource, Failure, MetadataValue, PipesEnvContextInjector, \
+    open_pipes_session
+from pydantic import Field
+
+from campaigns.spec import KubernetesSpec
+from resources.k8s import manifests as mf
+from resources.k8s.logs import PodLogsMessageReader
+from resources.k8s.status import PodProblem, pod_finished, pod_name, pod_node_index, pod_problem, pod_started, \
+    workload_state
+
+
+class K8sTrainingLauncher(ConfigurableResource):
+    """Runs training as an Indexed Job + headless Service (or a Kubeflow PyTorchJob) on Kubernetes."""
+
+    kubeconfig_file: str | None = Field(None, description="Kubeconfig to use; default: in-cluster config when running"
+                                                          " in a pod, else ~/.kube/config.")
+    kube_context: str | None = Field(None, description="Kubeconfig context; default: the current one.")
+    in_cluster: bool | None = Field(None, description="Force (true) or forbid (false) in-cluster config; null: auto.")
+    poll_interval_s: float = Field(2.0, gt=0, description="Seconds between two looks at the job and its pods.")
+    pending_timeout_s: float = Field(1800, gt=0, description="Fail when a pod stays unschedulable this long.")
+    image_pull_timeout_s: float = Field(300, gt=0, description="Fail when an image cannot be pulled for this long.")
+    timeout_s: float = Field(7 * 24 * 3600, gt=0, description="Stop the job after this many seconds.")
+    log_tail_lines: int = Field(40, ge=1, description="Last log lines of a failed pod shown in the failure.")
+    log_drain_timeout_s: float = Field(60, ge=0, description="Wait this long for the last log lines after success.")
+    api_error_budget: int = Field(5, ge=0, description="Consecutive failed API reads tolerated before failing.")
+    delete_on_success: bool = Field(True, description="Delete Job and Service when training succeeds.")
+    echo_logs: bool = Field(True, description="Copy pod log lines to the step's stdout (captured by Dagster).")
+    owned_by_run_pod: bool = Field(True, description="When the Dagster run pod is in the training namespace, make it"
+                                                     " the owner of the Job and Service, so Kubernetes deletes them"
+                                                     " if the run pod dies without cleaning up.")
+
+    # ------------------------------------------------------------------ API
+    def api_client(self):
+        from kubernetes import client, config
+
+        auto_in_cluster = self.in_cluster is None and not self.kubeconfig_file and os.environ.get("KUBERNETES_SERVICE_HOST")
+        if self.in_cluster or auto_in_cluster:
+            cfg = client.Configuration()
+            config.load_incluster_config(client_configuration=cfg)
+            return client.ApiClient(cfg)
+        return config.new_client_from_config(config_file=self.kubeconfig_file, context=self.kube_context)
+
+    def run_pod_owner(self, core, namespace: str) -> dict[str, str] | None:
+        """{name, uid} of the pod this code runs in, if it is a pod of ``namespace`` (else None)."""
+        pod = os.environ.get("HOSTNAME")
+        if not (self.owned_by_run_pod and pod and os.environ.get("KUBERNETES_SERVICE_HOST")):
+            return None
+        try:
+            me = core.read_namespaced_pod(pod, namespace)
+        except Exception:  # another namespace, or no permission: ttlSecondsAfterFinished remains the backstop
+            return None
+        return {"name": me.metadata.name, "uid": me.metadata.uid}
+
+    # ------------------------------------------------------------------ launch
+    def launch(self, context, job, workdir: Path, kubernetes: KubernetesSpec) -> dict:
+        """Run ``job`` (a ``training.config.TrainJob``) on the cluster; return its node logs and Pipes metadata."""
+        cluster = kubernetes
+        workdir = Path(workdir)
+        job_file = Path(workdir) / "train_job.json"
+        bad = mf.unreachable_paths({"base_model_path": job.base_model_path, "dataset_path": job.dataset_path,
+                                    "output_dir": job.output_dir, "train_job_file": str(job_file)}, cluster)
+        if bad:
+            raise Failure(
+                f"the training pods cannot see {', '.join(bad)}: they mount only {mf.mount_roots(cluster)}. Put the "
+                f"artifact root on the shared volume (kubernetes.artifacts, mounted at the same path in the Dagster "
+                f"run pod) or mount the model's volume under kubernetes.volumes")
+        workdir.mkdir(parents=True, exist_ok=True)
+        job.write(job_file)
+
+        from kubernetes import client
+
+        api = self.api_client()
+        core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+        name = mf.workload_name(job.campaign, context.run_id, secrets.token_hex(3))
+        asset_key = context.asset_key.to_user_string() if context.has_assets_def else ""
+        container = mf.PYTORCHJOB_CONTAINER if cluster.workload == "pytorchjob" else mf.CONTAINER
+        reader = PodLogsMessageReader(core, cluster.namespace, workdir, container, tail_lines=self.log_tail_lines,
+                                      reconnect_s=min(1.0, self.poll_interval_s), echo=self.echo_logs)
+        created: list[dict[str, Any]] = []
+        with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=reader,
+                                extras={"campaign": job.campaign, "workload": name}) as session:
+            w = mf.Workload(campaign=job.campaign, training=job.training, cluster=cluster, job_file=str(job_file),
+                            name=name, run_id=context.run_id, asset_key=asset_key,
+                            pipes_env=dict(session.get_bootstrap_env_vars()),
+                            owner=self.run_pod_owner(core, cluster.namespace))
+            try:
+                for m in mf.build_manifests(w):
+                    self._create(core, batch, custom, m)
+                    created.append(m)
+                context.log.info(
+                    f"created {', '.join(m['kind'] + '/' + name for m in created)} in namespace {cluster.namespace}: "
+                    f"{w.nodes} node(s) x {w.gpus} process(es), sharding {job.training.sharding}, image {cluster.image}")
+                self._follow(context, w, core, batch, custom, reader, session)
+                if not reader.join(self.log_drain_timeout_s):
+                    context.log.warning("some pod logs were still streaming when the job finished; node logs may be cut")
+            except BaseException as exc:  # failure, timeout, or the Dagster run was cancelled (interrupt)
+                reader.stop()
+                self._delete(context, core, batch, custom, w, created, why=type(exc).__name__)
+                raise
+            if self.delete_on_success:
+                self._delete(context, core, batch, custom, w, created, why="succeeded")
+            results = list(session.get_results())
+        summary_file = Path(job.output_dir) / "summary.json"
+        logs = [str(p) for p in reader.log_files()]
+        if not summary_file.exists():
+            raise Failure(f"training job {name} succeeded but wrote no {summary_file}",
+                          metadata={"logs": MetadataValue.json(logs)})
+        pipes_md: dict[str, Any] = {}
+        for r in results:
+            pipes_md.update(getattr(r, "metadata", None) or {})
+        return {"logs": logs, "pipes_metadata": pipes_md, "k8s_workload": name, "k8s_namespace": cluster.namespace}
+
+    # ------------------------------------------------------------------ create / delete
+    @staticmethod
+    def _create(core, batch, custom, m: dict[str, Any]) -> None:
+        ns = m["metadata"]["namespace"]
+        if m["kind"] == "Service":
+            core.create_namespaced_service(ns, m)
+        elif m["kind"] == "Job":
+            batch.create_namespaced_job(ns, m)
+        else:
+            custom.create_namespaced_custom_object(mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, ns,
+                                                   mf.PYTORCHJOB_PLURAL, m)
+
+    @staticmethod
+    def _delete(context, core, batch, custom, w: mf.Workload, created: list[dict[str, Any]], why: str) -> None:
+        from kubernetes.client import ApiException
+
+        deleted = []
+        for m in reversed(created):
+            ns, kind = m["metadata"]["namespace"], m["kind"]
+            try:
+                if kind == "Job":
+                    batch.delete_namespaced_job(w.name, ns, propagation_policy="Background")
+                elif kind == "Service":
+                    core.delete_namespaced_service(w.name, ns)
+                else:
+                    custom.delete_namespaced_custom_object(mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, ns,
+                                                           mf.PYTORCHJOB_PLURAL, w.name, propagation_policy="Background")
+                deleted.append(f"{kind}/{w.name}")
+            except ApiException as e:
+                if e.status != 404:
+                    context.log.warning(f"could not delete {kind}/{w.name} ({e.status} {e.reason}); "
+                                        f"ttlSecondsAfterFinished will remove it")
+            except Exception as e:  # never hide the original error behind a cleanup error
+                context.log.warning(f"could not delete {kind}/{w.name}: {e}")
+        if deleted:
+            context.log.info(f"deleted {', '.join(deleted)} ({why})")
+
+    # ------------------------------------------------------------------ follow
+    def _read_workload(self, batch, custom, w: mf.Workload) -> dict[str, Any]:
+        if w.cluster.workload == "pytorchjob":
+            return custom.get_namespaced_custom_object(mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, w.namespace,
+                                                       mf.PYTORCHJOB_PLURAL, w.name)
+        return json.loads(batch.read_namespaced_job(w.name, w.namespace, _preload_content=False).data)
+
+    @staticmethod
+    def _list_pods(core, w: mf.Workload) -> list[dict[str, Any]]:
+        sel = mf.selector_labels(w)
+        resp = core.list_namespaced_pod(w.namespace, label_selector=",".join(f"{k}={v}" for k, v in sel.items()),
+                                        _preload_content=False)
+        pods = json.loads(resp.data).get("items", [])
+        # the selector again, client-side: never act on a pod of another launch
+        return [p for p in pods if all((p.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in sel.items())]
+
+    def _follow(self, context, w: mf.Workload, core, batch, custom, reader: PodLogsMessageReader, session) -> None:
+        start = time.monotonic()
+        deadline = start + self.timeout_s
+        slow_since: dict[tuple[str, str], float] = {}
+        reported: set[tuple[str, str]] = set()
+        n_custom, api_errors = 0, 0
+        while True:
+            try:
+                obj = self._read_workload(batch, custom, w)
+                pods = self._list_pods(core, w)
+                api_errors = 0
+            except Exception as e:
+                api_errors += 1
+                if api_errors > self.api_error_budget:
+                    raise Failure(f"lost the Kubernetes API while following {w.name}: {e}") from e
+                context.log.warning(f"Kubernetes API read failed ({api_errors}/{self.api_error_budget}): {e}")
+                time.sleep(self.poll_interval_s)
+                continue
+            now = time.monotonic()
+            for pod in pods:
+                name = pod_name(pod)
+                if pod_started(pod):
+                    reader.follow(name, pod_node_index(pod))
+                if pod_finished(pod):
+                    reader.mark_finished(name)
+                problem = pod_problem(pod)
+                if problem is None:
+                    continue
+                if problem.fatal:
+                    raise self._pod_failure(w, core, reader, problem)
+                key = (name, problem.reason)
+                first = slow_since.setdefault(key, now)
+                limit = self.pending_timeout_s if problem.reason not in ("ErrImagePull", "ImagePullBackOff") \
+                    else self.image_pull_timeout_s
+                if key not in reported:
+                    reported.add(key)
+                    context.log.warning(f"waiting: {problem.describe()}")
+                if now - first > limit:
+                    raise self._pod_failure(w, core, reader, problem, waited_s=now - first)
+            n_custom = self._stream_metrics(context, session, n_custom)
+            state, why = workload_state(obj)
+            if state == "succeeded":
+                for pod in pods:
+                    reader.follow(pod_name(pod), pod_node_index(pod))  # a pod that finished between two polls
+                context.log.info(f"{obj.get('kind', 'workload')} {w.name} succeeded ({why}) after {now - start:.0f}s")
+                self._stream_metrics(context, session, n_custom)
+                return
+            if state == "failed":
+                raise Failure(f"{obj.get('kind', 'workload')} {w.name} failed: {why}; no failed pod was found to "
+                              f"blame (deadline, backoff limit or deleted pods)",
+                              metadata={"k8s_workload": w.name, "namespace": w.namespace})
+            if now > deadline:
+                raise Failure(f"training job {w.name} exceeded the launcher timeout ({self.timeout_s:.0f}s); stopped")
+            time.sleep(self.poll_interval_s)
+
+    @staticmethod
+    def _stream_metrics(context, session, seen: int) -> int:
+        msgs = session.get_custom_messages()
+        for msg in msgs[seen:]:
+            if isinstance(msg, dict) and msg.get("kind") == "train_metrics" and context.has_assets_def:
+                md = {k: v for k, v in msg.items()
+                      if k != "kind" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                context.log_event(AssetObservation(asset_key=context.asset_key, metadata=md))
+        return len(msgs)
+
+    def _pod_failure(self, w: mf.Workload, core, reader: PodLogsMessageReader, problem: PodProblem,
+                     waited_s: float | None = None) -> Failure:
+        lines = reader.tail(problem.pod)
+        if not lines:  # never followed (failed before starting) or nothing read yet: ask the API once
+            try:
+                text = core.read_namespaced_pod_log(problem.pod, w.namespace, container=reader.container,
+                                                    tail_lines=self.log_tail_lines, _preload_content=False).data
+                lines = text.decode("utf-8", errors="replace").splitlines()
+            except Exception:
+                lines = []
+        waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
+        tail = "\n".join(lines[-self.log_tail_lines:]) or "(no log lines)"
+        return Failure(
+            description=f"training {problem.describe()}{waited}; stopped job {w.name} (all {w.nodes} node(s))"
+                        f"\nlast log lines of {problem.pod}:\n{tail}",
+            metadata={"pod": problem.pod, "node": problem.node if problem.node is not None else -1,
+                      "reason": problem.reason, "exit_code": problem.exit_code if problem.exit_code is not None else -1,
+                      "k8s_workload": w.name, "namespace": w.namespace,
+                      "last_lines": MetadataValue.md(f"```\n{tail}\n```")},
+        )
