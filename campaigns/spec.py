@@ -353,7 +353,9 @@ class KubernetesSpec(_Strict):
                                    " pytorchjob: a Kubeflow PyTorchJob (needs the training operator).")
     namespace: str = Field("default", description="Namespace the training objects are created in.")
     image: str = Field(description="Trainer image (deploy/Dockerfile), ideally pinned by tag or digest.")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Kubernetes imagePullPolicy of the training pods."
+    )
     image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets for a private registry.")
     service_account: str | None = Field(None, description="ServiceAccount of the training pods.")
     priority_class: str | None = Field(None, description="PriorityClass of the training pods (preemption order).")
