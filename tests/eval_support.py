@@ -25,7 +25,8 @@ class ModelServer:
         self.generators = {name: LocalGenerator.from_path(path, batch_size=1) for name, path in models.items()}
         self.lora_base = lora_base
         self.crash_marker, self.hang_marker, self.hang_s = crash_marker, hang_marker, hang_s
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # the counters
+        self.gen_lock = threading.Lock()
         self.in_flight = 0
         self.max_in_flight = 0
         self.requests = 0
@@ -50,15 +51,22 @@ class ModelServer:
                     return self._send(*server.load_lora(req["lora_name"], req["lora_path"]))
                 if self.path != "/v1/completions":
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
+                if server.hang_marker in req.get("prompt", ""):  # held past the client's timeout (not counted)
+                    time.sleep(server.hang_s)
+                    return None
                 with server.lock:
                     server.requests += 1
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
-                    self._send(*server.complete(req))
+                    answer = server.complete(req)
                 finally:
-                    with server.lock:
+                    with server.lock:  # before answering, so the client's next request cannot overlap it
                         server.in_flight -= 1
+                try:
+                    self._send(*answer)
+                except (BrokenPipeError, ConnectionResetError):  # the client timed out and went away
+                    pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -85,10 +93,8 @@ class ModelServer:
             return 404, {"error": {"message": f"The model `{model}` does not exist."}}
         if self.crash_marker in prompt:
             return 500, {"error": {"message": "engine crashed"}}
-        if self.hang_marker in prompt:
-            time.sleep(self.hang_s)
         gen = self.generators[model]
-        with self.lock:  # one generation at a time per server: the models are not thread-safe
+        with self.gen_lock:  # one generation at a time per server: the models are not thread-safe
             c = gen.generate([prompt], int(req.get("max_tokens", 16)))[0]
         return 200, {"id": "cmpl-test", "object": "text_completion", "model": model,
                      "choices": [{"index": 0, "text": c.text, "finish_reason": c.finish_reason}],
