@@ -11,8 +11,16 @@ re-judges stored answers instead of generating them again.
 import json
 import time
 
-from dagster import (AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetExecutionContext, AssetIn,
-                     MetadataValue, Output, asset)
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetIn,
+    MetadataValue,
+    Output,
+    asset,
+)
 
 from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
 from campaigns.spec import CampaignSpec, SuiteSpec

@@ -13,8 +13,22 @@ import os
 import shutil
 import time
 
-from dagster import (AssetCheckKey, AssetExecutionContext, AssetIn, AssetKey, AssetObservation, Config, DagsterInstance,
-                     Failure, MetadataValue, OpExecutionContext, Output, asset, job, op)
+from dagster import (
+    AssetCheckKey,
+    AssetExecutionContext,
+    AssetIn,
+    AssetKey,
+    AssetObservation,
+    Config,
+    DagsterInstance,
+    Failure,
+    MetadataValue,
+    OpExecutionContext,
+    Output,
+    asset,
+    job,
+    op,
+)
 from pydantic import Field
 
 from assets.common import key

@@ -175,16 +175,6 @@ class TrainingSpec(_Strict):
 # --------------------------------------------------------------------------- evaluation
 
 
-GATE_RULES = (
-    "max_error_rate",
-    "min_items",
-    "min_score",
-    "max_regression_vs_base",
-    "max_category_regression",
-    "max_empty_output_rate",
-    "max_p95_latency_s",
-    "max_avg_latency_s",
-)
 GateRule = Literal[
     "max_error_rate",
     "min_items",
@@ -224,7 +214,9 @@ class GateSpec(_Strict):
         0.0, ge=0.0, le=1.0, description="Largest share of the candidate's answered items that may be empty."
     )
     max_p95_latency_s: float | None = Field(
-        30.0, gt=0.0, description="Largest 95th-percentile latency of the candidate's answered items, in seconds."
+        30.0, gt=0.0,
+        description="Largest 95th-percentile latency of the candidate's answered items, in seconds (an endpoint: "
+                    "per request; local generation: the wall time of the item's batch).",
     )
     max_avg_latency_s: float | None = Field(
         None, gt=0.0, description="Largest mean latency of the candidate's answered items, in seconds."

@@ -11,8 +11,19 @@ import math
 from collections import defaultdict
 from itertools import zip_longest
 
-from evaluation.gate import (ADVISORY, ALL, BREACH, NOT_ENOUGH, PASS, Comparison, GateReport, ItemResult,
-                             StatsPolicy, combine, pair)
+from evaluation.gate import (
+    ADVISORY,
+    ALL,
+    BREACH,
+    NOT_ENOUGH,
+    PASS,
+    Comparison,
+    GateReport,
+    ItemResult,
+    StatsPolicy,
+    combine,
+    pair,
+)
 
 _MARK = {PASS: "✅ PASS", BREACH: "❌ BREACH", NOT_ENOUGH: "⚠️ INSUFFICIENT_EVIDENCE"}
 _VERDICT_MARK = {"GO": "✅ GO", "NO-GO": "❌ NO-GO", "INCONCLUSIVE": "⚠️ INCONCLUSIVE"}
@@ -74,7 +85,7 @@ def _threshold(rule: str, x: float | None) -> str:
     if rule == "min_items" or rule == "min_score":
         return "≥ " + _value(rule, x)
     if rule in ("max_regression_vs_base", "max_category_regression"):
-        return f"CI above {_pts(x)} pts"
+        return f"CI low ≥ {_pts(x)} pts"
     return "≤ " + _value(rule, x)
 
 
@@ -133,10 +144,10 @@ def build_report(reports: list[GateReport], items: dict[str, tuple[list[ItemResu
 def markdown(reports: list[GateReport], sp: StatsPolicy, candidate_key: str, shown: list[dict], total: int,
              teacher_scores: dict[str, dict[str, float | None]] | None = None, review: str | None = None) -> str:
     verdict = combine(reports)
-    n_items = sum(r.overall.n for r in reports)
+    sizes = ", ".join(f"{r.suite} {r.overall.n}" + (" (advisory)" if r.tier == ADVISORY else "") for r in reports)
     lines = [f"## Gate: **{_VERDICT_MARK.get(verdict, verdict)}**", "",
-             f"Candidate `{candidate_key}` against its base on the same {n_items} items "
-             f"({len(reports)} suite{'s' if len(reports) != 1 else ''}). Intervals: {sp.describe()}.", ""]
+             f"Candidate `{candidate_key}` against its base on the same paired items ({sizes}). "
+             f"Intervals: {sp.describe()}.", ""]
     why = [f"- **{r.suite}** ({r.verdict}): {reason}" for r in reports if r.verdict != "GO"
            for reason, rule in zip(r.reasons, [x for x in r.rules if x.status != PASS], strict=True)
            if rule.tier != ADVISORY]

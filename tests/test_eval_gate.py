@@ -1,10 +1,23 @@
 """The gate on constructed item-level data: PASS, BREACH, INSUFFICIENT_EVIDENCE, errors, tiers."""
 
+from pathlib import Path
+
 import pytest
 
 from campaigns.loader import load_campaign_file
-from evaluation.gate import (BREACH, GO, INCONCLUSIVE, NO_GO, NOT_ENOUGH, PASS, GatePolicy, ItemResult, StatsPolicy,
-                             combine, decide)
+from evaluation.gate import (
+    BREACH,
+    GO,
+    INCONCLUSIVE,
+    NO_GO,
+    NOT_ENOUGH,
+    PASS,
+    GatePolicy,
+    ItemResult,
+    StatsPolicy,
+    combine,
+    decide,
+)
 from evaluation.report import build_report, disagreements
 from evaluation.stats import PAIRED_T
 
@@ -138,8 +151,8 @@ def test_report_lists_losses_first_and_reads_as_a_table():
     assert "max_regression_vs_base" in md and "Most informative disagreements (10 of 23)" in md
 
 
-def test_suite_gate_overrides_only_the_fields_it_sets(tmp_path):
-    spec = load_campaign_file("campaigns/demo.yaml")
+def test_suite_gate_overrides_only_the_fields_it_sets():
+    spec = load_campaign_file(Path(__file__).resolve().parent.parent / "campaigns/demo.yaml")
     cipher, fmt = spec.evaluation.suites
     assert spec.evaluation.gate_for(cipher) == spec.evaluation.gate
     g = spec.evaluation.gate_for(fmt)

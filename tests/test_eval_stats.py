@@ -49,7 +49,7 @@ def test_bootstrap_is_reproducible_with_its_seed_and_close_to_t_on_many_items():
     base = [1.0] * 100 + [0.0] * 50 + [1.0] * 60 + [0.0] * 190
     a = stats.paired_difference(cand, base, seed=3)
     assert a == stats.paired_difference(cand, base, seed=3)
-    d = [c - b for c, b in zip(cand, base)]
+    d = [c - b for c, b in zip(cand, base, strict=False)]
     assert (stats.bootstrap_means(d, 500, 3) != stats.bootstrap_means(d, 500, 4)).any()
     t = stats.paired_difference(cand, base, method=stats.PAIRED_T)
     assert a.estimate == pytest.approx(t.estimate) == pytest.approx(-10 / 400)  # 50 wins, 60 losses
