@@ -77,3 +77,35 @@ def test_api_key_comes_from_the_environment_and_is_never_shown(monkeypatch):
     monkeypatch.delenv("EVAL_TEST_KEY")
     with pytest.raises(ValueError, match="EVAL_TEST_KEY"):
         OpenAIEndpoint("http://127.0.0.1:9/v1", "m", api_key_env="EVAL_TEST_KEY")
+
+
+def test_evaluation_asset_scores_the_served_candidate(server, demo_models, artifact_root, tmp_path):
+    """backend: openai through Dagster: the asset loads this candidate's adapter into the server
+    (as vLLM's runtime LoRA loading does) and gates what the server answers."""
+    import yaml
+    from dagster import DagsterInstance, materialize
+    from eval_support import REPO_ROOT, seed_upstream
+
+    from assets import demo_models as demo_models_asset
+    from assets.common import key
+    from assets.location import campaign_assets, default_resources
+    from campaigns.loader import load_campaign_file
+
+    d = yaml.safe_load((REPO_ROOT / "campaigns/demo.yaml").read_text())
+    d["name"] = "served"
+    d["evaluation"] = {"suites": [{"name": "cipher", "source": "heldout", "max_new_tokens": 8}],
+                       "gate": {"min_score": 0.0, "min_items": 12}, "statistics": {"resamples": 1000},
+                       "backend": "openai", "evaluate_teacher": False,
+                       "endpoint": {"base_url": server.base_url, "base_model": "student", "load_adapter": True,
+                                    "max_concurrency": 4, "timeout_s": 30}}
+    (tmp_path / "served.yaml").write_text(yaml.safe_dump(d, allow_unicode=True))
+    spec = load_campaign_file(tmp_path / "served.yaml")
+    adapter = make_zero_adapter(demo_models["student"], tmp_path / "adapter")
+    cand = seed_upstream(artifact_root, "served", heldout_rows(12), adapter, demo_models["student"])
+    result = materialize(campaign_assets(spec) + [demo_models_asset.demo_models], selection=[key(spec, "evaluation")],
+                         resources=default_resources(str(artifact_root)), instance=DagsterInstance.ephemeral())
+    assert result.success
+    assert server.loaded[f"served-{cand['key']}"] == str(adapter)  # the exact candidate was served
+    check = result.get_asset_check_evaluations()[0]
+    assert check.passed and check.metadata["verdict"].value == "GO"
+    assert check.metadata["cipher_delta_lo"].value == 0.0 == check.metadata["cipher_delta_hi"].value  # B = 0
