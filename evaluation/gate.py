@@ -204,9 +204,10 @@ def interval_rule(delta: stats.Interval, allowed_drop: float) -> str:
     """BREACH when the whole interval is beyond the allowed drop, PASS when within, else not enough evidence."""
     if not delta.defined:
         return NOT_ENOUGH
-    if delta.hi < -allowed_drop:
+    eps = 1e-12  # a bound exactly at the allowed drop (up to float rounding) is within it
+    if delta.hi < -allowed_drop - eps:
         return BREACH
-    if delta.lo >= -allowed_drop:
+    if delta.lo >= -allowed_drop - eps:
         return PASS
     return NOT_ENOUGH
 

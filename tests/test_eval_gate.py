@@ -158,3 +158,14 @@ def test_suite_gate_overrides_only_the_fields_it_sets():
     g = spec.evaluation.gate_for(fmt)
     assert g.min_score == 0.95 and g.min_items == spec.evaluation.gate.min_items
     assert fmt.tier == "advisory" and fmt.scorer == "regex"
+
+
+def test_interval_bounds_exactly_at_the_allowed_drop():
+    from evaluation.gate import interval_rule
+    from evaluation.stats import Interval
+
+    at = -6 / 200 - 1e-17  # −3 pts after float rounding
+    assert interval_rule(Interval(-0.01, at, 0.01, "x", 0.95), 0.03) == PASS
+    assert interval_rule(Interval(-0.05, -0.06, at, "x", 0.95), 0.03) == NOT_ENOUGH
+    assert interval_rule(Interval(-0.05, -0.06, -0.0301, "x", 0.95), 0.03) == BREACH
+    assert interval_rule(Interval(float("nan"), float("nan"), float("nan"), "x", 0.95), 0.03) == NOT_ENOUGH
