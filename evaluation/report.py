@@ -25,8 +25,8 @@ from evaluation.gate import (
     pair,
 )
 
-_MARK = {PASS: "✅ PASS", BREACH: "❌ BREACH", NOT_ENOUGH: "⚠️ INSUFFICIENT_EVIDENCE"}
-_VERDICT_MARK = {"GO": "✅ GO", "NO-GO": "❌ NO-GO", "INCONCLUSIVE": "⚠️ INCONCLUSIVE"}
+_MARK = {PASS: "PASS", BREACH: "**BREACH**", NOT_ENOUGH: "**INSUFFICIENT_EVIDENCE**"}
+_VERDICT_MARK = {"GO": "GO", "NO-GO": "NO-GO", "INCONCLUSIVE": "INCONCLUSIVE"}
 
 
 def _cell(text: str | None, width: int = 48) -> str:
@@ -175,8 +175,13 @@ def markdown(reports: list[GateReport], sp: StatsPolicy, candidate_key: str, sho
     lines += ["", "| suite | verdict | rule | tier | result | value | threshold | detail |",
               "|---|---|---|---|---|---:|---:|---|"]
     for r in reports:
-        for i, rule in enumerate(r.rules):
-            v = f"**{_VERDICT_MARK.get(r.verdict, r.verdict)}**" + (" (advisory suite)" if r.tier == ADVISORY else "")
+        v = f"**{_VERDICT_MARK.get(r.verdict, r.verdict)}**" + (" (advisory suite)" if r.tier == ADVISORY else "")
+        rules = r.rules
+        if r.tier == ADVISORY and all(x.status == PASS for x in rules):  # nothing to read: one line
+            lines.append(f"| {r.suite} | {v} | {', '.join(x.rule for x in rules)} | advisory | PASS | | | "
+                         "every rule passes (numbers in gate.json) |")
+            continue
+        for i, rule in enumerate(rules):
             lines.append(f"| {r.suite if i == 0 else ''} | {v if i == 0 else ''} | {rule.rule} | {rule.tier} | "
                          f"{_MARK.get(rule.status, rule.status)} | {_value(rule.rule, rule.value)} | "
                          f"{_threshold(rule.rule, rule.threshold)} | {rule.detail.replace('|', '/')} |")
