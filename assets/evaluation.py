@@ -129,7 +129,7 @@ def build(spec: CampaignSpec):
         policies = {x.name: GatePolicy.from_mapping(ev.gate_for(x).model_dump()) for x in ev.suites}
         st = ev.statistics
         sp = StatsPolicy(st.interval, st.confidence, st.resamples, st.seed)
-        k = stage_key("evaluation/v2", items_key, {n: repr(p) for n, p in policies.items()},
+        k = stage_key("evaluation/v3", items_key, {n: repr(p) for n, p in policies.items()},
                       {x.name: x.tier for x in ev.suites}, st.model_dump(), ev.requires_human_review)
         sd = storage.stage(spec.name, "evaluation", k)
         if not sd.is_complete():

@@ -23,6 +23,7 @@ from scipy import stats as st
 
 PAIRED_BOOTSTRAP, PAIRED_T = "paired_bootstrap", "paired_t"
 _MAX_CELLS = 4_000_000  # resample indices drawn per chunk (memory bound: 32 MB of int64)
+_FEW_VALUES = 16  # at most this many distinct values: resample counts (multinomial), not indices
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,17 @@ def wilson(successes: int, n: int, confidence: float = 0.95) -> Interval:
 
 
 def bootstrap_means(values: Sequence[float], resamples: int, seed: int) -> np.ndarray:
-    """Means of ``resamples`` resamples (with replacement, same size) of ``values``."""
+    """Means of ``resamples`` resamples (with replacement, same size) of ``values``.
+
+    With few distinct values (0/1 scores, their paired differences) a resample is drawn as the
+    multinomial counts of those values, the same distribution as drawing item indices, in O(1)
+    per resample instead of O(n)."""
     x = np.asarray(values, dtype=np.float64)
     n = len(x)
     rng = np.random.default_rng(seed)
+    distinct, counts = np.unique(x, return_counts=True)
+    if len(distinct) <= _FEW_VALUES:
+        return rng.multinomial(n, counts / n, size=resamples) @ distinct / n
     out = np.empty(resamples, dtype=np.float64)
     chunk = max(1, _MAX_CELLS // max(n, 1))
     for start in range(0, resamples, chunk):
