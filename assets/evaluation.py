@@ -1,14 +1,29 @@
-"""evaluation: candidate (base + adapter) and base answer the same held-out items; the gate
-is a blocking asset check on this asset, so NO-GO or INCONCLUSIVE stops promotion in the run."""
+"""evaluation: candidate (base + adapter) and base answer the same suite items with the same
+settings; the gate is a blocking asset check on this asset, so NO-GO or INCONCLUSIVE stops
+promotion in the same run.
+
+Two stage directories: ``evaluation_items/<key>`` holds every model's answers (slow to make;
+keyed by adapter, items, models and generation settings) and ``evaluation/<key>`` the gate's
+judgement of them (fast; keyed by the answers and the gate policy), so changing a threshold
+re-judges stored answers instead of generating them again.
+"""
 
 import json
 import time
 
-from dagster import (AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetExecutionContext, AssetIn,
-                     MetadataValue, Output, asset)
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetIn,
+    MetadataValue,
+    Output,
+    asset,
+)
 
 from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
-from campaigns.spec import CampaignSpec
+from campaigns.spec import CampaignSpec, SuiteSpec
 from lineage.hashing import file_sha256
 from resources.pricing import PricingResource
 from resources.storage import REPO_ROOT, ArtifactStore
@@ -16,84 +31,170 @@ from resources.storage import REPO_ROOT, ArtifactStore
 GATE_CHECK = "gate"
 
 
-def gate_check_result(report: dict) -> AssetCheckResult:
+def approve_hint(campaign: str, candidate_key: str) -> str:
+    return (f"`campaign approve {campaign} --candidate {candidate_key} --by <you>`, or launch job "
+            f"`{campaign}_approve` from the Launchpad with `candidate_key: {candidate_key}`")
+
+
+def review_line(spec: CampaignSpec, verdict: str, candidate_key: str) -> str | None:
+    if not spec.evaluation.requires_human_review:
+        return None
+    if verdict != "GO":
+        return "**Human review required**, but the gate did not pass: there is nothing to approve."
+    return (f"**Human review required.** Promotion waits for an approval of this exact candidate: "
+            f"{approve_hint(spec.name, candidate_key)}.")
+
+
+def gate_check_result(report: dict, evaluation_key: str | None = None) -> AssetCheckResult:
     verdict = report["verdict"]
-    md = {"verdict": verdict, "reasons": MetadataValue.md("\n".join(f"- {r}" for r in report["reasons"]) or "- all rules pass")}
+    md = {"verdict": verdict, "candidate_key": report.get("candidate_key", ""),
+          "reasons": MetadataValue.md("\n".join(f"- {r}" for r in report["reasons"]) or "- every rule passes")}
+    if evaluation_key:
+        md["evaluation_key"] = evaluation_key
     for s in report["suites"]:
-        md[f"{s['suite']}_candidate"] = s["candidate"]["score"] if s["candidate"]["score"] is not None else float("nan")
-        md[f"{s['suite']}_base"] = s["base"]["score"] if s["base"]["score"] is not None else float("nan")
+        o = s["overall"]
+        nan = float("nan")
+        md[f"{s['suite']}_candidate"] = s["candidate"]["score"] if s["candidate"]["score"] is not None else nan
+        md[f"{s['suite']}_base"] = s["base"]["score"] if s["base"]["score"] is not None else nan
+        md[f"{s['suite']}_delta_lo"] = o["delta"]["lo"]
+        md[f"{s['suite']}_delta_hi"] = o["delta"]["hi"]
+        md[f"{s['suite']}_verdict"] = s["verdict"]
     return AssetCheckResult(check_name=GATE_CHECK, passed=verdict == "GO", severity=AssetCheckSeverity.ERROR,
                             metadata=md, description=f"Gate verdict {verdict}")
 
 
+def _suite_identity(x: SuiteSpec) -> dict:
+    """What changes a suite's answers or scores (not its gate or tier)."""
+    ident = x.model_dump(exclude={"gate", "tier"})
+    if x.source != "heldout":
+        p = REPO_ROOT / x.source if not x.source.startswith("/") else x.source
+        ident["source_sha256"] = file_sha256(p) if p.exists() else None
+    if isinstance(x.json_schema, str):
+        p = REPO_ROOT / x.json_schema if not x.json_schema.startswith("/") else x.json_schema
+        ident["schema_sha256"] = file_sha256(p) if p.exists() else None
+    return ident
+
+
 def build(spec: CampaignSpec):
     ev, s, t = spec.evaluation, spec.student, spec.teacher
-    eval_teacher = ev.evaluate_teacher and t.backend == "transformers"
-    refs = [s.base_model] + ([t.model] if eval_teacher else [])
+    local = ev.backend == "local"
+    eval_teacher = ev.evaluate_teacher and t.backend == "transformers" and local
+    refs = ([s.base_model] if local else []) + ([t.model] if eval_teacher else [])
+    where = "locally (transformers + PEFT)" if local else f"through the endpoint {ev.endpoint.base_url}"
 
     @asset(key=key(spec, "evaluation"), group_name=spec.name, kinds={"pytorch", "parquet"},
            ins={"prompts": AssetIn(key(spec, "prompts")), "adapter": AssetIn(key(spec, "student_adapter"))},
            deps=model_deps(*refs),
            check_specs=[AssetCheckSpec(GATE_CHECK, asset=key(spec, "evaluation"), blocking=True,
-                                       description="Promotion gate: floor, regression vs base, empty outputs, latency.")],
-           description="Base and candidate scored on the same held-out items; the gate decides promotion.")
+                                       description="Promotion gate: floors, regression vs base on paired intervals, "
+                                                   "per-category regression, empty outputs, latency, serving errors.")],
+           description=f"Candidate and base answer the same items of {len(ev.suites)} suite(s) {where}; "
+                       "the blocking `gate` check decides promotion.")
     def evaluation(context: AssetExecutionContext, prompts: dict, adapter: dict, storage: ArtifactStore,
                    pricing: PricingResource):
-        from dataprep.prompts import read_prompt_table
-        from evaluation.gate import GatePolicy, combine, markdown_report
-        from evaluation.runner import SuiteRun, evaluate_paired
-        from evaluation.suite import load_items, write_item_rows
-        from generation.local import LocalGenerator
+        from evaluation.gate import GatePolicy, StatsPolicy, combine
+        from evaluation.report import build_report
+        from evaluation.runner import BASE, CANDIDATE, SuiteGate, SuiteRun, answer_suites, judge, scores
+        from evaluation.scorers import build_scorer
+        from evaluation.suite import load_items, read_item_results, write_item_rows
 
-        base = storage.resolve_model(s.base_model)
+        scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, REPO_ROOT) for x in ev.suites}
+        base = storage.resolve_model(s.base_model) if local else None
         teacher_path = storage.resolve_model(t.model) if eval_teacher else None
-        k = stage_key("evaluation/v1", adapter["key"], prompts["heldout_sha256"], model_identity(base, s.revision),
-                      model_identity(teacher_path) if teacher_path else None, ev.model_dump())
-        sd = storage.stage(spec.name, "evaluation", k)
-        cached = sd.is_complete()
+        served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.endpoint and not local else None
+        items_key = stage_key("evaluation-items/v2", adapter["key"], prompts["heldout_sha256"],
+                              model_identity(base, s.revision) if base else None,
+                              model_identity(teacher_path) if teacher_path else None,
+                              s.quantization.model_dump() if local else None, served,
+                              [_suite_identity(x) for x in ev.suites])
+        isd = storage.stage(spec.name, "evaluation_items", items_key)
+        cached = isd.is_complete()
         if not cached:
+            from dataprep.prompts import read_prompt_table
+
             t0 = time.perf_counter()
             held = read_prompt_table(prompts["heldout_path"])
-            suites = [SuiteRun(x.name, load_items(x.source, held, REPO_ROOT), x.scorer, x.max_new_tokens)
-                      for x in ev.suites]
-            q = s.quantization
-            bs = max(x.batch_size for x in ev.suites)
-
-            def local(path, adapter_dir=None, four_bit=False):
-                def factory():
-                    g = LocalGenerator.from_path(path, adapter_dir, four_bit, q.compute_dtype, batch_size=bs)
-                    return lambda prompts_, n: g.generate(prompts_, n)
-                return factory
-
-            models = {"candidate": local(base, adapter["adapter_path"], q.load_in_4bit),
-                      "base": local(base, None, q.load_in_4bit)}
-            if teacher_path is not None:
-                models["teacher"] = local(teacher_path)
-            g = ev.gate
-            policy = GatePolicy(g.min_score, g.max_regression_vs_base, g.max_empty_output_rate, g.max_avg_latency_s,
-                                g.min_items)
-            result = evaluate_paired(suites, models, policy, log=context.log.info)
-            out = sd.ensure()
-            write_item_rows(result.rows, out / "items.parquet")
+            runs = [SuiteRun(x.name, load_items(x.source, held, REPO_ROOT, scorers[x.name]), scorers[x.name],
+                             x.max_new_tokens) for x in ev.suites]
+            models = _models(spec, adapter, base, teacher_path, context)
+            rows = answer_suites(runs, models, log=context.log.info)
+            out = isd.ensure()
+            write_item_rows(rows, out / "items.parquet")
             wall = time.perf_counter() - t0
-            report = {"verdict": combine(result.reports), "suites": [r.as_dict() for r in result.reports],
-                      "reasons": [f"{r.suite}: {why}" for r in result.reports for why in r.reasons],
-                      "scores": result.scores, "candidate_key": adapter["key"],
-                      "markdown": markdown_report(result.reports, result.scores.get("teacher"))}
-            (out / "gate.json").write_text(json.dumps(report, indent=2))
-            lines = [hardware_cost(pricing, spec, "evaluation", spec.training.hardware, wall)]
-            sd.commit({"items_path": str(out / "items.parquet"), "gate_path": str(out / "gate.json"),
-                       "verdict": report["verdict"], "scores": result.scores, "candidate_key": adapter["key"],
-                       "items_sha256": file_sha256(out / "items.parquet"), "wall_seconds": wall, "cost_lines": lines})
+            lines = [hardware_cost(pricing, spec, "evaluation", spec.training.hardware, wall)] if local else []
+            isd.commit({"items_path": str(out / "items.parquet"), "items_sha256": file_sha256(out / "items.parquet"),
+                        "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines})
+        im = isd.manifest()
+
+        policies = {x.name: GatePolicy.from_mapping(ev.gate_for(x).model_dump()) for x in ev.suites}
+        st = ev.statistics
+        sp = StatsPolicy(st.interval, st.confidence, st.resamples, st.seed)
+        k = stage_key("evaluation/v3", items_key, {n: repr(p) for n, p in policies.items()},
+                      {x.name: x.tier for x in ev.suites}, st.model_dump(), ev.requires_human_review)
+        sd = storage.stage(spec.name, "evaluation", k)
+        if not sd.is_complete():
+            res = read_item_results(im["items_path"])
+            reports = judge(res, [SuiteGate(x.name, policies[x.name], scorers[x.name].binary, x.tier)
+                                  for x in ev.suites], sp)
+            pairs = {x.name: (res[CANDIDATE][x.name], res[BASE][x.name]) for x in ev.suites}
+            doc = build_report(reports, pairs, sp, adapter["key"], res.get("teacher"),
+                               review_line(spec, combine(reports), adapter["key"]))
+            doc["scores"] = scores(res)
+            out = sd.ensure()
+            (out / "gate.json").write_text(json.dumps(doc, indent=2))
+            (out / "report.md").write_text(doc["markdown"])
+            sd.commit({"items_path": im["items_path"], "items_key": items_key, "items_sha256": im["items_sha256"],
+                       "gate_path": str(out / "gate.json"), "report_path": str(out / "report.md"),
+                       "verdict": doc["verdict"], "reasons": doc["reasons"], "scores": doc["scores"],
+                       "candidate_key": adapter["key"], "requires_human_review": ev.requires_human_review,
+                       "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"]})
         m = sd.manifest()
         report = json.loads(open(m["gate_path"]).read())
-        md = base_metadata(m, cached) | {"verdict": report["verdict"], "report": MetadataValue.md(report["markdown"]),
-                                         "items": MetadataValue.path(m["items_path"])}
+        md = base_metadata(m, cached) | {
+            "verdict": report["verdict"], "report": MetadataValue.md(report["markdown"]),
+            "items": MetadataValue.path(m["items_path"]), "candidate_key": m["candidate_key"],
+            "statistics": report["method"], "requires_human_review": m["requires_human_review"]}
         for role, by_suite in m["scores"].items():
             for suite, score in by_suite.items():
                 if score is not None:
                     md[f"{suite}_{role}_score"] = score
         yield Output(m, metadata=md)
-        yield gate_check_result(report)
+        yield gate_check_result(report, m["key"])
 
     return evaluation
+
+
+def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context) -> dict:
+    """role -> factory of a ``generate(prompts, max_new_tokens)`` callable (loaded when called)."""
+    ev, q = spec.evaluation, spec.student.quantization
+    if ev.backend == "openai":
+        from evaluation.endpoint import OpenAIEndpoint
+
+        e = ev.endpoint
+        cand_name = e.candidate_model
+        if e.load_adapter:
+            cand_name = f"{spec.name}-{adapter['key']}"
+            OpenAIEndpoint(e.base_url, cand_name, api_key_env=e.api_key_env, timeout_s=e.timeout_s).load_adapter(
+                cand_name, adapter["adapter_path"])
+            context.log.info(f"loaded adapter {adapter['adapter_path']} into {e.base_url} as {cand_name}")
+
+        def endpoint(name):
+            return lambda: OpenAIEndpoint(e.base_url, name, api_key_env=e.api_key_env,
+                                          max_concurrency=e.max_concurrency, timeout_s=e.timeout_s).generate
+
+        return {"candidate": endpoint(cand_name), "base": endpoint(e.base_model)}
+
+    from generation.local import LocalGenerator
+
+    bs = max(x.batch_size for x in ev.suites)
+
+    def local(path, adapter_dir=None, four_bit=False):
+        def factory():
+            g = LocalGenerator.from_path(path, adapter_dir, four_bit, q.compute_dtype, batch_size=bs)
+            return lambda prompts_, n: g.generate(prompts_, n)
+        return factory
+
+    models = {"candidate": local(base, adapter["adapter_path"], q.load_in_4bit), "base": local(base, None, q.load_in_4bit)}
+    if teacher_path is not None:
+        models["teacher"] = local(teacher_path)
+    return models

@@ -52,7 +52,7 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
         job = define_asset_job(campaign_job_name(name), selection=AssetSelection.groups(name).upstream(),
                                description=f"Run campaign {name} end to end ({loaded.sources[name]}).",
                                tags={"campaign": name})
-        jobs.append(job)
+        jobs += [job, promotion.approve_job(spec)]
         if spec.schedule is not None:
             schedules.append(ScheduleDefinition(
                 name=f"{name}_schedule", job=job, cron_schedule=spec.schedule.cron,

@@ -76,6 +76,8 @@ def campaign_summary(artifacts: Path, campaign: str, primary_suite: str) -> dict
     promoted = _latest(artifacts, campaign, "promoted_model")
     if promoted and ev and promoted.get("key") == ev.get("candidate_key"):
         out["promoted"] = promoted["adapter_path"]
+    elif ev and ev.get("requires_human_review") and ev.get("verdict") == "GO":
+        out["awaiting_review"] = ev["candidate_key"]
     return out
 
 
@@ -102,6 +104,9 @@ def print_summary(s: dict, seconds: float) -> None:
                  else "per point gained: not meaningful (no gain over base)"))
     if s.get("promoted"):
         print(f"promoted adapter: {s['promoted']}")
+    if s.get("awaiting_review"):
+        print(f"promotion awaits human review of candidate {s['awaiting_review']}: "
+              f"campaign approve {s['campaign']} --candidate {s['awaiting_review']} --by <you>")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -160,6 +165,40 @@ def _build_models(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _approve(args: argparse.Namespace) -> int:
+    """Record a reviewer's approval of the campaign's latest GO candidate (see evaluation/approval.py)."""
+    import getpass
+
+    try:
+        spec, _ = resolve_campaign(args.campaign)
+    except (CampaignError, KeyError) as e:
+        print(e.args[0] if isinstance(e, KeyError) else f"invalid campaign:\n{e}", file=sys.stderr)
+        return EXIT_INVALID
+    from assets.promotion import approval_observation, latest_evaluation
+    from evaluation.approval import ApprovalError, record_approval
+    from resources.storage import ArtifactStore
+
+    storage = ArtifactStore(root=args.artifacts)
+    try:
+        approval, created = record_approval(spec.name, storage.campaign_dir(spec.name),
+                                            latest_evaluation(storage, spec.name), args.candidate,
+                                            args.by or getpass.getuser(), args.note, via="cli")
+    except (ApprovalError, FileNotFoundError) as e:
+        print(f"not approved: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    if not created:
+        print(f"candidate {approval.candidate_key} was already approved by {approval.approved_by} at {approval.approved_at}")
+        return EXIT_OK
+    dagster_home()
+    from dagster import DagsterInstance
+
+    with DagsterInstance.get() as instance:  # so the UI shows the approval on the evaluation asset
+        instance.report_runless_asset_event(approval_observation(spec, approval))
+    print(f"approved candidate {approval.candidate_key} of campaign {spec.name} "
+          f"(by {approval.approved_by} at {approval.approved_at}); materialize {spec.name}/promoted_model to promote it")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="campaign", description="Distillation and fine-tune campaigns on Dagster.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -181,6 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     from resources.k8s.render import add_parser as add_k8s_render  # pure: no Kubernetes client import
 
     add_k8s_render(sub)
+    a = sub.add_parser("approve", help="approve a campaign's evaluated candidate (when human review is required)")
+    a.add_argument("campaign", help="campaign name or YAML file")
+    a.add_argument("--candidate", required=True, help="the candidate key shown in the gate report")
+    a.add_argument("--by", default=None, help="reviewer name (default: the current user)")
+    a.add_argument("--note", default="", help="review note")
+    a.add_argument("--artifacts", default="artifacts", help="artifact root (default: ./artifacts)")
+    a.set_defaults(fn=_approve)
     args = ap.parse_args(argv)
     return args.fn(args)
 

@@ -1,25 +1,77 @@
-"""The promotion gate: rules over a suite's candidate and base results -> GO / NO-GO / INCONCLUSIVE.
+"""The promotion gate: rules over a suite's paired candidate and base results -> GO / NO-GO /
+INCONCLUSIVE, every rule with its numbers. Pure Python (+ numpy/scipy through ``stats``).
 
-Each rule yields a :class:`RuleResult` with its numbers, so a reviewer sees why. Pure Python.
+How a suite is judged:
+
+1. Items a model failed on the serving side (timeouts, crashes: ``error`` set) are errors, not
+   wrong answers: they are left out of every score. The *paired* set is the items both models
+   answered; candidate − base is computed on it.
+2. Preconditions: ``max_error_rate`` (each model) and ``min_items`` (paired items). When a
+   blocking precondition is not met the suite is INCONCLUSIVE whatever the other rules say: a
+   measurement with too many holes decides nothing.
+3. Rules: ``min_score`` and the rate/latency limits are judged on the observed value (PASS or
+   BREACH); ``max_regression_vs_base`` and ``max_category_regression`` on the paired interval
+   of candidate − base: BREACH when the whole interval is below −allowed drop, PASS when the
+   whole interval is at or above it, INSUFFICIENT_EVIDENCE when it straddles.
+4. Verdict: any blocking BREACH -> NO-GO; else any blocking INSUFFICIENT_EVIDENCE ->
+   INCONCLUSIVE; else GO. Advisory rules (and advisory suites) are reported, never blocking.
 """
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from statistics import fmean
 
+import numpy as np
+
+from evaluation import stats
+
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
-PASS, FAIL, NOT_ENOUGH = "PASS", "FAIL", "INSUFFICIENT_EVIDENCE"
+PASS, BREACH, NOT_ENOUGH = "PASS", "BREACH", "INSUFFICIENT_EVIDENCE"
+FAIL = BREACH  # the first version's name
+BLOCKING, ADVISORY = "blocking", "advisory"
+PRECONDITIONS = ("max_error_rate", "min_items")
+ALL = "(all)"
 
 
 @dataclass(frozen=True)
 class GatePolicy:
-    min_score: float = 0.8
-    max_regression_vs_base: float = 0.03
-    max_empty_output_rate: float = 0.0
-    max_avg_latency_s: float = 30.0
+    """The rules of one suite (mirrors ``campaigns.spec.GateSpec``; ``None`` switches a rule off)."""
+
+    min_score: float | None = 0.8
+    max_regression_vs_base: float | None = 0.03
+    max_category_regression: float | None = None
+    min_category_items: int = 10
+    max_empty_output_rate: float | None = 0.0
+    max_p95_latency_s: float | None = 30.0
+    max_avg_latency_s: float | None = None
     min_items: int = 20
     max_error_rate: float = 0.05
+    advisory: tuple[str, ...] = ()
+
+    @classmethod
+    def from_mapping(cls, m: dict) -> GatePolicy:
+        return cls(**{**m, "advisory": tuple(m.get("advisory", ()))})
+
+
+@dataclass(frozen=True)
+class StatsPolicy:
+    method: str = stats.PAIRED_BOOTSTRAP
+    confidence: float = 0.95
+    resamples: int = 10_000
+    seed: int = 0
+
+    def describe(self) -> str:
+        pct = f"{self.confidence:.0%}"
+        if self.method == stats.PAIRED_T:
+            how = f"paired t intervals ({pct}) on per-item differences"
+        else:
+            how = f"paired bootstrap {pct} intervals (percentile, {self.resamples:,} resamples, seed {self.seed})"
+        return (f"candidate − base: {how}; scores: Wilson {pct} intervals for 0/1 scores, "
+                f"{'t' if self.method == stats.PAIRED_T else 'bootstrap'} otherwise; "
+                f"McNemar: exact binomial test on discordant items")
 
 
 @dataclass(frozen=True)
@@ -30,6 +82,40 @@ class ItemResult:
     score: float | None  # None when the item errored
     latency_s: float
     error: str | None = None
+    prompt: str = ""
+    reference: str = ""
+
+
+@dataclass
+class ModelSummary:
+    items: int
+    answered: int
+    errors: int
+    error_rate: float
+    score: float | None  # mean over answered items
+    empty_rate: float
+    p95_latency_s: float | None
+    avg_latency_s: float | None
+
+
+@dataclass
+class Comparison:
+    """Base and candidate on the same (paired) items of a suite or one of its categories."""
+
+    category: str
+    n: int
+    base: stats.Interval
+    candidate: stats.Interval
+    delta: stats.Interval
+    wins: int
+    losses: int
+    ties: int
+    mcnemar_p: float | None  # binary scores only
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["base"], d["candidate"], d["delta"] = self.base.as_dict(), self.candidate.as_dict(), self.delta.as_dict()
+        return d
 
 
 @dataclass
@@ -39,108 +125,192 @@ class RuleResult:
     value: float | None
     threshold: float | None
     detail: str
+    tier: str = BLOCKING
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 @dataclass
-class SuiteSummary:
-    items: int
-    scored: int
-    errors: int
-    score: float | None
-    empty_rate: float
-    avg_latency_s: float
-
-
-@dataclass
 class GateReport:
+    """One suite's verdict and everything it was decided on."""
+
     suite: str
     verdict: str
-    candidate: SuiteSummary
-    base: SuiteSummary
+    candidate: ModelSummary
+    base: ModelSummary
+    overall: Comparison
+    categories: list[Comparison] = field(default_factory=list)
     rules: list[RuleResult] = field(default_factory=list)
+    tier: str = BLOCKING
+    binary: bool = True
 
     @property
     def reasons(self) -> list[str]:
-        return [r.detail for r in self.rules if r.status != PASS]
+        return [f"{r.rule}: {r.status} — {r.detail}" + (" (advisory)" if r.tier == ADVISORY else "")
+                for r in self.rules if r.status != PASS]
 
     def as_dict(self) -> dict:
-        return {
-            "suite": self.suite,
-            "verdict": self.verdict,
-            "candidate": asdict(self.candidate),
-            "base": asdict(self.base),
-            "rules": [r.as_dict() for r in self.rules],
-        }
+        return {"suite": self.suite, "verdict": self.verdict, "tier": self.tier, "binary": self.binary,
+                "candidate": asdict(self.candidate), "base": asdict(self.base), "overall": self.overall.as_dict(),
+                "categories": [c.as_dict() for c in self.categories], "rules": [r.as_dict() for r in self.rules]}
 
 
-def summarize(results: list[ItemResult]) -> SuiteSummary:
-    scored = [r for r in results if r.error is None and r.score is not None]
-    ok_outputs = [r for r in results if r.error is None]
-    return SuiteSummary(
-        items=len(results),
-        scored=len(scored),
-        errors=len(results) - len(ok_outputs),
-        score=fmean(r.score for r in scored) if scored else None,  # type: ignore[misc]
-        empty_rate=(sum(1 for r in ok_outputs if not r.output.strip()) / len(ok_outputs)) if ok_outputs else 0.0,
-        avg_latency_s=fmean(r.latency_s for r in ok_outputs) if ok_outputs else 0.0,
+def summarize(results: list[ItemResult]) -> ModelSummary:
+    answered = [r for r in results if r.error is None]
+    scored = [r.score for r in answered if r.score is not None]
+    lat = [r.latency_s for r in answered]
+    n = len(results)
+    return ModelSummary(
+        items=n, answered=len(answered), errors=n - len(answered),
+        error_rate=(n - len(answered)) / n if n else 0.0,
+        score=fmean(scored) if scored else None,
+        empty_rate=(sum(1 for r in answered if not r.output.strip()) / len(answered)) if answered else 0.0,
+        p95_latency_s=float(np.percentile(lat, 95)) if lat else None,
+        avg_latency_s=fmean(lat) if lat else None,
     )
 
 
-def decide(suite: str, candidate: list[ItemResult], base: list[ItemResult], policy: GatePolicy) -> GateReport:
-    c, b = summarize(candidate), summarize(base)
+def pair(candidate: list[ItemResult], base: list[ItemResult]) -> list[tuple[ItemResult, ItemResult]]:
+    """Items both models answered (no error, scored), in the candidate's order."""
+    by_id = {r.item_id: r for r in base}
+    missing = [r.item_id for r in candidate if r.item_id not in by_id]
+    if missing or len(by_id) != len(candidate):
+        raise ValueError(f"candidate and base must answer the same items; {len(missing)} candidate items have no "
+                         f"base result (e.g. {missing[:3]}), {len(by_id)} base vs {len(candidate)} candidate items")
+    out = []
+    for c in candidate:
+        b = by_id[c.item_id]
+        if c.error is None and b.error is None and c.score is not None and b.score is not None:
+            out.append((c, b))
+    return out
+
+
+def compare(pairs: list[tuple[ItemResult, ItemResult]], category: str, binary: bool, sp: StatsPolicy) -> Comparison:
+    cs = [c.score for c, _ in pairs]
+    bs = [b.score for _, b in pairs]
+    kw = {"confidence": sp.confidence, "method": sp.method, "resamples": sp.resamples, "seed": sp.seed}
+    wlt = stats.win_loss_tie(cs, bs)
+    return Comparison(
+        category=category, n=len(pairs),
+        base=stats.score_ci(bs, **kw), candidate=stats.score_ci(cs, **kw),
+        delta=stats.paired_difference(cs, bs, **kw),
+        wins=wlt.wins, losses=wlt.losses, ties=wlt.ties,
+        mcnemar_p=stats.mcnemar_exact(wlt.wins, wlt.losses) if binary else None,
+    )
+
+
+def interval_rule(delta: stats.Interval, allowed_drop: float) -> str:
+    """BREACH when the whole interval is beyond the allowed drop, PASS when within, else not enough evidence."""
+    if not delta.defined:
+        return NOT_ENOUGH
+    eps = 1e-12  # a bound exactly at the allowed drop (up to float rounding) is within it
+    if delta.hi < -allowed_drop - eps:
+        return BREACH
+    if delta.lo >= -allowed_drop - eps:
+        return PASS
+    return NOT_ENOUGH
+
+
+def _pts(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 100:+.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1%}"
+
+
+def _ci(iv: stats.Interval) -> str:
+    return f"[{_pts(iv.lo)}, {_pts(iv.hi)}] pts" if iv.defined else "[undefined]"
+
+
+def decide(suite: str, candidate: list[ItemResult], base: list[ItemResult], policy: GatePolicy,
+           sp: StatsPolicy = StatsPolicy(), binary: bool | None = None, tier: str = BLOCKING) -> GateReport:
+    """Judge one suite. ``binary`` (0/1 scores) is detected from the scores when not given."""
+    c_sum, b_sum = summarize(candidate), summarize(base)
+    pairs = pair(candidate, base)
+    if binary is None:
+        binary = stats.is_binary([r.score for r in candidate + base if r.score is not None])
+    overall = compare(pairs, ALL, binary, sp)
+    by_cat: dict[str, list] = defaultdict(list)
+    for p in pairs:
+        by_cat[p[0].category].append(p)
+    categories = [compare(v, k, binary, sp) for k, v in sorted(by_cat.items())]
+    if len(categories) == 1:  # one category: the overall row says it all
+        categories = []
+
+    def tier_of(rule: str) -> str:
+        return ADVISORY if tier == ADVISORY or rule in policy.advisory else BLOCKING
+
     rules: list[RuleResult] = []
-    err_rate = c.errors / c.items if c.items else 1.0
-    rules.append(
-        RuleResult("max_error_rate", PASS if err_rate <= policy.max_error_rate else NOT_ENOUGH, err_rate,
-                   policy.max_error_rate, f"{c.errors} of {c.items} candidate items errored (serving side, not scored)")
-    )
-    rules.append(
-        RuleResult("min_items", PASS if c.scored >= policy.min_items else NOT_ENOUGH, float(c.scored),
-                   float(policy.min_items), f"{c.scored} scored items, need at least {policy.min_items}")
-    )
-    if c.score is not None:
-        rules.append(
-            RuleResult("min_score", PASS if c.score >= policy.min_score else FAIL, c.score, policy.min_score,
-                       f"candidate score {c.score:.3f} {'≥' if c.score >= policy.min_score else '<'} floor {policy.min_score:.3f}")
-        )
-    if c.score is not None and b.score is not None:
-        delta = c.score - b.score
-        ok = delta >= -policy.max_regression_vs_base
-        rules.append(
-            RuleResult("max_regression_vs_base", PASS if ok else FAIL, delta, -policy.max_regression_vs_base,
-                       f"candidate − base = {delta:+.3f} (allowed drop {policy.max_regression_vs_base:.3f})")
-        )
-    rules.append(
-        RuleResult("max_empty_output_rate", PASS if c.empty_rate <= policy.max_empty_output_rate else FAIL, c.empty_rate,
-                   policy.max_empty_output_rate, f"empty outputs {c.empty_rate:.3f} (max {policy.max_empty_output_rate:.3f})")
-    )
-    rules.append(
-        RuleResult("max_avg_latency_s", PASS if c.avg_latency_s <= policy.max_avg_latency_s else FAIL, c.avg_latency_s,
-                   policy.max_avg_latency_s, f"average latency {c.avg_latency_s:.3f}s (max {policy.max_avg_latency_s:.1f}s)")
-    )
-    statuses = {r.status for r in rules}
-    verdict = INCONCLUSIVE if NOT_ENOUGH in statuses else NO_GO if FAIL in statuses else GO
-    return GateReport(suite, verdict, c, b, rules)
+
+    def add(rule: str, status: str, value: float | None, threshold: float | None, detail: str) -> None:
+        rules.append(RuleResult(rule, status, value, threshold, detail, tier_of(rule)))
+
+    err = max(c_sum.error_rate, b_sum.error_rate)
+    add("max_error_rate", PASS if err <= policy.max_error_rate else NOT_ENOUGH, err, policy.max_error_rate,
+        f"serving errors (timeouts, crashes; not scored): candidate {c_sum.errors}/{c_sum.items}, "
+        f"base {b_sum.errors}/{b_sum.items}; allowed {policy.max_error_rate:.1%} per model")
+    add("min_items", PASS if overall.n >= policy.min_items else NOT_ENOUGH, float(overall.n), float(policy.min_items),
+        f"{overall.n} paired scored items, need at least {policy.min_items}")
+    if policy.min_score is not None:
+        own = [r.score for r in candidate if r.error is None and r.score is not None]
+        iv = stats.score_ci(own, sp.confidence, sp.method, sp.resamples, sp.seed)
+        s = c_sum.score
+        ok = s is not None and s >= policy.min_score
+        add("min_score", PASS if ok else (BREACH if s is not None else NOT_ENOUGH), s, policy.min_score,
+            f"candidate {_pct(s)} [{_pct(iv.lo)}, {_pct(iv.hi)}] on {len(own)} answered items "
+            f"{'≥' if ok else '<'} floor {policy.min_score:.1%}")
+    if policy.max_regression_vs_base is not None:
+        d = overall.delta
+        status = interval_rule(d, policy.max_regression_vs_base)
+        add("max_regression_vs_base", status, d.estimate if overall.n else None, -policy.max_regression_vs_base,
+            f"candidate − base {_pts(d.estimate)} pts {_ci(d)}, allowed drop {policy.max_regression_vs_base * 100:.1f} pts")
+    if policy.max_category_regression is not None:
+        allowed = policy.max_category_regression
+        judged = [c for c in categories if c.n >= policy.min_category_items]
+        small = [c.category for c in categories if c.n < policy.min_category_items]
+        per = {c.category: interval_rule(c.delta, allowed) for c in judged}
+        statuses = set(per.values())
+        status = BREACH if BREACH in statuses else NOT_ENOUGH if NOT_ENOUGH in statuses else PASS
+        worst = min(judged, key=lambda c: c.delta.hi if c.delta.defined else math.inf, default=None)
+        parts = [f"{c.category} {_pts(c.delta.estimate)} {_ci(c.delta)} {per[c.category]}" for c in judged
+                 if per[c.category] != PASS] or ["every judged category within the allowed drop"]
+        if not judged:
+            parts = ["no category has enough items to judge"]
+        if small:
+            parts.append(f"not judged (< {policy.min_category_items} items): {', '.join(small)}")
+        add("max_category_regression", status, worst.delta.estimate if worst else None, -allowed,
+            f"allowed drop {allowed * 100:.1f} pts per category; " + "; ".join(parts))
+    if policy.max_empty_output_rate is not None:
+        e = c_sum.empty_rate
+        add("max_empty_output_rate", PASS if e <= policy.max_empty_output_rate else BREACH, e,
+            policy.max_empty_output_rate, f"empty candidate outputs {_pct(e)} (max {_pct(policy.max_empty_output_rate)})")
+    for rule, value, name in (("max_p95_latency_s", c_sum.p95_latency_s, "p95"),
+                              ("max_avg_latency_s", c_sum.avg_latency_s, "mean")):
+        limit = getattr(policy, rule)
+        if limit is None:
+            continue
+        if value is None:
+            add(rule, NOT_ENOUGH, None, limit, "no answered items to time")
+        else:
+            add(rule, PASS if value <= limit else BREACH, value, limit,
+                f"candidate {name} latency {value:.2f} s (max {limit:.1f} s)")
+    # an advisory suite still gets the verdict its rules give; `combine` leaves it out
+    verdict = suite_verdict([r for r in rules if r.rule not in policy.advisory] if tier == ADVISORY else rules,
+                            every_tier=tier == ADVISORY)
+    return GateReport(suite, verdict, c_sum, b_sum, overall, categories, rules, tier, binary)
+
+
+def suite_verdict(rules: list[RuleResult], every_tier: bool = False) -> str:
+    blocking = [r for r in rules if every_tier or r.tier == BLOCKING]
+    if any(r.status != PASS for r in blocking if r.rule in PRECONDITIONS):
+        return INCONCLUSIVE
+    statuses = {r.status for r in blocking}
+    return NO_GO if BREACH in statuses else INCONCLUSIVE if NOT_ENOUGH in statuses else GO
 
 
 def combine(reports: list[GateReport]) -> str:
-    verdicts = {r.verdict for r in reports}
+    """The campaign's verdict over its blocking suites (an advisory suite never blocks)."""
+    verdicts = {r.verdict for r in reports if r.tier == BLOCKING}
     return NO_GO if NO_GO in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts else GO
-
-
-def markdown_report(reports: list[GateReport], teacher_scores: dict[str, float | None] | None = None) -> str:
-    lines = ["| suite | teacher | base | candidate | delta | verdict |", "|---|---:|---:|---:|---:|---|"]
-    for r in reports:
-        t = (teacher_scores or {}).get(r.suite)
-        fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
-        delta = None if r.candidate.score is None or r.base.score is None else r.candidate.score - r.base.score
-        lines.append(f"| {r.suite} | {fmt(t)} | {fmt(r.base.score)} | {fmt(r.candidate.score)} | "
-                     f"{'—' if delta is None else f'{delta:+.3f}'} | **{r.verdict}** |")
-    lines += ["", "| suite | rule | status | detail |", "|---|---|---|---|"]
-    for r in reports:
-        for rule in r.rules:
-            lines.append(f"| {r.suite} | {rule.rule} | {rule.status} | {rule.detail} |")
-    return "\n".join(lines)

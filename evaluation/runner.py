@@ -1,45 +1,88 @@
-"""Paired evaluation: every model answers every suite's items with the same settings."""
+"""Paired evaluation: every model answers every suite's items with the same settings, then the
+gate judges candidate against base from the stored item rows.
+
+Answering (slow: models generate) and judging (fast: statistics over the rows) are separate, so
+a changed gate policy re-judges stored answers instead of generating them again.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from evaluation.gate import GatePolicy, GateReport, ItemResult, decide, summarize
+from evaluation.gate import BLOCKING, GatePolicy, GateReport, ItemResult, StatsPolicy, decide, summarize
+from evaluation.scorers import Scorer
 from evaluation.suite import Generate, run_suite
+
+CANDIDATE, BASE, TEACHER = "candidate", "base", "teacher"
 
 
 @dataclass
 class SuiteRun:
+    """A suite as every model answers it."""
+
     name: str
     items: list[dict]
-    scorer: str
+    scorer: Scorer
     max_new_tokens: int
 
 
 @dataclass
-class PairedResult:
-    reports: list[GateReport]
-    rows: list[dict]
-    scores: dict[str, dict[str, float | None]] = field(default_factory=dict)  # model -> suite -> score
+class SuiteGate:
+    """A suite as the gate judges it."""
+
+    name: str
+    policy: GatePolicy
+    binary: bool
+    tier: str = BLOCKING
 
 
-def evaluate_paired(suites: list[SuiteRun], models: dict[str, Callable[[], Generate]], policy: GatePolicy,
-                    log: Callable[[str], None] = print) -> PairedResult:
-    """``models`` maps a role ("candidate", "base", optionally "teacher") to a factory of its
-    generate function; each model is loaded once and answers every suite."""
-    if "candidate" not in models or "base" not in models:
+def answer_suites(suites: list[SuiteRun], models: dict[str, Callable[[], Generate]],
+                  log: Callable[[str], None] = print) -> list[dict]:
+    """Item rows of every model on every suite. ``models`` maps a role ("candidate", "base",
+    optionally "teacher") to a factory of its generate function; each model is loaded once."""
+    if CANDIDATE not in models or BASE not in models:
         raise ValueError("paired evaluation needs a 'candidate' and a 'base' model")
-    results: dict[str, dict[str, list[ItemResult]]] = {}
     rows: list[dict] = []
     for role, factory in models.items():
-        generate = factory()
-        results[role] = {}
+        generate = _once_per_prompt(factory())
         for s in suites:
             res, r = run_suite(s.name, role, s.items, generate, s.scorer, s.max_new_tokens)
-            results[role][s.name] = res
             rows += r
-            log(f"{role} on {s.name}: score {summarize(res).score}")
-    reports = [decide(s.name, results["candidate"][s.name], results["base"][s.name], policy) for s in suites]
-    scores = {role: {s: summarize(v).score for s, v in by_suite.items()} for role, by_suite in results.items()}
-    return PairedResult(reports, rows, scores)
+            sm = summarize(res)
+            log(f"{role} on {s.name}: score {sm.score if sm.score is None else round(sm.score, 4)}, "
+                f"{sm.errors} errors of {sm.items}")
+    return rows
+
+
+def _once_per_prompt(generate: Generate) -> Generate:
+    """Suites that share prompts and settings (same items, another scorer) reuse one answer."""
+    cache: dict[tuple[str, int], object] = {}
+
+    def g(prompts, max_new_tokens):
+        todo = [p for p in dict.fromkeys(prompts) if (p, max_new_tokens) not in cache]
+        if todo:
+            outs = generate(todo, max_new_tokens)
+            if len(outs) != len(todo):
+                raise RuntimeError(f"the model returned {len(outs)} completions for {len(todo)} prompts")
+            cache.update({(p, max_new_tokens): o for p, o in zip(todo, outs, strict=True)})
+        return [cache[(p, max_new_tokens)] for p in prompts]
+
+    return g
+
+
+def judge(results: dict[str, dict[str, list[ItemResult]]], suites: list[SuiteGate], sp: StatsPolicy) -> list[GateReport]:
+    """One gate report per suite, candidate against base on the same items."""
+    out = []
+    for s in suites:
+        cand, base = results.get(CANDIDATE, {}).get(s.name), results.get(BASE, {}).get(s.name)
+        if cand is None or base is None:
+            raise ValueError(f"suite {s.name}: the stored items lack candidate or base results")
+        out.append(decide(s.name, cand, base, s.policy, sp, s.binary, s.tier))
+    return out
+
+
+def scores(results: dict[str, dict[str, list[ItemResult]]]) -> dict[str, dict[str, float | None]]:
+    """role -> suite -> mean score over answered items."""
+    return {role: {suite: summarize(items).score for suite, items in by_suite.items()}
+            for role, by_suite in results.items()}

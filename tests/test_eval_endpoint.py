@@ -1,0 +1,111 @@
+"""The serving path: the same suite scored through a real OpenAI-compatible HTTP server that
+answers with the demo models (teacher as the candidate, student base as the base)."""
+
+import pytest
+from eval_support import ModelServer, heldout_rows, make_zero_adapter
+
+from evaluation.endpoint import OpenAIEndpoint
+from evaluation.gate import GO, GatePolicy, StatsPolicy
+from evaluation.runner import SuiteGate, SuiteRun, answer_suites, judge
+from evaluation.scorers import build_scorer
+from evaluation.suite import load_items
+
+
+@pytest.fixture(scope="module")
+def server(demo_models, tmp_path_factory):
+    with ModelServer({"teacher": demo_models["teacher"], "student": demo_models["student"]},
+                     lora_base=demo_models["student"], hang_s=30.0) as s:
+        yield s
+
+
+def by_role(rows):
+    from evaluation.gate import ItemResult
+
+    out = {}
+    for r in rows:
+        out.setdefault(r["model"], {}).setdefault(r["suite"], []).append(
+            ItemResult(r["item_id"], r["category"], r["output"], r["score"], r["latency_s"], r["error"]))
+    return out
+
+
+def test_suite_scored_through_the_endpoint_with_errors_recorded(server):
+    rows = heldout_rows(16)
+    items = load_items("heldout", rows, ".")
+    items += [{"id": "crash", "prompt": "encode CRASH =", "reference": "x", "category": "short"},
+              {"id": "hang", "prompt": "encode HANG =", "reference": "x", "category": "short"}]
+    ep = lambda name: lambda: OpenAIEndpoint(server.base_url, name, max_concurrency=3, timeout_s=4.0).generate  # noqa: E731
+    suite = SuiteRun("cipher", items, build_scorer("exact_match"), 12)
+    out = answer_suites([suite], {"candidate": ep("teacher"), "base": ep("student")}, log=lambda m: None)
+    errors = {(r["model"], r["item_id"]): r["error"] for r in out if r["error"]}
+    assert errors[("candidate", "crash")].startswith("HTTP 500")
+    assert errors[("candidate", "hang")] == "timeout after 4 s"
+    assert len(errors) == 4  # both models, the two faulty items: errors, never wrong answers
+    assert all(r["score"] is None for r in out if r["error"])
+    assert 1 < server.max_in_flight <= 3  # bounded concurrency, really concurrent
+
+    res = by_role(out)
+    report = judge(res, [SuiteGate("cipher", GatePolicy(min_score=0.8, min_items=12, max_error_rate=0.15), True)],
+                   StatsPolicy())[0]
+    assert report.candidate.score == 1.0 and report.base.score == 0.0  # the teacher knows the cipher; the base copies
+    assert report.candidate.errors == 2 and report.overall.n == 16
+    assert report.verdict == GO
+    strict = judge(res, [SuiteGate("cipher", GatePolicy(min_score=0.8, min_items=12, max_error_rate=0.05), True)],
+                   StatsPolicy())[0]
+    assert strict.verdict == "INCONCLUSIVE"  # 2 of 18 errored: too many to decide, and not a NO-GO
+
+
+def test_unknown_model_and_adapter_loading(server, demo_models, tmp_path):
+    missing = OpenAIEndpoint(server.base_url, "nope", timeout_s=5).generate(["encode abc ="], 4)
+    assert missing[0].error.startswith("HTTP 404")
+    adapter = make_zero_adapter(demo_models["student"], tmp_path / "adapter")
+    ep = OpenAIEndpoint(server.base_url, "cand-1", timeout_s=30)
+    ep.load_adapter("cand-1", str(adapter))
+    ep.load_adapter("cand-1", str(adapter))  # already loaded: accepted
+    base = OpenAIEndpoint(server.base_url, "student", timeout_s=30).generate(["encode abc ="], 6)
+    served = ep.generate(["encode abc ="], 6)
+    assert served[0].error is None and served[0].text == base[0].text  # a zero adapter answers like its base
+    with pytest.raises(RuntimeError, match="refused adapter"):
+        ep.load_adapter("cand-2", str(tmp_path / "no-adapter"))
+
+
+def test_api_key_comes_from_the_environment_and_is_never_shown(monkeypatch):
+    monkeypatch.setenv("EVAL_TEST_KEY", "sk-secret-value")
+    ep = OpenAIEndpoint("http://127.0.0.1:9/v1", "m", api_key_env="EVAL_TEST_KEY")
+    assert "sk-secret" not in repr(ep)
+    out = ep.generate(["x"], 1)  # nothing listens on port 9: a connection error, recorded
+    assert out[0].error and "sk-secret" not in out[0].error
+    monkeypatch.delenv("EVAL_TEST_KEY")
+    with pytest.raises(ValueError, match="EVAL_TEST_KEY"):
+        OpenAIEndpoint("http://127.0.0.1:9/v1", "m", api_key_env="EVAL_TEST_KEY")
+
+
+def test_evaluation_asset_scores_the_served_candidate(server, demo_models, artifact_root, tmp_path):
+    """backend: openai through Dagster: the asset loads this candidate's adapter into the server
+    (as vLLM's runtime LoRA loading does) and gates what the server answers."""
+    import yaml
+    from dagster import DagsterInstance, materialize
+    from eval_support import REPO_ROOT, seed_upstream
+
+    from assets import demo_models as demo_models_asset
+    from assets.common import key
+    from assets.location import campaign_assets, default_resources
+    from campaigns.loader import load_campaign_file
+
+    d = yaml.safe_load((REPO_ROOT / "campaigns/demo.yaml").read_text())
+    d["name"] = "served"
+    d["evaluation"] = {"suites": [{"name": "cipher", "source": "heldout", "max_new_tokens": 8}],
+                       "gate": {"min_score": 0.0, "min_items": 12}, "statistics": {"resamples": 1000},
+                       "backend": "openai", "evaluate_teacher": False,
+                       "endpoint": {"base_url": server.base_url, "base_model": "student", "load_adapter": True,
+                                    "max_concurrency": 4, "timeout_s": 30}}
+    (tmp_path / "served.yaml").write_text(yaml.safe_dump(d, allow_unicode=True))
+    spec = load_campaign_file(tmp_path / "served.yaml")
+    adapter = make_zero_adapter(demo_models["student"], tmp_path / "adapter")
+    cand = seed_upstream(artifact_root, "served", heldout_rows(12), adapter, demo_models["student"])
+    result = materialize(campaign_assets(spec) + [demo_models_asset.demo_models], selection=[key(spec, "evaluation")],
+                         resources=default_resources(str(artifact_root)), instance=DagsterInstance.ephemeral())
+    assert result.success
+    assert server.loaded[f"served-{cand['key']}"] == str(adapter)  # the exact candidate was served
+    check = result.get_asset_check_evaluations()[0]
+    assert check.passed and check.metadata["verdict"].value == "GO"
+    assert check.metadata["cipher_delta_lo"].value == 0.0 == check.metadata["cipher_delta_hi"].value  # B = 0
