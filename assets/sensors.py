@@ -4,9 +4,9 @@ Per campaign ``<c>``:
 
 - ``<c>_new_data`` (sensor): new prompt files in ``data.source`` (by content hash) past the
   spec's threshold request a run of ``prompts`` and everything downstream.
-- ``<c>_automation`` (declarative automation sensor): a changed code version (teacher, student
-  base, training settings, ...; see ``assets/versions.py``) re-materializes that stage and its
-  downstream stages.
+- ``<c>_model_change`` (sensor): a stage made with another code version than the spec gives it
+  now (teacher, student base incl. weights hash, training settings, ...; ``assets/versions.py``)
+  or from an older upstream asset is stale: it and its downstream stages are re-materialized.
 - ``<c>_drift`` (schedule): materializes ``<c>/drift_evaluation``, the promoted model on the
   freshest held-out data.
 - ``<c>_drift_retrain`` (asset sensor): a DRIFTED verdict requests a retraining run.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dagster import (AssetSelection, AutomationConditionSensorDefinition, DefaultScheduleStatus, DefaultSensorStatus,
+from dagster import (AssetSelection, DagsterRunStatus, DefaultScheduleStatus, DefaultSensorStatus,
                      EventLogEntry, RunRequest, ScheduleEvaluationContext, SensorEvaluationContext, SkipReason,
                      asset_sensor, define_asset_job, schedule, sensor)
 
@@ -31,6 +31,8 @@ from campaigns.spec import CampaignSpec
 from resources.storage import REPO_ROOT, ArtifactStore
 
 TRIGGER, REASON = "trigger", "trigger_reason"
+IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
+               DagsterRunStatus.CANCELING]
 
 
 def trigger_tags(spec: CampaignSpec, trigger: str, reason: str, **extra: str) -> dict[str, str]:
@@ -75,15 +77,47 @@ def new_data_sensor(spec: CampaignSpec, job_name: str):
     return new_data
 
 
-def automation_sensor(spec: CampaignSpec) -> AutomationConditionSensorDefinition:
+def model_change_sensor(spec: CampaignSpec, job_name: str):
     mc = spec.automation.model_change
-    return AutomationConditionSensorDefinition(
-        name=f"{spec.name}_automation", target=AssetSelection.keys(*stage_keys(spec)),
-        default_status=_sensor_status(mc.enabled), minimum_interval_seconds=mc.interval_s,
-        run_tags=trigger_tags(spec, "model_change", "a stage's code version (teacher, student base, training or other "
-                                                    "settings) or an upstream asset changed; see the asset's automation "
-                                                    "evaluation"),
-        description=f"Re-materializes the {spec.name} stages whose code version changed, and everything downstream.")
+
+    @sensor(name=f"{spec.name}_model_change", job_name=job_name, minimum_interval_seconds=mc.interval_s,
+            default_status=_sensor_status(mc.enabled),
+            description=f"Re-materializes the {spec.name} stages made with another teacher, student base or settings "
+                        f"(code version) or from an older upstream asset, and everything downstream of them.")
+    def model_change(context: SensorEvaluationContext):
+        from dagster import AssetKey, DagsterRunStatus, DataProvenance, RunsFilter
+
+        from assets.versions import COVERS, code_versions
+        from automation.staleness import Recorded, plan
+
+        instance = context.instance
+        busy = instance.get_run_records(RunsFilter(tags={"campaign": spec.name}, statuses=IN_PROGRESS), limit=1)
+        if busy:
+            return SkipReason(f"a {spec.name} run is in progress ({busy[0].dagster_run.run_id}); checking after it")
+        graph = context.repository_def.asset_graph
+        keys = stage_keys(spec)
+        order = [k.to_user_string() for k in keys]
+        parents = {k.to_user_string(): [p.to_user_string() for p in graph.get(k).parent_keys] for k in keys}
+        current = {key(spec, st).to_user_string(): v for st, v in code_versions(spec).items()}  # fresh: sees new weights
+        upstream = {p for ps in parents.values() for p in ps}
+        latest, recorded = {}, {}
+        for k in set(order) | upstream:
+            ev = instance.get_latest_materialization_event(AssetKey.from_user_string(k))
+            tags = ev.asset_materialization.tags if ev and ev.asset_materialization else None
+            latest[k] = (tags or {}).get("dagster/data_version")
+            if k in order:
+                prov = DataProvenance.from_tags(tags) if tags else None
+                recorded[k] = None if prov is None else Recorded(
+                    prov.code_version, {p.to_user_string(): v.value for p, v in prov.input_data_versions.items()})
+        p = plan(order, parents, current, recorded, latest,
+                 explain={key(spec, st).to_user_string(): c for st, c in COVERS.items()})
+        if not p.stale:
+            made = sum(1 for r in recorded.values() if r is not None)
+            return SkipReason(f"no stale stage ({made}/{len(order)} materialized, all with their current code and inputs)")
+        return RunRequest(run_key=p.run_key, asset_selection=[AssetKey.from_user_string(k) for k in p.selection],
+                          tags=trigger_tags(spec, "model_change", f"stale: {p.reason()}"))
+
+    return model_change
 
 
 def drift_job_name(spec: CampaignSpec) -> str:
@@ -145,5 +179,5 @@ def campaign_automation(spec: CampaignSpec, campaign_job_name: str) -> CampaignA
                                  description=f"Re-score the promoted {spec.name} model on the freshest held-out data.")
     return CampaignAutomation(
         assets=[drift.build(spec)], jobs=[drift_job], schedules=[drift_schedule(spec, drift_job)],
-        sensors=[new_data_sensor(spec, campaign_job_name), automation_sensor(spec),
+        sensors=[new_data_sensor(spec, campaign_job_name), model_change_sensor(spec, campaign_job_name),
                  drift_retrain_sensor(spec, campaign_job_name)])

@@ -23,10 +23,10 @@ size, head and tail of large weight shards), taken when the code location loads.
 models are assets of their own (``demo_models``), so their rebuilds reach the stages as
 upstream data changes.
 
-The automation condition (on every stage; evaluated only while the campaign's
-``<campaign>_automation`` sensor runs) re-materializes a stage when its code version changed or
-an upstream asset was updated or will be in the same tick, so one tick requests the changed
-stage and everything downstream of it in a single run, and nothing upstream.
+The campaign's ``<campaign>_model_change`` sensor (``assets/sensors.py``) compares these code
+versions, computed afresh at every tick (so weights replaced in place are seen without a
+reload), with the ones each stage's latest materialization recorded, and re-materializes the
+stale stages and everything downstream of them in one run, nothing upstream.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dagster import AssetsDefinition, AutomationCondition
+from dagster import AssetsDefinition
 
 from assets.adapter import training_key_fields
 from assets.common import model_identity
@@ -101,27 +101,27 @@ def code_versions(spec: CampaignSpec) -> dict[str, str]:
             for stage, settings in stage_settings(spec).items()}
 
 
-def stage_automation_condition() -> AutomationCondition:
-    """Re-run when the stage's code version changed or an upstream asset was (or is about to be)
-    updated; never while a dependency is missing or in progress. No ``newly_missing`` clause:
-    turning automation on does not materialize a campaign that was never run."""
-    changed = (AutomationCondition.code_version_changed().with_label("code_version_changed")
-               | AutomationCondition.any_deps_updated())
-    return (changed.since_last_handled()
-            & ~AutomationCondition.any_deps_missing()
-            & ~AutomationCondition.any_deps_in_progress()
-            & ~AutomationCondition.in_progress()).with_label("campaign_stage_changed")
+# What each stage's code version covers, for run reasons and docs.
+COVERS = {
+    "prompts": "data source, fields and held-out split",
+    "teacher_generations": "teacher: backend, model, revision, weights, sampling",
+    "distillation_set": "data filters",
+    "tokenized_dataset": "student base tokenizer, max_seq_len",
+    "student_adapter": "student base (model, revision, weights), LoRA, quantization, training settings",
+    "evaluation": "evaluation settings, student base, teacher",
+    "promoted_model": "promotion logic",
+    "campaign_cost": "cost settings",
+}
 
 
 def with_versions(assets_defs: list[AssetsDefinition], spec: CampaignSpec) -> list[AssetsDefinition]:
-    """The campaign's stage assets with code versions and automation conditions set (keys unchanged)."""
+    """The campaign's stage assets with their code versions set (keys and everything else unchanged)."""
     versions = code_versions(spec)
-    condition = stage_automation_condition()
 
     def apply(s):
         stage = s.key.path[-1]
         if len(s.key.path) != 2 or s.key.path[0] != spec.name or stage not in versions:
             return s
-        return s.replace_attributes(code_version=versions[stage], automation_condition=condition)
+        return s.replace_attributes(code_version=versions[stage])
 
     return [a.map_asset_specs(apply) for a in assets_defs]

@@ -252,16 +252,18 @@ class NewDataSpec(_Strict):
 
 
 class ModelChangeSpec(_Strict):
-    """Model-change automation ``<campaign>_automation`` (Dagster declarative automation).
+    """Model-change sensor ``<campaign>_model_change``.
 
-    Every stage carries a code version derived from its slice of the spec (teacher identity for
-    generations, student base identity for tokenizing, training settings for the adapter, ...).
-    When one changes, exactly that stage and everything downstream of it is re-materialized in one
-    run; nothing upstream of it.
+    Every stage carries a code version derived from its slice of the spec (teacher identity,
+    including a path model's weights hash, for generations; student base identity for
+    tokenizing; training settings for the adapter; ...). A stage whose latest materialization
+    has another code version, or was made from an older version of an upstream asset, is stale;
+    the sensor re-materializes the stale stages and everything downstream of them in one run,
+    nothing upstream.
     """
 
-    enabled: bool = Field(False, description="Start the automation sensor switched on.")
-    interval_s: int = Field(30, ge=5, le=86_400, description="Seconds between two evaluations of the automation conditions.")
+    enabled: bool = Field(False, description="Start the sensor switched on.")
+    interval_s: int = Field(60, ge=5, le=86_400, description="Seconds between two evaluations of the sensor.")
 
 
 class DriftSpec(_Strict):
