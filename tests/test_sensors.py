@@ -294,15 +294,25 @@ def test_sensor_and_schedule_defaults_follow_the_spec(tmp_path):
 
 
 def test_shipped_instance_config_limits_the_pools(tmp_path):
+    """Two campaigns' training (or teacher) steps never hold the same pool at once: with the
+    shipped dagster.yaml, the second claim on a stage's pool is BLOCKED until the first is freed."""
+    graph = build_definitions().resolve_asset_graph()
+    pools = {stage: graph.get(AssetKey(["demo", stage])).pools for stage in ("teacher_generations", "student_adapter")}
+    assert pools == {"teacher_generations": {"teacher"}, "student_adapter": {"gpu"}}
     shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
     with DagsterInstance.from_config(str(tmp_path)) as instance:
-        pools = instance.get_concurrency_config().pool_config
-        assert pools.default_pool_limit == 1 and pools.pool_granularity.value == "op"
-        # The pools the stages use get that limit in this instance.
-        assert instance.event_log_storage.get_pool_limits() is not None
-    graph = build_definitions().resolve_asset_graph()
-    assert graph.get(AssetKey(["demo", "student_adapter"])).pools == {"gpu"}
-    assert graph.get(AssetKey(["demo", "teacher_generations"])).pools == {"teacher"}
+        config = instance.get_concurrency_config()
+        assert config.pool_config.default_pool_limit == 1 and config.pool_config.pool_granularity.value == "op"
+        assert config.run_queue_config.max_concurrent_runs == 4
+        storage = instance.event_log_storage
+        for (pool,) in pools.values():
+            storage.initialize_concurrency_limit_to_default(pool)
+            assert storage.get_concurrency_info(pool).slot_count == 1
+            first = storage.claim_concurrency_slot(pool, "campaign-a-run", f"a__{pool}")
+            second = storage.claim_concurrency_slot(pool, "campaign-b-run", f"b__{pool}")
+            assert (first.slot_status.value, second.slot_status.value) == ("CLAIMED", "BLOCKED")
+            storage.free_concurrency_slot_for_step("campaign-a-run", f"a__{pool}")
+            assert storage.claim_concurrency_slot(pool, "campaign-b-run", f"b__{pool}").slot_status.value == "CLAIMED"
 
 
 def test_definitions_read_campaign_files_and_artifacts_from_the_environment(tmp_path):

@@ -254,6 +254,7 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
                     tags_dialog.get_by_text("trigger: sensor", exact=True).wait_for(timeout=30_000)
                     tags_dialog.get_by_text(re.compile(r"^trigger_reason: new data: 1 new file\(s\) \(prompts-0002\.jsonl\)")) \
                         .wait_for(timeout=30_000)
+                    page.wait_for_timeout(600)  # let the dialog's fade-in finish before the screenshot
                     page.screenshot(path=str(screenshots / "run-tags.png"))
                 except Exception:
                     page.screenshot(path=str(screenshots / "failure.png"))
