@@ -55,7 +55,7 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
         job = define_asset_job(campaign_job_name(name),
                                selection=AssetSelection.groups(name).upstream() - AssetSelection.keys(drift_key(spec)),
                                description=f"Run campaign {name} end to end ({loaded.sources[name]}).",
-                               tags={"campaign": name})
+                               tags={"campaign": name, "trigger": "manual"})  # sensors and schedules override it
         jobs.append(job)
         if spec.schedule is not None:
             schedules.append(ScheduleDefinition(

@@ -288,6 +288,8 @@ def test_sensor_and_schedule_defaults_follow_the_spec(tmp_path):
     assert campaign.default_status == DefaultScheduleStatus.RUNNING
     req = campaign.evaluate_tick(build_schedule_context(scheduled_execution_time=None)).run_requests[0]
     assert req.tags["trigger"] == "schedule" and "0 2 * * *" in req.tags["trigger_reason"]
+    # A run launched from the job (UI launchpad, CLI) says it was manual; triggers override it.
+    assert on.resolve_job_def("busy_campaign").tags["trigger"] == "manual"
     # The campaign job never includes the drift check; the drift job is only the drift check.
     keys = on.resolve_job_def("busy_campaign").asset_layer.selected_asset_keys
     assert AssetKey(["busy", "drift_evaluation"]) not in keys and AssetKey(["busy", "prompts"]) in keys
