@@ -1,8 +1,10 @@
 """Build one Dagster ``Definitions`` from every campaign file.
 
 Each campaign gets its asset graph (key prefix and group = campaign name), its gate check, a
-job ``<name>_campaign`` and, when its spec has one, a schedule. A broken file never breaks
-the others: it becomes an ``invalid_campaigns`` asset carrying its validation report.
+job ``<name>_campaign`` and, when its spec has one, a schedule; its sensors, drift check and
+the stages' code versions come from ``assets/sensors.py`` and ``assets/versions.py``. A broken
+file never breaks the others: it becomes an ``invalid_campaigns`` asset carrying its
+validation report.
 """
 
 import logging
@@ -10,7 +12,10 @@ import logging
 from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job, DefaultScheduleStatus
 
 from assets import adapter, cost, demo_models, distillation, evaluation, generations, invalid, prompts, promotion, tokenized
+from assets.drift import drift_key
 from assets.io_manager import ManifestIOManager
+from assets.sensors import campaign_automation, trigger_tags
+from assets.versions import with_versions
 from campaigns.loader import load_campaigns
 from campaigns.spec import CampaignSpec
 from resources import ArtifactStore, LocalTorchrunLauncher, PricingResource, TeacherResource
@@ -46,18 +51,25 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
     for err in loaded.errors:
         log.warning("invalid campaign file (other campaigns still load):\n%s", err.render())
     assets: list = [demo_models.demo_models]
-    jobs, schedules = [], []
+    jobs, schedules, sensors = [], [], []
     for name, spec in loaded.campaigns.items():
-        assets += campaign_assets(spec)
-        job = define_asset_job(campaign_job_name(name), selection=AssetSelection.groups(name).upstream(),
+        assets += with_versions(campaign_assets(spec), spec)
+        job = define_asset_job(campaign_job_name(name),
+                               selection=AssetSelection.groups(name).upstream() - AssetSelection.keys(drift_key(spec)),
                                description=f"Run campaign {name} end to end ({loaded.sources[name]}).",
-                               tags={"campaign": name})
+                               tags={"campaign": name, "trigger": "manual"})  # sensors and schedules override it
         jobs += [job, promotion.approve_job(spec)]
         if spec.schedule is not None:
             schedules.append(ScheduleDefinition(
                 name=f"{name}_schedule", job=job, cron_schedule=spec.schedule.cron,
-                execution_timezone=spec.schedule.timezone, tags={"trigger": "schedule"},
+                execution_timezone=spec.schedule.timezone,
+                tags=trigger_tags(spec, "schedule", f"campaign schedule (cron '{spec.schedule.cron}' {spec.schedule.timezone})"),
                 default_status=DefaultScheduleStatus.RUNNING if spec.schedule.enabled else DefaultScheduleStatus.STOPPED))
+        auto = campaign_automation(spec, campaign_job_name(name))
+        assets += auto.assets
+        jobs += auto.jobs
+        schedules += auto.schedules
+        sensors += auto.sensors
     assets += [invalid.build(e) for e in loaded.errors]
-    return Definitions(assets=assets, jobs=jobs, schedules=schedules,
+    return Definitions(assets=assets, jobs=jobs, schedules=schedules, sensors=sensors,
                        resources=resources or default_resources(artifact_root))

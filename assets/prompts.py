@@ -16,9 +16,11 @@ def build(spec: CampaignSpec):
     @asset(key=key(spec, "prompts"), group_name=spec.name, kinds={"python", "parquet"},
            description=f"Prompts from `{d.source}`, split into train and held-out ({d.heldout.fraction:.0%}).")
     def prompts(context: AssetExecutionContext, storage: ArtifactStore) -> Output[dict]:
+        from automation.sources import prompt_files
         from dataprep import prompts as P
 
-        files = P.source_files(d.source, REPO_ROOT)
+        # local glob or s3:// prefix; a copy of a file's exact content is read once
+        files = prompt_files(d.source, REPO_ROOT, storage.root_path() / "_sources" / spec.name)
         k = stage_key("prompts/v1", [(f.name, file_sha256(f)) for f in files], d.model_dump(exclude={"filters"}))
         sd = storage.stage(spec.name, "prompts", k)
         cached = sd.is_complete()

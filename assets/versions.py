@@ -1,0 +1,127 @@
+"""Code versions and automation conditions of the campaign stages, from the spec.
+
+Each stage's code version is a hash of the slice of the campaign spec that changes its output
+(plus a logic version), so Dagster marks exactly the affected stages stale when that slice
+changes:
+
+========================  =====================================================================
+stage                      what its code version covers
+========================  =====================================================================
+prompts                    ``data`` (source, fields, held-out split), not the filters
+teacher_generations        teacher identity: backend, model, revision, weights hash, sampling
+distillation_set           ``data.filters``
+tokenized_dataset          student base identity (tokenizer), ``training.max_seq_len``
+student_adapter            student base identity, LoRA, quantization, training settings
+evaluation                 ``evaluation``, student base identity, teacher identity (if scored)
+promoted_model             promotion logic only
+campaign_cost              ``cost``
+========================  =====================================================================
+
+A model's identity is its reference and revision, plus, for a model given as a path, the
+fingerprint of its files (``lineage.hashing.model_fingerprint``: every small file and the
+size, head and tail of large weight shards), taken when the code location loads. ``@demo/``
+models are assets of their own (``demo_models``), so their rebuilds reach the stages as
+upstream data changes.
+
+The campaign's ``<campaign>_model_change`` sensor (``assets/sensors.py``) compares these code
+versions, computed afresh at every tick (so weights replaced in place are seen without a
+reload), with the ones each stage's latest materialization recorded, and re-materializes the
+stale stages and everything downstream of them in one run, nothing upstream.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from dagster import AssetsDefinition
+
+from assets.adapter import training_key_fields
+from assets.common import model_identity
+from campaigns.spec import CampaignSpec
+from lineage.hashing import short, value_sha256
+from resources.storage import REPO_ROOT
+from tinymodels import recipe
+
+log = logging.getLogger(__name__)
+
+# Bump a stage's logic version when its code changes what it produces.
+LOGIC_VERSIONS = {
+    "prompts": 1, "teacher_generations": 1, "distillation_set": 1, "tokenized_dataset": 1,
+    "student_adapter": 1, "evaluation": 1, "promoted_model": 1, "campaign_cost": 1,
+}
+
+
+def model_ref_identity(ref: str, revision: str | None) -> dict:
+    """What identifies a model for versioning: the reference, revision and, for a path, its files."""
+    out = {"ref": ref, "revision": revision}
+    if recipe.is_demo_ref(ref):
+        return out  # a demo_models asset: its rebuilds arrive as upstream updates
+    p = Path(ref) if Path(ref).is_absolute() else REPO_ROOT / ref
+    if p.is_dir():
+        out["weights"] = model_identity(p)
+    else:
+        log.warning("model %s not found at %s when loading the code location: versioned by name only", ref, p)
+    return out
+
+
+def teacher_identity(spec: CampaignSpec) -> dict:
+    t = spec.teacher
+    if t.backend == "openai":
+        ident = {"ref": t.model, "revision": t.revision, "base_url": t.base_url, "chat": t.chat}
+    else:
+        ident = model_ref_identity(t.model, t.revision)
+    return {"backend": t.backend, **ident, "sampling": t.sampling.model_dump()}
+
+
+def student_identity(spec: CampaignSpec) -> dict:
+    return model_ref_identity(spec.student.base_model, spec.student.revision)
+
+
+def stage_settings(spec: CampaignSpec) -> dict[str, dict]:
+    """Per stage, the spec slice (and model identities) its output depends on."""
+    d, ev, tr = spec.data, spec.evaluation, spec.training
+    student = student_identity(spec)
+    scores_teacher = ev.evaluate_teacher and spec.teacher.backend == "transformers"
+    return {
+        "prompts": {"data": d.model_dump(exclude={"filters"})},
+        "teacher_generations": {"teacher": teacher_identity(spec)},
+        "distillation_set": {"filters": d.filters.model_dump()},
+        "tokenized_dataset": {"student": student, "max_seq_len": tr.max_seq_len},
+        "student_adapter": {"student": student, "training": training_key_fields(spec)},
+        "evaluation": {"evaluation": ev.model_dump(), "student": student,
+                       "teacher": teacher_identity(spec) if scores_teacher else None},
+        "promoted_model": {},
+        "campaign_cost": {"cost": spec.cost.model_dump()},
+    }
+
+
+def code_versions(spec: CampaignSpec) -> dict[str, str]:
+    return {stage: f"v{LOGIC_VERSIONS[stage]}-{short(value_sha256(settings), 16)}"
+            for stage, settings in stage_settings(spec).items()}
+
+
+# What each stage's code version covers, for run reasons and docs.
+COVERS = {
+    "prompts": "data source, fields and held-out split",
+    "teacher_generations": "teacher: backend, model, revision, weights, sampling",
+    "distillation_set": "data filters",
+    "tokenized_dataset": "student base tokenizer, max_seq_len",
+    "student_adapter": "student base (model, revision, weights), LoRA, quantization, training settings",
+    "evaluation": "evaluation settings, student base, teacher",
+    "promoted_model": "promotion logic",
+    "campaign_cost": "cost settings",
+}
+
+
+def with_versions(assets_defs: list[AssetsDefinition], spec: CampaignSpec) -> list[AssetsDefinition]:
+    """The campaign's stage assets with their code versions set (keys and everything else unchanged)."""
+    versions = code_versions(spec)
+
+    def apply(s):
+        stage = s.key.path[-1]
+        if len(s.key.path) != 2 or s.key.path[0] != spec.name or stage not in versions:
+            return s
+        return s.replace_attributes(code_version=versions[stage])
+
+    return [a.map_asset_specs(apply) for a in assets_defs]
