@@ -54,8 +54,11 @@ def build(spec: CampaignSpec):
         files = prompt_files(d.source, REPO_ROOT, source_cache_dir(storage, spec))
         rows = P.read_prompts(files, P.SourceFields(d.id_field, d.prompt_field, d.reference_field, d.category_field))
         _, held = P.split(rows, d.heldout.fraction, d.heldout.seed, d.heldout.max_items)
-        suites = [{"name": s.name, "items": load_items(s.source, held, REPO_ROOT), "scorer": s.scorer,
-                   "max_new_tokens": s.max_new_tokens} for s in ev.suites]
+        from evaluation.scorers import build_scorer
+
+        scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, REPO_ROOT) for s in ev.suites}
+        suites = [{"name": s.name, "items": load_items(s.source, held, REPO_ROOT, scorers[s.name]),
+                   "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in ev.suites]
         floor, drop = ev.gate.min_score, max_drop(spec)
         k = stage_key("drift/v1", promoted.key, value_sha256([s["items"] for s in suites]),
                       [s.model_dump() for s in ev.suites], floor, drop, ev.gate.min_items)
