@@ -40,7 +40,7 @@ def build(spec: CampaignSpec):
             job = TrainJob(campaign=spec.name, base_model_path=str(base), dataset_path=dataset["dataset_path"],
                            output_dir=str(out), student=s, training=tr)
             t0 = time.perf_counter()
-            launched = launcher.launch(context, job, out)
+            launched = launcher.launch(context, job, out, budget=pricing.budget_guard(context, spec, sd))
             wall = time.perf_counter() - t0
             summary = json.loads((out / "summary.json").read_text())
             lines = [hardware_cost(pricing, spec, "training", tr.hardware, wall, hosts=tr.nodes, devices=tr.world_size)]

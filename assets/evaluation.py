@@ -52,6 +52,7 @@ def build(spec: CampaignSpec):
         sd = storage.stage(spec.name, "evaluation", k)
         cached = sd.is_complete()
         if not cached:
+            pricing.budget_guard(context, spec, sd)  # refuses to start when the estimate exceeds the budget left
             t0 = time.perf_counter()
             held = read_prompt_table(prompts["heldout_path"])
             suites = [SuiteRun(x.name, load_items(x.source, held, REPO_ROOT), x.scorer, x.max_new_tokens)
