@@ -90,9 +90,13 @@ def run_costs(artifacts: Path, spec, run_id: str) -> dict:
     cost = _latest(artifacts, spec.name, "campaign_cost")
     if cost and cost.get("run_id") == run_id:
         out["cost"] = cost
-    else:
-        stages = ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")
-        manifests = {s: m for s in stages if (m := _latest(artifacts, spec.name, s))}
+    else:  # the stage outputs this run materialized (its own or reused), as the ledger recorded them
+        from lineage.stage_dir import StageDir
+
+        used = ledger.query("SELECT asset, arg_max(stage_key, recorded_at) AS stage_key FROM materializations "
+                            "WHERE campaign = ? AND run_id = ? GROUP BY asset", [spec.name, run_id])
+        manifests = {r["asset"]: StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).manifest() for r in used
+                     if r["stage_key"] and StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).is_complete()}
         out["cost"] = cost_report(pricing, spec, artifacts, run_id, manifests)
     return out
 

@@ -55,21 +55,27 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [start + i * step for i in range(int(math.ceil((hi - start) / step)) + 1)]
 
 
-def _fmt_usd(v: float) -> str:
-    if v == 0:
-        return "$0"
-    return f"${v:.2g}" if abs(v) < 0.01 else f"${v:,.2f}" if abs(v) < 1000 else f"${v:,.0f}"
+def _usd_axis(ticks: list[float]):
+    """A formatter with as many decimals as the tick step needs: $0.005, $0.25, $5, $1,000."""
+    step = (ticks[1] - ticks[0]) if len(ticks) > 1 else 1.0
+    exp = math.floor(math.log10(step))
+    decimals = max(0, -exp + (1 if round(step / 10 ** exp, 6) == 2.5 else 0))
+    if 0 < decimals < 2:
+        decimals = 2
+    return lambda v: "$0" if v == 0 else f"${v:,.{decimals}f}"
 
 
 class _Plot:
     """A plot area with linear axes; marks are added as SVG strings."""
 
-    def __init__(self, w: int = 560, h: int = 260, left: int = 64, bottom: int = 34, top: int = 12, right: int = 16):
+    def __init__(self, w: int = 560, h: int = 260, left: int = 64, bottom: int = 34, top: int = 12, right: int = 28):
         self.w, self.h, self.l, self.b, self.t, self.r = w, h, left, bottom, top, right
         self.parts: list[str] = []
 
     def axes(self, xlo, xhi, ylo, yhi, xfmt, yfmt, xlabel="", ylabel=""):
         self.xt, self.yt = _ticks(xlo, xhi), _ticks(ylo, yhi)
+        xfmt = _usd_axis(self.xt) if xfmt == "usd" else xfmt
+        yfmt = _usd_axis(self.yt) if yfmt == "usd" else yfmt
         self.x0, self.x1, self.y0, self.y1 = self.xt[0], self.xt[-1], self.yt[0], self.yt[-1]
         for y in self.yt:
             py = self.py(y)
@@ -109,10 +115,14 @@ def chart_spend_over_time(lines: list[dict], budget: float | None) -> str:
         pts.append((_ts(x["recorded_at"]), cum, x))
     t0 = pts[0][0]
     xs = [(p[0] - t0) / 60 for p in pts]
-    top = max(cum, budget or 0.0) * 1.05
+    on_scale = budget is not None and budget <= 3 * cum  # a far-away budget would flatten the spend to a line
+    top = max(cum, budget if on_scale else 0.0) * 1.1
     p = _Plot()
-    p.axes(0, max(xs[-1], 1e-3), 0, top, lambda v: f"{v:g}", _fmt_usd, "minutes since the first spend", "cumulative USD")
-    if budget is not None:
+    p.axes(0, max(xs[-1], 1e-3), 0, top, lambda v: f"{v:g}", "usd", "minutes since the first spend", "cumulative USD")
+    if budget is not None and not on_scale:
+        p.parts.append(f'<text x="{p.w - p.r - 4}" y="{p.t + 12}" text-anchor="end" style="fill:{COLORS["budget"]}">'
+                       f'budget {_e(money(budget, 2))} is off this scale ({cum / budget:.1%} used)</text>')
+    if on_scale:
         by = p.py(budget)
         p.parts.append(f'<line x1="{p.l}" x2="{p.w - p.r}" y1="{by:.1f}" y2="{by:.1f}" stroke="{COLORS["budget"]}" '
                        f'stroke-dasharray="6 4"><title>budget {money(budget, 2)}</title></line>'
@@ -135,13 +145,14 @@ def chart_runs_by_stage(runs: list[dict]) -> str:
     row_h, left, w = 26, 90, 560
     top = max(r["usd"] for r in runs) or 1.0
     ticks = _ticks(0, top)
-    scale = (w - left - 20) / ticks[-1]
+    fmt = _usd_axis(ticks)
+    scale = (w - left - 90) / ticks[-1]  # room on the right for the total
     h = 30 + row_h * len(runs)
     parts = []
     for t in ticks:
         x = left + t * scale
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="4" y2="{h - 24}" stroke="#eef0f4"/>'
-                     f'<text x="{x:.1f}" y="{h - 8}" text-anchor="middle">{_e(_fmt_usd(t))}</text>')
+                     f'<text x="{x:.1f}" y="{h - 8}" text-anchor="middle">{_e(fmt(t))}</text>')
     for i, r in enumerate(runs):
         y, x = 8 + i * row_h, float(left)
         parts.append(f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{_e(str(r["run_id"])[:8])}</text>')
@@ -166,7 +177,7 @@ def chart_cost_vs_score(reports: list[dict]) -> str:
         return _empty("no evaluated result yet")
     xs = [float(r["total_usd"]) for r in pts]
     p = _Plot()
-    p.axes(0, max(xs) * 1.1 or 1e-6, 0, 100, _fmt_usd, lambda v: f"{v:g}%", "cost of the result (USD)",
+    p.axes(0, max(xs) * 1.1 or 1e-6, 0, 100, "usd", lambda v: f"{v:g}%", "cost of the result (USD)",
            "candidate score")
     base = [r["base_score"] for r in pts if r.get("base_score") is not None]
     if base:
@@ -207,7 +218,7 @@ def chart_plan_vs_actual(report: dict | None) -> str:
                  f"<td>{ratio}</td><td>{_sec(p['estimated_seconds'])}</td><td>{_sec(p['actual_seconds'])}</td></tr>")
     mem = report.get("plan_memory_gb")
     act = report.get("actual_peak_memory_gb")
-    memrow = (f"<p>Student memory per device: planned {mem:.4f} GB"
+    memrow = (f"<p style='font-size:13px'>Student memory per device: planned {mem:.4f} GB"
               + (f", measured peak {act:.4f} GB (process RSS on CPU, allocator peak on GPU)" if act is not None else "")
               + "</p>") if mem is not None else ""
     return ("<table><tr><th>stage</th><th>estimate</th><th>actual</th><th>actual / estimate</th><th>est. time</th>"
