@@ -5,6 +5,9 @@ pricing resource, IO manager and ledger, on a resumable stage that writes one fi
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from dagster import AssetKey, DagsterInstance, Output, asset, materialize
 
@@ -139,3 +142,35 @@ def test_guard_stage_budget_and_the_last_chunk(tmp_path):
     with pytest.raises(BudgetExceeded, match="not starting evaluation"):
         guard.check_estimate(0.4, already_spent_on_it_usd=0.05)
     guard.check_estimate(0.35, already_spent_on_it_usd=0.1)  # the resumed part fits
+
+
+def test_the_teacher_stage_stops_midway_on_its_budget(artifact_root):
+    """The real teacher_generations asset (demo teacher on CPU) with its budget hook. Priced per
+    token (catalog entry api-open-70b) the spend accrues per finished prompt, so the stop is
+    deterministic: the planner's ~32 tokens per request at $0.88/M is ~$2.8e-5 per prompt; with a
+    $0.006 budget the stage stops after 1 of its 18 batches of 128 (~$0.0035: a second would pass
+    $0.006), and the
+    spend of the stopped attempt is in the ledger. (Keeping the finished batches is the stage's
+    resumable shard writing; here only the stop and the spend are checked.)"""
+    from assets import generations, prompts
+    from assets.location import default_resources
+
+    text = (Path(__file__).parent.parent / "campaigns/demo.yaml").read_text()
+    text = text.replace("  hardware: cpu-2vcpu\n\nstudent", "  hardware: api-open-70b\n\nstudent", 1)
+    spec = parse_campaign_text(text.replace("  budget_usd: 1.0", "  budget_usd: 0.006\n  check_estimates: false"))
+    assert spec.teacher.hardware == "api-open-70b"
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize([prompts.build(spec), generations.build(spec)], instance=instance, raise_on_error=False,
+                             resources=default_resources(str(artifact_root)))
+    assert not result.success
+    msg = _failure(result)
+    assert "stopped teacher_generations mid-way" in msg and "of its $0.006000 budget" in msg
+    ledger = Ledger(artifact_root / "cost_ledger.duckdb")
+    stopped = ledger.query("SELECT status, resource, usd FROM cost_lines WHERE asset = 'teacher_generations'")
+    assert {r["status"] for r in stopped} == {"interrupted"}
+    assert sorted(r["resource"] for r in stopped) == ["api-open-70b:input", "api-open-70b:output"]
+    spent = sum(r["usd"] for r in stopped)
+    assert 0.003 < spent <= 0.006
+    per_batch = float(re.search(r"next chunk would cost about \$([0-9]+\.[0-9]+)", msg).group(1))
+    assert spent / per_batch == pytest.approx(1, abs=0.01)  # 1 batch of 128 prompts done, 17 not started
+    assert not list((artifact_root / "demo" / "teacher_generations").glob("*/_SUCCESS"))
