@@ -366,7 +366,10 @@ def render_plan(plan: dict) -> str:
     """Plain-text plan for `campaign plan`."""
     m, d = plan["memory"], plan["data"]
     gb = m["per_device_gb"]
-    lines = [f"plan for campaign {plan['campaign']} (catalog {plan['catalog']} version {plan['catalog_version']}, "
+    catalog = Path(plan["catalog"])
+    if catalog.is_absolute() and catalog.is_relative_to(Path.cwd()):
+        catalog = catalog.relative_to(Path.cwd())
+    lines = [f"plan for campaign {plan['campaign']} (catalog {catalog} version {plan['catalog_version']}, "
              f"{plan['pricing_tier'].replace('_', '-')} prices)", "",
              f"data: {d['train_prompts']} training prompts, {d['heldout_items']} held-out items; mean prompt "
              f"{d['prompt_tokens_teacher']:.1f} teacher / {d['prompt_tokens_student']:.1f} student tokens ({d['tokenizer']})", "",

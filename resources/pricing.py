@@ -13,7 +13,7 @@ from dagster import ConfigurableResource, Failure
 from pydantic import Field
 
 from campaigns.spec import CampaignSpec
-from costs.catalog import Catalog, PriceEntry, get, load_catalog, read_catalog
+from costs.catalog import Catalog, PriceEntry, PricingError, get, load_catalog, read_catalog
 from costs.ledger import DEFAULT_NAME, Ledger
 from costs.lines import compute_line, usage_lines
 
@@ -94,6 +94,7 @@ class PricingResource(ConfigurableResource):
         ``Failure``, not retried); its ``watch``/``check`` stop the stage mid-way the same way.
         ``clock``: seconds as a float (default ``time.monotonic``), e.g. device time reported by the stage."""
         from costs.budget import BudgetGuard, limits_for
+        from costs.planner import PlanError
 
         stage, c = sd.stage, spec.cost
         if stage not in STAGE_KIND:
@@ -104,7 +105,12 @@ class PricingResource(ConfigurableResource):
                             run_id if c.budget_scope == "run" else None)
         catalog = self.catalog_for(spec)
         api_teacher = stage == "teacher_generations" and not catalog.get(spec.teacher.hardware).hourly
-        plan = self.plan(spec, sd.root) if limits and (c.check_estimates or api_teacher) else None
+        plan = None
+        if limits and (c.check_estimates or api_teacher):
+            try:
+                plan = self.plan(spec, sd.root)
+            except (PlanError, PricingError, OSError, ValueError) as e:  # spend is still watched as it accrues
+                context.log.warning(f"budget: no planner estimate for {stage} ({e}); checking actual spend only")
         line_fn = _line_fn(spec, stage, catalog, plan)
         guard = BudgetGuard(ledger=ledger, campaign=spec.name, stage=stage, run_id=run_id,
                             step_key=context.get_step_execution_context().step.key, attempt=context.retry_number,
@@ -127,9 +133,9 @@ def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog, plan: dict | None
     if stage == "teacher_generations":
         entry = catalog.get(t.hardware)
         if not entry.hourly:
-            est = (plan or {}).get("stages", {}).get(stage) or {}
+            est = (plan or {}).get("stages", {}).get(stage) or {}  # without a plan: the longest answers
             per_in = est.get("prompt_tokens", 0) / max(1, est.get("requests", 1))
-            per_out = est.get("completion_tokens", 0) / max(1, est.get("requests", 1))
+            per_out = est.get("completion_tokens", t.sampling.max_new_tokens) / max(1, est.get("requests", 1))
             return lambda seconds, items: usage_lines(kind, entry, seconds, int(items * per_in), int(items * per_out),
                                                       batch=spec.cost.teacher_batch_api)
         return lambda seconds, items: [compute_line(kind, entry, seconds, tier=tier)]

@@ -174,3 +174,32 @@ def test_the_teacher_stage_stops_midway_on_its_budget(artifact_root):
     per_batch = float(re.search(r"next chunk would cost about \$([0-9]+\.[0-9]+)", msg).group(1))
     assert spent / per_batch == pytest.approx(1, abs=0.01)  # 1 batch of 128 prompts done, 17 not started
     assert not list((artifact_root / "demo" / "teacher_generations").glob("*/_SUCCESS"))
+
+
+def test_training_launcher_stops_every_process_when_the_budget_says_so(tmp_path):
+    """The launcher polls the guard while torchrun runs; a budget stop terminates all nodes."""
+    import subprocess
+    import sys
+    import time
+
+    from resources.launcher import LocalTorchrunLauncher
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+             for _ in range(2)]
+    clock = _Clock()
+    guard = BudgetGuard(ledger=Ledger(tmp_path / "l.duckdb"), campaign="c", stage="student_adapter", run_id="r",
+                        step_key="s", attempt=0, stage_key="k", limits=[Limit("campaign c", 1.0, 0.0)],
+                        line_fn=lambda s, n: [{"kind": "training", "price_key": "x", "quantity": s, "unit": "gpu-hour",
+                                               "unit_price": 1.0, "usd": s}],
+                        clock=lambda: clock.t)
+
+    def tick():
+        clock.t += 0.3  # each poll: 0.3 device-seconds at $1/s
+        guard.check()
+
+    t0 = time.monotonic()
+    with pytest.raises(BudgetExceeded, match="stopped student_adapter mid-way"):
+        LocalTorchrunLauncher._wait(procs, [tmp_path / "a.log", tmp_path / "b.log"], time.monotonic() + 60,
+                                    type("B", (), {"check": staticmethod(tick)})())
+    assert time.monotonic() - t0 < 30 and all(p.poll() is not None for p in procs)
+    assert Ledger(tmp_path / "l.duckdb").spent("c") == pytest.approx(0.9)  # stopped after 3 polls: a 4th passes $1
