@@ -119,7 +119,7 @@ def print_summary(s: dict, seconds: float) -> None:
     if s.get("promoted"):
         print(f"promoted adapter: {s['promoted']}")
     if s.get("run_id"):
-        print(f"dagster run id: {s['run_id']}")
+        print(f"dagster run id: {s['run_id']}" + (f" ({s['run_status']})" if s.get("run_status") else ""))
     c = s.get("cost")
     if c:
         print("--- cost (from the ledger) ---")
@@ -165,8 +165,8 @@ def _run(args: argparse.Namespace) -> int:
     if blocked:
         summary.setdefault("reasons", []).append("promotion blocked by the gate (campaign_cost is skipped with it; "
                                                  "the cost below comes from the ledger)")
+    summary["run_status"] = "succeeded" if result.success else "failed"
     print_summary(summary, seconds)
-    print(f"run {'succeeded' if result.success else 'failed'}")
     if blocked:
         return EXIT_BLOCKED
     return EXIT_OK if result.success else EXIT_FAILED

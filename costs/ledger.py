@@ -92,6 +92,9 @@ CREATE OR REPLACE VIEW run_costs AS
 """
 
 
+_SCHEMA_READY: set[str] = set()
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
@@ -125,9 +128,13 @@ class Ledger:
     def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.exists()
         con = duckdb.connect(str(self.path), read_only=read_only)
-        if not read_only:
-            con.execute(SCHEMA)
+        if not read_only and (fresh or str(self.path) not in _SCHEMA_READY):
+            # DDL costs a checkpoint: run it only when the tables are missing, once per process and file
+            if con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'run_costs'").fetchone()[0] == 0:
+                con.execute(SCHEMA)
+            _SCHEMA_READY.add(str(self.path))
         return con
 
     @contextmanager

@@ -76,7 +76,7 @@ def campaign(artifact_root):
     return root, gen
 
 
-def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path):
+def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, capsys):
     from assets import cost
     from assets.location import default_resources
 
@@ -112,6 +112,21 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path):
     summary = campaign_summary(root, "demo", "cipher", run_id=RUN_2, spec=spec)
     assert summary["cost"]["run_id"] == RUN_2 and summary["verdict"] == "GO"
     print_summary(blocked | {"run_id": "run-1"}, 1.0)
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1].startswith("dashboard: ")  # the run's summary ends with its cost
+    assert "per point gained: not meaningful (gain +4.0 points" in out and "spent in this run: $0.014500" in out
+
+    from campaigns.cli import main
+
+    assert main(["costs", "demo", "--artifacts", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "campaign demo: $0.025700 in 2 run(s)" in out and "run-1" in out
+    assert main(["costs", "--artifacts", str(root), "--sql",
+                 "SELECT kind, round(SUM(usd), 6) AS usd FROM cost_lines GROUP BY kind ORDER BY kind"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["kind\tusd", "evaluation\t0.0027", "teacher\t0.001",
+                                                    "training\t0.022"]
+    assert main(["dashboard", "demo", "--artifacts", str(root)]) == 0
+    assert capsys.readouterr().out.strip() == str(dash)
 
     shot = tmp_path / "dashboard.png"
     from playwright.sync_api import sync_playwright
