@@ -210,9 +210,6 @@ class EvaluationSpec(_Strict):
 # --------------------------------------------------------------------------- cost, schedule
 
 
-SPENDING_STAGES = ("teacher_generations", "student_adapter", "evaluation")
-
-
 class PriceOverride(_Strict):
     """A campaign's own price for a catalog entry (a negotiated contract, a reserved instance)."""
 
