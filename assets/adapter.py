@@ -41,7 +41,7 @@ def build(spec: CampaignSpec):
                            output_dir=str(out), student=s, training=tr)
             t0 = time.perf_counter()
             cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
-            launched = launcher.launch(context, job, out, **cluster)
+            launched = launcher.launch(context, job, out, budget=pricing.budget_guard(context, spec, sd), **cluster)
             wall = time.perf_counter() - t0
             summary = json.loads((out / "summary.json").read_text())
             lines = [hardware_cost(pricing, spec, "training", tr.hardware, wall, hosts=tr.nodes, devices=tr.world_size)]

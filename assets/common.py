@@ -6,7 +6,6 @@ from typing import Any
 from dagster import AssetKey, MetadataValue
 
 from campaigns.spec import CampaignSpec
-from costs.lines import compute_line
 from lineage.hashing import model_fingerprint, short, value_sha256
 from resources.pricing import PricingResource
 from tinymodels import recipe
@@ -56,8 +55,7 @@ def model_identity(path: Path, revision: str | None = None) -> str:
 
 def hardware_cost(pricing: PricingResource, spec: CampaignSpec, kind: str, hardware: str, seconds: float,
                   hosts: int = 1, devices: int = 1) -> dict:
-    entry = pricing.price(hardware, spec.cost.catalog, spec.cost.overrides)
-    return compute_line(kind, entry, seconds, hosts=hosts, devices=devices)
+    return pricing.hardware_line(spec, kind, hardware, seconds, hosts=hosts, devices=devices)
 
 
 def usd(lines: list[dict]) -> float:

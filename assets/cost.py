@@ -1,45 +1,54 @@
-"""campaign_cost: what this campaign's result cost, from every stage's cost lines."""
+"""campaign_cost: what this campaign's result cost, from the cost ledger, next to the planner's
+estimates, with the campaign's dashboard (a static HTML page) linked from its metadata.
 
-import json
+It sits downstream of evaluation, so when the gate blocks (a blocking asset check) Dagster skips
+it in that run: a cost *per result* is not reported for a result that is not shipped. The spend
+of a blocked run is still in the ledger (every stage records its lines as it materializes);
+`campaign run` prints it and refreshes the dashboard, and `campaign costs NAME` shows it.
+"""
+
+import math
 
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
 from assets.common import key
 from campaigns.spec import CampaignSpec
+from resources.pricing import PricingResource, cost_report
 from resources.storage import ArtifactStore
 
+STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")
 
-def primary_scores(evaluation: dict, suite: str) -> tuple[float | None, float | None]:
-    s = evaluation["scores"]
-    return s.get("candidate", {}).get(suite), s.get("base", {}).get(suite)
+# numeric report fields shown as metadata; Dagster plots them across materializations
+PLOTTED = ("total_usd", "teacher_usd", "training_usd", "evaluation_usd", "interrupted_usd", "spent_this_run_usd",
+           "campaign_spent_usd", "usd_per_million_teacher_tokens", "usd_per_1k_accepted_examples",
+           "usd_per_point_gained_lcb", "usd_per_point_gained", "gain_points", "gain_points_low", "gpu_hours",
+           "host_hours", "teacher_tokens", "accepted_examples", "teacher_tokens_per_s", "training_tokens_per_s",
+           "budget_remaining_usd", "budget_used_fraction", "plan_total_usd", "candidate_score", "base_score")
+
+
+def report_metadata(report: dict) -> dict:
+    from costs.report import per_point_text, render_markdown
+
+    md = {k: float(report[k]) for k in PLOTTED
+          if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))}
+    md["per_point_gained"] = per_point_text(report)
+    md["report"] = MetadataValue.md(render_markdown(report))
+    md["report_json"] = MetadataValue.path(report["report_path"])
+    md["dashboard"] = MetadataValue.url("file://" + report["dashboard_path"])
+    return md
 
 
 def build(spec: CampaignSpec):
-    primary = spec.evaluation.suites[0].name
-    stages = ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")
-
-    @asset(key=key(spec, "campaign_cost"), group_name=spec.name, kinds={"python"},
-           ins={s: AssetIn(key(spec, s)) for s in stages},
-           description="Total cost and cost per result: $/M teacher tokens, $/1k accepted examples, $/point gained.")
-    def campaign_cost(context: AssetExecutionContext, storage: ArtifactStore, teacher_generations: dict,
-                      distillation_set: dict, tokenized_dataset: dict, student_adapter: dict,
+    @asset(key=key(spec, "campaign_cost"), group_name=spec.name, kinds={"duckdb"},
+           ins={s: AssetIn(key(spec, s)) for s in STAGES},
+           description="Cost per result from the ledger: $/M teacher tokens, $/1k accepted examples, $/point gained "
+                       "(at the gain's lower 95% bound), planner estimate vs actual, and the cost dashboard.")
+    def campaign_cost(context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource,
+                      teacher_generations: dict, distillation_set: dict, tokenized_dataset: dict, student_adapter: dict,
                       evaluation: dict) -> Output[dict]:
-        from costs.report import cost_per_result
-
         manifests = {"teacher_generations": teacher_generations, "distillation_set": distillation_set,
                      "tokenized_dataset": tokenized_dataset, "student_adapter": student_adapter, "evaluation": evaluation}
-
-        gen = manifests["teacher_generations"]
-        cand, base = primary_scores(manifests["evaluation"], primary)
-        report = cost_per_result(manifests, manifests["distillation_set"]["rows"],
-                                 gen["prompt_tokens"] + gen["completion_tokens"], cand, base)
-        report["budget_usd"] = spec.cost.budget_usd
-        path = storage.campaign_dir(spec.name) / "campaign_cost" / f"{context.run_id}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2))
-        md = {k: v for k, v in report.items() if isinstance(v, int | float) and v is not None}
-        md["report"] = MetadataValue.path(str(path))
-        md["usd_per_point_gained"] = report["usd_per_point_gained"] if report["usd_per_point_gained"] is not None else float("nan")
-        return Output({"key": context.run_id, "path": str(path), **report}, metadata=md)
+        report = cost_report(pricing, spec, storage.root_path(), context.run_id, manifests, log=context.log.warning)
+        return Output({"key": context.run_id, "path": report["report_path"], **report}, metadata=report_metadata(report))
 
     return campaign_cost

@@ -112,6 +112,8 @@ def build(spec: CampaignSpec):
         if not cached:
             from dataprep.prompts import read_prompt_table
 
+            # refuses to start when the planner's estimate exceeds the budget left
+            pricing.budget_guard(context, spec, storage.stage(spec.name, "evaluation", items_key))
             t0 = time.perf_counter()
             held = read_prompt_table(prompts["heldout_path"])
             runs = [SuiteRun(x.name, load_items(x.source, held, REPO_ROOT, scorers[x.name]), scorers[x.name],

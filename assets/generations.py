@@ -4,7 +4,7 @@ import time
 
 from dagster import AssetExecutionContext, AssetIn, Output, asset
 
-from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
+from assets.common import base_metadata, key, model_deps, model_identity, stage_key
 from assets.progress import RunProgress
 from campaigns.spec import CampaignSpec
 from lineage.hashing import short, value_sha256
@@ -33,7 +33,8 @@ def build(spec: CampaignSpec):
         if not cached:
             rows = read_prompt_table(prompts["train_path"])
             t0 = time.perf_counter()
-            progress = RunProgress(context.log, len(rows) * t.sampling.n, "teacher generations", "prompts")
+            progress = pricing.budget_guard(context, spec, sd).watch(
+                RunProgress(context.log, len(rows) * t.sampling.n, "teacher generations", "prompts"))
             out_rows = []
             for sample in range(t.sampling.n):
                 sampling = t.sampling.model_copy(update={"seed": t.sampling.seed + sample})
@@ -50,7 +51,7 @@ def build(spec: CampaignSpec):
             path = write_generations(out_rows, sd.ensure() / "generations.parquet")
             prompt_tok = sum(r["prompt_tokens"] for r in out_rows)
             compl_tok = sum(r["completion_tokens"] for r in out_rows)
-            lines = [hardware_cost(pricing, spec, "teacher", t.hardware, wall)]
+            lines = pricing.teacher_lines(spec, wall, prompt_tok, compl_tok)
             sd.commit({"generations_path": str(path), "rows": len(out_rows), "prompt_tokens": prompt_tok,
                        "completion_tokens": compl_tok, "errors": sum(1 for r in out_rows if r["error"]),
                        "model_identity": identity, "wall_seconds": wall, "cost_lines": lines})

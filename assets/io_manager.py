@@ -1,5 +1,9 @@
 """Stage outputs cross asset boundaries as small JSON manifests (paths, hashes, counts), never
-pickles: the data itself stays in the stage directory as Parquet or model files."""
+pickles: the data itself stays in the stage directory as Parquet or model files.
+
+Every stage manifest that carries ``cost_lines`` is also recorded in the cost ledger here, in one
+place for all stages: its lines once, by the run that produced it; a cache hit or a retried step
+adds nothing (see ``costs/ledger.py``)."""
 
 import json
 import os
@@ -12,6 +16,7 @@ from resources.storage import ArtifactStore
 
 class ManifestIOManager(ConfigurableIOManager):
     root: str = "artifacts"
+    ledger: str | None = None  # cost ledger file; default <root>/cost_ledger.duckdb (see resources/pricing.py)
 
     def _pointer(self, key_path: list[str]) -> Path:
         return ArtifactStore(root=self.root).root_path() / Path(*key_path[:-1]) / key_path[-1] / "LATEST.json"
@@ -24,6 +29,19 @@ class ManifestIOManager(ConfigurableIOManager):
         tmp = p.with_suffix(".tmp")
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
         os.replace(tmp, p)
+        if isinstance(obj, dict) and "cost_lines" in obj:
+            self._record_cost(context, obj)
+
+    def _record_cost(self, context: OutputContext, manifest: dict) -> None:
+        from costs.ledger import Ledger
+        from resources.pricing import ledger_path
+
+        key = list(context.asset_key.path)
+        ledger = Ledger(ledger_path(ArtifactStore(root=self.root).root_path(), self.ledger))
+        res = ledger.record_stage(campaign=manifest.get("campaign", key[0]), asset=key[-1], run_id=context.run_id,
+                                  step_key=context.step_key, manifest=manifest,
+                                  attempt=context.step_context.previous_attempt_count)
+        context.add_output_metadata({"ledger_spent_this_run_usd": res["spent_usd"], "ledger_reused": res["reused"]})
 
     def load_input(self, context: InputContext) -> dict:
         key = list(context.asset_key.path)

@@ -35,13 +35,13 @@ def campaign_job_name(name: str) -> str:
     return f"{name}_campaign"
 
 
-def default_resources(artifact_root: str = "artifacts") -> dict:
+def default_resources(artifact_root: str = "artifacts", ledger: str | None = None) -> dict:
     return {
         "storage": ArtifactStore(root=artifact_root),
-        "io_manager": ManifestIOManager(root=artifact_root),
+        "io_manager": ManifestIOManager(root=artifact_root, ledger=ledger),
         "teacher": TeacherResource(),
         "launcher": TrainingLauncher(local=LocalTorchrunLauncher(), k8s=K8sTrainingLauncher()),
-        "pricing": PricingResource(),
+        "pricing": PricingResource(ledger=ledger),
     }
 
 

@@ -55,29 +55,54 @@ def _latest(artifacts: Path, campaign: str, stage: str) -> dict | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
-def campaign_summary(artifacts: Path, campaign: str, primary_suite: str) -> dict:
-    """Scores, verdict and cost of the campaign's latest materializations (from the manifests)."""
-    from costs.report import cost_per_result
-
+def campaign_summary(artifacts: Path, campaign: str, primary_suite: str, run_id: str | None = None,
+                     spec=None) -> dict:
+    """Scores and verdict of the campaign's latest materializations (from the manifests) and, given
+    the ``spec`` and a ``run_id``, the run's cost: the full cost-per-result report from the ledger
+    when the run evaluated a candidate (also when the gate blocked it, and campaign_cost was
+    skipped), else what the run spent."""
     ev = _latest(artifacts, campaign, "evaluation")
-    gen = _latest(artifacts, campaign, "teacher_generations")
-    dist = _latest(artifacts, campaign, "distillation_set")
     out: dict = {"campaign": campaign}
     if ev:
         gate = json.loads(Path(ev["gate_path"]).read_text())
         scores = ev["scores"]
         out |= {role: scores.get(role, {}).get(primary_suite) for role in ("teacher", "base", "candidate")}
         out |= {"verdict": gate["verdict"], "reasons": gate["reasons"], "report": gate["markdown"]}
-    stages = {s: _latest(artifacts, campaign, s) for s in
-              ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")}
-    if all(stages.values()):
-        out["cost"] = cost_per_result(stages, dist["rows"], gen["prompt_tokens"] + gen["completion_tokens"],
-                                      out.get("candidate"), out.get("base"))
     promoted = _latest(artifacts, campaign, "promoted_model")
     if promoted and ev and promoted.get("key") == ev.get("candidate_key"):
         out["promoted"] = promoted["adapter_path"]
     elif ev and ev.get("requires_human_review") and ev.get("verdict") == "GO":
         out["awaiting_review"] = ev["candidate_key"]
+    if spec is not None and run_id is not None:
+        out |= run_costs(artifacts, spec, run_id)
+    return out
+
+
+def run_costs(artifacts: Path, spec, run_id: str) -> dict:
+    """The cost report of ``run_id`` (reused from campaign_cost when it ran) or the run's spend."""
+    from resources.pricing import PricingResource, cost_report
+
+    pricing = PricingResource()
+    ledger = pricing.ledger_at(artifacts)
+    done = {r["asset"] for r in ledger.query("SELECT DISTINCT asset FROM materializations WHERE campaign = ? AND run_id = ?",
+                                             [spec.name, run_id])}
+    out: dict = {"run_id": run_id, "spent_this_run_usd": ledger.spent(spec.name, run_id=run_id),
+                 "spent_by_stage": {r["asset"]: r["usd"] for r in ledger.query(
+                     "SELECT asset, SUM(usd) AS usd FROM cost_lines WHERE campaign = ? AND run_id = ? GROUP BY asset "
+                     "ORDER BY asset", [spec.name, run_id])}}
+    if "evaluation" not in done:
+        return out
+    cost = _latest(artifacts, spec.name, "campaign_cost")
+    if cost and cost.get("run_id") == run_id:
+        out["cost"] = cost
+    else:  # the stage outputs this run materialized (its own or reused), as the ledger recorded them
+        from lineage.stage_dir import StageDir
+
+        used = ledger.query("SELECT asset, arg_max(stage_key, recorded_at) AS stage_key FROM materializations "
+                            "WHERE campaign = ? AND run_id = ? GROUP BY asset", [spec.name, run_id])
+        manifests = {r["asset"]: StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).manifest() for r in used
+                     if r["stage_key"] and StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).is_complete()}
+        out["cost"] = cost_report(pricing, spec, artifacts, run_id, manifests)
     return out
 
 
@@ -86,6 +111,9 @@ def _fmt(x: float | None, pct: bool = True) -> str:
 
 
 def print_summary(s: dict, seconds: float) -> None:
+    """Scores and verdict, then (last) the cost: the cost-per-result summary from the ledger."""
+    from costs.report import money, render_text
+
     print(f"\n=== campaign {s['campaign']} ({seconds:.0f} s) ===")
     print(f"teacher   exact match: {_fmt(s.get('teacher'))}")
     print(f"base      exact match: {_fmt(s.get('base'))}")
@@ -93,20 +121,23 @@ def print_summary(s: dict, seconds: float) -> None:
     print(f"gate verdict: {s.get('verdict', 'not evaluated')}")
     for r in s.get("reasons", []):
         print(f"  - {r}")
-    c = s.get("cost")
-    if c:
-        per_point = c["usd_per_point_gained"]
-        print(f"cost: total ${c['total_usd']:.6f} (teacher ${c['teacher_usd']:.6f}, training ${c['training_usd']:.6f}, "
-              f"evaluation ${c['evaluation_usd']:.6f})")
-        print(f"cost per result: ${c['usd_per_1k_accepted_examples'] or 0:.6f} per 1k accepted examples; "
-              f"${c['usd_per_million_teacher_tokens'] or 0:.6f} per M teacher tokens; "
-              + (f"${per_point:.6f} per point gained over base" if per_point is not None
-                 else "per point gained: not meaningful (no gain over base)"))
     if s.get("promoted"):
         print(f"promoted adapter: {s['promoted']}")
     if s.get("awaiting_review"):
         print(f"promotion awaits human review of candidate {s['awaiting_review']}: "
               f"campaign approve {s['campaign']} --candidate {s['awaiting_review']} --by <you>")
+    if s.get("run_id"):
+        print(f"dagster run id: {s['run_id']}" + (f" ({s['run_status']})" if s.get("run_status") else ""))
+    c = s.get("cost")
+    if c:
+        print("--- cost (from the ledger) ---")
+        for line in render_text(c):
+            print(line)
+        print(f"dashboard: {c['dashboard_path']}")
+    elif "spent_this_run_usd" in s:
+        parts = ", ".join(f"{k} {money(v)}" for k, v in s["spent_by_stage"].items())
+        print(f"--- cost (from the ledger) ---\nspent in this run: {money(s['spent_this_run_usd'])}"
+              + (f" ({parts})" if parts else "") + "; no candidate was evaluated, so no cost per result")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -133,17 +164,105 @@ def _run(args: argparse.Namespace) -> int:
                                         run_config={"loggers": {"console": {"config": {"log_level": args.log_level}}}},
                                         tags={"trigger": "manual", "campaign": spec.name})
     seconds = time.perf_counter() - t0
-    summary = campaign_summary(ArtifactStore(root=args.artifacts).root_path(), spec.name, spec.evaluation.suites[0].name)
-    print_summary(summary, seconds)
-    print(f"dagster run id: {result.run_id} ({'success' if result.success else 'failure'})")
-    if summary.get("verdict") and summary["verdict"] != "GO":
-        print("promotion blocked by the gate.")
-        return EXIT_BLOCKED
+    summary = campaign_summary(ArtifactStore(root=args.artifacts).root_path(), spec.name, spec.evaluation.suites[0].name,
+                               run_id=result.run_id, spec=spec)
     if not result.success:
         for ev in result.all_events:
             if ev.is_step_failure:
                 print(f"step {ev.step_key} failed: {ev.event_specific_data.error.message.strip()}", file=sys.stderr)
-        return EXIT_FAILED
+    blocked = bool(summary.get("verdict") and summary["verdict"] != "GO")
+    if blocked:
+        summary.setdefault("reasons", []).append("promotion blocked by the gate (campaign_cost is skipped with it; "
+                                                 "the cost below comes from the ledger)")
+    summary["run_status"] = "succeeded" if result.success else "failed"
+    print_summary(summary, seconds)
+    if blocked:
+        return EXIT_BLOCKED
+    return EXIT_OK if result.success else EXIT_FAILED
+
+
+def _resolve(name: str):
+    try:
+        return resolve_campaign(name)[0]
+    except CampaignError as e:
+        print(f"invalid campaign:\n{e}", file=sys.stderr)
+    except KeyError as e:
+        print(e.args[0], file=sys.stderr)
+    return None
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from costs.catalog import PricingError
+    from costs.planner import PlanError, render_plan
+    from resources.pricing import PricingResource
+    from resources.storage import ArtifactStore
+
+    spec = _resolve(args.campaign)
+    if spec is None:
+        return EXIT_INVALID
+    root = ArtifactStore(root=args.artifacts).root_path()
+    pricing = PricingResource()
+    try:
+        plan = pricing.plan(spec, root)
+    except (PlanError, PricingError, FileNotFoundError, ValueError) as e:
+        print(f"cannot plan campaign {spec.name}: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    spent = pricing.ledger_at(root).spent(spec.name)
+    plan["campaign_spent_usd"] = spent
+    if args.json:
+        print(json.dumps(plan, indent=2, default=str))
+        return EXIT_OK
+    print(render_plan(plan))
+    if spent:
+        print(f"already spent on campaign {spec.name} (ledger): ${spent:.6f}"
+              + (f"; ${spec.cost.budget_usd - spent:.6f} of the budget remains" if spec.cost.budget_usd else ""))
+    return EXIT_OK
+
+
+def _costs(args: argparse.Namespace) -> int:
+    from costs.report import money
+    from resources.pricing import PricingResource
+    from resources.storage import ArtifactStore
+
+    ledger = PricingResource().ledger_at(ArtifactStore(root=args.artifacts).root_path())
+    if args.sql:
+        import duckdb
+
+        try:
+            rows = ledger.query(args.sql)
+        except duckdb.Error as e:
+            print(f"query failed: {e}", file=sys.stderr)
+            return EXIT_INVALID
+        if rows:
+            print("\t".join(rows[0]))
+            for r in rows:
+                print("\t".join("" if v is None else str(v) for v in r.values()))
+        return EXIT_OK
+    names = [args.campaign] if args.campaign else ledger.campaigns()
+    print(f"ledger: {ledger.path}")
+    for name in names:
+        runs = ledger.runs(name)
+        print(f"\ncampaign {name}: {money(ledger.spent(name))} in {len(runs)} run(s)")
+        print(f"  {'run':36s} {'first record (UTC)':19s} {'spent':>11s} {'teacher':>11s} {'training':>11s} "
+              f"{'evaluation':>11s} {'stopped':>11s}")
+        for r in runs:
+            print(f"  {r['run_id']:36s} {str(r['started_at'])[:19]:19s} {money(r['usd']):>11s} {money(r['teacher_usd']):>11s} "
+                  f"{money(r['training_usd']):>11s} {money(r['evaluation_usd']):>11s} {money(r['interrupted_usd']):>11s}")
+    return EXIT_OK
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    from costs.dashboard import write_dashboard
+    from resources.pricing import PricingResource
+    from resources.storage import ArtifactStore
+
+    spec = _resolve(args.campaign)
+    if spec is None:
+        return EXIT_INVALID
+    root = ArtifactStore(root=args.artifacts).root_path()
+    path = write_dashboard(root / spec.name / "campaign_cost" / "dashboard.html", spec.name,
+                           PricingResource().ledger_at(root), spec.cost.budget_usd)
+    print(path)
     return EXIT_OK
 
 
@@ -211,6 +330,20 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="Dagster run log level on the console (default: INFO)")
     r.set_defaults(fn=_run)
+    p = sub.add_parser("plan", help="before running: per-GPU memory, fit, teacher tokens, GPU-hours and $ per stage")
+    p.add_argument("campaign", help="campaign name or YAML file")
+    p.add_argument("--artifacts", default="artifacts", help="artifact root holding models and the ledger")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(fn=_plan)
+    c = sub.add_parser("costs", help="spend per run from the cost ledger, or any SQL query on it")
+    c.add_argument("campaign", nargs="?", help="one campaign (default: every campaign in the ledger)")
+    c.add_argument("--sql", help="a query, e.g. \"SELECT kind, SUM(usd) FROM cost_lines GROUP BY kind\"")
+    c.add_argument("--artifacts", default="artifacts")
+    c.set_defaults(fn=_costs)
+    d = sub.add_parser("dashboard", help="write the campaign's cost dashboard (HTML) from the ledger")
+    d.add_argument("campaign")
+    d.add_argument("--artifacts", default="artifacts")
+    d.set_defaults(fn=_dashboard)
     ls = sub.add_parser("list", help="list campaigns")
     ls.set_defaults(fn=_list)
     b = sub.add_parser("build-models", help="build the demo models (cached)")

@@ -1,1 +1,10 @@
-"""Pricing catalog, cost lines and cost-per-result arithmetic. Pure Python, no Dagster."""
+"""What campaigns cost. Pure Python, no Dagster.
+
+catalog    dated prices with sources, from a versioned YAML file (no price lives in code)
+lines      cost lines: quantity × unit price, as stages write them into their manifests
+ledger     the DuckDB ledger every stage output's lines are recorded in, once
+report     cost per result ($/M teacher tokens, $/1k accepted examples, $/point gained)
+planner    per-device memory and per-stage time and dollars, before anything runs
+budget     budget guards that stop a stage before it overspends
+dashboard  the static HTML cost dashboard of a campaign
+"""

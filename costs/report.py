@@ -1,36 +1,265 @@
-"""Cost per result: roll the stage manifests' cost lines up into the figures a team compares."""
+"""Cost per result: the ledger's lines for the stage outputs a result was built from, rolled up
+into the figures a team compares, next to the planner's estimates.
+
+Figures (``cost_per_result``):
+
+* ``total_usd`` and its split by what the money bought: teacher, training, evaluation. The
+  result's cost is every line paid for the stage outputs it used, in whichever run they were
+  produced (a cached stage is part of the result's cost but not of this run's spend,
+  ``spent_this_run_usd``), including the spend of attempts a budget stopped (``interrupted_usd``).
+* ``usd_per_million_teacher_tokens``: teacher spend / (prompt + completion tokens / 1e6).
+* ``usd_per_1k_accepted_examples``: teacher spend (what making the training data cost; rejected
+  generations are paid for too) × 1000 / examples that passed the filters.
+* ``usd_per_point_gained_lcb``: total / (lower 95% bound of candidate − base, in percentage
+  points): the price of the gain the evaluation can vouch for. ``None`` — "not meaningful" —
+  when that bound is ≤ 0 (no gain shown). ``usd_per_point_gained`` uses the point estimate.
+* ``gpu_hours``, ``host_hours``; ``teacher_tokens_per_s``, ``training_tokens_per_s``.
+
+The gain's interval comes from the evaluation when it provides one (a ``delta_ci`` field, per
+suite in ``gate.json`` or the manifest) and otherwise from a paired 95% t-interval over the
+per-item score differences in ``items.parquet`` (:func:`paired_gain_interval`).
+"""
 
 from __future__ import annotations
 
+import json
+import math
 from collections import defaultdict
+from pathlib import Path
+
+SPEND_KINDS = ("teacher", "training", "evaluation")
+SPEND_STAGES = {"teacher_generations": "teacher", "student_adapter": "training", "evaluation": "evaluation"}
+NOT_MEANINGFUL = "not meaningful (the lower bound of the gain over base is ≤ 0)"
 
 
-def cost_per_result(stage_manifests: dict[str, dict], accepted_examples: int, teacher_tokens: int,
-                    candidate_score: float | None, base_score: float | None) -> dict:
-    """Totals by kind, $/M teacher tokens, $ per 1k accepted examples, $ per point gained.
+# --------------------------------------------------------------------------- gain interval
 
-    A "point" is one percentage point of the primary suite's score; when the candidate does not
-    beat the base the figure is ``None`` ("not meaningful")."""
+
+def paired_gain_interval(items_path: str | Path, suite: str, confidence: float = 0.95) -> dict | None:
+    """Paired t-interval of candidate − base over items both scored (same item ids) in ``suite``."""
+    import pyarrow.parquet as pq
+    from scipy import stats
+
+    t = pq.read_table(items_path, columns=["suite", "model", "item_id", "score"]).to_pylist()
+    by: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in t:
+        if r["suite"] == suite and r["score"] is not None and r["model"] in ("candidate", "base"):
+            by[r["model"]][r["item_id"]] = float(r["score"])
+    ids = sorted(set(by["candidate"]) & set(by["base"]))
+    if not ids:
+        return None
+    d = [by["candidate"][i] - by["base"][i] for i in ids]
+    n = len(d)
+    mean = sum(d) / n
+    if n < 2:
+        return {"n": n, "mean": mean, "low": None, "high": None, "method": "paired t (too few items)"}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half,
+            "method": f"paired t, {confidence:.0%}, computed from items.parquet"}
+
+
+def _ci_pair(v) -> tuple[float, float] | None:
+    if isinstance(v, list | tuple) and len(v) == 2:
+        return float(v[0]), float(v[1])
+    if isinstance(v, dict):
+        for lo, hi in (("low", "high"), ("lo", "hi"), ("lower", "upper")):
+            if lo in v and hi in v:
+                return float(v[lo]), float(v[hi])
+    return None
+
+
+def gain_interval(evaluation: dict, suite: str) -> dict | None:
+    """candidate − base for ``suite`` with its 95% interval: the evaluation's own ``delta_ci``
+    when present (gate.json suites or the manifest), else computed from items.parquet."""
+    sources = []
+    gate_path = evaluation.get("gate_path")
+    if gate_path and Path(gate_path).exists():
+        gate = json.loads(Path(gate_path).read_text())
+        sources += [s for s in gate.get("suites", []) if s.get("suite") == suite]
+    if isinstance(evaluation.get("delta_ci"), dict):
+        sources.append({"delta_ci": evaluation["delta_ci"].get(suite)})
+    for s in sources:
+        pair = _ci_pair(s.get("delta_ci"))
+        if pair is not None:
+            mean = s.get("delta")
+            mean = mean.get("estimate", mean.get("mean")) if isinstance(mean, dict) else mean
+            if mean is None:
+                c, b = s.get("candidate", {}).get("score"), s.get("base", {}).get("score")
+                mean = c - b if c is not None and b is not None else (pair[0] + pair[1]) / 2
+            return {"n": s.get("n"), "mean": float(mean), "low": pair[0], "high": pair[1],
+                    "method": "delta_ci from the evaluation"}
+    items = evaluation.get("items_path")
+    return paired_gain_interval(items, suite) if items and Path(items).exists() else None
+
+
+# --------------------------------------------------------------------------- cost per result
+
+
+def _div(a: float, b: float | None) -> float | None:
+    return a / b if b else None
+
+
+def cost_per_result(lines: list[dict], *, accepted_examples: int, teacher_tokens: int, gain: dict | None,
+                    teacher_seconds: float | None = None, training_tokens: int | None = None,
+                    training_seconds: float | None = None) -> dict:
+    """The cost-per-result figures from ledger lines (fields ``kind``, ``usd``, ``unit``,
+    ``quantity``, ``status``) and the result's counts (see the module docstring)."""
     by_kind: dict[str, float] = defaultdict(float)
-    hours: dict[str, float] = defaultdict(float)
-    for m in stage_manifests.values():
-        for line in m.get("cost_lines", []):
-            by_kind[line["kind"]] += line["usd"]
-            if line["unit"] in ("gpu-hour", "host-hour"):
-                hours[line["unit"]] += line["quantity"]
-    total = sum(by_kind.values())
-    gain_points = None if candidate_score is None or base_score is None else (candidate_score - base_score) * 100
-    return {
+    qty: dict[str, float] = defaultdict(float)
+    for line in lines:
+        by_kind[line["kind"]] += float(line["usd"])
+        qty[line["unit"]] += float(line["quantity"])
+    total = float(sum(by_kind.values()))
+    teacher = by_kind.get("teacher", 0.0)
+    mean_pts = None if gain is None else gain["mean"] * 100
+    low_pts = None if gain is None or gain.get("low") is None else gain["low"] * 100
+    out = {
         "total_usd": total,
-        "teacher_usd": by_kind.get("teacher", 0.0),
-        "training_usd": by_kind.get("training", 0.0),
-        "evaluation_usd": by_kind.get("evaluation", 0.0),
+        **{f"{k}_usd": by_kind.get(k, 0.0) for k in SPEND_KINDS},
+        "other_usd": float(sum(v for k, v in by_kind.items() if k not in SPEND_KINDS)),
+        "interrupted_usd": float(sum(float(x["usd"]) for x in lines if x.get("status") == "interrupted")),
         "teacher_tokens": teacher_tokens,
-        "usd_per_million_teacher_tokens": by_kind.get("teacher", 0.0) / (teacher_tokens / 1e6) if teacher_tokens else None,
+        "usd_per_million_teacher_tokens": _div(teacher, teacher_tokens / 1e6 if teacher_tokens else None),
         "accepted_examples": accepted_examples,
-        "usd_per_1k_accepted_examples": total / accepted_examples * 1000 if accepted_examples else None,
-        "score_gain_points": gain_points,
-        "usd_per_point_gained": total / gain_points if gain_points and gain_points > 0 else None,
-        "gpu_hours": hours.get("gpu-hour", 0.0),
-        "host_hours": hours.get("host-hour", 0.0),
+        "usd_per_1k_accepted_examples": _div(teacher * 1000, accepted_examples),
+        "gain_points": mean_pts,
+        "gain_points_low": low_pts,
+        "gain_points_high": None if gain is None or gain.get("high") is None else gain["high"] * 100,
+        "gain_items": None if gain is None else gain.get("n"),
+        "gain_method": None if gain is None else gain.get("method"),
+        "usd_per_point_gained": total / mean_pts if mean_pts and mean_pts > 0 else None,
+        "usd_per_point_gained_lcb": total / low_pts if low_pts is not None and low_pts > 0 else None,
+        "gpu_hours": qty.get("gpu-hour", 0.0),
+        "host_hours": qty.get("host-hour", 0.0),
+        "teacher_tokens_per_s": _div(teacher_tokens, teacher_seconds),
+        "training_tokens_per_s": _div(training_tokens or 0, training_seconds),
     }
+    out["per_point_note"] = (NOT_MEANINGFUL if out["usd_per_point_gained_lcb"] is None and gain is not None
+                             else "no evaluation" if gain is None else "")
+    return out
+
+
+def plan_vs_actual(plan: dict | None, lines: list[dict], manifests: dict[str, dict]) -> list[dict]:
+    """Per spending stage: the planner's estimate next to what the ledger and manifests recorded."""
+    rows = []
+    for stage, kind in SPEND_STAGES.items():
+        actual = float(sum(float(x["usd"]) for x in lines if x["asset"] == stage))
+        m = manifests.get(stage) or {}
+        est = (plan or {}).get("stages", {}).get(stage) or {}
+        tokens = (m.get("prompt_tokens", 0) + m.get("completion_tokens", 0) if stage == "teacher_generations"
+                  else (m.get("summary") or {}).get("tokens") if stage == "student_adapter" else None)
+        rows.append({"stage": stage, "kind": kind,
+                     "estimated_usd": est.get("usd"), "actual_usd": actual,
+                     "usd_ratio": actual / est["usd"] if est.get("usd") else None,
+                     "estimated_seconds": est.get("seconds"), "actual_seconds": m.get("wall_seconds"),
+                     "estimated_tokens": est.get("tokens"), "actual_tokens": tokens})
+    return rows
+
+
+def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dict], primary_suite: str,
+                 plan: dict | None = None, budget_usd: float | None = None, budget_scope: str = "campaign") -> dict:
+    """The cost report of one campaign run, from the ledger and the stage manifests it used.
+    ``manifests`` maps stage names to their manifests (missing stages are simply absent)."""
+    outputs = {stage: m["key"] for stage, m in manifests.items() if m and "key" in m}
+    lines = ledger.lineage_lines(campaign, outputs)
+    gen = manifests.get("teacher_generations") or {}
+    dist = manifests.get("distillation_set") or {}
+    adapter = (manifests.get("student_adapter") or {}).get("summary") or {}
+    ev = manifests.get("evaluation")
+    gain = gain_interval(ev, primary_suite) if ev else None
+    figures = cost_per_result(
+        lines, accepted_examples=int(dist.get("rows", 0)),
+        teacher_tokens=int(gen.get("prompt_tokens", 0) + gen.get("completion_tokens", 0)), gain=gain,
+        teacher_seconds=gen.get("wall_seconds"), training_tokens=adapter.get("tokens"),
+        training_seconds=adapter.get("train_seconds"))
+    spent_run = ledger.spent(campaign, run_id=run_id)
+    spent_all = ledger.spent(campaign)
+    spent_scope = spent_run if budget_scope == "run" else spent_all
+    scores = (ev or {}).get("scores", {})
+    report = {
+        "campaign": campaign, "run_id": run_id, **figures,
+        "spent_this_run_usd": spent_run, "campaign_spent_usd": spent_all,
+        "budget_usd": budget_usd, "budget_scope": budget_scope,
+        "budget_remaining_usd": None if budget_usd is None else budget_usd - spent_scope,
+        "budget_used_fraction": None if budget_usd is None else spent_scope / budget_usd,
+        "candidate_score": scores.get("candidate", {}).get(primary_suite),
+        "base_score": scores.get("base", {}).get(primary_suite),
+        "teacher_score": scores.get("teacher", {}).get(primary_suite),
+        "verdict": (ev or {}).get("verdict"), "primary_suite": primary_suite,
+        "stage_keys": outputs,
+        "plan_vs_actual": plan_vs_actual(plan, lines, manifests),
+        "plan_total_usd": None if plan is None else plan.get("total_usd"),
+        "plan_memory_gb": None if plan is None else plan["memory"]["total_gb"],
+        "plan_fits": None if plan is None else plan["memory"].get("fits"),
+    }
+    peak = adapter.get("peak_memory_mb")
+    report["actual_peak_memory_gb"] = None if peak is None else peak * 2**20 / 1e9
+    return report
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def money(x: float | None, digits: int = 6) -> str:
+    return "n/a" if x is None else f"${x:,.{digits}f}"
+
+
+def per_point_text(r: dict) -> str:
+    if r.get("usd_per_point_gained_lcb") is not None:
+        return (f"{money(r['usd_per_point_gained_lcb'])} per point gained over base at the gain's lower 95% bound "
+                f"({r['gain_points_low']:+.1f} points; point estimate {r['gain_points']:+.1f} → "
+                f"{money(r['usd_per_point_gained'])} per point)")
+    if r.get("gain_points") is None:
+        return "per point gained: no evaluation in this result"
+    low = r.get("gain_points_low")
+    return (f"per point gained: not meaningful (gain {r['gain_points']:+.1f} points, lower 95% bound "
+            f"{'n/a' if low is None else f'{low:+.1f}'} ≤ 0)")
+
+
+def render_text(r: dict) -> list[str]:
+    """The summary lines ``campaign run`` prints."""
+    out = [f"cost of this result: {money(r['total_usd'])} (teacher {money(r['teacher_usd'])}, training "
+           f"{money(r['training_usd'])}, evaluation {money(r['evaluation_usd'])})"
+           + (f", of which {money(r['interrupted_usd'])} in budget-stopped attempts" if r.get("interrupted_usd") else ""),
+           f"spent in this run: {money(r['spent_this_run_usd'])}"
+           + (f"; campaign total {money(r['campaign_spent_usd'])}" if r["campaign_spent_usd"] != r["spent_this_run_usd"] else ""),
+           f"cost per result: {money(r['usd_per_million_teacher_tokens'])} per M teacher tokens ({r['teacher_tokens']:,} tokens); "
+           f"{money(r['usd_per_1k_accepted_examples'])} per 1k accepted examples ({r['accepted_examples']:,})",
+           f"  {per_point_text(r)}",
+           f"  {r['gpu_hours']:.6f} GPU-hours, {r['host_hours']:.6f} host-hours; teacher "
+           f"{_num(r.get('teacher_tokens_per_s'))} tokens/s, training {_num(r.get('training_tokens_per_s'))} tokens/s"]
+    if r.get("budget_usd") is not None:
+        out.append(f"budget ({r['budget_scope']}): {money(r['budget_usd'], 2)}, used {r['budget_used_fraction']:.2%}, "
+                   f"{money(r['budget_remaining_usd'])} remains")
+    if r.get("plan_total_usd") is not None:
+        out.append("plan vs actual:  stage                 estimate      actual    ratio   est. s  actual s")
+        for p in r["plan_vs_actual"]:
+            ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
+            out.append(f"                 {p['stage']:20s} {money(p['estimated_usd']):>11s} {money(p['actual_usd']):>11s} "
+                       f"{ratio:>7s} {_num(p['estimated_seconds']):>8s} {_num(p['actual_seconds']):>9s}")
+    return out
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:,.1f}"
+
+
+def render_markdown(r: dict) -> str:
+    rows = [("total", money(r["total_usd"])), ("teacher", money(r["teacher_usd"])),
+            ("training", money(r["training_usd"])), ("evaluation", money(r["evaluation_usd"])),
+            ("spent in this run", money(r["spent_this_run_usd"])),
+            ("$ / M teacher tokens", money(r["usd_per_million_teacher_tokens"])),
+            ("$ / 1k accepted examples", money(r["usd_per_1k_accepted_examples"])),
+            ("$ / point gained (lower bound)", money(r["usd_per_point_gained_lcb"]) if r["usd_per_point_gained_lcb"]
+             is not None else "not meaningful"),
+            ("gain over base (points, 95% CI)", "n/a" if r["gain_points"] is None else
+             f"{r['gain_points']:+.1f} [{_num(r['gain_points_low'])}, {_num(r['gain_points_high'])}]"),
+            ("GPU-hours / host-hours", f"{r['gpu_hours']:.6f} / {r['host_hours']:.6f}")]
+    md = ["| figure | value |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
+    if r.get("plan_total_usd") is not None:
+        md += ["", "| stage | estimated | actual | ratio |", "|---|---:|---:|---:|"]
+        for p in r["plan_vs_actual"]:
+            ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
+            md.append(f"| {p['stage']} | {money(p['estimated_usd'])} | {money(p['actual_usd'])} | {ratio} |")
+    return "\n".join(md)

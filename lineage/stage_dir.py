@@ -7,8 +7,10 @@ stage produced, its counts and cost lines) and ``_SUCCESS``, written last. A dir
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,9 +41,13 @@ class StageDir:
         return json.loads((self.path / MANIFEST).read_text())
 
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Write the manifest atomically, then the success marker."""
+        """Write the manifest atomically, then the success marker.
+
+        ``production_id`` names this production of the output (a re-computation after the directory
+        was removed is a new production): the cost ledger records a production's cost lines once."""
         self.ensure()
-        full = {"campaign": self.campaign, "stage": self.stage, "key": self.key, "path": str(self.path), **manifest}
+        full = {"campaign": self.campaign, "stage": self.stage, "key": self.key, "path": str(self.path),
+                "production_id": uuid.uuid4().hex, "committed_at": dt.datetime.now(dt.UTC).isoformat(), **manifest}
         tmp = self.path / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(full, indent=2, sort_keys=True, default=str))
         os.replace(tmp, self.path / MANIFEST)

@@ -59,7 +59,9 @@ class LocalTorchrunLauncher(ConfigurableResource):
     timeout_s: int = Field(6 * 3600, description="Stop training after this many seconds.")
     threads_per_process: int | None = Field(None, description="OMP threads per rank; default: cores / ranks.")
 
-    def launch(self, context, job: TrainJob, workdir: Path) -> dict:
+    def launch(self, context, job: TrainJob, workdir: Path, budget=None) -> dict:
+        """``budget``: a ``costs.budget.BudgetGuard`` checked while training runs; when it stops the
+        stage, every process is terminated (SIGTERM, as on preemption) and its failure is raised."""
         workdir.mkdir(parents=True, exist_ok=True)
         job_file = job.write(workdir / "train_job.json")
         t = job.training
@@ -79,7 +81,7 @@ class LocalTorchrunLauncher(ConfigurableResource):
                 procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log.open("w"),
                                               stderr=subprocess.STDOUT, start_new_session=True))
             context.log.info(f"launched {len(procs)} torchrun process(es): {' '.join(cmds[0])}")
-            self._wait(procs, logs, time.monotonic() + self.timeout_s)
+            self._wait(procs, logs, time.monotonic() + self.timeout_s, budget)
             results = list(session.get_results())
         summary_file = Path(job.output_dir) / "summary.json"
         if not summary_file.exists():
@@ -90,7 +92,7 @@ class LocalTorchrunLauncher(ConfigurableResource):
         return {"logs": [str(p) for p in logs], "pipes_metadata": pipes_md}
 
     @staticmethod
-    def _wait(procs: list[subprocess.Popen], logs: list[Path], deadline: float) -> None:
+    def _wait(procs: list[subprocess.Popen], logs: list[Path], deadline: float, budget=None) -> None:
         def stop_all() -> None:
             for p in procs:
                 if p.poll() is None:
@@ -114,6 +116,8 @@ class LocalTorchrunLauncher(ConfigurableResource):
                     )
                 if all(c == 0 for c in codes):
                     return
+                if budget is not None:
+                    budget.check()
                 if time.monotonic() > deadline:
                     stop_all()
                     raise Failure(f"training exceeded the launcher timeout; stopped. Log: {logs[0]}")

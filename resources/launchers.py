@@ -22,10 +22,10 @@ class TrainingLauncher(ConfigurableResource):
     local: LocalTorchrunLauncher = Field(description="Launcher for `training.launcher: local`.")
     k8s: K8sTrainingLauncher = Field(description="Launcher for `training.launcher: k8s`.")
 
-    def launch(self, context, job, workdir: Path, kubernetes: KubernetesSpec | None = None) -> dict:
+    def launch(self, context, job, workdir: Path, kubernetes: KubernetesSpec | None = None, budget=None) -> dict:
         if job.training.launcher == "k8s":
             if kubernetes is None:
                 raise Failure(f"campaign {job.campaign}: training.launcher is 'k8s' but no `kubernetes:` section "
                               f"was passed to the launcher")
             return self.k8s.launch(context, job, workdir, kubernetes)
-        return self.local.launch(context, job, workdir)
+        return self.local.launch(context, job, workdir, budget=budget)

@@ -1,24 +1,185 @@
-"""Prices for every stage, from the dated catalog the campaign names (with its overrides)."""
+"""Cost resource: prices from the campaign's dated catalog, the cost ledger, budgets, the planner.
+
+Every stage that spends money prices its work here (``hardware_line``, ``teacher_lines``) and may
+take a budget guard (``budget_guard``); the IO manager records every stage's cost lines in the
+ledger (see ``costs/ledger.py``).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, Failure
+from pydantic import Field
 
-from costs.catalog import PriceEntry, get, load_catalog
+from campaigns.spec import CampaignSpec
+from costs.catalog import Catalog, PriceEntry, PricingError, get, load_catalog, read_catalog
+from costs.ledger import DEFAULT_NAME, Ledger
+from costs.lines import compute_line, usage_lines
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+STAGE_KIND = {"teacher_generations": "teacher", "student_adapter": "training", "evaluation": "evaluation"}
+
+
+def ledger_path(artifact_root: str | Path, configured: str | None = None) -> Path:
+    """The ledger file: ``configured`` (absolute, or relative to the artifact root) or the default."""
+    root = Path(artifact_root)
+    if configured:
+        p = Path(configured)
+        return p if p.is_absolute() else root / p
+    return root / DEFAULT_NAME
+
+
+class BudgetStop(Failure):
+    """A budget stop, as a Dagster failure that is never retried (retrying cannot make money appear)."""
+
+    def __init__(self, exc):
+        super().__init__(description=str(exc), metadata=exc.metadata(), allow_retries=False)
+        self.budget = exc
+
 
 class PricingResource(ConfigurableResource):
-    """Reads the campaign's pricing catalog; a `catalog` set here replaces the campaign's."""
+    """Reads the campaign's pricing catalog (a `catalog` set here replaces the campaign's) and
+    owns the cost ledger."""
 
-    catalog: str | None = None
+    catalog: str | None = Field(None, description="Pricing catalog replacing every campaign's `cost.catalog`.")
+    ledger: str | None = Field(
+        None, description="DuckDB cost ledger file; default <artifact root>/cost_ledger.duckdb (relative: to the root).")
 
-    def entries(self, campaign_catalog: str, overrides: dict[str, float]) -> dict[str, PriceEntry]:
+    # ------------------------------------------------------------------ prices
+    def _catalog_path(self, campaign_catalog: str) -> Path:
         p = Path(self.catalog or campaign_catalog)
-        return load_catalog(p if p.is_absolute() else REPO_ROOT / p, overrides)
+        return p if p.is_absolute() else REPO_ROOT / p
 
-    def price(self, key: str, campaign_catalog: str, overrides: dict[str, float]) -> PriceEntry:
+    def catalog_for(self, spec: CampaignSpec) -> Catalog:
+        c = spec.cost
+        return read_catalog(self._catalog_path(c.catalog), c.price_overrides(), expect_version=c.catalog_version)
+
+    def entries(self, campaign_catalog: str, overrides: dict) -> dict[str, PriceEntry]:
+        return load_catalog(self._catalog_path(campaign_catalog),
+                            {k: v if isinstance(v, int | float) else v.model_dump(exclude_none=True)
+                             for k, v in overrides.items()})
+
+    def price(self, key: str, campaign_catalog: str, overrides: dict) -> PriceEntry:
         return get(self.entries(campaign_catalog, overrides), key)
+
+    def hardware_line(self, spec: CampaignSpec, kind: str, hardware: str, seconds: float, hosts: int = 1,
+                      devices: int = 1) -> dict:
+        """One line for ``seconds`` on catalog entry ``hardware`` at the campaign's pricing tier."""
+        entry = self.catalog_for(spec).get(hardware)
+        return compute_line(kind, entry, seconds, hosts=hosts, devices=devices, tier=spec.cost.pricing_tier)
+
+    def teacher_lines(self, spec: CampaignSpec, seconds: float, prompt_tokens: int, completion_tokens: int) -> list[dict]:
+        """The teacher's spend: time on self-hosted hardware, or tokens for an API entry."""
+        entry = self.catalog_for(spec).get(spec.teacher.hardware)
+        return usage_lines("teacher", entry, seconds, prompt_tokens, completion_tokens,
+                           tier=spec.cost.pricing_tier, batch=spec.cost.teacher_batch_api)
+
+    # ------------------------------------------------------------------ ledger and plan
+    def ledger_at(self, artifact_root: str | Path) -> Ledger:
+        return Ledger(ledger_path(artifact_root, self.ledger))
+
+    def plan(self, spec: CampaignSpec, artifact_root: str | Path) -> dict:
+        from costs.planner import plan_campaign
+
+        return plan_campaign(spec, self.catalog_for(spec), REPO_ROOT, resolve_model_dir(spec.teacher.model, artifact_root)
+                             if spec.teacher.backend != "openai" else None,
+                             resolve_model_dir(spec.student.base_model, artifact_root))
+
+    # ------------------------------------------------------------------ budgets
+    def budget_guard(self, context, spec: CampaignSpec, sd, clock=None):
+        """A :class:`costs.budget.BudgetGuard` for the stage directory ``sd`` about to be computed:
+        refuses to start when the planner's estimate does not fit the budget left (Dagster
+        ``Failure``, not retried); its ``watch``/``check`` stop the stage mid-way the same way.
+        ``clock``: seconds as a float (default ``time.monotonic``), e.g. device time reported by the stage."""
+        from costs.budget import BudgetGuard, limits_for
+        from costs.planner import PlanError
+
+        stage, c = sd.stage, spec.cost
+        if stage not in STAGE_KIND:
+            raise ValueError(f"no budget guard for stage {stage!r}; stages that spend: {sorted(STAGE_KIND)}")
+        ledger = self.ledger_at(sd.root)
+        run_id = context.run_id
+        limits = limits_for(ledger, spec.name, stage, c.budget_usd, c.stage_budgets_usd.get(stage),
+                            run_id if c.budget_scope == "run" else None)
+        catalog = self.catalog_for(spec)
+        api_teacher = stage == "teacher_generations" and not catalog.get(spec.teacher.hardware).hourly
+        plan = None
+        if limits and (c.check_estimates or api_teacher):
+            try:
+                plan = self.plan(spec, sd.root)
+            except (PlanError, PricingError, OSError, ValueError) as e:  # spend is still watched as it accrues
+                context.log.warning(f"budget: no planner estimate for {stage} ({e}); checking actual spend only")
+        line_fn = _line_fn(spec, stage, catalog, plan)
+        guard = BudgetGuard(ledger=ledger, campaign=spec.name, stage=stage, run_id=run_id,
+                            step_key=context.get_step_execution_context().step.key, attempt=context.retry_number,
+                            stage_key=sd.key, limits=limits, line_fn=line_fn, log=context.log.info,
+                            on_exceeded=BudgetStop, **({"clock": clock} if clock is not None else {}))
+        if limits:
+            context.log.info("budget: " + "; ".join(f"{lim.scope} spent ${lim.spent_before_usd:.6f} of "
+                                                    f"${lim.budget_usd:.6f}" for lim in limits))
+        if limits and c.check_estimates and plan is not None:
+            earlier = ledger.query("SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ? AND asset = ? "
+                                   "AND stage_key = ? AND status = 'interrupted'", [spec.name, stage, sd.key])[0]["usd"]
+            guard.check_estimate(plan["stages"][stage]["usd"], float(earlier))
+        return guard
+
+
+def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog, plan: dict | None):
+    """Cost lines of ``seconds`` of work and ``items`` done for a stage (what the guard accrues)."""
+    tr, t, tier = spec.training, spec.teacher, spec.cost.pricing_tier
+    kind = STAGE_KIND[stage]
+    if stage == "teacher_generations":
+        entry = catalog.get(t.hardware)
+        if not entry.hourly:
+            est = (plan or {}).get("stages", {}).get(stage) or {}  # without a plan: the longest answers
+            per_in = est.get("prompt_tokens", 0) / max(1, est.get("requests", 1))
+            per_out = est.get("completion_tokens", t.sampling.max_new_tokens) / max(1, est.get("requests", 1))
+            return lambda seconds, items: usage_lines(kind, entry, seconds, int(items * per_in), int(items * per_out),
+                                                      batch=spec.cost.teacher_batch_api)
+        return lambda seconds, items: [compute_line(kind, entry, seconds, tier=tier)]
+    entry = catalog.get(tr.hardware)
+    if stage == "student_adapter":
+        return lambda seconds, items: [compute_line(kind, entry, seconds, hosts=tr.nodes, devices=tr.world_size, tier=tier)]
+    return lambda seconds, items: [compute_line(kind, entry, seconds, tier=tier)]
+
+
+def resolve_model_dir(ref: str, artifact_root: str | Path) -> Path:
+    """A campaign model reference as a directory (``@demo/<name>`` under the artifact root)."""
+    from tinymodels import recipe
+
+    if recipe.is_demo_ref(ref):
+        return recipe.resolve(ref, artifact_root)
+    p = Path(ref)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str | Path, run_id: str,
+                manifests: dict[str, dict], log=None) -> dict:
+    """Build a run's cost report from the ledger, store it in the ledger, write it as JSON next to the
+    campaign's dashboard (refreshed), and return it with ``report_path`` and ``dashboard_path``.
+    Used by the campaign_cost asset and by ``campaign run`` (which also covers gate-blocked runs)."""
+    import json
+
+    from costs.dashboard import write_dashboard
+    from costs.report import build_report
+
+    root = Path(artifact_root)
+    ledger = pricing.ledger_at(root)
+    try:
+        plan = pricing.plan(spec, root)
+    except Exception as e:  # noqa: BLE001 - a plan that cannot be made must not hide the actual costs
+        plan = None
+        if log:
+            log(f"no planner estimate to compare with: {e}")
+    report = build_report(campaign=spec.name, run_id=run_id, ledger=ledger, manifests=manifests,
+                          primary_suite=spec.evaluation.suites[0].name, plan=plan, budget_usd=spec.cost.budget_usd,
+                          budget_scope=spec.cost.budget_scope)
+    ledger.record_report(spec.name, run_id, report)
+    out = root / spec.name / "campaign_cost"
+    out.mkdir(parents=True, exist_ok=True)
+    report["report_path"] = str(out / f"{run_id}.json")
+    report["dashboard_path"] = str(write_dashboard(out / "dashboard.html", spec.name, ledger, spec.cost.budget_usd))
+    (out / f"{run_id}.json").write_text(json.dumps(report, indent=2, default=str))
+    return report

@@ -1,0 +1,274 @@
+"""The cost ledger: every dollar a campaign spent, one row per cost line, in a DuckDB file.
+
+Tables (query them with SQL: ``campaign costs --sql "..."`` or any DuckDB client)::
+
+    cost_lines        append-only; one row per line of spend
+      line_id         primary key: a hash of (production, line index) or (run, step, attempt) for
+                      interrupted spend, so recording the same thing twice is a no-op
+      campaign, asset, run_id (the run that spent it), step_key, attempt
+      production_id   the stage output it paid for (manifest ``production_id``); NULL if interrupted
+      stage_key       content key of that stage output (its directory name)
+      status          'completed' (from a committed stage manifest) or 'interrupted' (a stage stopped
+                      by its budget; the work done so far is kept and resumed later)
+      kind            teacher | training | evaluation (what the money bought)
+      resource, quantity, unit, unit_price, usd, price_as_of, pricing_tier, catalog_version
+      recorded_at     UTC
+    materializations  one row per (run, step, production): reused = the output came from an
+                      earlier run (its cost is in that run's lines, not this one's)
+    cost_reports      the cost-per-result report of each run (JSON), for dashboards
+
+Spent now or reused? A stage output is produced once, in the run that first records its
+``production_id``; every later materialization that finds it complete (a cache hit, a retried
+step) adds only a ``materializations`` row with ``reused = true``, never lines. So a run's spend
+is ``SUM(usd) WHERE run_id = ?`` and a result's cost is the lines of the productions it used.
+
+DuckDB allows one writing process per file: every call opens, works in one transaction and
+closes, retrying for a while when another process holds the lock (Dagster's multiprocess
+executor). Pure Python: no Dagster import.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_exponential
+
+DEFAULT_NAME = "cost_ledger.duckdb"
+LINE_COLUMNS = ("line_id", "campaign", "asset", "run_id", "step_key", "attempt", "production_id", "stage_key",
+                "status", "kind", "resource", "quantity", "unit", "unit_price", "usd", "price_as_of",
+                "pricing_tier", "catalog_version", "recorded_at")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS cost_lines (
+    line_id VARCHAR PRIMARY KEY,
+    campaign VARCHAR NOT NULL,
+    asset VARCHAR NOT NULL,
+    run_id VARCHAR NOT NULL,
+    step_key VARCHAR,
+    attempt INTEGER,
+    production_id VARCHAR,
+    stage_key VARCHAR,
+    status VARCHAR NOT NULL,
+    kind VARCHAR NOT NULL,
+    resource VARCHAR NOT NULL,
+    quantity DOUBLE NOT NULL,
+    unit VARCHAR NOT NULL,
+    unit_price DOUBLE NOT NULL,
+    usd DOUBLE NOT NULL,
+    price_as_of VARCHAR,
+    pricing_tier VARCHAR,
+    catalog_version VARCHAR,
+    recorded_at TIMESTAMP NOT NULL
+);
+CREATE TABLE IF NOT EXISTS materializations (
+    run_id VARCHAR NOT NULL,
+    step_key VARCHAR NOT NULL,
+    campaign VARCHAR NOT NULL,
+    asset VARCHAR NOT NULL,
+    production_id VARCHAR NOT NULL,
+    stage_key VARCHAR,
+    reused BOOLEAN NOT NULL,
+    production_usd DOUBLE NOT NULL,
+    recorded_at TIMESTAMP NOT NULL,
+    PRIMARY KEY (run_id, step_key, production_id)
+);
+CREATE TABLE IF NOT EXISTS cost_reports (
+    campaign VARCHAR NOT NULL,
+    run_id VARCHAR NOT NULL,
+    recorded_at TIMESTAMP NOT NULL,
+    report JSON NOT NULL,
+    PRIMARY KEY (campaign, run_id)
+);
+CREATE OR REPLACE VIEW run_costs AS
+    SELECT campaign, run_id, kind, asset, SUM(usd) AS usd, MIN(recorded_at) AS first_at, MAX(recorded_at) AS last_at
+    FROM cost_lines GROUP BY ALL;
+"""
+
+
+_SCHEMA_READY: set[str] = set()
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+def _sha(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def production_id(manifest: dict) -> str:
+    """The identity of one physical production of a stage output (set by ``StageDir.commit``);
+    for manifests written without one, a hash of what identifies them."""
+    pid = manifest.get("production_id")
+    if pid:
+        return str(pid)
+    return "h-" + _sha(manifest.get("campaign"), manifest.get("stage"), manifest.get("key"),
+                       manifest.get("cost_lines", []), manifest.get("committed_at"))
+
+
+def _locked(e: BaseException) -> bool:
+    return isinstance(e, duckdb.IOException) and "lock" in str(e).lower()
+
+
+class Ledger:
+    """A DuckDB cost ledger file (created on first write)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @retry(retry=retry_if_exception(_locked), wait=wait_random_exponential(0.05, 2), stop=stop_after_delay(120),
+           reraise=True)
+    def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.exists()
+        con = duckdb.connect(str(self.path), read_only=read_only)
+        if not read_only and (fresh or str(self.path) not in _SCHEMA_READY):
+            # DDL costs a checkpoint: run it only when the tables are missing, once per process and file
+            if con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'run_costs'").fetchone()[0] == 0:
+                con.execute(SCHEMA)
+            _SCHEMA_READY.add(str(self.path))
+        return con
+
+    @contextmanager
+    def connect(self, write: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection; writes run in one transaction. Reading a ledger that does not exist yet
+        gives an empty in-memory one."""
+        if not write and not self.path.exists():
+            con = duckdb.connect(":memory:")
+            con.execute(SCHEMA)
+        else:
+            con = self._open(read_only=False)
+        try:
+            if write:
+                con.execute("BEGIN TRANSACTION")
+                try:
+                    yield con
+                    con.execute("COMMIT")
+                except BaseException:
+                    con.execute("ROLLBACK")
+                    raise
+            else:
+                yield con
+        finally:
+            con.close()
+
+    # ------------------------------------------------------------------ writing
+    def record_stage(self, *, campaign: str, asset: str, run_id: str, step_key: str, manifest: dict,
+                     attempt: int = 0) -> dict:
+        """Record a materialized stage output. Its cost lines are written once, by the first run
+        that records its production; later runs (cache hits) and retried steps add nothing.
+        Returns ``{"reused": bool, "spent_usd": float (spent by this run), "production_usd": float}``."""
+        pid = production_id(manifest)
+        lines = list(manifest.get("cost_lines") or [])
+        now = _now()
+        with self.connect(write=True) as con:
+            owner = con.execute("SELECT run_id FROM cost_lines WHERE production_id = ? LIMIT 1", [pid]).fetchone()
+            seen = con.execute("SELECT run_id FROM materializations WHERE production_id = ? ORDER BY recorded_at LIMIT 1",
+                               [pid]).fetchone()
+            producer = (owner or seen or (run_id,))[0]
+            if producer == run_id and not owner:
+                for i, line in enumerate(lines):
+                    con.execute(
+                        f"INSERT INTO cost_lines ({', '.join(LINE_COLUMNS)}) VALUES ({', '.join('?' * len(LINE_COLUMNS))}) "
+                        "ON CONFLICT DO NOTHING",
+                        [_sha(pid, i), campaign, asset, run_id, step_key, attempt, pid, manifest.get("key"), "completed",
+                         line["kind"], line["price_key"], float(line["quantity"]), line["unit"],
+                         float(line["unit_price"]), float(line["usd"]), line.get("as_of"), line.get("tier"),
+                         line.get("catalog_version"), now])
+            usd = float(sum(float(x["usd"]) for x in lines))
+            con.execute("INSERT INTO materializations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                        [run_id, step_key, campaign, asset, pid, manifest.get("key"), producer != run_id, usd, now])
+        return {"reused": producer != run_id, "spent_usd": 0.0 if producer != run_id else usd, "production_usd": usd}
+
+    def record_interrupted(self, *, campaign: str, asset: str, run_id: str, step_key: str, attempt: int,
+                           stage_key: str | None, lines: list[dict]) -> float:
+        """Record the spend of a stage attempt that stopped before committing (budget stop).
+        Idempotent per (run, step, attempt)."""
+        now = _now()
+        with self.connect(write=True) as con:
+            for i, line in enumerate(lines):
+                con.execute(
+                    f"INSERT INTO cost_lines ({', '.join(LINE_COLUMNS)}) VALUES ({', '.join('?' * len(LINE_COLUMNS))}) "
+                    "ON CONFLICT DO NOTHING",
+                    [_sha("interrupted", run_id, step_key, attempt, i), campaign, asset, run_id, step_key, attempt, None,
+                     stage_key, "interrupted", line["kind"], line["price_key"], float(line["quantity"]), line["unit"],
+                     float(line["unit_price"]), float(line["usd"]), line.get("as_of"), line.get("tier"),
+                     line.get("catalog_version"), now])
+        return float(sum(float(x["usd"]) for x in lines))
+
+    def record_report(self, campaign: str, run_id: str, report: dict) -> None:
+        """Store (or replace) the cost report of a run; reports are derived, lines are not."""
+        with self.connect(write=True) as con:
+            con.execute("INSERT OR REPLACE INTO cost_reports VALUES (?, ?, ?, ?)",
+                        [campaign, run_id, _now(), json.dumps(report, default=str)])
+
+    # ------------------------------------------------------------------ reading
+    def query(self, sql: str, params: list | None = None) -> list[dict]:
+        with self.connect() as con:
+            cur = con.execute(sql, params or [])
+            cols = [d[0] for d in cur.description] if cur.description else []
+            return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+    def spent(self, campaign: str, asset: str | None = None, run_id: str | None = None) -> float:
+        """Dollars recorded for a campaign (optionally one asset and/or one run), completed + interrupted."""
+        sql, params = "SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ?", [campaign]
+        if asset is not None:
+            sql, params = sql + " AND asset = ?", params + [asset]
+        if run_id is not None:
+            sql, params = sql + " AND run_id = ?", params + [run_id]
+        return float(self.query(sql, params)[0]["usd"])
+
+    def lines(self, campaign: str | None = None, run_id: str | None = None) -> list[dict]:
+        where, params = [], []
+        if campaign is not None:
+            where, params = where + ["campaign = ?"], params + [campaign]
+        if run_id is not None:
+            where, params = where + ["run_id = ?"], params + [run_id]
+        sql = "SELECT * FROM cost_lines" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY recorded_at, line_id"
+        return self.query(sql, params)
+
+    def lineage_lines(self, campaign: str, outputs: dict[str, str]) -> list[dict]:
+        """Every line (completed and interrupted, any run) paid for the stage outputs
+        ``{asset: stage_key}`` a result was built from."""
+        if not outputs:
+            return []
+        cond = " OR ".join("(asset = ? AND stage_key = ?)" for _ in outputs)
+        params = [campaign] + [x for pair in outputs.items() for x in pair]
+        return self.query(f"SELECT * FROM cost_lines WHERE campaign = ? AND ({cond}) ORDER BY recorded_at, line_id", params)
+
+    def runs(self, campaign: str) -> list[dict]:
+        """Per run: first/last record time, total spend, completed spend by kind and budget-stopped
+        (interrupted) spend, for every run with spend or materializations."""
+        return self.query(
+            """
+            WITH r AS (
+                SELECT run_id, MIN(recorded_at) AS started_at, MAX(recorded_at) AS ended_at
+                FROM (SELECT run_id, recorded_at FROM materializations WHERE campaign = $1
+                      UNION ALL SELECT run_id, recorded_at FROM cost_lines WHERE campaign = $1) GROUP BY run_id)
+            SELECT r.run_id, r.started_at, r.ended_at,
+                   COALESCE(SUM(l.usd), 0) AS usd,
+                   COALESCE(SUM(l.usd) FILTER (WHERE l.kind = 'teacher' AND l.status = 'completed'), 0) AS teacher_usd,
+                   COALESCE(SUM(l.usd) FILTER (WHERE l.kind = 'training' AND l.status = 'completed'), 0) AS training_usd,
+                   COALESCE(SUM(l.usd) FILTER (WHERE l.kind = 'evaluation' AND l.status = 'completed'), 0) AS evaluation_usd,
+                   COALESCE(SUM(l.usd) FILTER (WHERE l.status = 'interrupted'), 0) AS interrupted_usd
+            FROM r LEFT JOIN cost_lines l ON l.run_id = r.run_id AND l.campaign = $1
+            GROUP BY ALL ORDER BY r.started_at
+            """, [campaign])
+
+    def reports(self, campaign: str) -> list[dict]:
+        rows = self.query("SELECT run_id, recorded_at, report FROM cost_reports WHERE campaign = ? ORDER BY recorded_at",
+                          [campaign])
+        return [{**r, "report": json.loads(r["report"]) if isinstance(r["report"], str) else r["report"]} for r in rows]
+
+    def campaigns(self) -> list[str]:
+        return [r["campaign"] for r in self.query(
+            "SELECT DISTINCT campaign FROM (SELECT campaign FROM cost_lines UNION SELECT campaign FROM materializations) "
+            "ORDER BY campaign")]

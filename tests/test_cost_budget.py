@@ -1,0 +1,205 @@
+"""Budgets: a stage stopped mid-way keeps its work and its spend; raising the budget resumes it;
+the planner's estimate refuses a stage that cannot fit. Driven through Dagster with the real
+pricing resource, IO manager and ledger, on a resumable stage that writes one file per chunk
+(the contract resumable stages follow) and advances a device clock per chunk."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, DagsterInstance, Output, asset, materialize
+
+from assets.io_manager import ManifestIOManager
+from campaigns.loader import parse_campaign_text
+from costs.budget import BudgetExceeded, BudgetGuard, Limit
+from costs.ledger import Ledger
+from resources.pricing import PricingResource
+from resources.storage import ArtifactStore
+
+CHUNKS = 10
+CHUNK_S = 0.1  # device seconds per chunk; at the $3600/hour override below a chunk costs $0.10
+
+
+def _spec(budget: float, check_estimates: bool = False):
+    return parse_campaign_text(f"""
+name: camp
+teacher: {{model: "@demo/teacher", hardware: cpu-2vcpu}}
+student: {{base_model: "@demo/student"}}
+data: {{source: campaigns/data/demo/*.jsonl}}
+training: {{max_steps: 10}}
+evaluation: {{suites: [{{name: s}}]}}
+cost: {{budget_usd: {budget}, check_estimates: {str(check_estimates).lower()}, overrides: {{cpu-2vcpu: 3600}}}}
+""")
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _Progress:
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+
+
+def _stage(spec, computed: list[int]):
+    @asset(key=AssetKey([spec.name, "teacher_generations"]))
+    def teacher_generations(context, storage: ArtifactStore, pricing: PricingResource):
+        sd = storage.stage(spec.name, "teacher_generations", "k1")
+        if not sd.is_complete():
+            out = sd.ensure()
+            todo = [i for i in range(CHUNKS) if not (out / f"part-{i}.txt").exists()]
+            clock = _Clock()
+            progress = pricing.budget_guard(context, spec, sd, clock=clock).watch(_Progress(len(todo)))
+            for i in todo:
+                (out / f"part-{i}.txt").write_text(f"chunk {i}")  # the work, kept as it finishes
+                computed.append(i)
+                clock.t += CHUNK_S
+                progress(1)
+            lines = [pricing.hardware_line(spec, "teacher", spec.teacher.hardware, clock.t)]
+            sd.commit({"cost_lines": lines, "chunks": CHUNKS, "wall_seconds": clock.t})
+        return Output(sd.manifest())
+
+    return teacher_generations
+
+
+def _run(spec, root, computed, instance):
+    resources = {"storage": ArtifactStore(root=str(root)), "pricing": PricingResource(),
+                 "io_manager": ManifestIOManager(root=str(root))}
+    return materialize([_stage(spec, computed)], instance=instance, resources=resources, raise_on_error=False)
+
+
+def _failure(result) -> str:
+    return next(e.event_specific_data.error.message for e in result.all_events if e.is_step_failure)
+
+
+def test_budget_stops_a_stage_midway_and_a_raised_budget_resumes_it(artifact_root):
+    ledger = Ledger(artifact_root / "cost_ledger.duckdb")
+    computed: list[int] = []
+    with DagsterInstance.ephemeral() as instance:
+        stopped = _run(_spec(0.35), artifact_root, computed, instance)
+        assert not stopped.success
+        msg = _failure(stopped)
+        # after 3 chunks ($0.30) one more ($0.10) would pass $0.35: stop, keep the 3 chunks
+        assert computed == [0, 1, 2]
+        assert "stopped teacher_generations mid-way" in msg and "spent $0.300000 of its $0.350000 budget" in msg
+        assert "$0.050000 remains" in msg and "raise the budget" in msg
+        parts = sorted(p.name for p in (artifact_root / "camp/teacher_generations/k1").glob("part-*"))
+        assert parts == ["part-0.txt", "part-1.txt", "part-2.txt"]
+        assert ledger.spent("camp") == pytest.approx(0.30)
+        assert ledger.query("SELECT DISTINCT status FROM cost_lines") == [{"status": "interrupted"}]
+
+        resumed = _run(_spec(1.05), artifact_root, computed, instance)
+    assert resumed.success
+    assert computed == list(range(CHUNKS))  # each chunk computed once in all
+    runs = {r["run_id"]: r for r in ledger.runs("camp")}
+    assert runs[stopped.run_id]["interrupted_usd"] == pytest.approx(0.30)
+    assert runs[resumed.run_id]["teacher_usd"] == pytest.approx(0.70)
+    assert ledger.spent("camp") == pytest.approx(1.00)  # within the raised $1.05
+    # the result's cost includes the stopped attempt's spend on the same output
+    assert sum(x["usd"] for x in ledger.lineage_lines("camp", {"teacher_generations": "k1"})) == pytest.approx(1.0)
+
+
+def test_the_planner_estimate_refuses_a_stage_that_cannot_fit(artifact_root):
+    computed: list[int] = []
+    with DagsterInstance.ephemeral() as instance:
+        result = _run(_spec(1.0, check_estimates=True), artifact_root, computed, instance)
+    assert not result.success and computed == []
+    msg = _failure(result)
+    assert "not starting teacher_generations" in msg and "the planner estimates $" in msg
+    assert Ledger(artifact_root / "cost_ledger.duckdb").spent("camp") == 0.0
+
+
+def test_guard_stage_budget_and_the_last_chunk(tmp_path):
+    """A stage budget applies next to the campaign's; the final chunk is not charged for a next one."""
+    clock = _Clock()
+    guard = BudgetGuard(ledger=Ledger(tmp_path / "l.duckdb"), campaign="c", stage="evaluation", run_id="r",
+                        step_key="s", attempt=0, stage_key="k",
+                        limits=[Limit("campaign c", 10.0, 0.0), Limit("stage evaluation", 0.5, 0.2)],
+                        line_fn=lambda s, n: [{"kind": "evaluation", "price_key": "x", "quantity": s, "unit": "host-hour",
+                                               "unit_price": 1.0, "usd": s}],
+                        clock=clock)
+    progress = guard.watch(_Progress(3))
+    clock.t = 0.1
+    progress(1)
+    clock.t = 0.2
+    progress(1)
+    clock.t = 0.3
+    progress(1)  # 0.2 + 0.3 = 0.5: at the limit, and the work is done: no stop
+    assert not guard.stopped
+    clock.t = 0.4
+    with pytest.raises(BudgetExceeded) as e:
+        guard.check()
+    assert e.value.scope == "stage evaluation" and e.value.remaining_usd == 0.0
+    with pytest.raises(BudgetExceeded, match="not starting evaluation"):
+        guard.check_estimate(0.4, already_spent_on_it_usd=0.05)
+    guard.check_estimate(0.35, already_spent_on_it_usd=0.1)  # the resumed part fits
+
+
+def test_the_teacher_stage_stops_midway_on_its_budget(artifact_root):
+    """The real teacher_generations asset (demo teacher on CPU) with its budget hook. Priced per
+    token (catalog entry api-open-70b) the spend accrues per finished prompt, so the stop is
+    deterministic: the planner's ~32 tokens per request at $0.88/M is ~$2.8e-5 per prompt; with a
+    $0.006 budget the stage stops after 1 of its 18 batches of 128 (~$0.0035: a second would pass
+    $0.006), and the
+    spend of the stopped attempt is in the ledger. (Keeping the finished batches is the stage's
+    resumable shard writing; here only the stop and the spend are checked.)"""
+    from assets import generations, prompts
+    from assets.location import default_resources
+
+    text = (Path(__file__).parent.parent / "campaigns/demo.yaml").read_text()
+    text = text.replace("  hardware: cpu-2vcpu\n\nstudent", "  hardware: api-open-70b\n\nstudent", 1)
+    spec = parse_campaign_text(text.replace("  budget_usd: 1.0", "  budget_usd: 0.006\n  check_estimates: false"))
+    assert spec.teacher.hardware == "api-open-70b"
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize([prompts.build(spec), generations.build(spec)], instance=instance, raise_on_error=False,
+                             resources=default_resources(str(artifact_root)))
+    assert not result.success
+    msg = _failure(result)
+    assert "stopped teacher_generations mid-way" in msg and "of its $0.006000 budget" in msg
+    ledger = Ledger(artifact_root / "cost_ledger.duckdb")
+    stopped = ledger.query("SELECT status, resource, usd FROM cost_lines WHERE asset = 'teacher_generations'")
+    assert {r["status"] for r in stopped} == {"interrupted"}
+    assert sorted(r["resource"] for r in stopped) == ["api-open-70b:input", "api-open-70b:output"]
+    spent = sum(r["usd"] for r in stopped)
+    assert 0.003 < spent <= 0.006
+    per_batch = float(re.search(r"next chunk would cost about \$([0-9]+\.[0-9]+)", msg).group(1))
+    assert spent / per_batch == pytest.approx(1, abs=0.01)  # 1 batch of 128 prompts done, 17 not started
+    assert not list((artifact_root / "demo" / "teacher_generations").glob("*/_SUCCESS"))
+
+
+def test_training_launcher_stops_every_process_when_the_budget_says_so(tmp_path):
+    """The launcher polls the guard while torchrun runs; a budget stop terminates all nodes."""
+    import subprocess
+    import sys
+    import time
+
+    from resources.launcher import LocalTorchrunLauncher
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+             for _ in range(2)]
+    clock = _Clock()
+    guard = BudgetGuard(ledger=Ledger(tmp_path / "l.duckdb"), campaign="c", stage="student_adapter", run_id="r",
+                        step_key="s", attempt=0, stage_key="k", limits=[Limit("campaign c", 1.0, 0.0)],
+                        line_fn=lambda s, n: [{"kind": "training", "price_key": "x", "quantity": s, "unit": "gpu-hour",
+                                               "unit_price": 1.0, "usd": s}],
+                        clock=lambda: clock.t)
+
+    def tick():
+        clock.t += 0.3  # each poll: 0.3 device-seconds at $1/s
+        guard.check()
+
+    t0 = time.monotonic()
+    with pytest.raises(BudgetExceeded, match="stopped student_adapter mid-way"):
+        LocalTorchrunLauncher._wait(procs, [tmp_path / "a.log", tmp_path / "b.log"], time.monotonic() + 60,
+                                    type("B", (), {"check": staticmethod(tick)})())
+    assert time.monotonic() - t0 < 30 and all(p.poll() is not None for p in procs)
+    assert Ledger(tmp_path / "l.duckdb").spent("c") == pytest.approx(0.9)  # stopped after 3 polls: a 4th passes $1

@@ -1,0 +1,85 @@
+"""The DuckDB cost ledger: lines recorded once per production, whatever retries and cache hits do."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import AssetKey, DagsterInstance, Output, RetryPolicy, asset, materialize
+
+from assets.io_manager import ManifestIOManager
+from costs.ledger import Ledger
+from lineage.stage_dir import StageDir
+
+LINE = {"kind": "teacher", "price_key": "cpu-2vcpu", "quantity": 0.5, "unit": "host-hour", "unit_price": 0.1,
+        "usd": 0.05, "as_of": "2025-06-01", "tier": "on_demand", "catalog_version": "v1"}
+
+
+def _commit(root, key="k1", lines=(LINE,)):
+    return StageDir(root, "camp", "teacher_generations", key).commit({"cost_lines": list(lines), "wall_seconds": 1.0})
+
+
+def test_a_production_is_paid_once_retries_and_reuse_add_nothing(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    m = _commit(tmp_path)
+    kw = {"campaign": "camp", "asset": "teacher_generations", "manifest": m}
+    first = ledger.record_stage(run_id="r1", step_key="s", **kw)
+    retry = ledger.record_stage(run_id="r1", step_key="s", attempt=1, **kw)
+    reuse = ledger.record_stage(run_id="r2", step_key="s", **kw)
+    assert first == {"reused": False, "spent_usd": 0.05, "production_usd": 0.05}
+    assert retry["reused"] is False and reuse == {"reused": True, "spent_usd": 0.0, "production_usd": 0.05}
+    assert ledger.spent("camp") == pytest.approx(0.05)
+    assert ledger.spent("camp", run_id="r1") == pytest.approx(0.05) and ledger.spent("camp", run_id="r2") == 0.0
+    assert len(ledger.lines("camp")) == 1
+    flags = ledger.query("SELECT run_id, reused FROM materializations ORDER BY run_id")
+    assert flags == [{"run_id": "r1", "reused": False}, {"run_id": "r2", "reused": True}]
+    # the output deleted and computed again is a new production: it is paid again
+    again = _commit(tmp_path)
+    assert again["production_id"] != m["production_id"]
+    assert ledger.record_stage(run_id="r3", step_key="s", campaign="camp", asset="teacher_generations",
+                               manifest=again)["spent_usd"] == pytest.approx(0.05)
+    assert ledger.spent("camp") == pytest.approx(0.10)
+    # lineage: the lines paid for the output a result used (any run)
+    assert [x["run_id"] for x in ledger.lineage_lines("camp", {"teacher_generations": "k1"})] == ["r1", "r3"]
+
+
+def test_interrupted_spend_is_idempotent_per_run_step_and_attempt(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    kw = {"campaign": "camp", "asset": "teacher_generations", "run_id": "r1", "step_key": "s", "stage_key": "k1",
+          "lines": [LINE]}
+    ledger.record_interrupted(attempt=0, **kw)
+    ledger.record_interrupted(attempt=0, **kw)
+    ledger.record_interrupted(attempt=1, **kw)
+    rows = ledger.query("SELECT status, attempt, usd FROM cost_lines ORDER BY attempt")
+    assert rows == [{"status": "interrupted", "attempt": 0, "usd": 0.05}, {"status": "interrupted", "attempt": 1, "usd": 0.05}]
+    runs = ledger.runs("camp")
+    assert runs[0]["interrupted_usd"] == pytest.approx(0.10) and runs[0]["teacher_usd"] == 0.0
+
+
+def test_reading_a_missing_ledger_is_empty_and_creates_nothing(tmp_path):
+    ledger = Ledger(tmp_path / "none.duckdb")
+    assert ledger.spent("camp") == 0.0 and ledger.runs("camp") == [] and ledger.reports("camp") == []
+    assert not ledger.path.exists()
+
+
+def test_a_dagster_step_retried_after_its_output_was_recorded_does_not_double_count(tmp_path):
+    """The IO manager records the manifest; the step then fails and Dagster retries it: the retry
+    finds the stage complete, hands the same manifest over again, and the ledger adds nothing."""
+    root = tmp_path / "artifacts"
+    attempts = []
+
+    @asset(key=AssetKey(["camp", "teacher_generations"]), retry_policy=RetryPolicy(max_retries=2))
+    def teacher_generations(context):
+        attempts.append(context.retry_number)
+        sd = StageDir(root, "camp", "teacher_generations", "k1")
+        manifest = sd.manifest() if sd.is_complete() else _commit(root)
+        yield Output(manifest)
+        if context.retry_number == 0:
+            raise RuntimeError("crash after the output was handled (e.g. a lost heartbeat)")
+
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize([teacher_generations], instance=instance, raise_on_error=False,
+                             resources={"io_manager": ManifestIOManager(root=str(root))})
+    assert result.success and attempts == [0, 1]
+    ledger = Ledger(root / "cost_ledger.duckdb")
+    assert len(ledger.lines("camp")) == 1 and ledger.spent("camp", run_id=result.run_id) == pytest.approx(0.05)
+    mats = result.asset_materializations_for_node("camp__teacher_generations")
+    assert [m.metadata["ledger_spent_this_run_usd"].value for m in mats] == [0.05, 0.05]
