@@ -95,6 +95,24 @@ def parse_retry_after(headers: httpx.Headers) -> float | None:
         return max(0.0, when.timestamp() - time.time())
 
 
+def _transport_kind(e: BaseException) -> str:
+    """"connect" (nothing listening, DNS), "timeout" or "transport" (dropped mid-request), read
+    from the exception and its causes (the aiohttp transport maps some errors loosely)."""
+    chain, seen = [], e
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    names = {type(x).__name__ for x in chain}
+    if any(isinstance(x, httpx.ConnectError | ConnectionRefusedError) for x in chain) or \
+            names & {"ClientConnectorError", "ClientConnectorDNSError", "ClientConnectorCertificateError"}:
+        return "connect"
+    if names & {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError", "RemoteProtocolError", "ReadError"}:
+        return "transport"
+    if any(isinstance(x, httpx.TimeoutException | TimeoutError) for x in chain):
+        return "timeout"
+    return "transport"
+
+
 class _wait_retry_after_or_backoff(wait_base):
     """``Retry-After`` when the server sent one (plus up to 10% jitter), else exponential
     backoff with full jitter: uniform(0, min(cap, initial * 2**attempt))."""
@@ -245,14 +263,11 @@ class OpenAICompatibleClient:
         self.stats.requests += 1
         try:
             r = await client.post(self.base_url + self.path, json=body)
-        except httpx.ConnectError as e:
-            raise _Retryable(f"cannot connect to {self.base_url}: {self._redact(str(e)) or type(e).__name__}",
-                             "connect") from None
-        except httpx.TimeoutException as e:
-            raise _Retryable(f"no answer within the timeout ({type(e).__name__}, timeout {self.timeout_s} s)",
-                             "timeout") from None
         except httpx.TransportError as e:
-            raise _Retryable(f"connection dropped ({type(e).__name__}: {self._redact(str(e))})", "transport") from None
+            kind = _transport_kind(e)
+            what = {"connect": f"cannot connect to {self.base_url}",
+                    "timeout": f"no answer within the timeout ({self.timeout_s} s)"}.get(kind, "connection dropped")
+            raise _Retryable(f"{what} ({type(e).__name__}: {self._redact(str(e))[:200]})", kind) from None
         code = r.status_code
         if code == 200:
             try:
