@@ -1,7 +1,7 @@
 """A client for any OpenAI-compatible endpoint (vLLM server, TGI, SGLang, hosted providers).
 
-``/v1/completions`` (default) or ``/v1/chat/completions`` (``chat=True``), async ``httpx`` with
-at most ``max_concurrency`` requests in flight, and for every request:
+``/v1/completions`` (default) or ``/v1/chat/completions`` (``chat=True``), async HTTP with at
+most ``max_concurrency`` requests in flight, and for every request:
 
 - retries on 408/409/429/5xx, timeouts and dropped connections, with exponential backoff and
   full jitter (tenacity); a ``Retry-After`` (seconds or an HTTP date) or ``retry-after-ms``
@@ -14,8 +14,9 @@ at most ``max_concurrency`` requests in flight, and for every request:
   reached after the retries (fatal), and a request the endpoint refuses (400/413/422, e.g. a
   prompt longer than the context: that one request fails, counted, the others go on).
 
-Transport: ``httpx``'s API over ``aiohttp``'s connection pool (``httpx-aiohttp``); plain
-``httpcore`` needs several times more CPU per request at high concurrency (encode/httpx#3215).
+Transport: ``aiohttp``. The generation loop is CPU-bound on the client at high concurrency, and
+``httpx`` (on ``httpcore``, or even on ``aiohttp`` through ``httpx-aiohttp``) spent 3-10x more CPU
+per request here (encode/httpx#3215), which capped the speedup over sequential requests.
 
 The API key is sent as ``Authorization: Bearer``; it is never logged, never part of an
 error message (echoes of it in response bodies are redacted) and never stored in a result.
@@ -42,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_base
 
@@ -74,7 +75,7 @@ class _Rejected(Exception):
     pass
 
 
-def parse_retry_after(headers: httpx.Headers) -> float | None:
+def parse_retry_after(headers) -> float | None:
     """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (delta seconds or HTTP date)."""
     ms = headers.get("retry-after-ms")
     if ms:
@@ -96,19 +97,10 @@ def parse_retry_after(headers: httpx.Headers) -> float | None:
 
 
 def _transport_kind(e: BaseException) -> str:
-    """"connect" (nothing listening, DNS), "timeout" or "transport" (dropped mid-request), read
-    from the exception and its causes (the aiohttp transport maps some errors loosely)."""
-    chain, seen = [], e
-    while seen is not None and len(chain) < 8:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    names = {type(x).__name__ for x in chain}
-    if any(isinstance(x, httpx.ConnectError | ConnectionRefusedError) for x in chain) or \
-            names & {"ClientConnectorError", "ClientConnectorDNSError", "ClientConnectorCertificateError"}:
+    """"connect" (nothing listening, DNS), "timeout" or "transport" (dropped mid-request)."""
+    if isinstance(e, aiohttp.ClientConnectorError | ConnectionRefusedError):
         return "connect"
-    if names & {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError", "RemoteProtocolError", "ReadError"}:
-        return "transport"
-    if any(isinstance(x, httpx.TimeoutException | TimeoutError) for x in chain):
+    if isinstance(e, asyncio.TimeoutError | TimeoutError):  # includes aiohttp's Server/SocketTimeoutError
         return "timeout"
     return "transport"
 
@@ -196,7 +188,7 @@ class OpenAICompatibleClient:
                  chat: bool = False, max_concurrency: int = 16, requests_per_minute: float | None = None,
                  tokens_per_minute: float | None = None, timeout_s: float = 60.0, connect_timeout_s: float = 10.0,
                  max_retries: int = 6, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
-                 max_consecutive_failures: int | None = None, transport: httpx.AsyncBaseTransport | None = None):
+                 max_consecutive_failures: int | None = None):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
@@ -209,7 +201,6 @@ class OpenAICompatibleClient:
         self.max_retries = max_retries
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.max_consecutive_failures = max_consecutive_failures or max(16, 2 * max_concurrency)
-        self.transport = transport
         self.stats = ClientStats()
         self._consecutive_failures = 0
 
@@ -249,41 +240,43 @@ class OpenAICompatibleClient:
         text = req.prompt if req.messages is None else "".join(m.get("content", "") for m in req.messages)
         return math.ceil(len(text.encode()) / 4) + s.max_new_tokens
 
-    def _detail(self, r: httpx.Response) -> str:
+    def _detail(self, text: str) -> str:
         try:
-            body = r.json()
+            body = json.loads(text)
             msg = body.get("error", body) if isinstance(body, dict) else body
             msg = msg.get("message", msg) if isinstance(msg, dict) else msg
             text = msg if isinstance(msg, str) else json.dumps(msg)
         except (ValueError, AttributeError):
-            text = r.text
+            pass
         return self._redact(text.strip()[:300])
 
-    async def _post(self, client: httpx.AsyncClient, body: dict) -> dict:
+    async def _post(self, session: aiohttp.ClientSession, body: dict) -> dict:
         self.stats.requests += 1
         try:
-            r = await client.post(self.base_url + self.path, json=body)
-        except httpx.TransportError as e:
+            async with session.post(self.base_url + self.path, json=body) as r:
+                code = r.status
+                if code == 200:
+                    try:
+                        return await r.json(content_type=None)
+                    except ValueError:
+                        raise _Retryable(f"{self.base_url}{self.path} answered 200 with a body that is not JSON",
+                                         "bad_body") from None
+                text, headers = await r.text(errors="replace"), r.headers
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             kind = _transport_kind(e)
             what = {"connect": f"cannot connect to {self.base_url}",
                     "timeout": f"no answer within the timeout ({self.timeout_s} s)"}.get(kind, "connection dropped")
             raise _Retryable(f"{what} ({type(e).__name__}: {self._redact(str(e))[:200]})", kind) from None
-        code = r.status_code
-        if code == 200:
-            try:
-                return r.json()
-            except ValueError:
-                raise _Retryable(f"{self.base_url}{self.path} answered 200 with a body that is not JSON", "bad_body") from None
         if code in (401, 403):
             how = (f"check the key in {self._key_source}" if self._api_key
                    else "no API key was sent: set teacher.api_key_env to the name of the variable holding it")
-            raise AuthenticationError(f"{self.base_url} rejected the request with HTTP {code} ({self._detail(r)}); {how}")
+            raise AuthenticationError(f"{self.base_url} rejected the request with HTTP {code} ({self._detail(text)}); {how}")
         if code == 404:
-            raise EndpointError(f"{self.base_url}{self.path} answered 404 ({self._detail(r)}): check base_url "
+            raise EndpointError(f"{self.base_url}{self.path} answered 404 ({self._detail(text)}): check base_url "
                                 f"(it usually ends in /v1), the served model name {self.model!r}, and `chat`")
         if code in RETRY_STATUS:
-            raise _Retryable(f"HTTP {code}: {self._detail(r)}", str(code), parse_retry_after(r.headers))
-        raise _Rejected(f"HTTP {code}: {self._detail(r)}")
+            raise _Retryable(f"HTTP {code}: {self._detail(text)}", str(code), parse_retry_after(headers))
+        raise _Rejected(f"HTTP {code}: {self._detail(text)}")
 
     def _parse(self, data: dict, s: Sampling, latency: float, retries: int) -> Completion:
         try:
@@ -297,30 +290,42 @@ class OpenAICompatibleClient:
         return Completion(text or "", ch.get("finish_reason") or "stop", usage.get("prompt_tokens"),
                           usage.get("completion_tokens"), latency, top_logprobs=top, retries=retries)
 
-    async def complete(self, client: httpx.AsyncClient, req: GenRequest, s: Sampling, rpm: TokenBucket | None,
+    async def complete(self, session: aiohttp.ClientSession, req: GenRequest, s: Sampling, rpm: TokenBucket | None,
                        tpm: TokenBucket | None) -> Completion:
         body = self._body(req, s)
         est = self._estimate_tokens(req, s)
         attempts = 0
         t0 = time.perf_counter()
 
+        async def attempt_once() -> dict:
+            nonlocal attempts
+            attempts += 1
+            if rpm is not None:
+                await rpm.acquire(1)
+            if tpm is not None:
+                await tpm.acquire(est)
+            return await self._post(session, body)
+
         def count_retry(rs: RetryCallState) -> None:
             exc = rs.outcome.exception() if rs.outcome else None
             self.stats.retries += 1
             self.stats.retry_reasons[getattr(exc, "kind", "other")] += 1
 
-        retrying = AsyncRetrying(retry=retry_if_exception_type(_Retryable), stop=stop_after_attempt(self.max_retries + 1),
-                                 wait=_wait_retry_after_or_backoff(self.backoff_initial_s, self.backoff_max_s),
-                                 before_sleep=count_retry, reraise=True)
         try:
-            async for attempt in retrying:
-                with attempt:
-                    attempts += 1
-                    if rpm is not None:
-                        await rpm.acquire(1)
-                    if tpm is not None:
-                        await tpm.acquire(est)
-                    data = await self._post(client, body)
+            try:
+                data = await attempt_once()  # the common case, without building a retry loop
+            except _Retryable as first:
+                pending: _Retryable | None = first
+                retrying = AsyncRetrying(retry=retry_if_exception_type(_Retryable),
+                                         stop=stop_after_attempt(self.max_retries + 1),
+                                         wait=_wait_retry_after_or_backoff(self.backoff_initial_s, self.backoff_max_s),
+                                         before_sleep=count_retry, reraise=True)
+                async for attempt in retrying:
+                    with attempt:
+                        if pending is not None:  # the first failure is tenacity's attempt 1: it waits, then retries
+                            e, pending = pending, None
+                            raise e
+                        data = await attempt_once()
         except _Retryable as e:
             self.stats.failed += 1
             self._consecutive_failures += 1
@@ -344,17 +349,11 @@ class OpenAICompatibleClient:
 
     # ------------------------------------------------------------------ many requests
 
-    def _client(self) -> httpx.AsyncClient:
+    def _session(self) -> aiohttp.ClientSession:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
-        timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s)
-        if self.transport is not None:
-            return httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout, transport=self.transport)
-        # httpx's API on aiohttp's connection pool (what the OpenAI SDK offers as DefaultAioHttpClient):
-        # httpcore's pool costs several times more CPU per request at high concurrency (encode/httpx#3215).
-        from httpx_aiohttp import HttpxAiohttpClient
-
-        return HttpxAiohttpClient(headers=headers, limits=limits, timeout=timeout)
+        connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=self.max_concurrency)
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=self.connect_timeout_s)
+        return aiohttp.ClientSession(headers=headers, connector=connector, timeout=timeout, raise_for_status=False)
 
     async def arun(self, requests: Sequence[GenRequest], sampling: Sampling,
                    on_done: Callable[[GenRequest, Completion], None]) -> None:
@@ -365,10 +364,10 @@ class OpenAICompatibleClient:
         tpm = TokenBucket(self.tpm) if self.tpm else None
         it = iter(requests)
 
-        async with self._client() as client:
+        async with self._session() as session:
             async def worker() -> None:
                 for req in it:  # shared iterator: each request is taken by exactly one worker
-                    on_done(req, await self.complete(client, req, sampling, rpm, tpm))
+                    on_done(req, await self.complete(session, req, sampling, rpm, tpm))
 
             tasks = [asyncio.create_task(worker()) for _ in range(min(self.max_concurrency, max(1, len(requests))))]
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

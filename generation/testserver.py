@@ -195,7 +195,10 @@ def build_app(cfg: ServerConfig) -> tuple[Starlette, ServerStats]:
         return JSONResponse({"object": "list", "data": [{"id": cfg.served_name, "object": "model"}]})
 
     async def get_stats(request: Request) -> JSONResponse:
-        return JSONResponse(stats.as_dict())
+        d = stats.as_dict()
+        if request.query_params.get("summary"):
+            d = {k: v for k, v in d.items() if not k.endswith("_by_prompt")}
+        return JSONResponse(d)
 
     async def reset_stats(request: Request) -> JSONResponse:
         fresh = ServerStats()
@@ -246,6 +249,63 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.sock.close()
+
+
+class ServerProcess:
+    """Run the server as a separate process (its own CPU core), a context manager; ``stats()``
+    reads the server-side counts over HTTP."""
+
+    def __init__(self, *args: str, cwd: str | Path | None = None):
+        import os
+        import subprocess
+        import tempfile
+
+        self._dir = tempfile.mkdtemp(prefix="oai-server-")
+        self._port_file = Path(self._dir) / "port"
+        repo = Path(__file__).resolve().parent.parent
+        env = os.environ | {"PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self._cmd = [sys.executable, "-m", "generation.testserver", "--port", "0", "--port-file", str(self._port_file),
+                     *args]
+        self._popen = lambda: subprocess.Popen(self._cmd, cwd=cwd or repo, env=env)
+        self.proc = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stats(self, summary: bool = False) -> dict:
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.port}/stats" + ("?summary=1" if summary else "")
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return json.loads(r.read())
+
+    def reset(self) -> None:
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{self.port}/stats/reset", method="POST"),
+                               timeout=30).read()
+
+    def __enter__(self) -> ServerProcess:
+        self.proc = self._popen()
+        deadline = time.monotonic() + 60
+        while not self._port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"test OpenAI server did not start: {' '.join(self._cmd)}")
+            time.sleep(0.05)
+        self.port = int(self._port_file.read_text())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import shutil
+
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except Exception:
+            self.proc.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from generation.blobstore import LocalStore, S3Store, open_store
 from generation.cache import GenerationCache
-from generation.requests import Sampling, build_requests, namespace, request_key
+from generation.requests import Sampling, build_requests, request_key
 
 
 def _row(key: str, text: str = "x") -> dict:
