@@ -15,7 +15,7 @@ from generation.requests import GenRequest, Sampling, namespace
 from generation.runner import run_generation
 from tinymodels import cipher
 
-ITEMS = cipher.items(24, seed=123, id_prefix="t")
+ITEMS = cipher.items(12, seed=123, id_prefix="t")
 PROMPTS = [{"id": it["id"], "prompt": it["prompt"]} for it in ITEMS]
 TOO_LONG = {"id": "long", "prompt": "encode " + "abcdefgh" * 8 + " ="}  # > 64 positions with 16 new tokens
 
@@ -43,11 +43,11 @@ def _check_logprobs(row: dict, k: int) -> None:
 
 
 def test_batched_generation_matches_one_at_a_time(teacher_gen):
-    prompts = [p["prompt"] for p in PROMPTS[:6]]
+    prompts = [p["prompt"] for p in PROMPTS[:4]]
     batched = teacher_gen.generate(prompts, 16)
     single = [teacher_gen.generate([p], 16)[0] for p in prompts]
     assert [c.text for c in batched] == [c.text for c in single]  # left padding and bucketing change nothing
-    assert sum(c.text.strip() == it["reference"] for c, it in zip(batched, ITEMS, strict=False)) >= 5
+    assert sum(c.text.strip() == it["reference"] for c, it in zip(batched, ITEMS, strict=False)) >= 3
 
 
 def test_transformers_backend_rows_logprobs_skip_and_cache(tmp_path, demo_models, teacher_gen):
@@ -59,7 +59,7 @@ def test_transformers_backend_rows_logprobs_skip_and_cache(tmp_path, demo_models
     assert res.stats.generated == len(PROMPTS) and res.stats.failed == 1
     assert rows["long"]["finish_reason"] == "error" and "exceeds the teacher's context" in rows["long"]["error"]
     good = [rows[it["id"]] for it in ITEMS]
-    assert sum(r["completion"].strip() == it["reference"] for r, it in zip(good, ITEMS, strict=True)) >= 22
+    assert sum(r["completion"].strip() == it["reference"] for r, it in zip(good, ITEMS, strict=True)) >= len(ITEMS) - 1
     for r in good:
         assert r["finish_reason"] == "stop" and r["backend"] == "transformers" and r["prompt_tokens"] > 0
         _check_logprobs(r, 3)
@@ -80,13 +80,13 @@ def test_sampling_n_samples_per_prompt(tmp_path, demo_models, teacher_gen):
     s = Sampling(max_new_tokens=16, temperature=1.0, n=3, seed=5)
     ident = "transformers:test"
     backend = TransformersBackend(demo_models["teacher"], "@demo/teacher", ident, generator=teacher_gen)
-    res = run_generation(PROMPTS[:6], backend, s, _cache(tmp_path, ident, s))
-    assert len(res.rows) == 18 and [r["sample_index"] for r in res.rows[:3]] == [0, 1, 2]
-    assert len({r["request_key"] for r in res.rows}) == 18
+    res = run_generation(PROMPTS[:4], backend, s, _cache(tmp_path, ident, s))
+    assert len(res.rows) == 12 and [r["sample_index"] for r in res.rows[:3]] == [0, 1, 2]
+    assert len({r["request_key"] for r in res.rows}) == 12
     # raising n later reuses the samples already made
     s4 = Sampling(max_new_tokens=16, temperature=1.0, n=4, seed=5)
-    res4 = run_generation(PROMPTS[:6], backend, s4, _cache(tmp_path, ident, s4))
-    assert res4.stats.cache_hits == 18 and res4.stats.generated == 6
+    res4 = run_generation(PROMPTS[:4], backend, s4, _cache(tmp_path, ident, s4))
+    assert res4.stats.cache_hits == 12 and res4.stats.generated == 4
 
 
 # --------------------------------------------------------------------------- vLLM's interface
@@ -161,9 +161,9 @@ class FakeLLM:
 def test_vllm_backend_with_injected_llm(tmp_path, teacher_gen):
     llm = FakeLLM(teacher_gen)
     s = Sampling(max_new_tokens=16, logprobs=2)
-    backend = VLLMBackend("@demo/teacher", "vllm:test", llm=llm, sampling_params=FakeSamplingParams, chunk_size=10)
+    backend = VLLMBackend("@demo/teacher", "vllm:test", llm=llm, sampling_params=FakeSamplingParams, chunk_size=5)
     res = run_generation(PROMPTS + [TOO_LONG], backend, s, _cache(tmp_path, "vllm:test", s))
-    assert [len(c) for c in llm.calls] == [10, 10, 4]  # chunks: each reaches the cache before the next
+    assert [len(c) for c in llm.calls] == [5, 5, 2]  # chunks: each reaches the cache before the next
     sp = llm.calls[0][0]
     assert (sp.n, sp.temperature, sp.max_tokens, sp.logprobs, sp.seed) == (1, 0.0, 16, 2, None)
     rows = {r["id"]: r for r in res.rows}
