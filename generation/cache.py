@@ -118,8 +118,16 @@ class GenerationCache:
         if len(wanted) == 0:
             return found
         for shard in self.shards():
-            t = self._read_shard(shard)
-            t = t.filter(pc.is_in(t["key"], value_set=wanted))
+            try:
+                pf = pq.ParquetFile(io.BytesIO(self.store.get(shard)))
+                keys = pf.read(columns=["key"])["key"]
+                hit = pc.is_in(keys, value_set=wanted)
+                if not pc.any(hit).as_py():
+                    continue  # only the key column was decoded
+                t = pf.read().filter(hit)
+            except (OSError, pa.ArrowInvalid) as e:
+                raise CacheError(f"generation cache shard {self.store.url}/{shard} is unreadable ({e}); delete it "
+                                 f"to regenerate its rows") from e
             for row in t.to_pylist():
                 found.setdefault(row["key"], row)
         return found

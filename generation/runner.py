@@ -130,9 +130,10 @@ def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling
     except BaseException:
         try:
             writer.close()
-        finally:
             log(f"generation stopped; {st.generated} new generations finished and are kept in the cache "
                 f"({cache.store.url}); a re-run continues from there")
+        except Exception as e:  # keep the original error; the spool still holds the rows
+            log(f"generation stopped, and sealing the cache failed too ({e})")
         raise
     if not missing:
         st.generate_s = 0.0

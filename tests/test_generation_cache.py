@@ -166,3 +166,29 @@ def test_spool_lines_are_json(tmp_path):
     spool = next((tmp_path / "spool" / "ns").glob("*.jsonl"))
     assert json.loads(spool.read_text().splitlines()[0])["key"] == "k0"
     w.close()
+
+
+def test_generation_through_the_storage_resource_on_s3(tmp_path, s3_endpoint):
+    import boto3
+
+    from generation.backends import OpenAIBackend
+    from generation.openai_client import OpenAICompatibleClient
+    from generation.requests import namespace
+    from generation.runner import run_generation
+    from generation.testserver import ServerConfig, ServerThread
+    from resources.storage import ArtifactStore
+
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket="team-cache")
+    rows = [{"id": f"p{i}", "prompt": f"encode {w} ="} for i, w in enumerate(["abc", "hello", "world", "zebra"])]
+    s = Sampling(max_new_tokens=16)
+    stores = [ArtifactStore(root=str(tmp_path / f"machine{m}"), cache_url="s3://team-cache/gens",
+                            s3_endpoint_url=s3_endpoint, s3_region="us-east-1") for m in (1, 2)]
+    with ServerThread(ServerConfig(latency_s=0.0)) as srv:
+        results = []
+        for st in stores:  # two machines, each with its own local root, sharing the S3 cache
+            backend = OpenAIBackend(OpenAICompatibleClient(srv.base_url, "teacher"))
+            cache = GenerationCache(st.cache_store(), namespace(backend.identity, s), st.spool_dir())
+            results.append(run_generation(rows, backend, s, cache))
+        assert srv.stats.ok == 4
+    assert results[0].stats.generated == 4 and results[1].stats.cache_hits == 4
+    assert [r["completion"] for r in results[0].rows] == [r["completion"] for r in results[1].rows]
