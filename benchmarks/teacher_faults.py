@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections import Counter
 
-from _teacher_common import emit, load_average, prompts
+from teacher_common import emit, load_average, prompts
 
 
 def main() -> int:

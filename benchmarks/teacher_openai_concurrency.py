@@ -14,7 +14,7 @@ import argparse
 import tempfile
 import time
 
-from _teacher_common import emit, load_average, prompts
+from teacher_common import emit, load_average, prompts
 
 
 def run(base_url: str, rows: list[dict], concurrency: int, cache_dir: str) -> tuple[float, dict]:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _teacher_common import REPO, emit, load_average, prompts
+from teacher_common import REPO, emit, load_average, prompts
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ import argparse
 import tempfile
 import time
 
-from _teacher_common import REPO, emit, load_average, prompts
+from teacher_common import REPO, emit, load_average, prompts
 
 
 def run(model_dir, rows, batch_size: int, gen) -> dict:

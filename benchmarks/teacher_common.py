@@ -1,4 +1,4 @@
-"""Shared bits of the teacher benchmarks (prompts, load average, JSON output)."""
+"""Shared bits of the teacher benchmarks (prompts, load average, JSON output); not a benchmark."""
 
 from __future__ import annotations
 
