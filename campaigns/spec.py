@@ -62,7 +62,7 @@ class TeacherSpec(_Strict):
         None, ge=1, description="`openai` backend: client-side token rate limit (prompt + max_new_tokens per request)."
     )
     request_timeout_s: float = Field(
-        120.0, gt=0, le=3600, description="`openai` backend: seconds without an answer before a request is retried."
+        120.0, gt=0, le=3600, description="`openai` backend: seconds one request may take before it is retried."
     )
     max_retries: int = Field(
         6, ge=0, le=50, description="`openai` backend: retries per request on 429, 5xx, timeouts (backoff, Retry-After)."
