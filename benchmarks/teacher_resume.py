@@ -78,8 +78,8 @@ def main() -> int:
         "rerun_server_received": second["received"], "rerun_generated": st["generated"],
         "rerun_s": round(rerun_s, 2),
         "prompts_requested_in_both_runs": paid_twice,
-        "note": "prompts requested in both runs = requests in flight at the kill (answered by the server, "
-                "never received by the killed client)",
+        "note": "prompts requested in both runs = requests in flight when the client was killed (the server "
+                "received them; the client never stored their answers); at most the concurrency",
         "final_rows": len(final), "each_prompt_exactly_once": exactly_once, "correct_completions": correct,
         "pass": ok, "load_average_before": load0, "load_average_after": load_average(),
     })
