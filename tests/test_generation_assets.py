@@ -117,13 +117,14 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
     t0 = time.perf_counter()  # nothing listens on port 9: an error after the retries, not a hang
     rc = gen_cli.main(["--prompts", str(good), "--teacher", teacher[:-1] + ", max_retries: 1}", "--out", "x",
                        "--artifacts", str(tmp_path / "a"), "--quiet"])
-    assert rc == 2 and "cannot connect" in capsys.readouterr().err and time.perf_counter() - t0 < 10
+    assert rc == 2 and "cannot connect" in capsys.readouterr().err and time.perf_counter() - t0 < 30
 
 
 def test_sigkill_mid_run_then_rerun_asks_only_what_is_missing(tmp_path):
-    src = _write_prompts(tmp_path / "prompts.jsonl", 300)
+    n = 400
+    src = _write_prompts(tmp_path / "prompts.jsonl", n)
     out = tmp_path / "gens.parquet"
-    with ServerThread(ServerConfig(latency_s=0.02)) as srv:
+    with ServerThread(ServerConfig(latency_s=0.03)) as srv:
         teacher = json.dumps({"backend": "openai", "model": "teacher", "base_url": srv.base_url, "max_concurrency": 8})
         cmd = [sys.executable, "-m", "generation", "--prompts", str(src), "--teacher", teacher, "--out", str(out),
                "--artifacts", str(tmp_path / "art"), "--quiet"]
@@ -135,19 +136,19 @@ def test_sigkill_mid_run_then_rerun_asks_only_what_is_missing(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         first = srv.stats.ok
-        assert 100 <= first < 300, proc.stderr.read().decode()[-2000:]
+        assert 100 <= first < n, proc.stderr.read().decode()[-2000:]
         srv.stats.received_by_prompt.clear()
         before = srv.stats.received
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
         stats = json.loads(done.stdout)
         second = srv.stats.received - before
-    assert stats["cache_hits"] + stats["generated"] == 300
+    assert stats["cache_hits"] + stats["generated"] == n
     assert stats["recovered_rows"] > 0  # the killed run's spool was sealed by the rerun
-    assert second == stats["generated"] == 300 - stats["cache_hits"]  # the server saw only the missing ones
-    assert first + second - 300 <= 8  # at most the requests in flight at the kill were paid twice
+    assert second == stats["generated"] == n - stats["cache_hits"]  # the server saw only the missing ones
+    assert first + second - n <= 8  # at most the requests in flight at the kill were paid twice
     rows = pq.read_table(out).to_pylist()
-    assert sorted(r["id"] for r in rows) == sorted(f"g{i:06d}" for i in range(300))  # each prompt exactly once
+    assert sorted(r["id"] for r in rows) == sorted(f"g{i:06d}" for i in range(n))  # each prompt exactly once
 
 
 def test_spec_refuses_a_key_in_api_key_env_without_echoing_it(tmp_path):

@@ -29,11 +29,8 @@ def test_completions_concurrent_in_order_with_usage_and_logprobs():
     with ServerThread(ServerConfig(latency_s=0.05)) as srv:
         client = OpenAICompatibleClient(srv.base_url, "teacher", max_concurrency=32)
         prompts = [p["prompt"] for p in PROMPTS[:96]]
-        t0 = time.perf_counter()
         outs = client.generate(prompts, max_new_tokens=16, logprobs=3)
-        wall = time.perf_counter() - t0
-        assert srv.stats.max_in_flight > 8  # really concurrent (96 x 50 ms would take 4.8 s one at a time)
-    assert wall < 4.0
+        assert srv.stats.max_in_flight > 8  # really concurrent (speed itself is measured in benchmarks/)
     assert [o.text for o in outs] == [rule_answer(p) for p in prompts]
     o = outs[0]
     assert o.finish_reason == "stop" and o.prompt_tokens == 3 and o.completion_tokens == len(o.text) + 1
@@ -92,11 +89,9 @@ def test_rejected_api_key_is_a_clear_fatal_error_without_the_key(tmp_path, caplo
         backend = OpenAIBackend(client)
         s = Sampling(max_new_tokens=8)
         caplog.set_level(logging.DEBUG)
-        t0 = time.perf_counter()
         with pytest.raises(AuthenticationError) as e:
-            run_generation(PROMPTS[:20], backend, s, _cache(tmp_path, backend, s))
-        assert time.perf_counter() - t0 < 5  # not retried
-        assert srv.stats.by_status[401] >= 1
+            run_generation(PROMPTS[:40], backend, s, _cache(tmp_path, backend, s))
+        assert 1 <= srv.stats.received <= client.max_concurrency  # never retried: the run stops at once
     msg = str(e.value)
     assert "401" in msg and "TEACHER_KEY" in msg and secret not in msg and secret[-4:] not in msg
     assert secret not in caplog.text and secret not in repr(client)
@@ -114,7 +109,7 @@ def test_unreachable_endpoint_fails_fast_and_keeps_finished_generations(tmp_path
     t0 = time.perf_counter()
     with pytest.raises(EndpointUnreachable, match="cannot connect"):
         run_generation(PROMPTS[:30], backend, s, _cache(tmp_path, backend, s))
-    assert time.perf_counter() - t0 < 10
+    assert time.perf_counter() - t0 < 30  # an error, not a hang
     assert len(_cache(tmp_path, backend, s)) == 10  # what finished before is still there
 
 
