@@ -55,12 +55,41 @@ class TeacherSpec(_Strict):
     )
     chat: bool = Field(False, description="`openai` backend: use /v1/chat/completions instead of /v1/completions.")
     max_concurrency: int = Field(16, ge=1, le=1024, description="`openai` backend: requests in flight.")
+    requests_per_minute: int | None = Field(
+        None, ge=1, description="`openai` backend: client-side request rate limit (the provider's RPM quota)."
+    )
+    tokens_per_minute: int | None = Field(
+        None, ge=1, description="`openai` backend: client-side token rate limit (prompt + max_new_tokens per request)."
+    )
+    request_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="`openai` backend: seconds one request may take before it is retried."
+    )
+    max_retries: int = Field(
+        6, ge=0, le=50, description="`openai` backend: retries per request on 429, 5xx, timeouts (backoff, Retry-After)."
+    )
+    price: str | None = Field(
+        None,
+        description="`openai` backend: pricing-catalog key (unit million-tokens) of the API; cost = tokens x price. "
+        "Self-hosted teachers are priced by `hardware` instead.",
+    )
     hardware: str = Field("cpu-2vcpu", description="Pricing-catalog key of the hardware a self-hosted teacher runs on.")
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="`vllm` backend: GPUs per model (vllm.LLM tensor_parallel_size); GPU-hours count this many."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="`vllm` backend: extra vllm.LLM keyword arguments (e.g. gpu_memory_utilization, max_model_len, "
+        "dtype); part of the cache key.",
+    )
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> TeacherSpec:
         if self.backend == "openai" and not self.base_url:
             raise ValueError("backend 'openai' needs `base_url` (e.g. http://localhost:8000/v1)")
+        if self.chat and self.backend == "transformers":
+            raise ValueError("`chat: true` needs backend 'openai' or 'vllm' (the transformers backend sends raw prompts)")
+        if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
+            raise ValueError("`api_key_env` is the *name* of an environment variable (e.g. OPENAI_API_KEY), not the key")
         return self
 
 
@@ -112,8 +141,13 @@ class FilterSpec(_Strict):
     drop_truncated: bool = Field(True, description="Drop completions that stopped on the length limit.")
     format_regex: str | None = Field(None, description="Completions must fully match this regex.")
     dedupe: bool = Field(True, description="Drop exact duplicate (prompt, completion) pairs.")
+    scorer: Literal["exact_match", "normalized_exact_match"] | None = Field(
+        None, description="Keep only completions the task's scorer rates >= `min_score` against the prompt's reference."
+    )
+    min_score: float = Field(1.0, ge=0.0, le=1.0, description="Threshold for `scorer`.")
     min_chars: int = Field(1, ge=0, description="Drop completions shorter than this (after stripping).")
     max_chars: int | None = Field(None, ge=1, description="Drop completions longer than this.")
+    max_completion_tokens: int | None = Field(None, ge=1, description="Drop completions longer than this many tokens.")
 
     @field_validator("format_regex")
     @classmethod

@@ -2,27 +2,43 @@
 
 Used by the ``transformers`` teacher backend and by evaluation. Prompts are bucketed by
 length (sorted, then batched) so that left padding stays small; results come back in input
-order. Imports torch: load this module lazily.
+order. A prompt that does not fit the context with ``max_new_tokens`` is not generated: its
+completion carries an error (a counted skip), the others go on. With ``logprobs=k`` each
+completion carries the top-k log-probabilities of every generated token (raw model
+distribution, captured by a logits processor as generation runs, so memory stays at
+batch x k per step). Imports torch: load this module lazily.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 
-@dataclass
-class Completion:
-    text: str
-    finish_reason: str  # "stop" (EOS) or "length" (hit max_new_tokens) or "error"
-    prompt_tokens: int
-    completion_tokens: int
-    latency_s: float
-    error: str | None = None
+from generation.completion import Completion
+
+__all__ = ["Completion", "LocalGenerator", "load_model"]
+
+
+class _TopKRecorder:
+    """A logits processor that records log_softmax top-k of the scores it sees, per step.
+
+    Custom processors run before the sampling warpers (temperature, top-p), so these are the
+    model's own probabilities."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.values: list[torch.Tensor] = []
+        self.indices: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        v, i = torch.log_softmax(scores.float(), dim=-1).topk(min(self.k, scores.shape[-1]), dim=-1)
+        self.values.append(v)
+        self.indices.append(i)
+        return scores
 
 
 def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, load_in_4bit: bool = False, compute_dtype: str = "bfloat16"):
@@ -73,7 +89,13 @@ class LocalGenerator:
         top_p: float = 1.0,
         seed: int = 0,
         progress: Callable[[int], None] | None = None,
+        logprobs: int | None = None,
+        on_result: Callable[[int, Completion], None] | None = None,
     ) -> list[Completion]:
+        """One completion per prompt, in input order. ``on_result(i, completion)`` is called
+        as each batch finishes (``i`` indexes ``prompts``); ``progress(n)`` after each batch."""
+        from transformers import LogitsProcessorList
+
         enc = [self.tok(p)["input_ids"] for p in prompts]
         order = sorted(range(len(prompts)), key=lambda i: len(enc[i]))
         out: list[Completion | None] = [None] * len(prompts)
@@ -82,10 +104,14 @@ class LocalGenerator:
             idx = order[start : start + self.batch_size]
             too_long = [i for i in idx if self.context_length and len(enc[i]) + max_new_tokens > self.context_length]
             for i in too_long:
-                out[i] = Completion("", "error", len(enc[i]), 0, 0.0,
-                                    f"prompt of {len(enc[i])} tokens + {max_new_tokens} new exceeds context {self.context_length}")
+                out[i] = Completion.failed(f"prompt of {len(enc[i])} tokens + {max_new_tokens} new tokens exceeds the "
+                                           f"teacher's context of {self.context_length}", len(enc[i]))
+                if on_result:
+                    on_result(i, out[i])
             idx = [i for i in idx if i not in too_long]
             if not idx:
+                if progress and too_long:
+                    progress(len(too_long))
                 continue
             width = max(len(enc[i]) for i in idx)
             ids = torch.full((len(idx), width), self.tok.pad_token_id, dtype=torch.long)
@@ -99,20 +125,34 @@ class LocalGenerator:
                 gen_kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
             else:
                 gen_kwargs.update(do_sample=False)
+            recorder = _TopKRecorder(logprobs) if logprobs else None
+            if recorder is not None:
+                gen_kwargs["logits_processor"] = LogitsProcessorList([recorder])
             t0 = time.perf_counter()
             seqs = self.model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
             latency = time.perf_counter() - t0
             new = seqs[:, width:]
+            if recorder is not None:
+                top_v = torch.stack(recorder.values, dim=1).tolist()  # (batch, steps, k)
+                top_i = torch.stack(recorder.indices, dim=1).tolist()
             for row, i in enumerate(idx):
                 toks = new[row].tolist()
                 if eos in toks:
                     toks, reason = toks[: toks.index(eos)], "stop"
                     n_out = len(toks) + 1
+                    ids_out = toks + [eos]
                 else:
                     toks = [t for t in toks if t != self.tok.pad_token_id]
                     reason, n_out = "length", len(toks)
+                    ids_out = list(toks)
                 text = self.tok.decode(toks, skip_special_tokens=True)
-                out[i] = Completion(text, reason, len(enc[i]), n_out, latency)
+                top = None
+                if recorder is not None:
+                    top = [[(tid, None, lp) for tid, lp in zip(top_i[row][step], top_v[row][step], strict=True)]
+                           for step in range(n_out)]
+                out[i] = Completion(text, reason, len(enc[i]), n_out, latency, top_logprobs=top, token_ids=ids_out)
+                if on_result:
+                    on_result(i, out[i])
             if progress:
-                progress(len(idx))
+                progress(len(idx) + len(too_long))
         return out  # type: ignore[return-value]  # every index was filled above

@@ -1,4 +1,13 @@
-"""The artifact store: one root directory, stage directories keyed by content hash."""
+"""The artifact store: one root directory, stage directories keyed by content hash, and the
+generation cache (``<root>/cache`` by default, or an S3 bucket through boto3).
+
+Stage directories stay on the local root (the trainer and evaluation read them as files). The
+generation cache is shared across campaigns and re-runs, so it may live in S3 where several
+machines (or a fresh pod) find it: set ``cache_url: s3://bucket/prefix`` (credentials from the
+usual boto3 chain: environment, profile, instance or pod role; ``s3_endpoint_url`` for MinIO,
+R2 or any S3-compatible service). Spool files of in-progress generations always stay local
+under ``<root>/cache/spool``.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +26,11 @@ class ArtifactStore(ConfigurableResource):
     """Local artifact root (relative paths are relative to the repository root)."""
 
     root: str = Field("artifacts", description="Directory holding every campaign's artifacts and the demo models.")
+    cache_url: str | None = Field(
+        None, description="Generation cache location: a directory, or s3://bucket/prefix (default: <root>/cache)."
+    )
+    s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...); default: AWS.")
+    s3_region: str | None = Field(None, description="S3 region; default: the boto3 configuration's.")
 
     def root_path(self) -> Path:
         p = Path(self.root)
@@ -24,6 +38,19 @@ class ArtifactStore(ConfigurableResource):
 
     def stage(self, campaign: str, stage: str, key: str) -> StageDir:
         return StageDir(self.root_path(), campaign, stage, key)
+
+    def cache_store(self):
+        """The generation cache's object store (:mod:`generation.blobstore`)."""
+        from generation.blobstore import open_store
+
+        url = self.cache_url or str(self.root_path() / "cache")
+        if not url.startswith("s3://") and not Path(url).is_absolute():
+            url = str(REPO_ROOT / url)
+        return open_store(url, endpoint_url=self.s3_endpoint_url, region=self.s3_region)
+
+    def spool_dir(self) -> Path:
+        """Local directory for spool files of generations in progress."""
+        return self.root_path() / "cache" / "spool"
 
     def campaign_dir(self, campaign: str) -> Path:
         return self.root_path() / campaign
