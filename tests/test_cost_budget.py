@@ -148,10 +148,9 @@ def test_the_teacher_stage_stops_midway_on_its_budget(artifact_root):
     """The real teacher_generations asset (demo teacher on CPU) with its budget hook. Priced per
     token (catalog entry api-open-70b) the spend accrues per finished prompt, so the stop is
     deterministic: the planner's ~32 tokens per request at $0.88/M is ~$2.8e-5 per prompt; with a
-    $0.006 budget the stage stops after 1 of its 18 batches of 128 (~$0.0035: a second would pass
-    $0.006), and the
-    spend of the stopped attempt is in the ledger. (Keeping the finished batches is the stage's
-    resumable shard writing; here only the stop and the spend are checked.)"""
+    $0.006 budget the stage stops part-way, when the next chunk of samples would pass $0.006, and
+    the spend of the stopped attempt is in the ledger. (The finished samples stay in the
+    generation cache; tests/test_generation_* cover resuming from it.)"""
     from assets import generations, prompts
     from assets.location import default_resources
 
@@ -171,8 +170,8 @@ def test_the_teacher_stage_stops_midway_on_its_budget(artifact_root):
     assert sorted(r["resource"] for r in stopped) == ["api-open-70b:input", "api-open-70b:output"]
     spent = sum(r["usd"] for r in stopped)
     assert 0.003 < spent <= 0.006
-    per_batch = float(re.search(r"next chunk would cost about \$([0-9]+\.[0-9]+)", msg).group(1))
-    assert spent / per_batch == pytest.approx(1, abs=0.01)  # 1 batch of 128 prompts done, 17 not started
+    per_chunk = float(re.search(r"next chunk would cost about \$([0-9]+\.[0-9]+)", msg).group(1))
+    assert spent + per_chunk > 0.006 - 1e-9  # stopped because the next chunk would not fit, not earlier
     assert not list((artifact_root / "demo" / "teacher_generations").glob("*/_SUCCESS"))
 
 
