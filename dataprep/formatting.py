@@ -1,0 +1,247 @@
+"""Render examples with the student's template and tokenize them with exact loss masks.
+
+Two input forms (TRL's conventional dataset formats):
+
+* **prompt/completion**: string columns ``prompt`` and ``completion``.
+* **conversational**: a ``messages`` column, a list of ``{"role", "content"}`` with at least
+  one ``assistant`` message.
+
+Two templates:
+
+* **chat**: the tokenizer's own chat template (``apply_chat_template``). A pair becomes
+  ``[user: prompt, assistant: completion]``. Each assistant turn is the text the template adds
+  between the prompt rendered with ``add_generation_prompt=True`` and the conversation
+  rendered through that turn; a template that does not render prefixes consistently is an error.
+* **plain** (tokenizer without a chat template): ``[bos] prompt completion [eos]``, with BOS
+  only when the tokenizer adds it to a bare prompt at inference (probed once), so training
+  sees exactly the prompt tokens that generation will see. Conversations in plain mode must be
+  one exchange (optional system, one user, one assistant); longer ones are counted drops.
+
+Prompt and completion text are tokenized separately and concatenated, as at inference (the
+prompt is encoded alone, the model writes the rest). **EOS** is explicit: the tokenizer's EOS is
+appended after the last assistant turn unless that turn already contains it (a chat template
+that ends turns with EOS, or a completion that ends with it). Labels are the token ids on
+assistant/completion tokens (and the appended EOS) and ``-100`` elsewhere, or the ids
+everywhere with ``train_on_prompt``. The first token of every sequence always has label
+``-100``: with labels shifted inside the loss, that keeps a packed row from predicting the
+first token of a sequence from the end of the previous one.
+
+``encode_batch`` is the function ``datasets.Dataset.map(batched=True)`` runs; every row comes
+out with a ``status`` (see ``STATUSES``) so bad rows are counted, never silently kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+IGNORE = -100
+
+OK, TRUNCATED = "ok", "truncated"
+# Row outcomes; every one except ok/truncated is a counted drop.
+STATUSES = (
+    OK,
+    TRUNCATED,
+    "too_long",          # longer than max_seq_len with too_long=drop
+    "no_loss_tokens",    # nothing to learn from (e.g. truncation cut the whole completion)
+    "missing_field",     # prompt/completion/messages absent or null
+    "not_a_string",      # a prompt, completion or message content that is not a string
+    "invalid_messages",  # messages not a list of {role, content}, no assistant turn, bad role
+    "template_error",    # the chat template failed or rendered prefixes inconsistently
+)
+DROP_STATUSES = tuple(s for s in STATUSES if s not in (OK, TRUNCATED))
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+
+
+class FormatError(ValueError):
+    """A template or tokenizer that cannot be used (not a per-row problem)."""
+
+
+@dataclass(frozen=True)
+class Template:
+    """How examples are rendered; recorded in the dataset's metadata."""
+
+    kind: str  # "chat" | "plain"
+    bos_id: int | None  # plain: prepended (the tokenizer adds it to a bare prompt)
+    eos_id: int
+    chat_template: str | None = None
+
+    def describe(self) -> str:
+        if self.kind == "chat":
+            return "chat: tokenizer chat template; loss on assistant turns; EOS appended unless the turn has it"
+        return f"plain: {'<bos> ' if self.bos_id is not None else ''}prompt completion <eos>"
+
+
+def resolve_template(tok, mode: str = "auto") -> Template:
+    """Pick the template for ``tok``: ``auto`` uses its chat template when it has one."""
+    if tok.eos_token_id is None:
+        raise FormatError("the student tokenizer has no eos_token; set one so generation knows where to stop")
+    has_chat = bool(getattr(tok, "chat_template", None))
+    if mode == "chat" and not has_chat:
+        raise FormatError("dataset.template is 'chat' but the student tokenizer has no chat_template; "
+                          "use 'auto' or 'plain'")
+    if mode not in ("auto", "chat", "plain"):
+        raise FormatError(f"dataset.template must be auto, chat or plain, got {mode!r}")
+    if has_chat and mode != "plain":
+        return Template("chat", None, tok.eos_token_id, tok.chat_template)
+    probe = tok("a")["input_ids"]
+    bos = tok.bos_token_id if tok.bos_token_id is not None and probe[:1] == [tok.bos_token_id] else None
+    return Template("plain", bos, tok.eos_token_id)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _check_messages(messages: Any) -> str | None:
+    """None when ``messages`` is a usable conversation, else the drop status."""
+    if not isinstance(messages, list) or not messages:
+        return "invalid_messages"
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or m.get("role") not in ROLES:
+            return "invalid_messages"
+        if m.get("content") is None:
+            return "missing_field"
+        if not isinstance(m["content"], str):
+            return "not_a_string"
+    if not any(m["role"] == "assistant" for m in messages):
+        return "invalid_messages"
+    return None
+
+
+def _render(tok, messages: list[dict], generation_prompt: bool) -> str:
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def chat_segments(tok, messages: list[dict]) -> list[tuple[str, bool]]:
+    """Text pieces of a conversation, each flagged True when it is an assistant turn."""
+    pieces: list[tuple[str, bool]] = []
+    done = ""
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        prefix = _render(tok, messages[:i], True) if i else ""
+        full = _render(tok, messages[: i + 1], False)
+        if not prefix.startswith(done) or not full.startswith(prefix):
+            raise FormatError("the chat template does not render conversation prefixes consistently "
+                              "(it rewrites earlier turns), so assistant tokens cannot be located")
+        pieces += [(prefix[len(done):], False), (full[len(prefix):], True)]
+        done = full
+    if messages[-1]["role"] != "assistant":
+        full = _render(tok, messages, False)
+        if not full.startswith(done):
+            raise FormatError("the chat template does not render conversation prefixes consistently")
+        pieces.append((full[len(done):], False))
+    return [(t, loss) for t, loss in pieces if t or loss]
+
+
+def plain_segments(messages: list[dict]) -> list[tuple[str, bool]] | None:
+    """A single exchange as plain text pieces; None for conversations plain mode cannot express."""
+    roles = [m["role"] for m in messages]
+    if roles not in (["user", "assistant"], ["system", "user", "assistant"]):
+        return None
+    prompt = "\n".join(m["content"] for m in messages[:-1])
+    return [(prompt, False), (messages[-1]["content"], True)]
+
+
+# --------------------------------------------------------------------------- tokenizing
+
+
+@dataclass(frozen=True)
+class EncodeSettings:
+    max_seq_len: int
+    too_long: str = "drop"  # "drop" | "truncate" (keep the first max_seq_len tokens)
+    train_on_prompt: bool = False
+
+
+def assemble(piece_ids: Sequence[Sequence[int]], flags: Sequence[bool], template: Template,
+             settings: EncodeSettings) -> tuple[list[int], list[int], str]:
+    """Concatenate tokenized pieces into (input_ids, labels, status)."""
+    ids: list[int] = [template.bos_id] if template.bos_id is not None else []
+    loss_mask: list[bool] = [False] * len(ids)
+    last_loss = max((i for i, f in enumerate(flags) if f), default=None)
+    for i, (p, flag) in enumerate(zip(piece_ids, flags, strict=True)):
+        ids += p
+        loss_mask += [flag] * len(p)
+        if i == last_loss and template.eos_id not in p:
+            ids.append(template.eos_id)
+            loss_mask.append(True)
+    if settings.train_on_prompt:
+        labels = list(ids)
+    else:
+        labels = [t if m else IGNORE for t, m in zip(ids, loss_mask, strict=True)]
+    if labels:
+        labels[0] = IGNORE
+    status = OK
+    if len(ids) > settings.max_seq_len:
+        if settings.too_long == "drop":
+            return [], [], "too_long"
+        ids, labels, status = ids[: settings.max_seq_len], labels[: settings.max_seq_len], TRUNCATED
+    if not any(x != IGNORE for x in labels):
+        return [], [], "no_loss_tokens"
+    return ids, labels, status
+
+
+def _example_pieces(row: dict, template: Template, tok) -> tuple[list[tuple[str, bool]] | None, str | None]:
+    """(pieces, None) for a usable row, else (None, drop status)."""
+    if "messages" in row:
+        msgs = row["messages"]
+        bad = _check_messages(msgs)
+        if bad:
+            return None, bad
+        msgs = [{"role": m["role"], "content": m["content"]} for m in msgs]
+    else:
+        p, c = row.get("prompt"), row.get("completion")
+        if p is None or c is None:
+            return None, "missing_field"
+        if not isinstance(p, str) or not isinstance(c, str):
+            return None, "not_a_string"
+        if template.kind == "plain":
+            return [(p, False), (c, True)], None
+        msgs = [{"role": "user", "content": p}, {"role": "assistant", "content": c}]
+    if template.kind == "plain":
+        pieces = plain_segments(msgs)
+        return (pieces, None) if pieces is not None else (None, "invalid_messages")
+    try:
+        return chat_segments(tok, msgs), None
+    except Exception:  # noqa: BLE001 - a template that fails on one row is a counted drop
+        return None, "template_error"
+
+
+def encode_batch(batch: dict[str, list], tok, template: Template, settings: EncodeSettings) -> dict[str, list]:
+    """``Dataset.map(batched=True)`` body: one fast-tokenizer call for every text piece of the batch.
+
+    Input columns: ``id`` and either ``prompt``/``completion`` or ``messages``. Output columns:
+    ``id``, ``input_ids``, ``labels``, ``num_tokens``, ``num_loss_tokens``, ``status``.
+    """
+    n = len(batch["id"])
+    cols = [c for c in ("prompt", "completion", "messages") if c in batch]
+    rows = [{c: batch[c][i] for c in cols} for i in range(n)]
+    per_row: list[tuple[list[tuple[str, bool]] | None, str | None]] = [_example_pieces(r, template, tok) for r in rows]
+    texts = [t for pieces, _ in per_row if pieces for t, _flag in pieces]
+    encoded = tok(texts, add_special_tokens=False)["input_ids"] if texts else []
+    out: dict[str, list] = {"id": [], "input_ids": [], "labels": [], "num_tokens": [], "num_loss_tokens": [],
+                            "status": []}
+    k = 0
+    for i, (pieces, bad) in enumerate(per_row):
+        if pieces is None:
+            ids, labels, status = [], [], bad
+        else:
+            chunk = encoded[k : k + len(pieces)]
+            k += len(pieces)
+            ids, labels, status = assemble(chunk, [f for _t, f in pieces], template, settings)
+        out["id"].append(batch["id"][i])
+        out["input_ids"].append(ids)
+        out["labels"].append(labels)
+        out["num_tokens"].append(len(ids))
+        out["num_loss_tokens"].append(sum(1 for x in labels if x != IGNORE))
+        out["status"].append(status)
+    return out
+
+
+def render_prompt(tok, prompt: str) -> str:
+    """The text a generator should send for ``prompt`` so inference matches training: the chat
+    template with a generation prompt when the tokenizer has one, else the prompt itself."""
+    if getattr(tok, "chat_template", None):
+        return _render(tok, [{"role": "user", "content": prompt}], True)
+    return prompt
