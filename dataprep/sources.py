@@ -70,11 +70,26 @@ def source_hash(sources: list[Source]) -> str:
     return h.hexdigest()
 
 
+def _empty_file(f: Path, kind: str) -> bool:
+    if f.is_dir():
+        return False
+    if f.stat().st_size == 0:
+        return True
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(f).metadata.num_rows == 0
+    return False
+
+
 def load_source(src: Source, cache_dir: str | Path):
     """The source as a ``datasets.Dataset`` with columns ``id`` plus ``prompt``/``completion`` or
     ``messages``. Raises SourceError for an unreadable file or missing columns."""
     import datasets
 
+    files = [f for f in src.files if not _empty_file(f, src.kind)]  # datasets fails on 0-byte / 0-row files
+    if not files:
+        raise SourceError(f"data source {', '.join(map(str, src.files))}: the input is empty (0 bytes, no examples)")
     try:
         if src.kind == "saved":
             ds = datasets.load_from_disk(str(src.files[0]))
@@ -84,7 +99,7 @@ def load_source(src: Source, cache_dir: str | Path):
                                       f"(splits: {sorted(ds)})")
                 ds = ds["train"]
         else:
-            ds = datasets.load_dataset(src.kind, data_files=[str(f) for f in src.files], split="train",
+            ds = datasets.load_dataset(src.kind, data_files=[str(f) for f in files], split="train",
                                        cache_dir=str(cache_dir))
     except SourceError:
         raise

@@ -171,12 +171,13 @@ def _check_ids(table: pa.Table, sources) -> None:
 def write_shards(rows: pa.Table, out_dir: Path, split: str, target_bytes: int, metadata: dict[str, str],
                  row_group_rows: int | None = None) -> list[Path]:
     """Write ``rows`` as ``<split>-NNNNN-of-MMMMM.parquet`` files of about ``target_bytes`` each
-    (a shard closes after the row group that reaches the target; row groups hold ~8 MiB)."""
+    (a shard closes after the row group that reaches the target; row groups hold about
+    min(8 MiB, target) of uncompressed rows)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     schema = ROW_SCHEMA.with_metadata(metadata)
     rows = rows.select(ROW_SCHEMA.names).cast(ROW_SCHEMA)
     per_row = max(1, rows.nbytes // max(1, rows.num_rows))
-    rg_rows = row_group_rows or int(max(64, min(8192, (8 << 20) // per_row)))
+    rg_rows = row_group_rows or int(max(1, min(8192, min(8 << 20, target_bytes) // per_row)))
     tmp_files: list[Path] = []
     f = writer = None
     try:
