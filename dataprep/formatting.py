@@ -239,9 +239,13 @@ def encode_batch(batch: dict[str, list], tok, template: Template, settings: Enco
     return out
 
 
-def render_prompt(tok, prompt: str) -> str:
-    """The text a generator should send for ``prompt`` so inference matches training: the chat
-    template with a generation prompt when the tokenizer has one, else the prompt itself."""
-    if getattr(tok, "chat_template", None):
-        return _render(tok, [{"role": "user", "content": prompt}], True)
-    return prompt
+def prompt_token_ids(tok, prompt: str, mode: str = "auto") -> list[int]:
+    """The token ids a generator should feed for ``prompt`` so inference sees exactly what training
+    saw before the completion: the chat template's generation prompt when the tokenizer has one
+    (``mode`` as in ``dataset.template``), else ``[bos] + prompt``."""
+    template = resolve_template(tok, mode)
+    if template.kind == "chat":
+        text = _render(tok, [{"role": "user", "content": prompt}], True)
+        return tok(text, add_special_tokens=False)["input_ids"]
+    bos = [template.bos_id] if template.bos_id is not None else []
+    return bos + tok(prompt, add_special_tokens=False)["input_ids"]

@@ -10,6 +10,7 @@ from dataprep.formatting import (
     FormatError,
     Template,
     encode_batch,
+    prompt_token_ids,
     resolve_template,
 )
 
@@ -123,3 +124,13 @@ def test_bad_rows_are_counted_not_kept(tok):
     out = run(tok, bad_msgs)  # plain template: multi-turn cannot be expressed
     assert out["status"] == ["invalid_messages", "invalid_messages", "not_a_string", "invalid_messages",
                              "invalid_messages"]
+
+
+def test_prompt_token_ids_match_the_training_prefix(tok, chat_tok):
+    """What evaluation should feed the model: exactly the tokens that precede the completion in training."""
+    for t in (tok, chat_tok):
+        out = run(t, [{"id": "a", "prompt": "encode ab =", "completion": " qz"}])
+        ids, labels = out["input_ids"][0], out["labels"][0]
+        first_loss = next(i for i, x in enumerate(labels) if x != IGNORE)
+        assert prompt_token_ids(t, "encode ab =") == ids[:first_loss]
+    assert prompt_token_ids(tok, "encode ab =") == tok("encode ab =")["input_ids"]  # what generation does today
