@@ -155,31 +155,31 @@ class EncodeSettings:
 
 
 def assemble(piece_ids: Sequence[Sequence[int]], flags: Sequence[bool], template: Template,
-             settings: EncodeSettings) -> tuple[list[int], list[int], str]:
-    """Concatenate tokenized pieces into (input_ids, labels, status)."""
+             settings: EncodeSettings) -> tuple[list[int], list[int], int, str]:
+    """Concatenate tokenized pieces into (input_ids, labels, loss token count, status).
+
+    List concatenation only (no per-token Python loop): this runs once per example."""
     ids: list[int] = [template.bos_id] if template.bos_id is not None else []
-    loss_mask: list[bool] = [False] * len(ids)
+    labels: list[int] = [IGNORE] * len(ids)
     last_loss = max((i for i, f in enumerate(flags) if f), default=None)
     for i, (p, flag) in enumerate(zip(piece_ids, flags, strict=True)):
+        p = list(p)
         ids += p
-        loss_mask += [flag] * len(p)
+        labels += p if (flag or settings.train_on_prompt) else [IGNORE] * len(p)
         if i == last_loss and template.eos_id not in p:
             ids.append(template.eos_id)
-            loss_mask.append(True)
-    if settings.train_on_prompt:
-        labels = list(ids)
-    else:
-        labels = [t if m else IGNORE for t, m in zip(ids, loss_mask, strict=True)]
+            labels.append(template.eos_id)
     if labels:
         labels[0] = IGNORE
     status = OK
     if len(ids) > settings.max_seq_len:
         if settings.too_long == "drop":
-            return [], [], "too_long"
+            return [], [], 0, "too_long"
         ids, labels, status = ids[: settings.max_seq_len], labels[: settings.max_seq_len], TRUNCATED
-    if not any(x != IGNORE for x in labels):
-        return [], [], "no_loss_tokens"
-    return ids, labels, status
+    n_loss = len(labels) - labels.count(IGNORE)
+    if n_loss == 0:
+        return [], [], 0, "no_loss_tokens"
+    return ids, labels, n_loss, status
 
 
 def _example_pieces(row: dict, template: Template, tok) -> tuple[list[tuple[str, bool]] | None, str | None]:
@@ -208,33 +208,98 @@ def _example_pieces(row: dict, template: Template, tok) -> tuple[list[tuple[str,
         return None, "template_error"
 
 
+def tokenize_texts(tok, texts: list[str]) -> list[list[int]]:
+    """Token ids of many texts in one call, without special tokens. Goes straight to the Rust
+    tokenizer of a fast tokenizer (the transformers wrapper builds a dict per text, which costs
+    more than the tokenization of short texts)."""
+    if not texts:
+        return []
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        # a tokenizer.json may be saved with padding/truncation switched on (the wrapper resets them on
+        # every call of its own, so switching them off here changes nothing for its later calls)
+        if backend.padding is not None:
+            backend.no_padding()
+        if backend.truncation is not None:
+            backend.no_truncation()
+        fast = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        return [e.ids for e in fast(texts, add_special_tokens=False)]
+    return tok(texts, add_special_tokens=False)["input_ids"]
+
+
+def _encode_plain_pairs(batch: dict[str, list], tok, template: Template, settings: EncodeSettings) -> dict[str, list]:
+    """``encode_batch`` for prompt/completion pairs with the plain template: the same result as the
+    general path (``assemble``), with the per-row work cut to a few list operations."""
+    prompts, completions = batch["prompt"], batch["completion"]
+    status: list[str | None] = []
+    ok: list[int] = []
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        if p is None or c is None:
+            status.append("missing_field")
+        elif not isinstance(p, str) or not isinstance(c, str):
+            status.append("not_a_string")
+        else:
+            status.append(None)
+            ok.append(i)
+    enc = tokenize_texts(tok, [prompts[i] for i in ok] + [completions[i] for i in ok])
+    m = len(ok)
+    bos = [template.bos_id] if template.bos_id is not None else []
+    eos, limit, drop = template.eos_id, settings.max_seq_len, settings.too_long == "drop"
+    n = len(prompts)
+    out_ids: list[list[int]] = [[] for _ in range(n)]
+    out_labels: list[list[int]] = [[] for _ in range(n)]
+    n_loss = [0] * n
+    for j, i in enumerate(ok):
+        p, c = enc[j], enc[m + j]
+        if eos not in c:
+            c.append(eos)
+        ids = bos + p + c
+        labels = list(ids) if settings.train_on_prompt else [IGNORE] * (len(bos) + len(p)) + c
+        labels[0] = IGNORE
+        st = OK
+        if len(ids) > limit:
+            if drop:
+                status[i] = "too_long"
+                continue
+            ids, labels, st = ids[:limit], labels[:limit], TRUNCATED
+        k = len(labels) - labels.count(IGNORE)
+        if k == 0:
+            status[i] = "no_loss_tokens"
+            continue
+        out_ids[i], out_labels[i], n_loss[i], status[i] = ids, labels, k, st
+    return {"id": list(batch["id"]), "input_ids": out_ids, "labels": out_labels,
+            "num_tokens": [len(x) for x in out_ids], "num_loss_tokens": n_loss, "status": status}
+
+
 def encode_batch(batch: dict[str, list], tok, template: Template, settings: EncodeSettings) -> dict[str, list]:
     """``Dataset.map(batched=True)`` body: one fast-tokenizer call for every text piece of the batch.
 
     Input columns: ``id`` and either ``prompt``/``completion`` or ``messages``. Output columns:
     ``id``, ``input_ids``, ``labels``, ``num_tokens``, ``num_loss_tokens``, ``status``.
     """
+    if template.kind == "plain" and "messages" not in batch:
+        return _encode_plain_pairs(batch, tok, template, settings)
     n = len(batch["id"])
     cols = [c for c in ("prompt", "completion", "messages") if c in batch]
     rows = [{c: batch[c][i] for c in cols} for i in range(n)]
     per_row: list[tuple[list[tuple[str, bool]] | None, str | None]] = [_example_pieces(r, template, tok) for r in rows]
     texts = [t for pieces, _ in per_row if pieces for t, _flag in pieces]
-    encoded = tok(texts, add_special_tokens=False)["input_ids"] if texts else []
+    encoded = tokenize_texts(tok, texts)
     out: dict[str, list] = {"id": [], "input_ids": [], "labels": [], "num_tokens": [], "num_loss_tokens": [],
                             "status": []}
     k = 0
     for i, (pieces, bad) in enumerate(per_row):
         if pieces is None:
-            ids, labels, status = [], [], bad
+            ids, labels, n_loss, status = [], [], 0, bad
         else:
             chunk = encoded[k : k + len(pieces)]
             k += len(pieces)
-            ids, labels, status = assemble(chunk, [f for _t, f in pieces], template, settings)
+            ids, labels, n_loss, status = assemble(chunk, [f for _t, f in pieces], template, settings)
         out["id"].append(batch["id"][i])
         out["input_ids"].append(ids)
         out["labels"].append(labels)
         out["num_tokens"].append(len(ids))
-        out["num_loss_tokens"].append(sum(1 for x in labels if x != IGNORE))
+        out["num_loss_tokens"].append(n_loss)
         out["status"].append(status)
     return out
 
@@ -246,6 +311,6 @@ def prompt_token_ids(tok, prompt: str, mode: str = "auto") -> list[int]:
     template = resolve_template(tok, mode)
     if template.kind == "chat":
         text = _render(tok, [{"role": "user", "content": prompt}], True)
-        return tok(text, add_special_tokens=False)["input_ids"]
+        return tokenize_texts(tok, [text])[0]
     bos = [template.bos_id] if template.bos_id is not None else []
-    return bos + tok(prompt, add_special_tokens=False)["input_ids"]
+    return bos + tokenize_texts(tok, [prompt])[0]

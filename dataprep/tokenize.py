@@ -150,7 +150,7 @@ def encode_sources(sources, tok, template, settings: BuildSettings, work: Path, 
         tables.append(out.with_format("arrow")[:])
     if not tables:
         return _encoded_features().arrow_schema.empty_table()
-    return pa.concat_tables(tables).combine_chunks()
+    return pa.concat_tables(tables)  # zero-copy over the memory-mapped map() outputs
 
 
 def _check_ids(table: pa.Table, sources) -> None:

@@ -134,3 +134,15 @@ def test_prompt_token_ids_match_the_training_prefix(tok, chat_tok):
         first_loss = next(i for i, x in enumerate(labels) if x != IGNORE)
         assert prompt_token_ids(t, "encode ab =") == ids[:first_loss]
     assert prompt_token_ids(tok, "encode ab =") == tok("encode ab =")["input_ids"]  # what generation does today
+
+
+def test_plain_pair_fast_path_equals_the_general_path(tok):
+    """Pairs take a fast path; a single-exchange conversation takes the general one: same tokens."""
+    rows = [{"id": f"r{i}", "prompt": f"encode {w} =", "completion": f" {w[::-1]}"}
+            for i, w in enumerate(["ab", "abcdefgh", "qqq", "z" * 40])]
+    for kw in ({}, {"train_on_prompt": True}, {"too_long": "truncate"}):
+        fast = run(tok, rows, max_seq_len=30, **kw)
+        general = run(tok, [{"id": r["id"], "messages": [{"role": "user", "content": r["prompt"]},
+                                                         {"role": "assistant", "content": r["completion"]}]}
+                            for r in rows], max_seq_len=30, **kw)
+        assert fast == general
