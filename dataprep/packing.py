@@ -57,13 +57,18 @@ def pack_bfd(lengths: Sequence[int], capacity: int) -> list[list[int]]:
             j = bisect_left(free_values, length)
             if j == len(free_values):  # no open bin fits: open new ones, each filled with capacity // L items
                 k = capacity // length
-                while pos < len(items):
-                    b = len(bins)
-                    take = items[pos : pos + k]
-                    bins.append(list(take))
-                    pos += len(take)
-                    if capacity - len(take) * length > 0:
-                        add(b, capacity - len(take) * length)
+                first = len(bins)
+                bins += [items[q : q + k] for q in range(pos, len(items), k)]
+                full, rest = divmod(len(items) - pos, k)
+                left = capacity - k * length
+                if left > 0 and full:  # the full new bins all have the same free space
+                    if left in by_free:
+                        by_free[left] += range(first, first + full)
+                    else:
+                        by_free[left] = list(range(first, first + full))
+                        insort(free_values, left)
+                if rest:
+                    add(len(bins) - 1, capacity - rest * length)
                 break
             free = free_values[j]
             lst = by_free[free]

@@ -131,7 +131,7 @@ def encode_sources(sources, tok, template, settings: BuildSettings, work: Path, 
     """Tokenize every source with ``Dataset.map(batched=True, num_proc=...)``; one Arrow table out."""
     import datasets
 
-    from dataprep.formatting import EncodeSettings, encode_batch
+    from dataprep.formatting import EncodeSettings, encode_batch_arrow
     from dataprep.sources import load_source
 
     enc = EncodeSettings(settings.max_seq_len, settings.too_long, settings.train_on_prompt)
@@ -143,7 +143,7 @@ def encode_sources(sources, tok, template, settings: BuildSettings, work: Path, 
         log(f"tokenizing {len(ds):,} examples of {src.name} with {nproc} process(es)")
         if len(ds) == 0:
             continue
-        out = ds.map(encode_batch, batched=True, batch_size=1000, num_proc=nproc if nproc > 1 else None,
+        out = ds.map(encode_batch_arrow, batched=True, batch_size=1000, num_proc=nproc if nproc > 1 else None,
                      fn_kwargs={"tok": tok, "template": template, "settings": enc},
                      remove_columns=ds.column_names, features=_encoded_features(),
                      cache_file_name=str(work / f"encoded-{i}.arrow"), desc=f"tokenize {src.name}")

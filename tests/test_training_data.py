@@ -87,8 +87,8 @@ def test_ranks_cover_every_row_exactly_once_per_epoch(world, rows, micro, accum)
         per_rank = [sum(plan.step_rows(step, r), []) for r in range(world)]
         flat = sum(per_rank, [])
         assert len(flat) == rps
-        if rps <= rows:  # inside one step, ranks never share a row (unless a step is larger than the data)
-            assert len(set(flat)) == len(flat) or epochs > 1 and step * rps // rows != ((step + 1) * rps - 1) // rows
+        if step * rps // rows == ((step + 1) * rps - 1) // rows:  # a step inside one epoch: ranks share no row
+            assert len(set(flat)) == len(flat)
         taken += flat
     assert Counter(taken) == {i: epochs for i in range(rows)}
     # and stream order: each epoch's rows are one permutation
