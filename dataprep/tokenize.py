@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -127,7 +128,8 @@ def _encoded_features():
                               "status": datasets.Value("string")})
 
 
-def encode_sources(sources, tok, template, settings: BuildSettings, work: Path, log: Callable[[str], None]) -> pa.Table:
+def encode_sources(sources, tok, template, settings: BuildSettings, work: Path, log: Callable[[str], None],
+                   timings: dict[str, float] | None = None) -> pa.Table:
     """Tokenize every source with ``Dataset.map(batched=True, num_proc=...)``; one Arrow table out."""
     import datasets
 
@@ -137,7 +139,9 @@ def encode_sources(sources, tok, template, settings: BuildSettings, work: Path, 
     enc = EncodeSettings(settings.max_seq_len, settings.too_long, settings.train_on_prompt)
     tables = []
     for i, src in enumerate(sources):
+        t0 = time.perf_counter()
         ds = load_source(src, work / "cache")
+        t1 = time.perf_counter()
         nproc = default_num_proc(len(ds), settings.num_proc)
         nproc = min(nproc, max(1, len(ds)))
         log(f"tokenizing {len(ds):,} examples of {src.name} with {nproc} process(es)")
@@ -148,6 +152,9 @@ def encode_sources(sources, tok, template, settings: BuildSettings, work: Path, 
                      remove_columns=ds.column_names, features=_encoded_features(),
                      cache_file_name=str(work / f"encoded-{i}.arrow"), desc=f"tokenize {src.name}")
         tables.append(out.with_format("arrow")[:])
+        if timings is not None:
+            timings["read_s"] = timings.get("read_s", 0.0) + t1 - t0
+            timings["tokenize_s"] = timings.get("tokenize_s", 0.0) + time.perf_counter() - t1
     if not tables:
         return _encoded_features().arrow_schema.empty_table()
     return pa.concat_tables(tables)  # zero-copy over the memory-mapped map() outputs
@@ -277,7 +284,9 @@ def build_tokenized_dataset(
     progress = datasets.utils.logging.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
-        table = encode_sources(resolved, tok, template, settings, work, log)
+        timings: dict[str, float] = {}
+        table = encode_sources(resolved, tok, template, settings, work, log, timings)
+        t_split = time.perf_counter()
         examples_in = table.num_rows
         if examples_in == 0:
             raise TokenizationError(f"the input is empty: {[str(s) for s in sources]} hold no examples "
@@ -312,6 +321,8 @@ def build_tokenized_dataset(
             **(extra_metadata or {}),
         }
         splits: dict[str, SplitStats] = {}
+        timings["split_s"] = time.perf_counter() - t_split
+        timings["pack_s"] = timings["write_s"] = 0.0
         row_fill: list[np.ndarray] = []
         for split, mask in (("train", ~is_val), ("validation", is_val)):
             part = kept.filter(pa.array(mask))
@@ -320,10 +331,14 @@ def build_tokenized_dataset(
             if part.num_rows == 0:
                 continue
             lengths = part.column("num_tokens").to_numpy()
+            t0 = time.perf_counter()
             bins = pack_bfd(lengths, settings.max_seq_len) if settings.packing else [[i] for i in range(part.num_rows)]
             rows = pack_rows(part, bins)
+            t1 = time.perf_counter()
             files = write_shards(rows, out / split, split, settings.shard_size_bytes,
                                  metadata | {"campaign.split_name": split})
+            timings["pack_s"] += t1 - t0
+            timings["write_s"] += time.perf_counter() - t1
             st.rows = rows.num_rows
             st.total_tokens = int(pc.sum(rows.column("num_tokens")).as_py())
             st.loss_tokens = int(pc.sum(rows.column("num_loss_tokens")).as_py())
@@ -356,6 +371,7 @@ def build_tokenized_dataset(
             "bytes": sum(s.bytes for s in splits.values()),
             "splits": {k: asdict(v) for k, v in splits.items()},
             "settings": settings.key_fields(),
+            "timings": {k: round(v, 3) for k, v in timings.items()},
             "metadata": metadata,
             "length_histogram": length_histogram(lengths_all, label="example tokens"),
             "row_fill_histogram": length_histogram(np.concatenate(row_fill), label="row tokens") if row_fill else "",

@@ -136,13 +136,30 @@ def test_prompt_token_ids_match_the_training_prefix(tok, chat_tok):
     assert prompt_token_ids(tok, "encode ab =") == tok("encode ab =")["input_ids"]  # what generation does today
 
 
-def test_plain_pair_fast_path_equals_the_general_path(tok):
-    """Pairs take a fast path; a single-exchange conversation takes the general one: same tokens."""
+def test_arrow_pair_path_equals_the_general_path(tok):
+    """Pairs are assembled with numpy in the map function; the result is the general path's, row by row,
+    for every setting and for rows that are dropped."""
+    import pyarrow as pa
+
+    from dataprep.formatting import encode_batch_arrow
+
     rows = [{"id": f"r{i}", "prompt": f"encode {w} =", "completion": f" {w[::-1]}"}
-            for i, w in enumerate(["ab", "abcdefgh", "qqq", "z" * 40])]
-    for kw in ({}, {"train_on_prompt": True}, {"too_long": "truncate"}):
-        fast = run(tok, rows, max_seq_len=30, **kw)
-        general = run(tok, [{"id": r["id"], "messages": [{"role": "user", "content": r["prompt"]},
-                                                         {"role": "assistant", "content": r["completion"]}]}
-                            for r in rows], max_seq_len=30, **kw)
-        assert fast == general
+            for i, w in enumerate(["ab", "abcdefgh", "qqq", "z" * 40, "k" * 25, "abcdefghij"])]
+    rows += [{"id": "eos", "prompt": "", "completion": " ab</s>"}, {"id": "none", "prompt": None, "completion": "x"},
+             {"id": "int", "prompt": "a", "completion": 3}]
+    batch = {k: [r[k] for r in rows] for k in ("id", "prompt", "completion")}
+    for template in (resolve_template(tok), Template("plain", None, tok.eos_token_id)):
+        for kw in ({}, {"train_on_prompt": True}, {"too_long": "truncate"}, {"too_long": "truncate", "train_on_prompt": True}):
+            settings = EncodeSettings(30, **kw)
+            want = encode_batch(batch, tok, template, settings)
+            got = encode_batch_arrow(batch, tok, template, settings)
+            assert isinstance(got, pa.Table) and got.to_pydict() == want, (template, kw)
+            if kw.get("too_long") == "truncate":
+                assert "truncated" in want["status"]
+                assert ("no_loss_tokens" in want["status"]) != bool(kw.get("train_on_prompt"))
+    # and the general path for pairs is the same as for a one-exchange conversation
+    msgs = {"id": batch["id"][:6], "messages": [[{"role": "user", "content": r["prompt"]},
+                                                 {"role": "assistant", "content": r["completion"]}] for r in rows[:6]]}
+    pairs5 = {k: v[:6] for k, v in batch.items()}
+    assert encode_batch(msgs, tok, resolve_template(tok), EncodeSettings(30)) == \
+        encode_batch(pairs5, tok, resolve_template(tok), EncodeSettings(30))
