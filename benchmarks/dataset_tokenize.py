@@ -112,6 +112,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-tokenize-"))
     try:
         src = write_jsonl(demo_pairs(args.pairs), work / "pairs.jsonl")
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(str(model))  # warm-up: library imports are paid by neither side
         load_before = load_average()
         base = naive(model, src, work / "naive.parquet", args.max_seq_len)
         ours = packed(model, src, work / "packed", args.max_seq_len, args.num_proc)

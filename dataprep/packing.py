@@ -118,7 +118,7 @@ def pack_rows(examples: pa.Table, bins: list[list[int]]) -> pa.Table:
     (int32), example_ids (list<string>). Each row is its bins' sequences back to back.
     """
     flat_order = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=sum(len(b) for b in bins))
-    taken = examples.take(pa.array(flat_order))
+    taken = examples.select(["id", "input_ids", "labels"]).take(pa.array(flat_order))
     ids = _flat(taken.column("input_ids"))
     labels = _flat(taken.column("labels"))
     seq_lens = np.diff(ids.offsets.to_numpy()).astype(np.int64)
