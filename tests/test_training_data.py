@@ -58,6 +58,11 @@ def test_dataset_reads_every_row_memory_mapped(shards):
     again = tdata.TokenizedDataset(path, cache_dir=cache)
     assert pa.total_allocated_bytes() - before < 4096
     assert again[len(again) - 1]["input_ids"].tolist() == want[-1]["input_ids"]
+    # a spawned DataLoader worker gets the path, not the rows
+    import pickle
+
+    blob = pickle.dumps(ds)
+    assert len(blob) < 2048 and pickle.loads(blob)[3]["input_ids"].tolist() == want[3]["input_ids"]
     # the trainer's legacy access pattern
     assert len(ds["input_ids"]) == len(ds) and ds["labels"][0].tolist() == want[0]["labels"]
 

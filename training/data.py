@@ -191,6 +191,7 @@ class TokenizedDataset(torch.utils.data.Dataset):
     def __init__(self, path: str | Path, cache_dir: str | Path | None = None,
                  expect_tokenizer_hash: str | None = None, model_dir: str | Path | None = None):
         self.path = Path(path)
+        self._cache_arg = cache_dir
         self.files = parquet_files(path)
         metas = [_metadata(f) for f in self.files]
         _check_same_dataset(self.files, metas)
@@ -209,6 +210,11 @@ class TokenizedDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return int(self._starts[-1])
+
+    def __reduce__(self):
+        # DataLoader workers started with "spawn" get the path and re-map the cached files,
+        # never a pickled copy of the rows
+        return (TokenizedDataset, (self.path, self._cache_arg))
 
     def _locate(self, i: int) -> tuple[_Shard, int]:
         n = len(self)
