@@ -187,7 +187,7 @@ class TrainingSpec(_Strict):
     learning_rate: float = Field(2e-4, ge=0.0, le=1.0, description="Peak learning rate (0 trains nothing, on purpose).")
     warmup_steps: int = Field(0, ge=0)
     weight_decay: float = Field(0.0, ge=0.0)
-    micro_batch_size: int = Field(8, ge=1, description="Sequences per process per micro-step.")
+    micro_batch_size: int = Field(8, ge=1, description="Rows per process per micro-step (a packed row holds several examples).")
     gradient_accumulation_steps: int = Field(1, ge=1)
     max_seq_len: int = Field(512, ge=8, le=1_048_576, description="Longest tokenized sequence.")
     max_grad_norm: float = Field(1.0, gt=0.0)

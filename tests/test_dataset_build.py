@@ -60,15 +60,17 @@ def test_every_source_format_gives_the_same_tokens(student, tmp_path):
     pacsv.write_csv(pa.Table.from_pylist([r | {"id": "c" + r["id"]} for r in rows]), tmp_path / "c.csv")
     datasets.Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows]).save_to_disk(
         str(tmp_path / "saved"))
+    m = write_jsonl(tmp_path / "m.jsonl", [{"id": "m" + r["id"], "messages": [
+        {"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["completion"]}]} for r in rows])
     out = tmp_path / "out"
-    report = build_tokenized_dataset(student, [j, tmp_path / "b.parquet", tmp_path / "c.csv", tmp_path / "saved"],
+    report = build_tokenized_dataset(student, [j, tmp_path / "b.parquet", tmp_path / "c.csv", tmp_path / "saved", m],
                                      out, BuildSettings(max_seq_len=64))
-    assert report["examples_in"] == report["examples_out"] == 120 and report["dropped_total"] == 0
+    assert report["examples_in"] == report["examples_out"] == 150 and report["dropped_total"] == 0
     seqs = sequences(out)
-    assert len(seqs) == 120
+    assert len(seqs) == 150
     for i in range(30):  # ids: given, or <source name>:<row> when the source has no id column
-        assert seqs[f"je{i}"] == seqs[f"pe{i}"] == seqs[f"ce{i}"] == seqs[f"saved:{i}"]
-    assert report["loss_tokens"] == sum(len(r["completion"]) + 1 for r in rows) * 4  # char tokens + EOS
+        assert seqs[f"je{i}"] == seqs[f"pe{i}"] == seqs[f"ce{i}"] == seqs[f"saved:{i}"] == seqs[f"me{i}"]
+    assert report["loss_tokens"] == sum(len(r["completion"]) + 1 for r in rows) * 5  # char tokens + EOS
 
 
 def test_schema_metadata_split_and_shards(student, tmp_path):
