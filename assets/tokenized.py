@@ -1,48 +1,74 @@
-"""tokenized_dataset: the distillation set tokenized with the student's tokenizer into Parquet."""
+"""tokenized_dataset: the distillation set (plus any extra sources) tokenized with the student's
+tokenizer, packed and sharded into Parquet (``dataprep.tokenize``)."""
 
 import time
 
-import pyarrow.parquet as pq
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
 from assets.common import base_metadata, key, model_deps, stage_key
 from campaigns.spec import CampaignSpec
-from resources.storage import ArtifactStore
+from resources.storage import REPO_ROOT, ArtifactStore
+
+STAGE_VERSION = "tokenized/v2"
+
+
+def build_settings(spec: CampaignSpec):
+    from dataprep.tokenize import BuildSettings
+
+    d = spec.dataset
+    return BuildSettings(max_seq_len=spec.training.max_seq_len, template=d.template, train_on_prompt=d.train_on_prompt,
+                         packing=d.packing, padding=d.padding, too_long=d.too_long,
+                         shard_size_bytes=int(d.shard_size_mb * (1 << 20)), validation_fraction=d.validation_fraction,
+                         split_seed=d.split_seed, num_proc=d.num_proc)
+
+
+def content_key(distillation_key: str, tokenizer: str, settings, extra_sources_hash: str | None) -> str:
+    """Same inputs and settings → same key (a no-op); a new tokenizer or max length → a new dataset."""
+    return stage_key(STAGE_VERSION, distillation_key, tokenizer, settings.key_fields(), extra_sources_hash)
 
 
 def build(spec: CampaignSpec):
-    s, tr = spec.student, spec.training
+    s, tr, d = spec.student, spec.training, spec.dataset
 
     @asset(key=key(spec, "tokenized_dataset"), group_name=spec.name, kinds={"python", "parquet"},
            ins={"distillation": AssetIn(key(spec, "distillation_set"))}, deps=model_deps(s.base_model),
-           description=f"Pre-tokenized Parquet (input_ids, labels, position_ids), max {tr.max_seq_len} tokens.")
+           description=(f"Pre-tokenized Parquet shards (input_ids, labels, position_ids), max {tr.max_seq_len} tokens, "
+                        f"{'packed' if d.packing else 'one example per row'}, padding {d.padding}."))
     def tokenized_dataset(context: AssetExecutionContext, distillation: dict, storage: ArtifactStore) -> Output[dict]:
-        from dataprep.tokenize import length_histogram, tokenize_pairs, tokenizer_hash
+        from dataprep.sources import resolve_source, source_hash
+        from dataprep.tokenize import build_tokenized_dataset, tokenizer_hash
 
         model_path = storage.resolve_model(s.base_model)
         tok_hash = tokenizer_hash(model_path)
-        k = stage_key("tokenized/v1", distillation["key"], tok_hash, tr.max_seq_len)
+        settings = build_settings(spec)
+        extra = source_hash([resolve_source(x, REPO_ROOT) for x in d.extra_sources]) if d.extra_sources else None
+        k = content_key(distillation["key"], tok_hash, settings, extra)
         sd = storage.stage(spec.name, "tokenized_dataset", k)
         cached = sd.is_complete()
         if not cached:
             t0 = time.perf_counter()
-            pairs = pq.read_table(distillation["distillation_path"]).to_pylist()
-            out = sd.ensure() / "data-00000.parquet"
-            res = tokenize_pairs(model_path, pairs, out, tr.max_seq_len,
-                                 extra_metadata={"campaign.source_key": distillation["key"]})
-            lengths = [len(x) for x in pq.read_table(out, columns=["input_ids"]).column("input_ids").to_pylist()]
-            sd.commit({"dataset_path": str(sd.path), "files": [out.name], "rows": res.rows,
-                       "examples_in": res.examples_in, "examples_out": res.examples_out,
-                       "dropped_too_long": res.dropped_too_long, "total_tokens": res.total_tokens,
-                       "loss_tokens": res.loss_tokens, "tokenizer_hash": tok_hash, "bytes": out.stat().st_size,
-                       "length_histogram": length_histogram(lengths),
-                       "wall_seconds": time.perf_counter() - t0, "cost_lines": []})
+            report = build_tokenized_dataset(
+                model_path, [distillation["distillation_path"], *d.extra_sources], sd.ensure(), settings,
+                base_dir=REPO_ROOT, extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
+                log=context.log.info)
+            sd.commit(report | {"dataset_path": str(sd.path / "train"), "validation_path": str(sd.path / "validation"),
+                                "tokenizer_hash": tok_hash, "wall_seconds": time.perf_counter() - t0, "cost_lines": []})
         m = sd.manifest()
+        tsplit, vsplit = m["splits"]["train"], m["splits"]["validation"]
         md = base_metadata(m, cached) | {
-            "rows": m["rows"], "examples_in": m["examples_in"], "examples_out": m["examples_out"],
-            "dropped_too_long": m["dropped_too_long"], "total_tokens": m["total_tokens"], "loss_tokens": m["loss_tokens"],
-            "bytes": m["bytes"], "tokenizer_hash": m["tokenizer_hash"][:16],
+            "examples_in": m["examples_in"], "examples_out": m["examples_out"],
+            "dropped_total": m["dropped_total"], "truncated": m["truncated"],
+            "rows": m["rows"], "train_rows": tsplit["rows"], "validation_rows": vsplit["rows"],
+            "validation_examples": vsplit["examples"],
+            "total_tokens": m["total_tokens"], "loss_tokens": m["loss_tokens"],
+            "packing_efficiency": float(m["packing_efficiency"]),
+            "unpacked_padded_efficiency": float(m["unpacked_padded_efficiency"]),
+            "shards": m["shards"], "bytes": m["bytes"], "template": m["template"],
+            "tokenizer_hash": m["tokenizer_hash"][:16], "source_hash": m["source_hash"][:16],
+            "drops": MetadataValue.json(m["dropped"]),
             "sequence_lengths": MetadataValue.md(m["length_histogram"]),
+            "row_fill": MetadataValue.md(m["row_fill_histogram"]),
+            "dataset": MetadataValue.path(m["dataset_path"]),
         }
         return Output(m, metadata=md)
 

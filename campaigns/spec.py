@@ -170,6 +170,50 @@ class DataSpec(_Strict):
     filters: FilterSpec = FilterSpec()
 
 
+class DatasetSpec(_Strict):
+    """How the tokenized_dataset stage turns the distillation set into packed training rows.
+
+    The rows are tokenized once with the student's tokenizer and stored as sharded Parquet;
+    every setting here is part of the stage's content key (a change builds a new dataset).
+    """
+
+    template: Literal["auto", "chat", "plain"] = Field(
+        "auto", description="auto: the student tokenizer's chat template when it has one, else plain "
+        "`<bos> prompt completion <eos>`; chat: require the chat template; plain: never use it."
+    )
+    train_on_prompt: bool = Field(
+        False, description="Loss on every token (prompt included) instead of the completion/assistant tokens only."
+    )
+    packing: bool = Field(
+        True, description="Best-fit-decreasing packing of several examples into rows of training.max_seq_len "
+        "(position_ids restart per example, so attention never crosses examples); false: one example per row."
+    )
+    padding: Literal["free", "longest", "max_length"] = Field(
+        "free", description="How the trainer batches rows. free: a micro-batch's rows concatenated into one "
+        "sequence, no padding (right for every attention kernel, flash-attention included); longest: pad to the "
+        "longest row; max_length: pad every row to training.max_seq_len (static shapes)."
+    )
+    too_long: Literal["drop", "truncate"] = Field(
+        "drop", description="Examples longer than training.max_seq_len: drop them, or keep their first "
+        "max_seq_len tokens (dropped anyway if no completion token is left). Both are counted."
+    )
+    shard_size_mb: float = Field(256.0, gt=0, le=65536, description="Target size of one Parquet shard (MiB).")
+    validation_fraction: float = Field(
+        0.02, ge=0.0, lt=1.0, description="Share of examples held out as a validation split, chosen by a seeded "
+        "hash of the example id (never by packed row), so an example keeps its side across rebuilds."
+    )
+    split_seed: int = Field(0, ge=0, description="Seed of the train/validation id hash.")
+    extra_sources: list[str] = Field(
+        default_factory=list, description="More prompt/completion (`prompt`, `completion`) or conversational "
+        "(`messages`) data added to the distillation set: JSONL/JSON/Parquet/CSV files, globs, or directories "
+        "saved with `Dataset.save_to_disk`; relative to the repository root. Optional `id` column."
+    )
+    num_proc: int | None = Field(
+        None, ge=1, le=512, description="Tokenizer processes (datasets `map` num_proc); default: every core, for "
+        "inputs large enough to pay for the process start-up."
+    )
+
+
 # --------------------------------------------------------------------------- training
 
 
@@ -179,7 +223,7 @@ class TrainingSpec(_Strict):
     learning_rate: float = Field(2e-4, ge=0.0, le=1.0, description="Peak learning rate (0 trains nothing, on purpose).")
     warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before the cosine decay.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay on the adapter weights.")
-    micro_batch_size: int = Field(8, ge=1, description="Sequences per process per micro-step.")
+    micro_batch_size: int = Field(8, ge=1, description="Rows per process per micro-step (a packed row holds several examples).")
     gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
     max_seq_len: int = Field(512, ge=8, le=1_048_576, description="Longest tokenized sequence.")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
@@ -756,6 +800,7 @@ class CampaignSpec(_Strict):
     student: StudentSpec
     data: DataSpec
     training: TrainingSpec
+    dataset: DatasetSpec = DatasetSpec()
     evaluation: EvaluationSpec
     cost: CostSpec = CostSpec()
     schedule: ScheduleSpec | None = None

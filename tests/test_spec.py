@@ -30,7 +30,8 @@ def test_shipped_campaigns_are_valid():
     assert loaded.errors == []
     assert {"demo", "demo_broken"} <= set(loaded.campaigns)
     demo = loaded.campaigns["demo"]
-    assert demo.training.effective_batch == 32
+    t = demo.training
+    assert t.effective_batch == t.micro_batch_size * t.nodes * t.processes_per_node * t.gradient_accumulation_steps
     assert demo.student.quantization.load_in_4bit is True
     assert loaded.campaigns["demo_broken"].training.learning_rate == 0.0
 
@@ -44,7 +45,7 @@ def test_unknown_key_names_file_field_line_and_allowed_keys():
 
 
 def test_wrong_type_names_field_and_value():
-    msg = _problems(DEMO.replace("  micro_batch_size: 32", "  micro_batch_size: lots"))
+    msg = _problems(_with(lambda d: d["training"].update(micro_batch_size="lots")))
     assert "training.micro_batch_size" in msg and "valid integer" in msg and "'lots'" in msg
 
 

@@ -1,0 +1,165 @@
+"""Loss masks, templates, EOS and bad rows of dataprep.formatting, on hand-built examples."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataprep.formatting import (
+    IGNORE,
+    EncodeSettings,
+    FormatError,
+    Template,
+    encode_batch,
+    prompt_token_ids,
+    resolve_template,
+)
+
+# A chat template in the demo vocabulary: "user =<text> assistant =<text></s> ".
+CHAT = ("{% for m in messages %}{{ m['role'] }} ={{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}"
+        "{% endif %} {% endfor %}{% if add_generation_prompt %}assistant ={% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tok(demo_models):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(demo_models["student"]))
+
+
+@pytest.fixture
+def chat_tok(demo_models):
+    from transformers import AutoTokenizer
+
+    t = AutoTokenizer.from_pretrained(str(demo_models["student"]))
+    t.chat_template = CHAT
+    return t
+
+
+def chars(tok, text: str) -> list[int]:
+    """The demo tokenizer is character level: the expected ids, built without calling it on the text."""
+    return [tok.convert_tokens_to_ids(c) for c in text]
+
+
+def run(tok, rows: list[dict], max_seq_len: int = 64, template: Template | None = None, **kw) -> dict:
+    template = template or resolve_template(tok)
+    batch = {k: [r.get(k) for r in rows] for k in {k for r in rows for k in r}}
+    return encode_batch(batch, tok, template, EncodeSettings(max_seq_len, **kw))
+
+
+def test_plain_template_masks_exactly_the_completion_and_eos(tok):
+    out = run(tok, [{"id": "a", "prompt": "encode abc =", "completion": " xyz"}])
+    p, c = chars(tok, "encode abc ="), chars(tok, " xyz")
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    assert out["input_ids"][0] == [bos, *p, *c, eos]
+    assert out["labels"][0] == [IGNORE] * (1 + len(p)) + c + [eos]
+    assert out["num_loss_tokens"][0] == len(c) + 1  # every completion token once, plus EOS, no prompt token
+    assert out["status"] == ["ok"]
+
+
+def test_train_on_prompt_labels_everything_but_the_first_token(tok):
+    out = run(tok, [{"id": "a", "prompt": "encode ab =", "completion": " q"}], train_on_prompt=True)
+    ids = out["input_ids"][0]
+    assert out["labels"][0] == [IGNORE, *ids[1:]]
+
+
+def test_eos_is_not_doubled_and_first_token_never_has_a_label(tok):
+    # a completion that already ends with EOS keeps one EOS; an empty prompt without BOS still masks token 0
+    no_bos = Template("plain", None, tok.eos_token_id)
+    out = run(tok, [{"id": "a", "prompt": "", "completion": " ab</s>"}], template=no_bos)
+    assert out["input_ids"][0] == [*chars(tok, " ab"), tok.eos_token_id]
+    assert out["labels"][0][0] == IGNORE and out["labels"][0][1:] == out["input_ids"][0][1:]
+
+
+def test_chat_template_masks_assistant_turns_only(chat_tok):
+    msgs = [{"role": "user", "content": "encode ab ="}, {"role": "assistant", "content": " qz"},
+            {"role": "user", "content": "encode c ="}, {"role": "assistant", "content": " w"}]
+    out = run(chat_tok, [{"id": "m", "messages": msgs}], max_seq_len=128)
+    text = lambda s: chars(chat_tok, s)  # noqa: E731
+    eos = chat_tok.eos_token_id
+    # each assistant span runs from the generation prompt to the next turn: content, the template's EOS, " "
+    p1, p3 = text("user =encode ab = assistant ="), text("user =encode c = assistant =")
+    a2, a4 = text(" qz") + [eos] + text(" "), text(" w") + [eos] + text(" ")
+    assert out["input_ids"][0] == p1 + a2 + p3 + a4
+    assert out["labels"][0] == [IGNORE] * len(p1) + a2 + [IGNORE] * len(p3) + a4  # EOS counted once, not appended
+    # a pair goes through the same template as [user, assistant]
+    pair = run(chat_tok, [{"id": "p", "prompt": "encode ab =", "completion": " qz"}])
+    assert pair["input_ids"][0] == p1 + a2 and pair["labels"][0] == [IGNORE] * len(p1) + a2
+
+
+def test_template_modes(tok, chat_tok):
+    assert resolve_template(tok).kind == "plain"
+    assert resolve_template(chat_tok).kind == "chat"
+    assert resolve_template(chat_tok, "plain").kind == "plain"
+    with pytest.raises(FormatError, match="no chat_template"):
+        resolve_template(tok, "chat")
+
+
+def test_too_long_is_dropped_or_truncated_and_counted(tok):
+    row = {"id": "a", "prompt": "encode abcdefgh =", "completion": " abcdefgh"}
+    n = len(run(tok, [row])["input_ids"][0])
+    assert run(tok, [row], max_seq_len=n - 1)["status"] == ["too_long"]
+    cut = run(tok, [row], max_seq_len=n - 3, too_long="truncate")
+    assert cut["status"] == ["truncated"] and len(cut["input_ids"][0]) == n - 3
+    # truncation that leaves no completion token is a drop, not an example with nothing to learn
+    assert run(tok, [row], max_seq_len=5, too_long="truncate")["status"] == ["no_loss_tokens"]
+
+
+def test_bad_rows_are_counted_not_kept(tok):
+    rows = [
+        {"id": "ok", "prompt": "encode a =", "completion": " q"},
+        {"id": "none", "prompt": None, "completion": " q"},
+        {"id": "int", "prompt": 5, "completion": " q"},
+    ]
+    out = run(tok, rows)
+    assert out["status"] == ["ok", "missing_field", "not_a_string"]
+    assert out["input_ids"][1:] == [[], []]
+    bad_msgs = [
+        {"id": "m1", "messages": [{"role": "user", "content": "hi"}]},  # no assistant turn
+        {"id": "m2", "messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]},
+        {"id": "m3", "messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "y"}]},
+        {"id": "m4", "messages": "not a list"},
+        {"id": "m5", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                  {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]},
+    ]
+    out = run(tok, bad_msgs)  # plain template: multi-turn cannot be expressed
+    assert out["status"] == ["invalid_messages", "invalid_messages", "not_a_string", "invalid_messages",
+                             "invalid_messages"]
+
+
+def test_prompt_token_ids_match_the_training_prefix(tok, chat_tok):
+    """What evaluation should feed the model: exactly the tokens that precede the completion in training."""
+    for t in (tok, chat_tok):
+        out = run(t, [{"id": "a", "prompt": "encode ab =", "completion": " qz"}])
+        ids, labels = out["input_ids"][0], out["labels"][0]
+        first_loss = next(i for i, x in enumerate(labels) if x != IGNORE)
+        assert prompt_token_ids(t, "encode ab =") == ids[:first_loss]
+    assert prompt_token_ids(tok, "encode ab =") == tok("encode ab =")["input_ids"]  # what generation does today
+
+
+def test_arrow_pair_path_equals_the_general_path(tok):
+    """Pairs are assembled with numpy in the map function; the result is the general path's, row by row,
+    for every setting and for rows that are dropped."""
+    import pyarrow as pa
+
+    from dataprep.formatting import encode_batch_arrow
+
+    rows = [{"id": f"r{i}", "prompt": f"encode {w} =", "completion": f" {w[::-1]}"}
+            for i, w in enumerate(["ab", "abcdefgh", "qqq", "z" * 40, "k" * 25, "abcdefghij"])]
+    rows += [{"id": "eos", "prompt": "", "completion": " ab</s>"}, {"id": "none", "prompt": None, "completion": "x"},
+             {"id": "int", "prompt": "a", "completion": 3}]
+    batch = {k: [r[k] for r in rows] for k in ("id", "prompt", "completion")}
+    for template in (resolve_template(tok), Template("plain", None, tok.eos_token_id)):
+        for kw in ({}, {"train_on_prompt": True}, {"too_long": "truncate"}, {"too_long": "truncate", "train_on_prompt": True}):
+            settings = EncodeSettings(30, **kw)
+            want = encode_batch(batch, tok, template, settings)
+            got = encode_batch_arrow(batch, tok, template, settings)
+            assert isinstance(got, pa.Table) and got.to_pydict() == want, (template, kw)
+            if kw.get("too_long") == "truncate":
+                assert "truncated" in want["status"]
+                assert ("no_loss_tokens" in want["status"]) != bool(kw.get("train_on_prompt"))
+    # and the general path for pairs is the same as for a one-exchange conversation
+    msgs = {"id": batch["id"][:6], "messages": [[{"role": "user", "content": r["prompt"]},
+                                                 {"role": "assistant", "content": r["completion"]}] for r in rows[:6]]}
+    pairs5 = {k: v[:6] for k, v in batch.items()}
+    assert encode_batch(msgs, tok, resolve_template(tok), EncodeSettings(30)) == \
+        encode_batch(pairs5, tok, resolve_template(tok), EncodeSettings(30))
