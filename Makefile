@@ -4,10 +4,12 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo test ui validate clean
+.PHONY: install system-deps demo test ui validate bench clean
 
+# The venv is rebuilt when pyproject.toml changes. torch is pinned to the CPU build that lies on
+# this machine's disk (a GPU image installs the CUDA build of the same version instead).
 $(BIN)/campaign: pyproject.toml
-	$(PY) -m venv $(VENV)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -15,18 +17,31 @@ $(BIN)/campaign: pyproject.toml
 
 install: $(BIN)/campaign
 
-demo: install            ## build the demo models (cached), run the demo campaign end to end
+# Browser tests (cost dashboard, Dagster UI end to end) drive Debian's Chromium; never `playwright install`.
+system-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian chromium for the browser tests"; \
+	  apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }; }
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
+
+demo: install $(DAGSTER_HOME)/dagster.yaml   ## build the demo models (cached), run the demo campaign end to end
 	$(BIN)/campaign build-models
 	$(BIN)/campaign run demo
 
-test: install            ## run the test suite
+test: install system-deps                      ## run the test suite
 	$(BIN)/python -m pytest tests
 
-ui: install              ## the Dagster UI on the same campaigns and instance
+ui: install $(DAGSTER_HOME)/dagster.yaml       ## the Dagster UI (and daemon) on the same campaigns and instance
 	$(BIN)/dagster dev -w workspace.yaml
 
 validate: install
 	$(BIN)/campaign validate
+
+bench: install                                 ## the measured comparisons in benchmarks/ (each prints JSON)
+	@for b in benchmarks/[a-z]*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf artifacts .dagster_home
