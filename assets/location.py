@@ -9,11 +9,12 @@ import logging
 
 from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job, DefaultScheduleStatus
 
-from assets import adapter, cost, demo_models, distillation, evaluation, generations, invalid, prompts, promotion, tokenized
+from assets import adapter, cluster, cost, demo_models, distillation, evaluation, generations, invalid, prompts, promotion, tokenized
 from assets.io_manager import ManifestIOManager
 from campaigns.loader import load_campaigns
 from campaigns.spec import CampaignSpec
 from resources import ArtifactStore, LocalTorchrunLauncher, PricingResource, TeacherResource
+from resources.cluster import ClusterValidation
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ def default_resources(artifact_root: str = "artifacts") -> dict:
         "teacher": TeacherResource(),
         "launcher": LocalTorchrunLauncher(),
         "pricing": PricingResource(),
+        "cluster": ClusterValidation(),
     }
 
 
@@ -43,8 +45,8 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
     loaded = load_campaigns(campaign_files)
     for err in loaded.errors:
         log.warning("invalid campaign file (other campaigns still load):\n%s", err.render())
-    assets: list = [demo_models.demo_models]
-    jobs, schedules = [], []
+    assets: list = [demo_models.demo_models, *cluster.ASSETS]
+    jobs, schedules = [cluster.job()], []
     for name, spec in loaded.campaigns.items():
         assets += campaign_assets(spec)
         job = define_asset_job(campaign_job_name(name), selection=AssetSelection.groups(name).upstream(),

@@ -183,12 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma list of {OPS}")
     ap.add_argument("--out", help="write the result as JSON here (rank 0)")
     args = ap.parse_args(argv)
-    import torch
-    import torch.distributed as dist
-
     ops = tuple(o for o in args.ops.split(",") if o)
     for o in ops:
         bus_factor(o, 1)
+    import torch
+    import torch.distributed as dist
+
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
