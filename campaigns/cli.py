@@ -73,6 +73,12 @@ def campaign_summary(artifacts: Path, campaign: str, primary_suite: str) -> dict
     if all(stages.values()):
         out["cost"] = cost_per_result(stages, dist["rows"], gen["prompt_tokens"] + gen["completion_tokens"],
                                       out.get("candidate"), out.get("base"))
+    train = stages.get("student_adapter")
+    report = Path(train["path"]) / "profile" / "report.json" if train else None
+    if report is not None and report.exists() and (json.loads(report.read_text()).get("triage") or {}).get("verdict"):
+        t = json.loads(report.read_text())["triage"]
+        out["triage"] = {"verdict": t["verdict"], "reason": t["reason"], "advice": t["topology_advice"],
+                         "traces": str(report.parent / "traces")}
     promoted = _latest(artifacts, campaign, "promoted_model")
     if promoted and ev and promoted.get("key") == ev.get("candidate_key"):
         out["promoted"] = promoted["adapter_path"]
@@ -100,6 +106,11 @@ def print_summary(s: dict, seconds: float) -> None:
               f"${c['usd_per_million_teacher_tokens'] or 0:.6f} per M teacher tokens; "
               + (f"${per_point:.6f} per point gained over base" if per_point is not None
                  else "per point gained: not meaningful (no gain over base)"))
+    if s.get("triage"):
+        t = s["triage"]
+        print(f"profile triage: {t['verdict']}: {t['reason']} (traces: {t['traces']}; details: "
+              f"`python -m campaigns.cli triage {s['campaign']}`)")
+        print(f"  {t['advice']}")
     if s.get("promoted"):
         print(f"promoted adapter: {s['promoted']}")
 

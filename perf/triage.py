@@ -9,7 +9,8 @@ the step time:
                threads while the step thread waits for them.
 ``data``       the input pipeline: from the start of the step to the first forward op (a
                ``DataLoader`` ``__next__``, collation, waiting for a batch), and any DataLoader
-               region elsewhere in the step.
+               region elsewhere in the step. On a GPU trace with step markers on the device
+               timeline: the device's idle time at the start of its step.
 ``h2d``        host-to-device copies (``Memcpy HtoD`` on the device; none on a CPU-only trace).
 ``idle``       nothing recorded: Python overhead, kernel launch gaps, waits that no op covers.
 
@@ -250,14 +251,23 @@ def analyze_trace(trace: dict, rank: int | None = None) -> RankBreakdown:
         out.notes.append("no ProfilerStep markers (not recorded with a torch.profiler schedule): the whole trace is one step")
     main_ops = [e for e in host if (e.get("pid"), e.get("tid")) == main and not e["name"].startswith("ProfilerStep#")]
     backend = [e for e in host if (e.get("pid"), e.get("tid")) != main and BACKEND_COLLECTIVE.match(e["name"])]
-    for s in sorted(steps, key=lambda e: e["ts"]):
+    # The device runs behind the host: when the trace has the step markers on the device timeline
+    # (Kineto's gpu_user_annotation), device windows decide, and the input wait is the device's
+    # idle time at the start of its step.
+    device_steps = [e for e in xs if e.get("cat") == "gpu_user_annotation" and e["name"].startswith("ProfilerStep#")]
+    on_device = bool(device and device_steps)
+    for s in sorted(device_steps if on_device else steps, key=lambda e: e["ts"]):
         s0, s1 = float(s["ts"]), float(s["ts"]) + float(s["dur"])
         if s1 <= s0:
             continue
         inside = [e for e in main_ops if s0 <= e["ts"] < s1]
-        fwd = [e["ts"] for e in inside if FORWARD.match(e["name"])]
-        data = _union(([(s0, min(fwd))] if fwd else [])
-                      + [_clip(e, s0, s1) for e in inside if DATA.search(e["name"])])
+        if on_device:
+            first = min((e["ts"] for e in device if s0 <= e["ts"] < s1), default=s1)
+            data = [(s0, first)] if first > s0 else []
+        else:
+            fwd = [e["ts"] for e in inside if FORWARD.match(e["name"])]
+            data = _union(([(s0, min(fwd))] if fwd else [])
+                          + [_clip(e, s0, s1) for e in inside if DATA.search(e["name"])])
         if out.mode == "host":
             busy = _union([_clip(e, s0, s1) for e in inside])
             waits = _subtract(_union([_clip(e, s0, s1) for e in backend if e["ts"] < s1 and e["ts"] + e["dur"] > s0]), busy)

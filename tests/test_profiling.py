@@ -40,7 +40,7 @@ def test_profiling_is_off_by_default_and_writes_no_trace(tmp_path):
     assert "triage_verdict" not in md and "diagnostics" in md
 
 
-def test_in_process_trace_export_triage_and_s3_upload(tmp_path, monkeypatch):
+def test_in_process_trace_export_triage_and_s3_upload(tmp_path, monkeypatch, capsys):
     import boto3
     from moto import mock_aws
 
@@ -69,6 +69,10 @@ def test_in_process_trace_export_triage_and_s3_upload(tmp_path, monkeypatch):
     assert report["upload_url"] == "s3://traces-bucket/runs/demo/student_adapter/k123/profile"
     assert "runs/demo/student_adapter/k123/profile/traces/rank0.cycle1.pt.trace.json" in keys
     assert "runs/demo/student_adapter/k123/profile/report.json" in keys
+    from campaigns.cli import main
+
+    assert main(["triage", str(out / "profile" / "traces")]) == 0
+    assert capsys.readouterr().out.startswith(f"verdict: {tri['verdict']}")
 
 
 @pytest.mark.slow

@@ -106,6 +106,20 @@ def test_launch_bound_many_tiny_kernels_with_gaps():
     assert any("torch.compile" in f for f in r["fixes"]) and any("CUDA graphs" in f for f in r["fixes"])
 
 
+def test_device_step_markers_decide_when_the_gpu_runs_behind_the_host():
+    """The host finished queuing long ago; on the device each step starts with 4 ms of nothing
+    (waiting for the next batch) before its kernels."""
+    def step(i, t0):
+        ev = [_x("FSDP::root_pre_forward", t0 + 20, 10, cat="user_annotation")]  # host window: all busy on device
+        d0 = t0 + 3000  # the device's own step window, later than the host's
+        ev.append(_x(f"ProfilerStep#{i + 2}", d0, 10_000, cat="gpu_user_annotation", tid=STREAM, pid=0))
+        ev.append(_x("ampere_bf16_gemm", d0 + 4000, 5800, cat="kernel", tid=STREAM, pid=0))
+        return ev
+    r = _decide([_trace(0, 1, step)])
+    assert r["verdict"] == "data-starved"
+    assert r["fractions"]["data"] == pytest.approx(0.4, abs=0.01)
+
+
 def test_overlapped_nccl_is_not_counted_as_exposed_communication():
     kernels = [("ampere_bf16_gemm", 40, 9000, "kernel"), ("ncclDevKernel_ReduceScatter", 1000, 7000, "kernel")]
     r = _decide([_device_trace(0, kernels)])
