@@ -90,7 +90,7 @@ def environment(context: AssetExecutionContext, storage: ArtifactStore, cluster:
               f"{env['nccl_version'] or 'missing'}"
     else:
         ok = env["gloo_available"]
-        why = f"no GPU: {need} gloo process(es) per node on {env['cpu_count']} CPU core(s)"
+        why = f"no GPU: {need} gloo process(es) per node on {env.get('usable_cpus', env['cpu_count'])} usable CPU core(s)"
     yield Output({"environment": env, "shape": shape, "fingerprint": fp, "path": str(out)}, metadata={
         "shape": shape, "backend": env["backend"], "device_count": env["device_count"],
         "devices": ", ".join(env["devices"]) or "cpu", "torch": env["versions"]["torch"] or "missing",
@@ -98,10 +98,15 @@ def environment(context: AssetExecutionContext, storage: ArtifactStore, cluster:
         "versions": MetadataValue.json(env["versions"]), "report": MetadataValue.path(str(out))})
     yield AssetCheckResult(check_name="devices_visible", passed=bool(ok), description=why,
                            metadata={"device_count": env["device_count"], "backend": env["backend"]})
+    if base is None:
+        desc = "baseline recorded"
+    elif cluster.rebaseline:
+        desc = "rebaselined" + (f"; changes accepted: {'; '.join(changes)}" if changes else "")
+    else:
+        desc = ("changed since the baseline: " + "; ".join(changes)) if changes else "unchanged since the baseline"
     yield AssetCheckResult(
-        check_name="environment_vs_baseline", passed=not changes, severity=AssetCheckSeverity.WARN,
-        description=("changed since the baseline: " + "; ".join(changes)) if changes else
-        ("baseline recorded" if base is None else "unchanged since the baseline"),
+        check_name="environment_vs_baseline", passed=not changes or cluster.rebaseline,
+        severity=AssetCheckSeverity.WARN, description=desc,
         metadata={"changes": MetadataValue.md("\n".join(f"- {c}" for c in changes) or "- none")})
 
 

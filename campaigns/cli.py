@@ -184,16 +184,26 @@ def _ladder(args: argparse.Namespace) -> int:
                                    "max_bytes": args.max_bytes, "train_steps": args.train_steps}.items() if v is not None}
     resources = default_resources(args.artifacts) | {"cluster": ClusterValidation(rebaseline=args.rebaseline, **overrides)}
     defs = build_definitions([], artifact_root=args.artifacts, resources=resources)
+    selection = None
+    if args.up_to:
+        from dagster import AssetKey
+
+        from perf.ladder import RUNGS
+
+        selection = [AssetKey(["cluster", r]) for r in RUNGS[:RUNGS.index(args.up_to) + 1]]
     with DagsterInstance.get() as instance:
         result = defs.resolve_job_def(JOB).execute_in_process(
-            instance=instance, raise_on_error=False, tags={"trigger": "manual"},
+            instance=instance, raise_on_error=False, tags={"trigger": "manual"}, asset_selection=selection,
             run_config={"loggers": {"console": {"config": {"log_level": args.log_level}}}})
-    print(f"\n=== cluster validation ladder ({'success' if result.success else 'failure'}) ===")
-    for ev in result.get_asset_check_evaluations():
+    checks = result.get_asset_check_evaluations()
+    failed = sum(not e.passed for e in checks)
+    print(f"\n=== cluster validation ladder: run {'succeeded' if result.success else 'failed'}, "
+          f"{len(checks) - failed} check(s) passed, {failed} failed ===")
+    for ev in checks:
         print(f"{'PASS' if ev.passed else 'FAIL':4s}  {ev.asset_key.to_user_string():32s} {ev.check_name:24s} "
               f"{ev.description or ''}")
     print(f"dagster run id: {result.run_id}")
-    return EXIT_OK if result.success and all(e.passed for e in result.get_asset_check_evaluations()) else EXIT_FAILED
+    return EXIT_OK if result.success and not failed else EXIT_FAILED
 
 
 def _triage(args: argparse.Namespace) -> int:
@@ -245,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     lad.add_argument("--max-bytes", help="largest message of the bandwidth sweep (e.g. 1M, 16M, 8G)")
     lad.add_argument("--train-steps", type=int)
     lad.add_argument("--rebaseline", action="store_true", help="record this run as the new baseline")
+    lad.add_argument("--up-to", choices=["environment", "allreduce_smoke", "collective_bandwidth", "tiny_training",
+                                         "eval_gate"], help="run the rungs up to this one only")
     lad.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     lad.set_defaults(fn=_ladder)
     tri = sub.add_parser("triage", help="why is training slow: triage a campaign's profiled run or trace files")

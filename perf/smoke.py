@@ -64,6 +64,7 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "versions": {p: _version(p) for p in PACKAGES},
         "cuda_available": cuda,
         "cuda_version": torch.version.cuda,
@@ -80,7 +81,8 @@ def environment() -> dict[str, Any]:
 def fingerprint(env: dict[str, Any]) -> dict[str, str]:
     """What, when it changes between two runs, explains their numbers moving (flat, comparable strings)."""
     flat = {f"version:{k}": str(v) for k, v in env["versions"].items()}
-    for k in ("python", "cuda_version", "driver_version", "nccl_version", "backend", "device_count", "cpu_count"):
+    for k in ("python", "cuda_version", "driver_version", "nccl_version", "backend", "device_count", "cpu_count",
+              "usable_cpus"):
         flat[k] = str(env.get(k))
     flat["devices"] = ",".join(env.get("devices") or []) or "none"
     return flat
