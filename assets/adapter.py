@@ -7,6 +7,7 @@ import time
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
 from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
+from assets.perf_metadata import profile_metadata
 from campaigns.spec import CampaignSpec
 from resources.launchers import TrainingLauncher
 from resources.pricing import PricingResource
@@ -16,7 +17,8 @@ from resources.storage import ArtifactStore
 def training_key_fields(spec: CampaignSpec) -> dict:
     """Settings that change the trained adapter (launcher and logging do not)."""
     return {"student": spec.student.model_dump(),
-            "training": spec.training.model_dump(exclude={"launcher", "log_every", "hardware"})}
+            "training": spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "diagnostics",
+                                                          "distributed_env"})}
 
 
 def build(spec: CampaignSpec):
@@ -58,7 +60,7 @@ def build(spec: CampaignSpec):
             "trainable_parameters": sm["trainable_parameters"], "adapter_bytes": sm["adapter_bytes"],
             "peak_memory_mb": sm["peak_memory_mb"],
             "gpu_hours": float(sum(line["quantity"] for line in m["cost_lines"] if line["unit"] == "gpu-hour")),
-        }
+        } | profile_metadata(m["path"])
         return Output(m, metadata=md)
 
     return student_adapter

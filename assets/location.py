@@ -11,7 +11,7 @@ import logging
 
 from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job, DefaultScheduleStatus
 
-from assets import adapter, cost, demo_models, distillation, evaluation, generations, invalid, prompts, promotion, tokenized
+from assets import adapter, cluster, cost, demo_models, distillation, evaluation, generations, invalid, prompts, promotion, tokenized
 from assets.drift import drift_key
 from assets.io_manager import ManifestIOManager
 from assets.sensors import campaign_automation, trigger_tags
@@ -19,6 +19,7 @@ from assets.versions import with_versions
 from campaigns.loader import load_campaigns
 from campaigns.spec import CampaignSpec
 from resources import ArtifactStore, LocalTorchrunLauncher, PricingResource, TeacherResource
+from resources.cluster import ClusterValidation
 from resources.k8s import K8sTrainingLauncher
 from resources.launchers import TrainingLauncher
 
@@ -42,6 +43,7 @@ def default_resources(artifact_root: str = "artifacts", ledger: str | None = Non
         "teacher": TeacherResource(),
         "launcher": TrainingLauncher(local=LocalTorchrunLauncher(), k8s=K8sTrainingLauncher()),
         "pricing": PricingResource(ledger=ledger),
+        "cluster": ClusterValidation(),
     }
 
 
@@ -50,8 +52,8 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
     loaded = load_campaigns(campaign_files)
     for err in loaded.errors:
         log.warning("invalid campaign file (other campaigns still load):\n%s", err.render())
-    assets: list = [demo_models.demo_models]
-    jobs, schedules, sensors = [], [], []
+    assets: list = [demo_models.demo_models, *cluster.ASSETS]
+    jobs, schedules, sensors = [cluster.job()], [], []
     for name, spec in loaded.campaigns.items():
         assets += with_versions(campaign_assets(spec), spec)
         job = define_asset_job(campaign_job_name(name),

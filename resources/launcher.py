@@ -21,6 +21,7 @@ from dagster import ConfigurableResource, Failure, MetadataValue, PipesTempFileC
 from pydantic import Field
 
 from training.config import TrainJob
+from training.diagnostics import distributed_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,7 +74,7 @@ class LocalTorchrunLauncher(ConfigurableResource):
                                 extras={"campaign": job.campaign}) as session:
             env = {**os.environ, **session.get_bootstrap_env_vars(), "OMP_NUM_THREADS": str(threads),
                    "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-                   "TOKENIZERS_PARALLELISM": "false"}
+                   "TOKENIZERS_PARALLELISM": "false", **distributed_env(job.training)}
             procs, logs = [], []
             for i, cmd in enumerate(cmds):
                 log = workdir / f"node-{i}.log"

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from training import data as tdata
 from training.config import TrainJob
 from training.model import build_mesh, device_for, load_student, shard, trainable_parameters
+from training.profiling import RunProfiler
 from training.reporting import Reporter
 
 
@@ -159,40 +160,43 @@ class LoraTrainer:
         metrics: list[dict] = []
         skipped = 0
         t_start = time.perf_counter()
-        for step, micro in tdata.iter_steps(self.plan, 0, self.total_steps, self.rank):
-            t0 = time.perf_counter()
-            batches = [tdata.collate(self.rows, idx, self.pad_id) for idx in micro]
-            local = torch.tensor([sum(tdata.loss_token_count(b) for b in batches),
-                                  sum(tdata.real_token_count(b) for b in batches)], dtype=torch.float64)
-            dist.all_reduce(local)
-            global_tokens, global_real = int(local[0]), int(local[1])
-            if global_tokens == 0:
-                skipped += 1
-                self.report.log(f"step {step}: every micro-batch is fully masked on all ranks; skipped")
+        with RunProfiler(spec, self.out, self.report.log) as prof:
+            for step, micro in tdata.iter_steps(self.plan, 0, self.total_steps, self.rank):
+                t0 = time.perf_counter()
+                batches = [tdata.collate(self.rows, idx, self.pad_id) for idx in micro]
+                local = torch.tensor([sum(tdata.loss_token_count(b) for b in batches),
+                                      sum(tdata.real_token_count(b) for b in batches)], dtype=torch.float64)
+                dist.all_reduce(local)
+                global_tokens, global_real = int(local[0]), int(local[1])
+                if global_tokens == 0:
+                    skipped += 1
+                    self.report.log(f"step {step}: every micro-batch is fully masked on all ranks; skipped")
+                    self.scheduler.step()
+                    continue
+                loss_sum = sum(self._loss_step(b, global_tokens) for b in batches)
+                grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model), spec.max_grad_norm)
+                grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+                loss_t = torch.tensor([loss_sum], dtype=torch.float64)
+                dist.all_reduce(loss_t)
+                loss = float(loss_t) / global_tokens
+                if not math.isfinite(loss) or not math.isfinite(grad_norm):
+                    raise TrainingError(f"step {step}: non-finite loss {loss} or gradient norm {grad_norm}; stopping")
+                lr = self.scheduler.get_last_lr()[0]
+                self.optimizer.step()
                 self.scheduler.step()
-                continue
-            loss_sum = sum(self._loss_step(b, global_tokens) for b in batches)
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model), spec.max_grad_norm)
-            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-            loss_t = torch.tensor([loss_sum], dtype=torch.float64)
-            dist.all_reduce(loss_t)
-            loss = float(loss_t) / global_tokens
-            if not math.isfinite(loss) or not math.isfinite(grad_norm):
-                raise TrainingError(f"step {step}: non-finite loss {loss} or gradient norm {grad_norm}; stopping")
-            lr = self.scheduler.get_last_lr()[0]
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            dt = time.perf_counter() - t0
-            row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "loss_tokens": global_tokens,
-                   "tokens": global_real, "tokens_per_s": global_real / dt, "step_s": dt,
-                   "peak_memory_mb": _peak_memory_mb(self.device)}
-            metrics.append(row)
-            if self.is_main and ((step + 1) % spec.log_every == 0 or step == 0 or step + 1 == self.total_steps):
-                self.report.log(f"step {step + 1}/{self.total_steps} loss {loss:.4f} lr {lr:.2e} "
-                                f"grad_norm {grad_norm:.3f} tokens/s {row['tokens_per_s']:.0f}")
-                self.report.metrics(row)
+                self.optimizer.zero_grad(set_to_none=True)
+                dt = time.perf_counter() - t0
+                row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "loss_tokens": global_tokens,
+                       "tokens": global_real, "tokens_per_s": global_real / dt, "step_s": dt,
+                       "peak_memory_mb": _peak_memory_mb(self.device)}
+                metrics.append(row)
+                if self.is_main and ((step + 1) % spec.log_every == 0 or step == 0 or step + 1 == self.total_steps):
+                    self.report.log(f"step {step + 1}/{self.total_steps} loss {loss:.4f} lr {lr:.2e} "
+                                    f"grad_norm {grad_norm:.3f} tokens/s {row['tokens_per_s']:.0f}")
+                    self.report.metrics(row)
+                prof.step()
         seconds = time.perf_counter() - t_start
+        prof.finish()
         return self._finish(metrics, skipped, seconds)
 
     # ------------------------------------------------------------------ output
