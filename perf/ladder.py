@@ -88,8 +88,14 @@ def tiny_task(train_items: int, eval_items: int, seed: int = 4242) -> tuple[list
 
 
 def tokenize_tiny(student_dir: Path, pairs: list[dict], out_dir: Path, max_seq_len: int = 64) -> Path:
-    from dataprep.tokenize import tokenize_pairs
+    """Tokenize ``pairs`` with the project's dataset stage (packed, no validation split); returns
+    the directory of training shards the trainer reads."""
+    import json
+
+    from dataprep.tokenize import BuildSettings, build_tokenized_dataset
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenize_pairs(student_dir, pairs, out_dir / "data-00000.parquet", max_seq_len)
-    return out_dir
+    src = out_dir / "pairs.jsonl"
+    src.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    build_tokenized_dataset(student_dir, [src], out_dir / "built", BuildSettings(max_seq_len=max_seq_len, num_proc=1))
+    return out_dir / "built" / "train"
