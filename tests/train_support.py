@@ -1,0 +1,89 @@
+"""Helpers for the trainer's tests and benchmarks: cipher datasets, jobs, torchrun processes."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def demo_spec():
+    from campaigns.spec import CampaignSpec
+
+    return CampaignSpec.model_validate(yaml.safe_load((REPO_ROOT / "campaigns" / "demo.yaml").read_text()))
+
+
+def write_cipher_dataset(out_dir: Path, tokenizer_dir: Path, n: int, seed: int = 0, masked_rows: int = 0,
+                         long_every: int = 0) -> Path:
+    """A tokenized dataset of ``n`` cipher pairs (the teacher's answers, known by construction).
+
+    ``masked_rows`` extra rows have no loss token at all; ``long_every`` > 0 makes every k-th
+    completion many words long, so micro-batches (and ranks) hold very uneven loss-token counts.
+    """
+    from dataprep.tokenize import tokenize_pairs
+    from tinymodels import cipher
+
+    rng = random.Random(seed)
+    gen = cipher.pairs(rng, cipher.CIPHER)
+    pairs = []
+    for i in range(n):
+        p, c = next(gen)
+        if long_every and i % long_every == 0:
+            c = c + "".join(" " + cipher.encode(cipher.random_word(rng)) for _ in range(5))
+        pairs.append({"id": f"r{i}", "prompt": p, "completion": c})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "data-00000.parquet"
+    tokenize_pairs(tokenizer_dir, pairs, path, max_seq_len=64)
+    if masked_rows:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        t = pq.read_table(path)
+        extra = t.slice(0, masked_rows).to_pylist()
+        for r in extra:
+            r["labels"] = [-100] * len(r["labels"])
+            r["num_loss_tokens"] = 0
+        pq.write_table(pa.concat_tables([t, pa.Table.from_pylist(extra, schema=t.schema)]), path)
+    return out_dir
+
+
+def make_job(out: Path, base: Path, dataset: Path, student: dict | None = None, **training):
+    """A TrainJob from the demo campaign's student and training sections, with overrides."""
+    from campaigns.spec import StudentSpec, TrainingSpec
+    from training.config import TrainJob
+
+    spec = demo_spec()
+    st = StudentSpec.model_validate(spec.student.model_dump() | (student or {}))
+    tr_fields = spec.training.model_dump() | {"log_every": 5}
+    for k, v in training.items():
+        if isinstance(v, dict) and isinstance(tr_fields.get(k), dict):
+            tr_fields[k] = tr_fields[k] | v
+        else:
+            tr_fields[k] = v
+    return TrainJob(campaign="test", base_model_path=str(base), dataset_path=str(dataset), output_dir=str(out),
+                    student=st, training=TrainingSpec.model_validate(tr_fields))
+
+
+def child_env(threads: int = 1) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
+def start_nodes(cmds: list[list[str]], logdir: Path, env: dict | None = None) -> list[subprocess.Popen]:
+    """One process group per node command, output to ``logdir/node-<i>.log``."""
+    logdir.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen(cmd, cwd=REPO_ROOT, env=env or child_env(), stdout=(logdir / f"node-{i}.log").open("w"),
+                             stderr=subprocess.STDOUT, start_new_session=True) for i, cmd in enumerate(cmds)]
+
+
+def node_logs(logdir: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(logdir.glob("node-*.log")))
+
+
+PYTHON = sys.executable
