@@ -87,3 +87,24 @@ def node_logs(logdir: Path) -> str:
 
 
 PYTHON = sys.executable
+
+
+def write_pairs_dataset(out_dir: Path, tokenizer_dir: Path, pairs: list[tuple[str, str]], masked: set[int] = frozenset()) -> Path:
+    """A tokenized dataset from explicit (prompt, completion) pairs; rows in ``masked`` carry no loss token."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dataprep.tokenize import tokenize_pairs
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "data-00000.parquet"
+    tokenize_pairs(tokenizer_dir, [{"id": f"r{i}", "prompt": p, "completion": c} for i, (p, c) in enumerate(pairs)],
+                   path, max_seq_len=64)
+    if masked:
+        t = pq.read_table(path)
+        rows = t.to_pylist()
+        for i in masked:
+            rows[i]["labels"] = [-100] * len(rows[i]["labels"])
+            rows[i]["num_loss_tokens"] = 0
+        pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), path)
+    return out_dir

@@ -654,8 +654,9 @@ class LoraTrainer:
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
-        # After a failure a peer may be gone: leave the group to process exit instead of a collective teardown.
-        if ok and dist.is_initialized():
+        # After a failure a peer may be gone and NCCL's teardown can block on it: leave that to process
+        # exit. Gloo's teardown is local, so it always runs (in-process callers can start again).
+        if dist.is_initialized() and (ok or dist.get_backend() == "gloo"):
             dist.destroy_process_group()
 
 
