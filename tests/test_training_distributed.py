@@ -146,7 +146,6 @@ def test_two_nodes_train_4bit_and_adapter_reloads_with_peft(two_node_run, demo_m
     s, job = two_node_run["summary"], two_node_run["job"]
     assert (s["world_size"], s["nodes"], s["processes_per_node"], s["sharding"]) == (2, 2, 1, "full")
     assert s["effective_batch"] == 16 and s["trained_steps"] == STEPS and s["skipped_steps"] == 0
-    assert s["final_loss"] < 0.6 * s["first_loss"], s
     assert s["eval_loss"] < 0.6 * s["eval_loss_before"], s
     out = Path(job.output_dir)
     adapter = out / "adapter"
@@ -157,6 +156,7 @@ def test_two_nodes_train_4bit_and_adapter_reloads_with_peft(two_node_run, demo_m
 
     metrics = pq.read_table(out / "metrics.parquet").to_pylist()
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert sum(m["loss"] for m in metrics[-4:]) / 4 < 0.6 * metrics[0]["loss"], [m["loss"] for m in metrics]
     assert all(m["tokens_per_s"] > 0 and m["peak_memory_mb"] > 0 and m["grad_norm"] > 0 for m in metrics)
     kept = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert kept == ["step-00000018", "step-00000024"], kept  # keep_last 2

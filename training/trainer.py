@@ -557,9 +557,14 @@ class LoraTrainer:
         self.report.log(f"resumed from checkpoint {path} (step {step} of {self.total_steps})")
 
     def _load_optimizer(self, optim: dict | None) -> None:
-        box: list = [sorted(optim["state"]) if self.is_main else None]
+        box: list = [(sorted(optim["state"]), optim["param_groups"]) if self.is_main else None]
         dist.broadcast_object_list(box, src=0)
-        names = set(box[0])
+        names, groups = set(box[0][0]), box[0][1]
+        if len(groups) != len(self.optimizer.param_groups):
+            raise TrainingError(f"checkpoint has {len(groups)} optimizer parameter groups, this run has "
+                                f"{len(self.optimizer.param_groups)}")
+        for group, saved in zip(self.optimizer.param_groups, groups):
+            group.update(saved)  # the current lr (the scheduler's state does not carry it), betas, decay
         for name, p in self.named_trainable:
             if name not in names:
                 continue

@@ -1,0 +1,149 @@
+"""The trainer in one process (world of one, gloo): resume, guards, distillation, exports, sizes.
+
+Each run goes through ``training.trainer.run`` in this process, exactly as ``python -m training``
+does without torchrun; torchrun-launched multi-process runs are in test_training_distributed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from train_support import make_job, write_cipher_dataset
+
+DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+SMALL = {"lora": {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "down_proj"]}}
+
+
+@pytest.fixture
+def run_job(monkeypatch, tmp_path):
+    """Run a TrainJob in this process as a world of one; returns the summary."""
+    from training.trainer import run
+
+    def go(job, name: str = "job"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for k, v in zip(DIST_ENV, ("0", "0", "1", "1", "127.0.0.1", str(port))):
+            monkeypatch.setenv(k, v)
+        Path(job.output_dir).mkdir(parents=True, exist_ok=True)
+        return run(job.write(tmp_path / f"{name}.json"))
+
+    return go
+
+
+@pytest.fixture(scope="module")
+def cipher_ds(tmp_path_factory, demo_models):
+    return write_cipher_dataset(tmp_path_factory.mktemp("ds") / "cipher", demo_models["student"], 96, seed=5)
+
+
+def _adapter(out: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "adapter" / "adapter_model.safetensors"))
+
+
+def test_interrupted_run_resumes_to_the_same_adapter(run_job, tmp_path, demo_models, cipher_ds, monkeypatch):
+    """A run that dies after a checkpoint resumes there (adapter, optimizer, LR, RNG, data position)
+    and ends with the adapter of an uninterrupted run; the non-finite guard stops before the update."""
+    from training.trainer import LoraTrainer, TrainingError
+
+    kw = dict(student=SMALL, max_steps=8, micro_batch_size=8, eval_rows=16, warmup_steps=2,
+              checkpoint={"every_steps": 3, "every_minutes": None, "keep_last": 5})
+    straight = run_job(make_job(tmp_path / "a", demo_models["student"], cipher_ds, **kw), "a")
+    assert straight["resumed_from_step"] is None and straight["trained_steps"] == 8
+
+    real_forward = LoraTrainer._forward
+    calls = {"n": 0}
+
+    def poisoned(self, batch):  # the 7th training forward yields NaN logits
+        logits = real_forward(self, batch)
+        if self.model.training:
+            calls["n"] += 1
+            if calls["n"] == 7:
+                return logits * float("nan")
+        return logits
+
+    monkeypatch.setattr(LoraTrainer, "_forward", poisoned)
+    out_b = tmp_path / "b"
+    with pytest.raises(TrainingError, match=r"step 7: non-finite loss nan.*Last good checkpoint: .*step-00000006"):
+        run_job(make_job(out_b, demo_models["student"], cipher_ds, **kw), "b1")
+    monkeypatch.setattr(LoraTrainer, "_forward", real_forward)
+    done = sorted(d.name for d in (out_b / "checkpoints").glob("step-*") if (d / "_SUCCESS").exists())
+    assert done == ["step-00000003", "step-00000006"]  # the bad step wrote nothing
+    assert not (out_b / "adapter").exists()
+
+    resumed = run_job(make_job(out_b, demo_models["student"], cipher_ds, **kw), "b2")
+    assert resumed["resumed_from_step"] == 6 and resumed["trained_steps"] == 8
+    assert resumed["eval_loss_before"] == pytest.approx(straight["eval_loss_before"])
+    a, b = _adapter(tmp_path / "a"), _adapter(out_b)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+    assert resumed["eval_loss"] == pytest.approx(straight["eval_loss"], rel=1e-6)
+
+
+def test_all_masked_steps_are_counted_and_skipped(run_job, tmp_path, demo_models):
+    import pyarrow.parquet as pq
+
+    ds = write_cipher_dataset(tmp_path / "ds", demo_models["student"], 6, seed=1, masked_rows=6)
+    s = run_job(make_job(tmp_path / "out", demo_models["student"], ds, student=SMALL, max_steps=12,
+                         micro_batch_size=1, eval_rows=0, checkpoint={"every_steps": None}))
+    assert s["skipped_steps"] == 6 and s["trained_steps"] == 6
+    metrics = pq.read_table(tmp_path / "out" / "metrics.parquet").to_pylist()
+    assert len(metrics) == 6 and all(m["loss"] > 0 and m["loss_tokens"] > 0 for m in metrics)
+
+
+def test_adapter_only_checkpoint_is_a_small_share_of_the_base(run_job, tmp_path, demo_models):
+    """Checkpoints hold the adapter and its optimizer state, never the base. The demo student is so
+    small (hidden 64) that any adapter is a large share of it (~40% with r=16), so the bound is checked
+    on a base built from a config (hidden 1024, 2 layers, bf16 on disk) with LoRA r=4 on every linear:
+    r / hidden is then what r=16 is on a 7B Llama (hidden 4096), the proportion that matters."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(demo_models["student"]))
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    base = tmp_path / "base"
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(base))
+    tok.save_pretrained(str(base))
+    ds = write_cipher_dataset(tmp_path / "ds", base, 8, seed=2)
+    lora = {"lora": {"r": 4, "alpha": 8, "dropout": 0.0,
+                     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}}
+    s = run_job(make_job(tmp_path / "out", base, ds, student=lora, max_steps=2, micro_batch_size=4, eval_rows=0,
+                         checkpoint={"every_steps": 1}))
+    ckpt = tmp_path / "out" / "checkpoints" / "step-00000002"
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "adapter_model.safetensors"), "pt") as f:
+        assert f.keys() and all(".lora_A." in k or ".lora_B." in k for k in f.keys())
+    assert s["base_model_bytes"] > 20e6
+    share = s["checkpoint_bytes"] / s["base_model_bytes"]
+    assert share <= 0.05, f"checkpoint is {share:.1%} of the base"
+    assert s["adapter_bytes"] / s["base_model_bytes"] <= 0.02
+
+
+def test_merged_export_matches_the_adapter(run_job, tmp_path, demo_models, cipher_ds):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    s = run_job(make_job(tmp_path / "out", demo_models["student"], cipher_ds, student=SMALL, max_steps=3,
+                         micro_batch_size=8, eval_rows=0, export_merged=True, checkpoint={"every_steps": None}))
+    merged = AutoModelForCausalLM.from_pretrained(s["merged_dir"], dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(str(demo_models["student"]), dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, s["adapter_dir"]).eval()
+    x = torch.tensor([[1, 10, 11, 12, 13, 14, 15]])
+    with torch.no_grad():
+        m, p = merged(input_ids=x).logits, peft(input_ids=x).logits
+        with peft.disable_adapter():
+            b = peft(input_ids=x).logits
+    # The merged weights are stored in the compute dtype (bf16): equal up to its rounding, unlike the base.
+    assert float((m - p).norm() / p.norm()) < 1e-2
+    assert float((b - p).norm() / p.norm()) > 5 * float((m - p).norm() / p.norm())
+    assert (Path(s["merged_dir"]) / "tokenizer.json").exists()
