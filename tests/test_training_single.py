@@ -147,3 +147,42 @@ def test_merged_export_matches_the_adapter(run_job, tmp_path, demo_models, ciphe
     assert float((m - p).norm() / p.norm()) < 1e-2
     assert float((b - p).norm() / p.norm()) > 5 * float((m - p).norm() / p.norm())
     assert (Path(s["merged_dir"]) / "tokenizer.json").exists()
+
+
+def test_logit_distillation_trains_and_refuses_a_foreign_tokenizer(run_job, tmp_path, demo_models):
+    from train_support import add_teacher_topk
+    from training.trainer import TrainingError
+
+    ds = add_teacher_topk(write_cipher_dataset(tmp_path / "ds", demo_models["student"], 48, seed=4),
+                          demo_models["teacher"], k=4)
+    kd = {"loss": "logits", "kl_weight": 0.7}
+    job = make_job(tmp_path / "out", demo_models["student"], ds, student=SMALL, max_steps=10, micro_batch_size=8,
+                   learning_rate=1e-2, eval_rows=16, distillation=kd, checkpoint={"every_steps": None})
+    s = run_job(job.model_copy(update={"teacher_tokenizer_path": str(demo_models["teacher"])}), "kd")
+    import pyarrow.parquet as pq
+
+    m = pq.read_table(tmp_path / "out" / "metrics.parquet").to_pylist()
+    assert s["loss"] == "logits" and len(m) == 10
+    assert all(r["kl_loss"] is not None and r["kl_loss"] >= 0 for r in m)
+    assert m[-1]["kl_loss"] < 0.7 * m[0]["kl_loss"], [r["kl_loss"] for r in m]
+    assert m[0]["loss"] == pytest.approx(0.3 * m[0]["ce_loss"] + 0.7 * m[0]["kl_loss"])
+
+    # a teacher with another vocabulary is refused before any model is loaded
+    from transformers import AutoTokenizer
+
+    other = AutoTokenizer.from_pretrained(str(demo_models["teacher"]))
+    other.add_tokens(["<tool>"])
+    other.save_pretrained(str(tmp_path / "other_tok"))
+    bad = make_job(tmp_path / "bad", demo_models["student"], ds, student=SMALL, max_steps=2, micro_batch_size=8,
+                   distillation=kd).model_copy(update={"teacher_tokenizer_path": str(tmp_path / "other_tok")})
+    n = len(other)
+    with pytest.raises(TrainingError, match=rf"shares the student.s tokenizer.*{n} tokens.*{n - 1} tokens.*<tool>"):
+        run_job(bad, "bad")
+    assert not (tmp_path / "bad" / "checkpoints").exists()
+    # and a dataset without the teacher's top-k columns is refused with the column names
+    plain = write_cipher_dataset(tmp_path / "plain", demo_models["student"], 16)
+    nocols = make_job(tmp_path / "nocols", demo_models["student"], plain, student=SMALL, max_steps=2,
+                      micro_batch_size=8, distillation=kd).model_copy(
+        update={"teacher_tokenizer_path": str(demo_models["teacher"])})
+    with pytest.raises(TrainingError, match="teacher_topk_ids"):
+        run_job(nocols, "nocols")

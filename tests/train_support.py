@@ -108,3 +108,35 @@ def write_pairs_dataset(out_dir: Path, tokenizer_dir: Path, pairs: list[tuple[st
             rows[i]["num_loss_tokens"] = 0
         pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), path)
     return out_dir
+
+
+def add_teacher_topk(ds_dir: Path, teacher_dir: Path, k: int = 4) -> Path:
+    """Give a tokenized cipher dataset the teacher's top-k log-probabilities, the way a generation would
+    carry them: one ``{token_id, logprob}`` list per completion token, aligned onto the rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.losses import align_top_logprobs
+
+    teacher = AutoModelForCausalLM.from_pretrained(str(teacher_dir), dtype=torch.float32).eval()
+    path = ds_dir / "data-00000.parquet"
+    t = pq.read_table(path)
+    ids_col, lps_col = [], []
+    for row in t.to_pylist():
+        x = torch.tensor([row["input_ids"]])
+        with torch.no_grad():
+            lp = torch.log_softmax(teacher(input_ids=x).logits[0].float(), -1)
+        positions = [i for i, lab in enumerate(row["labels"]) if lab != -100]
+        top = []
+        for pos in positions:  # the distribution that produced token `pos` comes from position pos - 1
+            v, i = lp[pos - 1].topk(k)
+            top.append([{"token_id": int(a), "logprob": float(b)} for a, b in zip(i, v)])
+        ids, lps = align_top_logprobs(row["labels"], top, generated_ids=[row["labels"][p] for p in positions])
+        ids_col.append(ids)
+        lps_col.append(lps)
+    t = t.append_column("teacher_topk_ids", pa.array(ids_col, pa.list_(pa.list_(pa.int32()))))
+    t = t.append_column("teacher_topk_logprobs", pa.array(lps_col, pa.list_(pa.list_(pa.float32()))))
+    pq.write_table(t, path)
+    return ds_dir

@@ -130,7 +130,7 @@ class CheckpointStore:
         if self.is_complete(step):
             return self.path(step)
         tmp = self.begin(step)
-        base = self._key(step, "")
+        base = self._key(step, "") + "/"
         for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
             for obj in page.get("Contents", []):
                 name = obj["Key"][len(base):]
@@ -140,7 +140,7 @@ class CheckpointStore:
 
     def _delete_remote(self, step: int) -> None:
         self.s3.delete_object(Bucket=self.bucket, Key=self._key(step, MARKER))  # incomplete from here on
-        base = self._key(step, "")
+        base = self._key(step, "") + "/"
         keys = [o["Key"] for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
                 for o in page.get("Contents", [])]
         for i in range(0, len(keys), 1000):

@@ -28,6 +28,7 @@ teacher said nothing); :func:`align_top_logprobs` builds those lists from a teac
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -52,12 +53,6 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch
     flat = logits[:, :-1].float().reshape(-1, logits.size(-1))
     loss = F.cross_entropy(flat, shifted.reshape(-1), ignore_index=IGNORE, reduction="sum")
     return loss, int((shifted != IGNORE).sum())
-
-
-def _log1mexp(x: torch.Tensor) -> torch.Tensor:
-    """log(1 - exp(x)) for x <= 0, stable at both ends (Mächler 2012); -inf at x == 0."""
-    x = x.clamp(max=0.0)
-    return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
 
 
 def topk_kl_sum(
@@ -86,12 +81,18 @@ def topk_kl_sum(
         return logits.sum() * 0.0, 0
     z = logits[:, :-1][positions].float()  # [N, V]
     ids, lp_t, valid = ids[positions], lp_t[positions], valid[positions]
-    log_q = torch.log_softmax(z, dim=-1).gather(-1, ids.clamp(min=0))  # [N, K]
-    p = torch.where(valid, lp_t.exp(), torch.zeros_like(lp_t))
-    top = (p * (torch.where(valid, lp_t, torch.zeros_like(lp_t)) - torch.where(valid, log_q, torch.zeros_like(log_q)))).sum(-1)
+    log_q_all = torch.log_softmax(z, dim=-1)
+    safe_ids = ids.clamp(min=0)
+    log_q = log_q_all.gather(-1, safe_ids)  # [N, K]
+    zero = torch.zeros_like(lp_t)
+    p = torch.where(valid, lp_t.exp(), zero)
+    top = (p * (torch.where(valid, lp_t, zero) - torch.where(valid, log_q, zero))).sum(-1)
+    # The student's tail mass is the sum over the tokens outside the teacher's top-k, taken directly (a
+    # finite fill instead of -inf keeps the gradient finite when the top-k covers the whole vocabulary).
+    in_top = torch.zeros_like(log_q_all).scatter_add(-1, safe_ids, valid.to(log_q_all.dtype)) > 0
+    log_q_tail = torch.logsumexp(log_q_all.masked_fill(in_top, -1e30), dim=-1)
+    log_q_tail = log_q_tail.clamp(min=math.log(min_tail))
     p_tail = (1.0 - p.sum(-1)).clamp(min=0.0)
-    log_q_top = torch.logsumexp(torch.where(valid, log_q, torch.full_like(log_q, float("-inf"))), dim=-1)
-    log_q_tail = _log1mexp(log_q_top).clamp(min=torch.log(torch.tensor(min_tail)).item())
     tail = torch.xlogy(p_tail, p_tail) - p_tail * log_q_tail
     return (top + tail).sum(), int(positions.sum())
 
