@@ -92,6 +92,11 @@ class StudentSpec(_Strict):
     revision: str | None = None
     lora: LoraSpec = LoraSpec()
     quantization: QuantizationSpec = QuantizationSpec()
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = Field(
+        "auto",
+        description="Attention kernel for training. auto: sdpa on GPU; on CPU eager for sequences up to 512 "
+        "tokens (PyTorch's CPU flash-attention backward is several times slower there), sdpa beyond.",
+    )
 
 
 # --------------------------------------------------------------------------- data

@@ -28,14 +28,21 @@ def device_for(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def attention_kernel(student: StudentSpec, device: torch.device, max_seq_len: int) -> str:
+    """The attention implementation ``auto`` resolves to (see ``StudentSpec.attn_implementation``)."""
+    if student.attn_implementation != "auto":
+        return student.attn_implementation
+    return "eager" if device.type == "cpu" and max_seq_len <= 512 else "sdpa"
+
+
 def load_student(base_model_path: str, student: StudentSpec, device: torch.device,
-                 activation_checkpointing: bool = False):
+                 activation_checkpointing: bool = False, attn_implementation: str = "sdpa"):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     q = student.quantization
     dtype = getattr(torch, q.compute_dtype)
-    kwargs: dict = {"dtype": dtype}
+    kwargs: dict = {"dtype": dtype, "attn_implementation": attn_implementation}
     if q.load_in_4bit:
         from transformers import BitsAndBytesConfig
 

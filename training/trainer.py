@@ -49,7 +49,7 @@ from training import losses
 from training.checkpoint import CheckpointStore
 from training.config import TrainJob
 from training.model import (
-    build_mesh, device_for, full_tensor, load_full_into, load_student, packed_4bit_checksums, shard,
+    attention_kernel, build_mesh, device_for, full_tensor, load_full_into, load_student, packed_4bit_checksums, shard,
     trainable_parameters, verify_sharded_4bit,
 )
 from training.reporting import Reporter
@@ -233,8 +233,10 @@ class LoraTrainer:
     def _setup_model(self) -> None:
         torch.manual_seed(self.spec.seed)  # identical LoRA init on every rank
         self.compute_dtype = getattr(torch, self.job.student.quantization.compute_dtype)
+        self.attn_implementation = attention_kernel(self.job.student, self.device, self.spec.max_seq_len)
         model = load_student(self.job.base_model_path, self.job.student, self.device,
-                             activation_checkpointing=self.spec.activation_checkpointing)
+                             activation_checkpointing=self.spec.activation_checkpointing,
+                             attn_implementation=self.attn_implementation)
         self.trainable = sum(p.numel() for p in trainable_parameters(model))
         self.total_params = sum(p.numel() for p in model.parameters())
         if self.world > 1:
@@ -258,7 +260,9 @@ class LoraTrainer:
 
     def _setup_optimizer(self) -> None:
         params = [p for _, p in self.named_trainable]
-        self.optimizer = torch.optim.AdamW(params, lr=self.spec.learning_rate, weight_decay=self.spec.weight_decay)
+        # foreach: one multi-tensor kernel per Adam op instead of one per parameter (CPU included).
+        self.optimizer = torch.optim.AdamW(params, lr=self.spec.learning_rate, weight_decay=self.spec.weight_decay,
+                                           foreach=True)
         warm, total = self.spec.warmup_steps, self.total_steps
 
         def schedule(step: int) -> float:
@@ -290,7 +294,8 @@ class LoraTrainer:
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         skip = tdata.NON_MODEL_KEYS | losses.TEACHER_KEYS
-        return self.model(**{k: v for k, v in batch.items() if k not in skip}).logits
+        # No KV cache: training never reuses it, and building it costs time and memory every forward.
+        return self.model(**{k: v for k, v in batch.items() if k not in skip}, use_cache=False).logits
 
     def _loss_step(self, batch: dict[str, torch.Tensor], ce_tokens: int, kl_tokens: int) -> tuple[float, float]:
         """Forward + backward of one micro-batch against global token counts; returns its (CE, KL) sums."""
@@ -302,6 +307,10 @@ class LoraTrainer:
         # Every rank runs backward, even on a micro-batch without loss tokens (FSDP's collectives need it).
         (loss * self.world).backward()
         return float(sums["ce_sum"].detach()), float(sums["kl_sum"].detach()) if self.distill else 0.0
+
+    def _all_reduce(self, t: torch.Tensor) -> None:
+        if self.world > 1:  # a world of one has nothing to add
+            dist.all_reduce(t)
 
     def _set_grad_sync(self, enabled: bool) -> None:
         if hasattr(self.model, "set_requires_gradient_sync"):
@@ -317,7 +326,7 @@ class LoraTrainer:
         counts = torch.tensor([sum(tdata.loss_token_count(b) for b in batches),
                                sum(self._kl_token_count(b) for b in batches),
                                sum(tdata.real_token_count(b) for b in batches), *control], dtype=torch.float64)
-        dist.all_reduce(counts)
+        self._all_reduce(counts)
         return batches, [int(c) for c in counts[:3].tolist()], counts[3:].tolist()
 
     def accumulate(self, batches: list[dict], counts: list[int]) -> StepResult | None:
@@ -335,7 +344,7 @@ class LoraTrainer:
             c, k = self._loss_step(b, ce_tokens, kl_tokens)
             ce_sum, kl_sum = ce_sum + c, kl_sum + k
         sums = torch.tensor([ce_sum, kl_sum], dtype=torch.float64)
-        dist.all_reduce(sums)
+        self._all_reduce(sums)
         ce = float(sums[0]) / ce_tokens if ce_tokens else None
         kl = float(sums[1]) / kl_tokens if (self.distill and kl_tokens) else None
         w = self.spec.distillation.kl_weight if self.distill else 0.0
@@ -359,13 +368,14 @@ class LoraTrainer:
             f"({spec.nodes} node(s) × {spec.processes_per_node}), sharding "
             f"{spec.sharding if self.world > 1 else 'none (one process)'}, effective batch "
             f"{spec.micro_batch_size} × {self.world} × {spec.gradient_accumulation_steps} = {spec.effective_batch}, "
-            f"loss {spec.distillation.loss}, trainable {self.trainable:,} of {self.total_params:,} parameters"
+            f"loss {spec.distillation.loss}, attention {self.attn_implementation}, "
+            f"trainable {self.trainable:,} of {self.total_params:,} parameters"
             + (f"; resumed from checkpoint step {self.resumed_from}" if self.resumed_from is not None else "")
         )
         if self.start_step == 0 and self.eval_loss_before is None:
             self.eval_loss_before = self.evaluate()
         every_s = spec.checkpoint.every_minutes * 60 if spec.checkpoint.every_minutes else None
-        t_start = time.perf_counter()
+        t_start, cpu_start = time.perf_counter(), time.process_time()
         for step in range(self.start_step, self.total_steps):
             t0 = time.perf_counter()
             due = float(self.is_main and every_s is not None and time.monotonic() - self._last_save_time >= every_s)
@@ -411,7 +421,7 @@ class LoraTrainer:
                                 f"grad_norm {result.grad_norm:.3f} tokens/s {row['tokens_per_s']:.0f}")
                 self.report.metrics(row)
             self._maybe_checkpoint(step + 1)
-        seconds = time.perf_counter() - t_start
+        seconds, self.cpu_seconds = time.perf_counter() - t_start, time.process_time() - cpu_start
         self.save_checkpoint(self.total_steps, reason="final")
         return self._finish(seconds)
 
@@ -634,7 +644,9 @@ class LoraTrainer:
             "tokens": tokens,
             "loss_tokens": sum(r["loss_tokens"] for r in new),
             "train_seconds": seconds,
+            "train_cpu_seconds": self.cpu_seconds,
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "attn_implementation": self.attn_implementation,
             "peak_memory_mb": max((r["peak_memory_mb"] for r in m), default=0.0),
             "trainable_parameters": self.trainable,
             "total_parameters": self.total_params,
