@@ -200,6 +200,7 @@ def test_killed_rank_fails_job_in_bounded_time_and_relaunch_resumes(two_node_run
     finally:
         stop_all(procs, grace_s=1)
     assert all(c != 0 for c in codes), codes
+    print(f"job failed {elapsed:.1f}s after rank 1 was killed")
     assert elapsed < 45, f"the job took {elapsed:.1f}s to fail after a rank died"
     done = sorted(int(d.name.split("-")[1]) for d in ckpts.glob("step-*") if (d / "_SUCCESS").exists())
     assert done and done[-1] < STEPS

@@ -135,7 +135,9 @@ class LoraTrainer:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = device_for(self.local_rank)
         if not dist.is_initialized():
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            # On GPUs, NCCL moves the model's tensors and gloo the small CPU ones (token counts, flags,
+            # checkpoint metadata); every collective carries the timeout, so a dead peer fails the job.
+            backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=timedelta(seconds=self.spec.collective_timeout_s))
         self.is_main = self.rank == 0
         self.report = Reporter(self.is_main)
@@ -440,7 +442,7 @@ class LoraTrainer:
             s, n = losses.cross_entropy_sum(self._forward(batch), batch["labels"])
             total += torch.tensor([float(s), n], dtype=torch.float64)
         self.model.train()
-        dist.all_reduce(total)
+        self._all_reduce(total)
         return float(total[0] / total[1]) if total[1] else None
 
     # ------------------------------------------------------------------ checkpoints
@@ -632,6 +634,7 @@ class LoraTrainer:
             "nodes": self.spec.nodes,
             "processes_per_node": self.spec.processes_per_node,
             "sharding": self.spec.sharding,
+            "fsdp": self.world > 1,
             "micro_batch_size": self.spec.micro_batch_size,
             "gradient_accumulation_steps": self.spec.gradient_accumulation_steps,
             "effective_batch": self.spec.effective_batch,
