@@ -124,7 +124,10 @@ class LocalTorchrunLauncher(ConfigurableResource):
         "2-core machine); raise it for CPU training of larger models.",
     )
 
-    def launch(self, context, job: TrainJob, workdir: Path) -> dict:
+    def launch(self, context, job: TrainJob, workdir: Path, budget=None) -> dict:
+        """``budget``: a ``costs.budget.BudgetGuard`` checked while training runs; when it stops the
+        stage, every process is terminated (SIGTERM, as on preemption: the trainer checkpoints) and
+        its failure is raised."""
         workdir.mkdir(parents=True, exist_ok=True)
         job_file = job.write(workdir / "train_job.json")
         t = job.training
@@ -151,6 +154,8 @@ class LocalTorchrunLauncher(ConfigurableResource):
                 rows, seen = metric_observations(session.get_custom_messages(), seen)
                 for row in rows:
                     context.log_event(AssetObservation(asset_key=context.asset_key, metadata=row))
+                if budget is not None:
+                    budget.check()
 
             try:
                 supervise(procs, logs, time.monotonic() + self.timeout_s, on_tick=observe)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
+from train_support import s3  # noqa: F401  (fixture)
 from training.checkpoint import MARKER, CheckpointStore, parse_s3_uri
 
 
@@ -61,25 +60,6 @@ def test_retention_keeps_the_newest_complete_and_drops_stale_leftovers(tmp_path)
     assert store.local_steps() == [3, 4]
     assert not stale.exists() and not unmarked.exists()
     assert (store.local / "step-00000003x").exists()
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-                 "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}.items():
-        monkeypatch.setenv(k, v)
-    client = boto3.client("s3")
-    client.create_bucket(Bucket="ckpts")
-    yield client
-    server.stop()
 
 
 def test_s3_mirror_upload_fetch_and_retention(tmp_path, s3):

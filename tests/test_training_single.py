@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train_support import make_job, write_cipher_dataset
+from train_support import make_job, s3, write_cipher_dataset  # noqa: F401  (s3 is a fixture)
 
 DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SMALL = {"lora": {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "down_proj"]}}
@@ -186,3 +186,23 @@ def test_logit_distillation_trains_and_refuses_a_foreign_tokenizer(run_job, tmp_
         update={"teacher_tokenizer_path": str(demo_models["teacher"])})
     with pytest.raises(TrainingError, match="teacher_topk_ids"):
         run_job(nocols, "nocols")
+
+
+def test_fresh_disk_resumes_from_the_s3_mirror(run_job, tmp_path, demo_models, cipher_ds, s3):
+    """Rank 0 mirrors each complete checkpoint to S3 (marker last); a start on an empty disk fetches the
+    newest one and resumes from it."""
+    import shutil
+
+    kw = dict(student=SMALL, max_steps=4, micro_batch_size=8, eval_rows=0,
+              checkpoint={"every_steps": 2, "every_minutes": None, "keep_last": 1})
+    uri = "s3://ckpts/demo/student_adapter/k1"
+    job = make_job(tmp_path / "node", demo_models["student"], cipher_ds, **kw).model_copy(update={"checkpoint_uri": uri})
+    first = run_job(job, "first")
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpts")["Contents"])
+    assert "demo/student_adapter/k1/step-00000004/_SUCCESS" in keys
+    assert not any("step-00000002" in k for k in keys)  # keep_last 1 applies remotely too
+    before = (tmp_path / "node" / "adapter" / "adapter_model.safetensors").read_bytes()
+    shutil.rmtree(tmp_path / "node")  # the pod is rescheduled onto a fresh machine
+    again = run_job(job, "again")
+    assert again["resumed_from_step"] == 4 and first["resumed_from_step"] is None
+    assert (tmp_path / "node" / "adapter" / "adapter_model.safetensors").read_bytes() == before
