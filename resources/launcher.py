@@ -155,16 +155,9 @@ class LocalTorchrunLauncher(ConfigurableResource):
                 for row in rows:
                     context.log_event(AssetObservation(asset_key=context.asset_key, metadata=row))
                 if budget is not None:
-                    budget.check()
+                    budget.check()  # raises to stop the stage: supervision then stops every node
 
-            try:
-                supervise(procs, logs, time.monotonic() + self.timeout_s, on_tick=observe)
-            except NodeFailed as e:
-                raise Failure(
-                    str(e) + ("" if e.timed_out else "; relaunching resumes from the last complete checkpoint"),
-                    metadata={"log": MetadataValue.path(str(e.log)),
-                              "last_lines": MetadataValue.md(f"```\n{_tail(e.log)}\n```")},
-                ) from None
+            self._wait(procs, logs, time.monotonic() + self.timeout_s, on_tick=observe)
             observe()
             results = list(session.get_results())
         summary_file = Path(job.output_dir) / "summary.json"
@@ -174,3 +167,18 @@ class LocalTorchrunLauncher(ConfigurableResource):
         for r in results:
             pipes_md.update(getattr(r, "metadata", None) or {})
         return {"logs": [str(p) for p in logs], "pipes_metadata": pipes_md}
+
+    @staticmethod
+    def _wait(procs: list[subprocess.Popen], logs: list[Path], deadline: float, budget=None,
+              on_tick: Callable[[], None] | None = None) -> None:
+        """Supervise the nodes (``supervise``); a failed node becomes a Dagster ``Failure``."""
+        if on_tick is None and budget is not None:
+            on_tick = budget.check
+        try:
+            supervise(procs, logs, deadline, on_tick=on_tick)
+        except NodeFailed as e:
+            raise Failure(
+                str(e) + ("" if e.timed_out else "; relaunching resumes from the last complete checkpoint"),
+                metadata={"log": MetadataValue.path(str(e.log)),
+                          "last_lines": MetadataValue.md(f"```\n{_tail(e.log)}\n```")},
+            ) from None
