@@ -20,6 +20,47 @@ def demo_spec():
     return CampaignSpec.model_validate(yaml.safe_load((REPO_ROOT / "campaigns" / "demo.yaml").read_text()))
 
 
+def write_rows(out_dir: Path, tokenizer_dir: Path, pairs: list[tuple[str, str]], masked: set[int] = frozenset(),
+               max_seq_len: int = 64, padding: str = "longest") -> Path:
+    """A tokenized dataset in the tokenized_dataset stage's layout, written directly (independent of how
+    dataprep builds one): ``<bos> prompt completion <eos>``, labels on the completion and EOS; rows in
+    ``masked`` carry no loss token. ``padding`` is the collation the rows ask for (``longest``: classic
+    padded batches with an attention mask, as the reference computations in these tests expect)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from dataprep.tokenize import tokenizer_hash
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    cols: dict[str, list] = {k: [] for k in ("input_ids", "labels", "position_ids", "num_tokens", "num_loss_tokens",
+                                             "example_ids")}
+    for i, (prompt, completion) in enumerate(pairs):
+        p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        c_ids = tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        ids = [tok.bos_token_id] + p_ids + c_ids
+        labels = [-100] * (1 + len(p_ids)) + c_ids
+        if i in masked:
+            labels = [-100] * len(ids)
+        if len(ids) > max_seq_len:
+            raise ValueError(f"pair {i} is {len(ids)} tokens, over {max_seq_len}")
+        cols["input_ids"].append(ids)
+        cols["labels"].append(labels)
+        cols["position_ids"].append(list(range(len(ids))))
+        cols["num_tokens"].append(len(ids))
+        cols["num_loss_tokens"].append(sum(x != -100 for x in labels))
+        cols["example_ids"].append([f"r{i}"])
+    meta = {"campaign.tokenizer_hash": tokenizer_hash(tokenizer_dir), "campaign.max_seq_len": str(max_seq_len),
+            "campaign.padding": padding, "campaign.packing": "none", "campaign.dataset_key": "test",
+            "campaign.split_name": "train", "campaign.template": "plain: <bos> prompt completion <eos>"}
+    table = pa.table({k: (pa.array(v, pa.list_(pa.int32())) if k in ("input_ids", "labels", "position_ids")
+                          else pa.array(v, pa.list_(pa.string())) if k == "example_ids" else pa.array(v, pa.int32()))
+                      for k, v in cols.items()})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.replace_schema_metadata(meta), out_dir / "data-00000.parquet")
+    return out_dir
+
+
 def write_cipher_dataset(out_dir: Path, tokenizer_dir: Path, n: int, seed: int = 0, masked_rows: int = 0,
                          long_every: int = 0) -> Path:
     """A tokenized dataset of ``n`` cipher pairs (the teacher's answers, known by construction).
@@ -27,7 +68,6 @@ def write_cipher_dataset(out_dir: Path, tokenizer_dir: Path, n: int, seed: int =
     ``masked_rows`` extra rows have no loss token at all; ``long_every`` > 0 makes every k-th
     completion many words long, so micro-batches (and ranks) hold very uneven loss-token counts.
     """
-    from dataprep.tokenize import tokenize_pairs
     from tinymodels import cipher
 
     rng = random.Random(seed)
@@ -36,22 +76,10 @@ def write_cipher_dataset(out_dir: Path, tokenizer_dir: Path, n: int, seed: int =
     for i in range(n):
         p, c = next(gen)
         if long_every and i % long_every == 0:
-            c = c + "".join(" " + cipher.encode(cipher.random_word(rng)) for _ in range(5))
-        pairs.append({"id": f"r{i}", "prompt": p, "completion": c})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "data-00000.parquet"
-    tokenize_pairs(tokenizer_dir, pairs, path, max_seq_len=64)
-    if masked_rows:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        t = pq.read_table(path)
-        extra = t.slice(0, masked_rows).to_pylist()
-        for r in extra:
-            r["labels"] = [-100] * len(r["labels"])
-            r["num_loss_tokens"] = 0
-        pq.write_table(pa.concat_tables([t, pa.Table.from_pylist(extra, schema=t.schema)]), path)
-    return out_dir
+            c = c + "".join(" " + cipher.encode(cipher.random_word(rng)) for _ in range(4))
+        pairs.append((p, c))
+    pairs += pairs[:masked_rows]
+    return write_rows(out_dir, tokenizer_dir, pairs, masked=set(range(n, n + masked_rows)))
 
 
 def make_job(out: Path, base: Path, dataset: Path, student: dict | None = None, **training):
@@ -90,25 +118,9 @@ def node_logs(logdir: Path) -> str:
 PYTHON = sys.executable
 
 
-def write_pairs_dataset(out_dir: Path, tokenizer_dir: Path, pairs: list[tuple[str, str]], masked: set[int] = frozenset()) -> Path:
-    """A tokenized dataset from explicit (prompt, completion) pairs; rows in ``masked`` carry no loss token."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from dataprep.tokenize import tokenize_pairs
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "data-00000.parquet"
-    tokenize_pairs(tokenizer_dir, [{"id": f"r{i}", "prompt": p, "completion": c} for i, (p, c) in enumerate(pairs)],
-                   path, max_seq_len=64)
-    if masked:
-        t = pq.read_table(path)
-        rows = t.to_pylist()
-        for i in masked:
-            rows[i]["labels"] = [-100] * len(rows[i]["labels"])
-            rows[i]["num_loss_tokens"] = 0
-        pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), path)
-    return out_dir
+def write_pairs_dataset(out_dir: Path, tokenizer_dir: Path, pairs: list[tuple[str, str]],
+                        masked: set[int] = frozenset()) -> Path:
+    return write_rows(out_dir, tokenizer_dir, pairs, masked=masked)
 
 
 def add_teacher_topk(ds_dir: Path, teacher_dir: Path, k: int = 4) -> Path:

@@ -296,8 +296,9 @@ class LoraTrainer:
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         skip = tdata.NON_MODEL_KEYS | losses.TEACHER_KEYS
-        # No KV cache: training never reuses it, and building it costs time and memory every forward.
-        return self.model(**{k: v for k, v in batch.items() if k not in skip}, use_cache=False).logits
+        inputs = {k: v for k, v in batch.items() if k not in skip}
+        inputs["use_cache"] = False  # training never reuses a KV cache; building one costs time and memory
+        return self.model(**inputs).logits
 
     def _loss_step(self, batch: dict[str, torch.Tensor], ce_tokens: int, kl_tokens: int) -> tuple[float, float]:
         """Forward + backward of one micro-batch against global token counts; returns its (CE, KL) sums."""
