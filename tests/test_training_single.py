@@ -156,15 +156,16 @@ def test_logit_distillation_trains_and_refuses_a_foreign_tokenizer(run_job, tmp_
     ds = add_teacher_topk(write_cipher_dataset(tmp_path / "ds", demo_models["student"], 48, seed=4),
                           demo_models["teacher"], k=4)
     kd = {"loss": "logits", "kl_weight": 0.7}
-    job = make_job(tmp_path / "out", demo_models["student"], ds, student=SMALL, max_steps=10, micro_batch_size=8,
+    job = make_job(tmp_path / "out", demo_models["student"], ds, student=SMALL, max_steps=20, micro_batch_size=8,
                    learning_rate=1e-2, eval_rows=16, distillation=kd, checkpoint={"every_steps": None})
     s = run_job(job.model_copy(update={"teacher_tokenizer_path": str(demo_models["teacher"])}), "kd")
     import pyarrow.parquet as pq
 
     m = pq.read_table(tmp_path / "out" / "metrics.parquet").to_pylist()
-    assert s["loss"] == "logits" and len(m) == 10
+    assert s["loss"] == "logits" and len(m) == 20
     assert all(r["kl_loss"] is not None and r["kl_loss"] >= 0 for r in m)
-    assert m[-1]["kl_loss"] < 0.7 * m[0]["kl_loss"], [r["kl_loss"] for r in m]
+    kl = [r["kl_loss"] for r in m]
+    assert sum(kl[-4:]) / 4 < 0.6 * sum(kl[:2]) / 2, kl  # the student moves toward the teacher's distributions
     assert m[0]["loss"] == pytest.approx(0.3 * m[0]["ce_loss"] + 0.7 * m[0]["kl_loss"])
 
     # a teacher with another vocabulary is refused before any model is loaded
