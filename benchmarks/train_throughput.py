@@ -160,6 +160,17 @@ def main() -> int:
                    checkpoint={"every_steps": None, "every_minutes": None})
     job_file = job.write(work / "job.json")
 
+    try:
+        return _measure(args, work, job_file, ds, student, spec, tr)
+    finally:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(args, work: Path, job_file: Path, ds: Path, student: Path, spec, tr) -> int:
+    import torch
+
     runs = []
     for i in range(args.repeats):  # alternate, so load from other processes falls on every trainer alike
         runs.append({"trainer": "ours", **run_ours(job_file, args.threads)})
