@@ -207,3 +207,34 @@ def test_fresh_disk_resumes_from_the_s3_mirror(run_job, tmp_path, demo_models, c
     again = run_job(job, "again")
     assert again["resumed_from_step"] == 4 and first["resumed_from_step"] is None
     assert (tmp_path / "node" / "adapter" / "adapter_model.safetensors").read_bytes() == before
+
+
+def test_sigterm_and_time_based_checkpoints(run_job, tmp_path, demo_models, cipher_ds, monkeypatch):
+    """SIGTERM (preemption) checkpoints the state before the next step and stops with a clear error; a
+    relaunch continues from there. every_minutes writes checkpoints by the clock, independent of steps."""
+    import signal
+
+    from training.trainer import LoraTrainer, TrainingError
+
+    kw = dict(student=SMALL, max_steps=6, micro_batch_size=8, eval_rows=0)
+    real_prepare = LoraTrainer.prepare
+
+    def prepare(self, step, control=()):
+        if step == 3:  # the signal arrives while the 4th step runs: it completes, then the state is saved
+            self._on_sigterm(signal.SIGTERM, None)  # what the handler does when the signal arrives
+        return real_prepare(self, step, control)
+
+    monkeypatch.setattr(LoraTrainer, "prepare", prepare)
+    job = make_job(tmp_path / "pre", demo_models["student"], cipher_ds,
+                   checkpoint={"every_steps": None, "every_minutes": None}, **kw)
+    with pytest.raises(TrainingError, match="stopped by SIGTERM before step 5; checkpoint .*step-00000004"):
+        run_job(job, "pre")
+    monkeypatch.setattr(LoraTrainer, "prepare", real_prepare)
+    assert (tmp_path / "pre" / "checkpoints" / "step-00000004" / "_SUCCESS").exists()
+    assert run_job(job, "pre2")["resumed_from_step"] == 4
+
+    clock = make_job(tmp_path / "clock", demo_models["student"], cipher_ds,
+                     checkpoint={"every_steps": None, "every_minutes": 1e-6, "keep_last": 10}, **kw)
+    run_job(clock, "clock")
+    steps = sorted(d.name for d in (tmp_path / "clock" / "checkpoints").glob("step-*"))
+    assert len(steps) >= 5, steps  # one before (almost) every step, plus the final one
