@@ -15,10 +15,22 @@ from resources.storage import ArtifactStore
 
 
 def training_key_fields(spec: CampaignSpec) -> dict:
-    """Settings that change the trained adapter (launcher and logging do not)."""
+    """Settings that change the trained adapter (launcher, logging, checkpointing and timeouts do not,
+    so changing them keeps an interrupted run's checkpoints usable)."""
     return {"student": spec.student.model_dump(),
-            "training": spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "diagnostics",
-                                                          "distributed_env"})}
+            "training": spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "checkpoint",
+                                                          "collective_timeout_s", "diagnostics", "distributed_env"})}
+
+
+def teacher_tokenizer_path(spec: CampaignSpec, storage: ArtifactStore) -> str | None:
+    """Where the teacher's tokenizer is, for the logit-distillation vocabulary check."""
+    if spec.training.distillation.loss != "logits":
+        return None
+    if spec.training.distillation.teacher_tokenizer:
+        return str(storage.resolve_model(spec.training.distillation.teacher_tokenizer))
+    if spec.teacher.backend == "transformers":
+        return str(storage.resolve_model(spec.teacher.model))
+    return None  # the trainer refuses to start and says which field to set
 
 
 def build(spec: CampaignSpec):
@@ -39,8 +51,11 @@ def build(spec: CampaignSpec):
         if not cached:
             out = sd.ensure()
             shutil.rmtree(out / "adapter", ignore_errors=True)
+            remote = tr.checkpoint.remote_uri
             job = TrainJob(campaign=spec.name, base_model_path=str(base), dataset_path=dataset["dataset_path"],
-                           output_dir=str(out), student=s, training=tr)
+                           output_dir=str(out), student=s, training=tr,
+                           teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
+                           checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None)
             t0 = time.perf_counter()
             cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
             launched = launcher.launch(context, job, out, budget=pricing.budget_guard(context, spec, sd), **cluster)
@@ -59,8 +74,13 @@ def build(spec: CampaignSpec):
             "world_size": sm["world_size"], "effective_batch": sm["effective_batch"],
             "trainable_parameters": sm["trainable_parameters"], "adapter_bytes": sm["adapter_bytes"],
             "peak_memory_mb": sm["peak_memory_mb"],
+            "eval_loss_before": sm.get("eval_loss_before"), "eval_loss": sm.get("eval_loss"),
+            "skipped_steps": sm.get("skipped_steps", 0), "resumed_from_step": sm.get("resumed_from_step"),
+            "loss_kind": sm.get("loss", "sequence"), "sharding": sm.get("sharding"),
             "gpu_hours": float(sum(line["quantity"] for line in m["cost_lines"] if line["unit"] == "gpu-hour")),
         } | profile_metadata(m["path"])
-        return Output(m, metadata=md)
+        if sm.get("merged_dir"):
+            md["merged_model"] = MetadataValue.path(sm["merged_dir"])
+        return Output(m, metadata={k: v for k, v in md.items() if v is not None})
 
     return student_adapter

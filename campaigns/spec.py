@@ -123,6 +123,11 @@ class StudentSpec(_Strict):
     revision: str | None = Field(None, description="Base model revision; part of the adapter's cache key.")
     lora: LoraSpec = LoraSpec()
     quantization: QuantizationSpec = QuantizationSpec()
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = Field(
+        "auto",
+        description="Attention kernel for training. auto: sdpa on GPU; on CPU eager for sequences up to 512 "
+        "tokens (PyTorch's CPU flash-attention backward is several times slower there), sdpa beyond.",
+    )
 
 
 # --------------------------------------------------------------------------- data
@@ -250,6 +255,31 @@ class ProfilingSpec(_Strict):
         return v
 
 
+class CheckpointSpec(_Strict):
+    """Resumable checkpoints: adapter weights (never the frozen base), optimizer, step, RNG, data position.
+
+    Every start of the trainer is a resume: if a complete checkpoint exists, training continues from it.
+    """
+
+    every_steps: int | None = Field(50, ge=1, description="Write a checkpoint every N optimizer steps (None: never by step).")
+    every_minutes: float | None = Field(
+        30.0, gt=0, description="Also write one when this many minutes passed since the last (None: never by time)."
+    )
+    keep_last: int = Field(2, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted.")
+    remote_uri: str | None = Field(
+        None,
+        description="Mirror checkpoints to object storage, e.g. s3://bucket/prefix (credentials and endpoint come from "
+        "the standard AWS environment, never from this file); resume fetches from there when the local copy is gone.",
+    )
+
+    @field_validator("remote_uri")
+    @classmethod
+    def _s3(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", v):
+            raise ValueError(f"expected s3://bucket[/prefix], got {v!r}")
+        return v
+
+
 class DiagnosticCommand(_Strict):
     """One node diagnostic: an argv run without a shell; its output is saved next to the trace."""
 
@@ -339,6 +369,24 @@ class DistributedEnvSpec(_Strict):
         """The environment variables to export (only the fields that are set)."""
         return {k: str(v) for k, v in self.model_dump().items() if v is not None}
 
+class DistillationSpec(_Strict):
+    """What the student learns from the teacher."""
+
+    loss: Literal["sequence", "logits"] = Field(
+        "sequence",
+        description="sequence: cross-entropy on the teacher's text; logits: forward KL against the teacher's stored "
+        "top-k log-probabilities (remaining mass as one tail bucket) mixed with cross-entropy. `logits` needs "
+        "teacher.sampling.logprobs and a teacher that shares the student's tokenizer.",
+    )
+    kl_weight: float = Field(
+        0.5, ge=0.0, le=1.0, description="`logits`: loss = (1 - kl_weight) * CE + kl_weight * KL (each exact per token)."
+    )
+    teacher_tokenizer: str | None = Field(
+        None,
+        description="`logits` with a remote teacher (openai/vllm served name): a directory holding the teacher's "
+        "tokenizer, checked against the student's before training starts. Local teachers are checked directly.",
+    )
+
 
 class TrainingSpec(_Strict):
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps; exclusive with `epochs`.")
@@ -364,6 +412,19 @@ class TrainingSpec(_Strict):
     distributed_env: DistributedEnvSpec = Field(
         DistributedEnvSpec(), description="NCCL / torch.distributed environment variables exported to every rank."
     )
+    activation_checkpointing: bool = Field(False, description="Recompute decoder-layer activations in backward (less memory).")
+    collective_timeout_s: int = Field(
+        600, ge=10, le=86_400,
+        description="Process-group timeout: a rank that dies or hangs makes every other rank fail after at most this long.",
+    )
+    eval_rows: int = Field(
+        64, ge=0, description="Rows (in dataset order) whose loss is measured before and after training (eval mode)."
+    )
+    export_merged: bool = Field(
+        False, description="Also write the base with the adapter merged in (compute dtype) next to the adapter."
+    )
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    distillation: DistillationSpec = DistillationSpec()
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingSpec:
@@ -937,6 +998,15 @@ class CampaignSpec(_Strict):
     automation: AutomationSpec = Field(
         default_factory=AutomationSpec, description="Sensors and automation that re-run the campaign (all off by default)."
     )
+
+    @model_validator(mode="after")
+    def _logit_distillation_needs_logprobs(self) -> CampaignSpec:
+        if self.training.distillation.loss == "logits" and self.teacher.sampling.logprobs is None:
+            raise ValueError(
+                "training.distillation.loss 'logits' needs the teacher's top-k log-probabilities: "
+                "set teacher.sampling.logprobs (e.g. 8)"
+            )
+        return self
 
     @field_validator("name")
     @classmethod

@@ -19,6 +19,12 @@ class TrainJob(BaseModel):
     output_dir: str = Field(description="Where the adapter, metrics and summary are written.")
     student: StudentSpec
     training: TrainingSpec
+    teacher_tokenizer_path: str | None = Field(
+        None, description="Directory with the teacher's tokenizer; required for logit distillation (vocabularies must match)."
+    )
+    checkpoint_uri: str | None = Field(
+        None, description="Where this run's checkpoints are mirrored (s3://bucket/prefix/...), unique per run; None: local only."
+    )
 
     @classmethod
     def read(cls, path: str | Path) -> TrainJob:

@@ -7,6 +7,10 @@
   layer (frozen base weights), then the root.
 * Topology from one field: ``full`` shards across all ranks (1-D mesh), ``hybrid`` shards
   inside a node and replicates across nodes (2-D mesh, HSDP), ``none`` replicates (DDP-like).
+* Mixed precision (``MixedPrecisionPolicy``): base units compute in the compute dtype (equal to
+  the 4-bit quant storage, so FSDP never casts packed weights); LoRA units keep their fp32
+  parameters for compute, as PEFT intends; gradients are reduced in fp32.
+* Optional activation checkpointing (non-reentrant, per decoder layer) before sharding.
 """
 
 from __future__ import annotations
@@ -24,13 +28,21 @@ def device_for(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def load_student(base_model_path: str, student: StudentSpec, device: torch.device):
+def attention_kernel(student: StudentSpec, device: torch.device, max_seq_len: int) -> str:
+    """The attention implementation ``auto`` resolves to (see ``StudentSpec.attn_implementation``)."""
+    if student.attn_implementation != "auto":
+        return student.attn_implementation
+    return "eager" if device.type == "cpu" and max_seq_len <= 512 else "sdpa"
+
+
+def load_student(base_model_path: str, student: StudentSpec, device: torch.device,
+                 activation_checkpointing: bool = False, attn_implementation: str = "sdpa"):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     q = student.quantization
     dtype = getattr(torch, q.compute_dtype)
-    kwargs: dict = {"dtype": dtype}
+    kwargs: dict = {"dtype": dtype, "attn_implementation": attn_implementation}
     if q.load_in_4bit:
         from transformers import BitsAndBytesConfig
 
@@ -44,10 +56,16 @@ def load_student(base_model_path: str, student: StudentSpec, device: torch.devic
         if device.type == "cuda":
             kwargs["device_map"] = {"": device.index}
     model = AutoModelForCausalLM.from_pretrained(base_model_path, **kwargs)
-    if not q.load_in_4bit:
+    if q.load_in_4bit:
+        keep_4bit_layout(model)
+    else:
         model.to(device)
     for p in model.parameters():
         p.requires_grad_(False)
+    if activation_checkpointing:
+        # Non-reentrant checkpointing needs no input that requires grad (the embeddings are frozen).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
     lora = LoraConfig(
         r=student.lora.r,
         lora_alpha=student.lora.alpha,
@@ -62,6 +80,25 @@ def load_student(base_model_path: str, student: StudentSpec, device: torch.devic
     if device.type == "cuda":
         model.to(device)
     return model
+
+
+def keep_4bit_layout(model: nn.Module) -> int:
+    """Stop bitsandbytes from repacking 4-bit weights for CPU inference; returns the layers changed.
+
+    On a CPU with AVX512-BF16, ``Linear4bit.forward`` in eval mode without grad rewrites
+    ``weight.data`` into a CPU-specific packed layout and flags the *shared* ``quant_state``. Under
+    FSDP2 the rewritten data is the all-gathered copy, dropped at reshard, while the flag stays: every
+    later forward decodes the original bytes as the packed layout and computes nonsense (silently).
+    The trainer evaluates in eval mode, so it keeps the standard layout everywhere.
+    """
+    import bitsandbytes as bnb
+
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, bnb.nn.Linear4bit):
+            mod.support_avx512bf16_for_cpu = False
+            n += 1
+    return n
 
 
 def build_mesh(training: TrainingSpec, device: torch.device):
@@ -82,17 +119,100 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     raise ValueError("could not find the decoder layers (a ModuleList named 'layers') to shard")
 
 
-def shard(model: nn.Module, mesh) -> nn.Module:
-    """FSDP2: LoRA linears, then decoder layers, then the root."""
-    from torch.distributed.fsdp import fully_shard
+def _is_lora_linear(name: str, mod: nn.Module) -> bool:
+    return isinstance(mod, nn.Linear) and (".lora_A." in name + "." or ".lora_B." in name + ".")
 
-    for name, mod in model.named_modules():
-        if isinstance(mod, nn.Linear) and (".lora_A." in name + "." or ".lora_B." in name + "."):
-            fully_shard(mod, mesh=mesh)
-    for layer in _decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+
+def shard(model: nn.Module, mesh, compute_dtype: torch.dtype) -> nn.Module:
+    """FSDP2, innermost first: each layer's LoRA linears as one fp32 unit, the layer, then the root.
+
+    Grouping a layer's LoRA linears into one unit (``fully_shard([...])``) keeps their fp32 dtype
+    apart from the compute-dtype base weights while costing one all-gather per layer, not one per
+    adapter matrix.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    lora_mp = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+    base_mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    layers = _decoder_layers(model)
+    for layer in layers:
+        loras = [m for n, m in layer.named_modules() if _is_lora_linear("." + n, m)]
+        if loras:
+            fully_shard(loras, mesh=mesh, mp_policy=lora_mp)
+        fully_shard(layer, mesh=mesh, mp_policy=base_mp)
+    outside = [m for n, m in model.named_modules() if _is_lora_linear("." + n, m)
+               and not any(m is x for layer in layers for x in layer.modules())]
+    if outside:  # LoRA on modules outside the decoder layers (e.g. lm_head)
+        fully_shard(outside, mesh=mesh, mp_policy=lora_mp)
+    fully_shard(model, mesh=mesh, mp_policy=base_mp)
     return model
+
+
+def _bits_checksum(t: torch.Tensor) -> int:
+    """A position-weighted checksum of a tensor's raw 16-bit words (any bit change shows)."""
+    w = t.detach().contiguous().view(torch.int16).reshape(-1).to(torch.int64)
+    pos = torch.arange(w.numel(), device=w.device, dtype=torch.int64) % 65521 + 1
+    return int((w * pos).sum())
+
+
+def packed_4bit_checksums(model: nn.Module) -> dict[str, int]:
+    """Checksums of every 4-bit packed weight, by parameter name (call before sharding)."""
+    import bitsandbytes as bnb
+
+    return {n: _bits_checksum(p) for n, p in model.named_parameters() if isinstance(p, bnb.nn.Params4bit)}
+
+
+def verify_sharded_4bit(model: nn.Module, before: dict[str, int]) -> int:
+    """Unshard each decoder layer once and check its packed 4-bit weights are bit-identical.
+
+    FSDP2 moves 4-bit weights as compute-dtype words; any path that treats those words as numbers
+    (NaN canonicalization, bitsandbytes#1945) silently changes the decoded weights. Collective: one
+    all-gather per layer, as in one forward. Raises ``ValueError`` naming the first corrupted weight.
+    """
+    if not before:
+        return 0
+    checked = 0
+    for layer in _decoder_layers(model):
+        layer.unshard()
+        try:
+            prefix = next(n for n, m in model.named_modules() if m is layer)
+            for n, p in layer.named_parameters():
+                full = f"{prefix}.{n}"
+                if full in before and not hasattr(p, "device_mesh"):
+                    if _bits_checksum(p) != before[full]:
+                        raise ValueError(
+                            f"4-bit weight {full} changed bits in FSDP2's all-gather: the sharded model would "
+                            f"compute with corrupted base weights (see bitsandbytes#1945). Use sharding 'none' or "
+                            f"a bf16 base (quantization.load_in_4bit: false) on this stack"
+                        )
+                    checked += 1
+        finally:
+            layer.reshard()
+    return checked
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind a (possibly sharded) parameter or state; collective for a DTensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def load_full_into(dest: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy ``full`` (significant on global rank 0 only) into ``dest``, sharded like ``dest``; collective."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        if isinstance(dest, DTensor):
+            part = distribute_tensor(full.to(dest.device, dest.dtype), dest.device_mesh, dest.placements, src_data_rank=0)
+            dest.to_local().copy_(part.to_local())
+        else:
+            import torch.distributed as dist
+
+            full = full.to(dest.device, dest.dtype).contiguous()
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                dist.broadcast(full, src=0)
+            dest.copy_(full)
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -1,17 +1,28 @@
 """LoRA / QLoRA fine-tuning under FSDP2, one process or many (torchrun), CPU (gloo) or CUDA (NCCL).
 
 Features
-  * 4-bit NF4 or bf16 base, PEFT LoRA adapters, FSDP2 ``fully_shard`` (full / hybrid / none).
-  * Exact loss: every optimizer step's loss is the sum of token losses divided by the *global*
-    count of loss tokens across ranks and accumulation micro-steps (one all-reduce per step),
-    so the gradient equals a single process's gradient on the whole batch.
-  * Guards: a non-finite loss or gradient norm stops training (``TrainingError``); a step whose
-    micro-batches hold no loss token anywhere is counted and skipped, never logged as loss 0.
+  * 4-bit NF4 or bf16 base, PEFT LoRA adapters, FSDP2 ``fully_shard`` with a mixed-precision
+    policy; topology ``full`` / ``hybrid`` / ``none`` from ``training.sharding``; optional
+    activation checkpointing.
+  * Exact loss: every optimizer step divides summed token losses by the *global* count of loss
+    tokens across ranks and accumulation micro-steps (one all-reduce per step), so the gradient
+    equals a single process's gradient on the whole batch. Effective batch = micro × ranks × accumulation.
+  * Distillation: cross-entropy on the teacher's text, or forward KL against the teacher's stored
+    top-k log-probabilities mixed with cross-entropy (``training.distillation``).
+  * Every start is a resume: the newest complete checkpoint (local, or fetched from S3 by global
+    rank 0) restores adapter, optimizer, LR schedule, RNG states and the data position (= step).
+    Checkpoints are written every N steps, every M minutes, on SIGTERM (preemption) and at the
+    end; atomically; the last K are kept.
+  * Guards: a non-finite loss or gradient norm stops training before the optimizer step, keeping
+    the last good checkpoint; a step whose micro-batches hold no loss token on any rank is counted
+    and skipped, never logged as loss 0; every collective has the process-group timeout, so a rank
+    that dies makes the others fail within ``training.collective_timeout_s`` instead of hanging.
   * Output: a PEFT adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``),
-    ``metrics.parquet`` (one row per step) and ``summary.json``; metrics stream through Pipes.
+    optionally a merged model, ``metrics.parquet`` (one row per step) and ``summary.json``;
+    metrics stream through Dagster Pipes from global rank 0.
 
 Raises
-  ``TrainingError`` for a configuration or data problem found before or during training.
+  ``TrainingError`` for a configuration, data or numerical problem found before or during training.
 """
 
 from __future__ import annotations
@@ -19,19 +30,28 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import resource
+import shutil
+import signal
 import socket
+import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from training import data as tdata
+from training import losses
+from training.checkpoint import CheckpointStore
 from training.config import TrainJob
-from training.model import build_mesh, device_for, load_student, shard, trainable_parameters
+from training.model import (
+    attention_kernel, build_mesh, device_for, full_tensor, load_full_into, load_student, packed_4bit_checksums, shard,
+    trainable_parameters, verify_sharded_4bit,
+)
 from training.profiling import RunProfiler
 from training.reporting import Reporter
 
@@ -59,12 +79,54 @@ def _peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def peft_key(param_name: str, adapter: str = "default") -> str:
+    """The key PEFT writes for a LoRA parameter (the adapter name removed, as ``get_peft_model_state_dict`` does)."""
+    return param_name.replace(f".{adapter}", "")
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step produced (global figures, identical on every rank)."""
+
+    loss: float
+    ce: float | None
+    kl: float | None
+    grad_norm: float
+    loss_tokens: int
+    kl_tokens: int
+    real_tokens: int
+
+
 class LoraTrainer:
     def __init__(self, job: TrainJob):
         self.job = job
         self.spec = job.training
         self.out = Path(job.output_dir)
         self.report = Reporter(False)
+        self.distill = self.spec.distillation.loss == "logits"
+        self.metrics: list[dict] = []
+        self.skipped = 0
+        self.start_step = 0
+        self.resumed_from: int | None = None
+        self.eval_loss_before: float | None = None
+        self._last_saved_step: int | None = None
+        self._last_save_time = time.monotonic()
+        self._stop_signal: int | None = None
+        self._old_sigterm = None
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -73,8 +135,11 @@ class LoraTrainer:
         self.world = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = device_for(self.local_rank)
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=int(os.environ.get("TRAIN_PG_TIMEOUT_S", "300"))))
+        if not dist.is_initialized():
+            # On GPUs, NCCL moves the model's tensors and gloo the small CPU ones (token counts, flags,
+            # checkpoint metadata); every collective carries the timeout, so a dead peer fails the job.
+            backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, timeout=timedelta(seconds=self.spec.collective_timeout_s))
         self.is_main = self.rank == 0
         self.report = Reporter(self.is_main)
         if self.world != self.spec.world_size:
@@ -82,9 +147,17 @@ class LoraTrainer:
                 f"launched with {self.world} processes but the campaign asks for nodes × processes_per_node = "
                 f"{self.spec.nodes} × {self.spec.processes_per_node} = {self.spec.world_size}"
             )
+        if threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._setup_data()
+        self._check_teacher_tokenizer()
         self._setup_model()
         self._setup_optimizer()
+        self.store = CheckpointStore(self.out / "checkpoints", self.job.checkpoint_uri, self.spec.checkpoint.keep_last)
+        self.load_checkpoint()
+
+    def _on_sigterm(self, signum, _frame) -> None:
+        self._stop_signal = signum
 
     def _setup_data(self) -> None:
         from dataprep.tokenize import tokenizer_hash
@@ -98,6 +171,8 @@ class LoraTrainer:
             )
         self.rows = tdata.load_rows(self.job.dataset_path)
         n = len(self.rows["input_ids"])
+        if self.distill:
+            self.teacher = self._load_teacher_topk()
         self.plan = tdata.BatchPlan(n, self.spec.micro_batch_size, self.world, self.spec.gradient_accumulation_steps,
                                     self.spec.seed)
         if n < self.plan.rows_per_step:
@@ -112,20 +187,85 @@ class LoraTrainer:
         from transformers import AutoConfig
 
         self.pad_id = AutoConfig.from_pretrained(self.job.base_model_path).pad_token_id or 0
+        per_rank = min(self.spec.eval_rows, n) // self.world
+        self.eval_rows = [list(range(r * per_rank, (r + 1) * per_rank)) for r in range(self.world)]
+
+    def _load_teacher_topk(self) -> dict[str, list]:
+        import pyarrow.parquet as pq
+
+        cols = [losses.TEACHER_IDS, losses.TEACHER_LOGPROBS]
+        out: dict[str, list] = {c: [] for c in cols}
+        for f in tdata.parquet_files(self.job.dataset_path):
+            names = pq.read_schema(f).names
+            if not all(c in names for c in cols):
+                raise TrainingError(
+                    f"training.distillation.loss is 'logits' but {f} has no {cols} columns; the tokenized rows must "
+                    f"carry the teacher's top-k log-probabilities aligned with input_ids (see "
+                    f"training.losses.align_top_logprobs), or use loss 'sequence'"
+                )
+            t = pq.read_table(f, columns=cols)
+            for c in cols:
+                out[c] += t.column(c).to_pylist()
+        return out
+
+    def _check_teacher_tokenizer(self) -> None:
+        """Logit distillation compares token ids: teacher and student must share one vocabulary."""
+        if not self.distill:
+            return
+        path = self.job.teacher_tokenizer_path
+        if not path:
+            raise TrainingError(
+                "training.distillation.loss is 'logits' but the teacher's tokenizer is unknown; for a remote teacher "
+                "set training.distillation.teacher_tokenizer to a directory holding it"
+            )
+        from transformers import AutoTokenizer
+
+        try:
+            teacher = AutoTokenizer.from_pretrained(path).get_vocab()
+        except Exception as e:  # noqa: BLE001 - any load failure is a configuration error here
+            raise TrainingError(f"could not load the teacher tokenizer from {path}: {e}") from e
+        student = AutoTokenizer.from_pretrained(self.job.base_model_path).get_vocab()
+        if teacher != student:
+            diff = sorted(set(teacher.items()) ^ set(student.items()), key=str)[:5]
+            raise TrainingError(
+                f"logit distillation needs a teacher that shares the student's tokenizer, but the teacher's ({path}, "
+                f"{len(teacher)} tokens) differs from the student's ({self.job.base_model_path}, {len(student)} "
+                f"tokens), e.g. {diff}; use training.distillation.loss 'sequence' or a teacher of the same family"
+            )
 
     def _setup_model(self) -> None:
         torch.manual_seed(self.spec.seed)  # identical LoRA init on every rank
-        model = load_student(self.job.base_model_path, self.job.student, self.device)
+        self.compute_dtype = getattr(torch, self.job.student.quantization.compute_dtype)
+        self.attn_implementation = attention_kernel(self.job.student, self.device, self.spec.max_seq_len)
+        model = load_student(self.job.base_model_path, self.job.student, self.device,
+                             activation_checkpointing=self.spec.activation_checkpointing,
+                             attn_implementation=self.attn_implementation)
         self.trainable = sum(p.numel() for p in trainable_parameters(model))
         self.total_params = sum(p.numel() for p in model.parameters())
-        self.mesh = build_mesh(self.spec, self.device)
-        self.model = shard(model, self.mesh)
+        if self.world > 1:
+            before = packed_4bit_checksums(model)
+            self.mesh = build_mesh(self.spec, self.device)
+            self.model = shard(model, self.mesh, self.compute_dtype)
+            try:
+                checked = verify_sharded_4bit(self.model, before)
+            except ValueError as e:
+                raise TrainingError(str(e)) from e
+            if checked:
+                self.report.log(f"verified {checked} sharded 4-bit weights bit-identical after all-gather")
+        else:
+            # Nothing to shard in a world of one: FSDP2 would only add per-unit hooks and copies. The
+            # numerics are those of the sharded path (base units in the compute dtype, LoRA in fp32).
+            self.mesh, self.model = None, model
         self.model.train()
+        self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         torch.manual_seed(self.spec.seed + 1 + self.rank)  # dropout differs per rank
+        random.seed(self.spec.seed + 1 + self.rank)
 
     def _setup_optimizer(self) -> None:
-        params = trainable_parameters(self.model)
-        self.optimizer = torch.optim.AdamW(params, lr=self.spec.learning_rate, weight_decay=self.spec.weight_decay)
+        params = [p for _, p in self.named_trainable]
+        # foreach: one multi-tensor kernel per Adam op instead of one per parameter (CPU included).
+        self.optimizer = torch.optim.AdamW(params, lr=self.spec.learning_rate, weight_decay=self.spec.weight_decay,
+                                           foreach=True)
         warm, total = self.spec.warmup_steps, self.total_steps
 
         def schedule(step: int) -> float:
@@ -136,131 +276,423 @@ class LoraTrainer:
 
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
 
-    # ------------------------------------------------------------------ steps
-    def _loss_step(self, batch: dict[str, torch.Tensor], global_tokens: int) -> float:
-        """Forward + backward of one micro-batch; returns its summed token loss (unscaled)."""
+    # ------------------------------------------------------------------ batches and steps
+    def _batch(self, idx: list[int]) -> dict[str, torch.Tensor]:
+        batch = tdata.collate(self.rows, idx, self.pad_id)
+        if self.distill:
+            t_ids = [self.teacher[losses.TEACHER_IDS][i] for i in idx]
+            t_lps = [self.teacher[losses.TEACHER_LOGPROBS][i] for i in idx]
+            n, width = batch["input_ids"].shape
+            if n == 1 and len(idx) > 1:  # padding-free collation: the rows laid end to end in one row
+                t_ids, t_lps = [[p for r in t_ids for p in r]], [[p for r in t_lps for p in r]]
+            ids, lps = losses.teacher_topk_tensors(t_ids, t_lps, width)
+            batch[losses.TEACHER_IDS], batch[losses.TEACHER_LOGPROBS] = ids, lps
+        return batch
+
+    @staticmethod
+    def _kl_token_count(batch: dict[str, torch.Tensor]) -> int:
+        if losses.TEACHER_IDS not in batch:
+            return 0
+        return int(((batch["labels"][:, 1:] != -100) & (batch[losses.TEACHER_IDS][:, 1:, 0] >= 0)).sum())
+
+    def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        skip = tdata.NON_MODEL_KEYS | losses.TEACHER_KEYS
+        inputs = {k: v for k, v in batch.items() if k not in skip}
+        inputs["use_cache"] = False  # training never reuses a KV cache; building one costs time and memory
+        return self.model(**inputs).logits
+
+    def _loss_step(self, batch: dict[str, torch.Tensor], ce_tokens: int, kl_tokens: int) -> tuple[float, float]:
+        """Forward + backward of one micro-batch against global token counts; returns its (CE, KL) sums."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        inputs = {k: v for k, v in batch.items() if k not in tdata.NON_MODEL_KEYS}
-        logits = self.model(**inputs).logits
-        labels = batch["labels"][:, 1:]
-        loss_sum = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), labels.reshape(-1),
-                                   ignore_index=-100, reduction="sum")
-        # FSDP averages gradients over data-parallel ranks; scale by world so the sum is exact.
-        (loss_sum * self.world / global_tokens).backward()
-        return float(loss_sum.detach())
+        sums = losses.loss_sums(self._forward(batch), batch, self.distill)
+        w = self.spec.distillation.kl_weight if self.distill else 0.0
+        loss = losses.mix(sums["ce_sum"], ce_tokens, sums.get("kl_sum"), kl_tokens, w)
+        # FSDP averages gradients over the data-parallel ranks; scale by world so the sum is exact.
+        # Every rank runs backward, even on a micro-batch without loss tokens (FSDP's collectives need it).
+        (loss * self.world).backward()
+        return float(sums["ce_sum"].detach()), float(sums["kl_sum"].detach()) if self.distill else 0.0
+
+    def _all_reduce(self, t: torch.Tensor) -> None:
+        if self.world > 1:  # a world of one has nothing to add
+            dist.all_reduce(t)
+
+    def _set_grad_sync(self, enabled: bool) -> None:
+        if hasattr(self.model, "set_requires_gradient_sync"):
+            self.model.set_requires_gradient_sync(enabled)
+
+    def prepare(self, step: int, control: tuple[float, ...] = ()) -> tuple[list[dict], list[int], list[float]]:
+        """This rank's micro-batches of global ``step`` and the step's global token counts.
+
+        One all-reduce carries [loss tokens, KL tokens, real tokens] and the ``control`` values
+        (checkpoint due, stop requested), whose global sums come back as the third result.
+        """
+        batches = [self._batch(idx) for idx in self.plan.step_rows(step, self.rank)]
+        counts = torch.tensor([sum(tdata.loss_token_count(b) for b in batches),
+                               sum(self._kl_token_count(b) for b in batches),
+                               sum(tdata.real_token_count(b) for b in batches), *control], dtype=torch.float64)
+        self._all_reduce(counts)
+        return batches, [int(c) for c in counts[:3].tolist()], counts[3:].tolist()
+
+    def accumulate(self, batches: list[dict], counts: list[int]) -> StepResult | None:
+        """Forward/backward every micro-batch with exact global normalization; gradients are then final.
+
+        Returns ``None`` for a step whose micro-batches hold no loss token on any rank (nothing to
+        learn; the caller counts and skips it).
+        """
+        ce_tokens, kl_tokens, real_tokens = counts
+        if ce_tokens == 0 and kl_tokens == 0:
+            return None
+        ce_sum = kl_sum = 0.0
+        for i, b in enumerate(batches):
+            self._set_grad_sync(i == len(batches) - 1)  # reduce gradients once, after the last micro-batch
+            c, k = self._loss_step(b, ce_tokens, kl_tokens)
+            ce_sum, kl_sum = ce_sum + c, kl_sum + k
+        sums = torch.tensor([ce_sum, kl_sum], dtype=torch.float64)
+        self._all_reduce(sums)
+        ce = float(sums[0]) / ce_tokens if ce_tokens else None
+        kl = float(sums[1]) / kl_tokens if (self.distill and kl_tokens) else None
+        w = self.spec.distillation.kl_weight if self.distill else 0.0
+        loss = (1 - w) * (ce or 0.0) + w * (kl or 0.0) if self.distill else ce
+        return StepResult(loss=loss, ce=ce, kl=kl, grad_norm=float("nan"), loss_tokens=ce_tokens,
+                          kl_tokens=kl_tokens, real_tokens=real_tokens)
+
+    def _clip(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.named_trainable], self.spec.max_grad_norm)
+        return float(full_tensor(norm))
+
+    def _describe_step_rows(self, step: int) -> str:
+        rows = [i for a in range(self.plan.accumulation) for r in range(self.world)
+                for i in self.plan.step_rows(step, r)[a]]
+        return f"dataset rows {rows[:16]}{' …' if len(rows) > 16 else ''}"
 
     def train(self) -> dict:
         spec = self.spec
         self.report.log(
-            f"training {self.job.campaign}: {self.total_steps} steps, world {self.world} "
-            f"({spec.nodes} node(s) × {spec.processes_per_node}), sharding {spec.sharding}, effective batch "
+            f"training {self.job.campaign}: steps {self.start_step}→{self.total_steps}, world {self.world} "
+            f"({spec.nodes} node(s) × {spec.processes_per_node}), sharding "
+            f"{spec.sharding if self.world > 1 else 'none (one process)'}, effective batch "
             f"{spec.micro_batch_size} × {self.world} × {spec.gradient_accumulation_steps} = {spec.effective_batch}, "
+            f"loss {spec.distillation.loss}, attention {self.attn_implementation}, "
             f"trainable {self.trainable:,} of {self.total_params:,} parameters"
+            + (f"; resumed from checkpoint step {self.resumed_from}" if self.resumed_from is not None else "")
         )
-        metrics: list[dict] = []
-        skipped = 0
-        t_start = time.perf_counter()
+        if self.start_step == 0 and self.eval_loss_before is None:
+            self.eval_loss_before = self.evaluate()
+        every_s = spec.checkpoint.every_minutes * 60 if spec.checkpoint.every_minutes else None
+        t_start, cpu_start = time.perf_counter(), time.process_time()
         with RunProfiler(spec, self.out, self.report.log) as prof:
-            for step, micro in tdata.iter_steps(self.plan, 0, self.total_steps, self.rank):
+            for step in range(self.start_step, self.total_steps):
                 t0 = time.perf_counter()
-                batches = [tdata.collate(self.rows, idx, self.pad_id) for idx in micro]
-                local = torch.tensor([sum(tdata.loss_token_count(b) for b in batches),
-                                      sum(tdata.real_token_count(b) for b in batches)], dtype=torch.float64)
-                dist.all_reduce(local)
-                global_tokens, global_real = int(local[0]), int(local[1])
-                if global_tokens == 0:
-                    skipped += 1
-                    self.report.log(f"step {step}: every micro-batch is fully masked on all ranks; skipped")
+                due = float(self.is_main and every_s is not None and time.monotonic() - self._last_save_time >= every_s)
+                batches, counts, (due_all, stop_all) = self.prepare(step, (due, float(self._stop_signal is not None)))
+                if due_all or stop_all:  # the state after `step` completed steps, before any forward of this one
+                    self.save_checkpoint(step, reason="preempted" if stop_all else "time")
+                    if stop_all:
+                        raise TrainingError(
+                            f"stopped by SIGTERM before step {step + 1}; checkpoint {self.store.path(step)} written, "
+                            f"a relaunch resumes from it"
+                        )
+                result = self.accumulate(batches, counts)
+                if result is None:
+                    self.skipped += 1
+                    self.report.log(f"step {step + 1}: no loss token in any micro-batch on any rank "
+                                    f"({self._describe_step_rows(step)}); skipped, not logged as loss 0")
                     self.scheduler.step()
+                    self._maybe_checkpoint(step + 1)
                     continue
-                loss_sum = sum(self._loss_step(b, global_tokens) for b in batches)
-                grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model), spec.max_grad_norm)
-                grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-                loss_t = torch.tensor([loss_sum], dtype=torch.float64)
-                dist.all_reduce(loss_t)
-                loss = float(loss_t) / global_tokens
-                if not math.isfinite(loss) or not math.isfinite(grad_norm):
-                    raise TrainingError(f"step {step}: non-finite loss {loss} or gradient norm {grad_norm}; stopping")
+                result.grad_norm = self._clip()
+                if not (math.isfinite(result.loss) and math.isfinite(result.grad_norm)):
+                    last = self._last_saved_step
+                    raise TrainingError(
+                        f"step {step + 1}: non-finite loss {result.loss} or gradient norm {result.grad_norm} "
+                        f"({self._describe_step_rows(step)}); stopped before the optimizer step. Last good checkpoint: "
+                        + (f"{self.store.path(last)}" if last is not None else "none")
+                        + ". A relaunch resumes there and meets the same batch: lower training.learning_rate, check the "
+                        "data, or use compute_dtype float32"
+                    )
                 lr = self.scheduler.get_last_lr()[0]
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 dt = time.perf_counter() - t0
-                row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "loss_tokens": global_tokens,
-                       "tokens": global_real, "tokens_per_s": global_real / dt, "step_s": dt,
+                row = {"step": step + 1, "loss": result.loss, "ce_loss": result.ce, "kl_loss": result.kl, "lr": lr,
+                       "grad_norm": result.grad_norm, "loss_tokens": result.loss_tokens, "tokens": result.real_tokens,
+                       "tokens_per_s": result.real_tokens / dt, "step_s": dt,
                        "peak_memory_mb": _peak_memory_mb(self.device)}
-                metrics.append(row)
-                if self.is_main and ((step + 1) % spec.log_every == 0 or step == 0 or step + 1 == self.total_steps):
-                    self.report.log(f"step {step + 1}/{self.total_steps} loss {loss:.4f} lr {lr:.2e} "
-                                    f"grad_norm {grad_norm:.3f} tokens/s {row['tokens_per_s']:.0f}")
+                self.metrics.append(row)
+                if self.is_main and ((step + 1) % spec.log_every == 0 or step == self.start_step
+                                     or step + 1 == self.total_steps):
+                    self.report.log(f"step {step + 1}/{self.total_steps} loss {result.loss:.4f} lr {lr:.2e} "
+                                    f"grad_norm {result.grad_norm:.3f} tokens/s {row['tokens_per_s']:.0f}")
                     self.report.metrics(row)
+                self._maybe_checkpoint(step + 1)
                 prof.step()
-        seconds = time.perf_counter() - t_start
+        seconds, self.cpu_seconds = time.perf_counter() - t_start, time.process_time() - cpu_start
         prof.finish()
-        return self._finish(metrics, skipped, seconds)
+        self.save_checkpoint(self.total_steps, reason="final")
+        return self._finish(seconds)
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Mean token cross-entropy on the first ``eval_rows`` dataset rows, in eval mode (no dropout)."""
+        mine = self.eval_rows[self.rank]
+        if not mine:
+            return None
+        self.model.eval()
+        total = torch.zeros(2, dtype=torch.float64)
+        bs = self.spec.micro_batch_size
+        for i in range(0, len(mine), bs):
+            batch = {k: v.to(self.device) for k, v in tdata.collate(self.rows, mine[i:i + bs], self.pad_id).items()}
+            s, n = losses.cross_entropy_sum(self._forward(batch), batch["labels"])
+            total += torch.tensor([float(s), n], dtype=torch.float64)
+        self.model.train()
+        self._all_reduce(total)
+        return float(total[0] / total[1]) if total[1] else None
+
+    # ------------------------------------------------------------------ checkpoints
+    def _maybe_checkpoint(self, completed: int) -> None:
+        every = self.spec.checkpoint.every_steps
+        if every and completed % every == 0 and completed < self.total_steps:
+            self.save_checkpoint(completed, reason="step")
+
+    def _full_adapter(self) -> dict[str, torch.Tensor]:
+        """LoRA weights as full tensors on global rank 0 (collective; empty elsewhere)."""
+        out = {}
+        for name, p in self.named_trainable:
+            t = full_tensor(p.detach())
+            if self.is_main:
+                out[name] = t.cpu().clone()
+        return out
+
+    def _full_optimizer(self) -> dict:
+        state: dict[str, dict] = {}
+        for name, p in self.named_trainable:
+            st = self.optimizer.state.get(p, {})
+            if not st:
+                continue
+            entry = {k: (full_tensor(v).cpu().clone() if torch.is_tensor(v) and v.dim() > 0 else v)
+                     for k, v in st.items()}
+            if self.is_main:
+                state[name] = entry
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        return {"state": state, "param_groups": groups}
+
+    def _trainer_state(self, step: int) -> dict:
+        return {"step": step, "skipped_steps": self.skipped, "rows_per_step": self.plan.rows_per_step,
+                "dataset_rows": self.plan.rows, "seed": self.spec.seed, "world_size": self.world,
+                "total_steps": self.total_steps, "eval_loss_before": self.eval_loss_before,
+                "scheduler": self.scheduler.state_dict(), "saved_at": time.time()}
+
+    def save_peft_adapter(self, weights: dict[str, torch.Tensor], directory: Path) -> None:
+        """Write ``weights`` (full LoRA tensors by parameter name) as a PEFT adapter directory (rank 0)."""
+        from safetensors.torch import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.peft_config["default"].save_pretrained(str(directory))
+        save_file({peft_key(k): v.contiguous() for k, v in weights.items()},
+                  str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+    def save_checkpoint(self, step: int, reason: str) -> None:
+        """Collective: gather full adapter and optimizer state on rank 0, write atomically, mirror, prune."""
+        if step == self._last_saved_step:
+            return
+        weights = self._full_adapter()
+        optim = self._full_optimizer()
+        rng: list = [None] * self.world
+        dist.all_gather_object(rng, _rng_state())
+        if self.is_main:
+            tmp = self.store.begin(step)
+            self.save_peft_adapter(weights, tmp)
+            torch.save(optim, tmp / "optimizer.pt")
+            torch.save(rng, tmp / "rng.pt")
+            (tmp / "trainer_state.json").write_text(json.dumps(self._trainer_state(step), indent=2))
+            self._write_metrics(tmp / "metrics.parquet")
+            self.store.commit(tmp, step)
+        dist.barrier()  # every rank's part is in; rank 0 wrote it
+        if self.is_main:
+            if self.store.remote_uri:
+                self.store.upload(step)
+            self.store.prune()
+            self.report.log(f"checkpoint {step} ({reason}) at {self.store.path(step)}"
+                            + (f", mirrored to {self.store.remote_uri}" if self.store.remote_uri else ""))
+        self._last_saved_step = step
+        self._last_save_time = time.monotonic()
+
+    def load_checkpoint(self) -> None:
+        """Resume from the newest complete checkpoint, if any (every start is a resume)."""
+        box: list = [None]
+        if self.is_main:
+            step = self.store.latest()
+            if step is not None:
+                self.store.fetch(step)  # downloads it when only the remote copy exists
+            box = [step]
+        dist.broadcast_object_list(box, src=0)
+        dist.barrier()  # rank 0 has it locally before anyone reads
+        step = box[0]
+        if step is None:
+            return
+        path = self.store.path(step)
+        state_box: list = [json.loads((path / "trainer_state.json").read_text()) if self.is_main else None]
+        dist.broadcast_object_list(state_box, src=0)
+        state = state_box[0]
+        if (state["rows_per_step"], state["dataset_rows"], state["seed"]) != (self.plan.rows_per_step, self.plan.rows,
+                                                                              self.spec.seed):
+            raise TrainingError(
+                f"checkpoint {path} was written with {state['rows_per_step']} rows per step, {state['dataset_rows']} "
+                f"dataset rows and seed {state['seed']}; this run has {self.plan.rows_per_step}, {self.plan.rows} and "
+                f"{self.spec.seed}. Restore those settings or delete {self.store.local} to start over"
+            )
+        weights = optim = rng = None
+        if self.is_main:
+            from safetensors.torch import load_file
+
+            weights = load_file(str(path / "adapter_model.safetensors"))
+            optim = torch.load(path / "optimizer.pt", weights_only=False)
+            rng = torch.load(path / "rng.pt", weights_only=False)
+        for name, p in self.named_trainable:
+            full = weights[peft_key(name)] if self.is_main else torch.empty(p.shape, dtype=p.dtype)
+            load_full_into(p, full)
+        self._load_optimizer(optim)
+        self.scheduler.load_state_dict(state["scheduler"])
+        mine: list = [None]
+        if state["world_size"] == self.world:  # per-rank RNG streams continue; otherwise reseed per rank and step
+            dist.scatter_object_list(mine, rng if self.is_main else None, src=0)
+        if mine[0] is not None:
+            _set_rng_state(mine[0])
+        else:
+            torch.manual_seed(self.spec.seed + 1 + self.rank + 1_000_003 * step)
+        if self.is_main:
+            import pyarrow.parquet as pq
+
+            mp = path / "metrics.parquet"
+            self.metrics = pq.read_table(mp).to_pylist() if mp.exists() else []
+        self.skipped = state["skipped_steps"]
+        self.eval_loss_before = state.get("eval_loss_before")
+        self.start_step = self.resumed_from = step
+        self._last_saved_step = step
+        self.report.log(f"resumed from checkpoint {path} (step {step} of {self.total_steps})")
+
+    def _load_optimizer(self, optim: dict | None) -> None:
+        box: list = [(sorted(optim["state"]), optim["param_groups"]) if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        names, groups = set(box[0][0]), box[0][1]
+        if len(groups) != len(self.optimizer.param_groups):
+            raise TrainingError(f"checkpoint has {len(groups)} optimizer parameter groups, this run has "
+                                f"{len(self.optimizer.param_groups)}")
+        for group, saved in zip(self.optimizer.param_groups, groups):
+            group.update(saved)  # the current lr (the scheduler's state does not carry it), betas, decay
+        for name, p in self.named_trainable:
+            if name not in names:
+                continue
+            src = optim["state"][name] if self.is_main else None
+            meta: list = [{k: (v if not (torch.is_tensor(v) and v.dim() > 0) else None) for k, v in src.items()}
+                          if self.is_main else None]
+            dist.broadcast_object_list(meta, src=0)
+            entry = {}
+            for k, v in meta[0].items():
+                if v is not None:
+                    entry[k] = v.clone() if torch.is_tensor(v) else v
+                    continue
+                dest = torch.zeros_like(p.detach())
+                load_full_into(dest, src[k] if self.is_main else torch.empty(p.shape, dtype=p.dtype))
+                entry[k] = dest
+            self.optimizer.state[p] = entry
 
     # ------------------------------------------------------------------ output
-    def save_adapter(self) -> Path:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        adapter_dir = self.out / "adapter"
-        if self.is_main:
-            lora_sd = {k: v for k, v in sd.items() if "lora_" in k}
-            self.model.save_pretrained(str(adapter_dir), state_dict=lora_sd, safe_serialization=True)
-        dist.barrier()
-        return adapter_dir
-
-    def _finish(self, metrics: list[dict], skipped: int, seconds: float) -> dict:
-        adapter_dir = self.save_adapter()
-        if not self.is_main:
-            return {}
+    def _write_metrics(self, path: Path) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        pq.write_table(pa.Table.from_pylist(self.metrics) if self.metrics else pa.table({"step": pa.array([], pa.int64())}),
+                       path)
+
+    def _finish(self, seconds: float) -> dict:
+        eval_loss = self.evaluate()
+        adapter_dir = self.out / "adapter"
+        if not self.is_main:
+            return {}
+        ckpt = self.store.path(self.total_steps)
+        shutil.rmtree(adapter_dir, ignore_errors=True)
+        adapter_dir.mkdir(parents=True)
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            shutil.copy2(ckpt / name, adapter_dir / name)
         self.out.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(metrics), self.out / "metrics.parquet")
-        head = [m["loss"] for m in metrics[:10]]
-        tail = [m["loss"] for m in metrics[-10:]]
-        tokens = sum(m["tokens"] for m in metrics)
+        self._write_metrics(self.out / "metrics.parquet")
+        merged = None
+        if self.spec.export_merged:
+            from training.export import export_merged
+
+            merged = export_merged(self.job.base_model_path, adapter_dir, self.out / "merged", self.compute_dtype)
+        m = self.metrics
+        head = [r["loss"] for r in m[:10]]
+        tail = [r["loss"] for r in m[-10:]]
+        new = [r for r in m if self.resumed_from is None or r["step"] > self.resumed_from]
+        tokens = sum(r["tokens"] for r in new)
+        base_bytes = sum(f.stat().st_size for f in Path(self.job.base_model_path).glob("*.safetensors"))
         summary = {
-            "steps": len(metrics),
-            "skipped_steps": skipped,
+            "steps": self.total_steps,
+            "trained_steps": len(m),
+            "skipped_steps": self.skipped,
+            "resumed_from_step": self.resumed_from,
             "world_size": self.world,
             "nodes": self.spec.nodes,
             "processes_per_node": self.spec.processes_per_node,
             "sharding": self.spec.sharding,
+            "fsdp": self.world > 1,
+            "micro_batch_size": self.spec.micro_batch_size,
+            "gradient_accumulation_steps": self.spec.gradient_accumulation_steps,
             "effective_batch": self.spec.effective_batch,
+            "loss": self.spec.distillation.loss,
             "first_loss": sum(head) / len(head) if head else None,
             "final_loss": sum(tail) / len(tail) if tail else None,
+            "eval_loss_before": self.eval_loss_before,
+            "eval_loss": eval_loss,
+            "eval_rows": sum(len(r) for r in self.eval_rows),
             "tokens": tokens,
-            "loss_tokens": sum(m["loss_tokens"] for m in metrics),
+            "loss_tokens": sum(r["loss_tokens"] for r in new),
             "train_seconds": seconds,
+            "train_cpu_seconds": self.cpu_seconds,
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-            "peak_memory_mb": max((m["peak_memory_mb"] for m in metrics), default=0.0),
+            "attn_implementation": self.attn_implementation,
+            "peak_memory_mb": max((r["peak_memory_mb"] for r in m), default=0.0),
             "trainable_parameters": self.trainable,
             "total_parameters": self.total_params,
             "adapter_dir": str(adapter_dir),
             "adapter_bytes": sum(f.stat().st_size for f in adapter_dir.iterdir()),
+            "checkpoint_bytes": sum(f.stat().st_size for f in ckpt.iterdir()),
+            "base_model_bytes": base_bytes,
+            "merged_dir": str(merged) if merged else None,
             "device": self.device.type,
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.report.materialization({k: v for k, v in summary.items() if v is not None})
-        self.report.log(f"done: {summary['steps']} steps in {seconds:.1f}s, loss {summary['first_loss']:.4f} → "
-                        f"{summary['final_loss']:.4f}, adapter at {adapter_dir}")
+        self.report.log(
+            f"done: {len(m)} steps ({self.skipped} skipped) in {seconds:.1f}s, loss "
+            f"{summary['first_loss'] if summary['first_loss'] is None else round(summary['first_loss'], 4)} → "
+            f"{summary['final_loss'] if summary['final_loss'] is None else round(summary['final_loss'], 4)}, "
+            f"eval loss {self.eval_loss_before} → {eval_loss}, adapter at {adapter_dir}")
         return summary
 
-    def cleanup(self) -> None:
+    def cleanup(self, ok: bool = True) -> None:
         self.report.close()
-        if dist.is_initialized():
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
+        # After a failure a peer may be gone and NCCL's teardown can block on it: leave that to process
+        # exit. Gloo's teardown is local, so it always runs (in-process callers can start again).
+        if dist.is_initialized() and (ok or dist.get_backend() == "gloo"):
             dist.destroy_process_group()
 
 
 def run(config_path: str | Path) -> dict:
     job = TrainJob.read(config_path)
     trainer = LoraTrainer(job)
+    ok = False
     try:
         trainer.setup()
-        return trainer.train()
+        summary = trainer.train()
+        ok = True
+        return summary
     finally:
-        trainer.cleanup()
+        trainer.cleanup(ok)
