@@ -326,6 +326,9 @@ def _approve(args: argparse.Namespace) -> int:
         instance.report_runless_asset_event(approval_observation(spec, approval))
     print(f"approved candidate {approval.candidate_key} of campaign {spec.name} "
           f"(by {approval.approved_by} at {approval.approved_at}); materialize {spec.name}/promoted_model to promote it")
+    return EXIT_OK
+
+
 def _ladder(args: argparse.Namespace) -> int:
     """Run the cluster validation ladder (the ``cluster`` asset group) through Dagster."""
     dagster_home()
