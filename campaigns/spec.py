@@ -222,6 +222,12 @@ class DatasetSpec(_Strict):
 # --------------------------------------------------------------------------- training
 
 
+def _s3_uri(v: str | None) -> str | None:
+    if v is not None and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", v):
+        raise ValueError(f"expected s3://bucket[/prefix], got {v!r}")
+    return v
+
+
 class ProfilerScheduleSpec(_Strict):
     """``torch.profiler.schedule``: skip ``skip_first`` steps, then cycles of ``wait`` idle, ``warmup``
     traced-but-discarded and ``active`` recorded steps; one Chrome trace per rank per cycle."""
@@ -250,9 +256,7 @@ class ProfilingSpec(_Strict):
     @field_validator("upload_url")
     @classmethod
     def _s3(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", v):
-            raise ValueError(f"expected s3://bucket[/prefix], got {v!r}")
-        return v
+        return _s3_uri(v)
 
 
 class CheckpointSpec(_Strict):
@@ -275,9 +279,7 @@ class CheckpointSpec(_Strict):
     @field_validator("remote_uri")
     @classmethod
     def _s3(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", v):
-            raise ValueError(f"expected s3://bucket[/prefix], got {v!r}")
-        return v
+        return _s3_uri(v)
 
 
 class DiagnosticCommand(_Strict):

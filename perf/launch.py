@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+
+from training.net import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,11 +21,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 class LaunchError(RuntimeError):
     pass
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_commands(target: list[str], nodes: int, procs: int, python: str, port: int, run_id: str) -> list[list[str]]:

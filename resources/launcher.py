@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,14 +23,10 @@ from pydantic import Field
 
 from training.config import TrainJob
 from training.diagnostics import distributed_env
+from training.net import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_commands(job_file: Path, nodes: int, procs: int, python: str, port: int, run_id: str,
@@ -133,7 +128,7 @@ class LocalTorchrunLauncher(ConfigurableResource):
         job_file = job.write(workdir / "train_job.json")
         t = job.training
         cmds = torchrun_commands(job_file, t.nodes, t.processes_per_node, self.python or sys.executable,
-                                 _free_port(), f"{job.campaign}-{os.getpid()}-{int(time.time())}")
+                                 free_port(), f"{job.campaign}-{os.getpid()}-{int(time.time())}")
         threads = self.threads_per_process
         with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
                                 message_reader=PipesTempFileMessageReader(),

@@ -12,20 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from training.net import free_port
 from train_support import (PYTHON, REPO_ROOT, child_env, make_job, node_logs, start_nodes, write_cipher_dataset,
                            write_pairs_dataset)
 
 pytestmark = pytest.mark.slow
 
 FP32_4BIT = {"quantization": {"load_in_4bit": True, "compute_dtype": "float32"}}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_world2_accum2_gradients_equal_one_process(tmp_path, demo_models):
@@ -94,7 +87,7 @@ def _two_node_job(out: Path, student: Path, ds: Path):
 def _commands(job_file: Path) -> list[list[str]]:
     from resources.launcher import torchrun_commands
 
-    return torchrun_commands(job_file, 2, 1, PYTHON, _free_port(), f"t{os.getpid()}{time.monotonic_ns()}")
+    return torchrun_commands(job_file, 2, 1, PYTHON, free_port(), f"t{os.getpid()}{time.monotonic_ns()}")
 
 
 def _run_to_end(job, workdir: Path) -> dict:

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import pytest
 import yaml
 
 from tinymodels import cipher
+from training.net import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -62,11 +62,6 @@ query { workspaceOrError { __typename ... on Workspace { locationEntries { name 
   locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _shrunk_demo(root: Path) -> Path:
     """The demo campaign, copied, with its source folder under ``root`` and shrunk for speed."""
@@ -91,7 +86,7 @@ class Dagster:
     """``dagster dev`` in its own process group, with a GraphQL helper."""
 
     def __init__(self, home: Path, env: dict, log: Path):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         self.log = open(log, "wb")

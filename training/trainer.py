@@ -34,7 +34,6 @@ import random
 import resource
 import shutil
 import signal
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from training.model import (
     attention_kernel, build_mesh, device_for, full_tensor, load_full_into, load_student, packed_4bit_checksums, shard,
     trainable_parameters, verify_sharded_4bit,
 )
+from training.net import free_port
 from training.profiling import RunProfiler
 from training.reporting import Reporter
 
@@ -60,17 +60,12 @@ class TrainingError(RuntimeError):
     pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _ensure_dist_env() -> None:
     """Allow ``python -m training`` without torchrun: a world of one."""
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 
 
 def _peak_memory_mb(device: torch.device) -> float:
