@@ -22,9 +22,31 @@ def build_settings(spec: CampaignSpec):
                          split_seed=d.split_seed, num_proc=d.num_proc)
 
 
-def content_key(distillation_key: str, tokenizer: str, settings, extra_sources_hash: str | None) -> str:
+# The teacher columns' format (``dataprep.topk``): part of the key of a campaign whose teacher stores
+# top-k log-probabilities, so a dataset built before they were written is never reused for it.
+TEACHER_TOPK_FORMAT = "teacher_topk/v1"
+
+
+def content_key(distillation_key: str, tokenizer: str, settings, extra_sources_hash: str | None,
+                teacher_topk: bool = False) -> str:
     """Same inputs and settings → same key (a no-op); a new tokenizer or max length → a new dataset."""
-    return stage_key(STAGE_VERSION, distillation_key, tokenizer, settings.key_fields(), extra_sources_hash)
+    parts = [STAGE_VERSION, distillation_key, tokenizer, settings.key_fields(), extra_sources_hash]
+    return stage_key(*parts, TEACHER_TOPK_FORMAT) if teacher_topk else stage_key(*parts)
+
+
+def check_teacher_topk(spec: CampaignSpec, manifest: dict) -> None:
+    """Logit distillation needs teacher lists on the rows: fail here, naming why, rather than train on none."""
+    if spec.training.distillation.loss != "logits":
+        return
+    t = manifest.get("teacher_topk")
+    if not t or not t["positions"]:
+        examples = {k: v for k, v in (t or {}).get("examples", {}).items() if v}
+        raise ValueError(
+            "training.distillation.loss is 'logits' but no token of the tokenized dataset carries a teacher top-k "
+            f"distribution (examples by teacher_status: {examples or 'no top_logprobs in the distillation set'}). "
+            "no_token_ids: the teacher backend returns token text only (use a local transformers or vllm teacher); "
+            "not_found: the re-tokenized completions are not the tokens the teacher generated (the student needs the "
+            "teacher's tokenizer and the plain template, or a chat template that keeps the answer verbatim)")
 
 
 def build(spec: CampaignSpec):
@@ -42,7 +64,8 @@ def build(spec: CampaignSpec):
         tok_hash = tokenizer_hash(model_path)
         settings = build_settings(spec)
         extra = source_hash([resolve_source(x, REPO_ROOT) for x in d.extra_sources]) if d.extra_sources else None
-        k = content_key(distillation["key"], tok_hash, settings, extra)
+        k = content_key(distillation["key"], tok_hash, settings, extra,
+                        teacher_topk=spec.teacher.sampling.logprobs is not None)
         sd = storage.stage(spec.name, "tokenized_dataset", k)
         cached = sd.is_complete()
         if not cached:
@@ -54,6 +77,7 @@ def build(spec: CampaignSpec):
             sd.commit(report | {"dataset_path": str(sd.path / "train"), "validation_path": str(sd.path / "validation"),
                                 "tokenizer_hash": tok_hash, "wall_seconds": time.perf_counter() - t0, "cost_lines": []})
         m = sd.manifest()
+        check_teacher_topk(spec, m)
         tsplit, vsplit = m["splits"]["train"], m["splits"]["validation"]
         md = base_metadata(m, cached) | {
             "examples_in": m["examples_in"], "examples_out": m["examples_out"],
@@ -70,6 +94,10 @@ def build(spec: CampaignSpec):
             "row_fill": MetadataValue.md(m["row_fill_histogram"]),
             "dataset": MetadataValue.path(m["dataset_path"]),
         }
+        if m.get("teacher_topk"):
+            t = m["teacher_topk"]
+            md |= {"teacher_topk_k": t["k"], "teacher_topk_positions": t["positions"],
+                   "teacher_topk_examples": MetadataValue.json(t["examples"])}
         return Output(m, metadata=md)
 
     return tokenized_dataset

@@ -28,6 +28,13 @@ first token of a sequence from the end of the previous one.
 
 ``encode_batch`` is the function ``datasets.Dataset.map(batched=True)`` runs; every row comes
 out with a ``status`` (see ``STATUSES``) so bad rows are counted, never silently kept.
+
+**Teacher top-k** (logit distillation): when the rows carry a generation's ``top_logprobs`` (and
+``completion_token_ids``), each example also gets ``teacher_topk_ids`` / ``teacher_topk_logprobs``,
+one list per input token, placed on the tokens of its last assistant turn that are the tokens
+the teacher generated (``dataprep.topk.locate_teacher_topk``; plain template: the completion and
+EOS; chat template: the completion inside the turn, plus the turn's EOS when it is the teacher's
+stop token), and cut with the row when it is truncated. The pair fast path is skipped for them.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from dataprep.topk import SOURCE_TOKEN_IDS, SOURCE_TOP_LOGPROBS, TEACHER_IDS, TEACHER_LOGPROBS, locate_teacher_topk
 
 IGNORE = -100
 
@@ -155,23 +164,32 @@ class EncodeSettings:
     train_on_prompt: bool = False
 
 
-def assemble(piece_ids: Sequence[Sequence[int]], flags: Sequence[bool], template: Template,
-             settings: EncodeSettings) -> tuple[list[int], list[int], int, str]:
-    """Concatenate tokenized pieces into (input_ids, labels, loss token count, status).
-
-    List concatenation only (no per-token Python loop): this runs once per example."""
+def concat_pieces(piece_ids: Sequence[Sequence[int]], flags: Sequence[bool], template: Template,
+                  train_on_prompt: bool = False) -> tuple[list[int], list[int], tuple[int, int]]:
+    """Concatenate tokenized pieces into the full (untruncated) ``(input_ids, labels)`` of an example,
+    plus the ``[start, end)`` token span of its last loss piece (the answer, with the EOS appended to
+    it). List concatenation only (no per-token Python loop): this runs once per example."""
     ids: list[int] = [template.bos_id] if template.bos_id is not None else []
     labels: list[int] = [IGNORE] * len(ids)
     last_loss = max((i for i, f in enumerate(flags) if f), default=None)
+    answer = (0, 0)
     for i, (p, flag) in enumerate(zip(piece_ids, flags, strict=True)):
         p = list(p)
+        start = len(ids)
         ids += p
-        labels += p if (flag or settings.train_on_prompt) else [IGNORE] * len(p)
-        if i == last_loss and template.eos_id not in p:
-            ids.append(template.eos_id)
-            labels.append(template.eos_id)
+        labels += p if (flag or train_on_prompt) else [IGNORE] * len(p)
+        if i == last_loss:
+            if template.eos_id not in p:
+                ids.append(template.eos_id)
+                labels.append(template.eos_id)
+            answer = (start, len(ids))
     if labels:
         labels[0] = IGNORE
+    return ids, labels, answer
+
+
+def finish_row(ids: list[int], labels: list[int], settings: EncodeSettings) -> tuple[list[int], list[int], int, str]:
+    """Apply ``max_seq_len`` (drop or truncate) and count loss tokens: (input_ids, labels, loss tokens, status)."""
     status = OK
     if len(ids) > settings.max_seq_len:
         if settings.too_long == "drop":
@@ -181,6 +199,13 @@ def assemble(piece_ids: Sequence[Sequence[int]], flags: Sequence[bool], template
     if n_loss == 0:
         return [], [], 0, "no_loss_tokens"
     return ids, labels, n_loss, status
+
+
+def assemble(piece_ids: Sequence[Sequence[int]], flags: Sequence[bool], template: Template,
+             settings: EncodeSettings) -> tuple[list[int], list[int], int, str]:
+    """Concatenate tokenized pieces into (input_ids, labels, loss token count, status)."""
+    ids, labels, _answer = concat_pieces(piece_ids, flags, template, settings.train_on_prompt)
+    return finish_row(ids, labels, settings)
 
 
 def _example_pieces(row: dict, template: Template, tok) -> tuple[list[tuple[str, bool]] | None, str | None]:
@@ -228,13 +253,23 @@ def tokenize_texts(tok, texts: list[str]) -> list[list[int]]:
     return tok(texts, add_special_tokens=False)["input_ids"]
 
 
-def encode_batch(batch: dict[str, list], tok, template: Template, settings: EncodeSettings) -> dict[str, list]:
+def encode_batch(batch: dict[str, list], tok, template: Template, settings: EncodeSettings,
+                 teacher: bool | None = None) -> dict[str, list]:
     """``Dataset.map(batched=True)`` body: one fast-tokenizer call for every text piece of the batch.
 
-    Input columns: ``id`` and either ``prompt``/``completion`` or ``messages``. Output columns:
-    ``id``, ``input_ids``, ``labels``, ``num_tokens``, ``num_loss_tokens``, ``status``.
+    Input columns: ``id`` and either ``prompt``/``completion`` or ``messages``; optionally the
+    teacher's ``top_logprobs`` (and ``completion_token_ids``). Output columns: ``id``,
+    ``input_ids``, ``labels``, ``num_tokens``, ``num_loss_tokens``, ``status``; with
+    ``top_logprobs`` in the batch also ``teacher_topk_ids``, ``teacher_topk_logprobs`` (one list
+    per input token, cut with the row when it is truncated) and ``teacher_status``
+    (``dataprep.topk``). ``teacher=True`` writes those columns (empty lists) for a batch without
+    ``top_logprobs`` too, so every source of a build has the same columns.
     """
     n = len(batch["id"])
+    if teacher is None:
+        teacher = SOURCE_TOP_LOGPROBS in batch
+    no_lists = [None] * n
+    tops, gens = batch.get(SOURCE_TOP_LOGPROBS, no_lists), batch.get(SOURCE_TOKEN_IDS, no_lists)
     cols = [c for c in ("prompt", "completion", "messages") if c in batch]
     rows = [{c: batch[c][i] for c in cols} for i in range(n)]
     per_row: list[tuple[list[tuple[str, bool]] | None, str | None]] = [_example_pieces(r, template, tok) for r in rows]
@@ -242,20 +277,35 @@ def encode_batch(batch: dict[str, list], tok, template: Template, settings: Enco
     encoded = tokenize_texts(tok, texts)
     out: dict[str, list] = {"id": [], "input_ids": [], "labels": [], "num_tokens": [], "num_loss_tokens": [],
                             "status": []}
+    if teacher:
+        out |= {TEACHER_IDS: [], TEACHER_LOGPROBS: [], "teacher_status": []}
     k = 0
     for i, (pieces, bad) in enumerate(per_row):
+        t_ids = t_lps = None
+        t_status = "none"
         if pieces is None:
             ids, labels, n_loss, status = [], [], 0, bad
         else:
             chunk = encoded[k : k + len(pieces)]
             k += len(pieces)
-            ids, labels, n_loss, status = assemble(chunk, [f for _t, f in pieces], template, settings)
+            full_ids, full_labels, answer = concat_pieces(chunk, [f for _t, f in pieces], template,
+                                                          settings.train_on_prompt)
+            ids, labels, n_loss, status = finish_row(full_ids, full_labels, settings)
+            if teacher and ids:
+                t_ids, t_lps, t_status = locate_teacher_topk(full_ids, full_labels, answer, tops[i], gens[i],
+                                                             str(batch["id"][i]))
         out["id"].append(batch["id"][i])
         out["input_ids"].append(ids)
         out["labels"].append(labels)
         out["num_tokens"].append(len(ids))
         out["num_loss_tokens"].append(n_loss)
         out["status"].append(status)
+        if teacher:
+            if t_ids is None:
+                t_ids = t_lps = [[] for _ in ids]
+            out[TEACHER_IDS].append(t_ids[: len(ids)])  # truncation cuts the lists with the row
+            out[TEACHER_LOGPROBS].append(t_lps[: len(ids)])
+            out["teacher_status"].append(t_status)
     return out
 
 
@@ -360,18 +410,26 @@ def _plain_pairs_arrow(batch: dict[str, list], tok, template: Template, settings
     })
 
 
-def encode_batch_arrow(batch: dict[str, list], tok, template: Template, settings: EncodeSettings):
+def encode_batch_arrow(batch: dict[str, list], tok, template: Template, settings: EncodeSettings,
+                       teacher: bool | None = None):
     """``encode_batch`` returning a ``pyarrow.Table`` (what ``Dataset.map`` writes without converting)."""
     import pyarrow as pa
 
-    if template.kind == "plain" and "messages" not in batch:
+    if teacher is None:
+        teacher = SOURCE_TOP_LOGPROBS in batch
+    if template.kind == "plain" and "messages" not in batch and not teacher:
         return _plain_pairs_arrow(batch, tok, template, settings)
-    out = encode_batch(batch, tok, template, settings)
-    return pa.table({
+    out = encode_batch(batch, tok, template, settings, teacher)
+    cols = {
         "id": pa.array(out["id"], pa.string()),
         "input_ids": _list_array(out["input_ids"]),
         "labels": _list_array(out["labels"]),
         "num_tokens": pa.array(out["num_tokens"], pa.int32()),
         "num_loss_tokens": pa.array(out["num_loss_tokens"], pa.int32()),
         "status": pa.array(out["status"], pa.string()),
-    })
+    }
+    if teacher:
+        cols[TEACHER_IDS] = pa.array(out[TEACHER_IDS], pa.list_(pa.list_(pa.int32())))
+        cols[TEACHER_LOGPROBS] = pa.array(out[TEACHER_LOGPROBS], pa.list_(pa.list_(pa.float32())))
+        cols["teacher_status"] = pa.array(out["teacher_status"], pa.string())
+    return pa.table(cols)

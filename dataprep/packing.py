@@ -111,14 +111,21 @@ def _flat(arr: pa.ChunkedArray | pa.Array) -> pa.ListArray:
     return arr
 
 
+TOKEN_ALIGNED = ("teacher_topk_ids", "teacher_topk_logprobs")  # one entry per input token (dataprep.topk)
+
+
 def pack_rows(examples: pa.Table, bins: list[list[int]]) -> pa.Table:
-    """Rows built from ``bins`` over ``examples`` (columns id, input_ids, labels).
+    """Rows built from ``bins`` over ``examples`` (columns id, input_ids, labels, and the teacher's
+    per-token top-k lists when present).
 
     Output columns: input_ids, labels, position_ids (list<int32>), num_tokens, num_loss_tokens
-    (int32), example_ids (list<string>). Each row is its bins' sequences back to back.
+    (int32), example_ids (list<string>), plus teacher_topk_ids / teacher_topk_logprobs when the
+    examples have them. Each row is its bins' sequences back to back; a per-token column is laid
+    out with exactly the offsets of input_ids, so its entry ``t`` belongs to token ``t``.
     """
     flat_order = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=sum(len(b) for b in bins))
-    taken = examples.select(["id", "input_ids", "labels"]).take(pa.array(flat_order))
+    aligned = [c for c in TOKEN_ALIGNED if c in examples.column_names]
+    taken = examples.select(["id", "input_ids", "labels", *aligned]).take(pa.array(flat_order))
     ids = _flat(taken.column("input_ids"))
     labels = _flat(taken.column("labels"))
     seq_lens = np.diff(ids.offsets.to_numpy()).astype(np.int64)
@@ -135,6 +142,12 @@ def pack_rows(examples: pa.Table, bins: list[list[int]]) -> pa.Table:
     loss_per_row = np.add.reduceat((label_np != -100).astype(np.int64), row_offsets[:-1]) if total else np.zeros(0)
     # reduceat on an empty trailing segment is not possible: bins are never empty, rows never empty
     example_offsets = pa.array(bin_starts.astype(np.int32), type=pa.int32())
+    per_token = {}
+    for c in aligned:
+        col = _flat(taken.column(c))
+        if not np.array_equal(np.diff(col.offsets.to_numpy()), seq_lens):
+            raise ValueError(f"column {c} does not have one entry per input token in every example")
+        per_token[c] = pa.ListArray.from_arrays(offs, col.flatten())
     return pa.table({
         "input_ids": pa.ListArray.from_arrays(offs, id_values),
         "labels": pa.ListArray.from_arrays(offs, label_values),
@@ -142,4 +155,5 @@ def pack_rows(examples: pa.Table, bins: list[list[int]]) -> pa.Table:
         "num_tokens": pa.array(np.diff(row_offsets).astype(np.int32), type=pa.int32()),
         "num_loss_tokens": pa.array(loss_per_row.astype(np.int32), type=pa.int32()),
         "example_ids": pa.ListArray.from_arrays(example_offsets, _flat(taken.column("id")).cast(pa.string())),
+        **per_token,
     })

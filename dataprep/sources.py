@@ -8,6 +8,8 @@ Arrow cache kept in a work directory the caller deletes, never in the user's hom
 Columns: ``prompt`` and ``completion`` (strings), or ``messages`` (list of ``{role, content}``);
 ``id`` (string) is optional: without it, ids are ``<source name>:<row number>``. Example ids
 must be unique across sources (the train/validation split and the per-row provenance use them).
+``completion_token_ids`` and ``top_logprobs`` (a teacher generation's, ``generation/rows.py``)
+are kept when present, for logit distillation (``dataprep.topk``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataprep.topk import SOURCE_COLUMNS
 from lineage.hashing import dir_sha256, file_sha256
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -114,6 +117,8 @@ def load_source(src: Source, cache_dir: str | Path):
     else:
         raise SourceError(f"data source {', '.join(map(str, src.files))}: expected columns `prompt` and `completion` "
                           f"(strings) or `messages` (list of {{role, content}}); found {sorted(cols)}")
+    # the teacher's generated ids and top-k log-probabilities (logit distillation), when the source has them
+    keep += [c for c in SOURCE_COLUMNS if c in cols]
     if "id" in cols:
         ds = ds.select_columns(["id", *keep])
         if ds.features["id"].dtype not in ("string", "large_string"):

@@ -17,6 +17,11 @@ Row schema (``ROW_SCHEMA``):
                                                   position_ids restart at 0 per packed sequence
   num_tokens, num_loss_tokens: int32
   example_ids: list<string>                       the source examples in the row, in order
+With teacher top-k log-probabilities in the sources (``teacher.sampling.logprobs``; logit
+distillation), also (``TEACHER_ROW_SCHEMA``, ``dataprep.topk``):
+  teacher_topk_ids: list<list<int32>>             one list per input token, laid out like input_ids;
+  teacher_topk_logprobs: list<list<float32>>      empty where the teacher gave no distribution
+and the ``campaign.teacher_topk`` metadata key; without them in the sources these are absent.
 File metadata (``campaign.*`` keys, see ``dataset_metadata``): tokenizer hash, template,
 max length, packing settings, split, source hash, dataset key and format version. The trainer
 refuses a dataset whose tokenizer hash is not its model's, and a directory of mixed datasets.
@@ -39,6 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataprep.formatting import DROP_STATUSES, OK, STATUSES, TRUNCATED
+from dataprep.topk import SOURCE_COLUMNS, SOURCE_TOP_LOGPROBS, TEACHER_IDS, TEACHER_LOGPROBS, TEACHER_STATUSES
 from lineage.hashing import file_sha256
 
 FORMAT_VERSION = "2"
@@ -56,6 +62,11 @@ ROW_SCHEMA = pa.schema(
         ("example_ids", pa.list_(pa.string())),
     ]
 )
+# With teacher top-k log-probabilities in the sources (logit distillation, ``dataprep.topk``).
+TEACHER_FIELDS = [pa.field(TEACHER_IDS, pa.list_(pa.list_(pa.int32()))),
+                  pa.field(TEACHER_LOGPROBS, pa.list_(pa.list_(pa.float32())))]
+TEACHER_ROW_SCHEMA = pa.schema([*ROW_SCHEMA, *TEACHER_FIELDS])
+TEACHER_FIELDS_NAMES = tuple(f.name for f in TEACHER_FIELDS)
 
 
 class TokenizationError(ValueError):
@@ -119,44 +130,63 @@ def default_num_proc(n_examples: int, requested: int | None = None, per_proc: in
 # --------------------------------------------------------------------------- tokenizing
 
 
-def _encoded_features():
+def _encoded_features(teacher: bool = False):
     import datasets
 
     ints = datasets.List(datasets.Value("int32"))
-    return datasets.Features({"id": datasets.Value("string"), "input_ids": ints, "labels": ints,
-                              "num_tokens": datasets.Value("int32"), "num_loss_tokens": datasets.Value("int32"),
-                              "status": datasets.Value("string")})
+    features = {"id": datasets.Value("string"), "input_ids": ints, "labels": ints,
+                "num_tokens": datasets.Value("int32"), "num_loss_tokens": datasets.Value("int32"),
+                "status": datasets.Value("string")}
+    if teacher:
+        floats = datasets.List(datasets.Value("float32"))
+        features |= {TEACHER_IDS: datasets.List(ints), TEACHER_LOGPROBS: datasets.List(floats),
+                     "teacher_status": datasets.Value("string")}
+    return datasets.Features(features)
+
+
+def has_teacher_topk(ds) -> bool:
+    """Whether a loaded source carries any teacher top-k lists (a column of nulls does not count)."""
+    if SOURCE_TOP_LOGPROBS not in ds.column_names:
+        return False
+    return ds.data.column(SOURCE_TOP_LOGPROBS).null_count < ds.num_rows
 
 
 def encode_sources(sources, tok, template, settings: BuildSettings, work: Path, log: Callable[[str], None],
                    timings: dict[str, float] | None = None) -> pa.Table:
-    """Tokenize every source with ``Dataset.map(batched=True, num_proc=...)``; one Arrow table out."""
-    import datasets
+    """Tokenize every source with ``Dataset.map(batched=True, num_proc=...)``; one Arrow table out.
 
+    When any source carries teacher top-k log-probabilities, every example gets the teacher
+    columns (``dataprep.topk``; empty lists for examples without them); otherwise they are absent."""
     from dataprep.formatting import EncodeSettings, encode_batch_arrow
     from dataprep.sources import load_source
 
     enc = EncodeSettings(settings.max_seq_len, settings.too_long, settings.train_on_prompt)
+    t0 = time.perf_counter()
+    loaded = [(src, load_source(src, work / "cache")) for src in sources]
+    teacher = any(has_teacher_topk(ds) for _src, ds in loaded)
+    if not teacher:  # columns of nulls (a generation without logprobs): not worth converting
+        loaded = [(src, ds.remove_columns([c for c in SOURCE_COLUMNS if c in ds.column_names])) for src, ds in loaded]
+    if timings is not None:
+        timings["read_s"] = timings.get("read_s", 0.0) + time.perf_counter() - t0
+    features = _encoded_features(teacher)
     tables = []
-    for i, src in enumerate(sources):
-        t0 = time.perf_counter()
-        ds = load_source(src, work / "cache")
+    for i, (src, ds) in enumerate(loaded):
         t1 = time.perf_counter()
         nproc = default_num_proc(len(ds), settings.num_proc)
         nproc = min(nproc, max(1, len(ds)))
-        log(f"tokenizing {len(ds):,} examples of {src.name} with {nproc} process(es)")
+        log(f"tokenizing {len(ds):,} examples of {src.name} with {nproc} process(es)"
+            + (" (with the teacher's top-k log-probabilities)" if teacher else ""))
         if len(ds) == 0:
             continue
         out = ds.map(encode_batch_arrow, batched=True, batch_size=1000, num_proc=nproc if nproc > 1 else None,
-                     fn_kwargs={"tok": tok, "template": template, "settings": enc},
-                     remove_columns=ds.column_names, features=_encoded_features(),
+                     fn_kwargs={"tok": tok, "template": template, "settings": enc, "teacher": teacher},
+                     remove_columns=ds.column_names, features=features,
                      cache_file_name=str(work / f"encoded-{i}.arrow"), desc=f"tokenize {src.name}")
         tables.append(out.with_format("arrow")[:])
         if timings is not None:
-            timings["read_s"] = timings.get("read_s", 0.0) + t1 - t0
             timings["tokenize_s"] = timings.get("tokenize_s", 0.0) + time.perf_counter() - t1
     if not tables:
-        return _encoded_features().arrow_schema.empty_table()
+        return features.arrow_schema.empty_table()
     return pa.concat_tables(tables)  # zero-copy over the memory-mapped map() outputs
 
 
@@ -172,6 +202,21 @@ def _check_ids(table: pa.Table, sources) -> None:
                                 f"{[s.name for s in sources]}; ids must be unique")
 
 
+def teacher_report(kept: pa.Table) -> dict | None:
+    """What the teacher columns of the kept examples hold: ``k``, positions that carry a teacher
+    distribution, and examples per ``teacher_status`` (None without teacher columns)."""
+    if TEACHER_IDS not in kept.column_names:
+        return None
+    per_token = pc.list_flatten(kept.column(TEACHER_IDS))
+    lens = pc.list_value_length(per_token)
+    examples = {s: 0 for s in TEACHER_STATUSES}
+    for item in pc.value_counts(kept.column("teacher_status")).to_pylist():
+        examples[item["values"]] = item["counts"]
+    return {"k": int(pc.max(lens).as_py() or 0) if len(lens) else 0,
+            "positions": int(pc.sum(pc.greater(lens, 0)).as_py() or 0) if len(lens) else 0,
+            "examples": examples}
+
+
 # --------------------------------------------------------------------------- writing
 
 
@@ -181,8 +226,9 @@ def write_shards(rows: pa.Table, out_dir: Path, split: str, target_bytes: int, m
     (a shard closes after the row group that reaches the target; row groups hold about
     min(8 MiB, target) of uncompressed rows)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    schema = ROW_SCHEMA.with_metadata(metadata)
-    rows = rows.select(ROW_SCHEMA.names).cast(ROW_SCHEMA)
+    base = TEACHER_ROW_SCHEMA if TEACHER_IDS in rows.column_names else ROW_SCHEMA
+    schema = base.with_metadata(metadata)
+    rows = rows.select(base.names).cast(base)
     per_row = max(1, rows.nbytes // max(1, rows.num_rows))
     rg_rows = row_group_rows or int(max(1, min(8192, min(8 << 20, target_bytes) // per_row)))
     tmp_files: list[Path] = []
@@ -302,6 +348,7 @@ def build_tokenized_dataset(
             raise TokenizationError(f"every one of the {examples_in} examples was dropped ({reasons}); "
                                     + ("raise training.max_seq_len or set dataset.too_long: truncate"
                                        if counts["too_long"] else "check the source columns and types"))
+        teacher = teacher_report(kept)
         ids = kept.column("id").to_pylist()
         is_val = np.fromiter((split_of(i, settings.validation_fraction, settings.split_seed) == "validation"
                               for i in ids), dtype=bool, count=len(ids))
@@ -318,6 +365,8 @@ def build_tokenized_dataset(
             "campaign.split": json.dumps({"by": "example_id", "validation_fraction": settings.validation_fraction,
                                           "seed": settings.split_seed}, sort_keys=True),
             "campaign.source_hash": src_hash,
+            **({"campaign.teacher_topk": json.dumps({"k": teacher["k"], "columns": list(TEACHER_FIELDS_NAMES)})}
+               if teacher else {}),
             **(extra_metadata or {}),
         }
         splits: dict[str, SplitStats] = {}
@@ -375,6 +424,7 @@ def build_tokenized_dataset(
             "metadata": metadata,
             "length_histogram": length_histogram(lengths_all, label="example tokens"),
             "row_fill_histogram": length_histogram(np.concatenate(row_fill), label="row tokens") if row_fill else "",
+            "teacher_topk": teacher,
         }
         (out / "dataset_info.json").write_text(json.dumps(report, indent=2, sort_keys=True))
         return report

@@ -22,7 +22,7 @@ token *at* ``t``, so they are shifted exactly like the labels)::
 
 The tokenized dataset carries them as ``teacher_topk_ids: list<list<int32>>`` and
 ``teacher_topk_logprobs: list<list<float32>>`` (one list per input token, empty where the
-teacher said nothing); :func:`align_top_logprobs` builds those lists from a teacher generation's
+teacher said nothing); :func:`dataprep.topk.align_top_logprobs` builds those lists from a teacher generation's
 ``top_logprobs`` (one list per generated token of ``{token_id, logprob}``).
 """
 
@@ -34,14 +34,12 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+# The alignment of a generation's top-k lists onto tokenized rows is data preparation (torch-free, in
+# dataprep.topk); re-exported here because the loss and the columns it reads are one contract.
+from dataprep.topk import TEACHER_IDS, TEACHER_LOGPROBS, AlignmentError, align_top_logprobs  # noqa: F401
+
 IGNORE = -100
-TEACHER_IDS = "teacher_topk_ids"
-TEACHER_LOGPROBS = "teacher_topk_logprobs"
 TEACHER_KEYS = frozenset({TEACHER_IDS, TEACHER_LOGPROBS})
-
-
-class AlignmentError(ValueError):
-    """A teacher generation's top-k lists cannot be placed on a tokenized row's label positions."""
 
 
 # --------------------------------------------------------------------------- losses
@@ -116,52 +114,6 @@ def mix(ce_sum: torch.Tensor, ce_tokens: int, kl_sum: torch.Tensor | None, kl_to
 
 
 # --------------------------------------------------------------------------- data alignment
-
-
-def align_top_logprobs(
-    labels: Sequence[int],
-    top_logprobs: Sequence[Sequence[dict]],
-    generated_ids: Sequence[int] | None = None,
-    row: str = "",
-) -> tuple[list[list[int]], list[list[float]]]:
-    """Place a generation's per-token top-k lists on a tokenized row's label positions.
-
-    ``labels`` is the row's label list (-100 on prompt tokens; the completion's tokens then EOS
-    carry labels, as ``dataprep.tokenize.encode_pair`` writes them). ``top_logprobs`` holds one
-    list per generated token of ``{"token_id": int, "logprob": float}``. The generation either
-    includes the EOS token (one list per label position) or stopped without it (one list fewer:
-    the appended EOS gets no teacher distribution). With ``generated_ids`` each paired label is
-    checked against the token the teacher produced, which catches a completion whose
-    re-tokenization differs from the teacher's own tokens.
-
-    Returns ``(ids, logprobs)``, one list per input position (empty where there is no teacher
-    distribution), ready for the ``teacher_topk_ids`` / ``teacher_topk_logprobs`` columns.
-    """
-    where = f" (row {row})" if row else ""
-    positions = [i for i, lab in enumerate(labels) if lab != IGNORE]
-    n, m = len(positions), len(top_logprobs)
-    if m not in (n, n - 1):
-        raise AlignmentError(
-            f"cannot align teacher top-k{where}: the row has {n} label tokens but the generation has {m} top-k "
-            f"lists (expected {n}, or {n - 1} when the teacher stopped without EOS); logit distillation needs "
-            f"labels on the completion and EOS only, tokenized with the teacher's tokenizer"
-        )
-    if generated_ids is not None:
-        if len(generated_ids) != m:
-            raise AlignmentError(f"{len(generated_ids)} generated ids but {m} top-k lists{where}")
-        for j, (pos, gid) in enumerate(zip(positions, generated_ids)):
-            if labels[pos] != gid:
-                raise AlignmentError(
-                    f"completion token {j}{where} is {labels[pos]} in the tokenized row but the teacher generated "
-                    f"{gid}: the completion was re-tokenized differently, so the teacher's distributions do not "
-                    f"line up; tokenize with the teacher's own token ids"
-                )
-    ids: list[list[int]] = [[] for _ in labels]
-    lps: list[list[float]] = [[] for _ in labels]
-    for pos, entries in zip(positions, top_logprobs):
-        ids[pos] = [int(e["token_id"]) for e in entries]
-        lps[pos] = [float(e["logprob"]) for e in entries]
-    return ids, lps
 
 
 def teacher_topk_tensors(

@@ -195,8 +195,9 @@ class LoraTrainer:
             if not all(c in names for c in cols):
                 raise TrainingError(
                     f"training.distillation.loss is 'logits' but {f} has no {cols} columns; the tokenized rows must "
-                    f"carry the teacher's top-k log-probabilities aligned with input_ids (see "
-                    f"training.losses.align_top_logprobs), or use loss 'sequence'"
+                    f"carry the teacher's top-k log-probabilities aligned with input_ids (the tokenized_dataset stage "
+                    f"writes them when the distillation set has top_logprobs: set teacher.sampling.logprobs; see "
+                    f"dataprep.topk), or use loss 'sequence'"
                 )
             t = pq.read_table(f, columns=cols)
             for c in cols:
