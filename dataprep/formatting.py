@@ -334,15 +334,27 @@ def _list_array(lists: list[list[int]]):
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
 
 
-def _plain_pairs_arrow(batch: dict[str, list], tok, template: Template, settings: EncodeSettings):
-    """``encode_batch`` for prompt/completion pairs with the plain template, assembled with numpy
-    index arithmetic instead of per-row Python lists (same result; a test holds them equal)."""
+def _pair_inputs(batch):
+    """(rows, id array, status array, indices of usable rows, their prompt texts then their completion
+    texts) of a prompt/completion batch: a dict of lists, or an Arrow table (``Dataset.map`` on an
+    Arrow-formatted dataset), whose string columns are checked for nulls without a per-row loop."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+    if isinstance(batch, pa.Table):
+        p, c = batch.column("prompt"), batch.column("completion")
+        n = batch.num_rows
+        if all(pa.types.is_string(x.type) or pa.types.is_large_string(x.type) for x in (p, c)):
+            valid = pc.and_(pc.is_valid(p), pc.is_valid(c))
+            status = np.where(valid.to_numpy(zero_copy_only=False), OK, "missing_field").astype(object)
+            texts = p.filter(valid).to_pylist() + c.filter(valid).to_pylist()
+            ok = np.flatnonzero(status == OK)
+            return n, batch.column("id").combine_chunks().cast(pa.string()), status, ok, texts
+        batch = {"id": batch.column("id").to_pylist(), "prompt": p.to_pylist(), "completion": c.to_pylist()}
     prompts, completions = batch["prompt"], batch["completion"]
     n = len(prompts)
-    status: list[str] = [OK] * n
+    status = np.full(n, OK, dtype=object)
     ok: list[int] = []
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         if p is None or c is None:
@@ -351,8 +363,19 @@ def _plain_pairs_arrow(batch: dict[str, list], tok, template: Template, settings
             status[i] = "not_a_string"
         else:
             ok.append(i)
+    texts = [prompts[i] for i in ok] + [completions[i] for i in ok]
+    return n, pa.array(batch["id"], pa.string()), status, np.asarray(ok, dtype=np.int64), texts
+
+
+def _plain_pairs_arrow(batch: dict[str, list], tok, template: Template, settings: EncodeSettings):
+    """``encode_batch`` for prompt/completion pairs with the plain template, assembled with numpy
+    index arithmetic instead of per-row Python lists (same result; a test holds them equal)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n, ids_col, status, ok, texts = _pair_inputs(batch)
     m = len(ok)
-    enc = tokenize_texts(tok, [prompts[i] for i in ok] + [completions[i] for i in ok])
+    enc = tokenize_texts(tok, texts)
     lens = np.fromiter(map(len, enc), dtype=np.int64, count=2 * m)
     off = np.zeros(2 * m + 1, dtype=np.int64)
     np.cumsum(lens, out=off[1:])
@@ -387,13 +410,9 @@ def _plain_pairs_arrow(batch: dict[str, list], tok, template: Template, settings
     no_loss = keep_row & (n_loss == 0)
     keep &= np.repeat(~no_loss, row_len)
     new_len[no_loss] = 0
-    for j, i in enumerate(ok):
-        if not keep_row[j]:
-            status[i] = "too_long"
-        elif no_loss[j]:
-            status[i] = "no_loss_tokens"
-        elif too_long[j]:
-            status[i] = TRUNCATED
+    status[ok[~keep_row]] = "too_long"
+    status[ok[no_loss]] = "no_loss_tokens"
+    status[ok[keep_row & ~no_loss & too_long]] = TRUNCATED
     full_len = np.zeros(n, dtype=np.int64)
     loss = np.zeros(n, dtype=np.int64)
     if m:
@@ -401,7 +420,7 @@ def _plain_pairs_arrow(batch: dict[str, list], tok, template: Template, settings
         loss[ok] = np.where(new_len > 0, n_loss, 0)
     offsets = pa.array(np.concatenate(([0], np.cumsum(full_len))).astype(np.int32))
     return pa.table({
-        "id": pa.array(batch["id"], pa.string()),
+        "id": ids_col,
         "input_ids": pa.ListArray.from_arrays(offsets, pa.array(ids[keep].astype(np.int32))),
         "labels": pa.ListArray.from_arrays(offsets, pa.array(labels[keep].astype(np.int32))),
         "num_tokens": pa.array(full_len.astype(np.int32)),
@@ -410,15 +429,18 @@ def _plain_pairs_arrow(batch: dict[str, list], tok, template: Template, settings
     })
 
 
-def encode_batch_arrow(batch: dict[str, list], tok, template: Template, settings: EncodeSettings,
-                       teacher: bool | None = None):
-    """``encode_batch`` returning a ``pyarrow.Table`` (what ``Dataset.map`` writes without converting)."""
+def encode_batch_arrow(batch, tok, template: Template, settings: EncodeSettings, teacher: bool | None = None):
+    """``encode_batch`` returning a ``pyarrow.Table`` (what ``Dataset.map`` writes without converting);
+    ``batch`` is a dict of lists or an Arrow table (an Arrow-formatted dataset's batch)."""
     import pyarrow as pa
 
+    names = batch.column_names if isinstance(batch, pa.Table) else batch
     if teacher is None:
-        teacher = SOURCE_TOP_LOGPROBS in batch
-    if template.kind == "plain" and "messages" not in batch and not teacher:
+        teacher = SOURCE_TOP_LOGPROBS in names
+    if template.kind == "plain" and "messages" not in names and not teacher:
         return _plain_pairs_arrow(batch, tok, template, settings)
+    if isinstance(batch, pa.Table):
+        batch = batch.to_pydict()
     out = encode_batch(batch, tok, template, settings, teacher)
     cols = {
         "id": pa.array(out["id"], pa.string()),

@@ -3,7 +3,11 @@
 A source is a path: a ``.jsonl``/``.json``, ``.parquet`` or ``.csv`` file, a glob of such files,
 or a directory written by ``Dataset.save_to_disk``. Each source is loaded with ``datasets``
 (``load_dataset("json" | "parquet" | "csv", data_files=...)`` or ``load_from_disk``), its
-Arrow cache kept in a work directory the caller deletes, never in the user's home.
+Arrow cache kept in a work directory the caller deletes, never in the user's home. Parquet, and
+JSON Lines of flat values, take a shortcut to the same memory-mapped ``Dataset``: pyarrow's
+multi-threaded readers write the Arrow cache file directly (``load_dataset``'s JSON builder
+parses every line in Python to detect mixed types, several times slower; anything pyarrow refuses, such
+as mixed-type JSON values, still goes through ``load_dataset``).
 
 Columns: ``prompt`` and ``completion`` (strings), or ``messages`` (list of ``{role, content}``);
 ``id`` (string) is optional: without it, ids are ``<source name>:<row number>``. Example ids
@@ -85,6 +89,44 @@ def _empty_file(f: Path, kind: str) -> bool:
     return False
 
 
+def _read_arrow(src: Source, files: list[Path], cache_dir: Path):
+    """Parquet files, and JSON Lines files of flat values, read straight with pyarrow's
+    multi-threaded readers into one memory-mapped Arrow file (what ``load_dataset`` builds, at a
+    fraction of its cost); None for anything else (a JSON array, nested or mixed-type JSON values,
+    Parquet written by ``datasets`` with its own features), which ``load_dataset`` then reads with
+    its own conversions."""
+    import datasets
+    import pyarrow as pa
+
+    if src.kind not in ("json", "parquet"):
+        return None
+    try:
+        if src.kind == "json":
+            import pyarrow.json as pajson
+
+            tables = [pajson.read_json(str(f)) for f in files]
+        else:
+            import pyarrow.parquet as pq
+
+            tables = [pq.read_table(f) for f in files]
+        table = pa.concat_tables(tables, promote_options="default")
+    except (pa.ArrowException, ValueError, OSError):
+        return None
+    flat = all(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
+               or pa.types.is_floating(t) or pa.types.is_null(t) or pa.types.is_boolean(t) for t in table.schema.types)
+    if src.kind == "json" and not flat:  # JSON needs load_dataset's handling of nested and mixed values
+        return None
+    if b"huggingface" in (table.schema.metadata or {}):  # datasets' own features (images, class labels, ...)
+        return None
+    table = table.replace_schema_metadata(None)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha1("|".join(f"{f.resolve()}:{f.stat().st_mtime_ns}" for f in files).encode()).hexdigest()
+    path = cache_dir / f"source-{key[:16]}.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table, max_chunksize=10_000)
+    return datasets.Dataset.from_file(str(path))
+
+
 def load_source(src: Source, cache_dir: str | Path):
     """The source as a ``datasets.Dataset`` with columns ``id`` plus ``prompt``/``completion`` or
     ``messages``. Raises SourceError for an unreadable file or missing columns."""
@@ -102,8 +144,10 @@ def load_source(src: Source, cache_dir: str | Path):
                                       f"(splits: {sorted(ds)})")
                 ds = ds["train"]
         else:
-            ds = datasets.load_dataset(src.kind, data_files=[str(f) for f in files], split="train",
-                                       cache_dir=str(cache_dir))
+            ds = _read_arrow(src, files, Path(cache_dir))
+            if ds is None:
+                ds = datasets.load_dataset(src.kind, data_files=[str(f) for f in files], split="train",
+                                           cache_dir=str(cache_dir))
     except SourceError:
         raise
     except Exception as e:  # noqa: BLE001 - name the file in the error users see

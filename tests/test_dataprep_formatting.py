@@ -157,6 +157,13 @@ def test_arrow_pair_path_equals_the_general_path(tok):
             if kw.get("too_long") == "truncate":
                 assert "truncated" in want["status"]
                 assert ("no_loss_tokens" in want["status"]) != bool(kw.get("train_on_prompt"))
+    # an Arrow batch (what map passes for an Arrow-formatted dataset of string columns) gives the same table
+    strings = pa.Table.from_pylist([r for r in rows if isinstance(r["completion"], str)])
+    as_lists = {k: strings.column(k).to_pylist() for k in strings.column_names}
+    for kw in ({}, {"too_long": "truncate"}):
+        settings = EncodeSettings(30, **kw)
+        assert encode_batch_arrow(strings, tok, resolve_template(tok), settings).equals(
+            encode_batch_arrow(as_lists, tok, resolve_template(tok), settings))
     # and the general path for pairs is the same as for a one-exchange conversation
     msgs = {"id": batch["id"][:6], "messages": [[{"role": "user", "content": r["prompt"]},
                                                  {"role": "assistant", "content": r["completion"]}] for r in rows[:6]]}
