@@ -233,14 +233,18 @@ def tiny_training(context: AssetExecutionContext, env: dict, storage: ArtifactSt
                                    description="Candidate score within the threshold of the baseline.")])
 def eval_gate(context: AssetExecutionContext, env: dict, trained: dict, storage: ArtifactStore,
               cluster: ClusterValidation):
-    from evaluation.gate import GatePolicy, combine, markdown_report
-    from evaluation.runner import SuiteRun, evaluate_paired
+    from evaluation.gate import GatePolicy, StatsPolicy, combine
+    from evaluation.report import build_report
+    from evaluation.runner import BASE, CANDIDATE, SuiteGate, SuiteRun, answer_suites, judge, scores
+    from evaluation.scorers import build_scorer
+    from evaluation.suite import read_item_results, write_item_rows
     from generation.local import LocalGenerator
     from perf import ladder
 
     d = _rung_dir(storage, "eval_gate", context)
     items = json.loads(Path(trained["heldout_path"]).read_text())
-    suites = [SuiteRun("cipher", items, "exact_match", 16)]
+    scorer = build_scorer("exact_match")
+    suites = [SuiteRun("cipher", items, scorer, 16)]
 
     def local(adapter_dir=None):
         def factory():
@@ -248,22 +252,27 @@ def eval_gate(context: AssetExecutionContext, env: dict, trained: dict, storage:
             return lambda prompts, n: g.generate(prompts, n)
         return factory
 
+    rows = answer_suites(suites, {CANDIDATE: local(trained["adapter_path"]), BASE: local()}, log=context.log.info)
+    res = read_item_results(write_item_rows(rows, d / "items.parquet"))
     policy = GatePolicy(min_score=cluster.gate_min_score, min_items=min(20, len(items)))
-    result = evaluate_paired(suites, {"candidate": local(trained["adapter_path"]), "base": local()}, policy,
-                             log=context.log.info)
-    verdict_text = combine(result.reports)
-    report = {"verdict": verdict_text, "scores": result.scores, "suites": [r.as_dict() for r in result.reports],
-              "reasons": [why for r in result.reports for why in r.reasons]}
+    sp = StatsPolicy()
+    reports = judge(res, [SuiteGate("cipher", policy, scorer.binary)], sp)
+    doc = build_report(reports, {"cipher": (res[CANDIDATE]["cipher"], res[BASE]["cipher"])}, sp,
+                       trained.get("key", "ladder"))
+    verdict_text = combine(reports)
+    result_scores = scores(res)
+    report = {"verdict": verdict_text, "scores": result_scores, "suites": [r.as_dict() for r in reports],
+              "reasons": doc["reasons"]}
     (d / "gate.json").write_text(json.dumps(report, indent=2))
-    candidate = result.scores["candidate"]["cipher"] or 0.0
+    candidate = result_scores["candidate"]["cipher"] or 0.0
     metrics = {"candidate_score": float(candidate)}
     bverdict = _store(storage, cluster).check("eval_gate", env["shape"], metrics, env["fingerprint"],
                                               ladder.gate_rules(cluster.score_drop), cluster.rebaseline,
                                               record=verdict_text == "GO")
     yield Output(report | {"path": str(d)}, metadata={
         "verdict": verdict_text, "candidate_score": float(candidate),
-        "base_score": float(result.scores["base"]["cipher"] or 0.0),
-        "report": MetadataValue.md(markdown_report(result.reports))})
+        "base_score": float(result_scores["base"]["cipher"] or 0.0),
+        "report": MetadataValue.md(doc["markdown"])})
     yield AssetCheckResult(check_name="gate", passed=verdict_text == "GO", severity=AssetCheckSeverity.ERROR,
                            description=f"gate {verdict_text}" + (f": {'; '.join(report['reasons'])}"
                                                                   if report["reasons"] else ""))

@@ -64,3 +64,19 @@ def test_bandwidth_rung_records_a_baseline_then_names_a_drop(artifact_root):
     assert "all_reduce.plateau_busbw_gbps dropped" in check.description and "allowed: -25%" in check.description
     assert check.metadata["baseline"].value["all_reduce.plateau_busbw_gbps"] == base["metrics"][
         "all_reduce.plateau_busbw_gbps"]
+
+
+@pytest.mark.slow
+def test_training_and_gate_rungs_run_through_the_real_gate(artifact_root):
+    """The top two rungs: a tiny real training run on this machine (2 gloo ranks), then the same
+    evaluation gate campaigns use (paired candidate/base statistics) on held-out items."""
+    resources = default_resources(str(artifact_root)) | {
+        "cluster": ClusterValidation(train_steps=60, train_items=600, eval_items=40, gate_min_score=0.5)}
+    result = materialize([cluster.environment, cluster.tiny_training, cluster.eval_gate], resources=resources,
+                         instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    c = _checks(result)
+    assert c["loss_decreased"].passed
+    assert c["gate"].passed, c["gate"].description
+    md = {k: v.value for k, v in result.asset_materializations_for_node("cluster__eval_gate")[0].metadata.items()}
+    assert md["verdict"] == "GO" and md["candidate_score"] >= 0.5 > md["base_score"]
+    assert "| cipher |" in md["report"]
