@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -185,11 +186,13 @@ class LoraTrainer:
         per_rank = min(self.spec.eval_rows, n) // self.world
         self.eval_rows = [list(range(r * per_rank, (r + 1) * per_rank)) for r in range(self.world)]
 
-    def _load_teacher_topk(self) -> dict[str, list]:
+    def _load_teacher_topk(self) -> dict[str, Any]:
+        """The teacher's top-k columns as Arrow arrays (compact buffers, decoded per batch by ``take``)."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         cols = [losses.TEACHER_IDS, losses.TEACHER_LOGPROBS]
-        out: dict[str, list] = {c: [] for c in cols}
+        parts: dict[str, list] = {c: [] for c in cols}
         for f in tdata.parquet_files(self.job.dataset_path):
             names = pq.read_schema(f).names
             if not all(c in names for c in cols):
@@ -199,10 +202,10 @@ class LoraTrainer:
                     f"writes them when the distillation set has top_logprobs: set teacher.sampling.logprobs; see "
                     f"dataprep.topk), or use loss 'sequence'"
                 )
-            t = pq.read_table(f, columns=cols)
+            t = pq.read_table(f, columns=cols, memory_map=True)
             for c in cols:
-                out[c] += t.column(c).to_pylist()
-        return out
+                parts[c] += t.column(c).chunks
+        return {c: pa.chunked_array(parts[c]) for c in cols}
 
     def _check_teacher_tokenizer(self) -> None:
         """Logit distillation compares token ids: teacher and student must share one vocabulary."""
@@ -276,8 +279,8 @@ class LoraTrainer:
     def _batch(self, idx: list[int]) -> dict[str, torch.Tensor]:
         batch = tdata.collate(self.rows, idx, self.pad_id)
         if self.distill:
-            t_ids = [self.teacher[losses.TEACHER_IDS][i] for i in idx]
-            t_lps = [self.teacher[losses.TEACHER_LOGPROBS][i] for i in idx]
+            t_ids = self.teacher[losses.TEACHER_IDS].take(idx).to_pylist()
+            t_lps = self.teacher[losses.TEACHER_LOGPROBS].take(idx).to_pylist()
             n, width = batch["input_ids"].shape
             if n == 1 and len(idx) > 1:  # padding-free collation: the rows laid end to end in one row
                 t_ids, t_lps = [[p for r in t_ids for p in r]], [[p for r in t_lps for p in r]]
