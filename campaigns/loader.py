@@ -126,8 +126,10 @@ def _problems(exc: ValidationError, root: yaml.Node | None) -> list[FieldProblem
             msg = "required field is missing"
         else:
             got = err.get("input")
-            shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-            msg = f"{err['msg'].removeprefix('Value error, ')}{shown}"
+            msg = err["msg"].removeprefix("Value error, ")
+            # Our own validators already quote the value ("..., got 'x'"); pydantic's messages do not.
+            shown = "" if isinstance(got, dict | list) or f"got {got!r}" in msg else f" (got {got!r})"
+            msg = f"{msg}{shown}"
         out.append(FieldProblem(dotted, _line_of(root, loc), msg))
     return out
 
