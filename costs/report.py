@@ -188,6 +188,8 @@ def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dic
         "teacher_score": scores.get("teacher", {}).get(primary_suite),
         "verdict": (ev or {}).get("verdict"), "primary_suite": primary_suite,
         "stage_keys": outputs,
+        "teacher_cache_hits": int((gen.get("stats") or {}).get("cache_hits", 0)),
+        "teacher_generations": int(gen.get("rows", 0)),
         "plan_vs_actual": plan_vs_actual(plan, lines, manifests),
         "plan_total_usd": None if plan is None else plan.get("total_usd"),
         "plan_memory_gb": None if plan is None else plan["memory"]["total_gb"],
@@ -225,8 +227,11 @@ def render_text(r: dict) -> list[str]:
            f"spent in this run: {money(r['spent_this_run_usd'])}"
            + (f"; campaign total {money(r['campaign_spent_usd'])}" if r["campaign_spent_usd"] != r["spent_this_run_usd"] else ""),
            f"cost per result: {money(r['usd_per_million_teacher_tokens'])} per M teacher tokens ({r['teacher_tokens']:,} tokens); "
-           f"{money(r['usd_per_1k_accepted_examples'])} per 1k accepted examples ({r['accepted_examples']:,})",
-           f"  {per_point_text(r)}",
+           f"{money(r['usd_per_1k_accepted_examples'])} per 1k accepted examples ({r['accepted_examples']:,})"]
+    if r.get("teacher_cache_hits"):
+        out.append(f"  {r['teacher_cache_hits']:,} of {r.get('teacher_generations') or r['teacher_cache_hits']:,} teacher "
+                   "generations came from the content-addressed cache (paid for when first generated, not again)")
+    out += [f"  {per_point_text(r)}",
            f"  {r['gpu_hours']:.6f} GPU-hours, {r['host_hours']:.6f} host-hours; teacher "
            f"{_num(r.get('teacher_tokens_per_s'))} tokens/s, training {_num(r.get('training_tokens_per_s'))} tokens/s"]
     if r.get("budget_usd") is not None:

@@ -99,3 +99,18 @@ def test_report_counts_reused_outputs_in_the_result_but_not_in_the_run(tmp_path)
     assert r["gain_points"] is None
     text = "\n".join(render_text(r))
     assert "cost of this result: $5.000000" in text and "spent in this run: $3.000000" in text
+
+
+def test_report_says_when_teacher_generations_came_from_the_cache(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    gen = StageDir(tmp_path, "camp", "teacher_generations", "g").commit(
+        {"cost_lines": [], "rows": 300, "prompt_tokens": 100, "completion_tokens": 50,
+         "stats": {"cache_hits": 200, "generated": 100}})
+    ledger.record_stage(campaign="camp", asset="teacher_generations", run_id="r", step_key="g", manifest=gen)
+    r = build_report(campaign="camp", run_id="r", ledger=ledger, primary_suite="s", manifests={"teacher_generations": gen})
+    assert (r["teacher_cache_hits"], r["teacher_generations"]) == (200, 300)
+    assert "200 of 300 teacher generations came from the content-addressed cache" in "\n".join(render_text(r))
+    gen_fresh = {**gen, "stats": {"cache_hits": 0, "generated": 300}}
+    r = build_report(campaign="camp", run_id="r", ledger=ledger, primary_suite="s",
+                     manifests={"teacher_generations": gen_fresh})
+    assert "content-addressed cache" not in "\n".join(render_text(r))
