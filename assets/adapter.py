@@ -53,7 +53,7 @@ def build(spec: CampaignSpec):
             shutil.rmtree(out / "adapter", ignore_errors=True)
             remote = tr.checkpoint.remote_uri
             job = TrainJob(campaign=spec.name, base_model_path=str(base), dataset_path=dataset["dataset_path"],
-                           output_dir=str(out), student=s, training=tr,
+                           validation_path=dataset.get("validation_path"), output_dir=str(out), student=s, training=tr,
                            teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
                            checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None)
             t0 = time.perf_counter()

@@ -420,7 +420,8 @@ class TrainingSpec(_Strict):
         description="Process-group timeout: a rank that dies or hangs makes every other rank fail after at most this long.",
     )
     eval_rows: int = Field(
-        64, ge=0, description="Rows (in dataset order) whose loss is measured before and after training (eval mode)."
+        64, ge=0, description="Rows of the validation split (without one: the first training rows) whose loss is measured "
+                        "before and after training (eval mode)."
     )
     export_merged: bool = Field(
         False, description="Also write the base with the adapter merged in (compute dtype) next to the adapter."

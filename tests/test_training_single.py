@@ -238,3 +238,54 @@ def test_sigterm_and_time_based_checkpoints(run_job, tmp_path, demo_models, ciph
     run_job(clock, "clock")
     steps = sorted(d.name for d in (tmp_path / "clock" / "checkpoints").glob("step-*"))
     assert len(steps) >= 5, steps  # one before (almost) every step, plus the final one
+
+
+def _base_loss(base: Path, ds: Path, rows: int) -> float:
+    """Mean token cross-entropy of the 4-bit base (what an untrained LoRA computes) on ``rows`` rows of ``ds``."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from training import data as tdata
+    from training import losses
+
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
+                           bnb_4bit_quant_storage=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16, quantization_config=q).eval()
+    data = tdata.load_rows(ds)
+    total = n = 0.0
+    with torch.no_grad():
+        for i in range(0, rows, 8):
+            b = tdata.collate(data, list(range(i, min(i + 8, rows))), model.config.pad_token_id or 0)
+            s, k = losses.cross_entropy_sum(model(**{k: v for k, v in b.items() if k not in tdata.NON_MODEL_KEYS}).logits,
+                                            b["labels"])
+            total, n = total + float(s), n + k
+    return total / n
+
+
+def test_eval_loss_is_measured_on_the_validation_split(run_job, tmp_path, demo_models, cipher_ds):
+    """With a validation split the eval loss is its loss (not the training rows'); without one the trainer
+    says it fell back to training rows; a dataset that records no tokenizer is refused before training."""
+    from training.trainer import TrainingError
+
+    val = write_cipher_dataset(tmp_path / "val", demo_models["student"], 16, seed=11, long_every=2)
+    kw = dict(student=SMALL, max_steps=2, micro_batch_size=8, eval_rows=64)
+    job = make_job(tmp_path / "v", demo_models["student"], cipher_ds, **kw).model_copy(
+        update={"validation_path": str(val)})
+    s = run_job(job, "v")
+    assert (s["eval_source"], s["eval_rows"]) == ("validation", 16)
+    on_val, on_train = _base_loss(demo_models["student"], val, 16), _base_loss(demo_models["student"], cipher_ds, 16)
+    assert abs(on_val - on_train) > 0.05, (on_val, on_train)  # the two sets are told apart
+    assert s["eval_loss_before"] == pytest.approx(on_val, rel=2e-2), (s["eval_loss_before"], on_val, on_train)
+    s = run_job(make_job(tmp_path / "t", demo_models["student"], cipher_ds, **kw).model_copy(
+        update={"validation_path": str(tmp_path / "empty")}), "t")
+    assert s["eval_source"].startswith("train") and s["eval_rows"] == 64
+
+    import pyarrow.parquet as pq
+
+    f = next(cipher_ds.glob("*.parquet"))
+    t = pq.read_table(f)
+    anon = tmp_path / "anon"
+    anon.mkdir()
+    pq.write_table(t.replace_schema_metadata({k: v for k, v in t.schema.metadata.items()
+                                              if k != b"campaign.tokenizer_hash"}), anon / f.name)
+    with pytest.raises(TrainingError, match="records no tokenizer hash"):
+        run_job(make_job(tmp_path / "n", demo_models["student"], anon, **kw), "n")

@@ -16,6 +16,10 @@ class TrainJob(BaseModel):
     campaign: str
     base_model_path: str = Field(description="Directory of the base checkpoint (config, weights, tokenizer).")
     dataset_path: str = Field(description="Tokenized Parquet file or directory of Parquet shards.")
+    validation_path: str | None = Field(
+        None, description="Tokenized validation split (held out by example id); the eval loss is measured on it. "
+                          "None or empty: on the first `training.eval_rows` training rows instead."
+    )
     output_dir: str = Field(description="Where the adapter, metrics and summary are written.")
     student: StudentSpec
     training: TrainingSpec

@@ -61,6 +61,10 @@ class TrainingError(RuntimeError):
     pass
 
 
+def _r4(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
 
 def _ensure_dist_env() -> None:
     """Allow ``python -m training`` without torchrun: a world of one."""
@@ -158,14 +162,14 @@ class LoraTrainer:
     def _setup_data(self) -> None:
         from dataprep.tokenize import tokenizer_hash
 
-        ds_hash = tdata.dataset_tokenizer_hash(self.job.dataset_path)
         model_hash = tokenizer_hash(self.job.base_model_path)
-        if ds_hash is not None and ds_hash != model_hash:
-            raise TrainingError(
-                f"dataset {self.job.dataset_path} was tokenized with tokenizer {ds_hash[:12]} but the student "
-                f"{self.job.base_model_path} has tokenizer {model_hash[:12]}; rebuild the tokenized dataset"
-            )
+        try:
+            tdata.check_tokenizer(tdata.dataset_tokenizer_hash(self.job.dataset_path), model_hash,
+                                  self.job.dataset_path, self.job.base_model_path)
+        except tdata.DatasetMismatch as e:
+            raise TrainingError(str(e)) from e
         self.rows = tdata.load_rows(self.job.dataset_path)
+        self.eval_data, self.eval_source = self._validation_rows(model_hash)
         n = len(self.rows["input_ids"])
         if self.distill:
             self.teacher = self._load_teacher_topk()
@@ -183,8 +187,22 @@ class LoraTrainer:
         from transformers import AutoConfig
 
         self.pad_id = AutoConfig.from_pretrained(self.job.base_model_path).pad_token_id or 0
-        per_rank = min(self.spec.eval_rows, n) // self.world
+        per_rank = min(self.spec.eval_rows, len(self.eval_data["input_ids"])) // self.world
         self.eval_rows = [list(range(r * per_rank, (r + 1) * per_rank)) for r in range(self.world)]
+
+    def _validation_rows(self, model_hash: str):
+        """The eval-loss rows: the validation split when the dataset has one, else the training rows."""
+        path = self.job.validation_path
+        if not path or not any(Path(path).glob("*.parquet")):
+            return self.rows, "train (the dataset has no validation split)"
+        try:
+            tdata.check_tokenizer(tdata.dataset_tokenizer_hash(path), model_hash, path, self.job.base_model_path)
+        except tdata.DatasetMismatch as e:
+            raise TrainingError(str(e)) from e
+        val = tdata.load_rows(path)
+        if len(val["input_ids"]) < self.world:
+            return self.rows, f"train (the validation split has {len(val['input_ids'])} rows for {self.world} ranks)"
+        return val, "validation"
 
     def _load_teacher_topk(self) -> dict[str, Any]:
         """The teacher's top-k columns as Arrow arrays (compact buffers, decoded per batch by ``take``)."""
@@ -434,7 +452,8 @@ class LoraTrainer:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self) -> float | None:
-        """Mean token cross-entropy on the first ``eval_rows`` dataset rows, in eval mode (no dropout)."""
+        """Mean token cross-entropy on the first ``eval_rows`` rows of the validation split (the training
+        rows when there is none), in eval mode (no dropout)."""
         mine = self.eval_rows[self.rank]
         if not mine:
             return None
@@ -442,7 +461,7 @@ class LoraTrainer:
         total = torch.zeros(2, dtype=torch.float64)
         bs = self.spec.micro_batch_size
         for i in range(0, len(mine), bs):
-            batch = {k: v.to(self.device) for k, v in tdata.collate(self.rows, mine[i:i + bs], self.pad_id).items()}
+            batch = {k: v.to(self.device) for k, v in tdata.collate(self.eval_data, mine[i:i + bs], self.pad_id).items()}
             s, n = losses.cross_entropy_sum(self._forward(batch), batch["labels"])
             total += torch.tensor([float(s), n], dtype=torch.float64)
         self.model.train()
@@ -648,6 +667,7 @@ class LoraTrainer:
             "eval_loss_before": self.eval_loss_before,
             "eval_loss": eval_loss,
             "eval_rows": sum(len(r) for r in self.eval_rows),
+            "eval_source": self.eval_source,
             "tokens": tokens,
             "loss_tokens": sum(r["loss_tokens"] for r in new),
             "train_seconds": seconds,
@@ -670,7 +690,7 @@ class LoraTrainer:
             f"done: {len(m)} steps ({self.skipped} skipped) in {seconds:.1f}s, loss "
             f"{summary['first_loss'] if summary['first_loss'] is None else round(summary['first_loss'], 4)} → "
             f"{summary['final_loss'] if summary['final_loss'] is None else round(summary['final_loss'], 4)}, "
-            f"eval loss {self.eval_loss_before} → {eval_loss}, adapter at {adapter_dir}")
+            f"eval loss ({self.eval_source}) {_r4(self.eval_loss_before)} → {_r4(eval_loss)}, adapter at {adapter_dir}")
         return summary
 
     def cleanup(self, ok: bool = True) -> None:
