@@ -6,7 +6,9 @@ order. A prompt that does not fit the context with ``max_new_tokens`` is not gen
 completion carries an error (a counted skip), the others go on. With ``logprobs=k`` each
 completion carries the top-k log-probabilities of every generated token (raw model
 distribution, captured by a logits processor as generation runs, so memory stays at
-batch x k per step). Imports torch: load this module lazily.
+batch x k per step). The model runs on the GPU when torch sees one (``cuda``), else on the CPU
+(:func:`default_device`); inputs go to the model's device and results come back to the CPU.
+Imports torch: load this module lazily.
 """
 
 from __future__ import annotations
@@ -17,10 +19,14 @@ from pathlib import Path
 
 import torch
 
-
 from generation.completion import Completion
 
-__all__ = ["Completion", "LocalGenerator", "load_model"]
+__all__ = ["Completion", "LocalGenerator", "default_device", "load_model"]
+
+
+def default_device() -> str:
+    """Where a local model runs unless told otherwise: ``cuda`` when torch sees a GPU, else ``cpu``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class _TopKRecorder:
@@ -41,9 +47,13 @@ class _TopKRecorder:
         return scores
 
 
-def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, load_in_4bit: bool = False, compute_dtype: str = "bfloat16"):
+def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, load_in_4bit: bool = False,
+               compute_dtype: str = "bfloat16", device: str | None = None):
+    """The model (on ``device``, default :func:`default_device`; eval mode) and its tokenizer
+    (left padding). A 4-bit model is placed at load time (``device_map``), others are moved."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dev = torch.device(device or default_device())
     kwargs: dict = {}
     if load_in_4bit:
         from transformers import BitsAndBytesConfig
@@ -53,11 +63,15 @@ def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, loa
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dt, bnb_4bit_quant_storage=dt
         )
         kwargs["dtype"] = dt
+        if dev.type == "cuda":  # bitsandbytes weights are quantized where they land: load them on the GPU
+            kwargs["device_map"] = {"": dev.index if dev.index is not None else torch.cuda.current_device()}
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
     if adapter_dir is not None:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter_dir))
+    if not load_in_4bit and dev.type != "cpu":
+        model.to(dev)
     model.eval()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     tok.padding_side = "left"
@@ -76,9 +90,26 @@ class LocalGenerator:
         self.context_length = getattr(model.config, "max_position_embeddings", None)
 
     @classmethod
-    def from_path(cls, model_dir, adapter_dir=None, load_in_4bit=False, compute_dtype="bfloat16", batch_size=64):
-        model, tok = load_model(model_dir, adapter_dir, load_in_4bit, compute_dtype)
+    def from_path(cls, model_dir, adapter_dir=None, load_in_4bit=False, compute_dtype="bfloat16", batch_size=64,
+                  device=None):
+        model, tok = load_model(model_dir, adapter_dir, load_in_4bit, compute_dtype, device)
         return cls(model, tok, batch_size)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are (and so where its inputs must go)."""
+        dev = getattr(self.model, "device", None)
+        return dev if isinstance(dev, torch.device) else next(self.model.parameters()).device
+
+    def _batch_inputs(self, seqs: Sequence[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded input ids and attention mask for ``seqs``, on the model's device."""
+        ids = torch.full((len(seqs), width), self.tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, s in enumerate(seqs):
+            ids[row, width - len(s):] = torch.tensor(s)
+            mask[row, width - len(s):] = 1
+        dev = self.device
+        return ids.to(dev), mask.to(dev)  # built on the CPU, copied once
 
     @torch.no_grad()
     def generate(
@@ -114,11 +145,7 @@ class LocalGenerator:
                     progress(len(too_long))
                 continue
             width = max(len(enc[i]) for i in idx)
-            ids = torch.full((len(idx), width), self.tok.pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for row, i in enumerate(idx):
-                ids[row, width - len(enc[i]):] = torch.tensor(enc[i])
-                mask[row, width - len(enc[i]):] = 1
+            ids, mask = self._batch_inputs([enc[i] for i in idx], width)
             gen_kwargs: dict = {"max_new_tokens": max_new_tokens, "pad_token_id": self.tok.pad_token_id}
             if temperature > 0:
                 torch.manual_seed(seed + start)
@@ -131,10 +158,10 @@ class LocalGenerator:
             t0 = time.perf_counter()
             seqs = self.model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
             latency = time.perf_counter() - t0
-            new = seqs[:, width:]
+            new = seqs[:, width:].cpu()
             if recorder is not None:
-                top_v = torch.stack(recorder.values, dim=1).tolist()  # (batch, steps, k)
-                top_i = torch.stack(recorder.indices, dim=1).tolist()
+                top_v = torch.stack(recorder.values, dim=1).cpu().tolist()  # (batch, steps, k)
+                top_i = torch.stack(recorder.indices, dim=1).cpu().tolist()
             for row, i in enumerate(idx):
                 toks = new[row].tolist()
                 if eos in toks:

@@ -4,11 +4,14 @@
 most ``max_concurrency`` requests in flight, and for every request:
 
 - retries on 408/409/429/5xx, timeouts and dropped connections, with exponential backoff and
-  full jitter (tenacity); a ``Retry-After`` (seconds or an HTTP date) or ``retry-after-ms``
-  header is honored instead, capped at ``backoff_max_s``;
+  full jitter capped at ``backoff_max_s`` (tenacity); when the server sends ``Retry-After``
+  (seconds or an HTTP date) or ``retry-after-ms``, the client waits that long instead (plus up
+  to 10% jitter), however much longer than ``backoff_max_s`` it is, up to ``max_retry_after_s``
+  (default 10 minutes: a guard against absurd values);
 - requests-per-minute and tokens-per-minute limits (token buckets holding one second of
-  budget; a request reserves ``prompt bytes / 4 + max_tokens`` tokens and is refunded what
-  the endpoint's ``usage`` shows it did not use);
+  budget; a request reserves ``prompt bytes / 4 + max_tokens`` tokens and is then charged what
+  the endpoint's ``usage`` says it used: the difference is refunded, or owed when the estimate
+  was short);
 - a clear, immediate error for what retrying cannot fix: a rejected API key (401/403, fatal:
   the run stops), an unknown model or wrong URL (404, fatal), an endpoint that cannot be
   reached after the retries (fatal), and a request the endpoint refuses (400/413/422, e.g. a
@@ -106,18 +109,22 @@ def _transport_kind(e: BaseException) -> str:
 
 
 class _wait_retry_after_or_backoff(wait_base):
-    """``Retry-After`` when the server sent one (plus up to 10% jitter), else exponential
-    backoff with full jitter: uniform(0, min(cap, initial * 2**attempt))."""
+    """``Retry-After`` when the server sent one (plus up to 10% jitter, at most
+    ``retry_after_cap``), else exponential backoff with full jitter:
+    uniform(0, min(cap, initial * 2**(attempt - 1)))."""
 
-    def __init__(self, initial: float, cap: float):
-        self.initial, self.cap = initial, cap
+    def __init__(self, initial: float, cap: float, retry_after_cap: float):
+        self.initial, self.cap, self.retry_after_cap = initial, cap, retry_after_cap
+
+    def delay(self, attempt_number: int, retry_after: float | None) -> float:
+        """Seconds to wait after failed attempt ``attempt_number`` (1-based)."""
+        if retry_after is not None:  # the server knows when it will take requests again: not backoff_max_s
+            return min(self.retry_after_cap, retry_after * (1 + 0.1 * random.random()))
+        return random.uniform(0, min(self.cap, self.initial * 2 ** (attempt_number - 1)))
 
     def __call__(self, rs: RetryCallState) -> float:
         exc = rs.outcome.exception() if rs.outcome else None
-        ra = getattr(exc, "retry_after", None)
-        if ra is not None:
-            return min(self.cap, ra * (1 + 0.1 * random.random()))
-        return random.uniform(0, min(self.cap, self.initial * 2 ** (rs.attempt_number - 1)))
+        return self.delay(rs.attempt_number, getattr(exc, "retry_after", None))
 
 
 class TokenBucket:
@@ -146,8 +153,9 @@ class TokenBucket:
             self.tokens -= amount
 
     def refund(self, amount: float) -> None:
-        if amount > 0:
-            self.tokens = min(self.capacity, self.tokens + amount)
+        """Give back ``amount`` reserved but unused units; a negative amount (more used than
+        reserved) is owed: the next :meth:`acquire` waits it off."""
+        self.tokens = min(self.capacity, self.tokens + amount)
 
 
 @dataclass
@@ -188,7 +196,7 @@ class OpenAICompatibleClient:
                  chat: bool = False, max_concurrency: int = 16, requests_per_minute: float | None = None,
                  tokens_per_minute: float | None = None, timeout_s: float = 60.0, connect_timeout_s: float = 10.0,
                  max_retries: int = 6, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
-                 max_consecutive_failures: int | None = None):
+                 max_retry_after_s: float = 600.0, max_consecutive_failures: int | None = None):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
@@ -200,6 +208,7 @@ class OpenAICompatibleClient:
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.max_retries = max_retries
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
+        self.max_retry_after_s = max_retry_after_s
         self.max_consecutive_failures = max_consecutive_failures or max(16, 2 * max_concurrency)
         self.stats = ClientStats()
         self._consecutive_failures = 0
@@ -318,7 +327,8 @@ class OpenAICompatibleClient:
                 pending: _Retryable | None = first
                 retrying = AsyncRetrying(retry=retry_if_exception_type(_Retryable),
                                          stop=stop_after_attempt(self.max_retries + 1),
-                                         wait=_wait_retry_after_or_backoff(self.backoff_initial_s, self.backoff_max_s),
+                                         wait=_wait_retry_after_or_backoff(self.backoff_initial_s, self.backoff_max_s,
+                                                                           self.max_retry_after_s),
                                          before_sleep=count_retry, reraise=True)
                 async for attempt in retrying:
                     with attempt:

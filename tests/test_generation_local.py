@@ -50,6 +50,48 @@ def test_batched_generation_matches_one_at_a_time(teacher_gen):
     assert sum(c.text.strip() == it["reference"] for c, it in zip(batched, ITEMS, strict=False)) >= 3
 
 
+def test_device_is_the_gpu_when_torch_sees_one(monkeypatch):
+    import torch
+
+    from generation.local import default_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_device() == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # nothing is moved: only the choice
+    assert default_device() == "cuda"
+
+
+def test_inputs_go_to_the_model_device(monkeypatch, demo_models, teacher_gen):
+    import torch
+
+    from generation.local import LocalGenerator, default_device, load_model
+
+    assert teacher_gen.device.type == default_device()
+    seen = []
+    real = teacher_gen.model.generate
+
+    def spy(input_ids, attention_mask, **kw):
+        seen.append((input_ids.device, attention_mask.device))
+        return real(input_ids=input_ids, attention_mask=attention_mask, **kw)
+
+    monkeypatch.setattr(teacher_gen.model, "generate", spy)
+    out = teacher_gen.generate([p["prompt"] for p in PROMPTS[:3]], 8, logprobs=2)
+    assert seen == [(teacher_gen.device, teacher_gen.device)]
+    assert all(c.token_ids and c.top_logprobs for c in out)  # results back as plain Python values
+
+    pad = teacher_gen.tok.pad_token_id
+    ids, mask = teacher_gen._batch_inputs([[5, 6, 7], [8]], 3)
+    assert ids.device == mask.device == teacher_gen.device
+    assert ids.tolist() == [[5, 6, 7], [pad, pad, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    # load_model puts the model where asked and the inputs follow it; the meta device (shapes, no
+    # data) stands in for a GPU here
+    model, tok = load_model(demo_models["teacher"], device="meta")
+    on_meta = LocalGenerator(model, tok)
+    assert on_meta.device == torch.device("meta") and not model.training
+    ids, mask = on_meta._batch_inputs([[5, 6, 7], [8]], 3)
+    assert ids.device == mask.device == torch.device("meta") and ids.shape == (2, 3)
+
+
 def test_transformers_backend_rows_logprobs_skip_and_cache(tmp_path, demo_models, teacher_gen):
     s = Sampling(max_new_tokens=16, logprobs=3)
     ident = teacher_identity("transformers", "@demo/teacher", demo_models["teacher"])

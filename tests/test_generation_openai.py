@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email.utils
 import logging
 import time
 
@@ -11,7 +12,8 @@ from generation.backends import OpenAIBackend
 from generation.blobstore import LocalStore
 from generation.cache import GenerationCache
 from generation.openai_client import (AuthenticationError, EndpointError, EndpointUnreachable,
-                                      OpenAICompatibleClient, parse_retry_after)
+                                      OpenAICompatibleClient, TokenBucket, _wait_retry_after_or_backoff,
+                                      parse_retry_after)
 from generation.requests import Sampling, namespace
 from generation.runner import run_generation
 from generation.testserver import ServerConfig, ServerThread, rule_answer
@@ -72,14 +74,30 @@ def test_retry_after_header_is_honored():
     assert parse_retry_after(CIMultiDict({"Retry-After": "2"})) == 2.0
     assert parse_retry_after(CIMultiDict({"retry-after-ms": "250"})) == 0.25
     assert parse_retry_after(CIMultiDict({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
+    in_a_minute = email.utils.formatdate(time.time() + 60, usegmt=True)
+    assert 58 <= parse_retry_after(CIMultiDict({"Retry-After": in_a_minute})) <= 60
     assert parse_retry_after(CIMultiDict()) is None
+    # backoff_max_s caps the client's own backoff, not the wait the server asks for
     with ServerThread(ServerConfig(latency_s=0.0, fail_429=1.0, retry_after_s=0.3)) as srv:
-        client = OpenAICompatibleClient(srv.base_url, "teacher", max_retries=2, backoff_initial_s=0.0)
+        client = OpenAICompatibleClient(srv.base_url, "teacher", max_retries=2, backoff_initial_s=0.05,
+                                        backoff_max_s=0.05)
         t0 = time.perf_counter()
         out = client.generate(["encode abc ="], 8)[0]
         wall = time.perf_counter() - t0
     assert out.error and "429" in out.error and out.retries == 2
-    assert wall >= 0.6  # two waits of Retry-After (0.3 s), although the backoff alone would be ~0
+    assert wall >= 0.6  # two waits of Retry-After (0.3 s), although the backoff is capped at 0.05 s
+
+
+def test_retry_after_longer_than_backoff_max_is_waited_in_full():
+    wait = _wait_retry_after_or_backoff(0.5, 30.0, 600.0)  # the client's defaults
+    for attempt in (1, 3, 6):
+        assert all(60 <= wait.delay(attempt, 60.0) <= 66 for _ in range(50))  # Retry-After: 60, +<=10% jitter
+        assert all(0 <= wait.delay(attempt, None) <= min(30.0, 0.5 * 2 ** (attempt - 1)) for _ in range(50))
+    assert all(0 <= wait.delay(20, None) <= 30 for _ in range(50))  # the backoff alone stays under backoff_max_s
+    assert wait.delay(1, 86400.0) == 600.0  # an absurd Retry-After is cut at max_retry_after_s
+    assert wait.delay(1, 0.0) == 0.0
+    client = OpenAICompatibleClient("http://127.0.0.1:1/v1", "teacher")
+    assert client.backoff_max_s == 30.0 and client.max_retry_after_s == 600.0
 
 
 def test_rejected_api_key_is_a_clear_fatal_error_without_the_key(tmp_path, caplog):
@@ -142,3 +160,35 @@ def test_requests_per_minute_limit_spaces_requests():
         wall = time.perf_counter() - t0
     # 20 requests/s with one second of burst: 40 requests need at least ~1 s
     assert wall >= 0.9
+
+
+def test_tokens_per_minute_limit_holds_the_token_rate():
+    tpm = 12_000  # 200 tokens/s, one second (200 tokens) of burst
+    with ServerThread(ServerConfig(latency_s=0.0)) as srv:
+        client = OpenAICompatibleClient(srv.base_url, "teacher", max_concurrency=16, tokens_per_minute=tpm)
+        t0 = time.perf_counter()
+        outs = client.generate([p["prompt"] for p in PROMPTS[:60]], 8)
+        wall = time.perf_counter() - t0
+        assert srv.stats.ok == 60
+    used = sum(o.prompt_tokens + o.completion_tokens for o in outs)  # what the endpoint counted (usage)
+    rate, burst = tpm / 60, tpm / 60
+    assert used > 3 * burst  # enough tokens that the limit, not the burst, decides the time
+    sustained = (used - burst) / wall
+    assert sustained <= rate * 1.05  # the limit holds
+    assert sustained >= rate * 0.4  # and the limiter does not hold back much more than it must
+    # no request limit set: requests go as fast as the token budget allows
+    assert client.stats.requests == 60 and client.stats.retries == 0
+
+
+def test_token_bucket_charges_tokens_used_beyond_the_estimate():
+    import asyncio
+
+    async def go() -> float:
+        bucket = TokenBucket(6000)  # 100/s, capacity 100
+        await bucket.acquire(50)
+        bucket.refund(-150)  # the request used 200, 150 more than reserved: owed
+        t0 = time.monotonic()
+        await bucket.acquire(10)  # waits the debt off: from -100 to 10 at 100/s
+        return time.monotonic() - t0
+
+    assert 1.0 <= asyncio.run(go()) <= 2.0
