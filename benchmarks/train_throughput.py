@@ -200,9 +200,10 @@ def _measure(args, work: Path, job_file: Path, ds: Path, student: Path, spec, tr
         "trl_sft_tokens_per_cpu_s": round(best_cpu["trl"], 1),
         "speedup_vs_trl_cpu_time": round(speedup_cpu, 3),
         "target": TARGET,
-        "pass": speedup_cpu >= TARGET,
-        "pass_rule": "tokens per CPU-second of the training loop (wall time on a shared CPU mostly measures the "
-                     "other tenants); the wall-clock ratio of the best alternating runs is printed beside it",
+        "pass": speedup_wall >= TARGET,
+        "pass_rule": "real (non-padding) tokens per wall-clock second, best of alternating runs, as the target is "
+                     "stated; tokens per CPU-second of the training loop is printed beside it (on a shared CPU the "
+                     "wall clock also measures the other tenants)",
         "speedup_vs_trl_same_attention_cpu_time": round(best_cpu["ours"] / best_cpu["trl_eager"], 3),
         "mfu_ours": round(mfu["ours"], 5),
         "mfu_trl": round(mfu["trl"], 5),

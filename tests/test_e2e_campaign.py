@@ -74,5 +74,24 @@ def test_broken_campaign_is_blocked_by_the_gate(tmp_path, artifact_root):
     checks = [e for e in result.get_asset_check_evaluations() if e.check_name == "gate"]
     assert checks and not checks[-1].passed
     assert checks[-1].metadata["verdict"].value == "NO-GO"
+    reasons = checks[-1].metadata["reasons"].value  # the stated reason: the untrained student is under the floor
+    assert "cipher: min_score: BREACH" in reasons and "< floor 80.0%" in reasons, reasons
     assert not result.asset_materializations_for_node("mini_broken__promoted_model")
     assert not (artifact_root / "mini_broken" / "promoted_model").exists()
+
+
+def test_campaign_run_command_prints_scores_verdict_reason_and_cost(tmp_path, artifact_root, monkeypatch, capsys):
+    """`campaign run` (what `make demo` calls): the three scores, the verdict with its reason, the cost
+    from the ledger, and exit code 3 when the gate blocks promotion."""
+    from campaigns import cli
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    path = _campaign(tmp_path, "mini_cli", learning_rate=0.0, max_steps=4)
+    rc = cli.main(["run", str(path), "--artifacts", str(artifact_root), "--log-level", "WARNING"])
+    out = capsys.readouterr().out
+    assert rc == cli.EXIT_BLOCKED, out
+    for line in ("teacher   exact match: 100.0%", "base      exact match: 0.0%", "student   exact match: 0.0%",
+                 "gate verdict: NO-GO", "cipher: min_score: BREACH", "--- cost (from the ledger) ---",
+                 "spent in this run: $"):
+        assert line in out, (line, out)
+    assert not (artifact_root / "mini_cli" / "promoted_model").exists()
