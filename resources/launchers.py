@@ -27,5 +27,5 @@ class TrainingLauncher(ConfigurableResource):
             if kubernetes is None:
                 raise Failure(f"campaign {job.campaign}: training.launcher is 'k8s' but no `kubernetes:` section "
                               f"was passed to the launcher")
-            return self.k8s.launch(context, job, workdir, kubernetes)
+            return self.k8s.launch(context, job, workdir, kubernetes, budget=budget)
         return self.local.launch(context, job, workdir, budget=budget)

@@ -294,3 +294,63 @@ def test_pytorchjob_lifecycle(api_server, cluster_spec, artifact_root, tmp_path,
 
     assert client.CustomObjectsApi(api_server.api()).list_namespaced_custom_object(
         "kubeflow.org", "v1", NS, "pytorchjobs")["items"] == []
+
+
+def _reparsed(spec, mutate):
+    raw = spec.model_dump(mode="json", exclude_none=True)
+    mutate(raw)
+    return parse_campaign_text(yaml.safe_dump(raw), "cluster.yaml")
+
+
+def test_budget_stops_a_running_job_and_deletes_it(api_server, cluster_spec, artifact_root, tmp_path, monkeypatch):
+    """A tiny budget: the launcher's poll sees the spend (16 GPUs x $225/GPU-hour = $1 per second) pass it while
+    the pods train, deletes the Job and Service and fails with the budget stop; the spend is in the ledger."""
+    _plant_secret(api_server)
+    nccl = {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": 1}
+
+    def mutate(raw):
+        raw["cost"].update(budget_usd=4.0, check_estimates=False, overrides={"h100-sxm": 225.0})
+        raw["training"]["distributed_env"] = nccl  # and out of kubernetes.env: the pods get them from here
+        for name in nccl:
+            raw["kubernetes"]["env"].pop(name, None)
+        raw["kubernetes"]["env"].update(FAKE_STEPS="400")  # rank 0 would run ~20 s
+
+    spec = _reparsed(cluster_spec, mutate)
+    with FakeKubelet(api_server, _trainer_programs()) as kubelet:
+        result, instance, seconds = _run_adapter(spec, artifact_root, api_server, tmp_path, monkeypatch)
+        gone = kubelet.wait_all_deleted()
+    assert not result.success
+    data, _ = _failure(result)
+    assert "budget: stopped student_adapter mid-way: campaign cluster_distill has spent $" in data.description
+    assert "of its $4.000000 budget" in data.description
+    assert "raise the budget and materialize again" in data.description
+    spent, remaining = data.metadata["spent_usd"].value, data.metadata["remaining_usd"].value
+    # stopped at the poll whose spend plus one more poll's would pass $4 (a slow poll can overshoot a little)
+    assert 1.0 < spent < 6.0 and remaining == pytest.approx(max(0.0, 4.0 - spent))
+    # it stopped a running job: both pods had started, got the campaign's distributed_env, and none ended by itself
+    runs = [r for j in kubelet.jobs.values() for r in j["runs"]]
+    assert len(runs) == 2 and kubelet_results(kubelet) == {}
+    for r in runs:
+        assert {k: r.env.get(k) for k in nccl} == {k: str(v) for k, v in nccl.items()}
+    assert seconds < 20, f"the budget did not stop the job ({seconds:.1f}s); rank 0 alone would have run ~20 s"
+    # deleted by the launcher (not by the job ending): Job, Service, and the pods with the Job
+    assert gone
+    assert _live(api_server, "jobs") == [] and _live(api_server, "services") == [] and _live(api_server, "pods") == []
+    logs = [r.user_message for r in instance.all_logs(result.run_id)]
+    assert any("budget: stopping train-cluster-distill-" in m for m in logs)
+    assert any("deleted Job/" in m and "Service/" in m for m in logs)
+    # the stopped attempt's spend is recorded as interrupted, so the next attempt counts it
+    from costs.ledger import Ledger
+
+    assert Ledger(artifact_root / "cost_ledger.duckdb").spent("cluster_distill") == pytest.approx(spent, rel=1e-6)
+
+
+def test_env_set_twice_fails_before_creating_anything(api_server, cluster_spec, artifact_root, tmp_path, monkeypatch):
+    # kubernetes.env of the example sets NCCL_SOCKET_IFNAME; the campaign sets it under distributed_env too
+    spec = _reparsed(cluster_spec, lambda raw: raw["training"].update(distributed_env={"NCCL_SOCKET_IFNAME": "ib0"}))
+    with FakeKubelet(api_server, _trainer_programs()) as kubelet:
+        result, _, _ = _run_adapter(spec, artifact_root, api_server, tmp_path, monkeypatch)
+    data, _ = _failure(result)
+    assert "NCCL_SOCKET_IFNAME (training.distributed_env and kubernetes.env)" in data.description
+    assert "remove it from kubernetes.env" in data.description
+    assert kubelet.created == [] and _live(api_server, "services") == []

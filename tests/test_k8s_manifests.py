@@ -201,6 +201,96 @@ def test_paths_must_be_on_a_mounted_volume(example):
     assert mf.unreachable_paths(paths, with_models) == ["output_dir=/app/artifacts2"]
 
 
+# --------------------------------------------------------------------------- training.distributed_env
+
+NCCL = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1",
+        "NCCL_SOCKET_IFNAME": "^docker,lo", "TORCH_NCCL_ASYNC_ERROR_HANDLING": 1}
+
+
+def _with_distributed_env(mutate=None, env=NCCL):
+    """The example campaign with its NCCL settings under training.distributed_env (not kubernetes.env)."""
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["training"]["distributed_env"] = dict(env)
+    for name in env:
+        raw["kubernetes"]["env"].pop(name, None)
+    if mutate:
+        mutate(raw)
+    return parse_campaign_text(yaml.safe_dump(raw), "cluster.yaml")
+
+
+def _pod_envs(manifests) -> list[dict[str, dict]]:
+    """Each pod template's container env, by name (an Indexed Job's one template is every pod's)."""
+    out = []
+    for m in manifests:
+        if m["kind"] == "Job":
+            tpls = [m["spec"]["template"]]
+        elif m["kind"] == "PyTorchJob":
+            tpls = [r["template"] for r in m["spec"]["pytorchReplicaSpecs"].values()]
+        else:
+            continue
+        out += [{e["name"]: e for e in t["spec"]["containers"][0]["env"]} for t in tpls]
+    return out
+
+
+def test_distributed_env_is_in_every_pod():
+    spec = _with_distributed_env()
+    want = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1",
+            "NCCL_SOCKET_IFNAME": "^docker,lo", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    job_ms = mf.build_manifests(_workload(spec))
+    pt_ms = mf.build_manifests(_workload(spec, cluster=_cluster(spec, workload="pytorchjob")))
+    envs = _pod_envs(job_ms) + _pod_envs(pt_ms)
+    assert len(envs) == 3  # the Job's template, the PyTorchJob's Master and Worker
+    for env in envs:
+        assert {k: env[k] for k in want} == {k: {"name": k, "value": v} for k, v in want.items()}
+        assert env["DAGSTER_PIPES_CONTEXT"]["value"] and "secretKeyRef" in env["HF_TOKEN"]["valueFrom"]
+        assert env["NCCL_DEBUG"]["value"] == "INFO"  # kubernetes.env's WARN was moved out, not merged
+    names = [e["name"] for e in job_ms[1]["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert len(names) == len(set(names)) and names[0] == "NODE_RANK"
+    # `campaign k8s-render` shows the same
+    rendered = _pod_envs(campaign_manifests(spec))
+    assert all({k: e[k]["value"] for k in want} == want for e in rendered)
+    validate_manifests(job_ms, ("1.29", "1.37"))
+    validate_manifests(pt_ms, ("1.29", "1.37"))
+
+
+def test_distributed_env_keeps_other_kubernetes_env():
+    spec = _with_distributed_env(env={"NCCL_DEBUG": "TRACE"})
+    (env,) = _pod_envs(mf.build_manifests(_workload(spec)))
+    assert env["NCCL_DEBUG"]["value"] == "TRACE"
+    assert (env["NCCL_SOCKET_IFNAME"]["value"], env["NCCL_IB_HCA"]["value"]) == ("eth0", "mlx5")  # kubernetes.env
+    assert mf.env_conflicts(spec.training, spec.kubernetes) is None
+
+
+def test_variable_in_distributed_env_and_kubernetes_env_is_an_error():
+    # the example sets NCCL_DEBUG: WARN under kubernetes.env; the campaign also sets it under distributed_env
+    spec = _with_distributed_env(lambda r: r["kubernetes"]["env"].update(NCCL_DEBUG="WARN"), env={"NCCL_DEBUG": "INFO"})
+    msg = mf.env_conflicts(spec.training, spec.kubernetes)
+    assert msg and "NCCL_DEBUG (training.distributed_env and kubernetes.env)" in msg
+    assert "remove it from kubernetes.env" in msg
+    for cluster in (spec.kubernetes, _cluster(spec, workload="pytorchjob")):
+        with pytest.raises(ValueError, match=r"cluster_distill: environment variables set twice: NCCL_DEBUG"):
+            mf.build_manifests(_workload(spec, cluster=cluster))
+    with pytest.raises(ValueError, match="set twice"):
+        campaign_manifests(spec)
+    # a Secret-backed variable of the same name is the same mistake
+    secret = _with_distributed_env(lambda r: r["kubernetes"]["secret_env"].append(
+        {"name": "NCCL_IB_HCA", "secret": "nccl", "key": "hca"}), env={"NCCL_IB_HCA": "mlx5"})
+    assert "NCCL_IB_HCA (training.distributed_env and kubernetes.secret_env)" in \
+        mf.env_conflicts(secret.training, secret.kubernetes)
+
+
+def test_render_cli_reports_the_env_conflict(tmp_path, capsys):
+    from campaigns.cli import main
+
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["training"]["distributed_env"] = {"NCCL_SOCKET_IFNAME": "ib0"}  # kubernetes.env also sets it (eth0)
+    f = tmp_path / "clash.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    assert main(["k8s-render", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert "NCCL_SOCKET_IFNAME (training.distributed_env and kubernetes.env)" in err
+
+
 # --------------------------------------------------------------------------- secrets
 
 

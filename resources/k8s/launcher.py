@@ -11,8 +11,12 @@ Lifecycle of one launch (``K8sTrainingLauncher.launch``):
    first pod that fails (OOMKilled, non-zero exit, eviction, a missing Secret, an image that
    cannot be pulled) fail the asset with the pod's name, reason and last log lines at once,
    without waiting for the other ranks to hit their NCCL timeout.
-4. Delete the Job and the Service when the asset succeeds, fails or the Dagster run is cancelled
-   (``ttlSecondsAfterFinished`` is only the backstop).
+   Each poll also checks the campaign's budget guard against the spend so far (GPU-hours since
+   the launch x price): when it would be exceeded the launch stops like a cancelled one (the
+   trainer gets SIGTERM and writes a checkpoint, so materializing again resumes) and the guard's
+   budget-stop failure, with what was spent and what remains, fails the asset.
+4. Delete the Job and the Service when the asset succeeds, fails, is stopped by its budget or the
+   Dagster run is cancelled (``ttlSecondsAfterFinished`` is only the backstop).
 
 The Kubernetes client is imported inside the methods: a code location that never launches on
 Kubernetes never imports it.
@@ -81,10 +85,17 @@ class K8sTrainingLauncher(ConfigurableResource):
         return {"name": me.metadata.name, "uid": me.metadata.uid}
 
     # ------------------------------------------------------------------ launch
-    def launch(self, context, job, workdir: Path, kubernetes: KubernetesSpec) -> dict:
-        """Run ``job`` (a ``training.config.TrainJob``) on the cluster; return its node logs and Pipes metadata."""
+    def launch(self, context, job, workdir: Path, kubernetes: KubernetesSpec, budget=None) -> dict:
+        """Run ``job`` (a ``training.config.TrainJob``) on the cluster; return its node logs and Pipes metadata.
+
+        ``budget``: a ``costs.budget.BudgetGuard`` checked at every poll while the workload runs; when it
+        stops the stage, the Job and Service are deleted (every pod gets SIGTERM: the trainer checkpoints)
+        and its failure is raised, as the local launcher does."""
         cluster = kubernetes
         workdir = Path(workdir)
+        env_problem = mf.env_conflicts(job.training, cluster)
+        if env_problem:
+            raise Failure(f"campaign {job.campaign}: {env_problem}")
         job_file = Path(workdir) / "train_job.json"
         bad = mf.unreachable_paths({"base_model_path": job.base_model_path, "dataset_path": job.dataset_path,
                                     "output_dir": job.output_dir, "train_job_file": str(job_file)}, cluster)
@@ -119,7 +130,7 @@ class K8sTrainingLauncher(ConfigurableResource):
                 context.log.info(
                     f"created {', '.join(m['kind'] + '/' + name for m in created)} in namespace {cluster.namespace}: "
                     f"{w.nodes} node(s) x {w.gpus} process(es), sharding {job.training.sharding}, image {cluster.image}")
-                self._follow(context, w, core, batch, custom, reader, session)
+                self._follow(context, w, core, batch, custom, reader, session, budget)
                 if not reader.join(self.log_drain_timeout_s):
                     context.log.warning("some pod logs were still streaming when the job finished; node logs may be cut")
             except BaseException as exc:  # failure, timeout, or the Dagster run was cancelled (interrupt)
@@ -192,7 +203,8 @@ class K8sTrainingLauncher(ConfigurableResource):
         # the selector again, client-side: never act on a pod of another launch
         return [p for p in pods if all((p.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in sel.items())]
 
-    def _follow(self, context, w: mf.Workload, core, batch, custom, reader: PodLogsMessageReader, session) -> None:
+    def _follow(self, context, w: mf.Workload, core, batch, custom, reader: PodLogsMessageReader, session,
+                budget=None) -> None:
         start = time.monotonic()
         deadline = start + self.timeout_s
         slow_since: dict[tuple[str, str], float] = {}
@@ -208,6 +220,7 @@ class K8sTrainingLauncher(ConfigurableResource):
                 if api_errors > self.api_error_budget:
                     raise Failure(f"lost the Kubernetes API while following {w.name}: {e}") from e
                 context.log.warning(f"Kubernetes API read failed ({api_errors}/{self.api_error_budget}): {e}")
+                self._check_budget(context, w, budget)  # the pods keep spending while the API is away
                 time.sleep(self.poll_interval_s)
                 continue
             now = time.monotonic()
@@ -243,9 +256,24 @@ class K8sTrainingLauncher(ConfigurableResource):
                 raise Failure(f"{obj.get('kind', 'workload')} {w.name} failed: {why}; no failed pod was found to "
                               f"blame (deadline, backoff limit or deleted pods)",
                               metadata={"k8s_workload": w.name, "namespace": w.namespace})
+            self._check_budget(context, w, budget)
             if now > deadline:
                 raise Failure(f"training job {w.name} exceeded the launcher timeout ({self.timeout_s:.0f}s); stopped")
             time.sleep(self.poll_interval_s)
+
+    @staticmethod
+    def _check_budget(context, w: mf.Workload, budget) -> None:
+        """Let the guard see the time spent so far; its budget stop propagates to ``launch``, which deletes
+        the Job and Service (every pod gets SIGTERM and its grace period: the trainer writes a checkpoint)."""
+        if budget is None:
+            return
+        try:
+            budget.check()
+        except Exception:  # the budget stop (a Dagster Failure); an interrupt is not the budget's
+            context.log.warning(
+                f"budget: stopping {w.name} ({w.nodes} node(s) x {w.gpus} process(es)); its pods get SIGTERM and "
+                f"{w.cluster.termination_grace_period_seconds}s to write a checkpoint the next launch resumes from")
+            raise
 
     @staticmethod
     def _stream_metrics(context, session, seen: int) -> int:

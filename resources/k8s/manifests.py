@@ -16,6 +16,10 @@ Two workloads run the same ``python -m training --config FILE`` the local launch
   training operator; the operator sets ``MASTER_ADDR``/``MASTER_PORT``/``RANK`` and rank 0 is on
   the Master.
 
+Every container gets ``training.distributed_env`` (the NCCL / torch.distributed variables the
+local launcher exports to torchrun) next to ``kubernetes.env``; a variable set in both is an error
+(``env_conflicts``), never a silent precedence.
+
 Secrets are referenced by name only (``secretKeyRef``, secret volumes, ``imagePullSecrets``);
 no value from the Dagster process's environment is copied into a manifest.
 """
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from campaigns.spec import KubernetesSpec, TrainingSpec
+from training.diagnostics import distributed_env
 
 CONTAINER = "trainer"
 PYTORCHJOB_CONTAINER = "pytorch"  # the training operator requires this container name
@@ -151,14 +156,35 @@ def torchrun_args(w: Workload, *, pytorchjob: bool = False) -> list[str]:
     return [*head, *rdzv, *tail]
 
 
+def env_conflicts(training: TrainingSpec, cluster: KubernetesSpec) -> str | None:
+    """Why the pods' environment is ambiguous (a variable in ``training.distributed_env`` and in
+    ``kubernetes.env`` / ``kubernetes.secret_env``), or None. A pod gets each variable once, so which
+    value wins would be silent; it is an error instead."""
+    dist = distributed_env(training)
+    where = {n: "kubernetes.env" for n in cluster.env}
+    where.update({s.name: "kubernetes.secret_env" for s in cluster.secret_env})
+    clash = sorted(n for n in dist if n in where)
+    if not clash:
+        return None
+    both = ", ".join(f"{n} (training.distributed_env and {where[n]})" for n in clash)
+    return (f"environment variables set twice: {both}. Set each in one place: keep it under training.distributed_env"
+            f" (validated, exported to every rank by both the local and the k8s launcher) and remove it from"
+            f" {' / '.join(sorted({where[n] for n in clash}))}")
+
+
 def container_env(w: Workload, *, pytorchjob: bool = False) -> list[dict[str, Any]]:
-    """Plain variables first, then Pipes bootstrap, then Secret references (values never inlined)."""
+    """Plain variables first (``kubernetes.env``, then ``training.distributed_env``), then Pipes bootstrap,
+    then Secret references (values never inlined). Raises ``ValueError`` on ``env_conflicts``."""
+    problem = env_conflicts(w.training, w.cluster)
+    if problem:
+        raise ValueError(f"campaign {w.campaign}: {problem}")
     env: list[dict[str, Any]] = []
     if not pytorchjob:
         env.append({"name": "NODE_RANK", "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
     env += [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "TOKENIZERS_PARALLELISM", "value": "false"}]
     env += [{"name": k, "value": v} for k, v in sorted(w.cluster.env.items())]
+    env += [{"name": k, "value": v} for k, v in sorted(distributed_env(w.training).items())]
     env += [{"name": k, "value": v} for k, v in sorted(w.pipes_env.items())]
     for s in w.cluster.secret_env:
         ref = {"name": s.secret, "key": s.key}
