@@ -1,7 +1,9 @@
 """The ``cluster`` asset group: the validation ladder (see ``perf/ladder.py``), one asset per rung,
 each with asset checks. Correctness checks block the rungs above them; checks against the
 baseline fail (severity ERROR) naming what moved, and let the ladder continue so every number of
-the run is still measured. Materialize with the ``cluster_validation`` job, or from the UI.
+the run is still measured; a number that moved as far the *better* way fails with severity WARN
+(rebaseline if intended). A rung that fails its correctness check is never recorded as a baseline.
+Materialize with the ``cluster_validation`` job, or from the UI.
 
 Files land in ``<artifact root>/cluster/<rung>/<run id>/``; baselines in
 ``<artifact root>/cluster/baselines/`` (or the resource's ``baseline_dir``).
@@ -45,14 +47,18 @@ def _store(storage: ArtifactStore, cluster: ClusterValidation):
 
 
 def _baseline_check(name: str, verdict, metrics: dict[str, float]) -> AssetCheckResult:
+    """A regression fails (ERROR); only improvements beyond the thresholds fail as a warning (WARN)."""
     md = {"baseline_recorded": verdict.recorded, "changes": MetadataValue.md(
         "\n".join(f"- {c.message()}" for c in verdict.changes) or "- none"), "current": MetadataValue.json(metrics)}
+    if verdict.improvements:
+        md["improvements"] = MetadataValue.md("\n".join(f"- {c.message()}" for c in verdict.improvements))
     if verdict.baseline:
         md["baseline"] = MetadataValue.json(verdict.baseline["metrics"])
         md["baseline_taken_at"] = verdict.baseline["taken_at"]
     if verdict.environment_changes:
         md["environment_changes"] = MetadataValue.md("\n".join(f"- {c}" for c in verdict.environment_changes))
-    return AssetCheckResult(check_name=name, passed=verdict.passed, severity=AssetCheckSeverity.ERROR,
+    return AssetCheckResult(check_name=name, passed=verdict.passed and not verdict.warning,
+                            severity=AssetCheckSeverity.WARN if verdict.warning else AssetCheckSeverity.ERROR,
                             description=verdict.summary(), metadata=md)
 
 
@@ -117,8 +123,12 @@ def environment(context: AssetExecutionContext, storage: ArtifactStore, cluster:
        ins={"env": AssetIn(_key("environment"))},
        description="Rung 2: ranks reduce gradients correctly (SUM and AVG all-reduce vs a one-process reference).",
        check_specs=[AssetCheckSpec("gradient_equality", asset=_key("allreduce_smoke"), blocking=True,
-                                   description="All-reduced gradients equal the single-process gradient.")])
+                                   description="All-reduced gradients equal the single-process gradient."),
+                    AssetCheckSpec("allreduce_vs_baseline", asset=_key("allreduce_smoke"),
+                                   description="The gradient differences (deterministic on one stack) unchanged "
+                                               "since the baseline.")])
 def allreduce_smoke(context: AssetExecutionContext, env: dict, storage: ArtifactStore, cluster: ClusterValidation):
+    from perf import ladder
     from perf.launch import run_torchrun
     from perf.smoke import gradients_equal
 
@@ -126,15 +136,20 @@ def allreduce_smoke(context: AssetExecutionContext, env: dict, storage: Artifact
     t0 = time.perf_counter()
     run_torchrun(["-m", "perf.smoke", "allreduce", "--out", str(d / "allreduce.json")], cluster.nodes,
                  cluster.processes_per_node, d, cluster.env(), cluster.timeout_s)
+    wall = time.perf_counter() - t0
     result = json.loads((d / "allreduce.json").read_text())
     ok, why = gradients_equal(result)
+    metrics = ladder.allreduce_metrics(result, wall)
+    verdict = ladder.check_allreduce(_store(storage, cluster), env["shape"], result, env["fingerprint"], ok,
+                                     cluster.rebaseline, wall)
     yield Output(result | {"path": str(d)}, metadata={
         "world_size": result["world_size"], "backend": result["backend"],
         "sum_max_abs_diff": result["sum_max_abs_diff"],
         "avg_max_abs_diff": result["avg_max_abs_diff"] if result["avg_max_abs_diff"] is not None else float("nan"),
-        "ranks_agree": result["ranks_agree"], "wall_seconds": time.perf_counter() - t0})
+        "ranks_agree": result["ranks_agree"], "wall_seconds": wall})
     yield AssetCheckResult(check_name="gradient_equality", passed=ok, description=why,
                            metadata={"sum_max_abs_diff": result["sum_max_abs_diff"]})
+    yield _baseline_check("allreduce_vs_baseline", verdict, metrics)
 
 
 # --------------------------------------------------------------------------- rung 3
@@ -161,14 +176,13 @@ def collective_bandwidth(context: AssetExecutionContext, env: dict, storage: Art
     sweep = json.loads((d / "sweep.json").read_text())
     context.log.info("\n" + render(sweep))
     metrics = ladder.bandwidth_metrics(sweep)
-    verdict = _store(storage, cluster).check(
-        "collective_bandwidth", env["shape"], metrics, env["fingerprint"],
-        ladder.bandwidth_rules(cluster.plateau_drop, cluster.latency_rise, list(sweep["summary"])), cluster.rebaseline)
+    wrong = ladder.sweep_wrong(sweep)
+    verdict = ladder.check_bandwidth(_store(storage, cluster), env["shape"], sweep, env["fingerprint"],
+                                     cluster.plateau_drop, cluster.latency_rise, cluster.rebaseline)
     md = {"sweep": MetadataValue.md(ladder.bandwidth_markdown(sweep)), "result": MetadataValue.path(str(d / "sweep.json")),
           "world_size": sweep["world_size"], "backend": sweep["backend"], "max_bytes": sweep["max_bytes"]}
     md |= {k.replace(".", "_"): v for k, v in metrics.items()}
     yield Output({"path": str(d), "summary": sweep["summary"], "metrics": metrics}, metadata=md)
-    wrong = {op: s["wrong"] for op, s in sweep["summary"].items()}
     yield AssetCheckResult(check_name="collectives_correct", passed=not any(wrong.values()),
                            description="; ".join(f"{op}: {n} wrong size(s)" for op, n in wrong.items()),
                            metadata={"wrong": MetadataValue.json(wrong)})

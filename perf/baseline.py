@@ -9,7 +9,9 @@ the baseline; later runs are compared with it and never overwrite it, unless ask
 A :class:`Rule` says which direction is worse and by how much a metric may move:
 ``plateau_busbw_gbps`` may drop by 25%, ``latency_floor_us`` may rise by 50%, and so on. A
 finding names the metric, both values, the relative change and the threshold, plus the
-environment changes since the baseline that could explain it.
+environment changes since the baseline that could explain it. A move beyond the threshold in
+the *better* direction does not fail the verdict but is reported as an improvement (a warning:
+a driver or config change moved the numbers; rebaseline if it was intended).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Rule:
     higher_is_better: bool
-    threshold: float  # allowed relative move in the worse direction (0.25 = 25%)
+    threshold: float  # allowed relative move in the worse direction (0.25 = 25%); beyond it the other way: a warning
 
 
 @dataclass(frozen=True)
@@ -37,14 +39,20 @@ class Change:
     threshold: float
     higher_is_better: bool
 
+    @property
+    def improved(self) -> bool:
+        return (self.relative > 0) == self.higher_is_better
+
     def message(self) -> str:
+        if self.improved:
+            return (f"{self.metric} improved {abs(self.relative):.0%}: rebaseline if intended (campaign ladder "
+                    f"--rebaseline); {self.baseline:.6g} → {self.current:.6g} (threshold {self.threshold:.0%})")
         word = "dropped" if self.relative < 0 else "rose"
         return (f"{self.metric} {word} {abs(self.relative):.0%}: {self.baseline:.6g} → {self.current:.6g} "
                 f"(allowed: {'-' if self.higher_is_better else '+'}{self.threshold:.0%})")
 
 
-def compare(current: dict[str, float], baseline: dict[str, float], rules: dict[str, Rule]) -> list[Change]:
-    """Metrics that moved beyond their rule's threshold in the worse direction."""
+def _moves(current: dict[str, float], baseline: dict[str, float], rules: dict[str, Rule], better: bool) -> list[Change]:
     out = []
     for metric, rule in rules.items():
         if metric not in current or metric not in baseline:
@@ -54,9 +62,21 @@ def compare(current: dict[str, float], baseline: dict[str, float], rules: dict[s
             continue
         rel = (c - b) / abs(b)
         worse = -rel if rule.higher_is_better else rel
-        if worse > rule.threshold:
+        if (-worse if better else worse) > rule.threshold:
             out.append(Change(metric, b, c, rel, rule.threshold, rule.higher_is_better))
     return out
+
+
+def compare(current: dict[str, float], baseline: dict[str, float], rules: dict[str, Rule]) -> list[Change]:
+    """Metrics that moved beyond their rule's threshold in the worse direction."""
+    return _moves(current, baseline, rules, better=False)
+
+
+def improvements(current: dict[str, float], baseline: dict[str, float], rules: dict[str, Rule]) -> list[Change]:
+    """Metrics that moved beyond their rule's threshold in the *better* direction (the same relative
+    threshold: plateau up by more than 25%, latency floor down by more than 50%). Not a failure, but
+    the numbers no longer describe the baseline's cluster: a warning to rebaseline if intended."""
+    return _moves(current, baseline, rules, better=True)
 
 
 def environment_changes(current: dict[str, str], baseline: dict[str, str]) -> list[str]:
@@ -66,21 +86,27 @@ def environment_changes(current: dict[str, str], baseline: dict[str, str]) -> li
 
 @dataclass
 class Verdict:
-    passed: bool
+    passed: bool  # no metric moved beyond its threshold in the worse direction
     recorded: bool  # this run became the baseline
     changes: list[Change]
     environment_changes: list[str]
     baseline: dict[str, Any] | None
+    improvements: list[Change] = field(default_factory=list)  # beyond the threshold the better way: a warning
+
+    @property
+    def warning(self) -> bool:
+        """Passed, but some metric improved beyond its threshold (rebaseline if intended)."""
+        return self.passed and bool(self.improvements)
 
     def summary(self) -> str:
         if self.recorded:
             return "no baseline for this cluster shape yet: this run is now the baseline"
         if not self.passed and self.baseline is None:
             return "the rung failed, so this run was not recorded as a baseline (and there is none to compare with)"
-        if self.passed:
+        if self.passed and not self.improvements:
             return "within thresholds of the baseline" + (
                 f" (environment changed: {'; '.join(self.environment_changes)})" if self.environment_changes else "")
-        out = "; ".join(c.message() for c in self.changes)
+        out = "; ".join(c.message() for c in self.changes + self.improvements)
         if self.environment_changes:
             out += f". Environment changes since the baseline: {'; '.join(self.environment_changes)}"
         return out
@@ -113,7 +139,8 @@ class BaselineStore:
         with (self.root / f"{rung}-{shape}.history.jsonl").open("a") as f:
             f.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "metrics": metrics,
                                 "environment": env, "passed": verdict.passed,
-                                "changes": [c.message() for c in verdict.changes]}, sort_keys=True) + "\n")
+                                "changes": [c.message() for c in verdict.changes],
+                                "improvements": [c.message() for c in verdict.improvements]}, sort_keys=True) + "\n")
 
     def check(self, rung: str, shape: str, metrics: dict[str, float], env: dict[str, str], rules: dict[str, Rule],
               rebaseline: bool = False, record: bool = True) -> Verdict:
@@ -129,6 +156,7 @@ class BaselineStore:
             verdict = Verdict(True, True, [], [], None)
         else:
             changes = compare(metrics, base["metrics"], rules)
-            verdict = Verdict(not changes, False, changes, environment_changes(env, base.get("environment", {})), base)
+            verdict = Verdict(not changes, False, changes, environment_changes(env, base.get("environment", {})), base,
+                              improvements(metrics, base["metrics"], rules))
         self.append_history(rung, shape, metrics, env, verdict)
         return verdict

@@ -9,8 +9,10 @@
 5. ``eval_gate``           the trained adapter beats its base on held-out items through the real gate.
 
 Each rung's numbers are kept as a baseline per cluster shape (``perf.baseline``); a later run
-whose plateau, latency floor, throughput or score moves beyond its threshold fails its check and
-names the change (and any version or driver change since the baseline).
+whose gradient error, plateau, latency floor, throughput or score moves beyond its threshold fails
+its check and names the change (and any version or driver change since the baseline); one that
+moves as far the other way passes with a warning to rebaseline if intended. A run that fails its
+own correctness check is never recorded as a baseline.
 
 This module holds the plain logic (no Dagster): the rules, the cluster shape, the tiny task.
 ``assets/cluster.py`` turns it into the ``cluster`` asset group.
@@ -21,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from perf.baseline import Rule
+from perf.baseline import BaselineStore, Rule, Verdict
 
 RUNGS = ("environment", "allreduce_smoke", "collective_bandwidth", "tiny_training", "eval_gate")
 
@@ -31,6 +33,36 @@ def shape(env: dict[str, Any], nodes: int, processes_per_node: int) -> str:
     device = (env.get("devices") or ["cpu"])[0].lower()
     device = "".join(c if c.isalnum() else "_" for c in device).strip("_")
     return f"{env.get('backend', 'gloo')}-{device}-{nodes}x{processes_per_node}"
+
+
+# Same stack, same seed, same reduction order: the all-reduce's distance from the one-process
+# gradient is deterministic (2.4e-7 for gloo on two CPU ranks here), so doubling it, or halving it,
+# means the reduction changed (algorithm, precision, rank count), even while it stays correct.
+ALLREDUCE_DIFF_CHANGE = 0.5
+
+
+def allreduce_metrics(result: dict[str, Any], wall_seconds: float | None = None) -> dict[str, float]:
+    """The all-reduce smoke's numbers for its baseline (an AVG that failed has no difference to keep)."""
+    out = {"world_size": float(result["world_size"]), "sum_max_abs_diff": float(result["sum_max_abs_diff"])}
+    if result.get("avg_max_abs_diff") is not None:
+        out["avg_max_abs_diff"] = float(result["avg_max_abs_diff"])
+    if wall_seconds is not None:
+        out["wall_seconds"] = float(wall_seconds)
+    return out
+
+
+def allreduce_rules(diff_change: float = ALLREDUCE_DIFF_CHANGE) -> dict[str, Rule]:
+    """Rules on the gradient differences only: the world size is fixed by the shape, and the wall
+    time (kept for reference) is process start-up and imports, not the collective."""
+    return {"sum_max_abs_diff": Rule(higher_is_better=False, threshold=diff_change),
+            "avg_max_abs_diff": Rule(higher_is_better=False, threshold=diff_change)}
+
+
+def check_allreduce(store: BaselineStore, shape: str, result: dict[str, Any], fingerprint: dict[str, str],
+                    correct: bool, rebaseline: bool = False, wall_seconds: float | None = None) -> Verdict:
+    """The all-reduce rung against its baseline; recorded only when the gradients were ``correct``."""
+    return store.check("allreduce_smoke", shape, allreduce_metrics(result, wall_seconds), fingerprint,
+                       allreduce_rules(), rebaseline, record=correct)
 
 
 def bandwidth_rules(plateau_drop: float, latency_rise: float, ops: list[str]) -> dict[str, Rule]:
@@ -47,6 +79,20 @@ def bandwidth_metrics(sweep: dict[str, Any]) -> dict[str, float]:
         out[f"{op}.plateau_busbw_gbps"] = float(s["plateau_busbw_gbps"])
         out[f"{op}.latency_floor_us"] = float(s["latency_floor_us"])
     return out
+
+
+def sweep_wrong(sweep: dict[str, Any]) -> dict[str, int]:
+    """Per op, how many message sizes returned a wrong result (nccl-tests' ``#wrong``)."""
+    return {op: int(s["wrong"]) for op, s in sweep["summary"].items()}
+
+
+def check_bandwidth(store: BaselineStore, shape: str, sweep: dict[str, Any], fingerprint: dict[str, str],
+                    plateau_drop: float, latency_rise: float, rebaseline: bool = False) -> Verdict:
+    """The bandwidth rung against its baseline; a sweep with any wrong result is never recorded
+    (not as the first baseline, not on ``rebaseline``): its numbers timed a broken collective."""
+    return store.check("collective_bandwidth", shape, bandwidth_metrics(sweep), fingerprint,
+                       bandwidth_rules(plateau_drop, latency_rise, list(sweep["summary"])), rebaseline,
+                       record=not any(sweep_wrong(sweep).values()))
 
 
 def bandwidth_markdown(sweep: dict[str, Any]) -> str:

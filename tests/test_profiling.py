@@ -109,10 +109,23 @@ def test_real_two_rank_demo_trainer_trace_is_triaged(tmp_path, demo_models):
         assert r["comm_ms"] > 0 and r["data_ms"] > 0 and r["compute_ms"] > 0
     assert tri["verdict"] in triage.VERDICTS and tri["decision_path"]
     assert "This run fits one node (2 process(es))" in tri["topology_advice"]
-    cmds = {c["name"]: c for c in report["diagnostics"][0]["commands"]}
-    assert len(cmds) == 5 and all(c["status"] in ("ok", "missing", "failed", "timeout") for c in cmds.values())
-    if shutil.which("nvidia-smi") is None:  # this machine: skipped and noted, never an error
-        assert cmds["gpu_topology"]["status"] == "missing" and "not installed" in cmds["gpu_topology"]["note"]
+    node = report["diagnostics"][0]
+    cmds = {c["name"]: c for c in node["commands"]}
+    assert list(cmds) == ["gpu_topology", "nvlink_status", "gpu_performance", "gpu_utilization", "infiniband"]
+    # The status each command must have on the machine running this test: a tool not on PATH
+    # (here: no nvidia-smi, no ibstat) is skipped and noted, never run and never an error; one that
+    # is installed ran, and its status follows its exit code.
+    for name, c in cmds.items():
+        tool = c["command"].split()[0]
+        if shutil.which(tool) is None:
+            assert (c["status"], c["returncode"], c["seconds"]) == ("missing", None, 0.0), name
+            assert c["note"] == f"`{tool}` is not installed on this node (not on PATH); skipped" and "file" not in c
+        else:
+            expected = "timeout" if c["returncode"] is None else "ok" if c["returncode"] == 0 else "failed"
+            assert c["status"] == expected and (out / "profile" / "diagnostics" / "node0" / f"{name}.txt").exists()
+    if shutil.which("nvidia-smi") is None and shutil.which("ibstat") is None:  # this machine: all five skipped
+        assert report["diagnostics_summary"] == (f"node 0 ({node['host']}): missing 5 [gpu_topology, nvlink_status, "
+                                                 f"gpu_performance, gpu_utilization, infiniband]")
     log = logs[0].read_text()
     assert "profile triage:" in log and f"verdict: {tri['verdict']}" in log
     md = profile_metadata(out)
