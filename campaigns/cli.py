@@ -151,6 +151,14 @@ def print_summary(s: dict, seconds: float) -> None:
               + (f" ({parts})" if parts else "") + "; no candidate was evaluated, so no cost per result")
 
 
+def check_status(ev) -> str:
+    """PASS, WARN or FAIL for an asset check evaluation: a failed WARN-severity check (a version change,
+    an improvement to rebaseline) is reported but never fails a command."""
+    from dagster import AssetCheckSeverity
+
+    return "PASS" if ev.passed else "WARN" if ev.severity == AssetCheckSeverity.WARN else "FAIL"
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         spec, source = resolve_campaign(args.campaign)
@@ -354,12 +362,13 @@ def _ladder(args: argparse.Namespace) -> int:
             instance=instance, raise_on_error=False, tags={"trigger": "manual"}, asset_selection=selection,
             run_config={"loggers": {"console": {"config": {"log_level": args.log_level}}}})
     checks = result.get_asset_check_evaluations()
-    failed = sum(not e.passed for e in checks)
+    status = check_status
+    failed = sum(status(e) == "FAIL" for e in checks)
+    warned = sum(status(e) == "WARN" for e in checks)
     print(f"\n=== cluster validation ladder: run {'succeeded' if result.success else 'failed'}, "
-          f"{len(checks) - failed} check(s) passed, {failed} failed ===")
+          f"{len(checks) - failed - warned} check(s) passed, {warned} warning(s), {failed} failed ===")
     for ev in checks:
-        print(f"{'PASS' if ev.passed else 'FAIL':4s}  {ev.asset_key.to_user_string():32s} {ev.check_name:24s} "
-              f"{ev.description or ''}")
+        print(f"{status(ev):4s}  {ev.asset_key.to_user_string():32s} {ev.check_name:24s} {ev.description or ''}")
     print(f"dagster run id: {result.run_id}")
     return EXIT_OK if result.success and not failed else EXIT_FAILED
 

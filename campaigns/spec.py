@@ -1026,4 +1026,14 @@ class CampaignSpec(_Strict):
             raise ValueError(
                 "training.launcher is 'k8s' but the campaign has no `kubernetes:` section; add at least"
                 " `kubernetes: {image: <trainer image>, namespace: <namespace>}` (see campaigns/examples/cluster.yaml)")
+        if self.kubernetes is not None:
+            where = {n: "kubernetes.env" for n in self.kubernetes.env}
+            where.update({x.name: "kubernetes.secret_env" for x in self.kubernetes.secret_env})
+            clash = sorted(n for n in self.training.distributed_env.env() if n in where)
+            if clash:
+                raise ValueError(
+                    "environment variables set twice: "
+                    + ", ".join(f"{n} (training.distributed_env and {where[n]})" for n in clash)
+                    + "; set each in one place: keep it under training.distributed_env (validated, exported to every"
+                    " rank by the local and the k8s launcher) and remove it from the kubernetes section")
         return self

@@ -181,3 +181,17 @@ def test_training_and_gate_rungs_run_through_the_real_gate(artifact_root):
     md = {k: v.value for k, v in result.asset_materializations_for_node("cluster__eval_gate")[0].metadata.items()}
     assert md["verdict"] == "GO" and md["candidate_score"] >= 0.5 > md["base_score"]
     assert "| cipher |" in md["report"]
+
+
+def test_ladder_command_reports_warn_checks_without_failing():
+    from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetKey
+
+    from campaigns.cli import check_status
+
+    def ev(passed, severity):
+        return AssetCheckEvaluation(asset_key=AssetKey(["cluster", "x"]), check_name="c", passed=passed,
+                                    severity=severity)
+
+    assert check_status(ev(True, AssetCheckSeverity.ERROR)) == "PASS"
+    assert check_status(ev(False, AssetCheckSeverity.WARN)) == "WARN"
+    assert check_status(ev(False, AssetCheckSeverity.ERROR)) == "FAIL"

@@ -346,8 +346,11 @@ def test_budget_stops_a_running_job_and_deletes_it(api_server, cluster_spec, art
 
 
 def test_env_set_twice_fails_before_creating_anything(api_server, cluster_spec, artifact_root, tmp_path, monkeypatch):
-    # kubernetes.env of the example sets NCCL_SOCKET_IFNAME; the campaign sets it under distributed_env too
-    spec = _reparsed(cluster_spec, lambda raw: raw["training"].update(distributed_env={"NCCL_SOCKET_IFNAME": "ib0"}))
+    # kubernetes.env of the example sets NCCL_SOCKET_IFNAME; the campaign sets it under distributed_env too. A
+    # campaign file with that is refused when it loads; a spec built in code is caught again by the launcher.
+    tr = cluster_spec.training.model_copy(update={"distributed_env": type(cluster_spec.training.distributed_env)(
+        NCCL_SOCKET_IFNAME="ib0")})
+    spec = cluster_spec.model_copy(update={"training": tr})
     with FakeKubelet(api_server, _trainer_programs()) as kubelet:
         result, _, _ = _run_adapter(spec, artifact_root, api_server, tmp_path, monkeypatch)
     data, _ = _failure(result)

@@ -287,14 +287,15 @@ class K8sTrainingLauncher(ConfigurableResource):
 
     def _pod_failure(self, w: mf.Workload, core, reader: PodLogsMessageReader, problem: PodProblem,
                      waited_s: float | None = None) -> Failure:
-        lines = reader.tail(problem.pod)
-        if not lines:  # never followed (failed before starting) or nothing read yet: ask the API once
-            try:
-                text = core.read_namespaced_pod_log(problem.pod, w.namespace, container=reader.container,
-                                                    tail_lines=self.log_tail_lines, _preload_content=False).data
-                lines = text.decode("utf-8", errors="replace").splitlines()
-            except Exception:
-                lines = []
+        # The failed container's log is complete: ask the API for its end (the follower thread may not have
+        # read the last lines yet); fall back to what the follower has when the API cannot answer.
+        try:
+            text = core.read_namespaced_pod_log(problem.pod, w.namespace, container=reader.container,
+                                                tail_lines=self.log_tail_lines, _preload_content=False).data
+            lines = text.decode("utf-8", errors="replace").splitlines()
+        except Exception:
+            lines = []
+        lines = lines or reader.tail(problem.pod)
         waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
         tail = "\n".join(lines[-self.log_tail_lines:]) or "(no log lines)"
         return Failure(
