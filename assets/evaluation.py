@@ -112,14 +112,15 @@ def build(spec: CampaignSpec):
         if not cached:
             from dataprep.prompts import read_prompt_table
 
-            # refuses to start when the planner's estimate exceeds the budget left
-            pricing.budget_guard(context, spec, storage.stage(spec.name, "evaluation", items_key))
+            # refuses to start when the planner's estimate exceeds the budget left; checked again from
+            # actual spend after each model's suite
+            guard = pricing.budget_guard(context, spec, storage.stage(spec.name, "evaluation", items_key))
             t0 = time.perf_counter()
             held = read_prompt_table(prompts["heldout_path"])
             runs = [SuiteRun(x.name, load_items(x.source, held, REPO_ROOT, scorers[x.name]), scorers[x.name],
                              x.max_new_tokens) for x in ev.suites]
             models = _models(spec, adapter, base, teacher_path, context)
-            rows = answer_suites(runs, models, log=context.log.info)
+            rows = answer_suites(runs, models, log=context.log.info, progress=guard.watch())
             out = isd.ensure()
             write_item_rows(rows, out / "items.parquet")
             wall = time.perf_counter() - t0

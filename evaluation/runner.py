@@ -38,9 +38,11 @@ class SuiteGate:
 
 
 def answer_suites(suites: list[SuiteRun], models: dict[str, Callable[[], Generate]],
-                  log: Callable[[str], None] = print) -> list[dict]:
+                  log: Callable[[str], None] = print, progress: Callable[[int], None] | None = None) -> list[dict]:
     """Item rows of every model on every suite. ``models`` maps a role ("candidate", "base",
-    optionally "teacher") to a factory of its generate function; each model is loaded once."""
+    optionally "teacher") to a factory of its generate function; each model is loaded once.
+    ``progress(n)`` is called after each model's suite with its item count (a budget watch may
+    raise there to stop the stage)."""
     if CANDIDATE not in models or BASE not in models:
         raise ValueError("paired evaluation needs a 'candidate' and a 'base' model")
     rows: list[dict] = []
@@ -52,6 +54,8 @@ def answer_suites(suites: list[SuiteRun], models: dict[str, Callable[[], Generat
             sm = summarize(res)
             log(f"{role} on {s.name}: score {sm.score if sm.score is None else round(sm.score, 4)}, "
                 f"{sm.errors} errors of {sm.items}")
+            if progress is not None:
+                progress(len(r))
     return rows
 
 

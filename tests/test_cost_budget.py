@@ -6,6 +6,7 @@ pricing resource, IO manager and ledger, on a resumable stage that writes one fi
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,40 @@ def test_training_launcher_stops_every_process_when_the_budget_says_so(tmp_path)
                                     type("B", (), {"check": staticmethod(tick)})())
     assert time.monotonic() - t0 < 30 and all(p.poll() is not None for p in procs)
     assert Ledger(tmp_path / "l.duckdb").spent("c") == pytest.approx(0.9)  # stopped after 3 polls: a 4th passes $1
+
+
+def test_evaluation_stops_between_models_when_its_spend_passes_the_budget(tmp_path):
+    """The evaluation stage's guard watches answer_suites: after the candidate's suite has cost $0.30 of a
+    $0.50 budget, one more like it would pass the budget, so the base model is never run."""
+    from evaluation.runner import SuiteRun, answer_suites
+    from evaluation.scorers import build_scorer
+    from tinymodels import cipher
+
+    @dataclass
+    class Answer:
+        text: str
+        latency_s: float
+        error: str | None = None
+
+    clock = _Clock()
+    guard = BudgetGuard(ledger=Ledger(tmp_path / "l.duckdb"), campaign="c", stage="evaluation", run_id="r",
+                        step_key="s", attempt=0, stage_key="k", limits=[Limit("campaign c", 0.5, 0.0)],
+                        line_fn=lambda s, n: [{"kind": "evaluation", "price_key": "x", "quantity": s, "unit": "host-hour",
+                                               "unit_price": 1.0, "usd": s}],
+                        clock=clock)
+    answered = []
+
+    def model(name):  # the cipher itself answers (what the teacher learned); each model costs 0.3 s of clock
+        def generate(prompts, max_new_tokens):
+            answered.append(name)
+            clock.t += 0.3
+            return [Answer(cipher.encode(p.split()[1]), 0.0) for p in prompts]
+        return lambda: generate
+
+    items = [{"id": f"i{k}", "prompt": f"encode {w} =", "reference": cipher.encode(w), "category": "all"}
+             for k, w in enumerate(["abc", "hello", "zebra"])]
+    with pytest.raises(BudgetExceeded, match="campaign c"):
+        answer_suites([SuiteRun("cipher", items, build_scorer("exact_match"), 8)],
+                      {"candidate": model("candidate"), "base": model("base")}, log=lambda m: None,
+                      progress=guard.watch())
+    assert answered == ["candidate"] and guard.stopped
