@@ -236,7 +236,8 @@ def decide(suite: str, candidate: list[ItemResult], base: list[ItemResult], poli
     for p in pairs:
         by_cat[p[0].category].append(p)
     categories = [compare(v, k, binary, sp) for k, v in sorted(by_cat.items())]
-    if len(categories) == 1:  # one category: the overall row says it all
+    single_category = categories[0].category if len(categories) == 1 else None
+    if single_category is not None:  # one category: the overall row says it all
         categories = []
 
     def tier_of(rule: str) -> str:
@@ -276,7 +277,9 @@ def decide(suite: str, candidate: list[ItemResult], base: list[ItemResult], poli
         worst = min(judged, key=lambda c: c.delta.hi if c.delta.defined else math.inf, default=None)
         parts = [f"{c.category} {_pts(c.delta.estimate)} {_ci(c.delta)} {per[c.category]}" for c in judged
                  if per[c.category] != PASS] or ["every judged category within the allowed drop"]
-        if not judged:
+        if single_category is not None:
+            parts = [f"one category ({single_category}): judged as the whole suite by max_regression_vs_base"]
+        elif not judged:
             parts = ["no category has enough items to judge"]
         if small:
             parts.append(f"not judged (< {policy.min_category_items} items): {', '.join(small)}")

@@ -169,3 +169,12 @@ def test_interval_bounds_exactly_at_the_allowed_drop():
     assert interval_rule(Interval(-0.05, -0.06, at, "x", 0.95), 0.03) == NOT_ENOUGH
     assert interval_rule(Interval(-0.05, -0.06, -0.0301, "x", 0.95), 0.03) == BREACH
     assert interval_rule(Interval(float("nan"), float("nan"), float("nan"), "x", 0.95), 0.03) == NOT_ENOUGH
+
+
+def test_a_single_category_suite_says_its_category_rule_is_the_overall_one():
+    base = [1] * 150 + [0] * 50
+    cand = [1] * 160 + [0] * 40
+    policy = GatePolicy(min_score=0.5, max_regression_vs_base=0.03, max_category_regression=0.05, min_items=20)
+    r = decide("s", items(cand, category="only"), items(base, category="only"), policy)
+    cat = rule(r, "max_category_regression")
+    assert cat.status == PASS and "one category (only): judged as the whole suite" in cat.detail
