@@ -13,7 +13,7 @@ bf16 matmul with the same thread count, measured in this run). Model FLOPs per t
 training: forward 2·N_base + backward input-gradients 2·N_base (the frozen base gets no weight
 gradient) + 6·N_lora, plus attention (causal) 6·L·s·d; N counts linear weights only.
 
-Usage: python benchmarks/train_throughput.py [--steps 40] [--repeats 2] [--threads 1]
+Usage: python benchmarks/train_throughput.py [--steps 150] [--repeats 3] [--threads 1]
 Exit status 1 when the speedup is below the 1.5× target.
 """
 
@@ -134,8 +134,8 @@ def trl_child(job_file: str, out_file: str, attention: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1,
                     help="threads per process (default 1: with 2 on this shared 2-core machine OpenMP threads spin "
                          "against other tenants and both wall and CPU time stop measuring the trainer)")
