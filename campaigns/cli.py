@@ -160,14 +160,10 @@ def check_status(ev) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        spec, source = resolve_campaign(args.campaign)
-    except CampaignError as e:
-        print(f"invalid campaign:\n{e}", file=sys.stderr)
+    resolved = _resolve_with_source(args.campaign)
+    if resolved is None:
         return EXIT_INVALID
-    except KeyError as e:
-        print(e.args[0], file=sys.stderr)
-        return EXIT_INVALID
+    spec, source = resolved
     dagster_home()
     from dagster import DagsterInstance
 
@@ -200,14 +196,20 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK if result.success else EXIT_FAILED
 
 
-def _resolve(name: str):
+def _resolve_with_source(name: str):
+    """(spec, source file) of a campaign name or file, or None after printing why it cannot be loaded."""
     try:
-        return resolve_campaign(name)[0]
+        return resolve_campaign(name)
     except CampaignError as e:
         print(f"invalid campaign:\n{e}", file=sys.stderr)
     except KeyError as e:
         print(e.args[0], file=sys.stderr)
     return None
+
+
+def _resolve(name: str):
+    resolved = _resolve_with_source(name)
+    return None if resolved is None else resolved[0]
 
 
 def _plan(args: argparse.Namespace) -> int:

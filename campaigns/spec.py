@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SLUG = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
@@ -228,6 +228,9 @@ def _s3_uri(v: str | None) -> str | None:
     return v
 
 
+S3Uri = Annotated[str | None, AfterValidator(_s3_uri)]
+
+
 class ProfilerScheduleSpec(_Strict):
     """``torch.profiler.schedule``: skip ``skip_first`` steps, then cycles of ``wait`` idle, ``warmup``
     traced-but-discarded and ``active`` recorded steps; one Chrome trace per rank per cycle."""
@@ -247,16 +250,11 @@ class ProfilingSpec(_Strict):
     record_shapes: bool = Field(False, description="Record input shapes of every op (larger traces).")
     profile_memory: bool = Field(False, description="Record tensor allocations and frees (memory events in the trace).")
     with_stack: bool = Field(False, description="Record Python call stacks of ops (much larger traces).")
-    upload_url: str | None = Field(
+    upload_url: S3Uri = Field(
         None,
         description="Also copy the profile directory (traces, diagnostics, triage) to s3://bucket/prefix/<campaign>/"
         "<run key>/ (credentials and endpoint from the standard AWS environment, never from this file).",
     )
-
-    @field_validator("upload_url")
-    @classmethod
-    def _s3(cls, v: str | None) -> str | None:
-        return _s3_uri(v)
 
 
 class CheckpointSpec(_Strict):
@@ -270,16 +268,11 @@ class CheckpointSpec(_Strict):
         30.0, gt=0, description="Also write one when this many minutes passed since the last (None: never by time)."
     )
     keep_last: int = Field(2, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted.")
-    remote_uri: str | None = Field(
+    remote_uri: S3Uri = Field(
         None,
         description="Mirror checkpoints to object storage, e.g. s3://bucket/prefix (credentials and endpoint come from "
         "the standard AWS environment, never from this file); resume fetches from there when the local copy is gone.",
     )
-
-    @field_validator("remote_uri")
-    @classmethod
-    def _s3(cls, v: str | None) -> str | None:
-        return _s3_uri(v)
 
 
 class DiagnosticCommand(_Strict):

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from dataprep.jsonl import jsonl_objects
 
 PROMPT_SCHEMA = pa.schema(
     [
@@ -58,15 +59,7 @@ def read_prompts(files: list[Path], fields: SourceFields = SourceFields()) -> li
         except UnicodeDecodeError as e:
             line = f.read_bytes()[: e.start].count(b"\n") + 1
             raise PromptSourceError(f"{f}:{line}: not valid UTF-8 ({e.reason}); re-encode the file as UTF-8") from None
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PromptSourceError(f"{f}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise PromptSourceError(f"{f}:{n}: expected a JSON object per line")
+        for n, obj in jsonl_objects(text, f, PromptSourceError):
             prompt = obj.get(fields.prompt)
             if not isinstance(prompt, str) or not prompt.strip():
                 raise PromptSourceError(f"{f}:{n}: field {fields.prompt!r} must be a non-empty string, got {prompt!r}")

@@ -9,7 +9,6 @@ An item whose completion carries an ``error`` (timeout, crash, refused request) 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -17,6 +16,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dataprep.jsonl import jsonl_objects
 from evaluation.gate import ItemResult
 from evaluation.scorers import Scorer, build_scorer
 
@@ -62,14 +62,8 @@ def load_items(source: str, heldout_rows: list[dict], base_dir: str | Path, scor
         if not p.exists():
             raise SuiteSourceError(f"evaluation suite source {source!r} not found at {p}; give `heldout` or a JSONL file")
         items, where = [], []
-        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SuiteSourceError(f"{p}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or "reference" not in obj:
+        for n, obj in jsonl_objects(p.read_text(encoding="utf-8"), p, SuiteSourceError):
+            if not isinstance(obj.get("prompt"), str) or "reference" not in obj:
                 raise SuiteSourceError(f"{p}:{n}: a suite item is an object with a string 'prompt' and a 'reference' "
                                        "(optional 'id', 'category')")
             items.append({"id": str(obj.get("id", n)), "prompt": obj["prompt"], "reference": str(obj["reference"]),

@@ -14,30 +14,7 @@ from dataprep.formatting import IGNORE, EncodeSettings, encode_batch, encode_bat
 from dataprep.packing import pack_bfd, pack_rows
 from dataprep.topk import TEACHER_IDS, TEACHER_LOGPROBS
 
-# The chat template of tests/test_dataprep_formatting.py: "user =<text> assistant =<text></s> ".
-CHAT = ("{% for m in messages %}{{ m['role'] }} ={{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}"
-        "{% endif %} {% endfor %}{% if add_generation_prompt %}assistant ={% endif %}")
-
-
-@pytest.fixture(scope="module")
-def tok(demo_models):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(demo_models["student"]))
-
-
-@pytest.fixture(scope="module")
-def chat_tok(demo_models):
-    from transformers import AutoTokenizer
-
-    t = AutoTokenizer.from_pretrained(str(demo_models["student"]))
-    t.chat_template = CHAT
-    return t
-
-
-def chars(tok, text: str) -> list[int]:
-    """The demo tokenizer is character level: the expected ids, built without calling it on the text."""
-    return [tok.convert_tokens_to_ids(c) for c in text]
+from dataprep_support import CHAT, chars, chat_tok, tok  # noqa: F401  (fixtures)
 
 
 def generation(tok, completion: str, stopped: bool = True, k: int = 3, salt: int = 0) -> dict:
