@@ -1,4 +1,4 @@
-"""The ``cluster`` asset group: the validation ladder (see ``perf/ladder.py``), one asset per rung,
+"""The ``cluster`` asset group: the validation ladder (see ``campaign_orchestrator/cluster/ladder.py``), one asset per rung,
 each with asset checks. Correctness checks block the rungs above them; checks against the
 baseline fail (severity ERROR) naming what moved, and let the ladder continue so every number of
 the run is still measured; a number that moved as far the *better* way fails with severity WARN
@@ -22,7 +22,7 @@ from dagster import (AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, Asset
 from assets.common import demo_model_key
 from assets.perf_metadata import profile_metadata
 from resources.cluster import ClusterValidation
-from resources.launcher import LocalTorchrunLauncher
+from resources.local_launcher import LocalTorchrunLauncher
 from resources.storage import REPO_ROOT, ArtifactStore
 
 GROUP = "cluster"
@@ -41,7 +41,7 @@ def _rung_dir(storage: ArtifactStore, rung: str, context: AssetExecutionContext)
 
 
 def _store(storage: ArtifactStore, cluster: ClusterValidation):
-    from perf.baseline import BaselineStore
+    from campaign_orchestrator.cluster.baseline import BaselineStore
 
     return BaselineStore(cluster.baselines(storage.root_path()))
 
@@ -72,12 +72,12 @@ def _baseline_check(name: str, verdict, metrics: dict[str, float]) -> AssetCheck
                     AssetCheckSpec("environment_vs_baseline", asset=_key("environment"),
                                    description="Versions and driver unchanged since the baseline (warning).")])
 def environment(context: AssetExecutionContext, storage: ArtifactStore, cluster: ClusterValidation):
-    from perf import ladder
-    from perf.baseline import environment_changes
-    from perf.smoke import fingerprint
+    from campaign_orchestrator.cluster import ladder
+    from campaign_orchestrator.cluster.baseline import environment_changes
+    from campaign_orchestrator.cluster.smoke import fingerprint
 
     out = _rung_dir(storage, "environment", context) / "environment.json"
-    done = subprocess.run([sys.executable, "-m", "perf.smoke", "env", "--out", str(out)], cwd=REPO_ROOT,
+    done = subprocess.run([sys.executable, "-m", "campaign_orchestrator.cluster.smoke", "env", "--out", str(out)], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=cluster.timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"environment smoke failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -128,13 +128,13 @@ def environment(context: AssetExecutionContext, storage: ArtifactStore, cluster:
                                    description="The gradient differences (deterministic on one stack) unchanged "
                                                "since the baseline.")])
 def allreduce_smoke(context: AssetExecutionContext, env: dict, storage: ArtifactStore, cluster: ClusterValidation):
-    from perf import ladder
-    from perf.launch import run_torchrun
-    from perf.smoke import gradients_equal
+    from campaign_orchestrator.cluster import ladder
+    from campaign_orchestrator.cluster.torchrun import run_torchrun
+    from campaign_orchestrator.cluster.smoke import gradients_equal
 
     d = _rung_dir(storage, "allreduce_smoke", context)
     t0 = time.perf_counter()
-    run_torchrun(["-m", "perf.smoke", "allreduce", "--out", str(d / "allreduce.json")], cluster.nodes,
+    run_torchrun(["-m", "campaign_orchestrator.cluster.smoke", "allreduce", "--out", str(d / "allreduce.json")], cluster.nodes,
                  cluster.processes_per_node, d, cluster.env(), cluster.timeout_s)
     wall = time.perf_counter() - t0
     result = json.loads((d / "allreduce.json").read_text())
@@ -165,12 +165,12 @@ def allreduce_smoke(context: AssetExecutionContext, env: dict, storage: Artifact
                                                "baseline.")])
 def collective_bandwidth(context: AssetExecutionContext, env: dict, storage: ArtifactStore,
                          cluster: ClusterValidation):
-    from perf import ladder
-    from perf.collectives import render
-    from perf.launch import run_torchrun
+    from campaign_orchestrator.cluster import ladder
+    from campaign_orchestrator.cluster.collectives import render
+    from campaign_orchestrator.cluster.torchrun import run_torchrun
 
     d = _rung_dir(storage, "collective_bandwidth", context)
-    run_torchrun(["-m", "perf.collectives", "--max-bytes", cluster.max_bytes, "--iters", str(cluster.iters),
+    run_torchrun(["-m", "campaign_orchestrator.cluster.collectives", "--max-bytes", cluster.max_bytes, "--iters", str(cluster.iters),
                   "--warmup", str(cluster.warmup), "--out", str(d / "sweep.json")], cluster.nodes,
                  cluster.processes_per_node, d, cluster.env(), cluster.timeout_s)
     sweep = json.loads((d / "sweep.json").read_text())
@@ -202,7 +202,7 @@ def collective_bandwidth(context: AssetExecutionContext, env: dict, storage: Art
 def tiny_training(context: AssetExecutionContext, env: dict, storage: ArtifactStore, cluster: ClusterValidation,
                   launcher: LocalTorchrunLauncher):
     from campaigns.spec import DistributedEnvSpec, ProfilingSpec, StudentSpec, TrainingSpec
-    from perf import ladder
+    from campaign_orchestrator.cluster import ladder
     from training.config import TrainJob
 
     d = _rung_dir(storage, "tiny_training", context)
@@ -252,8 +252,8 @@ def eval_gate(context: AssetExecutionContext, env: dict, trained: dict, storage:
     from evaluation.runner import BASE, CANDIDATE, SuiteGate, SuiteRun, answer_suites, judge, scores
     from evaluation.scorers import build_scorer
     from evaluation.suite import read_item_results, write_item_rows
-    from generation.local import LocalGenerator
-    from perf import ladder
+    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.cluster import ladder
 
     d = _rung_dir(storage, "eval_gate", context)
     items = json.loads(Path(trained["heldout_path"]).read_text())

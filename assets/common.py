@@ -6,9 +6,9 @@ from typing import Any
 from dagster import AssetKey, MetadataValue
 
 from campaigns.spec import CampaignSpec
-from lineage.hashing import model_fingerprint, short, value_sha256
+from campaign_orchestrator.content import model_fingerprint, short, value_sha256
 from resources.pricing import PricingResource
-from tinymodels import recipe
+from campaign_orchestrator.demo import recipe
 
 STAGES = (
     "prompts",

@@ -4,18 +4,18 @@ from dagster import AssetExecutionContext, AssetOut, MetadataValue, Output, mult
 
 from assets.common import DEMO_GROUP
 from resources.storage import ArtifactStore
-from tinymodels.recipe import recipe_hash
+from campaign_orchestrator.demo.recipe import recipe_hash
 
 
 @multi_asset(
     outs={name: AssetOut(key=[DEMO_GROUP, name], group_name=DEMO_GROUP, kinds={"pytorch"},
-                         description=f"Demo {name} model (tinymodels recipe), a real Llama checkpoint on disk.")
+                         description=f"Demo {name} model (demo recipe), a real Llama checkpoint on disk.")
           for name in ("teacher", "student")},
     code_version=recipe_hash(),
 )
 def demo_models(context: AssetExecutionContext, storage: ArtifactStore):
-    from tinymodels.build import build_demo_models
-    from tinymodels.recipe import models_dir
+    from campaign_orchestrator.demo.build import build_demo_models
+    from campaign_orchestrator.demo.recipe import models_dir
 
     report = build_demo_models(storage.root_path(), log=context.log.info)
     root = models_dir(storage.root_path())

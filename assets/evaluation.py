@@ -24,7 +24,7 @@ from dagster import (
 
 from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
 from campaigns.spec import CampaignSpec, SuiteSpec
-from lineage.hashing import file_sha256
+from campaign_orchestrator.content import file_sha256
 from resources.pricing import PricingResource
 from resources.storage import REPO_ROOT, ArtifactStore
 
@@ -110,7 +110,7 @@ def build(spec: CampaignSpec):
         isd = storage.stage(spec.name, "evaluation_items", items_key)
         cached = isd.is_complete()
         if not cached:
-            from dataprep.prompts import read_prompt_table
+            from campaign_orchestrator.dataset.prompts import read_prompt_table
 
             # refuses to start when the planner's estimate exceeds the budget left; checked again from
             # actual spend after each model's suite
@@ -187,7 +187,7 @@ def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context) -> d
 
         return {"candidate": endpoint(cand_name), "base": endpoint(e.base_model)}
 
-    from generation.local import LocalGenerator
+    from campaign_orchestrator.teacher.local import LocalGenerator
 
     bs = max(x.batch_size for x in ev.suites)
 

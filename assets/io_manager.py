@@ -3,7 +3,7 @@ pickles: the data itself stays in the stage directory as Parquet or model files.
 
 Every stage manifest that carries ``cost_lines`` is also recorded in the cost ledger here, in one
 place for all stages: its lines once, by the run that produced it; a cache hit or a retried step
-adds nothing (see ``costs/ledger.py``)."""
+adds nothing (see ``campaign_orchestrator/costs/ledger.py``)."""
 
 import json
 import os
@@ -33,7 +33,7 @@ class ManifestIOManager(ConfigurableIOManager):
             self._record_cost(context, obj)
 
     def _record_cost(self, context: OutputContext, manifest: dict) -> None:
-        from costs.ledger import Ledger
+        from campaign_orchestrator.costs.ledger import Ledger
         from resources.pricing import ledger_path
 
         key = list(context.asset_key.path)

@@ -11,8 +11,9 @@ import logging
 
 from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job, DefaultScheduleStatus
 
-from assets import adapter, cluster, cost, demo_models, distillation, evaluation, generations, invalid, prompts, promotion, tokenized
-from assets.drift import drift_key
+from assets import (campaign_cost, cluster, demo_models, distillation_set, evaluation, invalid_campaigns, promoted_model, prompts,
+                    student_adapter, teacher_generations, tokenized_dataset)
+from assets.drift_evaluation import drift_key
 from assets.io_manager import ManifestIOManager
 from assets.sensors import campaign_automation, trigger_tags
 from assets.versions import with_versions
@@ -21,11 +22,12 @@ from campaigns.spec import CampaignSpec
 from resources import ArtifactStore, LocalTorchrunLauncher, PricingResource, TeacherResource
 from resources.cluster import ClusterValidation
 from resources.k8s import K8sTrainingLauncher
-from resources.launchers import TrainingLauncher
+from resources.training_launcher import TrainingLauncher
 
 log = logging.getLogger(__name__)
 
-STAGE_BUILDERS = (prompts, generations, distillation, tokenized, adapter, evaluation, promotion, cost)
+STAGE_BUILDERS = (prompts, teacher_generations, distillation_set, tokenized_dataset, student_adapter, evaluation, promoted_model,
+                  campaign_cost)
 
 
 def campaign_assets(spec: CampaignSpec) -> list:
@@ -60,7 +62,7 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
                                selection=AssetSelection.groups(name).upstream() - AssetSelection.keys(drift_key(spec)),
                                description=f"Run campaign {name} end to end ({loaded.sources[name]}).",
                                tags={"campaign": name, "trigger": "manual"})  # sensors and schedules override it
-        jobs += [job, promotion.approve_job(spec)]
+        jobs += [job, promoted_model.approve_job(spec)]
         if spec.schedule is not None:
             schedules.append(ScheduleDefinition(
                 name=f"{name}_schedule", job=job, cron_schedule=spec.schedule.cron,
@@ -72,6 +74,6 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
         jobs += auto.jobs
         schedules += auto.schedules
         sensors += auto.sensors
-    assets += [invalid.build(e) for e in loaded.errors]
+    assets += [invalid_campaigns.build(e) for e in loaded.errors]
     return Definitions(assets=assets, jobs=jobs, schedules=schedules, sensors=sensors,
                        resources=resources or default_resources(artifact_root))

@@ -24,7 +24,7 @@ def _diagnostics_md(index: list[dict]) -> str:
 
 def profile_metadata(stage_dir: str | Path) -> dict[str, Any]:
     """Metadata entries from ``<stage_dir>/profile/report.json``; empty when the run wrote none."""
-    from perf.triage import markdown_table
+    from training.triage import markdown_table
 
     p = Path(stage_dir) / "profile" / "report.json"
     if not p.exists():

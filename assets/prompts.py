@@ -6,7 +6,7 @@ from dagster import AssetExecutionContext, MetadataValue, Output, asset
 
 from assets.common import base_metadata, key, stage_key
 from campaigns.spec import CampaignSpec
-from lineage.hashing import file_sha256
+from campaign_orchestrator.content import file_sha256
 from resources.storage import REPO_ROOT, ArtifactStore
 
 
@@ -16,8 +16,8 @@ def build(spec: CampaignSpec):
     @asset(key=key(spec, "prompts"), group_name=spec.name, kinds={"python", "parquet"},
            description=f"Prompts from `{d.source}`, split into train and held-out ({d.heldout.fraction:.0%}).")
     def prompts(context: AssetExecutionContext, storage: ArtifactStore) -> Output[dict]:
-        from automation.sources import prompt_files
-        from dataprep import prompts as P
+        from campaign_orchestrator.triggers.sources import prompt_files
+        from campaign_orchestrator.dataset import prompts as P
 
         # local glob or s3:// prefix; a copy of a file's exact content is read once
         files = prompt_files(d.source, REPO_ROOT, storage.root_path() / "_sources" / spec.name)

@@ -26,7 +26,7 @@ from dagster import (AssetSelection, DagsterRunStatus, DefaultScheduleStatus, De
                      asset_sensor, define_asset_job, schedule, sensor)
 
 from assets.common import STAGES, key
-from assets.drift import drift_key
+from assets.drift_evaluation import drift_key
 from campaigns.spec import CampaignSpec
 from resources.storage import REPO_ROOT, ArtifactStore
 
@@ -57,8 +57,8 @@ def new_data_sensor(spec: CampaignSpec, job_name: str):
                         f"once {nd.min_new_rows}+ new rows"
                         + (f" and +{nd.min_new_fraction:.0%}" if nd.min_new_fraction else "") + " are pending.")
     def new_data(context: SensorEvaluationContext):
-        from automation.newdata import NewDataState, Threshold, observe
-        from automation.sources import SourceError, list_source
+        from campaign_orchestrator.triggers.newdata import NewDataState, Threshold, observe
+        from campaign_orchestrator.triggers.sources import SourceError, list_source
 
         state = NewDataState.from_cursor(context.cursor)
         try:
@@ -88,7 +88,7 @@ def model_change_sensor(spec: CampaignSpec, job_name: str):
         from dagster import AssetKey, DagsterRunStatus, DataProvenance, RunsFilter
 
         from assets.versions import COVERS, code_versions
-        from automation.staleness import Recorded, plan
+        from campaign_orchestrator.triggers.staleness import Recorded, plan
 
         instance = context.instance
         busy = instance.get_run_records(RunsFilter(tags={"campaign": spec.name}, statuses=IN_PROGRESS), limit=1)
@@ -172,7 +172,7 @@ class CampaignAutomation:
 
 def campaign_automation(spec: CampaignSpec, campaign_job_name: str) -> CampaignAutomation:
     """The drift asset, its job and schedule, and the campaign's sensors."""
-    from assets import drift
+    from assets import drift_evaluation as drift
 
     drift_job = define_asset_job(drift_job_name(spec), selection=AssetSelection.keys(drift_key(spec)),
                                  tags={"campaign": spec.name},

@@ -18,7 +18,7 @@ campaign_cost              ``cost``
 ========================  =====================================================================
 
 A model's identity is its reference and revision, plus, for a model given as a path, the
-fingerprint of its files (``lineage.hashing.model_fingerprint``: every small file and the
+fingerprint of its files (``campaign_orchestrator.content.model_fingerprint``: every small file and the
 size, head and tail of large weight shards), taken when the code location loads. ``@demo/``
 models are assets of their own (``demo_models``), so their rebuilds reach the stages as
 upstream data changes.
@@ -36,12 +36,12 @@ from pathlib import Path
 
 from dagster import AssetsDefinition
 
-from assets.adapter import training_key_fields
+from assets.student_adapter import training_key_fields
 from assets.common import model_identity
 from campaigns.spec import CampaignSpec
-from lineage.hashing import short, value_sha256
+from campaign_orchestrator.content import short, value_sha256
 from resources.storage import REPO_ROOT
-from tinymodels import recipe
+from campaign_orchestrator.demo import recipe
 
 log = logging.getLogger(__name__)
 

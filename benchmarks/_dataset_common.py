@@ -13,18 +13,18 @@ if str(REPO) not in sys.path:
 
 
 def demo_student() -> Path:
-    from tinymodels.recipe import resolve
+    from campaign_orchestrator.demo.recipe import resolve
 
     root = Path(os.environ.get("CAMPAIGN_TEST_MODELS_ROOT", REPO / "artifacts"))
     path = resolve("@demo/student", root)
     if not (path / "tokenizer.json").exists():
-        raise SystemExit(f"demo student not built at {path}; run `python -m campaigns.cli build-models` first")
+        raise SystemExit(f"demo student not built at {path}; run `python -m campaign_orchestrator.cli build-models` first")
     return path
 
 
 def demo_pairs(n: int, seed: int = 2024) -> list[dict]:
     """Prompt/completion pairs with the demo's length mix (cipher words of 3-8 letters)."""
-    from tinymodels import cipher
+    from campaign_orchestrator.demo import cipher
 
     return [{"id": it["id"], "prompt": it["prompt"], "completion": " " + it["reference"]}
             for it in cipher.items(n, seed=seed, id_prefix="b")]

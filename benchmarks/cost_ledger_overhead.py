@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from costs.ledger import Ledger  # noqa: E402
-from lineage.stage_dir import StageDir  # noqa: E402
+from campaign_orchestrator.costs.ledger import Ledger  # noqa: E402
+from campaign_orchestrator.stage_dir import StageDir  # noqa: E402
 
 LINE = {"kind": "training", "price_key": "h100-sxm", "quantity": 1.5, "unit": "gpu-hour", "unit_price": 2.99,
         "usd": 4.485, "as_of": "2026-01-15", "tier": "on_demand", "catalog_version": "2026-11-29"}

@@ -68,7 +68,7 @@ def naive(model_dir: Path, src: Path, out: Path, max_seq_len: int) -> dict:
 
 
 def packed(model_dir: Path, src: Path, out: Path, max_seq_len: int, num_proc: int | None) -> dict:
-    from dataprep.tokenize import BuildSettings, build_tokenized_dataset
+    from campaign_orchestrator.dataset.tokenize import BuildSettings, build_tokenized_dataset
 
     t0, c0 = time.perf_counter(), cpu_seconds()
     rep = build_tokenized_dataset(model_dir, [src], out, BuildSettings(max_seq_len=max_seq_len, num_proc=num_proc))
@@ -84,7 +84,7 @@ def efficiency_at(out: Path, capacities: list[int]) -> dict:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from dataprep.packing import pack_bfd
+    from campaign_orchestrator.dataset.packing import pack_bfd
 
     lengths = []
     for f in sorted(out.rglob("*.parquet")):

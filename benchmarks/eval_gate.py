@@ -33,15 +33,15 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=200)
     args = ap.parse_args()
 
-    from dataprep.prompts import read_prompts, source_files, split
+    from campaign_orchestrator.dataset.prompts import read_prompts, source_files, split
     from evaluation.gate import GatePolicy, ItemResult, StatsPolicy
     from evaluation.report import build_report
     from evaluation.runner import SuiteGate, SuiteRun, answer_suites, judge
     from evaluation.scorers import build_scorer
     from evaluation.suite import load_items
-    from generation.local import LocalGenerator
-    from tinymodels.build import build_demo_models
-    from tinymodels.recipe import resolve
+    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.demo.build import build_demo_models
+    from campaign_orchestrator.demo.recipe import resolve
 
     root = Path(args.artifacts).resolve()
     build_demo_models(root, log=lambda _m: None)

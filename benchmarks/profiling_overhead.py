@@ -52,7 +52,7 @@ def main() -> int:
     import torch
 
     from campaigns.spec import DiagnosticsSpec, ProfilingSpec, TrainingSpec
-    from perf.triage import render, triage_files
+    from training.triage import render, triage_files
     from training.profiling import RunProfiler
 
     torch.manual_seed(0)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from automation.newdata import NewDataState, Threshold, observe  # noqa: E402
-from automation.sources import list_source  # noqa: E402
+from campaign_orchestrator.triggers.newdata import NewDataState, Threshold, observe  # noqa: E402
+from campaign_orchestrator.triggers.sources import list_source  # noqa: E402
 
 
 def _write(path: Path, mib: float, seed: int) -> None:

@@ -13,7 +13,7 @@ if str(REPO) not in sys.path:
 
 
 def prompts(n: int, seed: int = 2024) -> list[dict]:
-    from tinymodels import cipher
+    from campaign_orchestrator.demo import cipher
 
     return [{"id": it["id"], "prompt": it["prompt"], "reference": it["reference"]}
             for it in cipher.items(n, seed=seed, id_prefix="b")]

@@ -22,12 +22,12 @@ from teacher_common import emit, load_average, prompts
 
 
 def run(base_url: str, rows: list[dict], concurrency: int, cache_dir: str) -> tuple[float, dict]:
-    from generation.backends import OpenAIBackend
-    from generation.blobstore import LocalStore
-    from generation.cache import GenerationCache
-    from generation.openai_client import OpenAICompatibleClient
-    from generation.requests import Sampling, namespace
-    from generation.runner import run_generation
+    from campaign_orchestrator.teacher.backends import OpenAIBackend
+    from campaign_orchestrator.teacher.blobstore import LocalStore
+    from campaign_orchestrator.teacher.cache import GenerationCache
+    from campaign_orchestrator.teacher.openai_client import OpenAICompatibleClient
+    from campaign_orchestrator.teacher.requests import Sampling, namespace
+    from campaign_orchestrator.teacher.runner import run_generation
 
     s = Sampling(max_new_tokens=16)
     backend = OpenAIBackend(OpenAICompatibleClient(base_url, "teacher", max_concurrency=concurrency))
@@ -46,7 +46,7 @@ def main() -> int:
     ap.add_argument("--latency-ms", type=float, default=50.0)
     ap.add_argument("--repeats", type=int, default=3, help="timed concurrent passes (median)")
     a = ap.parse_args()
-    from generation.testserver import ServerProcess
+    from tests.support.testserver import ServerProcess
 
     rows = prompts(a.prompts)
     load0 = load_average()

@@ -1,6 +1,6 @@
 """Benchmark (b): SIGKILL a 2,000-prompt generation at about half, then run it again.
 
-The generation runs as ``python -m generation`` (openai backend, concurrency 64) against a local
+The generation runs as ``python -m campaign_orchestrator.teacher`` (openai backend, concurrency 64) against a local
 OpenAI-compatible server (50 ms per request, its own process) that counts every request it
 receives and answers, per prompt. The first run is killed with SIGKILL once the server has
 answered about half; the rerun must send the server exactly the requests the cache lacks, and
@@ -31,8 +31,8 @@ def main() -> int:
     a = ap.parse_args()
     import pyarrow.parquet as pq
 
-    from generation.testserver import ServerProcess
-    from tinymodels import cipher
+    from tests.support.testserver import ServerProcess
+    from campaign_orchestrator.demo import cipher
 
     work = Path(tempfile.mkdtemp(prefix="bench-resume-"))
     rows = prompts(a.prompts)
@@ -43,7 +43,7 @@ def main() -> int:
     with ServerProcess("--latency-ms", "50") as srv:
         teacher = json.dumps({"backend": "openai", "model": "teacher", "base_url": srv.base_url,
                               "max_concurrency": a.concurrency})
-        cmd = [sys.executable, "-m", "generation", "--prompts", str(src), "--teacher", teacher, "--out", str(out),
+        cmd = [sys.executable, "-m", "campaign_orchestrator.teacher", "--prompts", str(src), "--teacher", teacher, "--out", str(out),
                "--artifacts", str(work / "artifacts"), "--quiet"]
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         while proc.poll() is None and srv.stats(summary=True)["ok"] < a.prompts // 2:

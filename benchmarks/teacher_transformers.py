@@ -19,11 +19,11 @@ from teacher_common import REPO, emit, load_average, prompts
 
 
 def run(model_dir, rows, batch_size: int, gen) -> dict:
-    from generation.backends import TransformersBackend
-    from generation.blobstore import LocalStore
-    from generation.cache import GenerationCache
-    from generation.requests import Sampling, namespace
-    from generation.runner import run_generation
+    from campaign_orchestrator.teacher.backends import TransformersBackend
+    from campaign_orchestrator.teacher.blobstore import LocalStore
+    from campaign_orchestrator.teacher.cache import GenerationCache
+    from campaign_orchestrator.teacher.requests import Sampling, namespace
+    from campaign_orchestrator.teacher.runner import run_generation
 
     gen.batch_size = batch_size
     s = Sampling(max_new_tokens=16)
@@ -48,12 +48,12 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from generation.local import LocalGenerator
-    from tinymodels.recipe import resolve
+    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.demo.recipe import resolve
 
     model_dir = resolve("@demo/teacher", a.artifacts)
     if not (model_dir / "config.json").exists():
-        raise SystemExit(f"demo teacher not built at {model_dir}: run `python -m tinymodels --artifacts {a.artifacts}`")
+        raise SystemExit(f"demo teacher not built at {model_dir}: run `python -m campaign_orchestrator.demo --artifacts {a.artifacts}`")
     gen = LocalGenerator.from_path(model_dir)
     rows = prompts(a.prompts)
     load0 = load_average()

@@ -58,7 +58,7 @@ def build(work: Path, shape: dict, seq: int, rows: int):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from dataprep.tokenize import tokenizer_hash
+    from campaign_orchestrator.dataset.tokenize import tokenizer_hash
 
     base = work / "base"
     vocab = {f"t{i}": i for i in range(shape["vocab_size"])}
@@ -88,7 +88,7 @@ def build(work: Path, shape: dict, seq: int, rows: int):
 def run_one(work: Path, base: Path, ds: Path, qlora: bool, micro: int, steps: int, seq: int) -> dict:
     import torch
 
-    from train_support import make_job
+    from tests.support.train_support import make_job
     from training.trainer import run
 
     student = {"quantization": {"load_in_4bit": qlora, "compute_dtype": "bfloat16"},

@@ -141,9 +141,9 @@ def main() -> int:
                          "against other tenants and both wall and CPU time stop measuring the trainer)")
     args = ap.parse_args()
 
-    from tinymodels.build import build_demo_models
-    from tinymodels.recipe import resolve
-    from train_support import demo_spec, make_job, write_cipher_dataset
+    from campaign_orchestrator.demo.build import build_demo_models
+    from campaign_orchestrator.demo.recipe import resolve
+    from tests.support.train_support import demo_spec, make_job, write_cipher_dataset
 
     import torch
 

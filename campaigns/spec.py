@@ -6,7 +6,7 @@ trainer, the evaluation code and the Dagster code location all read the same mod
 
 Model references: a model path is either a filesystem path (absolute, or relative to the
 campaign file's repository root) or ``@demo/<name>``, a model built by the project's own
-``tinymodels`` step under the artifact root (see ``tinymodels/``).
+``demo`` step under the artifact root (see ``campaign_orchestrator/demo/``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 over httpx: greedy ``/v1/completions`` requests, at most ``max_concurrency`` in flight, every
 failure (timeout, connection error, HTTP error, malformed answer) recorded on its item as
 ``error`` so the gate counts it as a serving error, never as a wrong answer. No retries: an
-evaluation measures the endpoint as it is. The project's generation client (``generation/``)
+evaluation measures the endpoint as it is. The project's generation client (``campaign_orchestrator/teacher/``)
 has the same shape and can replace it.
 """
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataprep.jsonl import jsonl_objects
+from campaign_orchestrator.dataset.jsonl import jsonl_objects
 from evaluation.gate import ItemResult
 from evaluation.scorers import Scorer, build_scorer
 

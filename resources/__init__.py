@@ -4,7 +4,7 @@ Swapping local for cloud is a resource choice, never an asset change. Resources 
 nothing heavy at module level: torch and friends load inside the methods that need them.
 """
 
-from resources.launcher import LocalTorchrunLauncher
+from resources.local_launcher import LocalTorchrunLauncher
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
 from resources.teacher import TeacherResource

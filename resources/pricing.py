@@ -2,7 +2,7 @@
 
 Every stage that spends money prices its work here (``hardware_line``, ``teacher_lines``) and may
 take a budget guard (``budget_guard``); the IO manager records every stage's cost lines in the
-ledger (see ``costs/ledger.py``).
+ledger (see ``campaign_orchestrator/costs/ledger.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dagster import ConfigurableResource, Failure
 from pydantic import Field
 
 from campaigns.spec import CampaignSpec
-from costs.catalog import Catalog, PriceEntry, PricingError, get, load_catalog, read_catalog
-from costs.ledger import DEFAULT_NAME, Ledger
-from costs.lines import compute_line, usage_lines
+from campaign_orchestrator.costs.catalog import Catalog, PriceEntry, PricingError, get, load_catalog, read_catalog
+from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
+from campaign_orchestrator.costs.lines import compute_line, usage_lines
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,7 +81,7 @@ class PricingResource(ConfigurableResource):
         return Ledger(ledger_path(artifact_root, self.ledger))
 
     def plan(self, spec: CampaignSpec, artifact_root: str | Path) -> dict:
-        from costs.planner import plan_campaign
+        from campaign_orchestrator.costs.planner import plan_campaign
 
         return plan_campaign(spec, self.catalog_for(spec), REPO_ROOT, resolve_model_dir(spec.teacher.model, artifact_root)
                              if spec.teacher.backend != "openai" else None,
@@ -89,12 +89,12 @@ class PricingResource(ConfigurableResource):
 
     # ------------------------------------------------------------------ budgets
     def budget_guard(self, context, spec: CampaignSpec, sd, clock=None):
-        """A :class:`costs.budget.BudgetGuard` for the stage directory ``sd`` about to be computed:
+        """A :class:`campaign_orchestrator.costs.budget.BudgetGuard` for the stage directory ``sd`` about to be computed:
         refuses to start when the planner's estimate does not fit the budget left (Dagster
         ``Failure``, not retried); its ``watch``/``check`` stop the stage mid-way the same way.
         ``clock``: seconds as a float (default ``time.monotonic``), e.g. device time reported by the stage."""
-        from costs.budget import BudgetGuard, limits_for
-        from costs.planner import PlanError
+        from campaign_orchestrator.costs.budget import BudgetGuard, limits_for
+        from campaign_orchestrator.costs.planner import PlanError
 
         stage, c = sd.stage, spec.cost
         if stage not in STAGE_KIND:
@@ -147,7 +147,7 @@ def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog, plan: dict | None
 
 def resolve_model_dir(ref: str, artifact_root: str | Path) -> Path:
     """A campaign model reference as a directory (``@demo/<name>`` under the artifact root)."""
-    from tinymodels import recipe
+    from campaign_orchestrator.demo import recipe
 
     if recipe.is_demo_ref(ref):
         return recipe.resolve(ref, artifact_root)
@@ -162,8 +162,8 @@ def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str
     Used by the campaign_cost asset and by ``campaign run`` (which also covers gate-blocked runs)."""
     import json
 
-    from costs.dashboard import write_dashboard
-    from costs.report import build_report
+    from campaign_orchestrator.costs.dashboard import write_dashboard
+    from campaign_orchestrator.costs.report import build_report
 
     root = Path(artifact_root)
     ledger = pricing.ledger_at(root)

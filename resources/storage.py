@@ -16,8 +16,8 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from lineage.stage_dir import StageDir
-from tinymodels import recipe
+from campaign_orchestrator.stage_dir import StageDir
+from campaign_orchestrator.demo import recipe
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,8 +40,8 @@ class ArtifactStore(ConfigurableResource):
         return StageDir(self.root_path(), campaign, stage, key)
 
     def cache_store(self):
-        """The generation cache's object store (:mod:`generation.blobstore`)."""
-        from generation.blobstore import open_store
+        """The generation cache's object store (:mod:`campaign_orchestrator.teacher.blobstore`)."""
+        from campaign_orchestrator.teacher.blobstore import open_store
 
         url = self.cache_url or str(self.root_path() / "cache")
         if not url.startswith("s3://") and not Path(url).is_absolute():
@@ -62,7 +62,7 @@ class ArtifactStore(ConfigurableResource):
             if not (path / "config.json").exists():
                 raise FileNotFoundError(
                     f"demo model {ref} is not built yet (expected at {path}); materialize the demo_models assets "
-                    f"or run `python -m tinymodels --artifacts {self.root_path()}`"
+                    f"or run `python -m campaign_orchestrator.demo --artifacts {self.root_path()}`"
                 )
             return path
         p = Path(ref)

@@ -17,7 +17,7 @@ MODELS_ROOT = Path(os.environ.get("CAMPAIGN_TEST_MODELS_ROOT", REPO_ROOT / "arti
 @pytest.fixture(scope="session")
 def demo_models_root() -> Path:
     """An artifact root holding the built demo models (teacher, student)."""
-    from tinymodels.build import build_demo_models
+    from campaign_orchestrator.demo.build import build_demo_models
 
     build_demo_models(MODELS_ROOT, log=lambda _m: None)
     return MODELS_ROOT
@@ -25,7 +25,7 @@ def demo_models_root() -> Path:
 
 @pytest.fixture(scope="session")
 def demo_models(demo_models_root) -> dict[str, Path]:
-    from tinymodels.recipe import resolve
+    from campaign_orchestrator.demo.recipe import resolve
 
     return {name: resolve(f"@demo/{name}", demo_models_root) for name in ("teacher", "student")}
 
@@ -35,7 +35,7 @@ def artifact_root(tmp_path, demo_models_root) -> Path:
     """A fresh artifact root for one test, with the demo models linked in (read-only use)."""
     root = tmp_path / "artifacts"
     (root / "models").mkdir(parents=True)
-    from tinymodels.recipe import models_dir
+    from campaign_orchestrator.demo.recipe import models_dir
 
     src = models_dir(demo_models_root)
     (root / "models" / src.name).symlink_to(src, target_is_directory=True)

@@ -14,8 +14,8 @@ from dagster import AssetKey, DagsterInstance, Output, asset, materialize
 
 from assets.io_manager import ManifestIOManager
 from campaigns.loader import parse_campaign_text
-from costs.budget import BudgetExceeded, BudgetGuard, Limit
-from costs.ledger import Ledger
+from campaign_orchestrator.costs.budget import BudgetExceeded, BudgetGuard, Limit
+from campaign_orchestrator.costs.ledger import Ledger
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
 
@@ -152,7 +152,7 @@ def test_the_teacher_stage_stops_midway_on_its_budget(artifact_root):
     $0.006 budget the stage stops part-way, when the next chunk of samples would pass $0.006, and
     the spend of the stopped attempt is in the ledger. (The finished samples stay in the
     generation cache; tests/test_generation_* cover resuming from it.)"""
-    from assets import generations, prompts
+    from assets import teacher_generations as generations, prompts
     from assets.location import default_resources
 
     text = (Path(__file__).parent.parent / "campaigns/demo.yaml").read_text()
@@ -182,7 +182,7 @@ def test_training_launcher_stops_every_process_when_the_budget_says_so(tmp_path)
     import sys
     import time
 
-    from resources.launcher import LocalTorchrunLauncher
+    from resources.local_launcher import LocalTorchrunLauncher
 
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
              for _ in range(2)]
@@ -210,7 +210,7 @@ def test_evaluation_stops_between_models_when_its_spend_passes_the_budget(tmp_pa
     $0.50 budget, one more like it would pass the budget, so the base model is never run."""
     from evaluation.runner import SuiteRun, answer_suites
     from evaluation.scorers import build_scorer
-    from tinymodels import cipher
+    from campaign_orchestrator.demo import cipher
 
     @dataclass
     class Answer:

@@ -6,8 +6,8 @@ import pytest
 from dagster import AssetKey, DagsterInstance, Output, RetryPolicy, asset, materialize
 
 from assets.io_manager import ManifestIOManager
-from costs.ledger import Ledger
-from lineage.stage_dir import StageDir
+from campaign_orchestrator.costs.ledger import Ledger
+from campaign_orchestrator.stage_dir import StageDir
 
 LINE = {"kind": "teacher", "price_key": "cpu-2vcpu", "quantity": 0.5, "unit": "host-hour", "unit_price": 0.1,
         "usd": 0.05, "as_of": "2025-06-01", "tier": "on_demand", "catalog_version": "v1"}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from campaigns.loader import parse_campaign_text
-from costs.catalog import PricingError, read_catalog
-from costs.lines import compute_line, token_lines, usage_lines
-from costs.planner import ModelShape, generation_seconds, training_memory, zero_model_state_bytes, zero_table
+from campaign_orchestrator.costs.catalog import PricingError, read_catalog
+from campaign_orchestrator.costs.lines import compute_line, token_lines, usage_lines
+from campaign_orchestrator.costs.planner import ModelShape, generation_seconds, training_memory, zero_model_state_bytes, zero_table
 
 CATALOG = """
 version: "2026-02-01"
@@ -142,7 +142,7 @@ def test_generation_roofline_by_hand(catalog_file):
 
 
 def test_campaign_plan_prints_memory_fit_and_costs(artifact_root, capsys):
-    from campaigns.cli import main
+    from campaign_orchestrator.cli import main
 
     assert main(["plan", "demo", "--artifacts", str(artifact_root)]) == 0
     out = capsys.readouterr().out

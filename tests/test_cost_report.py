@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from costs.ledger import Ledger
-from costs.report import build_report, cost_per_result, gain_interval, paired_gain_interval, per_point_text, render_text
-from lineage.stage_dir import StageDir
+from campaign_orchestrator.costs.ledger import Ledger
+from campaign_orchestrator.costs.report import build_report, cost_per_result, gain_interval, paired_gain_interval, per_point_text, render_text
+from campaign_orchestrator.stage_dir import StageDir
 
 
 def _line(kind, usd, qty, unit, status="completed", asset="x"):

@@ -1,10 +1,10 @@
-"""Loss masks, templates, EOS and bad rows of dataprep.formatting, on hand-built examples."""
+"""Loss masks, templates, EOS and bad rows of campaign_orchestrator.dataset.formatting, on hand-built examples."""
 
 from __future__ import annotations
 
 import pytest
 
-from dataprep.formatting import (
+from campaign_orchestrator.dataset.formatting import (
     IGNORE,
     EncodeSettings,
     FormatError,
@@ -14,7 +14,7 @@ from dataprep.formatting import (
     resolve_template,
 )
 
-from dataprep_support import CHAT, chars, chat_tok, tok  # noqa: F401  (fixtures)
+from tests.support.dataprep_support import CHAT, chars, chat_tok, tok  # noqa: F401  (fixtures)
 
 
 def run(tok, rows: list[dict], max_seq_len: int = 64, template: Template | None = None, **kw) -> dict:
@@ -118,7 +118,7 @@ def test_arrow_pair_path_equals_the_general_path(tok):
     for every setting and for rows that are dropped."""
     import pyarrow as pa
 
-    from dataprep.formatting import encode_batch_arrow
+    from campaign_orchestrator.dataset.formatting import encode_batch_arrow
 
     rows = [{"id": f"r{i}", "prompt": f"encode {w} =", "completion": f" {w[::-1]}"}
             for i, w in enumerate(["ab", "abcdefgh", "qqq", "z" * 40, "k" * 25, "abcdefghij"])]

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dataprep.packing import pack_bfd, pack_bfd_reference, pack_rows
+from campaign_orchestrator.dataset.packing import pack_bfd, pack_bfd_reference, pack_rows
 
 
 @pytest.mark.parametrize("seed,capacity,lo,hi,n", [(0, 64, 18, 29, 300), (1, 16, 1, 16, 200), (2, 512, 5, 400, 150),

@@ -10,11 +10,11 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 import pytest
 
-from dataprep.formatting import IGNORE, EncodeSettings, encode_batch, encode_batch_arrow, resolve_template
-from dataprep.packing import pack_bfd, pack_rows
-from dataprep.topk import TEACHER_IDS, TEACHER_LOGPROBS
+from campaign_orchestrator.dataset.formatting import IGNORE, EncodeSettings, encode_batch, encode_batch_arrow, resolve_template
+from campaign_orchestrator.dataset.packing import pack_bfd, pack_rows
+from campaign_orchestrator.dataset.topk import TEACHER_IDS, TEACHER_LOGPROBS
 
-from dataprep_support import CHAT, chars, chat_tok, tok  # noqa: F401  (fixtures)
+from tests.support.dataprep_support import CHAT, chars, chat_tok, tok  # noqa: F401  (fixtures)
 
 
 def generation(tok, completion: str, stopped: bool = True, k: int = 3, salt: int = 0) -> dict:
@@ -140,10 +140,10 @@ def test_packed_rows_keep_every_teacher_list_on_its_token(tok):
 
 
 def test_build_writes_teacher_columns_in_both_splits_only_when_the_source_has_them(tmp_path, demo_models, tok):
-    from assets.distillation import distill_schema
-    from dataprep.tokenize import (ROW_SCHEMA, TEACHER_ROW_SCHEMA, BuildSettings, build_tokenized_dataset,
+    from assets.distillation_set import distill_schema
+    from campaign_orchestrator.dataset.tokenize import (ROW_SCHEMA, TEACHER_ROW_SCHEMA, BuildSettings, build_tokenized_dataset,
                                    dataset_metadata)
-    from tinymodels import cipher
+    from campaign_orchestrator.demo import cipher
 
     items = cipher.items(60, seed=3)
     rows = [{"id": f"e{i}", "prompt": it["prompt"], "completion": " " + it["reference"]}
@@ -182,10 +182,10 @@ def test_asset_key_and_the_logits_guard():
     dataset whose rows carry no teacher distribution fails, naming why."""
     import yaml
 
-    from assets import tokenized
+    from assets import tokenized_dataset as tokenized
     from assets.common import stage_key
     from campaigns.spec import CampaignSpec
-    from dataprep.tokenize import BuildSettings
+    from campaign_orchestrator.dataset.tokenize import BuildSettings
 
     s = BuildSettings(max_seq_len=64)
     assert tokenized.content_key("d", "t", s, None) == stage_key(tokenized.STAGE_VERSION, "d", "t", s.key_fields(), None)

@@ -10,8 +10,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from dataprep.sources import SourceError
-from dataprep.tokenize import (
+from campaign_orchestrator.dataset.sources import SourceError
+from campaign_orchestrator.dataset.tokenize import (
     ROW_SCHEMA,
     BuildSettings,
     TokenizationError,
@@ -20,7 +20,7 @@ from dataprep.tokenize import (
     split_of,
     tokenizer_hash,
 )
-from tinymodels import cipher
+from campaign_orchestrator.demo import cipher
 
 
 def pairs(n: int, prefix: str = "e", seed: int = 0) -> list[dict]:
@@ -152,7 +152,7 @@ def test_asset_is_keyed_by_content_and_consumed_by_the_loader(artifact_root, tmp
     for a new max length, and the trainer's loader accepts it only for the right tokenizer."""
     from dagster import AssetSpec, materialize
 
-    from assets import tokenized
+    from assets import tokenized_dataset as tokenized
     from assets.common import key
     from assets.io_manager import ManifestIOManager
     from campaigns.loader import load_campaigns

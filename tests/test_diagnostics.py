@@ -75,7 +75,7 @@ def test_distributed_env_is_validated_and_exported_as_one_dict():
 
 
 def test_adapter_key_ignores_env_and_diagnostics_but_not_profiling():
-    from assets.adapter import training_key_fields
+    from assets.student_adapter import training_key_fields
     from campaigns.loader import load_campaign_file
     from resources.storage import REPO_ROOT
 

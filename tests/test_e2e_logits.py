@@ -13,7 +13,7 @@ import yaml
 from dagster import AssetKey, DagsterInstance
 
 from assets.location import build_definitions, campaign_job_name
-from tinymodels import cipher
+from campaign_orchestrator.demo import cipher
 
 REPO = Path(__file__).resolve().parent.parent
 

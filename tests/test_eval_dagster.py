@@ -10,13 +10,13 @@ import shutil
 import pytest
 import yaml
 from dagster import AssetCheckEvaluation, AssetCheckKey, AssetCheckSeverity, DagsterInstance, materialize
-from eval_support import REPO_ROOT, heldout_rows, make_zero_adapter, seed_upstream
+from tests.support.eval_support import REPO_ROOT, heldout_rows, make_zero_adapter, seed_upstream
 
 from assets import demo_models
 from assets.common import key
 from assets.location import campaign_assets, default_resources
-from assets.promotion import approve_job
-from campaigns.cli import main as cli_main
+from assets.promoted_model import approve_job
+from campaign_orchestrator.cli import main as cli_main
 from campaigns.loader import load_campaign_file
 
 NAME = "gated"

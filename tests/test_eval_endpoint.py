@@ -2,7 +2,7 @@
 answers with the demo models (teacher as the candidate, student base as the base)."""
 
 import pytest
-from eval_support import ModelServer, heldout_rows, make_zero_adapter
+from tests.support.eval_support import ModelServer, heldout_rows, make_zero_adapter
 
 from evaluation.endpoint import OpenAIEndpoint
 from evaluation.gate import GO, GatePolicy, StatsPolicy
@@ -84,7 +84,7 @@ def test_evaluation_asset_scores_the_served_candidate(server, demo_models, artif
     (as vLLM's runtime LoRA loading does) and gates what the server answers."""
     import yaml
     from dagster import DagsterInstance, materialize
-    from eval_support import REPO_ROOT, seed_upstream
+    from tests.support.eval_support import REPO_ROOT, seed_upstream
 
     from assets import demo_models as demo_models_asset
     from assets.common import key

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataprep.filtering import RULES, FilterRules, filter_generations
+from campaign_orchestrator.dataset.filtering import RULES, FilterRules, filter_generations
 
 
 def _r(i: str, completion: str, finish: str = "stop", error: str | None = None, prompt: str | None = None,

@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import materialize
 
-from assets import distillation, generations, prompts
+from assets import distillation_set as distillation, teacher_generations as generations, prompts
 from assets.location import default_resources
 from campaigns.loader import parse_campaign_text
-from generation import __main__ as gen_cli
-from generation.testserver import ServerConfig, ServerThread
-from tinymodels import cipher
+from campaign_orchestrator.teacher import __main__ as gen_cli
+from tests.support.testserver import ServerConfig, ServerThread
+from campaign_orchestrator.demo import cipher
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "sk-campaign-secret-4242424242"
@@ -126,7 +126,7 @@ def test_sigkill_mid_run_then_rerun_asks_only_what_is_missing(tmp_path):
     out = tmp_path / "gens.parquet"
     with ServerThread(ServerConfig(latency_s=0.03)) as srv:
         teacher = json.dumps({"backend": "openai", "model": "teacher", "base_url": srv.base_url, "max_concurrency": 8})
-        cmd = [sys.executable, "-m", "generation", "--prompts", str(src), "--teacher", teacher, "--out", str(out),
+        cmd = [sys.executable, "-m", "campaign_orchestrator.teacher", "--prompts", str(src), "--teacher", teacher, "--out", str(out),
                "--artifacts", str(tmp_path / "art"), "--quiet"]
         env = os.environ | {"PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
-from generation.blobstore import LocalStore, S3Store, open_store
-from generation.cache import GenerationCache
-from generation.requests import Sampling, build_requests, request_key
+from campaign_orchestrator.teacher.blobstore import LocalStore, S3Store, open_store
+from campaign_orchestrator.teacher.cache import GenerationCache
+from campaign_orchestrator.teacher.requests import Sampling, build_requests, request_key
 
 
 def _row(key: str, text: str = "x") -> dict:
@@ -171,11 +171,11 @@ def test_spool_lines_are_json(tmp_path):
 def test_generation_through_the_storage_resource_on_s3(tmp_path, s3_endpoint):
     import boto3
 
-    from generation.backends import OpenAIBackend
-    from generation.openai_client import OpenAICompatibleClient
-    from generation.requests import namespace
-    from generation.runner import run_generation
-    from generation.testserver import ServerConfig, ServerThread
+    from campaign_orchestrator.teacher.backends import OpenAIBackend
+    from campaign_orchestrator.teacher.openai_client import OpenAICompatibleClient
+    from campaign_orchestrator.teacher.requests import namespace
+    from campaign_orchestrator.teacher.runner import run_generation
+    from tests.support.testserver import ServerConfig, ServerThread
     from resources.storage import ArtifactStore
 
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket="team-cache")

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible teacher client against a real local HTTP server (generation.testserver)."""
+"""The OpenAI-compatible teacher client against a real local HTTP server (tests.support.testserver)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import time
 
 import pytest
 
-from generation.backends import OpenAIBackend
-from generation.blobstore import LocalStore
-from generation.cache import GenerationCache
-from generation.openai_client import (AuthenticationError, EndpointError, EndpointUnreachable,
+from campaign_orchestrator.teacher.backends import OpenAIBackend
+from campaign_orchestrator.teacher.blobstore import LocalStore
+from campaign_orchestrator.teacher.cache import GenerationCache
+from campaign_orchestrator.teacher.openai_client import (AuthenticationError, EndpointError, EndpointUnreachable,
                                       OpenAICompatibleClient, TokenBucket, _wait_retry_after_or_backoff,
                                       parse_retry_after)
-from generation.requests import Sampling, namespace
-from generation.runner import run_generation
-from generation.testserver import ServerConfig, ServerThread, rule_answer
-from tinymodels import cipher
+from campaign_orchestrator.teacher.requests import Sampling, namespace
+from campaign_orchestrator.teacher.runner import run_generation
+from tests.support.testserver import ServerConfig, ServerThread, rule_answer
+from campaign_orchestrator.demo import cipher
 
 WORDS = [cipher.random_word(__import__("random").Random(i)) + "x" * (i % 3) for i in range(200)]
 PROMPTS = [{"id": f"p{i}", "prompt": cipher.prompt_for(w)} for i, w in enumerate(WORDS)]

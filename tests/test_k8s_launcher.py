@@ -2,7 +2,7 @@
 
 The real ``student_adapter`` asset of ``campaigns/examples/cluster.yaml`` (2 nodes x 8 GPUs,
 hybrid sharding, ``launcher: k8s``) is materialized by Dagster; the launcher creates the Service
-and the Indexed Job through the Kubernetes client, a fake kubelet (tests/k8s_fake_cluster.py)
+and the Indexed Job through the Kubernetes client, a fake kubelet (tests/support/k8s_fake_cluster.py)
 runs one pod per node, rank 0 talks back through real Dagster Pipes messages in its pod log, and
 the launcher streams them into the asset, fails fast on a dead pod and deletes what it created.
 """
@@ -19,14 +19,14 @@ import pytest
 import yaml
 from dagster import AssetKey, AssetsDefinition, DagsterInstance, asset, materialize
 
-from assets import adapter
+from assets import student_adapter as adapter
 from campaigns.loader import parse_campaign_text
 from resources.k8s import K8sTrainingLauncher
-from resources.launcher import LocalTorchrunLauncher
-from resources.launchers import TrainingLauncher
+from resources.local_launcher import LocalTorchrunLauncher
+from resources.training_launcher import TrainingLauncher
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
-from tests.k8s_fake_cluster import NS, EmulatedApiServer, FakeKubelet, python_program, scripted_program
+from tests.support.k8s_fake_cluster import NS, EmulatedApiServer, FakeKubelet, python_program, scripted_program
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLANTED = "hf_PLANTED_SECRET_value_7f3a9c"  # lives only in a Kubernetes Secret and the Dagster process env
@@ -340,7 +340,7 @@ def test_budget_stops_a_running_job_and_deletes_it(api_server, cluster_spec, art
     assert any("budget: stopping train-cluster-distill-" in m for m in logs)
     assert any("deleted Job/" in m and "Service/" in m for m in logs)
     # the stopped attempt's spend is recorded as interrupted, so the next attempt counts it
-    from costs.ledger import Ledger
+    from campaign_orchestrator.costs.ledger import Ledger
 
     assert Ledger(artifact_root / "cost_ledger.duckdb").spent("cluster_distill") == pytest.approx(spent, rel=1e-6)
 

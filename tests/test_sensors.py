@@ -21,9 +21,9 @@ from dagster import (AssetKey, AssetMaterialization, DagsterInstance, DefaultSch
 
 from assets.common import STAGES
 from assets.location import build_definitions
-from automation.newdata import NewDataState, Threshold, observe
-from automation.sources import content_digest, list_source
-from tinymodels import cipher
+from campaign_orchestrator.triggers.newdata import NewDataState, Threshold, observe
+from campaign_orchestrator.triggers.sources import content_digest, list_source
+from campaign_orchestrator.demo import cipher
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -170,7 +170,7 @@ def test_new_data_from_an_s3_prefix(tmp_path, monkeypatch):
         assert "no new data" in sensor.tick().skip_message
 
         # The prompts stage reads the same prefix (downloaded by content), each content once.
-        from automation.sources import prompt_files
+        from campaign_orchestrator.triggers.sources import prompt_files
 
         files = prompt_files("s3://drops/cipher/*.jsonl", tmp_path, tmp_path / "cache")
         assert [f.name for f in files] == ["a.jsonl", "b-again.jsonl"]  # key order; b.jsonl is the same content
@@ -323,7 +323,7 @@ def test_definitions_read_campaign_files_and_artifacts_from_the_environment(tmp_
 
     drop(tmp_path, "a.jsonl", 5, seed=1)
     write_campaign(tmp_path, "elsewhere")
-    code = ("import definitions; d = definitions.defs; "
+    code = ("import campaign_orchestrator.definitions as definitions; d = definitions.defs; "
             "print(sorted({k.path[0] for k in d.resolve_all_asset_keys()})); "
             "print(d.resources['storage'].root)")
     env = {**os.environ, "CAMPAIGN_FILES": f"{tmp_path}/*.yaml{os.pathsep}{tmp_path}/none.yaml",

@@ -28,11 +28,11 @@ from dagster import (
 from assets import prompts
 from assets.common import STAGES
 from assets.location import build_definitions, default_resources
-from automation.drift import DRIFTED, INCONCLUSIVE, STABLE, decide
+from evaluation.drift import DRIFTED, INCONCLUSIVE, STABLE, decide
 from campaigns.loader import load_campaign_file
-from dataprep import prompts as P
+from campaign_orchestrator.dataset import prompts as P
 from resources.storage import ArtifactStore
-from tinymodels import cipher
+from campaign_orchestrator.demo import cipher
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from train_support import s3  # noqa: F401  (fixture)
+from tests.support.train_support import s3  # noqa: F401  (fixture)
 from training.checkpoint import MARKER, CheckpointStore, parse_s3_uri
 
 

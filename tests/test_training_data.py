@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from dataprep.packing import pack_bfd, pack_rows
-from dataprep.tokenize import write_shards
+from campaign_orchestrator.dataset.packing import pack_bfd, pack_rows
+from campaign_orchestrator.dataset.tokenize import write_shards
 from training import data as tdata
 
 META = {"campaign.tokenizer_hash": "t" * 64, "campaign.max_seq_len": "16", "campaign.padding": "free",

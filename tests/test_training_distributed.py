@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from training.net import free_port
-from train_support import (PYTHON, REPO_ROOT, child_env, make_job, node_logs, start_nodes, write_cipher_dataset,
+from tests.support.train_support import (PYTHON, REPO_ROOT, child_env, make_job, node_logs, start_nodes, write_cipher_dataset,
                            write_pairs_dataset)
 
 pytestmark = pytest.mark.slow
@@ -85,13 +85,13 @@ def _two_node_job(out: Path, student: Path, ds: Path):
 
 
 def _commands(job_file: Path) -> list[list[str]]:
-    from resources.launcher import torchrun_commands
+    from resources.local_launcher import torchrun_commands
 
     return torchrun_commands(job_file, 2, 1, PYTHON, free_port(), f"t{os.getpid()}{time.monotonic_ns()}")
 
 
 def _run_to_end(job, workdir: Path) -> dict:
-    from resources.launcher import supervise
+    from resources.local_launcher import supervise
 
     workdir.mkdir(parents=True, exist_ok=True)
     job_file = job.write(workdir / "train_job.json")
@@ -169,7 +169,7 @@ def _worker_pids(node: subprocess.Popen) -> list[int]:
 
 
 def test_killed_rank_fails_job_in_bounded_time_and_relaunch_resumes(two_node_run, demo_models):
-    from resources.launcher import stop_all
+    from resources.local_launcher import stop_all
 
     root = two_node_run["root"]
     job = _two_node_job(root / "killed", demo_models["student"], two_node_run["ds"])

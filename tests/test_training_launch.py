@@ -11,11 +11,11 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from train_support import REPO_ROOT
+from tests.support.train_support import REPO_ROOT
 
 
 def test_torchrun_commands_one_per_node_with_c10d_rendezvous():
-    from resources.launcher import torchrun_commands
+    from resources.local_launcher import torchrun_commands
 
     one = torchrun_commands(Path("/j.json"), 1, 4, "py", 1234, "run")
     assert one == [["py", "-m", "torch.distributed.run", "--nproc-per-node", "4", "--max-restarts", "0", "--standalone",
@@ -31,7 +31,7 @@ def test_torchrun_commands_one_per_node_with_c10d_rendezvous():
 
 
 def test_supervise_stops_the_other_nodes_when_one_fails(tmp_path):
-    from resources.launcher import NodeFailed, supervise
+    from resources.local_launcher import NodeFailed, supervise
 
     logs = [tmp_path / "n0.log", tmp_path / "n1.log"]
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=logs[0].open("w"),
@@ -46,7 +46,7 @@ def test_supervise_stops_the_other_nodes_when_one_fails(tmp_path):
 
 
 def test_metric_messages_become_observations_once():
-    from resources.launcher import metric_observations
+    from resources.local_launcher import metric_observations
 
     msgs = [{"kind": "train_metrics", "step": 5, "loss": 1.5, "kl_loss": None, "lr": 1e-3}, {"kind": "other"}]
     rows, seen = metric_observations(msgs, 0)
@@ -81,7 +81,7 @@ def test_training_spec_defaults_and_validation():
 
 
 def test_checkpoint_and_timeout_settings_do_not_change_the_adapter_key():
-    from assets.adapter import training_key_fields
+    from assets.student_adapter import training_key_fields
     from campaigns.spec import CampaignSpec
 
     a = CampaignSpec.model_validate(_demo())

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train_support import make_job, s3, write_cipher_dataset  # noqa: F401  (s3 is a fixture)
+from tests.support.train_support import make_job, s3, write_cipher_dataset  # noqa: F401  (s3 is a fixture)
 
 DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SMALL = {"lora": {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "down_proj"]}}
@@ -150,7 +150,7 @@ def test_merged_export_matches_the_adapter(run_job, tmp_path, demo_models, ciphe
 
 
 def test_logit_distillation_trains_and_refuses_a_foreign_tokenizer(run_job, tmp_path, demo_models):
-    from train_support import add_teacher_topk
+    from tests.support.train_support import add_teacher_topk
     from training.trainer import TrainingError
 
     ds = add_teacher_topk(write_cipher_dataset(tmp_path / "ds", demo_models["student"], 48, seed=4),

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from perf import triage
+from training import triage
 
 PID, MAIN, GLOO, STREAM = 100, 100, 101, 7
 

@@ -32,7 +32,7 @@ import httpx
 import pytest
 import yaml
 
-from tinymodels import cipher
+from campaign_orchestrator.demo import cipher
 from training.net import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -162,6 +162,14 @@ def screenshots(tmp_path) -> Path:
     return d
 
 
+def dismiss_dialogs(page) -> None:
+    """Close Dagster's first-visit newsletter dialog if it is open (it opens once, at any moment early on)."""
+    skip = page.get_by_role("button", name="Skip")
+    if skip.count():
+        skip.first.click()
+    page.locator(".bp5-overlay-backdrop").first.wait_for(state="detached", timeout=10_000)
+
+
 def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifact_root, screenshots):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} not installed (Debian package `chromium`)")
@@ -232,9 +240,7 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
                 try:
                     page.goto(f"{dagster.url}/locations/{REPO_PATH}/asset-groups/demo", wait_until="domcontentloaded")
                     page.get_by_text("promoted_model", exact=True).first.wait_for(timeout=120_000)
-                    skip = page.get_by_role("button", name="Skip")  # first-visit newsletter dialog
-                    if skip.count():
-                        skip.first.click()
+                    dismiss_dialogs(page)
                     # Every stage node of the campaign's graph (long names are shortened in the middle).
                     for stage in ("prompts", re.compile(r"^teach.*generations$"), "distillation_set", "tokenized_dataset",
                                   "student_adapter", "evaluation", "promoted_model", "campaign_cost", "drift_evaluation"):
@@ -244,6 +250,7 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
                     page.goto(f"{dagster.url}/runs/{run_id}", wait_until="domcontentloaded")
                     page.get_by_text("Launched by").first.wait_for(timeout=120_000)
                     page.get_by_text("demo_new_data").first.wait_for(timeout=30_000)
+                    dismiss_dialogs(page)  # the first-visit dialog may open late, on a loaded machine
                     page.get_by_role("button", name="View tags and config").click()
                     tags_dialog = page.get_by_role("dialog")
                     tags_dialog.get_by_text("trigger: sensor", exact=True).wait_for(timeout=30_000)

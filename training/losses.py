@@ -22,7 +22,7 @@ token *at* ``t``, so they are shifted exactly like the labels)::
 
 The tokenized dataset carries them as ``teacher_topk_ids: list<list<int32>>`` and
 ``teacher_topk_logprobs: list<list<float32>>`` (one list per input token, empty where the
-teacher said nothing); :func:`dataprep.topk.align_top_logprobs` builds those lists from a teacher generation's
+teacher said nothing); :func:`campaign_orchestrator.dataset.topk.align_top_logprobs` builds those lists from a teacher generation's
 ``top_logprobs`` (one list per generated token of ``{token_id, logprob}``).
 """
 
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 
 # The alignment of a generation's top-k lists onto tokenized rows is data preparation (torch-free, in
-# dataprep.topk); re-exported here because the loss and the columns it reads are one contract.
-from dataprep.topk import TEACHER_IDS, TEACHER_LOGPROBS, AlignmentError, align_top_logprobs  # noqa: F401
+# campaign_orchestrator.dataset.topk); re-exported here because the loss and the columns it reads are one contract.
+from campaign_orchestrator.dataset.topk import TEACHER_IDS, TEACHER_LOGPROBS, AlignmentError, align_top_logprobs  # noqa: F401
 
 IGNORE = -100
 TEACHER_KEYS = frozenset({TEACHER_IDS, TEACHER_LOGPROBS})

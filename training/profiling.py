@@ -16,7 +16,7 @@ diagnostics do not count as training time)::
   recorded cycle to ``<output_dir>/profile/traces/rank<R>.cycle<N>.pt.trace.json`` (open it in
   Perfetto or chrome://tracing). Off, :meth:`step` does nothing and no profiler is created.
 * :meth:`finish` (collective, every rank, after the loop):
-  each rank triages its own traces (:mod:`perf.triage`), local rank 0 of each node runs the
+  each rank triages its own traces (:mod:`training.triage`), local rank 0 of each node runs the
   diagnostics (:mod:`training.diagnostics`), everything is gathered to global rank 0 with
   ``all_gather_object`` (so no shared filesystem is needed), and rank 0 writes
   ``profile/report.json`` (trace paths, per-rank breakdown, verdict, diagnostics index) and
@@ -129,7 +129,7 @@ class RunProfiler:
                                 "traces": [str(p) for p in self._files], "breakdown": None, "notes": []}
         if self._files:
             try:
-                from perf.triage import analyze_files
+                from training.triage import analyze_files
 
                 b = analyze_files(self._files)[0]
                 b.rank = self.rank
@@ -145,7 +145,7 @@ class RunProfiler:
         return mine
 
     def _upload(self, files: list[Path]) -> str | None:
-        from perf.publish import upload_files
+        from training.publish import upload_files
 
         try:
             upload_files(files, self.dir, self.upload_target())
@@ -173,7 +173,7 @@ class RunProfiler:
         return self._write(gathered)
 
     def _write(self, gathered: list[dict[str, Any]]) -> dict[str, Any]:
-        from perf.triage import decide, render
+        from training.triage import decide, render
 
         self.dir.mkdir(parents=True, exist_ok=True)
         nodes = [g["diagnostics"] for g in gathered if g.get("diagnostics")]

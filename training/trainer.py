@@ -160,7 +160,7 @@ class LoraTrainer:
         self._stop_signal = signum
 
     def _setup_data(self) -> None:
-        from dataprep.tokenize import tokenizer_hash
+        from campaign_orchestrator.dataset.tokenize import tokenizer_hash
 
         model_hash = tokenizer_hash(self.job.base_model_path)
         try:
@@ -218,7 +218,7 @@ class LoraTrainer:
                     f"training.distillation.loss is 'logits' but {f} has no {cols} columns; the tokenized rows must "
                     f"carry the teacher's top-k log-probabilities aligned with input_ids (the tokenized_dataset stage "
                     f"writes them when the distillation set has top_logprobs: set teacher.sampling.logprobs; see "
-                    f"dataprep.topk), or use loss 'sequence'"
+                    f"campaign_orchestrator.dataset.topk), or use loss 'sequence'"
                 )
             t = pq.read_table(f, columns=cols, memory_map=True)
             for c in cols:

@@ -88,7 +88,7 @@ class K8sTrainingLauncher(ConfigurableResource):
     def launch(self, context, job, workdir: Path, kubernetes: KubernetesSpec, budget=None) -> dict:
         """Run ``job`` (a ``training.config.TrainJob``) on the cluster; return its node logs and Pipes metadata.
 
-        ``budget``: a ``costs.budget.BudgetGuard`` checked at every poll while the workload runs; when it
+        ``budget``: a ``campaign_orchestrator.costs.budget.BudgetGuard`` checked at every poll while the workload runs; when it
         stops the stage, the Job and Service are deleted (every pod gets SIGTERM: the trainer checkpoints)
         and its failure is raised, as the local launcher does."""
         cluster = kubernetes

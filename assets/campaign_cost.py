@@ -1,0 +1,54 @@
+"""campaign_cost: what this campaign's result cost, from the cost ledger, next to the planner's
+estimates, with the campaign's dashboard (a static HTML page) linked from its metadata.
+
+It sits downstream of evaluation, so when the gate blocks (a blocking asset check) Dagster skips
+it in that run: a cost *per result* is not reported for a result that is not shipped. The spend
+of a blocked run is still in the ledger (every stage records its lines as it materializes);
+`campaign run` prints it and refreshes the dashboard, and `campaign costs NAME` shows it.
+"""
+
+import math
+
+from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
+
+from assets.common import key
+from campaigns.spec import CampaignSpec
+from resources.pricing import PricingResource, cost_report
+from resources.storage import ArtifactStore
+
+STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")
+
+# numeric report fields shown as metadata; Dagster plots them across materializations
+PLOTTED = ("total_usd", "teacher_usd", "training_usd", "evaluation_usd", "interrupted_usd", "spent_this_run_usd",
+           "campaign_spent_usd", "usd_per_million_teacher_tokens", "usd_per_1k_accepted_examples",
+           "usd_per_point_gained_lcb", "usd_per_point_gained", "gain_points", "gain_points_low", "gpu_hours",
+           "host_hours", "teacher_tokens", "accepted_examples", "teacher_tokens_per_s", "training_tokens_per_s",
+           "budget_remaining_usd", "budget_used_fraction", "plan_total_usd", "candidate_score", "base_score")
+
+
+def report_metadata(report: dict) -> dict:
+    from campaign_orchestrator.costs.report import per_point_text, render_markdown
+
+    md = {k: float(report[k]) for k in PLOTTED
+          if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))}
+    md["per_point_gained"] = per_point_text(report)
+    md["report"] = MetadataValue.md(render_markdown(report))
+    md["report_json"] = MetadataValue.path(report["report_path"])
+    md["dashboard"] = MetadataValue.url("file://" + report["dashboard_path"])
+    return md
+
+
+def build(spec: CampaignSpec):
+    @asset(key=key(spec, "campaign_cost"), group_name=spec.name, kinds={"duckdb"},
+           ins={s: AssetIn(key(spec, s)) for s in STAGES},
+           description="Cost per result from the ledger: $/M teacher tokens, $/1k accepted examples, $/point gained "
+                       "(at the gain's lower 95% bound), planner estimate vs actual, and the cost dashboard.")
+    def campaign_cost(context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource,
+                      teacher_generations: dict, distillation_set: dict, tokenized_dataset: dict, student_adapter: dict,
+                      evaluation: dict) -> Output[dict]:
+        manifests = {"teacher_generations": teacher_generations, "distillation_set": distillation_set,
+                     "tokenized_dataset": tokenized_dataset, "student_adapter": student_adapter, "evaluation": evaluation}
+        report = cost_report(pricing, spec, storage.root_path(), context.run_id, manifests, log=context.log.warning)
+        return Output({"key": context.run_id, "path": report["report_path"], **report}, metadata=report_metadata(report))
+
+    return campaign_cost

@@ -1,0 +1,177 @@
+"""drift_evaluation: the promoted model re-scored on the freshest held-out data.
+
+Run by the campaign's drift schedule (``<campaign>_drift``), never by the campaign job. Its
+metadata carries the verdict (DRIFTED / STABLE / INCONCLUSIVE) and the reasons; the
+``<campaign>_drift_retrain`` sensor turns a DRIFTED verdict into a retraining run.
+
+The items are the held-out rows (the campaign's hash rule) of prompts the promoted model never
+saw: every ``prompts`` stage committed before its ``promoted_at`` is what it may have seen. Too
+few of them (under the gate's ``min_items``) are topped up with its own promotion-time held-out
+items, newest file first; an item it may have trained on is never used. Which files and how many
+fresh items were used is in the manifest, ``drift.json`` and the metadata (``item_selection``).
+"""
+
+import datetime as dt
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
+
+from assets.common import key, stage_key
+from campaigns.spec import CampaignSpec
+from resources.storage import REPO_ROOT, ArtifactStore
+
+STAGE = "drift_evaluation"
+
+
+def drift_key(spec: CampaignSpec):
+    return key(spec, STAGE)
+
+
+def max_drop(spec: CampaignSpec) -> float:
+    d = spec.automation.drift.max_drop
+    return spec.evaluation.gate.max_regression_vs_base if d is None else d
+
+
+def source_cache_dir(storage: ArtifactStore, spec: CampaignSpec):
+    """Where an ``s3://`` prompt source is mirrored (content-addressed) under the artifact root."""
+    return storage.root_path() / "_sources" / spec.name
+
+
+def promotion_data(storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | None):
+    """What a model promoted at ``promoted_at`` may have seen: every complete ``prompts`` stage
+    committed before then. Returns (their keys, every id in them, their held-out ids that none of
+    them trains on), or None when unknown (no ``promoted_at``, or no such stage left)."""
+    import pyarrow.parquet as pq
+
+    from campaign_orchestrator.stage_dir import MANIFEST, SUCCESS
+
+    try:  # promoted_at has whole seconds: a stage committed in the same second counts as before
+        cutoff = dt.datetime.fromisoformat(promoted_at) + dt.timedelta(seconds=1) if promoted_at else None
+    except ValueError:
+        cutoff = None
+    if cutoff is None:
+        return None
+    keys, trained, held = [], set(), set()
+    stages = storage.campaign_dir(spec.name) / "prompts"
+    for d in sorted(stages.iterdir()) if stages.is_dir() else []:
+        if not (d / SUCCESS).exists():
+            continue
+        m = json.loads((d / MANIFEST).read_text())
+        if dt.datetime.fromisoformat(m["committed_at"]) >= cutoff:
+            continue
+        keys.append(m["key"])
+        trained |= set(pq.read_table(d / "train.parquet", columns=["id"]).column("id").to_pylist())
+        held |= set(pq.read_table(d / "heldout.parquet", columns=["id"]).column("id").to_pylist())
+    return (keys, trained | held, held - trained) if keys else None
+
+
+def select_items(storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | None, files: list[Path],
+                 rows: list[dict]) -> tuple[list[dict], dict]:
+    """The held-out rows to re-score the promoted model on, and the record of how they were chosen."""
+    from campaign_orchestrator.dataset import prompts as P
+    from campaign_orchestrator.content import file_sha256
+
+    h, min_items = spec.data.heldout, spec.evaluation.gate.min_items
+    newest = sorted(files, key=lambda f: (f.stat().st_mtime_ns, f.name), reverse=True)
+    seen = promotion_data(storage, spec, promoted_at)
+    if seen is None:  # unknown: the current split (its held-out items were held out then too)
+        _, items = P.split(rows, h.fraction, h.seed, h.max_items)
+        fresh = earlier = new_ids = None
+        how = (f"what the promoted model saw is unknown (no prompts stage committed before its promoted_at "
+               f"{promoted_at!r}): {len(items)} item(s) of the current held-out split")
+    else:
+        fresh, earlier = P.fresh_heldout(rows, h.fraction, h.seed, seen[1], seen[2], [f.name for f in newest],
+                                         h.max_items, min_items)
+        items, new_ids = fresh + earlier, {r["id"] for r in rows if r["id"] not in seen[1]}
+        used = sorted({r["source_file"] for r in fresh})
+        how = (f"{len(fresh)} fresh held-out item(s) (prompts the promoted model never saw) from "
+               f"{', '.join(used) or 'no file'}" + (f" + {len(earlier)} of its promotion-time held-out item(s) to "
+                                                     f"reach the gate's min_items {min_items}" if earlier else ""))
+
+    def per_file(part):
+        return None if part is None else Counter(r["source_file"] for r in part)
+
+    counts = {"rows": per_file(rows), "new_rows": per_file(None if new_ids is None else
+                                                          [r for r in rows if r["id"] in new_ids]),
+              "items": per_file(items), "fresh_items": per_file(fresh), "earlier_items": per_file(earlier)}
+    record = {"summary": how, "promoted_at": promoted_at, "promotion_prompts": seen[0] if seen else None,
+              "items": len(items), "fresh_items": None if fresh is None else len(fresh),
+              "earlier_items": None if earlier is None else len(earlier),
+              "min_items": min_items, "max_items": h.max_items,
+              "files": [{"name": f.name, "sha256": file_sha256(f)}
+                        | {k: None if c is None else c[f.name] for k, c in counts.items()} for f in newest]}
+    return items, record
+
+
+def build(spec: CampaignSpec):
+    ev, d, q = spec.evaluation, spec.data, spec.student.quantization
+
+    @asset(key=drift_key(spec), group_name=spec.name, kinds={"pytorch", "parquet"}, deps=[key(spec, "promoted_model")],
+           description="The promoted adapter re-scored on held-out items of prompts it never saw (topped up to the "
+                       "gate's min_items with its own held-out items); DRIFTED below the gate floor or beyond the "
+                       "allowed drop from its promotion-time score.")
+    def drift_evaluation(context: AssetExecutionContext, storage: ArtifactStore) -> MaterializeResult:
+        from evaluation.drift import DriftError, current_promoted, decide, score_promoted
+        from campaign_orchestrator.triggers.sources import prompt_files
+        from campaign_orchestrator.dataset import prompts as P
+        from evaluation.suite import load_items, write_item_rows
+        from campaign_orchestrator.content import value_sha256
+
+        try:
+            promoted = current_promoted(storage.campaign_dir(spec.name))
+        except DriftError as e:
+            raise Failure(str(e)) from None
+        if promoted is None:
+            raise Failure(f"campaign {spec.name} has no promoted model yet (no "
+                          f"{storage.campaign_dir(spec.name) / 'promoted_model' / 'CURRENT'}); run the campaign first")
+        files = prompt_files(d.source, REPO_ROOT, source_cache_dir(storage, spec))
+        rows = P.read_prompts(files, P.SourceFields(d.id_field, d.prompt_field, d.reference_field, d.category_field))
+        held, selection = select_items(storage, spec, promoted.record.get("promoted_at"), files, rows)
+        context.log.info(f"drift items: {selection['summary']}")
+        from evaluation.scorers import build_scorer
+
+        scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, REPO_ROOT) for s in ev.suites}
+        suites = [{"name": s.name, "items": load_items(s.source, held, REPO_ROOT, scorers[s.name]),
+                   "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in ev.suites]
+        floor, drop = ev.gate.min_score, max_drop(spec)
+        k = stage_key("drift/v1", promoted.key, value_sha256([s["items"] for s in suites]),
+                      [s.model_dump() for s in ev.suites], floor, drop, ev.gate.min_items, selection)
+        sd = storage.stage(spec.name, STAGE, k)
+        cached = sd.is_complete()
+        if not cached:
+            from types import SimpleNamespace
+
+            base = promoted.base_model_path()
+            if base is None or not base.exists():
+                base = storage.resolve_model(spec.student.base_model)
+            t0 = time.perf_counter()
+            scores, item_rows = score_promoted(base, promoted.adapter_path, [SimpleNamespace(**s) for s in suites],
+                                               q.load_in_4bit, q.compute_dtype, max(s.batch_size for s in ev.suites),
+                                               log=context.log.info)
+            report = decide(scores, promoted.candidate_scores(), floor, drop, ev.gate.min_items)
+            out = sd.ensure()
+            write_item_rows(item_rows, out / "items.parquet")
+            (out / "drift.json").write_text(json.dumps(report.as_dict() | {"item_selection": selection}, indent=2))
+            sd.commit({"promoted_key": promoted.key, "report": report.as_dict(), "heldout_items": len(held),
+                       "item_selection": selection, "source_files": [f.name for f in files],
+                       "wall_seconds": time.perf_counter() - t0,
+                       "cost_lines": []})
+        m = sd.manifest()
+        r = m["report"]
+        md = {"verdict": r["verdict"], "drifted": r["verdict"] == "DRIFTED", "summary": r["summary"],
+              "reasons": MetadataValue.md("\n".join(f"- {x}" for x in r["reasons"]) or "- none"),
+              "promoted_key": m["promoted_key"], "drift_key": m["key"], "heldout_items": m["heldout_items"],
+              "fresh_items": m["item_selection"]["fresh_items"], "earlier_items": m["item_selection"]["earlier_items"],
+              "item_selection": MetadataValue.json(m["item_selection"]),
+              "floor": floor, "max_drop": drop, "cached": cached, "path": MetadataValue.path(m["path"])}
+        for s in r["suites"]:
+            md[f"{s['suite']}_fresh_score"] = s["score"] if s["score"] is not None else float("nan")
+            if s["promoted_score"] is not None:
+                md[f"{s['suite']}_promoted_score"] = s["promoted_score"]
+        context.log.info(f"drift verdict {r['verdict']}: {r['summary']}")
+        return MaterializeResult(metadata=md)
+
+    return drift_evaluation

@@ -1,0 +1,86 @@
+"""student_adapter: LoRA/QLoRA training of the student by ``python -m training`` under torchrun."""
+
+import json
+import shutil
+import time
+
+from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
+
+from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
+from assets.perf_metadata import profile_metadata
+from campaigns.spec import CampaignSpec
+from resources.training_launcher import TrainingLauncher
+from resources.pricing import PricingResource
+from resources.storage import ArtifactStore
+
+
+def training_key_fields(spec: CampaignSpec) -> dict:
+    """Settings that change the trained adapter (launcher, logging, checkpointing and timeouts do not,
+    so changing them keeps an interrupted run's checkpoints usable)."""
+    return {"student": spec.student.model_dump(),
+            "training": spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "checkpoint",
+                                                          "collective_timeout_s", "diagnostics", "distributed_env"})}
+
+
+def teacher_tokenizer_path(spec: CampaignSpec, storage: ArtifactStore) -> str | None:
+    """Where the teacher's tokenizer is, for the logit-distillation vocabulary check."""
+    if spec.training.distillation.loss != "logits":
+        return None
+    if spec.training.distillation.teacher_tokenizer:
+        return str(storage.resolve_model(spec.training.distillation.teacher_tokenizer))
+    if spec.teacher.backend == "transformers":
+        return str(storage.resolve_model(spec.teacher.model))
+    return None  # the trainer refuses to start and says which field to set
+
+
+def build(spec: CampaignSpec):
+    s, tr = spec.student, spec.training
+
+    @asset(key=key(spec, "student_adapter"), group_name=spec.name, kinds={"pytorch"},
+           ins={"dataset": AssetIn(key(spec, "tokenized_dataset"))}, deps=model_deps(s.base_model), pool="gpu",
+           description=(f"LoRA r={s.lora.r} on `{s.base_model}` ({'4-bit QLoRA' if s.quantization.load_in_4bit else 'bf16'}),"
+                        f" {tr.nodes} node(s) × {tr.processes_per_node} process(es), sharding {tr.sharding}."))
+    def student_adapter(context: AssetExecutionContext, dataset: dict, storage: ArtifactStore,
+                        launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
+        from training.config import TrainJob
+
+        base = storage.resolve_model(s.base_model)
+        k = stage_key("adapter/v1", dataset["key"], model_identity(base, s.revision), training_key_fields(spec))
+        sd = storage.stage(spec.name, "student_adapter", k)
+        cached = sd.is_complete()
+        if not cached:
+            out = sd.ensure()
+            shutil.rmtree(out / "adapter", ignore_errors=True)
+            remote = tr.checkpoint.remote_uri
+            job = TrainJob(campaign=spec.name, base_model_path=str(base), dataset_path=dataset["dataset_path"],
+                           validation_path=dataset.get("validation_path"), output_dir=str(out), student=s, training=tr,
+                           teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
+                           checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None)
+            t0 = time.perf_counter()
+            cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
+            launched = launcher.launch(context, job, out, budget=pricing.budget_guard(context, spec, sd), **cluster)
+            wall = time.perf_counter() - t0
+            summary = json.loads((out / "summary.json").read_text())
+            lines = [hardware_cost(pricing, spec, "training", tr.hardware, wall, hosts=tr.nodes, devices=tr.world_size)]
+            sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
+                       "metrics_path": str(out / "metrics.parquet"), "logs": launched["logs"],
+                       "wall_seconds": wall, "cost_lines": lines})
+        m = sd.manifest()
+        sm = m["summary"]
+        md = base_metadata(m, cached) | {
+            "adapter": MetadataValue.path(m["adapter_path"]), "metrics": MetadataValue.path(m["metrics_path"]),
+            "steps": sm["steps"], "first_loss": sm["first_loss"], "final_loss": sm["final_loss"],
+            "tokens": sm["tokens"], "tokens_per_s": sm["tokens_per_s"], "train_seconds": sm["train_seconds"],
+            "world_size": sm["world_size"], "effective_batch": sm["effective_batch"],
+            "trainable_parameters": sm["trainable_parameters"], "adapter_bytes": sm["adapter_bytes"],
+            "peak_memory_mb": sm["peak_memory_mb"],
+            "eval_loss_before": sm.get("eval_loss_before"), "eval_loss": sm.get("eval_loss"),
+            "skipped_steps": sm.get("skipped_steps", 0), "resumed_from_step": sm.get("resumed_from_step"),
+            "loss_kind": sm.get("loss", "sequence"), "sharding": sm.get("sharding"),
+            "gpu_hours": float(sum(line["quantity"] for line in m["cost_lines"] if line["unit"] == "gpu-hour")),
+        } | profile_metadata(m["path"])
+        if sm.get("merged_dir"):
+            md["merged_model"] = MetadataValue.path(sm["merged_dir"])
+        return Output(m, metadata={k: v for k, v in md.items() if v is not None})
+
+    return student_adapter

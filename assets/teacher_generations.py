@@ -1,0 +1,111 @@
+"""teacher_generations: the teacher answers every training prompt (Parquet, one row per sample).
+
+Thin: the loop, the content-addressed cache and the backends live in ``campaign_orchestrator/teacher/``. A
+re-materialization after a crash or a kill generates only what the cache lacks, and identical
+requests made by other campaigns are never paid for again.
+"""
+
+import time
+
+from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
+
+from assets.common import base_metadata, key, model_deps, model_identity, stage_key
+from assets.progress import RunProgress
+from campaigns.spec import CampaignSpec, TeacherSpec
+from resources.pricing import PricingResource
+from resources.storage import ArtifactStore
+from resources.teacher import TeacherResource
+
+
+def teacher_model_path(storage: ArtifactStore, t: TeacherSpec):
+    """The local checkpoint of the teacher, or None (an endpoint; a vLLM hub id)."""
+    if t.backend == "openai":
+        return None
+    try:
+        return storage.resolve_model(t.model)
+    except FileNotFoundError:
+        if t.backend == "vllm" and not t.model.startswith(("@", "/", ".")):
+            return None  # a hub id vLLM downloads itself; identified by name + revision
+        raise
+
+
+def teacher_cost_lines(pricing: PricingResource, spec: CampaignSpec, stats) -> list[dict]:
+    """API teachers: tokens paid for in this run (cache hits are free) x the `teacher.price`
+    entry's per-million-token prices; self-hosted ones: generation seconds x the `teacher.hardware`
+    entry's hourly price (x GPUs for vLLM tensor parallelism)."""
+    from campaign_orchestrator.costs.lines import usage_lines
+
+    t, c = spec.teacher, spec.cost
+    catalog = pricing.catalog_for(spec)
+    if t.backend == "openai":
+        if t.price is None:
+            return []
+        return usage_lines("teacher", catalog.get(t.price), stats.generate_s, stats.new_prompt_tokens,
+                           stats.new_completion_tokens, tier=c.pricing_tier, batch=c.teacher_batch_api)
+    devices = t.tensor_parallel_size if t.backend == "vllm" else 1
+    return usage_lines("teacher", catalog.get(t.hardware), stats.generate_s, stats.new_prompt_tokens,
+                       stats.new_completion_tokens, devices=devices, tier=c.pricing_tier, batch=c.teacher_batch_api)
+
+
+def build(spec: CampaignSpec):
+    t = spec.teacher
+
+    @asset(key=key(spec, "teacher_generations"), group_name=spec.name,
+           kinds={"parquet", "pytorch" if t.backend != "openai" else "python"},
+           ins={"prompts": AssetIn(key(spec, "prompts"))}, deps=model_deps(t.model), pool="teacher",
+           description=f"Teacher `{t.model}` ({t.backend}) answers every training prompt "
+                       f"(n={t.sampling.n}, content-addressed cache: never paid for twice).")
+    def teacher_generations(context: AssetExecutionContext, prompts: dict, storage: ArtifactStore,
+                            teacher: TeacherResource, pricing: PricingResource) -> Output[dict]:
+        from campaign_orchestrator.dataset.prompts import read_prompt_table
+        from campaign_orchestrator.teacher.backends import spec_identity
+        from campaign_orchestrator.teacher.cache import GenerationCache
+        from campaign_orchestrator.teacher.requests import Sampling, namespace, sampling_hash
+        from campaign_orchestrator.teacher.rows import write_generations
+        from campaign_orchestrator.teacher.runner import run_generation
+
+        model_path = teacher_model_path(storage, t)
+        weights_id = model_identity(model_path, t.revision) if model_path is not None else None
+        identity = spec_identity(t, model_path, weights_id)
+        sampling = Sampling.from_spec(t.sampling)
+        k = stage_key("generations/v2", prompts["train_sha256"], identity, sampling.as_dict(), t.chat)
+        sd = storage.stage(spec.name, "teacher_generations", k)
+        cached = sd.is_complete() and sd.manifest().get("errors", 0) == 0
+        if not cached:
+            rows = read_prompt_table(prompts["train_path"])
+            t0 = time.perf_counter()
+            store = storage.cache_store()
+            cache = GenerationCache(store, namespace(identity, sampling), storage.spool_dir())
+            backend = teacher.backend(t, model_path, weights_id)
+            # the budget guard checks spend as samples complete and stops cleanly (the cache keeps them)
+            progress = pricing.budget_guard(context, spec, sd).watch(
+                RunProgress(context.log, len(rows) * sampling.n, "teacher generations", "samples"))
+            try:
+                res = run_generation(rows, backend, sampling, cache, chat=t.chat, progress=progress,
+                                     log=context.log.info)
+            finally:
+                progress.close()
+            path = write_generations(res.rows, sd.ensure() / "generations.parquet")
+            st = res.stats
+            sd.commit({"generations_path": str(path), "rows": len(res.rows), "prompt_tokens": st.prompt_tokens,
+                       "completion_tokens": st.completion_tokens, "errors": st.failed,
+                       "model_identity": identity, "sampling_hash": sampling_hash(sampling), "cache": store.url,
+                       "stats": st.as_dict(), "wall_seconds": time.perf_counter() - t0,
+                       "cost_lines": teacher_cost_lines(pricing, spec, st)})
+        m = sd.manifest()
+        st = m["stats"]
+        md = base_metadata(m, cached) | {
+            "rows": m["rows"], "prompt_tokens": m["prompt_tokens"], "completion_tokens": m["completion_tokens"],
+            "errors": m["errors"], "cache_hits": st["cache_hits"], "new_generations": st["generated"],
+            "recovered_from_killed_run": st["recovered_rows"], "failures": st["failed"], "retries": st["retries"],
+            "http_requests": st["http_requests"], "rows_per_s": st["rows_per_s"], "tokens_per_s": st["tokens_per_s"],
+            "generate_seconds": st["generate_s"], "finish_reasons": MetadataValue.json(st["finish_reasons"]),
+            "cache": m["cache"], "model_identity": m["model_identity"][:48],
+        }
+        if st["retry_reasons"]:
+            md["retry_reasons"] = MetadataValue.json(st["retry_reasons"])
+        if t.backend == "openai" and t.price is None:
+            md["cost_note"] = "teacher.price not set: API tokens are not priced"
+        return Output(m, metadata=md)
+
+    return teacher_generations

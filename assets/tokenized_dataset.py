@@ -1,0 +1,103 @@
+"""tokenized_dataset: the distillation set (plus any extra sources) tokenized with the student's
+tokenizer, packed and sharded into Parquet (``campaign_orchestrator.dataset.tokenize``)."""
+
+import time
+
+from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
+
+from assets.common import base_metadata, key, model_deps, stage_key
+from campaigns.spec import CampaignSpec
+from resources.storage import REPO_ROOT, ArtifactStore
+
+STAGE_VERSION = "tokenized/v2"
+
+
+def build_settings(spec: CampaignSpec):
+    from campaign_orchestrator.dataset.tokenize import BuildSettings
+
+    d = spec.dataset
+    return BuildSettings(max_seq_len=spec.training.max_seq_len, template=d.template, train_on_prompt=d.train_on_prompt,
+                         packing=d.packing, padding=d.padding, too_long=d.too_long,
+                         shard_size_bytes=int(d.shard_size_mb * (1 << 20)), validation_fraction=d.validation_fraction,
+                         split_seed=d.split_seed, num_proc=d.num_proc)
+
+
+# The teacher columns' format (``campaign_orchestrator.dataset.topk``): part of the key of a campaign whose teacher stores
+# top-k log-probabilities, so a dataset built before they were written is never reused for it.
+TEACHER_TOPK_FORMAT = "teacher_topk/v1"
+
+
+def content_key(distillation_key: str, tokenizer: str, settings, extra_sources_hash: str | None,
+                teacher_topk: bool = False) -> str:
+    """Same inputs and settings → same key (a no-op); a new tokenizer or max length → a new dataset."""
+    parts = [STAGE_VERSION, distillation_key, tokenizer, settings.key_fields(), extra_sources_hash]
+    return stage_key(*parts, TEACHER_TOPK_FORMAT) if teacher_topk else stage_key(*parts)
+
+
+def check_teacher_topk(spec: CampaignSpec, manifest: dict) -> None:
+    """Logit distillation needs teacher lists on the rows: fail here, naming why, rather than train on none."""
+    if spec.training.distillation.loss != "logits":
+        return
+    t = manifest.get("teacher_topk")
+    if not t or not t["positions"]:
+        examples = {k: v for k, v in (t or {}).get("examples", {}).items() if v}
+        raise ValueError(
+            "training.distillation.loss is 'logits' but no token of the tokenized dataset carries a teacher top-k "
+            f"distribution (examples by teacher_status: {examples or 'no top_logprobs in the distillation set'}). "
+            "no_token_ids: the teacher backend returns token text only (use a local transformers or vllm teacher); "
+            "not_found: the re-tokenized completions are not the tokens the teacher generated (the student needs the "
+            "teacher's tokenizer and the plain template, or a chat template that keeps the answer verbatim)")
+
+
+def build(spec: CampaignSpec):
+    s, tr, d = spec.student, spec.training, spec.dataset
+
+    @asset(key=key(spec, "tokenized_dataset"), group_name=spec.name, kinds={"python", "parquet"},
+           ins={"distillation": AssetIn(key(spec, "distillation_set"))}, deps=model_deps(s.base_model),
+           description=(f"Pre-tokenized Parquet shards (input_ids, labels, position_ids), max {tr.max_seq_len} tokens, "
+                        f"{'packed' if d.packing else 'one example per row'}, padding {d.padding}."))
+    def tokenized_dataset(context: AssetExecutionContext, distillation: dict, storage: ArtifactStore) -> Output[dict]:
+        from campaign_orchestrator.dataset.sources import resolve_source, source_hash
+        from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset, tokenizer_hash
+
+        model_path = storage.resolve_model(s.base_model)
+        tok_hash = tokenizer_hash(model_path)
+        settings = build_settings(spec)
+        extra = source_hash([resolve_source(x, REPO_ROOT) for x in d.extra_sources]) if d.extra_sources else None
+        k = content_key(distillation["key"], tok_hash, settings, extra,
+                        teacher_topk=spec.teacher.sampling.logprobs is not None)
+        sd = storage.stage(spec.name, "tokenized_dataset", k)
+        cached = sd.is_complete()
+        if not cached:
+            t0 = time.perf_counter()
+            report = build_tokenized_dataset(
+                model_path, [distillation["distillation_path"], *d.extra_sources], sd.ensure(), settings,
+                base_dir=REPO_ROOT, extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
+                log=context.log.info)
+            sd.commit(report | {"dataset_path": str(sd.path / "train"), "validation_path": str(sd.path / "validation"),
+                                "tokenizer_hash": tok_hash, "wall_seconds": time.perf_counter() - t0, "cost_lines": []})
+        m = sd.manifest()
+        check_teacher_topk(spec, m)
+        tsplit, vsplit = m["splits"]["train"], m["splits"]["validation"]
+        md = base_metadata(m, cached) | {
+            "examples_in": m["examples_in"], "examples_out": m["examples_out"],
+            "dropped_total": m["dropped_total"], "truncated": m["truncated"],
+            "rows": m["rows"], "train_rows": tsplit["rows"], "validation_rows": vsplit["rows"],
+            "validation_examples": vsplit["examples"],
+            "total_tokens": m["total_tokens"], "loss_tokens": m["loss_tokens"],
+            "packing_efficiency": float(m["packing_efficiency"]),
+            "unpacked_padded_efficiency": float(m["unpacked_padded_efficiency"]),
+            "shards": m["shards"], "bytes": m["bytes"], "template": m["template"],
+            "tokenizer_hash": m["tokenizer_hash"][:16], "source_hash": m["source_hash"][:16],
+            "drops": MetadataValue.json(m["dropped"]),
+            "sequence_lengths": MetadataValue.md(m["length_histogram"]),
+            "row_fill": MetadataValue.md(m["row_fill_histogram"]),
+            "dataset": MetadataValue.path(m["dataset_path"]),
+        }
+        if m.get("teacher_topk"):
+            t = m["teacher_topk"]
+            md |= {"teacher_topk_k": t["k"], "teacher_topk_positions": t["positions"],
+                   "teacher_topk_examples": MetadataValue.json(t["examples"])}
+        return Output(m, metadata=md)
+
+    return tokenized_dataset

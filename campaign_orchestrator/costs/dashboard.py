@@ -1,0 +1,309 @@
+"""The cost dashboard: one self-contained HTML page per campaign, drawn from the ledger.
+
+Headline tiles (latest result's cost per result, spend, budget), then four charts in inline SVG
+(no scripts, no network): cumulative spend over time against the budget (budget burn), spend
+per run split by stage, result cost against the candidate's score, and the planner's estimates
+against the actuals; then the runs table. Hovering a mark shows its numbers (SVG ``<title>``).
+Pure Python: the page is a string; ``write_dashboard`` writes it atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import math
+import os
+from pathlib import Path
+
+from campaign_orchestrator.costs.report import money
+
+COLORS = {"teacher": "#6366f1", "training": "#f59e0b", "evaluation": "#10b981", "interrupted": "#ef4444",
+          "budget": "#dc2626", "line": "#2563eb", "GO": "#16a34a", "NO-GO": "#dc2626", "INCONCLUSIVE": "#a3a3a3"}
+
+CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;background:#f6f7fb;color:#1f2937}
+header{background:#111827;color:#f9fafb;padding:18px 28px}header h1{margin:0;font-size:22px}
+header p{margin:4px 0 0;color:#9ca3af;font-size:13px}
+main{padding:20px 28px;max-width:1280px}
+.tiles{display:grid;grid-template-columns:repeat(auto-fit,minmax(180px,1fr));gap:12px;margin-bottom:18px}
+.tile{background:#fff;border-radius:10px;padding:14px 16px;box-shadow:0 1px 3px rgba(0,0,0,.08)}
+.tile .label{font-size:12px;color:#6b7280;text-transform:uppercase;letter-spacing:.04em}
+.tile .value{font-size:24px;font-weight:650;margin-top:4px}.tile .sub{font-size:12px;color:#6b7280;margin-top:2px}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:14px}
+.card{background:#fff;border-radius:10px;padding:14px 16px;box-shadow:0 1px 3px rgba(0,0,0,.08)}
+.card h2{font-size:15px;margin:0 0 8px}
+table{border-collapse:collapse;width:100%;font-size:13px}th,td{padding:6px 8px;border-bottom:1px solid #eef0f4;text-align:right}
+th:first-child,td:first-child{text-align:left}th{color:#6b7280;font-weight:600}
+.legend span{display:inline-block;margin-right:12px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
+.warn{color:#b91c1c;font-weight:600}.muted{color:#9ca3af}
+svg text{font-size:11px;fill:#4b5563}
+"""
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    if hi <= lo:
+        hi = lo + (abs(lo) or 1.0)
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    start = math.floor(lo / step) * step
+    return [start + i * step for i in range(int(math.ceil((hi - start) / step)) + 1)]
+
+
+def _usd_axis(ticks: list[float]):
+    """A formatter with as many decimals as the tick step needs: $0.005, $0.25, $5, $1,000."""
+    step = (ticks[1] - ticks[0]) if len(ticks) > 1 else 1.0
+    exp = math.floor(math.log10(step))
+    decimals = max(0, -exp + (1 if round(step / 10 ** exp, 6) == 2.5 else 0))
+    if 0 < decimals < 2:
+        decimals = 2
+    return lambda v: "$0" if v == 0 else f"${v:,.{decimals}f}"
+
+
+class _Plot:
+    """A plot area with linear axes; marks are added as SVG strings."""
+
+    def __init__(self, w: int = 560, h: int = 260, left: int = 64, bottom: int = 34, top: int = 12, right: int = 28):
+        self.w, self.h, self.l, self.b, self.t, self.r = w, h, left, bottom, top, right
+        self.parts: list[str] = []
+
+    def axes(self, xlo, xhi, ylo, yhi, xfmt, yfmt, xlabel="", ylabel=""):
+        self.xt, self.yt = _ticks(xlo, xhi), _ticks(ylo, yhi)
+        xfmt = _usd_axis(self.xt) if xfmt == "usd" else xfmt
+        yfmt = _usd_axis(self.yt) if yfmt == "usd" else yfmt
+        self.x0, self.x1, self.y0, self.y1 = self.xt[0], self.xt[-1], self.yt[0], self.yt[-1]
+        for y in self.yt:
+            py = self.py(y)
+            self.parts.append(f'<line x1="{self.l}" x2="{self.w - self.r}" y1="{py:.1f}" y2="{py:.1f}" stroke="#eef0f4"/>'
+                              f'<text x="{self.l - 6}" y="{py + 4:.1f}" text-anchor="end">{_e(yfmt(y))}</text>')
+        for x in self.xt:
+            px = self.px(x)
+            self.parts.append(f'<text x="{px:.1f}" y="{self.h - self.b + 16}" text-anchor="middle">{_e(xfmt(x))}</text>')
+        self.parts.append(f'<line x1="{self.l}" x2="{self.w - self.r}" y1="{self.h - self.b}" y2="{self.h - self.b}" stroke="#9ca3af"/>')
+        if xlabel:
+            self.parts.append(f'<text x="{(self.l + self.w - self.r) / 2}" y="{self.h - 4}" text-anchor="middle">{_e(xlabel)}</text>')
+        if ylabel:
+            self.parts.append(f'<text transform="translate(12,{(self.t + self.h - self.b) / 2}) rotate(-90)" '
+                              f'text-anchor="middle">{_e(ylabel)}</text>')
+
+    def px(self, x: float) -> float:
+        return self.l + (x - self.x0) / ((self.x1 - self.x0) or 1) * (self.w - self.l - self.r)
+
+    def py(self, y: float) -> float:
+        return self.h - self.b - (y - self.y0) / ((self.y1 - self.y0) or 1) * (self.h - self.b - self.t)
+
+    def svg(self, label: str) -> str:
+        return (f'<svg viewBox="0 0 {self.w} {self.h}" width="100%" role="img" aria-label="{_e(label)}">'
+                + "".join(self.parts) + "</svg>")
+
+
+def _empty(msg: str) -> str:
+    return f'<p class="muted">{_e(msg)}</p>'
+
+
+def chart_spend_over_time(lines: list[dict], budget: float | None) -> str:
+    if not lines:
+        return _empty("no spend recorded yet")
+    pts, cum = [], 0.0
+    for x in sorted(lines, key=lambda r: str(r["recorded_at"])):
+        cum += float(x["usd"])
+        pts.append((_ts(x["recorded_at"]), cum, x))
+    t0 = pts[0][0]
+    xs = [(p[0] - t0) / 60 for p in pts]
+    on_scale = budget is not None and budget <= 3 * cum  # a far-away budget would flatten the spend to a line
+    top = max(cum, budget if on_scale else 0.0) * 1.1
+    p = _Plot()
+    p.axes(0, max(xs[-1], 1e-3), 0, top, lambda v: f"{v:g}", "usd", "minutes since the first spend", "cumulative USD")
+    if budget is not None and not on_scale:
+        p.parts.append(f'<text x="{p.w - p.r - 4}" y="{p.t + 12}" text-anchor="end" style="fill:{COLORS["budget"]}">'
+                       f'budget {_e(money(budget, 2))} is off this scale ({cum / budget:.1%} used)</text>')
+    if on_scale:
+        by = p.py(budget)
+        p.parts.append(f'<line x1="{p.l}" x2="{p.w - p.r}" y1="{by:.1f}" y2="{by:.1f}" stroke="{COLORS["budget"]}" '
+                       f'stroke-dasharray="6 4"><title>budget {money(budget, 2)}</title></line>'
+                       f'<text x="{p.w - p.r - 4}" y="{by - 5:.1f}" text-anchor="end" style="fill:{COLORS["budget"]}">'
+                       f'budget {_e(money(budget, 2))}</text>')
+    path = " ".join(f"{'M' if i == 0 else 'L'}{p.px(x):.1f},{p.py(y):.1f}" for i, (x, (_, y, _l)) in enumerate(zip(xs, pts, strict=True)))
+    p.parts.append(f'<path d="{path}" fill="none" stroke="{COLORS["line"]}" stroke-width="2"/>')
+    for x, (_, y, line) in zip(xs, pts, strict=True):
+        color = COLORS["interrupted"] if line.get("status") == "interrupted" else COLORS.get(line["kind"], "#6b7280")
+        p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(y):.1f}" r="4" fill="{color}"><title>'
+                       f'{_e(line["asset"])} ({_e(line["status"])}) {_e(money(float(line["usd"])))} · run {_e(str(line["run_id"])[:8])}'
+                       f' · cumulative {_e(money(y))}</title></circle>')
+    return p.svg("cumulative spend over time")
+
+
+def chart_runs_by_stage(runs: list[dict]) -> str:
+    runs = [r for r in runs if r["usd"] > 0] or runs
+    if not runs:
+        return _empty("no runs recorded yet")
+    row_h, left, w = 26, 90, 560
+    top = max(r["usd"] for r in runs) or 1.0
+    ticks = _ticks(0, top)
+    fmt = _usd_axis(ticks)
+    scale = (w - left - 90) / ticks[-1]  # room on the right for the total
+    h = 30 + row_h * len(runs)
+    parts = []
+    for t in ticks:
+        x = left + t * scale
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="4" y2="{h - 24}" stroke="#eef0f4"/>'
+                     f'<text x="{x:.1f}" y="{h - 8}" text-anchor="middle">{_e(fmt(t))}</text>')
+    for i, r in enumerate(runs):
+        y, x = 8 + i * row_h, float(left)
+        parts.append(f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{_e(str(r["run_id"])[:8])}</text>')
+        # per-stage segments are completed spend; budget-stopped attempts get their own segment
+        segs = [(k, r[f"{k}_usd"]) for k in ("teacher", "training", "evaluation")] + [("interrupted", r["interrupted_usd"])]
+        for k, v in segs:
+            if v <= 0:
+                continue
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{max(v * scale, 1):.1f}" height="{row_h - 8}" fill="{COLORS[k]}">'
+                         f'<title>run {_e(r["run_id"])}: {k} {_e(money(v))}</title></rect>')
+            x += v * scale
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + 14}">{_e(money(r["usd"]))}</text>')
+    legend = "".join(f'<span><i style="background:{COLORS[k]}"></i>{k}</span>'
+                     for k in ("teacher", "training", "evaluation", "interrupted"))
+    return (f'<div class="legend">{legend}</div><svg viewBox="0 0 {w} {h}" width="100%" role="img" '
+            f'aria-label="spend per run by stage">{"".join(parts)}</svg>')
+
+
+def chart_cost_vs_score(reports: list[dict]) -> str:
+    pts = [r["report"] for r in reports if r["report"].get("candidate_score") is not None]
+    if not pts:
+        return _empty("no evaluated result yet")
+    xs = [float(r["total_usd"]) for r in pts]
+    p = _Plot()
+    p.axes(0, max(xs) * 1.1 or 1e-6, 0, 100, "usd", lambda v: f"{v:g}%", "cost of the result (USD)",
+           "candidate score")
+    base = [r["base_score"] for r in pts if r.get("base_score") is not None]
+    if base:
+        by = p.py(base[-1] * 100)
+        p.parts.append(f'<line x1="{p.l}" x2="{p.w - p.r}" y1="{by:.1f}" y2="{by:.1f}" stroke="#9ca3af" stroke-dasharray="3 3"/>'
+                       f'<text x="{p.l + 4}" y="{by - 4:.1f}">base {base[-1]:.0%}</text>')
+    for r, x in zip(pts, xs, strict=True):
+        color = COLORS.get(r.get("verdict") or "", "#6b7280")
+        per = money(r["usd_per_point_gained_lcb"]) + "/point (lower bound)" if r.get("usd_per_point_gained_lcb") else "$/point not meaningful"
+        p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(r["candidate_score"] * 100):.1f}" r="6" fill="{color}" '
+                       f'fill-opacity=".85"><title>run {_e(str(r["run_id"])[:8])}: {_e(money(x))}, score '
+                       f'{r["candidate_score"]:.1%}, {_e(r.get("verdict"))}, {_e(per)}</title></circle>')
+    return p.svg("result cost against candidate score")
+
+
+def chart_budget(spent: float, budget: float | None) -> str:
+    if budget is None:
+        return _empty("no budget set (cost.budget_usd)")
+    frac = spent / budget
+    w = 560
+    fill = min(frac, 1.0) * (w - 20)
+    color = COLORS["budget"] if frac >= 0.9 else COLORS["line"]
+    return (f'<svg viewBox="0 0 {w} 56" width="100%" role="img" aria-label="budget burn">'
+            f'<rect x="10" y="8" width="{w - 20}" height="22" rx="4" fill="#eef0f4"/>'
+            f'<rect x="10" y="8" width="{fill:.1f}" height="22" rx="4" fill="{color}"><title>{_e(money(spent))} of '
+            f'{_e(money(budget, 2))}</title></rect>'
+            f'<text x="10" y="48">{_e(money(spent))} spent of {_e(money(budget, 2))} ({frac:.2%}); '
+            f'{_e(money(max(0.0, budget - spent)))} remains</text></svg>')
+
+
+def chart_plan_vs_actual(report: dict | None) -> str:
+    if not report or report.get("plan_total_usd") is None:
+        return _empty("no plan to compare with")
+    rows = ""
+    for p in report["plan_vs_actual"]:
+        ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
+        rows += (f"<tr><td>{_e(p['stage'])}</td><td>{_e(money(p['estimated_usd']))}</td><td>{_e(money(p['actual_usd']))}</td>"
+                 f"<td>{ratio}</td><td>{_sec(p['estimated_seconds'])}</td><td>{_sec(p['actual_seconds'])}</td></tr>")
+    mem = report.get("plan_memory_gb")
+    act = report.get("actual_peak_memory_gb")
+    memrow = (f"<p style='font-size:13px'>Student memory per device: planned {mem:.4f} GB"
+              + (f", measured peak {act:.4f} GB (process RSS on CPU, allocator peak on GPU)" if act is not None else "")
+              + "</p>") if mem is not None else ""
+    return ("<table><tr><th>stage</th><th>estimate</th><th>actual</th><th>actual / estimate</th><th>est. time</th>"
+            f"<th>actual time</th></tr>{rows}</table>{memrow}")
+
+
+def _sec(x) -> str:
+    return "n/a" if x is None else f"{x:,.1f} s"
+
+
+def _ts(v) -> float:
+    if isinstance(v, dt.datetime):
+        return v.replace(tzinfo=v.tzinfo or dt.UTC).timestamp()
+    return dt.datetime.fromisoformat(str(v)).replace(tzinfo=dt.UTC).timestamp()
+
+
+def _tile(label: str, value: str, sub: str = "", cls: str = "") -> str:
+    return (f'<div class="tile"><div class="label">{_e(label)}</div><div class="value {cls}">{_e(value)}</div>'
+            f'<div class="sub">{_e(sub)}</div></div>')
+
+
+def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now: dt.datetime | None = None) -> str:
+    """The dashboard HTML of ``campaign`` from a :class:`campaign_orchestrator.costs.ledger.Ledger`."""
+    lines, runs, reports = ledger.lines(campaign), ledger.runs(campaign), ledger.reports(campaign)
+    spent = float(sum(float(x["usd"]) for x in lines))
+    latest = reports[-1]["report"] if reports else None
+    tiles = [_tile("campaign spend", money(spent), f"{len(runs)} run(s) in the ledger")]
+    if latest:
+        lcb = latest.get("usd_per_point_gained_lcb")
+        tiles += [
+            _tile("latest result cost", money(latest["total_usd"]), f"run {str(latest['run_id'])[:8]} · {latest.get('verdict')}"),
+            _tile("$ / M teacher tokens", money(latest["usd_per_million_teacher_tokens"]), f"{latest['teacher_tokens']:,} tokens"),
+            _tile("$ / 1k accepted examples", money(latest["usd_per_1k_accepted_examples"]),
+                  f"{latest['accepted_examples']:,} accepted"),
+            _tile("$ / point gained", money(lcb) if lcb is not None else "not meaningful",
+                  "at the gain's lower 95% bound" if lcb is not None else "lower bound of the gain ≤ 0",
+                  "" if lcb is not None else "warn"),
+            _tile("candidate score", "n/a" if latest.get("candidate_score") is None else f"{latest['candidate_score']:.1%}",
+                  "base " + ("n/a" if latest.get("base_score") is None else f"{latest['base_score']:.1%}")),
+        ]
+    if budget_usd is not None:
+        tiles.append(_tile("budget used", f"{spent / budget_usd:.1%}", f"of {money(budget_usd, 2)}",
+                           "warn" if spent >= 0.9 * budget_usd else ""))
+    by_run = {r["run_id"]: r["report"] for r in reports}
+    run_rows = "".join(
+        f"<tr><td>{_e(str(r['run_id'])[:8])}</td><td>{_e(str(r['started_at'])[:19])}</td><td>{_e(money(r['usd']))}</td>"
+        f"<td>{_e(money(r['interrupted_usd']))}</td><td>{_e((by_run.get(r['run_id']) or {}).get('verdict') or '—')}</td>"
+        f"<td>{_score(by_run.get(r['run_id']))}</td><td>{_e(_per_point(by_run.get(r['run_id'])))}</td></tr>"
+        for r in reversed(runs))
+    data = {"campaign": campaign, "spent_usd": spent, "budget_usd": budget_usd, "runs": runs,
+            "reports": [r["report"] for r in reports]}
+    generated = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Cost dashboard · {_e(campaign)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
+<body><header><h1>Cost dashboard · campaign <span id="campaign">{_e(campaign)}</span></h1>
+<p>From the cost ledger ({_e(ledger.path.name)}) · generated {generated} · hover a mark for its numbers</p></header>
+<main><section class="tiles">{''.join(tiles)}</section>
+<section class="grid">
+<div class="card"><h2>Spend over time and budget</h2>{chart_spend_over_time(lines, budget_usd)}{chart_budget(spent, budget_usd)}</div>
+<div class="card"><h2>Spend per run, by stage</h2>{chart_runs_by_stage(runs)}</div>
+<div class="card"><h2>Cost of each result against its score</h2>{chart_cost_vs_score(reports)}</div>
+<div class="card"><h2>Planner estimate against actual (latest result)</h2>{chart_plan_vs_actual(latest)}</div>
+</section>
+<section class="card" style="margin-top:14px"><h2>Runs</h2><table>
+<tr><th>run</th><th>first record (UTC)</th><th>spent in run</th><th>budget-stopped</th><th>verdict</th><th>score</th><th>$ / point (lower bound)</th></tr>
+{run_rows}</table></section></main>
+<script type="application/json" id="dashboard-data">{html.escape(json.dumps(data, default=str), quote=False)}</script>
+</body></html>"""
+
+
+def _score(r: dict | None) -> str:
+    return "—" if not r or r.get("candidate_score") is None else f"{r['candidate_score']:.1%}"
+
+
+def _per_point(r: dict | None) -> str:
+    if not r:
+        return "—"
+    return money(r["usd_per_point_gained_lcb"]) if r.get("usd_per_point_gained_lcb") is not None else "not meaningful"
+
+
+def write_dashboard(path: str | Path, campaign: str, ledger, budget_usd: float | None = None) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(render_dashboard(campaign, ledger, budget_usd), encoding="utf-8")
+    os.replace(tmp, p)
+    return p

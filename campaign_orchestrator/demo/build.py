@@ -1,0 +1,141 @@
+"""Build the demo's tokenizer, teacher and student base from a seed, and save them like checkpoints.
+
+Run ``python -m campaign_orchestrator.demo --artifacts DIR``. The result is cached under
+``DIR/models/demo-<recipe hash>/`` with a ``_SUCCESS`` marker; a second call is a no-op. The
+models are real ``LlamaForCausalLM`` checkpoints loaded back with ``from_pretrained(path)``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from campaign_orchestrator.demo import cipher
+from campaign_orchestrator.demo.recipe import RECIPE, models_dir, recipe_hash
+
+Log = Callable[[str], None]
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level BPE tokenizer trained on the task's text with ``tokenizers``."""
+    spec = RECIPE["tokenizer"]
+    rng = random.Random(spec["seed"])
+    corpus = []
+    for mapping in (cipher.CIPHER, cipher.IDENTITY):
+        gen = cipher.pairs(rng, mapping)
+        corpus += [p + c for p, c in (next(gen) for _ in range(spec["corpus_items"] // 2))]
+    corpus.append(cipher.LETTERS + " =")  # every character the task can produce
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=64, special_tokens=spec["special_tokens"]))
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    hf.add_bos_token = True
+    return hf
+
+
+def _batch(tok: PreTrainedTokenizerFast, gen, bs: int) -> dict[str, torch.Tensor]:
+    seqs, labels = [], []
+    for _ in range(bs):
+        p, c = next(gen)
+        pi = tok(p, add_special_tokens=False).input_ids
+        ci = tok(c, add_special_tokens=False).input_ids + [tok.eos_token_id]
+        seqs.append([tok.bos_token_id] + pi + ci)
+        labels.append([-100] * (1 + len(pi)) + ci)
+    n = max(map(len, seqs))
+    x = torch.full((bs, n), tok.pad_token_id)
+    y = torch.full((bs, n), -100)
+    m = torch.zeros((bs, n), dtype=torch.long)
+    for i, (s, lab) in enumerate(zip(seqs, labels, strict=True)):
+        x[i, : len(s)] = torch.tensor(s)
+        y[i, : len(lab)] = torch.tensor(lab)
+        m[i, : len(s)] = 1
+    return {"input_ids": x, "labels": y, "attention_mask": m}
+
+
+def _train(tok: PreTrainedTokenizerFast, spec: dict, log: Log) -> LlamaForCausalLM:
+    torch.manual_seed(spec["seed"])
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        num_key_value_heads=spec["config"]["num_attention_heads"],
+        max_position_embeddings=RECIPE["max_position_embeddings"],
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **spec["config"],
+    )
+    model = LlamaForCausalLM(cfg)
+    mapping = cipher.CIPHER if spec["mapping"] == "cipher" else cipher.IDENTITY
+    gen = cipher.pairs(random.Random(spec["seed"] + 1000), mapping)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"])
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=spec["lr"], total_steps=spec["steps"], pct_start=0.1)
+    model.train()
+    for step in range(spec["steps"]):
+        loss = model(**_batch(tok, gen, spec["batch_size"])).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 100 == 0 or step == spec["steps"] - 1:
+            log(f"  step {step:4d}/{spec['steps']} loss {loss.item():.4f}")
+    model.eval()
+    return model
+
+
+@torch.no_grad()
+def exact_match_on_task(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, n: int, seed: int = 12345) -> float:
+    """Greedy exact match on ``n`` fresh cipher items."""
+    items = cipher.items(n, seed=seed, id_prefix="b")
+    tok.padding_side = "left"
+    enc = tok([it["prompt"] for it in items], return_tensors="pt", padding=True)
+    out = model.generate(**enc, max_new_tokens=cipher.MAX_LEN + 3, do_sample=False, pad_token_id=tok.pad_token_id)
+    texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return sum(t.strip() == it["reference"] for t, it in zip(texts, items, strict=True)) / n
+
+
+def build_demo_models(artifact_root: str | Path, log: Log = print, force: bool = False) -> dict:
+    """Build (or reuse) the demo models; returns the build report."""
+    final = models_dir(artifact_root)
+    if (final / "_SUCCESS").exists() and not force:
+        report = json.loads((final / "build_report.json").read_text())
+        report["cached"] = True
+        return report
+    t0 = time.perf_counter()
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    tok = build_tokenizer()
+    report: dict = {"recipe_hash": recipe_hash(), "vocab_size": len(tok)}
+    for name in ("teacher", "student"):
+        t = time.perf_counter()
+        log(f"training demo {name} ({RECIPE[name]['mapping']} mapping, {RECIPE[name]['steps']} steps)")
+        model = _train(tok, RECIPE[name], log)
+        score = exact_match_on_task(model, tok, RECIPE["eval_items"])
+        model.save_pretrained(tmp / name)
+        tok.save_pretrained(tmp / name)
+        report[name] = {
+            "exact_match": score,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "train_seconds": round(time.perf_counter() - t, 2),
+        }
+        log(f"demo {name}: exact match on the cipher task {score:.3f}")
+    report["build_seconds"] = round(time.perf_counter() - t0, 2)
+    (tmp / "build_report.json").write_text(json.dumps(report, indent=2))
+    (tmp / "_SUCCESS").write_text("")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    report["cached"] = False
+    return report

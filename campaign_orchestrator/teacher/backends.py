@@ -1,0 +1,346 @@
+"""The three teacher backends behind one interface.
+
+A backend has a ``name``, a ``model`` reference, an ``identity`` (part of every cache key) and
+``run(requests, sampling, on_done)``, which answers each :class:`GenRequest` and calls
+``on_done(request, completion)`` as results arrive, so the cache can keep them before the
+rest are done. Errors that concern one request (a prompt longer than the context, a request
+the endpoint refuses) come back as a completion with ``error`` set; errors that concern the
+whole backend (no vLLM installed, a rejected API key, an unreachable endpoint) raise.
+
+- :class:`TransformersBackend`: a local checkpoint through :class:`campaign_orchestrator.teacher.local.LocalGenerator`
+  (batched, left-padded, batches bucketed by prompt length).
+- :class:`VLLMBackend`: offline batch inference with ``vllm.LLM.generate`` and
+  ``SamplingParams``; vLLM is imported only here, only when used (``pip install '.[vllm]'``
+  on a GPU image). Tests inject an object with ``vllm.LLM``'s interface.
+- :class:`OpenAIBackend`: any OpenAI-compatible endpoint through
+  :class:`campaign_orchestrator.teacher.openai_client.OpenAICompatibleClient`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from campaign_orchestrator.teacher.completion import Completion
+from campaign_orchestrator.teacher.requests import GenRequest, Sampling
+
+OnDone = Callable[[GenRequest, Completion], None]
+
+
+class BackendError(RuntimeError):
+    pass
+
+
+class Backend(Protocol):
+    name: str
+    model: str
+    identity: str
+
+    def run(self, requests: Sequence[GenRequest], sampling: Sampling, on_done: OnDone) -> None: ...
+
+    def stats(self) -> dict: ...
+
+
+_FINGERPRINTS: dict[tuple[str, float], str] = {}
+
+
+def weights_identity(path: str | Path, revision: str | None = None) -> str:
+    """Content fingerprint of a checkpoint directory (memoized per path and mtime) + revision."""
+    from campaign_orchestrator.content import model_fingerprint
+
+    p = Path(path)
+    mtime = max((q.stat().st_mtime for q in p.rglob("*") if q.is_file()), default=0.0)
+    if (str(p), mtime) not in _FINGERPRINTS:
+        _FINGERPRINTS[(str(p), mtime)] = model_fingerprint(p)
+    return f"{_FINGERPRINTS[(str(p), mtime)]}@{revision or ''}"
+
+
+def teacher_identity(backend: str, model: str, model_path: str | Path | None = None, revision: str | None = None,
+                     base_url: str | None = None, engine_args: dict | None = None, weights_id: str | None = None) -> str:
+    """What makes two teachers the same for the cache: backend + weights (+ numerics options).
+
+    Local weights are identified by content (``weights_id``, computed when not given); a model
+    only known by name (a hub id for vLLM, a served name behind an endpoint) by its name,
+    revision and, for endpoints, the URL: pin ``revision`` when the weights behind a name can
+    change."""
+    if backend == "openai":
+        return f"openai:{(base_url or '').rstrip('/')}|{model}@{revision or ''}"
+    wid = weights_id or (weights_identity(model_path, revision) if model_path is not None else f"name:{model}@{revision or ''}")
+    ident = f"{backend}:{wid}"
+    if engine_args:
+        ident += "|" + hashlib.sha256(json.dumps(engine_args, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return ident
+
+
+def read_api_key(env_name: str | None) -> str | None:
+    """The API key from the environment variable the campaign names (never the key itself)."""
+    if not env_name:
+        return None
+    value = os.environ.get(env_name)
+    if not value:
+        raise BackendError(f"teacher.api_key_env names {env_name!r}, but that environment variable is not set "
+                           f"(export it in the environment of the Dagster code location / run worker)")
+    return value
+
+
+# --------------------------------------------------------------------------- transformers
+
+
+class TransformersBackend:
+    name = "transformers"
+
+    def __init__(self, model_path: str | Path, model: str | None = None, identity: str | None = None,
+                 batch_size: int = 64, generator=None, revision: str | None = None):
+        self.model = model or str(model_path)
+        self.model_path = Path(model_path)
+        self.identity = identity or teacher_identity("transformers", self.model, model_path, revision)
+        self.batch_size = batch_size
+        self._gen = generator
+        self.generate_s = 0.0
+
+    @property
+    def generator(self):
+        if self._gen is None:
+            from campaign_orchestrator.teacher.local import LocalGenerator
+
+            self._gen = LocalGenerator.from_path(self.model_path, batch_size=self.batch_size)
+        return self._gen
+
+    def run(self, requests: Sequence[GenRequest], sampling: Sampling, on_done: OnDone) -> None:
+        if not requests:
+            return
+        gen = self.generator
+        by_sample: dict[int, list[GenRequest]] = {}
+        for r in requests:
+            by_sample.setdefault(r.sample_index, []).append(r)
+        t0 = time.perf_counter()
+        for s, reqs in sorted(by_sample.items()):
+            gen.generate([r.prompt for r in reqs], sampling.max_new_tokens, sampling.temperature, sampling.top_p,
+                         sampling.sample_seed(s), logprobs=sampling.logprobs,
+                         on_result=lambda i, c, reqs=reqs: on_done(reqs[i], c))
+        self.generate_s += time.perf_counter() - t0
+
+    def stats(self) -> dict:
+        return {}
+
+
+# --------------------------------------------------------------------------- vLLM
+
+
+def _max_model_len(llm) -> int | None:
+    for holder in (llm, getattr(llm, "llm_engine", None)):
+        cfg = getattr(holder, "model_config", None)
+        n = getattr(cfg, "max_model_len", None)
+        if isinstance(n, int):
+            return n
+    return None
+
+
+class VLLMBackend:
+    """Offline batch generation with ``vllm.LLM``.
+
+    Requests go to ``LLM.generate`` (``LLM.chat`` for chat requests) in chunks of
+    ``chunk_size`` prompts; each chunk's results reach the cache before the next chunk starts.
+    When every sample of a prompt is missing and sampling is not greedy, the prompt is sent
+    once with ``SamplingParams(n=...)`` (vLLM shares the prompt's KV cache across samples);
+    otherwise one request per sample with ``seed + sample_index``. Prompts that do not fit
+    ``max_model_len`` are skipped with an error before they reach vLLM; if vLLM still rejects a
+    chunk with ``ValueError``, its prompts are retried one by one so only the bad ones fail.
+    """
+
+    name = "vllm"
+
+    def __init__(self, model: str, identity: str | None = None, revision: str | None = None, llm: Any = None,
+                 sampling_params: Callable[..., Any] | None = None, chunk_size: int = 1024,
+                 tensor_parallel_size: int = 1, engine_args: dict | None = None, seed: int = 0):
+        self.model, self.revision = model, revision
+        self.identity = identity or teacher_identity("vllm", model, None, revision, engine_args=engine_args)
+        self.chunk_size = chunk_size
+        self._llm, self._sp = llm, sampling_params
+        self._engine = {"tensor_parallel_size": tensor_parallel_size, "seed": seed, **(engine_args or {})}
+        self.generate_s = 0.0
+        self._tok = None
+        self._max_len: int | None = None
+
+    def _load(self) -> None:
+        """Import vLLM and start the engine, on first use only (a fully cached run never does)."""
+        if self._llm is not None and self._sp is not None:
+            return
+        try:
+            import vllm
+        except ImportError as e:
+            raise BackendError("teacher backend 'vllm' needs the vllm package, which is not installed here; "
+                               "install the `vllm` extra on a GPU image (pip install '.[vllm]') or use backend "
+                               "'transformers' (local) or 'openai' (a served endpoint)") from e
+        self._sp = self._sp or vllm.SamplingParams
+        if self._llm is None:
+            self._llm = vllm.LLM(model=self.model, revision=self.revision, **self._engine)
+
+    @property
+    def llm(self):
+        self._load()
+        return self._llm
+
+    @property
+    def SamplingParams(self):  # noqa: N802 - vLLM's class name
+        self._load()
+        return self._sp
+
+    def _prompt_len(self, req: GenRequest) -> int | None:
+        try:
+            if self._tok is None:
+                self._tok = self.llm.get_tokenizer()
+            if req.messages is not None:
+                ids = self._tok.apply_chat_template(list(req.messages), add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if not isinstance(ids, list) else ids  # transformers 5 returns a BatchEncoding
+                return len(ids)
+            return len(self._tok.encode(req.prompt))
+        except Exception:  # a tokenizer without a chat template, say: let vLLM judge
+            return None
+
+    def _params(self, s: Sampling, n: int, seed: int):
+        kw: dict = {"n": n, "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_new_tokens}
+        if not s.greedy:
+            kw["seed"] = seed
+        if s.logprobs:
+            kw["logprobs"] = s.logprobs
+        return self.SamplingParams(**kw)
+
+    def _completion(self, ro, co, k: int | None, latency: float) -> Completion:
+        top = None
+        if k and getattr(co, "logprobs", None) is not None:
+            top = []
+            for pos in co.logprobs:
+                items = sorted(pos.items(), key=lambda kv: -kv[1].logprob)[:k]
+                top.append([(int(tid), getattr(lp, "decoded_token", None), float(lp.logprob)) for tid, lp in items])
+        reason = co.finish_reason or "stop"
+        err = None
+        if reason not in ("stop", "length"):
+            err, reason = f"vLLM finished the request with {co.finish_reason!r}", "error"
+        return Completion(co.text or "", reason, len(ro.prompt_token_ids or []), len(co.token_ids), latency,
+                          error=err, top_logprobs=top, token_ids=[int(t) for t in co.token_ids])
+
+    def _call(self, items: list[tuple[list[GenRequest], Any]]) -> list:
+        chat = items[0][0][0].messages is not None
+        inputs = [list(g[0].messages) if chat else g[0].prompt for g, _ in items]
+        params = [p for _, p in items]
+        if chat:
+            return self.llm.chat(inputs, sampling_params=params, use_tqdm=False)
+        return self.llm.generate(inputs, sampling_params=params, use_tqdm=False)
+
+    def _deliver(self, items, outputs, s: Sampling, latency: float, on_done: OnDone) -> None:
+        for (group, _), ro in zip(items, outputs, strict=True):
+            for req, co in zip(group, ro.outputs, strict=True):
+                on_done(req, self._completion(ro, co, s.logprobs, latency))
+
+    def run(self, requests: Sequence[GenRequest], sampling: Sampling, on_done: OnDone) -> None:
+        if not requests:
+            return
+        self._max_len = _max_model_len(self.llm)
+        groups: dict[str, list[GenRequest]] = {}
+        for r in requests:
+            groups.setdefault(json.dumps(r.payload), []).append(r)
+        items: list[tuple[list[GenRequest], Any]] = []
+        for group in groups.values():
+            plen = self._prompt_len(group[0]) if self._max_len else None
+            if plen is not None and plen >= self._max_len:
+                for r in group:
+                    on_done(r, Completion.failed(f"prompt of {plen} tokens does not fit the teacher's context "
+                                                 f"(max_model_len {self._max_len})", plen))
+                continue
+            indexes = sorted(r.sample_index for r in group)
+            if not sampling.greedy and len(group) > 1 and indexes == list(range(len(group))):
+                items.append((sorted(group, key=lambda r: r.sample_index), self._params(sampling, len(group), sampling.seed)))
+            else:
+                items += [([r], self._params(sampling, 1, r.seed)) for r in group]
+        # same-kind inputs per call (vLLM's generate and chat take one or the other)
+        items.sort(key=lambda it: it[0][0].messages is not None)
+        for start in range(0, len(items), self.chunk_size):
+            chunk = items[start : start + self.chunk_size]
+            for kind in (False, True):
+                part = [it for it in chunk if (it[0][0].messages is not None) == kind]
+                if part:
+                    self._run_part(part, sampling, on_done)
+
+    def _run_part(self, part, sampling: Sampling, on_done: OnDone) -> None:
+        t0 = time.perf_counter()
+        try:
+            outputs = self._call(part)
+        except ValueError as e:
+            if len(part) == 1:
+                for r in part[0][0]:
+                    on_done(r, Completion.failed(f"vLLM rejected the prompt: {e}"))
+                return
+            for it in part:  # isolate the prompt(s) vLLM refuses
+                self._run_part([it], sampling, on_done)
+            return
+        latency = time.perf_counter() - t0
+        self.generate_s += latency
+        self._deliver(part, outputs, sampling, latency, on_done)
+
+    def stats(self) -> dict:
+        return {}
+
+
+# --------------------------------------------------------------------------- OpenAI-compatible
+
+
+class OpenAIBackend:
+    name = "openai"
+
+    def __init__(self, client, identity: str | None = None, revision: str | None = None):
+        self.client = client
+        self.model = client.model
+        self.identity = identity or teacher_identity("openai", client.model, revision=revision, base_url=client.base_url)
+        self.generate_s = 0.0
+
+    def run(self, requests: Sequence[GenRequest], sampling: Sampling, on_done: OnDone) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.client.run(requests, sampling, on_done)
+        finally:
+            self.generate_s += time.perf_counter() - t0
+
+    def stats(self) -> dict:
+        return self.client.stats.as_dict()
+
+
+# --------------------------------------------------------------------------- from a campaign spec
+
+
+def spec_identity(spec, model_path: str | Path | None = None, weights_id: str | None = None) -> str:
+    """:func:`teacher_identity` of a :class:`campaigns.spec.TeacherSpec` (cheap: no model load)."""
+    return teacher_identity(spec.backend, spec.model, model_path, spec.revision, base_url=spec.base_url,
+                            engine_args=spec.engine_args if spec.backend == "vllm" else None, weights_id=weights_id)
+
+
+def make_backend(spec, model_path: str | Path | None = None, *, api_key: str | None = None,
+                 weights_id: str | None = None, llm: Any = None, sampling_params: Any = None) -> Backend:
+    """The backend a :class:`campaigns.spec.TeacherSpec` asks for. ``model_path`` is the resolved
+    local checkpoint (transformers; vllm when local); ``api_key`` the key read from
+    ``spec.api_key_env`` by the caller; ``llm``/``sampling_params`` inject a vLLM engine.
+    Building a backend is cheap: models load on the first request."""
+    ident = spec_identity(spec, model_path, weights_id)
+    if spec.backend == "transformers":
+        if model_path is None:
+            raise BackendError(f"backend 'transformers' needs a local checkpoint; {spec.model!r} did not resolve to one")
+        return TransformersBackend(model_path, spec.model, ident, batch_size=spec.batch_size)
+    if spec.backend == "vllm":
+        return VLLMBackend(str(model_path or spec.model), ident, spec.revision, llm=llm, sampling_params=sampling_params,
+                           chunk_size=spec.batch_size, tensor_parallel_size=spec.tensor_parallel_size,
+                           engine_args=spec.engine_args, seed=spec.sampling.seed)
+    if spec.backend == "openai":
+        from campaign_orchestrator.teacher.openai_client import OpenAICompatibleClient
+
+        client = OpenAICompatibleClient(spec.base_url, spec.model, api_key=api_key, api_key_env=spec.api_key_env,
+                                        chat=spec.chat, max_concurrency=spec.max_concurrency,
+                                        requests_per_minute=spec.requests_per_minute,
+                                        tokens_per_minute=spec.tokens_per_minute, timeout_s=spec.request_timeout_s,
+                                        max_retries=spec.max_retries)
+        return OpenAIBackend(client, identity=ident)
+    raise BackendError(f"unknown teacher backend {spec.backend!r}")
