@@ -24,9 +24,9 @@ system-deps:
 	  apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; } || \
 	  echo "WARNING: could not install chromium (not root? no network?): the two browser tests will be skipped"; }
 
-$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+$(DAGSTER_HOME)/dagster.yaml: campaign_orchestrator/dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
-	cp dagster.yaml $@
+	cp campaign_orchestrator/dagster.yaml $@
 
 demo: install $(DAGSTER_HOME)/dagster.yaml   ## build the demo models (cached), run the demo campaign end to end
 	$(BIN)/campaign build-models

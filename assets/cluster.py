@@ -23,7 +23,8 @@ from assets.common import demo_model_key
 from assets.perf_metadata import profile_metadata
 from resources.cluster import ClusterValidation
 from resources.local_launcher import LocalTorchrunLauncher
-from resources.storage import REPO_ROOT, ArtifactStore
+from campaign_orchestrator import paths
+from resources.storage import ArtifactStore
 
 GROUP = "cluster"
 JOB = "cluster_validation"
@@ -77,7 +78,7 @@ def environment(context: AssetExecutionContext, storage: ArtifactStore, cluster:
     from campaign_orchestrator.cluster.smoke import fingerprint
 
     out = _rung_dir(storage, "environment", context) / "environment.json"
-    done = subprocess.run([sys.executable, "-m", "campaign_orchestrator.cluster.smoke", "env", "--out", str(out)], cwd=REPO_ROOT,
+    done = subprocess.run([sys.executable, "-m", "campaign_orchestrator.cluster.smoke", "env", "--out", str(out)], cwd=paths.project_dir(),
                           capture_output=True, text=True, timeout=cluster.timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"environment smoke failed (exit {done.returncode}):\n{done.stderr[-3000:]}")

@@ -31,6 +31,7 @@ def build(spec: CampaignSpec):
                          storage: ArtifactStore) -> Output[dict]:
         from campaign_orchestrator.dataset.filtering import RULES, FilterRules, filter_generations
         from campaign_orchestrator.teacher.rows import read_generations
+        from evaluation.scorers import get_scorer
 
         k = stage_key("distill/v2", generations["key"], f.model_dump(), prompts["train_sha256"] if f.scorer else None)
         sd = storage.stage(spec.name, "distillation_set", k)
@@ -43,7 +44,8 @@ def build(spec: CampaignSpec):
                 from campaign_orchestrator.dataset.prompts import read_prompt_table
 
                 refs = {r["id"]: r["reference"] for r in read_prompt_table(prompts["train_path"])}
-            kept, counts = filter_generations(rows, FilterRules(**f.model_dump()), refs)
+            score_fn = get_scorer(f.scorer) if f.scorer else None
+            kept, counts = filter_generations(rows, FilterRules(**f.model_dump()), refs, score_fn=score_fn)
             table = pa.Table.from_pylist(
                 [{"id": f"{r['id']}#{r['sample_index']}" if r["sample_index"] else r["id"], "prompt": r["prompt"],
                   "completion": r["completion"], "completion_token_ids": r.get("completion_token_ids"),

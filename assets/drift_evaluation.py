@@ -21,7 +21,7 @@ from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataV
 
 from assets.common import key, stage_key
 from campaigns.spec import CampaignSpec
-from resources.storage import REPO_ROOT, ArtifactStore
+from resources.storage import ArtifactStore
 
 STAGE = "drift_evaluation"
 
@@ -127,14 +127,14 @@ def build(spec: CampaignSpec):
         if promoted is None:
             raise Failure(f"campaign {spec.name} has no promoted model yet (no "
                           f"{storage.campaign_dir(spec.name) / 'promoted_model' / 'CURRENT'}); run the campaign first")
-        files = prompt_files(d.source, REPO_ROOT, source_cache_dir(storage, spec))
+        files = prompt_files(d.source, spec.project_dir, source_cache_dir(storage, spec))
         rows = P.read_prompts(files, P.SourceFields(d.id_field, d.prompt_field, d.reference_field, d.category_field))
         held, selection = select_items(storage, spec, promoted.record.get("promoted_at"), files, rows)
         context.log.info(f"drift items: {selection['summary']}")
         from evaluation.scorers import build_scorer
 
-        scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, REPO_ROOT) for s in ev.suites}
-        suites = [{"name": s.name, "items": load_items(s.source, held, REPO_ROOT, scorers[s.name]),
+        scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir) for s in ev.suites}
+        suites = [{"name": s.name, "items": load_items(s.source, held, spec.project_dir, scorers[s.name]),
                    "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in ev.suites]
         floor, drop = ev.gate.min_score, max_drop(spec)
         k = stage_key("drift/v1", promoted.key, value_sha256([s["items"] for s in suites]),
@@ -146,7 +146,7 @@ def build(spec: CampaignSpec):
 
             base = promoted.base_model_path()
             if base is None or not base.exists():
-                base = storage.resolve_model(spec.student.base_model)
+                base = storage.resolve_model(spec.student.base_model, spec.project_dir)
             t0 = time.perf_counter()
             scores, item_rows = score_promoted(base, promoted.adapter_path, [SimpleNamespace(**s) for s in suites],
                                                q.load_in_4bit, q.compute_dtype, max(s.batch_size for s in ev.suites),

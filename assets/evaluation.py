@@ -26,7 +26,7 @@ from assets.common import base_metadata, hardware_cost, key, model_deps, model_i
 from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
 from resources.pricing import PricingResource
-from resources.storage import REPO_ROOT, ArtifactStore
+from resources.storage import ArtifactStore
 
 GATE_CHECK = "gate"
 
@@ -63,14 +63,14 @@ def gate_check_result(report: dict, evaluation_key: str | None = None) -> AssetC
                             metadata=md, description=f"Gate verdict {verdict}")
 
 
-def _suite_identity(x: SuiteSpec) -> dict:
+def _suite_identity(spec: CampaignSpec, x: SuiteSpec) -> dict:
     """What changes a suite's answers or scores (not its gate or tier)."""
     ident = x.model_dump(exclude={"gate", "tier"})
     if x.source != "heldout":
-        p = REPO_ROOT / x.source if not x.source.startswith("/") else x.source
+        p = spec.path(x.source)
         ident["source_sha256"] = file_sha256(p) if p.exists() else None
     if isinstance(x.json_schema, str):
-        p = REPO_ROOT / x.json_schema if not x.json_schema.startswith("/") else x.json_schema
+        p = spec.path(x.json_schema)
         ident["schema_sha256"] = file_sha256(p) if p.exists() else None
     return ident
 
@@ -98,15 +98,15 @@ def build(spec: CampaignSpec):
         from evaluation.scorers import build_scorer
         from evaluation.suite import load_items, read_item_results, write_item_rows
 
-        scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, REPO_ROOT) for x in ev.suites}
-        base = storage.resolve_model(s.base_model) if local else None
-        teacher_path = storage.resolve_model(t.model) if eval_teacher else None
+        scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir) for x in ev.suites}
+        base = storage.resolve_model(s.base_model, spec.project_dir) if local else None
+        teacher_path = storage.resolve_model(t.model, spec.project_dir) if eval_teacher else None
         served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.endpoint and not local else None
         items_key = stage_key("evaluation-items/v2", adapter["key"], prompts["heldout_sha256"],
                               model_identity(base, s.revision) if base else None,
                               model_identity(teacher_path) if teacher_path else None,
                               s.quantization.model_dump() if local else None, served,
-                              [_suite_identity(x) for x in ev.suites])
+                              [_suite_identity(spec, x) for x in ev.suites])
         isd = storage.stage(spec.name, "evaluation_items", items_key)
         cached = isd.is_complete()
         if not cached:
@@ -117,7 +117,7 @@ def build(spec: CampaignSpec):
             guard = pricing.budget_guard(context, spec, storage.stage(spec.name, "evaluation", items_key))
             t0 = time.perf_counter()
             held = read_prompt_table(prompts["heldout_path"])
-            runs = [SuiteRun(x.name, load_items(x.source, held, REPO_ROOT, scorers[x.name]), scorers[x.name],
+            runs = [SuiteRun(x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name],
                              x.max_new_tokens) for x in ev.suites]
             models = _models(spec, adapter, base, teacher_path, context)
             rows = answer_suites(runs, models, log=context.log.info, progress=guard.watch())

@@ -7,7 +7,7 @@ from dagster import AssetExecutionContext, MetadataValue, Output, asset
 from assets.common import base_metadata, key, stage_key
 from campaigns.spec import CampaignSpec
 from campaign_orchestrator.content import file_sha256
-from resources.storage import REPO_ROOT, ArtifactStore
+from resources.storage import ArtifactStore
 
 
 def build(spec: CampaignSpec):
@@ -20,7 +20,7 @@ def build(spec: CampaignSpec):
         from campaign_orchestrator.dataset import prompts as P
 
         # local glob or s3:// prefix; a copy of a file's exact content is read once
-        files = prompt_files(d.source, REPO_ROOT, storage.root_path() / "_sources" / spec.name)
+        files = prompt_files(d.source, spec.project_dir, storage.root_path() / "_sources" / spec.name)
         k = stage_key("prompts/v1", [(f.name, file_sha256(f)) for f in files], d.model_dump(exclude={"filters"}))
         sd = storage.stage(spec.name, "prompts", k)
         cached = sd.is_complete()

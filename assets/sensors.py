@@ -28,7 +28,7 @@ from dagster import (AssetSelection, DagsterRunStatus, DefaultScheduleStatus, De
 from assets.common import STAGES, key
 from assets.drift_evaluation import drift_key
 from campaigns.spec import CampaignSpec
-from resources.storage import REPO_ROOT, ArtifactStore
+from resources.storage import ArtifactStore
 
 TRIGGER, REASON = "trigger", "trigger_reason"
 IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
@@ -62,7 +62,7 @@ def new_data_sensor(spec: CampaignSpec, job_name: str):
 
         state = NewDataState.from_cursor(context.cursor)
         try:
-            files = list_source(spec.data.source, REPO_ROOT, cache=state.stat_cache)
+            files = list_source(spec.data.source, spec.project_dir, cache=state.stat_cache)
         except SourceError as e:
             return SkipReason(str(e))
         decision = observe(state, files, Threshold(nd.min_new_rows, nd.min_new_fraction))

@@ -27,9 +27,9 @@ def teacher_tokenizer_path(spec: CampaignSpec, storage: ArtifactStore) -> str | 
     if spec.training.distillation.loss != "logits":
         return None
     if spec.training.distillation.teacher_tokenizer:
-        return str(storage.resolve_model(spec.training.distillation.teacher_tokenizer))
+        return str(storage.resolve_model(spec.training.distillation.teacher_tokenizer, spec.project_dir))
     if spec.teacher.backend == "transformers":
-        return str(storage.resolve_model(spec.teacher.model))
+        return str(storage.resolve_model(spec.teacher.model, spec.project_dir))
     return None  # the trainer refuses to start and says which field to set
 
 
@@ -44,7 +44,7 @@ def build(spec: CampaignSpec):
                         launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
         from training.config import TrainJob
 
-        base = storage.resolve_model(s.base_model)
+        base = storage.resolve_model(s.base_model, spec.project_dir)
         k = stage_key("adapter/v1", dataset["key"], model_identity(base, s.revision), training_key_fields(spec))
         sd = storage.stage(spec.name, "student_adapter", k)
         cached = sd.is_complete()

@@ -11,18 +11,19 @@ from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
 from assets.common import base_metadata, key, model_deps, model_identity, stage_key
 from assets.progress import RunProgress
-from campaigns.spec import CampaignSpec, TeacherSpec
+from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
 from resources.teacher import TeacherResource
 
 
-def teacher_model_path(storage: ArtifactStore, t: TeacherSpec):
+def teacher_model_path(storage: ArtifactStore, spec: CampaignSpec):
     """The local checkpoint of the teacher, or None (an endpoint; a vLLM hub id)."""
+    t = spec.teacher
     if t.backend == "openai":
         return None
     try:
-        return storage.resolve_model(t.model)
+        return storage.resolve_model(t.model, spec.project_dir)
     except FileNotFoundError:
         if t.backend == "vllm" and not t.model.startswith(("@", "/", ".")):
             return None  # a hub id vLLM downloads itself; identified by name + revision
@@ -64,7 +65,7 @@ def build(spec: CampaignSpec):
         from campaign_orchestrator.teacher.rows import write_generations
         from campaign_orchestrator.teacher.runner import run_generation
 
-        model_path = teacher_model_path(storage, t)
+        model_path = teacher_model_path(storage, spec)
         weights_id = model_identity(model_path, t.revision) if model_path is not None else None
         identity = spec_identity(t, model_path, weights_id)
         sampling = Sampling.from_spec(t.sampling)

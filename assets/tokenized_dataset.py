@@ -7,7 +7,7 @@ from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
 from assets.common import base_metadata, key, model_deps, stage_key
 from campaigns.spec import CampaignSpec
-from resources.storage import REPO_ROOT, ArtifactStore
+from resources.storage import ArtifactStore
 
 STAGE_VERSION = "tokenized/v2"
 
@@ -60,10 +60,10 @@ def build(spec: CampaignSpec):
         from campaign_orchestrator.dataset.sources import resolve_source, source_hash
         from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset, tokenizer_hash
 
-        model_path = storage.resolve_model(s.base_model)
+        model_path = storage.resolve_model(s.base_model, spec.project_dir)
         tok_hash = tokenizer_hash(model_path)
         settings = build_settings(spec)
-        extra = source_hash([resolve_source(x, REPO_ROOT) for x in d.extra_sources]) if d.extra_sources else None
+        extra = source_hash([resolve_source(x, spec.project_dir) for x in d.extra_sources]) if d.extra_sources else None
         k = content_key(distillation["key"], tok_hash, settings, extra,
                         teacher_topk=spec.teacher.sampling.logprobs is not None)
         sd = storage.stage(spec.name, "tokenized_dataset", k)
@@ -72,7 +72,7 @@ def build(spec: CampaignSpec):
             t0 = time.perf_counter()
             report = build_tokenized_dataset(
                 model_path, [distillation["distillation_path"], *d.extra_sources], sd.ensure(), settings,
-                base_dir=REPO_ROOT, extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
+                base_dir=spec.project_dir, extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
                 log=context.log.info)
             sd.commit(report | {"dataset_path": str(sd.path / "train"), "validation_path": str(sd.path / "validation"),
                                 "tokenizer_hash": tok_hash, "wall_seconds": time.perf_counter() - t0, "cost_lines": []})

@@ -40,7 +40,7 @@ from assets.student_adapter import training_key_fields
 from assets.common import model_identity
 from campaigns.spec import CampaignSpec
 from campaign_orchestrator.content import short, value_sha256
-from resources.storage import REPO_ROOT
+from campaign_orchestrator import paths
 from campaign_orchestrator.demo import recipe
 
 log = logging.getLogger(__name__)
@@ -52,12 +52,13 @@ LOGIC_VERSIONS = {
 }
 
 
-def model_ref_identity(ref: str, revision: str | None) -> dict:
-    """What identifies a model for versioning: the reference, revision and, for a path, its files."""
+def model_ref_identity(ref: str, revision: str | None, base: Path | None = None) -> dict:
+    """What identifies a model for versioning: the reference, revision and, for a path (relative: to
+    ``base``, the campaign's project directory), its files."""
     out = {"ref": ref, "revision": revision}
     if recipe.is_demo_ref(ref):
         return out  # a demo_models asset: its rebuilds arrive as upstream updates
-    p = Path(ref) if Path(ref).is_absolute() else REPO_ROOT / ref
+    p = paths.resolve(ref, base)
     if p.is_dir():
         out["weights"] = model_identity(p)
     else:
@@ -70,12 +71,12 @@ def teacher_identity(spec: CampaignSpec) -> dict:
     if t.backend == "openai":
         ident = {"ref": t.model, "revision": t.revision, "base_url": t.base_url, "chat": t.chat}
     else:
-        ident = model_ref_identity(t.model, t.revision)
+        ident = model_ref_identity(t.model, t.revision, spec.project_dir)
     return {"backend": t.backend, **ident, "sampling": t.sampling.model_dump()}
 
 
 def student_identity(spec: CampaignSpec) -> dict:
-    return model_ref_identity(spec.student.base_model, spec.student.revision)
+    return model_ref_identity(spec.student.base_model, spec.student.revision, spec.project_dir)
 
 
 def stage_settings(spec: CampaignSpec) -> dict[str, dict]:

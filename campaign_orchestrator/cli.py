@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from campaigns.loader import REPO_ROOT, CampaignError, default_campaign_files, load_campaigns, resolve_campaign
+from campaign_orchestrator import paths
+from campaigns.loader import CampaignError, default_campaign_files, load_campaigns, resolve_campaign
 
 EXIT_OK, EXIT_INVALID, EXIT_FAILED, EXIT_BLOCKED = 0, 1, 2, 3
 
@@ -38,9 +39,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def dagster_home() -> Path:
-    home = Path(os.environ.get("DAGSTER_HOME") or REPO_ROOT / ".dagster_home").resolve()
+    home = paths.dagster_home()
     home.mkdir(parents=True, exist_ok=True)
-    shipped = REPO_ROOT / "dagster.yaml"
+    shipped = paths.shipped_file("dagster.yaml")
     if not (home / "dagster.yaml").exists():
         if shipped.exists():
             shutil.copy(shipped, home / "dagster.yaml")
@@ -170,7 +171,7 @@ def _run(args: argparse.Namespace) -> int:
     from assets.location import build_definitions, campaign_job_name
     from resources.storage import ArtifactStore
 
-    defs = build_definitions([str(REPO_ROOT / source) if not Path(source).is_absolute() else source],
+    defs = build_definitions([str(paths.resolve(source))],
                              artifact_root=args.artifacts)
     job = defs.resolve_job_def(campaign_job_name(spec.name))
     t0 = time.perf_counter()

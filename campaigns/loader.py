@@ -7,7 +7,6 @@ field (dotted path), its line in the file, what was found and what was expected.
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +15,8 @@ from typing import Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from campaign_orchestrator import paths
 from campaigns.spec import CampaignSpec
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CAMPAIGN_DIR = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -58,15 +55,11 @@ class CampaignError(ValueError):
 
 
 def default_campaign_files() -> list[str]:
-    return sorted(glob.glob(str(CAMPAIGN_DIR / "*.yaml")) + glob.glob(str(CAMPAIGN_DIR / "*.yml")))
+    """The project's ``campaigns/*.yaml`` (:func:`campaign_orchestrator.paths.default_campaign_files`)."""
+    return [str(p) for p in paths.default_campaign_files()]
 
 
-def _display(path: str | os.PathLike) -> str:
-    p = Path(path).resolve()
-    try:
-        return str(p.relative_to(REPO_ROOT))
-    except ValueError:
-        return str(p)
+_display = paths.display
 
 
 def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
@@ -160,7 +153,9 @@ def load_campaign_file(path: str | os.PathLike) -> CampaignSpec:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise CampaignError(CampaignFileError(_display(p), (FieldProblem("", None, f"cannot read file: {e}"),))) from None
-    return parse_campaign_text(text, str(p))
+    spec = parse_campaign_text(text, str(p))
+    spec.set_project_dir(paths.campaign_project_dir(p))
+    return spec
 
 
 def load_campaigns(paths: list[str] | None = None) -> LoadedCampaigns:

@@ -1,20 +1,24 @@
 """The campaign spec: one YAML file, validated by these pydantic models.
 
 Every field is documented where it is declared. Unknown keys are errors (``extra="forbid"``),
-so a typo never silently falls back to a default. This module imports only pydantic: the
-trainer, the evaluation code and the Dagster code location all read the same models.
+so a typo never silently falls back to a default. This module imports only pydantic (and the
+stdlib-only ``campaign_orchestrator.paths``): the trainer, the evaluation code and the Dagster code
+location all read the same models.
 
 Model references: a model path is either a filesystem path (absolute, or relative to the
-campaign file's repository root) or ``@demo/<name>``, a model built by the project's own
+campaign's project directory, ``CampaignSpec.path``) or ``@demo/<name>``, a model built by the project's own
 ``demo`` step under the artifact root (see ``campaign_orchestrator/demo/``).
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from campaign_orchestrator import paths
 
 SLUG = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
@@ -645,7 +649,9 @@ class PlannerSpec(_Strict):
 class CostSpec(_Strict):
     """Prices, budgets and planning assumptions of a campaign."""
 
-    catalog: str = Field("campaigns/pricing/catalog.yaml", description="Pricing catalog file (dated entries with sources).")
+    catalog: str | None = Field(
+        None, description="Pricing catalog file (dated entries with sources); default: the catalog shipped with the "
+                          "project (campaigns/pricing/catalog.yaml).")
     catalog_version: str | None = Field(
         None, description="Pin the catalog `version` this campaign was planned with; a different version is an error.")
     overrides: dict[str, float | PriceOverride] = Field(
@@ -994,6 +1000,21 @@ class CampaignSpec(_Strict):
     automation: AutomationSpec = Field(
         default_factory=AutomationSpec, description="Sensors and automation that re-run the campaign (all off by default)."
     )
+
+    _project_dir: Path | None = PrivateAttr(None)
+
+    def set_project_dir(self, path: Path) -> None:
+        """Set by the loader: the project the campaign file belongs to (``campaign_orchestrator.paths``)."""
+        self._project_dir = Path(path)
+
+    @property
+    def project_dir(self) -> Path:
+        """What the campaign's relative paths are relative to (default: the project directory)."""
+        return self._project_dir or paths.project_dir()
+
+    def path(self, p: str | Path) -> Path:
+        """A path from the campaign file (data source, suite, catalog, local model) as an absolute path."""
+        return paths.resolve(p, self.project_dir)
 
     @model_validator(mode="after")
     def _logit_distillation_needs_logprobs(self) -> CampaignSpec:

@@ -21,11 +21,11 @@ from dagster import AssetObservation, ConfigurableResource, Failure, MetadataVal
     PipesTempFileMessageReader, open_pipes_session
 from pydantic import Field
 
+from campaign_orchestrator import paths
 from training.config import TrainJob
 from training.diagnostics import distributed_env
 from training.net import free_port
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 
@@ -134,13 +134,12 @@ class LocalTorchrunLauncher(ConfigurableResource):
                                 message_reader=PipesTempFileMessageReader(),
                                 extras={"campaign": job.campaign}) as session:
             env = {**os.environ, **session.get_bootstrap_env_vars(), "OMP_NUM_THREADS": str(threads),
-                   "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                    "TOKENIZERS_PARALLELISM": "false", **distributed_env(job.training)}
             procs, logs = [], []
             for i, cmd in enumerate(cmds):
                 log = workdir / f"node-{i}.log"
                 logs.append(log)
-                procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log.open("a"),
+                procs.append(subprocess.Popen(cmd, cwd=paths.project_dir(), env=env, stdout=log.open("a"),
                                               stderr=subprocess.STDOUT, start_new_session=True))
             context.log.info(f"launched {len(procs)} torchrun process(es): {' '.join(cmds[0])}")
             seen = 0

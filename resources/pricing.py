@@ -13,11 +13,12 @@ from dagster import ConfigurableResource, Failure
 from pydantic import Field
 
 from campaigns.spec import CampaignSpec
-from campaign_orchestrator.costs.catalog import Catalog, PriceEntry, PricingError, get, load_catalog, read_catalog
+from campaign_orchestrator import paths
+from campaign_orchestrator.costs.catalog import Catalog, PricingError, read_catalog
 from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
 from campaign_orchestrator.costs.lines import compute_line, usage_lines
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_CATALOG = "pricing/catalog.yaml"
 
 STAGE_KIND = {"teacher_generations": "teacher", "student_adapter": "training", "evaluation": "evaluation"}
 
@@ -48,21 +49,14 @@ class PricingResource(ConfigurableResource):
         None, description="DuckDB cost ledger file; default <artifact root>/cost_ledger.duckdb (relative: to the root).")
 
     # ------------------------------------------------------------------ prices
-    def _catalog_path(self, campaign_catalog: str) -> Path:
-        p = Path(self.catalog or campaign_catalog)
-        return p if p.is_absolute() else REPO_ROOT / p
+    def _catalog_path(self, spec: CampaignSpec) -> Path:
+        if self.catalog:
+            return paths.resolve(self.catalog)
+        return spec.path(spec.cost.catalog) if spec.cost.catalog else paths.shipped_campaigns_dir() / SHIPPED_CATALOG
 
     def catalog_for(self, spec: CampaignSpec) -> Catalog:
         c = spec.cost
-        return read_catalog(self._catalog_path(c.catalog), c.price_overrides(), expect_version=c.catalog_version)
-
-    def entries(self, campaign_catalog: str, overrides: dict) -> dict[str, PriceEntry]:
-        return load_catalog(self._catalog_path(campaign_catalog),
-                            {k: v if isinstance(v, int | float) else v.model_dump(exclude_none=True)
-                             for k, v in overrides.items()})
-
-    def price(self, key: str, campaign_catalog: str, overrides: dict) -> PriceEntry:
-        return get(self.entries(campaign_catalog, overrides), key)
+        return read_catalog(self._catalog_path(spec), c.price_overrides(), expect_version=c.catalog_version)
 
     def hardware_line(self, spec: CampaignSpec, kind: str, hardware: str, seconds: float, hosts: int = 1,
                       devices: int = 1) -> dict:
@@ -83,9 +77,10 @@ class PricingResource(ConfigurableResource):
     def plan(self, spec: CampaignSpec, artifact_root: str | Path) -> dict:
         from campaign_orchestrator.costs.planner import plan_campaign
 
-        return plan_campaign(spec, self.catalog_for(spec), REPO_ROOT, resolve_model_dir(spec.teacher.model, artifact_root)
+        return plan_campaign(spec, self.catalog_for(spec), spec.project_dir,
+                             resolve_model_dir(spec.teacher.model, artifact_root, spec.project_dir)
                              if spec.teacher.backend != "openai" else None,
-                             resolve_model_dir(spec.student.base_model, artifact_root))
+                             resolve_model_dir(spec.student.base_model, artifact_root, spec.project_dir))
 
     # ------------------------------------------------------------------ budgets
     def budget_guard(self, context, spec: CampaignSpec, sd, clock=None):
@@ -145,14 +140,14 @@ def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog, plan: dict | None
     return lambda seconds, items: [compute_line(kind, entry, seconds, tier=tier)]
 
 
-def resolve_model_dir(ref: str, artifact_root: str | Path) -> Path:
-    """A campaign model reference as a directory (``@demo/<name>`` under the artifact root)."""
+def resolve_model_dir(ref: str, artifact_root: str | Path, base: Path | None = None) -> Path:
+    """A campaign model reference as a directory (``@demo/<name>`` under the artifact root; a relative
+    path under ``base``, the campaign's project directory)."""
     from campaign_orchestrator.demo import recipe
 
     if recipe.is_demo_ref(ref):
         return recipe.resolve(ref, artifact_root)
-    p = Path(ref)
-    return p if p.is_absolute() else REPO_ROOT / p
+    return paths.resolve(ref, base)
 
 
 def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str | Path, run_id: str,

@@ -17,13 +17,13 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from campaign_orchestrator.stage_dir import StageDir
+from campaign_orchestrator import paths
 from campaign_orchestrator.demo import recipe
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class ArtifactStore(ConfigurableResource):
-    """Local artifact root (relative paths are relative to the repository root)."""
+    """Local artifact root (relative paths are relative to the project directory, ``campaign_orchestrator.paths``)."""
 
     root: str = Field("artifacts", description="Directory holding every campaign's artifacts and the demo models.")
     cache_url: str | None = Field(
@@ -33,8 +33,7 @@ class ArtifactStore(ConfigurableResource):
     s3_region: str | None = Field(None, description="S3 region; default: the boto3 configuration's.")
 
     def root_path(self) -> Path:
-        p = Path(self.root)
-        return (p if p.is_absolute() else REPO_ROOT / p).resolve()
+        return paths.artifact_root(self.root)
 
     def stage(self, campaign: str, stage: str, key: str) -> StageDir:
         return StageDir(self.root_path(), campaign, stage, key)
@@ -44,8 +43,8 @@ class ArtifactStore(ConfigurableResource):
         from campaign_orchestrator.teacher.blobstore import open_store
 
         url = self.cache_url or str(self.root_path() / "cache")
-        if not url.startswith("s3://") and not Path(url).is_absolute():
-            url = str(REPO_ROOT / url)
+        if not url.startswith("s3://"):
+            url = str(paths.resolve(url))
         return open_store(url, endpoint_url=self.s3_endpoint_url, region=self.s3_region)
 
     def spool_dir(self) -> Path:
@@ -55,8 +54,9 @@ class ArtifactStore(ConfigurableResource):
     def campaign_dir(self, campaign: str) -> Path:
         return self.root_path() / campaign
 
-    def resolve_model(self, ref: str) -> Path:
-        """A model reference from a campaign (``@demo/<name>`` or a path) as a directory."""
+    def resolve_model(self, ref: str, base: Path | None = None) -> Path:
+        """A model reference from a campaign (``@demo/<name>`` or a path, relative: to ``base``, the
+        campaign's project directory) as a directory."""
         if recipe.is_demo_ref(ref):
             path = recipe.resolve(ref, self.root_path())
             if not (path / "config.json").exists():
@@ -65,8 +65,7 @@ class ArtifactStore(ConfigurableResource):
                     f"or run `python -m campaign_orchestrator.demo --artifacts {self.root_path()}`"
                 )
             return path
-        p = Path(ref)
-        p = p if p.is_absolute() else REPO_ROOT / p
+        p = paths.resolve(ref, base)
         if not p.exists():
             raise FileNotFoundError(f"model {ref!r} not found at {p}; give a checkpoint directory or `@demo/<name>`")
         return p

@@ -73,9 +73,9 @@ def test_lines_apply_tier_and_batch_discount(catalog_file):
 
 
 def test_shipped_catalog_is_valid_and_has_sources():
-    from resources.pricing import REPO_ROOT
+    from campaign_orchestrator.paths import shipped_campaigns_dir
 
-    c = read_catalog(REPO_ROOT / "campaigns/pricing/catalog.yaml")
+    c = read_catalog(shipped_campaigns_dir() / "pricing/catalog.yaml")
     assert {"cpu-2vcpu", "h100-sxm", "h200", "api-open-70b"} <= set(c.entries)
     assert all(e.source and e.as_of for e in c.entries.values())
 

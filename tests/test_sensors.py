@@ -301,7 +301,7 @@ def test_shipped_instance_config_limits_the_pools(tmp_path):
     graph = build_definitions().resolve_asset_graph()
     pools = {stage: graph.get(AssetKey(["demo", stage])).pools for stage in ("teacher_generations", "student_adapter")}
     assert pools == {"teacher_generations": {"teacher"}, "student_adapter": {"gpu"}}
-    shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
+    shutil.copy(REPO / "campaign_orchestrator" / "dagster.yaml", tmp_path / "dagster.yaml")
     with DagsterInstance.from_config(str(tmp_path)) as instance:
         config = instance.get_concurrency_config()
         assert config.pool_config.default_pool_limit == 1 and config.pool_config.pool_granularity.value == "op"

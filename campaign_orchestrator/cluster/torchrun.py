@@ -13,9 +13,9 @@ import time
 import uuid
 from pathlib import Path
 
+from campaign_orchestrator import paths
 from training.net import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class LaunchError(RuntimeError):
@@ -46,10 +46,9 @@ def run_torchrun(target: list[str], nodes: int, procs: int, log_dir: Path, env: 
     cmds = torchrun_commands(target, nodes, procs, python or sys.executable, free_port(), uuid.uuid4().hex[:12])
     threads = max(1, (os.cpu_count() or 1) // (nodes * procs))
     full_env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-                "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                 **(env or {})}
     logs = [log_dir / f"node-{i}.log" for i in range(len(cmds))]
-    procs_ = [subprocess.Popen(c, cwd=REPO_ROOT, env=full_env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+    procs_ = [subprocess.Popen(c, cwd=paths.project_dir(), env=full_env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                                start_new_session=True) for c, log in zip(cmds, logs, strict=True)]
 
     def stop_all() -> None:

@@ -39,14 +39,12 @@ class FilterRules:
 def filter_generations(rows: list[dict], rules: FilterRules, references: Mapping[str, str | None] | None = None,
                        score_fn: Callable[[str, str], float] | None = None) -> tuple[list[dict], dict[str, int]]:
     """Keep rows that pass every rule, in input order; returns (kept, counts per rule + kept +
-    input). ``references`` maps prompt id to its reference answer (needed by ``rules.scorer``);
-    ``score_fn`` overrides the scorer looked up by name."""
+    input). ``references`` maps prompt id to its reference answer and ``score_fn`` is the scorer
+    named by ``rules.scorer`` (``evaluation.scorers.get_scorer``; both needed by that rule)."""
     counts: Counter[str] = Counter()
     pattern = re.compile(rules.format_regex) if rules.format_regex else None
     if rules.scorer and score_fn is None:
-        from evaluation.scorers import get_scorer
-
-        score_fn = get_scorer(rules.scorer)
+        raise ValueError(f"filter rule `scorer: {rules.scorer}` needs its score function (evaluation.scorers.get_scorer)")
     if rules.scorer and references is None:
         raise ValueError("filter rule `scorer` needs the prompts' references")
     seen: set[tuple[str, str]] = set()
