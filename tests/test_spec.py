@@ -117,4 +117,4 @@ def test_schema_is_documented():
                 undocumented.append(prefix + name)
 
     walk(CampaignSpec, "")
-    assert undocumented == [], f"document these fields in campaigns/spec.py: {undocumented}"
+    assert undocumented == [], f"document these fields in campaigns/spec/: {undocumented}"

@@ -1,0 +1,156 @@
+"""The campaign spec: one YAML file, validated by these pydantic models.
+
+Every field is documented where it is declared. Unknown keys are errors (``extra="forbid"``),
+so a typo never silently falls back to a default. This module imports only pydantic (and the
+stdlib-only ``campaign_orchestrator.paths``): the trainer, the evaluation code and the Dagster code
+location all read the same models.
+
+Model references: a model path is either a filesystem path (absolute, or relative to the
+campaign's project directory, ``CampaignSpec.path``) or ``@demo/<name>``, a model built by the project's own
+``demo`` step under the artifact root (see ``campaign_orchestrator/demo/``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from campaign_orchestrator import paths
+
+from campaigns.spec.common import _Strict
+# Every section's models, importable from ``campaigns.spec`` as before the split (explicit re-exports).
+from campaigns.spec.common import (
+    SLUG as SLUG,
+    S3Uri as S3Uri,
+)
+from campaigns.spec.teacher import (
+    SamplingSpec as SamplingSpec,
+    TeacherSpec as TeacherSpec,
+)
+from campaigns.spec.student import (
+    LoraSpec as LoraSpec,
+    QuantizationSpec as QuantizationSpec,
+    StudentSpec as StudentSpec,
+)
+from campaigns.spec.data import (
+    HeldoutSpec as HeldoutSpec,
+    FilterSpec as FilterSpec,
+    DataSpec as DataSpec,
+    DatasetSpec as DatasetSpec,
+)
+from campaigns.spec.training import (
+    ProfilerScheduleSpec as ProfilerScheduleSpec,
+    ProfilingSpec as ProfilingSpec,
+    CheckpointSpec as CheckpointSpec,
+    DiagnosticCommand as DiagnosticCommand,
+    DiagnosticsSpec as DiagnosticsSpec,
+    DistributedEnvSpec as DistributedEnvSpec,
+    DistillationSpec as DistillationSpec,
+    TrainingSpec as TrainingSpec,
+)
+from campaigns.spec.evaluation import (
+    GateRule as GateRule,
+    GateSpec as GateSpec,
+    SuiteSpec as SuiteSpec,
+    StatisticsSpec as StatisticsSpec,
+    EndpointSpec as EndpointSpec,
+    EvaluationSpec as EvaluationSpec,
+)
+from campaigns.spec.cost import (
+    PriceOverride as PriceOverride,
+    PlannerSpec as PlannerSpec,
+    CostSpec as CostSpec,
+    ScheduleSpec as ScheduleSpec,
+)
+from campaigns.spec.kubernetes import (
+    K8S_NAME as K8S_NAME,
+    K8S_SUBDOMAIN as K8S_SUBDOMAIN,
+    K8S_QUANTITY as K8S_QUANTITY,
+    K8S_LABEL_VALUE as K8S_LABEL_VALUE,
+    K8S_LABEL_KEY as K8S_LABEL_KEY,
+    ENV_NAME as ENV_NAME,
+    SECRET_LIKE_ENV as SECRET_LIKE_ENV,
+    TolerationSpec as TolerationSpec,
+    SecretEnvSpec as SecretEnvSpec,
+    SecretVolumeSpec as SecretVolumeSpec,
+    VolumeClaimSpec as VolumeClaimSpec,
+    KubernetesSpec as KubernetesSpec,
+)
+from campaigns.spec.automation import (
+    NewDataSpec as NewDataSpec,
+    ModelChangeSpec as ModelChangeSpec,
+    DriftSpec as DriftSpec,
+    AutomationSpec as AutomationSpec,
+)
+
+class CampaignSpec(_Strict):
+    """One distillation / fine-tune campaign."""
+
+    name: Annotated[str, Field(description="Slug: lowercase letters, digits, underscores; the asset key prefix.")]
+    description: str = Field("", description="Free text shown in the UI.")
+    teacher: TeacherSpec
+    student: StudentSpec
+    data: DataSpec
+    training: TrainingSpec
+    dataset: DatasetSpec = DatasetSpec()
+    evaluation: EvaluationSpec
+    cost: CostSpec = CostSpec()
+    schedule: ScheduleSpec | None = None
+    kubernetes: KubernetesSpec | None = Field(
+        None, description="Cluster settings for `training.launcher: k8s` (image, namespace, GPUs, volumes, secrets).")
+    automation: AutomationSpec = Field(
+        default_factory=AutomationSpec, description="Sensors and automation that re-run the campaign (all off by default)."
+    )
+
+    _project_dir: Path | None = PrivateAttr(None)
+
+    def set_project_dir(self, path: Path) -> None:
+        """Set by the loader: the project the campaign file belongs to (``campaign_orchestrator.paths``)."""
+        self._project_dir = Path(path)
+
+    @property
+    def project_dir(self) -> Path:
+        """What the campaign's relative paths are relative to (default: the project directory)."""
+        return self._project_dir or paths.project_dir()
+
+    def path(self, p: str | Path) -> Path:
+        """A path from the campaign file (data source, suite, catalog, local model) as an absolute path."""
+        return paths.resolve(p, self.project_dir)
+
+    @model_validator(mode="after")
+    def _logit_distillation_needs_logprobs(self) -> CampaignSpec:
+        if self.training.distillation.loss == "logits" and self.teacher.sampling.logprobs is None:
+            raise ValueError(
+                "training.distillation.loss 'logits' needs the teacher's top-k log-probabilities: "
+                "set teacher.sampling.logprobs (e.g. 8)"
+            )
+        return self
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, v: str) -> str:
+        if not SLUG.match(v):
+            raise ValueError(
+                f"must be a slug (lowercase letter first, then lowercase letters, digits or '_', at most 63), got {v!r}"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _k8s_launcher_needs_cluster(self) -> CampaignSpec:
+        if self.training.launcher == "k8s" and self.kubernetes is None:
+            raise ValueError(
+                "training.launcher is 'k8s' but the campaign has no `kubernetes:` section; add at least"
+                " `kubernetes: {image: <trainer image>, namespace: <namespace>}` (see campaigns/examples/cluster.yaml)")
+        if self.kubernetes is not None:
+            where = {n: "kubernetes.env" for n in self.kubernetes.env}
+            where.update({x.name: "kubernetes.secret_env" for x in self.kubernetes.secret_env})
+            clash = sorted(n for n in self.training.distributed_env.env() if n in where)
+            if clash:
+                raise ValueError(
+                    "environment variables set twice: "
+                    + ", ".join(f"{n} (training.distributed_env and {where[n]})" for n in clash)
+                    + "; set each in one place: keep it under training.distributed_env (validated, exported to every"
+                    " rank by the local and the k8s launcher) and remove it from the kubernetes section")
+        return self

@@ -1,0 +1,23 @@
+"""Shared by every section of the campaign spec: the strict base model, slugs, ``s3://`` URIs."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+
+SLUG = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+def _s3_uri(v: str | None) -> str | None:
+    if v is not None and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", v):
+        raise ValueError(f"expected s3://bucket[/prefix], got {v!r}")
+    return v
+
+
+S3Uri = Annotated[str | None, AfterValidator(_s3_uri)]

@@ -1,0 +1,95 @@
+"""The ``data:`` and ``dataset:`` sections: prompt sources, the held-out split, filters, tokenization."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from campaigns.spec.common import _Strict
+
+class HeldoutSpec(_Strict):
+    fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of prompts held out for evaluation, by id hash.")
+    seed: int = Field(0, ge=0, description="Seed of the id-hash split.")
+    max_items: int | None = Field(None, ge=1, description="Cap on held-out items (taken in id-hash order).")
+
+
+class FilterSpec(_Strict):
+    """Rules that turn teacher generations into the distillation set; each is counted."""
+
+    drop_empty: bool = Field(True, description="Drop empty completions.")
+    drop_truncated: bool = Field(True, description="Drop completions that stopped on the length limit.")
+    format_regex: str | None = Field(None, description="Completions must fully match this regex.")
+    dedupe: bool = Field(True, description="Drop exact duplicate (prompt, completion) pairs.")
+    scorer: Literal["exact_match", "normalized_exact_match"] | None = Field(
+        None, description="Keep only completions the task's scorer rates >= `min_score` against the prompt's reference."
+    )
+    min_score: float = Field(1.0, ge=0.0, le=1.0, description="Threshold for `scorer`.")
+    min_chars: int = Field(1, ge=0, description="Drop completions shorter than this (after stripping).")
+    max_chars: int | None = Field(None, ge=1, description="Drop completions longer than this.")
+    max_completion_tokens: int | None = Field(None, ge=1, description="Drop completions longer than this many tokens.")
+
+    @field_validator("format_regex")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"not a valid regular expression: {e}") from e
+        return v
+
+
+class DataSpec(_Strict):
+    source: str = Field(description="JSONL file or glob of files, relative to the repository root or absolute.")
+    id_field: str = Field("id", description="Field holding a stable item id (hash of the prompt when absent).")
+    prompt_field: str = Field("prompt", description="Field holding the prompt text.")
+    reference_field: str = Field("reference", description="Reference answer, used for held-out evaluation only.")
+    category_field: str = Field("category", description="Field holding the item's category (for per-category results).")
+    heldout: HeldoutSpec = HeldoutSpec()
+    filters: FilterSpec = FilterSpec()
+
+
+class DatasetSpec(_Strict):
+    """How the tokenized_dataset stage turns the distillation set into packed training rows.
+
+    The rows are tokenized once with the student's tokenizer and stored as sharded Parquet;
+    every setting here is part of the stage's content key (a change builds a new dataset).
+    """
+
+    template: Literal["auto", "chat", "plain"] = Field(
+        "auto", description="auto: the student tokenizer's chat template when it has one, else plain "
+        "`<bos> prompt completion <eos>`; chat: require the chat template; plain: never use it."
+    )
+    train_on_prompt: bool = Field(
+        False, description="Loss on every token (prompt included) instead of the completion/assistant tokens only."
+    )
+    packing: bool = Field(
+        True, description="Best-fit-decreasing packing of several examples into rows of training.max_seq_len "
+        "(position_ids restart per example, so attention never crosses examples); false: one example per row."
+    )
+    padding: Literal["free", "longest", "max_length"] = Field(
+        "free", description="How the trainer batches rows. free: a micro-batch's rows concatenated into one "
+        "sequence, no padding (right for every attention kernel, flash-attention included); longest: pad to the "
+        "longest row; max_length: pad every row to training.max_seq_len (static shapes)."
+    )
+    too_long: Literal["drop", "truncate"] = Field(
+        "drop", description="Examples longer than training.max_seq_len: drop them, or keep their first "
+        "max_seq_len tokens (dropped anyway if no completion token is left). Both are counted."
+    )
+    shard_size_mb: float = Field(256.0, gt=0, le=65536, description="Target size of one Parquet shard (MiB).")
+    validation_fraction: float = Field(
+        0.02, ge=0.0, lt=1.0, description="Share of examples held out as a validation split, chosen by a seeded "
+        "hash of the example id (never by packed row), so an example keeps its side across rebuilds."
+    )
+    split_seed: int = Field(0, ge=0, description="Seed of the train/validation id hash.")
+    extra_sources: list[str] = Field(
+        default_factory=list, description="More prompt/completion (`prompt`, `completion`) or conversational "
+        "(`messages`) data added to the distillation set: JSONL/JSON/Parquet/CSV files, globs, or directories "
+        "saved with `Dataset.save_to_disk`; relative to the repository root. Optional `id` column."
+    )
+    num_proc: int | None = Field(
+        None, ge=1, le=512, description="Tokenizer processes (datasets `map` num_proc); default: every core, for "
+        "inputs large enough to pay for the process start-up."
+    )

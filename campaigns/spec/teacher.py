@@ -1,0 +1,76 @@
+"""The ``teacher:`` section: which model answers the prompts, on which backend, at what price."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from campaigns.spec.common import _Strict
+
+class SamplingSpec(_Strict):
+    """Sampling parameters passed to every teacher backend (vLLM ``SamplingParams`` names)."""
+
+    temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 means greedy decoding.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    max_new_tokens: int = Field(64, ge=1, le=32768, description="Completion length limit.")
+    n: int = Field(1, ge=1, le=64, description="Completions per prompt.")
+    seed: int = Field(0, ge=0, description="Sampling seed; with the prompt and sample index it fixes each sample.")
+    logprobs: int | None = Field(
+        None, ge=1, le=20, description="Store the top-k log-probabilities of each generated token (logit distillation)."
+    )
+
+
+class TeacherSpec(_Strict):
+    """The model that writes the answers the student learns from."""
+
+    backend: Literal["transformers", "openai", "vllm"] = Field(
+        "transformers", description="transformers: local model; openai: any OpenAI-compatible endpoint; vllm: offline batch."
+    )
+    model: str = Field(description="Model path, `@demo/<name>`, or the served model name for `openai`.")
+    revision: str | None = Field(None, description="Model revision; part of the generation cache key.")
+    sampling: SamplingSpec = SamplingSpec()
+    batch_size: int = Field(64, ge=1, le=4096, description="Prompts per local generation batch.")
+    base_url: str | None = Field(None, description="`openai` backend: the endpoint, e.g. http://host:8000/v1.")
+    api_key_env: str | None = Field(
+        None, description="`openai` backend: name of the environment variable holding the API key (never the key itself)."
+    )
+    chat: bool = Field(False, description="`openai` backend: use /v1/chat/completions instead of /v1/completions.")
+    max_concurrency: int = Field(16, ge=1, le=1024, description="`openai` backend: requests in flight.")
+    requests_per_minute: int | None = Field(
+        None, ge=1, description="`openai` backend: client-side request rate limit (the provider's RPM quota)."
+    )
+    tokens_per_minute: int | None = Field(
+        None, ge=1, description="`openai` backend: client-side token rate limit (prompt + max_new_tokens per request)."
+    )
+    request_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="`openai` backend: seconds one request may take before it is retried."
+    )
+    max_retries: int = Field(
+        6, ge=0, le=50, description="`openai` backend: retries per request on 429, 5xx, timeouts (backoff, Retry-After)."
+    )
+    price: str | None = Field(
+        None,
+        description="`openai` backend: pricing-catalog key (unit million-tokens) of the API; cost = tokens x price. "
+        "Self-hosted teachers are priced by `hardware` instead.",
+    )
+    hardware: str = Field("cpu-2vcpu", description="Pricing-catalog key of the hardware a self-hosted teacher runs on.")
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="`vllm` backend: GPUs per model (vllm.LLM tensor_parallel_size); GPU-hours count this many."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="`vllm` backend: extra vllm.LLM keyword arguments (e.g. gpu_memory_utilization, max_model_len, "
+        "dtype); part of the cache key.",
+    )
+
+    @model_validator(mode="after")
+    def _openai_needs_url(self) -> TeacherSpec:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("backend 'openai' needs `base_url` (e.g. http://localhost:8000/v1)")
+        if self.chat and self.backend == "transformers":
+            raise ValueError("`chat: true` needs backend 'openai' or 'vllm' (the transformers backend sends raw prompts)")
+        if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
+            raise ValueError("`api_key_env` is the *name* of an environment variable (e.g. OPENAI_API_KEY), not the key")
+        return self

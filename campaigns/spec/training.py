@@ -1,0 +1,215 @@
+"""The ``training:`` section: steps, batch, distribution, checkpoints, profiling, diagnostics, distillation loss."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from campaigns.spec.common import S3Uri, _Strict
+
+class ProfilerScheduleSpec(_Strict):
+    """``torch.profiler.schedule``: skip ``skip_first`` steps, then cycles of ``wait`` idle, ``warmup``
+    traced-but-discarded and ``active`` recorded steps; one Chrome trace per rank per cycle."""
+
+    skip_first: int = Field(0, ge=0, description="Steps ignored before the first cycle (compilation, first all-gathers).")
+    wait: int = Field(1, ge=0, description="Steps per cycle with the profiler off.")
+    warmup: int = Field(1, ge=0, description="Steps per cycle traced and discarded (profiler start-up cost).")
+    active: int = Field(3, ge=1, description="Steps per cycle recorded into the trace.")
+    repeat: int = Field(1, ge=0, description="Cycles to record (0: keep cycling until training ends).")
+
+
+class ProfilingSpec(_Strict):
+    """torch.profiler traces of the training loop, triaged into a verdict (off by default)."""
+
+    enabled: bool = Field(False, description="Record Chrome traces (one JSON per rank per cycle) and triage them.")
+    schedule: ProfilerScheduleSpec = ProfilerScheduleSpec()
+    record_shapes: bool = Field(False, description="Record input shapes of every op (larger traces).")
+    profile_memory: bool = Field(False, description="Record tensor allocations and frees (memory events in the trace).")
+    with_stack: bool = Field(False, description="Record Python call stacks of ops (much larger traces).")
+    upload_url: S3Uri = Field(
+        None,
+        description="Also copy the profile directory (traces, diagnostics, triage) to s3://bucket/prefix/<campaign>/"
+        "<run key>/ (credentials and endpoint from the standard AWS environment, never from this file).",
+    )
+
+
+class CheckpointSpec(_Strict):
+    """Resumable checkpoints: adapter weights (never the frozen base), optimizer, step, RNG, data position.
+
+    Every start of the trainer is a resume: if a complete checkpoint exists, training continues from it.
+    """
+
+    every_steps: int | None = Field(50, ge=1, description="Write a checkpoint every N optimizer steps (None: never by step).")
+    every_minutes: float | None = Field(
+        30.0, gt=0, description="Also write one when this many minutes passed since the last (None: never by time)."
+    )
+    keep_last: int = Field(2, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted.")
+    remote_uri: S3Uri = Field(
+        None,
+        description="Mirror checkpoints to object storage, e.g. s3://bucket/prefix (credentials and endpoint come from "
+        "the standard AWS environment, never from this file); resume fetches from there when the local copy is gone.",
+    )
+
+
+class DiagnosticCommand(_Strict):
+    """One node diagnostic: an argv run without a shell; its output is saved next to the trace."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$", description="Slug naming the output file.")
+    command: list[str] = Field(min_length=1, description="Program and arguments, e.g. [nvidia-smi, topo, -m].")
+    timeout_s: float = Field(30.0, gt=0, le=600, description="Kill the command after this many seconds (noted, not an error).")
+
+
+def _default_diagnostics() -> list[DiagnosticCommand]:
+    return [
+        DiagnosticCommand(name="gpu_topology", command=["nvidia-smi", "topo", "-m"], timeout_s=30),
+        DiagnosticCommand(name="nvlink_status", command=["nvidia-smi", "nvlink", "-s"], timeout_s=30),
+        DiagnosticCommand(name="gpu_performance", command=["nvidia-smi", "-q", "-d", "PERFORMANCE"], timeout_s=30),
+        DiagnosticCommand(name="gpu_utilization", command=["nvidia-smi", "dmon", "-s", "u", "-c", "5"], timeout_s=30),
+        DiagnosticCommand(name="infiniband", command=["ibstat"], timeout_s=30),
+    ]
+
+
+class DiagnosticsSpec(_Strict):
+    """Commands run at the end of training on each node (local rank 0); a missing one is skipped and noted."""
+
+    enabled: bool = Field(True, description="Run the commands (they run concurrently; each has its own timeout).")
+    commands: list[DiagnosticCommand] = Field(
+        default_factory=_default_diagnostics,
+        description="Diagnostics to run; default: nvidia-smi topology, NVLink, clocks/throttling, utilization; ibstat.",
+    )
+
+    @field_validator("commands")
+    @classmethod
+    def _unique(cls, v: list[DiagnosticCommand]) -> list[DiagnosticCommand]:
+        names = [c.name for c in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"diagnostic names must be unique, got {names}")
+        return v
+
+
+_NCCL_SUBSYS = {"INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC", "CALL", "PROXY", "NVLS",
+                "BOOTSTRAP", "REG", "PROFILE", "RAS", "ALL"}
+_IFACE_LIST = re.compile(r"^\^?=?[A-Za-z0-9_.\-]+(:[0-9]+)?(,[A-Za-z0-9_.\-]+(:[0-9]+)?)*$")
+
+
+class DistributedEnvSpec(_Strict):
+    """NCCL / torch.distributed settings, declared once and exported to every rank at launch.
+
+    Field names are the environment variable names; unset fields are not exported (NCCL's own
+    defaults apply). ``training.diagnostics.distributed_env`` turns this into the env dict that the
+    local launcher passes to torchrun and the Kubernetes launcher renders into pods.
+    """
+
+    NCCL_DEBUG: Literal["VERSION", "WARN", "INFO", "TRACE"] | None = Field(
+        None, description="NCCL log level (INFO prints the rings/trees and the transport chosen per peer)."
+    )
+    NCCL_DEBUG_SUBSYS: str | None = Field(
+        None, description="Comma-separated NCCL subsystems to log (INIT,COLL,P2P,SHM,NET,GRAPH,TUNING,ENV,...); "
+        "a leading ^ excludes them."
+    )
+    NCCL_IB_HCA: str | None = Field(
+        None, description="InfiniBand HCAs (and ports) NCCL may use, e.g. '=mlx5_0:1,mlx5_1:1'; ^ excludes, = matches "
+        "exactly instead of by prefix."
+    )
+    NCCL_SOCKET_IFNAME: str | None = Field(
+        None, description="Network interfaces for NCCL's bootstrap and socket transport, e.g. 'eth0' or '^docker,lo'."
+    )
+    TORCH_NCCL_ASYNC_ERROR_HANDLING: Literal[0, 1, 2, 3] | None = Field(
+        None, description="What a failed or timed-out NCCL collective does: 0 nothing, 1 abort the communicators "
+        "and end the process, 2 abort the communicators only, 3 end the process without aborting them."
+    )
+
+    @field_validator("NCCL_DEBUG_SUBSYS")
+    @classmethod
+    def _subsys(cls, v: str | None) -> str | None:
+        if v is not None:
+            names = v.removeprefix("^").split(",")
+            bad = [n for n in names if n.strip().upper() not in _NCCL_SUBSYS]
+            if bad:
+                raise ValueError(f"unknown NCCL subsystem(s) {bad}; expected a comma list of {sorted(_NCCL_SUBSYS)}")
+        return v
+
+    @field_validator("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME")
+    @classmethod
+    def _iface_list(cls, v: str | None) -> str | None:
+        if v is not None and not _IFACE_LIST.match(v):
+            raise ValueError(f"expected [^][=]name[:port][,name[:port]...] (e.g. '=mlx5_0:1,mlx5_1:1'), got {v!r}")
+        return v
+
+    def env(self) -> dict[str, str]:
+        """The environment variables to export (only the fields that are set)."""
+        return {k: str(v) for k, v in self.model_dump().items() if v is not None}
+
+class DistillationSpec(_Strict):
+    """What the student learns from the teacher."""
+
+    loss: Literal["sequence", "logits"] = Field(
+        "sequence",
+        description="sequence: cross-entropy on the teacher's text; logits: forward KL against the teacher's stored "
+        "top-k log-probabilities (remaining mass as one tail bucket) mixed with cross-entropy. `logits` needs "
+        "teacher.sampling.logprobs and a teacher that shares the student's tokenizer.",
+    )
+    kl_weight: float = Field(
+        0.5, ge=0.0, le=1.0, description="`logits`: loss = (1 - kl_weight) * CE + kl_weight * KL (each exact per token)."
+    )
+    teacher_tokenizer: str | None = Field(
+        None,
+        description="`logits` with a remote teacher (openai/vllm served name): a directory holding the teacher's "
+        "tokenizer, checked against the student's before training starts. Local teachers are checked directly.",
+    )
+
+
+class TrainingSpec(_Strict):
+    max_steps: int | None = Field(None, ge=1, description="Optimizer steps; exclusive with `epochs`.")
+    epochs: float | None = Field(None, gt=0, description="Passes over the dataset; exclusive with `max_steps`.")
+    learning_rate: float = Field(2e-4, ge=0.0, le=1.0, description="Peak learning rate (0 trains nothing, on purpose).")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before the cosine decay.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay on the adapter weights.")
+    micro_batch_size: int = Field(8, ge=1, description="Rows per process per micro-step (a packed row holds several examples).")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
+    max_seq_len: int = Field(512, ge=8, le=1_048_576, description="Longest tokenized sequence.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    seed: int = Field(0, description="Seed of LoRA init, data order and dropout.")
+    nodes: int = Field(1, ge=1, le=4096, description="Machines (torchrun --nnodes).")
+    processes_per_node: int = Field(1, ge=1, le=64, description="Processes per machine, one per GPU (--nproc-per-node).")
+    sharding: Literal["full", "hybrid", "none"] = Field(
+        "full", description="full: FSDP2 across all ranks; hybrid: shard in a node, replicate across nodes; none: replicate."
+    )
+    launcher: Literal["local", "k8s"] = Field("local", description="local: torchrun subprocesses; k8s: a Kubernetes Job.")
+    hardware: str = Field("cpu-2vcpu", description="Pricing-catalog key of one training device (GPU or CPU host).")
+    log_every: int = Field(10, ge=1, description="Log and stream metrics every this many steps.")
+    profiling: ProfilingSpec = Field(ProfilingSpec(), description="torch.profiler traces and their triage (off by default).")
+    diagnostics: DiagnosticsSpec = Field(DiagnosticsSpec(), description="Node diagnostics run at the end of training.")
+    distributed_env: DistributedEnvSpec = Field(
+        DistributedEnvSpec(), description="NCCL / torch.distributed environment variables exported to every rank."
+    )
+    activation_checkpointing: bool = Field(False, description="Recompute decoder-layer activations in backward (less memory).")
+    collective_timeout_s: int = Field(
+        600, ge=10, le=86_400,
+        description="Process-group timeout: a rank that dies or hangs makes every other rank fail after at most this long.",
+    )
+    eval_rows: int = Field(
+        64, ge=0, description="Rows of the validation split (without one: the first training rows) whose loss is measured "
+                        "before and after training (eval mode)."
+    )
+    export_merged: bool = Field(
+        False, description="Also write the base with the adapter merged in (compute dtype) next to the adapter."
+    )
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    distillation: DistillationSpec = DistillationSpec()
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainingSpec:
+        if (self.max_steps is None) == (self.epochs is None):
+            raise ValueError("set exactly one of `max_steps` or `epochs`")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    @property
+    def effective_batch(self) -> int:
+        return self.micro_batch_size * self.world_size * self.gradient_accumulation_steps
