@@ -186,7 +186,7 @@ def test_training_and_gate_rungs_run_through_the_real_gate(artifact_root):
 def test_ladder_command_reports_warn_checks_without_failing():
     from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetKey
 
-    from campaign_orchestrator.cli import check_status
+    from campaign_orchestrator.cli.common import check_status
 
     def ev(passed, severity):
         return AssetCheckEvaluation(asset_key=AssetKey(["cluster", "x"]), check_name="c", passed=passed,

@@ -84,7 +84,7 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
     spec, _ = resolve_campaign("demo")
     ledger = Ledger(root / "cost_ledger.duckdb")
     # the blocked run-1: campaign_cost was skipped; `campaign run` builds its report from the ledger
-    from campaign_orchestrator.cli import campaign_summary, print_summary
+    from campaign_orchestrator.cli.run import campaign_summary, print_summary
 
     blocked = campaign_summary(root, "demo", "cipher", run_id="run-1", spec=spec)
     assert blocked["cost"]["total_usd"] == pytest.approx(0.0145)

@@ -14,17 +14,25 @@ A checkpoint is written under a temporary name (``.step-….tmp-<pid>``), rename
 then marked complete; remotely, every file is uploaded before the marker, and deletion removes
 the marker first. Only complete checkpoints are ever chosen for resume.
 
-This module does storage only; the trainer does the collectives (gathering full tensors on
-global rank 0, barriers) around it. Credentials and the endpoint for S3 come from the standard
+:class:`CheckpointStore` does storage only. :func:`save_training_state` and
+:func:`load_training_state` are the trainer's checkpoint state: collectives that gather the full
+LoRA and optimizer tensors on global rank 0 (any world size can resume them), per-rank RNG
+streams, and the trainer state, around the store. torch is imported inside them, so the store
+alone stays importable without it. Credentials and the endpoint for S3 come from the standard
 AWS environment (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL_S3``, …), never from the spec.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import re
 import shutil
 from pathlib import Path
+from typing import Any
+
+from training.errors import TrainingError
 
 MARKER = "_SUCCESS"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -187,3 +195,197 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# --------------------------------------------------------------------------- the trainer's state
+
+
+def peft_key(param_name: str, adapter: str = "default") -> str:
+    """The key PEFT writes for a LoRA parameter (the adapter name removed, as ``get_peft_model_state_dict`` does)."""
+    return param_name.replace(f".{adapter}", "")
+
+
+def rng_state() -> dict:
+    import torch
+
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    import torch
+
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def write_metrics(metrics: list[dict], path: Path) -> None:
+    """The per-step metrics as Parquet (an empty table with a ``step`` column when there are none)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(metrics) if metrics else pa.table({"step": pa.array([], pa.int64())}), path)
+
+
+def gather_adapter(named_trainable, is_main: bool) -> dict:
+    """LoRA weights as full tensors on global rank 0 (collective; empty elsewhere)."""
+    from training.model import full_tensor
+
+    out = {}
+    for name, p in named_trainable:
+        t = full_tensor(p.detach())
+        if is_main:
+            out[name] = t.cpu().clone()
+    return out
+
+
+def gather_optimizer(optimizer, named_trainable, is_main: bool) -> dict:
+    """The optimizer state as full tensors by parameter name on global rank 0 (collective)."""
+    import torch
+
+    from training.model import full_tensor
+
+    state: dict[str, dict] = {}
+    for name, p in named_trainable:
+        st = optimizer.state.get(p, {})
+        if not st:
+            continue
+        entry = {k: (full_tensor(v).cpu().clone() if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in st.items()}
+        if is_main:
+            state[name] = entry
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    return {"state": state, "param_groups": groups}
+
+
+def write_peft_adapter(peft_config, weights: dict, directory: Path) -> None:
+    """Write ``weights`` (full LoRA tensors by parameter name) as a PEFT adapter directory (rank 0)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    peft_config.save_pretrained(str(directory))
+    save_file({peft_key(k): v.contiguous() for k, v in weights.items()},
+              str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+def save_training_state(store: CheckpointStore, step: int, peft_config, named_trainable, optimizer,
+                        trainer_state: dict, metrics: list[dict], is_main: bool, world: int) -> Path:
+    """Collective: gather full adapter and optimizer state on rank 0, write atomically, mirror, prune."""
+    import torch
+    import torch.distributed as dist
+
+    weights = gather_adapter(named_trainable, is_main)
+    optim = gather_optimizer(optimizer, named_trainable, is_main)
+    rng: list = [None] * world
+    dist.all_gather_object(rng, rng_state())
+    if is_main:
+        tmp = store.begin(step)
+        write_peft_adapter(peft_config, weights, tmp)
+        torch.save(optim, tmp / "optimizer.pt")
+        torch.save(rng, tmp / "rng.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+        write_metrics(metrics, tmp / "metrics.parquet")
+        store.commit(tmp, step)
+    dist.barrier()  # every rank's part is in; rank 0 wrote it
+    if is_main:
+        if store.remote_uri:
+            store.upload(step)
+        store.prune()
+    return store.path(step)
+
+
+def load_training_state(store: CheckpointStore, named_trainable, optimizer, scheduler, is_main: bool, rank: int,
+                        world: int, expect: dict[str, Any]) -> tuple[int, dict, list[dict]] | None:
+    """Collective: restore the newest complete checkpoint into the trainable parameters, optimizer,
+    scheduler and RNG; ``(step, trainer state, metrics so far)`` (metrics on rank 0 only), or None.
+
+    ``expect`` holds the settings a resume must share with the run that wrote it (rows per step,
+    dataset rows, seed): a mismatch is a :class:`TrainingError` that says how to recover."""
+    import torch
+    import torch.distributed as dist
+
+    from training.model import load_full_into
+
+    box: list = [None]
+    if is_main:
+        step = store.latest()
+        if step is not None:
+            store.fetch(step)  # downloads it when only the remote copy exists
+        box = [step]
+    dist.broadcast_object_list(box, src=0)
+    dist.barrier()  # rank 0 has it locally before anyone reads
+    step = box[0]
+    if step is None:
+        return None
+    path = store.path(step)
+    state_box: list = [json.loads((path / "trainer_state.json").read_text()) if is_main else None]
+    dist.broadcast_object_list(state_box, src=0)
+    state = state_box[0]
+    if tuple(state[k] for k in expect) != tuple(expect.values()):
+        raise TrainingError(
+            f"checkpoint {path} was written with {state['rows_per_step']} rows per step, {state['dataset_rows']} "
+            f"dataset rows and seed {state['seed']}; this run has {expect['rows_per_step']}, {expect['dataset_rows']} "
+            f"and {expect['seed']}. Restore those settings or delete {store.local} to start over"
+        )
+    weights = optim = rng = None
+    if is_main:
+        from safetensors.torch import load_file
+
+        weights = load_file(str(path / "adapter_model.safetensors"))
+        optim = torch.load(path / "optimizer.pt", weights_only=False)
+        rng = torch.load(path / "rng.pt", weights_only=False)
+    for name, p in named_trainable:
+        full = weights[peft_key(name)] if is_main else torch.empty(p.shape, dtype=p.dtype)
+        load_full_into(p, full)
+    scatter_optimizer(optimizer, named_trainable, optim, is_main)
+    scheduler.load_state_dict(state["scheduler"])
+    mine: list = [None]
+    if state["world_size"] == world:  # per-rank RNG streams continue; otherwise reseed per rank and step
+        dist.scatter_object_list(mine, rng if is_main else None, src=0)
+    if mine[0] is not None:
+        set_rng_state(mine[0])
+    else:
+        torch.manual_seed(state["seed"] + 1 + rank + 1_000_003 * step)
+    metrics: list[dict] = []
+    if is_main:
+        import pyarrow.parquet as pq
+
+        mp = path / "metrics.parquet"
+        metrics = pq.read_table(mp).to_pylist() if mp.exists() else []
+    return step, state, metrics
+
+
+def scatter_optimizer(optimizer, named_trainable, optim: dict | None, is_main: bool) -> None:
+    """Collective: load rank 0's full optimizer state (``optim``) into each rank's shards."""
+    import torch
+    import torch.distributed as dist
+
+    from training.model import load_full_into
+
+    box: list = [(sorted(optim["state"]), optim["param_groups"]) if is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    names, groups = set(box[0][0]), box[0][1]
+    if len(groups) != len(optimizer.param_groups):
+        raise TrainingError(f"checkpoint has {len(groups)} optimizer parameter groups, this run has "
+                            f"{len(optimizer.param_groups)}")
+    for group, saved in zip(optimizer.param_groups, groups):
+        group.update(saved)  # the current lr (the scheduler's state does not carry it), betas, decay
+    for name, p in named_trainable:
+        if name not in names:
+            continue
+        src = optim["state"][name] if is_main else None
+        meta: list = [{k: (v if not (torch.is_tensor(v) and v.dim() > 0) else None) for k, v in src.items()}
+                      if is_main else None]
+        dist.broadcast_object_list(meta, src=0)
+        entry = {}
+        for k, v in meta[0].items():
+            if v is not None:
+                entry[k] = v.clone() if torch.is_tensor(v) else v
+                continue
+            dest = torch.zeros_like(p.detach())
+            load_full_into(dest, src[k] if is_main else torch.empty(p.shape, dtype=p.dtype))
+            entry[k] = dest
+        optimizer.state[p] = entry

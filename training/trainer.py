@@ -44,21 +44,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from training import checkpoint, losses
 from training import data as tdata
-from training import losses
 from training.checkpoint import CheckpointStore
 from training.config import TrainJob
+from training.errors import TrainingError
 from training.model import (
-    attention_kernel, build_mesh, device_for, full_tensor, load_full_into, load_student, packed_4bit_checksums, shard,
+    attention_kernel, build_mesh, device_for, full_tensor, load_student, packed_4bit_checksums, shard,
     trainable_parameters, verify_sharded_4bit,
 )
 from training.net import free_port
 from training.profiling import RunProfiler
 from training.reporting import Reporter
-
-
-class TrainingError(RuntimeError):
-    pass
+from training.summary import run_summary
 
 
 def _r4(x: float | None) -> float | None:
@@ -77,25 +75,6 @@ def _peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def peft_key(param_name: str, adapter: str = "default") -> str:
-    """The key PEFT writes for a LoRA parameter (the adapter name removed, as ``get_peft_model_state_dict`` does)."""
-    return param_name.replace(f".{adapter}", "")
-
-
-def _rng_state() -> dict:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 @dataclass
@@ -474,157 +453,42 @@ class LoraTrainer:
         if every and completed % every == 0 and completed < self.total_steps:
             self.save_checkpoint(completed, reason="step")
 
-    def _full_adapter(self) -> dict[str, torch.Tensor]:
-        """LoRA weights as full tensors on global rank 0 (collective; empty elsewhere)."""
-        out = {}
-        for name, p in self.named_trainable:
-            t = full_tensor(p.detach())
-            if self.is_main:
-                out[name] = t.cpu().clone()
-        return out
-
-    def _full_optimizer(self) -> dict:
-        state: dict[str, dict] = {}
-        for name, p in self.named_trainable:
-            st = self.optimizer.state.get(p, {})
-            if not st:
-                continue
-            entry = {k: (full_tensor(v).cpu().clone() if torch.is_tensor(v) and v.dim() > 0 else v)
-                     for k, v in st.items()}
-            if self.is_main:
-                state[name] = entry
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        return {"state": state, "param_groups": groups}
-
     def _trainer_state(self, step: int) -> dict:
         return {"step": step, "skipped_steps": self.skipped, "rows_per_step": self.plan.rows_per_step,
                 "dataset_rows": self.plan.rows, "seed": self.spec.seed, "world_size": self.world,
                 "total_steps": self.total_steps, "eval_loss_before": self.eval_loss_before,
                 "scheduler": self.scheduler.state_dict(), "saved_at": time.time()}
 
-    def save_peft_adapter(self, weights: dict[str, torch.Tensor], directory: Path) -> None:
-        """Write ``weights`` (full LoRA tensors by parameter name) as a PEFT adapter directory (rank 0)."""
-        from safetensors.torch import save_file
-
-        directory.mkdir(parents=True, exist_ok=True)
-        self.model.peft_config["default"].save_pretrained(str(directory))
-        save_file({peft_key(k): v.contiguous() for k, v in weights.items()},
-                  str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
-
     def save_checkpoint(self, step: int, reason: str) -> None:
         """Collective: gather full adapter and optimizer state on rank 0, write atomically, mirror, prune."""
         if step == self._last_saved_step:
             return
-        weights = self._full_adapter()
-        optim = self._full_optimizer()
-        rng: list = [None] * self.world
-        dist.all_gather_object(rng, _rng_state())
+        saved = checkpoint.save_training_state(
+            self.store, step, self.model.peft_config["default"], self.named_trainable, self.optimizer,
+            self._trainer_state(step), self.metrics, self.is_main, self.world)
         if self.is_main:
-            tmp = self.store.begin(step)
-            self.save_peft_adapter(weights, tmp)
-            torch.save(optim, tmp / "optimizer.pt")
-            torch.save(rng, tmp / "rng.pt")
-            (tmp / "trainer_state.json").write_text(json.dumps(self._trainer_state(step), indent=2))
-            self._write_metrics(tmp / "metrics.parquet")
-            self.store.commit(tmp, step)
-        dist.barrier()  # every rank's part is in; rank 0 wrote it
-        if self.is_main:
-            if self.store.remote_uri:
-                self.store.upload(step)
-            self.store.prune()
-            self.report.log(f"checkpoint {step} ({reason}) at {self.store.path(step)}"
+            self.report.log(f"checkpoint {step} ({reason}) at {saved}"
                             + (f", mirrored to {self.store.remote_uri}" if self.store.remote_uri else ""))
         self._last_saved_step = step
         self._last_save_time = time.monotonic()
 
     def load_checkpoint(self) -> None:
         """Resume from the newest complete checkpoint, if any (every start is a resume)."""
-        box: list = [None]
-        if self.is_main:
-            step = self.store.latest()
-            if step is not None:
-                self.store.fetch(step)  # downloads it when only the remote copy exists
-            box = [step]
-        dist.broadcast_object_list(box, src=0)
-        dist.barrier()  # rank 0 has it locally before anyone reads
-        step = box[0]
-        if step is None:
+        restored = checkpoint.load_training_state(
+            self.store, self.named_trainable, self.optimizer, self.scheduler, self.is_main, self.rank, self.world,
+            expect={"rows_per_step": self.plan.rows_per_step, "dataset_rows": self.plan.rows, "seed": self.spec.seed})
+        if restored is None:
             return
-        path = self.store.path(step)
-        state_box: list = [json.loads((path / "trainer_state.json").read_text()) if self.is_main else None]
-        dist.broadcast_object_list(state_box, src=0)
-        state = state_box[0]
-        if (state["rows_per_step"], state["dataset_rows"], state["seed"]) != (self.plan.rows_per_step, self.plan.rows,
-                                                                              self.spec.seed):
-            raise TrainingError(
-                f"checkpoint {path} was written with {state['rows_per_step']} rows per step, {state['dataset_rows']} "
-                f"dataset rows and seed {state['seed']}; this run has {self.plan.rows_per_step}, {self.plan.rows} and "
-                f"{self.spec.seed}. Restore those settings or delete {self.store.local} to start over"
-            )
-        weights = optim = rng = None
+        step, state, metrics = restored
         if self.is_main:
-            from safetensors.torch import load_file
-
-            weights = load_file(str(path / "adapter_model.safetensors"))
-            optim = torch.load(path / "optimizer.pt", weights_only=False)
-            rng = torch.load(path / "rng.pt", weights_only=False)
-        for name, p in self.named_trainable:
-            full = weights[peft_key(name)] if self.is_main else torch.empty(p.shape, dtype=p.dtype)
-            load_full_into(p, full)
-        self._load_optimizer(optim)
-        self.scheduler.load_state_dict(state["scheduler"])
-        mine: list = [None]
-        if state["world_size"] == self.world:  # per-rank RNG streams continue; otherwise reseed per rank and step
-            dist.scatter_object_list(mine, rng if self.is_main else None, src=0)
-        if mine[0] is not None:
-            _set_rng_state(mine[0])
-        else:
-            torch.manual_seed(self.spec.seed + 1 + self.rank + 1_000_003 * step)
-        if self.is_main:
-            import pyarrow.parquet as pq
-
-            mp = path / "metrics.parquet"
-            self.metrics = pq.read_table(mp).to_pylist() if mp.exists() else []
+            self.metrics = metrics
         self.skipped = state["skipped_steps"]
         self.eval_loss_before = state.get("eval_loss_before")
         self.start_step = self.resumed_from = step
         self._last_saved_step = step
-        self.report.log(f"resumed from checkpoint {path} (step {step} of {self.total_steps})")
-
-    def _load_optimizer(self, optim: dict | None) -> None:
-        box: list = [(sorted(optim["state"]), optim["param_groups"]) if self.is_main else None]
-        dist.broadcast_object_list(box, src=0)
-        names, groups = set(box[0][0]), box[0][1]
-        if len(groups) != len(self.optimizer.param_groups):
-            raise TrainingError(f"checkpoint has {len(groups)} optimizer parameter groups, this run has "
-                                f"{len(self.optimizer.param_groups)}")
-        for group, saved in zip(self.optimizer.param_groups, groups):
-            group.update(saved)  # the current lr (the scheduler's state does not carry it), betas, decay
-        for name, p in self.named_trainable:
-            if name not in names:
-                continue
-            src = optim["state"][name] if self.is_main else None
-            meta: list = [{k: (v if not (torch.is_tensor(v) and v.dim() > 0) else None) for k, v in src.items()}
-                          if self.is_main else None]
-            dist.broadcast_object_list(meta, src=0)
-            entry = {}
-            for k, v in meta[0].items():
-                if v is not None:
-                    entry[k] = v.clone() if torch.is_tensor(v) else v
-                    continue
-                dest = torch.zeros_like(p.detach())
-                load_full_into(dest, src[k] if self.is_main else torch.empty(p.shape, dtype=p.dtype))
-                entry[k] = dest
-            self.optimizer.state[p] = entry
+        self.report.log(f"resumed from checkpoint {self.store.path(step)} (step {step} of {self.total_steps})")
 
     # ------------------------------------------------------------------ output
-    def _write_metrics(self, path: Path) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pylist(self.metrics) if self.metrics else pa.table({"step": pa.array([], pa.int64())}),
-                       path)
-
     def _finish(self, seconds: float) -> dict:
         eval_loss = self.evaluate()
         adapter_dir = self.out / "adapter"
@@ -636,58 +500,17 @@ class LoraTrainer:
         for name in ("adapter_config.json", "adapter_model.safetensors"):
             shutil.copy2(ckpt / name, adapter_dir / name)
         self.out.mkdir(parents=True, exist_ok=True)
-        self._write_metrics(self.out / "metrics.parquet")
+        checkpoint.write_metrics(self.metrics, self.out / "metrics.parquet")
         merged = None
         if self.spec.export_merged:
             from training.export import export_merged
 
             merged = export_merged(self.job.base_model_path, adapter_dir, self.out / "merged", self.compute_dtype)
-        m = self.metrics
-        head = [r["loss"] for r in m[:10]]
-        tail = [r["loss"] for r in m[-10:]]
-        new = [r for r in m if self.resumed_from is None or r["step"] > self.resumed_from]
-        tokens = sum(r["tokens"] for r in new)
-        base_bytes = sum(f.stat().st_size for f in Path(self.job.base_model_path).glob("*.safetensors"))
-        summary = {
-            "steps": self.total_steps,
-            "trained_steps": len(m),
-            "skipped_steps": self.skipped,
-            "resumed_from_step": self.resumed_from,
-            "world_size": self.world,
-            "nodes": self.spec.nodes,
-            "processes_per_node": self.spec.processes_per_node,
-            "sharding": self.spec.sharding,
-            "fsdp": self.world > 1,
-            "micro_batch_size": self.spec.micro_batch_size,
-            "gradient_accumulation_steps": self.spec.gradient_accumulation_steps,
-            "effective_batch": self.spec.effective_batch,
-            "loss": self.spec.distillation.loss,
-            "first_loss": sum(head) / len(head) if head else None,
-            "final_loss": sum(tail) / len(tail) if tail else None,
-            "eval_loss_before": self.eval_loss_before,
-            "eval_loss": eval_loss,
-            "eval_rows": sum(len(r) for r in self.eval_rows),
-            "eval_source": self.eval_source,
-            "tokens": tokens,
-            "loss_tokens": sum(r["loss_tokens"] for r in new),
-            "train_seconds": seconds,
-            "train_cpu_seconds": self.cpu_seconds,
-            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-            "attn_implementation": self.attn_implementation,
-            "peak_memory_mb": max((r["peak_memory_mb"] for r in m), default=0.0),
-            "trainable_parameters": self.trainable,
-            "total_parameters": self.total_params,
-            "adapter_dir": str(adapter_dir),
-            "adapter_bytes": sum(f.stat().st_size for f in adapter_dir.iterdir()),
-            "checkpoint_bytes": sum(f.stat().st_size for f in ckpt.iterdir()),
-            "base_model_bytes": base_bytes,
-            "merged_dir": str(merged) if merged else None,
-            "device": self.device.type,
-        }
+        summary = run_summary(self, seconds, eval_loss, adapter_dir, ckpt, merged)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.report.materialization({k: v for k, v in summary.items() if v is not None})
         self.report.log(
-            f"done: {len(m)} steps ({self.skipped} skipped) in {seconds:.1f}s, loss "
+            f"done: {len(self.metrics)} steps ({self.skipped} skipped) in {seconds:.1f}s, loss "
             f"{summary['first_loss'] if summary['first_loss'] is None else round(summary['first_loss'], 4)} → "
             f"{summary['final_loss'] if summary['final_loss'] is None else round(summary['final_loss'], 4)}, "
             f"eval loss ({self.eval_source}) {_r4(self.eval_loss_before)} → {_r4(eval_loss)}, adapter at {adapter_dir}")

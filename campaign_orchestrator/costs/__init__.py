@@ -4,7 +4,8 @@ catalog    dated prices with sources, from a versioned YAML file (no price lives
 lines      cost lines: quantity × unit price, as stages write them into their manifests
 ledger     the DuckDB ledger every stage output's lines are recorded in, once
 report     cost per result ($/M teacher tokens, $/1k accepted examples, $/point gained)
-planner    per-device memory and per-stage time and dollars, before anything runs
+memory     per-device memory of LoRA / QLoRA training (ZeRO / FSDP states, LoRA, activations, logits)
+planner    per-stage time and dollars before anything runs, with memory's figures
 budget     budget guards that stop a stage before it overspends
 dashboard  the static HTML cost dashboard of a campaign
 """

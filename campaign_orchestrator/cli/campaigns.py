@@ -1,0 +1,79 @@
+"""``campaign validate``, ``list`` and ``plan``: campaign files before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from campaigns.loader import default_campaign_files, load_campaigns
+from campaign_orchestrator.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    files = args.files or default_campaign_files()
+    missing = [f for f in files if not Path(f).exists()]
+    loaded = load_campaigns([f for f in files if Path(f).exists()])
+    for name, src in loaded.sources.items():
+        print(f"ok       {src}  (campaign {name})")
+    for f in missing:
+        print(f"invalid  {f}: no such file")
+    for err in loaded.errors:
+        print(f"invalid  {err.path}")
+        for line in err.render().splitlines():
+            print(f"  {line}")
+    bad = len(loaded.errors) + len(missing)
+    print(f"\n{len(loaded.campaigns)} valid, {bad} invalid")
+    return EXIT_INVALID if bad else EXIT_OK
+
+
+def list_command(args: argparse.Namespace) -> int:
+    loaded = load_campaigns()
+    for name, src in loaded.sources.items():
+        print(f"{name:24s} {src}")
+    for e in loaded.errors:
+        print(f"{'(invalid)':24s} {e.path}")
+    return EXIT_OK
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    from campaign_orchestrator.costs.catalog import PricingError
+    from campaign_orchestrator.costs.planner import PlanError, render_plan
+    from resources.pricing import PricingResource
+    from resources.storage import ArtifactStore
+
+    spec = resolve_spec(args.campaign)
+    if spec is None:
+        return EXIT_INVALID
+    root = ArtifactStore(root=args.artifacts).root_path()
+    pricing = PricingResource()
+    try:
+        plan = pricing.plan(spec, root)
+    except (PlanError, PricingError, FileNotFoundError, ValueError) as e:
+        print(f"cannot plan campaign {spec.name}: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    spent = pricing.ledger_at(root).spent(spec.name)
+    plan["campaign_spent_usd"] = spent
+    if args.json:
+        print(json.dumps(plan, indent=2, default=str))
+        return EXIT_OK
+    print(render_plan(plan))
+    if spent:
+        print(f"already spent on campaign {spec.name} (ledger): ${spent:.6f}"
+              + (f"; ${spec.cost.budget_usd - spent:.6f} of the budget remains" if spec.cost.budget_usd else ""))
+    return EXIT_OK
+
+
+def add_parsers(sub) -> None:
+    """Register this group's commands on the ``campaign`` parser."""
+    v = sub.add_parser("validate", help="validate campaign files (default: campaigns/*.yaml)")
+    v.add_argument("files", nargs="*")
+    v.set_defaults(fn=validate_command)
+    p = sub.add_parser("plan", help="before running: per-GPU memory, fit, teacher tokens, GPU-hours and $ per stage")
+    p.add_argument("campaign", help="campaign name or YAML file")
+    p.add_argument("--artifacts", default="artifacts", help="artifact root holding models and the ledger")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(fn=plan_command)
+    ls = sub.add_parser("list", help="list campaigns")
+    ls.set_defaults(fn=list_command)

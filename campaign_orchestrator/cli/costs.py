@@ -1,0 +1,68 @@
+"""``campaign costs`` and ``dashboard``: spend from the cost ledger."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from campaign_orchestrator.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
+
+
+def costs_command(args: argparse.Namespace) -> int:
+    from campaign_orchestrator.costs.report import money
+    from resources.pricing import PricingResource
+    from resources.storage import ArtifactStore
+
+    ledger = PricingResource().ledger_at(ArtifactStore(root=args.artifacts).root_path())
+    if args.sql:
+        import duckdb
+
+        try:
+            rows = ledger.query(args.sql)
+        except duckdb.Error as e:
+            print(f"query failed: {e}", file=sys.stderr)
+            return EXIT_INVALID
+        if rows:
+            print("\t".join(rows[0]))
+            for r in rows:
+                print("\t".join("" if v is None else str(v) for v in r.values()))
+        return EXIT_OK
+    names = [args.campaign] if args.campaign else ledger.campaigns()
+    print(f"ledger: {ledger.path}")
+    for name in names:
+        runs = ledger.runs(name)
+        print(f"\ncampaign {name}: {money(ledger.spent(name))} in {len(runs)} run(s)")
+        print(f"  {'run':36s} {'first record (UTC)':19s} {'spent':>11s} {'teacher':>11s} {'training':>11s} "
+              f"{'evaluation':>11s} {'stopped':>11s}")
+        for r in runs:
+            print(f"  {r['run_id']:36s} {str(r['started_at'])[:19]:19s} {money(r['usd']):>11s} {money(r['teacher_usd']):>11s} "
+                  f"{money(r['training_usd']):>11s} {money(r['evaluation_usd']):>11s} {money(r['interrupted_usd']):>11s}")
+    return EXIT_OK
+
+
+def dashboard_command(args: argparse.Namespace) -> int:
+    from campaign_orchestrator.costs.dashboard import write_dashboard
+    from resources.pricing import PricingResource
+    from resources.storage import ArtifactStore
+
+    spec = resolve_spec(args.campaign)
+    if spec is None:
+        return EXIT_INVALID
+    root = ArtifactStore(root=args.artifacts).root_path()
+    path = write_dashboard(root / spec.name / "campaign_cost" / "dashboard.html", spec.name,
+                           PricingResource().ledger_at(root), spec.cost.budget_usd)
+    print(path)
+    return EXIT_OK
+
+
+def add_parsers(sub) -> None:
+    """Register this group's commands on the ``campaign`` parser."""
+    c = sub.add_parser("costs", help="spend per run from the cost ledger, or any SQL query on it")
+    c.add_argument("campaign", nargs="?", help="one campaign (default: every campaign in the ledger)")
+    c.add_argument("--sql", help="a query, e.g. \"SELECT kind, SUM(usd) FROM cost_lines GROUP BY kind\"")
+    c.add_argument("--artifacts", default="artifacts")
+    c.set_defaults(fn=costs_command)
+    d = sub.add_parser("dashboard", help="write the campaign's cost dashboard (HTML) from the ledger")
+    d.add_argument("campaign")
+    d.add_argument("--artifacts", default="artifacts")
+    d.set_defaults(fn=dashboard_command)

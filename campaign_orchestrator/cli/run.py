@@ -1,0 +1,155 @@
+"""``campaign run``: materialize a campaign end to end through Dagster and print its scores, verdict and cost."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from campaign_orchestrator import paths
+from campaign_orchestrator.cli.common import EXIT_BLOCKED, EXIT_FAILED, EXIT_INVALID, EXIT_OK, dagster_home, latest_manifest, resolve_with_source
+
+
+def campaign_summary(artifacts: Path, campaign: str, primary_suite: str, run_id: str | None = None,
+                     spec=None) -> dict:
+    """Scores and verdict of the campaign's latest materializations (from the manifests) and, given
+    the ``spec`` and a ``run_id``, the run's cost: the full cost-per-result report from the ledger
+    when the run evaluated a candidate (also when the gate blocked it, and campaign_cost was
+    skipped), else what the run spent."""
+    ev = latest_manifest(artifacts, campaign, "evaluation")
+    out: dict = {"campaign": campaign}
+    if ev:
+        gate = json.loads(Path(ev["gate_path"]).read_text())
+        scores = ev["scores"]
+        out |= {role: scores.get(role, {}).get(primary_suite) for role in ("teacher", "base", "candidate")}
+        out |= {"verdict": gate["verdict"], "reasons": gate["reasons"], "report": gate["markdown"]}
+    train = latest_manifest(artifacts, campaign, "student_adapter")
+    report = Path(train["path"]) / "profile" / "report.json" if train else None
+    if report is not None and report.exists() and (json.loads(report.read_text()).get("triage") or {}).get("verdict"):
+        t = json.loads(report.read_text())["triage"]
+        out["triage"] = {"verdict": t["verdict"], "reason": t["reason"], "advice": t["topology_advice"],
+                         "traces": str(report.parent / "traces")}
+    promoted = latest_manifest(artifacts, campaign, "promoted_model")
+    if promoted and ev and promoted.get("key") == ev.get("candidate_key"):
+        out["promoted"] = promoted["adapter_path"]
+    elif ev and ev.get("requires_human_review") and ev.get("verdict") == "GO":
+        out["awaiting_review"] = ev["candidate_key"]
+    if spec is not None and run_id is not None:
+        out |= run_costs(artifacts, spec, run_id)
+    return out
+
+
+def run_costs(artifacts: Path, spec, run_id: str) -> dict:
+    """The cost report of ``run_id`` (reused from campaign_cost when it ran) or the run's spend."""
+    from resources.pricing import PricingResource, cost_report
+
+    pricing = PricingResource()
+    ledger = pricing.ledger_at(artifacts)
+    done = {r["asset"] for r in ledger.query("SELECT DISTINCT asset FROM materializations WHERE campaign = ? AND run_id = ?",
+                                             [spec.name, run_id])}
+    out: dict = {"run_id": run_id, "spent_this_run_usd": ledger.spent(spec.name, run_id=run_id),
+                 "spent_by_stage": {r["asset"]: r["usd"] for r in ledger.query(
+                     "SELECT asset, SUM(usd) AS usd FROM cost_lines WHERE campaign = ? AND run_id = ? GROUP BY asset "
+                     "ORDER BY asset", [spec.name, run_id])}}
+    if "evaluation" not in done:
+        return out
+    cost = latest_manifest(artifacts, spec.name, "campaign_cost")
+    if cost and cost.get("run_id") == run_id:
+        out["cost"] = cost
+    else:  # the stage outputs this run materialized (its own or reused), as the ledger recorded them
+        from campaign_orchestrator.stage_dir import StageDir
+
+        used = ledger.query("SELECT asset, arg_max(stage_key, recorded_at) AS stage_key FROM materializations "
+                            "WHERE campaign = ? AND run_id = ? GROUP BY asset", [spec.name, run_id])
+        manifests = {r["asset"]: StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).manifest() for r in used
+                     if r["stage_key"] and StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).is_complete()}
+        out["cost"] = cost_report(pricing, spec, artifacts, run_id, manifests)
+    return out
+
+
+def _fmt(x: float | None, pct: bool = True) -> str:
+    return "n/a" if x is None else (f"{x:.1%}" if pct else f"{x:.6f}")
+
+
+def print_summary(s: dict, seconds: float) -> None:
+    """Scores and verdict, then (last) the cost: the cost-per-result summary from the ledger."""
+    from campaign_orchestrator.costs.report import money, render_text
+
+    print(f"\n=== campaign {s['campaign']} ({seconds:.0f} s) ===")
+    print(f"teacher   exact match: {_fmt(s.get('teacher'))}")
+    print(f"base      exact match: {_fmt(s.get('base'))}")
+    print(f"student   exact match: {_fmt(s.get('candidate'))}")
+    print(f"gate verdict: {s.get('verdict', 'not evaluated')}")
+    for r in s.get("reasons", []):
+        print(f"  - {r}")
+    if s.get("triage"):
+        t = s["triage"]
+        print(f"profile triage: {t['verdict']}: {t['reason']} (traces: {t['traces']}; details: "
+              f"`campaign triage {s['campaign']}`)")
+        print(f"  {t['advice']}")
+    if s.get("promoted"):
+        print(f"promoted adapter: {s['promoted']}")
+    if s.get("awaiting_review"):
+        print(f"promotion awaits human review of candidate {s['awaiting_review']}: "
+              f"campaign approve {s['campaign']} --candidate {s['awaiting_review']} --by <you>")
+    if s.get("run_id"):
+        print(f"dagster run id: {s['run_id']}" + (f" ({s['run_status']})" if s.get("run_status") else ""))
+    c = s.get("cost")
+    if c:
+        print("--- cost (from the ledger) ---")
+        for line in render_text(c):
+            print(line)
+        print(f"dashboard: {c['dashboard_path']}")
+    elif "spent_this_run_usd" in s:
+        parts = ", ".join(f"{k} {money(v)}" for k, v in s["spent_by_stage"].items())
+        print(f"--- cost (from the ledger) ---\nspent in this run: {money(s['spent_this_run_usd'])}"
+              + (f" ({parts})" if parts else "") + "; no candidate was evaluated, so no cost per result")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    resolved = resolve_with_source(args.campaign)
+    if resolved is None:
+        return EXIT_INVALID
+    spec, source = resolved
+    dagster_home()
+    from dagster import DagsterInstance
+
+    from assets.location import build_definitions, campaign_job_name
+    from resources.storage import ArtifactStore
+
+    defs = build_definitions([str(paths.resolve(source))],
+                             artifact_root=args.artifacts)
+    job = defs.resolve_job_def(campaign_job_name(spec.name))
+    t0 = time.perf_counter()
+    with DagsterInstance.get() as instance:
+        result = job.execute_in_process(instance=instance, raise_on_error=False,
+                                        run_config={"loggers": {"console": {"config": {"log_level": args.log_level}}}},
+                                        tags={"trigger": "manual", "campaign": spec.name})
+    seconds = time.perf_counter() - t0
+    summary = campaign_summary(ArtifactStore(root=args.artifacts).root_path(), spec.name, spec.evaluation.suites[0].name,
+                               run_id=result.run_id, spec=spec)
+    if not result.success:
+        for ev in result.all_events:
+            if ev.is_step_failure:
+                print(f"step {ev.step_key} failed: {ev.event_specific_data.error.message.strip()}", file=sys.stderr)
+    blocked = bool(summary.get("verdict") and summary["verdict"] != "GO")
+    if blocked:
+        summary.setdefault("reasons", []).append("promotion blocked by the gate (campaign_cost is skipped with it; "
+                                                 "the cost below comes from the ledger)")
+    summary["run_status"] = "succeeded" if result.success else "failed"
+    print_summary(summary, seconds)
+    if blocked:
+        return EXIT_BLOCKED
+    return EXIT_OK if result.success else EXIT_FAILED
+
+
+def add_parsers(sub) -> None:
+    """Register this group's commands on the ``campaign`` parser."""
+    r = sub.add_parser("run", help="materialize a campaign end to end through Dagster")
+    r.add_argument("campaign", help="campaign name or YAML file")
+    r.add_argument("--artifacts", default="artifacts", help="artifact root (default: ./artifacts)")
+    r.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="Dagster run log level on the console (default: INFO)")
+    r.set_defaults(fn=run_command)

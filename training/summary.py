@@ -1,0 +1,57 @@
+"""What a training run reports when it ends: ``summary.json``, the asset's metadata (through Pipes).
+
+Read off the trainer after its last step: steps (trained, skipped, resumed from), topology,
+batch, first and final loss, eval loss before and after, tokens and tokens/s, attention kernel,
+peak memory, parameter counts, adapter / checkpoint / base sizes, device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def run_summary(trainer, seconds: float, eval_loss: float | None, adapter_dir: Path, ckpt: Path,
+                merged: Path | None) -> dict:
+    """The run's summary (global rank 0; ``trainer`` is a finished :class:`training.trainer.LoraTrainer`)."""
+    m = trainer.metrics
+    head = [r["loss"] for r in m[:10]]
+    tail = [r["loss"] for r in m[-10:]]
+    new = [r for r in m if trainer.resumed_from is None or r["step"] > trainer.resumed_from]
+    tokens = sum(r["tokens"] for r in new)
+    base_bytes = sum(f.stat().st_size for f in Path(trainer.job.base_model_path).glob("*.safetensors"))
+    return {
+        "steps": trainer.total_steps,
+        "trained_steps": len(m),
+        "skipped_steps": trainer.skipped,
+        "resumed_from_step": trainer.resumed_from,
+        "world_size": trainer.world,
+        "nodes": trainer.spec.nodes,
+        "processes_per_node": trainer.spec.processes_per_node,
+        "sharding": trainer.spec.sharding,
+        "fsdp": trainer.world > 1,
+        "micro_batch_size": trainer.spec.micro_batch_size,
+        "gradient_accumulation_steps": trainer.spec.gradient_accumulation_steps,
+        "effective_batch": trainer.spec.effective_batch,
+        "loss": trainer.spec.distillation.loss,
+        "first_loss": sum(head) / len(head) if head else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        "eval_loss_before": trainer.eval_loss_before,
+        "eval_loss": eval_loss,
+        "eval_rows": sum(len(r) for r in trainer.eval_rows),
+        "eval_source": trainer.eval_source,
+        "tokens": tokens,
+        "loss_tokens": sum(r["loss_tokens"] for r in new),
+        "train_seconds": seconds,
+        "train_cpu_seconds": trainer.cpu_seconds,
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "attn_implementation": trainer.attn_implementation,
+        "peak_memory_mb": max((r["peak_memory_mb"] for r in m), default=0.0),
+        "trainable_parameters": trainer.trainable,
+        "total_parameters": trainer.total_params,
+        "adapter_dir": str(adapter_dir),
+        "adapter_bytes": sum(f.stat().st_size for f in adapter_dir.iterdir()),
+        "checkpoint_bytes": sum(f.stat().st_size for f in ckpt.iterdir()),
+        "base_model_bytes": base_bytes,
+        "merged_dir": str(merged) if merged else None,
+        "device": trainer.device.type,
+    }
