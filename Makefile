@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install system-deps demo test ui validate bench clean
+.PHONY: install system-deps demo test test-fast ui validate bench clean
 
 # The venv is rebuilt when pyproject.toml changes. torch is pinned to the CPU build that lies on
 # this machine's disk (a GPU image installs the CUDA build of the same version instead).
@@ -34,6 +34,9 @@ demo: install $(DAGSTER_HOME)/dagster.yaml   ## build the demo models (cached), 
 
 test: install system-deps                      ## run the test suite
 	$(BIN)/python -m pytest tests
+
+test-fast: install                             ## unit tests only (no `stage` or `slow` tests), under 2 minutes
+	$(BIN)/python -m pytest tests -m "not slow and not stage" -q
 
 ui: install $(DAGSTER_HOME)/dagster.yaml       ## the Dagster UI (and daemon) on the same campaigns and instance
 	$(BIN)/dagster dev -w workspace.yaml

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT
+
 # Tests share the repository's artifact root only for the demo models; every test that
 # materializes a campaign uses its own temporary root with the models linked in.
 MODELS_ROOT = Path(os.environ.get("CAMPAIGN_TEST_MODELS_ROOT", REPO_ROOT / "artifacts"))
@@ -40,3 +41,48 @@ def artifact_root(tmp_path, demo_models_root) -> Path:
     src = models_dir(demo_models_root)
     (root / "models" / src.name).symlink_to(src, target_is_directory=True)
     return root
+
+
+# ------------------------------------------------------------------ the demo student's tokenizer
+
+@pytest.fixture(scope="module")
+def tok(demo_models):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(demo_models["student"]))
+
+
+@pytest.fixture
+def chat_tok(demo_models):
+    from transformers import AutoTokenizer
+
+    t = AutoTokenizer.from_pretrained(str(demo_models["student"]))
+    from tests.support.dataprep_support import CHAT
+
+    t.chat_template = CHAT
+    return t
+
+
+# ------------------------------------------------------------------ S3
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A local S3 endpoint (moto's threaded server on 127.0.0.1) with bucket ``ckpts``; boto3 finds it
+    through the standard AWS environment variables, as the trainer does in production."""
+    import socket
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}.items():
+        monkeypatch.setenv(k, v)
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="ckpts")
+    yield client
+    server.stop()

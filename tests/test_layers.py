@@ -3,12 +3,11 @@ cycle between the project's packages, lazy imports included."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import grimp
 from importlinter.cli import lint_imports
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT as REPO
 ROOTS = ("campaigns", "assets", "resources", "training", "evaluation", "campaign_orchestrator")
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import kmock
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO_ROOT
 NS = "training"
 
 

@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO_ROOT
 
 
 def demo_spec():
@@ -153,26 +152,3 @@ def add_teacher_topk(ds_dir: Path, teacher_dir: Path, k: int = 4) -> Path:
     t = t.append_column("teacher_topk_logprobs", pa.array(lps_col, pa.list_(pa.list_(pa.float32()))))
     pq.write_table(t, path)
     return ds_dir
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    """A local S3 endpoint (moto's threaded server on 127.0.0.1) with bucket ``ckpts``; boto3 finds it
-    through the standard AWS environment variables, as the trainer does in production."""
-    import socket
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-                 "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}.items():
-        monkeypatch.setenv(k, v)
-    client = boto3.client("s3")
-    client.create_bucket(Bucket="ckpts")
-    yield client
-    server.stop()

@@ -1,6 +1,5 @@
 """The gate on constructed item-level data: PASS, BREACH, INSUFFICIENT_EVIDENCE, errors, tiers."""
 
-from pathlib import Path
 
 import pytest
 
@@ -20,6 +19,7 @@ from evaluation.gate import (
 )
 from evaluation.report import build_report, disagreements
 from evaluation.stats import PAIRED_T
+from tests.support import REPO_ROOT
 
 
 def items(scores, category="c", errors=(), latency=0.5, prefix="i"):
@@ -152,7 +152,7 @@ def test_report_lists_losses_first_and_reads_as_a_table():
 
 
 def test_suite_gate_overrides_only_the_fields_it_sets():
-    spec = load_campaign_file(Path(__file__).resolve().parent.parent / "campaigns/demo.yaml")
+    spec = load_campaign_file(REPO_ROOT / "campaigns/demo.yaml")
     cipher, fmt = spec.evaluation.suites
     assert spec.evaluation.gate_for(cipher) == spec.evaluation.gate
     g = spec.evaluation.gate_for(fmt)

@@ -35,7 +35,7 @@ import yaml
 from campaign_orchestrator.demo import cipher
 from training.net import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT as REPO
 CHROMIUM = "/usr/bin/chromium"
 LOCATION = "campaigns"  # workspace.yaml location_name
 REPO_PATH = f"__repository__@{LOCATION}"

@@ -14,7 +14,7 @@ from campaign_orchestrator.dataset.formatting import IGNORE, EncodeSettings, enc
 from campaign_orchestrator.dataset.packing import pack_bfd, pack_rows
 from campaign_orchestrator.dataset.topk import TEACHER_IDS, TEACHER_LOGPROBS
 
-from tests.support.dataprep_support import CHAT, chars, chat_tok, tok  # noqa: F401  (fixtures)
+from tests.support.dataprep_support import chars
 
 
 def generation(tok, completion: str, stopped: bool = True, k: int = 3, salt: int = 0) -> dict:

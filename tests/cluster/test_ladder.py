@@ -11,7 +11,7 @@ from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, materialize
 
 from assets import cluster
 from assets.location import build_definitions, default_resources
-from campaign_orchestrator.cluster import collectives, ladder
+from campaign_orchestrator.cluster import ladder
 from campaign_orchestrator.cluster.baseline import BaselineStore
 from resources.cluster import ClusterValidation
 

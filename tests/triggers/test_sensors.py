@@ -25,7 +25,7 @@ from campaign_orchestrator.triggers.newdata import NewDataState, Threshold, obse
 from campaign_orchestrator.triggers.sources import content_digest, list_source
 from campaign_orchestrator.demo import cipher
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT as REPO
 
 
 def write_campaign(tmp_path: Path, name: str = "watch", source: str | None = None, **automation) -> Path:

@@ -44,7 +44,7 @@ def test_world2_accum2_gradients_equal_one_process(tmp_path, demo_models):
         files.append(str(job.write(tmp_path / f"{name}.json")))
     out = tmp_path / "grads.pt"
     cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO_ROOT / "tests" / "train_scripts" / "grad_check.py"), str(out), *files]
+           str(REPO_ROOT / "tests" / "support" / "train_scripts" / "grad_check.py"), str(out), *files]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     results = torch.load(out, weights_only=False)

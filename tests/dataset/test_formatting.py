@@ -14,7 +14,7 @@ from campaign_orchestrator.dataset.formatting import (
     resolve_template,
 )
 
-from tests.support.dataprep_support import CHAT, chars, chat_tok, tok  # noqa: F401  (fixtures)
+from tests.support.dataprep_support import chars
 
 
 def run(tok, rows: list[dict], max_seq_len: int = 64, template: Template | None = None, **kw) -> dict:

@@ -118,6 +118,7 @@ def test_transformers_backend_rows_logprobs_skip_and_cache(tmp_path, demo_models
     assert all(r["from_cache"] for r in res2.rows)
 
 
+@pytest.mark.stage
 def test_sampling_n_samples_per_prompt(tmp_path, demo_models, teacher_gen):
     s = Sampling(max_new_tokens=16, temperature=1.0, n=3, seed=5)
     ident = "transformers:test"
@@ -200,6 +201,7 @@ class FakeLLM:
         return out
 
 
+@pytest.mark.stage
 def test_vllm_backend_with_injected_llm(tmp_path, teacher_gen):
     llm = FakeLLM(teacher_gen)
     s = Sampling(max_new_tokens=16, logprobs=2)
@@ -217,6 +219,7 @@ def test_vllm_backend_with_injected_llm(tmp_path, teacher_gen):
         assert rows[p["id"]]["backend"] == "vllm"
 
 
+@pytest.mark.stage
 def test_vllm_backend_sends_n_once_per_prompt_and_isolates_rejected_prompts(tmp_path, teacher_gen):
     llm = FakeLLM(teacher_gen, max_model_len=None)  # no config to pre-check lengths: vLLM's ValueError is handled
     s = Sampling(max_new_tokens=16, temperature=1.0, n=3, seed=11)

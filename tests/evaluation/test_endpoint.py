@@ -28,6 +28,7 @@ def by_role(rows):
     return out
 
 
+@pytest.mark.stage
 def test_suite_scored_through_the_endpoint_with_errors_recorded(server):
     rows = heldout_rows(16)
     items = load_items("heldout", rows, ".")

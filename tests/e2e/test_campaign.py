@@ -10,7 +10,7 @@ from dagster import AssetKey, DagsterInstance
 from assets.location import build_definitions, campaign_job_name
 from campaign_orchestrator.demo import cipher
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT as REPO
 
 pytestmark = pytest.mark.slow
 

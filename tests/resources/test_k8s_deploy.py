@@ -22,7 +22,7 @@ import yaml
 from campaigns.loader import load_campaign_file
 from resources.k8s.validate import validate_manifests
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT
 DEPLOY = REPO_ROOT / "deploy"
 ANY = "*"  # a free-form value (a Kubernetes object, a map): its inner keys are not the chart's
 

@@ -21,7 +21,7 @@ from resources.k8s.status import parse_log_timestamp, pod_problem, split_log_lin
 from resources.k8s.validate import ManifestError, validate_manifest, validate_manifests
 from resources.local_launcher import torchrun_commands
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT
 EXAMPLE = REPO_ROOT / "campaigns/examples/cluster.yaml"
 RUN_ID = "4f3c2b1a-0000-4000-8000-123456789abc"
 
@@ -430,7 +430,7 @@ def test_spec_refuses_a_variable_set_in_distributed_env_and_kubernetes_env(tmp_p
 
     from campaigns.loader import CampaignError, parse_campaign_text
 
-    data = _yaml.safe_load((Path(__file__).resolve().parent.parent / "campaigns" / "examples" / "cluster.yaml").read_text())
+    data = _yaml.safe_load((REPO_ROOT / "campaigns" / "examples" / "cluster.yaml").read_text())
     data["kubernetes"].setdefault("env", {})["NCCL_DEBUG"] = "WARN"
     data["training"]["distributed_env"] = {"NCCL_DEBUG": "INFO"}
     with pytest.raises(CampaignError) as e:

@@ -34,7 +34,7 @@ from campaign_orchestrator.dataset import prompts as P
 from resources.storage import ArtifactStore
 from campaign_orchestrator.demo import cipher
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT as REPO
 
 
 def test_decide_floor_drop_and_evidence():

@@ -28,7 +28,7 @@ from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
 from tests.support.k8s_fake_cluster import NS, EmulatedApiServer, FakeKubelet, python_program, scripted_program
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT
 PLANTED = "hf_PLANTED_SECRET_value_7f3a9c"  # lives only in a Kubernetes Secret and the Dagster process env
 
 # Rank 0's stand-in for `python -m training`: the real training.reporting.Reporter over the pod's env.

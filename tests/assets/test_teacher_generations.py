@@ -23,7 +23,7 @@ from campaign_orchestrator.teacher import __main__ as gen_cli
 from tests.support.testserver import ServerConfig, ServerThread
 from campaign_orchestrator.demo import cipher
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT as REPO
 SECRET = "sk-campaign-secret-4242424242"
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from dagster import AssetKey, DagsterInstance, Output, asset, materialize
@@ -18,6 +17,7 @@ from campaign_orchestrator.costs.budget import BudgetExceeded, BudgetGuard, Limi
 from campaign_orchestrator.costs.ledger import Ledger
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
+from tests.support import REPO_ROOT
 
 CHUNKS = 10
 CHUNK_S = 0.1  # device seconds per chunk; at the $3600/hour override below a chunk costs $0.10
@@ -155,7 +155,7 @@ def test_the_teacher_stage_stops_midway_on_its_budget(artifact_root):
     from assets import teacher_generations as generations, prompts
     from assets.location import default_resources
 
-    text = (Path(__file__).parent.parent / "campaigns/demo.yaml").read_text()
+    text = (REPO_ROOT / "campaigns/demo.yaml").read_text()
     text = text.replace("  hardware: cpu-2vcpu\n\nstudent", "  hardware: api-open-70b\n\nstudent", 1)
     spec = parse_campaign_text(text.replace("  budget_usd: 1.0", "  budget_usd: 0.006\n  check_estimates: false"))
     assert spec.teacher.hardware == "api-open-70b"

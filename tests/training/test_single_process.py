@@ -6,14 +6,15 @@ does without torchrun; torchrun-launched multi-process runs are in test_training
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.support.train_support import make_job, s3, write_cipher_dataset  # noqa: F401  (s3 is a fixture)
+from tests.support.train_support import make_job, write_cipher_dataset
+
+pytestmark = pytest.mark.stage  # real training runs on the demo models
 
 DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SMALL = {"lora": {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "down_proj"]}}

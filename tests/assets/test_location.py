@@ -3,14 +3,13 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from dagster import AssetKey
 
 from assets.common import STAGES
 from assets.location import build_definitions, campaign_job_name
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT as REPO
 
 
 def test_location_import_does_not_load_torch():

@@ -1,7 +1,6 @@
 """The campaign spec: valid files load; every kind of bad field names file, field, line and expectation."""
 
 import typing
-from pathlib import Path
 
 import pytest
 import yaml
@@ -9,7 +8,7 @@ import yaml
 from campaigns.loader import CampaignError, default_campaign_files, load_campaigns, parse_campaign_text
 from campaigns.spec import CampaignSpec
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT as REPO
 DEMO = (REPO / "campaigns" / "demo.yaml").read_text()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.train_support import s3  # noqa: F401  (fixture)
 from training.checkpoint import MARKER, CheckpointStore, parse_s3_uri
 
 
