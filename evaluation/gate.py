@@ -26,6 +26,7 @@ from statistics import fmean
 
 import numpy as np
 
+from campaigns.spec import GateSpec
 from evaluation import stats
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
@@ -34,22 +35,24 @@ FAIL = BREACH  # the first version's name
 BLOCKING, ADVISORY = "blocking", "advisory"
 PRECONDITIONS = ("max_error_rate", "min_items")
 ALL = "(all)"
+_SPEC_DEFAULTS = GateSpec()  # one place for the gate's defaults: the campaign spec
 
 
 @dataclass(frozen=True)
 class GatePolicy:
-    """The rules of one suite (mirrors ``campaigns.spec.GateSpec``; ``None`` switches a rule off)."""
+    """The rules of one suite: ``campaigns.spec.GateSpec``'s fields, with its defaults (documented there);
+    ``None`` switches a rule off."""
 
-    min_score: float | None = 0.8
-    max_regression_vs_base: float | None = 0.03
-    max_category_regression: float | None = None
-    min_category_items: int = 10
-    max_empty_output_rate: float | None = 0.0
-    max_p95_latency_s: float | None = 30.0
-    max_avg_latency_s: float | None = None
-    min_items: int = 20
-    max_error_rate: float = 0.05
-    advisory: tuple[str, ...] = ()
+    min_score: float | None = _SPEC_DEFAULTS.min_score
+    max_regression_vs_base: float | None = _SPEC_DEFAULTS.max_regression_vs_base
+    max_category_regression: float | None = _SPEC_DEFAULTS.max_category_regression
+    min_category_items: int = _SPEC_DEFAULTS.min_category_items
+    max_empty_output_rate: float | None = _SPEC_DEFAULTS.max_empty_output_rate
+    max_p95_latency_s: float | None = _SPEC_DEFAULTS.max_p95_latency_s
+    max_avg_latency_s: float | None = _SPEC_DEFAULTS.max_avg_latency_s
+    min_items: int = _SPEC_DEFAULTS.min_items
+    max_error_rate: float = _SPEC_DEFAULTS.max_error_rate
+    advisory: tuple[str, ...] = tuple(_SPEC_DEFAULTS.advisory)
 
     @classmethod
     def from_mapping(cls, m: dict) -> GatePolicy:

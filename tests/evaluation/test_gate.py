@@ -178,3 +178,13 @@ def test_a_single_category_suite_says_its_category_rule_is_the_overall_one():
     r = decide("s", items(cand, category="only"), items(base, category="only"), policy)
     cat = rule(r, "max_category_regression")
     assert cat.status == PASS and "one category (only): judged as the whole suite" in cat.detail
+
+
+def test_gate_policy_defaults_are_the_campaign_specs():
+    from dataclasses import fields
+
+    from campaigns.spec import GateSpec
+
+    spec, policy = GateSpec(), GatePolicy()
+    for f in fields(GatePolicy):
+        assert getattr(policy, f.name) == (tuple(spec.advisory) if f.name == "advisory" else getattr(spec, f.name)), f.name
