@@ -1,2 +1,25 @@
-"""Dagster asset factories, one module per stage. Thin: read the spec, call a plain module or a
-resource, write files, return metadata. Nothing here imports torch at module level."""
+"""Dagster asset factories, one module per asset key. Thin: read the spec, call a plain module or a
+resource, write files, return metadata. Nothing here imports torch at module level.
+
+A campaign's graph, in pipeline order, and the library module that does each asset's work:
+
+=====================  =========================================================================
+asset (module)         work done by
+=====================  =========================================================================
+prompts                campaign_orchestrator.dataset.prompts (sources: .triggers.sources)
+teacher_generations    campaign_orchestrator.teacher (runner, cache, backends; resources.teacher)
+distillation_set       campaign_orchestrator.dataset.filtering (scorer: evaluation.scorers)
+tokenized_dataset      campaign_orchestrator.dataset.tokenize (formatting, packing, topk)
+student_adapter        training (``python -m training`` through resources.training_launcher)
+evaluation             evaluation (runner, suite, gate, report; local generation: .teacher.local)
+promoted_model         evaluation.approval
+campaign_cost          campaign_orchestrator.costs (report, dashboard; resources.pricing)
+drift_evaluation       evaluation.drift (automation group: sensors.py, plain logic in .triggers)
+=====================  =========================================================================
+
+Beside them: ``demo_models`` (campaign_orchestrator.demo.build), ``cluster`` (the validation ladder,
+campaign_orchestrator.cluster), ``invalid_campaigns`` (a broken campaign file, campaigns.loader).
+``location.py`` builds the ``Definitions``; ``sensors.py`` and ``versions.py`` add the campaigns'
+sensors, schedules and code versions; ``common.py``, ``io_manager.py``, ``progress.py`` and
+``perf_metadata.py`` are shared helpers.
+"""

@@ -60,3 +60,12 @@ def test_cli_validate_reports_file_and_field(tmp_path):
     assert f"{bad}:" in run.stdout and "student.lora.r" in run.stdout and "'sixteen'" in run.stdout
     ok = subprocess.run([sys.executable, "-m", "campaign_orchestrator.cli", "validate"], cwd=REPO, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout
+
+
+def test_every_asset_key_has_a_module_of_that_name():
+    """`assets/<stage>.py` for a campaign's stage, `assets/<group>.py` for the demo models, the cluster
+    ladder and invalid campaign files."""
+    modules = {p.stem for p in (REPO / "assets").glob("*.py")}
+    keys = build_definitions().resolve_all_asset_keys()
+    missing = [k.to_user_string() for k in keys if k.path[-1] not in modules and k.path[0] not in modules]
+    assert not missing and len(keys) > 10, missing
