@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from campaigns.spec.common import _Strict
+from campaigns.spec.common import Cron, _Strict
 
 class NewDataSpec(_Strict):
     """New-data sensor ``<campaign>_new_data``: watches ``data.source`` (local glob or ``s3://`` prefix).
@@ -47,19 +47,12 @@ class DriftSpec(_Strict):
     """
 
     enabled: bool = Field(False, description="Start the drift schedule and its retraining sensor switched on.")
-    cron: str = Field("0 4 * * *", description="Cron expression of the re-evaluation, e.g. '0 4 * * *'.")
+    cron: Cron = Field("0 4 * * *", description="Cron expression of the re-evaluation, e.g. '0 4 * * *'.")
     timezone: str = Field("UTC", description="IANA timezone of the cron expression.")
     max_drop: float | None = Field(
         None, ge=0.0, le=1.0,
         description="Allowed drop below the promotion-time score; unset: `evaluation.gate.max_regression_vs_base`.",
     )
-
-    @field_validator("cron")
-    @classmethod
-    def _five_fields(cls, v: str) -> str:
-        if len(v.split()) != 5:
-            raise ValueError(f"a cron expression has 5 fields (minute hour day month weekday), got {v!r}")
-        return v
 
 
 class AutomationSpec(_Strict):

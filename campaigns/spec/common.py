@@ -1,4 +1,4 @@
-"""Shared by every section of the campaign spec: the strict base model, slugs, ``s3://`` URIs."""
+"""Shared by every section of the campaign spec: the strict base model, slugs, ``s3://`` URIs, cron expressions."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
-
 SLUG = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
 
 def _s3_uri(v: str | None) -> str | None:
     if v is not None and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", v):
@@ -21,3 +21,12 @@ def _s3_uri(v: str | None) -> str | None:
 
 
 S3Uri = Annotated[str | None, AfterValidator(_s3_uri)]
+
+
+def _cron(v: str) -> str:
+    if len(v.split()) != 5:
+        raise ValueError(f"a cron expression has 5 fields (minute hour day month weekday), got {v!r}")
+    return v
+
+
+Cron = Annotated[str, AfterValidator(_cron)]

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from campaigns.spec.common import _Strict
+from campaigns.spec.common import Cron, _Strict
 
 class PriceOverride(_Strict):
     """A campaign's own price for a catalog entry (a negotiated contract, a reserved instance)."""
@@ -68,13 +68,6 @@ class CostSpec(_Strict):
 
 
 class ScheduleSpec(_Strict):
-    cron: str = Field(description="Cron expression, e.g. '0 3 * * *'.")
+    cron: Cron = Field(description="Cron expression, e.g. '0 3 * * *'.")
     timezone: str = Field("UTC", description="IANA timezone of the cron expression.")
     enabled: bool = Field(False, description="Start the schedule switched on.")
-
-    @field_validator("cron")
-    @classmethod
-    def _five_fields(cls, v: str) -> str:
-        if len(v.split()) != 5:
-            raise ValueError(f"a cron expression has 5 fields (minute hour day month weekday), got {v!r}")
-        return v
