@@ -105,6 +105,7 @@ def build(spec: CampaignSpec):
         items_key = stage_key("evaluation-items/v2", adapter["key"], prompts["heldout_sha256"],
                               model_identity(base, s.revision) if base else None,
                               model_identity(teacher_path) if teacher_path else None,
+                              [m.model_dump() for m in t.context] if teacher_path else None,
                               s.quantization.model_dump() if local else None, served,
                               [_suite_identity(spec, x) for x in ev.suites])
         isd = storage.stage(spec.name, "evaluation_items", items_key)
@@ -119,14 +120,16 @@ def build(spec: CampaignSpec):
             held = read_prompt_table(prompts["heldout_path"])
             runs = [SuiteRun(x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name],
                              x.max_new_tokens) for x in ev.suites]
-            models = _models(spec, adapter, base, teacher_path, context)
+            dtypes: dict[str, str] = {}
+            models = _models(spec, adapter, base, teacher_path, context, dtypes)
             rows = answer_suites(runs, models, log=context.log.info, progress=guard.watch())
             out = isd.ensure()
             write_item_rows(rows, out / "items.parquet")
             wall = time.perf_counter() - t0
             lines = [hardware_cost(pricing, spec, "evaluation", spec.training.hardware, wall)] if local else []
             isd.commit({"items_path": str(out / "items.parquet"), "items_sha256": file_sha256(out / "items.parquet"),
-                        "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines})
+                        "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines,
+                        "compute_dtype": dtypes})
         im = isd.manifest()
 
         policies = {x.name: GatePolicy.from_mapping(ev.gate_for(x).model_dump()) for x in ev.suites}
@@ -150,13 +153,16 @@ def build(spec: CampaignSpec):
                        "gate_path": str(out / "gate.json"), "report_path": str(out / "report.md"),
                        "verdict": doc["verdict"], "reasons": doc["reasons"], "scores": doc["scores"],
                        "candidate_key": adapter["key"], "requires_human_review": ev.requires_human_review,
-                       "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"]})
+                       "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"],
+                       "compute_dtype": im.get("compute_dtype", {})})
         m = sd.manifest()
         report = json.loads(open(m["gate_path"]).read())
         md = base_metadata(m, cached) | {
             "verdict": report["verdict"], "report": MetadataValue.md(report["markdown"]),
             "items": MetadataValue.path(m["items_path"]), "candidate_key": m["candidate_key"],
             "statistics": report["method"], "requires_human_review": m["requires_human_review"]}
+        if m.get("compute_dtype"):
+            md["compute_dtype"] = MetadataValue.json(m["compute_dtype"])
         for role, by_suite in m["scores"].items():
             for suite, score in by_suite.items():
                 if score is not None:
@@ -167,8 +173,10 @@ def build(spec: CampaignSpec):
     return evaluation
 
 
-def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context) -> dict:
-    """role -> factory of a ``generate(prompts, max_new_tokens)`` callable (loaded when called)."""
+def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context, dtypes: dict | None = None) -> dict:
+    """role -> factory of a ``generate(prompts, max_new_tokens)`` callable (loaded when called). A local
+    teacher answers with its ``teacher.context`` first (as it answered the training prompts); ``dtypes``
+    collects each local model's resolved compute dtype."""
     ev, q = spec.evaluation, spec.student.quantization
     if ev.backend == "openai":
         from evaluation.endpoint import OpenAIEndpoint
@@ -191,13 +199,22 @@ def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context) -> d
 
     bs = max(x.batch_size for x in ev.suites)
 
-    def local(path, adapter_dir=None, four_bit=False):
+    from campaign_orchestrator.teacher.requests import chat_messages
+
+    def local(role, path, adapter_dir=None, four_bit=False, dtype=q.compute_dtype, ctx=()):
         def factory():
-            g = LocalGenerator.from_path(path, adapter_dir, four_bit, q.compute_dtype, batch_size=bs)
+            g = LocalGenerator.from_path(path, adapter_dir, four_bit, dtype, batch_size=bs)
+            if dtypes is not None and g.precision is not None:
+                dtypes[role] = g.precision.dtype
+            if ctx:
+                return lambda prompts_, n: g.generate([chat_messages(p, ctx) for p in prompts_], n)
             return lambda prompts_, n: g.generate(prompts_, n)
         return factory
 
-    models = {"candidate": local(base, adapter["adapter_path"], q.load_in_4bit), "base": local(base, None, q.load_in_4bit)}
+    models = {"candidate": local("candidate", base, adapter["adapter_path"], q.load_in_4bit),
+              "base": local("base", base, None, q.load_in_4bit)}
     if teacher_path is not None:
-        models["teacher"] = local(teacher_path)
+        t = spec.teacher
+        models["teacher"] = local("teacher", teacher_path, dtype=t.compute_dtype,
+                                  ctx=[m.model_dump() for m in t.context])
     return models

@@ -9,6 +9,7 @@ import time
 
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
+from campaign_orchestrator import models
 from assets.common import base_metadata, key, model_deps, model_identity, stage_key
 from assets.progress import RunProgress
 from campaigns.spec import CampaignSpec
@@ -22,12 +23,9 @@ def teacher_model_path(storage: ArtifactStore, spec: CampaignSpec):
     t = spec.teacher
     if t.backend == "openai":
         return None
-    try:
-        return storage.resolve_model(t.model, spec.project_dir)
-    except FileNotFoundError:
-        if t.backend == "vllm" and not t.model.startswith(("@", "/", ".")):
-            return None  # a hub id vLLM downloads itself; identified by name + revision
-        raise
+    if t.backend == "vllm" and models.is_hub_id(t.model, spec.project_dir):
+        return None  # a hub id vLLM downloads itself; identified by name + revision
+    return storage.resolve_model(t.model, spec.project_dir, t.revision)
 
 
 def teacher_cost_lines(pricing: PricingResource, spec: CampaignSpec, stats) -> list[dict]:
@@ -82,7 +80,8 @@ def build(spec: CampaignSpec):
             progress = pricing.budget_guard(context, spec, sd).watch(
                 RunProgress(context.log, len(rows) * sampling.n, "teacher generations", "samples"))
             try:
-                res = run_generation(rows, backend, sampling, cache, chat=t.chat, progress=progress,
+                res = run_generation(rows, backend, sampling, cache, chat=t.chat, context=[m.model_dump() for m in t.context],
+                                     progress=progress,
                                      log=context.log.info)
             finally:
                 progress.close()
@@ -103,6 +102,8 @@ def build(spec: CampaignSpec):
             "generate_seconds": st["generate_s"], "finish_reasons": MetadataValue.json(st["finish_reasons"]),
             "cache": m["cache"], "model_identity": m["model_identity"][:48],
         }
+        if st.get("compute_dtype"):
+            md["compute_dtype"] = st["compute_dtype"]
         if st["retry_reasons"]:
             md["retry_reasons"] = MetadataValue.json(st["retry_reasons"])
         if t.backend == "openai" and t.price is None:

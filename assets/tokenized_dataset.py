@@ -1,15 +1,18 @@
 """tokenized_dataset: the distillation set (plus any extra sources) tokenized with the student's
-tokenizer, packed and sharded into Parquet (``campaign_orchestrator.dataset.tokenize``)."""
+tokenizer, packed and sharded into Parquet (``campaign_orchestrator.dataset.tokenize``).
+
+Two blocking checks (``campaign_orchestrator.dataset.checks``): ``stop_token_trained`` (every example's
+loss ends on the stop token) and, for logit distillation, ``vocabularies_compatible``."""
 
 import time
 
-from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
+from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
 from assets.common import base_metadata, key, model_deps, stage_key
 from campaigns.spec import CampaignSpec
 from resources.storage import ArtifactStore
 
-STAGE_VERSION = "tokenized/v2"
+STAGE_VERSION = "tokenized/v3"  # v3: a chat turn's loss ends on its end-of-turn token
 
 
 def build_settings(spec: CampaignSpec):
@@ -49,14 +52,34 @@ def check_teacher_topk(spec: CampaignSpec, manifest: dict) -> None:
             "teacher's tokenizer and the plain template, or a chat template that keeps the answer verbatim)")
 
 
+STOP_CHECK, VOCAB_CHECK = "stop_token_trained", "vocabularies_compatible"
+
+
+def teacher_tokenizer_ref(spec: CampaignSpec) -> str | None:
+    """Where the teacher's tokenizer is, for logit distillation (None: an endpoint without one)."""
+    tr = spec.training.distillation
+    if tr.teacher_tokenizer:
+        return tr.teacher_tokenizer
+    return spec.teacher.model if spec.teacher.backend != "openai" else None
+
+
 def build(spec: CampaignSpec):
     s, tr, d = spec.student, spec.training, spec.dataset
+    logits = tr.distillation.loss == "logits"
+    checks = [AssetCheckSpec(STOP_CHECK, asset=key(spec, "tokenized_dataset"), blocking=True,
+                             description="Every example's loss mask ends on the stop token (EOS / end of turn), so the "
+                                         "student learns to stop; rows cut by too_long: truncate are counted apart.")]
+    if logits:
+        checks.append(AssetCheckSpec(VOCAB_CHECK, asset=key(spec, "tokenized_dataset"), blocking=True,
+                                     description="Teacher and student share one tokenizer and vocabulary size, so "
+                                                 "the teacher's top-k token ids mean what the student's do."))
 
     @asset(key=key(spec, "tokenized_dataset"), group_name=spec.name, kinds={"python", "parquet"},
            ins={"distillation": AssetIn(key(spec, "distillation_set"))}, deps=model_deps(s.base_model),
+           check_specs=checks,
            description=(f"Pre-tokenized Parquet shards (input_ids, labels, position_ids), max {tr.max_seq_len} tokens, "
                         f"{'packed' if d.packing else 'one example per row'}, padding {d.padding}."))
-    def tokenized_dataset(context: AssetExecutionContext, distillation: dict, storage: ArtifactStore) -> Output[dict]:
+    def tokenized_dataset(context: AssetExecutionContext, distillation: dict, storage: ArtifactStore):
         from campaign_orchestrator.dataset.sources import resolve_source, source_hash
         from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset, tokenizer_hash
 
@@ -98,6 +121,28 @@ def build(spec: CampaignSpec):
             t = m["teacher_topk"]
             md |= {"teacher_topk_k": t["k"], "teacher_topk_positions": t["positions"],
                    "teacher_topk_examples": MetadataValue.json(t["examples"])}
-        return Output(m, metadata=md)
+        stop = m["stop_token"]
+        md |= {"stop_token_ids": MetadataValue.json(stop["stop_token_ids"]), "stop_token_missing": stop["missing"],
+               "truncated_without_stop": stop["truncated_without_stop"]}
+        yield Output(m, metadata=md)
+        from campaign_orchestrator.dataset.checks import describe_stop_tokens, vocabulary_report
+
+        yield AssetCheckResult(check_name=STOP_CHECK, passed=stop["passed"], description=describe_stop_tokens(stop),
+                               metadata={k: v for k, v in stop.items() if k != "missing_examples"}
+                               | {"missing_examples": MetadataValue.json(stop["missing_examples"])})
+        if logits:
+            ref = teacher_tokenizer_ref(spec)
+            if ref is None:
+                yield AssetCheckResult(check_name=VOCAB_CHECK, passed=False,
+                                       description="logit distillation from an endpoint needs the teacher's tokenizer: "
+                                                   "set training.distillation.teacher_tokenizer")
+            else:
+                v = vocabulary_report(storage.resolve_model(ref, spec.project_dir), model_path)
+                yield AssetCheckResult(check_name=VOCAB_CHECK, passed=v["passed"],
+                                       description="; ".join(v["reasons"]) or "same tokenizer and vocabulary size",
+                                       metadata={k: v[k] for k in ("teacher_vocab_size", "student_vocab_size")
+                                                 if v[k] is not None}
+                                       | {"teacher_tokenizer_hash": v["teacher_tokenizer_hash"][:16],
+                                          "student_tokenizer_hash": v["student_tokenizer_hash"][:16]})
 
     return tokenized_dataset

@@ -40,8 +40,7 @@ from assets.student_adapter import training_key_fields
 from assets.common import model_identity
 from campaigns.spec import CampaignSpec
 from campaign_orchestrator.content import short, value_sha256
-from campaign_orchestrator import paths
-from campaign_orchestrator.demo import recipe
+from campaign_orchestrator import models
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +54,14 @@ LOGIC_VERSIONS = {
 def model_ref_identity(ref: str, revision: str | None, base: Path | None = None) -> dict:
     """What identifies a model for versioning: the reference, revision and, for a path (relative: to
     ``base``, the campaign's project directory), its files."""
-    out = {"ref": ref, "revision": revision}
-    if recipe.is_demo_ref(ref):
-        return out  # a demo_models asset: its rebuilds arrive as upstream updates
-    p = paths.resolve(ref, base)
-    if p.is_dir():
-        out["weights"] = model_identity(p)
+    m = models.parse(ref, None, base)
+    out = models.identity(ref, base, revision)
+    if m.kind in ("demo", "packaged", "hub", "s3", "gguf"):
+        return out  # demo: rebuilds arrive as upstream updates; gguf: its file hash; hub, s3: name + revision
+    if m.path.is_dir():
+        out["weights"] = model_identity(m.path)
     else:
-        log.warning("model %s not found at %s when loading the code location: versioned by name only", ref, p)
+        log.warning("model %s not found at %s when loading the code location: versioned by name only", ref, m.path)
     return out
 
 

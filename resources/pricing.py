@@ -77,10 +77,13 @@ class PricingResource(ConfigurableResource):
     def plan(self, spec: CampaignSpec, artifact_root: str | Path) -> dict:
         from campaign_orchestrator.costs.planner import plan_campaign
 
+        from campaign_orchestrator import models
+
+        t, s = spec.teacher, spec.student
         return plan_campaign(spec, self.catalog_for(spec), spec.project_dir,
-                             resolve_model_dir(spec.teacher.model, artifact_root, spec.project_dir)
-                             if spec.teacher.backend != "openai" else None,
-                             resolve_model_dir(spec.student.base_model, artifact_root, spec.project_dir))
+                             models.resolve(t.model, artifact_root, spec.project_dir, t.revision)
+                             if t.backend != "openai" else None,
+                             models.resolve(s.base_model, artifact_root, spec.project_dir, s.revision))
 
     # ------------------------------------------------------------------ budgets
     def budget_guard(self, context, spec: CampaignSpec, sd, clock=None):
@@ -138,16 +141,6 @@ def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog, plan: dict | None
     if stage == "student_adapter":
         return lambda seconds, items: [compute_line(kind, entry, seconds, hosts=tr.nodes, devices=tr.world_size, tier=tier)]
     return lambda seconds, items: [compute_line(kind, entry, seconds, tier=tier)]
-
-
-def resolve_model_dir(ref: str, artifact_root: str | Path, base: Path | None = None) -> Path:
-    """A campaign model reference as a directory (``@demo/<name>`` under the artifact root; a relative
-    path under ``base``, the campaign's project directory)."""
-    from campaign_orchestrator.demo import recipe
-
-    if recipe.is_demo_ref(ref):
-        return recipe.resolve(ref, artifact_root)
-    return paths.resolve(ref, base)
 
 
 def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str | Path, run_id: str,

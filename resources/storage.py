@@ -17,8 +17,7 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from campaign_orchestrator.stage_dir import StageDir
-from campaign_orchestrator import paths
-from campaign_orchestrator.demo import recipe
+from campaign_orchestrator import models, paths
 
 
 
@@ -54,18 +53,7 @@ class ArtifactStore(ConfigurableResource):
     def campaign_dir(self, campaign: str) -> Path:
         return self.root_path() / campaign
 
-    def resolve_model(self, ref: str, base: Path | None = None) -> Path:
-        """A model reference from a campaign (``@demo/<name>`` or a path, relative: to ``base``, the
-        campaign's project directory) as a directory."""
-        if recipe.is_demo_ref(ref):
-            path = recipe.resolve(ref, self.root_path())
-            if not (path / "config.json").exists():
-                raise FileNotFoundError(
-                    f"demo model {ref} is not built yet (expected at {path}); materialize the demo_models assets "
-                    f"or run `python -m campaign_orchestrator.demo --artifacts {self.root_path()}`"
-                )
-            return path
-        p = paths.resolve(ref, base)
-        if not p.exists():
-            raise FileNotFoundError(f"model {ref!r} not found at {p}; give a checkpoint directory or `@demo/<name>`")
-        return p
+    def resolve_model(self, ref: str, base: Path | None = None, revision: str | None = None, log=None) -> Path:
+        """A campaign's model reference as a checkpoint directory (:func:`campaign_orchestrator.models.resolve`:
+        ``@demo/<name>``, a directory or ``.gguf`` file relative to ``base``, ``s3://``, a hub id)."""
+        return models.resolve(ref, self.root_path(), base, revision, log=log)

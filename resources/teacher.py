@@ -44,7 +44,7 @@ class TeacherResource(ConfigurableResource):
         b = self.backend(spec, model_path)
         s = Sampling.from_spec(spec.sampling)
         s = Sampling(s.max_new_tokens, s.temperature, s.top_p, s.seed, 1, s.logprobs)
-        reqs = [r[0] for r in build_requests(b.identity, s, prompts, spec.chat)]
+        reqs = [r[0] for r in build_requests(b.identity, s, prompts, spec.chat, [m.model_dump() for m in spec.context])]
         index = {r.key: i for i, r in enumerate(reqs)}
         out: list = [None] * len(prompts)
 

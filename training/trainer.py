@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from campaign_orchestrator.hardware import resolve_compute_dtype
 from training import checkpoint, losses
 from training import data as tdata
 from training.checkpoint import CheckpointStore
@@ -56,7 +57,8 @@ from training.model import (
 from training.net import free_port
 from training.profiling import RunProfiler
 from training.reporting import Reporter
-from training.summary import run_summary
+from training.export import copy_serving_files
+from training.summary import run_summary, write_reproducibility_card
 
 
 def _r4(x: float | None) -> float | None:
@@ -231,11 +233,15 @@ class LoraTrainer:
 
     def _setup_model(self) -> None:
         torch.manual_seed(self.spec.seed)  # identical LoRA init on every rank
-        self.compute_dtype = getattr(torch, self.job.student.quantization.compute_dtype)
+        self.precision = resolve_compute_dtype(self.job.student.quantization.compute_dtype, self.device.type)
+        self.compute_dtype = getattr(torch, self.precision.dtype)
+        self.report.log(f"compute dtype {self.precision.dtype} ({self.precision.requested}: {self.precision.reason})")
+        if self.precision.warning:
+            self.report.log(f"WARNING: {self.precision.warning}")
         self.attn_implementation = attention_kernel(self.job.student, self.device, self.spec.max_seq_len)
         model = load_student(self.job.base_model_path, self.job.student, self.device,
                              activation_checkpointing=self.spec.activation_checkpointing,
-                             attn_implementation=self.attn_implementation)
+                             attn_implementation=self.attn_implementation, compute_dtype=self.precision.dtype)
         self.trainable = sum(p.numel() for p in trainable_parameters(model))
         self.total_params = sum(p.numel() for p in model.parameters())
         if self.world > 1:
@@ -499,6 +505,8 @@ class LoraTrainer:
         adapter_dir.mkdir(parents=True)
         for name in ("adapter_config.json", "adapter_model.safetensors"):
             shutil.copy2(ckpt / name, adapter_dir / name)
+        copy_serving_files(Path(self.job.base_model_path), adapter_dir)
+        write_reproducibility_card(self, adapter_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         checkpoint.write_metrics(self.metrics, self.out / "metrics.parquet")
         merged = None

@@ -177,7 +177,13 @@ def concat_pieces(piece_ids: Sequence[Sequence[int]], flags: Sequence[bool], tem
         p = list(p)
         start = len(ids)
         ids += p
-        labels += p if (flag or train_on_prompt) else [IGNORE] * len(p)
+        if flag and not train_on_prompt and template.kind == "chat" and template.eos_id in p:
+            # The turn's text ends with the end-of-turn token and then the template's separator (ChatML's
+            # "\n" after <|im_end|>): the model must learn to stop, not to write the separator.
+            end = len(p) - p[::-1].index(template.eos_id)
+            labels += p[:end] + [IGNORE] * (len(p) - end)
+        else:
+            labels += p if (flag or train_on_prompt) else [IGNORE] * len(p)
         if i == last_loss:
             if template.eos_id not in p:
                 ids.append(template.eos_id)
@@ -307,6 +313,17 @@ def encode_batch(batch: dict[str, list], tok, template: Template, settings: Enco
             out[TEACHER_LOGPROBS].append(t_lps[: len(ids)])
             out["teacher_status"].append(t_status)
     return out
+
+
+def render_prompt_ids(tok, prompt: str | Sequence[dict], mode: str = "auto") -> list[int]:
+    """The one rendering of a prompt for generation (teacher, evaluation, drift): a string is one user
+    turn (:func:`prompt_token_ids`); a list of ``{role, content}`` messages is rendered whole with the
+    chat template's generation prompt (context distillation: system prompt and few-shot turns first)."""
+    if isinstance(prompt, str):
+        return prompt_token_ids(tok, prompt, mode)
+    if resolve_template(tok, mode).kind != "chat":
+        raise FormatError("chat messages (e.g. teacher.context) need a tokenizer with a chat template")
+    return tokenize_texts(tok, [_render(tok, [dict(m) for m in prompt], True)])[0]
 
 
 def prompt_token_ids(tok, prompt: str, mode: str = "auto") -> list[int]:

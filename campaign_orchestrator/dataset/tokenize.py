@@ -330,6 +330,7 @@ def build_tokenized_dataset(
     import datasets
     from transformers import AutoTokenizer
 
+    from campaign_orchestrator.dataset.checks import stop_token_report
     from campaign_orchestrator.dataset.formatting import resolve_template
     from campaign_orchestrator.dataset.packing import pack_bfd, pack_rows
     from campaign_orchestrator.dataset.sources import resolve_source, source_hash
@@ -373,6 +374,7 @@ def build_tokenized_dataset(
                                     + ("raise training.max_seq_len or set dataset.too_long: truncate"
                                        if counts["too_long"] else "check the source columns and types"))
         teacher = teacher_report(kept)
+        stop = stop_token_report(kept, [template.eos_id])
         if settings.validation_fraction > 0:
             ids = kept.column("id").to_pylist()
             is_val = np.fromiter((split_of(i, settings.validation_fraction, settings.split_seed) == "validation"
@@ -452,6 +454,7 @@ def build_tokenized_dataset(
             "length_histogram": length_histogram(lengths_all, label="example tokens"),
             "row_fill_histogram": length_histogram(np.concatenate(row_fill), label="row tokens") if row_fill else "",
             "teacher_topk": teacher,
+            "stop_token": stop,
         }
         (out / "dataset_info.json").write_text(json.dumps(report, indent=2, sort_keys=True))
         return report

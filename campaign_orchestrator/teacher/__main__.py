@@ -41,18 +41,16 @@ def _teacher_spec(text: str):
 
 
 def _model_path(spec, artifacts: Path) -> Path | None:
-    from campaign_orchestrator.demo import recipe
+    from campaign_orchestrator import models
 
     if spec.backend == "openai":
         return None
-    if recipe.is_demo_ref(spec.model):
-        return recipe.resolve(spec.model, artifacts)
-    p = Path(spec.model)
-    if p.exists():
-        return p.resolve()
-    if spec.backend == "vllm":
-        return None  # a hub id
-    raise ValueError(f"teacher.model {spec.model!r}: no checkpoint directory at {p.resolve()}")
+    if spec.backend == "vllm" and models.is_hub_id(spec.model):
+        return None  # a hub id vLLM downloads itself
+    try:
+        return models.resolve(spec.model, artifacts, revision=spec.revision)
+    except models.ModelNotFound as e:
+        raise ValueError(f"teacher.model: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         progress = bar.update
     try:
         backend = make_backend(spec, model_path, api_key=api_key)
-        res = run_generation(rows, backend, sampling, cache, chat=spec.chat, progress=progress,
+        res = run_generation(rows, backend, sampling, cache, chat=spec.chat, context=[m.model_dump() for m in spec.context],
+                             progress=progress,
                              log=lambda m: print(m, file=sys.stderr, flush=True))
     except (EndpointError, BackendError, GenerationError) as e:
         print(f"error: {e}", file=sys.stderr)

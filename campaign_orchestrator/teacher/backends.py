@@ -95,8 +95,9 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(self, model_path: str | Path, model: str | None = None, identity: str | None = None,
-                 batch_size: int = 64, generator=None, revision: str | None = None):
+                 batch_size: int = 64, generator=None, revision: str | None = None, compute_dtype: str = "auto"):
         self.model = model or str(model_path)
+        self.compute_dtype = compute_dtype
         self.model_path = Path(model_path)
         self.identity = identity or teacher_identity("transformers", self.model, model_path, revision)
         self.batch_size = batch_size
@@ -108,7 +109,8 @@ class TransformersBackend:
         if self._gen is None:
             from campaign_orchestrator.teacher.local import LocalGenerator
 
-            self._gen = LocalGenerator.from_path(self.model_path, batch_size=self.batch_size)
+            self._gen = LocalGenerator.from_path(self.model_path, batch_size=self.batch_size,
+                                                 compute_dtype=self.compute_dtype)
         return self._gen
 
     def run(self, requests: Sequence[GenRequest], sampling: Sampling, on_done: OnDone) -> None:
@@ -120,13 +122,14 @@ class TransformersBackend:
             by_sample.setdefault(r.sample_index, []).append(r)
         t0 = time.perf_counter()
         for s, reqs in sorted(by_sample.items()):
-            gen.generate([r.prompt for r in reqs], sampling.max_new_tokens, sampling.temperature, sampling.top_p,
+            gen.generate([r.payload for r in reqs], sampling.max_new_tokens, sampling.temperature, sampling.top_p,
                          sampling.sample_seed(s), logprobs=sampling.logprobs,
                          on_result=lambda i, c, reqs=reqs: on_done(reqs[i], c))
         self.generate_s += time.perf_counter() - t0
 
     def stats(self) -> dict:
-        return {}
+        p = getattr(self._gen, "precision", None)
+        return {"compute_dtype": p.dtype, "compute_dtype_reason": p.reason} if p is not None else {}
 
 
 # --------------------------------------------------------------------------- vLLM
@@ -329,7 +332,8 @@ def make_backend(spec, model_path: str | Path | None = None, *, api_key: str | N
     if spec.backend == "transformers":
         if model_path is None:
             raise BackendError(f"backend 'transformers' needs a local checkpoint; {spec.model!r} did not resolve to one")
-        return TransformersBackend(model_path, spec.model, ident, batch_size=spec.batch_size)
+        return TransformersBackend(model_path, spec.model, ident, batch_size=spec.batch_size,
+                                   compute_dtype=spec.compute_dtype)
     if spec.backend == "vllm":
         return VLLMBackend(str(model_path or spec.model), ident, spec.revision, llm=llm, sampling_params=sampling_params,
                            chunk_size=spec.batch_size, tensor_parallel_size=spec.tensor_parallel_size,

@@ -8,7 +8,15 @@ completion carries the top-k log-probabilities of every generated token (raw mod
 distribution, captured by a logits processor as generation runs, so memory stays at
 batch x k per step). The model runs on the GPU when torch sees one (``cuda``), else on the CPU
 (:func:`default_device`); inputs go to the model's device and results come back to the CPU.
-Imports torch: load this module lazily.
+Prompts are rendered by :func:`campaign_orchestrator.dataset.formatting.render_prompt_ids`, the
+function the dataset stage uses for training rows, so a model is asked exactly what it was
+trained on: a string prompt is one user turn under the tokenizer's chat template (or ``[bos] +
+prompt`` without one), a list of messages is the whole conversation (context distillation's
+system prompt and few-shot turns). Generation stops at any of the generation config's stop ids
+(EOS and, for chat models, the end-of-turn token). The tokenizer comes from the adapter
+directory when the adapter carries one (the trainer copies the base's tokenizer, chat template
+and generation config into it). The compute dtype is resolved for the device
+(:mod:`campaign_orchestrator.hardware`, ``auto`` by default). Imports torch: load this module lazily.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from campaign_orchestrator.dataset.formatting import render_prompt_ids
+from campaign_orchestrator.hardware import Resolved, resolve_compute_dtype
 from campaign_orchestrator.teacher.completion import Completion
 
 __all__ = ["Completion", "LocalGenerator", "default_device", "load_model"]
@@ -48,21 +58,22 @@ class _TopKRecorder:
 
 
 def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, load_in_4bit: bool = False,
-               compute_dtype: str = "bfloat16", device: str | None = None):
-    """The model (on ``device``, default :func:`default_device`; eval mode) and its tokenizer
-    (left padding). A 4-bit model is placed at load time (``device_map``), others are moved."""
+               compute_dtype: str = "auto", device: str | None = None):
+    """The model (on ``device``, default :func:`default_device`; eval mode, in the resolved compute
+    dtype), its tokenizer (left padding; the adapter's when it carries one) and the dtype resolution.
+    A 4-bit model is placed at load time (``device_map``), others are moved."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = torch.device(device or default_device())
-    kwargs: dict = {}
+    precision = resolve_compute_dtype(compute_dtype, dev.type)
+    dt = getattr(torch, precision.dtype)
+    kwargs: dict = {"dtype": dt}
     if load_in_4bit:
         from transformers import BitsAndBytesConfig
 
-        dt = getattr(torch, compute_dtype)
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dt, bnb_4bit_quant_storage=dt
         )
-        kwargs["dtype"] = dt
         if dev.type == "cuda":  # bitsandbytes weights are quantized where they land: load them on the GPU
             kwargs["device_map"] = {"": dev.index if dev.index is not None else torch.cuda.current_device()}
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
@@ -73,27 +84,40 @@ def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, loa
     if not load_in_4bit and dev.type != "cpu":
         model.to(dev)
     model.eval()
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok_dir = adapter_dir if adapter_dir is not None and (Path(adapter_dir) / "tokenizer_config.json").exists() else model_dir
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    return model, tok
+    return model, tok, precision
+
+
+def stop_token_ids(model, tok) -> list[int]:
+    """The ids generation stops at: the generation config's ``eos_token_id`` (one or a list) and the tokenizer's EOS."""
+    cfg = getattr(model, "generation_config", None)
+    ids = getattr(cfg, "eos_token_id", None) if cfg is not None else None
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tok.eos_token_id is not None and tok.eos_token_id not in ids:
+        ids.append(tok.eos_token_id)
+    return ids
 
 
 class LocalGenerator:
     """Generate completions for many prompts with one loaded model."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 64):
+    def __init__(self, model, tokenizer, batch_size: int = 64, precision: Resolved | None = None):
         self.model = model
         self.tok = tokenizer
         self.batch_size = batch_size
         self.context_length = getattr(model.config, "max_position_embeddings", None)
+        self.precision = precision
+        self.stop_ids = stop_token_ids(model, tokenizer)
 
     @classmethod
-    def from_path(cls, model_dir, adapter_dir=None, load_in_4bit=False, compute_dtype="bfloat16", batch_size=64,
+    def from_path(cls, model_dir, adapter_dir=None, load_in_4bit=False, compute_dtype="auto", batch_size=64,
                   device=None):
-        model, tok = load_model(model_dir, adapter_dir, load_in_4bit, compute_dtype, device)
-        return cls(model, tok, batch_size)
+        model, tok, precision = load_model(model_dir, adapter_dir, load_in_4bit, compute_dtype, device)
+        return cls(model, tok, batch_size, precision)
 
     @property
     def device(self) -> torch.device:
@@ -114,7 +138,7 @@ class LocalGenerator:
     @torch.no_grad()
     def generate(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[str | Sequence[dict]],
         max_new_tokens: int,
         temperature: float = 0.0,
         top_p: float = 1.0,
@@ -123,14 +147,15 @@ class LocalGenerator:
         logprobs: int | None = None,
         on_result: Callable[[int, Completion], None] | None = None,
     ) -> list[Completion]:
-        """One completion per prompt, in input order. ``on_result(i, completion)`` is called
-        as each batch finishes (``i`` indexes ``prompts``); ``progress(n)`` after each batch."""
+        """One completion per prompt (a string, or a list of chat messages), in input order.
+        ``on_result(i, completion)`` is called as each batch finishes (``i`` indexes ``prompts``);
+        ``progress(n)`` after each batch."""
         from transformers import LogitsProcessorList
 
-        enc = [self.tok(p)["input_ids"] for p in prompts]
+        enc = [render_prompt_ids(self.tok, p) for p in prompts]
         order = sorted(range(len(prompts)), key=lambda i: len(enc[i]))
         out: list[Completion | None] = [None] * len(prompts)
-        eos = self.tok.eos_token_id
+        stops = set(self.stop_ids)
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             too_long = [i for i in idx if self.context_length and len(enc[i]) + max_new_tokens > self.context_length]
@@ -146,7 +171,8 @@ class LocalGenerator:
                 continue
             width = max(len(enc[i]) for i in idx)
             ids, mask = self._batch_inputs([enc[i] for i in idx], width)
-            gen_kwargs: dict = {"max_new_tokens": max_new_tokens, "pad_token_id": self.tok.pad_token_id}
+            gen_kwargs: dict = {"max_new_tokens": max_new_tokens, "pad_token_id": self.tok.pad_token_id,
+                                "eos_token_id": list(self.stop_ids)}
             if temperature > 0:
                 torch.manual_seed(seed + start)
                 gen_kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
@@ -164,10 +190,12 @@ class LocalGenerator:
                 top_i = torch.stack(recorder.indices, dim=1).cpu().tolist()
             for row, i in enumerate(idx):
                 toks = new[row].tolist()
-                if eos in toks:
-                    toks, reason = toks[: toks.index(eos)], "stop"
+                end = next((j for j, t in enumerate(toks) if t in stops), None)
+                if end is not None:
+                    stop = toks[end]
+                    toks, reason = toks[:end], "stop"
                     n_out = len(toks) + 1
-                    ids_out = toks + [eos]
+                    ids_out = toks + [stop]
                 else:
                     toks = [t for t in toks if t != self.tok.pad_token_id]
                     reason, n_out = "length", len(toks)

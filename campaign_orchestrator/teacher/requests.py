@@ -91,16 +91,18 @@ class GenRequest:
         return list(self.messages) if self.messages is not None else self.prompt
 
 
-def chat_messages(prompt: str) -> list[dict]:
-    return [{"role": "user", "content": prompt}]
+def chat_messages(prompt: str, context: Sequence[dict] = ()) -> list[dict]:
+    """The conversation a chat request sends: the teacher's context messages, then the prompt as a user turn."""
+    return [{"role": m["role"], "content": m["content"]} for m in context] + [{"role": "user", "content": prompt}]
 
 
-def build_requests(teacher_identity: str, sampling: Sampling, prompts: Sequence[str], chat: bool = False
-                   ) -> list[list[GenRequest]]:
-    """``result[i][s]`` is sample ``s`` of prompt ``i``."""
+def build_requests(teacher_identity: str, sampling: Sampling, prompts: Sequence[str], chat: bool = False,
+                   context: Sequence[dict] = ()) -> list[list[GenRequest]]:
+    """``result[i][s]`` is sample ``s`` of prompt ``i``. With ``context`` (``teacher.context``) every request
+    is a chat request whose messages start with it."""
     out = []
     for p in prompts:
-        msgs = tuple(chat_messages(p)) if chat else None
+        msgs = tuple(chat_messages(p, context)) if chat or context else None
         payload: str | list[dict] = list(msgs) if msgs is not None else p
         out.append([GenRequest(request_key(teacher_identity, sampling, payload, s), p, s, sampling.sample_seed(s), msgs)
                     for s in range(sampling.n)])

@@ -47,6 +47,7 @@ class GenerationStats:
     generate_s: float = 0.0  # time the backend spent generating (GPU-seconds per device)
     cache_shards_written: int = 0
     finish_reasons: dict = field(default_factory=dict)
+    compute_dtype: str | None = None  # a local model's resolved dtype (None: nothing generated locally)
 
     @property
     def rows_per_s(self) -> float:
@@ -78,7 +79,7 @@ def _cache_row(req: GenRequest, c: Completion, backend: Backend) -> dict:
 
 
 def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling, cache: GenerationCache, *,
-                   chat: bool = False, progress: Callable[[int], None] | None = None,
+                   chat: bool = False, context: Sequence[dict] = (), progress: Callable[[int], None] | None = None,
                    log: Callable[[str], None] | None = None) -> GenerationResult:
     """``prompts`` are dicts with ``id`` and ``prompt``. Returns rows in ``GENERATION_SCHEMA``
     (see :mod:`campaign_orchestrator.teacher.rows`), ``n`` per prompt, in prompt order."""
@@ -87,7 +88,7 @@ def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling
         raise GenerationError("no prompts to generate for: the prompt table is empty")
     t_start = time.perf_counter()
     st = GenerationStats(prompts=len(prompts))
-    reqs = build_requests(backend.identity, sampling, [p["prompt"] for p in prompts], chat)
+    reqs = build_requests(backend.identity, sampling, [p["prompt"] for p in prompts], chat, context)
     st.requests = sum(len(r) for r in reqs)
 
     st.recovered_rows = cache.recover()
@@ -146,6 +147,7 @@ def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling
     bstats = backend.stats()
     st.http_requests = bstats.get("http_requests", 0)
     st.retry_reasons = bstats.get("retry_reasons", {})
+    st.compute_dtype = bstats.get("compute_dtype")
 
     unanswered = [k for k in missing if k not in results]
     if unanswered:

@@ -26,6 +26,7 @@ from campaigns.spec.common import (
     S3Uri as S3Uri,
 )
 from campaigns.spec.teacher import (
+    MessageSpec as MessageSpec,
     SamplingSpec as SamplingSpec,
     TeacherSpec as TeacherSpec,
 )

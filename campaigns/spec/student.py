@@ -22,8 +22,10 @@ class LoraSpec(_Strict):
 class QuantizationSpec(_Strict):
     load_in_4bit: bool = Field(True, description="QLoRA: load the frozen base in 4-bit with bitsandbytes.")
     quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type (NF4 is the QLoRA default).")
-    compute_dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        "bfloat16", description="Dtype of matmuls and of the packed 4-bit storage (so FSDP can shard it)."
+    compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="Dtype of matmuls (training and local evaluation) and of the packed 4-bit storage (so FSDP "
+        "can shard it). auto: bf16 on a GPU that supports it, else fp16; on a CPU, bf16 only where a measured matmul "
+        "says it is native (AMX, avx512_bf16), else fp32 (campaign_orchestrator/hardware.py).",
     )
     double_quant: bool = Field(False, description="Also quantize the quantization constants (saves ~0.4 bit/param).")
 
@@ -31,7 +33,9 @@ class QuantizationSpec(_Strict):
 class StudentSpec(_Strict):
     """The model being fine-tuned."""
 
-    base_model: str = Field(description="Base model path or `@demo/<name>`.")
+    base_model: str = Field(description="Base model: a checkpoint directory, a `.gguf` file, `@demo/<name>`, "
+                                        "`@packaged/<name>`, `s3://bucket/prefix` or a hub id `org/name` with `revision` "
+                                        "(campaign_orchestrator/models.py).")
     revision: str | None = Field(None, description="Base model revision; part of the adapter's cache key.")
     lora: LoraSpec = LoraSpec()
     quantization: QuantizationSpec = QuantizationSpec()

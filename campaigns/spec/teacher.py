@@ -22,13 +22,30 @@ class SamplingSpec(_Strict):
     )
 
 
+class MessageSpec(_Strict):
+    """One chat message."""
+
+    role: Literal["system", "user", "assistant"] = Field(description="Who speaks.")
+    content: str = Field(description="What is said.")
+
+
 class TeacherSpec(_Strict):
     """The model that writes the answers the student learns from."""
 
     backend: Literal["transformers", "openai", "vllm"] = Field(
         "transformers", description="transformers: local model; openai: any OpenAI-compatible endpoint; vllm: offline batch."
     )
-    model: str = Field(description="Model path, `@demo/<name>`, or the served model name for `openai`.")
+    model: str = Field(description="The model (as `student.base_model`: a directory, `.gguf`, `@demo/<name>`, "
+                                   "`@packaged/<name>`, `s3://`, a hub id), or the served model name for `openai`.")
+    context: list[MessageSpec] = Field(
+        default_factory=list,
+        description="Messages put before every prompt the teacher answers (a system prompt, few-shot user/assistant "
+        "turns): context distillation, where the student learns to answer the bare prompt as the teacher does with "
+        "this context. Rendered with the teacher's chat template (`transformers`, `vllm`) or sent as chat messages "
+        "(`openai` with `chat: true`); part of the generation cache key.")
+    compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="`transformers` backend: dtype the local teacher generates in (auto: as "
+        "`student.quantization.compute_dtype`).")
     revision: str | None = Field(None, description="Model revision; part of the generation cache key.")
     sampling: SamplingSpec = SamplingSpec()
     batch_size: int = Field(64, ge=1, le=4096, description="Prompts per local generation batch.")
@@ -70,7 +87,13 @@ class TeacherSpec(_Strict):
         if self.backend == "openai" and not self.base_url:
             raise ValueError("backend 'openai' needs `base_url` (e.g. http://localhost:8000/v1)")
         if self.chat and self.backend == "transformers":
-            raise ValueError("`chat: true` needs backend 'openai' or 'vllm' (the transformers backend sends raw prompts)")
+            raise ValueError("`chat: true` needs backend 'openai' or 'vllm' (the transformers backend renders prompts "
+                             "with the model's chat template when it has one)")
+        if self.context and self.backend == "openai" and not self.chat:
+            raise ValueError("`context` messages need `chat: true` with backend 'openai' (a completions endpoint takes "
+                             "one prompt string)")
+        if self.context and self.context[-1].role == "user":
+            raise ValueError("`context` must not end with a user message: the prompt is the next user turn")
         if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
             raise ValueError("`api_key_env` is the *name* of an environment variable (e.g. OPENAI_API_KEY), not the key")
         return self

@@ -1,0 +1,56 @@
+"""compute_dtype auto: measured, cached per host, fp32 on a CPU without native bf16, bf16 where it is native."""
+
+from __future__ import annotations
+
+import pytest
+
+from campaign_orchestrator import hardware
+from campaign_orchestrator.hardware import CpuPeak, resolve_compute_dtype
+
+AVX2_EPYC = CpuPeak(host="h", capability="AVX2", threads=2, torch="2.13.0", fp32_gflops=150.0, bf16_gflops=0.3)
+SAPPHIRE = CpuPeak(host="h", capability="AVX512", threads=2, torch="2.13.0", fp32_gflops=175.0, bf16_gflops=400.0)
+AVX512_NO_BF16 = CpuPeak(host="h", capability="AVX512", threads=2, torch="2.13.0", fp32_gflops=170.0, bf16_gflops=9.0)
+
+
+def test_auto_is_fp32_without_native_bf16_and_bf16_where_native():
+    assert resolve_compute_dtype("auto", "cpu", AVX2_EPYC).dtype == "float32"
+    assert resolve_compute_dtype("auto", "cpu", AVX512_NO_BF16).dtype == "float32"  # the capability string alone lies
+    native = resolve_compute_dtype("auto", "cpu", SAPPHIRE)
+    assert native.dtype == "bfloat16" and "400.0 GFLOP/s" in native.reason and native.capability == "AVX512"
+
+
+def test_explicit_bf16_on_a_cpu_without_it_warns_with_the_measured_slowdown():
+    r = resolve_compute_dtype("bfloat16", "cpu", AVX2_EPYC)
+    assert r.dtype == "bfloat16" and "500.0x slower" in r.warning and "auto" in r.warning
+    assert resolve_compute_dtype("bfloat16", "cpu", SAPPHIRE).warning is None
+    assert resolve_compute_dtype("float32", "cpu", AVX2_EPYC).warning is None
+
+
+def test_cuda_branch(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_compute_dtype("auto", "cuda").dtype == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_compute_dtype("auto", "cuda").dtype == "float16"
+
+
+def test_the_measurement_runs_once_per_host_and_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv(hardware.CACHE_ENV, str(tmp_path))
+    calls = []
+    real = hardware._time_matmul
+
+    def counted(dtype, n=hardware.MATMUL_N):
+        calls.append(dtype)
+        return real(dtype, 64)
+
+    monkeypatch.setattr(hardware, "_time_matmul", counted)
+    first = hardware.measure_cpu_peak()
+    assert len(calls) == 2 and first.fp32_gflops > 0 and first.bf16_gflops > 0
+    assert hardware.measure_cpu_peak() == first and len(calls) == 2  # cached
+    assert (tmp_path / "cpu_peak.json").exists()
+
+
+def test_unknown_dtype_is_refused():
+    with pytest.raises(ValueError, match="auto, bfloat16, float16 or float32"):
+        resolve_compute_dtype("int8", "cpu", AVX2_EPYC)
