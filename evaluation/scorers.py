@@ -19,7 +19,8 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
 _TOKEN = re.compile(r"[a-z0-9]+")
 
-SCORER_NAMES = ("exact_match", "normalized_exact_match", "label_accuracy", "rouge_l", "regex", "json_schema")
+SCORER_NAMES = ("exact_match", "normalized_exact_match", "contains_answer", "label_accuracy", "rouge_l", "regex",
+                "json_schema")
 
 
 def exact_match(prediction: str, reference: str) -> float:
@@ -34,6 +35,14 @@ def normalize_answer(s: str) -> str:
 
 def normalized_exact_match(prediction: str, reference: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(reference))
+
+
+def contains_answer(prediction: str, reference: str) -> float:
+    """1.0 when the normalized reference appears as whole tokens inside the normalized prediction
+    (TriviaQA-style answer containment): "The capital of France is Paris." contains "Paris"; "Parisian"
+    does not. For models that answer in a sentence, where exact match would score every answer 0."""
+    ref = normalize_answer(reference)
+    return float(bool(ref) and f" {ref} " in f" {normalize_answer(prediction)} ")
 
 
 def _lcs_length(a: list[str], b: list[str]) -> int:
@@ -134,6 +143,8 @@ def build_scorer(name: str, labels: list[str] | None = None, pattern: str | None
         return Scorer(name, exact_match, True)
     if name == "normalized_exact_match":
         return Scorer(name, normalized_exact_match, True)
+    if name == "contains_answer":
+        return Scorer(name, contains_answer, True)
     if name == "rouge_l":
         return Scorer(name, rouge_l, False)
     if name == "label_accuracy":

@@ -75,9 +75,12 @@ class SuiteSpec(_Strict):
         description="`heldout` (the data split) or a JSONL file of {id, prompt, reference, category}, "
                     "relative to the repository root or absolute.",
     )
-    scorer: Literal["exact_match", "normalized_exact_match", "label_accuracy", "rouge_l", "regex", "json_schema"] = Field(
+    scorer: Literal["exact_match", "normalized_exact_match", "contains_answer", "label_accuracy", "rouge_l", "regex",
+                    "json_schema"] = Field(
         "exact_match",
-        description="exact_match; normalized_exact_match (SQuAD normalization); label_accuracy (answer must be one "
+        description="exact_match; normalized_exact_match (SQuAD normalization); contains_answer (the normalized "
+                    "reference appears as whole tokens in the normalized output: for models that answer in a "
+                    "sentence); label_accuracy (answer must be one "
                     "of `labels`); rouge_l (LCS F1, continuous); regex (output fully matches `pattern`); "
                     "json_schema (output is JSON valid under `json_schema`).",
     )

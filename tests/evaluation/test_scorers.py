@@ -65,3 +65,16 @@ def test_serving_errors_are_stored_as_errors_not_wrong_answers():
     results, rows = run_suite("s", "candidate", items, lambda prompts, n: answers, build_scorer("exact_match"), 4)
     assert [r.score for r in results] == [1.0, None, 0.0]
     assert rows[1]["error"] == "timeout after 5 s" and rows[1]["score"] is None
+
+
+def test_contains_answer_is_whole_token_containment_after_normalization():
+    from evaluation.scorers import build_scorer
+
+    s = build_scorer("contains_answer")
+    assert s.binary
+    assert s.fn("The capital of France is Paris.", "Paris") == 1.0
+    assert s.fn("paris", "Paris") == 1.0
+    assert s.fn("The Parisian capital.", "Paris") == 0.0  # not a whole token
+    assert s.fn("It is New York City.", "new york") == 1.0
+    assert s.fn("The capital of Italy is Italy.", "Rome") == 0.0
+    assert s.fn("anything", "") == 0.0
