@@ -149,28 +149,43 @@ class ModelShape:
 # --------------------------------------------------------------------------- memory
 
 
-def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int) -> dict:
-    """Per-device memory of the student's LoRA/QLoRA training under the campaign's topology."""
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute_dtype: str = "bfloat16",
+                    runtime_gb: float = 0.0, attention: str = "sdpa") -> dict:
+    """Per-device memory of the student's LoRA/QLoRA training under the campaign's topology.
+
+    ``compute_dtype`` is the resolved dtype (never ``auto``): it sets the bytes of the unquantized
+    weights, the activations and the logits. ``runtime_gb`` is the process's own footprint before any
+    model loads (Python, torch, transformers, peft: measured 0.47 GB on CPU; on a GPU the allocator
+    peak the trainer reports excludes it, so GPU catalog entries leave it 0). ``attention`` ``eager``
+    keeps the softmax probabilities of every layer (b·heads·s² per layer), ``sdpa`` does not."""
     s, tr = spec.student, spec.training
     n = shard_group(tr.sharding, tr.world_size, tr.processes_per_node)
     q = s.quantization
+    w = DTYPE_BYTES[compute_dtype]
     if q.load_in_4bit:
         absmax = 1 / NF4_BLOCK + 4 / (NF4_BLOCK * 256) if q.double_quant else 4 / NF4_BLOCK
-        base_bytes = shape.linear_params * (0.5 + absmax) + shape.other_params * 2
-        layer_bytes = (shape.linear_params / shape.layers) * (0.5 + absmax) + 4 * shape.hidden
+        base_bytes = shape.linear_params * (0.5 + absmax) + shape.other_params * w
+        layer_bytes = (shape.linear_params / shape.layers) * (0.5 + absmax) + 2 * w * shape.hidden
     else:
-        base_bytes = shape.params * 2
-        layer_bytes = shape.layer_weight_params() * 2
+        base_bytes = shape.params * w
+        layer_bytes = shape.layer_weight_params() * w
     lora = shape.lora_params(s.lora.r, s.lora.target_modules)
     lora_layer = lora / shape.layers
     b, h, i = tr.micro_batch_size, shape.hidden, shape.intermediate
     kv, qd = shape.kv_heads * shape.head_dim, shape.heads * shape.head_dim
-    per_token_layer = 2 * (4 * h + qd + 2 * kv + qd + 4 * i) + 2 * s.lora.r * len(s.lora.target_modules)
+    # saved for backward per token and layer: norms' inputs, q/k/v/o inputs and outputs, the MLP's three
+    # projections and SwiGLU, in the compute dtype; each LoRA module keeps its r-wide intermediate
+    per_token_layer = w * (4 * h + qd + 2 * kv + qd + 4 * i) + w * s.lora.r * len(s.lora.target_modules)
     tokens = b * seq_len
-    act_full = tokens * shape.layers * per_token_layer
-    act_ckpt = tokens * shape.layers * 2 * h + tokens * per_token_layer
-    logits = tokens * shape.vocab * 10
+    attn_probs = b * shape.heads * seq_len * seq_len * w if attention == "eager" else 0
+    act_full = tokens * shape.layers * per_token_layer + shape.layers * attn_probs
+    act_ckpt = tokens * shape.layers * w * h + tokens * per_token_layer + attn_probs
+    logits = tokens * shape.vocab * (w + 4 + 4)  # logits, their fp32 log-softmax for the loss, its gradient
     parts = {
+        "runtime": runtime_gb * GB,
         "base_weights": base_bytes / n,
         "lora_weights": 2 * lora / n,
         "lora_gradients": 2 * lora / n,
@@ -185,7 +200,8 @@ def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int) -> dict
         "shard_group": n,
         "world_size": tr.world_size,
         "sharding": tr.sharding,
-        "weights": "nf4 4-bit" if q.load_in_4bit else "bf16",
+        "weights": "nf4 4-bit" if q.load_in_4bit else compute_dtype,
+        "compute_dtype": compute_dtype,
         "params": shape.params,
         "quantized_params": shape.linear_params if q.load_in_4bit else 0,
         "lora_params": lora,

@@ -22,7 +22,7 @@ from pathlib import Path
 from campaigns.spec import CampaignSpec
 from campaign_orchestrator.costs.catalog import Catalog, PriceEntry, PricingError
 from campaign_orchestrator.costs.memory import (  # noqa: F401  (PlanError, ModelShape: the planner's API)
-    GB, ModelShape, PlanError, training_memory, zero_table,
+    DTYPE_BYTES, GB, ModelShape, PlanError, training_memory, zero_table,
 )
 
 TOKEN_SAMPLE = 2000  # prompts tokenized to estimate the mean prompt length
@@ -50,6 +50,23 @@ def _mean_tokens(tok, texts: list[str]) -> float:
     return sum(len(e.ids) for e in tok.encode_batch(texts)) / len(texts)
 
 
+def template_overhead(model_dir: Path | None, prompt: str, context: list[dict] | None = None) -> float:
+    """Tokens the model's chat template (and a teacher's context messages) add around a prompt, measured by
+    rendering it exactly as generation and training do (0 without a chat template)."""
+    if model_dir is None or not prompt or not (Path(model_dir) / "tokenizer_config.json").exists():
+        return 0.0
+    from transformers import AutoTokenizer
+
+    from campaign_orchestrator.dataset.formatting import FormatError, render_prompt_ids, tokenize_texts
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    try:
+        rendered = render_prompt_ids(tok, [*(context or []), {"role": "user", "content": prompt}] if context else prompt)
+    except FormatError:
+        return 0.0
+    return float(len(rendered) - len(tokenize_texts(tok, [prompt])[0]))
+
+
 def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, student_dir: Path | None) -> dict:
     """Prompt counts after the held-out split and mean prompt lengths in each model's tokens."""
     from campaign_orchestrator.dataset import prompts as P
@@ -61,15 +78,42 @@ def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, st
     sample = [r["prompt"] for r in train[:TOKEN_SAMPLE]]
     held_sample = [r["prompt"] for r in held[:TOKEN_SAMPLE]]
     t_tok, s_tok = _tokenizer(teacher_dir), _tokenizer(student_dir)
+    first = sample[0] if sample else ""
+    ctx = [m.model_dump() for m in spec.teacher.context]
+    t_over = template_overhead(teacher_dir, first, ctx) if spec.teacher.backend == "transformers" else 0.0
+    s_over = template_overhead(student_dir, first)
     return {"train_prompts": len(train), "heldout_items": len(held),
-            "prompt_tokens_teacher": _mean_tokens(t_tok, sample),
-            "prompt_tokens_student": _mean_tokens(s_tok, sample),
-            "heldout_prompt_tokens_student": _mean_tokens(s_tok, held_sample),
-            "heldout_prompt_tokens_teacher": _mean_tokens(t_tok, held_sample),
+            "prompt_tokens_teacher": _mean_tokens(t_tok, sample) + t_over,
+            "prompt_tokens_student": _mean_tokens(s_tok, sample) + s_over,
+            "heldout_prompt_tokens_student": _mean_tokens(s_tok, held_sample) + s_over,
+            "heldout_prompt_tokens_teacher": _mean_tokens(t_tok, held_sample) + t_over,
+            "template_tokens": {"teacher": t_over, "student": s_over},
             "tokenizer": "model tokenizer" if t_tok is not None else "~4 characters per token"}
 
 
 # --------------------------------------------------------------------------- time and money
+
+
+def compute_dtype_on(spec_dtype: str, entry: PriceEntry) -> str:
+    """The dtype a stage on ``entry`` computes in: ``auto`` resolved as the trainer resolves it (on a host
+    with ``host_measured_peak``: this host's measurement; on a GPU entry: bf16)."""
+    if entry.perf.get("host_measured_peak"):
+        from campaign_orchestrator.hardware import resolve_compute_dtype
+
+        return resolve_compute_dtype(spec_dtype, "cpu").dtype
+    return "bfloat16" if spec_dtype == "auto" else spec_dtype
+
+
+def peak_flops(entry: PriceEntry, dtype: str) -> float:
+    """FLOP/s of one device of ``entry`` in ``dtype``: this host's measured matmul peak where the entry asks
+    for it, else the catalog's figure (fp32: ``fp32_peak_tflops``, else a quarter of the bf16 peak)."""
+    if entry.perf.get("host_measured_peak"):
+        from campaign_orchestrator.hardware import measure_cpu_peak
+
+        return measure_cpu_peak().gflops(dtype) * 1e9
+    if dtype == "float32":
+        return float(entry.perf.get("fp32_peak_tflops") or _perf(entry, "peak_tflops") / 4) * 1e12
+    return _perf(entry, "peak_tflops") * 1e12
 
 
 def _perf(entry: PriceEntry, key: str) -> float:
@@ -81,14 +125,28 @@ def _perf(entry: PriceEntry, key: str) -> float:
 
 
 def generation_seconds(params: int, weight_bytes: float, prompts: int, prompt_tokens: float, new_tokens: float,
-                       batch_size: int, entry: PriceEntry, mfu: float) -> float:
+                       batch_size: int, entry: PriceEntry, mfu: float, dtype: str = "bfloat16") -> float:
     """Roofline time to answer ``prompts`` prompts on one device (see the module docstring)."""
     batches = math.ceil(prompts / batch_size) if prompts else 0
     flops = 2 * params * prompts * (prompt_tokens + new_tokens)
-    compute = flops / (_perf(entry, "peak_tflops") * 1e12 * mfu)
+    compute = flops / (peak_flops(entry, dtype) * mfu)
     decode_steps = batches * new_tokens
     memory = decode_steps * weight_bytes / (_perf(entry, "memory_bandwidth_gbps") * 1e9)
     return max(compute, memory) + decode_steps * _perf(entry, "decode_step_overhead_s") + _perf(entry, "generate_startup_s")
+
+
+PACKING_FILL = 0.95  # share of a packed row's max_seq_len best-fit-decreasing fills with short examples (measured)
+
+
+def packed_rows(spec: CampaignSpec, facts: dict, new_tokens: float, examples: float) -> tuple[float, float]:
+    """(tokens per training row, rows): an example is its rendered prompt, its completion and the stop token;
+    with ``dataset.packing`` rows hold several examples, up to ``max_seq_len``."""
+    tr = spec.training
+    example = min(tr.max_seq_len, facts["prompt_tokens_student"] + new_tokens + 1)
+    if not spec.dataset.packing or example >= tr.max_seq_len * PACKING_FILL:
+        return example, examples
+    row = tr.max_seq_len * PACKING_FILL
+    return row, max(1.0, math.ceil(examples * example / row))
 
 
 def _hours_usd(entry: PriceEntry, seconds: float, hosts: int, devices: int, tier: str) -> tuple[float, float]:
@@ -111,8 +169,10 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     if entry.hourly:
         if teacher is None:
             raise PlanError(f"teacher {t.model!r} runs on {t.hardware} (hourly) but its config is not available to size it")
-        seconds = generation_seconds(teacher.params, teacher.params * 2, n_req, facts["prompt_tokens_teacher"], new_tok,
-                                     t.batch_size, entry, pl.generation_mfu)
+        tdt = compute_dtype_on(t.compute_dtype, entry)
+        seconds = generation_seconds(teacher.params, teacher.params * DTYPE_BYTES[tdt], n_req,
+                                     facts["prompt_tokens_teacher"], new_tok, t.batch_size, entry, pl.generation_mfu, tdt)
+        st["compute_dtype"] = tdt
         qty, usd = _hours_usd(entry, seconds, 1, 1, c.pricing_tier)
         st |= {"seconds": seconds, "quantity": qty, "usd": usd}
     else:
@@ -121,8 +181,7 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     out["teacher_generations"] = st
 
     # student_adapter
-    rows = n_req  # every generation accepted: an upper bound before the filters run
-    seq = min(tr.max_seq_len, facts["prompt_tokens_student"] + new_tok + 1)
+    seq, rows = packed_rows(spec, facts, new_tok, n_req)  # every generation accepted: an upper bound
     rows_per_step = tr.micro_batch_size * tr.world_size * tr.gradient_accumulation_steps
     steps = tr.max_steps if tr.max_steps is not None else max(1, math.ceil(tr.epochs * rows / rows_per_step))
     tokens = steps * rows_per_step * seq
@@ -131,11 +190,13 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     entry = catalog.get(tr.hardware)
     if not entry.hourly:
         raise PlanError(f"training.hardware {tr.hardware!r} is priced per {entry.unit}; training needs hourly hardware")
-    seconds = (flops / (tr.world_size * _perf(entry, "peak_tflops") * 1e12 * pl.mfu)
+    sdt = compute_dtype_on(spec.student.quantization.compute_dtype, entry)
+    seconds = (flops / (tr.world_size * peak_flops(entry, sdt) * pl.mfu)
                + steps * _perf(entry, "step_overhead_s") + _perf(entry, "train_startup_s"))
     qty, usd = _hours_usd(entry, seconds, tr.nodes, tr.world_size, c.pricing_tier)
     out["student_adapter"] = {"steps": steps, "sequences": steps * rows_per_step, "tokens": tokens, "flops": flops,
-                              "seconds": seconds, "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd}
+                              "seconds": seconds, "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd,
+                              "compute_dtype": sdt, "peak_gflops": peak_flops(entry, sdt) / 1e9}
 
     # evaluation: candidate and base (and a local teacher) answer every held-out item once per suite
     ev = spec.evaluation
@@ -145,9 +206,9 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     seconds = 0.0
     for _role, shape in roles:
         for suite in ev.suites:
-            seconds += generation_seconds(shape.params, shape.params * 2, facts["heldout_items"],
+            seconds += generation_seconds(shape.params, shape.params * DTYPE_BYTES[sdt], facts["heldout_items"],
                                           facts["heldout_prompt_tokens_student"], suite.max_new_tokens * pl.completion_fill,
-                                          suite.batch_size, entry, pl.generation_mfu)
+                                          suite.batch_size, entry, pl.generation_mfu, sdt)
     qty, usd = _hours_usd(entry, seconds, 1, 1, c.pricing_tier)
     out["evaluation"] = {"items": facts["heldout_items"], "models": [r for r, _ in roles], "seconds": seconds,
                          "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd}
@@ -161,10 +222,15 @@ def plan_campaign(spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher
     teacher = ModelShape.from_model_dir(teacher_dir) if teacher_dir is not None and (Path(teacher_dir) / "config.json").exists() else None
     facts = data_facts(spec, repo_root, teacher_dir, student_dir)
     pl = spec.cost.planner
-    seq = int(min(spec.training.max_seq_len,
-                  math.ceil(facts["prompt_tokens_student"] + spec.teacher.sampling.max_new_tokens * pl.completion_fill + 1)))
-    mem = training_memory(student, spec, seq)
+    seq = int(math.ceil(packed_rows(spec, facts, spec.teacher.sampling.max_new_tokens * pl.completion_fill, 1)[0]))
+    if spec.dataset.packing:
+        seq = spec.training.max_seq_len  # the longest packed row sets the peak
     device = catalog.get(spec.training.hardware)
+    attention = spec.student.attn_implementation
+    if attention == "auto":  # as training.model.attention_kernel resolves it
+        attention = "eager" if device.perf.get("host_measured_peak") and spec.training.max_seq_len <= 512 else "sdpa"
+    mem = training_memory(student, spec, seq, compute_dtype_on(spec.student.quantization.compute_dtype, device),
+                          float(device.perf.get("runtime_gb", 0.0)), attention)
     ckpt = bool(getattr(spec.training, "activation_checkpointing", False))
     if device.memory_gb is not None:
         usable = device.memory_gb * pl.memory_headroom
@@ -196,7 +262,9 @@ def render_plan(plan: dict) -> str:
              f"student memory per device: {m['params']:,} parameters ({m['weights']}), LoRA {m['lora_params']:,} trainable; "
              f"world {m['world_size']}, sharding {m['sharding']} (states sharded over {m['shard_group']}); "
              f"micro-batch {m['micro_batch']} × {m['seq_len']} tokens"]
-    rows = [("base weights", gb["base_weights"]), ("LoRA weights", gb["lora_weights"]),
+    rows = [("process runtime (Python, torch, ...)", gb.get("runtime", 0.0)),
+            (f"base weights ({m.get('compute_dtype', 'bfloat16')} compute)", gb["base_weights"]),
+            ("LoRA weights", gb["lora_weights"]),
             ("LoRA gradients", gb["lora_gradients"]), ("optimizer states (Adam, K=12)", gb["optimizer_states"]),
             ("FSDP all-gather buffer", gb["allgather_buffer"]), ("activations", gb["activations"]),
             ("activations, checkpointed", gb["activations_checkpointed"]), ("logits + loss", gb["logits"])]

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-NOUNS = ["cat", "dog", "book", "tree", "house", "bird", "apple", "chair", "table", "door", "lamp", "road"]
+NOUNS = ["cat", "dog", "book", "tree"]  # one pair per row, each seen twice in 4 steps of 2
 
 
 def test_qlora_steps_on_the_real_model_lower_the_loss_and_the_adapter_loads(smollm2, tmp_path, monkeypatch):
@@ -31,7 +31,8 @@ def test_qlora_steps_on_the_real_model_lower_the_loss_and_the_adapter_loads(smol
     job = make_job(tmp_path / "out", smollm2, tmp_path / "ds" / "train",
                    student={"quantization": {"load_in_4bit": True, "compute_dtype": "auto"},
                             "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}},
-                   max_steps=6, micro_batch_size=4, learning_rate=2e-3, warmup_steps=0, log_every=1, max_seq_len=64)
+                   max_steps=4, micro_batch_size=2, learning_rate=3e-3, warmup_steps=0, log_every=1, max_seq_len=64,
+                   eval_rows=0)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -41,7 +42,7 @@ def test_qlora_steps_on_the_real_model_lower_the_loss_and_the_adapter_loads(smol
     Path(job.output_dir).mkdir(parents=True)
     summary = run(job.write(tmp_path / "job.json"))
     losses = [r["loss"] for r in pq.read_table(tmp_path / "out" / "metrics.parquet").to_pylist()]
-    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
     assert summary["compute_dtype"] in ("float32", "bfloat16") and summary["compute_dtype_requested"] == "auto"
 
     adapter = Path(summary["adapter_dir"])
