@@ -34,6 +34,20 @@ from campaign_orchestrator.teacher.completion import Completion
 __all__ = ["Completion", "LocalGenerator", "default_device", "load_model"]
 
 
+PREFIX_MIN_TOKENS = 32  # a shared prefix at least this long is prefilled once per call and reused by every batch
+
+
+def shared_prefix_length(seqs: Sequence[list[int]]) -> int:
+    """Tokens every sequence starts with (at most the shortest minus one: each keeps a token of its own)."""
+    if len(seqs) < 2:
+        return 0
+    first, limit = seqs[0], min(len(s) for s in seqs) - 1
+    n = 0
+    while n < limit and all(s[n] == first[n] for s in seqs):
+        n += 1
+    return n
+
+
 def default_device() -> str:
     """Where a local model runs unless told otherwise: ``cuda`` when torch sees a GPU, else ``cpu``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -112,6 +126,8 @@ class LocalGenerator:
         self.context_length = getattr(model.config, "max_position_embeddings", None)
         self.precision = precision
         self.stop_ids = stop_token_ids(model, tokenizer)
+        self.prefix_caching = True  # reuse the key/value cache of a prefix every prompt of a call shares
+        self.last_shared_prefix = 0
 
     @classmethod
     def from_path(cls, model_dir, adapter_dir=None, load_in_4bit=False, compute_dtype="auto", batch_size=64,
@@ -125,15 +141,31 @@ class LocalGenerator:
         dev = getattr(self.model, "device", None)
         return dev if isinstance(dev, torch.device) else next(self.model.parameters()).device
 
-    def _batch_inputs(self, seqs: Sequence[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded input ids and attention mask for ``seqs``, on the model's device."""
-        ids = torch.full((len(seqs), width), self.tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    def _batch_inputs(self, seqs: Sequence[list[int]], width: int, prefix: Sequence[int] = ()
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded input ids and attention mask for ``seqs``, on the model's device. With a shared
+        ``prefix`` (removed from ``seqs``) each row is ``[prefix][pad][rest]``: the prefix's cached keys stay
+        at positions 0..P-1, and positions come from the mask, so every row computes what it would alone."""
+        p = len(prefix)
+        ids = torch.full((len(seqs), p + width), self.tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), p + width), dtype=torch.long)
+        if p:
+            ids[:, :p] = torch.tensor(list(prefix))
+            mask[:, :p] = 1
         for row, s in enumerate(seqs):
-            ids[row, width - len(s):] = torch.tensor(s)
-            mask[row, width - len(s):] = 1
+            ids[row, p + width - len(s):] = torch.tensor(s)
+            mask[row, p + width - len(s):] = 1
         dev = self.device
         return ids.to(dev), mask.to(dev)  # built on the CPU, copied once
+
+    def _prefix_cache(self, prefix: list[int]):
+        """The key/value cache of ``prefix`` (one forward pass), or None when the model cannot reuse one."""
+        from transformers import DynamicCache
+
+        with torch.no_grad():
+            out = self.model(input_ids=torch.tensor([prefix], device=self.device), use_cache=True)
+        cache = out.past_key_values
+        return cache if isinstance(cache, DynamicCache) and hasattr(cache, "batch_repeat_interleave") else None
 
     @torch.no_grad()
     def generate(
@@ -152,7 +184,17 @@ class LocalGenerator:
         ``progress(n)`` after each batch."""
         from transformers import LogitsProcessorList
 
+        import copy
+
         enc = [render_prompt_ids(self.tok, p) for p in prompts]
+        fits = [e for e in enc if not self.context_length or len(e) + max_new_tokens <= self.context_length]
+        shared = shared_prefix_length(fits) if self.prefix_caching else 0
+        prefix, prefix_cache = (enc and fits and fits[0][:shared]) or [], None
+        if shared >= PREFIX_MIN_TOKENS:  # a teacher's context, a few-shot header: prefill it once for the whole call
+            prefix_cache = self._prefix_cache(prefix)
+        if prefix_cache is None:
+            prefix = []
+        self.last_shared_prefix = len(prefix)
         order = sorted(range(len(prompts)), key=lambda i: len(enc[i]))
         out: list[Completion | None] = [None] * len(prompts)
         stops = set(self.stop_ids)
@@ -169,10 +211,16 @@ class LocalGenerator:
                 if progress and too_long:
                     progress(len(too_long))
                 continue
-            width = max(len(enc[i]) for i in idx)
-            ids, mask = self._batch_inputs([enc[i] for i in idx], width)
+            p = len(prefix)
+            width = max(len(enc[i]) - p for i in idx)
+            ids, mask = self._batch_inputs([enc[i][p:] for i in idx], width, prefix)
+            width += p
             gen_kwargs: dict = {"max_new_tokens": max_new_tokens, "pad_token_id": self.tok.pad_token_id,
                                 "eos_token_id": list(self.stop_ids)}
+            if prefix_cache is not None:
+                cache = copy.deepcopy(prefix_cache)
+                cache.batch_repeat_interleave(len(idx))
+                gen_kwargs["past_key_values"] = cache
             if temperature > 0:
                 torch.manual_seed(seed + start)
                 gen_kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)

@@ -53,14 +53,17 @@ def test_chat_template_masks_assistant_turns_only(chat_tok):
     out = run(chat_tok, [{"id": "m", "messages": msgs}], max_seq_len=128)
     text = lambda s: chars(chat_tok, s)  # noqa: E731
     eos = chat_tok.eos_token_id
-    # each assistant span runs from the generation prompt to the next turn: content, the template's EOS, " "
+    # each assistant span runs from the generation prompt to the next turn: content, the template's EOS, " ";
+    # the loss covers the content and the EOS (the model learns to stop), not the separator after it
     p1, p3 = text("user =encode ab = assistant ="), text("user =encode c = assistant =")
-    a2, a4 = text(" qz") + [eos] + text(" "), text(" w") + [eos] + text(" ")
-    assert out["input_ids"][0] == p1 + a2 + p3 + a4
-    assert out["labels"][0] == [IGNORE] * len(p1) + a2 + [IGNORE] * len(p3) + a4  # EOS counted once, not appended
+    a2, a4 = text(" qz") + [eos], text(" w") + [eos]
+    sep = text(" ")
+    assert out["input_ids"][0] == p1 + a2 + sep + p3 + a4 + sep
+    assert out["labels"][0] == ([IGNORE] * len(p1) + a2 + [IGNORE] * (len(sep) + len(p3)) + a4
+                                + [IGNORE] * len(sep))  # EOS counted once, not appended
     # a pair goes through the same template as [user, assistant]
     pair = run(chat_tok, [{"id": "p", "prompt": "encode ab =", "completion": " qz"}])
-    assert pair["input_ids"][0] == p1 + a2 and pair["labels"][0] == [IGNORE] * len(p1) + a2
+    assert pair["input_ids"][0] == p1 + a2 + sep and pair["labels"][0] == [IGNORE] * len(p1) + a2 + [IGNORE] * len(sep)
 
 
 def test_template_modes(tok, chat_tok):

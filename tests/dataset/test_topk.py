@@ -62,12 +62,13 @@ def test_chat_template_finds_the_completion_inside_the_assistant_turn(chat_tok):
     row = {"id": "a", "prompt": "encode ab =", "completion": " qz"} | generation(chat_tok, " qz")
     out = run(chat_tok, [row])
     ids, labels = out["input_ids"][0], out["labels"][0]
-    # the turn is " qz</s> ": the teacher's EOS lands on the template's EOS; the trailing " " is learnt by CE only
+    # the turn is " qz</s> ": the teacher's EOS lands on the template's EOS; the trailing " " (the template's
+    # separator after the end of turn) is not learnt at all: the loss ends on the EOS
     assert ids == chars(chat_tok, "user =encode ab = assistant =") + chars(chat_tok, " qz") + [chat_tok.eos_token_id] \
         + chars(chat_tok, " ")
     check_lines_up(ids, labels, out[TEACHER_IDS][0], out[TEACHER_LOGPROBS][0],
                    chars(chat_tok, " qz") + [chat_tok.eos_token_id])
-    assert labels[-1] != IGNORE and out[TEACHER_IDS][0][-1] == []
+    assert labels[-1] == IGNORE and labels[-2] == chat_tok.eos_token_id and out[TEACHER_IDS][0][-1] == []
     assert out["teacher_status"] == ["aligned"]
 
 

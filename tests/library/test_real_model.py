@@ -96,3 +96,22 @@ def test_generation_prompt_for_training_and_evaluation_is_one_rendering(tok):
     assert render_prompt_ids(tok, "Plural of cat?") == prompt
     assert render_prompt_ids(tok, [{"role": "user", "content": "Plural of cat?"}]) == prompt
     assert tok.decode(prompt).endswith("<|im_start|>user\nPlural of cat?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_shared_context_is_prefilled_once_and_changes_no_answer(smollm2):
+    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.teacher.requests import chat_messages
+
+    context = [{"role": "system", "content": "Give the plural of the noun. Reply with only the plural word."},
+               {"role": "user", "content": "Plural of desk?"}, {"role": "assistant", "content": "desks"},
+               {"role": "user", "content": "Plural of egg?"}, {"role": "assistant", "content": "eggs"}]
+    prompts = [chat_messages(f"Plural of {n}?", context) for n in ("cat", "horse", "book", "tree", "pencil", "ox")]
+    gen = LocalGenerator.from_path(smollm2, batch_size=4)
+    cached = gen.generate(prompts, 6)
+    assert gen.last_shared_prefix >= 40  # the system prompt and the few-shot turns
+    gen.prefix_caching = False
+    plain = gen.generate(prompts, 6)
+    assert gen.last_shared_prefix == 0
+    assert [c.text for c in cached] == [c.text for c in plain]
+    assert [c.token_ids for c in cached] == [c.token_ids for c in plain]
+    assert cached[0].text == "cats"

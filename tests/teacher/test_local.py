@@ -85,7 +85,8 @@ def test_inputs_go_to_the_model_device(monkeypatch, demo_models, teacher_gen):
     assert ids.tolist() == [[5, 6, 7], [pad, pad, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     # load_model puts the model where asked and the inputs follow it; the meta device (shapes, no
     # data) stands in for a GPU here
-    model, tok = load_model(demo_models["teacher"], device="meta")
+    model, tok, precision = load_model(demo_models["teacher"], device="meta")
+    assert precision.dtype in ("float32", "bfloat16")  # compute_dtype auto, resolved for the device
     on_meta = LocalGenerator(model, tok)
     assert on_meta.device == torch.device("meta") and not model.training
     ids, mask = on_meta._batch_inputs([[5, 6, 7], [8]], 3)
