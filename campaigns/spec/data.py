@@ -22,7 +22,7 @@ class FilterSpec(_Strict):
     drop_truncated: bool = Field(True, description="Drop completions that stopped on the length limit.")
     format_regex: str | None = Field(None, description="Completions must fully match this regex.")
     dedupe: bool = Field(True, description="Drop exact duplicate (prompt, completion) pairs.")
-    scorer: Literal["exact_match", "normalized_exact_match"] | None = Field(
+    scorer: Literal["exact_match", "normalized_exact_match", "contains_answer"] | None = Field(
         None, description="Keep only completions the task's scorer rates >= `min_score` against the prompt's reference."
     )
     min_score: float = Field(1.0, ge=0.0, le=1.0, description="Threshold for `scorer`.")
