@@ -67,6 +67,24 @@ def template_overhead(model_dir: Path | None, prompt: str, context: list[dict] |
     return float(len(rendered) - len(tokenize_texts(tok, [prompt])[0]))
 
 
+def suite_sizes(spec: CampaignSpec, repo_root: Path, tok, held: int, held_tokens: float, overhead: float
+                ) -> dict[str, tuple[int, float]]:
+    """Per suite: (items, mean prompt tokens as the student sees them): the held-out split, or the suite's file."""
+    from campaign_orchestrator.dataset.jsonl import jsonl_objects
+
+    out = {}
+    for s in spec.evaluation.suites:
+        if s.source == "heldout":
+            out[s.name] = (held, held_tokens)
+            continue
+        p = spec.path(s.source)
+        if not p.exists():
+            raise PlanError(f"evaluation suite {s.name!r}: source {s.source!r} not found at {p}")
+        rows = [obj for _n, obj in jsonl_objects(p.read_text(encoding="utf-8"), p, PlanError)]
+        out[s.name] = (len(rows), _mean_tokens(tok, [str(r.get("prompt", "")) for r in rows[:TOKEN_SAMPLE]]) + overhead)
+    return out
+
+
 def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, student_dir: Path | None) -> dict:
     """Prompt counts after the held-out split and mean prompt lengths in each model's tokens."""
     from campaign_orchestrator.dataset import prompts as P
@@ -88,6 +106,8 @@ def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, st
             "heldout_prompt_tokens_student": _mean_tokens(s_tok, held_sample) + s_over,
             "heldout_prompt_tokens_teacher": _mean_tokens(t_tok, held_sample) + t_over,
             "template_tokens": {"teacher": t_over, "student": s_over},
+            "shared_prefix_tokens": max(0.0, t_over - s_over),
+            "suites": suite_sizes(spec, repo_root, s_tok, len(held), _mean_tokens(s_tok, held_sample) + s_over, s_over),
             "tokenizer": "model tokenizer" if t_tok is not None else "~4 characters per token"}
 
 
@@ -170,8 +190,10 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
         if teacher is None:
             raise PlanError(f"teacher {t.model!r} runs on {t.hardware} (hourly) but its config is not available to size it")
         tdt = compute_dtype_on(t.compute_dtype, entry)
-        seconds = generation_seconds(teacher.params, teacher.params * DTYPE_BYTES[tdt], n_req,
-                                     facts["prompt_tokens_teacher"], new_tok, t.batch_size, entry, pl.generation_mfu, tdt)
+        # local generation prefills a prefix every prompt shares (the teacher's context) once per call
+        p_eff = facts["prompt_tokens_teacher"] - facts.get("shared_prefix_tokens", 0.0) * (1 - 1 / max(n_req, 1))
+        seconds = generation_seconds(teacher.params, teacher.params * DTYPE_BYTES[tdt], n_req, p_eff, new_tok,
+                                     t.batch_size, entry, pl.generation_mfu, tdt)
         st["compute_dtype"] = tdt
         qty, usd = _hours_usd(entry, seconds, 1, 1, c.pricing_tier)
         st |= {"seconds": seconds, "quantity": qty, "usd": usd}
@@ -198,7 +220,7 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
                               "seconds": seconds, "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd,
                               "compute_dtype": sdt, "peak_gflops": peak_flops(entry, sdt) / 1e9}
 
-    # evaluation: candidate and base (and a local teacher) answer every held-out item once per suite
+    # evaluation: candidate and base (and a local teacher) answer every item of every suite once
     ev = spec.evaluation
     roles = [("candidate", student), ("base", student)]
     if ev.evaluate_teacher and t.backend == "transformers" and teacher is not None:
@@ -206,11 +228,16 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     seconds = 0.0
     for _role, shape in roles:
         for suite in ev.suites:
-            seconds += generation_seconds(shape.params, shape.params * DTYPE_BYTES[sdt], facts["heldout_items"],
-                                          facts["heldout_prompt_tokens_student"], suite.max_new_tokens * pl.completion_fill,
-                                          suite.batch_size, entry, pl.generation_mfu, sdt)
+            n_items, p_tok = facts["suites"][suite.name]
+            if _role == "teacher":  # its context is a shared prefix, prefilled once per suite
+                p_tok += (facts["template_tokens"]["teacher"] - facts["template_tokens"]["student"]
+                          - facts.get("shared_prefix_tokens", 0.0) * (1 - 1 / max(n_items, 1)))
+            seconds += generation_seconds(shape.params, shape.params * DTYPE_BYTES[sdt], n_items, p_tok,
+                                          suite.max_new_tokens * pl.completion_fill, suite.batch_size, entry,
+                                          pl.generation_mfu, sdt)
     qty, usd = _hours_usd(entry, seconds, 1, 1, c.pricing_tier)
-    out["evaluation"] = {"items": facts["heldout_items"], "models": [r for r, _ in roles], "seconds": seconds,
+    out["evaluation"] = {"items": sum(n for n, _ in facts["suites"].values()), "models": [r for r, _ in roles],
+                         "seconds": seconds,
                          "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd}
     return out
 
