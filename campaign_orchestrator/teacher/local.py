@@ -13,7 +13,9 @@ function the dataset stage uses for training rows, so a model is asked exactly w
 trained on: a string prompt is one user turn under the tokenizer's chat template (or ``[bos] +
 prompt`` without one), a list of messages is the whole conversation (context distillation's
 system prompt and few-shot turns). Generation stops at any of the generation config's stop ids
-(EOS and, for chat models, the end-of-turn token). The tokenizer comes from the adapter
+(EOS and, for chat models, the end-of-turn token). An adapter on an unquantized base is merged into
+its weights once at load (generation then runs at the base's speed; on a 4-bit base it stays a PEFT
+model, since merging would re-quantize). The tokenizer comes from the adapter
 directory when the adapter carries one (the trainer copies the base's tokenizer, chat template
 and generation config into it). The compute dtype is resolved for the device
 (:mod:`campaign_orchestrator.hardware`, ``auto`` by default). Imports torch: load this module lazily.
@@ -95,6 +97,8 @@ def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, loa
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter_dir))
+        if not load_in_4bit:  # fold the adapter into the weights: same function, no extra LoRA matmuls per token
+            model = model.merge_and_unload()
     if not load_in_4bit and dev.type != "cpu":
         model.to(dev)
     model.eval()
