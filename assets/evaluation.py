@@ -105,7 +105,7 @@ def build(spec: CampaignSpec):
         items_key = stage_key("evaluation-items/v2", adapter["key"], prompts["heldout_sha256"],
                               model_identity(base, s.revision) if base else None,
                               model_identity(teacher_path) if teacher_path else None,
-                              [m.model_dump() for m in t.context] if teacher_path else None,
+                              [[m.model_dump() for m in t.context], t.context_categories] if teacher_path else None,
                               s.quantization.model_dump() if local else None, served,
                               [_suite_identity(spec, x) for x in ev.suites])
         isd = storage.stage(spec.name, "evaluation_items", items_key)
@@ -121,7 +121,8 @@ def build(spec: CampaignSpec):
             runs = [SuiteRun(x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name],
                              x.max_new_tokens) for x in ev.suites]
             dtypes: dict[str, str] = {}
-            models = _models(spec, adapter, base, teacher_path, context, dtypes)
+            categories = {it["prompt"]: it["category"] for r in runs for it in r.items}
+            models = _models(spec, adapter, base, teacher_path, context, dtypes, categories)
             rows = answer_suites(runs, models, log=context.log.info, progress=guard.watch())
             out = isd.ensure()
             write_item_rows(rows, out / "items.parquet")
@@ -173,7 +174,8 @@ def build(spec: CampaignSpec):
     return evaluation
 
 
-def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context, dtypes: dict | None = None) -> dict:
+def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context, dtypes: dict | None = None,
+            categories: dict[str, str] | None = None) -> dict:
     """role -> factory of a ``generate(prompts, max_new_tokens)`` callable (loaded when called). A local
     teacher answers with its ``teacher.context`` first (as it answered the training prompts); ``dtypes``
     collects each local model's resolved compute dtype."""
@@ -207,7 +209,9 @@ def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context, dtyp
             if dtypes is not None and g.precision is not None:
                 dtypes[role] = g.precision.dtype
             if ctx:
-                return lambda prompts_, n: g.generate([chat_messages(p, ctx) for p in prompts_], n)
+                only = spec.teacher.context_categories  # as it answered the training prompts
+                with_ctx = (lambda p: True) if only is None else (lambda p: (categories or {}).get(p) in only)
+                return lambda prompts_, n: g.generate([chat_messages(p, ctx) if with_ctx(p) else p for p in prompts_], n)
             return lambda prompts_, n: g.generate(prompts_, n)
         return factory
 

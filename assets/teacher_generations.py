@@ -67,7 +67,8 @@ def build(spec: CampaignSpec):
         weights_id = model_identity(model_path, t.revision) if model_path is not None else None
         identity = spec_identity(t, model_path, weights_id)
         sampling = Sampling.from_spec(t.sampling)
-        k = stage_key("generations/v2", prompts["train_sha256"], identity, sampling.as_dict(), t.chat)
+        k = stage_key("generations/v2", prompts["train_sha256"], identity, sampling.as_dict(), t.chat,
+                      *([[m.model_dump() for m in t.context], t.context_categories] if t.context else []))
         sd = storage.stage(spec.name, "teacher_generations", k)
         cached = sd.is_complete() and sd.manifest().get("errors", 0) == 0
         if not cached:
@@ -81,7 +82,7 @@ def build(spec: CampaignSpec):
                 RunProgress(context.log, len(rows) * sampling.n, "teacher generations", "samples"))
             try:
                 res = run_generation(rows, backend, sampling, cache, chat=t.chat, context=[m.model_dump() for m in t.context],
-                                     progress=progress,
+                                     context_categories=t.context_categories, progress=progress,
                                      log=context.log.info)
             finally:
                 progress.close()

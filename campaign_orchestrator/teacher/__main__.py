@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         backend = make_backend(spec, model_path, api_key=api_key)
         res = run_generation(rows, backend, sampling, cache, chat=spec.chat, context=[m.model_dump() for m in spec.context],
+                             context_categories=spec.context_categories,
                              progress=progress,
                              log=lambda m: print(m, file=sys.stderr, flush=True))
     except (EndpointError, BackendError, GenerationError) as e:

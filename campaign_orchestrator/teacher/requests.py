@@ -97,12 +97,13 @@ def chat_messages(prompt: str, context: Sequence[dict] = ()) -> list[dict]:
 
 
 def build_requests(teacher_identity: str, sampling: Sampling, prompts: Sequence[str], chat: bool = False,
-                   context: Sequence[dict] = ()) -> list[list[GenRequest]]:
-    """``result[i][s]`` is sample ``s`` of prompt ``i``. With ``context`` (``teacher.context``) every request
-    is a chat request whose messages start with it."""
+                   context: Sequence[dict] = (), with_context: Sequence[bool] | None = None) -> list[list[GenRequest]]:
+    """``result[i][s]`` is sample ``s`` of prompt ``i``. With ``context`` (``teacher.context``) a request is a
+    chat request whose messages start with it; ``with_context[i]`` False asks prompt ``i`` without it."""
     out = []
-    for p in prompts:
-        msgs = tuple(chat_messages(p, context)) if chat or context else None
+    for i, p in enumerate(prompts):
+        ctx = context if with_context is None or with_context[i] else ()
+        msgs = tuple(chat_messages(p, ctx)) if chat or ctx else None
         payload: str | list[dict] = list(msgs) if msgs is not None else p
         out.append([GenRequest(request_key(teacher_identity, sampling, payload, s), p, s, sampling.sample_seed(s), msgs)
                     for s in range(sampling.n)])

@@ -79,7 +79,8 @@ def _cache_row(req: GenRequest, c: Completion, backend: Backend) -> dict:
 
 
 def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling, cache: GenerationCache, *,
-                   chat: bool = False, context: Sequence[dict] = (), progress: Callable[[int], None] | None = None,
+                   chat: bool = False, context: Sequence[dict] = (), context_categories: Sequence[str] | None = None,
+                   progress: Callable[[int], None] | None = None,
                    log: Callable[[str], None] | None = None) -> GenerationResult:
     """``prompts`` are dicts with ``id`` and ``prompt``. Returns rows in ``GENERATION_SCHEMA``
     (see :mod:`campaign_orchestrator.teacher.rows`), ``n`` per prompt, in prompt order."""
@@ -88,7 +89,8 @@ def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling
         raise GenerationError("no prompts to generate for: the prompt table is empty")
     t_start = time.perf_counter()
     st = GenerationStats(prompts=len(prompts))
-    reqs = build_requests(backend.identity, sampling, [p["prompt"] for p in prompts], chat, context)
+    with_context = None if context_categories is None else [p.get("category") in context_categories for p in prompts]
+    reqs = build_requests(backend.identity, sampling, [p["prompt"] for p in prompts], chat, context, with_context)
     st.requests = sum(len(r) for r in reqs)
 
     st.recovered_rows = cache.recover()

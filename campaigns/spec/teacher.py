@@ -43,6 +43,10 @@ class TeacherSpec(_Strict):
         "turns): context distillation, where the student learns to answer the bare prompt as the teacher does with "
         "this context. Rendered with the teacher's chat template (`transformers`, `vllm`) or sent as chat messages "
         "(`openai` with `chat: true`); part of the generation cache key.")
+    context_categories: list[str] | None = Field(
+        None, description="Put `context` only before prompts of these categories (data.category_field); the others "
+        "are asked bare, so the teacher answers them as the model does without its context: replay that keeps "
+        "the student's other abilities (default: every prompt gets the context).")
     compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="`transformers` backend: dtype the local teacher generates in (auto: as "
         "`student.quantization.compute_dtype`).")
@@ -92,6 +96,8 @@ class TeacherSpec(_Strict):
         if self.context and self.backend == "openai" and not self.chat:
             raise ValueError("`context` messages need `chat: true` with backend 'openai' (a completions endpoint takes "
                              "one prompt string)")
+        if self.context_categories is not None and not self.context:
+            raise ValueError("`context_categories` says which prompts get `context`, but there is no `context`")
         if self.context and self.context[-1].role == "user":
             raise ValueError("`context` must not end with a user message: the prompt is the next user turn")
         if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
