@@ -31,6 +31,7 @@ from campaigns.spec.teacher import (
 )
 from campaigns.spec.student import (
     LoraSpec as LoraSpec,
+    MoeSpec as MoeSpec,
     QuantizationSpec as QuantizationSpec,
     StudentSpec as StudentSpec,
 )
