@@ -33,6 +33,38 @@ def teacher_tokenizer_path(spec: CampaignSpec, storage: ArtifactStore) -> str | 
     return None  # the trainer refuses to start and says which field to set
 
 
+def refuse_before_launch(spec: CampaignSpec, base) -> None:
+    """Settings the student model refuses (a mixture of experts: experts nothing trains, a per-expert rank
+    below 1, targets that match nothing), before any process starts; the trainer checks them again."""
+    from campaign_orchestrator.costs.memory import ModelShape, moe_problems
+
+    if (base / "config.json").exists():
+        problems = moe_problems(ModelShape.from_model_dir(base), spec.student)
+        if problems:
+            raise ValueError(f"campaign {spec.name}: student {spec.student.base_model} ({base}) refuses these settings, "
+                             "nothing was launched:\n  " + "\n  ".join(problems))
+
+
+def moe_metadata(moe: dict | None) -> dict:
+    """A mixture-of-experts student's metadata: trainable parameters by kind, whether the routed experts are
+    trained and quantized, tokens routed to each expert, the expert-gradient checks."""
+    if not moe:
+        return {}
+    t = moe["trainable_by_kind"]
+    return {
+        "trainable_attention": t["attention"], "trainable_dense_mlp": t["dense_mlp"],
+        "trainable_routed_experts": t["routed_experts"], "trainable_router": t["router"],
+        "trainable_breakdown": MetadataValue.json({"trainable": t, "parameters": moe["parameters_by_kind"]}),
+        "routed_experts_trained": moe["routed_experts_trained"], "experts_quantized": moe["experts_quantized"],
+        "num_experts": moe["num_experts"], "num_experts_per_tok": moe["num_experts_per_tok"],
+        "expert_rank": moe["expert_rank"], "router": moe["router"], "aux_loss_coef": moe["aux_loss_coef"],
+        "expert_lora_b_nonzero": f"{moe['expert_lora_b_nonzero']}/{moe['expert_lora_b_slices']}",
+        "routed_tokens_per_expert": MetadataValue.json(moe["routed_tokens_per_expert"]),
+        "expert_grad_checks": MetadataValue.json(moe["expert_grad_checks"]),
+        "routing_collapse_warnings": len(moe["routing_collapse_warnings"]),
+    }
+
+
 def build(spec: CampaignSpec):
     s, tr = spec.student, spec.training
 
@@ -45,6 +77,7 @@ def build(spec: CampaignSpec):
         from training.config import TrainJob
 
         base = storage.resolve_model(s.base_model, spec.project_dir)
+        refuse_before_launch(spec, base)
         k = stage_key("adapter/v1", dataset["key"], model_identity(base, s.revision), training_key_fields(spec))
         sd = storage.stage(spec.name, "student_adapter", k)
         cached = sd.is_complete()
@@ -81,6 +114,7 @@ def build(spec: CampaignSpec):
         } | profile_metadata(m["path"])
         if sm.get("merged_dir"):
             md["merged_model"] = MetadataValue.path(sm["merged_dir"])
+        md |= moe_metadata(sm.get("moe"))
         return Output(m, metadata={k: v for k, v in md.items() if v is not None})
 
     return student_adapter

@@ -73,6 +73,7 @@ def load_student(base_model_path: str, student: StudentSpec, device: torch.devic
     moe.check_targets(model, student, base_model_path)
     lora = LoraConfig(**moe.lora_kwargs(student, model.config))
     model = get_peft_model(model, lora)  # adapters in fp32 (autocast_adapter_dtype=True)
+    moe.check_peft_kept_targets(model, student, base_model_path)
     if device.type == "cuda":
         model.to(device)
     return model

@@ -44,6 +44,12 @@ BATCH_KEYS = frozenset({MASK})
 CATEGORIES = ("attention", "dense_mlp", "routed_experts", "router", "other")
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 ROUTER_NAMES = ("gate", "mlp.gate", "router", "mlp.router")
+MLP_NAMES = ("gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+# PEFT 0.21 on transformers 5 (peft/utils/transformers_weight_conversion.py, for adapters trained on transformers 4)
+# rewrites these target_modules of a Qwen2/Qwen3-MoE or Mixtral model into target_parameters on the fused experts.
+MLP_NAMES_REFUSED = ("PEFT (on transformers 5) rewrites MLP projection names of a mixture of experts into targets on "
+                     "the fused expert tensors (gate_up_proj at rank 2r), so a dense MLP layer would get no LoRA and the "
+                     "experts a rank you did not ask for; an all-sparse model has no such module at all.")
 
 
 # --------------------------------------------------------------------------- architecture
@@ -125,11 +131,11 @@ def check_targets(model: nn.Module, student: StudentSpec, where: str) -> None:
                 f"student.lora.target_modules {router} names the router of the MoE model {where} (not an nn.Linear: "
                 f"PEFT would silently turn it into a parameter target); set student.moe.router: trained to train it"
             )
-        dense = [t for t in missing if t in ("gate_proj", "up_proj", "down_proj")]
-        if dense:
+        mlp = [t for t in lora.target_modules if t.rsplit(".", 1)[-1] in MLP_NAMES]
+        if mlp:
             raise ValueError(
-                f"student.lora.target_modules {dense} match no module of {where}: its MLPs are routed experts stored as "
-                f"fused parameters; target them with student.lora.target_parameters "
+                f"student.lora.target_modules {mlp} on the MoE model {where}: {MLP_NAMES_REFUSED} Target the routed "
+                f"experts with student.lora.target_parameters "
                 f"({', '.join(expert_parameter_names(model)) or 'mlp.experts.gate_up_proj, mlp.experts.down_proj'})"
             )
     if missing:
@@ -141,6 +147,22 @@ def check_targets(model: nn.Module, student: StudentSpec, where: str) -> None:
         raise ValueError(
             f"student.lora.target_parameters {missing} match no parameter of {where}"
             + (f"; its routed-expert parameters are {found}" if found else " (it has no fused expert parameters)")
+        )
+
+
+def check_peft_kept_targets(model: nn.Module, student: StudentSpec, where: str) -> None:
+    """After ``get_peft_model``: refuse a configuration PEFT rewrote (its transformers-4 compatibility mapping
+    moves MoE target names to other tensors with other ranks) instead of training something else silently."""
+    cfg = model.peft_config["default"]
+    asked_m, asked_p = set(student.lora.target_modules), set(student.lora.target_parameters)
+    got_m, got_p = set(cfg.target_modules or ()), set(cfg.target_parameters or ())
+    if (got_m, got_p) != (asked_m, asked_p):
+        raise ValueError(
+            f"PEFT rewrote the LoRA targets for {where} ({getattr(model.config, 'model_type', '?')}): asked "
+            f"target_modules {sorted(asked_m)} and target_parameters {sorted(asked_p)}, it would train target_modules "
+            f"{sorted(got_m)} and target_parameters {sorted(got_p)} (rank_pattern {dict(cfg.rank_pattern or {})}); "
+            f"set student.lora so that nothing is rewritten (routed experts: target_parameters; the router: "
+            f"student.moe.router)"
         )
 
 
@@ -386,6 +408,19 @@ class MoeMonitor:
                 self.collapse_warnings.append(msg)
                 self.log(f"WARNING: {msg}")
         self._window_start = step
+
+    def state(self) -> dict[str, Any]:
+        """Collective: what a checkpoint keeps (the tokens routed to each expert so far, all ranks)."""
+        counts = self.counts.clone()
+        _all_reduce(counts, self.world)
+        return {"routed_tokens": counts.tolist(), "collapse_warnings": list(self.collapse_warnings)}
+
+    def load_state(self, state: dict[str, Any] | None, is_main: bool) -> None:
+        """Continue a resumed run's counts (held by global rank 0, so the final all-reduce sums them once)."""
+        if state and is_main and torch.tensor(state["routed_tokens"]).shape == self.counts.shape:
+            self.counts += torch.tensor(state["routed_tokens"], dtype=torch.float64)
+        if state:
+            self.collapse_warnings = list(state.get("collapse_warnings", []))
 
     def final_report(self) -> dict[str, Any]:
         """Collective: tokens routed to each expert over training, and every expert's lora_B after it."""

@@ -488,7 +488,8 @@ class LoraTrainer:
         return {"step": step, "skipped_steps": self.skipped, "rows_per_step": self.plan.rows_per_step,
                 "dataset_rows": self.plan.rows, "seed": self.spec.seed, "world_size": self.world,
                 "total_steps": self.total_steps, "eval_loss_before": self.eval_loss_before,
-                "scheduler": self.scheduler.state_dict(), "saved_at": time.time()}
+                "scheduler": self.scheduler.state_dict(), "saved_at": time.time(),
+                "moe": self.moe.state() if self.moe is not None else None}  # collective: routed-token counts so far
 
     def save_checkpoint(self, step: int, reason: str) -> None:
         """Collective: gather full adapter and optimizer state on rank 0, write atomically, mirror, prune."""
@@ -515,6 +516,8 @@ class LoraTrainer:
             self.metrics = metrics
         self.skipped = state["skipped_steps"]
         self.eval_loss_before = state.get("eval_loss_before")
+        if self.moe is not None:
+            self.moe.load_state(state.get("moe"), self.is_main)
         self.start_step = self.resumed_from = step
         self._last_saved_step = step
         self.report.log(f"resumed from checkpoint {self.store.path(step)} (step {step} of {self.total_steps})")
