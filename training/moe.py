@@ -194,8 +194,8 @@ def parameter_breakdown(model: nn.Module) -> dict[str, Any]:
         k = _numel(p)
         if p.requires_grad:
             trainable[c] += k  # adapters and modules_to_save copies
-        elif ".modules_to_save." not in n:
-            total[c] += k  # the base model's own parameters (its original of a modules_to_save copy)
+        if not re.search(r"\.(lora_[A-Za-z_]+|modules_to_save)\.", n):
+            total[c] += k  # the base model's own parameters (the original of a modules_to_save copy)
             quantized[c] += k if getattr(p, "quant_state", None) is not None else 0
     arch = arch_of(getattr(model, "config", None))
     return {"num_experts": arch.num_experts, "num_experts_per_tok": arch.top_k,

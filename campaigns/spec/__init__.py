@@ -32,6 +32,7 @@ from campaigns.spec.teacher import (
 from campaigns.spec.student import (
     LoraSpec as LoraSpec,
     MoeSpec as MoeSpec,
+    PARAM_WRAPPER_REFUSES as PARAM_WRAPPER_REFUSES,
     QuantizationSpec as QuantizationSpec,
     StudentSpec as StudentSpec,
 )
