@@ -55,6 +55,31 @@ def artifact_root(tmp_path, demo_models_root) -> Path:
     return root
 
 
+# ------------------------------------------------------------------ the trainer in this process
+
+DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def run_job(monkeypatch, tmp_path):
+    """Run a TrainJob in this process as a world of one (its own rendezvous port; the environment restored
+    afterwards); returns the summary."""
+    import socket
+
+    from training.trainer import run
+
+    def go(job, name: str = "job"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for k, v in zip(DIST_ENV, ("0", "0", "1", "1", "127.0.0.1", str(port))):
+            monkeypatch.setenv(k, v)
+        Path(job.output_dir).mkdir(parents=True, exist_ok=True)
+        return run(job.write(tmp_path / f"{name}.json"))
+
+    return go
+
+
 # ------------------------------------------------------------------ the demo student's tokenizer
 
 @pytest.fixture(scope="module")

@@ -157,9 +157,10 @@ def test_campaign_validate_refuses_what_the_moe_student_cannot_train(tmp_path, c
     import yaml
 
     from campaign_orchestrator.cli import main
-    from campaign_orchestrator.demo.build import moe_config
+    from tests.support.moe_support import write_moe_config
 
-    moe_config(vocab_size=32).save_pretrained(tmp_path / "moe")  # the config is all validate reads
+    write_moe_config(tmp_path / "moe")  # the config is all validate reads
+    assert ModelShape.from_model_dir(tmp_path / "moe") == ModelShape.from_config(tiny_moe().config.to_dict())
     spec = {"name": "bad_moe", "teacher": {"model": "@demo/teacher"},
             "student": {"base_model": str(tmp_path / "moe"), "lora": {"r": 2, "target_modules": ATTENTION},
                         "quantization": {"load_in_4bit": False}},

@@ -24,6 +24,21 @@ def tiny_moe(seed: int = 0, **config):
     return Qwen3MoeForCausalLM(cfg)
 
 
+def write_moe_config(directory: Path) -> Path:
+    """Only the demo MoE student's ``config.json`` (what the planner and the pre-launch checks read), without
+    importing torch: the recipe's fields, as transformers writes them for Qwen3-MoE."""
+    import json
+
+    from campaign_orchestrator.demo.recipe import MOE_RECIPE
+
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 32,
+           "tie_word_embeddings": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+           **MOE_RECIPE["moe_student"]["config"]}
+    (directory / "config.json").write_text(json.dumps(cfg))
+    return directory
+
+
 def save_tiny_moe(directory: Path, **config) -> Path:
     """The random-init tiny MoE saved as a checkpoint directory (config.json + weights)."""
     tiny_moe(**config).save_pretrained(directory)

@@ -207,7 +207,7 @@ def test_4bit_quantizes_the_attention_and_leaves_the_fused_experts_in_the_comput
 # --------------------------------------------------------------------------- the trainer, one process
 
 @pytest.mark.stage
-def test_trainer_on_the_demo_moe_student(tmp_path, moe_student):  # noqa: F811 (the fixture shadows the helper)
+def test_trainer_on_the_demo_moe_student(run_job, tmp_path, moe_student):  # noqa: F811 (the fixture shadows the helper)
     """Attention + expert LoRA + trained router, aux loss on: the breakdown, the expert-gradient checks, the
     routed-token counts (every real token × top-k × MoE layer), every expert's lora_B trained, the aux loss in
     the metrics, a PEFT reload of the adapter (router included), and counts that survive a resume."""
@@ -217,13 +217,12 @@ def test_trainer_on_the_demo_moe_student(tmp_path, moe_student):  # noqa: F811 (
 
     from tests.support.moe_support import moe_student as student_spec
     from tests.support.train_support import make_job, write_cipher_dataset
-    from training.trainer import run
 
     ds = write_cipher_dataset(tmp_path / "ds", moe_student, 64, seed=5)
     st = student_spec(moe={"router": "trained"}).model_dump(exclude={"base_model"})
     job = make_job(tmp_path / "out", moe_student, ds, student=st, max_steps=6, micro_batch_size=8, eval_rows=16,
                    learning_rate=5e-3, warmup_steps=1, log_every=3)
-    s = run(job.write(tmp_path / "job.json"))
+    s = run_job(job)
     m = s["moe"]
     assert m["trainable_by_kind"] == {"attention": 2 * 4 * 4 * 128, "dense_mlp": 0, "routed_experts": 8704,
                                       "router": 512, "other": 0}
@@ -255,7 +254,7 @@ def test_trainer_on_the_demo_moe_student(tmp_path, moe_student):  # noqa: F811 (
     ce, n = cross_entropy_sum(logits, batch["labels"])
     assert float(ce) / n == pytest.approx(s["eval_loss"], rel=1e-4)
 
-    again = run(job.write(tmp_path / "job.json"))  # resumes at the final checkpoint: nothing left to train
+    again = run_job(job)  # resumes at the final checkpoint: nothing left to train
     assert again["resumed_from_step"] == 6 and again["moe"]["routed_tokens_per_expert"] == m["routed_tokens_per_expert"]
     json.dumps(again)  # the summary is plain JSON
 
