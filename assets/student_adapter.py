@@ -14,10 +14,28 @@ from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
 
 
+# Student fields added after adapters were first keyed: left out of the key at their defaults, so adding
+# them changed no existing adapter's key (nor its cache, nor the model-change sensor's versions).
+ADDED_STUDENT_DEFAULTS = {("lora", "target_parameters"): [], ("lora", "use_dora"): False}
+
+
+def student_key_fields(spec: CampaignSpec) -> dict:
+    """The student settings that key its adapter (see ``ADDED_STUDENT_DEFAULTS``; ``moe`` at its defaults too)."""
+    from campaigns.spec import MoeSpec
+
+    out = spec.student.model_dump()
+    for (section, name), default in ADDED_STUDENT_DEFAULTS.items():
+        if out[section][name] == default:
+            del out[section][name]
+    if spec.student.moe == MoeSpec():
+        del out["moe"]
+    return out
+
+
 def training_key_fields(spec: CampaignSpec) -> dict:
     """Settings that change the trained adapter (launcher, logging, checkpointing and timeouts do not,
     so changing them keeps an interrupted run's checkpoints usable)."""
-    return {"student": spec.student.model_dump(),
+    return {"student": student_key_fields(spec),
             "training": spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "checkpoint",
                                                           "collective_timeout_s", "diagnostics", "distributed_env"})}
 

@@ -51,3 +51,14 @@ def test_moe_summary_becomes_metadata_by_kind():
     assert md["expert_lora_b_nonzero"] == "16/16" and md["routed_experts_trained"] is True
     assert md["routed_tokens_per_expert"].data == {"layer_0": [1, 2, 3, 4]}
     assert moe_metadata(None) == {}
+
+
+def test_adapter_keys_of_dense_campaigns_did_not_change_with_the_moe_fields():
+    """The new student fields at their defaults stay out of the adapter's key: no cached adapter is retrained
+    and no model-change sensor fires because the spec grew."""
+    from assets.student_adapter import training_key_fields
+
+    dense = training_key_fields(load_campaign_file(REPO / "campaigns" / "demo.yaml"))["student"]
+    assert "moe" not in dense and {"target_parameters", "use_dora"}.isdisjoint(dense["lora"])
+    moe = training_key_fields(load_campaign_file(REPO / "campaigns" / "demo_moe.yaml"))["student"]
+    assert moe["moe"]["router"] == "trained" and moe["lora"]["target_parameters"]

@@ -260,6 +260,25 @@ def test_trainer_on_the_demo_moe_student(run_job, tmp_path, moe_student):  # noq
 
 
 @pytest.mark.stage
+def test_activation_checkpointing_neither_double_counts_routing_nor_drops_the_aux_loss(run_job, tmp_path, moe_student):  # noqa: F811
+    """Checkpointed layers run their routers again in backward: those recomputations are not counted, and the
+    auxiliary term still reaches the router."""
+    import pyarrow.parquet as pq
+
+    from tests.support.moe_support import moe_student as student_spec
+    from tests.support.train_support import make_job, write_cipher_dataset
+
+    ds = write_cipher_dataset(tmp_path / "ds", moe_student, 24, seed=3)
+    st = student_spec(moe={"router": "trained", "aux_loss_coef": 0.01}).model_dump(exclude={"base_model"})
+    s = run_job(make_job(tmp_path / "out", moe_student, ds, student=st, max_steps=3, micro_batch_size=8, eval_rows=8,
+                         activation_checkpointing=True))
+    metrics = pq.read_table(tmp_path / "out" / "metrics.parquet").to_pylist()
+    real = sum(r["tokens"] for r in metrics)
+    assert [sum(v) for v in s["moe"]["routed_tokens_per_expert"].values()] == [2 * real, 2 * real]
+    assert all(r["aux_loss"] > 0 for r in metrics) and s["moe"]["expert_lora_b_nonzero"] == 16
+
+
+@pytest.mark.stage
 def test_trainer_refuses_routed_experts_left_frozen_unless_on_purpose(tmp_path, moe_student):  # noqa: F811
     from tests.support.moe_support import moe_student as student_spec
     from tests.support.train_support import make_job, write_cipher_dataset
