@@ -54,10 +54,14 @@ def teacher_tokenizer_path(spec: CampaignSpec, storage: ArtifactStore) -> str | 
 def refuse_before_launch(spec: CampaignSpec, base) -> None:
     """Settings the student model refuses (a mixture of experts: experts nothing trains, a per-expert rank
     below 1, targets that match nothing), before any process starts; the trainer checks them again."""
-    from campaign_orchestrator.costs.memory import ModelShape, moe_problems
+    from campaign_orchestrator.costs.memory import ModelShape, PlanError, moe_problems
 
-    if (base / "config.json").exists():
-        problems = moe_problems(ModelShape.from_model_dir(base), spec.student)
+    try:
+        shape = ModelShape.from_model_dir(base) if (base / "config.json").exists() else None
+    except PlanError:
+        shape = None  # a config the planner cannot read (e.g. a stub beside a model on the cluster): the trainer checks
+    if shape is not None:
+        problems = moe_problems(shape, spec.student)
         if problems:
             raise ValueError(f"campaign {spec.name}: student {spec.student.base_model} ({base}) refuses these settings, "
                              "nothing was launched:\n  " + "\n  ".join(problems))
