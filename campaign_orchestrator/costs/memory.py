@@ -292,20 +292,21 @@ def moe_trainable_params(shape: ModelShape, student) -> int:
     return n + (shape.router_params if student.moe.router == "trained" else 0)
 
 
-def moe_activation_bytes(shape: ModelShape, student, tokens: int) -> tuple[float, float]:
+def moe_activation_bytes(shape: ModelShape, student, tokens: int, dtype_bytes: float = 2) -> tuple[float, float]:
     """Extra activation bytes of a mixture of experts (without, with activation checkpointing): each MoE
     layer's routed MLP (k experts of width I instead of one dense MLP of width `intermediate`, plus fp32
-    router probabilities) and, with expert LoRA, PEFT's folded expert stack W + s·B·A kept for backward."""
+    router probabilities) and, with expert LoRA, PEFT's folded expert stack W + s·B·A kept for backward
+    (``dtype_bytes``: the compute dtype's)."""
     if not shape.experts:
         return 0.0, 0.0
-    per_token = 2 * 4 * (shape.experts_per_tok * shape.moe_intermediate - shape.intermediate) + 4 * shape.experts
-    folded = 2 * shape.expert_params / shape.moe_layers if student.lora.target_parameters else 0.0
+    per_token = dtype_bytes * 4 * (shape.experts_per_tok * shape.moe_intermediate - shape.intermediate) + 4 * shape.experts
+    folded = dtype_bytes * shape.expert_params / shape.moe_layers if student.lora.target_parameters else 0.0
     full = tokens * shape.moe_layers * per_token + shape.moe_layers * folded + folded  # + one layer's gradient of W'
     ckpt = tokens * per_token + 2 * folded  # one layer recomputed at a time: its W' and the gradient of W'
     return full, ckpt
 
 
-def moe_facts(shape: ModelShape, student) -> dict:
+def moe_facts(shape: ModelShape, student, dtype_bytes: float = 2) -> dict:
     """What the plan says about a mixture-of-experts student (empty for a dense one)."""
     if not shape.experts:
         return {}
@@ -315,12 +316,13 @@ def moe_facts(shape: ModelShape, student) -> dict:
         "total_params": shape.params, "active_params": shape.active_params, "expert_params": shape.expert_params,
         "router_params": shape.router_params,
         "experts_quantized": False,  # fused 3-D tensors are not nn.Linear: bitsandbytes leaves them in the compute dtype
-        "expert_weights_gb": 2 * (shape.expert_params + shape.router_params) / GB,
+        "expert_weights_gb": dtype_bytes * (shape.expert_params + shape.router_params) / GB,
         "expert_rank": rank if student.lora.target_parameters else None,
         "expert_lora_params": shape.expert_lora_params(rank, student.lora.target_parameters)
         if student.lora.target_parameters else 0,
         "router_trainable_params": shape.router_params if student.moe.router == "trained" else 0,
-        "folded_expert_layer_gb": 2 * shape.expert_params / shape.moe_layers / GB if student.lora.target_parameters else 0.0,
+        "folded_expert_layer_gb": dtype_bytes * shape.expert_params / shape.moe_layers / GB
+        if student.lora.target_parameters else 0.0,
     }}
 
 
