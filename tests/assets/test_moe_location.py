@@ -8,7 +8,6 @@ from dagster import AssetKey
 from assets.location import build_definitions, campaign_job_name
 from assets.student_adapter import moe_metadata, refuse_before_launch
 from campaigns.loader import load_campaign_file
-
 from tests.support import REPO_ROOT as REPO
 
 

@@ -6,7 +6,6 @@ import yaml
 
 from campaigns.loader import CampaignError, load_campaigns, parse_campaign_text
 from campaigns.spec import PARAM_WRAPPER_REFUSES
-
 from tests.support import REPO_ROOT as REPO
 
 MOE = (REPO / "campaigns" / "demo_moe.yaml").read_text()

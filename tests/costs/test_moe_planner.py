@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from campaigns.loader import parse_campaign_text
 from campaign_orchestrator.costs.memory import ModelShape, PlanError, moe_facts, moe_problems, training_memory
+from campaigns.loader import parse_campaign_text
 from tests.support.moe_support import ATTENTION, EXPERT_TENSORS, moe_student, peft_moe, tiny_moe
 
 # Qwen3-30B-A3B's published config.json (the fields that size it).

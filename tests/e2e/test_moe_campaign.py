@@ -2,7 +2,6 @@
 into the MoE student (LoRA on attention and routed experts, router trained) beats the MoE base at the
 gate, and the student_adapter metadata shows the routed experts trained, by kind and by expert."""
 
-from pathlib import Path
 
 import pytest
 import yaml

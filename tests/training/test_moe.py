@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from campaigns.spec import PARAM_WRAPPER_REFUSES
+from tests.support.moe_support import ATTENTION, EXPERT_TENSORS, moe_student, peft_moe, save_tiny_moe, tiny_moe
 from training import moe
 from training.errors import TrainingError
-from tests.support.moe_support import ATTENTION, EXPERT_TENSORS, moe_student, peft_moe, save_tiny_moe, tiny_moe
 
 
 def _lora(**kw):
@@ -207,7 +207,7 @@ def test_4bit_quantizes_the_attention_and_leaves_the_fused_experts_in_the_comput
 # --------------------------------------------------------------------------- the trainer, one process
 
 @pytest.mark.stage
-def test_trainer_on_the_demo_moe_student(run_job, tmp_path, moe_student):  # noqa: F811 (the fixture shadows the helper)
+def test_trainer_on_the_demo_moe_student(run_job, tmp_path, moe_student):
     """Attention + expert LoRA + trained router, aux loss on: the breakdown, the expert-gradient checks, the
     routed-token counts (every real token × top-k × MoE layer), every expert's lora_B trained, the aux loss in
     the metrics, a PEFT reload of the adapter (router included), and counts that survive a resume."""
@@ -260,7 +260,7 @@ def test_trainer_on_the_demo_moe_student(run_job, tmp_path, moe_student):  # noq
 
 
 @pytest.mark.stage
-def test_activation_checkpointing_neither_double_counts_routing_nor_drops_the_aux_loss(run_job, tmp_path, moe_student):  # noqa: F811
+def test_activation_checkpointing_neither_double_counts_routing_nor_drops_the_aux_loss(run_job, tmp_path, moe_student):
     """Checkpointed layers run their routers again in backward: those recomputations are not counted, and the
     auxiliary term still reaches the router."""
     import pyarrow.parquet as pq
@@ -279,7 +279,7 @@ def test_activation_checkpointing_neither_double_counts_routing_nor_drops_the_au
 
 
 @pytest.mark.stage
-def test_trainer_refuses_routed_experts_left_frozen_unless_on_purpose(tmp_path, moe_student):  # noqa: F811
+def test_trainer_refuses_routed_experts_left_frozen_unless_on_purpose(tmp_path, moe_student):
     from tests.support.moe_support import moe_student as student_spec
     from tests.support.train_support import make_job, write_cipher_dataset
     from training.trainer import LoraTrainer

@@ -16,11 +16,11 @@ import sys
 import torch
 import torch.distributed as dist
 
+from tests.support.train_scripts.grad_check import perturb
 from training import data as tdata
 from training.config import TrainJob
 from training.model import full_tensor, load_student
 from training.trainer import LoraTrainer
-from tests.support.train_scripts.grad_check import perturb
 
 
 def reference(job: TrainJob, trainer: LoraTrainer) -> dict:
