@@ -42,7 +42,7 @@ def adapters(tmp_path_factory, demo_models):
     root = tmp_path_factory.mktemp("adapters")
     base = demo_models["student"]
     return {"good": train_adapter(root / "good", base, steps=80),
-            "broken": train_adapter(root / "broken", base, steps=80, mapping=cipher.cipher_map(seed=8))}
+            "broken": train_adapter(root / "broken", base, steps=40, examples=600, mapping=cipher.cipher_map(seed=8))}
 
 
 @pytest.fixture(scope="module")
