@@ -112,7 +112,8 @@ def decontamination_check(dec: dict | None) -> AssetCheckResult:
         return AssetCheckResult(check_name=DECONTAMINATION_CHECK, passed=True,
                                 description="decontamination is off (data.decontamination.action: off)")
     n, suites = dec["contaminated_rows"], dec["suites"]
-    where = ", ".join(f"{s} {v['training_rows_overlapping']}" for s, v in suites.items() if v["training_rows_overlapping"])
+    where = ", ".join(f"{s} {v['training_rows_overlapping']}" for s, v in suites.items()
+                      if v["training_rows_overlapping"])
     checked = sum(v["documents_checked"] for v in suites.values())
     if n == 0:
         text = f"no training row overlaps the {checked} gate documents checked ({dec['ngram']}-grams)"

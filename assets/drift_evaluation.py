@@ -134,7 +134,8 @@ def build(spec: CampaignSpec):
         from evaluation.scorers import build_scorer
 
         item_suites = [s for s in ev.suites if s.kind == "items"]  # lm_eval suites are fixed documents: no drift
-        scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir) for s in item_suites}
+        scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir)
+                   for s in item_suites}
         suites = [{"name": s.name, "items": load_items(s.source, held, spec.project_dir, scorers[s.name]),
                    "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in item_suites]
         floor, drop = ev.gate.min_score, max_drop(spec)

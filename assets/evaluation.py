@@ -101,8 +101,8 @@ def build(spec: CampaignSpec):
         from evaluation.scorers import build_scorer
         from evaluation.suite import load_items, read_item_results, write_item_rows
 
-        scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir) for x in ev.suites
-                   if not is_harness(x)}
+        scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir)
+                   for x in ev.suites if not is_harness(x)}
         harness = harness_suites(spec, storage)  # lm_eval suites: their task directories, content-addressed
         base = storage.resolve_model(s.base_model, spec.project_dir) if local else None
         teacher_path = storage.resolve_model(t.model, spec.project_dir) if eval_teacher else None

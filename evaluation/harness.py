@@ -94,7 +94,8 @@ def _fetch_s3_tree(uri: str, dest: Path, client=None) -> Path:
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             keys += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
     except Exception as e:  # botocore ClientError / EndpointConnectionError / NoCredentialsError
-        raise HarnessError(f"lm_eval.include_path {uri}: cannot list s3://{bucket}/{prefix}: {type(e).__name__}: {e}") from None
+        raise HarnessError(f"lm_eval.include_path {uri}: cannot list s3://{bucket}/{prefix}: "
+                           f"{type(e).__name__}: {e}") from None
     if not keys:
         raise HarnessError(f"lm_eval.include_path {uri}: no objects under s3://{bucket}/{prefix}")
     for k in keys:
@@ -116,7 +117,8 @@ def task_dir(include_path: str, project_dir: Path, cache_root: Path, client=None
         else:
             src = paths.resolve(include_path, project_dir)
             if not src.is_dir():
-                raise HarnessError(f"lm_eval.include_path {include_path!r}: {src} is not a directory of task YAML files")
+                raise HarnessError(f"lm_eval.include_path {include_path!r}: {src} is not a directory of task "
+                                   "YAML files")
             shutil.copytree(src, staged, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         sha = tree_sha256(staged)
         final = cache_root / sha
@@ -134,8 +136,7 @@ def task_dir(include_path: str, project_dir: Path, cache_root: Path, client=None
 def _job(mode: str, suites: list[HarnessSuite], models: list[HarnessModel], threads: int | None) -> dict:
     return {"mode": mode, "threads": threads,
             "batch_size": max((s.batch_size for s in suites), default=16),
-            "suites": [{**s.settings, "name": s.name, "dir": str(s.task_dir), "include_path": s.settings["include_path"]}
-                       for s in suites],
+            "suites": [{**s.settings, "name": s.name, "dir": str(s.task_dir)} for s in suites],
             "models": [asdict(m) for m in models]}
 
 

@@ -134,7 +134,8 @@ def _static_checks(task: str, cfg: dict, root: Path, suite: dict, problems: list
             pass  # a !function metric, or process_results: local code shipped with the task
         elif mc.get("hf_evaluate") is True:
             problems.append(f"{where}: metric {name!r} has `hf_evaluate: true` (evaluate.load from the Hugging Face "
-                            "hub); only local metrics are allowed: a built-in one or a `!function` shipped with the task")
+                            "hub); only local metrics are allowed: a built-in one or a `!function` shipped with the "
+                            "task")
         elif name not in metric_registry:
             problems.append(f"{where}: metric {name!r} is not a built-in lm_eval metric, so the harness would fetch it "
                             f"with evaluate.load from the Hugging Face hub; only local metrics are allowed (built-in: "

@@ -36,7 +36,8 @@ def test_the_demo_gates_on_a_harness_suite_and_decontaminates():
 
 @pytest.mark.parametrize("mutate, expected", [
     (lambda s: s.pop("lm_eval"), "kind 'lm_eval' needs `lm_eval`"),
-    (lambda s: s.update(scorer="exact_match", max_new_tokens=8), "['max_new_tokens', 'scorer'] are not used by kind 'lm_eval'"),
+    (lambda s: s.update(scorer="exact_match", max_new_tokens=8),
+     "['max_new_tokens', 'scorer'] are not used by kind 'lm_eval'"),
     (lambda s: s.update(kind="items"), "`lm_eval` is set but kind is 'items'"),
     (lambda s: s["lm_eval"].update(tasks=[]), "tasks"),
     (lambda s: s["lm_eval"].update(tasks=["cipher", "cipher"]), "task names must be unique"),

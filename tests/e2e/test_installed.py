@@ -51,7 +51,8 @@ def test_installs_only_the_six_top_level_names(installed):
     out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=True, cwd=installed).stdout
     assert str(REPO_ROOT) not in out and str(site) in out  # the installed copy, not the checkout
     tasks = site / "campaigns" / "lm_eval_tasks" / "cipher"  # the shipped harness tasks are package data
-    assert {p.name for p in tasks.iterdir()} >= {"cipher.yaml", "cipher_gen.yaml", "cipher_gen.jsonl", "cipher_mc.jsonl"}
+    assert {p.name for p in tasks.iterdir()} >= {"cipher.yaml", "cipher_gen.yaml", "cipher_gen.jsonl",
+                                                 "cipher_mc.jsonl"}
 
 
 def test_validate_and_run_a_campaign_outside_the_checkout(installed, tmp_path, artifact_root):

@@ -81,7 +81,8 @@ def test_harness_scores_equal_the_projects_own_item_by_item(harness_run, demo_mo
         assert {k: s["choice"] for k, s in samples.items()} == {k: v[1] for k, v in mc.items()}, role
         gap = max(abs(a - b) for k, v in mc.items() for a, b in zip(v[2], samples[k]["loglikelihoods"], strict=True))
         assert gap < 0.5, gap  # bf16 compute, other batching: the same numbers to a fraction of a nat
-        figures[role] = {"cipher_gen": sum(s for s, _ in gen.values()) / 60, "cipher_mc": sum(v[0] for v in mc.values()) / 60}
+        figures[role] = {"cipher_gen": sum(s for s, _ in gen.values()) / 60,
+                         "cipher_mc": sum(v[0] for v in mc.values()) / 60}
 
     # the harness's aggregate is shown beside the project's mean, and they agree
     table = {(a.task, a.role): a for a in run.agreement}
@@ -179,3 +180,22 @@ def test_preflight_refuses_hub_metrics_missing_task_files_and_prompt_mismatches(
     assert "cipher_gen.yaml: FileNotFoundError" in p["no_file"][0] and "_cipher_common.yaml" in p["no_file"][0]
     assert len(p["chat"]) == 1 and "prompt hash mismatch" in p["chat"][0]
     assert "60 of 60 documents" in p["chat"][0] and "assistant =" in p["chat"][0] and "answer:" in p["chat"][0]
+
+
+def test_a_budget_stop_while_the_harness_runs_stops_its_process(tmp_path, demo_models):
+    """The evaluation's budget watch is called from the harness's progress events; when it raises, the
+    harness process is killed and the stop propagates (nothing is written as a result)."""
+    from evaluation.harness import _job, run_worker
+
+    class BudgetStop(Exception):
+        pass
+
+    def watch(ev):
+        if ev["event"] == "model_loaded":
+            raise BudgetStop("budget exceeded")
+
+    job = _job("evaluate", [_suite(tmp_path, "s", TASKS, tasks=["cipher_gen"], limit=5)],
+               [HarnessModel("base", str(demo_models["student"]))], threads=1)
+    with pytest.raises(BudgetStop):
+        run_worker(job, tmp_path / "work", log=lambda _m: None, on_event=watch)
+    assert not (tmp_path / "work" / "harness_out.json").exists()

@@ -20,7 +20,8 @@ def _entry() -> dict:
                                       for i, s in enumerate(scores)]}}
 
     return {"tasks": {"t_gen": {"metric": "exact_match", "filter": "strip", "output_type": "generate_until"}},
-            "docs": docs, "prompts": prompts, "runs": {"base": run([0.0, 1.0, 0.0, 0.0]), "candidate": run([1.0, 1.0, 1.0, 0.0])}}
+            "docs": docs, "prompts": prompts,
+            "runs": {"base": run([0.0, 1.0, 0.0, 0.0]), "candidate": run([1.0, 1.0, 1.0, 0.0])}}
 
 
 def test_runs_join_on_task_and_doc_id_into_item_results():
@@ -60,7 +61,8 @@ def test_task_directories_are_content_addressed_copies_local_or_s3(tmp_path, s3)
 
     cache = tmp_path / "cache"
     local, sha = task_dir(str(TASKS), tmp_path, cache)
-    assert local == cache / sha and (local / "cipher_gen.jsonl").read_bytes() == (TASKS / "cipher_gen.jsonl").read_bytes()
+    assert local == cache / sha
+    assert (local / "cipher_gen.jsonl").read_bytes() == (TASKS / "cipher_gen.jsonl").read_bytes()
     assert task_dir(str(TASKS), tmp_path, cache) == (local, sha)  # unchanged: the same copy
 
     for p in TASKS.iterdir():
