@@ -65,9 +65,17 @@ def test_task_directories_are_content_addressed_copies_local_or_s3(tmp_path, s3)
     assert (local / "cipher_gen.jsonl").read_bytes() == (TASKS / "cipher_gen.jsonl").read_bytes()
     assert task_dir(str(TASKS), tmp_path, cache) == (local, sha)  # unchanged: the same copy
 
+    s3.create_bucket(Bucket="lm-eval-tasks")  # its own bucket: moto's store is shared by the whole process
     for p in TASKS.iterdir():
-        s3.put_object(Bucket="ckpts", Key=f"tasks/cipher/{p.name}", Body=p.read_bytes())
-    remote, rsha = task_dir("s3://ckpts/tasks/cipher", tmp_path, cache)
+        s3.put_object(Bucket="lm-eval-tasks", Key=f"tasks/cipher/{p.name}", Body=p.read_bytes())
+    try:
+        remote, rsha = task_dir("s3://lm-eval-tasks/tasks/cipher", tmp_path, cache)
+        with pytest.raises(HarnessError, match="no objects under s3://lm-eval-tasks/nothing/"):
+            task_dir("s3://lm-eval-tasks/nothing", tmp_path, cache)
+    finally:
+        for p in TASKS.iterdir():
+            s3.delete_object(Bucket="lm-eval-tasks", Key=f"tasks/cipher/{p.name}")
+        s3.delete_bucket(Bucket="lm-eval-tasks")
     assert rsha == sha and remote == local  # the same content from S3 is the same directory
 
     edited = tmp_path / "edited"
@@ -78,5 +86,3 @@ def test_task_directories_are_content_addressed_copies_local_or_s3(tmp_path, s3)
 
     with pytest.raises(HarnessError, match="not a directory of task YAML files"):
         task_dir("no/such/dir", tmp_path, cache)
-    with pytest.raises(HarnessError, match="no objects under s3://ckpts/nothing/"):
-        task_dir("s3://ckpts/nothing", tmp_path, cache)
