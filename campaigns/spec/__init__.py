@@ -52,6 +52,10 @@ from campaigns.spec.training import (
     DistillationSpec as DistillationSpec,
     TrainingSpec as TrainingSpec,
 )
+from campaigns.spec.lm_eval import (
+    LmEvalSpec as LmEvalSpec,
+    DecontaminationSpec as DecontaminationSpec,
+)
 from campaigns.spec.evaluation import (
     GateRule as GateRule,
     GateSpec as GateSpec,
