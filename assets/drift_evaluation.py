@@ -133,12 +133,15 @@ def build(spec: CampaignSpec):
         context.log.info(f"drift items: {selection['summary']}")
         from evaluation.scorers import build_scorer
 
-        scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir) for s in ev.suites}
+        item_suites = [s for s in ev.suites if s.kind == "items"]  # lm_eval suites are fixed documents: no drift
+        scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir)
+                   for s in item_suites}
         suites = [{"name": s.name, "items": load_items(s.source, held, spec.project_dir, scorers[s.name]),
-                   "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in ev.suites]
+                   "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in item_suites]
         floor, drop = ev.gate.min_score, max_drop(spec)
         k = stage_key("drift/v1", promoted.key, value_sha256([s["items"] for s in suites]),
-                      [s.model_dump() for s in ev.suites], floor, drop, ev.gate.min_items, selection)
+                      [s.model_dump(exclude={"kind", "lm_eval"}) for s in item_suites], floor, drop, ev.gate.min_items,
+                      selection)
         sd = storage.stage(spec.name, STAGE, k)
         cached = sd.is_complete()
         if not cached:
@@ -149,7 +152,7 @@ def build(spec: CampaignSpec):
                 base = storage.resolve_model(spec.student.base_model, spec.project_dir)
             t0 = time.perf_counter()
             scores, item_rows = score_promoted(base, promoted.adapter_path, [SimpleNamespace(**s) for s in suites],
-                                               q.load_in_4bit, q.compute_dtype, max(s.batch_size for s in ev.suites),
+                                               q.load_in_4bit, q.compute_dtype, max((s.batch_size for s in item_suites), default=64),
                                                log=context.log.info)
             report = decide(scores, promoted.candidate_scores(), floor, drop, ev.gate.min_items)
             out = sd.ensure()

@@ -23,6 +23,7 @@ from dagster import (
 )
 
 from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
+from assets.harness import harness_identity, harness_models, harness_suites, is_harness
 from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
 from resources.pricing import PricingResource
@@ -63,9 +64,11 @@ def gate_check_result(report: dict, evaluation_key: str | None = None) -> AssetC
                             metadata=md, description=f"Gate verdict {verdict}")
 
 
-def _suite_identity(spec: CampaignSpec, x: SuiteSpec) -> dict:
+def _suite_identity(spec: CampaignSpec, x: SuiteSpec, harness: list | None = None) -> dict:
     """What changes a suite's answers or scores (not its gate or tier)."""
-    ident = x.model_dump(exclude={"gate", "tier"})
+    if x.kind == "lm_eval":
+        return harness_identity(x, harness or [])
+    ident = x.model_dump(exclude={"gate", "tier", "kind", "lm_eval"})  # (as before lm_eval suites: same keys)
     if x.source != "heldout":
         p = spec.path(x.source)
         ident["source_sha256"] = file_sha256(p) if p.exists() else None
@@ -98,7 +101,9 @@ def build(spec: CampaignSpec):
         from evaluation.scorers import build_scorer
         from evaluation.suite import load_items, read_item_results, write_item_rows
 
-        scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir) for x in ev.suites}
+        scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir)
+                   for x in ev.suites if not is_harness(x)}
+        harness = harness_suites(spec, storage)  # lm_eval suites: their task directories, content-addressed
         base = storage.resolve_model(s.base_model, spec.project_dir) if local else None
         teacher_path = storage.resolve_model(t.model, spec.project_dir) if eval_teacher else None
         served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.endpoint and not local else None
@@ -107,7 +112,7 @@ def build(spec: CampaignSpec):
                               model_identity(teacher_path) if teacher_path else None,
                               [[m.model_dump() for m in t.context], t.context_categories] if teacher_path else None,
                               s.quantization.model_dump() if local else None, served,
-                              [_suite_identity(spec, x) for x in ev.suites])
+                              [_suite_identity(spec, x, harness) for x in ev.suites])
         isd = storage.stage(spec.name, "evaluation_items", items_key)
         cached = isd.is_complete()
         if not cached:
@@ -119,18 +124,22 @@ def build(spec: CampaignSpec):
             t0 = time.perf_counter()
             held = read_prompt_table(prompts["heldout_path"])
             runs = [SuiteRun(x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name],
-                             x.max_new_tokens) for x in ev.suites]
+                             x.max_new_tokens) for x in ev.suites if not is_harness(x)]
+            progress = guard.watch()
+            harness_run = _run_harness(spec, harness, adapter, base, isd, context, progress)  # before any other model
             dtypes: dict[str, str] = {}
             categories = {it["prompt"]: it["category"] for r in runs for it in r.items}
             models = _models(spec, adapter, base, teacher_path, context, dtypes, categories)
-            rows = answer_suites(runs, models, log=context.log.info, progress=guard.watch())
+            rows = answer_suites(runs, models, log=context.log.info, progress=progress) if runs else []
+            rows += harness_run.rows if harness_run else []
             out = isd.ensure()
             write_item_rows(rows, out / "items.parquet")
             wall = time.perf_counter() - t0
             lines = [hardware_cost(pricing, spec, "evaluation", spec.training.hardware, wall)] if local else []
             isd.commit({"items_path": str(out / "items.parquet"), "items_sha256": file_sha256(out / "items.parquet"),
                         "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines,
-                        "compute_dtype": dtypes})
+                        "compute_dtype": dtypes}
+                       | _harness_manifest(pricing, spec, harness_run, local))
         im = isd.manifest()
 
         policies = {x.name: GatePolicy.from_mapping(ev.gate_for(x).model_dump()) for x in ev.suites}
@@ -141,12 +150,17 @@ def build(spec: CampaignSpec):
         sd = storage.stage(spec.name, "evaluation", k)
         if not sd.is_complete():
             res = read_item_results(im["items_path"])
-            reports = judge(res, [SuiteGate(x.name, policies[x.name], scorers[x.name].binary, x.tier)
-                                  for x in ev.suites], sp)
+            reports = judge(res, [SuiteGate(x.name, policies[x.name], scorers[x.name].binary if x.name in scorers
+                                            else None, x.tier) for x in ev.suites], sp)
             pairs = {x.name: (res[CANDIDATE][x.name], res[BASE][x.name]) for x in ev.suites}
             doc = build_report(reports, pairs, sp, adapter["key"], res.get("teacher"),
                                review_line(spec, combine(reports), adapter["key"]))
             doc["scores"] = scores(res)
+            if im.get("lm_eval"):  # the harness's aggregates beside the project's means
+                from evaluation.harness import agreement_markdown
+
+                doc["lm_eval"] = im["lm_eval"]
+                doc["markdown"] += "\n\n" + agreement_markdown(im["lm_eval"])
             out = sd.ensure()
             (out / "gate.json").write_text(json.dumps(doc, indent=2))
             (out / "report.md").write_text(doc["markdown"])
@@ -155,7 +169,8 @@ def build(spec: CampaignSpec):
                        "verdict": doc["verdict"], "reasons": doc["reasons"], "scores": doc["scores"],
                        "candidate_key": adapter["key"], "requires_human_review": ev.requires_human_review,
                        "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"],
-                       "compute_dtype": im.get("compute_dtype", {})})
+                       "compute_dtype": im.get("compute_dtype", {})}
+                      | {k: im[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in im})
         m = sd.manifest()
         report = json.loads(open(m["gate_path"]).read())
         md = base_metadata(m, cached) | {
@@ -164,6 +179,7 @@ def build(spec: CampaignSpec):
             "statistics": report["method"], "requires_human_review": m["requires_human_review"]}
         if m.get("compute_dtype"):
             md["compute_dtype"] = MetadataValue.json(m["compute_dtype"])
+        md |= {k: m[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in m}
         for role, by_suite in m["scores"].items():
             for suite, score in by_suite.items():
                 if score is not None:
@@ -172,6 +188,28 @@ def build(spec: CampaignSpec):
         yield gate_check_result(report, m["key"])
 
     return evaluation
+
+
+def _run_harness(spec: CampaignSpec, harness: list, adapter: dict, base, isd, context, progress):
+    """The lm_eval suites, base and candidate through one harness process (its preflight refuses a
+    broken suite before any model runs); None without lm_eval suites."""
+    if not harness:
+        return None
+    if spec.evaluation.backend != "local":
+        raise ValueError("lm_eval suites run the models locally (transformers + PEFT); they need "
+                         "evaluation.backend: local")
+    from evaluation.harness import evaluate_suites
+
+    return evaluate_suites(harness, harness_models(spec, adapter, base), isd.ensure() / "lm_eval",
+                           log=context.log.info, progress=progress)
+
+
+def _harness_manifest(pricing: PricingResource, spec: CampaignSpec, run, local: bool) -> dict:
+    """The harness's share of the evaluation: its agreement table, seconds and their price."""
+    if run is None:
+        return {}
+    usd = hardware_cost(pricing, spec, "evaluation", spec.training.hardware, run.wall_seconds)["usd"] if local else 0.0
+    return {"lm_eval": run.as_dict(), "lm_eval_seconds": run.wall_seconds, "lm_eval_usd": usd}
 
 
 def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context, dtypes: dict | None = None,

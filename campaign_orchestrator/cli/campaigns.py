@@ -15,7 +15,15 @@ def validate_command(args: argparse.Namespace) -> int:
     files = args.files or default_campaign_files()
     missing = [f for f in files if not Path(f).exists()]
     loaded = load_campaigns([f for f in files if Path(f).exists()])
+    model_bad = 0
     for name, src in loaded.sources.items():
+        problems = student_model_problems(loaded.campaigns[name], args.artifacts)
+        if problems:
+            model_bad += 1
+            print(f"invalid  {src}  (campaign {name}: its student model refuses these settings)")
+            for p in problems:
+                print(f"  {src}: {p}")
+            continue
         print(f"ok       {src}  (campaign {name})")
     for f in missing:
         print(f"invalid  {f}: no such file")
@@ -23,9 +31,26 @@ def validate_command(args: argparse.Namespace) -> int:
         print(f"invalid  {err.path}")
         for line in err.render().splitlines():
             print(f"  {line}")
-    bad = len(loaded.errors) + len(missing)
-    print(f"\n{len(loaded.campaigns)} valid, {bad} invalid")
+    bad = len(loaded.errors) + len(missing) + model_bad
+    print(f"\n{len(loaded.campaigns) - model_bad} valid, {bad} invalid")
     return EXIT_INVALID if bad else EXIT_OK
+
+
+def student_model_problems(spec, artifacts: str | None) -> list[str]:
+    """The student settings its model refuses (a mixture of experts: what trains the experts, the per-expert
+    rank), read from the model's config.json when it is on disk (a demo model built under ``artifacts``, a
+    directory); a model that is not there is checked when the campaign runs."""
+    from campaign_orchestrator.costs.memory import ModelShape, PlanError, moe_problems
+    from campaign_orchestrator.demo import recipe
+    from resources.storage import ArtifactStore
+
+    ref = spec.student.base_model
+    try:
+        d = recipe.resolve(ref, ArtifactStore(root=artifacts).root_path()) if recipe.is_demo_ref(ref) else spec.path(ref)
+        shape = ModelShape.from_model_dir(d) if (d / "config.json").exists() else None
+    except (ValueError, PlanError, OSError):
+        return []  # an unknown or unreadable model is reported where it is loaded
+    return moe_problems(shape, spec.student) if shape is not None else []
 
 
 def list_command(args: argparse.Namespace) -> int:
@@ -69,6 +94,7 @@ def add_parsers(sub) -> None:
     """Register this group's commands on the ``campaign`` parser."""
     v = sub.add_parser("validate", help="validate campaign files (default: campaigns/*.yaml)")
     v.add_argument("files", nargs="*")
+    v.add_argument("--artifacts", default="artifacts", help="artifact root holding the demo models (their configs are read)")
     v.set_defaults(fn=validate_command)
     p = sub.add_parser("plan", help="before running: per-GPU memory, fit, teacher tokens, GPU-hours and $ per stage")
     p.add_argument("campaign", help="campaign name or YAML file")
