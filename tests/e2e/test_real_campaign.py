@@ -1,0 +1,83 @@
+"""The shipped real-model campaign (campaigns/smollm2.yaml: SmolLM2-135M-Instruct as teacher and LoRA
+student) end to end through Dagster, shrunken to fit the suite: the same code path, fewer prompts,
+items and steps. The gate works on it in both directions: the campaign's recipe is GO (the student
+learns the task and keeps the general suite); the same campaign at 20x its learning rate breaches the
+general suite and is NO-GO."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInstance
+
+from assets.location import build_definitions, campaign_job_name
+from tests.support import REPO_ROOT as REPO
+
+pytestmark = pytest.mark.slow
+
+DATA = REPO / "campaigns" / "data" / "smollm2"
+
+
+def _head(src: Path, dst: Path, n: int) -> str:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text("".join(src.read_text().splitlines(keepends=True)[:n]))
+    return str(dst)
+
+
+def _campaign(tmp_path: Path, name: str, lr_factor: float = 1.0, general_only: bool = False) -> Path:
+    spec = yaml.safe_load((REPO / "campaigns" / "smollm2.yaml").read_text())
+    data = tmp_path / "data"
+    _head(DATA / "train-plural.jsonl", data / "train-plural.jsonl", 80)
+    _head(DATA / "train-general.jsonl", data / "train-general.jsonl", 80)
+    spec["name"] = name
+    spec["data"]["source"] = str(data / "train-*.jsonl")
+    spec["training"]["learning_rate"] *= lr_factor
+    suites = {s["name"]: s for s in spec["evaluation"]["suites"]}
+    suites["plurals"]["source"] = _head(DATA / "suite-plural.jsonl", data / "suite-plural.jsonl", 60)
+    suites["general"]["source"] = _head(DATA / "suite-general.jsonl", data / "suite-general.jsonl", 60)
+    if general_only:  # the regression side alone (the task side is the GO test's)
+        spec["evaluation"]["suites"] = [suites["general"]]
+        spec["evaluation"]["gate"]["min_score"] = None
+        spec["evaluation"]["evaluate_teacher"] = False
+    spec["evaluation"]["gate"]["min_items"] = 40
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _run(path: Path, name: str, artifact_root: Path):
+    defs = build_definitions([str(path)], artifact_root=str(artifact_root))
+    result = defs.resolve_job_def(campaign_job_name(name)).execute_in_process(
+        instance=DagsterInstance.ephemeral(), raise_on_error=False)
+    assert result.success
+    mats = result.asset_materializations_for_node(AssetKey([name, "evaluation"]).to_python_identifier())
+    return {k: v.value for k, v in mats[-1].metadata.items()}, result
+
+
+def _regression_rule(ev: dict) -> dict:
+    """The general suite's max_regression_vs_base rule of the gate report."""
+    gate = json.loads(Path(ev["gate_path"]).read_text())
+    suite = next(x for x in gate["suites"] if x["suite"] == "general")
+    return next(r for r in suite["rules"] if r["rule"] == "max_regression_vs_base")
+
+
+def test_real_model_campaign_is_go_and_twenty_times_its_learning_rate_is_no_go(smollm2, tmp_path, artifact_root):
+    ev, result = _run(_campaign(tmp_path, "smol_mini"), "smol_mini", artifact_root)
+    assert ev["verdict"] == "GO", ev["reasons"]
+    assert ev["plurals_base_score"] <= 0.1 and ev["plurals_teacher_score"] >= 0.6
+    assert ev["plurals_candidate_score"] >= 0.9 * ev["plurals_teacher_score"]
+    assert ev["general_base_score"] == 1.0  # the suite holds only what the base answers (fixed before training)
+    assert _regression_rule(ev)["status"] == "PASS"
+    tok = {k: v.value for k, v in result.asset_materializations_for_node(
+        AssetKey(["smol_mini", "tokenized_dataset"]).to_python_identifier())[-1].metadata.items()}
+    assert tok["template"] == "chat"
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks["stop_token_trained"] and checks["vocabularies_compatible"] and checks["gate"]
+
+    over, _ = _run(_campaign(tmp_path, "smol_over", lr_factor=20.0, general_only=True), "smol_over", artifact_root)
+    assert over["verdict"] == "NO-GO"
+    rule = _regression_rule(over)
+    assert rule["status"] == "BREACH", rule["detail"]
