@@ -1,8 +1,8 @@
 """The planner's per-device memory and time estimates against what the campaign's last run measured
 (prints JSON).
 
-For each campaign named: the latest cost report under ``ARTIFACTS/<campaign>/campaign_cost/`` (written
-by a successful ``campaign run``, with the plan the run was launched with: same catalog, same
+For each campaign named: the latest cost report ``ARTIFACTS/<campaign>/campaign_cost/<run id>.json``
+(written by every ``campaign run``, GO or not, with the plan of the campaign as run: same catalog, same
 constants). Memory: planned total per device against the training process's measured peak (RSS on a
 CPU, allocator peak on a GPU), error = planned / measured - 1, target within +-30%. Time: each stage's
 estimate against its wall seconds, and the sum over stages, target ratio actual / estimate within

@@ -219,14 +219,16 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute_dtype: str = "bfloat16",
-                    runtime_gb: float = 0.0, attention: str = "sdpa") -> dict:
+                    runtime_gb: float = 0.0, attention: str = "sdpa", heap_retention: float = 0.0) -> dict:
     """Per-device memory of the student's LoRA/QLoRA training under the campaign's topology.
 
     ``compute_dtype`` is the resolved dtype (never ``auto``): it sets the bytes of the unquantized
     weights, the activations and the logits. ``runtime_gb`` is the process's own footprint before any
     model loads (Python, torch, transformers, peft: measured 0.47 GB on CPU; on a GPU the allocator
     peak the trainer reports excludes it, so GPU catalog entries leave it 0). ``attention`` ``eager``
-    keeps the softmax probabilities of every layer (b·heads·s² per layer), ``sdpa`` does not."""
+    keeps the softmax probabilities of every layer (b·heads·s² per layer), ``sdpa`` does not.
+    ``heap_retention`` (CPU hosts): the fraction of activations + logits the C heap keeps resident after a
+    step's transients are freed, part of the peak RSS (catalog ``perf.heap_retention``)."""
     s, tr = spec.student, spec.training
     n = shard_group(tr.sharding, tr.world_size, tr.processes_per_node)
     q = s.quantization
@@ -264,8 +266,10 @@ def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute
         "activations": act_full,
         "activations_checkpointed": act_ckpt,
         "logits": logits,
+        "heap_retained": heap_retention * (act_full + logits),
+        "heap_retained_checkpointed": heap_retention * (act_ckpt + logits),
     }
-    states = sum(v for k, v in parts.items() if not k.startswith("activations"))
+    states = sum(v for k, v in parts.items() if not k.startswith(("activations", "heap_retained")))
     return {
         "shard_group": n,
         "world_size": tr.world_size,
@@ -278,8 +282,8 @@ def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute
         "seq_len": seq_len,
         "micro_batch": b,
         "per_device_gb": {k: v / GB for k, v in parts.items()},
-        "total_gb": (states + act_full) / GB,
-        "total_checkpointed_gb": (states + act_ckpt) / GB,
+        "total_gb": (states + act_full + parts["heap_retained"]) / GB,
+        "total_checkpointed_gb": (states + act_ckpt + parts["heap_retained_checkpointed"]) / GB,
         "zero_full_finetune_gb": zero_table(shape.params, tr.world_size, tr.processes_per_node),
     }
 

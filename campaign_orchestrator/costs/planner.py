@@ -257,7 +257,8 @@ def plan_campaign(spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher
     if attention == "auto":  # as training.model.attention_kernel resolves it
         attention = "eager" if device.perf.get("host_measured_peak") and spec.training.max_seq_len <= 512 else "sdpa"
     sdt = compute_dtype_on(spec.student.quantization.compute_dtype, device)
-    mem = training_memory(student, spec, seq, sdt, float(device.perf.get("runtime_gb", 0.0)), attention)
+    mem = training_memory(student, spec, seq, sdt, float(device.perf.get("runtime_gb", 0.0)), attention,
+                          float(device.perf.get("heap_retention", 0.0)))
     mem |= moe_facts(student, spec.student, DTYPE_BYTES[sdt])  # MoE: total vs active parameters, expert tensors
     ckpt = bool(getattr(spec.training, "activation_checkpointing", False))
     if device.memory_gb is not None:
@@ -295,7 +296,8 @@ def render_plan(plan: dict) -> str:
             ("LoRA weights", gb["lora_weights"]),
             ("LoRA gradients", gb["lora_gradients"]), ("optimizer states (Adam, K=12)", gb["optimizer_states"]),
             ("FSDP all-gather buffer", gb["allgather_buffer"]), ("activations", gb["activations"]),
-            ("activations, checkpointed", gb["activations_checkpointed"]), ("logits + loss", gb["logits"])]
+            ("activations, checkpointed", gb["activations_checkpointed"]), ("logits + loss", gb["logits"]),
+            ("heap kept by the C allocator (CPU)", gb.get("heap_retained", 0.0))]
     lines += [f"  {name:34s} {_gb(v)}" for name, v in rows]
     lines += _moe_lines(m)
     lines.append(f"  {'total (no checkpointing)':34s} {_gb(m['total_gb'])}")

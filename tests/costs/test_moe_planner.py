@@ -98,7 +98,8 @@ def test_training_flops_and_generation_time_follow_the_active_parameters(tmp_pat
     spec = _spec(moe_student(), training="hardware: h100-sxm, nodes: 1, processes_per_node: 8")
     catalog = read_catalog(shipped_campaigns_dir() / "pricing/catalog.yaml")
     facts = {"train_prompts": 1000, "heldout_items": 100, "prompt_tokens_teacher": 10.0, "prompt_tokens_student": 10.0,
-             "heldout_prompt_tokens_student": 10.0, "heldout_prompt_tokens_teacher": 10.0}
+             "heldout_prompt_tokens_student": 10.0, "heldout_prompt_tokens_teacher": 10.0,
+             "suites": {"s": (100, 10.0)}, "template_tokens": {"teacher": 0.0, "student": 0.0}}
     st = plan_stages(spec, catalog, facts, moe, moe)["student_adapter"]
     assert st["flops"] == 4 * moe.active_params * st["tokens"]
     entry = catalog.get("h100-sxm")

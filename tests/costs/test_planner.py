@@ -122,6 +122,18 @@ def test_lora_and_qlora_memory_match_hand_counts():
     assert bf16["per_device_gb"]["base_weights"] == pytest.approx(108_864 * 2 / 1e9)
 
 
+def test_cpu_heap_retention_is_a_fraction_of_activations_and_logits_in_the_total():
+    shape = ModelShape.from_config(DEMO_STUDENT)
+    none = training_memory(shape, _spec(), seq_len=32, compute_dtype="float32")
+    kept = training_memory(shape, _spec(), seq_len=32, compute_dtype="float32", heap_retention=0.75)
+    gb = kept["per_device_gb"]
+    assert none["per_device_gb"]["heap_retained"] == 0
+    assert gb["heap_retained"] == pytest.approx(0.75 * (gb["activations"] + gb["logits"]))
+    assert kept["total_gb"] == pytest.approx(none["total_gb"] + gb["heap_retained"])
+    assert kept["total_checkpointed_gb"] == pytest.approx(
+        none["total_checkpointed_gb"] + 0.75 * (gb["activations_checkpointed"] + gb["logits"]))
+
+
 def test_sharding_divides_the_states_by_the_shard_group():
     llama7b = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
                "vocab_size": 32000}
