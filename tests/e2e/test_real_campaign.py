@@ -21,23 +21,25 @@ pytestmark = pytest.mark.slow
 DATA = REPO / "campaigns" / "data" / "smollm2"
 
 
-def _head(src: Path, dst: Path, n: int) -> str:
+def _take(src: Path, dst: Path, n: int) -> str:
+    """``n`` rows of ``src`` spread over the whole file (the suites are sorted by category)."""
+    rows = src.read_text().splitlines(keepends=True)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text("".join(src.read_text().splitlines(keepends=True)[:n]))
+    dst.write_text("".join(rows[i * len(rows) // n] for i in range(n)))
     return str(dst)
 
 
 def _campaign(tmp_path: Path, name: str, lr_factor: float = 1.0, general_only: bool = False) -> Path:
     spec = yaml.safe_load((REPO / "campaigns" / "smollm2.yaml").read_text())
     data = tmp_path / "data"
-    _head(DATA / "train-plural.jsonl", data / "train-plural.jsonl", 80)
-    _head(DATA / "train-general.jsonl", data / "train-general.jsonl", 80)
+    _take(DATA / "train-plural.jsonl", data / "train-plural.jsonl", 80)
+    _take(DATA / "train-general.jsonl", data / "train-general.jsonl", 80)
     spec["name"] = name
     spec["data"]["source"] = str(data / "train-*.jsonl")
     spec["training"]["learning_rate"] *= lr_factor
     suites = {s["name"]: s for s in spec["evaluation"]["suites"]}
-    suites["plurals"]["source"] = _head(DATA / "suite-plural.jsonl", data / "suite-plural.jsonl", 60)
-    suites["general"]["source"] = _head(DATA / "suite-general.jsonl", data / "suite-general.jsonl", 60)
+    suites["plurals"]["source"] = _take(DATA / "suite-plural.jsonl", data / "suite-plural.jsonl", 60)
+    suites["general"]["source"] = _take(DATA / "suite-general.jsonl", data / "suite-general.jsonl", 60)
     if general_only:  # the regression side alone (the task side is the GO test's)
         spec["evaluation"]["suites"] = [suites["general"]]
         spec["evaluation"]["gate"]["min_score"] = None
