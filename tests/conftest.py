@@ -86,3 +86,37 @@ def s3(monkeypatch):
     client.create_bucket(Bucket="ckpts")
     yield client
     server.stop()
+
+
+# ------------------------------------------------------------------ PostgreSQL
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A PostgreSQL server on 127.0.0.1 for the test session (tests/support/postgres.py: Debian's package,
+    installed when missing and possible; skipped with the reason otherwise)."""
+    from tests.support.postgres import PostgresUnavailable, start_server
+
+    try:
+        server, stop = start_server()
+    except PostgresUnavailable as e:
+        pytest.skip(f"no PostgreSQL server: {e}")
+    try:
+        yield server
+    finally:
+        stop()
+
+
+@pytest.fixture
+def pg_database(pg_server):
+    """A fresh database on ``pg_server`` for one test (``.url``, ``.sqlalchemy_url``,
+    ``.dagster_storage_yaml()``), dropped afterwards."""
+    import subprocess
+
+    db = pg_server.create_database()
+    try:
+        yield db
+    finally:
+        try:
+            pg_server.drop_database(db.name)
+        except subprocess.CalledProcessError:
+            pass  # the server goes away with the session
