@@ -78,7 +78,7 @@ def _suite_identity(spec: CampaignSpec, x: SuiteSpec) -> dict:
 def build(spec: CampaignSpec):
     ev, s, t = spec.evaluation, spec.student, spec.teacher
     local = ev.backend == "local"
-    eval_teacher = ev.evaluate_teacher and t.backend == "transformers" and local
+    eval_teacher = ev.score_teacher and t.backend == "transformers" and local
     refs = ([s.base_model] if local else []) + ([t.model] if eval_teacher else [])
     where = "locally (transformers + PEFT)" if local else f"through the endpoint {ev.endpoint.base_url}"
 

@@ -11,20 +11,39 @@ from campaigns.loader import default_campaign_files, load_campaigns
 from campaign_orchestrator.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
 
 
+def price_problems(spec) -> list[str]:
+    """What the campaign's pricing catalog cannot price (teacher.price / teacher.hardware, training.hardware):
+    found here, not as a traceback at `campaign run`."""
+    from campaign_orchestrator.costs.catalog import PricingError
+    from campaign_orchestrator.costs.lines import price_problems as problems
+    from resources.pricing import PricingResource
+
+    try:
+        return problems(spec, PricingResource().catalog_for(spec))
+    except PricingError as e:  # the catalog itself (missing, unreadable, another version than pinned)
+        return [str(e)]
+
+
 def validate_command(args: argparse.Namespace) -> int:
     files = args.files or default_campaign_files()
     missing = [f for f in files if not Path(f).exists()]
     loaded = load_campaigns([f for f in files if Path(f).exists()])
+    unpriceable = {name: price_problems(spec) for name, spec in loaded.campaigns.items()}
     for name, src in loaded.sources.items():
-        print(f"ok       {src}  (campaign {name})")
+        if unpriceable[name]:
+            print(f"invalid  {src}  (campaign {name})")
+            for line in unpriceable[name]:
+                print(f"  {src}: {line}")
+        else:
+            print(f"ok       {src}  (campaign {name})")
     for f in missing:
         print(f"invalid  {f}: no such file")
     for err in loaded.errors:
         print(f"invalid  {err.path}")
         for line in err.render().splitlines():
             print(f"  {line}")
-    bad = len(loaded.errors) + len(missing)
-    print(f"\n{len(loaded.campaigns)} valid, {bad} invalid")
+    bad = len(loaded.errors) + len(missing) + sum(1 for p in unpriceable.values() if p)
+    print(f"\n{len(loaded.campaigns) - sum(1 for p in unpriceable.values() if p)} valid, {bad} invalid")
     return EXIT_INVALID if bad else EXIT_OK
 
 

@@ -114,6 +114,12 @@ def run_command(args: argparse.Namespace) -> int:
     if resolved is None:
         return EXIT_INVALID
     spec, source = resolved
+    from campaign_orchestrator.cli.campaigns import price_problems
+
+    problems = price_problems(spec)
+    if problems:
+        print(f"invalid campaign {source}:\n" + "\n".join(f"  {p}" for p in problems), file=sys.stderr)
+        return EXIT_INVALID
     dagster_home()
     try:
         return _run(args, spec, source)
