@@ -25,8 +25,10 @@ from dagster import (
 from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
 from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
+from campaign_orchestrator.costs.report import student_teacher_ratio
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
+from resources.teacher import TeacherResource
 
 GATE_CHECK = "gate"
 
@@ -75,11 +77,53 @@ def _suite_identity(spec: CampaignSpec, x: SuiteSpec) -> dict:
     return ident
 
 
+def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherResource, pricing: PricingResource,
+                   log) -> tuple:
+    """A ``generate(prompts, max_new_tokens)`` that asks the campaign's teacher, whatever its backend,
+    through its generation cache (greedy, the suite's length: the settings every compared model answers
+    with; a prompt it already answered so is never paid for again), and what it spent: ``lines`` at the
+    teacher's one price (kind ``evaluation``), ``unknown`` when that price is ``unpriced``, ``seconds``."""
+    from types import SimpleNamespace
+
+    from assets.teacher_generations import teacher_setup
+    from campaign_orchestrator.teacher.requests import Sampling
+    from campaign_orchestrator.teacher.runner import run_generation
+
+    t = spec.teacher
+    spend: dict = {"lines": [], "unknown": False, "seconds": 0.0}
+
+    def generate(prompts, max_new_tokens):
+        sampling = Sampling(max_new_tokens=max_new_tokens)
+        t0 = time.perf_counter()
+        try:
+            backend, cache, _identity, _store = teacher_setup(storage, teacher, spec, sampling)
+            res = run_generation([{"id": str(i), "prompt": p} for i, p in enumerate(prompts)], backend, sampling,
+                                 cache, chat=t.chat, log=log)
+        except Exception as e:  # noqa: BLE001 - an unreachable teacher is an error on its items, not a failed gate
+            log(f"teacher could not be scored: {e}")
+            return [SimpleNamespace(text="", latency_s=0.0, error=f"teacher: {e}"[:300]) for _ in prompts]
+        finally:
+            spend["seconds"] += time.perf_counter() - t0
+        st = res.stats
+        log(f"teacher on {len(prompts)} held-out prompts: {st.cache_hits} from the generation cache, {st.generated} "
+            f"generated")
+        lines = [] if not st.generated else pricing.teacher_lines(  # cache hits cost nothing
+            spec, st.generate_s, st.new_prompt_tokens, st.new_completion_tokens, kind="evaluation")
+        if lines is None:
+            spend["unknown"] = True
+        else:
+            spend["lines"] += lines
+        return [SimpleNamespace(text=r["completion"] or "", latency_s=float(r["latency_s"] or 0.0), error=r["error"])
+                for r in res.rows]
+
+    return generate, spend
+
+
 def build(spec: CampaignSpec):
     ev, s, t = spec.evaluation, spec.student, spec.teacher
     local = ev.backend == "local"
-    eval_teacher = ev.score_teacher and t.backend == "transformers" and local
-    refs = ([s.base_model] if local else []) + ([t.model] if eval_teacher else [])
+    eval_teacher = ev.score_teacher
+    refs = ([s.base_model] if local else []) + ([t.model] if eval_teacher and not t.api else [])
     where = "locally (transformers + PEFT)" if local else f"through the endpoint {ev.endpoint.base_url}"
 
     @asset(key=key(spec, "evaluation"), group_name=spec.name, kinds={"pytorch", "parquet"},
@@ -91,7 +135,7 @@ def build(spec: CampaignSpec):
            description=f"Candidate and base answer the same items of {len(ev.suites)} suite(s) {where}; "
                        "the blocking `gate` check decides promotion.")
     def evaluation(context: AssetExecutionContext, prompts: dict, adapter: dict, storage: ArtifactStore,
-                   pricing: PricingResource):
+                   pricing: PricingResource, teacher: TeacherResource):
         from evaluation.gate import GatePolicy, StatsPolicy, combine
         from evaluation.report import build_report
         from evaluation.runner import BASE, CANDIDATE, SuiteGate, SuiteRun, answer_suites, judge, scores
@@ -100,11 +144,16 @@ def build(spec: CampaignSpec):
 
         scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir) for x in ev.suites}
         base = storage.resolve_model(s.base_model, spec.project_dir) if local else None
-        teacher_path = storage.resolve_model(t.model, spec.project_dir) if eval_teacher else None
+        teacher_id = None
+        if eval_teacher:  # the teacher as its generations know it (backend + weights or endpoint), and how it is asked
+            from assets.teacher_generations import teacher_model_path
+            from campaign_orchestrator.teacher.backends import spec_identity
+
+            tpath = teacher_model_path(storage, spec)
+            teacher_id = [spec_identity(t, tpath, model_identity(tpath, t.revision) if tpath else None), t.chat]
         served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.endpoint and not local else None
-        items_key = stage_key("evaluation-items/v2", adapter["key"], prompts["heldout_sha256"],
-                              model_identity(base, s.revision) if base else None,
-                              model_identity(teacher_path) if teacher_path else None,
+        items_key = stage_key("evaluation-items/v3", adapter["key"], prompts["heldout_sha256"],
+                              model_identity(base, s.revision) if base else None, teacher_id,
                               s.quantization.model_dump() if local else None, served,
                               [_suite_identity(spec, x) for x in ev.suites])
         isd = storage.stage(spec.name, "evaluation_items", items_key)
@@ -115,18 +164,32 @@ def build(spec: CampaignSpec):
             # refuses to start when the planner's estimate exceeds the budget left; checked again from
             # actual spend after each model's suite
             guard = pricing.budget_guard(context, spec, storage.stage(spec.name, "evaluation", items_key))
+            billed, note = local_billing(spec, pricing) if local else (None, None)
             t0 = time.perf_counter()
             held = read_prompt_table(prompts["heldout_path"])
             runs = [SuiteRun(x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name],
                              x.max_new_tokens) for x in ev.suites]
-            models = _models(spec, adapter, base, teacher_path, context)
+            models = _models(spec, adapter, base, context)
+            spend = None
+            if eval_teacher:
+                ask_teacher, spend = teacher_scorer(spec, storage, teacher, pricing, context.log.info)
+                models["teacher"] = lambda: ask_teacher
+                local_lines = guard.line_fn  # the guard accrues the teacher's spend as well as the time
+                guard.line_fn = lambda seconds, items: local_lines(seconds, items) + spend["lines"]
             rows = answer_suites(runs, models, log=context.log.info, progress=guard.watch())
             out = isd.ensure()
             write_item_rows(rows, out / "items.parquet")
             wall = time.perf_counter() - t0
-            lines = [hardware_cost(pricing, spec, "evaluation", spec.training.hardware, wall)] if local else []
+            # local models' time on the hardware they ran on; the teacher at its own price (its seconds not twice)
+            local_s = wall - (spend["seconds"] if spend and not t.api else 0.0)
+            lines = [hardware_cost(pricing, spec, "evaluation", billed, local_s)] if local else []
+            lines += spend["lines"] if spend else []
+            extra = {"billed_hardware": billed, **({"billing_note": note} if note else {})} if local else {}
+            if spend and spend["unknown"]:
+                extra["cost_unknown"] = "unknown: scoring the teacher, whose teacher.price is `unpriced`"
             isd.commit({"items_path": str(out / "items.parquet"), "items_sha256": file_sha256(out / "items.parquet"),
-                        "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines})
+                        "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines,
+                        **extra})
         im = isd.manifest()
 
         policies = {x.name: GatePolicy.from_mapping(ev.gate_for(x).model_dump()) for x in ev.suites}
@@ -150,7 +213,10 @@ def build(spec: CampaignSpec):
                        "gate_path": str(out / "gate.json"), "report_path": str(out / "report.md"),
                        "verdict": doc["verdict"], "reasons": doc["reasons"], "scores": doc["scores"],
                        "candidate_key": adapter["key"], "requires_human_review": ev.requires_human_review,
-                       "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"]})
+                       "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"],
+                       **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
+                       "student_teacher_ratio": {x.name: student_teacher_ratio(doc["scores"], x.name)
+                                                 for x in ev.suites}})
         m = sd.manifest()
         report = json.loads(open(m["gate_path"]).read())
         md = base_metadata(m, cached) | {
@@ -161,13 +227,37 @@ def build(spec: CampaignSpec):
             for suite, score in by_suite.items():
                 if score is not None:
                     md[f"{suite}_{role}_score"] = score
+        for suite, ratio in (m.get("student_teacher_ratio") or {}).items():
+            if ratio is not None:
+                md[f"{suite}_student_teacher_ratio"] = ratio
+        if m.get("cost_unknown"):
+            md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
+        if m.get("billing_note"):
+            md["billing_note"] = m["billing_note"]
         yield Output(m, metadata=md)
         yield gate_check_result(report, m["key"])
 
     return evaluation
 
 
-def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context) -> dict:
+def local_billing(spec: CampaignSpec, pricing: PricingResource) -> tuple[str, str | None]:
+    """The catalog key local evaluation is billed at: ``training.hardware`` where torch sees a GPU;
+    without one, a GPU entry is refused unless ``training.allow_cpu_fallback`` (billed ``cpu_hardware``)."""
+    from dagster import Failure
+
+    import torch
+
+    from campaign_orchestrator.costs.catalog import PricingError
+    from campaign_orchestrator.costs.lines import billed_hardware
+
+    try:
+        return billed_hardware(spec, pricing.catalog_for(spec), "cuda" if torch.cuda.is_available() else "cpu",
+                               what="local evaluation")
+    except PricingError as e:
+        raise Failure(str(e), allow_retries=False) from None
+
+
+def _models(spec: CampaignSpec, adapter: dict, base, context) -> dict:
     """role -> factory of a ``generate(prompts, max_new_tokens)`` callable (loaded when called)."""
     ev, q = spec.evaluation, spec.student.quantization
     if ev.backend == "openai":
@@ -197,7 +287,4 @@ def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context) -> d
             return lambda prompts_, n: g.generate(prompts_, n)
         return factory
 
-    models = {"candidate": local(base, adapter["adapter_path"], q.load_in_4bit), "base": local(base, None, q.load_in_4bit)}
-    if teacher_path is not None:
-        models["teacher"] = local(teacher_path)
-    return models
+    return {"candidate": local(base, adapter["adapter_path"], q.load_in_4bit), "base": local(base, None, q.load_in_4bit)}

@@ -30,6 +30,22 @@ def teacher_model_path(storage: ArtifactStore, spec: CampaignSpec):
         raise
 
 
+def teacher_setup(storage: ArtifactStore, teacher: TeacherResource, spec: CampaignSpec, sampling):
+    """The teacher's backend, identity and generation cache for ``sampling`` (the same cache for its
+    training generations and for scoring it on the held-out items): ``(backend, cache, identity, store)``."""
+    from campaign_orchestrator.teacher.backends import spec_identity
+    from campaign_orchestrator.teacher.cache import GenerationCache
+    from campaign_orchestrator.teacher.requests import namespace
+
+    t = spec.teacher
+    model_path = teacher_model_path(storage, spec)
+    weights_id = model_identity(model_path, t.revision) if model_path is not None else None
+    identity = spec_identity(t, model_path, weights_id)
+    store = storage.cache_store()
+    cache = GenerationCache(store, namespace(identity, sampling), storage.spool_dir())
+    return teacher.backend(t, model_path, weights_id), cache, identity, store
+
+
 def teacher_cost_lines(pricing: PricingResource, spec: CampaignSpec, stats) -> list[dict] | None:
     """What this run's generations cost, priced by the teacher's one price field
     (``campaign_orchestrator.costs.lines.teacher_lines``): API tokens paid for in this run (cache hits

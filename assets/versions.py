@@ -83,7 +83,7 @@ def stage_settings(spec: CampaignSpec) -> dict[str, dict]:
     """Per stage, the spec slice (and model identities) its output depends on."""
     d, ev, tr = spec.data, spec.evaluation, spec.training
     student = student_identity(spec)
-    scores_teacher = ev.score_teacher and spec.teacher.backend == "transformers"
+    scores_teacher = ev.score_teacher
     return {
         "prompts": {"data": d.model_dump(exclude={"filters"})},
         "teacher_generations": {"teacher": teacher_identity(spec)},

@@ -26,6 +26,9 @@ def campaign_summary(artifacts: Path, campaign: str, primary_suite: str, run_id:
         scores = ev["scores"]
         out |= {role: scores.get(role, {}).get(primary_suite) for role in ("teacher", "base", "candidate")}
         out |= {"verdict": gate["verdict"], "reasons": gate["reasons"], "report": gate["markdown"]}
+        from campaign_orchestrator.costs.report import student_teacher_ratio
+
+        out["student_teacher_ratio"] = student_teacher_ratio(scores, primary_suite)
     train = latest_manifest(artifacts, campaign, "student_adapter")
     report = Path(train["path"]) / "profile" / "report.json" if train else None
     if report is not None and report.exists() and (json.loads(report.read_text()).get("triage") or {}).get("verdict"):
@@ -79,9 +82,12 @@ def print_summary(s: dict, seconds: float) -> None:
     from campaign_orchestrator.costs.report import money, render_text
 
     print(f"\n=== campaign {s['campaign']} ({seconds:.0f} s) ===")
-    print(f"teacher   exact match: {_fmt(s.get('teacher'))}")
-    print(f"base      exact match: {_fmt(s.get('base'))}")
-    print(f"student   exact match: {_fmt(s.get('candidate'))}")
+    score = f"{s.get('suite', 'primary suite')} ({s.get('scorer', 'score')})"  # what the score is, as the spec says
+    print(f"teacher   {score}: {_fmt(s.get('teacher'))}" + ("" if s.get("teacher") is not None else " (not scored)"))
+    print(f"base      {score}: {_fmt(s.get('base'))}")
+    print(f"student   {score}: {_fmt(s.get('candidate'))}")
+    if s.get("student_teacher_ratio") is not None:
+        print(f"student ÷ teacher: {s['student_teacher_ratio']:.1%}")
     print(f"gate verdict: {s.get('verdict', 'not evaluated')}")
     for r in s.get("reasons", []):
         print(f"  - {r}")
@@ -161,8 +167,9 @@ def _run(args: argparse.Namespace, spec, source) -> int:
               "its pool slots are freed and finished work is kept (run the campaign again to continue)",
               file=sys.stderr)
         return 128 + signum
-    summary = campaign_summary(ArtifactStore(root=args.artifacts).root_path(), spec.name, spec.evaluation.suites[0].name,
-                               run_id=result.run_id, spec=spec)
+    primary = spec.evaluation.suites[0]
+    summary = campaign_summary(ArtifactStore(root=args.artifacts).root_path(), spec.name, primary.name,
+                               run_id=result.run_id, spec=spec) | {"suite": primary.name, "scorer": primary.scorer}
     if not result.success:
         for ev in result.all_events:
             if ev.is_step_failure:

@@ -90,7 +90,8 @@ def test_campaign_run_command_prints_scores_verdict_reason_and_cost(tmp_path, ar
     rc = cli.main(["run", str(path), "--artifacts", str(artifact_root), "--log-level", "WARNING"])
     out = capsys.readouterr().out
     assert rc == cli.EXIT_BLOCKED, out
-    for line in ("teacher   exact match: 100.0%", "base      exact match: 0.0%", "student   exact match: 0.0%",
+    for line in ("teacher   cipher (exact_match): 100.0%", "base      cipher (exact_match): 0.0%",
+                 "student   cipher (exact_match): 0.0%", "student ÷ teacher: 0.0%",
                  "gate verdict: NO-GO", "cipher: min_score: BREACH", "--- cost (from the ledger) ---",
                  "spent in this run: $"):
         assert line in out, (line, out)
