@@ -49,8 +49,9 @@ class GateSpec(_Strict):
     )
     max_p95_latency_s: float | None = Field(
         30.0, gt=0.0,
-        description="Largest 95th-percentile latency of the candidate's answered items, in seconds (an endpoint: "
-                    "per request; local generation: the wall time of the item's batch).",
+        description="Largest 95th-percentile latency of the candidate's answered items, in seconds, measured per "
+                    "item (an endpoint: its request; local generation: from the start of the item's batch to its last "
+                    "token).",
     )
     max_avg_latency_s: float | None = Field(
         None, gt=0.0, description="Largest mean latency of the candidate's answered items, in seconds."
