@@ -263,13 +263,23 @@ def _models(spec: CampaignSpec, adapter: dict, base, context) -> dict:
     if ev.backend == "openai":
         from evaluation.endpoint import OpenAIEndpoint
 
+        from dagster import Failure
+
+        from evaluation.endpoint import AdapterNotVerified
+
         e = ev.endpoint
         cand_name = e.candidate_model
+        ep = OpenAIEndpoint(e.base_url, cand_name or "", api_key_env=e.api_key_env, timeout_s=e.timeout_s)
         if e.load_adapter:
             cand_name = f"{spec.name}-{adapter['key']}"
-            OpenAIEndpoint(e.base_url, cand_name, api_key_env=e.api_key_env, timeout_s=e.timeout_s).load_adapter(
-                cand_name, adapter["adapter_path"])
+            ep.load_adapter(cand_name, adapter["adapter_path"])
             context.log.info(f"loaded adapter {adapter['adapter_path']} into {e.base_url} as {cand_name}")
+        try:  # no score is credited to this candidate unless the server serves exactly its adapter
+            checked = ep.verify_adapter(cand_name, adapter["adapter_path"])
+        except AdapterNotVerified as err:
+            raise Failure(str(err), allow_retries=False) from None
+        context.log.info(f"{e.base_url} serves {cand_name!r} from {checked['root']}: the candidate's adapter "
+                         f"(content {checked['fingerprint'][:12]})")
 
         def endpoint(name):
             return lambda: OpenAIEndpoint(e.base_url, name, api_key_env=e.api_key_env,

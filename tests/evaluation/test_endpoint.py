@@ -110,3 +110,47 @@ def test_evaluation_asset_scores_the_served_candidate(server, demo_models, artif
     check = result.get_asset_check_evaluations()[0]
     assert check.passed and check.metadata["verdict"].value == "GO"
     assert check.metadata["cipher_delta_lo"].value == 0.0 == check.metadata["cipher_delta_hi"].value  # B = 0
+
+
+def test_a_fixed_served_name_is_credited_only_when_it_serves_this_candidate(server, demo_models, artifact_root,
+                                                                           tmp_path):
+    """`candidate_model: NAME` (the server started with `--lora-modules NAME=PATH`): the evaluation checks,
+    through /v1/models, that NAME is this candidate's adapter, byte for byte, before crediting its score;
+    another adapter under that name fails the evaluation with the reason."""
+    import shutil
+
+    import yaml
+    from dagster import DagsterInstance, materialize
+    from tests.support.eval_support import REPO_ROOT, seed_upstream
+
+    from assets import demo_models as demo_models_asset
+    from assets.common import key
+    from assets.location import campaign_assets, default_resources
+    from campaigns.loader import load_campaign_file
+
+    served = make_zero_adapter(demo_models["student"], tmp_path / "served", r=4)
+    assert server.load_lora("fixed-cand", str(served))[0] == 200  # what --lora-modules fixed-cand=PATH does
+    d = yaml.safe_load((REPO_ROOT / "campaigns/demo.yaml").read_text())
+    d["name"] = "fixed"
+    d["evaluation"] = {"suites": [{"name": "cipher", "source": "heldout", "max_new_tokens": 8}],
+                       "gate": {"min_score": 0.0, "min_items": 12}, "statistics": {"resamples": 500},
+                       "backend": "openai", "score_teacher": False,
+                       "endpoint": {"base_url": server.base_url, "base_model": "student", "candidate_model": "fixed-cand",
+                                    "max_concurrency": 4, "timeout_s": 30}}
+    (tmp_path / "fixed.yaml").write_text(yaml.safe_dump(d, allow_unicode=True))
+    spec = load_campaign_file(tmp_path / "fixed.yaml")
+
+    def evaluate(adapter_dir):
+        seed_upstream(artifact_root, "fixed", heldout_rows(12), adapter_dir, demo_models["student"])
+        return materialize(campaign_assets(spec) + [demo_models_asset.demo_models], selection=[key(spec, "evaluation")],
+                           resources=default_resources(str(artifact_root)), instance=DagsterInstance.ephemeral(),
+                           raise_on_error=False)
+
+    same = shutil.copytree(served, tmp_path / "candidate-same")  # the candidate's own copy of the served bytes
+    assert evaluate(same).success
+    other = make_zero_adapter(demo_models["student"], tmp_path / "candidate-other", r=8)
+    result = evaluate(other)
+    assert not result.success
+    msg = " ".join(e.event_specific_data.error.message for e in result.all_events if e.is_step_failure)
+    assert f"serves 'fixed-cand' from {served}" in msg and f"not the candidate's adapter {other}" in msg
+    assert not result.get_asset_check_evaluations()  # no verdict credited to it
