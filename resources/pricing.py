@@ -20,7 +20,9 @@ from campaign_orchestrator.costs.lines import compute_line, teacher_entry, teach
 
 SHIPPED_CATALOG = "pricing/catalog.yaml"
 
-STAGE_KIND = {"teacher_generations": "teacher", "student_adapter": "training", "evaluation": "evaluation"}
+PLANNED = ("teacher_generations", "student_adapter", "evaluation")  # the stages `campaign plan` estimates
+STAGE_KIND = {"teacher_generations": "teacher", "student_adapter": "training", "evaluation": "evaluation",
+              "drift_evaluation": "evaluation"}
 
 
 def ledger_path(artifact_root: str | Path, configured: str | None = None) -> Path:
@@ -102,7 +104,7 @@ class PricingResource(ConfigurableResource):
         entry = teacher_entry(spec, catalog) if stage == "teacher_generations" else None  # refuses a wrong entry now
         api_teacher = entry is not None and not entry.hourly
         plan = None
-        if limits and (c.check_estimates or api_teacher):
+        if limits and (c.check_estimates and stage in PLANNED or api_teacher):
             try:
                 plan = self.plan(spec, sd.root)
             except (PlanError, PricingError, OSError, ValueError) as e:  # spend is still watched as it accrues
@@ -115,7 +117,7 @@ class PricingResource(ConfigurableResource):
         if limits:
             context.log.info("budget: " + "; ".join(f"{lim.scope} spent ${lim.spent_before_usd:.6f} of "
                                                     f"${lim.budget_usd:.6f}" for lim in limits))
-        if limits and c.check_estimates and plan is not None and plan["stages"][stage]["usd"] is not None:
+        if limits and c.check_estimates and plan is not None and (plan["stages"].get(stage) or {}).get("usd") is not None:
             earlier = ledger.query("SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ? AND asset = ? "
                                    "AND stage_key = ? AND status = 'interrupted'", [spec.name, stage, sd.key])[0]["usd"]
             guard.check_estimate(plan["stages"][stage]["usd"], float(earlier))

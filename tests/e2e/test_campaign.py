@@ -52,7 +52,10 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
     assert ev["cipher_teacher_score"] >= 0.9
     train = _metadata(result, AssetKey(["mini", "student_adapter"]))
     assert train["final_loss"] < train["first_loss"] / 5
-    assert (artifact_root / "mini" / "promoted_model" / "CURRENT").exists()
+    current = artifact_root / "mini" / "promoted_model" / "CURRENT"
+    assert current.exists()
+    # the candidate's per-item scores travel with it: drift compares fresh scores with these
+    assert (current.parent / current.read_text() / "promotion_items.parquet").exists()
     checks = [e for e in result.get_asset_check_evaluations() if e.check_name == "gate"]
     assert checks and checks[-1].passed
     cost = _metadata(result, AssetKey(["mini", "campaign_cost"]))
