@@ -112,6 +112,7 @@ def test_evaluation_asset_scores_the_served_candidate(server, demo_models, artif
     assert check.metadata["cipher_delta_lo"].value == 0.0 == check.metadata["cipher_delta_hi"].value  # B = 0
 
 
+@pytest.mark.stage
 def test_a_fixed_served_name_is_credited_only_when_it_serves_this_candidate(server, demo_models, artifact_root,
                                                                            tmp_path):
     """`candidate_model: NAME` (the server started with `--lora-modules NAME=PATH`): the evaluation checks,
@@ -156,6 +157,7 @@ def test_a_fixed_served_name_is_credited_only_when_it_serves_this_candidate(serv
     assert not result.get_asset_check_evaluations()  # no verdict credited to it
 
 
+@pytest.mark.stage
 def test_drift_scores_the_promoted_adapter_through_the_endpoint(server, demo_models, artifact_root, tmp_path):
     """With `evaluation.backend: openai`, the drift check answers through the same endpoint as the
     evaluation: it loads the promoted adapter onto the server (under its promoted key) and scores what the
