@@ -8,10 +8,10 @@ asset (module)         work done by
 =====================  =========================================================================
 prompts                campaign_orchestrator.dataset.prompts (sources: .triggers.sources)
 teacher_generations    campaign_orchestrator.teacher (runner, cache, backends; resources.teacher)
-distillation_set       campaign_orchestrator.dataset.filtering (scorer: evaluation.scorers)
+distillation_set       campaign_orchestrator.dataset.filtering (scorer: evaluation.scorers), .decontamination
 tokenized_dataset      campaign_orchestrator.dataset.tokenize (formatting, packing, topk)
 student_adapter        training (``python -m training`` through resources.training_launcher)
-evaluation             evaluation (runner, suite, gate, report; local generation: .teacher.local)
+evaluation             evaluation (runner, suite, gate, report; local generation: .teacher.local; lm_eval suites: harness)
 promoted_model         evaluation.approval
 campaign_cost          campaign_orchestrator.costs (report, dashboard; resources.pricing)
 drift_evaluation       evaluation.drift (automation group: sensors.py, plain logic in .triggers)
@@ -20,6 +20,7 @@ drift_evaluation       evaluation.drift (automation group: sensors.py, plain log
 Beside them: ``demo_models`` (campaign_orchestrator.demo.build), ``cluster`` (the validation ladder,
 campaign_orchestrator.cluster), ``invalid_campaigns`` (a broken campaign file, campaigns.loader).
 ``location.py`` builds the ``Definitions``; ``sensors.py`` and ``versions.py`` add the campaigns'
-sensors, schedules and code versions; ``common.py``, ``io_manager.py``, ``progress.py`` and
-``perf_metadata.py`` are shared helpers.
+sensors, schedules and code versions; ``common.py``, ``io_manager.py``, ``progress.py``,
+``perf_metadata.py`` and ``harness.py`` (lm_eval suites, for evaluation and distillation_set) are
+shared helpers.
 """

@@ -112,7 +112,7 @@ def select_items(storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | 
 
 
 def build(spec: CampaignSpec):
-    ev, d, q = spec.evaluation, spec.data, spec.student.quantization
+    ev, d = spec.evaluation, spec.data
 
     @asset(key=drift_key(spec), group_name=spec.name, kinds={"pytorch", "parquet"}, deps=[key(spec, "promoted_model")],
            description="The promoted adapter re-scored, through the campaign's evaluation backend and inside its "
@@ -140,13 +140,16 @@ def build(spec: CampaignSpec):
         context.log.info(f"drift items: {selection['summary']}")
         from evaluation.scorers import build_scorer
 
-        scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir) for s in ev.suites}
+        item_suites = [s for s in ev.suites if s.kind == "items"]  # lm_eval suites are fixed documents: no drift
+        scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir)
+                   for s in item_suites}
         suites = [{"name": s.name, "items": load_items(s.source, held, spec.project_dir, scorers[s.name]),
-                   "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in ev.suites]
+                   "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in item_suites]
         floor, drop, conf = ev.gate.min_score, max_drop(spec), ev.statistics.confidence
         served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.backend == "openai" else None
         k = stage_key("drift/v2", promoted.key, value_sha256([s["items"] for s in suites]),
-                      [s.model_dump() for s in ev.suites], floor, drop, conf, ev.gate.min_items, selection, served)
+                      [s.model_dump(exclude={"kind", "lm_eval"}) for s in item_suites], floor, drop, conf,
+                      ev.gate.min_items, selection, served)
         sd = storage.stage(spec.name, STAGE, k)
         cached = sd.is_complete()
         if not cached:
@@ -158,7 +161,7 @@ def build(spec: CampaignSpec):
             generate, billed, note = _promoted_model(spec, storage, pricing, promoted, context)
             scores, item_rows = score_promoted(generate, [SimpleNamespace(**s) for s in suites], log=context.log.info,
                                                progress=guard.watch())
-            report = decide(scores, _promotion_scores(promoted, ev.suites), floor, drop, ev.gate.min_items, conf)
+            report = decide(scores, _promotion_scores(promoted, item_suites), floor, drop, ev.gate.min_items, conf)
             out = sd.ensure()
             write_item_rows(item_rows, out / "items.parquet")
             (out / "drift.json").write_text(json.dumps(report.as_dict() | {"item_selection": selection}, indent=2))
@@ -225,7 +228,7 @@ def _promoted_model(spec: CampaignSpec, storage: ArtifactStore, pricing: Pricing
     if base is None or not base.exists():
         base = storage.resolve_model(spec.student.base_model, spec.project_dir)
     return (local_generate(base, promoted.adapter_path, q.load_in_4bit, q.compute_dtype,
-                           max(s.batch_size for s in ev.suites)), billed, note)
+                           max((s.batch_size for s in ev.suites if s.kind == "items"), default=64)), billed, note)
 
 
 def _record_cost(pricing: PricingResource, storage: ArtifactStore, spec: CampaignSpec, context, manifest: dict) -> None:

@@ -23,6 +23,7 @@ from dagster import (
 )
 
 from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
+from assets.harness import harness_identity, harness_models, harness_suites, is_harness
 from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
 from campaign_orchestrator.costs.report import student_teacher_ratio
@@ -65,9 +66,11 @@ def gate_check_result(report: dict, evaluation_key: str | None = None) -> AssetC
                             metadata=md, description=f"Gate verdict {verdict}")
 
 
-def _suite_identity(spec: CampaignSpec, x: SuiteSpec) -> dict:
+def _suite_identity(spec: CampaignSpec, x: SuiteSpec, harness: list | None = None) -> dict:
     """What changes a suite's answers or scores (not its gate or tier)."""
-    ident = x.model_dump(exclude={"gate", "tier"})
+    if x.kind == "lm_eval":
+        return harness_identity(x, harness or [])
+    ident = x.model_dump(exclude={"gate", "tier", "kind", "lm_eval"})  # (as before lm_eval suites: same keys)
     if x.source != "heldout":
         p = spec.path(x.source)
         ident["source_sha256"] = file_sha256(p) if p.exists() else None
@@ -142,7 +145,9 @@ def build(spec: CampaignSpec):
         from evaluation.scorers import build_scorer
         from evaluation.suite import load_items, read_item_results, write_item_rows
 
-        scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir) for x in ev.suites}
+        scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir)
+                   for x in ev.suites if not is_harness(x)}
+        harness = harness_suites(spec, storage)  # lm_eval suites: their task directories, content-addressed
         base = storage.resolve_model(s.base_model, spec.project_dir) if local else None
         teacher_id = None
         if eval_teacher:  # the teacher as its generations know it (backend + weights or endpoint), and how it is asked
@@ -155,7 +160,7 @@ def build(spec: CampaignSpec):
         items_key = stage_key("evaluation-items/v3", adapter["key"], prompts["heldout_sha256"],
                               model_identity(base, s.revision) if base else None, teacher_id,
                               s.quantization.model_dump() if local else None, served,
-                              [_suite_identity(spec, x) for x in ev.suites])
+                              [_suite_identity(spec, x, harness) for x in ev.suites])
         isd = storage.stage(spec.name, "evaluation_items", items_key)
         cached = isd.is_complete()
         if not cached:
@@ -168,7 +173,9 @@ def build(spec: CampaignSpec):
             t0 = time.perf_counter()
             held = read_prompt_table(prompts["heldout_path"])
             runs = [SuiteRun(x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name],
-                             x.max_new_tokens) for x in ev.suites]
+                             x.max_new_tokens) for x in ev.suites if not is_harness(x)]
+            progress = guard.watch()
+            harness_run = _run_harness(spec, harness, adapter, base, isd, context, progress)  # before any other model
             models = _models(spec, adapter, base, context)
             spend = None
             if eval_teacher:
@@ -176,7 +183,8 @@ def build(spec: CampaignSpec):
                 models["teacher"] = lambda: ask_teacher
                 local_lines = guard.line_fn  # the guard accrues the teacher's spend as well as the time
                 guard.line_fn = lambda seconds, items: local_lines(seconds, items) + spend["lines"]
-            rows = answer_suites(runs, models, log=context.log.info, progress=guard.watch())
+            rows = answer_suites(runs, models, log=context.log.info, progress=progress) if runs else []
+            rows += harness_run.rows if harness_run else []
             out = isd.ensure()
             write_item_rows(rows, out / "items.parquet")
             wall = time.perf_counter() - t0
@@ -189,7 +197,7 @@ def build(spec: CampaignSpec):
                 extra["cost_unknown"] = "unknown: scoring the teacher, whose teacher.price is `unpriced`"
             isd.commit({"items_path": str(out / "items.parquet"), "items_sha256": file_sha256(out / "items.parquet"),
                         "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines,
-                        **extra})
+                        **extra} | _harness_manifest(pricing, spec, harness_run, billed if local else None))
         im = isd.manifest()
 
         policies = {x.name: GatePolicy.from_mapping(ev.gate_for(x).model_dump()) for x in ev.suites}
@@ -200,12 +208,17 @@ def build(spec: CampaignSpec):
         sd = storage.stage(spec.name, "evaluation", k)
         if not sd.is_complete():
             res = read_item_results(im["items_path"])
-            reports = judge(res, [SuiteGate(x.name, policies[x.name], scorers[x.name].binary, x.tier)
-                                  for x in ev.suites], sp)
+            reports = judge(res, [SuiteGate(x.name, policies[x.name], scorers[x.name].binary if x.name in scorers
+                                            else None, x.tier) for x in ev.suites], sp)
             pairs = {x.name: (res[CANDIDATE][x.name], res[BASE][x.name]) for x in ev.suites}
             doc = build_report(reports, pairs, sp, adapter["key"], res.get("teacher"),
                                review_line(spec, combine(reports), adapter["key"]))
             doc["scores"] = scores(res)
+            if im.get("lm_eval"):  # the harness's aggregates beside the project's means
+                from evaluation.harness import agreement_markdown
+
+                doc["lm_eval"] = im["lm_eval"]
+                doc["markdown"] += "\n\n" + agreement_markdown(im["lm_eval"])
             out = sd.ensure()
             (out / "gate.json").write_text(json.dumps(doc, indent=2))
             (out / "report.md").write_text(doc["markdown"])
@@ -216,13 +229,15 @@ def build(spec: CampaignSpec):
                        "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"],
                        **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
                        "student_teacher_ratio": {x.name: student_teacher_ratio(doc["scores"], x.name)
-                                                 for x in ev.suites}})
+                                                 for x in ev.suites}}
+                      | {k: im[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in im})
         m = sd.manifest()
         report = json.loads(open(m["gate_path"]).read())
         md = base_metadata(m, cached) | {
             "verdict": report["verdict"], "report": MetadataValue.md(report["markdown"]),
             "items": MetadataValue.path(m["items_path"]), "candidate_key": m["candidate_key"],
             "statistics": report["method"], "requires_human_review": m["requires_human_review"]}
+        md |= {k: m[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in m}
         for role, by_suite in m["scores"].items():
             for suite, score in by_suite.items():
                 if score is not None:
@@ -255,6 +270,29 @@ def local_billing(spec: CampaignSpec, pricing: PricingResource) -> tuple[str, st
                                what="local evaluation")
     except PricingError as e:
         raise Failure(str(e), allow_retries=False) from None
+
+
+def _run_harness(spec: CampaignSpec, harness: list, adapter: dict, base, isd, context, progress):
+    """The lm_eval suites, base and candidate through one harness process (its preflight refuses a
+    broken suite before any model runs); None without lm_eval suites."""
+    if not harness:
+        return None
+    if spec.evaluation.backend != "local":
+        raise ValueError("lm_eval suites run the models locally (transformers + PEFT); they need "
+                         "evaluation.backend: local")
+    from evaluation.harness import evaluate_suites
+
+    return evaluate_suites(harness, harness_models(spec, adapter, base), isd.ensure() / "lm_eval",
+                           log=context.log.info, progress=progress)
+
+
+def _harness_manifest(pricing: PricingResource, spec: CampaignSpec, run, billed: str | None) -> dict:
+    """The harness's share of the evaluation (already inside its wall time and cost line): its agreement
+    table, seconds and their price at the billed hardware (None: not run locally)."""
+    if run is None:
+        return {}
+    usd = hardware_cost(pricing, spec, "evaluation", billed, run.wall_seconds)["usd"] if billed else 0.0
+    return {"lm_eval": run.as_dict(), "lm_eval_seconds": run.wall_seconds, "lm_eval_usd": usd}
 
 
 def _models(spec: CampaignSpec, adapter: dict, base, context) -> dict:

@@ -56,7 +56,7 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
     loaded = load_campaigns(campaign_files)
     for err in loaded.errors:
         log.warning("invalid campaign file (other campaigns still load):\n%s", err.render())
-    assets: list = [demo_models.demo_models, *cluster.ASSETS]
+    assets: list = [demo_models.demo_models, demo_models.demo_moe_student, *cluster.ASSETS]
     jobs, schedules, sensors = [cluster.job()], [], [reaper_sensor()]
     for name, spec in loaded.campaigns.items():
         assets += with_versions(campaign_assets(spec), spec)

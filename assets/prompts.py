@@ -21,7 +21,8 @@ def build(spec: CampaignSpec):
 
         # local glob or s3:// prefix; a copy of a file's exact content is read once
         files = prompt_files(d.source, spec.project_dir, storage.root_path() / "_sources" / spec.name)
-        k = stage_key("prompts/v1", [(f.name, file_sha256(f)) for f in files], d.model_dump(exclude={"filters"}))
+        k = stage_key("prompts/v1", [(f.name, file_sha256(f)) for f in files],
+                      d.model_dump(exclude={"filters", "decontamination"}))
         sd = storage.stage(spec.name, "prompts", k)
         cached = sd.is_complete()
         if not cached:

@@ -14,10 +14,28 @@ from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
 
 
+# Student fields added after adapters were first keyed: left out of the key at their defaults, so adding
+# them changed no existing adapter's key (nor its cache, nor the model-change sensor's versions).
+ADDED_STUDENT_DEFAULTS = {("lora", "target_parameters"): [], ("lora", "use_dora"): False}
+
+
+def student_key_fields(spec: CampaignSpec) -> dict:
+    """The student settings that key its adapter (see ``ADDED_STUDENT_DEFAULTS``; ``moe`` at its defaults too)."""
+    from campaigns.spec import MoeSpec
+
+    out = spec.student.model_dump()
+    for (section, name), default in ADDED_STUDENT_DEFAULTS.items():
+        if out[section][name] == default:
+            del out[section][name]
+    if spec.student.moe == MoeSpec():
+        del out["moe"]
+    return out
+
+
 def training_key_fields(spec: CampaignSpec) -> dict:
     """Settings that change the trained adapter (launcher, logging, checkpointing and timeouts do not,
     so changing them keeps an interrupted run's checkpoints usable)."""
-    return {"student": spec.student.model_dump(),
+    return {"student": student_key_fields(spec),
             "training": spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "allow_cpu_fallback",
                                                           "cpu_hardware", "checkpoint",
                                                           "collective_timeout_s", "diagnostics", "distributed_env"})}
@@ -34,6 +52,42 @@ def teacher_tokenizer_path(spec: CampaignSpec, storage: ArtifactStore) -> str | 
     return None  # the trainer refuses to start and says which field to set
 
 
+def refuse_before_launch(spec: CampaignSpec, base) -> None:
+    """Settings the student model refuses (a mixture of experts: experts nothing trains, a per-expert rank
+    below 1, targets that match nothing), before any process starts; the trainer checks them again."""
+    from campaign_orchestrator.costs.memory import ModelShape, PlanError, moe_problems
+
+    try:
+        shape = ModelShape.from_model_dir(base) if (base / "config.json").exists() else None
+    except PlanError:
+        shape = None  # a config the planner cannot read (e.g. a stub beside a model on the cluster): the trainer checks
+    if shape is not None:
+        problems = moe_problems(shape, spec.student)
+        if problems:
+            raise ValueError(f"campaign {spec.name}: student {spec.student.base_model} ({base}) refuses these settings, "
+                             "nothing was launched:\n  " + "\n  ".join(problems))
+
+
+def moe_metadata(moe: dict | None) -> dict:
+    """A mixture-of-experts student's metadata: trainable parameters by kind, whether the routed experts are
+    trained and quantized, tokens routed to each expert, the expert-gradient checks."""
+    if not moe:
+        return {}
+    t = moe["trainable_by_kind"]
+    return {
+        "trainable_attention": t["attention"], "trainable_dense_mlp": t["dense_mlp"],
+        "trainable_routed_experts": t["routed_experts"], "trainable_router": t["router"],
+        "trainable_breakdown": MetadataValue.json({"trainable": t, "parameters": moe["parameters_by_kind"]}),
+        "routed_experts_trained": moe["routed_experts_trained"], "experts_quantized": moe["experts_quantized"],
+        "num_experts": moe["num_experts"], "num_experts_per_tok": moe["num_experts_per_tok"],
+        "expert_rank": moe["expert_rank"], "router": moe["router"], "aux_loss_coef": moe["aux_loss_coef"],
+        "expert_lora_b_nonzero": f"{moe['expert_lora_b_nonzero']}/{moe['expert_lora_b_slices']}",
+        "routed_tokens_per_expert": MetadataValue.json(moe["routed_tokens_per_expert"]),
+        "expert_grad_checks": MetadataValue.json(moe["expert_grad_checks"]),
+        "routing_collapse_warnings": len(moe["routing_collapse_warnings"]),
+    }
+
+
 def build(spec: CampaignSpec):
     s, tr = spec.student, spec.training
 
@@ -46,6 +100,7 @@ def build(spec: CampaignSpec):
         from training.config import TrainJob
 
         base = storage.resolve_model(s.base_model, spec.project_dir)
+        refuse_before_launch(spec, base)
         k = stage_key("adapter/v1", dataset["key"], model_identity(base, s.revision), training_key_fields(spec))
         sd = storage.stage(spec.name, "student_adapter", k)
         cached = sd.is_complete()
@@ -93,6 +148,7 @@ def build(spec: CampaignSpec):
         } | profile_metadata(m["path"])
         if sm.get("merged_dir"):
             md["merged_model"] = MetadataValue.path(sm["merged_dir"])
+        md |= moe_metadata(sm.get("moe"))
         return Output(m, metadata={k: v for k, v in md.items() if v is not None})
 
     return student_adapter

@@ -86,9 +86,11 @@ def stage_settings(spec: CampaignSpec) -> dict[str, dict]:
     student = student_identity(spec)
     scores_teacher = ev.score_teacher
     return {
-        "prompts": {"data": d.model_dump(exclude={"filters"})},
+        "prompts": {"data": d.model_dump(exclude={"filters", "decontamination"})},
         "teacher_generations": {"teacher": teacher_identity(spec)},
-        "distillation_set": {"filters": d.filters.model_dump()},
+        "distillation_set": {"filters": d.filters.model_dump(), "decontamination": d.decontamination.model_dump(),
+                             "gate_suites": [x.model_dump(include={"name", "source", "kind", "lm_eval"})
+                                             for x in ev.suites]},
         "tokenized_dataset": {"student": student, "max_seq_len": tr.max_seq_len},
         "student_adapter": {"student": student, "training": training_key_fields(spec)},
         "evaluation": {"evaluation": ev.model_dump(), "student": student,
@@ -107,7 +109,7 @@ def code_versions(spec: CampaignSpec) -> dict[str, str]:
 COVERS = {
     "prompts": "data source, fields and held-out split",
     "teacher_generations": "teacher: backend, model, revision, weights, sampling",
-    "distillation_set": "data filters",
+    "distillation_set": "data filters, decontamination",
     "tokenized_dataset": "student base tokenizer, max_seq_len",
     "student_adapter": "student base (model, revision, weights), LoRA, quantization, training settings",
     "evaluation": "evaluation settings, student base, teacher",

@@ -44,7 +44,7 @@ def main() -> None:
     from campaign_orchestrator.demo.recipe import resolve
 
     root = Path(args.artifacts).resolve()
-    build_demo_models(root, log=lambda _m: None)
+    build_demo_models(root, log=lambda _m: None, moe=False)
     student = resolve("@demo/student", root)
     rows = read_prompts(source_files("campaigns/data/demo/*.jsonl", Path(__file__).resolve().parent.parent))
     _, held = split(rows, 0.1, 0, args.items)

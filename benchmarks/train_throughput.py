@@ -148,7 +148,7 @@ def main() -> int:
     import torch
 
     root = REPO / "artifacts"
-    build_demo_models(root, log=lambda _m: None)
+    build_demo_models(root, log=lambda _m: None, moe=False)
     student = resolve("@demo/student", root)
     spec = demo_spec()
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))

@@ -33,7 +33,7 @@ class SuiteGate:
 
     name: str
     policy: GatePolicy
-    binary: bool
+    binary: bool | None  # None: detected from the scores (lm_eval metrics)
     tier: str = BLOCKING
 
 

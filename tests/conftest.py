@@ -20,7 +20,7 @@ def demo_models_root() -> Path:
     """An artifact root holding the built demo models (teacher, student)."""
     from campaign_orchestrator.demo.build import build_demo_models
 
-    build_demo_models(MODELS_ROOT, log=lambda _m: None)
+    build_demo_models(MODELS_ROOT, log=lambda _m: None, moe=False)  # the MoE student: the moe_student fixture
     return MODELS_ROOT
 
 
@@ -31,16 +31,53 @@ def demo_models(demo_models_root) -> dict[str, Path]:
     return {name: resolve(f"@demo/{name}", demo_models_root) for name in ("teacher", "student")}
 
 
+@pytest.fixture(scope="session")
+def moe_student(demo_models_root) -> Path:
+    """The demo mixture-of-experts student base (``@demo/moe_student``), built once like the demo models
+    (~20 s on one core) by the tests that ask for it."""
+    from campaign_orchestrator.demo.build import build_moe_student
+    from campaign_orchestrator.demo.recipe import resolve
+
+    build_moe_student(demo_models_root, log=lambda _m: None)
+    return resolve("@demo/moe_student", demo_models_root)
+
+
 @pytest.fixture
 def artifact_root(tmp_path, demo_models_root) -> Path:
-    """A fresh artifact root for one test, with the demo models linked in (read-only use)."""
+    """A fresh artifact root for one test, with the built demo models linked in (read-only use)."""
     root = tmp_path / "artifacts"
     (root / "models").mkdir(parents=True)
-    from campaign_orchestrator.demo.recipe import models_dir
+    from campaign_orchestrator.demo.recipe import model_dirs
 
-    src = models_dir(demo_models_root)
-    (root / "models" / src.name).symlink_to(src, target_is_directory=True)
+    for src in model_dirs(demo_models_root):
+        if (src / "_SUCCESS").exists():
+            (root / "models" / src.name).symlink_to(src, target_is_directory=True)
     return root
+
+
+# ------------------------------------------------------------------ the trainer in this process
+
+DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def run_job(monkeypatch, tmp_path):
+    """Run a TrainJob in this process as a world of one (its own rendezvous port; the environment restored
+    afterwards); returns the summary."""
+    import socket
+
+    from training.trainer import run
+
+    def go(job, name: str = "job"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for k, v in zip(DIST_ENV, ("0", "0", "1", "1", "127.0.0.1", str(port))):
+            monkeypatch.setenv(k, v)
+        Path(job.output_dir).mkdir(parents=True, exist_ok=True)
+        return run(job.write(tmp_path / f"{name}.json"))
+
+    return go
 
 
 # ------------------------------------------------------------------ the demo student's tokenizer

@@ -201,8 +201,9 @@ def _fsync_dir(path: Path) -> None:
 
 
 def peft_key(param_name: str, adapter: str = "default") -> str:
-    """The key PEFT writes for a LoRA parameter (the adapter name removed, as ``get_peft_model_state_dict`` does)."""
-    return param_name.replace(f".{adapter}", "")
+    """The key PEFT writes for a LoRA parameter (the adapter name removed, as ``get_peft_model_state_dict`` does;
+    a ``modules_to_save`` copy, e.g. a trained MoE router, under the original module's name)."""
+    return param_name.replace(f".modules_to_save.{adapter}.", f".{adapter}.").replace(f".{adapter}", "")
 
 
 def rng_state() -> dict:

@@ -80,17 +80,14 @@ def load_student(base_model_path: str, student: StudentSpec, device: torch.devic
         # Non-reentrant checkpointing needs no input that requires grad (the embeddings are frozen).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    lora = LoraConfig(
-        r=student.lora.r,
-        lora_alpha=student.lora.alpha,
-        lora_dropout=student.lora.dropout,
-        target_modules=list(student.lora.target_modules),
-        task_type="CAUSAL_LM",
-    )
+    from training import moe
+
+    # LoRA on target_modules (nn.Linear) and, for a mixture of experts, target_parameters (the fused expert
+    # tensors, through PEFT's ParamWrapper), the per-expert rank rule and the router (training/moe.py).
+    moe.check_targets(model, student, base_model_path)
+    lora = LoraConfig(**moe.lora_kwargs(student, model.config))
     model = get_peft_model(model, lora)  # adapters in fp32 (autocast_adapter_dtype=True)
-    missing = [m for m in student.lora.target_modules if not any(n.endswith(m) for n, _ in model.named_modules())]
-    if missing:
-        raise ValueError(f"student.lora.target_modules {missing} match no module of {base_model_path}")
+    moe.check_peft_kept_targets(model, student, base_model_path)
     if device.type == "cuda":
         model.to(device)
     return model

@@ -9,6 +9,10 @@ Features
     equals a single process's gradient on the whole batch. Effective batch = micro × ranks × accumulation.
   * Distillation: cross-entropy on the teacher's text, or forward KL against the teacher's stored
     top-k log-probabilities mixed with cross-entropy (``training.distillation``).
+  * Mixture-of-experts students (``training.moe``): LoRA on the fused expert tensors, the trainable
+    parameters broken down by kind (a run whose routed experts would stay frozen is refused), the
+    router's load-balancing loss per micro-batch weighted by its share of the step's real tokens,
+    expert-gradient checks after the first steps, tokens routed to each expert, collapse warnings.
   * Every start is a resume: the newest complete checkpoint (local, or fetched from S3 by global
     rank 0) restores adapter, optimizer, LR schedule, RNG states and the data position (= step).
     Checkpoints are written every N steps, every M minutes, on SIGTERM (preemption) and at the
@@ -46,6 +50,7 @@ import torch.distributed as dist
 
 from training import checkpoint, losses
 from training import data as tdata
+from training import moe as tmoe
 from training.checkpoint import CheckpointStore
 from training.config import TrainJob
 from training.errors import TrainingError
@@ -88,6 +93,7 @@ class StepResult:
     loss_tokens: int
     kl_tokens: int
     real_tokens: int
+    aux: float | None = None  # MoE: the token-weighted mean load-balancing loss of the step's micro-batches
 
 
 class LoraTrainer:
@@ -98,6 +104,7 @@ class LoraTrainer:
         self.report = Reporter(False)
         self.distill = self.spec.distillation.loss == "logits"
         self.metrics: list[dict] = []
+        self.moe: tmoe.MoeMonitor | None = None  # set by _setup_model for a mixture-of-experts student
         self.skipped = 0
         self.start_step = 0
         self.resumed_from: int | None = None
@@ -241,6 +248,8 @@ class LoraTrainer:
                              attn_implementation=self.attn_implementation)
         self.trainable = sum(p.numel() for p in trainable_parameters(model))
         self.total_params = sum(p.numel() for p in model.parameters())
+        self.param_breakdown = tmoe.parameter_breakdown(model)  # by kind; refuses routed experts left frozen
+        tmoe.refuse_frozen_experts(self.param_breakdown, self.job.student, self.job.base_model_path)
         if self.world > 1:
             before = packed_4bit_checksums(model)
             self.mesh = build_mesh(self.spec, self.device)
@@ -257,6 +266,8 @@ class LoraTrainer:
             self.mesh, self.model = None, model
         self.model.train()
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.moe = tmoe.MoeMonitor.attach(self.model, self.job.student, self.param_breakdown, self.report.log,
+                                          self.world, self.compute_dtype)
         torch.manual_seed(self.spec.seed + 1 + self.rank)  # dropout differs per rank
         random.seed(self.spec.seed + 1 + self.rank)
 
@@ -286,6 +297,8 @@ class LoraTrainer:
                 t_ids, t_lps = [[p for r in t_ids for p in r]], [[p for r in t_lps for p in r]]
             ids, lps = losses.teacher_topk_tensors(t_ids, t_lps, width)
             batch[losses.TEACHER_IDS], batch[losses.TEACHER_LOGPROBS] = ids, lps
+        if self.moe is not None:
+            batch[tmoe.MASK] = tmoe.token_mask(batch, [len(self.rows["input_ids"][i]) for i in idx])
         return batch
 
     @staticmethod
@@ -295,21 +308,29 @@ class LoraTrainer:
         return int(((batch["labels"][:, 1:] != -100) & (batch[losses.TEACHER_IDS][:, 1:, 0] >= 0)).sum())
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        skip = tdata.NON_MODEL_KEYS | losses.TEACHER_KEYS
+        skip = tdata.NON_MODEL_KEYS | losses.TEACHER_KEYS | tmoe.BATCH_KEYS
         inputs = {k: v for k, v in batch.items() if k not in skip}
         inputs["use_cache"] = False  # training never reuses a KV cache; building one costs time and memory
         return self.model(**inputs).logits
 
-    def _loss_step(self, batch: dict[str, torch.Tensor], ce_tokens: int, kl_tokens: int) -> tuple[float, float]:
-        """Forward + backward of one micro-batch against global token counts; returns its (CE, KL) sums."""
+    def _loss_step(self, batch: dict[str, torch.Tensor], ce_tokens: int, kl_tokens: int,
+                   real_tokens: int = 0) -> tuple[float, float, float]:
+        """Forward + backward of one micro-batch against global token counts; returns its (CE, KL) sums and,
+        for a MoE, its load-balancing loss times its real tokens (``real_tokens``: the step's, global)."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
+        if self.moe is not None:
+            self.moe.begin()
         sums = losses.loss_sums(self._forward(batch), batch, self.distill)
         w = self.spec.distillation.kl_weight if self.distill else 0.0
         loss = losses.mix(sums["ce_sum"], ce_tokens, sums.get("kl_sum"), kl_tokens, w)
+        aux = 0.0
+        if self.moe is not None:  # + coef · aux_micro · real_micro / real_step (global): a token-weighted mean
+            term, aux = self.moe.end(batch[tmoe.MASK], real_tokens)
+            loss = loss + term if term is not None else loss
         # FSDP averages gradients over the data-parallel ranks; scale by world so the sum is exact.
         # Every rank runs backward, even on a micro-batch without loss tokens (FSDP's collectives need it).
         (loss * self.world).backward()
-        return float(sums["ce_sum"].detach()), float(sums["kl_sum"].detach()) if self.distill else 0.0
+        return float(sums["ce_sum"].detach()), float(sums["kl_sum"].detach()) if self.distill else 0.0, aux
 
     def _all_reduce(self, t: torch.Tensor) -> None:
         if self.world > 1:  # a world of one has nothing to add
@@ -341,19 +362,25 @@ class LoraTrainer:
         ce_tokens, kl_tokens, real_tokens = counts
         if ce_tokens == 0 and kl_tokens == 0:
             return None
-        ce_sum = kl_sum = 0.0
+        ce_sum = kl_sum = aux_sum = 0.0
         for i, b in enumerate(batches):
             self._set_grad_sync(i == len(batches) - 1)  # reduce gradients once, after the last micro-batch
-            c, k = self._loss_step(b, ce_tokens, kl_tokens)
-            ce_sum, kl_sum = ce_sum + c, kl_sum + k
-        sums = torch.tensor([ce_sum, kl_sum], dtype=torch.float64)
+            c, k, a = self._loss_step(b, ce_tokens, kl_tokens, real_tokens)
+            ce_sum, kl_sum, aux_sum = ce_sum + c, kl_sum + k, aux_sum + a
+        sums = torch.tensor([ce_sum, kl_sum, aux_sum], dtype=torch.float64)
         self._all_reduce(sums)
         ce = float(sums[0]) / ce_tokens if ce_tokens else None
         kl = float(sums[1]) / kl_tokens if (self.distill and kl_tokens) else None
         w = self.spec.distillation.kl_weight if self.distill else 0.0
         loss = (1 - w) * (ce or 0.0) + w * (kl or 0.0) if self.distill else ce
+        aux = None
+        if self.moe is not None:
+            self.moe.check_gradients()  # the first steps: expert LoRA gradients are non-zero (collective)
+            if self.moe.aux_fn is not None:
+                aux = float(sums[2]) / real_tokens
+                loss = (loss or 0.0) + self.job.student.moe.aux_loss_coef * aux
         return StepResult(loss=loss, ce=ce, kl=kl, grad_norm=float("nan"), loss_tokens=ce_tokens,
-                          kl_tokens=kl_tokens, real_tokens=real_tokens)
+                          kl_tokens=kl_tokens, real_tokens=real_tokens, aux=aux)
 
     def _clip(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.named_trainable], self.spec.max_grad_norm)
@@ -418,6 +445,8 @@ class LoraTrainer:
                        "grad_norm": result.grad_norm, "loss_tokens": result.loss_tokens, "tokens": result.real_tokens,
                        "tokens_per_s": result.real_tokens / dt, "step_s": dt,
                        "peak_memory_mb": _peak_memory_mb(self.device)}
+                if self.moe is not None:
+                    row["aux_loss"] = result.aux
                 self.metrics.append(row)
                 if self.is_main and ((step + 1) % spec.log_every == 0 or step == self.start_step
                                      or step + 1 == self.total_steps):
@@ -425,6 +454,8 @@ class LoraTrainer:
                                     f"grad_norm {result.grad_norm:.3f} tokens/s {row['tokens_per_s']:.0f}")
                     self.report.metrics(row)
                 self._maybe_checkpoint(step + 1)
+                if self.moe is not None:  # collective, at the same steps on every rank
+                    self.moe.log_routing(step + 1, force=step + 1 == self.total_steps, every=spec.log_every)
                 prof.step()
         seconds, self.cpu_seconds = time.perf_counter() - t_start, time.process_time() - cpu_start
         prof.finish()
@@ -460,7 +491,8 @@ class LoraTrainer:
         return {"step": step, "skipped_steps": self.skipped, "rows_per_step": self.plan.rows_per_step,
                 "dataset_rows": self.plan.rows, "seed": self.spec.seed, "world_size": self.world,
                 "total_steps": self.total_steps, "eval_loss_before": self.eval_loss_before,
-                "scheduler": self.scheduler.state_dict(), "saved_at": time.time()}
+                "scheduler": self.scheduler.state_dict(), "saved_at": time.time(),
+                "moe": self.moe.state() if self.moe is not None else None}  # collective: routed-token counts so far
 
     def save_checkpoint(self, step: int, reason: str) -> None:
         """Collective: gather full adapter and optimizer state on rank 0, write atomically, mirror, prune."""
@@ -487,6 +519,8 @@ class LoraTrainer:
             self.metrics = metrics
         self.skipped = state["skipped_steps"]
         self.eval_loss_before = state.get("eval_loss_before")
+        if self.moe is not None:
+            self.moe.load_state(state.get("moe"), self.is_main)
         self.start_step = self.resumed_from = step
         self._last_saved_step = step
         self.report.log(f"resumed from checkpoint {self.store.path(step)} (step {step} of {self.total_steps})")
@@ -494,6 +528,7 @@ class LoraTrainer:
     # ------------------------------------------------------------------ output
     def _finish(self, seconds: float) -> dict:
         eval_loss = self.evaluate()
+        moe_report = self.moe.final_report() if self.moe is not None else None  # collective
         adapter_dir = self.out / "adapter"
         if not self.is_main:
             return {}
@@ -510,6 +545,8 @@ class LoraTrainer:
 
             merged = export_merged(self.job.base_model_path, adapter_dir, self.out / "merged", self.compute_dtype)
         summary = run_summary(self, seconds, eval_loss, adapter_dir, ckpt, merged)
+        if moe_report is not None:
+            summary["moe"] = moe_report
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.report.materialization({k: v for k, v in summary.items() if v is not None})
         self.report.log(

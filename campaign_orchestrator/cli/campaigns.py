@@ -28,23 +28,43 @@ def validate_command(args: argparse.Namespace) -> int:
     files = args.files or default_campaign_files()
     missing = [f for f in files if not Path(f).exists()]
     loaded = load_campaigns([f for f in files if Path(f).exists()])
-    unpriceable = {name: price_problems(spec) for name, spec in loaded.campaigns.items()}
+    bad_names = set()
     for name, src in loaded.sources.items():
-        if unpriceable[name]:
-            print(f"invalid  {src}  (campaign {name})")
-            for line in unpriceable[name]:
+        spec = loaded.campaigns[name]
+        priced, model = price_problems(spec), student_model_problems(spec, args.artifacts)
+        if priced or model:
+            bad_names.add(name)
+            print(f"invalid  {src}  (campaign {name}" + (": its student model refuses these settings)" if model else ")"))
+            for line in [*priced, *model]:
                 print(f"  {src}: {line}")
-        else:
-            print(f"ok       {src}  (campaign {name})")
+            continue
+        print(f"ok       {src}  (campaign {name})")
     for f in missing:
         print(f"invalid  {f}: no such file")
     for err in loaded.errors:
         print(f"invalid  {err.path}")
         for line in err.render().splitlines():
             print(f"  {line}")
-    bad = len(loaded.errors) + len(missing) + sum(1 for p in unpriceable.values() if p)
-    print(f"\n{len(loaded.campaigns) - sum(1 for p in unpriceable.values() if p)} valid, {bad} invalid")
+    bad = len(loaded.errors) + len(missing) + len(bad_names)
+    print(f"\n{len(loaded.campaigns) - len(bad_names)} valid, {bad} invalid")
     return EXIT_INVALID if bad else EXIT_OK
+
+
+def student_model_problems(spec, artifacts: str | None) -> list[str]:
+    """The student settings its model refuses (a mixture of experts: what trains the experts, the per-expert
+    rank), read from the model's config.json when it is on disk (a demo model built under ``artifacts``, a
+    directory); a model that is not there is checked when the campaign runs."""
+    from campaign_orchestrator.costs.memory import ModelShape, PlanError, moe_problems
+    from campaign_orchestrator.demo import recipe
+    from resources.storage import ArtifactStore
+
+    ref = spec.student.base_model
+    try:
+        d = recipe.resolve(ref, ArtifactStore(root=artifacts).root_path()) if recipe.is_demo_ref(ref) else spec.path(ref)
+        shape = ModelShape.from_model_dir(d) if (d / "config.json").exists() else None
+    except (ValueError, PlanError, OSError):
+        return []  # an unknown or unreadable model is reported where it is loaded
+    return moe_problems(shape, spec.student) if shape is not None else []
 
 
 def list_command(args: argparse.Namespace) -> int:
@@ -88,6 +108,7 @@ def add_parsers(sub) -> None:
     """Register this group's commands on the ``campaign`` parser."""
     v = sub.add_parser("validate", help="validate campaign files (default: campaigns/*.yaml)")
     v.add_argument("files", nargs="*")
+    v.add_argument("--artifacts", default="artifacts", help="artifact root holding the demo models (their configs are read)")
     v.set_defaults(fn=validate_command)
     p = sub.add_parser("plan", help="before running: per-GPU memory, fit, teacher tokens, GPU-hours and $ per stage")
     p.add_argument("campaign", help="campaign name or YAML file")

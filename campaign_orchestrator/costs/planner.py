@@ -5,7 +5,7 @@ activations, logits). This module adds time and money.
 
 Time: a roofline with fixed overheads, from the catalog's ``perf`` block of the hardware:
 training FLOPs = 4·Ψ per token (forward 2Ψ, backward through a frozen base 2Ψ; +2Ψ when
-activations are recomputed) over ``world × peak × mfu``, plus ``step_overhead_s`` per optimizer
+activations are recomputed; Ψ the *active* parameters of a mixture of experts) over ``world × peak × mfu``, plus ``step_overhead_s`` per optimizer
 step and ``train_startup_s``. Generation = max(compute, weight reads per decode step over the
 memory bandwidth) plus ``decode_step_overhead_s`` per decode step and ``generate_startup_s``.
 The teacher is priced by its one price field (``costs.lines.teacher_entry``: ``teacher.price`` per
@@ -25,7 +25,7 @@ from pathlib import Path
 from campaigns.spec import CampaignSpec
 from campaign_orchestrator.costs.catalog import Catalog, PriceEntry, PricingError
 from campaign_orchestrator.costs.memory import (  # noqa: F401  (PlanError, ModelShape: the planner's API)
-    GB, ModelShape, PlanError, training_memory, zero_table,
+    GB, ModelShape, PlanError, moe_facts, training_memory, zero_table,
 )
 
 TOKEN_SAMPLE = 2000  # prompts tokenized to estimate the mean prompt length
@@ -118,7 +118,7 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     steps = tr.max_steps if tr.max_steps is not None else max(1, math.ceil(tr.epochs * rows / rows_per_step))
     tokens = steps * rows_per_step * seq
     ckpt = bool(getattr(tr, "activation_checkpointing", False))
-    flops = (6 if ckpt else 4) * student.params * tokens
+    flops = (6 if ckpt else 4) * student.active_params * tokens  # MoE: a token passes k of E experts
     entry = catalog.get(tr.hardware)
     if not entry.hourly:
         raise PlanError(f"training.hardware {tr.hardware!r} is priced per {entry.unit}; training needs hourly hardware")
@@ -135,7 +135,7 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     seconds = 0.0
     for _role, shape in roles:
         for suite in ev.suites:
-            seconds += generation_seconds(shape.params, shape.params * 2, facts["heldout_items"],
+            seconds += generation_seconds(shape.active_params, shape.params * 2, facts["heldout_items"],
                                           facts["heldout_prompt_tokens_student"], suite.max_new_tokens * pl.completion_fill,
                                           suite.batch_size, entry, pl.generation_mfu)
     qty, usd = _hours_usd(entry, seconds, 1, 1, c.pricing_tier)
@@ -173,7 +173,7 @@ def _teacher_estimate(spec: CampaignSpec, catalog: Catalog, teacher: ModelShape 
             raise PlanError(f"teacher {t.model!r} runs on {entry.key} (teacher.hardware, hourly) but its config is not "
                             "available to size it")
         devices = t.tensor_parallel_size if t.backend == "vllm" else 1
-        seconds = generation_seconds(teacher.params, teacher.params * 2, requests, prompt_tokens, new_tokens,
+        seconds = generation_seconds(teacher.active_params, teacher.params * 2, requests, prompt_tokens, new_tokens,
                                      batch_size, entry, pl.generation_mfu)
         qty, usd = _hours_usd(entry, seconds, 1, devices, c.pricing_tier)
         return st | {"seconds": seconds, "quantity": qty, "usd": usd}
@@ -191,6 +191,7 @@ def plan_campaign(spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher
     seq = int(min(spec.training.max_seq_len,
                   math.ceil(facts["prompt_tokens_student"] + spec.teacher.sampling.max_new_tokens * pl.completion_fill + 1)))
     mem = training_memory(student, spec, seq)
+    mem |= moe_facts(student, spec.student)  # MoE: total vs active parameters, expert tensors, expert LoRA
     device = catalog.get(spec.training.hardware)
     ckpt = bool(getattr(spec.training, "activation_checkpointing", False))
     if device.memory_gb is not None:
@@ -229,6 +230,7 @@ def render_plan(plan: dict) -> str:
             ("FSDP all-gather buffer", gb["allgather_buffer"]), ("activations", gb["activations"]),
             ("activations, checkpointed", gb["activations_checkpointed"]), ("logits + loss", gb["logits"])]
     lines += [f"  {name:34s} {_gb(v)}" for name, v in rows]
+    lines += _moe_lines(m)
     lines.append(f"  {'total (no checkpointing)':34s} {_gb(m['total_gb'])}")
     lines.append(f"  {'total (activation checkpointing)':34s} {_gb(m['total_checkpointed_gb'])}")
     if "device" in m:
@@ -254,6 +256,22 @@ def render_plan(plan: dict) -> str:
         lines.append(f"budget ${plan['budget_usd']:.2f}: "
                      + ("within budget" if plan["within_budget"] else "the estimate EXCEEDS the budget"))
     return "\n".join(lines)
+
+
+def _moe_lines(m: dict) -> list[str]:
+    e = m.get("moe")
+    if not e:
+        return []
+    lora = (f"expert LoRA {e['expert_lora_params']:,} (rank {e['expert_rank']} per expert)" if e["expert_rank"]
+            else "no expert LoRA")
+    return [f"  mixture of experts: {e['experts']} experts, top-{e['experts_per_tok']}, {e['moe_layers']} MoE layers; "
+            f"{e['total_params']:,} total / {e['active_params']:,} active parameters (memory from the total, FLOPs and "
+            f"time from the active)",
+            f"    expert tensors + routers {_gb(e['expert_weights_gb']).strip()} in the compute dtype (4-bit quantizes "
+            f"nn.Linear only: the fused experts stay full precision); {lora}"
+            + (f"; router trained ({e['router_trainable_params']:,})" if e["router_trainable_params"] else "")
+            + (f"; folded expert copy {_gb(e['folded_expert_layer_gb']).strip()} per MoE layer (in the activations)"
+               if e["folded_expert_layer_gb"] else "")]
 
 
 def _gb(x: float) -> str:

@@ -2,7 +2,9 @@
 
 A model reference ``@demo/teacher`` or ``@demo/student`` resolves to
 ``<artifact_root>/models/demo-<recipe hash>/<name>``; changing the recipe changes the hash,
-so a stale model is never reused.
+so a stale model is never reused. ``@demo/moe_student`` (a tiny Qwen3-MoE) has a recipe and a
+hash of its own, ``<artifact_root>/models/demo-moe-<moe recipe hash>/moe_student``: adding it did
+not rebuild the others, and changing it never rebuilds them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,30 @@ RECIPE = {
     "eval_items": 200,
 }
 
-MODEL_NAMES = ("teacher", "student")
+# The mixture-of-experts student: a Qwen3-MoE built from a config with the demo tokenizer (the same
+# recipe, so it shares the teacher's vocabulary) and trained on the identity mapping like the demo
+# student. Every layer is sparse (as in Qwen3-30B-A3B): 4 routed experts, top-2, so its total MLP
+# width (4 × 48) equals the dense student's 192 and its active width is half of it.
+MOE_RECIPE = {
+    "version": 1,
+    "tokenizer": RECIPE["tokenizer"],
+    "max_position_embeddings": RECIPE["max_position_embeddings"],
+    "moe_student": {
+        "mapping": "identity",
+        "architecture": "qwen3_moe",
+        "config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+                   "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+                   "intermediate_size": 192, "router_aux_loss_coef": 0.001},
+        "steps": 200,
+        "batch_size": 64,
+        "lr": 3e-3,
+        "seed": 3,
+    },
+    "eval_items": 200,
+}
+
+MODEL_NAMES = ("teacher", "student", "moe_student")
+MOE_NAMES = ("moe_student",)
 PREFIX = "@demo/"
 
 
@@ -42,8 +67,23 @@ def recipe_hash() -> str:
     return hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def moe_recipe_hash() -> str:
+    return hashlib.sha256(json.dumps(MOE_RECIPE, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def models_dir(artifact_root: str | Path) -> Path:
+    """The teacher's and the student's directory (one recipe, one hash)."""
     return Path(artifact_root) / "models" / f"demo-{recipe_hash()}"
+
+
+def moe_models_dir(artifact_root: str | Path) -> Path:
+    """The MoE student's directory (its own recipe and hash)."""
+    return Path(artifact_root) / "models" / f"demo-moe-{moe_recipe_hash()}"
+
+
+def model_dirs(artifact_root: str | Path) -> list[Path]:
+    """Every demo build directory of the current recipes (built or not)."""
+    return [models_dir(artifact_root), moe_models_dir(artifact_root)]
 
 
 def is_demo_ref(ref: str) -> bool:
@@ -55,11 +95,11 @@ def resolve(ref: str, artifact_root: str | Path) -> Path:
     name = ref[len(PREFIX):]
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown demo model {ref!r}; expected one of {[PREFIX + n for n in MODEL_NAMES]}")
-    return models_dir(artifact_root) / name
+    return (moe_models_dir(artifact_root) if name in MOE_NAMES else models_dir(artifact_root)) / name
 
 
 def cached_report(artifact_root: str | Path) -> dict | None:
-    """The build report of the demo models already built under ``artifact_root`` (None: not built)."""
+    """The build report of the dense demo models already built under ``artifact_root`` (None: not built)."""
     d = models_dir(artifact_root)
     if not (d / "_SUCCESS").exists():
         return None

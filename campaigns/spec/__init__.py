@@ -32,6 +32,8 @@ from campaigns.spec.teacher import (
 )
 from campaigns.spec.student import (
     LoraSpec as LoraSpec,
+    MoeSpec as MoeSpec,
+    PARAM_WRAPPER_REFUSES as PARAM_WRAPPER_REFUSES,
     QuantizationSpec as QuantizationSpec,
     StudentSpec as StudentSpec,
 )
@@ -50,6 +52,10 @@ from campaigns.spec.training import (
     DistributedEnvSpec as DistributedEnvSpec,
     DistillationSpec as DistillationSpec,
     TrainingSpec as TrainingSpec,
+)
+from campaigns.spec.lm_eval import (
+    LmEvalSpec as LmEvalSpec,
+    DecontaminationSpec as DecontaminationSpec,
 )
 from campaigns.spec.evaluation import (
     GateRule as GateRule,
@@ -146,6 +152,17 @@ class CampaignSpec(_Strict):
             raise ValueError(
                 "training.distillation.loss 'logits' needs the teacher's top-k log-probabilities: "
                 "set teacher.sampling.logprobs (e.g. 8)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dora_is_one_process_only(self) -> CampaignSpec:
+        if self.student.lora.use_dora and self.training.world_size > 1:
+            raise ValueError(
+                f"student.lora.use_dora with training.nodes × processes_per_node = {self.training.world_size}: DoRA's "
+                f"weight norm reads the LoRA weights outside FSDP2's all-gather, and its backward fails (\"setStorage: "
+                f"... out of bounds for storage of size 0\", PEFT 0.21, torch 2.13); train DoRA in one process or use "
+                f"plain LoRA (use_dora: false)"
             )
         return self
 

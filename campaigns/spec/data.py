@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from campaigns.spec.common import _Strict
+from campaigns.spec.lm_eval import DecontaminationSpec
 
 class HeldoutSpec(_Strict):
     fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of prompts held out for evaluation, by id hash.")
@@ -49,6 +50,9 @@ class DataSpec(_Strict):
     category_field: str = Field("category", description="Field holding the item's category (for per-category results).")
     heldout: HeldoutSpec = HeldoutSpec()
     filters: FilterSpec = FilterSpec()
+    decontamination: DecontaminationSpec = Field(
+        DecontaminationSpec(), description="N-gram overlap of the distillation set with every gate suite's documents "
+                                           "(blocking check on distillation_set): drop and count, or fail.")
 
 
 class DatasetSpec(_Strict):

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from campaigns.spec.common import _Strict
+from campaigns.spec.lm_eval import LmEvalSpec
 
 GateRule = Literal[
     "max_error_rate",
@@ -93,6 +94,25 @@ class SuiteSpec(_Strict):
         "blocking", description="advisory: the suite is scored and reported but never blocks promotion."
     )
     gate: GateSpec | None = Field(None, description="Overrides of `evaluation.gate` for this suite (only the fields set).")
+    kind: Literal["items", "lm_eval"] = Field(
+        "items", description="items: the project's items and scorer (the fields above); lm_eval: tasks of "
+                             "lm-evaluation-harness (`lm_eval`), their prompts, filters and per-document metric, "
+                             "judged by the same gate (`batch_size` is the harness's batch size).")
+    lm_eval: LmEvalSpec | None = Field(None, description="`kind: lm_eval`: the harness tasks and settings.")
+
+    @model_validator(mode="after")
+    def _kind_settings(self) -> SuiteSpec:
+        if self.kind == "lm_eval":
+            if self.lm_eval is None:
+                raise ValueError("kind 'lm_eval' needs `lm_eval` (tasks, include_path)")
+            unused = sorted({"source", "scorer", "labels", "pattern", "json_schema", "max_new_tokens"}
+                            & self.model_fields_set)
+            if unused:
+                raise ValueError(f"{unused} are not used by kind 'lm_eval' (the task YAML defines prompts, references "
+                                 "and metrics; generation limits go in lm_eval.gen_kwargs)")
+        elif self.lm_eval is not None:
+            raise ValueError("`lm_eval` is set but kind is 'items'; set kind: lm_eval")
+        return self
 
     @model_validator(mode="after")
     def _scorer_needs(self) -> SuiteSpec:

@@ -15,8 +15,11 @@ from tests.support import REPO_ROOT as REPO
 pytestmark = pytest.mark.slow
 
 
-def _campaign(tmp_path: Path, name: str, **training) -> Path:
+def _campaign(tmp_path: Path, name: str, harness: bool = False, **training) -> Path:
+    """The demo, shrunken; ``harness``: keep its lm_eval suite (the tests of other stages leave it out)."""
     spec = yaml.safe_load((REPO / "campaigns" / "demo.yaml").read_text())
+    if not harness:
+        spec["evaluation"]["suites"] = [s for s in spec["evaluation"]["suites"] if s.get("kind") != "lm_eval"]
     data = tmp_path / "data" / "prompts.jsonl"
     if not data.exists():
         cipher.write_jsonl(cipher.items(700, seed=99), data)
@@ -38,7 +41,7 @@ def _metadata(result, key: AssetKey) -> dict:
 
 
 def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
-    path = _campaign(tmp_path, "mini")
+    path = _campaign(tmp_path, "mini", harness=True)
     defs = build_definitions([str(path)], artifact_root=str(artifact_root))
     job = defs.resolve_job_def(campaign_job_name("mini"))
     instance = DagsterInstance.ephemeral()
@@ -50,6 +53,14 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
     assert ev["cipher_candidate_score"] >= 0.8
     assert ev["cipher_candidate_score"] > ev["cipher_base_score"] + 0.5
     assert ev["cipher_teacher_score"] >= 0.9
+    # the lm_eval suite (the shipped cipher tasks through lm-evaluation-harness) gates too, paired, and is priced
+    assert ev["harness_cipher_base_score"] == 0.0 and ev["harness_cipher_candidate_score"] >= 0.8
+    assert "harness_cipher_teacher_score" not in ev  # the teacher is scored on the project's suites only
+    assert 0 < ev["lm_eval_seconds"] < ev["wall_seconds"] and 0 < ev["lm_eval_usd"] < ev["cost_usd"]
+    assert "| harness_cipher | cipher_gen | candidate | exact_match | 60 |" in ev["report"]
+    dist = _metadata(result, AssetKey(["mini", "distillation_set"]))
+    assert dist["decontamination"]["suites"]["harness_cipher/cipher_mc"]["documents_checked"] == 60
+    assert dist["dropped_contaminated"] == dist["contaminated_rows"]
     train = _metadata(result, AssetKey(["mini", "student_adapter"]))
     assert train["final_loss"] < train["first_loss"] / 5
     current = artifact_root / "mini" / "promoted_model" / "CURRENT"
@@ -58,6 +69,7 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
     assert (current.parent / current.read_text() / "promotion_items.parquet").exists()
     checks = [e for e in result.get_asset_check_evaluations() if e.check_name == "gate"]
     assert checks and checks[-1].passed
+    assert [e.passed for e in result.get_asset_check_evaluations() if e.check_name == "decontamination"] == [True]
     cost = _metadata(result, AssetKey(["mini", "campaign_cost"]))
     assert cost["total_usd"] > 0 and cost["usd_per_point_gained"] > 0
 

@@ -153,7 +153,7 @@ def test_report_lists_losses_first_and_reads_as_a_table():
 
 def test_suite_gate_overrides_only_the_fields_it_sets():
     spec = load_campaign_file(REPO_ROOT / "campaigns/demo.yaml")
-    cipher, fmt = spec.evaluation.suites
+    cipher, fmt = spec.evaluation.suites[:2]  # (the third is the lm_eval suite)
     assert spec.evaluation.gate_for(cipher) == spec.evaluation.gate
     g = spec.evaluation.gate_for(fmt)
     assert g.min_score == 0.95 and g.min_items == spec.evaluation.gate.min_items

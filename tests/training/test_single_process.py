@@ -6,7 +6,6 @@ does without torchrun; torchrun-launched multi-process runs are in test_training
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,25 +15,7 @@ from tests.support.train_support import make_job, write_cipher_dataset
 
 pytestmark = pytest.mark.stage  # real training runs on the demo models
 
-DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SMALL = {"lora": {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "down_proj"]}}
-
-
-@pytest.fixture
-def run_job(monkeypatch, tmp_path):
-    """Run a TrainJob in this process as a world of one; returns the summary."""
-    from training.trainer import run
-
-    def go(job, name: str = "job"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        for k, v in zip(DIST_ENV, ("0", "0", "1", "1", "127.0.0.1", str(port))):
-            monkeypatch.setenv(k, v)
-        Path(job.output_dir).mkdir(parents=True, exist_ok=True)
-        return run(job.write(tmp_path / f"{name}.json"))
-
-    return go
 
 
 @pytest.fixture(scope="module")
