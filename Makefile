@@ -18,11 +18,17 @@ $(BIN)/campaign: pyproject.toml
 install: $(BIN)/campaign
 
 # Browser tests (cost dashboard, Dagster UI end to end) drive Debian's Chromium; never `playwright install`.
+# The PostgreSQL instance-storage tests start Debian's PostgreSQL server (tests/support/postgres.py).
 system-deps:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian chromium for the browser tests"; \
 	  apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; } || \
 	  echo "WARNING: could not install chromium (not root? no network?): the two browser tests will be skipped"; }
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
+	  echo "installing Debian postgresql for the PostgreSQL storage tests"; \
+	  apt-get install -y -qq --no-install-recommends postgresql >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql; } || \
+	  echo "WARNING: could not install postgresql (not root? no network?): the PostgreSQL storage tests will be skipped"; }
 
 $(DAGSTER_HOME)/dagster.yaml: campaign_orchestrator/dagster.yaml
 	mkdir -p $(DAGSTER_HOME)

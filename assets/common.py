@@ -6,7 +6,8 @@ from typing import Any
 from dagster import AssetKey, MetadataValue
 
 from campaigns.spec import CampaignSpec
-from campaign_orchestrator.content import model_fingerprint, short, value_sha256
+from campaign_orchestrator import paths
+from campaign_orchestrator.content import HashCache, model_fingerprint, short, value_sha256
 from resources.pricing import PricingResource
 from campaign_orchestrator.demo import recipe
 
@@ -41,16 +42,10 @@ def stage_key(*parts: Any) -> str:
     return short(value_sha256(list(parts)), 20)
 
 
-_FINGERPRINTS: dict[tuple[str, float], str] = {}
-
-
 def model_identity(path: Path, revision: str | None = None) -> str:
-    """Fingerprint of a model directory (memoized per path and mtime), plus its revision."""
-    mtime = max((p.stat().st_mtime for p in path.rglob("*") if p.is_file()), default=0.0)
-    cache_key = (str(path), mtime)
-    if cache_key not in _FINGERPRINTS:
-        _FINGERPRINTS[cache_key] = model_fingerprint(path)
-    return f"{_FINGERPRINTS[cache_key]}@{revision or ''}"
+    """Content fingerprint of a model directory (every byte; each file version read once, digests kept
+    in the per-user hash cache), plus its revision."""
+    return f"{model_fingerprint(path, HashCache(paths.hash_cache_file()))}@{revision or ''}"
 
 
 def hardware_cost(pricing: PricingResource, spec: CampaignSpec, kind: str, hardware: str, seconds: float,

@@ -1,7 +1,11 @@
 """drift_evaluation: the promoted model re-scored on the freshest held-out data.
 
-Run by the campaign's drift schedule (``<campaign>_drift``), never by the campaign job. Its
-metadata carries the verdict (DRIFTED / STABLE / INCONCLUSIVE) and the reasons; the
+Run by the campaign's drift schedule (``<campaign>_drift``), never by the campaign job. It scores the
+promoted model through the campaign's evaluation backend (locally, or through the endpoint after
+checking it serves this adapter), is priced like evaluation and checked against the campaign's
+budget (ledger asset ``drift_evaluation``), and compares the fresh scores with the promotion-time
+ones on an unpaired interval (``evaluation/drift.py``). Its metadata carries the verdict (DRIFTED /
+STABLE / INCONCLUSIVE) and the reasons; the
 ``<campaign>_drift_retrain`` sensor turns a DRIFTED verdict into a retraining run.
 
 The items are the held-out rows (the campaign's hash rule) of prompts the promoted model never
@@ -19,8 +23,9 @@ from pathlib import Path
 
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
 
-from assets.common import key, stage_key
+from assets.common import hardware_cost, key, stage_key
 from campaigns.spec import CampaignSpec
+from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
 
 STAGE = "drift_evaluation"
@@ -107,13 +112,15 @@ def select_items(storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | 
 
 
 def build(spec: CampaignSpec):
-    ev, d, q = spec.evaluation, spec.data, spec.student.quantization
+    ev, d = spec.evaluation, spec.data
 
     @asset(key=drift_key(spec), group_name=spec.name, kinds={"pytorch", "parquet"}, deps=[key(spec, "promoted_model")],
-           description="The promoted adapter re-scored on held-out items of prompts it never saw (topped up to the "
-                       "gate's min_items with its own held-out items); DRIFTED below the gate floor or beyond the "
-                       "allowed drop from its promotion-time score.")
-    def drift_evaluation(context: AssetExecutionContext, storage: ArtifactStore) -> MaterializeResult:
+           description="The promoted adapter re-scored, through the campaign's evaluation backend and inside its "
+                       "budget, on held-out items of prompts it never saw (topped up to the gate's min_items with its "
+                       "own held-out items); DRIFTED when the interval of the change from its promotion-time score "
+                       "excludes every drop within the allowed one, or its fresh score is surely below the floor.")
+    def drift_evaluation(context: AssetExecutionContext, storage: ArtifactStore,
+                         pricing: PricingResource) -> MaterializeResult:
         from evaluation.drift import DriftError, current_promoted, decide, score_promoted
         from campaign_orchestrator.triggers.sources import prompt_files
         from campaign_orchestrator.dataset import prompts as P
@@ -138,30 +145,33 @@ def build(spec: CampaignSpec):
                    for s in item_suites}
         suites = [{"name": s.name, "items": load_items(s.source, held, spec.project_dir, scorers[s.name]),
                    "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in item_suites]
-        floor, drop = ev.gate.min_score, max_drop(spec)
-        k = stage_key("drift/v1", promoted.key, value_sha256([s["items"] for s in suites]),
-                      [s.model_dump(exclude={"kind", "lm_eval"}) for s in item_suites], floor, drop, ev.gate.min_items,
-                      selection)
+        floor, drop, conf = ev.gate.min_score, max_drop(spec), ev.statistics.confidence
+        served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.backend == "openai" else None
+        k = stage_key("drift/v2", promoted.key, value_sha256([s["items"] for s in suites]),
+                      [s.model_dump(exclude={"kind", "lm_eval"}) for s in item_suites], floor, drop, conf,
+                      ev.gate.min_items, selection, served)
         sd = storage.stage(spec.name, STAGE, k)
         cached = sd.is_complete()
         if not cached:
             from types import SimpleNamespace
 
-            base = promoted.base_model_path()
-            if base is None or not base.exists():
-                base = storage.resolve_model(spec.student.base_model, spec.project_dir)
+            # priced and inside the campaign's budget, like evaluation (stopped between suites when it would pass)
+            guard = pricing.budget_guard(context, spec, sd)
             t0 = time.perf_counter()
-            scores, item_rows = score_promoted(base, promoted.adapter_path, [SimpleNamespace(**s) for s in suites],
-                                               q.load_in_4bit, q.compute_dtype, max((s.batch_size for s in item_suites), default=64),
-                                               log=context.log.info)
-            report = decide(scores, promoted.candidate_scores(), floor, drop, ev.gate.min_items)
+            generate, billed, note = _promoted_model(spec, storage, pricing, promoted, context)
+            scores, item_rows = score_promoted(generate, [SimpleNamespace(**s) for s in suites], log=context.log.info,
+                                               progress=guard.watch())
+            report = decide(scores, _promotion_scores(promoted, item_suites), floor, drop, ev.gate.min_items, conf)
             out = sd.ensure()
             write_item_rows(item_rows, out / "items.parquet")
             (out / "drift.json").write_text(json.dumps(report.as_dict() | {"item_selection": selection}, indent=2))
+            wall = time.perf_counter() - t0
+            lines = [hardware_cost(pricing, spec, "evaluation", billed, wall)] if billed else []
             sd.commit({"promoted_key": promoted.key, "report": report.as_dict(), "heldout_items": len(held),
                        "item_selection": selection, "source_files": [f.name for f in files],
-                       "wall_seconds": time.perf_counter() - t0,
-                       "cost_lines": []})
+                       "backend": ev.backend, "wall_seconds": wall, "cost_lines": lines,
+                       **({"billing_note": note} if note else {})})
+            _record_cost(pricing, storage, spec, context, sd.manifest())
         m = sd.manifest()
         r = m["report"]
         md = {"verdict": r["verdict"], "drifted": r["verdict"] == "DRIFTED", "summary": r["summary"],
@@ -169,12 +179,60 @@ def build(spec: CampaignSpec):
               "promoted_key": m["promoted_key"], "drift_key": m["key"], "heldout_items": m["heldout_items"],
               "fresh_items": m["item_selection"]["fresh_items"], "earlier_items": m["item_selection"]["earlier_items"],
               "item_selection": MetadataValue.json(m["item_selection"]),
-              "floor": floor, "max_drop": drop, "cached": cached, "path": MetadataValue.path(m["path"])}
+              "floor": floor, "max_drop": drop, "confidence": conf, "cached": cached, "backend": m["backend"],
+              "cost_usd": float(sum(x["usd"] for x in m["cost_lines"])),
+              "path": MetadataValue.path(m["path"])}
         for s in r["suites"]:
             md[f"{s['suite']}_fresh_score"] = s["score"] if s["score"] is not None else float("nan")
             if s["promoted_score"] is not None:
                 md[f"{s['suite']}_promoted_score"] = s["promoted_score"]
+            if s.get("delta_lo") is not None:
+                md[f"{s['suite']}_change_lo"], md[f"{s['suite']}_change_hi"] = s["delta_lo"], s["delta_hi"]
         context.log.info(f"drift verdict {r['verdict']}: {r['summary']}")
         return MaterializeResult(metadata=md)
 
     return drift_evaluation
+
+
+def _promotion_scores(promoted, suites) -> dict[str, list[float] | None]:
+    """suite -> the promoted candidate's per-item scores at promotion (None: that suite was not scored)."""
+    items = promoted.item_scores()
+    return {s.name: items.get(s.name) for s in suites}
+
+
+def _promoted_model(spec: CampaignSpec, storage: ArtifactStore, pricing: PricingResource, promoted, context):
+    """The promoted model's ``generate`` through the campaign's evaluation backend, the catalog key its
+    time is billed at (None: an endpoint, billed nowhere here, as in evaluation) and a billing note."""
+    ev, q = spec.evaluation, spec.student.quantization
+    if ev.backend == "openai":
+        from evaluation.endpoint import AdapterNotVerified, OpenAIEndpoint
+
+        e = ev.endpoint
+        name = e.candidate_model
+        ep = OpenAIEndpoint(e.base_url, name or "", api_key_env=e.api_key_env, timeout_s=e.timeout_s)
+        if e.load_adapter:
+            name = f"{spec.name}-{promoted.key}"
+            ep.load_adapter(name, str(promoted.adapter_path))
+        try:  # the score is the promoted adapter's only if the server serves exactly it
+            ep.verify_adapter(name, promoted.adapter_path)
+        except AdapterNotVerified as err:
+            raise Failure(str(err), allow_retries=False) from None
+        context.log.info(f"scoring the promoted model through {e.base_url} as {name!r}")
+        return (OpenAIEndpoint(e.base_url, name, api_key_env=e.api_key_env, max_concurrency=e.max_concurrency,
+                               timeout_s=e.timeout_s).generate, None, None)
+    from assets.evaluation import local_billing
+    from evaluation.drift import local_generate
+
+    billed, note = local_billing(spec, pricing)
+    base = promoted.base_model_path()
+    if base is None or not base.exists():
+        base = storage.resolve_model(spec.student.base_model, spec.project_dir)
+    return (local_generate(base, promoted.adapter_path, q.load_in_4bit, q.compute_dtype,
+                           max((s.batch_size for s in ev.suites if s.kind == "items"), default=64)), billed, note)
+
+
+def _record_cost(pricing: PricingResource, storage: ArtifactStore, spec: CampaignSpec, context, manifest: dict) -> None:
+    """The drift check's spend in the cost ledger (it has no IO manager output to record it)."""
+    pricing.ledger_at(storage.root_path()).record_stage(
+        campaign=spec.name, asset=STAGE, run_id=context.run_id,
+        step_key=context.get_step_execution_context().step.key, manifest=manifest, attempt=context.retry_number)

@@ -26,8 +26,10 @@ from assets.common import base_metadata, hardware_cost, key, model_deps, model_i
 from assets.harness import harness_identity, harness_models, harness_suites, is_harness
 from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
+from campaign_orchestrator.costs.report import student_teacher_ratio
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
+from resources.teacher import TeacherResource
 
 GATE_CHECK = "gate"
 
@@ -78,11 +80,56 @@ def _suite_identity(spec: CampaignSpec, x: SuiteSpec, harness: list | None = Non
     return ident
 
 
+def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherResource, pricing: PricingResource,
+                   log, categories: dict[str, str] | None = None) -> tuple:
+    """A ``generate(prompts, max_new_tokens)`` that asks the campaign's teacher, whatever its backend,
+    through its generation cache (greedy, the suite's length: the settings every compared model answers
+    with; a prompt it already answered so is never paid for again), with its ``teacher.context`` as it
+    answered the training prompts (only before prompts of ``teacher.context_categories``: ``categories``
+    maps a prompt to its item's category), and what it spent: ``lines`` at the teacher's one price (kind
+    ``evaluation``), ``unknown`` when that price is ``unpriced``, ``seconds``."""
+    from types import SimpleNamespace
+
+    from assets.teacher_generations import teacher_setup
+    from campaign_orchestrator.teacher.requests import Sampling
+    from campaign_orchestrator.teacher.runner import run_generation
+
+    t = spec.teacher
+    spend: dict = {"lines": [], "unknown": False, "seconds": 0.0}
+
+    def generate(prompts, max_new_tokens):
+        sampling = Sampling(max_new_tokens=max_new_tokens)
+        t0 = time.perf_counter()
+        try:
+            backend, cache, _identity, _store = teacher_setup(storage, teacher, spec, sampling)
+            rows = [{"id": str(i), "prompt": p, "category": (categories or {}).get(p)} for i, p in enumerate(prompts)]
+            res = run_generation(rows, backend, sampling, cache, chat=t.chat, context=[m.model_dump() for m in t.context],
+                                 context_categories=t.context_categories, log=log)
+        except Exception as e:  # noqa: BLE001 - an unreachable teacher is an error on its items, not a failed gate
+            log(f"teacher could not be scored: {e}")
+            return [SimpleNamespace(text="", latency_s=0.0, error=f"teacher: {e}"[:300]) for _ in prompts]
+        finally:
+            spend["seconds"] += time.perf_counter() - t0
+        st = res.stats
+        log(f"teacher on {len(prompts)} held-out prompts: {st.cache_hits} from the generation cache, {st.generated} "
+            f"generated")
+        lines = [] if not st.generated else pricing.teacher_lines(  # cache hits cost nothing
+            spec, st.generate_s, st.new_prompt_tokens, st.new_completion_tokens, kind="evaluation")
+        if lines is None:
+            spend["unknown"] = True
+        else:
+            spend["lines"] += lines
+        return [SimpleNamespace(text=r["completion"] or "", latency_s=float(r["latency_s"] or 0.0), error=r["error"])
+                for r in res.rows]
+
+    return generate, spend
+
+
 def build(spec: CampaignSpec):
     ev, s, t = spec.evaluation, spec.student, spec.teacher
     local = ev.backend == "local"
-    eval_teacher = ev.evaluate_teacher and t.backend == "transformers" and local
-    refs = ([s.base_model] if local else []) + ([t.model] if eval_teacher else [])
+    eval_teacher = ev.score_teacher
+    refs = ([s.base_model] if local else []) + ([t.model] if eval_teacher and not t.api else [])
     where = "locally (transformers + PEFT)" if local else f"through the endpoint {ev.endpoint.base_url}"
 
     @asset(key=key(spec, "evaluation"), group_name=spec.name, kinds={"pytorch", "parquet"},
@@ -94,7 +141,7 @@ def build(spec: CampaignSpec):
            description=f"Candidate and base answer the same items of {len(ev.suites)} suite(s) {where}; "
                        "the blocking `gate` check decides promotion.")
     def evaluation(context: AssetExecutionContext, prompts: dict, adapter: dict, storage: ArtifactStore,
-                   pricing: PricingResource):
+                   pricing: PricingResource, teacher: TeacherResource):
         from evaluation.gate import GatePolicy, StatsPolicy, combine
         from evaluation.report import build_report
         from evaluation.runner import BASE, CANDIDATE, SuiteGate, SuiteRun, answer_suites, judge, scores
@@ -105,12 +152,17 @@ def build(spec: CampaignSpec):
                    for x in ev.suites if not is_harness(x)}
         harness = harness_suites(spec, storage)  # lm_eval suites: their task directories, content-addressed
         base = storage.resolve_model(s.base_model, spec.project_dir) if local else None
-        teacher_path = storage.resolve_model(t.model, spec.project_dir) if eval_teacher else None
+        teacher_id = None
+        if eval_teacher:  # the teacher as its generations know it (backend + weights or endpoint), and how it is asked
+            from assets.teacher_generations import teacher_model_path
+            from campaign_orchestrator.teacher.backends import spec_identity
+
+            tpath = teacher_model_path(storage, spec)
+            teacher_id = [spec_identity(t, tpath, model_identity(tpath, t.revision) if tpath else None), t.chat]
         served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.endpoint and not local else None
-        items_key = stage_key("evaluation-items/v2", adapter["key"], prompts["heldout_sha256"],
-                              model_identity(base, s.revision) if base else None,
-                              model_identity(teacher_path) if teacher_path else None,
-                              [[m.model_dump() for m in t.context], t.context_categories] if teacher_path else None,
+        items_key = stage_key("evaluation-items/v4", adapter["key"], prompts["heldout_sha256"],
+                              model_identity(base, s.revision) if base else None, teacher_id,
+                              [[m.model_dump() for m in t.context], t.context_categories] if eval_teacher else None,
                               s.quantization.model_dump() if local else None, served,
                               [_suite_identity(spec, x, harness) for x in ev.suites])
         isd = storage.stage(spec.name, "evaluation_items", items_key)
@@ -121,6 +173,7 @@ def build(spec: CampaignSpec):
             # refuses to start when the planner's estimate exceeds the budget left; checked again from
             # actual spend after each model's suite
             guard = pricing.budget_guard(context, spec, storage.stage(spec.name, "evaluation", items_key))
+            billed, note = local_billing(spec, pricing) if local else (None, None)
             t0 = time.perf_counter()
             held = read_prompt_table(prompts["heldout_path"])
             runs = [SuiteRun(x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name],
@@ -129,17 +182,29 @@ def build(spec: CampaignSpec):
             harness_run = _run_harness(spec, harness, adapter, base, isd, context, progress)  # before any other model
             dtypes: dict[str, str] = {}
             categories = {it["prompt"]: it["category"] for r in runs for it in r.items}
-            models = _models(spec, adapter, base, teacher_path, context, dtypes, categories)
+            models = _models(spec, adapter, base, context, dtypes)
+            spend = None
+            if eval_teacher:
+                ask_teacher, spend = teacher_scorer(spec, storage, teacher, pricing, context.log.info, categories)
+                models["teacher"] = lambda: ask_teacher
+                local_lines = guard.line_fn  # the guard accrues the teacher's spend as well as the time
+                guard.line_fn = lambda seconds, items: local_lines(seconds, items) + spend["lines"]
             rows = answer_suites(runs, models, log=context.log.info, progress=progress) if runs else []
             rows += harness_run.rows if harness_run else []
             out = isd.ensure()
             write_item_rows(rows, out / "items.parquet")
             wall = time.perf_counter() - t0
-            lines = [hardware_cost(pricing, spec, "evaluation", spec.training.hardware, wall)] if local else []
+            # local models' time on the hardware they ran on; the teacher at its own price (its seconds not twice)
+            local_s = wall - (spend["seconds"] if spend and not t.api else 0.0)
+            lines = [hardware_cost(pricing, spec, "evaluation", billed, local_s)] if local else []
+            lines += spend["lines"] if spend else []
+            extra = {"billed_hardware": billed, **({"billing_note": note} if note else {})} if local else {}
+            if spend and spend["unknown"]:
+                extra["cost_unknown"] = "unknown: scoring the teacher, whose teacher.price is `unpriced`"
             isd.commit({"items_path": str(out / "items.parquet"), "items_sha256": file_sha256(out / "items.parquet"),
                         "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines,
-                        "compute_dtype": dtypes}
-                       | _harness_manifest(pricing, spec, harness_run, local))
+                        **extra, "compute_dtype": dtypes}
+                       | _harness_manifest(pricing, spec, harness_run, billed if local else None))
         im = isd.manifest()
 
         policies = {x.name: GatePolicy.from_mapping(ev.gate_for(x).model_dump()) for x in ev.suites}
@@ -169,6 +234,9 @@ def build(spec: CampaignSpec):
                        "verdict": doc["verdict"], "reasons": doc["reasons"], "scores": doc["scores"],
                        "candidate_key": adapter["key"], "requires_human_review": ev.requires_human_review,
                        "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"],
+                       **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
+                       "student_teacher_ratio": {x.name: student_teacher_ratio(doc["scores"], x.name)
+                                                 for x in ev.suites},
                        "compute_dtype": im.get("compute_dtype", {})}
                       | {k: im[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in im})
         m = sd.manifest()
@@ -184,10 +252,34 @@ def build(spec: CampaignSpec):
             for suite, score in by_suite.items():
                 if score is not None:
                     md[f"{suite}_{role}_score"] = score
+        for suite, ratio in (m.get("student_teacher_ratio") or {}).items():
+            if ratio is not None:
+                md[f"{suite}_student_teacher_ratio"] = ratio
+        if m.get("cost_unknown"):
+            md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
+        if m.get("billing_note"):
+            md["billing_note"] = m["billing_note"]
         yield Output(m, metadata=md)
         yield gate_check_result(report, m["key"])
 
     return evaluation
+
+
+def local_billing(spec: CampaignSpec, pricing: PricingResource) -> tuple[str, str | None]:
+    """The catalog key local evaluation is billed at: ``training.hardware`` where torch sees a GPU;
+    without one, a GPU entry is refused unless ``training.allow_cpu_fallback`` (billed ``cpu_hardware``)."""
+    from dagster import Failure
+
+    import torch
+
+    from campaign_orchestrator.costs.catalog import PricingError
+    from campaign_orchestrator.costs.lines import billed_hardware
+
+    try:
+        return billed_hardware(spec, pricing.catalog_for(spec), "cuda" if torch.cuda.is_available() else "cpu",
+                               what="local evaluation")
+    except PricingError as e:
+        raise Failure(str(e), allow_retries=False) from None
 
 
 def _run_harness(spec: CampaignSpec, harness: list, adapter: dict, base, isd, context, progress):
@@ -204,30 +296,40 @@ def _run_harness(spec: CampaignSpec, harness: list, adapter: dict, base, isd, co
                            log=context.log.info, progress=progress)
 
 
-def _harness_manifest(pricing: PricingResource, spec: CampaignSpec, run, local: bool) -> dict:
-    """The harness's share of the evaluation: its agreement table, seconds and their price."""
+def _harness_manifest(pricing: PricingResource, spec: CampaignSpec, run, billed: str | None) -> dict:
+    """The harness's share of the evaluation (already inside its wall time and cost line): its agreement
+    table, seconds and their price at the billed hardware (None: not run locally)."""
     if run is None:
         return {}
-    usd = hardware_cost(pricing, spec, "evaluation", spec.training.hardware, run.wall_seconds)["usd"] if local else 0.0
+    usd = hardware_cost(pricing, spec, "evaluation", billed, run.wall_seconds)["usd"] if billed else 0.0
     return {"lm_eval": run.as_dict(), "lm_eval_seconds": run.wall_seconds, "lm_eval_usd": usd}
 
 
-def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context, dtypes: dict | None = None,
-            categories: dict[str, str] | None = None) -> dict:
-    """role -> factory of a ``generate(prompts, max_new_tokens)`` callable (loaded when called). A local
-    teacher answers with its ``teacher.context`` first (as it answered the training prompts); ``dtypes``
+def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | None = None) -> dict:
+    """role -> factory of a ``generate(prompts, max_new_tokens)`` callable (loaded when called) for the
+    candidate and the base (the teacher is asked through its backend: ``teacher_scorer``); ``dtypes``
     collects each local model's resolved compute dtype."""
     ev, q = spec.evaluation, spec.student.quantization
     if ev.backend == "openai":
         from evaluation.endpoint import OpenAIEndpoint
 
+        from dagster import Failure
+
+        from evaluation.endpoint import AdapterNotVerified
+
         e = ev.endpoint
         cand_name = e.candidate_model
+        ep = OpenAIEndpoint(e.base_url, cand_name or "", api_key_env=e.api_key_env, timeout_s=e.timeout_s)
         if e.load_adapter:
             cand_name = f"{spec.name}-{adapter['key']}"
-            OpenAIEndpoint(e.base_url, cand_name, api_key_env=e.api_key_env, timeout_s=e.timeout_s).load_adapter(
-                cand_name, adapter["adapter_path"])
+            ep.load_adapter(cand_name, adapter["adapter_path"])
             context.log.info(f"loaded adapter {adapter['adapter_path']} into {e.base_url} as {cand_name}")
+        try:  # no score is credited to this candidate unless the server serves exactly its adapter
+            checked = ep.verify_adapter(cand_name, adapter["adapter_path"])
+        except AdapterNotVerified as err:
+            raise Failure(str(err), allow_retries=False) from None
+        context.log.info(f"{e.base_url} serves {cand_name!r} from {checked['root']}: the candidate's adapter "
+                         f"(content {checked['fingerprint'][:12]})")
 
         def endpoint(name):
             return lambda: OpenAIEndpoint(e.base_url, name, api_key_env=e.api_key_env,
@@ -239,24 +341,13 @@ def _models(spec: CampaignSpec, adapter: dict, base, teacher_path, context, dtyp
 
     bs = max(x.batch_size for x in ev.suites)
 
-    from campaign_orchestrator.teacher.requests import chat_messages
-
-    def local(role, path, adapter_dir=None, four_bit=False, dtype=q.compute_dtype, ctx=()):
+    def local(role, path, adapter_dir=None, four_bit=False, dtype=q.compute_dtype):
         def factory():
             g = LocalGenerator.from_path(path, adapter_dir, four_bit, dtype, batch_size=bs)
             if dtypes is not None and g.precision is not None:
                 dtypes[role] = g.precision.dtype
-            if ctx:
-                only = spec.teacher.context_categories  # as it answered the training prompts
-                with_ctx = (lambda p: True) if only is None else (lambda p: (categories or {}).get(p) in only)
-                return lambda prompts_, n: g.generate([chat_messages(p, ctx) if with_ctx(p) else p for p in prompts_], n)
             return lambda prompts_, n: g.generate(prompts_, n)
         return factory
 
-    models = {"candidate": local("candidate", base, adapter["adapter_path"], q.load_in_4bit),
-              "base": local("base", base, None, q.load_in_4bit)}
-    if teacher_path is not None:
-        t = spec.teacher
-        models["teacher"] = local("teacher", teacher_path, dtype=t.compute_dtype,
-                                  ctx=[m.model_dump() for m in t.context])
-    return models
+    return {"candidate": local("candidate", base, adapter["adapter_path"], q.load_in_4bit),
+            "base": local("base", base, None, q.load_in_4bit)}

@@ -2,9 +2,10 @@
 
 Each campaign gets its asset graph (key prefix and group = campaign name), its gate check, a
 job ``<name>_campaign`` and, when its spec has one, a schedule; its sensors, drift check and
-the stages' code versions come from ``assets/sensors.py`` and ``assets/versions.py``. A broken
-file never breaks the others: it becomes an ``invalid_campaigns`` asset carrying its
-validation report.
+the stages' code versions come from ``assets/sensors.py`` and ``assets/versions.py``. One sensor,
+``reap_dead_campaign_runs`` (``assets/run_recovery.py``), frees the pool slots of runs whose
+``campaign run`` process died. A broken file never breaks the others: it becomes an
+``invalid_campaigns`` asset carrying its validation report.
 """
 
 import logging
@@ -14,6 +15,7 @@ from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asse
 from assets import (campaign_cost, cluster, demo_models, distillation_set, evaluation, invalid_campaigns, promoted_model, prompts,
                     student_adapter, teacher_generations, tokenized_dataset)
 from assets.drift_evaluation import drift_key
+from assets.run_recovery import reaper_sensor
 from assets.io_manager import ManifestIOManager
 from assets.sensors import campaign_automation, trigger_tags
 from assets.versions import with_versions
@@ -55,7 +57,7 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
     for err in loaded.errors:
         log.warning("invalid campaign file (other campaigns still load):\n%s", err.render())
     assets: list = [demo_models.demo_models, demo_models.demo_moe_student, *cluster.ASSETS]
-    jobs, schedules, sensors = [cluster.job()], [], []
+    jobs, schedules, sensors = [cluster.job()], [], [reaper_sensor()]
     for name, spec in loaded.campaigns.items():
         assets += with_versions(campaign_assets(spec), spec)
         job = define_asset_job(campaign_job_name(name),

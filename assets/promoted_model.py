@@ -33,6 +33,7 @@ from pydantic import Field
 
 from assets.common import key
 from assets.evaluation import GATE_CHECK, approve_hint
+from evaluation.drift import PROMOTION_ITEMS
 from campaigns.spec import CampaignSpec
 from resources.storage import ArtifactStore
 
@@ -78,6 +79,16 @@ def latest_evaluation(storage: ArtifactStore, campaign: str) -> dict:
     return json.loads(p.read_text())
 
 
+def _keep_candidate_items(items_path: str, dest) -> None:
+    """The candidate's per-item rows of its evaluation, kept with the promoted adapter: drift compares
+    fresh scores with these (an interval needs the items, not the mean)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(items_path)
+    pq.write_table(t.filter(pc.equal(t["model"], "candidate")), dest)
+
+
 def build(spec: CampaignSpec):
     review = spec.evaluation.requires_human_review
 
@@ -107,9 +118,10 @@ def build(spec: CampaignSpec):
             tmp = dest.with_name(dest.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(adapter["adapter_path"], tmp / "adapter")
+            _keep_candidate_items(evaluation["items_path"], tmp / PROMOTION_ITEMS)  # what drift compares with
             record = {"candidate_key": adapter["key"], "base_model_path": adapter["base_model_path"],
                       "evaluation_key": evaluation["key"], "verdict": evaluation["verdict"],
-                      "scores": evaluation["scores"], "approval": approval.as_dict() if approval else None,
+                      "scores": evaluation["scores"], "items": PROMOTION_ITEMS, "approval": approval.as_dict() if approval else None,
                       "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run_id": context.run_id}
             (tmp / "promotion.json").write_text(json.dumps(record, indent=2))
             shutil.rmtree(dest, ignore_errors=True)

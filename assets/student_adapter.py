@@ -36,7 +36,8 @@ def training_key_fields(spec: CampaignSpec) -> dict:
     """Settings that change the trained adapter (launcher, logging, checkpointing and timeouts do not,
     so changing them keeps an interrupted run's checkpoints usable)."""
     return {"student": student_key_fields(spec),
-            "training": spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "checkpoint",
+            "training": spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "allow_cpu_fallback",
+                                                          "cpu_hardware", "checkpoint",
                                                           "collective_timeout_s", "diagnostics", "distributed_env"})}
 
 
@@ -107,19 +108,29 @@ def build(spec: CampaignSpec):
             out = sd.ensure()
             shutil.rmtree(out / "adapter", ignore_errors=True)
             remote = tr.checkpoint.remote_uri
+            from campaign_orchestrator.costs.lines import billed_hardware, gpu_priced
+
+            catalog = pricing.catalog_for(spec)
             job = TrainJob(campaign=spec.name, base_model_path=str(base), dataset_path=dataset["dataset_path"],
                            validation_path=dataset.get("validation_path"), output_dir=str(out), student=s, training=tr,
                            teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
+                           gpu_required=gpu_priced(spec, catalog),
                            checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None)
             t0 = time.perf_counter()
             cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
             launched = launcher.launch(context, job, out, budget=pricing.budget_guard(context, spec, sd), **cluster)
             wall = time.perf_counter() - t0
             summary = json.loads((out / "summary.json").read_text())
-            lines = [hardware_cost(pricing, spec, "training", tr.hardware, wall, hosts=tr.nodes, devices=tr.world_size)]
+            # billed at what it ran on: a GPU entry only when the trainer had GPUs (it refuses otherwise, unless
+            # allow_cpu_fallback: then CPU time at training.cpu_hardware)
+            billed, note = billed_hardware(spec, catalog, summary.get("device", "cpu"))
+            if note:
+                context.log.warning(note)
+            lines = [hardware_cost(pricing, spec, "training", billed, wall, hosts=tr.nodes, devices=tr.world_size)]
             sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
                        "metrics_path": str(out / "metrics.parquet"), "logs": launched["logs"],
-                       "wall_seconds": wall, "cost_lines": lines})
+                       "wall_seconds": wall, "cost_lines": lines, "billed_hardware": billed,
+                       **({"billing_note": note} if note else {})})
         m = sd.manifest()
         sm = m["summary"]
         md = base_metadata(m, cached) | {
@@ -133,6 +144,7 @@ def build(spec: CampaignSpec):
             "skipped_steps": sm.get("skipped_steps", 0), "resumed_from_step": sm.get("resumed_from_step"),
             "loss_kind": sm.get("loss", "sequence"), "sharding": sm.get("sharding"),
             "gpu_hours": float(sum(line["quantity"] for line in m["cost_lines"] if line["unit"] == "gpu-hour")),
+            "device": sm.get("device"), "billed_hardware": m.get("billed_hardware"), "billing_note": m.get("billing_note"),
         } | profile_metadata(m["path"])
         if sm.get("merged_dir"):
             md["merged_model"] = MetadataValue.path(sm["merged_dir"])

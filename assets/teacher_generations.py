@@ -28,22 +28,34 @@ def teacher_model_path(storage: ArtifactStore, spec: CampaignSpec):
     return storage.resolve_model(t.model, spec.project_dir, t.revision)
 
 
-def teacher_cost_lines(pricing: PricingResource, spec: CampaignSpec, stats) -> list[dict]:
-    """API teachers: tokens paid for in this run (cache hits are free) x the `teacher.price`
-    entry's per-million-token prices; self-hosted ones: generation seconds x the `teacher.hardware`
-    entry's hourly price (x GPUs for vLLM tensor parallelism)."""
-    from campaign_orchestrator.costs.lines import usage_lines
+def teacher_setup(storage: ArtifactStore, teacher: TeacherResource, spec: CampaignSpec, sampling):
+    """The teacher's backend, identity and generation cache for ``sampling`` (the same cache for its
+    training generations and for scoring it on the held-out items): ``(backend, cache, identity, store)``."""
+    from campaign_orchestrator.teacher.backends import spec_identity
+    from campaign_orchestrator.teacher.cache import GenerationCache
+    from campaign_orchestrator.teacher.requests import namespace
 
-    t, c = spec.teacher, spec.cost
-    catalog = pricing.catalog_for(spec)
-    if t.backend == "openai":
-        if t.price is None:
-            return []
-        return usage_lines("teacher", catalog.get(t.price), stats.generate_s, stats.new_prompt_tokens,
-                           stats.new_completion_tokens, tier=c.pricing_tier, batch=c.teacher_batch_api)
-    devices = t.tensor_parallel_size if t.backend == "vllm" else 1
-    return usage_lines("teacher", catalog.get(t.hardware), stats.generate_s, stats.new_prompt_tokens,
-                       stats.new_completion_tokens, devices=devices, tier=c.pricing_tier, batch=c.teacher_batch_api)
+    t = spec.teacher
+    model_path = teacher_model_path(storage, spec)
+    weights_id = model_identity(model_path, t.revision) if model_path is not None else None
+    identity = spec_identity(t, model_path, weights_id)
+    store = storage.cache_store()
+    cache = GenerationCache(store, namespace(identity, sampling), storage.spool_dir())
+    return teacher.backend(t, model_path, weights_id), cache, identity, store
+
+
+def teacher_cost_lines(pricing: PricingResource, spec: CampaignSpec, stats) -> list[dict] | None:
+    """What this run's generations cost, priced by the teacher's one price field
+    (``campaign_orchestrator.costs.lines.teacher_lines``): API tokens paid for in this run (cache hits
+    are free) x ``teacher.price``, or generation seconds x ``teacher.hardware`` (x GPUs for vLLM).
+    None: ``price: unpriced``, the spend is unknown."""
+    from campaign_orchestrator.costs.lines import teacher_lines
+
+    return teacher_lines(spec, pricing.catalog_for(spec), stats.generate_s, stats.new_prompt_tokens,
+                         stats.new_completion_tokens)
+
+
+UNPRICED_NOTE = "unknown: teacher.price is `unpriced`"
 
 
 def build(spec: CampaignSpec):
@@ -88,11 +100,12 @@ def build(spec: CampaignSpec):
                 progress.close()
             path = write_generations(res.rows, sd.ensure() / "generations.parquet")
             st = res.stats
+            lines = teacher_cost_lines(pricing, spec, st)
             sd.commit({"generations_path": str(path), "rows": len(res.rows), "prompt_tokens": st.prompt_tokens,
                        "completion_tokens": st.completion_tokens, "errors": st.failed,
                        "model_identity": identity, "sampling_hash": sampling_hash(sampling), "cache": store.url,
                        "stats": st.as_dict(), "wall_seconds": time.perf_counter() - t0,
-                       "cost_lines": teacher_cost_lines(pricing, spec, st)})
+                       "cost_lines": lines or [], **({"cost_unknown": UNPRICED_NOTE} if lines is None else {})})
         m = sd.manifest()
         st = m["stats"]
         md = base_metadata(m, cached) | {
@@ -107,8 +120,8 @@ def build(spec: CampaignSpec):
             md["compute_dtype"] = st["compute_dtype"]
         if st["retry_reasons"]:
             md["retry_reasons"] = MetadataValue.json(st["retry_reasons"])
-        if t.backend == "openai" and t.price is None:
-            md["cost_note"] = "teacher.price not set: API tokens are not priced"
+        if m.get("cost_unknown"):  # never $0: the tokens were bought at a price nobody told us
+            md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
         return Output(m, metadata=md)
 
     return teacher_generations

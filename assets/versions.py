@@ -18,8 +18,9 @@ campaign_cost              ``cost``
 ========================  =====================================================================
 
 A model's identity is its reference and revision, plus, for a model given as a path, the
-fingerprint of its files (``campaign_orchestrator.content.model_fingerprint``: every small file and the
-size, head and tail of large weight shards), taken when the code location loads. ``@demo/``
+fingerprint of its files (``campaign_orchestrator.content.model_fingerprint``: the sha256 of every byte of
+every file, each file version read once and its digest kept in the per-user hash cache), taken when the
+code location loads. ``@demo/``
 models are assets of their own (``demo_models``), so their rebuilds reach the stages as
 upstream data changes.
 
@@ -82,7 +83,7 @@ def stage_settings(spec: CampaignSpec) -> dict[str, dict]:
     """Per stage, the spec slice (and model identities) its output depends on."""
     d, ev, tr = spec.data, spec.evaluation, spec.training
     student = student_identity(spec)
-    scores_teacher = ev.evaluate_teacher and spec.teacher.backend == "transformers"
+    scores_teacher = ev.score_teacher
     return {
         "prompts": {"data": d.model_dump(exclude={"filters", "decontamination"})},
         "teacher_generations": {"teacher": teacher_identity(spec)},

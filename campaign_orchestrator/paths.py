@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 PROJECT_DIR_ENV = "CAMPAIGN_PROJECT_DIR"
+CACHE_DIR_ENV = "CAMPAIGN_CACHE_DIR"
 CAMPAIGNS_FOLDER = "campaigns"
 
 
@@ -35,6 +36,17 @@ def resolve(path: str | os.PathLike, base: str | os.PathLike | None = None) -> P
 def artifact_root(configured: str | os.PathLike = "artifacts") -> Path:
     """The artifact root: the configured directory (relative: to the project directory)."""
     return resolve(configured).resolve()
+
+
+def cache_dir() -> Path:
+    """Per-user caches that are not artifacts (file digests): ``$CAMPAIGN_CACHE_DIR``, else
+    ``~/.cache/campaign-orchestrator``."""
+    return Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "campaign-orchestrator").expanduser()
+
+
+def hash_cache_file() -> Path:
+    """The persistent table of file digests (``campaign_orchestrator.content.HashCache``)."""
+    return cache_dir() / "file-sha256.sqlite"
 
 
 def dagster_home() -> Path:

@@ -1,10 +1,13 @@
 """Drift: the promoted model re-scored on the freshest held-out data, against its own promotion.
 
 The decision is pure (:func:`decide`); :func:`score_promoted` runs the real model (imports
-torch lazily). A suite drifts when its fresh score falls below the gate's floor
-(``evaluation.gate.min_score``) or more than ``max_drop`` below the score the same adapter had
-when it was promoted (``promotion.json``). Too few fresh items is INCONCLUSIVE, never a
-retraining trigger.
+torch lazily). The fresh items are other items than the promotion-time ones, so the comparison is
+unpaired: a suite DRIFTED when the interval of (fresh − promotion-time score), at the gate's
+confidence, lies wholly below ``−max_drop`` (Newcombe's interval for 0/1 scores, Welch's t else), or
+the fresh score's interval lies below the gate's floor (``evaluation.gate.min_score``). Too few fresh
+or promotion-time items is INCONCLUSIVE, never a retraining trigger; otherwise STABLE. The
+promotion-time per-item scores are the candidate's rows of its evaluation, kept next to
+``promotion.json`` (``promotion_items.parquet``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 DRIFTED, STABLE, INCONCLUSIVE = "DRIFTED", "STABLE", "INCONCLUSIVE"
+PROMOTION_ITEMS = "promotion_items.parquet"  # the candidate's item rows at promotion, next to promotion.json
 
 
 class DriftError(RuntimeError):
@@ -29,6 +33,14 @@ class SuiteDrift:
     items: int
     floor: float
     max_drop: float
+    promoted_items: int = 0
+    score_lo: float | None = None  # interval of the fresh score
+    score_hi: float | None = None
+    delta: float | None = None  # fresh − promotion-time, with its unpaired interval
+    delta_lo: float | None = None
+    delta_hi: float | None = None
+    method: str = ""
+    confidence: float = 0.95
     reasons: tuple[str, ...] = ()
     inconclusive: str | None = None
 
@@ -47,32 +59,59 @@ class DriftReport:
             return "; ".join(self.reasons)
         if self.verdict == INCONCLUSIVE:
             return "; ".join(f"{s.suite}: {s.inconclusive}" for s in self.suites if s.inconclusive)
-        return "; ".join(f"{s.suite}: {s.score:.3f} (promoted at {s.promoted_score if s.promoted_score is not None else 'n/a'})"
-                         for s in self.suites)
+        return "; ".join(f"{s.suite}: {s.score:.3f} (promoted at "
+                         f"{'n/a' if s.promoted_score is None else f'{s.promoted_score:.3f}'}"
+                         + ("" if s.delta_lo is None else f"; change [{s.delta_lo:+.3f}, {s.delta_hi:+.3f}] at "
+                                                           f"{s.confidence:.0%}, allowed drop {s.max_drop:.3f}")
+                         + ")" for s in self.suites)
 
     def as_dict(self) -> dict:
         return {"verdict": self.verdict, "summary": self.summary(), "reasons": self.reasons,
                 "suites": [asdict(s) for s in self.suites]}
 
 
-def decide(fresh: dict[str, tuple[float | None, int]], promoted: dict[str, float | None], floor: float, max_drop: float,
-           min_items: int) -> DriftReport:
-    """``fresh``: suite -> (score on fresh items, number of scored items); ``promoted``: suite ->
-    score at promotion time (missing or None: only the floor applies)."""
+def decide(fresh: dict[str, list[float]], promoted: dict[str, list[float] | None], floor: float, max_drop: float,
+           min_items: int, confidence: float = 0.95) -> DriftReport:
+    """``fresh``: suite -> per-item scores on fresh items; ``promoted``: suite -> the same model's per-item
+    scores at promotion (other items, so the comparison is unpaired; None: not scored then).
+
+    Per suite, at ``confidence``: DRIFTED when the interval of fresh − promotion-time excludes every drop
+    up to ``max_drop`` (its upper end is below −max_drop), or when the fresh score's interval lies below
+    the gate's ``floor``; INCONCLUSIVE with fewer than ``min_items`` fresh (or promotion-time) items;
+    else STABLE. A point estimate is never judged alone: at 50 items and ~90% accuracy a 6-point
+    difference is within noise."""
+    from evaluation import stats
+
     suites = []
-    for suite, (score, items) in fresh.items():
+    for suite, scores in fresh.items():
         before = promoted.get(suite)
-        if score is None or items < min_items:
-            suites.append(SuiteDrift(suite, score, before, items, floor, max_drop,
-                                     inconclusive=f"{items} fresh scored item(s), fewer than the gate's min_items {min_items}"))
+        n, nb = len(scores), len(before or [])
+        mean = sum(scores) / n if n else None
+        pmean = sum(before) / nb if nb else None
+        common = {"suite": suite, "score": mean, "promoted_score": pmean, "items": n, "floor": floor,
+                  "max_drop": max_drop, "promoted_items": nb, "confidence": confidence}
+        if n < min_items:
+            suites.append(SuiteDrift(**common, inconclusive=f"{n} fresh scored item(s), fewer than the gate's "
+                                                             f"min_items {min_items}"))
             continue
+        sc = stats.score_ci(scores, confidence)
+        common |= {"score_lo": sc.lo, "score_hi": sc.hi}
         reasons = []
-        if score < floor:
-            reasons.append(f"{suite}: fresh score {score:.3f} is below the gate floor {floor:.3f} ({items} items)")
-        if before is not None and before - score > max_drop + 1e-12:
-            reasons.append(f"{suite}: fresh score {score:.3f} dropped {before - score:.3f} from its promotion-time "
-                           f"score {before:.3f} (allowed drop {max_drop:.3f})")
-        suites.append(SuiteDrift(suite, score, before, items, floor, max_drop, tuple(reasons)))
+        if sc.hi < floor:
+            reasons.append(f"{suite}: fresh score {mean:.3f} [{sc.lo:.3f}, {sc.hi:.3f}] is below the gate floor "
+                           f"{floor:.3f} ({n} items, {confidence:.0%})")
+        inconclusive = None
+        if before is not None and nb < min_items:
+            inconclusive = f"{nb} promotion-time scored item(s), fewer than the gate's min_items {min_items}"
+        elif before is not None:
+            d = stats.unpaired_difference(scores, before, confidence)
+            common |= {"delta": d.estimate, "delta_lo": d.lo, "delta_hi": d.hi, "method": d.method}
+            if d.hi < -max_drop:
+                reasons.append(f"{suite}: fresh score {mean:.3f} dropped {pmean - mean:.3f} from its promotion-time "
+                               f"score {pmean:.3f}; the change is [{d.lo:+.3f}, {d.hi:+.3f}] at {confidence:.0%} "
+                               f"({d.method}, {n} fresh vs {nb} promotion-time items), beyond the allowed drop "
+                               f"{max_drop:.3f}")
+        suites.append(SuiteDrift(**common, reasons=tuple(reasons), inconclusive=None if reasons else inconclusive))
     if any(s.reasons for s in suites):
         verdict = DRIFTED
     elif any(s.inconclusive for s in suites) or not suites:
@@ -91,6 +130,20 @@ class Promoted:
 
     def candidate_scores(self) -> dict[str, float | None]:
         return dict(self.record.get("scores", {}).get("candidate", {}))
+
+    def item_scores(self) -> dict[str, list[float]]:
+        """suite -> the candidate's per-item scores at promotion (``promotion_items.parquet``; empty for a
+        promotion recorded without them)."""
+        import pyarrow.parquet as pq
+
+        p = self.path / PROMOTION_ITEMS
+        if not p.exists():
+            return {}
+        out: dict[str, list[float]] = {}
+        for r in pq.read_table(p, columns=["suite", "score"]).to_pylist():
+            if r["score"] is not None:
+                out.setdefault(r["suite"], []).append(float(r["score"]))
+        return out
 
     def base_model_path(self) -> Path | None:
         p = self.record.get("base_model_path")
@@ -115,20 +168,28 @@ def current_promoted(campaign_dir: Path) -> Promoted | None:
     return Promoted(key, path, path / "adapter", record)
 
 
-def score_promoted(base_model: Path, adapter: Path, suites: list, load_in_4bit: bool, compute_dtype: str,
-                   batch_size: int, log: Callable[[str], None] = print) -> tuple[dict[str, tuple[float | None, int]], list[dict]]:
-    """Load base + adapter once and score every suite (objects with ``name``, ``items``, ``scorer``,
-    ``max_new_tokens``). Returns suite -> (mean score over scored items, scored items) and the
-    per-item rows (``evaluation.suite`` schema)."""
-    from evaluation.suite import run_suite
+def local_generate(base_model: Path, adapter: Path, load_in_4bit: bool, compute_dtype: str, batch_size: int):
+    """``generate(prompts, max_new_tokens)`` of base + adapter loaded here (imports torch)."""
     from campaign_orchestrator.teacher.local import LocalGenerator
 
-    gen = LocalGenerator.from_path(base_model, adapter, load_in_4bit, compute_dtype, batch_size=batch_size)
+    return LocalGenerator.from_path(base_model, adapter, load_in_4bit, compute_dtype, batch_size=batch_size).generate
+
+
+def score_promoted(generate, suites: list, log: Callable[[str], None] = print,
+                   progress: Callable[[int], None] | None = None) -> tuple[dict[str, list[float]], list[dict]]:
+    """Score every suite (objects with ``name``, ``items``, ``scorer``, ``max_new_tokens``) with the
+    promoted model's ``generate`` (local, or the evaluation endpoint). Returns suite -> per-item scores
+    (errors left out: never a wrong answer) and the per-item rows (``evaluation.suite`` schema);
+    ``progress(n)`` after each suite (a budget watch may stop there)."""
+    from evaluation.suite import run_suite
+
     scores, rows = {}, []
     for s in suites:
-        results, r = run_suite(s.name, "promoted", s.items, gen.generate, s.scorer, s.max_new_tokens)
+        results, r = run_suite(s.name, "promoted", s.items, generate, s.scorer, s.max_new_tokens)
         rows += r
-        scored = [x.score for x in results if x.score is not None]
-        scores[s.name] = (sum(scored) / len(scored) if scored else None, len(scored))
-        log(f"promoted model on fresh {s.name}: score {scores[s.name][0]} on {len(scored)} item(s)")
+        scores[s.name] = [x.score for x in results if x.score is not None]
+        n = len(scores[s.name])
+        log(f"promoted model on fresh {s.name}: score {sum(scores[s.name]) / n if n else None} on {n} item(s)")
+        if progress is not None:
+            progress(len(r))
     return scores, rows

@@ -5,8 +5,10 @@
 over httpx: greedy ``/v1/completions`` requests, at most ``max_concurrency`` in flight, every
 failure (timeout, connection error, HTTP error, malformed answer) recorded on its item as
 ``error`` so the gate counts it as a serving error, never as a wrong answer. No retries: an
-evaluation measures the endpoint as it is. The project's generation client (``campaign_orchestrator/teacher/``)
-has the same shape and can replace it.
+evaluation measures the endpoint as it is. Before a score is credited to a candidate,
+:meth:`OpenAIEndpoint.verify_adapter` checks that the served model is that candidate's adapter (its
+``/v1/models`` root has the same content fingerprint). The project's generation client
+(``campaign_orchestrator/teacher/``) has the same shape and can replace it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
+
+
+class AdapterNotVerified(RuntimeError):
+    """The server's model cannot be shown to be the candidate's adapter: no score is credited to it."""
 
 
 @dataclass
@@ -88,6 +95,41 @@ class OpenAIEndpoint:
             return EndpointCompletion(choice["text"], choice.get("finish_reason") or "stop", latency)
         except (ValueError, KeyError, IndexError, TypeError):
             return EndpointCompletion("", "error", latency, f"malformed completion response: {r.text[:200]}")
+
+    def served_models(self) -> list[dict]:
+        """``GET /v1/models``: what the server serves (vLLM lists a LoRA module with its ``root``, the
+        adapter directory it was loaded from, and its ``parent``, the base model)."""
+        r = httpx.get(f"{self.base_url}/models", headers=self._headers, timeout=self.timeout_s)
+        if r.status_code >= 400:
+            raise AdapterNotVerified(f"{self.base_url}/models answered HTTP {r.status_code} {r.text[:200]}: cannot "
+                                     "check which adapter the server serves")
+        try:
+            return list(r.json()["data"])
+        except (ValueError, KeyError, TypeError):
+            raise AdapterNotVerified(f"{self.base_url}/models answered no model list: {r.text[:200]}") from None
+
+    def verify_adapter(self, name: str, adapter_dir: str | Path) -> dict:
+        """Check that the served model ``name`` is the LoRA adapter in ``adapter_dir``, byte for byte:
+        its ``root`` (from ``/v1/models``) must be a directory here whose files have the same content
+        fingerprint. Returns what was checked; raises :class:`AdapterNotVerified` saying why not."""
+        from campaign_orchestrator.content import model_fingerprint
+
+        entry = next((m for m in self.served_models() if m.get("id") == name), None)
+        if entry is None:
+            raise AdapterNotVerified(f"{self.base_url} does not serve a model named {name!r}")
+        root = entry.get("root")
+        if not root or root == entry.get("parent") or not Path(root).is_dir():
+            raise AdapterNotVerified(
+                f"cannot verify that {self.base_url} serves this candidate as {name!r}: its /v1/models entry gives "
+                + (f"root {root!r}, not an adapter directory visible here" if root else "no adapter root")
+                + "; set evaluation.endpoint.load_adapter: true (the candidate is loaded onto the server), or serve "
+                  "the adapter from a path this machine sees too")
+        want, got = model_fingerprint(adapter_dir), model_fingerprint(root)
+        if want != got:
+            raise AdapterNotVerified(f"{self.base_url} serves {name!r} from {root} (content {got[:12]}), not the "
+                                     f"candidate's adapter {adapter_dir} (content {want[:12]}): its score would be "
+                                     "credited to another adapter; serve this candidate or set load_adapter: true")
+        return {"name": name, "root": str(root), "fingerprint": want, "parent": entry.get("parent")}
 
     def load_adapter(self, name: str, path: str) -> None:
         """Ask the server to serve the LoRA adapter at ``path`` as ``name`` (vLLM's runtime LoRA

@@ -132,6 +132,32 @@ def paired_difference(candidate: Sequence[float], base: Sequence[float], confide
     raise ValueError(f"unknown interval method {method!r}; expected {PAIRED_BOOTSTRAP!r} or {PAIRED_T!r}")
 
 
+def unpaired_difference(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Interval of mean(a) − mean(b) over two independent sets of items (different items: nothing to
+    pair). 0/1 scores: Newcombe's hybrid score interval (from the two Wilson intervals; sound at 90-100%
+    accuracy, where the normal approximation collapses); other scores: Welch's t interval."""
+    na, nb = len(a), len(b)
+    if na == 0 or nb == 0:
+        return _nan("unpaired", confidence)
+    if is_binary(a) and is_binary(b):
+        wa, wb = wilson(int(sum(a)), na, confidence), wilson(int(sum(b)), nb, confidence)
+        d = wa.estimate - wb.estimate
+        lo = d - math.sqrt((wa.estimate - wa.lo) ** 2 + (wb.hi - wb.estimate) ** 2)
+        hi = d + math.sqrt((wa.hi - wa.estimate) ** 2 + (wb.estimate - wb.lo) ** 2)
+        return Interval(d, lo, hi, "newcombe (unpaired, Wilson)", confidence)
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    d = float(x.mean() - y.mean())
+    if na < 2 or nb < 2:
+        return _nan("welch t (unpaired)", confidence, d)
+    va, vb = float(x.var(ddof=1)) / na, float(y.var(ddof=1)) / nb
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return Interval(d, d, d, "welch t (unpaired)", confidence)
+    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
+    half = float(st.t.ppf(0.5 + confidence / 2, df)) * se
+    return Interval(d, d - half, d + half, "welch t (unpaired)", confidence)
+
+
 @dataclass(frozen=True)
 class WinLossTie:
     wins: int  # candidate better than base on the item

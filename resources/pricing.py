@@ -16,11 +16,13 @@ from campaigns.spec import CampaignSpec
 from campaign_orchestrator import paths
 from campaign_orchestrator.costs.catalog import Catalog, PricingError, read_catalog
 from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
-from campaign_orchestrator.costs.lines import compute_line, usage_lines
+from campaign_orchestrator.costs.lines import compute_line, teacher_entry, teacher_lines, usage_lines
 
 SHIPPED_CATALOG = "pricing/catalog.yaml"
 
-STAGE_KIND = {"teacher_generations": "teacher", "student_adapter": "training", "evaluation": "evaluation"}
+PLANNED = ("teacher_generations", "student_adapter", "evaluation")  # the stages `campaign plan` estimates
+STAGE_KIND = {"teacher_generations": "teacher", "student_adapter": "training", "evaluation": "evaluation",
+              "drift_evaluation": "evaluation"}
 
 
 def ledger_path(artifact_root: str | Path, configured: str | None = None) -> Path:
@@ -64,11 +66,11 @@ class PricingResource(ConfigurableResource):
         entry = self.catalog_for(spec).get(hardware)
         return compute_line(kind, entry, seconds, hosts=hosts, devices=devices, tier=spec.cost.pricing_tier)
 
-    def teacher_lines(self, spec: CampaignSpec, seconds: float, prompt_tokens: int, completion_tokens: int) -> list[dict]:
-        """The teacher's spend: time on self-hosted hardware, or tokens for an API entry."""
-        entry = self.catalog_for(spec).get(spec.teacher.hardware)
-        return usage_lines("teacher", entry, seconds, prompt_tokens, completion_tokens,
-                           tier=spec.cost.pricing_tier, batch=spec.cost.teacher_batch_api)
+    def teacher_lines(self, spec: CampaignSpec, seconds: float, prompt_tokens: int, completion_tokens: int,
+                      kind: str = "teacher") -> list[dict] | None:
+        """The teacher's spend, by its one price field (``teacher.price`` for an API, ``teacher.hardware``
+        self-hosted; ``campaign_orchestrator.costs.lines.teacher_lines``); None when it is unpriced."""
+        return teacher_lines(spec, self.catalog_for(spec), seconds, prompt_tokens, completion_tokens, kind=kind)
 
     # ------------------------------------------------------------------ ledger and plan
     def ledger_at(self, artifact_root: str | Path) -> Ledger:
@@ -102,9 +104,10 @@ class PricingResource(ConfigurableResource):
         limits = limits_for(ledger, spec.name, stage, c.budget_usd, c.stage_budgets_usd.get(stage),
                             run_id if c.budget_scope == "run" else None)
         catalog = self.catalog_for(spec)
-        api_teacher = stage == "teacher_generations" and not catalog.get(spec.teacher.hardware).hourly
+        entry = teacher_entry(spec, catalog) if stage == "teacher_generations" else None  # refuses a wrong entry now
+        api_teacher = entry is not None and not entry.hourly
         plan = None
-        if limits and (c.check_estimates or api_teacher):
+        if limits and (c.check_estimates and stage in PLANNED or api_teacher):
             try:
                 plan = self.plan(spec, sd.root)
             except (PlanError, PricingError, OSError, ValueError) as e:  # spend is still watched as it accrues
@@ -117,7 +120,7 @@ class PricingResource(ConfigurableResource):
         if limits:
             context.log.info("budget: " + "; ".join(f"{lim.scope} spent ${lim.spent_before_usd:.6f} of "
                                                     f"${lim.budget_usd:.6f}" for lim in limits))
-        if limits and c.check_estimates and plan is not None:
+        if limits and c.check_estimates and plan is not None and (plan["stages"].get(stage) or {}).get("usd") is not None:
             earlier = ledger.query("SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ? AND asset = ? "
                                    "AND stage_key = ? AND status = 'interrupted'", [spec.name, stage, sd.key])[0]["usd"]
             guard.check_estimate(plan["stages"][stage]["usd"], float(earlier))
@@ -129,14 +132,17 @@ def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog, plan: dict | None
     tr, t, tier = spec.training, spec.teacher, spec.cost.pricing_tier
     kind = STAGE_KIND[stage]
     if stage == "teacher_generations":
-        entry = catalog.get(t.hardware)
+        entry = teacher_entry(spec, catalog)  # the same field the ledger and the planner read
+        if entry is None:  # unpriced: nothing accrues (the spec refuses a budget over it)
+            return lambda seconds, items: []
         if not entry.hourly:
             est = (plan or {}).get("stages", {}).get(stage) or {}  # without a plan: the longest answers
             per_in = est.get("prompt_tokens", 0) / max(1, est.get("requests", 1))
             per_out = est.get("completion_tokens", t.sampling.max_new_tokens) / max(1, est.get("requests", 1))
             return lambda seconds, items: usage_lines(kind, entry, seconds, int(items * per_in), int(items * per_out),
                                                       batch=spec.cost.teacher_batch_api)
-        return lambda seconds, items: [compute_line(kind, entry, seconds, tier=tier)]
+        devices = t.tensor_parallel_size if t.backend == "vllm" else 1
+        return lambda seconds, items: [compute_line(kind, entry, seconds, devices=devices, tier=tier)]
     entry = catalog.get(tr.hardware)
     if stage == "student_adapter":
         return lambda seconds, items: [compute_line(kind, entry, seconds, hosts=tr.nodes, devices=tr.world_size, tier=tier)]

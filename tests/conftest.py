@@ -144,3 +144,35 @@ def _host_measurements_in_a_temp_dir(tmp_path_factory):
     """The compute-dtype measurement cache of a test session is its own (a loaded CI box must not leave
     a slow figure in the user's cache)."""
     os.environ.setdefault("CAMPAIGN_CACHE_DIR", str(tmp_path_factory.mktemp("host-cache")))
+# ------------------------------------------------------------------ PostgreSQL
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A PostgreSQL server on 127.0.0.1 for the test session (tests/support/postgres.py: Debian's package,
+    installed when missing and possible; skipped with the reason otherwise)."""
+    from tests.support.postgres import PostgresUnavailable, start_server
+
+    try:
+        server, stop = start_server()
+    except PostgresUnavailable as e:
+        pytest.skip(f"no PostgreSQL server: {e}")
+    try:
+        yield server
+    finally:
+        stop()
+
+
+@pytest.fixture
+def pg_database(pg_server):
+    """A fresh database on ``pg_server`` for one test (``.url``, ``.sqlalchemy_url``,
+    ``.dagster_storage_yaml()``), dropped afterwards."""
+    import subprocess
+
+    db = pg_server.create_database()
+    try:
+        yield db
+    finally:
+        try:
+            pg_server.drop_database(db.name)
+        except subprocess.CalledProcessError:
+            pass  # the server goes away with the session

@@ -26,6 +26,10 @@ class TrainJob(BaseModel):
     teacher_tokenizer_path: str | None = Field(
         None, description="Directory with the teacher's tokenizer; required for logit distillation (vocabularies must match)."
     )
+    gpu_required: bool = Field(
+        False, description="training.hardware is priced per GPU-hour: with no visible GPU, refuse to train (unless "
+                           "training.allow_cpu_fallback) instead of running on the CPU and being billed as GPU time."
+    )
     checkpoint_uri: str | None = Field(
         None, description="Where this run's checkpoints are mirrored (s3://bucket/prefix/...), unique per run; None: local only."
     )

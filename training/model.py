@@ -15,16 +15,30 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
 from campaigns.spec import StudentSpec, TrainingSpec
 
 
-def device_for(local_rank: int) -> torch.device:
+def device_for(local_rank: int, gpu_required: bool = False, allow_cpu_fallback: bool = False,
+               hardware: str | None = None) -> torch.device:
+    """This rank's device: its GPU when torch sees one, else the CPU. ``gpu_required`` (the campaign is
+    priced for a GPU): no GPU is an error, before anything is loaded, unless ``allow_cpu_fallback``."""
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
+    if gpu_required and not allow_cpu_fallback:
+        from training.errors import TrainingError
+
+        raise TrainingError(
+            f"training.hardware {hardware!r} is priced per GPU-hour but this process sees no GPU "
+            f"(torch.cuda.is_available() is False; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, "
+            f"torch {torch.__version__}, CUDA build {torch.version.cuda}): refusing to train on the CPU and bill it as "
+            "GPU time. Run where the GPU is visible, set training.hardware to the CPU entry you train on, or set "
+            "training.allow_cpu_fallback: true with training.cpu_hardware to train on the CPU billed as CPU time")
     return torch.device("cpu")
 
 

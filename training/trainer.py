@@ -122,7 +122,10 @@ class LoraTrainer:
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.device = device_for(self.local_rank)
+        self.device = device_for(self.local_rank, self.job.gpu_required, self.spec.allow_cpu_fallback, self.spec.hardware)
+        if self.job.gpu_required and self.device.type == "cpu":
+            print(f"training.hardware {self.spec.hardware!r} is a GPU but none is visible: training on the CPU "
+                  f"(training.allow_cpu_fallback), billed as CPU time at {self.spec.cpu_hardware!r}", flush=True)
         if not dist.is_initialized():
             # On GPUs, NCCL moves the model's tensors and gloo the small CPU ones (token counts, flags,
             # checkpoint metadata); every collective carries the timeout, so a dead peer fails the job.

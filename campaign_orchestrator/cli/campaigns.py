@@ -11,18 +11,32 @@ from campaigns.loader import default_campaign_files, load_campaigns
 from campaign_orchestrator.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
 
 
+def price_problems(spec) -> list[str]:
+    """What the campaign's pricing catalog cannot price (teacher.price / teacher.hardware, training.hardware):
+    found here, not as a traceback at `campaign run`."""
+    from campaign_orchestrator.costs.catalog import PricingError
+    from campaign_orchestrator.costs.lines import price_problems as problems
+    from resources.pricing import PricingResource
+
+    try:
+        return problems(spec, PricingResource().catalog_for(spec))
+    except PricingError as e:  # the catalog itself (missing, unreadable, another version than pinned)
+        return [str(e)]
+
+
 def validate_command(args: argparse.Namespace) -> int:
     files = args.files or default_campaign_files()
     missing = [f for f in files if not Path(f).exists()]
     loaded = load_campaigns([f for f in files if Path(f).exists()])
-    model_bad = 0
+    bad_names = set()
     for name, src in loaded.sources.items():
-        problems = student_model_problems(loaded.campaigns[name], args.artifacts)
-        if problems:
-            model_bad += 1
-            print(f"invalid  {src}  (campaign {name}: its student model refuses these settings)")
-            for p in problems:
-                print(f"  {src}: {p}")
+        spec = loaded.campaigns[name]
+        priced, model = price_problems(spec), student_model_problems(spec, args.artifacts)
+        if priced or model:
+            bad_names.add(name)
+            print(f"invalid  {src}  (campaign {name}" + (": its student model refuses these settings)" if model else ")"))
+            for line in [*priced, *model]:
+                print(f"  {src}: {line}")
             continue
         print(f"ok       {src}  (campaign {name})")
     for f in missing:
@@ -31,8 +45,8 @@ def validate_command(args: argparse.Namespace) -> int:
         print(f"invalid  {err.path}")
         for line in err.render().splitlines():
             print(f"  {line}")
-    bad = len(loaded.errors) + len(missing) + model_bad
-    print(f"\n{len(loaded.campaigns) - model_bad} valid, {bad} invalid")
+    bad = len(loaded.errors) + len(missing) + len(bad_names)
+    print(f"\n{len(loaded.campaigns) - len(bad_names)} valid, {bad} invalid")
     return EXIT_INVALID if bad else EXIT_OK
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,9 @@ def campaign_summary(artifacts: Path, campaign: str, primary_suite: str, run_id:
         scores = ev["scores"]
         out |= {role: scores.get(role, {}).get(primary_suite) for role in ("teacher", "base", "candidate")}
         out |= {"verdict": gate["verdict"], "reasons": gate["reasons"], "report": gate["markdown"]}
+        from campaign_orchestrator.costs.report import student_teacher_ratio
+
+        out["student_teacher_ratio"] = student_teacher_ratio(scores, primary_suite)
     train = latest_manifest(artifacts, campaign, "student_adapter")
     report = Path(train["path"]) / "profile" / "report.json" if train else None
     if report is not None and report.exists() and (json.loads(report.read_text()).get("triage") or {}).get("verdict"):
@@ -78,9 +82,12 @@ def print_summary(s: dict, seconds: float) -> None:
     from campaign_orchestrator.costs.report import money, render_text
 
     print(f"\n=== campaign {s['campaign']} ({seconds:.0f} s) ===")
-    print(f"teacher   exact match: {_fmt(s.get('teacher'))}")
-    print(f"base      exact match: {_fmt(s.get('base'))}")
-    print(f"student   exact match: {_fmt(s.get('candidate'))}")
+    score = f"{s.get('suite', 'primary suite')} ({s.get('scorer', 'score')})"  # what the score is, as the spec says
+    print(f"teacher   {score}: {_fmt(s.get('teacher'))}" + ("" if s.get("teacher") is not None else " (not scored)"))
+    print(f"base      {score}: {_fmt(s.get('base'))}")
+    print(f"student   {score}: {_fmt(s.get('candidate'))}")
+    if s.get("student_teacher_ratio") is not None:
+        print(f"student ÷ teacher: {s['student_teacher_ratio']:.1%}")
     print(f"gate verdict: {s.get('verdict', 'not evaluated')}")
     for r in s.get("reasons", []):
         print(f"  - {r}")
@@ -113,23 +120,56 @@ def run_command(args: argparse.Namespace) -> int:
     if resolved is None:
         return EXIT_INVALID
     spec, source = resolved
-    dagster_home()
-    from dagster import DagsterInstance
+    from campaign_orchestrator.cli.campaigns import price_problems
 
+    problems = price_problems(spec)
+    if problems:
+        print(f"invalid campaign {source}:\n" + "\n".join(f"  {p}" for p in problems), file=sys.stderr)
+        return EXIT_INVALID
+    dagster_home()
+    try:
+        return _run(args, spec, source)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM before the run started or after it ended
+        print("campaign run: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+def _run(args: argparse.Namespace, spec, source) -> int:
+    import uuid
+
+    from dagster import DagsterInstance, DagsterRunStatus
+
+    from assets import dagster_patches
     from assets.location import build_definitions, campaign_job_name
+    from assets.run_recovery import owner_tags, reap_dead_runs
     from resources.storage import ArtifactStore
 
+    dagster_patches.install()  # a wait for a pool slot sleeps, says who holds it; SIGTERM/Ctrl-C cancel the run
     defs = build_definitions([str(paths.resolve(source))],
                              artifact_root=args.artifacts)
     job = defs.resolve_job_def(campaign_job_name(spec.name))
+    run_id = str(uuid.uuid4())
     t0 = time.perf_counter()
     with DagsterInstance.get() as instance:
-        result = job.execute_in_process(instance=instance, raise_on_error=False,
+        # runs of this machine whose `campaign run` process died still hold their pool slots: free them
+        reap_dead_runs(instance, log=lambda m: print(f"campaign run: {m}", file=sys.stderr))
+        dagster_patches.bind(instance, run_id)
+        result = job.execute_in_process(instance=instance, raise_on_error=False, run_id=run_id,
                                         run_config={"loggers": {"console": {"config": {"log_level": args.log_level}}}},
-                                        tags={"trigger": "manual", "campaign": spec.name})
+                                        tags={"trigger": "manual", "campaign": spec.name, **owner_tags()})
+        status = instance.get_run_by_id(run_id).status
+        if instance.event_log_storage.supports_global_concurrency_limits:
+            instance.event_log_storage.free_concurrency_slots_for_run(run_id)  # finished: it holds nothing
     seconds = time.perf_counter() - t0
-    summary = campaign_summary(ArtifactStore(root=args.artifacts).root_path(), spec.name, spec.evaluation.suites[0].name,
-                               run_id=result.run_id, spec=spec)
+    if status == DagsterRunStatus.CANCELED:
+        signum = dagster_patches.received_signal() or signal.SIGINT
+        print(f"campaign run: run {run_id} canceled by {signal.Signals(signum).name} after {seconds:.1f} s; "
+              "its pool slots are freed and finished work is kept (run the campaign again to continue)",
+              file=sys.stderr)
+        return 128 + signum
+    primary = spec.evaluation.suites[0]
+    summary = campaign_summary(ArtifactStore(root=args.artifacts).root_path(), spec.name, primary.name,
+                               run_id=result.run_id, spec=spec) | {"suite": primary.name, "scorer": primary.scorer}
     if not result.success:
         for ev in result.all_events:
             if ev.is_step_failure:

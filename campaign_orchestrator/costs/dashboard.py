@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-from campaign_orchestrator.costs.report import money
+from campaign_orchestrator.costs.report import money, usd
 
 COLORS = {"teacher": "#6366f1", "training": "#f59e0b", "evaluation": "#10b981", "interrupted": "#ef4444",
           "budget": "#dc2626", "line": "#2563eb", "GO": "#16a34a", "NO-GO": "#dc2626", "INCONCLUSIVE": "#a3a3a3"}
@@ -172,7 +172,8 @@ def chart_runs_by_stage(runs: list[dict]) -> str:
 
 
 def chart_cost_vs_score(reports: list[dict]) -> str:
-    pts = [r["report"] for r in reports if r["report"].get("candidate_score") is not None]
+    pts = [r["report"] for r in reports if r["report"].get("candidate_score") is not None
+           and r["report"].get("total_usd") is not None]  # a result of unknown cost has no place on the cost axis
     if not pts:
         return _empty("no evaluated result yet")
     xs = [float(r["total_usd"]) for r in pts]
@@ -245,19 +246,29 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
     lines, runs, reports = ledger.lines(campaign), ledger.runs(campaign), ledger.reports(campaign)
     spent = float(sum(float(x["usd"]) for x in lines))
     latest = reports[-1]["report"] if reports else None
-    tiles = [_tile("campaign spend", money(spent), f"{len(runs)} run(s) in the ledger")]
+    unknown = sorted({u for r in reports for u in r["report"].get("unknown_costs") or []})
+    tiles = [_tile("campaign spend", f"{money(spent)} + unknown" if unknown else money(spent),
+                   f"{len(runs)} run(s) in the ledger" + (f"; unpriced: {'; '.join(unknown)}" if unknown else ""),
+                   "warn" if unknown else "")]
     if latest:
         lcb = latest.get("usd_per_point_gained_lcb")
+        lcb_text = usd(latest, "usd_per_point_gained_lcb") if lcb is not None or latest.get("unknown_costs") \
+            else "not meaningful"
+        ratio = latest.get("student_teacher_ratio")
         tiles += [
-            _tile("latest result cost", money(latest["total_usd"]), f"run {str(latest['run_id'])[:8]} · {latest.get('verdict')}"),
-            _tile("$ / M teacher tokens", money(latest["usd_per_million_teacher_tokens"]), f"{latest['teacher_tokens']:,} tokens"),
-            _tile("$ / 1k accepted examples", money(latest["usd_per_1k_accepted_examples"]),
+            _tile("latest result cost", usd(latest, "total_usd"), f"run {str(latest['run_id'])[:8]} · {latest.get('verdict')}",
+                  "warn" if latest.get("unknown_costs") else ""),
+            _tile("$ / M teacher tokens", usd(latest, "usd_per_million_teacher_tokens"), f"{latest['teacher_tokens']:,} tokens"),
+            _tile("$ / 1k accepted examples", usd(latest, "usd_per_1k_accepted_examples"),
                   f"{latest['accepted_examples']:,} accepted"),
-            _tile("$ / point gained", money(lcb) if lcb is not None else "not meaningful",
+            _tile("$ / point gained", lcb_text,
                   "at the gain's lower 95% bound" if lcb is not None else "lower bound of the gain ≤ 0",
                   "" if lcb is not None else "warn"),
             _tile("candidate score", "n/a" if latest.get("candidate_score") is None else f"{latest['candidate_score']:.1%}",
                   "base " + ("n/a" if latest.get("base_score") is None else f"{latest['base_score']:.1%}")),
+            _tile("student ÷ teacher", "n/a" if ratio is None else f"{ratio:.1%}",
+                  "teacher " + ("not scored" if latest.get("teacher_score") is None else f"{latest['teacher_score']:.1%}")
+                  + f" on {latest.get('primary_suite') or 'the primary suite'}"),
         ]
     if budget_usd is not None:
         tiles.append(_tile("budget used", f"{spent / budget_usd:.1%}", f"of {money(budget_usd, 2)}",

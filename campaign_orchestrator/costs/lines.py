@@ -55,3 +55,81 @@ def usage_lines(kind: str, entry: PriceEntry, seconds: float, input_tokens: int 
 
 def total(lines: list[dict]) -> float:
     return float(sum(line["usd"] for line in lines))
+
+
+# --------------------------------------------------------------------------- the teacher's one price field
+
+
+def teacher_entry(spec, catalog) -> PriceEntry | None:
+    """The one catalog entry that prices ``spec``'s teacher: ``teacher.price`` for an API teacher (per
+    million tokens), ``teacher.hardware`` for a self-hosted one (hourly); None for ``price: unpriced``.
+    The budget guard, the planner and the recorded cost all read it here."""
+    key = spec.teacher.price_key
+    if key is None:
+        return None
+    entry = catalog.get(key)
+    field = "teacher.price" if spec.teacher.api else "teacher.hardware"
+    if spec.teacher.api and entry.unit != "million-tokens":
+        raise PricingError(f"{field} {key!r} is priced per {entry.unit}; an API teacher needs an entry priced per "
+                           "million tokens (unit million-tokens, input_usd and output_usd)")
+    if not spec.teacher.api and not entry.hourly:
+        raise PricingError(f"{field} {key!r} is priced per {entry.unit}; a self-hosted teacher runs on hardware "
+                           "priced per hour (unit gpu-hour or host-hour)")
+    return entry
+
+
+def teacher_lines(spec, catalog, seconds: float, input_tokens: int, output_tokens: int, kind: str = "teacher"
+                  ) -> list[dict] | None:
+    """What the teacher's work cost: tokens x the API's prices, or seconds on its hardware (x GPUs for vLLM
+    tensor parallelism); None when the teacher is unpriced (the spend is unknown, never $0)."""
+    entry = teacher_entry(spec, catalog)
+    if entry is None:
+        return None
+    t, c = spec.teacher, spec.cost
+    devices = t.tensor_parallel_size if t.backend == "vllm" else 1
+    return usage_lines(kind, entry, seconds, input_tokens, output_tokens, devices=devices, tier=c.pricing_tier,
+                       batch=c.teacher_batch_api)
+
+
+def price_problems(spec, catalog) -> list[str]:
+    """What in ``spec`` the pricing catalog cannot price (empty: every priced field has a fitting entry)."""
+    problems = []
+    try:
+        teacher_entry(spec, catalog)
+    except PricingError as e:
+        problems.append(str(e))
+    for field, key in (("training.hardware", spec.training.hardware),
+                       ("training.cpu_hardware", getattr(spec.training, "cpu_hardware", None))):
+        if key is None:
+            continue
+        try:
+            entry = catalog.get(key)
+        except PricingError as e:
+            problems.append(f"{field}: {e}")
+            continue
+        if not entry.hourly:
+            problems.append(f"{field} {key!r} is priced per {entry.unit}; training runs on hardware priced per hour")
+    return problems
+
+
+# --------------------------------------------------------------------------- billed hardware is the hardware used
+
+
+def gpu_priced(spec, catalog) -> bool:
+    """``training.hardware`` is a GPU (priced per GPU-hour): training must find one."""
+    return catalog.get(spec.training.hardware).unit == "gpu-hour"
+
+
+def billed_hardware(spec, catalog, device_type: str, what: str = "training") -> tuple[str, str | None]:
+    """The catalog key to bill ``what`` at, having run on ``device_type`` ("cuda" or "cpu"), and a note
+    when it is not ``training.hardware``. GPU hardware but no GPU: ``training.cpu_hardware`` with
+    ``allow_cpu_fallback``, else :class:`PricingError` (never CPU time billed as GPU time)."""
+    tr = spec.training
+    if device_type == "cuda" or not gpu_priced(spec, catalog):
+        return tr.hardware, None
+    if not tr.allow_cpu_fallback:
+        raise PricingError(f"training.hardware {tr.hardware!r} is priced per GPU-hour but {what} found no GPU here "
+                           "(torch sees none): refusing to run on the CPU and bill it as GPU time; run where the GPU "
+                           "is visible, or set training.allow_cpu_fallback: true with training.cpu_hardware")
+    return tr.cpu_hardware, (f"{what} found no GPU and ran on the CPU (training.allow_cpu_fallback): billed as CPU "
+                             f"time at {tr.cpu_hardware}, not at {tr.hardware}")

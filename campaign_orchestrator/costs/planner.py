@@ -8,7 +8,10 @@ training FLOPs = 4·Ψ per token (forward 2Ψ, backward through a frozen base 2�
 activations are recomputed; Ψ the *active* parameters of a mixture of experts) over ``world × peak × mfu``, plus ``step_overhead_s`` per optimizer
 step and ``train_startup_s``. Generation = max(compute, weight reads per decode step over the
 memory bandwidth) plus ``decode_step_overhead_s`` per decode step and ``generate_startup_s``.
-An API teacher is priced per token and has no time estimate.
+The teacher is priced by its one price field (``costs.lines.teacher_entry``: ``teacher.price`` per
+token for an API, which has no time estimate; ``teacher.hardware`` per hour for a self-hosted one), the
+field the budget guard and the recorded cost read; ``price: unpriced`` makes every estimate that
+depends on it ``None`` (shown "unknown").
 
 Pure Python; reads model ``config.json`` and ``tokenizer.json`` with the ``tokenizers`` library.
 """
@@ -179,28 +182,13 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     c, t, tr, pl = spec.cost, spec.teacher, spec.training, spec.cost.planner
     out: dict[str, dict] = {}
 
-    # teacher_generations
+    # teacher_generations: priced by the teacher's one price field (costs.lines.teacher_entry), as the
+    # budget guard and the recorded cost are
     n_req = facts["train_prompts"] * t.sampling.n
     new_tok = t.sampling.max_new_tokens * pl.completion_fill
-    p_tok, c_tok = n_req * facts["prompt_tokens_teacher"], n_req * new_tok
-    entry = catalog.get(t.hardware)
-    st: dict = {"requests": n_req, "prompt_tokens": p_tok, "completion_tokens": c_tok, "tokens": p_tok + c_tok,
-                "price_key": entry.key, "unit": entry.unit}
-    if entry.hourly:
-        if teacher is None:
-            raise PlanError(f"teacher {t.model!r} runs on {t.hardware} (hourly) but its config is not available to size it")
-        tdt = compute_dtype_on(t.compute_dtype, entry)
-        # local generation prefills a prefix every prompt shares (the teacher's context) once per call
-        p_eff = facts["prompt_tokens_teacher"] - facts.get("shared_prefix_tokens", 0.0) * (1 - 1 / max(n_req, 1))
-        seconds = generation_seconds(teacher.active_params, teacher.params * DTYPE_BYTES[tdt], n_req, p_eff, new_tok,
-                                     t.batch_size, entry, pl.generation_mfu, tdt)
-        st["compute_dtype"] = tdt
-        qty, usd = _hours_usd(entry, seconds, 1, 1, c.pricing_tier)
-        st |= {"seconds": seconds, "quantity": qty, "usd": usd}
-    else:
-        in_usd, out_usd = entry.token_usd(c.teacher_batch_api)
-        st |= {"seconds": None, "quantity": (p_tok + c_tok) / 1e6, "usd": p_tok / 1e6 * in_usd + c_tok / 1e6 * out_usd}
-    out["teacher_generations"] = st
+    # local generation prefills a prefix every prompt shares (the teacher's context) once per call
+    out["teacher_generations"] = _teacher_estimate(spec, catalog, teacher, n_req, facts["prompt_tokens_teacher"],
+                                                   new_tok, t.batch_size, facts.get("shared_prefix_tokens", 0.0))
 
     # student_adapter
     seq, rows = packed_rows(spec, facts, new_tok, n_req)  # every generation accepted: an upper bound
@@ -220,11 +208,10 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
                               "seconds": seconds, "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd,
                               "compute_dtype": sdt, "peak_gflops": peak_flops(entry, sdt) / 1e9}
 
-    # evaluation: candidate and base (and a local teacher) answer every item of every suite once
+    # evaluation: candidate and base (and the teacher, whatever its backend) answer every item of every suite
+    # once; local models on the training hardware, the teacher at its own price
     ev = spec.evaluation
     roles = [("candidate", student), ("base", student)]
-    if ev.evaluate_teacher and t.backend == "transformers" and teacher is not None:
-        roles.append(("teacher", teacher))
     seconds = 0.0
     for _role, shape in roles:
         for suite in ev.suites:
@@ -236,10 +223,56 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
                                           suite.max_new_tokens * pl.completion_fill, suite.batch_size, entry,
                                           pl.generation_mfu, sdt)
     qty, usd = _hours_usd(entry, seconds, 1, 1, c.pricing_tier)
-    out["evaluation"] = {"items": sum(n for n, _ in facts["suites"].values()), "models": [r for r, _ in roles],
-                         "seconds": seconds,
-                         "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd}
+    est = {"items": sum(n for n, _ in facts["suites"].values()), "models": [r for r, _ in roles], "seconds": seconds,
+           "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd}
+    if ev.score_teacher:
+        scoring = []
+        for suite in ev.suites:  # asked as it answered the training prompts: with its context, a shared prefix
+            n_items, p_tok = facts["suites"][suite.name]
+            p_tok += facts["template_tokens"]["teacher"] - facts["template_tokens"]["student"]
+            scoring.append(_teacher_estimate(spec, catalog, teacher, n_items, p_tok,
+                                             suite.max_new_tokens * pl.completion_fill, t.batch_size,
+                                             facts.get("shared_prefix_tokens", 0.0)))
+        teacher_usd = None if any(x["usd"] is None for x in scoring) else sum(x["usd"] for x in scoring)
+        est |= {"models": est["models"] + ["teacher"], "teacher_price_key": scoring[0]["price_key"],
+                "teacher_usd": teacher_usd, "usd": None if teacher_usd is None else usd + teacher_usd}
+        if all(x["seconds"] is not None for x in scoring):  # a local teacher's time is part of the stage's
+            est["seconds"] = seconds + sum(x["seconds"] for x in scoring)
+        if teacher_usd is None:
+            est["unknown"] = scoring[0]["unknown"]
+    out["evaluation"] = est
     return out
+
+
+def _teacher_estimate(spec: CampaignSpec, catalog: Catalog, teacher: ModelShape | None, requests: int,
+                      prompt_tokens: float, new_tokens: float, batch_size: int, shared_prefix: float = 0.0) -> dict:
+    """Tokens, time and money of ``requests`` teacher answers, at the teacher's one price: tokens x
+    ``teacher.price`` for an API, roofline time x ``teacher.hardware`` (x tensor_parallel_size) for a
+    self-hosted teacher, in the dtype it resolves to, prefilling ``shared_prefix`` tokens (its context) once
+    per call; ``usd`` None (``unknown``) for ``price: unpriced``."""
+    from campaign_orchestrator.costs.lines import teacher_entry
+
+    t, c, pl = spec.teacher, spec.cost, spec.cost.planner
+    p_tok, c_tok = requests * prompt_tokens, requests * new_tokens
+    st: dict = {"requests": requests, "prompt_tokens": p_tok, "completion_tokens": c_tok, "tokens": p_tok + c_tok}
+    entry = teacher_entry(spec, catalog)
+    if entry is None:
+        return st | {"price_key": "unpriced", "unit": "million-tokens", "seconds": None, "quantity": (p_tok + c_tok) / 1e6,
+                     "usd": None, "unknown": "teacher.price is `unpriced`"}
+    st |= {"price_key": entry.key, "unit": entry.unit}
+    if entry.hourly:
+        if teacher is None:
+            raise PlanError(f"teacher {t.model!r} runs on {entry.key} (teacher.hardware, hourly) but its config is not "
+                            "available to size it")
+        devices = t.tensor_parallel_size if t.backend == "vllm" else 1
+        tdt = compute_dtype_on(t.compute_dtype, entry)
+        p_eff = prompt_tokens - shared_prefix * (1 - 1 / max(requests, 1))
+        seconds = generation_seconds(teacher.active_params, teacher.params * DTYPE_BYTES[tdt], requests, p_eff,
+                                     new_tokens, batch_size, entry, pl.generation_mfu, tdt)
+        qty, usd = _hours_usd(entry, seconds, 1, devices, c.pricing_tier)
+        return st | {"seconds": seconds, "quantity": qty, "usd": usd, "compute_dtype": tdt}
+    in_usd, out_usd = entry.token_usd(c.teacher_batch_api)
+    return st | {"seconds": None, "quantity": (p_tok + c_tok) / 1e6, "usd": p_tok / 1e6 * in_usd + c_tok / 1e6 * out_usd}
 
 
 def plan_campaign(spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher_dir: Path | None,
@@ -268,13 +301,14 @@ def plan_campaign(spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher
                 "fits": (mem["total_checkpointed_gb"] if ckpt else mem["total_gb"]) <= usable,
                 "fits_with_checkpointing": mem["total_checkpointed_gb"] <= usable}
     stages = plan_stages(spec, catalog, facts, teacher, student)
-    total = sum(s["usd"] for s in stages.values())
+    unknown = [f"{name}: {s['unknown']}" for name, s in stages.items() if s["usd"] is None]
+    total = None if unknown else sum(s["usd"] for s in stages.values())  # never a silent $0 for what is unpriced
     budget = spec.cost.budget_usd
     return {"campaign": spec.name, "catalog": catalog.path, "catalog_version": catalog.version,
             "pricing_tier": spec.cost.pricing_tier, "data": facts,
             "student": asdict(student), "teacher": asdict(teacher) if teacher else None,
-            "memory": mem, "stages": stages, "total_usd": total, "budget_usd": budget,
-            "within_budget": None if budget is None else total <= budget}
+            "memory": mem, "stages": stages, "total_usd": total, "unknown": unknown, "budget_usd": budget,
+            "within_budget": None if budget is None or total is None else total <= budget}
 
 
 def render_plan(plan: dict) -> str:
@@ -316,8 +350,11 @@ def render_plan(plan: dict) -> str:
         extra = (f"{s['tokens']:,.0f} teacher tokens" if name == "teacher_generations"
                  else f"{s['steps']} steps, {s['tokens']:,.0f} tokens" if name == "student_adapter"
                  else f"{s['items']} items × {len(s['models'])} models")
-        lines.append(f"  {name:20s} {secs:>9s}  {s['quantity']:.6f} {s['unit']:14s} ${s['usd']:.6f}   ({extra}, {s['price_key']})")
-    lines.append(f"  {'total':20s} {'':>9s}  {'':21s} ${plan['total_usd']:.6f}")
+        cost = "unknown" if s["usd"] is None else f"${s['usd']:.6f}"
+        lines.append(f"  {name:20s} {secs:>9s}  {s['quantity']:.6f} {s['unit']:14s} {cost}   ({extra}, {s['price_key']})")
+    total = "unknown" if plan["total_usd"] is None else f"${plan['total_usd']:.6f}"
+    lines.append(f"  {'total':20s} {'':>9s}  {'':21s} {total}"
+                 + (f"   ({'; '.join(plan['unknown'])})" if plan.get("unknown") else ""))
     if plan["budget_usd"] is not None:
         lines.append(f"budget ${plan['budget_usd']:.2f}: "
                      + ("within budget" if plan["within_budget"] else "the estimate EXCEEDS the budget"))

@@ -102,9 +102,11 @@ def _div(a: float, b: float | None) -> float | None:
 
 def cost_per_result(lines: list[dict], *, accepted_examples: int, teacher_tokens: int, gain: dict | None,
                     teacher_seconds: float | None = None, training_tokens: int | None = None,
-                    training_seconds: float | None = None) -> dict:
+                    training_seconds: float | None = None, unknown: dict[str, str] | None = None) -> dict:
     """The cost-per-result figures from ledger lines (fields ``kind``, ``usd``, ``unit``,
-    ``quantity``, ``status``) and the result's counts (see the module docstring)."""
+    ``quantity``, ``status``) and the result's counts (see the module docstring). ``unknown``: spend
+    kind -> why its cost is unknown (an unpriced teacher); every figure that depends on it is None,
+    shown "unknown", never $0."""
     by_kind: dict[str, float] = defaultdict(float)
     qty: dict[str, float] = defaultdict(float)
     for line in lines:
@@ -137,6 +139,31 @@ def cost_per_result(lines: list[dict], *, accepted_examples: int, teacher_tokens
     }
     out["per_point_note"] = (NOT_MEANINGFUL if out["usd_per_point_gained_lcb"] is None and gain is not None
                              else "no evaluation" if gain is None else "")
+    out["unknown_costs"] = [f"{k}: {why}" for k, why in sorted((unknown or {}).items())]
+    if unknown:
+        out["known_usd"] = total
+        for k in unknown:
+            out[f"{k}_usd"] = None
+        out |= {"total_usd": None, "usd_per_point_gained": None, "usd_per_point_gained_lcb": None,
+                "per_point_note": "unknown (" + "; ".join(out["unknown_costs"]) + ")"}
+        if "teacher" in unknown:
+            out |= {"usd_per_million_teacher_tokens": None, "usd_per_1k_accepted_examples": None}
+    return out
+
+
+def student_teacher_ratio(scores: dict, suite: str) -> float | None:
+    """candidate ÷ teacher on ``suite`` (None: the teacher was not scored, or scored 0)."""
+    cand, teacher = scores.get("candidate", {}).get(suite), scores.get("teacher", {}).get(suite)
+    return cand / teacher if cand is not None and teacher else None
+
+
+def unknown_costs(manifests: dict[str, dict]) -> dict[str, str]:
+    """Spend kind -> why it is unknown, from the stage manifests' ``cost_unknown`` (an unpriced teacher)."""
+    out = {}
+    for stage, m in manifests.items():
+        if m and m.get("cost_unknown"):
+            kind = SPEND_STAGES.get(stage, stage)
+            out[kind] = f"{stage} {m['cost_unknown']}"
     return out
 
 
@@ -144,14 +171,14 @@ def plan_vs_actual(plan: dict | None, lines: list[dict], manifests: dict[str, di
     """Per spending stage: the planner's estimate next to what the ledger and manifests recorded."""
     rows = []
     for stage, kind in SPEND_STAGES.items():
-        actual = float(sum(float(x["usd"]) for x in lines if x["asset"] == stage))
         m = manifests.get(stage) or {}
+        actual = None if m.get("cost_unknown") else float(sum(float(x["usd"]) for x in lines if x["asset"] == stage))
         est = (plan or {}).get("stages", {}).get(stage) or {}
         tokens = (m.get("prompt_tokens", 0) + m.get("completion_tokens", 0) if stage == "teacher_generations"
                   else (m.get("summary") or {}).get("tokens") if stage == "student_adapter" else None)
         rows.append({"stage": stage, "kind": kind,
                      "estimated_usd": est.get("usd"), "actual_usd": actual,
-                     "usd_ratio": actual / est["usd"] if est.get("usd") else None,
+                     "usd_ratio": actual / est["usd"] if est.get("usd") and actual is not None else None,
                      "estimated_seconds": est.get("seconds"), "actual_seconds": m.get("wall_seconds"),
                      "estimated_tokens": est.get("tokens"), "actual_tokens": tokens})
     return rows
@@ -168,24 +195,33 @@ def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dic
     adapter = (manifests.get("student_adapter") or {}).get("summary") or {}
     ev = manifests.get("evaluation")
     gain = gain_interval(ev, primary_suite) if ev else None
+    unknown = unknown_costs(manifests)
     figures = cost_per_result(
         lines, accepted_examples=int(dist.get("rows", 0)),
         teacher_tokens=int(gen.get("prompt_tokens", 0) + gen.get("completion_tokens", 0)), gain=gain,
         teacher_seconds=gen.get("wall_seconds"), training_tokens=adapter.get("tokens"),
-        training_seconds=adapter.get("train_seconds"))
+        training_seconds=adapter.get("train_seconds"), unknown=unknown)
     spent_run = ledger.spent(campaign, run_id=run_id)
     spent_all = ledger.spent(campaign)
+    if unknown:  # what an unpriced stage cost is unknown wherever it was paid: the campaign, and its producing run
+        spent_all = None
+        made_here = {r["asset"] for r in ledger.query(
+            "SELECT DISTINCT asset FROM materializations WHERE campaign = ? AND run_id = ? AND NOT reused",
+            [campaign, run_id])}
+        if made_here & {s for s, m in manifests.items() if m and m.get("cost_unknown")}:
+            spent_run = None
     spent_scope = spent_run if budget_scope == "run" else spent_all
     scores = (ev or {}).get("scores", {})
     report = {
         "campaign": campaign, "run_id": run_id, **figures,
         "spent_this_run_usd": spent_run, "campaign_spent_usd": spent_all,
         "budget_usd": budget_usd, "budget_scope": budget_scope,
-        "budget_remaining_usd": None if budget_usd is None else budget_usd - spent_scope,
-        "budget_used_fraction": None if budget_usd is None else spent_scope / budget_usd,
+        "budget_remaining_usd": None if budget_usd is None or spent_scope is None else budget_usd - spent_scope,
+        "budget_used_fraction": None if budget_usd is None or spent_scope is None else spent_scope / budget_usd,
         "candidate_score": scores.get("candidate", {}).get(primary_suite),
         "base_score": scores.get("base", {}).get(primary_suite),
         "teacher_score": scores.get("teacher", {}).get(primary_suite),
+        "student_teacher_ratio": student_teacher_ratio(scores, primary_suite),
         "verdict": (ev or {}).get("verdict"), "primary_suite": primary_suite,
         "stage_keys": outputs,
         "teacher_cache_hits": int((gen.get("stats") or {}).get("cache_hits", 0)),
@@ -207,7 +243,16 @@ def money(x: float | None, digits: int = 6) -> str:
     return "n/a" if x is None else f"${x:,.{digits}f}"
 
 
+def usd(r: dict, key: str, digits: int = 6) -> str:
+    """A dollar figure of report ``r``: "unknown" when it depends on an unpriced cost, never $0."""
+    if r.get(key) is None and r.get("unknown_costs"):
+        return "unknown"
+    return money(r.get(key), digits)
+
+
 def per_point_text(r: dict) -> str:
+    if r.get("unknown_costs") and r.get("gain_points") is not None:
+        return f"per point gained: unknown ({'; '.join(r['unknown_costs'])})"
     if r.get("usd_per_point_gained_lcb") is not None:
         return (f"{money(r['usd_per_point_gained_lcb'])} per point gained over base at the gain's lower 95% bound "
                 f"({r['gain_points_low']:+.1f} points; point estimate {r['gain_points']:+.1f} → "
@@ -221,20 +266,22 @@ def per_point_text(r: dict) -> str:
 
 def render_text(r: dict) -> list[str]:
     """The summary lines ``campaign run`` prints."""
-    out = [f"cost of this result: {money(r['total_usd'])} (teacher {money(r['teacher_usd'])}, training "
-           f"{money(r['training_usd'])}, evaluation {money(r['evaluation_usd'])})"
-           + (f", of which {money(r['interrupted_usd'])} in budget-stopped attempts" if r.get("interrupted_usd") else ""),
-           f"spent in this run: {money(r['spent_this_run_usd'])}"
-           + (f"; campaign total {money(r['campaign_spent_usd'])}" if r["campaign_spent_usd"] != r["spent_this_run_usd"] else ""),
-           f"cost per result: {money(r['usd_per_million_teacher_tokens'])} per M teacher tokens ({r['teacher_tokens']:,} tokens); "
-           f"{money(r['usd_per_1k_accepted_examples'])} per 1k accepted examples ({r['accepted_examples']:,})"]
+    out = [f"cost of this result: {usd(r, 'total_usd')} (teacher {usd(r, 'teacher_usd')}, training "
+           f"{usd(r, 'training_usd')}, evaluation {usd(r, 'evaluation_usd')})"
+           + (f", of which {money(r['interrupted_usd'])} in budget-stopped attempts" if r.get("interrupted_usd") else "")
+           + (f"; unknown: {'; '.join(r['unknown_costs'])} (priced stages {money(r.get('known_usd'))})"
+              if r.get("unknown_costs") else ""),
+           f"spent in this run: {usd(r, 'spent_this_run_usd')}"
+           + (f"; campaign total {usd(r, 'campaign_spent_usd')}" if r["campaign_spent_usd"] != r["spent_this_run_usd"] else ""),
+           f"cost per result: {usd(r, 'usd_per_million_teacher_tokens')} per M teacher tokens ({r['teacher_tokens']:,} "
+           f"tokens); {usd(r, 'usd_per_1k_accepted_examples')} per 1k accepted examples ({r['accepted_examples']:,})"]
     if r.get("teacher_cache_hits"):
         out.append(f"  {r['teacher_cache_hits']:,} of {r.get('teacher_generations') or r['teacher_cache_hits']:,} teacher "
                    "generations came from the content-addressed cache (paid for when first generated, not again)")
     out += [f"  {per_point_text(r)}",
            f"  {r['gpu_hours']:.6f} GPU-hours, {r['host_hours']:.6f} host-hours; teacher "
            f"{_num(r.get('teacher_tokens_per_s'))} tokens/s, training {_num(r.get('training_tokens_per_s'))} tokens/s"]
-    if r.get("budget_usd") is not None:
+    if r.get("budget_usd") is not None and r.get("budget_used_fraction") is not None:
         out.append(f"budget ({r['budget_scope']}): {money(r['budget_usd'], 2)}, used {r['budget_used_fraction']:.2%}, "
                    f"{money(r['budget_remaining_usd'])} remains")
     if r.get("plan_total_usd") is not None:
@@ -251,13 +298,13 @@ def _num(x: float | None) -> str:
 
 
 def render_markdown(r: dict) -> str:
-    rows = [("total", money(r["total_usd"])), ("teacher", money(r["teacher_usd"])),
-            ("training", money(r["training_usd"])), ("evaluation", money(r["evaluation_usd"])),
-            ("spent in this run", money(r["spent_this_run_usd"])),
-            ("$ / M teacher tokens", money(r["usd_per_million_teacher_tokens"])),
-            ("$ / 1k accepted examples", money(r["usd_per_1k_accepted_examples"])),
-            ("$ / point gained (lower bound)", money(r["usd_per_point_gained_lcb"]) if r["usd_per_point_gained_lcb"]
-             is not None else "not meaningful"),
+    rows = [("total", usd(r, "total_usd")), ("teacher", usd(r, "teacher_usd")),
+            ("training", usd(r, "training_usd")), ("evaluation", usd(r, "evaluation_usd")),
+            ("spent in this run", usd(r, "spent_this_run_usd")),
+            ("$ / M teacher tokens", usd(r, "usd_per_million_teacher_tokens")),
+            ("$ / 1k accepted examples", usd(r, "usd_per_1k_accepted_examples")),
+            ("$ / point gained (lower bound)", usd(r, "usd_per_point_gained_lcb") if r["usd_per_point_gained_lcb"]
+             is not None or r.get("unknown_costs") else "not meaningful"),
             ("gain over base (points, 95% CI)", "n/a" if r["gain_points"] is None else
              f"{r['gain_points']:+.1f} [{_num(r['gain_points_low'])}, {_num(r['gain_points_high'])}]"),
             ("GPU-hours / host-hours", f"{r['gpu_hours']:.6f} / {r['host_hours']:.6f}")]

@@ -96,3 +96,11 @@ def resolve(ref: str, artifact_root: str | Path) -> Path:
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown demo model {ref!r}; expected one of {[PREFIX + n for n in MODEL_NAMES]}")
     return (moe_models_dir(artifact_root) if name in MOE_NAMES else models_dir(artifact_root)) / name
+
+
+def cached_report(artifact_root: str | Path) -> dict | None:
+    """The build report of the dense demo models already built under ``artifact_root`` (None: not built)."""
+    d = models_dir(artifact_root)
+    if not (d / "_SUCCESS").exists():
+        return None
+    return json.loads((d / "build_report.json").read_text()) | {"cached": True}

@@ -25,13 +25,15 @@ EXIT_OK, EXIT_INPUT, EXIT_FAILED = 0, 1, 2
 def _teacher_spec(text: str):
     from pydantic import ValidationError
 
-    from campaigns.spec import TeacherSpec
+    from campaigns.spec import UNPRICED, TeacherSpec
 
     p = Path(text)
     raw = yaml.safe_load(p.read_text(encoding="utf-8")) if p.suffix in (".yaml", ".yml", ".json") and p.exists() \
         else yaml.safe_load(text)
     if not isinstance(raw, dict):
         raise ValueError(f"--teacher: expected a YAML mapping or file with the campaign's teacher fields, got {text!r}")
+    # this tool records no cost: a teacher given without its price field is unpriced here (a campaign must say)
+    raw.setdefault("price" if raw.get("backend") == "openai" else "hardware", UNPRICED)
     try:
         return TeacherSpec(**raw)
     except ValidationError as e:

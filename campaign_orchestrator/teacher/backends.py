@@ -46,18 +46,12 @@ class Backend(Protocol):
     def stats(self) -> dict: ...
 
 
-_FINGERPRINTS: dict[tuple[str, float], str] = {}
-
-
 def weights_identity(path: str | Path, revision: str | None = None) -> str:
-    """Content fingerprint of a checkpoint directory (memoized per path and mtime) + revision."""
-    from campaign_orchestrator.content import model_fingerprint
+    """Content fingerprint of a checkpoint directory (every byte, each file version read once) + revision."""
+    from campaign_orchestrator import paths
+    from campaign_orchestrator.content import HashCache, model_fingerprint
 
-    p = Path(path)
-    mtime = max((q.stat().st_mtime for q in p.rglob("*") if q.is_file()), default=0.0)
-    if (str(p), mtime) not in _FINGERPRINTS:
-        _FINGERPRINTS[(str(p), mtime)] = model_fingerprint(p)
-    return f"{_FINGERPRINTS[(str(p), mtime)]}@{revision or ''}"
+    return f"{model_fingerprint(Path(path), HashCache(paths.hash_cache_file()))}@{revision or ''}"
 
 
 def teacher_identity(backend: str, model: str, model_path: str | Path | None = None, revision: str | None = None,

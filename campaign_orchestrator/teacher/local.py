@@ -6,7 +6,9 @@ order. A prompt that does not fit the context with ``max_new_tokens`` is not gen
 completion carries an error (a counted skip), the others go on. With ``logprobs=k`` each
 completion carries the top-k log-probabilities of every generated token (raw model
 distribution, captured by a logits processor as generation runs, so memory stays at
-batch x k per step). The model runs on the GPU when torch sees one (``cuda``), else on the CPU
+batch x k per step). Each completion's ``latency_s`` is measured per item: from the start of its
+batch until its last token was chosen (a logits processor notes when each decoding step ends), so
+a short answer in a batch of long ones is not charged the whole batch's time. The model runs on the GPU when torch sees one (``cuda``), else on the CPU
 (:func:`default_device`); inputs go to the model's device and results come back to the CPU.
 Prompts are rendered by :func:`campaign_orchestrator.dataset.formatting.render_prompt_ids`, the
 function the dataset stage uses for training rows, so a model is asked exactly what it was
@@ -71,6 +73,24 @@ class _TopKRecorder:
         self.values.append(v)
         self.indices.append(i)
         return scores
+
+
+class _StepClock:
+    """A logits processor that only notes when each decoding step's scores are ready: the token of step
+    k is chosen right after call k, so an item that ended with its n-th token was done at call n-1."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.times.append(time.perf_counter())
+        return scores
+
+    def latency(self, t0: float, end: float, n_tokens: int) -> float:
+        """Seconds from the batch's start until the item's last token (``end``: the batch's end)."""
+        if n_tokens <= 0 or n_tokens > len(self.times):
+            return end - t0
+        return self.times[n_tokens - 1] - t0
 
 
 def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, load_in_4bit: bool = False,
@@ -231,11 +251,11 @@ class LocalGenerator:
             else:
                 gen_kwargs.update(do_sample=False)
             recorder = _TopKRecorder(logprobs) if logprobs else None
-            if recorder is not None:
-                gen_kwargs["logits_processor"] = LogitsProcessorList([recorder])
+            clock = _StepClock()  # per-item latency: each item is done when its last token is
+            gen_kwargs["logits_processor"] = LogitsProcessorList([clock] + ([recorder] if recorder is not None else []))
             t0 = time.perf_counter()
             seqs = self.model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
-            latency = time.perf_counter() - t0
+            end = time.perf_counter()
             new = seqs[:, width:].cpu()
             if recorder is not None:
                 top_v = torch.stack(recorder.values, dim=1).cpu().tolist()  # (batch, steps, k)
@@ -257,7 +277,8 @@ class LocalGenerator:
                 if recorder is not None:
                     top = [[(tid, None, lp) for tid, lp in zip(top_i[row][step], top_v[row][step], strict=True)]
                            for step in range(n_out)]
-                out[i] = Completion(text, reason, len(enc[i]), n_out, latency, top_logprobs=top, token_ids=ids_out)
+                out[i] = Completion(text, reason, len(enc[i]), n_out, clock.latency(t0, end, n_out), top_logprobs=top,
+                                    token_ids=ids_out)
                 if on_result:
                     on_result(i, out[i])
             if progress:

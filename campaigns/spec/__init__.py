@@ -26,6 +26,7 @@ from campaigns.spec.common import (
     S3Uri as S3Uri,
 )
 from campaigns.spec.teacher import (
+    UNPRICED as UNPRICED,
     MessageSpec as MessageSpec,
     SamplingSpec as SamplingSpec,
     TeacherSpec as TeacherSpec,
@@ -125,6 +126,26 @@ class CampaignSpec(_Strict):
     def path(self, p: str | Path) -> Path:
         """A path from the campaign file (data source, suite, catalog, local model) as an absolute path."""
         return paths.resolve(p, self.project_dir)
+
+    @model_validator(mode="after")
+    def _training_hardware_is_named(self) -> CampaignSpec:
+        if self.training.hardware is None:
+            raise ValueError("training.hardware is required: the pricing-catalog key of the device training runs on "
+                             "(e.g. cpu-2vcpu, h100-sxm); training and local evaluation are billed at it")
+        return self
+
+    @model_validator(mode="after")
+    def _no_budget_over_unknown_spend(self) -> CampaignSpec:
+        c = self.cost
+        covered = [f"cost.budget_usd ({c.budget_usd})"] if c.budget_usd is not None else []
+        covered += [f"cost.stage_budgets_usd.{s}" for s in ("teacher_generations", "evaluation")
+                    if s in c.stage_budgets_usd and (s == "teacher_generations" or self.evaluation.score_teacher)]
+        if self.teacher.unpriced and covered:
+            raise ValueError(
+                f"teacher.price is `unpriced`, so its spend is unknown and {' and '.join(covered)} cannot be kept: "
+                "price the teacher (a catalog entry, or your own catalog with its real price, even 0 for a server you "
+                "already pay for) or remove the budget")
+        return self
 
     @model_validator(mode="after")
     def _logit_distillation_needs_logprobs(self) -> CampaignSpec:

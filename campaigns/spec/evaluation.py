@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from campaigns.spec.common import _Strict
 from campaigns.spec.lm_eval import LmEvalSpec
@@ -50,8 +50,9 @@ class GateSpec(_Strict):
     )
     max_p95_latency_s: float | None = Field(
         30.0, gt=0.0,
-        description="Largest 95th-percentile latency of the candidate's answered items, in seconds (an endpoint: "
-                    "per request; local generation: the wall time of the item's batch).",
+        description="Largest 95th-percentile latency of the candidate's answered items, in seconds, measured per "
+                    "item (an endpoint: its request; local generation: from the start of the item's batch to its last "
+                    "token).",
     )
     max_avg_latency_s: float | None = Field(
         None, gt=0.0, description="Largest mean latency of the candidate's answered items, in seconds."
@@ -185,7 +186,11 @@ class EvaluationSpec(_Strict):
         description="Promotion also waits for an approval recorded against this exact candidate "
                     "(`campaign approve` or the `<campaign>_approve` job).",
     )
-    evaluate_teacher: bool = Field(True, description="Also score the teacher, as the ceiling the student aims at.")
+    score_teacher: bool = Field(
+        True, validation_alias=AliasChoices("score_teacher", "evaluate_teacher"),
+        description="Also score the teacher on the held-out items, whatever its backend (through its own backend and "
+                    "the generation cache, priced like its generations), as the ceiling the student aims at: the "
+                    "summary, metadata and dashboard show student ÷ teacher. `evaluate_teacher` is the older name.")
 
     @field_validator("suites")
     @classmethod

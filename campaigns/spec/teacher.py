@@ -9,6 +9,8 @@ from pydantic import Field, model_validator
 
 from campaigns.spec.common import _Strict
 
+UNPRICED = "unpriced"  # `teacher.price: unpriced`: an API teacher whose spend is unknown
+
 class SamplingSpec(_Strict):
     """Sampling parameters passed to every teacher backend (vLLM ``SamplingParams`` names)."""
 
@@ -73,10 +75,14 @@ class TeacherSpec(_Strict):
     )
     price: str | None = Field(
         None,
-        description="`openai` backend: pricing-catalog key (unit million-tokens) of the API; cost = tokens x price. "
+        description="`openai` backend (required): pricing-catalog key of the API, priced per million input and output "
+        "tokens (a campaign's `cost.overrides` may change its prices); cost = tokens x price. `unpriced`: the spend "
+        "is unknown, and every cost figure that depends on it says so (no budget can then cover the teacher). "
         "Self-hosted teachers are priced by `hardware` instead.",
     )
-    hardware: str = Field("cpu-2vcpu", description="Pricing-catalog key of the hardware a self-hosted teacher runs on.")
+    hardware: str | None = Field(
+        None, description="`transformers` and `vllm` backends (required): pricing-catalog key of the hardware the "
+        "teacher runs on (an hourly entry; vLLM bills it x tensor_parallel_size). API teachers are priced by `price`.")
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, description="`vllm` backend: GPUs per model (vllm.LLM tensor_parallel_size); GPU-hours count this many."
     )
@@ -85,6 +91,22 @@ class TeacherSpec(_Strict):
         description="`vllm` backend: extra vllm.LLM keyword arguments (e.g. gpu_memory_utilization, max_model_len, "
         "dtype); part of the cache key.",
     )
+
+    @property
+    def api(self) -> bool:
+        """Priced per token by `price` (an endpoint), not per hour by `hardware` (self-hosted)."""
+        return self.backend == "openai"
+
+    @property
+    def unpriced(self) -> bool:
+        return self.api and self.price == UNPRICED
+
+    @property
+    def price_key(self) -> str | None:
+        """The one pricing-catalog key that prices this teacher (None: `price: unpriced`)."""
+        if self.api:
+            return None if self.unpriced else self.price
+        return self.hardware
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> TeacherSpec:
@@ -102,4 +124,23 @@ class TeacherSpec(_Strict):
             raise ValueError("`context` must not end with a user message: the prompt is the next user turn")
         if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
             raise ValueError("`api_key_env` is the *name* of an environment variable (e.g. OPENAI_API_KEY), not the key")
+        return self
+
+    @model_validator(mode="after")
+    def _one_price_field(self) -> TeacherSpec:
+        if self.api:
+            if self.price is None:
+                raise ValueError("an API teacher (backend 'openai') is priced by `price`: a pricing-catalog key priced "
+                                 "per million tokens (e.g. api-open-70b), or `price: unpriced` to run with its spend "
+                                 "unknown (every cost figure that depends on it then says so)")
+            if self.hardware is not None:
+                raise ValueError("`hardware` prices a self-hosted teacher; an API teacher (backend 'openai') is "
+                                 "priced by `price` alone: remove `hardware`")
+        else:
+            if self.hardware is None:
+                raise ValueError(f"a self-hosted teacher (backend {self.backend!r}) is priced by `hardware`: the "
+                                 "pricing-catalog key of what it runs on (e.g. cpu-2vcpu, h100-sxm)")
+            if self.price is not None:
+                raise ValueError(f"`price` prices an API teacher; a {self.backend!r} teacher is priced by `hardware` "
+                                 "alone: remove `price`")
         return self

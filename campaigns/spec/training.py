@@ -178,7 +178,15 @@ class TrainingSpec(_Strict):
         "full", description="full: FSDP2 across all ranks; hybrid: shard in a node, replicate across nodes; none: replicate."
     )
     launcher: Literal["local", "k8s"] = Field("local", description="local: torchrun subprocesses; k8s: a Kubernetes Job.")
-    hardware: str = Field("cpu-2vcpu", description="Pricing-catalog key of one training device (GPU or CPU host).")
+    hardware: str | None = Field(
+        None, description="Pricing-catalog key of one training device (a GPU, or a CPU host); required in a campaign "
+        "(the ledger bills training, and local evaluation, at it; no silent default). A GPU entry (gpu-hour) "
+        "makes training refuse to start where no GPU is visible, unless `allow_cpu_fallback`.")
+    allow_cpu_fallback: bool = Field(
+        False, description="With GPU `hardware` and no visible GPU: train (and evaluate locally) on the CPU anyway, "
+        "billed as CPU time at `cpu_hardware`, and say so (default: fail before training, with a message).")
+    cpu_hardware: str | None = Field(
+        None, description="`allow_cpu_fallback`: pricing-catalog key CPU time is billed at (e.g. cpu-2vcpu).")
     log_every: int = Field(10, ge=1, description="Log and stream metrics every this many steps.")
     profiling: ProfilingSpec = Field(ProfilingSpec(), description="torch.profiler traces and their triage (off by default).")
     diagnostics: DiagnosticsSpec = Field(DiagnosticsSpec(), description="Node diagnostics run at the end of training.")
@@ -204,6 +212,9 @@ class TrainingSpec(_Strict):
     def _steps_or_epochs(self) -> TrainingSpec:
         if (self.max_steps is None) == (self.epochs is None):
             raise ValueError("set exactly one of `max_steps` or `epochs`")
+        if self.allow_cpu_fallback and self.cpu_hardware is None:
+            raise ValueError("`allow_cpu_fallback: true` bills CPU time: set `cpu_hardware` to the pricing-catalog key "
+                             "it is billed at (e.g. cpu-2vcpu)")
         return self
 
     @property

@@ -43,7 +43,7 @@ data:
   source: "{source}"
   heldout: {{fraction: 0.1}}
   filters: {{format_regex: "[a-z]+", scorer: exact_match}}
-training: {{max_steps: 1}}
+training: {{max_steps: 1, hardware: cpu-2vcpu}}
 evaluation: {{suites: [{{name: cipher}}]}}
 """
 

@@ -29,7 +29,7 @@ name: camp
 teacher: {{model: "@demo/teacher", hardware: cpu-2vcpu}}
 student: {{base_model: "@demo/student"}}
 data: {{source: campaigns/data/demo/*.jsonl}}
-training: {{max_steps: 10}}
+training: {{max_steps: 10, hardware: cpu-2vcpu}}
 evaluation: {{suites: [{{name: s}}]}}
 cost: {{budget_usd: {budget}, check_estimates: {str(check_estimates).lower()}, overrides: {{cpu-2vcpu: 3600}}}}
 """)
@@ -146,33 +146,40 @@ def test_guard_stage_budget_and_the_last_chunk(tmp_path):
 
 
 def test_the_teacher_stage_stops_midway_on_its_budget(artifact_root):
-    """The real teacher_generations asset (demo teacher on CPU) with its budget hook. Priced per
-    token (catalog entry api-open-70b) the spend accrues per finished prompt, so the stop is
-    deterministic: the planner's ~32 tokens per request at $0.88/M is ~$2.8e-5 per prompt; with a
-    $0.006 budget the stage stops part-way, when the next chunk of samples would pass $0.006, and
-    the spend of the stopped attempt is in the ledger. (The finished samples stay in the
-    generation cache; tests/test_generation_* cover resuming from it.)"""
+    """The real teacher_generations asset with an API teacher (backend openai, the project's test server)
+    priced by `teacher.price` (api-open-70b, $0.88 per million tokens): the one price field the ledger,
+    the planner and the guard all read. The spend accrues per answered prompt, so the stop is
+    deterministic: with a $0.004 budget the stage stops part-way, when the next answer would pass $0.004,
+    within one chunk (one answer) of the limit; the spend of the stopped attempt is in the ledger and
+    the server stops being asked."""
+    import yaml
+
     from assets import teacher_generations as generations, prompts
     from assets.location import default_resources
+    from tests.support.testserver import ServerConfig, ServerThread
 
-    text = (REPO_ROOT / "campaigns/demo.yaml").read_text()
-    text = text.replace("  hardware: cpu-2vcpu\n\nstudent", "  hardware: api-open-70b\n\nstudent", 1)
-    spec = parse_campaign_text(text.replace("  budget_usd: 1.0", "  budget_usd: 0.006\n  check_estimates: false"))
-    assert spec.teacher.hardware == "api-open-70b"
-    with DagsterInstance.ephemeral() as instance:
-        result = materialize([prompts.build(spec), generations.build(spec)], instance=instance, raise_on_error=False,
-                             resources=default_resources(str(artifact_root)))
+    d = yaml.safe_load((REPO_ROOT / "campaigns/demo.yaml").read_text())
+    with ServerThread(ServerConfig(latency_s=0.02)) as srv:
+        d["teacher"] = {"backend": "openai", "model": "teacher", "base_url": srv.base_url, "price": "api-open-70b",
+                        "max_concurrency": 2, "sampling": {"max_new_tokens": 16}}
+        d["cost"] = {"budget_usd": 0.004, "check_estimates": False}
+        spec = parse_campaign_text(yaml.safe_dump(d))
+        with DagsterInstance.ephemeral() as instance:
+            result = materialize([prompts.build(spec), generations.build(spec)], instance=instance,
+                                 raise_on_error=False, resources=default_resources(str(artifact_root)))
+        asked = srv.stats.received
     assert not result.success
     msg = _failure(result)
-    assert "stopped teacher_generations mid-way" in msg and "of its $0.006000 budget" in msg
+    assert "stopped teacher_generations mid-way" in msg and "of its $0.004000 budget" in msg
     ledger = Ledger(artifact_root / "cost_ledger.duckdb")
     stopped = ledger.query("SELECT status, resource, usd FROM cost_lines WHERE asset = 'teacher_generations'")
     assert {r["status"] for r in stopped} == {"interrupted"}
     assert sorted(r["resource"] for r in stopped) == ["api-open-70b:input", "api-open-70b:output"]
     spent = sum(r["usd"] for r in stopped)
-    assert 0.003 < spent <= 0.006
     per_chunk = float(re.search(r"next chunk would cost about \$([0-9]+\.[0-9]+)", msg).group(1))
-    assert spent + per_chunk > 0.006 - 1e-9  # stopped because the next chunk would not fit, not earlier
+    assert 0 < per_chunk < 1e-4 and spent <= 0.004  # a chunk is one answer here
+    assert spent + per_chunk > 0.004 - 1e-9  # stopped because the next answer would not fit, not earlier
+    assert 0 < asked < 2400 * 0.9 / 4  # it stopped asking: most of the ~2160 training prompts were never sent
     assert not list((artifact_root / "demo" / "teacher_generations").glob("*/_SUCCESS"))
 
 

@@ -63,9 +63,10 @@ def _spec(student, training: str = "") -> object:
     import yaml
 
     return parse_campaign_text(yaml.safe_dump({
-        "name": "m", "teacher": {"model": "@demo/teacher"}, "student": student.model_dump(),
+        "name": "m", "teacher": {"model": "@demo/teacher", "hardware": "cpu-2vcpu"}, "student": student.model_dump(),
         "data": {"source": "campaigns/data/demo/*.jsonl"},
-        "training": {"max_steps": 10, "micro_batch_size": 4, **yaml.safe_load("{" + training + "}")},
+        "training": {"max_steps": 10, "micro_batch_size": 4, "hardware": "cpu-2vcpu",
+                     **yaml.safe_load("{" + training + "}")},
         "evaluation": {"suites": [{"name": "s"}]}}))
 
 
@@ -162,10 +163,10 @@ def test_campaign_validate_refuses_what_the_moe_student_cannot_train(tmp_path, c
 
     write_moe_config(tmp_path / "moe")  # the config is all validate reads
     assert ModelShape.from_model_dir(tmp_path / "moe") == ModelShape.from_config(tiny_moe().config.to_dict())
-    spec = {"name": "bad_moe", "teacher": {"model": "@demo/teacher"},
+    spec = {"name": "bad_moe", "teacher": {"model": "@demo/teacher", "hardware": "cpu-2vcpu"},
             "student": {"base_model": str(tmp_path / "moe"), "lora": {"r": 2, "target_modules": ATTENTION},
                         "quantization": {"load_in_4bit": False}},
-            "data": {"source": "campaigns/data/demo/*.jsonl"}, "training": {"max_steps": 1},
+            "data": {"source": "campaigns/data/demo/*.jsonl"}, "training": {"max_steps": 1, "hardware": "cpu-2vcpu"},
             "evaluation": {"suites": [{"name": "s"}]}}
     bad = tmp_path / "bad_moe.yaml"
     bad.write_text(yaml.safe_dump(spec))

@@ -96,10 +96,10 @@ DEMO_STUDENT = {"hidden_size": 64, "intermediate_size": 192, "num_hidden_layers"
 def _spec(training: str = "", student: str = "") -> object:
     return parse_campaign_text(f"""
 name: t
-teacher: {{model: "@demo/teacher"}}
+teacher: {{model: "@demo/teacher", hardware: cpu-2vcpu}}
 student: {{base_model: "@demo/student"{student}}}
 data: {{source: campaigns/data/demo/*.jsonl}}
-training: {{max_steps: 10, micro_batch_size: 4{training}}}
+training: {{max_steps: 10, micro_batch_size: 4, hardware: cpu-2vcpu{training}}}
 evaluation: {{suites: [{{name: s}}]}}
 """)
 

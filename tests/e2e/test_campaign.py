@@ -63,7 +63,10 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
     assert dist["dropped_contaminated"] == dist["contaminated_rows"]
     train = _metadata(result, AssetKey(["mini", "student_adapter"]))
     assert train["final_loss"] < train["first_loss"] / 5
-    assert (artifact_root / "mini" / "promoted_model" / "CURRENT").exists()
+    current = artifact_root / "mini" / "promoted_model" / "CURRENT"
+    assert current.exists()
+    # the candidate's per-item scores travel with it: drift compares fresh scores with these
+    assert (current.parent / current.read_text() / "promotion_items.parquet").exists()
     checks = [e for e in result.get_asset_check_evaluations() if e.check_name == "gate"]
     assert checks and checks[-1].passed
     assert [e.passed for e in result.get_asset_check_evaluations() if e.check_name == "decontamination"] == [True]
@@ -102,7 +105,8 @@ def test_campaign_run_command_prints_scores_verdict_reason_and_cost(tmp_path, ar
     rc = cli.main(["run", str(path), "--artifacts", str(artifact_root), "--log-level", "WARNING"])
     out = capsys.readouterr().out
     assert rc == cli.EXIT_BLOCKED, out
-    for line in ("teacher   exact match: 100.0%", "base      exact match: 0.0%", "student   exact match: 0.0%",
+    for line in ("teacher   cipher (exact_match): 100.0%", "base      cipher (exact_match): 0.0%",
+                 "student   cipher (exact_match): 0.0%", "student ÷ teacher: 0.0%",
                  "gate verdict: NO-GO", "cipher: min_score: BREACH", "--- cost (from the ledger) ---",
                  "spent in this run: $"):
         assert line in out, (line, out)

@@ -110,3 +110,102 @@ def test_evaluation_asset_scores_the_served_candidate(server, demo_models, artif
     check = result.get_asset_check_evaluations()[0]
     assert check.passed and check.metadata["verdict"].value == "GO"
     assert check.metadata["cipher_delta_lo"].value == 0.0 == check.metadata["cipher_delta_hi"].value  # B = 0
+
+
+@pytest.mark.stage
+def test_a_fixed_served_name_is_credited_only_when_it_serves_this_candidate(server, demo_models, artifact_root,
+                                                                           tmp_path):
+    """`candidate_model: NAME` (the server started with `--lora-modules NAME=PATH`): the evaluation checks,
+    through /v1/models, that NAME is this candidate's adapter, byte for byte, before crediting its score;
+    another adapter under that name fails the evaluation with the reason."""
+    import shutil
+
+    import yaml
+    from dagster import DagsterInstance, materialize
+    from tests.support.eval_support import REPO_ROOT, seed_upstream
+
+    from assets import demo_models as demo_models_asset
+    from assets.common import key
+    from assets.location import campaign_assets, default_resources
+    from campaigns.loader import load_campaign_file
+
+    served = make_zero_adapter(demo_models["student"], tmp_path / "served", r=4)
+    assert server.load_lora("fixed-cand", str(served))[0] == 200  # what --lora-modules fixed-cand=PATH does
+    d = yaml.safe_load((REPO_ROOT / "campaigns/demo.yaml").read_text())
+    d["name"] = "fixed"
+    d["evaluation"] = {"suites": [{"name": "cipher", "source": "heldout", "max_new_tokens": 8}],
+                       "gate": {"min_score": 0.0, "min_items": 12}, "statistics": {"resamples": 500},
+                       "backend": "openai", "score_teacher": False,
+                       "endpoint": {"base_url": server.base_url, "base_model": "student", "candidate_model": "fixed-cand",
+                                    "max_concurrency": 4, "timeout_s": 30}}
+    (tmp_path / "fixed.yaml").write_text(yaml.safe_dump(d, allow_unicode=True))
+    spec = load_campaign_file(tmp_path / "fixed.yaml")
+
+    def evaluate(adapter_dir):
+        seed_upstream(artifact_root, "fixed", heldout_rows(12), adapter_dir, demo_models["student"])
+        return materialize(campaign_assets(spec) + [demo_models_asset.demo_models], selection=[key(spec, "evaluation")],
+                           resources=default_resources(str(artifact_root)), instance=DagsterInstance.ephemeral(),
+                           raise_on_error=False)
+
+    same = shutil.copytree(served, tmp_path / "candidate-same")  # the candidate's own copy of the served bytes
+    assert evaluate(same).success
+    other = make_zero_adapter(demo_models["student"], tmp_path / "candidate-other", r=8)
+    result = evaluate(other)
+    assert not result.success
+    msg = " ".join(e.event_specific_data.error.message for e in result.all_events if e.is_step_failure)
+    assert f"serves 'fixed-cand' from {served}" in msg and f"not the candidate's adapter {other}" in msg
+    assert not result.get_asset_check_evaluations()  # no verdict credited to it
+
+
+@pytest.mark.stage
+def test_drift_scores_the_promoted_adapter_through_the_endpoint(server, demo_models, artifact_root, tmp_path):
+    """With `evaluation.backend: openai`, the drift check answers through the same endpoint as the
+    evaluation: it loads the promoted adapter onto the server (under its promoted key) and scores what the
+    server answers; promotion-time scores come from the same server."""
+    import json
+    import time
+
+    import yaml
+    from dagster import DagsterInstance
+    from tests.support.eval_support import REPO_ROOT
+
+    from assets.location import build_definitions
+    from campaign_orchestrator.demo import cipher
+    from evaluation.drift import PROMOTION_ITEMS
+    from evaluation.scorers import build_scorer
+    from evaluation.suite import run_suite, write_item_rows
+
+    d = yaml.safe_load((REPO_ROOT / "campaigns/demo.yaml").read_text())
+    d["name"] = "servedrift"
+    cipher.write_jsonl(cipher.items(80, seed=5), tmp_path / "drops" / "a.jsonl")
+    d["data"]["source"] = str(tmp_path / "drops" / "*.jsonl")
+    d["data"]["heldout"] = {"fraction": 0.25, "seed": 0}
+    d["evaluation"] = {"suites": [{"name": "cipher", "source": "heldout", "max_new_tokens": 8}],
+                       "gate": {"min_score": 0.0, "min_items": 12}, "backend": "openai", "score_teacher": False,
+                       "endpoint": {"base_url": server.base_url, "base_model": "student", "load_adapter": True,
+                                    "max_concurrency": 4, "timeout_s": 30}}
+    d["automation"] = {"drift": {"max_drop": 0.1}}
+    (tmp_path / "servedrift.yaml").write_text(yaml.safe_dump(d))
+
+    key = "zero0000000000000000"
+    dest = artifact_root / "servedrift" / "promoted_model" / key
+    make_zero_adapter(demo_models["student"], dest / "adapter")
+    OpenAIEndpoint(server.base_url, "x").load_adapter(f"promo-{key}", str(dest / "adapter"))
+    promo = [{"id": f"h{i}", "prompt": r["prompt"], "reference": r["reference"], "category": "all"}
+             for i, r in enumerate(heldout_rows(40)[20:])]
+    _, rows = run_suite("cipher", "candidate", promo, OpenAIEndpoint(server.base_url, f"promo-{key}").generate,
+                        build_scorer("exact_match"), 8)
+    write_item_rows(rows, dest / PROMOTION_ITEMS)
+    (dest / "promotion.json").write_text(json.dumps({
+        "candidate_key": key, "base_model_path": str(demo_models["student"]), "verdict": "GO",
+        "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "items": PROMOTION_ITEMS,
+        "scores": {"candidate": {"cipher": 0.0}}}))
+    (dest.parent / "CURRENT").write_text(key)
+
+    defs = build_definitions([str(tmp_path / "servedrift.yaml")], artifact_root=str(artifact_root))
+    result = defs.resolve_job_def("servedrift_drift_check").execute_in_process(instance=DagsterInstance.ephemeral())
+    (mat,) = result.asset_materializations_for_node("servedrift__drift_evaluation")
+    md = {k: v.value for k, v in mat.metadata.items()}
+    assert server.loaded[f"servedrift-{key}"] == str(dest / "adapter") and md["backend"] == "openai"
+    assert md["verdict"] == "STABLE" and md["heldout_items"] >= 12  # judged on what the server answered
+    assert md["cipher_promoted_score"] == 0.0 and md["cipher_fresh_score"] == 0.0  # a zero adapter copies words

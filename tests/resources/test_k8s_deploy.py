@@ -113,6 +113,16 @@ def test_helm_values_fit_the_cluster_campaign(values, example):
     assert values["generatePostgresqlPasswordSecret"] is False and values["global"]["postgresqlSecretName"]
 
 
+def test_helm_postgres_scheme_names_the_driver_the_image_installs(values):
+    """dagster-postgres installs psycopg2; SQLAlchemy 2.1 maps a bare `postgresql` scheme to psycopg 3,
+    so the chart's default would fail at the first connection."""
+    from sqlalchemy.engine import make_url
+
+    scheme = values["postgresql"]["postgresqlScheme"]
+    make_url(f"{scheme}://u@h/db").get_dialect().import_dbapi()  # psycopg2 (dagster-postgres' dependency)
+    assert make_url("postgresql://u@h/db").get_dialect().driver != "psycopg2"
+
+
 def test_gpu_pool_limit_matches_the_namespace_quota(values, example):
     docs = list(yaml.safe_load_all((DEPLOY / "k8s/training-namespace.yaml").read_text()))
     quota = next(d for d in docs if d["kind"] == "ResourceQuota")

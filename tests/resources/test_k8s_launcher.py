@@ -50,7 +50,7 @@ for step in range(1, steps + 1):
 if node == 0:
     summary = {"steps": steps, "first_loss": 2.0, "final_loss": 2.0 / steps, "tokens": 4096, "tokens_per_s": 1000.0,
                "train_seconds": 0.5, "world_size": 16, "effective_batch": 128, "trainable_parameters": 1000,
-               "adapter_bytes": 4000, "peak_memory_mb": 1.0}
+               "adapter_bytes": 4000, "peak_memory_mb": 1.0, "device": "cuda"}  # a GPU pod, as the trainer reports
     Path(job["output_dir"], "summary.json").write_text(json.dumps(summary))
     r.materialization({"steps": steps, "final_loss": 2.0 / steps})
     r.log("done")

@@ -15,7 +15,8 @@ from tests.support import REPO_ROOT
 class ModelServer:
     """``POST /v1/completions`` answered by real local models (transformers, greedy), by model name;
     ``POST /v1/load_lora_adapter`` loads a PEFT adapter on top of ``lora_base`` (like vLLM with
-    ``--enable-lora``). Fault injection for client tests: a prompt containing ``crash_marker`` gets
+    ``--enable-lora``; ``--lora-modules NAME=PATH`` is a load at start); ``GET /v1/models`` lists them with
+    their ``root`` and ``parent`` as vLLM does. Fault injection for client tests: a prompt containing ``crash_marker`` gets
     HTTP 500, one containing ``hang_marker`` is answered only after ``hang_s`` seconds."""
 
     def __init__(self, models: dict[str, Path], lora_base: Path | None = None, crash_marker: str = "CRASH",
@@ -23,6 +24,7 @@ class ModelServer:
         from campaign_orchestrator.teacher.local import LocalGenerator
 
         self.generators = {name: LocalGenerator.from_path(path, batch_size=1) for name, path in models.items()}
+        self.paths = dict(models)
         self.lora_base = lora_base
         self.crash_marker, self.hang_marker, self.hang_s = crash_marker, hang_marker, hang_s
         self.lock = threading.Lock()  # the counters
@@ -44,6 +46,11 @@ class ModelServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def do_GET(self):  # noqa: N802
+                if self.path != "/v1/models":
+                    return self._send(404, {"error": {"message": f"no route {self.path}"}})
+                return self._send(200, server.models())
 
             def do_POST(self):  # noqa: N802
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -75,6 +82,13 @@ class ModelServer:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def models(self) -> dict:
+        """``GET /v1/models`` as vLLM answers it: base models with ``root`` = their path, LoRA modules with
+        ``root`` = the adapter directory and ``parent`` = the base."""
+        data = [{"id": n, "object": "model", "root": str(p), "parent": None} for n, p in self.paths.items()]
+        data += [{"id": n, "object": "model", "root": p, "parent": str(self.lora_base)} for n, p in self.loaded.items()]
+        return {"object": "list", "data": data}
 
     def load_lora(self, name: str, path: str) -> tuple[int, dict]:
         from campaign_orchestrator.teacher.local import LocalGenerator

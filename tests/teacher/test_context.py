@@ -22,11 +22,11 @@ def test_context_makes_chat_requests_and_is_part_of_the_key():
 
 
 def test_spec_rules():
-    base = {"model": "@demo/teacher"}
+    base = {"model": "@demo/teacher", "hardware": "cpu-2vcpu"}
     with pytest.raises(ValueError, match="must not end with a user message"):
         TeacherSpec(**base, context=CTX[:2])
     with pytest.raises(ValueError, match="there is no `context`"):
         TeacherSpec(**base, context_categories=["plural"])
     with pytest.raises(ValueError, match="need `chat: true`"):
-        TeacherSpec(backend="openai", model="m", base_url="http://x/v1", context=CTX)
+        TeacherSpec(backend="openai", model="m", base_url="http://x/v1", price="unpriced", context=CTX)
     assert TeacherSpec(**base, context=CTX, context_categories=["plural"]).context[0].role == "system"

@@ -1,0 +1,162 @@
+"""Runs whose process died: find them, mark them failed, free their pool slots.
+
+``campaign run`` executes a campaign's job in its own process (``execute_in_process``), where
+Dagster's run monitoring never looks: a run launcher would check its worker's health, but an
+in-process run has none. A ``campaign run`` killed by SIGKILL (the OOM killer, a closed laptop, a
+preempted node) leaves its run ``STARTED`` and keeps the pool slot its step held (``teacher``,
+``gpu``; ``default_limit: 1`` in the shipped ``dagster.yaml``) for good, and every later run of
+every campaign waits for it forever. A waiter killed while queued blocks the pool the same way:
+when the slot is freed it is assigned to the oldest pending step, the dead one.
+
+So every run ``campaign run`` starts carries its owner (:func:`owner_tags`): ``campaign/host``,
+``campaign/pid`` and ``campaign/start``. :func:`reap_dead_runs` finds the runs of this host that are
+not finished but whose process is gone (or is another process that reused the pid: one created
+after the run started), marks them FAILURE with the reason (CANCELED when they were already
+canceling) and frees their slots with ``free_concurrency_slots_for_run`` (``report_run_failed``
+alone frees nothing); it also frees slots still held by runs that finished by any other path (a
+force-cancel in the UI). It runs
+
+* before every ``campaign run`` (``campaign_orchestrator/cli/run.py``),
+* while a step waits for a slot (``assets/dagster_patches.py``: the wait logs who holds the pool and
+  since when, every minute, and reaps a dead holder),
+* in the daemon, as the sensor ``reap_dead_campaign_runs`` (:func:`reaper_sensor`, on by default:
+  ``dagster dev`` / ``make ui`` runs it every 30 s).
+
+Runs without these tags (launched from the UI, by a schedule or a sensor) are Dagster's own: its
+run launcher and run monitoring look after them. A run tagged with another host is left alone: a
+process id means nothing across machines or containers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+
+from dagster import (DagsterInstance, DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext,
+                     SkipReason, sensor)
+
+HOST_TAG, PID_TAG, START_TAG = "campaign/host", "campaign/pid", "campaign/start"
+NOT_FINISHED = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
+                DagsterRunStatus.CANCELING]
+FINISHED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
+SENSOR_NAME = "reap_dead_campaign_runs"
+SENSOR_INTERVAL_S = 30
+PID_REUSE_SLACK_S = 1.0  # process start times are rounded by the kernel (clock ticks)
+
+
+def owner_tags(pid: int | None = None, start: float | None = None) -> dict[str, str]:
+    """The tags naming the process that owns a run (this one by default)."""
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid() if pid is None else pid),
+            START_TAG: f"{time.time() if start is None else start:.3f}"}
+
+
+def owner_alive(run) -> bool | None:
+    """Whether the process that owns ``run`` is alive: None when this host cannot tell (no owner
+    tags, or another host's run)."""
+    import psutil
+
+    tags = run.tags
+    if tags.get(HOST_TAG) != socket.gethostname() or PID_TAG not in tags:
+        return None
+    try:
+        p = psutil.Process(int(tags[PID_TAG]))
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = p.create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except (psutil.AccessDenied, ValueError):
+        return None
+    try:
+        started = float(tags.get(START_TAG, "inf"))
+    except ValueError:
+        return True
+    return created <= started + PID_REUSE_SLACK_S  # a process created after the run started reused the pid
+
+
+def _pool_run_ids(instance: DagsterInstance, pool: str) -> set[str]:
+    info = instance.event_log_storage.get_concurrency_info(pool)
+    return {s.run_id for s in info.claimed_slots} | {p.run_id for p in info.pending_steps}
+
+
+def reap_dead_runs(instance: DagsterInstance, log: Callable[[str], None] = print, pool: str | None = None) -> list[str]:
+    """Mark this host's unfinished campaign runs whose process is gone as failed and free their pool
+    slots; free the slots finished runs still hold. ``pool``: only runs holding or awaiting a slot of
+    that pool. Returns the reaped run ids; says what it did through ``log``."""
+    storage = instance.event_log_storage
+    runs = instance.get_runs(RunsFilter(statuses=NOT_FINISHED))
+    if pool is not None:
+        ids = _pool_run_ids(instance, pool)
+        runs = [r for r in runs if r.run_id in ids]
+    reaped = []
+    for run in runs:
+        if owner_alive(run) is not False:
+            continue
+        msg = (f"the `campaign run` process {run.tags[PID_TAG]} on {run.tags[HOST_TAG]} that owned this run is gone "
+               "(killed or crashed): marked "
+               + ("canceled" if run.status == DagsterRunStatus.CANCELING else "failed")
+               + " and its pool slots freed")
+        if run.status == DagsterRunStatus.CANCELING:
+            instance.report_run_canceled(run, message=msg)
+        else:
+            instance.report_run_failed(run, message=msg)
+        if storage.supports_global_concurrency_limits:
+            storage.free_concurrency_slots_for_run(run.run_id)
+        log(f"run {run.run_id} ({run.job_name}): {msg}")
+        reaped.append(run.run_id)
+    if storage.supports_global_concurrency_limits:
+        holding = storage.get_concurrency_run_ids()
+        if pool is not None:
+            holding &= _pool_run_ids(instance, pool)
+        if holding:
+            for rec in instance.get_run_records(RunsFilter(run_ids=sorted(holding), statuses=FINISHED)):
+                storage.free_concurrency_slots_for_run(rec.dagster_run.run_id)
+                log(f"freed the pool slots still held by finished run {rec.dagster_run.run_id} "
+                    f"({rec.dagster_run.status.value})")
+    return reaped
+
+
+def _iso(ts) -> str:
+    return ts.isoformat(timespec="seconds") if ts is not None else "?"
+
+
+def describe_holders(instance: DagsterInstance, pool: str) -> str:
+    """Who holds ``pool``, as one sentence: each holder's run, step, status, owner process and since
+    when, then the steps waiting for it. A step the slot was assigned to but that has not claimed it
+    yet holds it too (a waiter that died at that moment blocks the pool)."""
+    info = instance.event_log_storage.get_concurrency_info(pool)
+    claimed = {(s.run_id, s.step_key) for s in info.claimed_slots}
+    since = {(p.run_id, p.step_key): p.assigned_timestamp for p in info.pending_steps}
+    holders = [(k, "held") for k in sorted(claimed)] + [
+        ((p.run_id, p.step_key), "assigned (not yet claimed)") for p in info.pending_steps
+        if p.assigned_timestamp is not None and (p.run_id, p.step_key) not in claimed]
+    parts = []
+    for (run_id, step_key), how in holders:
+        run = instance.get_run_by_id(run_id)
+        owner = (f"pid {run.tags[PID_TAG]} on {run.tags[HOST_TAG]}" if run is not None and PID_TAG in run.tags
+                 else "not a `campaign run` process")
+        status = run.status.value if run is not None else "unknown run"
+        parts.append(f"{how} by run {run_id} step {step_key} ({status}, {owner}) since "
+                     f"{_iso(since.get((run_id, step_key)))}")
+    waiting = [p for p in info.pending_steps if p.assigned_timestamp is None]
+    if waiting:
+        parts.append("waiting: " + ", ".join(f"run {p.run_id} step {p.step_key} since {_iso(p.enqueued_timestamp)}"
+                                             for p in waiting))
+    return f"pool {pool!r} ({info.limit} slot(s)): " + ("; ".join(parts) or "no holder recorded")
+
+
+def reaper_sensor():
+    """The daemon's reaper: every 30 s, the dead ``campaign run`` runs of this host are failed and
+    their slots freed (the tick history says which)."""
+
+    @sensor(name=SENSOR_NAME, minimum_interval_seconds=SENSOR_INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,
+            description="Marks runs whose `campaign run` process is gone (SIGKILL, OOM, a closed laptop) as failed "
+                        "and frees the pool slots they hold, so no later run waits for them.")
+    def reap_dead_campaign_runs(context: SensorEvaluationContext):
+        reaped = reap_dead_runs(context.instance, log=context.log.warning)
+        return SkipReason(f"reaped {len(reaped)} dead run(s): {', '.join(reaped)}" if reaped
+                          else "no dead `campaign run` runs")
+
+    return reap_dead_campaign_runs
