@@ -1,8 +1,8 @@
 """Every teacher backend x student source a user can write builds its job and runs.
 
 Student sources: ``@demo/student`` (a demo_models asset), a local directory (a copy of the demo
-student, given relative to the campaign's project), and the real model of the real-model work (added
-with it). Teacher backends: ``transformers`` (the demo teacher), ``openai`` (the project's test
+student, given relative to the campaign's project), and the real model
+(``@packaged/smollm2-135m-instruct``, run end to end in tests/e2e/test_real_campaign.py). Teacher backends: ``transformers`` (the demo teacher), ``openai`` (the project's test
 server), ``vllm`` (needs the vllm package and a GPU). Each combination passes ``campaign validate``,
 builds its job (the demo models are one subsettable multi-asset: a job may select either model
 alone) and resolves its execution plan. Every teacher backend and every student source runs end to
@@ -23,7 +23,6 @@ from tests.support.campaign_support import demo_teacher, instance_home, openai_t
 from tests.support.testserver import ServerThread
 
 NEEDS_VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed here")
-NEEDS_REAL_MODEL = pytest.mark.skip(reason="needs issue 14's real model")  # the lead adds it at merge
 
 COMBINATIONS = [
     pytest.param("transformers", "@demo/student", id="transformers-demo"),
@@ -32,8 +31,8 @@ COMBINATIONS = [
     pytest.param("openai", "dir", id="openai-dir"),
     pytest.param("vllm", "@demo/student", id="vllm-demo", marks=NEEDS_VLLM),
     pytest.param("vllm", "dir", id="vllm-dir", marks=NEEDS_VLLM),
-    pytest.param("transformers", "real", id="transformers-real", marks=NEEDS_REAL_MODEL),
-    pytest.param("openai", "real", id="openai-real", marks=NEEDS_REAL_MODEL),
+    pytest.param("transformers", "real", id="transformers-real"),
+    pytest.param("openai", "real", id="openai-real"),
 ]
 
 
@@ -49,7 +48,7 @@ def _teacher(backend: str, base_url: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend,student", COMBINATIONS)
 def test_every_teacher_and_student_combination_builds_and_runs(backend, student, tmp_path, artifact_root,
-                                                              demo_models, capsys):
+                                                              demo_models, capsys, request):
     from assets.location import build_definitions, campaign_job_name
     from campaign_orchestrator import cli
     from dagster._core.execution.api import create_execution_plan
@@ -58,7 +57,10 @@ def test_every_teacher_and_student_combination_builds_and_runs(backend, student,
     if student == "dir":
         shutil.copytree(demo_models["student"], project / "models" / "student")
         student = "models/student"  # relative to the campaign's project
-    name = f"combo_{backend}_{'dir' if student.startswith('models') else 'demo'}"
+    elif student == "real":  # SmolLM2-135M-Instruct (fetched and converted once, cached: the smollm2 fixture)
+        request.getfixturevalue("smollm2")
+        student = "@packaged/smollm2-135m-instruct"
+    name = f"combo_{backend}_{'dir' if student.startswith('models') else 'real' if 'smollm2' in student else 'demo'}"
     with ServerThread() as srv:
         path = write_campaign(project, name, _teacher(backend, srv.base_url), student, prompts=80)
         assert cli.main(["validate", str(path)]) == cli.EXIT_OK, capsys.readouterr().out

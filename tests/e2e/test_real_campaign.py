@@ -43,7 +43,7 @@ def _campaign(tmp_path: Path, name: str, lr_factor: float = 1.0, general_only: b
     if general_only:  # the regression side alone (the task side is the GO test's)
         spec["evaluation"]["suites"] = [suites["general"]]
         spec["evaluation"]["gate"]["min_score"] = None
-        spec["evaluation"]["evaluate_teacher"] = False
+        spec["evaluation"]["score_teacher"] = False
     spec["evaluation"]["gate"]["min_items"] = 40
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
