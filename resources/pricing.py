@@ -181,6 +181,13 @@ def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str
     out = root / spec.name / "campaign_cost"
     out.mkdir(parents=True, exist_ok=True)
     report["report_path"] = str(out / f"{run_id}.json")
-    report["dashboard_path"] = str(write_dashboard(out / "dashboard.html", spec.name, ledger, spec.cost.budget_usd))
+    sweep = None
+    pointer = root / spec.name / "hparam_sweep" / "LATEST.json"
+    if spec.sweep is not None and pointer.exists():  # the latest sweep's panel (README, "Sweeps")
+        from campaign_orchestrator.costs.dashboard import sweep_panel_data
+
+        sweep = sweep_panel_data(json.loads(pointer.read_text()))
+    report["dashboard_path"] = str(write_dashboard(out / "dashboard.html", spec.name, ledger, spec.cost.budget_usd,
+                                                   sweep=sweep))
     (out / f"{run_id}.json").write_text(json.dumps(report, indent=2, default=str))
     return report
