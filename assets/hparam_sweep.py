@@ -118,6 +118,10 @@ def build(spec: CampaignSpec):
                 a, b = _rate(measured) or planned
                 return (a + b * steps) * price_s
 
+            def full_run_seconds(steps: int) -> float:
+                a, b = _rate(measured) or planned
+                return a + b * steps
+
             def spent_usd() -> float:
                 return float(ledger.query("SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ? "
                                           "AND asset = ? AND stage_key = ?", [spec.name, STAGE, k])[0]["usd"])
@@ -183,7 +187,7 @@ def build(spec: CampaignSpec):
             url = storage_url(spec, sd.root)
             sweep = Sweep(spec, workdir, make_storage(url, sw), f"{spec.name}-{k}", run_rung=run_rung,
                           estimate_usd=estimate_usd, spent_usd=spent_usd, record_lines=record_lines, on_event=on_event,
-                          log=context.log.info)
+                          log=context.log.info, full_run_seconds=full_run_seconds)
             t0 = time.perf_counter()
             result = sweep.run()
             result["spent_usd"] = spent_usd()  # the ledger's word: every rung of this sweep, any run

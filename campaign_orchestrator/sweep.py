@@ -152,12 +152,14 @@ class Sweep:
                  run_rung: Callable[[TrialRecord, Path, int, int], RungOutcome],
                  estimate_usd: Callable[[int, int], float], spent_usd: Callable[[], float],
                  record_lines: Callable[[TrialRecord, int, list[dict]], None],
-                 on_event: Callable[[TrialRecord], None] = lambda r: None, log: Callable[[str], None] = print):
+                 on_event: Callable[[TrialRecord], None] = lambda r: None, log: Callable[[str], None] = print,
+                 full_run_seconds: Callable[[int], float] | None = None):
         self.spec, self.sw = spec, spec.sweep
         self.workdir = Path(workdir)
         self.storage, self.study_name = storage, study_name
         self.run_rung, self.estimate_usd, self.spent_usd = run_rung, estimate_usd, spent_usd
         self.record_lines, self.on_event, self.log = record_lines, on_event, log
+        self.full_run_seconds = full_run_seconds
         self.ladder = self.sw.ladder(spec.training.max_steps)
         self.lock = threading.Lock()
         self.in_flight: dict[int, float] = {}  # trial number -> its running rung's estimate
@@ -303,11 +305,14 @@ class Sweep:
         first = self.ladder[0]
         # time saved: every finished/pruned trial's measured seconds per step × the steps it did not run
         seconds = sum(r["seconds"] for p in by_root.values() for r in p["rungs"].values())
+        # every trial to the end: one launch each of the top rung's steps, at the start-up and seconds per step
+        # fitted to this sweep's own launches (``full_run_seconds``), else each trial's own rate
         full = 0.0
         for p in by_root.values():
-            s = sum(r["seconds"] for r in p["rungs"].values())
-            trained = max(p["last_step"], 1)
-            full += s / trained * top
+            if self.full_run_seconds is not None:
+                full += self.full_run_seconds(top)
+            else:
+                full += sum(r["seconds"] for r in p["rungs"].values()) / max(p["last_step"], 1) * top
         return {
             "study": self.study_name, "rungs": self.ladder, "trials": per,
             "trials_run": len(by_root), "trials_pruned": len(pruned),
@@ -318,7 +323,7 @@ class Sweep:
             "best_complete": bool(complete),
             "default_value": default["value"] if default and default["state"] == "COMPLETE" else None,
             "default_params": default_point(self.spec),
-            "spent_usd": float(sum(p["usd"] for p in per)), "cap_usd": self.sw.budget_usd,
+            "spent_usd": float(sum(p["usd"] for p in by_root.values())), "cap_usd": self.sw.budget_usd,
             "stopped_by_cap": self.stopped_by_cap,
             "sweep_wall_seconds": wall, "trial_seconds": seconds, "every_trial_to_the_end_seconds": full,
             "time_saved_seconds": full - seconds,
