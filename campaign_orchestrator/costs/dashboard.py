@@ -320,7 +320,8 @@ def chart_sweep(panel: dict, costs: dict[str, float]) -> str:
                     f"<td>{_e(money(costs.get(trial_pk(t), t['usd'])))}</td></tr>")
     table = ("<table><tr><th>trial</th><th>state</th><th>parameters</th><th>steps</th><th>eval loss</th>"
              f"<th>cost (ledger)</th></tr>{''.join(rows)}</table>")
-    return p.svg("sweep: eval loss against steps per trial") + legend + table
+    return ('<div style="max-width:900px">' + p.svg("sweep: eval loss against steps per trial") + "</div>" + legend
+            + table)
 
 
 def trial_pk(t: dict) -> str:

@@ -26,7 +26,7 @@ def _problems(text: str) -> str:
 def test_shipped_sweep_campaign_is_valid_and_its_ladder_ends_at_max_steps():
     spec = parse_campaign_text(SWEEP, "campaigns/demo_sweep.yaml")
     sw = spec.sweep
-    assert sw.ladder(spec.training.max_steps) == [10, 30, 90] == [10, 30, spec.training.max_steps]
+    assert sw.ladder(spec.training.max_steps) == [30, 90, 270] == [30, 90, spec.training.max_steps]
     assert set(sw.space) == {"training.learning_rate", "student.lora.r"}
     best = spec.with_params({"training.learning_rate": 0.05, "student.lora.r": 16})
     assert (best.training.learning_rate, best.student.lora.r) == (0.05, 16)
@@ -40,8 +40,8 @@ def test_shipped_sweep_campaign_is_valid_and_its_ladder_ends_at_max_steps():
      "sweep.space.teacher.model: unknown field"),
     (lambda d: d["sweep"]["space"].update({"training.max_steps": {"type": "int", "low": 10, "high": 20}}),
      "sweep.space.training.max_steps: not sweepable"),
-    (lambda d: d["sweep"]["rungs"].update({"min_steps": 200}),
-     "sweep.rungs.min_steps (200) must be below training.max_steps (90)"),
+    (lambda d: d["sweep"]["rungs"].update({"min_steps": 300}),
+     "sweep.rungs.min_steps (300) must be below training.max_steps (270)"),
     (lambda d: d["sweep"]["space"]["training.learning_rate"].update({"high": 5.0}),
      "sweep.space.training.learning_rate: the campaign refuses {'training.learning_rate': 5.0}"),
     (lambda d: d["sweep"]["space"]["training.learning_rate"].update({"low": 0.0}),
