@@ -129,15 +129,8 @@ def make_study(spec: CampaignSpec, storage, study_name: str):
 
 
 def plan_rungs(sw: SweepSpec, max_steps: int) -> list[dict]:
-    """Surviving trials and steps per rung, for the planner: rung k keeps ceil(trials / eta^k)."""
-    import math
-
-    out, prev = [], 0
-    for k, steps in enumerate(sw.ladder(max_steps)):
-        n = max(1, math.ceil(sw.trials / sw.rungs.reduction_factor ** k))
-        out.append({"rung": k, "steps": steps, "new_steps": steps - prev, "trials": n})
-        prev = steps
-    return out
+    """Surviving trials and steps per rung (``SweepSpec.plan_rungs``: what the planner estimates)."""
+    return sw.plan_rungs(max_steps)
 
 
 class Sweep:

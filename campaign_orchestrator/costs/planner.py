@@ -162,11 +162,9 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
 def plan_sweep(spec: CampaignSpec, entry: PriceEntry, step_s: float, startup_s: float) -> dict:
     """The sweep's estimate: the sum over rungs of surviving trials × (that rung's new steps × seconds per step +
     one launch); trials are never pruned early by the estimate, so it is what successive halving spends at most
-    when every rung keeps its full share (``campaign_orchestrator.sweep.plan_rungs``)."""
-    from campaign_orchestrator.sweep import plan_rungs
-
+    when every rung keeps its full share (``SweepSpec.plan_rungs``)."""
     tr, c = spec.training, spec.cost
-    rungs = plan_rungs(spec.sweep, tr.max_steps)
+    rungs = spec.sweep.plan_rungs(tr.max_steps)
     seconds = sum(r["trials"] * (r["new_steps"] * step_s + startup_s) for r in rungs)
     qty, usd = _hours_usd(entry, seconds, tr.nodes, tr.world_size, c.pricing_tier)
     full = spec.sweep.trials * (tr.max_steps * step_s + startup_s)

@@ -134,6 +134,15 @@ class SweepSpec(_Strict):
             s *= self.rungs.reduction_factor
         return out + [max_steps]
 
+    def plan_rungs(self, max_steps: int) -> list[dict]:
+        """Surviving trials and steps per rung, for the planner: rung k keeps ceil(trials / eta^k)."""
+        out, prev = [], 0
+        for k, steps in enumerate(self.ladder(max_steps)):
+            n = max(1, math.ceil(self.trials / self.rungs.reduction_factor ** k))
+            out.append({"rung": k, "steps": steps, "new_steps": steps - prev, "trials": n})
+            prev = steps
+        return out
+
 
 def set_field(doc: dict, dotted: str, value: Any) -> dict:
     """``doc`` (a campaign as plain data) with ``dotted`` set to ``value`` (a copy; parents created)."""
