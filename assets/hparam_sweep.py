@@ -56,14 +56,17 @@ def trial_spec(spec: CampaignSpec) -> AssetSpec:
                                  "parameters, eval loss at each rung, cost, and PROMOTED / PRUNED / COMPLETE / STOPPED.")
 
 
-def _rate(records: list[tuple[int, float]]) -> tuple[float, float] | None:
-    """Startup seconds and seconds per step from measured launches (steps trained, wall seconds)."""
+def _rate(records: list[tuple[int, float]], planned_startup: float = 0.0) -> tuple[float, float] | None:
+    """Startup seconds and seconds per step from measured launches (steps trained, wall seconds): a line
+    through them once two lengths were measured; from one length, the planner's start-up (at most 80% of the
+    launch) and the rest per step."""
     pts = [(n, s) for n, s in records if n > 0]
     if not pts:
         return None
     if len({n for n, _ in pts}) < 2:
-        n, s = max(pts)
-        return 0.0, s / n  # all startup charged to the steps: an over-estimate, never an under-estimate
+        n, s = max(pts, key=lambda p: p[1])
+        a = min(planned_startup, 0.8 * s)
+        return a, (s - a) / n
     import numpy as np
 
     x = np.array([n for n, _ in pts], dtype=float)
@@ -102,8 +105,8 @@ def build(spec: CampaignSpec):
             measured: list[tuple[int, float]] = []
             try:
                 plan = pricing.plan(spec, sd.root)["stages"]["student_adapter"]
-                planned = (float(entry.perf.get("train_startup_s", 0.0)) if entry.perf else 0.0,
-                           plan["seconds"] / plan["steps"])
+                startup = float(entry.perf.get("train_startup_s", 0.0)) if entry.perf else 0.0
+                planned = (startup, max(0.0, plan["seconds"] - startup) / plan["steps"])
             except Exception as e:  # noqa: BLE001 - no plan: the first rung is priced once measured
                 context.log.warning(f"sweep: no planner estimate ({e}); rungs priced from measured launches")
                 planned = (0.0, 0.0)
@@ -115,11 +118,11 @@ def build(spec: CampaignSpec):
             mlflow_runs: dict[int, str] = {}
 
             def estimate_usd(steps: int, _trial: int) -> float:
-                a, b = _rate(measured) or planned
+                a, b = _rate(measured, planned[0]) or planned
                 return (a + b * steps) * price_s
 
             def full_run_seconds(steps: int) -> float:
-                a, b = _rate(measured) or planned
+                a, b = _rate(measured, planned[0]) or planned
                 return a + b * steps
 
             def spent_usd() -> float:

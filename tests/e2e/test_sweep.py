@@ -176,8 +176,9 @@ def test_sigkill_mid_rung_then_rerun_trains_no_finished_rung_again_and_the_cap_s
     from campaigns.loader import load_campaigns
 
     name = "sweep_kill"
-    cap = 0.0018  # about four rungs on the 2-core machine: the sweep stops before its six trials
-    path = _campaign(root, name, sweep={"budget_usd": cap})
+    cap = 0.0045  # about five rungs on the 2-core machine: the sweep stops before its six trials are done
+    # no start points: the retry of the killed trial is then the only queued trial, and runs first
+    path = _campaign(root, name, sweep={"budget_usd": cap, "enqueue": []})
     log = tmp_path / "first.log"
     first = subprocess.Popen([sys.executable, "-m", "tests.support.sweep_run", str(path), str(root)], cwd=REPO,
                              env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
@@ -208,11 +209,13 @@ def test_sigkill_mid_rung_then_rerun_trains_no_finished_rung_again_and_the_cap_s
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert trials[0].state == TrialState.FAIL
     (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == 0]
-    assert retry.params == trials[0].params and retry.state in (TrialState.COMPLETE, TrialState.FAIL)
+    assert retry.number == 1 and retry.params == trials[0].params and retry.state == TrialState.COMPLETE
     text = node_log.read_text()
     assert text.count("rung done at step 30/90") == 1  # the finished rung was never trained again
-    assert "resumed from checkpoint" in text.split("steps 30→90")[-1] or json.loads(
-        (study_dir / "trial-000" / "rung-90.json").read_text())["resumed_from"] == 30
+    resumes = [x for x in text.splitlines() if x.startswith("resumed from checkpoint ")]
+    assert len(resumes) == 2 and all(x.endswith("(step 30 of 90)") for x in resumes)  # the killed launch, the retry
+    rung90 = json.loads((study_dir / "trial-000" / "rung-90.json").read_text())
+    assert rung90["resumed_from"] == 30 and rung90["trained_steps"] == 60
     rows = _sweep_rows(root, name)
     ids = [r["production_id"] for r in rows]
     assert len(ids) == len(set(ids))  # each rung of each trial billed once
