@@ -1,5 +1,5 @@
 """hparam_sweep: a hyperparameter sweep (campaign ``sweep:``) before the student is trained for good;
-sweep_trial: one dynamic partition per trial, reported by the sweep step as it goes.
+its trials are the partitions of ``sweep_trial`` (assets/sweep_trial.py), reported as it goes.
 
 The sweep step runs an Optuna study (``campaign_orchestrator.sweep``); every rung of every trial is a
 launch of the campaign's own launcher (local torchrun or Kubernetes) with ``stop_at_step`` set, so a
@@ -15,45 +15,24 @@ import json
 import time
 from pathlib import Path
 
-from dagster import (AssetExecutionContext, AssetIn, AssetKey, AssetMaterialization, AssetSpec,
-                     DynamicPartitionsDefinition, Failure, MetadataValue, Output, asset)
+from dagster import AssetExecutionContext, AssetIn, AssetMaterialization, Failure, MetadataValue, Output, asset
 
 from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
 from assets.student_adapter import teacher_tokenizer_path, training_key_fields
+from assets.sweep_trial import trial_key, trial_partition, trial_partitions
 from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
 from resources.training_launcher import TrainingLauncher
 
 STAGE = "hparam_sweep"
-TRIAL = "sweep_trial"
 # what a sweep's result does not depend on: how much money, how many at once, where the study lives
 NOT_IN_KEY = {"budget_usd", "parallel", "storage", "heartbeat_s", "grace_s", "max_retries"}
-
-
-def trial_partitions(spec: CampaignSpec) -> DynamicPartitionsDefinition:
-    return DynamicPartitionsDefinition(name=f"{spec.name}_sweep_trials")
-
-
-def trial_key(spec: CampaignSpec) -> AssetKey:
-    return key(spec, TRIAL)
-
-
-def trial_partition(root: int) -> str:
-    return f"trial-{root:03d}"
 
 
 def sweep_key(spec: CampaignSpec, dataset_key: str, base_identity: str) -> str:
     return stage_key("sweep/v1", dataset_key, base_identity, training_key_fields(spec),
                      spec.sweep.model_dump(exclude=NOT_IN_KEY))
-
-
-def trial_spec(spec: CampaignSpec) -> AssetSpec:
-    """The per-trial asset: not materialized by Dagster itself; the sweep step reports its partitions."""
-    return AssetSpec(key=trial_key(spec), group_name=spec.name, partitions_def=trial_partitions(spec),
-                     deps=[key(spec, "tokenized_dataset")], kinds={"optuna"},
-                     description="One partition per sweep trial (reported by hparam_sweep after every rung): its "
-                                 "parameters, eval loss at each rung, cost, and PROMOTED / PRUNED / COMPLETE / STOPPED.")
 
 
 def _rate(records: list[tuple[int, float]], planned_startup: float = 0.0) -> tuple[float, float] | None:

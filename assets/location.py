@@ -13,7 +13,7 @@ import logging
 from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job, DefaultScheduleStatus
 
 from assets import (campaign_cost, cluster, demo_models, distillation_set, evaluation, hparam_sweep, invalid_campaigns,
-                    promoted_model, prompts, student_adapter, teacher_generations, tokenized_dataset)
+                    promoted_model, prompts, student_adapter, sweep_trial, teacher_generations, tokenized_dataset)
 from assets.drift_evaluation import drift_key
 from assets.run_recovery import reaper_sensor
 from assets.io_manager import ManifestIOManager
@@ -35,7 +35,7 @@ STAGE_BUILDERS = (prompts, teacher_generations, distillation_set, tokenized_data
 def campaign_assets(spec: CampaignSpec) -> list:
     out = [m.build(spec) for m in STAGE_BUILDERS]
     if spec.sweep is not None:  # the sweep step and its per-trial partitions (README, "Sweeps")
-        out += [hparam_sweep.build(spec), hparam_sweep.trial_spec(spec)]
+        out += [hparam_sweep.build(spec), sweep_trial.build(spec)]
     return out
 
 
@@ -65,7 +65,7 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
         assets += with_versions(campaign_assets(spec), spec)
         job = define_asset_job(campaign_job_name(name),
                                selection=(AssetSelection.groups(name).upstream() - AssetSelection.keys(drift_key(spec))
-                                          - AssetSelection.keys(hparam_sweep.trial_key(spec))),
+                                          - AssetSelection.keys(*([sweep_trial.trial_key(spec)] if spec.sweep else []))),
                                description=f"Run campaign {name} end to end ({loaded.sources[name]}).",
                                tags={"campaign": name, "trigger": "manual"})  # sensors and schedules override it
         jobs += [job, promoted_model.approve_job(spec)]

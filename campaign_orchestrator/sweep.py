@@ -249,6 +249,29 @@ class Sweep:
             time.sleep(0.5)
         return len(running)
 
+    def _requeue_failed(self, study) -> int:
+        """Trials that failed in a process that lived to mark them (a cancelled run: SIGTERM reached the trainer,
+        which checkpointed; a rung the cap stopped, now under a raised cap) are re-queued like stale ones, with
+        their parameters and original number, at most ``max_retries`` times each."""
+        from optuna.trial import TrialState
+
+        trials = study.get_trials(deepcopy=False)
+        latest: dict[int, int] = {}
+        for t in trials:
+            root = t.system_attrs.get("failed_trial", t.number)
+            latest[root] = max(latest.get(root, -1), t.number)
+        callback = self.storage.get_heartbeat_stale_trial_callback()
+        n = 0
+        for t in trials:
+            root = t.system_attrs.get("failed_trial", t.number)
+            if t.state == TrialState.FAIL and latest[root] == t.number:
+                before = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+                callback(study, t)
+                n += len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))) - before
+        if n:
+            self.log(f"sweep: re-queued {n} failed trial(s); each resumes from its own last checkpoint")
+        return n
+
     def run(self) -> dict:
         import optuna
         from optuna.trial import TrialState
@@ -256,6 +279,7 @@ class Sweep:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = make_study(self.spec, self.storage, self.study_name)
         recovered = self._wait_for_stale(study)
+        self._requeue_failed(study)
         done = [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
         remaining = self.sw.trials - len(done)
         t0 = time.perf_counter()
@@ -281,7 +305,8 @@ class Sweep:
                         "usd": float(sum(r["usd"] for r in rungs.values()))})
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
         top = self.ladder[-1]
-        by_root = {p["root"]: p for p in per if p["state"] in ("COMPLETE", "PRUNED", "STOPPED")}
+        # the trials that ran (at least one rung), by original number: a retry stands for the trial it retried
+        by_root = {p["root"]: p for p in per if p["state"] in ("COMPLETE", "PRUNED", "STOPPED") and p["rungs"]}
         if complete:
             best = min(complete, key=lambda t: t.value)
             best_params, best_value, best_number = best.params, float(best.value), best.number
