@@ -176,9 +176,8 @@ def test_sigkill_mid_rung_then_rerun_trains_no_finished_rung_again_and_the_cap_s
     from campaigns.loader import load_campaigns
 
     name = "sweep_kill"
-    cap = 0.0035  # about four rungs on the 2-core machine: the sweep stops before its six trials are done
     # no start points: the retry of the killed trial is then the only queued trial, and runs first
-    path = _campaign(root, name, sweep={"budget_usd": cap, "enqueue": []})
+    path = _campaign(root, name, sweep={"budget_usd": 0.02, "enqueue": []})
     log = tmp_path / "first.log"
     first = subprocess.Popen([sys.executable, "-m", "tests.support.sweep_run", str(path), str(root)], cwd=REPO,
                              env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
@@ -197,10 +196,16 @@ def test_sigkill_mid_rung_then_rerun_trains_no_finished_rung_again_and_the_cap_s
     killed_rows = _sweep_rows(root, name)
     assert [r["production_id"].split(":", 2)[2] for r in killed_rows] == ["trial-000:rung-30"]
     spec = load_campaigns([str(path)]).campaigns[name]
-    study_dir = node_log.parent.parent
+    study_dir = node_log.parent.parent  # <root>/<campaign>/hparam_sweep/<sweep key>
     study = make_study(spec, make_storage(storage_url(spec, root), spec.sweep), f"{name}-{study_dir.name}")
     assert [t.number for t in study.get_trials(states=(TrialState.RUNNING,))] == [0]  # left RUNNING by the kill
 
+    # the rerun's cap: about four more rungs at what this machine's first rung cost (the cap is not part of the
+    # sweep's key: the same study goes on under it), so it stops before the six trials are done
+    cap = round(killed_rows[0]["usd"] * 4.5, 6)
+    data = yaml.safe_load(path.read_text())
+    data["sweep"]["budget_usd"] = cap
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     result = run_sweep(str(path), str(root))
     assert result.success
     m = json.loads((sweep_dir / "LATEST.json").read_text())
