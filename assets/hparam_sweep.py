@@ -166,10 +166,16 @@ def build(spec: CampaignSpec):
 
                     mlflow_runs[rec.number] = log_trial(spec, sd.root, k, rec)
 
+            limits = []
+            c = spec.cost
+            if c.budget_usd is not None:  # the campaign's budget holds during the sweep too (budget_scope applies)
+                run_scope = context.run_id if c.budget_scope == "run" else None
+                limits.append(("campaign budget (cost.budget_usd)", c.budget_usd,
+                               lambda: ledger.spent(spec.name, run_id=run_scope)))
             url = storage_url(spec, sd.root)
             sweep = Sweep(spec, workdir, make_storage(url, sw), f"{spec.name}-{k}", run_rung=run_rung,
                           estimate_usd=estimate_usd, spent_usd=spent_usd, record_lines=record_lines, on_event=on_event,
-                          log=context.log.info, full_run_seconds=full_run_seconds)
+                          log=context.log.info, full_run_seconds=full_run_seconds, limits=limits)
             t0 = time.perf_counter()
             result = sweep.run()
             result["spent_usd"] = spent_usd()  # the ledger's word: every rung of this sweep, any run

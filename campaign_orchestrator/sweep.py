@@ -146,13 +146,15 @@ class Sweep:
                  estimate_usd: Callable[[int, int], float], spent_usd: Callable[[], float],
                  record_lines: Callable[[TrialRecord, int, list[dict]], None],
                  on_event: Callable[[TrialRecord], None] = lambda r: None, log: Callable[[str], None] = print,
-                 full_run_seconds: Callable[[int], float] | None = None):
+                 full_run_seconds: Callable[[int], float] | None = None,
+                 limits: list[tuple[str, float, Callable[[], float]]] = ()):
         self.spec, self.sw = spec, spec.sweep
         self.workdir = Path(workdir)
         self.storage, self.study_name = storage, study_name
         self.run_rung, self.estimate_usd, self.spent_usd = run_rung, estimate_usd, spent_usd
         self.record_lines, self.on_event, self.log = record_lines, on_event, log
         self.full_run_seconds = full_run_seconds
+        self.limits = list(limits)
         self.ladder = self.sw.ladder(spec.training.max_steps)
         self.lock = threading.Lock()
         self.in_flight: dict[int, float] = {}  # trial number -> its running rung's estimate
@@ -165,17 +167,22 @@ class Sweep:
         return frozen.system_attrs.get("failed_trial", trial.number)
 
     def _check_cap(self, number: int, steps: int, prev: int) -> None:
-        cap = self.sw.budget_usd
-        if cap is None:
+        """Every limit (the sweep's cap on the sweep's spend; ``limits``: e.g. the campaign's budget on the
+        campaign's spend) must hold for spend so far + the rungs in flight + this rung's estimate."""
+        limits = ([("sweep cap", self.sw.budget_usd, self.spent_usd)] if self.sw.budget_usd is not None else [])
+        limits += self.limits
+        if not limits:
             return
         need = self.estimate_usd(steps - prev, number)
         with self.lock:
-            spent, flying = self.spent_usd(), sum(v for k, v in self.in_flight.items() if k != number)
-            if spent + flying + need > cap:
-                msg = (f"sweep cap ${cap:.6f}: spent ${spent:.6f}, in flight ${flying:.6f}, the next rung (trial "
-                       f"{number}, steps {prev}→{steps}) needs ~${need:.6f}: not launched")
-                self.stopped_by_cap = self.stopped_by_cap or msg
-                raise CapReached(msg)
+            flying = sum(v for k, v in self.in_flight.items() if k != number)
+            for what, cap, spent_fn in limits:
+                spent = spent_fn()
+                if spent + flying + need > cap:
+                    msg = (f"{what} ${cap:.6f}: spent ${spent:.6f}, in flight ${flying:.6f}, the next rung (trial "
+                           f"{number}, steps {prev}→{steps}) needs ~${need:.6f}: not launched")
+                    self.stopped_by_cap = self.stopped_by_cap or msg
+                    raise CapReached(msg)
             self.in_flight[number] = need
 
     def objective(self, trial) -> float:
