@@ -130,6 +130,10 @@ def test_sweep_prunes_bad_rates_early_and_its_best_trial_reaches_the_gate(root):
     launches = sum(len(t["rungs"]) for t in trials)
     assert len(rows) == launches == len({r["production_id"] for r in rows})
     assert sum(r["usd"] for r in rows) == pytest.approx(m["spent_usd"]) and m["spent_usd"] <= m["cap_usd"]
+    # the result's cost includes the sweep that chose it (the adopted adapter itself cost nothing more)
+    cost = json.loads((root / name / "campaign_cost" / "LATEST.json").read_text())
+    assert cost["stage_keys"]["hparam_sweep"] == m["key"]
+    assert cost["training_usd"] == pytest.approx(m["spent_usd"])
     # the dashboard's sweep panel: every trial, its cost from the ledger
     html = (root / name / "campaign_cost" / "dashboard.html").read_text()
     assert 'id="sweep"' in html and all(f"<td>#{t['trial']}" in html for t in trials)
