@@ -10,6 +10,8 @@ prompts                campaign_orchestrator.dataset.prompts (sources: .triggers
 teacher_generations    campaign_orchestrator.teacher (runner, cache, backends; resources.teacher)
 distillation_set       campaign_orchestrator.dataset.filtering (scorer: evaluation.scorers), .decontamination
 tokenized_dataset      campaign_orchestrator.dataset.tokenize (formatting, packing, topk)
+hparam_sweep           campaign_orchestrator.sweep (Optuna; each rung a launch as below)
+sweep_trial            hparam_sweep (one dynamic partition per trial, reported by the sweep step)
 student_adapter        training (``python -m training`` through resources.training_launcher)
 evaluation             evaluation (runner, suite, gate, report; local generation: .teacher.local; lm_eval suites: harness)
 promoted_model         evaluation.approval
@@ -21,6 +23,6 @@ Beside them: ``demo_models`` (campaign_orchestrator.demo.build), ``cluster`` (th
 campaign_orchestrator.cluster), ``invalid_campaigns`` (a broken campaign file, campaigns.loader).
 ``location.py`` builds the ``Definitions``; ``sensors.py`` and ``versions.py`` add the campaigns'
 sensors, schedules and code versions; ``common.py``, ``io_manager.py``, ``progress.py``,
-``perf_metadata.py`` and ``harness.py`` (lm_eval suites, for evaluation and distillation_set) are
+``perf_metadata.py``, ``tracking.py`` (MLflow) and ``harness.py`` (lm_eval suites, for evaluation and distillation_set) are
 shared helpers.
 """

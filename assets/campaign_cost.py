@@ -39,16 +39,34 @@ def report_metadata(report: dict) -> dict:
 
 
 def build(spec: CampaignSpec):
-    @asset(key=key(spec, "campaign_cost"), group_name=spec.name, kinds={"duckdb"},
-           ins={s: AssetIn(key(spec, s)) for s in STAGES},
-           description="Cost per result from the ledger: $/M teacher tokens, $/1k accepted examples, $/point gained "
-                       "(at the gain's lower 95% bound), planner estimate vs actual, and the cost dashboard.")
-    def campaign_cost(context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource,
-                      teacher_generations: dict, distillation_set: dict, tokenized_dataset: dict, student_adapter: dict,
-                      evaluation: dict) -> Output[dict]:
-        manifests = {"teacher_generations": teacher_generations, "distillation_set": distillation_set,
-                     "tokenized_dataset": tokenized_dataset, "student_adapter": student_adapter, "evaluation": evaluation}
-        report = cost_report(pricing, spec, storage.root_path(), context.run_id, manifests, log=context.log.warning)
-        return Output({"key": context.run_id, "path": report["report_path"], **report}, metadata=report_metadata(report))
+    ins = {s: AssetIn(key(spec, s)) for s in STAGES}
+    if spec.sweep is not None:  # the candidate came out of the sweep: its trials are part of the result's cost
+        ins["hparam_sweep"] = AssetIn(key(spec, "hparam_sweep"))
+    decorate = asset(key=key(spec, "campaign_cost"), group_name=spec.name, kinds={"duckdb"}, ins=ins,
+                     description="Cost per result from the ledger: $/M teacher tokens, $/1k accepted examples, $/point "
+                                 "gained (at the gain's lower 95% bound), planner estimate vs actual, and the cost "
+                                 "dashboard.")
+
+    def report(context, storage, pricing, manifests: dict) -> Output[dict]:
+        r = cost_report(pricing, spec, storage.root_path(), context.run_id, manifests, log=context.log.warning)
+        return Output({"key": context.run_id, "path": r["report_path"], **r}, metadata=report_metadata(r))
+
+    if spec.sweep is None:
+        @decorate
+        def campaign_cost(context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource,
+                          teacher_generations: dict, distillation_set: dict, tokenized_dataset: dict,
+                          student_adapter: dict, evaluation: dict) -> Output[dict]:
+            return report(context, storage, pricing, {
+                "teacher_generations": teacher_generations, "distillation_set": distillation_set,
+                "tokenized_dataset": tokenized_dataset, "student_adapter": student_adapter, "evaluation": evaluation})
+    else:
+        @decorate
+        def campaign_cost(context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource,
+                          teacher_generations: dict, distillation_set: dict, tokenized_dataset: dict,
+                          hparam_sweep: dict, student_adapter: dict, evaluation: dict) -> Output[dict]:
+            return report(context, storage, pricing, {
+                "teacher_generations": teacher_generations, "distillation_set": distillation_set,
+                "tokenized_dataset": tokenized_dataset, "hparam_sweep": hparam_sweep,
+                "student_adapter": student_adapter, "evaluation": evaluation})
 
     return campaign_cost

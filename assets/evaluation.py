@@ -259,6 +259,10 @@ def build(spec: CampaignSpec):
             md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
         if m.get("billing_note"):
             md["billing_note"] = m["billing_note"]
+        if spec.tracking.mlflow is not None and not cached:  # the training run's verdict (assets/tracking.py)
+            from assets.tracking import set_verdict
+
+            md["mlflow_runs_tagged"] = set_verdict(spec, storage.root_path(), m["candidate_key"], report["verdict"])
         yield Output(m, metadata=md)
         yield gate_check_result(report, m["key"])
 

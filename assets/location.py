@@ -12,8 +12,8 @@ import logging
 
 from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job, DefaultScheduleStatus
 
-from assets import (campaign_cost, cluster, demo_models, distillation_set, evaluation, invalid_campaigns, promoted_model, prompts,
-                    student_adapter, teacher_generations, tokenized_dataset)
+from assets import (campaign_cost, cluster, demo_models, distillation_set, evaluation, hparam_sweep, invalid_campaigns,
+                    promoted_model, prompts, student_adapter, sweep_trial, teacher_generations, tokenized_dataset)
 from assets.drift_evaluation import drift_key
 from assets.run_recovery import reaper_sensor
 from assets.io_manager import ManifestIOManager
@@ -33,7 +33,10 @@ STAGE_BUILDERS = (prompts, teacher_generations, distillation_set, tokenized_data
 
 
 def campaign_assets(spec: CampaignSpec) -> list:
-    return [m.build(spec) for m in STAGE_BUILDERS]
+    out = [m.build(spec) for m in STAGE_BUILDERS]
+    if spec.sweep is not None:  # the sweep step and its per-trial partitions (README, "Sweeps")
+        out += [hparam_sweep.build(spec), sweep_trial.build(spec)]
+    return out
 
 
 def campaign_job_name(name: str) -> str:
@@ -61,7 +64,8 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
     for name, spec in loaded.campaigns.items():
         assets += with_versions(campaign_assets(spec), spec)
         job = define_asset_job(campaign_job_name(name),
-                               selection=AssetSelection.groups(name).upstream() - AssetSelection.keys(drift_key(spec)),
+                               selection=(AssetSelection.groups(name).upstream() - AssetSelection.keys(drift_key(spec))
+                                          - AssetSelection.keys(*([sweep_trial.trial_key(spec)] if spec.sweep else []))),
                                description=f"Run campaign {name} end to end ({loaded.sources[name]}).",
                                tags={"campaign": name, "trigger": "manual"})  # sensors and schedules override it
         jobs += [job, promoted_model.approve_job(spec)]

@@ -88,67 +88,125 @@ def moe_metadata(moe: dict | None) -> dict:
     }
 
 
+def adopt_trial(sweep: dict, out) -> dict | None:
+    """The sweep's best trial ran the full length (the top rung is training.max_steps) with exactly these settings:
+    its adapter, metrics and summary become this stage's output instead of a second identical run. None when it
+    did not (the cap stopped the sweep first): the stage trains."""
+    from pathlib import Path
+
+    d = Path(sweep.get("best_dir") or "")
+    if not sweep.get("best_complete") or not (d / "adapter" / "adapter_config.json").exists():
+        return None
+    summary = json.loads((d / "summary.json").read_text())
+    if summary.get("rung"):
+        return None
+    shutil.copytree(d / "adapter", out / "adapter", dirs_exist_ok=True)
+    shutil.copy2(d / "metrics.parquet", out / "metrics.parquet")
+    summary["adapter_dir"] = str(out / "adapter")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 def build(spec: CampaignSpec):
     s, tr = spec.student, spec.training
+    ins = {"dataset": AssetIn(key(spec, "tokenized_dataset"))}
+    if spec.sweep is not None:
+        ins["sweep"] = AssetIn(key(spec, "hparam_sweep"))
 
-    @asset(key=key(spec, "student_adapter"), group_name=spec.name, kinds={"pytorch"},
-           ins={"dataset": AssetIn(key(spec, "tokenized_dataset"))}, deps=model_deps(s.base_model), pool="gpu",
-           description=(f"LoRA r={s.lora.r} on `{s.base_model}` ({'4-bit QLoRA' if s.quantization.load_in_4bit else 'bf16'}),"
-                        f" {tr.nodes} node(s) × {tr.processes_per_node} process(es), sharding {tr.sharding}."))
-    def student_adapter(context: AssetExecutionContext, dataset: dict, storage: ArtifactStore,
-                        launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
-        from training.config import TrainJob
-
-        base = storage.resolve_model(s.base_model, spec.project_dir)
-        refuse_before_launch(spec, base)
-        k = stage_key("adapter/v1", dataset["key"], model_identity(base, s.revision), training_key_fields(spec))
-        sd = storage.stage(spec.name, "student_adapter", k)
-        cached = sd.is_complete()
-        if not cached:
-            out = sd.ensure()
-            shutil.rmtree(out / "adapter", ignore_errors=True)
-            remote = tr.checkpoint.remote_uri
-            from campaign_orchestrator.costs.lines import billed_hardware, gpu_priced
-
-            catalog = pricing.catalog_for(spec)
-            job = TrainJob(campaign=spec.name, base_model_path=str(base), dataset_path=dataset["dataset_path"],
-                           validation_path=dataset.get("validation_path"), output_dir=str(out), student=s, training=tr,
-                           teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
-                           gpu_required=gpu_priced(spec, catalog),
-                           checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None)
-            t0 = time.perf_counter()
-            cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
-            launched = launcher.launch(context, job, out, budget=pricing.budget_guard(context, spec, sd), **cluster)
-            wall = time.perf_counter() - t0
-            summary = json.loads((out / "summary.json").read_text())
-            # billed at what it ran on: a GPU entry only when the trainer had GPUs (it refuses otherwise, unless
-            # allow_cpu_fallback: then CPU time at training.cpu_hardware)
-            billed, note = billed_hardware(spec, catalog, summary.get("device", "cpu"))
-            if note:
-                context.log.warning(note)
-            lines = [hardware_cost(pricing, spec, "training", billed, wall, hosts=tr.nodes, devices=tr.world_size)]
-            sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
-                       "metrics_path": str(out / "metrics.parquet"), "logs": launched["logs"],
-                       "wall_seconds": wall, "cost_lines": lines, "billed_hardware": billed,
-                       **({"billing_note": note} if note else {})})
-        m = sd.manifest()
-        sm = m["summary"]
-        md = base_metadata(m, cached) | {
-            "adapter": MetadataValue.path(m["adapter_path"]), "metrics": MetadataValue.path(m["metrics_path"]),
-            "steps": sm["steps"], "first_loss": sm["first_loss"], "final_loss": sm["final_loss"],
-            "tokens": sm["tokens"], "tokens_per_s": sm["tokens_per_s"], "train_seconds": sm["train_seconds"],
-            "world_size": sm["world_size"], "effective_batch": sm["effective_batch"],
-            "trainable_parameters": sm["trainable_parameters"], "adapter_bytes": sm["adapter_bytes"],
-            "peak_memory_mb": sm["peak_memory_mb"],
-            "eval_loss_before": sm.get("eval_loss_before"), "eval_loss": sm.get("eval_loss"),
-            "skipped_steps": sm.get("skipped_steps", 0), "resumed_from_step": sm.get("resumed_from_step"),
-            "loss_kind": sm.get("loss", "sequence"), "sharding": sm.get("sharding"),
-            "gpu_hours": float(sum(line["quantity"] for line in m["cost_lines"] if line["unit"] == "gpu-hour")),
-            "device": sm.get("device"), "billed_hardware": m.get("billed_hardware"), "billing_note": m.get("billing_note"),
-        } | profile_metadata(m["path"])
-        if sm.get("merged_dir"):
-            md["merged_model"] = MetadataValue.path(sm["merged_dir"])
-        md |= moe_metadata(sm.get("moe"))
-        return Output(m, metadata={k: v for k, v in md.items() if v is not None})
+    decorate = asset(key=key(spec, "student_adapter"), group_name=spec.name, kinds={"pytorch"},
+                     ins=ins, deps=model_deps(s.base_model), pool="gpu",
+                     description=(f"LoRA r={s.lora.r} on `{s.base_model}` ({'4-bit QLoRA' if s.quantization.load_in_4bit else 'bf16'}),"
+                                  f" {tr.nodes} node(s) × {tr.processes_per_node} process(es), sharding {tr.sharding}"
+                                  + ("; parameters from the sweep's best trial (hparam_sweep)." if spec.sweep else ".")))
+    if spec.sweep is None:
+        @decorate
+        def student_adapter(context: AssetExecutionContext, dataset: dict, storage: ArtifactStore,
+                            launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
+            return train_adapter(context, spec, dataset, storage, launcher, pricing)
+    else:
+        @decorate
+        def student_adapter(context: AssetExecutionContext, dataset: dict, sweep: dict, storage: ArtifactStore,
+                            launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
+            return train_adapter(context, spec.with_params(sweep["best_params"]), dataset, storage, launcher, pricing,
+                                 sweep)
 
     return student_adapter
+
+
+def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: dict, storage: ArtifactStore,
+                  launcher: TrainingLauncher, pricing: PricingResource, sweep: dict | None = None) -> Output[dict]:
+    """The stage's work for ``spec`` (the campaign, or the campaign with the sweep's best parameters)."""
+    s, tr = spec.student, spec.training
+    from training.config import TrainJob
+
+    base = storage.resolve_model(s.base_model, spec.project_dir)
+    refuse_before_launch(spec, base)
+    k = stage_key("adapter/v1", dataset["key"], model_identity(base, s.revision), training_key_fields(spec))
+    sd = storage.stage(spec.name, "student_adapter", k)
+    cached = sd.is_complete()
+    adopted = None
+    if not cached and sweep is not None:
+        out = sd.ensure()
+        shutil.rmtree(out / "adapter", ignore_errors=True)
+        summary = adopt_trial(sweep, out)
+        if summary is not None:
+            adopted = sweep["best_trial"]
+            context.log.info(f"student_adapter: the sweep's best trial {adopted} ({sweep['best_params']}) trained "
+                             f"the full {tr.max_steps} steps with these settings: its adapter is the candidate")
+            sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
+                       "metrics_path": str(out / "metrics.parquet"), "logs": [], "wall_seconds": 0.0,
+                       "cost_lines": [], "billed_hardware": tr.hardware, "from_sweep_trial": adopted,
+                       "sweep_params": sweep["best_params"]})  # paid for in the sweep (ledger: hparam_sweep)
+    if not cached and adopted is None:
+        out = sd.ensure()
+        shutil.rmtree(out / "adapter", ignore_errors=True)
+        remote = tr.checkpoint.remote_uri
+        from campaign_orchestrator.costs.lines import billed_hardware, gpu_priced
+
+        catalog = pricing.catalog_for(spec)
+        job = TrainJob(campaign=spec.name, base_model_path=str(base), dataset_path=dataset["dataset_path"],
+                       validation_path=dataset.get("validation_path"), output_dir=str(out), student=s, training=tr,
+                       teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
+                       gpu_required=gpu_priced(spec, catalog),
+                       checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None)
+        t0 = time.perf_counter()
+        cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
+        launched = launcher.launch(context, job, out, budget=pricing.budget_guard(context, spec, sd), **cluster)
+        wall = time.perf_counter() - t0
+        summary = json.loads((out / "summary.json").read_text())
+        # billed at what it ran on: a GPU entry only when the trainer had GPUs (it refuses otherwise, unless
+        # allow_cpu_fallback: then CPU time at training.cpu_hardware)
+        billed, note = billed_hardware(spec, catalog, summary.get("device", "cpu"))
+        if note:
+            context.log.warning(note)
+        lines = [hardware_cost(pricing, spec, "training", billed, wall, hosts=tr.nodes, devices=tr.world_size)]
+        sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
+                   "metrics_path": str(out / "metrics.parquet"), "logs": launched["logs"],
+                   "wall_seconds": wall, "cost_lines": lines, "billed_hardware": billed,
+                   **({"billing_note": note} if note else {})})
+    m = sd.manifest()
+    sm = m["summary"]
+    md = base_metadata(m, cached) | {
+        "adapter": MetadataValue.path(m["adapter_path"]), "metrics": MetadataValue.path(m["metrics_path"]),
+        "steps": sm["steps"], "first_loss": sm["first_loss"], "final_loss": sm["final_loss"],
+        "tokens": sm["tokens"], "tokens_per_s": sm["tokens_per_s"], "train_seconds": sm["train_seconds"],
+        "world_size": sm["world_size"], "effective_batch": sm["effective_batch"],
+        "trainable_parameters": sm["trainable_parameters"], "adapter_bytes": sm["adapter_bytes"],
+        "peak_memory_mb": sm["peak_memory_mb"],
+        "eval_loss_before": sm.get("eval_loss_before"), "eval_loss": sm.get("eval_loss"),
+        "skipped_steps": sm.get("skipped_steps", 0), "resumed_from_step": sm.get("resumed_from_step"),
+        "loss_kind": sm.get("loss", "sequence"), "sharding": sm.get("sharding"),
+        "gpu_hours": float(sum(line["quantity"] for line in m["cost_lines"] if line["unit"] == "gpu-hour")),
+        "device": sm.get("device"), "billed_hardware": m.get("billed_hardware"), "billing_note": m.get("billing_note"),
+    } | profile_metadata(m["path"])
+    if sm.get("merged_dir"):
+        md["merged_model"] = MetadataValue.path(sm["merged_dir"])
+    md |= moe_metadata(sm.get("moe"))
+    if m.get("from_sweep_trial") is not None or sweep is not None:
+        md |= {"from_sweep_trial": m.get("from_sweep_trial"), "sweep_params": MetadataValue.json(sweep["best_params"])
+               if sweep else None}
+    if spec.tracking.mlflow is not None and not cached:
+        from assets.tracking import log_training
+
+        md["mlflow_run_id"] = log_training(spec, storage.root_path(), m, context.run_id)
+    return Output(m, metadata={k: v for k, v in md.items() if v is not None})

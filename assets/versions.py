@@ -127,4 +127,4 @@ def with_versions(assets_defs: list[AssetsDefinition], spec: CampaignSpec) -> li
             return s
         return s.replace_attributes(code_version=versions[stage])
 
-    return [a.map_asset_specs(apply) for a in assets_defs]
+    return [a.map_asset_specs(apply) if isinstance(a, AssetsDefinition) else a for a in assets_defs]

@@ -149,6 +149,18 @@ def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog, plan: dict | None
     return lambda seconds, items: [compute_line(kind, entry, seconds, tier=tier)]
 
 
+def latest_sweep(spec: CampaignSpec, artifact_root: str | Path) -> dict | None:
+    """The campaign's latest sweep as the dashboard's sweep panel draws it (README, "Sweeps"); None without one."""
+    import json
+
+    from campaign_orchestrator.costs.dashboard import sweep_panel_data
+
+    pointer = Path(artifact_root) / spec.name / "hparam_sweep" / "LATEST.json"
+    if spec.sweep is None or not pointer.exists():
+        return None
+    return sweep_panel_data(json.loads(pointer.read_text()))
+
+
 def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str | Path, run_id: str,
                 manifests: dict[str, dict], log=None) -> dict:
     """Build a run's cost report from the ledger, store it in the ledger, write it as JSON next to the
@@ -174,6 +186,7 @@ def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str
     out = root / spec.name / "campaign_cost"
     out.mkdir(parents=True, exist_ok=True)
     report["report_path"] = str(out / f"{run_id}.json")
-    report["dashboard_path"] = str(write_dashboard(out / "dashboard.html", spec.name, ledger, spec.cost.budget_usd))
+    report["dashboard_path"] = str(write_dashboard(out / "dashboard.html", spec.name, ledger, spec.cost.budget_usd,
+                                                   sweep=latest_sweep(spec, root)))
     (out / f"{run_id}.json").write_text(json.dumps(report, indent=2, default=str))
     return report

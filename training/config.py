@@ -30,6 +30,11 @@ class TrainJob(BaseModel):
         False, description="training.hardware is priced per GPU-hour: with no visible GPU, refuse to train (unless "
                            "training.allow_cpu_fallback) instead of running on the CPU and being billed as GPU time."
     )
+    stop_at_step: int | None = Field(
+        None, ge=1, description="Stop after this many completed steps (a sweep rung): checkpoint, measure the eval loss "
+        "and write summary.json with `rung: true`; the LR schedule stays that of the full run, so a relaunch with a "
+        "later stop (or none) resumes from this checkpoint exactly as an uninterrupted run. None: train to the end."
+    )
     checkpoint_uri: str | None = Field(
         None, description="Where this run's checkpoints are mirrored (s3://bucket/prefix/...), unique per run; None: local only."
     )

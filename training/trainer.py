@@ -411,9 +411,10 @@ class LoraTrainer:
         if self.start_step == 0 and self.eval_loss_before is None:
             self.eval_loss_before = self.evaluate()
         every_s = spec.checkpoint.every_minutes * 60 if spec.checkpoint.every_minutes else None
+        stop = self.total_steps if self.job.stop_at_step is None else min(self.job.stop_at_step, self.total_steps)
         t_start, cpu_start = time.perf_counter(), time.process_time()
         with RunProfiler(spec, self.out, self.report.log) as prof:
-            for step in range(self.start_step, self.total_steps):
+            for step in range(self.start_step, stop):
                 t0 = time.perf_counter()
                 due = float(self.is_main and every_s is not None and time.monotonic() - self._last_save_time >= every_s)
                 batches, counts, (due_all, stop_all) = self.prepare(step, (due, float(self._stop_signal is not None)))
@@ -465,8 +466,28 @@ class LoraTrainer:
                 prof.step()
         seconds, self.cpu_seconds = time.perf_counter() - t_start, time.process_time() - cpu_start
         prof.finish()
+        if stop < self.total_steps:
+            return self._finish_rung(stop, seconds)
         self.save_checkpoint(self.total_steps, reason="final")
         return self._finish(seconds)
+
+    def _finish_rung(self, stop: int, seconds: float) -> dict:
+        """A sweep rung ends: checkpoint at ``stop`` (the next rung resumes there), eval loss, a short summary."""
+        self.save_checkpoint(stop, reason="rung")
+        eval_loss = self.evaluate()
+        if not self.is_main:
+            return {}
+        new = [r for r in self.metrics if self.resumed_from is None or r["step"] > self.resumed_from]
+        checkpoint.write_metrics(self.metrics, self.out / "metrics.parquet")
+        summary = {"rung": True, "steps": stop, "total_steps": self.total_steps, "trained_steps": len(new),
+                   "resumed_from_step": self.resumed_from, "eval_loss_before": self.eval_loss_before,
+                   "eval_loss": eval_loss, "eval_source": self.eval_source, "train_seconds": seconds,
+                   "final_loss": self.metrics[-1]["loss"] if self.metrics else None,
+                   "tokens": sum(r["tokens"] for r in new), "device": self.device.type, "world_size": self.world}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.report.log(f"rung done at step {stop}/{self.total_steps} ({len(new)} steps trained here, resumed from "
+                        f"{self.resumed_from}): eval loss ({self.eval_source}) {_r4(eval_loss)}")
+        return summary
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()

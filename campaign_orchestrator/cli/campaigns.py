@@ -18,8 +18,11 @@ def price_problems(spec) -> list[str]:
     from campaign_orchestrator.costs.lines import price_problems as problems
     from resources.pricing import PricingResource
 
+    from campaign_orchestrator.costs.planner import sweep_cap_problems
+
     try:
-        return problems(spec, PricingResource().catalog_for(spec))
+        catalog = PricingResource().catalog_for(spec)
+        return problems(spec, catalog) + sweep_cap_problems(spec, catalog)
     except PricingError as e:  # the catalog itself (missing, unreadable, another version than pinned)
         return [str(e)]
 

@@ -42,7 +42,7 @@ def costs_command(args: argparse.Namespace) -> int:
 
 def dashboard_command(args: argparse.Namespace) -> int:
     from campaign_orchestrator.costs.dashboard import write_dashboard
-    from resources.pricing import PricingResource
+    from resources.pricing import PricingResource, latest_sweep
     from resources.storage import ArtifactStore
 
     spec = resolve_spec(args.campaign)
@@ -50,7 +50,7 @@ def dashboard_command(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     root = ArtifactStore(root=args.artifacts).root_path()
     path = write_dashboard(root / spec.name / "campaign_cost" / "dashboard.html", spec.name,
-                           PricingResource().ledger_at(root), spec.cost.budget_usd)
+                           PricingResource().ledger_at(root), spec.cost.budget_usd, sweep=latest_sweep(spec, root))
     print(path)
     return EXIT_OK
 

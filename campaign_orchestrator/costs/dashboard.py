@@ -241,8 +241,127 @@ def _tile(label: str, value: str, sub: str = "", cls: str = "") -> str:
             f'<div class="sub">{_e(sub)}</div></div>')
 
 
-def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now: dt.datetime | None = None) -> str:
-    """The dashboard HTML of ``campaign`` from a :class:`campaign_orchestrator.costs.ledger.Ledger`."""
+SWEEP_COLORS = ("#2563eb", "#f59e0b", "#10b981", "#8b5cf6", "#ec4899", "#14b8a6", "#f97316", "#64748b", "#84cc16",
+                "#06b6d4", "#a855f7", "#ef4444")
+
+
+def sweep_panel_data(sweep: dict) -> dict:
+    """What the sweep panel draws, from a sweep result (``campaign_orchestrator.sweep.Sweep.summary``)."""
+    keep = ("study", "rungs", "trials_run", "trials_pruned", "pruned_at_first_rung", "trials_complete",
+            "trials_stopped_by_cap", "best_trial", "best_params", "best_value", "default_value", "spent_usd", "cap_usd",
+            "stopped_by_cap", "time_saved_seconds", "trial_seconds", "every_trial_to_the_end_seconds", "key")
+    trials = [{k: t[k] for k in ("trial", "root", "state", "params", "rungs", "usd")} for t in sweep["trials"]
+              if t["state"] != "FAIL" or t["rungs"]]
+    return {k: sweep.get(k) for k in keep} | {"trials": trials}
+
+
+def sweep_trial_costs(ledger, campaign: str, sweep_key: str) -> dict[str, float]:
+    """Ledger spend per trial partition (``trial-NNN``) of one sweep, every run and rung."""
+    rows = ledger.query("SELECT production_id, usd FROM cost_lines WHERE campaign = ? AND asset = 'hparam_sweep' "
+                        "AND stage_key = ?", [campaign, sweep_key])
+    out: dict[str, float] = {}
+    for r in rows:
+        trial = str(r["production_id"]).split(":")[2]
+        out[trial] = out.get(trial, 0.0) + float(r["usd"])
+    return out
+
+
+def chart_sweep(panel: dict, costs: dict[str, float]) -> str:
+    """Eval loss against steps for every trial: pruned trials end in a cross, completed ones in a dot, the best
+    is drawn thick; then the trials table with each trial's cost from the ledger."""
+    trials = [t for t in panel["trials"] if t["rungs"]]
+    if not trials:
+        return _empty("no trial has finished a rung yet")
+    vals = [float(r["value"]) for t in trials for r in t["rungs"].values() if math.isfinite(float(r["value"]))]
+    lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
+    ceiling = hi + 0.08 * ((hi - lo) or 1.0)  # diverged trials (loss inf) are drawn at the top edge
+    p = _Plot(h=300)
+    p.axes(0, max(panel["rungs"]), max(0.0, lo - 0.05 * ((hi - lo) or 1.0)), ceiling, lambda v: f"{v:g}",
+           lambda v: f"{v:.2f}", "optimizer steps (rungs: " + ", ".join(str(r) for r in panel["rungs"]) + ")",
+           "eval loss")
+    for r in panel["rungs"]:
+        x = p.px(r)
+        p.parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{p.t}" y2="{p.h - p.b}" stroke="#e5e7eb" stroke-dasharray="3 3"/>')
+    for i, t in enumerate(sorted(trials, key=lambda t: t["trial"] == panel.get("best_trial"))):
+        color = SWEEP_COLORS[t["trial"] % len(SWEEP_COLORS)]
+        best = t["trial"] == panel.get("best_trial")
+        pts = [(int(k), min(float(v["value"]), ceiling) if math.isfinite(float(v["value"])) else ceiling)
+               for k, v in sorted(t["rungs"].items(), key=lambda kv: int(kv[0]))]
+        path = " ".join(f"{'M' if j == 0 else 'L'}{p.px(x):.1f},{p.py(y):.1f}" for j, (x, y) in enumerate(pts))
+        cost = costs.get(trial_pk(t), t["usd"])
+        tip = (f"trial {t['trial']} {t['state']} · " + ", ".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in t["params"].items())
+               + f" · {_e(money(cost))}")
+        p.parts.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="{4 if best else 2}" '
+                       f'opacity="{1 if best or t["state"] != "PRUNED" else 0.75}"><title>{_e(tip)}</title></path>')
+        for x, y in pts[:-1]:
+            p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(y):.1f}" r="3" fill="{color}"/>')
+        x, y = pts[-1]
+        cx, cy = p.px(x), p.py(y)
+        if t["state"] == "PRUNED":
+            p.parts.append(f'<path d="M{cx - 5:.1f},{cy - 5:.1f}L{cx + 5:.1f},{cy + 5:.1f}M{cx - 5:.1f},{cy + 5:.1f}'
+                           f'L{cx + 5:.1f},{cy - 5:.1f}" stroke="{color}" stroke-width="2.5"><title>{_e(tip)}</title></path>')
+        elif t["state"] == "STOPPED":
+            p.parts.append(f'<rect x="{cx - 5:.1f}" y="{cy - 5:.1f}" width="10" height="10" fill="{color}">'
+                           f'<title>{_e(tip)}</title></rect>')
+        else:
+            p.parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{7 if best else 5}" fill="{color}" stroke="#111827" '
+                           f'stroke-width="{2 if best else 0}"><title>{_e(tip)}</title></circle>')
+        label = f"#{t['trial']}" + (" best" if best else "")
+        p.parts.append(f'<text x="{cx + 8:.1f}" y="{cy + 4:.1f}" style="fill:{color};font-weight:600">{_e(label)}</text>')
+    legend = ('<p class="legend"><span>● completed</span><span>✕ pruned</span><span>■ stopped by the cap</span>'
+              '<span>thick: the best trial (drives student_adapter)</span><span>top edge: diverged</span></p>')
+    rows = []
+    for t in sorted(panel["trials"], key=lambda t: t["trial"]):
+        last = max((int(k) for k in t["rungs"]), default=0)
+        v = t["rungs"].get(str(last), {}).get("value") if last else None
+        rows.append(f"<tr><td>#{t['trial']}{' (best)' if t['trial'] == panel.get('best_trial') else ''}</td>"
+                    f"<td>{_e(t['state'])}</td><td>{_e(', '.join(f'{k}={_fmt(x)}' for k, x in t['params'].items()))}</td>"
+                    f"<td>{last}</td><td>{'—' if v is None else _e(_fmt(v))}</td>"
+                    f"<td>{_e(money(costs.get(trial_pk(t), t['usd'])))}</td></tr>")
+    table = ("<table><tr><th>trial</th><th>state</th><th>parameters</th><th>steps</th><th>eval loss</th>"
+             f"<th>cost (ledger)</th></tr>{''.join(rows)}</table>")
+    return ('<div style="max-width:900px">' + p.svg("sweep: eval loss against steps per trial") + "</div>" + legend
+            + table)
+
+
+def trial_pk(t: dict) -> str:
+    return f"trial-{t['root']:03d}"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "inf" if not math.isfinite(v) else f"{v:.4g}"
+    return str(v)
+
+
+def sweep_section(panel: dict | None, costs: dict[str, float]) -> str:
+    if not panel:
+        return ""
+    cap = panel.get("cap_usd")
+    spent = sum(costs.values()) if costs else panel.get("spent_usd") or 0.0
+    saved, full = panel.get("time_saved_seconds") or 0.0, panel.get("every_trial_to_the_end_seconds") or 0.0
+    tiles = [
+        _tile("sweep trials", f"{panel['trials_run']}", f"{panel['trials_pruned']} pruned "
+              f"({panel['pruned_at_first_rung']} at the first rung), {panel['trials_complete']} to the end"),
+        _tile("sweep spend", money(spent), "no cap" if cap is None else f"of a {money(cap)} cap ({spent / cap:.0%})",
+              "warn" if cap is not None and spent > cap else ""),
+        _tile("time saved", f"{saved:.0f} s", f"vs {full:.0f} s had every trial run to the end "
+              f"({saved / full:.0%} less)" if full else ""),
+        _tile("best eval loss", "n/a" if panel.get("best_value") is None else f"{panel['best_value']:.4f}",
+              "campaign default " + ("n/a" if panel.get("default_value") is None else f"{panel['default_value']:.4f}")),
+    ]
+    note = f'<p class="warn">{_e(panel["stopped_by_cap"])}</p>' if panel.get("stopped_by_cap") else ""
+    best = ", ".join(f"{k} = {_fmt(v)}" for k, v in (panel.get("best_params") or {}).items())
+    return (f'<section class="card" id="sweep" style="margin-top:14px"><h2>Sweep · {_e(panel.get("study") or "")}</h2>'
+            f'<section class="tiles">{"".join(tiles)}</section>{note}'
+            f'<p>best configuration (trial #{_e(panel.get("best_trial"))}): <b>{_e(best)}</b></p>'
+            f"{chart_sweep(panel, costs)}</section>")
+
+
+def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now: dt.datetime | None = None,
+                     sweep: dict | None = None) -> str:
+    """The dashboard HTML of ``campaign`` from a :class:`campaign_orchestrator.costs.ledger.Ledger`; ``sweep``: the
+    latest sweep's panel data (``sweep_panel_data``), drawn as the sweep panel."""
     lines, runs, reports = ledger.lines(campaign), ledger.runs(campaign), ledger.reports(campaign)
     spent = float(sum(float(x["usd"]) for x in lines))
     latest = reports[-1]["report"] if reports else None
@@ -280,7 +399,7 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
         f"<td>{_score(by_run.get(r['run_id']))}</td><td>{_e(_per_point(by_run.get(r['run_id'])))}</td></tr>"
         for r in reversed(runs))
     data = {"campaign": campaign, "spent_usd": spent, "budget_usd": budget_usd, "runs": runs,
-            "reports": [r["report"] for r in reports]}
+            "reports": [r["report"] for r in reports], "sweep": sweep}
     generated = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Cost dashboard · {_e(campaign)}</title>
@@ -296,7 +415,7 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
 </section>
 <section class="card" style="margin-top:14px"><h2>Runs</h2><table>
 <tr><th>run</th><th>first record (UTC)</th><th>spent in run</th><th>budget-stopped</th><th>verdict</th><th>score</th><th>$ / point (lower bound)</th></tr>
-{run_rows}</table></section></main>
+{run_rows}</table></section>{sweep_section(sweep, sweep_trial_costs(ledger, campaign, sweep["key"]) if sweep else {})}</main>
 <script type="application/json" id="dashboard-data">{html.escape(json.dumps(data, default=str), quote=False)}</script>
 </body></html>"""
 
@@ -311,10 +430,11 @@ def _per_point(r: dict | None) -> str:
     return money(r["usd_per_point_gained_lcb"]) if r.get("usd_per_point_gained_lcb") is not None else "not meaningful"
 
 
-def write_dashboard(path: str | Path, campaign: str, ledger, budget_usd: float | None = None) -> Path:
+def write_dashboard(path: str | Path, campaign: str, ledger, budget_usd: float | None = None,
+                    sweep: dict | None = None) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")
-    tmp.write_text(render_dashboard(campaign, ledger, budget_usd), encoding="utf-8")
+    tmp.write_text(render_dashboard(campaign, ledger, budget_usd, sweep=sweep), encoding="utf-8")
     os.replace(tmp, p)
     return p

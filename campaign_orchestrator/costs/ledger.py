@@ -204,6 +204,23 @@ class Ledger:
                      line.get("catalog_version"), now])
         return float(sum(float(x["usd"]) for x in lines))
 
+    def record_lines(self, *, campaign: str, asset: str, run_id: str, step_key: str, attempt: int, production_id: str,
+                     stage_key: str | None, lines: list[dict]) -> float:
+        """Record the lines of one piece of finished work that is not a stage output of its own (one rung of one
+        sweep trial: ``production_id`` names the trial and rung, e.g. ``hparam_sweep:<key>:trial-003:rung-30``).
+        Idempotent per production id."""
+        now = _now()
+        with self.connect(write=True) as con:
+            for i, line in enumerate(lines):
+                con.execute(
+                    f"INSERT INTO cost_lines ({', '.join(LINE_COLUMNS)}) VALUES ({', '.join('?' * len(LINE_COLUMNS))}) "
+                    "ON CONFLICT DO NOTHING",
+                    [_sha(production_id, i), campaign, asset, run_id, step_key, attempt, production_id, stage_key,
+                     "completed", line["kind"], line["price_key"], float(line["quantity"]), line["unit"],
+                     float(line["unit_price"]), float(line["usd"]), line.get("as_of"), line.get("tier"),
+                     line.get("catalog_version"), now])
+        return float(sum(float(x["usd"]) for x in lines))
+
     def record_report(self, campaign: str, run_id: str, report: dict) -> None:
         """Store (or replace) the cost report of a run; reports are derived, lines are not."""
         with self.connect(write=True) as con:

@@ -208,8 +208,14 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
                               "seconds": seconds, "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd,
                               "compute_dtype": sdt, "peak_gflops": peak_flops(entry, sdt) / 1e9}
 
-    # evaluation: candidate and base (and the teacher, whatever its backend) answer every item of every suite
-    # once; local models on the training hardware, the teacher at its own price
+    # hparam_sweep: every rung's surviving trials × that rung's new steps (trials continue from their checkpoints),
+    # one launch (startup) per trial per rung
+    if spec.sweep is not None:
+        out["hparam_sweep"] = plan_sweep(spec, entry, (seconds - _perf(entry, "train_startup_s")) / steps,
+                                         _perf(entry, "train_startup_s"))
+
+    # evaluation: candidate and base (and the teacher, whatever its backend) answer every held-out item once per
+    # suite; local models on the training hardware, the teacher at its own price
     ev = spec.evaluation
     roles = [("candidate", student), ("base", student)]
     seconds = 0.0
@@ -242,6 +248,43 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
             est["unknown"] = scoring[0]["unknown"]
     out["evaluation"] = est
     return out
+
+
+def plan_sweep(spec: CampaignSpec, entry: PriceEntry, step_s: float, startup_s: float) -> dict:
+    """The sweep's estimate: the sum over rungs of surviving trials × (that rung's new steps × seconds per step +
+    one launch); trials are never pruned early by the estimate, so it is what successive halving spends at most
+    when every rung keeps its full share (``SweepSpec.plan_rungs``)."""
+    tr, c = spec.training, spec.cost
+    rungs = spec.sweep.plan_rungs(tr.max_steps)
+    seconds = sum(r["trials"] * (r["new_steps"] * step_s + startup_s) for r in rungs)
+    qty, usd = _hours_usd(entry, seconds, tr.nodes, tr.world_size, c.pricing_tier)
+    full = spec.sweep.trials * (tr.max_steps * step_s + startup_s)
+    return {"rungs": rungs, "trials": spec.sweep.trials, "steps": sum(r["trials"] * r["new_steps"] for r in rungs),
+            "seconds": seconds, "every_trial_to_the_end_seconds": full, "price_key": entry.key, "unit": entry.unit,
+            "quantity": qty, "usd": usd, "cap_usd": spec.sweep.budget_usd,
+            "within_cap": None if spec.sweep.budget_usd is None else usd <= spec.sweep.budget_usd}
+
+
+def sweep_cap_problems(spec: CampaignSpec, catalog: Catalog) -> list[str]:
+    """A sweep cap below the cheapest possible rung (one trial, ``min_steps`` steps, one launch, at the catalog's
+    step overhead and start-up time alone: no FLOPs counted) can never run a trial."""
+    sw = spec.sweep
+    if sw is None or sw.budget_usd is None:
+        return []
+    entry = catalog.get(spec.training.hardware)
+    if not entry.hourly:
+        return []
+    try:
+        seconds = _perf(entry, "train_startup_s") + sw.rungs.min_steps * _perf(entry, "step_overhead_s")
+    except PlanError:
+        return []
+    _qty, usd = _hours_usd(entry, seconds, spec.training.nodes, spec.training.world_size, spec.cost.pricing_tier)
+    if sw.budget_usd < usd:
+        return [f"sweep.budget_usd ${sw.budget_usd:g} is below the cost of one rung: one trial's first "
+                f"{sw.rungs.min_steps} steps on {entry.key} cost at least ${usd:.6f} (start-up "
+                f"{_perf(entry, 'train_startup_s'):g} s + {sw.rungs.min_steps} × {_perf(entry, 'step_overhead_s'):g} s "
+                f"step overhead); raise the cap or lower sweep.rungs.min_steps"]
+    return []
 
 
 def _teacher_estimate(spec: CampaignSpec, catalog: Catalog, teacher: ModelShape | None, requests: int,
@@ -349,6 +392,9 @@ def render_plan(plan: dict) -> str:
         secs = "—" if s.get("seconds") is None else f"{s['seconds']:.0f} s"
         extra = (f"{s['tokens']:,.0f} teacher tokens" if name == "teacher_generations"
                  else f"{s['steps']} steps, {s['tokens']:,.0f} tokens" if name == "student_adapter"
+                 else (f"{s['trials']} trials, rungs " + " → ".join(f"{r['trials']}×{r['steps']}" for r in s["rungs"])
+                       + f", {s['steps']} steps" + (f", cap ${s['cap_usd']:g}" if s["cap_usd"] else ""))
+                 if name == "hparam_sweep"
                  else f"{s['items']} items × {len(s['models'])} models")
         cost = "unknown" if s["usd"] is None else f"${s['usd']:.6f}"
         lines.append(f"  {name:20s} {secs:>9s}  {s['quantity']:.6f} {s['unit']:14s} {cost}   ({extra}, {s['price_key']})")

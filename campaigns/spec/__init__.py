@@ -86,6 +86,15 @@ from campaigns.spec.kubernetes import (
     VolumeClaimSpec as VolumeClaimSpec,
     KubernetesSpec as KubernetesSpec,
 )
+from campaigns.spec.sweep import (
+    ParamSpec as ParamSpec,
+    RungSpec as RungSpec,
+    SweepSpec as SweepSpec,
+)
+from campaigns.spec.tracking import (
+    MlflowSpec as MlflowSpec,
+    TrackingSpec as TrackingSpec,
+)
 from campaigns.spec.automation import (
     NewDataSpec as NewDataSpec,
     ModelChangeSpec as ModelChangeSpec,
@@ -111,6 +120,10 @@ class CampaignSpec(_Strict):
     automation: AutomationSpec = Field(
         default_factory=AutomationSpec, description="Sensors and automation that re-run the campaign (all off by default)."
     )
+    sweep: SweepSpec | None = Field(
+        None, description="A hyperparameter sweep before training (Optuna successive halving under a dollar cap; "
+        "README \"Sweeps\"); its best configuration drives student_adapter.")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment tracking (MLflow); off by default.")
 
     _project_dir: Path | None = PrivateAttr(None)
 
@@ -126,6 +139,59 @@ class CampaignSpec(_Strict):
     def path(self, p: str | Path) -> Path:
         """A path from the campaign file (data source, suite, catalog, local model) as an absolute path."""
         return paths.resolve(p, self.project_dir)
+
+    def with_params(self, params: dict) -> CampaignSpec:
+        """This campaign with sweep parameters applied (``{"training.learning_rate": 1e-3, ...}``), validated."""
+        from campaigns.spec.sweep import set_field
+
+        doc = self.model_dump()
+        for name, value in params.items():
+            doc = set_field(doc, name, value)
+        out = CampaignSpec.model_validate(doc)
+        out._project_dir = self._project_dir
+        return out
+
+    def param_value(self, dotted: str):
+        node = self
+        for part in dotted.split("."):
+            node = getattr(node, part)
+        return node
+
+    @model_validator(mode="after")
+    def _sweep_fits_campaign(self) -> CampaignSpec:
+        sw = self.sweep
+        if sw is None:
+            return self
+        from pydantic import ValidationError
+
+        from campaigns.spec.sweep import set_field
+
+        max_steps = self.training.max_steps
+        if max_steps is None:
+            raise ValueError("sweep needs training.max_steps (its top rung); `epochs` is not supported with a sweep")
+        if sw.rungs.min_steps >= max_steps:
+            raise ValueError(f"sweep.rungs.min_steps ({sw.rungs.min_steps}) must be below training.max_steps "
+                             f"({max_steps}), the top rung: with no lower rung nothing is ever pruned")
+        sections = {"training": TrainingSpec, "training.distillation": DistillationSpec, "student.lora": LoraSpec}
+        for name, p in sw.space.items():
+            section, _, field = name.rpartition(".")
+            model = sections[section]
+            if field not in model.model_fields:
+                raise ValueError(f"sweep.space.{name}: unknown field; {section} has "
+                                 f"{', '.join(sorted(model.model_fields))}")
+        base = self.model_dump()
+        points = [("sweep.space." + n, {n: v}) for n, p in sw.space.items() for v in p.values_to_check()]
+        points += [(f"sweep.enqueue[{i}]", pt) for i, pt in enumerate(sw.enqueue)]
+        for where, pt in points:
+            doc = base
+            for n, v in pt.items():
+                doc = set_field(doc, n, v)
+            try:
+                CampaignSpec.model_validate(doc | {"sweep": None})
+            except ValidationError as e:
+                errs = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
+                raise ValueError(f"{where}: the campaign refuses {pt}: {errs}") from None
+        return self
 
     @model_validator(mode="after")
     def _training_hardware_is_named(self) -> CampaignSpec:

@@ -69,3 +69,18 @@ def test_every_asset_key_has_a_module_of_that_name():
     keys = build_definitions().resolve_all_asset_keys()
     missing = [k.to_user_string() for k in keys if k.path[-1] not in modules and k.path[0] not in modules]
     assert not missing and len(keys) > 10, missing
+
+
+def test_a_sweep_campaign_has_its_sweep_step_and_trial_partitions():
+    from dagster import DynamicPartitionsDefinition
+
+    defs = build_definitions([str(REPO / "campaigns" / "demo_sweep.yaml")])
+    graph = defs.resolve_asset_graph()
+    sweep, trial = AssetKey(["demo_sweep", "hparam_sweep"]), AssetKey(["demo_sweep", "sweep_trial"])
+    assert AssetKey(["demo_sweep", "tokenized_dataset"]) in graph.get(sweep).parent_keys
+    assert sweep in graph.get(AssetKey(["demo_sweep", "student_adapter"])).parent_keys
+    node = graph.get(trial)
+    assert isinstance(node.partitions_def, DynamicPartitionsDefinition)
+    assert node.partitions_def.name == "demo_sweep_sweep_trials" and not node.is_materializable
+    job = defs.resolve_job_def(campaign_job_name("demo_sweep"))
+    assert sweep in job.asset_layer.selected_asset_keys and trial not in job.asset_layer.selected_asset_keys

@@ -271,3 +271,26 @@ def test_eval_loss_is_measured_on_the_validation_split(run_job, tmp_path, demo_m
                                               if k != b"campaign.tokenizer_hash"}), anon / f.name)
     with pytest.raises(TrainingError, match="records no tokenizer hash"):
         run_job(make_job(tmp_path / "n", demo_models["student"], anon, **kw), "n")
+
+
+def test_sweep_rungs_stop_and_continue_to_the_adapter_of_one_run(run_job, tmp_path, demo_models, cipher_ds):
+    """``stop_at_step`` (a sweep rung) checkpoints, measures the eval loss and exits; relaunching with a later
+    stop and then none resumes each time from the rung's checkpoint, under the full run's LR schedule, and ends
+    with exactly the adapter of an uninterrupted run (what lets student_adapter adopt a sweep's best trial)."""
+    kw = dict(student=SMALL, max_steps=8, micro_batch_size=8, eval_rows=16, warmup_steps=2,
+              checkpoint={"every_steps": None, "every_minutes": None, "keep_last": 2})
+    straight = run_job(make_job(tmp_path / "a", demo_models["student"], cipher_ds, **kw), "a")
+    out = tmp_path / "b"
+    rungs = []
+    for i, stop in enumerate((2, 5, None)):
+        job = make_job(out, demo_models["student"], cipher_ds, **kw).model_copy(update={"stop_at_step": stop})
+        rungs.append(run_job(job, f"b{i}"))
+    first, second, last = rungs
+    assert first["rung"] and first["steps"] == 2 and first["trained_steps"] == 2 and first["resumed_from_step"] is None
+    assert second["rung"] and second["trained_steps"] == 3 and second["resumed_from_step"] == 2
+    assert first["eval_loss"] > second["eval_loss"] and first["eval_loss"] is not None
+    assert "rung" not in last and last["resumed_from_step"] == 5 and last["trained_steps"] == 8
+    a, b = _adapter(tmp_path / "a"), _adapter(out)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+    assert last["eval_loss"] == pytest.approx(straight["eval_loss"], rel=1e-6)
