@@ -91,8 +91,9 @@ def _time_matmul(dtype, n: int = MATMUL_N, rounds: int = 5) -> float:
     the cores only ever slows a round down, so the best one is the machine's own speed)."""
     import torch
 
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
+    g = torch.Generator().manual_seed(0)  # its own generator: measuring never moves the global RNG (the
+    a = torch.randn(n, n, generator=g).to(dtype)  # trainer seeds it before resolving its dtype, and a cache hit
+    b = torch.randn(n, n, generator=g).to(dtype)  # measures nothing: LoRA init would differ run to run, rank to rank)
     a @ b  # warm-up (kernel selection, packing)
     best = 0.0
     for _ in range(rounds):

@@ -54,3 +54,15 @@ def test_the_measurement_runs_once_per_host_and_is_cached(tmp_path, monkeypatch)
 def test_unknown_dtype_is_refused():
     with pytest.raises(ValueError, match="auto, bfloat16, float16 or float32"):
         resolve_compute_dtype("int8", "cpu", AVX2_EPYC)
+
+
+def test_measuring_never_moves_the_global_rng():
+    """The trainer seeds torch and then resolves its dtype; a measurement (first run) and a cache hit (the
+    next run, another rank) must leave the same random state, or LoRA init differs between them."""
+    import torch
+
+    torch.manual_seed(0)
+    hardware._time_matmul(torch.float32, 64, 1)
+    measured = torch.rand(4)
+    torch.manual_seed(0)
+    assert torch.equal(measured, torch.rand(4))

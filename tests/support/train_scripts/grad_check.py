@@ -23,7 +23,7 @@ def reference(job: TrainJob, trainer: LoraTrainer) -> dict:
     torch.manual_seed(job.training.seed)
     ref = load_student(job.base_model_path, job.student, torch.device("cpu"),
                        activation_checkpointing=job.training.activation_checkpointing,
-                       attn_implementation=trainer.attn_implementation)
+                       attn_implementation=trainer.attn_implementation, compute_dtype=trainer.precision.dtype)
     perturb([(n, p) for n, p in ref.named_parameters() if p.requires_grad], collective=False)
     ref.train()
     plan = trainer.plan
