@@ -198,6 +198,7 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
         "loss_kind": sm.get("loss", "sequence"), "sharding": sm.get("sharding"),
         "gpu_hours": float(sum(line["quantity"] for line in m["cost_lines"] if line["unit"] == "gpu-hour")),
         "device": sm.get("device"), "billed_hardware": m.get("billed_hardware"), "billing_note": m.get("billing_note"),
+        "compute_dtype": sm.get("compute_dtype"), "compute_dtype_reason": sm.get("compute_dtype_reason"),
     } | profile_metadata(m["path"])
     if sm.get("merged_dir"):
         md["merged_model"] = MetadataValue.path(sm["merged_dir"])
