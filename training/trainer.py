@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from campaign_orchestrator.hardware import resolve_compute_dtype
-from training import checkpoint, losses
+from training import checkpoint, head, losses
 from training import data as tdata
 from training import moe as tmoe
 from training.checkpoint import CheckpointStore
@@ -64,6 +64,10 @@ from training.profiling import RunProfiler
 from training.reporting import Reporter
 from training.export import copy_serving_files
 from training.summary import run_summary, write_reproducibility_card
+
+
+# Batch tensors aligned with ``labels`` position by position (gathered with them by ``head.compact``).
+LABEL_ALIGNED = frozenset({"labels", *losses.TEACHER_KEYS})
 
 
 def _r4(x: float | None) -> float | None:
@@ -99,6 +103,10 @@ class StepResult:
 
 
 class LoraTrainer:
+    # The LM head and loss at labelled positions only (training.head); False computes them everywhere
+    # (benchmarks/train_throughput.py measures both).
+    labelled_head = True
+
     def __init__(self, job: TrainJob):
         self.job = job
         self.spec = job.training
@@ -310,11 +318,15 @@ class LoraTrainer:
             return 0
         return int(((batch["labels"][:, 1:] != -100) & (batch[losses.TEACHER_IDS][:, 1:, 0] >= 0)).sum())
 
-    def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Logits and the batch to score them against: with ``labelled_head`` only at the labelled positions
+        (``training.head``; the label-aligned tensors gathered to match), else at every position."""
         skip = tdata.NON_MODEL_KEYS | losses.TEACHER_KEYS | tmoe.BATCH_KEYS
         inputs = {k: v for k, v in batch.items() if k not in skip}
         inputs["use_cache"] = False  # training never reuses a KV cache; building one costs time and memory
-        return self.model(**inputs).logits
+        if self.labelled_head:
+            inputs["logits_to_keep"], batch = head.compact(batch, LABEL_ALIGNED)
+        return self.model(**inputs).logits, batch
 
     def _loss_step(self, batch: dict[str, torch.Tensor], ce_tokens: int, kl_tokens: int,
                    real_tokens: int = 0) -> tuple[float, float, float]:
@@ -323,7 +335,8 @@ class LoraTrainer:
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if self.moe is not None:
             self.moe.begin()
-        sums = losses.loss_sums(self._forward(batch), batch, self.distill)
+        logits, scored = self._forward(batch)
+        sums = losses.loss_sums(logits, scored, self.distill)
         w = self.spec.distillation.kl_weight if self.distill else 0.0
         loss = losses.mix(sums["ce_sum"], ce_tokens, sums.get("kl_sum"), kl_tokens, w)
         aux = 0.0
@@ -478,7 +491,8 @@ class LoraTrainer:
         bs = self.spec.micro_batch_size
         for i in range(0, len(mine), bs):
             batch = {k: v.to(self.device) for k, v in tdata.collate(self.eval_data, mine[i:i + bs], self.pad_id).items()}
-            s, n = losses.cross_entropy_sum(self._forward(batch), batch["labels"])
+            logits, scored = self._forward(batch)
+            s, n = losses.cross_entropy_sum(logits, scored["labels"])
             total += torch.tensor([float(s), n], dtype=torch.float64)
         self.model.train()
         self._all_reduce(total)
