@@ -318,15 +318,19 @@ class LoraTrainer:
             return 0
         return int(((batch["labels"][:, 1:] != -100) & (batch[losses.TEACHER_IDS][:, 1:, 0] >= 0)).sum())
 
-    def _forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Logits and the batch to score them against: with ``labelled_head`` only at the labelled positions
-        (``training.head``; the label-aligned tensors gathered to match), else at every position."""
+    def _scored(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """With ``labelled_head``, the batch the LM head and loss see at the labelled positions only
+        (``training.head``: ``logits_to_keep`` and the label-aligned tensors gathered to match)."""
+        if not self.labelled_head:
+            return batch
+        keep, batch = head.compact(batch, LABEL_ALIGNED)
+        return batch | {"logits_to_keep": keep}
+
+    def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         skip = tdata.NON_MODEL_KEYS | losses.TEACHER_KEYS | tmoe.BATCH_KEYS
         inputs = {k: v for k, v in batch.items() if k not in skip}
         inputs["use_cache"] = False  # training never reuses a KV cache; building one costs time and memory
-        if self.labelled_head:
-            inputs["logits_to_keep"], batch = head.compact(batch, LABEL_ALIGNED)
-        return self.model(**inputs).logits, batch
+        return self.model(**inputs).logits
 
     def _loss_step(self, batch: dict[str, torch.Tensor], ce_tokens: int, kl_tokens: int,
                    real_tokens: int = 0) -> tuple[float, float, float]:
@@ -335,8 +339,8 @@ class LoraTrainer:
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if self.moe is not None:
             self.moe.begin()
-        logits, scored = self._forward(batch)
-        sums = losses.loss_sums(logits, scored, self.distill)
+        batch = self._scored(batch)
+        sums = losses.loss_sums(self._forward(batch), batch, self.distill)
         w = self.spec.distillation.kl_weight if self.distill else 0.0
         loss = losses.mix(sums["ce_sum"], ce_tokens, sums.get("kl_sum"), kl_tokens, w)
         aux = 0.0
@@ -491,8 +495,8 @@ class LoraTrainer:
         bs = self.spec.micro_batch_size
         for i in range(0, len(mine), bs):
             batch = {k: v.to(self.device) for k, v in tdata.collate(self.eval_data, mine[i:i + bs], self.pad_id).items()}
-            logits, scored = self._forward(batch)
-            s, n = losses.cross_entropy_sum(logits, scored["labels"])
+            batch = self._scored(batch)
+            s, n = losses.cross_entropy_sum(self._forward(batch), batch["labels"])
             total += torch.tensor([float(s), n], dtype=torch.float64)
         self.model.train()
         self._all_reduce(total)
