@@ -224,7 +224,7 @@ def make_job(work: Path, dataset: Path, model: Path, spec, steps: int, micro: in
     from training.config import TrainJob
 
     tr = spec.training.model_dump() | {
-        "max_steps": steps, "micro_batch_size": micro, "gradient_accumulation_steps": 1, "eval_rows": 0,
+        "max_steps": steps, "epochs": None, "micro_batch_size": micro, "gradient_accumulation_steps": 1, "eval_rows": 0,
         "log_every": 10, "checkpoint": spec.training.checkpoint.model_dump() | {"every_steps": None,
                                                                                "every_minutes": None}}
     return TrainJob(campaign="bench", base_model_path=str(model), dataset_path=str(dataset),
@@ -275,7 +275,7 @@ def report(args, kinds, runs, built, model: Path, load_before, spec) -> int:
     from campaign_orchestrator.hardware import measure_cpu_peak, resolve_compute_dtype
 
     torch.set_num_threads(args.threads)
-    peak = measure_cpu_peak()
+    peak = measure_cpu_peak(refresh=True)  # measured again now: the cache keeps the best figure this host has shown
     dtype = resolve_compute_dtype("auto", "cpu", peak).dtype
     best = {k: max((r for r in runs if r["kind"] == k), key=lambda r: r["tokens_per_s"]) for k in kinds}
     train = built["splits"]["train"]

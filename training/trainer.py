@@ -106,6 +106,8 @@ class LoraTrainer:
     # The LM head and loss at labelled positions only (training.head); False computes them everywhere
     # (benchmarks/train_throughput.py measures both).
     labelled_head = True
+    # FSDP2 even in a world of one (benchmarks/train_gpu_step.py times the sharded path, NCCL, on one GPU).
+    shard_single_process = False
 
     def __init__(self, job: TrainJob):
         self.job = job
@@ -261,7 +263,7 @@ class LoraTrainer:
         self.total_params = sum(p.numel() for p in model.parameters())
         self.param_breakdown = tmoe.parameter_breakdown(model)  # by kind; refuses routed experts left frozen
         tmoe.refuse_frozen_experts(self.param_breakdown, self.job.student, self.job.base_model_path)
-        if self.world > 1:
+        if self.world > 1 or self.shard_single_process:
             before = packed_4bit_checksums(model)
             self.mesh = build_mesh(self.spec, self.device)
             self.model = shard(model, self.mesh, self.compute_dtype)
