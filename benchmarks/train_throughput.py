@@ -21,10 +21,11 @@ Every run is its own subprocess (fresh allocator, its own peak RSS), and the kin
 per-step clocks of each trainer; TRL's through a callback at step begin/end), and over the whole
 ``train()`` call for both. The best run of each kind is compared.
 
-Kinds: ``ours`` (attention ``auto``), ``trl`` (TRL with the kernel ``ours`` picked: the pass/fail
-pairing), ``trl_sdpa`` (TRL with transformers' default sdpa), ``ours_full_head`` (this trainer with
-the LM head and loss at every position: the labelled-positions head switched off, to measure what it
-pays), ``ours_sdpa`` (this trainer forced to sdpa).
+Kinds: ``ours`` (attention ``auto``: the kernel measured fastest at this shape, ``training.attention``),
+``trl`` (TRL with the kernel ``ours`` resolved to: the pass/fail pairing), ``trl_eager`` / ``trl_sdpa``
+(TRL with eager / transformers' default sdpa), ``ours_full_head`` (this trainer with the LM head and
+loss at every position: the labelled-positions head switched off, to measure what it pays),
+``ours_eager`` / ``ours_sdpa`` (this trainer forced to eager / sdpa: what the kernel choice pays).
 
 MFU: model FLOPs per token × tokens/s over this host's measured matmul peak for the dtype used
 (``campaign_orchestrator.hardware.measure_cpu_peak``). Model FLOPs per token of LoRA training on a
@@ -56,7 +57,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 SPEED_TARGET = 1.3
 MEMORY_TARGET = 0.7
 MFU_TARGET = 0.65
-KINDS = ("ours", "trl", "trl_sdpa", "ours_full_head", "ours_sdpa")
+KINDS = ("ours", "trl", "trl_eager", "trl_sdpa", "ours_full_head", "ours_eager", "ours_sdpa")
 
 
 def _env(threads: int) -> dict:
@@ -146,13 +147,13 @@ def trl_child(job_file: str, out_file: str, attention: str) -> None:
 
     from campaign_orchestrator.hardware import resolve_compute_dtype
     from training.config import TrainJob
-    from training.model import attention_kernel, load_student
+    from training.model import load_student
 
     job = TrainJob.read(job_file)
     t = job.training
     torch.manual_seed(t.seed)
     dtype = resolve_compute_dtype(job.student.quantization.compute_dtype, "cpu").dtype
-    kernel = attention_kernel(job.student, torch.device("cpu"), t.max_seq_len) if attention == "same" else attention
+    kernel = attention
     model = load_student(job.base_model_path, job.student, torch.device("cpu"), attn_implementation=kernel,
                          compute_dtype=dtype)
     tok = AutoTokenizer.from_pretrained(job.base_model_path)
@@ -197,16 +198,18 @@ def trl_child(job_file: str, out_file: str, attention: str) -> None:
         "packed_rows": len(trainer.train_dataset)}))
 
 
-def _child(kind: str, job_file: Path, threads: int, out_file: Path, warmup: int) -> dict:
+def _child(kind: str, job_file: Path, threads: int, out_file: Path, warmup: int, kernel: str) -> dict:
+    """One run of ``kind`` in its own process; ``kernel``: the attention kernel ``ours`` resolved to."""
     mode = {"ours": ["--ours-child", "default"], "ours_full_head": ["--ours-child", "full_head"],
-            "ours_sdpa": ["--ours-child", "default"], "trl": ["--trl-child", "same"],
+            "ours_sdpa": ["--ours-child", "default"], "ours_eager": ["--ours-child", "default"],
+            "trl": ["--trl-child", kernel], "trl_eager": ["--trl-child", "eager"],
             "trl_sdpa": ["--trl-child", "sdpa"]}[kind]
     job = job_file
-    if kind == "ours_sdpa":
+    if kind in ("ours_sdpa", "ours_eager"):
         data = json.loads(job_file.read_text())
-        data["student"]["attn_implementation"] = "sdpa"
-        data["output_dir"] += "-sdpa"
-        job = job_file.with_name("job-sdpa.json")
+        data["student"]["attn_implementation"] = kind.removeprefix("ours_")
+        data["output_dir"] += "-" + kind
+        job = job_file.with_name(f"job-{kind}.json")
         job.write_text(json.dumps(data))
     cmd = [sys.executable, __file__, mode[0], str(job), str(out_file), mode[1]]
     p = subprocess.run(cmd, cwd=REPO, env=_env(threads) | {"BENCH_WARMUP": str(warmup)}, capture_output=True,
@@ -239,7 +242,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--micro", type=int, default=4, help="packed rows (≤ 128 tokens) per micro-batch")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--kinds", default="ours,trl,trl_sdpa,ours_full_head",
+    ap.add_argument("--kinds", default="ours,trl,trl_eager,ours_eager,ours_full_head",
                     help=f"comma-separated, from {','.join(KINDS)}; ours and trl are always run")
     args = ap.parse_args()
     kinds = list(dict.fromkeys(["ours", "trl", *[k for k in args.kinds.split(",") if k]]))
@@ -257,9 +260,12 @@ def main() -> int:
         job_file = make_job(work, work / "ds" / "train", model, spec, args.steps, args.micro)
         load_before = [round(x, 2) for x in os.getloadavg()]
         runs = []
+        kernel = None
         for i in range(args.repeats):  # alternate, so other tenants' load falls on every kind alike
             for k in kinds:
-                r = _child(k, job_file, args.threads, work / f"{k}-{i}.json", args.warmup)
+                r = _child(k, job_file, args.threads, work / f"{k}-{i}.json", args.warmup, kernel)
+                if k == "ours":
+                    kernel = r["attention"]  # TRL gets the kernel this trainer resolved `auto` to
                 runs.append({"kind": k, "repeat": i, **r, "load_average": [round(x, 2) for x in os.getloadavg()]})
                 print(f"{k} #{i}: {r['tokens_per_s']:.1f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
         return report(args, kinds, runs, built, model, load_before, spec)

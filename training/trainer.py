@@ -255,7 +255,7 @@ class LoraTrainer:
         self.report.log(f"compute dtype {self.precision.dtype} ({self.precision.requested}: {self.precision.reason})")
         if self.precision.warning:
             self.report.log(f"WARNING: {self.precision.warning}")
-        self.attn_implementation = attention_kernel(self.job.student, self.device, self.spec.max_seq_len)
+        self.attn_implementation = self._attention_kernel()
         model = load_student(self.job.base_model_path, self.job.student, self.device,
                              activation_checkpointing=self.spec.activation_checkpointing,
                              attn_implementation=self.attn_implementation, compute_dtype=self.precision.dtype)
@@ -283,6 +283,23 @@ class LoraTrainer:
                                           self.world, self.compute_dtype)
         torch.manual_seed(self.spec.seed + 1 + self.rank)  # dropout differs per rank
         random.seed(self.spec.seed + 1 + self.rank)
+
+    def _attention_kernel(self) -> str:
+        """``auto``: the kernel measured fastest at this run's micro-batch shape (training.attention), rank 0's
+        choice on every rank."""
+        shape = None
+        if self.job.student.attn_implementation == "auto":
+            from transformers import AutoConfig
+
+            from training.attention import batch_shape
+
+            row_tokens, seq_len = batch_shape(self.rows, self.spec.micro_batch_size)
+            shape = {"config": AutoConfig.from_pretrained(self.job.base_model_path), "row_tokens": row_tokens,
+                     "seq_len": seq_len, "dtype": self.compute_dtype}
+        kernel = [attention_kernel(self.job.student, self.device, self.spec.max_seq_len, shape)]
+        if self.world > 1:
+            dist.broadcast_object_list(kernel, src=0)
+        return kernel[0]
 
     def _setup_optimizer(self) -> None:
         params = [p for _, p in self.named_trainable]
