@@ -107,6 +107,7 @@ def ours_child(job_file: str, out_file: str, variant: str) -> None:
     steady = m[warm:]
     Path(out_file).write_text(json.dumps({
         "tokens_per_s": sum(r["tokens"] for r in steady) / sum(r["step_s"] for r in steady),
+        "tokens_per_s_best_step": max(r["tokens"] / r["step_s"] for r in steady),
         "tokens_per_s_train_call": s["tokens"] / s["train_seconds"], "tokens": s["tokens"],
         "steps": len(m), "loss_tokens": sum(r["loss_tokens"] for r in m), "train_seconds": s["train_seconds"],
         "process_wall_s": wall, "first_loss": m[0]["loss"], "final_loss": s["final_loss"],
@@ -190,6 +191,7 @@ def trl_child(job_file: str, out_file: str, attention: str) -> None:
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     Path(out_file).write_text(json.dumps({
         "tokens_per_s": sum(n for _, n in steady) / sum(s for s, _ in steady),
+        "tokens_per_s_best_step": max(n / s for s, n in steady),
         "tokens_per_s_train_call": trainer.state.num_input_tokens_seen / res.metrics["train_runtime"],
         "tokens": trainer.state.num_input_tokens_seen, "steps": len(clock.steps),
         "train_seconds": res.metrics["train_runtime"], "process_wall_s": wall,
@@ -219,6 +221,46 @@ def _child(kind: str, job_file: Path, threads: int, out_file: Path, warmup: int,
     return json.loads(out_file.read_text())
 
 
+def ablation_child(job_file: str, out_file: str, rounds: str) -> None:
+    """What each of the trainer's choices pays, measured in one process on one model: the trainer's own step
+    (``accumulate``: forward, loss, backward of its collated micro-batches) with the labelled-positions head on
+    and off and with each attention kernel, interleaved round by round (A, B, C, A, B, C, ...) so that other
+    tenants' load falls on every variant alike; the fastest round of each is compared."""
+    import statistics
+
+    from training import attention
+    from training.trainer import LoraTrainer
+
+    attention.register()
+    tr = LoraTrainer(__import__("training.config", fromlist=["TrainJob"]).TrainJob.read(job_file))
+    tr.setup()
+    base = tr.model.get_base_model()
+    variants = {"auto": (True, tr.attn_implementation), "full_head": (False, tr.attn_implementation),
+                **{f"attention_{k}": (True, k) for k in attention.CANDIDATES if k != tr.attn_implementation}}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    tokens = 0
+    for r in range(int(rounds) + 1):
+        batches, counts, _ = tr.prepare(r)
+        tokens = counts[2]
+        for name, (head, kernel) in variants.items():
+            tr.labelled_head = head
+            base.set_attn_implementation(kernel)
+            t0 = time.perf_counter()
+            tr.accumulate(batches, counts)
+            dt = time.perf_counter() - t0
+            tr.optimizer.zero_grad(set_to_none=True)
+            if r:  # round 0 warms every variant up
+                times[name].append(dt / counts[2])
+    tr.cleanup()
+    best = {k: min(v) for k, v in times.items()}
+    Path(out_file).write_text(json.dumps({
+        "auto_kernel": tr.attn_implementation, "tokens_per_micro_step": tokens,
+        "tokens_per_s_best_round": {k: round(1 / v, 1) for k, v in best.items()},
+        "tokens_per_s_median_round": {k: round(1 / statistics.median(v), 1) for k, v in times.items()},
+        "speedup_of_auto_over": {k: round(best[k] / best["auto"], 3) for k in best if k != "auto"},
+        "rounds": int(rounds), "peak_rss_mb": round(_peak_rss_mb())}))
+
+
 # --------------------------------------------------------------------------- the comparison
 
 
@@ -242,6 +284,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--micro", type=int, default=4, help="packed rows (≤ 128 tokens) per micro-batch")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ablation-rounds", type=int, default=6,
+                    help="rounds of the in-process interleaved comparison of the trainer's choices (0: none)")
     ap.add_argument("--kinds", default="ours,trl,trl_eager,ours_eager,ours_full_head",
                     help=f"comma-separated, from {','.join(KINDS)}; ours and trl are always run")
     args = ap.parse_args()
@@ -268,12 +312,20 @@ def main() -> int:
                     kernel = r["attention"]  # TRL gets the kernel this trainer resolved `auto` to
                 runs.append({"kind": k, "repeat": i, **r, "load_average": [round(x, 2) for x in os.getloadavg()]})
                 print(f"{k} #{i}: {r['tokens_per_s']:.1f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
-        return report(args, kinds, runs, built, model, load_before, spec)
+        ablation = None
+        if args.ablation_rounds:
+            p = subprocess.run([sys.executable, __file__, "--ablation-child", str(job_file), str(work / "abl.json"),
+                                str(args.ablation_rounds)], cwd=REPO, env=_env(args.threads), capture_output=True,
+                               text=True)
+            if p.returncode != 0:
+                raise RuntimeError(f"ablation run failed:\n{p.stderr[-4000:]}")
+            ablation = json.loads((work / "abl.json").read_text())
+        return report(args, kinds, runs, built, model, load_before, spec, ablation)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(args, kinds, runs, built, model: Path, load_before, spec) -> int:
+def report(args, kinds, runs, built, model: Path, load_before, spec, ablation=None) -> int:
     import torch
     import transformers
     import trl
@@ -306,6 +358,11 @@ def report(args, kinds, runs, built, model: Path, load_before, spec) -> int:
         "model": f"SmolLM2-135M-Instruct ({model.name}), LoRA r{spec.student.lora.r} on {','.join(spec.student.lora.target_modules)}, {dtype}",
         "tokens_per_s": {k: round(b["tokens_per_s"], 1) for k, b in best.items()},
         "tokens_per_s_whole_train_call": {k: round(b["tokens_per_s_train_call"], 1) for k, b in best.items()},
+        "tokens_per_s_best_single_step": {k: round(max(r.get("tokens_per_s_best_step", 0) for r in runs
+                                                       if r["kind"] == k), 1) for k in kinds},
+        "speedup_vs_trl_same_kernel_best_single_step": round(
+            max(r.get("tokens_per_s_best_step", 0) for r in runs if r["kind"] == "ours")
+            / max(max(r.get("tokens_per_s_best_step", 0) for r in runs if r["kind"] == "trl"), 1e-9), 3),
         "speedup_vs_trl_same_kernel": round(speed, 3),
         "speedups_other_pairings": {f"ours_vs_{k}": round(best["ours"]["tokens_per_s"] / best[k]["tokens_per_s"], 3)
                                     for k in kinds if k not in ("ours", "trl")},
@@ -320,6 +377,7 @@ def report(args, kinds, runs, built, model: Path, load_before, spec) -> int:
                  "train_rows": train["rows"], "examples": train["examples"], "tokens": train["total_tokens"],
                  "loss_tokens": train["loss_tokens"], "labelled_token_fraction": round(labelled, 4),
                  "packing_efficiency": round(built["packing_efficiency"], 4)},
+        "what_each_change_pays": ablation,
         "targets": targets,
         "pass": speed >= 1.0 and memory <= MEMORY_TARGET,
         "pass_rule": "exit 1 when this trainer is slower than TRL (same kernel, steady-state wall clock) or its peak "
@@ -343,6 +401,8 @@ def report(args, kinds, runs, built, model: Path, load_before, spec) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--ours-child":
         ours_child(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--ablation-child":
+        ablation_child(sys.argv[2], sys.argv[3], sys.argv[4])
     elif len(sys.argv) > 1 and sys.argv[1] == "--trl-child":
         trl_child(sys.argv[2], sys.argv[3], sys.argv[4])
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -61,3 +63,27 @@ def test_segment_eager_equals_eager_on_packed_and_padded_batches(models, layout)
     if layout == "packed_row":
         alone = seg(input_ids=ids[:, 6:10], position_ids=pos[:, 6:10], use_cache=False).logits
         torch.testing.assert_close(ls[:, 6:10], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernel_is_chosen_by_measurement_at_the_shape_and_cached(tmp_path):
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
+    kernel, rec = attention.choose_kernel(cfg, torch.device("cpu"), row_tokens=48, seq_len=12, cache_dir=str(tmp_path))
+    assert kernel in attention.CANDIDATES and set(rec["seconds"]) == set(attention.CANDIDATES)
+    assert kernel == min(rec["seconds"], key=rec["seconds"].get) and all(v > 0 for v in rec["seconds"].values())
+    cached = json.loads((tmp_path / attention.CACHE_FILE).read_text())
+    assert list(cached.values()) == [rec]
+    # a later run (any rank of this host) reuses the measurement: the same kernel, no timing noise between runs
+    key = next(iter(cached))
+    cached[key] = rec | {"kernel": "eager" if kernel != "eager" else "sdpa"}
+    (tmp_path / attention.CACHE_FILE).write_text(json.dumps(cached))
+    again, _ = attention.choose_kernel(cfg, torch.device("cpu"), row_tokens=48, seq_len=12, cache_dir=str(tmp_path))
+    assert again == cached[key]["kernel"]
+    other, _ = attention.choose_kernel(cfg, torch.device("cpu"), row_tokens=96, seq_len=12, cache_dir=str(tmp_path))
+    assert len(json.loads((tmp_path / attention.CACHE_FILE).read_text())) == 2 and other in attention.CANDIDATES
+
+
+def test_batch_shape_of_a_packed_dataset():
+    rows = {"position_ids": [[0, 1, 2, 0, 1, 2], [0, 1, 2, 3]]}
+    assert attention.batch_shape(rows, micro_batch=2) == (10, 3)
