@@ -42,10 +42,18 @@ def device_for(local_rank: int, gpu_required: bool = False, allow_cpu_fallback: 
     return torch.device("cpu")
 
 
-def attention_kernel(student: StudentSpec, device: torch.device, max_seq_len: int) -> str:
-    """The attention implementation ``auto`` resolves to (see ``StudentSpec.attn_implementation``)."""
+def attention_kernel(student: StudentSpec, device: torch.device, max_seq_len: int, shape: dict | None = None) -> str:
+    """The attention implementation ``auto`` resolves to (see ``StudentSpec.attn_implementation``).
+
+    With ``shape`` (``config``, ``row_tokens``, ``seq_len``, ``dtype``: the micro-batch the trainer will
+    run), the fastest of eager, sdpa and segment_eager measured at that shape on this host
+    (``training.attention.choose_kernel``, cached); without it, eager on a CPU up to 512 tokens, else sdpa."""
     if student.attn_implementation != "auto":
         return student.attn_implementation
+    if shape is not None:
+        from training.attention import choose_kernel
+
+        return choose_kernel(device=device, **shape)[0]
     return "eager" if device.type == "cpu" and max_seq_len <= 512 else "sdpa"
 
 
@@ -57,6 +65,10 @@ def load_student(base_model_path: str, student: StudentSpec, device: torch.devic
     from transformers import AutoModelForCausalLM
 
     q = student.quantization
+    if attn_implementation == "segment_eager":
+        from training.attention import register
+
+        register()  # attention per packed sequence (training/attention.py)
     name = compute_dtype or q.compute_dtype
     if name == "auto":
         raise ValueError("load_student needs a resolved compute dtype (campaign_orchestrator.hardware.resolve_compute_dtype)")

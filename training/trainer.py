@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from campaign_orchestrator.hardware import resolve_compute_dtype
-from training import checkpoint, losses
+from training import checkpoint, head, losses
 from training import data as tdata
 from training import moe as tmoe
 from training.checkpoint import CheckpointStore
@@ -64,6 +64,10 @@ from training.profiling import RunProfiler
 from training.reporting import Reporter
 from training.export import copy_serving_files
 from training.summary import run_summary, write_reproducibility_card
+
+
+# Batch tensors aligned with ``labels`` position by position (gathered with them by ``head.compact``).
+LABEL_ALIGNED = frozenset({"labels", *losses.TEACHER_KEYS})
 
 
 def _r4(x: float | None) -> float | None:
@@ -99,6 +103,12 @@ class StepResult:
 
 
 class LoraTrainer:
+    # The LM head and loss at labelled positions only (training.head); False computes them everywhere
+    # (benchmarks/train_throughput.py measures both).
+    labelled_head = True
+    # FSDP2 even in a world of one (benchmarks/train_gpu_step.py times the sharded path, NCCL, on one GPU).
+    shard_single_process = False
+
     def __init__(self, job: TrainJob):
         self.job = job
         self.spec = job.training
@@ -248,7 +258,7 @@ class LoraTrainer:
         self.report.log(f"compute dtype {self.precision.dtype} ({self.precision.requested}: {self.precision.reason})")
         if self.precision.warning:
             self.report.log(f"WARNING: {self.precision.warning}")
-        self.attn_implementation = attention_kernel(self.job.student, self.device, self.spec.max_seq_len)
+        self.attn_implementation = self._attention_kernel()
         model = load_student(self.job.base_model_path, self.job.student, self.device,
                              activation_checkpointing=self.spec.activation_checkpointing,
                              attn_implementation=self.attn_implementation, compute_dtype=self.precision.dtype)
@@ -256,7 +266,7 @@ class LoraTrainer:
         self.total_params = sum(p.numel() for p in model.parameters())
         self.param_breakdown = tmoe.parameter_breakdown(model)  # by kind; refuses routed experts left frozen
         tmoe.refuse_frozen_experts(self.param_breakdown, self.job.student, self.job.base_model_path)
-        if self.world > 1:
+        if self.world > 1 or self.shard_single_process:
             before = packed_4bit_checksums(model)
             self.mesh = build_mesh(self.spec, self.device)
             self.model = shard(model, self.mesh, self.compute_dtype)
@@ -276,6 +286,23 @@ class LoraTrainer:
                                           self.world, self.compute_dtype)
         torch.manual_seed(self.spec.seed + 1 + self.rank)  # dropout differs per rank
         random.seed(self.spec.seed + 1 + self.rank)
+
+    def _attention_kernel(self) -> str:
+        """``auto``: the kernel measured fastest at this run's micro-batch shape (training.attention), rank 0's
+        choice on every rank."""
+        shape = None
+        if self.job.student.attn_implementation == "auto":
+            from transformers import AutoConfig
+
+            from training.attention import batch_shape
+
+            row_tokens, seq_len = batch_shape(self.rows, self.spec.micro_batch_size)
+            shape = {"config": AutoConfig.from_pretrained(self.job.base_model_path), "row_tokens": row_tokens,
+                     "seq_len": seq_len, "dtype": self.compute_dtype}
+        kernel = [attention_kernel(self.job.student, self.device, self.spec.max_seq_len, shape)]
+        if self.world > 1:
+            dist.broadcast_object_list(kernel, src=0)
+        return kernel[0]
 
     def _setup_optimizer(self) -> None:
         params = [p for _, p in self.named_trainable]
@@ -313,6 +340,14 @@ class LoraTrainer:
             return 0
         return int(((batch["labels"][:, 1:] != -100) & (batch[losses.TEACHER_IDS][:, 1:, 0] >= 0)).sum())
 
+    def _scored(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """With ``labelled_head``, the batch the LM head and loss see at the labelled positions only
+        (``training.head``: ``logits_to_keep`` and the label-aligned tensors gathered to match)."""
+        if not self.labelled_head:
+            return batch
+        keep, batch = head.compact(batch, LABEL_ALIGNED)
+        return batch | {"logits_to_keep": keep}
+
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         skip = tdata.NON_MODEL_KEYS | losses.TEACHER_KEYS | tmoe.BATCH_KEYS
         inputs = {k: v for k, v in batch.items() if k not in skip}
@@ -326,6 +361,7 @@ class LoraTrainer:
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if self.moe is not None:
             self.moe.begin()
+        batch = self._scored(batch)
         sums = losses.loss_sums(self._forward(batch), batch, self.distill)
         w = self.spec.distillation.kl_weight if self.distill else 0.0
         loss = losses.mix(sums["ce_sum"], ce_tokens, sums.get("kl_sum"), kl_tokens, w)
@@ -502,6 +538,7 @@ class LoraTrainer:
         bs = self.spec.micro_batch_size
         for i in range(0, len(mine), bs):
             batch = {k: v.to(self.device) for k, v in tdata.collate(self.eval_data, mine[i:i + bs], self.pad_id).items()}
+            batch = self._scored(batch)
             s, n = losses.cross_entropy_sum(self._forward(batch), batch["labels"])
             total += torch.tensor([float(s), n], dtype=torch.float64)
         self.model.train()

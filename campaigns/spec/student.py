@@ -98,8 +98,9 @@ class StudentSpec(_Strict):
     lora: LoraSpec = LoraSpec()
     quantization: QuantizationSpec = QuantizationSpec()
     moe: MoeSpec = Field(default_factory=MoeSpec, description="Mixture-of-experts settings (ignored for a dense model).")
-    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = Field(
+    attn_implementation: Literal["auto", "eager", "sdpa", "segment_eager", "flash_attention_2"] = Field(
         "auto",
-        description="Attention kernel for training. auto: sdpa on GPU; on CPU eager for sequences up to 512 "
-        "tokens (PyTorch's CPU flash-attention backward is several times slower there), sdpa beyond.",
+        description="Attention kernel for training. auto: the fastest of eager, sdpa and segment_eager measured at "
+        "the run's micro-batch shape on the host (training/attention.py; cached per host and shape). segment_eager: "
+        "eager attention on each packed sequence alone (no work across the sequences of a padding-free row).",
     )

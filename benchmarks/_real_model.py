@@ -1,0 +1,50 @@
+"""The real-model benchmarks' fixed inputs: SmolLM2-135M-Instruct and the smollm2 campaign's tokenized dataset.
+
+``benchmarks/data/smollm2_distillation.jsonl`` is a frozen copy of the smollm2 campaign's distillation
+set (the teacher's greedy answers to ``campaigns/data/smollm2/train-*.jsonl``, 292 examples, as the
+distillation_set stage wrote them on 2026-12-01), so every run trains on the same text without
+running the teacher. :func:`tokenized_dataset` builds it with the tokenized_dataset stage's own code
+and settings (``assets.tokenized_dataset.build_settings`` on ``campaigns/smollm2.yaml``): chat
+template, loss on the assistant turns only, best-fit-decreasing packing into rows of
+``training.max_seq_len`` (128), padding ``free``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+CAMPAIGN = REPO / "campaigns" / "smollm2.yaml"
+DISTILLATION = REPO / "benchmarks" / "data" / "smollm2_distillation.jsonl"
+
+
+def campaign():
+    from campaigns.loader import load_campaign_file
+
+    return load_campaign_file(CAMPAIGN)
+
+
+def model_dir(spec=None) -> Path:
+    """The student's base model directory (a cache hit once ``campaign fetch-model`` has run)."""
+    from campaign_orchestrator import models
+
+    spec = spec or campaign()
+    root = Path(os.environ.get("CAMPAIGN_TEST_MODELS_ROOT", REPO / "artifacts"))
+    return models.resolve(spec.student.base_model, root, base=spec.project_dir)
+
+
+def tokenized_dataset(out: Path, spec=None, num_proc: int | None = 1) -> dict:
+    """Build the campaign's tokenized dataset from the frozen distillation set into ``out``; the stage's report."""
+    from assets.tokenized_dataset import build_settings
+    from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset
+    import dataclasses
+
+    spec = spec or campaign()
+    settings = dataclasses.replace(build_settings(spec), num_proc=num_proc)
+    report = build_tokenized_dataset(model_dir(spec), [DISTILLATION], out, settings, base_dir=spec.project_dir)
+    return report

@@ -1,0 +1,209 @@
+"""Attention per packed sequence: ``attn_implementation="segment_eager"`` (no padding anywhere, no cross-sequence work).
+
+A padding-free micro-batch is one row of ``T`` tokens holding many sequences (``position_ids`` restart
+at 0 at each). transformers' eager and sdpa kernels compute that row's full ``T × T`` scores and then
+mask everything outside the block diagonal: at 4 packed rows of 128 tokens, ``T`` ≈ 430 and the
+sequences are ~40 tokens, so ~90% of the score matrix (its matmuls, softmax and the activations kept
+for backward) is thrown away. ``segment_eager`` runs eager attention on each sequence alone (what
+flash-attention's varlen kernel does on a GPU), so the cost is Σ len² instead of T².
+
+It is registered with transformers' ``AttentionInterface`` (and, for the mask, the flash-attention
+mask function, which builds no ``T × T`` mask) by :func:`register`; ``training.model.load_student``
+calls it before loading a model with this kernel. Padded rows (``longest`` / ``max_length``) work
+too: the collator gives pads a position segment of their own.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+NAME = "segment_eager"
+_registered = False
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    if groups == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
+
+
+def segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` of the sequences packed in one row of ``position_ids`` (a restart at 0 opens one)."""
+    pos = position_ids.reshape(-1)
+    starts = torch.nonzero(pos == 0, as_tuple=True)[0].tolist()
+    if not starts or starts[0] != 0:
+        starts = [0, *starts]
+    bounds = [*starts, pos.numel()]
+    return [(s, e) for s, e in zip(bounds, bounds[1:]) if e > s]
+
+
+def segment_eager_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                          position_ids: torch.Tensor | None = None, **kwargs):
+    """Causal eager attention on each sequence of each row of a ``[B, H, T, D]`` query; ``([B, T, H, D], None)``.
+
+    Sequences are read from ``position_ids`` (the model always passes them); ``attention_mask`` is not
+    needed: the trainer's padded rows give their pads a position segment of their own, so a pad is never
+    in a real token's sequence."""
+    b, heads, t, _ = query.shape
+    if position_ids is None:
+        position_ids = torch.arange(t, device=query.device).expand(b, t)
+    groups = heads // key.size(1)
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    rows = []
+    for r in range(b):
+        outs = []
+        for s, e in segments(position_ids[r if position_ids.size(0) > 1 else 0]):
+            q, k, v = query[r:r + 1, :, s:e], key[r:r + 1, :, s:e], value[r:r + 1, :, s:e]
+            w = torch.matmul(q, k.transpose(2, 3)) * scaling
+            n = e - s
+            if n > 1:
+                future = torch.ones(n, n, dtype=torch.bool, device=w.device).triu_(1)
+                w = w.masked_fill(future, torch.finfo(w.dtype).min)
+            w = nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+            if dropout and module.training:
+                w = nn.functional.dropout(w, p=dropout, training=True)
+            outs.append(torch.matmul(w, v))
+        rows.append(torch.cat(outs, dim=2) if len(outs) > 1 else outs[0])
+    out = torch.cat(rows, dim=0) if b > 1 else rows[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> str:
+    """Make ``attn_implementation="segment_eager"`` known to transformers (idempotent); returns the name."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+        AttentionInterface.register(NAME, segment_eager_forward)
+        AttentionMaskInterface.register(NAME, flash_attention_mask)
+        _registered = True
+    return NAME
+
+
+# --------------------------------------------------------------------------- the kernel, chosen by measurement
+
+CANDIDATES = ("eager", "sdpa", NAME)
+CACHE_FILE = "attention_kernels.json"
+
+
+def _block_masks(lengths: list[int], device):
+    """The masks transformers builds for a padding-free row: boolean (sdpa) and additive (eager)."""
+    seg = torch.cat([torch.full((n,), i, device=device) for i, n in enumerate(lengths)])
+    t = seg.numel()
+    allowed = (seg[:, None] == seg[None, :]) & torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    additive = torch.zeros(t, t, device=device).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return allowed[None, None], additive[None, None]
+
+
+def time_kernels(heads: int, kv_heads: int, head_dim: int, lengths: list[int], device: torch.device,
+                 dtype: torch.dtype = torch.float32, rounds: int = 3) -> dict[str, float]:
+    """Seconds of one attention forward + backward per candidate kernel on a padding-free row of sequences
+    of ``lengths`` (best of ``rounds`` after a warm-up; other processes only ever slow a round down)."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    class _Layer(nn.Module):
+        num_key_value_groups = heads // kv_heads
+
+    layer = _Layer().train()
+    t = sum(lengths)
+    pos = torch.cat([torch.arange(n, device=device) for n in lengths])[None]
+    allowed, additive = _block_masks(lengths, device)
+    additive = additive.to(dtype)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q0 = torch.randn(1, heads, t, head_dim, generator=g).to(device, dtype)
+    k0 = torch.randn(1, kv_heads, t, head_dim, generator=g).to(device, dtype)
+    v0 = torch.randn(1, kv_heads, t, head_dim, generator=g).to(device, dtype)
+    scale = head_dim ** -0.5
+
+    def step(kind: str) -> None:
+        q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
+        if kind == "eager":
+            out, _ = eager_attention_forward(layer, q, k, v, additive, scaling=scale)
+        elif kind == NAME:
+            out, _ = segment_eager_forward(layer, q, k, v, None, scaling=scale, position_ids=pos)
+        else:
+            out = nn.functional.scaled_dot_product_attention(q, _repeat_kv(k, heads // kv_heads),
+                                                             _repeat_kv(v, heads // kv_heads), attn_mask=allowed,
+                                                             scale=scale)
+        out.float().sum().backward()
+
+    import time
+
+    best = {}
+    for kind in CANDIDATES:
+        step(kind)  # warm-up
+        times = []
+        for _ in range(rounds):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            step(kind)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+        best[kind] = min(times)
+    return best
+
+
+def choose_kernel(config, device: torch.device, row_tokens: int, seq_len: int, dtype: torch.dtype = torch.float32,
+                  cache_dir: str | None = None) -> tuple[str, dict]:
+    """The fastest attention kernel for a padding-free micro-batch of ``row_tokens`` tokens holding sequences of
+    ``seq_len`` tokens, measured here once per host, torch version, threads, device, dtype and shape, then reused
+    from the cache (``$CAMPAIGN_CACHE_DIR``, as ``campaign_orchestrator.hardware``), so every later run and every
+    rank of one machine computes with the same kernel. Returns the kernel and the record."""
+    import json
+    import os
+    import socket
+    from pathlib import Path
+
+    from campaign_orchestrator.hardware import CACHE_ENV
+
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    seq_len = max(1, min(seq_len, row_tokens))
+    n, rest = divmod(row_tokens, seq_len)
+    lengths = [seq_len] * n + ([rest] if rest else [])
+    key = "|".join(map(str, (socket.gethostname(), torch.__version__, torch.get_num_threads(), device.type,
+                             str(dtype).removeprefix("torch."), heads, kv, head_dim, row_tokens, seq_len)))
+    path = Path(cache_dir or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "campaign-orchestrator") / CACHE_FILE
+    cached: dict = {}
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    if key in cached:
+        return cached[key]["kernel"], cached[key]
+    seconds = time_kernels(heads, kv, head_dim, lengths, device, dtype)
+    record = {"kernel": min(seconds, key=seconds.get), "seconds": {k: round(v, 6) for k, v in seconds.items()},
+              "row_tokens": row_tokens, "seq_len": seq_len}
+    cached[key] = record
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(cached, indent=2))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return record["kernel"], record
+
+
+def batch_shape(rows, micro_batch: int) -> tuple[int, int]:
+    """``(tokens of one padding-free micro-batch, mean sequence length)`` of a tokenized dataset
+    (``training.data.TokenizedDataset``), from its token counts and the position-id restarts."""
+    import numpy as np
+
+    shards = getattr(rows, "_shards", None)
+    if shards:
+        tokens = sum(int(s.num_tokens.sum()) for s in shards)
+        seqs = sum(int((s.values["position_ids"] == 0).sum()) for s in shards)
+        n = sum(s.rows for s in shards)
+    else:  # a plain dict of lists
+        pos = [np.asarray(p) for p in rows["position_ids"]]
+        tokens, seqs, n = sum(p.size for p in pos), sum(int((p == 0).sum()) for p in pos), len(pos)
+    n, seqs = max(1, n), max(1, seqs)
+    return max(1, round(tokens / n * min(micro_batch, n))), max(1, round(tokens / seqs))
