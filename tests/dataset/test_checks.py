@@ -6,11 +6,9 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from campaign_orchestrator.dataset import formatting
 from campaign_orchestrator.dataset.checks import last_label_tokens, stop_token_report, vocabulary_report
-
 from tests.dataset.test_tokenize import pairs
 
 EOS = 2
