@@ -166,9 +166,15 @@ def screenshots(tmp_path) -> Path:
 def dismiss_dialogs(page) -> None:
     """Close Dagster's first-visit newsletter dialog if it is open (it opens once, at any moment early on)."""
     skip = page.get_by_role("button", name="Skip")
-    if skip.count():
-        skip.first.click()
-    page.locator(".bp5-overlay-backdrop").first.wait_for(state="detached", timeout=10_000)
+    backdrop = page.locator(".bp5-overlay-backdrop")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # it may open while we look: click Skip whenever it is there
+        if skip.count():
+            skip.first.click()
+        elif not backdrop.count():
+            return
+        page.wait_for_timeout(250)
+    backdrop.first.wait_for(state="detached", timeout=1_000)  # still open: fail with Playwright's message
 
 
 def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifact_root, screenshots):
