@@ -7,7 +7,6 @@ general suite and is NO-GO (at 20x, on these 60 items, it lost 17 pts: INCONCLUS
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -61,13 +60,6 @@ def _run(path: Path, name: str, artifact_root: Path):
     return {k: v.value for k, v in mats[-1].metadata.items()}, result
 
 
-def _regression_rule(ev: dict) -> dict:
-    """The general suite's max_regression_vs_base rule of the gate report."""
-    gate = json.loads(Path(ev["gate_path"]).read_text())
-    suite = next(x for x in gate["suites"] if x["suite"] == "general")
-    return next(r for r in suite["rules"] if r["rule"] == "max_regression_vs_base")
-
-
 def test_real_model_campaign_runs_end_to_end_and_a_hundred_times_its_learning_rate_is_no_go(smollm2, tmp_path,
                                                                                        artifact_root):
     ev, result = _run(_campaign(tmp_path, "smol_mini"), "smol_mini", artifact_root)
@@ -86,5 +78,4 @@ def test_real_model_campaign_runs_end_to_end_and_a_hundred_times_its_learning_ra
 
     over, _ = _run(_campaign(tmp_path, "smol_over", lr_factor=100.0, general_only=True), "smol_over", artifact_root)
     assert over["verdict"] == "NO-GO"
-    rule = _regression_rule(over)
-    assert rule["status"] == "BREACH", rule["detail"]
+    assert "**general** (NO-GO): max_regression_vs_base: BREACH" in over["report"], over["report"]
