@@ -82,8 +82,33 @@ def cpu_capability() -> str:
         return platform.machine()
 
 
+def cache_dir() -> Path:
+    """Where per-host measurements live (``$CAMPAIGN_CACHE_DIR``, else ``~/.cache/campaign-orchestrator``)."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "campaign-orchestrator")
+
+
+def read_host_cache(path: Path) -> dict:
+    """A JSON cache of per-host measurements ({} when missing or unreadable)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_host_cache(path: Path, cached: dict) -> None:
+    """Write ``cached`` atomically (a concurrent rank reads the old file or the new one, never half); a
+    read-only home only means measuring again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(cached, indent=2))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def _cache_file() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "campaign-orchestrator") / "cpu_peak.json"
+    return cache_dir() / "cpu_peak.json"
 
 
 def _time_matmul(dtype, n: int = MATMUL_N, rounds: int = 5) -> float:
@@ -118,12 +143,7 @@ def measure_cpu_peak(refresh: bool = False) -> CpuPeak:
     key = {"host": socket.gethostname(), "capability": cpu_capability(), "threads": torch.get_num_threads(),
            "torch": torch.__version__}
     path = _cache_file()
-    cached = {}
-    if path.exists():
-        try:
-            cached = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cached = {}
+    cached = read_host_cache(path)
     k = "|".join(str(v) for v in key.values())
     if not refresh and k in cached:
         return CpuPeak(**cached[k])
@@ -138,13 +158,7 @@ def measure_cpu_peak(refresh: bool = False) -> CpuPeak:
         peak = CpuPeak(**key, fp32_gflops=max(peak.fp32_gflops, old["fp32_gflops"]),
                        bf16_gflops=max(peak.bf16_gflops, old["bf16_gflops"]))
     cached[k] = asdict(peak)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(cached, indent=2))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home: measure again next time
+    write_host_cache(path, cached)
     return peak
 
 

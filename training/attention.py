@@ -155,12 +155,11 @@ def choose_kernel(config, device: torch.device, row_tokens: int, seq_len: int, d
     ``seq_len`` tokens, measured here once per host, torch version, threads, device, dtype and shape, then reused
     from the cache (``$CAMPAIGN_CACHE_DIR``, as ``campaign_orchestrator.hardware``), so every later run and every
     rank of one machine computes with the same kernel. Returns the kernel and the record."""
-    import json
-    import os
     import socket
     from pathlib import Path
 
-    from campaign_orchestrator.hardware import CACHE_ENV
+    from campaign_orchestrator.hardware import cache_dir as host_cache_dir
+    from campaign_orchestrator.hardware import read_host_cache, write_host_cache
 
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
@@ -170,25 +169,15 @@ def choose_kernel(config, device: torch.device, row_tokens: int, seq_len: int, d
     lengths = [seq_len] * n + ([rest] if rest else [])
     key = "|".join(map(str, (socket.gethostname(), torch.__version__, torch.get_num_threads(), device.type,
                              str(dtype).removeprefix("torch."), heads, kv, head_dim, row_tokens, seq_len)))
-    path = Path(cache_dir or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "campaign-orchestrator") / CACHE_FILE
-    cached: dict = {}
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        pass
+    path = Path(cache_dir or host_cache_dir()) / CACHE_FILE
+    cached = read_host_cache(path)
     if key in cached:
         return cached[key]["kernel"], cached[key]
     seconds = time_kernels(heads, kv, head_dim, lengths, device, dtype)
     record = {"kernel": min(seconds, key=seconds.get), "seconds": {k: round(v, 6) for k, v in seconds.items()},
               "row_tokens": row_tokens, "seq_len": seq_len}
     cached[key] = record
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(cached, indent=2))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    write_host_cache(path, cached)
     return record["kernel"], record
 
 

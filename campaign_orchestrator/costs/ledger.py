@@ -95,6 +95,16 @@ CREATE OR REPLACE VIEW run_costs AS
 _SCHEMA_READY: set[str] = set()
 
 
+def _insert_line(con, line_id: str, who: list, line: dict, now) -> None:
+    """One cost line (idempotent on its id): ``who`` is (campaign, asset, run_id, step_key, attempt,
+    production_id, stage_key, status), then the priced line's own fields."""
+    con.execute(f"INSERT INTO cost_lines ({', '.join(LINE_COLUMNS)}) VALUES ({', '.join('?' * len(LINE_COLUMNS))}) "
+                "ON CONFLICT DO NOTHING",
+                [line_id, *who, line["kind"], line["price_key"], float(line["quantity"]), line["unit"],
+                 float(line["unit_price"]), float(line["usd"]), line.get("as_of"), line.get("tier"),
+                 line.get("catalog_version"), now])
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
@@ -176,13 +186,8 @@ class Ledger:
             producer = (owner or seen or (run_id,))[0]
             if producer == run_id and not owner:
                 for i, line in enumerate(lines):
-                    con.execute(
-                        f"INSERT INTO cost_lines ({', '.join(LINE_COLUMNS)}) VALUES ({', '.join('?' * len(LINE_COLUMNS))}) "
-                        "ON CONFLICT DO NOTHING",
-                        [_sha(pid, i), campaign, asset, run_id, step_key, attempt, pid, manifest.get("key"), "completed",
-                         line["kind"], line["price_key"], float(line["quantity"]), line["unit"],
-                         float(line["unit_price"]), float(line["usd"]), line.get("as_of"), line.get("tier"),
-                         line.get("catalog_version"), now])
+                    _insert_line(con, _sha(pid, i), [campaign, asset, run_id, step_key, attempt, pid, manifest.get("key"),
+                                                     "completed"], line, now)
             usd = float(sum(float(x["usd"]) for x in lines))
             con.execute("INSERT INTO materializations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                         [run_id, step_key, campaign, asset, pid, manifest.get("key"), producer != run_id, usd, now])
@@ -195,13 +200,8 @@ class Ledger:
         now = _now()
         with self.connect(write=True) as con:
             for i, line in enumerate(lines):
-                con.execute(
-                    f"INSERT INTO cost_lines ({', '.join(LINE_COLUMNS)}) VALUES ({', '.join('?' * len(LINE_COLUMNS))}) "
-                    "ON CONFLICT DO NOTHING",
-                    [_sha("interrupted", run_id, step_key, attempt, i), campaign, asset, run_id, step_key, attempt, None,
-                     stage_key, "interrupted", line["kind"], line["price_key"], float(line["quantity"]), line["unit"],
-                     float(line["unit_price"]), float(line["usd"]), line.get("as_of"), line.get("tier"),
-                     line.get("catalog_version"), now])
+                _insert_line(con, _sha("interrupted", run_id, step_key, attempt, i),
+                             [campaign, asset, run_id, step_key, attempt, None, stage_key, "interrupted"], line, now)
         return float(sum(float(x["usd"]) for x in lines))
 
     def record_lines(self, *, campaign: str, asset: str, run_id: str, step_key: str, attempt: int, production_id: str,
@@ -212,13 +212,8 @@ class Ledger:
         now = _now()
         with self.connect(write=True) as con:
             for i, line in enumerate(lines):
-                con.execute(
-                    f"INSERT INTO cost_lines ({', '.join(LINE_COLUMNS)}) VALUES ({', '.join('?' * len(LINE_COLUMNS))}) "
-                    "ON CONFLICT DO NOTHING",
-                    [_sha(production_id, i), campaign, asset, run_id, step_key, attempt, production_id, stage_key,
-                     "completed", line["kind"], line["price_key"], float(line["quantity"]), line["unit"],
-                     float(line["unit_price"]), float(line["usd"]), line.get("as_of"), line.get("tier"),
-                     line.get("catalog_version"), now])
+                _insert_line(con, _sha(production_id, i),
+                             [campaign, asset, run_id, step_key, attempt, production_id, stage_key, "completed"], line, now)
         return float(sum(float(x["usd"]) for x in lines))
 
     def record_report(self, campaign: str, run_id: str, report: dict) -> None:
