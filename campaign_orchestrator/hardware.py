@@ -136,6 +136,23 @@ def _time_matmul(dtype, n: int = MATMUL_N, rounds: int = 5) -> float:
     return best
 
 
+def _one_thread_peak(dtype) -> float:
+    """The peak on one thread: a floor for the n-thread figure. On an idle host n threads are never slower
+    than one, but while another process holds a core the n-thread matmul waits on its slowest thread
+    (measured here under load: 22.5 GFLOP/s on 2 threads, 69 on 1, 139 on 2 idle); the floor keeps one
+    busy minute from making the planner's time estimate 6x too long for good (the cache keeps the best)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads <= 1:
+        return 0.0
+    torch.set_num_threads(1)
+    try:
+        return _time_matmul(dtype, PEAK_N, rounds=3)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def measure_cpu_peak(refresh: bool = False) -> CpuPeak:
     """This host's fp32 and bf16 matmul GFLOP/s, measured once and cached per host."""
     import torch
@@ -148,10 +165,12 @@ def measure_cpu_peak(refresh: bool = False) -> CpuPeak:
     if not refresh and k in cached:
         return CpuPeak(**cached[k])
     fp32, bf16 = _time_matmul(torch.float32), _time_matmul(torch.bfloat16)
-    if bf16 >= fp32:  # the dtype auto picks: its peak at a compute-bound size
-        bf16 = max(bf16, _time_matmul(torch.bfloat16, PEAK_N, rounds=3))
+    fast = torch.bfloat16 if bf16 >= fp32 else torch.float32  # the dtype auto picks: its peak, compute bound
+    peak_n = max(_time_matmul(fast, PEAK_N, rounds=3), _one_thread_peak(fast))
+    if fast is torch.bfloat16:
+        bf16 = max(bf16, peak_n)
     else:
-        fp32 = max(fp32, _time_matmul(torch.float32, PEAK_N, rounds=3))
+        fp32 = max(fp32, peak_n)
     peak = CpuPeak(**key, fp32_gflops=round(fp32, 2), bf16_gflops=round(bf16, 2))
     if k in cached:  # a refresh keeps the best figure this host has shown (load only ever slows a measurement)
         old = cached[k]

@@ -5,9 +5,14 @@ activations, logits). This module adds time and money.
 
 Time: a roofline with fixed overheads, from the catalog's ``perf`` block of the hardware:
 training FLOPs = 4·Ψ per token (forward 2Ψ, backward through a frozen base 2Ψ; +2Ψ when
-activations are recomputed; Ψ the *active* parameters of a mixture of experts) over ``world × peak × mfu``, plus ``step_overhead_s`` per optimizer
+activations are recomputed; Ψ the decoder's *active* parameters, those of a mixture of experts' k of E
+experts), plus 4·V·h for the LM head at the labelled positions only (the trainer scores no prompt
+position: ``training.head``), over ``world × peak × mfu``, plus ``step_overhead_s`` per optimizer
 step and ``train_startup_s``. Generation = max(compute, weight reads per decode step over the
-memory bandwidth) plus ``decode_step_overhead_s`` per decode step and ``generate_startup_s``.
+memory bandwidth) plus ``decode_step_overhead_s`` per decode step and ``generate_startup_s``; a
+batch of answers of mixed lengths decodes to its longest (``max_new_tokens``: every row computes until
+the last one stops), while the billed tokens and the training examples count the mean answer
+(``completion_fill`` × ``max_new_tokens``).
 The teacher is priced by its one price field (``costs.lines.teacher_entry``: ``teacher.price`` per
 token for an API, which has no time estimate; ``teacher.hardware`` per hour for a self-hosted one), the
 field the budget guard and the recorded cost read; ``price: unpriced`` makes every estimate that
@@ -148,12 +153,17 @@ def _perf(entry: PriceEntry, key: str) -> float:
 
 
 def generation_seconds(params: int, weight_bytes: float, prompts: int, prompt_tokens: float, new_tokens: float,
-                       batch_size: int, entry: PriceEntry, mfu: float, dtype: str = "bfloat16") -> float:
-    """Roofline time to answer ``prompts`` prompts on one device (see the module docstring)."""
+                       batch_size: int, entry: PriceEntry, mfu: float, dtype: str = "bfloat16",
+                       decode_tokens: float | None = None) -> float:
+    """Roofline time to answer ``prompts`` prompts on one device (see the module docstring): ``new_tokens`` is
+    the mean answer's length, ``decode_tokens`` (default: the same) the length a batch decodes to, which its
+    longest answer sets (``max_new_tokens`` for a batch of greedy answers of mixed lengths: every row of the
+    batch computes until the last one stops)."""
     batches = math.ceil(prompts / batch_size) if prompts else 0
-    flops = 2 * params * prompts * (prompt_tokens + new_tokens)
+    decoded = new_tokens if decode_tokens is None else max(new_tokens, decode_tokens)
+    flops = 2 * params * prompts * (prompt_tokens + decoded)
     compute = flops / (peak_flops(entry, dtype) * mfu)
-    decode_steps = batches * new_tokens
+    decode_steps = batches * decoded
     memory = decode_steps * weight_bytes / (_perf(entry, "memory_bandwidth_gbps") * 1e9)
     return max(compute, memory) + decode_steps * _perf(entry, "decode_step_overhead_s") + _perf(entry, "generate_startup_s")
 
@@ -188,7 +198,8 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     new_tok = t.sampling.max_new_tokens * pl.completion_fill
     # local generation prefills a prefix every prompt shares (the teacher's context) once per call
     out["teacher_generations"] = _teacher_estimate(spec, catalog, teacher, n_req, facts["prompt_tokens_teacher"],
-                                                   new_tok, t.batch_size, facts.get("shared_prefix_tokens", 0.0))
+                                                   new_tok, t.batch_size, facts.get("shared_prefix_tokens", 0.0),
+                                                   t.sampling.max_new_tokens)
 
     # student_adapter
     seq, rows = packed_rows(spec, facts, new_tok, n_req)  # every generation accepted: an upper bound
@@ -196,7 +207,12 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     steps = tr.max_steps if tr.max_steps is not None else max(1, math.ceil(tr.epochs * rows / rows_per_step))
     tokens = steps * rows_per_step * seq
     ckpt = bool(getattr(tr, "activation_checkpointing", False))
-    flops = (6 if ckpt else 4) * student.active_params * tokens  # MoE: a token passes k of E experts
+    # the decoder at every position (MoE: a token passes k of E experts), the LM head only where a label is
+    # (training.head: a prompt position needs no logits); embeddings are a lookup
+    head = student.vocab * student.hidden
+    body = student.active_params - head * (1 if student.tied else 2)
+    labelled = tokens * min(1.0, (new_tok + 1) / max(1.0, facts["prompt_tokens_student"] + new_tok + 1))
+    flops = (6 if ckpt else 4) * body * tokens + 4 * head * labelled
     entry = catalog.get(tr.hardware)
     if not entry.hourly:
         raise PlanError(f"training.hardware {tr.hardware!r} is priced per {entry.unit}; training needs hourly hardware")
@@ -204,7 +220,8 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     seconds = (flops / (tr.world_size * peak_flops(entry, sdt) * pl.mfu)
                + steps * _perf(entry, "step_overhead_s") + _perf(entry, "train_startup_s"))
     qty, usd = _hours_usd(entry, seconds, tr.nodes, tr.world_size, c.pricing_tier)
-    out["student_adapter"] = {"steps": steps, "sequences": steps * rows_per_step, "tokens": tokens, "flops": flops,
+    out["student_adapter"] = {"steps": steps, "sequences": steps * rows_per_step, "tokens": tokens,
+                              "labelled_tokens": labelled, "flops": flops,
                               "seconds": seconds, "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd,
                               "compute_dtype": sdt, "peak_gflops": peak_flops(entry, sdt) / 1e9}
 
@@ -227,7 +244,7 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
                           - facts.get("shared_prefix_tokens", 0.0) * (1 - 1 / max(n_items, 1)))
             seconds += generation_seconds(shape.active_params, shape.params * DTYPE_BYTES[sdt], n_items, p_tok,
                                           suite.max_new_tokens * pl.completion_fill, suite.batch_size, entry,
-                                          pl.generation_mfu, sdt)
+                                          pl.generation_mfu, sdt, suite.max_new_tokens)
     qty, usd = _hours_usd(entry, seconds, 1, 1, c.pricing_tier)
     est = {"items": sum(n for n, _ in facts["suites"].values()), "models": [r for r, _ in roles], "seconds": seconds,
            "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd}
@@ -238,7 +255,7 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
             p_tok += facts["template_tokens"]["teacher"] - facts["template_tokens"]["student"]
             scoring.append(_teacher_estimate(spec, catalog, teacher, n_items, p_tok,
                                              suite.max_new_tokens * pl.completion_fill, t.batch_size,
-                                             facts.get("shared_prefix_tokens", 0.0)))
+                                             facts.get("shared_prefix_tokens", 0.0), suite.max_new_tokens))
         teacher_usd = None if any(x["usd"] is None for x in scoring) else sum(x["usd"] for x in scoring)
         est |= {"models": est["models"] + ["teacher"], "teacher_price_key": scoring[0]["price_key"],
                 "teacher_usd": teacher_usd, "usd": None if teacher_usd is None else usd + teacher_usd}
@@ -288,7 +305,8 @@ def sweep_cap_problems(spec: CampaignSpec, catalog: Catalog) -> list[str]:
 
 
 def _teacher_estimate(spec: CampaignSpec, catalog: Catalog, teacher: ModelShape | None, requests: int,
-                      prompt_tokens: float, new_tokens: float, batch_size: int, shared_prefix: float = 0.0) -> dict:
+                      prompt_tokens: float, new_tokens: float, batch_size: int, shared_prefix: float = 0.0,
+                      decode_tokens: float | None = None) -> dict:
     """Tokens, time and money of ``requests`` teacher answers, at the teacher's one price: tokens x
     ``teacher.price`` for an API, roofline time x ``teacher.hardware`` (x tensor_parallel_size) for a
     self-hosted teacher, in the dtype it resolves to, prefilling ``shared_prefix`` tokens (its context) once
@@ -311,7 +329,7 @@ def _teacher_estimate(spec: CampaignSpec, catalog: Catalog, teacher: ModelShape 
         tdt = compute_dtype_on(t.compute_dtype, entry)
         p_eff = prompt_tokens - shared_prefix * (1 - 1 / max(requests, 1))
         seconds = generation_seconds(teacher.active_params, teacher.params * DTYPE_BYTES[tdt], requests, p_eff,
-                                     new_tokens, batch_size, entry, pl.generation_mfu, tdt)
+                                     new_tokens, batch_size, entry, pl.generation_mfu, tdt, decode_tokens)
         qty, usd = _hours_usd(entry, seconds, 1, devices, c.pricing_tier)
         return st | {"seconds": seconds, "quantity": qty, "usd": usd, "compute_dtype": tdt}
     in_usd, out_usd = entry.token_usd(c.teacher_batch_api)

@@ -102,7 +102,10 @@ def test_training_flops_and_generation_time_follow_the_active_parameters(tmp_pat
              "heldout_prompt_tokens_student": 10.0, "heldout_prompt_tokens_teacher": 10.0,
              "suites": {"s": (100, 10.0)}, "template_tokens": {"teacher": 0.0, "student": 0.0}}
     st = plan_stages(spec, catalog, facts, moe, moe)["student_adapter"]
-    assert st["flops"] == 4 * moe.active_params * st["tokens"]
+    head = moe.vocab * moe.hidden
+    body = moe.active_params - head * (1 if moe.tied else 2)
+    assert st["flops"] == pytest.approx(4 * body * st["tokens"] + 4 * head * st["labelled_tokens"])
+    assert 0 < st["labelled_tokens"] < st["tokens"]  # the head only where a label is (the prompt has none)
     entry = catalog.get("h100-sxm")
     a = generation_seconds(moe.active_params, moe.params * 2, 1000, 10, 16, 1000, entry, 1.0)
     b = generation_seconds(moe.params, moe.params * 2, 1000, 10, 16, 1000, entry, 1.0)

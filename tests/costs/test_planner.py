@@ -152,6 +152,10 @@ def test_generation_roofline_by_hand(catalog_file):
     # compute: 2·1e9·100·(10+20) / (100e12·0.5) = 0.12 s; memory: 10 batches·20 steps·2e9 B / 1e12 B/s = 0.4 s
     s = generation_seconds(int(1e9), 2e9, 100, 10, 20, 10, entry, 0.5)
     assert s == pytest.approx(0.4 + 200 * 0.01 + 5)
+    # answers of 20 tokens on average, but each batch runs to its longest (the cap, 64): 10·64 decode steps,
+    # compute 2·1e9·100·(10+64) / 50e12 = 0.296 s < memory 640·2e9 / 1e12 = 1.28 s
+    s = generation_seconds(int(1e9), 2e9, 100, 10, 20, 10, entry, 0.5, decode_tokens=64)
+    assert s == pytest.approx(1.28 + 640 * 0.01 + 5)
 
 
 def test_campaign_plan_prints_memory_fit_and_costs(artifact_root, capsys):
