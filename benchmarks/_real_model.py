@@ -23,10 +23,26 @@ CAMPAIGN = REPO / "campaigns" / "smollm2.yaml"
 DISTILLATION = REPO / "benchmarks" / "data" / "smollm2_distillation.jsonl"
 
 
-def campaign():
-    from campaigns.loader import load_campaign_file
+# What the speed benchmarks train, pinned here rather than read from the campaign (which tunes its LoRA
+# and loss for quality): LoRA r16 on every linear layer of the decoder, the cross-entropy loss TRL's
+# SFTTrainer also computes.
+BENCH_LORA = {"r": 16, "alpha": 32, "dropout": 0.0,
+              "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
-    return load_campaign_file(CAMPAIGN)
+
+def campaign():
+    """campaigns/smollm2.yaml with the benchmarks' LoRA and loss (``BENCH_LORA``, ``loss: sequence``)."""
+    import yaml
+
+    from campaign_orchestrator import paths
+    from campaigns.loader import parse_campaign_text
+
+    data = yaml.safe_load(CAMPAIGN.read_text())
+    data["student"]["lora"] = dict(BENCH_LORA)
+    data["training"]["distillation"] = {"loss": "sequence"}
+    spec = parse_campaign_text(yaml.safe_dump(data), str(CAMPAIGN))
+    spec.set_project_dir(paths.campaign_project_dir(CAMPAIGN))
+    return spec
 
 
 def model_dir(spec=None) -> Path:

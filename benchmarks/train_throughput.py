@@ -25,7 +25,9 @@ Kinds: ``ours`` (attention ``auto``: the kernel measured fastest at this shape, 
 ``trl`` (TRL with the kernel ``ours`` resolved to: the pass/fail pairing), ``trl_eager`` / ``trl_sdpa``
 (TRL with eager / transformers' default sdpa), ``ours_full_head`` (this trainer with the LM head and
 loss at every position: the labelled-positions head switched off, to measure what it pays),
-``ours_eager`` / ``ours_sdpa`` (this trainer forced to eager / sdpa: what the kernel choice pays).
+``ours_eager`` / ``ours_sdpa`` (this trainer forced to eager / sdpa: what the kernel choice pays),
+``ours_low_memory`` (this trainer with glibc's mmap threshold fixed at 512 KiB, ``training.allocator``:
+less heap fragmentation, more page faults; off by default).
 
 MFU: model FLOPs per token × tokens/s over this host's measured matmul peak for the dtype used
 (``campaign_orchestrator.hardware.measure_cpu_peak``). Model FLOPs per token of LoRA training on a
@@ -57,7 +59,8 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 SPEED_TARGET = 1.3
 MEMORY_TARGET = 0.7
 MFU_TARGET = 0.65
-KINDS = ("ours", "trl", "trl_eager", "trl_sdpa", "ours_full_head", "ours_eager", "ours_sdpa")
+KINDS = ("ours", "trl", "trl_eager", "trl_sdpa", "ours_full_head", "ours_eager", "ours_sdpa", "ours_low_memory")
+LOW_MEMORY_ENV = {"CAMPAIGN_CPU_MMAP_THRESHOLD": str(512 * 1024)}  # training.allocator
 
 
 def _env(threads: int) -> dict:
@@ -204,6 +207,7 @@ def _child(kind: str, job_file: Path, threads: int, out_file: Path, warmup: int,
     """One run of ``kind`` in its own process; ``kernel``: the attention kernel ``ours`` resolved to."""
     mode = {"ours": ["--ours-child", "default"], "ours_full_head": ["--ours-child", "full_head"],
             "ours_sdpa": ["--ours-child", "default"], "ours_eager": ["--ours-child", "default"],
+            "ours_low_memory": ["--ours-child", "default"],
             "trl": ["--trl-child", kernel], "trl_eager": ["--trl-child", "eager"],
             "trl_sdpa": ["--trl-child", "sdpa"]}[kind]
     job = job_file
@@ -214,8 +218,9 @@ def _child(kind: str, job_file: Path, threads: int, out_file: Path, warmup: int,
         job = job_file.with_name(f"job-{kind}.json")
         job.write_text(json.dumps(data))
     cmd = [sys.executable, __file__, mode[0], str(job), str(out_file), mode[1]]
-    p = subprocess.run(cmd, cwd=REPO, env=_env(threads) | {"BENCH_WARMUP": str(warmup)}, capture_output=True,
-                       text=True)
+    allocator = LOW_MEMORY_ENV if kind == "ours_low_memory" else {"CAMPAIGN_CPU_MMAP_THRESHOLD": "0"}
+    p = subprocess.run(cmd, cwd=REPO, env=_env(threads) | allocator | {"BENCH_WARMUP": str(warmup)},
+                       capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{kind} run failed:\n{p.stderr[-4000:]}")
     return json.loads(out_file.read_text())
@@ -286,7 +291,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ablation-rounds", type=int, default=6,
                     help="rounds of the in-process interleaved comparison of the trainer's choices (0: none)")
-    ap.add_argument("--kinds", default="ours,trl,trl_eager,ours_eager,ours_full_head",
+    ap.add_argument("--kinds", default="ours,trl,ours_low_memory,trl_eager,ours_eager,ours_full_head",
                     help=f"comma-separated, from {','.join(KINDS)}; ours and trl are always run")
     args = ap.parse_args()
     kinds = list(dict.fromkeys(["ours", "trl", *[k for k in args.kinds.split(",") if k]]))
@@ -369,6 +374,11 @@ def report(args, kinds, runs, built, model: Path, load_before, spec, ablation=No
         "peak_rss_mb": {k: round(b["peak_rss_mb"]) for k, b in best.items()},
         "peak_rss_mb_min_over_runs": {k: round(v) for k, v in min_rss.items()},
         "peak_memory_ratio_vs_trl": round(memory, 3),
+        "low_memory_allocator": None if "ours_low_memory" not in best else {
+            "setting": LOW_MEMORY_ENV, "peak_memory_ratio_vs_trl": round(
+                best["ours_low_memory"]["peak_rss_mb"] / best["trl"]["peak_rss_mb"], 3),
+            "speedup_vs_trl_same_kernel": round(
+                best["ours_low_memory"]["tokens_per_s"] / best["trl"]["tokens_per_s"], 3)},
         "mfu": {k: round(v, 4) for k, v in mfu.items()},
         "matmul_peak_gflops": {"dtype": dtype, "value": round(peak.gflops(dtype), 1), "threads": peak.threads,
                                "source": "campaign_orchestrator.hardware.measure_cpu_peak (cached per host)"},

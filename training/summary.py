@@ -63,6 +63,7 @@ def run_summary(trainer, seconds: float, eval_loss: float | None, adapter_dir: P
         "compute_dtype_requested": trainer.precision.requested,
         "compute_dtype_reason": trainer.precision.reason,
         "cpu_capability": trainer.precision.capability,
+        "cpu_mmap_threshold": getattr(trainer, "mmap_threshold", None),
     }
 
 
