@@ -24,6 +24,11 @@ system-deps:
 	  echo "installing Debian chromium for the browser tests"; \
 	  apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; } || \
 	  echo "WARNING: could not install chromium (not root? no network?): the two browser tests will be skipped"; }
+	@/sbin/ldconfig -p 2>/dev/null | grep -q libjemalloc.so.2 || { \
+	  echo "installing Debian libjemalloc2: training processes run on jemalloc (campaign_orchestrator/allocator.py)"; \
+	  apt-get install -y -qq --no-install-recommends libjemalloc2 >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -qq --no-install-recommends libjemalloc2; } || \
+	  echo "WARNING: could not install libjemalloc2: training runs on glibc malloc (more memory)"; }
 	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
 	  echo "installing Debian postgresql for the PostgreSQL storage tests"; \
 	  apt-get install -y -qq --no-install-recommends postgresql >/dev/null 2>&1 || \

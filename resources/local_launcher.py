@@ -22,6 +22,7 @@ from dagster import AssetObservation, ConfigurableResource, Failure, MetadataVal
 from pydantic import Field
 
 from campaign_orchestrator import paths
+from campaign_orchestrator import allocator
 from training.config import TrainJob
 from training.diagnostics import distributed_env
 from training.net import free_port
@@ -135,6 +136,7 @@ class LocalTorchrunLauncher(ConfigurableResource):
                                 extras={"campaign": job.campaign}) as session:
             env = {**os.environ, **session.get_bootstrap_env_vars(), "OMP_NUM_THREADS": str(threads),
                    "TOKENIZERS_PARALLELISM": "false", **distributed_env(job.training)}
+            env |= allocator.preload_env(env)  # jemalloc when the host has it (campaign_orchestrator.allocator)
             procs, logs = [], []
             for i, cmd in enumerate(cmds):
                 log = workdir / f"node-{i}.log"

@@ -48,8 +48,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from campaign_orchestrator import allocator
 from campaign_orchestrator.hardware import resolve_compute_dtype
-from training import allocator, checkpoint, head, losses
+from training import checkpoint, head, losses
 from training import data as tdata
 from training import moe as tmoe
 from training.checkpoint import CheckpointStore
@@ -150,7 +151,7 @@ class LoraTrainer:
             )
         if threading.current_thread() is threading.main_thread():
             self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
-        self.mmap_threshold = allocator.limit_heap_fragmentation() if self.device.type == "cpu" else None
+        self.allocator = allocator.in_use()
         self._setup_data()
         self._check_teacher_tokenizer()
         self._setup_model()

@@ -33,7 +33,8 @@ import yaml
 UNITS = ("host-hour", "gpu-hour", "million-tokens")
 PRICE_FIELDS = ("usd", "spot_usd", "input_usd", "output_usd", "batch_discount")
 PERF_FIELDS = ("peak_tflops", "fp32_peak_tflops", "memory_bandwidth_gbps", "step_overhead_s", "decode_step_overhead_s",
-               "train_startup_s", "generate_startup_s", "runtime_gb", "host_measured_peak", "heap_retention")
+               "train_startup_s", "generate_startup_s", "runtime_gb", "host_measured_peak", "heap_retention",
+               "heap_retention_jemalloc")
 
 
 class PricingError(ValueError):

@@ -336,6 +336,21 @@ def _teacher_estimate(spec: CampaignSpec, catalog: Catalog, teacher: ModelShape 
     return st | {"seconds": None, "quantity": (p_tok + c_tok) / 1e6, "usd": p_tok / 1e6 * in_usd + c_tok / 1e6 * out_usd}
 
 
+def heap_retention(entry: PriceEntry, spec: CampaignSpec) -> tuple[float, str]:
+    """(share of activations + logits the C heap keeps resident, allocator): the local launcher starts
+    training on jemalloc when this host has it (``campaign_orchestrator.allocator``), which keeps far less
+    than glibc (catalog ``perf.heap_retention_jemalloc`` against ``perf.heap_retention``)."""
+    if spec.training.launcher == "local" and "heap_retention_jemalloc" in entry.perf:
+        from campaign_orchestrator import allocator
+
+        try:
+            if allocator.preload_env():
+                return float(entry.perf["heap_retention_jemalloc"]), "jemalloc"
+        except allocator.AllocatorError:
+            pass
+    return float(entry.perf.get("heap_retention", 0.0)), "glibc"
+
+
 def plan_campaign(spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher_dir: Path | None,
                   student_dir: Path) -> dict:
     """The whole plan: data facts, per-device memory and fit, and per-stage estimates."""
@@ -351,8 +366,9 @@ def plan_campaign(spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher
     if attention == "auto":  # as training.model.attention_kernel resolves it
         attention = "eager" if device.perf.get("host_measured_peak") and spec.training.max_seq_len <= 512 else "sdpa"
     sdt = compute_dtype_on(spec.student.quantization.compute_dtype, device)
-    mem = training_memory(student, spec, seq, sdt, float(device.perf.get("runtime_gb", 0.0)), attention,
-                          float(device.perf.get("heap_retention", 0.0)))
+    retention, alloc = heap_retention(device, spec)
+    mem = training_memory(student, spec, seq, sdt, float(device.perf.get("runtime_gb", 0.0)), attention, retention)
+    mem["allocator"] = alloc
     mem |= moe_facts(student, spec.student, DTYPE_BYTES[sdt])  # MoE: total vs active parameters, expert tensors
     ckpt = bool(getattr(spec.training, "activation_checkpointing", False))
     if device.memory_gb is not None:
