@@ -1,5 +1,5 @@
 """A process working on a sweep's Optuna study (``campaign_orchestrator.sweep``'s storage and study), for the
-storage tests: ``pair`` runs trials that each wait until two trials are RUNNING at once (so two processes
+storage tests: ``pair`` runs trials that wait until two trials have been RUNNING at once (so two processes
 write to the database concurrently), ``hang`` starts one trial that never ends (to be SIGKILLed).
 
     python -m tests.support.sweep_worker CAMPAIGN.yaml STUDY pair|hang
@@ -26,8 +26,13 @@ def main(path: str, study_name: str, mode: str) -> None:
             print(f"RUNNING {trial.number}", flush=True)
             while True:
                 time.sleep(0.2)
+        # wait until the two processes have had a trial RUNNING at the same time (the study remembers it: a
+        # process's last trial may find the other process already done, and must not wait for it forever)
         deadline = time.monotonic() + 300  # the other process may start late on a loaded machine
-        while len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))) < 2:  # the other process's trial
+        while not study.user_attrs.get("overlapped"):
+            if len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))) >= 2:
+                study.set_user_attr("overlapped", True)
+                break
             if time.monotonic() > deadline:
                 raise RuntimeError("the other worker never had a trial running at the same time")
             time.sleep(0.05)
