@@ -226,7 +226,7 @@ def _child(kind: str, job_file: Path, threads: int, out_file: Path, warmup: int,
     env = _env(threads) | {"BENCH_WARMUP": str(warmup)}
     # this trainer's processes get the allocator its launcher gives them (jemalloc when the host has it);
     # TRL's run as TRL users run them (glibc), and once on jemalloc too: the pairing that isolates the allocator
-    if kind.startswith("ours") and kind != "ours_glibc" or kind == "trl_jemalloc":
+    if kind in ("trl_jemalloc", *(k for k in KINDS if k.startswith("ours") and k != "ours_glibc")):
         env |= allocator.preload_env(env)
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if p.returncode != 0:

@@ -21,8 +21,7 @@ from dagster import AssetObservation, ConfigurableResource, Failure, MetadataVal
     PipesTempFileMessageReader, open_pipes_session
 from pydantic import Field
 
-from campaign_orchestrator import paths
-from campaign_orchestrator import allocator
+from campaign_orchestrator import allocator, paths
 from training.config import TrainJob
 from training.diagnostics import distributed_env
 from training.net import free_port

@@ -63,7 +63,7 @@ def run_summary(trainer, seconds: float, eval_loss: float | None, adapter_dir: P
         "compute_dtype_requested": trainer.precision.requested,
         "compute_dtype_reason": trainer.precision.reason,
         "cpu_capability": trainer.precision.capability,
-        "allocator": getattr(trainer, "allocator", None),
+        "allocator": trainer.allocator,
     }
 
 
@@ -77,7 +77,7 @@ def write_reproducibility_card(trainer, directory: Path) -> dict:
         "seed": spec.seed,
         "compute_dtype": trainer.precision.record(),
         "attn_implementation": trainer.attn_implementation,
-        "allocator": getattr(trainer, "allocator", None),
+        "allocator": trainer.allocator,
         "device": trainer.device.type,
         "device_name": _device_name(trainer.device),
         "cpu_capability": trainer.precision.capability,

@@ -167,3 +167,24 @@ def test_campaign_plan_prints_memory_fit_and_costs(artifact_root, capsys):
                    "ZeRO-1", "teacher_generations", "student_adapter", "evaluation", "host-hour", "within budget"):
         assert needle in out, needle
     assert "108,864 parameters" in out and "LoRA 40,960 trainable" in out
+
+
+def test_the_heap_is_planned_for_the_allocator_the_launcher_will_start_training_on(monkeypatch):
+    """Local launcher on a host with jemalloc: the catalog's jemalloc retention; without it, or on
+    Kubernetes (whose launcher does not preload it), glibc's."""
+    from campaign_orchestrator import allocator
+    from campaign_orchestrator.costs.planner import heap_retention
+    from campaign_orchestrator.paths import shipped_campaigns_dir
+
+    entry = read_catalog(shipped_campaigns_dir() / "pricing/catalog.yaml").get("cpu-2vcpu")
+    monkeypatch.setattr(allocator, "jemalloc_path", lambda *a: "/usr/lib/libjemalloc.so.2")
+    assert heap_retention(entry, _spec()) == (entry.perf["heap_retention_jemalloc"], "jemalloc")
+    local = _spec()
+    k8s = local.model_copy(update={"training": local.training.model_copy(update={"launcher": "k8s"})})
+    assert heap_retention(entry, k8s) == (entry.perf["heap_retention"], "glibc")
+    monkeypatch.setenv(allocator.ENV, "glibc")
+    assert heap_retention(entry, _spec()) == (entry.perf["heap_retention"], "glibc")
+    monkeypatch.delenv(allocator.ENV)
+    monkeypatch.setattr(allocator, "jemalloc_path", lambda *a: None)
+    assert heap_retention(entry, _spec())[1] == "glibc"
+    assert entry.perf["heap_retention_jemalloc"] < entry.perf["heap_retention"]
