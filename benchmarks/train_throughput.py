@@ -25,6 +25,8 @@ Kinds: ``ours`` (attention ``auto``: the kernel measured fastest at this shape, 
 ``trl`` (TRL with the kernel ``ours`` resolved to: the pass/fail pairing), ``trl_eager`` / ``trl_sdpa``
 (TRL with eager / transformers' default sdpa), ``ours_full_head`` (this trainer with the LM head and
 loss at every position: the labelled-positions head switched off, to measure what it pays),
+``ours_keep_all`` (this trainer keeping every activation autograd keeps: the exact recomputation of the
+SwiGLU products and norm outputs in backward switched off, ``training/recompute.py``),
 ``ours_eager`` / ``ours_sdpa`` (this trainer forced to eager / sdpa: what the kernel choice pays),
 ``ours_glibc`` (this trainer on glibc malloc instead of the jemalloc its launcher preloads when the host
 has it: what the allocator pays, ``campaign_orchestrator.allocator``), ``trl_jemalloc`` (TRL on jemalloc too).
@@ -61,7 +63,7 @@ SPEED_TARGET = 1.3
 MEMORY_TARGET = 0.7
 MFU_TARGET = 0.65
 KINDS = ("ours", "trl", "trl_eager", "trl_sdpa", "ours_full_head", "ours_eager", "ours_sdpa", "ours_glibc",
-         "trl_jemalloc")
+         "trl_jemalloc", "ours_keep_all")
 
 
 def _env(threads: int) -> dict:
@@ -93,7 +95,8 @@ def _peak_rss_mb() -> float:
 
 
 def ours_child(job_file: str, out_file: str, variant: str) -> None:
-    """This trainer, as ``python -m training`` runs it (``variant``: ``full_head`` switches the labelled head off)."""
+    """This trainer, as ``python -m training`` runs it (``variant``: ``full_head`` switches the labelled head off,
+    ``keep_all`` the recomputation of cheap activations: training/recompute.py)."""
     import pyarrow.parquet as pq
     import torch
 
@@ -101,6 +104,8 @@ def ours_child(job_file: str, out_file: str, variant: str) -> None:
 
     if variant == "full_head":
         trainer.LoraTrainer.labelled_head = False
+    if variant == "keep_all":
+        trainer.LoraTrainer.recompute_cheap = False
     job = json.loads(Path(job_file).read_text())
     shutil.rmtree(job["output_dir"], ignore_errors=True)
     t0 = time.perf_counter()
@@ -209,6 +214,7 @@ def trl_child(job_file: str, out_file: str, attention: str) -> None:
 def _child(kind: str, job_file: Path, threads: int, out_file: Path, warmup: int, kernel: str) -> dict:
     """One run of ``kind`` in its own process; ``kernel``: the attention kernel ``ours`` resolved to."""
     mode = {"ours": ["--ours-child", "default"], "ours_full_head": ["--ours-child", "full_head"],
+            "ours_keep_all": ["--ours-child", "keep_all"],
             "ours_sdpa": ["--ours-child", "default"], "ours_eager": ["--ours-child", "default"],
             "ours_glibc": ["--ours-child", "default"], "trl_jemalloc": ["--trl-child", kernel],
             "trl": ["--trl-child", kernel], "trl_eager": ["--trl-child", "eager"],
@@ -398,6 +404,9 @@ def report(args, kinds, runs, built, model: Path, load_before, spec, ablation=No
                  "loss_tokens": train["loss_tokens"], "labelled_token_fraction": round(labelled, 4),
                  "packing_efficiency": round(built["packing_efficiency"], 4)},
         "what_each_change_pays": ablation,
+        # the recomputation is exact: with it and without it, the same losses (bit for bit)
+        "recompute_same_final_loss": (best["ours"]["final_loss"] == best["ours_keep_all"]["final_loss"]
+                                      if "ours_keep_all" in best else None),
         "targets": targets,
         "pass": speed >= 1.0 and memory <= MEMORY_TARGET,
         "pass_rule": "exit 1 when this trainer is slower than TRL (same kernel, steady-state wall clock, TRL's fastest "

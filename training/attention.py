@@ -47,25 +47,29 @@ def segment_eager_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
     Sequences are read from ``position_ids`` (the model always passes them); ``attention_mask`` is not
     needed: the trainer's padded rows give their pads a position segment of their own, so a pad is never
     in a real token's sequence."""
-    b, heads, t, _ = query.shape
+    b, heads, t, d = query.shape
     if position_ids is None:
         position_ids = torch.arange(t, device=query.device).expand(b, t)
-    groups = heads // key.size(1)
-    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    kv = key.size(1)
+    groups = heads // kv
+    # Grouped-query attention without repeating k and v per query head (transformers' repeat_kv copies them
+    # to every head, and backward keeps those copies): the ``groups`` query heads that share a kv head are
+    # stacked along the rows of one matmul against that kv head.
     rows = []
     for r in range(b):
         outs = []
         for s, e in segments(position_ids[r if position_ids.size(0) > 1 else 0]):
-            q, k, v = query[r:r + 1, :, s:e], key[r:r + 1, :, s:e], value[r:r + 1, :, s:e]
-            w = torch.matmul(q, k.transpose(2, 3)) * scaling
             n = e - s
+            q = query[r:r + 1, :, s:e].reshape(1, kv, groups * n, d)
+            k, v = key[r:r + 1, :, s:e], value[r:r + 1, :, s:e]
+            w = torch.matmul(q, k.transpose(2, 3)) * scaling  # [1, kv, groups * n, n]
             if n > 1:
-                future = torch.ones(n, n, dtype=torch.bool, device=w.device).triu_(1)
+                future = torch.ones(n, n, dtype=torch.bool, device=w.device).triu_(1).repeat(groups, 1)
                 w = w.masked_fill(future, torch.finfo(w.dtype).min)
             w = nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
             if dropout and module.training:
                 w = nn.functional.dropout(w, p=dropout, training=True)
-            outs.append(torch.matmul(w, v))
+            outs.append(torch.matmul(w, v).view(1, heads, n, d))
         rows.append(torch.cat(outs, dim=2) if len(outs) > 1 else outs[0])
     out = torch.cat(rows, dim=0) if b > 1 else rows[0]
     return out.transpose(1, 2).contiguous(), None

@@ -59,8 +59,11 @@ def attention_kernel(student: StudentSpec, device: torch.device, max_seq_len: in
 
 def load_student(base_model_path: str, student: StudentSpec, device: torch.device,
                  activation_checkpointing: bool = False, attn_implementation: str = "sdpa",
-                 compute_dtype: str | None = None):
-    """The frozen base (4-bit or in ``compute_dtype``, the resolved dtype: never ``auto``) with LoRA adapters."""
+                 compute_dtype: str | None = None, recompute_cheap: bool = True):
+    """The frozen base (4-bit or in ``compute_dtype``, the resolved dtype: never ``auto``) with LoRA adapters.
+
+    ``recompute_cheap``: keep fewer activations for backward by recomputing the SwiGLU products and the
+    norms' outputs in backward, exactly (training/recompute.py); off under activation checkpointing."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -105,6 +108,10 @@ def load_student(base_model_path: str, student: StudentSpec, device: torch.devic
     lora = LoraConfig(**moe.lora_kwargs(student, model.config))
     model = get_peft_model(model, lora)  # adapters in fp32 (autocast_adapter_dtype=True)
     moe.check_peft_kept_targets(model, student, base_model_path)
+    if recompute_cheap and not activation_checkpointing:
+        from training import recompute
+
+        recompute.apply(model)
     if device.type == "cuda":
         model.to(device)
     return model

@@ -107,6 +107,9 @@ class LoraTrainer:
     # The LM head and loss at labelled positions only (training.head); False computes them everywhere
     # (benchmarks/train_throughput.py measures both).
     labelled_head = True
+    # Recompute the SwiGLU products and the norms' outputs in backward instead of keeping them (exact:
+    # training/recompute.py); False keeps what autograd keeps (benchmarks/train_throughput.py measures both).
+    recompute_cheap = True
     # FSDP2 even in a world of one (benchmarks/train_gpu_step.py times the sharded path, NCCL, on one GPU).
     shard_single_process = False
 
@@ -263,7 +266,8 @@ class LoraTrainer:
         self.attn_implementation = self._attention_kernel()
         model = load_student(self.job.base_model_path, self.job.student, self.device,
                              activation_checkpointing=self.spec.activation_checkpointing,
-                             attn_implementation=self.attn_implementation, compute_dtype=self.precision.dtype)
+                             attn_implementation=self.attn_implementation, compute_dtype=self.precision.dtype,
+                             recompute_cheap=self.recompute_cheap)
         self.trainable = sum(p.numel() for p in trainable_parameters(model))
         self.total_params = sum(p.numel() for p in model.parameters())
         self.param_breakdown = tmoe.parameter_breakdown(model)  # by kind; refuses routed experts left frozen

@@ -14,6 +14,7 @@ import yaml
 from dagster import AssetKey, DagsterInstance
 
 from assets.location import build_definitions, campaign_job_name
+from campaign_orchestrator.hardware import resolve_compute_dtype
 from tests.support import REPO_ROOT as REPO
 
 pytestmark = pytest.mark.slow
@@ -31,9 +32,11 @@ def _take(src: Path, dst: Path, n: int) -> str:
 
 def _campaign(tmp_path: Path, name: str, lr_factor: float = 1.0, general_only: bool = False) -> Path:
     spec = yaml.safe_load((REPO / "campaigns" / "smollm2.yaml").read_text())
-    data = tmp_path / "data"
-    _take(DATA / "train-plural.jsonl", data / "train-plural.jsonl", 80)
-    _take(DATA / "train-general.jsonl", data / "train-general.jsonl", 80)
+    data = tmp_path / f"data-{name}"
+    # the over-training run trains 6 steps (48 rows): 24 + 24 prompts are enough, and the teacher is the slow part
+    prompts = 24 if general_only else 80
+    _take(DATA / "train-plural.jsonl", data / "train-plural.jsonl", prompts)
+    _take(DATA / "train-general.jsonl", data / "train-general.jsonl", prompts)
     spec["name"] = name
     spec["data"]["source"] = str(data / "train-*.jsonl")
     spec["training"]["learning_rate"] *= lr_factor
@@ -69,10 +72,13 @@ def test_real_model_campaign_runs_end_to_end_and_a_hundred_times_its_learning_ra
     assert ev["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE")
     assert ev["plurals_base_score"] <= 0.1 and ev["plurals_teacher_score"] >= 0.6
     assert ev["plurals_candidate_score"] > ev["plurals_base_score"] + 0.1  # it learned from the teacher
-    assert ev["general_base_score"] == 1.0  # the suite holds only what the base answers (fixed before training)
+    # The suite holds only what the base answers, fixed before training on an fp32 host; where `auto` is bf16
+    # (a CPU with AVX512-BF16) the base misses one or two of these 60.
+    assert ev["general_base_score"] >= 0.95
     train = {k: v.value for k, v in result.asset_materializations_for_node(
         AssetKey(["smol_mini", "student_adapter"]).to_python_identifier())[-1].metadata.items()}
-    assert train["final_loss"] < train["first_loss"] and train["compute_dtype"] == "float32"
+    assert train["final_loss"] < train["first_loss"]
+    assert train["compute_dtype"] == resolve_compute_dtype("auto", "cpu").dtype  # fp32 on AVX2, bf16 on AVX512-BF16
     tok = {k: v.value for k, v in result.asset_materializations_for_node(
         AssetKey(["smol_mini", "tokenized_dataset"]).to_python_identifier())[-1].metadata.items()}
     assert tok["template"] == "chat"

@@ -82,7 +82,7 @@ def train_adapter(out: Path, base: Path, steps: int, examples: int = 2000, mappi
     """A LoRA adapter trained by the project's trainer (in this process, a world of one) on cipher pairs
     (``mapping``: another substitution for a deliberately wrong adapter); returns the adapter directory."""
     from campaign_orchestrator.demo import cipher
-    from tests.support.train_support import make_job, write_rows
+    from tests.support.train_support import demo_spec, make_job, write_rows
     from training.trainer import run
 
     rng = random.Random(seed)
@@ -96,8 +96,11 @@ def train_adapter(out: Path, base: Path, steps: int, examples: int = 2000, mappi
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
+        # fp32 on every host (`auto` is bf16 where the CPU computes it natively): the tests read how well an
+        # adapter of so many steps answers (most right, not all), and bf16 training gets there sooner
         job = make_job(out / "train", base, ds, max_steps=steps, micro_batch_size=12, eval_rows=0,
-                       checkpoint={"every_steps": None})
+                       checkpoint={"every_steps": None},
+                       student={"quantization": demo_spec().student.quantization.model_dump() | {"compute_dtype": "float32"}})
         (out / "train").mkdir(parents=True, exist_ok=True)
         with one_thread():
             run(job.write(out / "job.json"))
