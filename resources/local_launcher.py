@@ -52,16 +52,18 @@ class NodeFailed(RuntimeError):
 
 
 def stop_all(procs: list[subprocess.Popen], grace_s: float = 20.0) -> None:
-    """SIGTERM every node's process group (the trainer checkpoints on it), then SIGKILL after ``grace_s``."""
+    """SIGTERM every node's process group (the trainer checkpoints on it), then SIGKILL what is left after
+    ``grace_s`` (one grace period for all of them, not one per node)."""
     for p in procs:
         if p.poll() is None:
             try:
                 os.killpg(p.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+    deadline = time.monotonic() + grace_s
     for p in procs:
         try:
-            p.wait(timeout=grace_s)
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
