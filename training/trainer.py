@@ -154,6 +154,8 @@ class LoraTrainer:
             )
         if threading.current_thread() is threading.main_thread():
             self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            # a mask inherited blocked (a parent that blocks it while it spawns) would keep the stop from arriving
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
         self.allocator = allocator.in_use()
         self._setup_data()
         self._check_teacher_tokenizer()

@@ -190,9 +190,9 @@ def test_training_launcher_stops_every_process_when_the_budget_says_so(tmp_path)
     import time
 
     from resources.local_launcher import LocalTorchrunLauncher
+    from tests.support.processes import sleeping_node
 
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-             for _ in range(2)]
+    procs = [sleeping_node(tmp_path / f"node{i}.out") for i in range(2)]
     clock = _Clock()
     guard = BudgetGuard(ledger=Ledger(tmp_path / "l.duckdb"), campaign="c", stage="student_adapter", run_id="r",
                         step_key="s", attempt=0, stage_key="k", limits=[Limit("campaign c", 1.0, 0.0)],

@@ -32,10 +32,10 @@ def test_torchrun_commands_one_per_node_with_c10d_rendezvous():
 
 def test_supervise_stops_the_other_nodes_when_one_fails(tmp_path):
     from resources.local_launcher import NodeFailed, supervise
+    from tests.support.processes import sleeping_node
 
     logs = [tmp_path / "n0.log", tmp_path / "n1.log"]
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=logs[0].open("w"),
-                              start_new_session=True),
+    procs = [sleeping_node(logs[0]),
              subprocess.Popen([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"],
                               stdout=logs[1].open("w"), start_new_session=True)]
     t0 = time.monotonic()
