@@ -62,8 +62,9 @@ def load_student(base_model_path: str, student: StudentSpec, device: torch.devic
                  compute_dtype: str | None = None, recompute_cheap: bool = True):
     """The frozen base (4-bit or in ``compute_dtype``, the resolved dtype: never ``auto``) with LoRA adapters.
 
-    ``recompute_cheap``: keep fewer activations for backward by recomputing the SwiGLU products and the
-    norms' outputs in backward, exactly (training/recompute.py); off under activation checkpointing."""
+    ``recompute_cheap``: keep fewer activations for backward by recomputing the SwiGLU products, the
+    norms' outputs and PEFT's input casts in backward, exactly (training/recompute.py); off under
+    activation checkpointing."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 

@@ -107,8 +107,9 @@ class LoraTrainer:
     # The LM head and loss at labelled positions only (training.head); False computes them everywhere
     # (benchmarks/train_throughput.py measures both).
     labelled_head = True
-    # Recompute the SwiGLU products and the norms' outputs in backward instead of keeping them (exact:
-    # training/recompute.py); False keeps what autograd keeps (benchmarks/train_throughput.py measures both).
+    # Recompute the SwiGLU products, the norms' outputs and PEFT's input casts in backward instead of keeping
+    # them (exact: training/recompute.py); False keeps what autograd keeps (benchmarks/train_throughput.py
+    # measures both).
     recompute_cheap = True
     # FSDP2 even in a world of one (benchmarks/train_gpu_step.py times the sharded path, NCCL, on one GPU).
     shard_single_process = False

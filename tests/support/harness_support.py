@@ -98,9 +98,10 @@ def train_adapter(out: Path, base: Path, steps: int, examples: int = 2000, mappi
     try:
         # fp32 on every host (`auto` is bf16 where the CPU computes it natively): the tests read how well an
         # adapter of so many steps answers (most right, not all), and bf16 training gets there sooner
+        fp32 = demo_spec().student.quantization.model_dump() | {"compute_dtype": "float32"}
         job = make_job(out / "train", base, ds, max_steps=steps, micro_batch_size=12, eval_rows=0,
                        checkpoint={"every_steps": None},
-                       student={"quantization": demo_spec().student.quantization.model_dump() | {"compute_dtype": "float32"}})
+                       student={"quantization": fp32})
         (out / "train").mkdir(parents=True, exist_ok=True)
         with one_thread():
             run(job.write(out / "job.json"))
