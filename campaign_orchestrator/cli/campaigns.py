@@ -107,6 +107,20 @@ def plan_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def docs_command(args: argparse.Namespace) -> int:
+    from campaigns import fieldref
+
+    if args.check:
+        if fieldref.is_current():
+            print(f"{fieldref.reference_path()} is current")
+            return EXIT_OK
+        print(f"{fieldref.reference_path()} is out of date with campaigns/spec/: run `campaign docs` and commit it",
+              file=sys.stderr)
+        return EXIT_INVALID
+    print(f"wrote {fieldref.write()}")
+    return EXIT_OK
+
+
 def add_parsers(sub) -> None:
     """Register this group's commands on the ``campaign`` parser."""
     v = sub.add_parser("validate", help="validate campaign files (default: campaigns/*.yaml)")
@@ -120,3 +134,6 @@ def add_parsers(sub) -> None:
     p.set_defaults(fn=plan_command)
     ls = sub.add_parser("list", help="list campaigns")
     ls.set_defaults(fn=list_command)
+    d = sub.add_parser("docs", help="write the campaign field reference (docs/campaign-fields.md) from the spec")
+    d.add_argument("--check", action="store_true", help="exit 1 when the checked-in reference is not current")
+    d.set_defaults(fn=docs_command)

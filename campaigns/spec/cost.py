@@ -68,6 +68,8 @@ class CostSpec(_Strict):
 
 
 class ScheduleSpec(_Strict):
+    """A cron schedule that materializes the whole campaign."""
+
     cron: Cron = Field(description="Cron expression, e.g. '0 3 * * *'.")
     timezone: str = Field("UTC", description="IANA timezone of the cron expression.")
     enabled: bool = Field(False, description="Start the schedule switched on.")

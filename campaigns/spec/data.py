@@ -11,6 +11,8 @@ from campaigns.spec.common import _Strict
 from campaigns.spec.lm_eval import DecontaminationSpec
 
 class HeldoutSpec(_Strict):
+    """The prompts held out of training for evaluation, chosen by id hash."""
+
     fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of prompts held out for evaluation, by id hash.")
     seed: int = Field(0, ge=0, description="Seed of the id-hash split.")
     max_items: int | None = Field(None, ge=1, description="Cap on held-out items (taken in id-hash order).")
@@ -43,6 +45,8 @@ class FilterSpec(_Strict):
 
 
 class DataSpec(_Strict):
+    """Where the prompts come from, which are held out, and the filters on the teacher's answers."""
+
     source: str = Field(description="JSONL file or glob of files, relative to the repository root or absolute.")
     id_field: str = Field("id", description="Field holding a stable item id (hash of the prompt when absent).")
     prompt_field: str = Field("prompt", description="Field holding the prompt text.")

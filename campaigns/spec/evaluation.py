@@ -172,6 +172,8 @@ class EndpointSpec(_Strict):
 
 
 class EvaluationSpec(_Strict):
+    """The suites candidate and base are scored on, the gate, its statistics, human review and serving."""
+
     suites: list[SuiteSpec] = Field(min_length=1, description="Suites; the first is the campaign's primary score.")
     gate: GateSpec = Field(GateSpec(), description="Rules for every suite (a suite's `gate` overrides fields).")
     statistics: StatisticsSpec = StatisticsSpec()

@@ -16,6 +16,8 @@ PARAM_WRAPPER_REFUSES = {
 
 
 class LoraSpec(_Strict):
+    """The LoRA adapter trained on the frozen student base (PEFT LoraConfig fields)."""
+
     r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
     alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input. Must be 0 with "
@@ -78,6 +80,8 @@ class MoeSpec(_Strict):
 
 
 class QuantizationSpec(_Strict):
+    """How the frozen base is loaded: 4-bit NF4 (QLoRA) or not, and the compute dtype."""
+
     load_in_4bit: bool = Field(True, description="QLoRA: load the frozen base in 4-bit with bitsandbytes.")
     quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type (NF4 is the QLoRA default).")
     compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(

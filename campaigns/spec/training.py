@@ -162,6 +162,8 @@ class DistillationSpec(_Strict):
 
 
 class TrainingSpec(_Strict):
+    """Steps, batch, optimizer, distribution (nodes, processes, sharding), launcher, checkpoints and loss."""
+
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps; exclusive with `epochs`.")
     epochs: float | None = Field(None, gt=0, description="Passes over the dataset; exclusive with `max_steps`.")
     learning_rate: float = Field(2e-4, ge=0.0, le=1.0, description="Peak learning rate (0 trains nothing, on purpose).")
