@@ -122,7 +122,7 @@ class CampaignSpec(_Strict):
     )
     sweep: SweepSpec | None = Field(
         None, description="A hyperparameter sweep before training (Optuna successive halving under a dollar cap; "
-        "README \"Sweeps\"); its best configuration drives student_adapter.")
+        "docs/sweeps.md); its best configuration drives student_adapter.")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment tracking (MLflow); off by default.")
 
     _project_dir: Path | None = PrivateAttr(None)

@@ -76,7 +76,7 @@ class RungSpec(_Strict):
 
 
 class SweepSpec(_Strict):
-    """A hyperparameter sweep inside the campaign (README, "Sweeps")."""
+    """A hyperparameter sweep inside the campaign (docs/sweeps.md)."""
 
     space: dict[str, ParamSpec] = Field(
         min_length=1, description="Dotted campaign field → its range, e.g. `training.learning_rate: {type: log_uniform, "
