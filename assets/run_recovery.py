@@ -9,12 +9,19 @@ every campaign waits for it forever. A waiter killed while queued blocks the poo
 when the slot is freed it is assigned to the oldest pending step, the dead one.
 
 So every run ``campaign run`` starts carries its owner (:func:`owner_tags`): ``campaign/host``,
-``campaign/pid`` and ``campaign/start``. :func:`reap_dead_runs` finds the runs of this host that are
-not finished but whose process is gone (or is another process that reused the pid: one created
-after the run started), marks them FAILURE with the reason (CANCELED when they were already
-canceling) and frees their slots with ``free_concurrency_slots_for_run`` (``report_run_failed``
+``campaign/pid``, ``campaign/start``, and where the process runs: ``campaign/boot-id`` (the
+kernel's boot id) and ``campaign/pid-ns`` (its PID namespace's inode). :func:`reap_dead_runs` finds
+the runs it can judge (same boot id and PID namespace as the reaper; runs tagged before these two
+tags existed: same host name) that are not finished but whose process is gone (or is another
+process that reused the pid: one created after the run started). Before anything is freed it
+kills what the dead run left running: its trainer processes (the process groups the local launcher
+recorded in ``campaign/trainers``, and any process carrying the run id in ``CAMPAIGN_RUN_ID``) and
+its Kubernetes Jobs, Services and PyTorchJobs (by their ``dagster/run-id`` label, in the cluster
+``campaign/k8s`` names). Then it marks the run FAILURE with the reason (CANCELED when it was
+already canceling) and frees its slots with ``free_concurrency_slots_for_run`` (``report_run_failed``
 alone frees nothing); it also frees slots still held by runs that finished by any other path (a
-force-cancel in the UI). It runs
+force-cancel in the UI). A run whose leftovers could not be removed (the cluster unreachable) keeps
+its slot until a later reap succeeds. It runs
 
 * before every ``campaign run`` (``campaign_orchestrator/cli/run.py``),
 * while a step waits for a slot (``assets/dagster_patches.py``: the wait logs who holds the pool and
@@ -23,21 +30,28 @@ force-cancel in the UI). It runs
   ``dagster dev`` / ``make ui`` runs it every 30 s).
 
 Runs without these tags (launched from the UI, by a schedule or a sensor) are Dagster's own: its
-run launcher and run monitoring look after them. A run tagged with another host is left alone: a
-process id means nothing across machines or containers.
+run launcher and run monitoring look after them. A run of another machine or container (another
+boot id or PID namespace; for old runs, another host name) is left alone: a process id means nothing
+there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 from collections.abc import Callable
 
+from campaign_orchestrator import process_owner
+
 from dagster import (DagsterInstance, DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext,
                      SkipReason, sensor)
 
 HOST_TAG, PID_TAG, START_TAG = "campaign/host", "campaign/pid", "campaign/start"
+BOOT_TAG, PIDNS_TAG = "campaign/boot-id", "campaign/pid-ns"
+TRAINERS_TAG = "campaign/trainers"  # written by resources/local_launcher.py
+K8S_TAG = "campaign/k8s"  # written by resources/k8s/launcher.py: the cluster the run's workloads live in
 NOT_FINISHED = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
                 DagsterRunStatus.CANCELING]
 FINISHED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
@@ -47,18 +61,32 @@ PID_REUSE_SLACK_S = 1.0  # process start times are rounded by the kernel (clock 
 
 
 def owner_tags(pid: int | None = None, start: float | None = None) -> dict[str, str]:
-    """The tags naming the process that owns a run (this one by default)."""
+    """The tags naming the process that owns a run (this one by default), and the kernel boot and PID namespace
+    its pid means something in."""
+    ident = process_owner.identity()
+    where = {BOOT_TAG: ident["boot_id"]} if "boot_id" in ident else {}
+    where |= {PIDNS_TAG: ident["pid_ns"]} if "pid_ns" in ident else {}
     return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid() if pid is None else pid),
-            START_TAG: f"{time.time() if start is None else start:.3f}"}
+            START_TAG: f"{time.time() if start is None else start:.3f}", **where}
+
+
+def can_judge(run) -> bool:
+    """Whether this process may look the run's owner pid up: same boot id and PID namespace; for a run tagged
+    before those tags existed, the same host name."""
+    tags = run.tags
+    if PID_TAG not in tags:
+        return False
+    same = process_owner.can_judge({"boot_id": tags.get(BOOT_TAG), "pid_ns": tags.get(PIDNS_TAG)})
+    return same if same is not None else tags.get(HOST_TAG) == socket.gethostname()
 
 
 def owner_alive(run) -> bool | None:
-    """Whether the process that owns ``run`` is alive: None when this host cannot tell (no owner
-    tags, or another host's run)."""
+    """Whether the process that owns ``run`` is alive: None when this process cannot tell (no owner
+    tags, or the run of another machine, container or PID namespace)."""
     import psutil
 
     tags = run.tags
-    if tags.get(HOST_TAG) != socket.gethostname() or PID_TAG not in tags:
+    if not can_judge(run):
         return None
     try:
         p = psutil.Process(int(tags[PID_TAG]))
@@ -94,6 +122,8 @@ def reap_dead_runs(instance: DagsterInstance, log: Callable[[str], None] = print
     for run in runs:
         if owner_alive(run) is not False:
             continue
+        if not remove_leftovers(run, log):
+            continue
         msg = (f"the `campaign run` process {run.tags[PID_TAG]} on {run.tags[HOST_TAG]} that owned this run is gone "
                "(killed or crashed): marked "
                + ("canceled" if run.status == DagsterRunStatus.CANCELING else "failed")
@@ -116,6 +146,28 @@ def reap_dead_runs(instance: DagsterInstance, log: Callable[[str], None] = print
                 log(f"freed the pool slots still held by finished run {rec.dagster_run.run_id} "
                     f"({rec.dagster_run.status.value})")
     return reaped
+
+
+def remove_leftovers(run, log: Callable[[str], None] = print) -> bool:
+    """Kill what the dead ``run`` left running: its local trainer processes and its Kubernetes workloads. False when
+    something could not be removed (the run's slots must stay held: a rerun would train beside it)."""
+    groups = process_owner.decode_groups(run.tags.get(TRAINERS_TAG))
+    killed = process_owner.kill_run_processes(run.run_id, groups, log=log)
+    if killed and process_owner.run_processes(run.run_id, groups):
+        log(f"run {run.run_id}: trainer processes still alive after SIGKILL; its pool slots stay held")
+        return False
+    if K8S_TAG in run.tags:
+        try:
+            from resources.k8s.launcher import delete_run_workloads
+
+            deleted = delete_run_workloads(json.loads(run.tags[K8S_TAG]), run.run_id)
+        except Exception as e:  # noqa: BLE001 - the cluster unreachable, no permission: retry on a later reap
+            log(f"run {run.run_id}: could not delete its Kubernetes workloads ({type(e).__name__}: {e}); its pool "
+                f"slots stay held until they are deleted (the next `campaign run` or reaper tick tries again)")
+            return False
+        if deleted:
+            log(f"run {run.run_id}: deleted its Kubernetes workloads {', '.join(deleted)}")
+    return True
 
 
 def _iso(ts) -> str:

@@ -3,7 +3,13 @@
 ``nodes`` > 1 starts one torchrun per "node" on this machine, each with its ``--node-rank``
 and a shared c10d rendezvous, exactly the command a Kubernetes pod of a multi-node job runs.
 If any process fails, the others are stopped at once and the asset fails with the failing
-node's exit code and last log lines. Metrics the trainer streams (global rank 0, through
+node's exit code and last log lines.
+
+The run owns its trainers: each torchrun gets SIGKILL from the kernel when the process that launched
+it dies (``PR_SET_PDEATHSIG``, ``training.ownership``), its workers do the same with torchrun, every
+process carries the Dagster run id (``CAMPAIGN_RUN_ID``) and the launch records the process groups
+(pgid, start time, boot id, PID namespace) in the run's ``campaign/trainers`` tag, so the reaper
+(``assets/run_recovery.py``) kills whatever is left of a dead run before it frees its pool slot. Metrics the trainer streams (global rank 0, through
 Pipes) become ``AssetObservation`` events while training runs, so the asset's plots fill live.
 """
 
@@ -21,10 +27,13 @@ from dagster import AssetObservation, ConfigurableResource, Failure, MetadataVal
     PipesTempFileMessageReader, open_pipes_session
 from pydantic import Field
 
-from campaign_orchestrator import allocator, paths
+from campaign_orchestrator import allocator, paths, process_owner
 from training.config import TrainJob
 from training.diagnostics import distributed_env
 from training.net import free_port
+from training.ownership import DIE_WITH_PARENT_ENV, RUN_ID_ENV, parent_death_preexec
+
+TRAINERS_TAG = "campaign/trainers"  # the launch's trainer process groups (process_owner.group_record), JSON
 
 
 
@@ -110,6 +119,17 @@ def _tail(path: Path, n: int = 30) -> str:
     return "\n".join(lines[-n:])
 
 
+def record_trainers(context, procs: list[subprocess.Popen]) -> None:
+    """Add the trainers' process groups to the run's ``campaign/trainers`` tag, so a reaper that finds the run
+    dead kills them before it frees the run's pool slot."""
+    groups = [process_owner.group_record(p.pid, i) for i, p in enumerate(procs)]
+    try:
+        old = process_owner.decode_groups(context.instance.get_run_by_id(context.run_id).tags.get(TRAINERS_TAG))
+        context.instance.add_run_tags(context.run_id, {TRAINERS_TAG: process_owner.encode_groups(old + groups)})
+    except Exception as e:  # noqa: BLE001 - no run in storage (a bare context): the run id in the env remains
+        context.log.debug(f"could not record the trainer processes in the run's tags: {e}")
+
+
 class LocalTorchrunLauncher(ConfigurableResource):
     """Runs training as torchrun subprocesses on this machine (the default launcher)."""
 
@@ -138,12 +158,15 @@ class LocalTorchrunLauncher(ConfigurableResource):
             env = {**os.environ, **session.get_bootstrap_env_vars(), "OMP_NUM_THREADS": str(threads),
                    "TOKENIZERS_PARALLELISM": "false", **distributed_env(job.training)}
             env |= allocator.preload_env(env)  # jemalloc when the host has it (campaign_orchestrator.allocator)
+            env |= {RUN_ID_ENV: context.run_id, DIE_WITH_PARENT_ENV: "1"}  # the trainers die with this process
             procs, logs = [], []
             for i, cmd in enumerate(cmds):
                 log = workdir / f"node-{i}.log"
                 logs.append(log)
                 procs.append(subprocess.Popen(cmd, cwd=paths.project_dir(), env=env, stdout=log.open("a"),
-                                              stderr=subprocess.STDOUT, start_new_session=True))
+                                              stderr=subprocess.STDOUT, start_new_session=True,
+                                              preexec_fn=parent_death_preexec()))
+            record_trainers(context, procs)
             context.log.info(f"launched {len(procs)} torchrun process(es): {' '.join(cmds[0])}")
             seen = 0
 

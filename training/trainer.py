@@ -54,6 +54,7 @@ from training import checkpoint, head, losses
 from training import data as tdata
 from training import moe as tmoe
 from training.checkpoint import CheckpointStore
+from training.ownership import OutputDirLock, OutputDirLocked, die_with_launcher
 from training.config import TrainJob
 from training.errors import TrainingError
 from training.model import (
@@ -130,6 +131,7 @@ class LoraTrainer:
         self._last_save_time = time.monotonic()
         self._stop_signal: int | None = None
         self._old_sigterm = None
+        self._out_lock: OutputDirLock | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -148,6 +150,11 @@ class LoraTrainer:
             dist.init_process_group(backend, timeout=timedelta(seconds=self.spec.collective_timeout_s))
         self.is_main = self.rank == 0
         self.report = Reporter(self.is_main)
+        if self.is_main:  # one trainer per output directory (the kernel drops the lock when this process dies)
+            try:
+                self._out_lock = OutputDirLock(self.out).acquire()
+            except OutputDirLocked as e:
+                raise TrainingError(str(e)) from None
         if self.world != self.spec.world_size:
             raise TrainingError(
                 f"launched with {self.world} processes but the campaign asks for nodes × processes_per_node = "
@@ -633,6 +640,9 @@ class LoraTrainer:
 
     def cleanup(self, ok: bool = True) -> None:
         self.report.close()
+        if self._out_lock is not None:
+            self._out_lock.release()
+            self._out_lock = None
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
@@ -643,6 +653,7 @@ class LoraTrainer:
 
 
 def run(config_path: str | Path) -> dict:
+    die_with_launcher()  # under the local launcher: die with torchrun (its workers are in their own sessions)
     job = TrainJob.read(config_path)
     trainer = LoraTrainer(job)
     ok = False

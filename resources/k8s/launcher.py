@@ -18,6 +18,11 @@ Lifecycle of one launch (``K8sTrainingLauncher.launch``):
 4. Delete the Job and the Service when the asset succeeds, fails, is stopped by its budget or the
    Dagster run is cancelled (``ttlSecondsAfterFinished`` is only the backstop).
 
+When the process running the launch dies without cleaning up (SIGKILL, OOM), the run's
+``campaign/k8s`` tag names the cluster and namespace, and the stale-run reaper
+(``assets/run_recovery.py``) deletes the dead run's workloads by their ``dagster/run-id`` label
+(:func:`delete_run_workloads`) before it frees the run's pool slot.
+
 The Kubernetes client is imported inside the methods: a code location that never launches on
 Kubernetes never imports it.
 """
@@ -40,6 +45,52 @@ from resources.k8s import manifests as mf
 from resources.k8s.logs import PodLogsMessageReader
 from resources.k8s.status import PodProblem, pod_finished, pod_name, pod_node_index, pod_problem, pod_started, \
     workload_state
+
+
+K8S_TAG = "campaign/k8s"  # read by assets/run_recovery.py
+
+
+def delete_run_workloads(where: dict[str, Any], run_id: str) -> list[str]:
+    """Delete every Job, PyTorchJob and Service labelled with ``run_id`` in ``where["namespace"]`` of the cluster
+    ``where`` names (the ``campaign/k8s`` tag: namespace, kubeconfig_file, kube_context, in_cluster); the pods go
+    with their Job. Returns ``Kind/name`` of what was deleted; raises when the API cannot be reached."""
+    from kubernetes import client
+    from kubernetes.client import ApiException
+
+    launcher = K8sTrainingLauncher(kubeconfig_file=where.get("kubeconfig_file"), kube_context=where.get("kube_context"),
+                                   in_cluster=where.get("in_cluster"))
+    api = launcher.api_client()
+    core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+    ns, label = where["namespace"], mf.label_value(run_id)
+    selector = f"{mf.RUN_ID_LABEL}={label}"
+
+    def mine(meta: dict) -> bool:  # the selector again, client-side: never delete another run's workload
+        return (meta.get("labels") or {}).get(mf.RUN_ID_LABEL) == label
+
+    deleted = []
+    jobs = json.loads(batch.list_namespaced_job(ns, label_selector=selector, _preload_content=False).data)
+    for j in jobs.get("items", []):
+        if mine(j["metadata"]):
+            batch.delete_namespaced_job(j["metadata"]["name"], ns, propagation_policy="Background")
+            deleted.append(f"Job/{j['metadata']['name']}")
+    try:
+        pts = custom.list_namespaced_custom_object(mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, ns, mf.PYTORCHJOB_PLURAL,
+                                                   label_selector=selector)
+    except ApiException as e:
+        if e.status != 404:  # 404: no training operator in this cluster
+            raise
+        pts = {}
+    for j in pts.get("items", []):
+        if mine(j["metadata"]):
+            custom.delete_namespaced_custom_object(mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, ns, mf.PYTORCHJOB_PLURAL,
+                                                   j["metadata"]["name"], propagation_policy="Background")
+            deleted.append(f"PyTorchJob/{j['metadata']['name']}")
+    svcs = json.loads(core.list_namespaced_service(ns, label_selector=selector, _preload_content=False).data)
+    for sv in svcs.get("items", []):
+        if mine(sv["metadata"]):
+            core.delete_namespaced_service(sv["metadata"]["name"], ns)
+            deleted.append(f"Service/{sv['metadata']['name']}")
+    return deleted
 
 
 class K8sTrainingLauncher(ConfigurableResource):
@@ -111,6 +162,7 @@ class K8sTrainingLauncher(ConfigurableResource):
 
         api = self.api_client()
         core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+        self._record_cluster(context, cluster.namespace)
         name = mf.workload_name(job.campaign, context.run_id, secrets.token_hex(3))
         asset_key = context.asset_key.to_user_string() if context.has_assets_def else ""
         container = mf.PYTORCHJOB_CONTAINER if cluster.workload == "pytorchjob" else mf.CONTAINER
@@ -149,6 +201,16 @@ class K8sTrainingLauncher(ConfigurableResource):
         for r in results:
             pipes_md.update(getattr(r, "metadata", None) or {})
         return {"logs": logs, "pipes_metadata": pipes_md, "k8s_workload": name, "k8s_namespace": cluster.namespace}
+
+    def _record_cluster(self, context, namespace: str) -> None:
+        """Name the cluster in the run's ``campaign/k8s`` tag before anything is created: the reaper deletes the
+        run's workloads there if this process dies without cleaning up."""
+        where = {"namespace": namespace, "kubeconfig_file": self.kubeconfig_file, "kube_context": self.kube_context,
+                 "in_cluster": self.in_cluster}
+        try:
+            context.instance.add_run_tags(context.run_id, {K8S_TAG: json.dumps(where, separators=(",", ":"))})
+        except Exception as e:  # noqa: BLE001 - a bare context without a stored run
+            context.log.debug(f"could not record the cluster in the run's tags: {e}")
 
     # ------------------------------------------------------------------ create / delete
     @staticmethod
