@@ -163,7 +163,7 @@ def build(spec: CampaignSpec):
         items_key = stage_key("evaluation-items/v4", adapter["key"], prompts["heldout_sha256"],
                               model_identity(base, s.revision) if base else None, teacher_id,
                               [[m.model_dump() for m in t.context], t.context_categories] if eval_teacher else None,
-                              s.quantization.model_dump() if local else None, served,
+                              local_quantization_key(s.quantization) if local else None, served,
                               [_suite_identity(spec, x, harness) for x in ev.suites])
         isd = storage.stage(spec.name, "evaluation_items", items_key)
         cached = isd.is_complete()
@@ -267,6 +267,14 @@ def build(spec: CampaignSpec):
         yield gate_check_result(report, m["key"])
 
     return evaluation
+
+
+def local_quantization_key(q) -> dict:
+    """The student's quantization settings as they key local answers, ``compute_dtype`` resolved for this host
+    (``<device kind>:<dtype>``: the models load where ``LocalGenerator`` puts them), never ``auto``."""
+    from campaign_orchestrator.hardware import key_precision
+
+    return q.model_dump() | {"compute_dtype": key_precision(q.compute_dtype)}
 
 
 def local_billing(spec: CampaignSpec, pricing: PricingResource) -> tuple[str, str | None]:

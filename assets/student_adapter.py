@@ -32,13 +32,53 @@ def student_key_fields(spec: CampaignSpec) -> dict:
     return out
 
 
-def training_key_fields(spec: CampaignSpec) -> dict:
+def training_key_fields(spec: CampaignSpec, precision: str | None = None) -> dict:
     """Settings that change the trained adapter (launcher, logging, checkpointing and timeouts do not,
-    so changing them keeps an interrupted run's checkpoints usable)."""
-    return {"student": student_key_fields(spec),
+    so changing them keeps an interrupted run's checkpoints usable). With ``precision`` (the resolved
+    ``<device>:<dtype>``, :func:`adapter_precision`) it replaces ``quantization.compute_dtype``, so the
+    adapter's key says what it was trained in, never ``auto`` (without: the spec's setting, for the code
+    versions computed when the code location loads, where torch is not imported)."""
+    student = student_key_fields(spec)
+    if precision is not None:
+        student["quantization"]["compute_dtype"] = precision
+    return {"student": student,
             "training": spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "allow_cpu_fallback",
                                                           "cpu_hardware", "checkpoint",
                                                           "collective_timeout_s", "diagnostics", "distributed_env"})}
+
+
+def adapter_precision(spec: CampaignSpec) -> str:
+    """What the trainer will compute in, as ``<device kind>:<dtype>`` (``training.hardware`` aside): the local
+    launcher's processes run on this host (its GPU when torch sees one, else its CPU, resolved as the trainer
+    resolves it, from the cached per-host measurement); the Kubernetes launcher's on the cluster's GPUs, where
+    ``auto`` is bf16 (as the planner assumes). The trainer's own resolution is checked against it when it
+    ends (:func:`check_precision`)."""
+    requested = spec.student.quantization.compute_dtype
+    if spec.training.launcher == "local":
+        from campaign_orchestrator.hardware import key_precision
+
+        return key_precision(requested)
+    return f"cuda:{'bfloat16' if requested == 'auto' else requested}"
+
+
+def ran_precision(summary: dict) -> str | None:
+    """The ``<device kind>:<dtype>`` a trainer's ``summary.json`` says it ran in (None: not recorded)."""
+    if not summary.get("compute_dtype"):
+        return None
+    return f"{'cuda' if str(summary.get('device', 'cpu')).startswith('cuda') else 'cpu'}:{summary['compute_dtype']}"
+
+
+def check_precision(spec: CampaignSpec, summary: dict, keyed: str, where) -> None:
+    """Refuse to store an adapter under a key for another dtype than it was trained in."""
+    from dagster import Failure
+
+    ran = ran_precision(summary)
+    if ran is not None and ran != keyed:
+        raise Failure(f"campaign {spec.name}: the adapter was trained in {ran} but its cache key was made for {keyed} "
+                      f"(student.quantization.compute_dtype {spec.student.quantization.compute_dtype}); it is not "
+                      f"stored under that key ({where}). Set student.quantization.compute_dtype to "
+                      f"{ran.split(':')[1]} explicitly, or run the trainer where it resolves as keyed",
+                      allow_retries=False)
 
 
 def teacher_tokenizer_path(spec: CampaignSpec, storage: ArtifactStore) -> str | None:
@@ -88,7 +128,7 @@ def moe_metadata(moe: dict | None) -> dict:
     }
 
 
-def adopt_trial(sweep: dict, out) -> dict | None:
+def adopt_trial(sweep: dict, out, precision: str | None = None) -> dict | None:
     """The sweep's best trial ran the full length (the top rung is training.max_steps) with exactly these settings:
     its adapter, metrics and summary become this stage's output instead of a second identical run. None when it
     did not (the cap stopped the sweep first): the stage trains."""
@@ -100,6 +140,8 @@ def adopt_trial(sweep: dict, out) -> dict | None:
     summary = json.loads((d / "summary.json").read_text())
     if summary.get("rung"):
         return None
+    if precision is not None and ran_precision(summary) not in (None, precision):
+        return None  # trained in another dtype than this adapter's key says (another host): train again
     shutil.copytree(d / "adapter", out / "adapter", dirs_exist_ok=True)
     shutil.copy2(d / "metrics.parquet", out / "metrics.parquet")
     summary["adapter_dir"] = str(out / "adapter")
@@ -141,14 +183,15 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
 
     base = storage.resolve_model(s.base_model, spec.project_dir)
     refuse_before_launch(spec, base)
-    k = stage_key("adapter/v1", dataset["key"], model_identity(base, s.revision), training_key_fields(spec))
+    precision = adapter_precision(spec)  # resolved: an adapter trained in bf16 is not one trained in fp32
+    k = stage_key("adapter/v1", dataset["key"], model_identity(base, s.revision), training_key_fields(spec, precision))
     sd = storage.stage(spec.name, "student_adapter", k)
     cached = sd.is_complete()
     adopted = None
     if not cached and sweep is not None:
         out = sd.ensure()
         shutil.rmtree(out / "adapter", ignore_errors=True)
-        summary = adopt_trial(sweep, out)
+        summary = adopt_trial(sweep, out, precision)
         if summary is not None:
             adopted = sweep["best_trial"]
             context.log.info(f"student_adapter: the sweep's best trial {adopted} ({sweep['best_params']}) trained "
@@ -174,6 +217,7 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
         launched = launcher.launch(context, job, out, budget=pricing.budget_guard(context, spec, sd), **cluster)
         wall = time.perf_counter() - t0
         summary = json.loads((out / "summary.json").read_text())
+        check_precision(spec, summary, precision, out)
         # billed at what it ran on: a GPU entry only when the trainer had GPUs (it refuses otherwise, unless
         # allow_cpu_fallback: then CPU time at training.cpu_hardware)
         billed, note = billed_hardware(spec, catalog, summary.get("device", "cpu"))

@@ -208,6 +208,28 @@ def resolve_compute_dtype(requested: str, device: str | None = None, peak: CpuPe
     return Resolved(requested, requested, device, "set in the campaign; " + why, peak.capability, warning)
 
 
+def device_kind(device: str) -> str:
+    """``cuda`` for any CUDA device (``cuda``, ``cuda:1``), else ``cpu``."""
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
+def default_device() -> str:
+    """Where a local model runs unless told otherwise (the local generator, local evaluation, the local
+    trainer): ``cuda`` when torch sees a GPU, else ``cpu``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def key_precision(requested: str, device: str | None = None, peak: CpuPeak | None = None) -> str:
+    """What a ``compute_dtype`` setting computes in on ``device`` (default: :func:`default_device`), as it
+    enters cache keys: ``<device kind>:<resolved dtype>`` (``cpu:float32``, ``cuda:bfloat16``), never
+    ``auto``. Cheap: on a CPU it reads this host's cached measurement (:func:`measure_cpu_peak`, measured
+    once per host). Imports torch: call it while a stage runs, never when the code location loads."""
+    r = resolve_compute_dtype(requested, device or default_device(), peak)
+    return f"{device_kind(r.device)}:{r.dtype}"
+
+
 def library_versions() -> dict[str, str]:
     """Versions of the libraries a result depends on (for the reproducibility card)."""
     from importlib import metadata

@@ -55,20 +55,36 @@ def weights_identity(path: str | Path, revision: str | None = None) -> str:
 
 
 def teacher_identity(backend: str, model: str, model_path: str | Path | None = None, revision: str | None = None,
-                     base_url: str | None = None, engine_args: dict | None = None, weights_id: str | None = None) -> str:
+                     base_url: str | None = None, engine_args: dict | None = None, weights_id: str | None = None,
+                     precision: str | None = None) -> str:
     """What makes two teachers the same for the cache: backend + weights (+ numerics options).
 
     Local weights are identified by content (``weights_id``, computed when not given); a model
     only known by name (a hub id for vLLM, a served name behind an endpoint) by its name,
     revision and, for endpoints, the URL: pin ``revision`` when the weights behind a name can
-    change."""
+    change. ``precision`` is what a local model computes in, resolved (``cpu:float32``,
+    ``cuda:bfloat16``: :func:`campaign_orchestrator.hardware.key_precision`, never ``auto``): bf16 and
+    fp32 answers of the same weights are different generations."""
     if backend == "openai":
         return f"openai:{(base_url or '').rstrip('/')}|{model}@{revision or ''}"
+    if precision is not None and (":" not in precision or "auto" in precision):
+        raise ValueError(f"teacher precision must be a resolved '<device>:<dtype>' (e.g. cpu:float32), got "
+                         f"{precision!r}; resolve it with campaign_orchestrator.hardware.key_precision")
     wid = weights_id or (weights_identity(model_path, revision) if model_path is not None else f"name:{model}@{revision or ''}")
     ident = f"{backend}:{wid}"
     if engine_args:
         ident += "|" + hashlib.sha256(json.dumps(engine_args, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    if precision:
+        ident += f"|{precision}"
     return ident
+
+
+def local_precision(compute_dtype: str, device: str | None = None) -> str:
+    """The transformers teacher's resolved ``<device kind>:<dtype>`` on this host (cheap: the cached per-host
+    measurement; imports torch, so only where a stage runs)."""
+    from campaign_orchestrator.hardware import key_precision
+
+    return key_precision(compute_dtype, device)
 
 
 def read_api_key(env_name: str | None) -> str | None:
@@ -89,11 +105,15 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(self, model_path: str | Path, model: str | None = None, identity: str | None = None,
-                 batch_size: int = 64, generator=None, revision: str | None = None, compute_dtype: str = "auto"):
+                 batch_size: int = 64, generator=None, revision: str | None = None, compute_dtype: str = "auto",
+                 precision: str | None = None):
         self.model = model or str(model_path)
         self.compute_dtype = compute_dtype
         self.model_path = Path(model_path)
-        self.identity = identity or teacher_identity("transformers", self.model, model_path, revision)
+        # what the identity says it computes in: the model it loads must resolve to the same (``generator``)
+        self.precision_key = precision or (None if identity and generator is not None else local_precision(compute_dtype))
+        self.identity = identity or teacher_identity("transformers", self.model, model_path, revision,
+                                                     precision=self.precision_key)
         self.batch_size = batch_size
         self._gen = generator
         self.generate_s = 0.0
@@ -103,8 +123,14 @@ class TransformersBackend:
         if self._gen is None:
             from campaign_orchestrator.teacher.local import LocalGenerator
 
-            self._gen = LocalGenerator.from_path(self.model_path, batch_size=self.batch_size,
-                                                 compute_dtype=self.compute_dtype)
+            gen = LocalGenerator.from_path(self.model_path, batch_size=self.batch_size, compute_dtype=self.compute_dtype)
+            p = gen.precision
+            ran = f"{'cuda' if str(p.device).startswith('cuda') else 'cpu'}:{p.dtype}" if p is not None else None
+            if self.precision_key and ran and ran != self.precision_key:
+                raise BackendError(f"teacher {self.model}: its generations are keyed for {self.precision_key} but the "
+                                   f"model loaded as {ran} (compute_dtype {self.compute_dtype}); set teacher."
+                                   f"compute_dtype to the dtype you want instead of auto, or re-run the stage")
+            self._gen = gen
         return self._gen
 
     def run(self, requests: Sequence[GenRequest], sampling: Sampling, on_done: OnDone) -> None:
@@ -310,10 +336,16 @@ class OpenAIBackend:
 # --------------------------------------------------------------------------- from a campaign spec
 
 
-def spec_identity(spec, model_path: str | Path | None = None, weights_id: str | None = None) -> str:
-    """:func:`teacher_identity` of a :class:`campaigns.spec.TeacherSpec` (cheap: no model load)."""
+def spec_identity(spec, model_path: str | Path | None = None, weights_id: str | None = None,
+                  precision: str | None = None) -> str:
+    """:func:`teacher_identity` of a :class:`campaigns.spec.TeacherSpec` (cheap: no model load). A transformers
+    teacher's ``compute_dtype`` enters it resolved for this host (``precision``, computed when not given:
+    :func:`local_precision`), so a bf16 host and an fp32 host never share generations."""
+    if spec.backend == "transformers" and precision is None:
+        precision = local_precision(spec.compute_dtype)
     return teacher_identity(spec.backend, spec.model, model_path, spec.revision, base_url=spec.base_url,
-                            engine_args=spec.engine_args if spec.backend == "vllm" else None, weights_id=weights_id)
+                            engine_args=spec.engine_args if spec.backend == "vllm" else None, weights_id=weights_id,
+                            precision=precision if spec.backend == "transformers" else None)
 
 
 def make_backend(spec, model_path: str | Path | None = None, *, api_key: str | None = None,
@@ -322,12 +354,13 @@ def make_backend(spec, model_path: str | Path | None = None, *, api_key: str | N
     local checkpoint (transformers; vllm when local); ``api_key`` the key read from
     ``spec.api_key_env`` by the caller; ``llm``/``sampling_params`` inject a vLLM engine.
     Building a backend is cheap: models load on the first request."""
-    ident = spec_identity(spec, model_path, weights_id)
+    precision = local_precision(spec.compute_dtype) if spec.backend == "transformers" else None
+    ident = spec_identity(spec, model_path, weights_id, precision)
     if spec.backend == "transformers":
         if model_path is None:
             raise BackendError(f"backend 'transformers' needs a local checkpoint; {spec.model!r} did not resolve to one")
         return TransformersBackend(model_path, spec.model, ident, batch_size=spec.batch_size,
-                                   compute_dtype=spec.compute_dtype)
+                                   compute_dtype=spec.compute_dtype, precision=precision)
     if spec.backend == "vllm":
         return VLLMBackend(str(model_path or spec.model), ident, spec.revision, llm=llm, sampling_params=sampling_params,
                            chunk_size=spec.batch_size, tensor_parallel_size=spec.tensor_parallel_size,
