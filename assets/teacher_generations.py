@@ -89,13 +89,14 @@ def build(spec: CampaignSpec):
             store = storage.cache_store()
             cache = GenerationCache(store, namespace(identity, sampling), storage.spool_dir())
             backend = teacher.backend(t, model_path, weights_id)
-            # the budget guard checks spend as samples complete and stops cleanly (the cache keeps them)
-            progress = pricing.budget_guard(context, spec, sd).watch(
-                RunProgress(context.log, len(rows) * sampling.n, "teacher generations", "samples"))
+            # the budget guard is charged what each new generation used (cache hits are free) and stops the
+            # stage cleanly (the cache keeps what finished)
+            guard = pricing.budget_guard(context, spec, sd)
+            progress = RunProgress(context.log, len(rows) * sampling.n, "teacher generations", "samples")
             try:
                 res = run_generation(rows, backend, sampling, cache, chat=t.chat, context=[m.model_dump() for m in t.context],
                                      context_categories=t.context_categories, progress=progress,
-                                     log=context.log.info)
+                                     log=context.log.info, budget=guard)
             finally:
                 progress.close()
             path = write_generations(res.rows, sd.ensure() / "generations.parquet")
@@ -111,6 +112,7 @@ def build(spec: CampaignSpec):
         md = base_metadata(m, cached) | {
             "rows": m["rows"], "prompt_tokens": m["prompt_tokens"], "completion_tokens": m["completion_tokens"],
             "errors": m["errors"], "cache_hits": st["cache_hits"], "new_generations": st["generated"],
+            "cache_hits_cost": f"{st['cache_hits']} cache hits ($0)",
             "recovered_from_killed_run": st["recovered_rows"], "failures": st["failed"], "retries": st["retries"],
             "http_requests": st["http_requests"], "rows_per_s": st["rows_per_s"], "tokens_per_s": st["tokens_per_s"],
             "generate_seconds": st["generate_s"], "finish_reasons": MetadataValue.json(st["finish_reasons"]),

@@ -16,7 +16,7 @@ from campaigns.spec import CampaignSpec
 from campaign_orchestrator import paths
 from campaign_orchestrator.costs.catalog import Catalog, PricingError, read_catalog
 from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
-from campaign_orchestrator.costs.lines import compute_line, teacher_entry, teacher_lines, usage_lines
+from campaign_orchestrator.costs.lines import compute_line, teacher_entry, teacher_lines
 
 SHIPPED_CATALOG = "pricing/catalog.yaml"
 
@@ -92,6 +92,8 @@ class PricingResource(ConfigurableResource):
         """A :class:`campaign_orchestrator.costs.budget.BudgetGuard` for the stage directory ``sd`` about to be computed:
         refuses to start when the planner's estimate does not fit the budget left (Dagster
         ``Failure``, not retried); its ``watch``/``check`` stop the stage mid-way the same way.
+        The teacher stage's guard is metered (``charge``: new generations' tokens or seconds, never
+        cache hits) and checks its estimate later, for the uncached share (``check_planned``).
         ``clock``: seconds as a float (default ``time.monotonic``), e.g. device time reported by the stage."""
         from campaign_orchestrator.costs.budget import BudgetGuard, limits_for
         from campaign_orchestrator.costs.planner import PlanError
@@ -104,45 +106,41 @@ class PricingResource(ConfigurableResource):
         limits = limits_for(ledger, spec.name, stage, c.budget_usd, c.stage_budgets_usd.get(stage),
                             run_id if c.budget_scope == "run" else None)
         catalog = self.catalog_for(spec)
-        entry = teacher_entry(spec, catalog) if stage == "teacher_generations" else None  # refuses a wrong entry now
-        api_teacher = entry is not None and not entry.hourly
+        teacher = stage == "teacher_generations"
+        if teacher:
+            teacher_entry(spec, catalog)  # refuses a wrong entry now
         plan = None
-        if limits and (c.check_estimates and stage in PLANNED or api_teacher):
+        if limits and c.check_estimates and stage in PLANNED:
             try:
                 plan = self.plan(spec, sd.root)
             except (PlanError, PricingError, OSError, ValueError) as e:  # spend is still watched as it accrues
                 context.log.warning(f"budget: no planner estimate for {stage} ({e}); checking actual spend only")
-        line_fn = _line_fn(spec, stage, catalog, plan)
+        # the teacher is metered: only what its new generations report (tokens, generation seconds) is charged,
+        # priced exactly as the ledger will price it; a cache hit costs nothing
+        timed = {} if teacher else {"line_fn": _line_fn(spec, stage, catalog)}
+        metered = {"metered": lambda u: teacher_lines(spec, catalog, u.seconds, u.prompt_tokens, u.completion_tokens)
+                   or []} if teacher else {}
         guard = BudgetGuard(ledger=ledger, campaign=spec.name, stage=stage, run_id=run_id,
                             step_key=context.get_step_execution_context().step.key, attempt=context.retry_number,
-                            stage_key=sd.key, limits=limits, line_fn=line_fn, log=context.log.info,
-                            on_exceeded=BudgetStop, **({"clock": clock} if clock is not None else {}))
+                            stage_key=sd.key, limits=limits, log=context.log.info, on_exceeded=BudgetStop,
+                            **timed, **metered, **({"clock": clock} if clock is not None else {}))
         if limits:
             context.log.info("budget: " + "; ".join(f"{lim.scope} spent ${lim.spent_before_usd:.6f} of "
                                                     f"${lim.budget_usd:.6f}" for lim in limits))
-        if limits and c.check_estimates and plan is not None and (plan["stages"].get(stage) or {}).get("usd") is not None:
+        estimate = None if plan is None else (plan["stages"].get(stage) or {}).get("usd")
+        if estimate is not None and teacher:  # checked once the cache says how much is left to pay for
+            guard.planned_usd = float(estimate)
+        elif estimate is not None:
             earlier = ledger.query("SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ? AND asset = ? "
                                    "AND stage_key = ? AND status = 'interrupted'", [spec.name, stage, sd.key])[0]["usd"]
-            guard.check_estimate(plan["stages"][stage]["usd"], float(earlier))
+            guard.check_estimate(float(estimate), float(earlier))
         return guard
 
 
-def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog, plan: dict | None):
-    """Cost lines of ``seconds`` of work and ``items`` done for a stage (what the guard accrues)."""
-    tr, t, tier = spec.training, spec.teacher, spec.cost.pricing_tier
+def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog):
+    """Cost lines of ``seconds`` of work for a timed stage (what the guard accrues; the teacher is metered)."""
+    tr, tier = spec.training, spec.cost.pricing_tier
     kind = STAGE_KIND[stage]
-    if stage == "teacher_generations":
-        entry = teacher_entry(spec, catalog)  # the same field the ledger and the planner read
-        if entry is None:  # unpriced: nothing accrues (the spec refuses a budget over it)
-            return lambda seconds, items: []
-        if not entry.hourly:
-            est = (plan or {}).get("stages", {}).get(stage) or {}  # without a plan: the longest answers
-            per_in = est.get("prompt_tokens", 0) / max(1, est.get("requests", 1))
-            per_out = est.get("completion_tokens", t.sampling.max_new_tokens) / max(1, est.get("requests", 1))
-            return lambda seconds, items: usage_lines(kind, entry, seconds, int(items * per_in), int(items * per_out),
-                                                      batch=spec.cost.teacher_batch_api)
-        devices = t.tensor_parallel_size if t.backend == "vllm" else 1
-        return lambda seconds, items: [compute_line(kind, entry, seconds, devices=devices, tier=tier)]
     entry = catalog.get(tr.hardware)
     if stage == "student_adapter":
         return lambda seconds, items: [compute_line(kind, entry, seconds, hosts=tr.nodes, devices=tr.world_size, tier=tier)]

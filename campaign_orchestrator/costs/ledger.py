@@ -194,13 +194,14 @@ class Ledger:
         return {"reused": producer != run_id, "spent_usd": 0.0 if producer != run_id else usd, "production_usd": usd}
 
     def record_interrupted(self, *, campaign: str, asset: str, run_id: str, step_key: str, attempt: int,
-                           stage_key: str | None, lines: list[dict]) -> float:
+                           stage_key: str | None, lines: list[dict], part: str | None = None) -> float:
         """Record the spend of a stage attempt that stopped before committing (budget stop).
-        Idempotent per (run, step, attempt)."""
+        Idempotent per (run, step, attempt, ``part``: the piece of work within the step, e.g. a sweep's
+        trial and rung, when one step runs several)."""
         now = _now()
         with self.connect(write=True) as con:
             for i, line in enumerate(lines):
-                _insert_line(con, _sha("interrupted", run_id, step_key, attempt, i),
+                _insert_line(con, _sha("interrupted", run_id, step_key, attempt, i, *([part] if part else [])),
                              [campaign, asset, run_id, step_key, attempt, None, stage_key, "interrupted"], line, now)
         return float(sum(float(x["usd"]) for x in lines))
 

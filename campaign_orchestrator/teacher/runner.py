@@ -6,6 +6,12 @@
    the cache writer at once (see :mod:`campaign_orchestrator.teacher.cache`), failures are counted and not cached.
 4. Assemble the rows in prompt order from cache hits and new results.
 
+Money: a cache hit costs nothing. ``progress`` sees every row (hits too: it is a display); the
+``budget`` (a :class:`campaign_orchestrator.costs.budget.BudgetGuard`) sees only the requests this
+run pays for: first the planner's estimate for the share of requests the cache lacks
+(``check_planned``), then each new generation's usage as it finishes (``charge``: the tokens the
+response reports, and the seconds spent generating since the first paid request started).
+
 If the backend stops with an error (a rejected key, an unreachable endpoint, Ctrl-C), what
 finished is sealed into the cache before the error propagates: the next run continues there.
 """
@@ -81,7 +87,7 @@ def _cache_row(req: GenRequest, c: Completion, backend: Backend) -> dict:
 def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling, cache: GenerationCache, *,
                    chat: bool = False, context: Sequence[dict] = (), context_categories: Sequence[str] | None = None,
                    progress: Callable[[int], None] | None = None,
-                   log: Callable[[str], None] | None = None) -> GenerationResult:
+                   log: Callable[[str], None] | None = None, budget=None) -> GenerationResult:
     """``prompts`` are dicts with ``id`` and ``prompt``. Returns rows in ``GENERATION_SCHEMA``
     (see :mod:`campaign_orchestrator.teacher.rows`), ``n`` per prompt, in prompt order."""
     log = log or (lambda _m: None)
@@ -106,12 +112,17 @@ def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling
         for r in rs:
             if r.key not in results and r.key not in missing:
                 missing[r.key] = r
-    log(f"{st.requests} requests ({st.distinct_requests} distinct): {st.cache_hits} in the cache, "
+    log(f"{st.requests} requests ({st.distinct_requests} distinct): {st.cache_hits} cache hits ($0), "
         f"{len(missing)} to generate with {backend.name} {backend.model}")
     if progress and st.cache_hits:
-        progress(sum(per_key[k] for k in results))
+        progress(sum(per_key[k] for k in results))  # shown as done; never charged
+    if budget is not None and missing:
+        budget.check_planned(len(missing) / st.distinct_requests)
+    answered = 0
+    timed = 0.0  # generation seconds already charged
 
     def on_done(req: GenRequest, c: Completion) -> None:
+        nonlocal answered, timed
         row = _cache_row(req, c, backend)
         if c.ok:
             writer.add({k: v for k, v in row.items() if k != "error"})
@@ -121,8 +132,14 @@ def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling
         else:
             st.failed += 1
         results[req.key] = row
+        answered += 1
         if progress:
             progress(per_key[req.key])
+        if budget is not None:  # what this answer cost: its tokens (an API), the time generating (local hardware)
+            elapsed = time.perf_counter() - t_gen
+            seconds, timed = max(0.0, elapsed - timed), max(timed, elapsed)
+            budget.charge(prompt_tokens=c.prompt_tokens or 0, completion_tokens=c.completion_tokens or 0,
+                          seconds=seconds, final=answered >= len(missing))
 
     writer = cache.writer()
     t_gen = time.perf_counter()

@@ -1,7 +1,8 @@
 """Budgets: a stage stopped mid-way keeps its work and its spend; raising the budget resumes it;
 the planner's estimate refuses a stage that cannot fit. Driven through Dagster with the real
-pricing resource, IO manager and ledger, on a resumable stage that writes one file per chunk
-(the contract resumable stages follow) and advances a device clock per chunk."""
+pricing resource, IO manager and ledger, on a resumable timed stage (evaluation's guard) that
+writes one file per chunk (the contract resumable stages follow) and advances a device clock per
+chunk; and on the real teacher stage, whose guard is charged only what new generations used."""
 
 from __future__ import annotations
 
@@ -52,9 +53,9 @@ class _Progress:
 
 
 def _stage(spec, computed: list[int]):
-    @asset(key=AssetKey([spec.name, "teacher_generations"]))
-    def teacher_generations(context, storage: ArtifactStore, pricing: PricingResource):
-        sd = storage.stage(spec.name, "teacher_generations", "k1")
+    @asset(key=AssetKey([spec.name, "evaluation"]))
+    def evaluation(context, storage: ArtifactStore, pricing: PricingResource):
+        sd = storage.stage(spec.name, "evaluation", "k1")
         if not sd.is_complete():
             out = sd.ensure()
             todo = [i for i in range(CHUNKS) if not (out / f"part-{i}.txt").exists()]
@@ -65,11 +66,11 @@ def _stage(spec, computed: list[int]):
                 computed.append(i)
                 clock.t += CHUNK_S
                 progress(1)
-            lines = [pricing.hardware_line(spec, "teacher", spec.teacher.hardware, clock.t)]
+            lines = [pricing.hardware_line(spec, "evaluation", spec.training.hardware, clock.t)]
             sd.commit({"cost_lines": lines, "chunks": CHUNKS, "wall_seconds": clock.t})
         return Output(sd.manifest())
 
-    return teacher_generations
+    return evaluation
 
 
 def _run(spec, root, computed, instance):
@@ -91,9 +92,9 @@ def test_budget_stops_a_stage_midway_and_a_raised_budget_resumes_it(artifact_roo
         msg = _failure(stopped)
         # after 3 chunks ($0.30) one more ($0.10) would pass $0.35: stop, keep the 3 chunks
         assert computed == [0, 1, 2]
-        assert "stopped teacher_generations mid-way" in msg and "spent $0.300000 of its $0.350000 budget" in msg
+        assert "stopped evaluation mid-way" in msg and "spent $0.300000 of its $0.350000 budget" in msg
         assert "$0.050000 remains" in msg and "raise the budget" in msg
-        parts = sorted(p.name for p in (artifact_root / "camp/teacher_generations/k1").glob("part-*"))
+        parts = sorted(p.name for p in (artifact_root / "camp/evaluation/k1").glob("part-*"))
         assert parts == ["part-0.txt", "part-1.txt", "part-2.txt"]
         assert ledger.spent("camp") == pytest.approx(0.30)
         assert ledger.query("SELECT DISTINCT status FROM cost_lines") == [{"status": "interrupted"}]
@@ -103,10 +104,10 @@ def test_budget_stops_a_stage_midway_and_a_raised_budget_resumes_it(artifact_roo
     assert computed == list(range(CHUNKS))  # each chunk computed once in all
     runs = {r["run_id"]: r for r in ledger.runs("camp")}
     assert runs[stopped.run_id]["interrupted_usd"] == pytest.approx(0.30)
-    assert runs[resumed.run_id]["teacher_usd"] == pytest.approx(0.70)
+    assert runs[resumed.run_id]["evaluation_usd"] == pytest.approx(0.70)
     assert ledger.spent("camp") == pytest.approx(1.00)  # within the raised $1.05
     # the result's cost includes the stopped attempt's spend on the same output
-    assert sum(x["usd"] for x in ledger.lineage_lines("camp", {"teacher_generations": "k1"})) == pytest.approx(1.0)
+    assert sum(x["usd"] for x in ledger.lineage_lines("camp", {"evaluation": "k1"})) == pytest.approx(1.0)
 
 
 def test_the_planner_estimate_refuses_a_stage_that_cannot_fit(artifact_root):
@@ -115,7 +116,7 @@ def test_the_planner_estimate_refuses_a_stage_that_cannot_fit(artifact_root):
         result = _run(_spec(1.0, check_estimates=True), artifact_root, computed, instance)
     assert not result.success and computed == []
     msg = _failure(result)
-    assert "not starting teacher_generations" in msg and "the planner estimates $" in msg
+    assert "not starting evaluation" in msg and "the planner estimates $" in msg
     assert Ledger(artifact_root / "cost_ledger.duckdb").spent("camp") == 0.0
 
 
