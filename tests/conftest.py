@@ -10,6 +10,18 @@ import pytest
 
 from tests.support import REPO_ROOT
 
+# A test that needs the built demo models (or the MoE student) is a stage test by definition: `make test-fast`
+# (`-m "not slow and not stage"`) then never builds a model, on a fresh clone or after `make clean`.
+MODEL_FIXTURES = frozenset({"demo_models_root", "demo_models", "artifact_root", "moe_student"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("stage") is None \
+                and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.stage)
+
+
 # Tests share the repository's artifact root only for the demo models; every test that
 # materializes a campaign uses its own temporary root with the models linked in.
 MODELS_ROOT = Path(os.environ.get("CAMPAIGN_TEST_MODELS_ROOT", REPO_ROOT / "artifacts"))
