@@ -34,30 +34,42 @@ in-process executor). There, waiting for a pool slot and being stopped by a sign
    read at call time: 300 s upstream).
 
 :func:`install` applies them once per process (``campaign run`` calls it before executing).
-:func:`check_internals` compares the source of every patched or relied-on Dagster function with
-what these patches were written against; ``tests/assets/test_dagster_patches.py`` fails when a
-Dagster upgrade changes any of them, so the patches are re-read (and dropped once fixed upstream)
-rather than silently misapplied.
+:func:`check_internals` compares the installed Dagster version and the source of every patched or
+relied-on Dagster function with what these patches were tested against. :func:`require_tested_dagster`
+turns a difference into :class:`UntestedDagsterError` (naming the tested and installed versions and
+each changed function) when the code location loads (``campaign_orchestrator/definitions.py``), in
+``campaign run`` and in :func:`install`, so a Dagster upgrade never runs with blindly misapplied
+patches; ``CAMPAIGN_ALLOW_UNTESTED_DAGSTER=1`` accepts the risk (a warning instead). The check hashes
+seven function sources (a few milliseconds) and imports nothing beyond Dagster.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import os
 import signal
+import sys
 import threading
 import time
+import warnings
 
 import dagster
-import dagster._core.execution.api as _api
-import dagster._core.execution.plan.active as _active
-import dagster._core.execution.plan.execute_plan as _execute_plan
-import dagster._utils.interrupts as _interrupts
-from dagster._core.errors import DagsterExecutionInterruptedError
-from dagster._core.execution.plan.active import ActiveExecution
-from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
+
+try:  # a Dagster that moved these modules is reported by check_internals, not by an ImportError here
+    import dagster._core.execution.api as _api
+    import dagster._core.execution.plan.active as _active
+    import dagster._core.execution.plan.execute_plan as _execute_plan
+    import dagster._utils.interrupts as _interrupts
+    from dagster._core.errors import DagsterExecutionInterruptedError
+    from dagster._core.execution.plan.active import ActiveExecution
+    from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
+    _IMPORT_ERROR: str | None = None
+except ImportError as _e:
+    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 DAGSTER_VERSION = "1.13.27"
+OVERRIDE_ENV = "CAMPAIGN_ALLOW_UNTESTED_DAGSTER"
 HOLDER_LOG_EVERY_S = 60
 SLEEP_SLICE_S = 0.2
 CANCEL_REPORT_TIMEOUT_S = 5.0
@@ -74,15 +86,22 @@ EXPECTED_SOURCES = {
     "api.job_execution_iterator": "49ba219757f1e583",
 }
 
+def _resolve(get):
+    try:
+        return get()
+    except (NameError, AttributeError):  # the module did not import, or the function is gone
+        return None
+
+
 _ORIGINALS = {
     "InstanceConcurrencyContext.interval_to_next_pending_claim_check":
-        InstanceConcurrencyContext.interval_to_next_pending_claim_check,
-    "ActiveExecution.sleep_til_ready": ActiveExecution.sleep_til_ready,
-    "ActiveExecution.concurrency_event_iterator": ActiveExecution.concurrency_event_iterator,
-    "interrupts._replace_interrupt_signal": _interrupts._replace_interrupt_signal,
-    "interrupts.capture_interrupts": _interrupts.capture_interrupts,
-    "execute_plan.inner_plan_execution_iterator": _execute_plan.inner_plan_execution_iterator,
-    "api.job_execution_iterator": _api.job_execution_iterator,
+        _resolve(lambda: InstanceConcurrencyContext.interval_to_next_pending_claim_check),
+    "ActiveExecution.sleep_til_ready": _resolve(lambda: ActiveExecution.sleep_til_ready),
+    "ActiveExecution.concurrency_event_iterator": _resolve(lambda: ActiveExecution.concurrency_event_iterator),
+    "interrupts._replace_interrupt_signal": _resolve(lambda: _interrupts._replace_interrupt_signal),
+    "interrupts.capture_interrupts": _resolve(lambda: _interrupts.capture_interrupts),
+    "execute_plan.inner_plan_execution_iterator": _resolve(lambda: _execute_plan.inner_plan_execution_iterator),
+    "api.job_execution_iterator": _resolve(lambda: _api.job_execution_iterator),
 }
 
 _state: dict = {"instance": None, "run_id": None, "canceling_reported": False, "signal": None}
@@ -94,15 +113,76 @@ def source_hash(fn) -> str:
 
 
 def check_internals() -> list[str]:
-    """What differs from the Dagster these patches were written for (empty: nothing)."""
+    """What differs from the Dagster these patches were tested against (empty: nothing)."""
     problems = []
     if dagster.__version__ != DAGSTER_VERSION:
-        problems.append(f"dagster is {dagster.__version__}, the patches were written against {DAGSTER_VERSION}")
+        problems.append(f"dagster is {dagster.__version__}, the patches were tested against {DAGSTER_VERSION}")
+    if _IMPORT_ERROR:
+        problems.append(f"a patched Dagster module does not import: {_IMPORT_ERROR}")
     for name, fn in _ORIGINALS.items():
-        got = source_hash(fn)
-        if got != EXPECTED_SOURCES[name]:
-            problems.append(f"{name} changed (source sha256 {got}, expected {EXPECTED_SOURCES[name]})")
+        try:
+            got = source_hash(fn) if fn is not None else None
+        except (OSError, TypeError):  # no source to read (a C function, a zipped install)
+            got = "unreadable"
+        if got is None:
+            problems.append(f"{name} is gone (the patches replace or rely on it)")
+        elif got != EXPECTED_SOURCES[name]:
+            problems.append(f"{name} changed (source sha256 {got}, tested {EXPECTED_SOURCES[name]})")
     return problems
+
+
+class UntestedDagsterError(RuntimeError):
+    """The installed Dagster is not the one the patches were tested against (see :func:`require_tested_dagster`)."""
+
+
+class UntestedDagsterWarning(UserWarning):
+    """The installed Dagster is untested, and ``CAMPAIGN_ALLOW_UNTESTED_DAGSTER=1`` accepted the risk."""
+
+
+_warned: list[str] = []  # where the override's warning was given (once per process)
+
+
+def untested_message(problems: list[str], where: str) -> str:
+    return (f"{where}: the installed Dagster is not the one assets/dagster_patches.py was tested against "
+            f"(tested: dagster {DAGSTER_VERSION}, installed: dagster {dagster.__version__}):\n"
+            + "".join(f"  - {p}\n" for p in problems)
+            + "The patches of Dagster internals that `campaign run` needs (a wait for a pool slot sleeps and says "
+              "who holds it; SIGTERM/Ctrl-C cancel the run) could be misapplied. Install the tested version "
+              f"(pip install dagster=={DAGSTER_VERSION}, as pinned in pyproject.toml), or read the changed "
+              "functions, adapt the patches and update DAGSTER_VERSION / EXPECTED_SOURCES in "
+              f"assets/dagster_patches.py; to run anyway at your own risk, set {OVERRIDE_ENV}=1.")
+
+
+def require_tested_dagster(where: str, environ=None) -> list[str]:
+    """Raise :class:`UntestedDagsterError` when :func:`check_internals` finds a difference; with
+    ``CAMPAIGN_ALLOW_UNTESTED_DAGSTER=1`` warn instead (once per process). Returns the differences."""
+    problems = check_internals()
+    if not problems:
+        return []
+    msg = untested_message(problems, where)
+    if (os.environ if environ is None else environ).get(OVERRIDE_ENV, "").strip() == "1":
+        if not _warned:
+            _warned.append(where)
+            warnings.warn(f"{msg} ({OVERRIDE_ENV}=1: running with the untested Dagster)", UntestedDagsterWarning,
+                          stacklevel=2)
+        return problems
+    raise UntestedDagsterError(msg)
+
+
+def refuse_untested_dagster(where: str = "campaign run", file=None) -> bool:
+    """For the CLI: True (after printing why) when :func:`require_tested_dagster` refuses; the
+    override's warning is printed too."""
+    out = file or sys.stderr
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UntestedDagsterWarning)
+        try:
+            require_tested_dagster(where)
+        except UntestedDagsterError as e:
+            print(e, file=out)
+            return True
+    for w in caught:
+        print(f"warning: {w.message}", file=out)
+    return False
 
 
 # ---------------------------------------------------------------------------------------------- 1
@@ -197,6 +277,7 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    require_tested_dagster("installing the Dagster patches")  # never patch an untested Dagster blind
     _installed = True
     InstanceConcurrencyContext.interval_to_next_pending_claim_check = _interval_to_next_pending_claim_check
     ActiveExecution.sleep_til_ready = _sleep_til_ready

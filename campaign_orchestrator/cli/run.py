@@ -144,6 +144,8 @@ def _run(args: argparse.Namespace, spec, source) -> int:
     from assets.run_recovery import owner_tags, reap_dead_runs
     from resources.storage import ArtifactStore
 
+    if dagster_patches.refuse_untested_dagster("campaign run"):  # before anything runs on an untested Dagster
+        return EXIT_INVALID
     dagster_patches.install()  # a wait for a pool slot sleeps, says who holds it; SIGTERM/Ctrl-C cancel the run
     defs = build_definitions([str(paths.resolve(source))],
                              artifact_root=args.artifacts)
