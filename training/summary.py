@@ -69,8 +69,10 @@ def run_summary(trainer, seconds: float, eval_loss: float | None, adapter_dir: P
 
 def write_reproducibility_card(trainer, directory: Path) -> dict:
     """``reproducibility.json`` beside the adapter: what it takes to train it again and get the same
-    numbers (seeds, resolved dtype and why, library versions, device, CPU capability, topology)."""
+    numbers (seeds, resolved dtype and why, library versions, device, CPU capability, topology) and, for a
+    base converted from GGUF, its model card (source package and file, sha256, quantization, dequantized)."""
     from campaign_orchestrator.hardware import library_versions
+    from campaign_orchestrator.models import read_model_card
 
     spec = trainer.spec
     card = {
@@ -92,6 +94,7 @@ def write_reproducibility_card(trainer, directory: Path) -> dict:
         "gradient_accumulation_steps": spec.gradient_accumulation_steps,
         "max_steps": trainer.total_steps,
         "base_model": str(trainer.job.base_model_path),
+        "base_model_card": read_model_card(trainer.job.base_model_path),  # a converted model: source, quantization
         "dataset": str(trainer.job.dataset_path),
     }
     (directory / REPRODUCIBILITY).write_text(json.dumps(card, indent=2))

@@ -19,7 +19,8 @@ def build_models_command(args: argparse.Namespace) -> int:
 
 
 def fetch_model_command(args: argparse.Namespace) -> int:
-    """Resolve a model reference now (download, convert) so a campaign finds it cached."""
+    """Resolve a model reference now (download, convert) so a campaign finds it cached; print its directory
+    (first line) and, for a converted model, its model card (source, sha256, quantization, dequantized)."""
     from campaign_orchestrator import models, paths
 
     ref = args.model if args.model.startswith(("@", "s3://")) or "/" in args.model or args.model.endswith(".gguf") \
@@ -31,6 +32,10 @@ def fetch_model_command(args: argparse.Namespace) -> int:
         print(f"cannot fetch {ref}: {e}", file=sys.stderr)
         return EXIT_INVALID
     print(path)
+    card = models.read_model_card(path)
+    if card is not None:  # what the model is: its source and what the conversion did to it
+        print(f"model card ({path / models.MODEL_CARD}):")
+        print(json.dumps(card, indent=2))
     return EXIT_OK
 
 
