@@ -39,6 +39,32 @@ __all__ = ["Completion", "LocalGenerator", "default_device", "load_model"]
 
 
 PREFIX_MIN_TOKENS = 32  # a shared prefix at least this long is prefilled once per call and reused by every batch
+GROUP_PREFIX_MIN_TOKENS = 8  # continuous engine: prompts sharing at least this many first tokens share one prefill
+ENGINES = ("continuous", "hf_generate")
+MAX_ROWS_PER_BUDGET = 4  # continuous engine: at most this many x batch_size rows decode together (short prompts)
+
+
+def prefix_groups(seqs: Sequence[list[int]], min_tokens: int = GROUP_PREFIX_MIN_TOKENS) -> list[tuple[list[int], int]]:
+    """Indexes of ``seqs`` grouped by a shared prefix: ``[(indexes, prefix_length)]``. Sequences are
+    sorted by their tokens; neighbours that share at least ``min_tokens`` first tokens join a group
+    whose prefix is what all its members share (each keeps a token of its own). Sequences in no such
+    group come back together with prefix 0, last."""
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and shared_prefix_length([seqs[groups[-1][-1]], seqs[i]]) >= min_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    out, rest = [], []
+    for g in groups:
+        if len(g) < 2:
+            rest += g
+            continue
+        out.append((g, shared_prefix_length([seqs[i] for i in g])))
+    if rest:
+        out.append((rest, 0))
+    return out
 
 
 def shared_prefix_length(seqs: Sequence[list[int]]) -> int:
@@ -143,10 +169,20 @@ def stop_token_ids(model, tok) -> list[int]:
 class LocalGenerator:
     """Generate completions for many prompts with one loaded model."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, precision: Resolved | None = None):
+    def __init__(self, model, tokenizer, batch_size: int = 64, precision: Resolved | None = None,
+                 engine: str = "continuous", max_batch_tokens: int | None = None,
+                 log: Callable[[str], None] | None = None):
+        if engine not in ENGINES:
+            raise ValueError(f"LocalGenerator engine {engine!r} is unknown: use one of {', '.join(ENGINES)}")
         self.model = model
         self.tok = tokenizer
         self.batch_size = batch_size
+        self.engine = engine
+        self.max_batch_tokens = max_batch_tokens  # None: batch_size x (longest prompt + max_new_tokens) of the call
+        self.log = log  # progress lines (prompts/s, tokens/s) of the continuous engine
+        self.last_stats: dict = {}
+        self._continuous_ok: bool | None = None
+        self._cache_kw: str | None = None
         self.context_length = getattr(model.config, "max_position_embeddings", None)
         self.precision = precision
         self.stop_ids = stop_token_ids(model, tokenizer)
@@ -155,9 +191,9 @@ class LocalGenerator:
 
     @classmethod
     def from_path(cls, model_dir, adapter_dir=None, load_in_4bit=False, compute_dtype="auto", batch_size=64,
-                  device=None):
+                  device=None, engine: str = "continuous", max_batch_tokens: int | None = None):
         model, tok, precision = load_model(model_dir, adapter_dir, load_in_4bit, compute_dtype, device)
-        return cls(model, tok, batch_size, precision)
+        return cls(model, tok, batch_size, precision, engine=engine, max_batch_tokens=max_batch_tokens)
 
     @property
     def device(self) -> torch.device:
@@ -205,12 +241,23 @@ class LocalGenerator:
     ) -> list[Completion]:
         """One completion per prompt (a string, or a list of chat messages), in input order.
         ``on_result(i, completion)`` is called as each batch finishes (``i`` indexes ``prompts``);
-        ``progress(n)`` after each batch."""
+        ``progress(n)`` after each batch (the continuous engine: as prompts finish).
+
+        Greedy requests run on the continuous engine (:meth:`_generate_continuous`) unless
+        ``engine="hf_generate"``; sampling (``temperature > 0``) always runs on ``transformers``'
+        ``generate`` (its seeds and random stream are kept as they were)."""
+        enc = [render_prompt_ids(self.tok, p) for p in prompts]
+        if self.engine == "continuous" and temperature <= 0 and self._supports_continuous():
+            return self._generate_continuous(enc, max_new_tokens, progress, logprobs, on_result)
+        return self._generate_hf(prompts, enc, max_new_tokens, temperature, top_p, seed, progress, logprobs, on_result)
+
+    def _generate_hf(self, prompts, enc, max_new_tokens, temperature, top_p, seed, progress, logprobs, on_result):
+        """The ``transformers`` ``generate`` path: length-sorted batches of ``batch_size`` rows, each decoded
+        until its longest answer ends, one shared prefix per call prefilled once."""
         from transformers import LogitsProcessorList
 
         import copy
 
-        enc = [render_prompt_ids(self.tok, p) for p in prompts]
         fits = [e for e in enc if not self.context_length or len(e) + max_new_tokens <= self.context_length]
         shared = shared_prefix_length(fits) if self.prefix_caching else 0
         prefix, prefix_cache = (enc and fits and fits[0][:shared]) or [], None
@@ -283,4 +330,221 @@ class LocalGenerator:
                     on_result(i, out[i])
             if progress:
                 progress(len(idx) + len(too_long))
+        return out  # type: ignore[return-value]  # every index was filled above
+
+    # ------------------------------------------------------------------ the continuous engine
+
+    def _supports_continuous(self) -> bool:
+        """Whether the model's cache is a plain :class:`DynamicCache` of full-attention layers (rows can
+        be dropped, padded and joined); other models (sliding windows, recurrent states) use ``generate``."""
+        if self._continuous_ok is None:
+            from transformers import DynamicCache
+            from transformers.cache_utils import DynamicLayer
+
+            try:
+                with torch.no_grad():
+                    _, cache = self._forward(None, input_ids=torch.tensor([[self.tok.pad_token_id]], device=self.device))
+                self._continuous_ok = (isinstance(cache, DynamicCache) and len(cache.layers) > 0
+                                       and all(type(layer) is DynamicLayer for layer in cache.layers))
+            except Exception:  # a model that cannot be driven step by step: stay on generate
+                self._continuous_ok = False
+        return self._continuous_ok
+
+    def _forward(self, cache, **kw):
+        """The model's forward with ``cache`` passed under the name this transformers version takes; returns
+        (float32 logits of the last position, the cache)."""
+        if self._cache_kw is None:
+            import inspect
+
+            self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        o = self.model(**kw, **{self._cache_kw: cache}, use_cache=True)
+        new = getattr(o, "past_key_values", None)
+        if new is None:
+            new = getattr(o, "cache", None)
+        return o.logits[:, -1, :].float(), new
+
+    def _prefill(self, seqs: Sequence[list[int]], prefix: list[int], prefix_cache):
+        """One forward pass over new prompts (``[prefix][pad][rest]`` rows, the prefix from its cache):
+        the last position's float32 logits, the cache and the attention mask."""
+        import copy
+
+        p = len(prefix) if prefix_cache is not None else 0
+        width = max(len(s) - p for s in seqs)
+        ids, mask = self._batch_inputs([s[p:] for s in seqs], width, prefix[:p])
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = None
+        if prefix_cache is not None:
+            cache = copy.deepcopy(prefix_cache)
+            cache.batch_repeat_interleave(len(seqs))
+        logits, cache = self._forward(cache, input_ids=ids[:, p:], attention_mask=mask, position_ids=pos[:, p:],
+                                      logits_to_keep=1)
+        return logits, cache, mask
+
+    @staticmethod
+    def _join(cache, mask, new_cache, new_mask):
+        """The rows of ``new_cache`` appended to ``cache``: the shorter side left-padded (masked) to the other's length."""
+        t, tn = mask.shape[1], new_mask.shape[1]
+        for a, b in zip(cache.layers, new_cache.layers, strict=True):
+            for name in ("keys", "values"):
+                x, y = getattr(a, name), getattr(b, name)
+                if tn < t:
+                    y = torch.nn.functional.pad(y, (0, 0, t - tn, 0))
+                elif t < tn:
+                    x = torch.nn.functional.pad(x, (0, 0, tn - t, 0))
+                setattr(a, name, torch.cat([x, y], dim=0))
+        if tn < t:
+            new_mask = torch.nn.functional.pad(new_mask, (t - tn, 0))
+        elif t < tn:
+            mask = torch.nn.functional.pad(mask, (tn - t, 0))
+        return cache, torch.cat([mask, new_mask], dim=0)
+
+    @staticmethod
+    def _keep(cache, mask, keep: torch.Tensor):
+        """Only the rows ``keep`` of the cache and mask, less the leading columns no kept row attends to."""
+        mask = mask.index_select(0, keep)
+        first = int(mask.any(0).to(torch.int8).argmax())
+        for layer in cache.layers:
+            layer.keys = layer.keys.index_select(0, keep)[:, :, first:]
+            layer.values = layer.values.index_select(0, keep)[:, :, first:]
+        return cache, mask[:, first:]
+
+    @torch.no_grad()
+    def _generate_continuous(self, enc, max_new_tokens, progress, logprobs, on_result) -> list[Completion]:
+        """Greedy decoding over the model's forward with a :class:`DynamicCache`: prompts grouped by a shared
+        prefix (its cache prefilled once per group), then, per group, length-sorted prompts are admitted while
+        the batch has rows and tokens to spare (``batch_size`` x ``MAX_ROWS_PER_BUDGET`` rows, ``max_batch_tokens``
+        of prompt + new tokens); each row stops at its own stop id or ``max_new_tokens`` and leaves the batch at
+        once (its cache rows are dropped), and waiting prompts take the freed room. A completion's
+        ``latency_s`` runs from its admission to its last token."""
+        n = len(enc)
+        out: list[Completion | None] = [None] * n
+        fits = []
+        for i, e in enumerate(enc):
+            if self.context_length and len(e) + max_new_tokens > self.context_length:
+                out[i] = Completion.failed(f"prompt of {len(e)} tokens + {max_new_tokens} new tokens exceeds the "
+                                           f"teacher's context of {self.context_length}", len(e))
+                if on_result:
+                    on_result(i, out[i])
+            else:
+                fits.append(i)
+        if progress and len(fits) < n:
+            progress(n - len(fits))
+        stats = {"prompts": 0, "new_tokens": 0, "forward_passes": 0, "prefills": 0, "wall_s": 0.0}
+        self.last_stats = stats
+        if not fits:
+            return out  # type: ignore[return-value]
+        budget = self.max_batch_tokens or self.batch_size * (max(len(enc[i]) for i in fits) + max_new_tokens)
+        max_rows = self.batch_size * MAX_ROWS_PER_BUDGET
+        stops = set(self.stop_ids)
+        t_call = time.perf_counter()
+        self.last_shared_prefix = 0
+        last_log = [t_call]
+
+        def report(force=False):
+            now = time.perf_counter()
+            stats["wall_s"] = now - t_call
+            if self.log and (force or now - last_log[0] >= 10.0):
+                last_log[0] = now
+                el = max(stats["wall_s"], 1e-9)
+                self.log(f"generated {stats['prompts']}/{len(fits)} prompts, {stats['new_tokens']} tokens in "
+                         f"{el:.1f} s: {stats['prompts'] / el:.2f} prompts/s, {stats['new_tokens'] / el:.1f} tokens/s")
+
+        groups = prefix_groups([enc[i] for i in fits])
+        for members, shared in groups:
+            idx = [fits[j] for j in members]
+            prefix, prefix_cache = [], None
+            if self.prefix_caching and shared >= GROUP_PREFIX_MIN_TOKENS:
+                prefix = enc[idx[0]][:shared]
+                prefix_cache = self._prefix_cache(prefix)
+                stats["forward_passes"] += 1
+                if prefix_cache is None:
+                    prefix = []
+            self.last_shared_prefix = max(self.last_shared_prefix, len(prefix))
+            queue = sorted(idx, key=lambda i: len(enc[i]))[::-1]  # pop() takes the shortest
+            rows: list[int] = []  # prompt index per batch row
+            gen: list[list[int]] = []
+            tops: list[list] = []
+            t_in: list[float] = []
+            cache = mask = pos = last = None
+            used = 0  # prompt + max_new_tokens over the rows in the batch
+            while queue or rows:
+                take: list[int] = []
+                # refill once a quarter of the room is free (one prefill admits many prompts)
+                if queue and (not rows or (len(rows) <= max_rows - max(1, self.batch_size // 4)
+                                           and used <= budget - budget // 4)):
+                    while queue and len(rows) + len(take) < max_rows:
+                        cost = len(enc[queue[-1]]) + max_new_tokens
+                        if (rows or take) and used + cost > budget:
+                            break
+                        take.append(queue.pop())
+                        used += cost
+                t0 = time.perf_counter()
+                if take:  # admit: prefill the new prompts, join their cache rows to the batch
+                    logits, new_cache, new_mask = self._prefill([enc[i] for i in take], prefix, prefix_cache)
+                    stats["prefills"] += 1
+                    new_pos = new_mask.sum(-1)
+                    if cache is None:
+                        cache, mask, pos = new_cache, new_mask, new_pos
+                    else:
+                        cache, mask = self._join(cache, mask, new_cache, new_mask)
+                        pos = torch.cat([pos, new_pos])
+                    first_new = len(rows)
+                    rows += take
+                    gen += [[] for _ in take]
+                    tops += [[] for _ in take]
+                    t_in += [t0] * len(take)
+                    chosen_rows = range(first_new, len(rows))
+                else:  # one decoding step for every row
+                    mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+                    logits, cache = self._forward(cache, input_ids=last[:, None], attention_mask=mask,
+                                                  position_ids=pos[:, None])
+                    pos = pos + 1
+                    chosen_rows = range(len(rows))
+                stats["forward_passes"] += 1
+                nxt = logits.argmax(-1)
+                if logprobs:
+                    tv, ti = torch.log_softmax(logits, dim=-1).topk(min(logprobs, logits.shape[-1]), dim=-1)
+                    tv, ti = tv.cpu().tolist(), ti.cpu().tolist()
+                now = time.perf_counter()
+                nxt_l = nxt.cpu().tolist()
+                if take:
+                    last = nxt if last is None else torch.cat([last, nxt])
+                else:
+                    last = nxt
+                done = []
+                for j, r in enumerate(chosen_rows):
+                    t = nxt_l[j]
+                    gen[r].append(t)
+                    if logprobs:
+                        tops[r].append([(tid, None, lp) for tid, lp in zip(ti[j], tv[j], strict=True)])
+                    if t in stops or len(gen[r]) >= max_new_tokens:
+                        done.append(r)
+                for r in done:
+                    i, toks = rows[r], gen[r]
+                    stopped = toks[-1] in stops
+                    text = self.tok.decode(toks[:-1] if stopped else toks, skip_special_tokens=True)
+                    out[i] = Completion(text, "stop" if stopped else "length", len(enc[i]), len(toks), now - t_in[r],
+                                        top_logprobs=tops[r] if logprobs else None, token_ids=list(toks))
+                    used -= len(enc[i]) + max_new_tokens
+                    stats["prompts"] += 1
+                    stats["new_tokens"] += len(toks)
+                    if on_result:
+                        on_result(i, out[i])
+                if done:
+                    gone = set(done)
+                    keep_l = [r for r in range(len(rows)) if r not in gone]
+                    if progress:
+                        progress(len(done))
+                    if not keep_l:
+                        rows, gen, tops, t_in, cache, mask, pos, last = [], [], [], [], None, None, None, None
+                    else:
+                        keep = torch.tensor(keep_l, device=mask.device)
+                        cache, mask = self._keep(cache, mask, keep)
+                        pos, last = pos.index_select(0, keep), last.index_select(0, keep)
+                        rows = [rows[r] for r in keep_l]
+                        gen = [gen[r] for r in keep_l]
+                        tops = [tops[r] for r in keep_l]
+                        t_in = [t_in[r] for r in keep_l]
+                    report()
+        report(force=True)
         return out  # type: ignore[return-value]  # every index was filled above
