@@ -6,7 +6,9 @@ launch of the campaign's own launcher (local torchrun or Kubernetes) with ``stop
 trial trains rung after rung from its own checkpoints. After each rung the step records the rung's
 cost in the ledger under the trial's id and reports a materialization of ``<campaign>/sweep_trial``,
 partition ``trial-NNN``: its parameters, the metric at every rung, its cost, and whether it was
-promoted, pruned, completed or stopped by the cap. ``student_adapter`` takes the sweep's best
+promoted, pruned, completed or stopped by the cap. Each launch carries a budget guard sized to what is
+left of the cap (and of the campaign's budget), so the cap is hard: a rung is stopped inside when the cap
+is reached. ``student_adapter`` takes the sweep's best
 configuration (README, "Sweeps").
 """
 
@@ -82,13 +84,19 @@ def build(spec: CampaignSpec):
             price_s = entry.hourly_usd(spec.cost.pricing_tier) / 3600 * (tr.nodes if entry.unit == "host-hour"
                                                                            else tr.world_size)
             measured: list[tuple[int, float]] = []
+            capped = sw.budget_usd is not None or spec.cost.budget_usd is not None
             try:
                 plan = pricing.plan(spec, sd.root)["stages"]["student_adapter"]
                 startup = float(entry.perf.get("train_startup_s", 0.0)) if entry.perf else 0.0
                 planned = (startup, max(0.0, plan["seconds"] - startup) / plan["steps"])
-            except Exception as e:  # noqa: BLE001 - no plan: the first rung is priced once measured
-                context.log.warning(f"sweep: no planner estimate ({e}); rungs priced from measured launches")
-                planned = (0.0, 0.0)
+            except Exception as e:  # noqa: BLE001 - whatever the planner raised, it is named in the error
+                if capped:  # never price a rung at $0 under a cap: say what failed and stop
+                    raise Failure(f"sweep: the planner could not estimate a rung of {spec.name}'s sweep ({e}); a "
+                                  "capped sweep (sweep.budget_usd / cost.budget_usd) needs that estimate before its "
+                                  "first rung. Fix the cause (run `campaign plan` to see it), then materialize "
+                                  "again.") from e
+                context.log.warning(f"sweep: no planner estimate ({e}); no cap to keep, rungs timed as they run")
+                planned = None
             step_key = context.get_step_execution_context().step.key
             tok = teacher_tokenizer_path(spec, storage)
             gpu = gpu_priced(spec, catalog)
@@ -96,13 +104,32 @@ def build(spec: CampaignSpec):
             cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}
             mlflow_runs: dict[int, str] = {}
 
-            def estimate_usd(steps: int, _trial: int) -> float:
-                a, b = _rate(measured, planned[0]) or planned
-                return (a + b * steps) * price_s
+            def seconds_for(steps: int) -> float:
+                rate = _rate(measured, planned[0] if planned else 0.0) or planned
+                if rate is None:
+                    raise RuntimeError(f"sweep: no estimate for {steps} steps (no planner estimate, nothing measured)")
+                return rate[0] + rate[1] * steps
 
-            def full_run_seconds(steps: int) -> float:
-                a, b = _rate(measured, planned[0]) or planned
-                return a + b * steps
+            def estimate_usd(steps: int, _trial: int) -> float:
+                return seconds_for(steps) * price_s
+
+            def full_run_seconds(steps: int) -> float | None:
+                try:
+                    return seconds_for(steps)
+                except RuntimeError:  # nothing measured in this process and no plan: each trial's own rate
+                    return None
+
+            def make_guard(rec, steps: int, limits):
+                """The rung's launch: stopped inside when what it accrues would cross what is left of the cap."""
+                from campaign_orchestrator.costs.budget import BudgetGuard
+                from campaign_orchestrator.costs.lines import compute_line
+
+                return BudgetGuard(ledger=ledger, campaign=spec.name, stage=STAGE, run_id=context.run_id,
+                                   step_key=step_key, attempt=context.retry_number, stage_key=k, limits=limits,
+                                   line_fn=lambda seconds, _n: [compute_line("training", entry, seconds, hosts=tr.nodes,
+                                                                             devices=tr.world_size,
+                                                                             tier=spec.cost.pricing_tier)],
+                                   log=context.log.warning, part=f"{trial_partition(rec.root)}:rung-{steps}")
 
             def spent_usd() -> float:
                 return float(ledger.query("SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ? "
@@ -113,7 +140,7 @@ def build(spec: CampaignSpec):
                                     attempt=context.retry_number, stage_key=k,
                                     production_id=f"{STAGE}:{k}:{trial_partition(rec.root)}:rung-{steps}", lines=lines)
 
-            def run_rung(rec, tdir: Path, steps: int, prev: int) -> RungOutcome:
+            def run_rung(rec, tdir: Path, steps: int, prev: int, budget=None) -> RungOutcome:
                 tspec = spec.with_params(rec.params)
                 (tdir / "summary.json").unlink(missing_ok=True)
                 job = TrainJob(campaign=spec.name, base_model_path=str(base), dataset_path=dataset["dataset_path"],
@@ -126,7 +153,7 @@ def build(spec: CampaignSpec):
                 context.log.info(f"sweep: trial {rec.number} ({trial_partition(rec.root)}) {rec.params}: steps "
                                  f"{prev}→{steps}")
                 try:
-                    launcher.launch(context, job, tdir, **cluster)
+                    launcher.launch(context, job, tdir, budget=budget, **cluster)
                 except Failure as e:
                     wall = time.perf_counter() - t0
                     log_tail = "".join(str(v.value) for v in (e.metadata or {}).values())
@@ -175,7 +202,8 @@ def build(spec: CampaignSpec):
             url = storage_url(spec, sd.root)
             sweep = Sweep(spec, workdir, make_storage(url, sw), f"{spec.name}-{k}", run_rung=run_rung,
                           estimate_usd=estimate_usd, spent_usd=spent_usd, record_lines=record_lines, on_event=on_event,
-                          log=context.log.info, full_run_seconds=full_run_seconds, limits=limits)
+                          log=context.log.info, full_run_seconds=full_run_seconds, limits=limits,
+                          make_guard=make_guard)
             t0 = time.perf_counter()
             result = sweep.run()
             result["spent_usd"] = spent_usd()  # the ledger's word: every rung of this sweep, any run

@@ -9,9 +9,14 @@ launcher, local or Kubernetes) and keeps what makes a sweep safe to kill and che
   (a retried trial reuses it); each rung trains from the trial's last checkpoint to the rung's step
   and writes ``rung-<steps>.json``. A rerun (or a retry of a killed trial) replays the rungs whose
   file exists (no training), so no finished rung and no finished trial is trained again.
-* **Money.** Each rung's cost lines go to the ledger under the trial's id when the rung ends. Before a
-  rung starts, spend so far (ledger) + the rungs in flight (their estimates) + this rung's estimate must
-  fit the cap; otherwise the sweep stops launching (``study.stop()``), lets what runs finish, and says so.
+* **Money: a hard cap.** Each rung's cost lines go to the ledger under the trial's id when the rung ends.
+  Before a rung starts, spend so far (ledger) + the rungs in flight (their estimates) + this rung's
+  estimate must fit the cap; otherwise the sweep stops launching (``study.stop()``) and says so. Inside a
+  rung, the launch carries a :class:`campaign_orchestrator.costs.budget.BudgetGuard` (``make_guard``) sized to
+  what is left of the cap: the ledger's spend plus what the rungs running next to it have accrued, read at
+  every check; when the next chunk would cross the cap, the launcher stops the rung (SIGTERM: the trainer
+  checkpoints), its spend so far goes to the ledger as interrupted, and the sweep stops. So the sweep's
+  spend stays within the cap, not the cap plus a rung. An estimate that cannot be made is an error.
 * **Killed trials.** A trial whose process died stops heart-beating; the next sweep waits out the grace
   period, Optuna marks it FAIL and re-queues its parameters (``failed_trial`` names the original).
 
@@ -36,7 +41,7 @@ ASSET = "hparam_sweep"
 
 
 class CapReached(RuntimeError):
-    """The next rung would cross the sweep's dollar cap: not launched."""
+    """The next rung would cross the sweep's dollar cap: not launched (or stopped inside, by its guard)."""
 
 
 @dataclass
@@ -57,10 +62,11 @@ class TrialRecord:
     params: dict[str, Any]
     rungs: dict[int, dict] = field(default_factory=dict)  # steps -> {value, seconds, usd, trained_steps, replayed}
     state: str = "RUNNING"  # RUNNING | PROMOTED | PRUNED | COMPLETE | STOPPED (cap) | FAIL
+    interrupted_usd: float = 0.0  # the spend of a rung the cap stopped inside (in the ledger as interrupted)
 
     @property
     def usd(self) -> float:
-        return float(sum(r["usd"] for r in self.rungs.values() if not r.get("replayed")))
+        return float(sum(r["usd"] for r in self.rungs.values() if not r.get("replayed"))) + self.interrupted_usd
 
     def as_dict(self) -> dict:
         return {"trial": self.number, "root": self.root, "params": self.params, "state": self.state,
@@ -136,10 +142,13 @@ def plan_rungs(sw: SweepSpec, max_steps: int) -> list[dict]:
 class Sweep:
     """One sweep step: runs (or resumes) the study until ``trials`` are done or the cap stops it.
 
-    ``run_rung(record, trial_dir, steps, prev_steps) -> RungOutcome`` trains one rung; ``estimate_usd(steps)``
-    prices ``steps`` steps (the planner's or the measured rate); ``spent_usd()`` reads the ledger's sweep
-    spend; ``record_lines(record, steps, lines)`` writes a rung's lines to the ledger; ``on_event(record)``
-    is called after every rung and state change (the asset turns it into a materialization)."""
+    ``run_rung(record, trial_dir, steps, prev_steps, budget=guard) -> RungOutcome`` trains one rung, its
+    launch watched by ``guard`` (None without ``make_guard``); ``estimate_usd(steps)`` prices ``steps`` steps
+    (the planner's or the measured rate; it raises when it has neither); ``spent_usd()`` reads the ledger's
+    sweep spend; ``record_lines(record, steps, lines)`` writes a rung's lines to the ledger;
+    ``make_guard(record, steps, limits) -> BudgetGuard`` builds the guard of one rung's launch for
+    ``limits`` (:class:`campaign_orchestrator.costs.budget.Limit`, read live); ``on_event(record)`` is called
+    after every rung and state change (the asset turns it into a materialization)."""
 
     def __init__(self, spec: CampaignSpec, workdir: Path, storage, study_name: str, *,
                  run_rung: Callable[[TrialRecord, Path, int, int], RungOutcome],
@@ -147,7 +156,8 @@ class Sweep:
                  record_lines: Callable[[TrialRecord, int, list[dict]], None],
                  on_event: Callable[[TrialRecord], None] = lambda r: None, log: Callable[[str], None] = print,
                  full_run_seconds: Callable[[int], float] | None = None,
-                 limits: list[tuple[str, float, Callable[[], float]]] = ()):
+                 limits: list[tuple[str, float, Callable[[], float]]] = (),
+                 make_guard: Callable[[TrialRecord, int, list], Any] | None = None):
         self.spec, self.sw = spec, spec.sweep
         self.workdir = Path(workdir)
         self.storage, self.study_name = storage, study_name
@@ -158,6 +168,8 @@ class Sweep:
         self.ladder = self.sw.ladder(spec.training.max_steps)
         self.lock = threading.Lock()
         self.in_flight: dict[int, float] = {}  # trial number -> its running rung's estimate
+        self.make_guard = make_guard
+        self.guards: dict[int, Any] = {}  # trial number -> the guard of its running rung (until its lines are recorded)
         self.records: dict[int, TrialRecord] = {}
         self.stopped_by_cap: str | None = None
 
@@ -166,11 +178,35 @@ class Sweep:
         frozen = trial.study._storage.get_trial(trial._trial_id)
         return frozen.system_attrs.get("failed_trial", trial.number)
 
+    def _limits(self) -> list[tuple[str, float, Callable[[], float]]]:
+        """(what, cap, spent so far): the sweep's cap on the sweep's spend, then ``limits`` (e.g. the campaign's
+        budget on the campaign's spend)."""
+        return ([("sweep cap", self.sw.budget_usd, self.spent_usd)] if self.sw.budget_usd is not None else []) \
+            + self.limits
+
+    def _accrued_elsewhere(self, number: int) -> float:
+        """What the rungs running next to trial ``number``'s have accrued and not yet recorded."""
+        with self.lock:
+            guards = [g for k, g in self.guards.items() if k != number]
+        return float(sum(g.accrued_usd() for g in guards))
+
+    def _rung_guard(self, rec: TrialRecord, steps: int):
+        """The guard of one rung's launch: every limit, with the spend outside this rung read at every check."""
+        from campaign_orchestrator.costs.budget import Limit
+
+        if self.make_guard is None:
+            return None
+        n = rec.number
+        limits = [Limit(what, cap, 0.0, spent_now=lambda fn=fn: fn() + self._accrued_elsewhere(n))
+                  for what, cap, fn in self._limits()]
+        guard = self.make_guard(rec, steps, limits)
+        with self.lock:
+            self.guards[n] = guard
+        return guard
+
     def _check_cap(self, number: int, steps: int, prev: int) -> None:
-        """Every limit (the sweep's cap on the sweep's spend; ``limits``: e.g. the campaign's budget on the
-        campaign's spend) must hold for spend so far + the rungs in flight + this rung's estimate."""
-        limits = ([("sweep cap", self.sw.budget_usd, self.spent_usd)] if self.sw.budget_usd is not None else [])
-        limits += self.limits
+        """Every limit must hold for spend so far + the rungs in flight + this rung's estimate."""
+        limits = self._limits()
         if not limits:
             return
         need = self.estimate_usd(steps - prev, number)
@@ -187,6 +223,8 @@ class Sweep:
 
     def objective(self, trial) -> float:
         import optuna
+
+        from campaign_orchestrator.costs.budget import BudgetExceeded
 
         root = self._root(trial)
         params = suggest(trial, self.sw.space)
@@ -210,13 +248,27 @@ class Sweep:
                     self.on_event(rec)
                     trial.study.stop()
                     raise
+                guard = None
                 try:
-                    out = self.run_rung(rec, tdir, steps, prev)
+                    try:
+                        guard = self._rung_guard(rec, steps)
+                        out = self.run_rung(rec, tdir, steps, prev, budget=guard)
+                    except BudgetExceeded as e:  # stopped inside the rung: its spend is in the ledger (interrupted)
+                        msg = f"trial {trial.number} stopped inside its rung (steps {prev}→{steps}): {e}"
+                        self.stopped_by_cap = self.stopped_by_cap or msg
+                        rec.state = "STOPPED"
+                        rec.interrupted_usd = guard.interrupted_usd if guard is not None else 0.0
+                        trial.set_user_attr("stopped", "budget cap")
+                        trial.set_user_attr("interrupted_usd", rec.interrupted_usd)
+                        self.on_event(rec)
+                        trial.study.stop()
+                        raise CapReached(msg) from e
+                    usd = float(sum(x["usd"] for x in out.lines))
+                    self.record_lines(rec, steps, out.lines)
                 finally:
                     with self.lock:
                         self.in_flight.pop(trial.number, None)
-                usd = float(sum(x["usd"] for x in out.lines))
-                self.record_lines(rec, steps, out.lines)
+                        self.guards.pop(trial.number, None)
                 r = {"steps": steps, "value": out.value, "seconds": out.seconds, "usd": usd,
                      "trained_steps": out.trained_steps, "resumed_from": out.resumed_from}
                 tmp = done.with_suffix(".tmp")
@@ -309,7 +361,8 @@ class Sweep:
             per.append({"trial": t.number, "root": t.system_attrs.get("failed_trial", t.number), "state": state,
                         "params": t.params, "rungs": {str(s): rungs[s] for s in sorted(rungs)},
                         "value": t.value, "last_step": max(rungs) if rungs else 0,
-                        "usd": float(sum(r["usd"] for r in rungs.values()))})
+                        "usd": float(sum(r["usd"] for r in rungs.values())) + float(t.user_attrs.get("interrupted_usd", 0.0)),
+                        "interrupted_usd": float(t.user_attrs.get("interrupted_usd", 0.0))})
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
         top = self.ladder[-1]
         # the trials that ran (at least one rung), by original number: a retry stands for the trial it retried
@@ -334,8 +387,9 @@ class Sweep:
         # fitted to this sweep's own launches (``full_run_seconds``), else each trial's own rate
         full = 0.0
         for p in by_root.values():
-            if self.full_run_seconds is not None:
-                full += self.full_run_seconds(top)
+            fitted = self.full_run_seconds(top) if self.full_run_seconds is not None else None
+            if fitted is not None:
+                full += fitted
             else:
                 full += sum(r["seconds"] for r in p["rungs"].values()) / max(p["last_step"], 1) * top
         return {
@@ -348,7 +402,9 @@ class Sweep:
             "best_complete": bool(complete),
             "default_value": default["value"] if default and default["state"] == "COMPLETE" else None,
             "default_params": default_point(self.spec),
-            "spent_usd": float(sum(p["usd"] for p in by_root.values())), "cap_usd": self.sw.budget_usd,
+            # a trial's rungs once (a retry replays its original's), and every rung the cap stopped inside
+            "spent_usd": float(sum(p["usd"] - p["interrupted_usd"] for p in by_root.values())
+                               + sum(p["interrupted_usd"] for p in per)), "cap_usd": self.sw.budget_usd,
             "stopped_by_cap": self.stopped_by_cap,
             "sweep_wall_seconds": wall, "trial_seconds": seconds, "every_trial_to_the_end_seconds": full,
             "time_saved_seconds": full - seconds,

@@ -100,6 +100,7 @@ class BudgetGuard:
         self._last_usd = 0.0
         self._step_usd = 0.0  # what the last chunk that cost anything cost
         self.stopped = False
+        self.interrupted_usd = 0.0  # what the stop recorded in the ledger
 
     # ------------------------------------------------------------------ before
     def check_estimate(self, estimate_usd: float, already_spent_on_it_usd: float = 0.0) -> None:
@@ -161,7 +162,7 @@ class BudgetGuard:
         for lim in self.limits:
             before = lim.spent_elsewhere()
             if before + now + step > lim.budget_usd:
-                self.stopped = True
+                self.stopped, self.interrupted_usd = True, now
                 self.ledger.record_interrupted(campaign=self.campaign, asset=self.stage, run_id=self.run_id,
                                                step_key=self.step_key, attempt=self.attempt, stage_key=self.stage_key,
                                                lines=lines, part=self.part)
