@@ -1,7 +1,7 @@
 """Sweeps end to end on the demo (shrunk: a 90-step top rung, rungs at 30 and 90): bad learning rates are
 pruned at the first rung, the best configuration beats the campaign's default and becomes the candidate the
 gate judges; every trial is a Dagster partition, an MLflow run and ledger lines; a sweep SIGKILLed mid-rung
-and rerun trains no finished rung again; the dollar cap stops it cleanly."""
+and rerun trains no finished rung again; the dollar cap stops it cleanly and holds (spend <= cap)."""
 
 import json
 import os
@@ -236,22 +236,23 @@ def test_sigkill_mid_rung_then_rerun_trains_no_finished_rung_again_and_the_cap_s
     rung90 = json.loads((study_dir / "trial-000" / "rung-90.json").read_text())
     assert rung90["resumed_from"] == 30 and rung90["trained_steps"] == 60
     rows = _sweep_rows(root, name)
-    ids = [r["production_id"] for r in rows]
-    assert len(ids) == len(set(ids))  # each rung of each trial billed once
+    done = [r for r in rows if r["production_id"]]  # finished rungs; a rung the cap stopped inside: interrupted
+    stopped_inside = [r for r in rows if not r["production_id"]]
+    ids = [r["production_id"] for r in done]
+    assert len(ids) == len(set(ids)) and len(stopped_inside) <= 1  # each rung of each trial billed once
     assert rows[0]["run_id"] == killed_rows[0]["run_id"] and all(r["run_id"] != rows[0]["run_id"] for r in rows[1:])
 
-    # the cap: the sweep stopped launching before its trials were done, having spent at most the cap plus the
-    # one rung that was in flight (one trial at a time)
+    # the cap is hard: the sweep stopped (before launching a rung, or inside one: every launch carries a budget
+    # guard sized to what is left of the cap) before its trials were done, having spent at most the cap
     assert m["stopped_by_cap"] and m["trials_stopped_by_cap"] == 1 and m["trials_run"] < spec.sweep.trials
-    biggest = max(r["usd"] for r in rows)
-    assert m["spent_usd"] == pytest.approx(sum(r["usd"] for r in rows)) and m["spent_usd"] <= cap + biggest
+    assert m["spent_usd"] == pytest.approx(sum(r["usd"] for r in rows)) and m["spent_usd"] <= cap
     by_root: dict[int, set] = {}
     for t in m["trials"]:  # a trial and its retries share the original's directory
         by_root.setdefault(t["root"], set()).update(int(s) for s in t["rungs"])
     for r, rungs in by_root.items():  # no rung ran that is not in the summary
         files = {int(f.stem.split("-")[1]) for f in (study_dir / f"trial-{r:03d}").glob("rung-*.json")}
         assert files == rungs, (r, files, rungs)
-    assert len(rows) == sum(len(x) for x in by_root.values())  # ... and each is in the ledger once
+    assert len(done) == sum(len(x) for x in by_root.values())  # ... and each is in the ledger once
     print(f"\nmeasured: killed mid-rung (trial 0, steps 30→90); rerun replayed rung 30 and resumed from its checkpoint; "
           f"cap ${cap}: spent ${m['spent_usd']:.6f} over {len(rows)} rung(s), {m['trials_run']} trial(s) run, "
           f"stopped: {m['stopped_by_cap']}")
