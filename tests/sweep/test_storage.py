@@ -32,6 +32,31 @@ def _worker(path, study: str, mode: str, log):
                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
+def _wait_until(cond, proc, log, what: str, timeout_s: float = 60.0):
+    """Poll ``cond`` until it is truthy (returned), ``proc`` dies or ``timeout_s`` passes (failing with its log)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert proc.poll() is None, f"worker exited (rc {proc.returncode}) before {what}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout_s:.0f} s:\n{log.read_text()}"
+        time.sleep(0.05)
+
+
+def _heartbeats(url: str, trial_id: int) -> int:
+    """Heartbeats Optuna recorded for ``trial_id`` (its ``trial_heartbeats`` table)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect() as con:
+            return con.execute(sqlalchemy.text("SELECT count(*) FROM trial_heartbeats WHERE trial_id = :t"),
+                               {"t": trial_id}).scalar_one()
+    finally:
+        engine.dispose()
+
+
 def test_two_processes_share_a_postgres_study_and_a_killed_trial_is_retried(tmp_path, pg_database):
     from optuna.trial import TrialState
 
@@ -45,14 +70,15 @@ def test_two_processes_share_a_postgres_study_and_a_killed_trial_is_retried(tmp_
     assert len(done) == 4 and all(set(t.intermediate_values) == {10, 30} for t in done)
 
     hung = _worker(path, name, "hang", tmp_path / "hang.log")
-    deadline = time.monotonic() + 60
-    while not study.get_trials(states=(TrialState.RUNNING,)):
-        assert time.monotonic() < deadline and hung.poll() is None, (tmp_path / "hang.log").read_text()
-        time.sleep(0.2)
-    time.sleep(1.5)  # let it heart-beat at least once (heartbeat_s 1)
+    # the hung trial is RUNNING and its heartbeat is in the database (what makes it detectably stale once killed)
+    running = _wait_until(lambda: study.get_trials(states=(TrialState.RUNNING,)), hung, tmp_path / "hang.log",
+                          "a RUNNING trial")
+    killed = running[0].number
+    _wait_until(lambda: _heartbeats(pg_database.sqlalchemy_url, running[0]._trial_id), hung, tmp_path / "hang.log",
+                f"a heartbeat of trial {killed}")
     os.kill(hung.pid, signal.SIGKILL)
     hung.wait()
-    killed = study.get_trials(states=(TrialState.RUNNING,))[0].number
+    assert [t.number for t in study.get_trials(states=(TrialState.RUNNING,))] == [killed]
 
     sweep = Sweep(spec, tmp_path / "work", study._storage, name, run_rung=None, estimate_usd=lambda s, n: 0.0,
                   spent_usd=lambda: 0.0, record_lines=lambda *a: None, log=lambda m: None)
