@@ -2,8 +2,10 @@
 student) end to end through Dagster, shrunken to fit the suite: the same code path, fewer prompts,
 items and steps. Shrunken, the student trains a few steps on 80 + 80 prompts: it learns part of the task
 (above its base, short of the full campaign's 80%, which `make real` measures: README) and the gate
-judges both suites on the paired interval. The same campaign at 100x its learning rate breaches the
-general suite and is NO-GO (at 20x, on these 60 items, it lost 17 pts: INCONCLUSIVE, not yet a breach)."""
+judges both suites on the paired interval; the test checks the verdict it reaches, per suite and overall,
+against the one its scores and the campaign's thresholds call for (which of the three that is depends on
+how far a few steps get). The same campaign at 100x its learning rate breaches the general suite and is
+NO-GO (at 20x, on these 60 items, it lost 17 pts: INCONCLUSIVE, not yet a breach)."""
 
 from __future__ import annotations
 
@@ -66,10 +68,36 @@ def _run(path: Path, name: str, artifact_root: Path):
     return {k: v.value for k, v in mats[-1].metadata.items()}, result
 
 
+def _gate(result) -> dict:
+    """The blocking gate check's metadata (per suite: candidate, base, paired delta interval, verdict)."""
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "gate")
+    return {k: getattr(v, "value", v) for k, v in check.metadata.items()}
+
+
+def expected_verdicts(gate: dict) -> dict[str, str]:
+    """The verdict the shipped campaign's gate (campaigns/smollm2.yaml) must reach from these numbers, per suite
+    and overall: plurals under its floor (``min_score``) is NO-GO; a suite whose whole candidate - base interval is
+    below the allowed drop is NO-GO, one whose interval straddles it INCONCLUSIVE (the empty-output, error and
+    item-count rules are expected to pass: any of them failing fails this test, as it should for this recipe)."""
+    g = yaml.safe_load((REPO / "campaigns" / "smollm2.yaml").read_text())["evaluation"]["gate"]
+    floor, drop = g["min_score"], g["max_regression_vs_base"]
+    out = {}
+    for suite in ("plurals", "general"):
+        lo, hi = gate[f"{suite}_delta_lo"], gate[f"{suite}_delta_hi"]
+        below_floor = suite == "plurals" and gate[f"{suite}_candidate"] < floor
+        out[suite] = "NO-GO" if below_floor or hi < -drop else "INCONCLUSIVE" if lo < -drop else "GO"
+    verdicts = set(out.values())
+    out["overall"] = "NO-GO" if "NO-GO" in verdicts else "INCONCLUSIVE" if "INCONCLUSIVE" in verdicts else "GO"
+    return out
+
+
 def test_real_model_campaign_runs_end_to_end_and_a_hundred_times_its_learning_rate_is_no_go(smollm2, tmp_path,
                                                                                        artifact_root):
     ev, result = _run(_campaign(tmp_path, "smol_mini"), "smol_mini", artifact_root)
-    assert ev["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE")
+    gate = _gate(result)
+    want = expected_verdicts(gate)  # from the scores against base and the campaign's thresholds
+    assert (ev["verdict"], gate["plurals_verdict"], gate["general_verdict"]) == \
+        (want["overall"], want["plurals"], want["general"]), (want, ev["report"])
     assert ev["plurals_base_score"] <= 0.1 and ev["plurals_teacher_score"] >= 0.6
     assert ev["plurals_candidate_score"] > ev["plurals_base_score"] + 0.1  # it learned from the teacher
     # The suite holds only what the base answers, fixed before training on an fp32 host; where `auto` is bf16

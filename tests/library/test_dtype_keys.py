@@ -123,7 +123,8 @@ def test_a_kubernetes_adapter_is_keyed_for_the_clusters_gpus_and_a_mismatch_is_n
 def _generations(spec, root: Path) -> dict:
     res = materialize([prompts_asset.build(spec), generations.build(spec)], resources=default_resources(str(root)),
                       raise_on_error=True)
-    return {k: v.value for k, v in res.asset_materializations_for_node("dtkeys__teacher_generations")[-1].metadata.items()}
+    mat = res.asset_materializations_for_node("dtkeys__teacher_generations")[-1]
+    return {k: v.value for k, v in mat.metadata.items()}
 
 
 @pytest.mark.stage

@@ -48,8 +48,8 @@ def test_the_card_records_the_package_file_sha256_and_that_q4_1_was_dequantized_
     out.mkdir()
     card = models.write_model_card(out, packaged_q4)
     assert models.read_model_card(out) == card and [p.name for p in tmp_path.iterdir() if "card" in p.name] == []
-    assert card["source"] == {"kind": "packaged", "ref": "@packaged/tiny", "package": "llm-tiny==0.0.1", "index": "PyPI",
-                              "file": "llm_tiny/Tiny.Q4_1.gguf", "license": "Apache-2.0", "about": "Tiny (test)",
+    assert card["source"] == {"kind": "packaged", "ref": "@packaged/tiny", "package": "llm-tiny==0.0.1",
+                              "index": "PyPI", "file": "llm_tiny/Tiny.Q4_1.gguf", "license": "Apache-2.0", "about": "Tiny (test)",
                               "sha256": file_sha256(packaged_q4)}
     assert card["quantization"] == "Q4_1" and card["gguf_file_type"] == "MOSTLY_Q4_1"
     assert card["conversion"]["dtype"] == "float32" and card["conversion"]["dequantized"] is True
@@ -93,8 +93,8 @@ def test_the_adapters_reproducibility_card_includes_the_base_models_card(package
     models.write_model_card(base, packaged_q4)
     spec = SimpleNamespace(seed=0, nodes=1, processes_per_node=1, sharding="none", micro_batch_size=1,
                            gradient_accumulation_steps=1)
-    trainer = SimpleNamespace(spec=spec, precision=Resolved("auto", "float32", "cpu", "test"), attn_implementation="eager",
-                              allocator="system", device=torch.device("cpu"), world=1, total_steps=1,
+    trainer = SimpleNamespace(spec=spec, precision=Resolved("auto", "float32", "cpu", "test"),
+                              attn_implementation="eager", allocator="system", device=torch.device("cpu"), world=1, total_steps=1,
                               job=SimpleNamespace(base_model_path=str(base), dataset_path="d"))
     card = write_reproducibility_card(trainer, tmp_path)
     assert json.loads((tmp_path / REPRODUCIBILITY).read_text())["base_model_card"] == card["base_model_card"]
