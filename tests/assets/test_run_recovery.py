@@ -1,0 +1,181 @@
+"""The stale-run reaper judges only the runs it can see (same kernel boot, same PID namespace), kills a dead run's
+trainers before it frees the run's pool slot, and one trainer at a time writes an output directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus
+
+from tests.support import REPO_ROOT
+from tests.support.campaign_support import cli_env, instance_home
+from tests.support.processes import sleeping_node, wait_for
+
+POOL = "gpu"
+
+
+@pytest.fixture
+def instance(tmp_path, monkeypatch):
+    home = instance_home(tmp_path / "dagster_home")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with DagsterInstance.get() as inst:
+        inst.event_log_storage.set_concurrency_slots(POOL, 1)
+        yield inst
+
+
+def _started_run(instance: DagsterInstance, tags: dict[str, str], claim: bool = True) -> str:
+    from dagster import job, op
+
+    @op
+    def noop():
+        pass
+
+    @job
+    def owned():
+        noop()
+
+    run = instance.create_run_for_job(owned, tags=tags, status=DagsterRunStatus.STARTED)
+    assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.STARTED
+    if claim:
+        assert instance.event_log_storage.claim_concurrency_slot(POOL, run.run_id, "noop").is_claimed
+    return run.run_id
+
+
+def _dead_owner_tags() -> dict[str, str]:
+    from assets.run_recovery import owner_tags
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    import psutil
+
+    start = psutil.Process(p.pid).create_time()
+    p.wait()
+    return owner_tags(pid=p.pid, start=start)
+
+
+def test_output_dir_lock_refuses_a_second_trainer_and_names_the_holder(tmp_path):
+    from training.ownership import OutputDirLock, OutputDirLocked
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from training.ownership import OutputDirLock; "
+         f"OutputDirLock({str(tmp_path)!r}).acquire(); print('ready', flush=True); time.sleep(60)"],
+        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "CAMPAIGN_RUN_ID": "run-holding"},
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(OutputDirLocked) as e:
+            OutputDirLock(tmp_path).acquire()
+        msg = str(e.value)
+        assert f"output directory {tmp_path} is being written by another trainer: pid {holder.pid} on " in msg
+        assert "(run run-holding, started 20" in msg and str(tmp_path / "trainer.lock") in msg
+        holder.kill()  # however the holder dies, the kernel drops its lock
+        holder.wait(10)
+        with OutputDirLock(tmp_path) as lock:
+            assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
+def test_reaper_kills_a_dead_runs_trainers_before_freeing_its_slot(instance, tmp_path):
+    """The owner is gone; its torchrun stand-in (a recorded process group) and a worker in its own session (found by
+    the run id in its environment) still run: the reaper SIGKILLs both, then fails the run and frees the slot."""
+    from assets.run_recovery import TRAINERS_TAG, reap_dead_runs
+    from campaign_orchestrator import process_owner
+
+    run_id = _started_run(instance, _dead_owner_tags())
+    torchrun = sleeping_node(tmp_path / "torchrun.log")
+    env = {**os.environ, "CAMPAIGN_RUN_ID": run_id}
+    worker = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                              env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    bystander = sleeping_node(tmp_path / "bystander.log")  # another run's trainer: left alone
+    try:
+        assert worker.stdout.readline().strip() == "ready"
+        instance.add_run_tags(run_id, {TRAINERS_TAG: process_owner.encode_groups(
+            [process_owner.group_record(torchrun.pid, 0)])})
+        said: list[str] = []
+        assert reap_dead_runs(instance, log=said.append) == [run_id]
+        torchrun.wait(10), worker.wait(10)  # gone (TimeoutExpired otherwise: both would sleep for a minute)
+        assert bystander.poll() is None
+        kill = next(i for i, m in enumerate(said) if "killed its leftover trainer process(es)" in m)
+        freed = next(i for i, m in enumerate(said) if "marked failed and its pool slots freed" in m)
+        assert kill < freed and str(torchrun.pid) in said[kill] and str(worker.pid) in said[kill]
+        assert instance.get_run_by_id(run_id).status == DagsterRunStatus.FAILURE
+        assert not instance.event_log_storage.get_concurrency_run_ids()
+    finally:
+        for p in (torchrun, worker, bystander):
+            p.kill()
+            p.wait(10)
+
+
+def test_old_runs_tagged_with_host_and_pid_only_are_still_judged(instance):
+    from assets.run_recovery import BOOT_TAG, PIDNS_TAG, reap_dead_runs
+
+    old = {k: v for k, v in _dead_owner_tags().items() if k not in (BOOT_TAG, PIDNS_TAG)}
+    run_id = _started_run(instance, old)
+    assert reap_dead_runs(instance, log=lambda m: None) == [run_id]
+
+
+_OWNER = ("import json, time; from assets.run_recovery import owner_tags; print(json.dumps(owner_tags()), flush=True); "
+          "time.sleep(120)")
+_REAPER = ("import json; from dagster import DagsterInstance; from assets.run_recovery import reap_dead_runs; "
+           "inst = DagsterInstance.get(); print('REAPED ' + json.dumps(reap_dead_runs(inst, log=lambda m: None)))")
+
+
+def _container(code: str, home: Path, **kw) -> subprocess.Popen:
+    """A process in a PID namespace of its own, with its own /proc (a container sharing the host name)."""
+    return subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code], cwd=REPO_ROOT,
+                            env=cli_env(home), stdout=subprocess.PIPE, text=True, **kw)
+
+
+def _unshare_works() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_containers_on_one_storage_never_reap_each_others_live_runs(instance, tmp_path):
+    """Container A (its own PID namespace) owns a live run; container B (another PID namespace, same host name, same
+    instance storage) reaps: A's run stays. With only the old host + pid tags, B judges A's pid in its own namespace
+    (pid 1 there is B itself, started after A's run) and fails the live run: the bug this fixes."""
+    from assets.run_recovery import BOOT_TAG, PIDNS_TAG
+
+    if not _unshare_works():
+        pytest.skip("no `unshare --pid` here (not root, or no user namespaces): see the simulated-namespace test")
+    home = Path(os.environ["DAGSTER_HOME"])
+    a = _container(_OWNER, home)
+    try:
+        tags = json.loads(a.stdout.readline())
+        assert tags["campaign/pid"] == "1" and tags[PIDNS_TAG] != str(os.stat("/proc/self/ns/pid").st_ino)
+        tags["campaign/start"] = f"{float(tags['campaign/start']) - 60:.3f}"  # a run a minute old: B started later
+        live = _started_run(instance, tags)
+        legacy = _started_run(instance, {k: v for k, v in tags.items() if k not in (BOOT_TAG, PIDNS_TAG)}, claim=False)
+        out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", _REAPER],
+                             cwd=REPO_ROOT, env=cli_env(home), capture_output=True, text=True, timeout=120)
+        reaped = json.loads(out.stdout.split("REAPED ", 1)[1]) if "REAPED " in out.stdout else out.stderr[-3000:]
+        assert a.poll() is None
+        assert reaped == [legacy], reaped  # the old tags are misjudged across namespaces; the new ones are not
+        assert instance.get_run_by_id(live).status == DagsterRunStatus.STARTED
+        assert instance.event_log_storage.get_concurrency_run_ids() == {live}
+    finally:
+        a.kill()
+        a.wait(10)
+
+
+def test_a_run_of_another_pid_namespace_is_not_judged_by_pid(instance, monkeypatch):
+    """The same, simulated (where ``unshare`` is not allowed): a dead pid recorded in another PID namespace (or under
+    another kernel boot) means nothing here, so the run is left alone; the same tags from this namespace are reaped."""
+    from assets.run_recovery import BOOT_TAG, PIDNS_TAG, reap_dead_runs
+
+    dead = _dead_owner_tags()
+    other_ns = _started_run(instance, dead | {PIDNS_TAG: "4026599999"})
+    other_boot = _started_run(instance, dead | {BOOT_TAG: "00000000-0000-0000-0000-000000000000"}, claim=False)
+    mine = _started_run(instance, dead, claim=False)
+    assert reap_dead_runs(instance, log=lambda m: None) == [mine]
+    assert {instance.get_run_by_id(r).status for r in (other_ns, other_boot)} == {DagsterRunStatus.STARTED}
