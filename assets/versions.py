@@ -24,6 +24,13 @@ code location loads. ``@demo/``
 models are assets of their own (``demo_models``), so their rebuilds reach the stages as
 upstream data changes.
 
+A ``compute_dtype: auto`` enters these code versions as written: they are computed when the code location
+loads, which never imports torch. The stage keys (the content-addressed stage directories and the
+generation cache's namespace) hold what it resolved to on the host that runs the stage (teacher
+generations, the adapter, the local evaluation: ``<device kind>:<dtype>``, from the per-host measurement
+in ``campaign_orchestrator.hardware``), so the same campaign on a CPU with native bf16 and on one without
+shares no cached generation, adapter or evaluation: the second host regenerates, retrains and re-evaluates.
+
 The campaign's ``<campaign>_model_change`` sensor (``assets/sensors.py``) compares these code
 versions, computed afresh at every tick (so weights replaced in place are seen without a
 reload), with the ones each stage's latest materialization recorded, and re-materializes the

@@ -5,7 +5,9 @@ A request is one sample of one prompt. Its key is the sha256 of
     (teacher identity, sampling parameters, prompt text or chat messages, sample index)
 
 where the teacher identity names the backend and the weights (a content fingerprint of a local
-checkpoint, or the endpoint and served model name, plus the revision). The key does not contain
+checkpoint, or the endpoint and served model name, plus the revision) and, for a local transformers
+teacher, what it computes in, resolved on the host (``cpu:float32``, ``cuda:bfloat16``; never ``auto``:
+bf16 and fp32 answers of the same weights are not the same generations). The key does not contain
 the prompt id, the campaign or ``n``: the same prompt asked of the same teacher with the same
 settings is the same request in every campaign and every re-run, and raising ``n`` from 1 to 4
 reuses sample 0. With greedy decoding (temperature 0) the seed and top_p do not change the
