@@ -118,7 +118,7 @@ def test_waiting_step_names_the_holder_sleeps_and_signals_cancel_it(home, tmp_pa
         # the waiter sleeps: under 10% of a core while it waits (the unpatched loop takes ~100%)
         pb = psutil.Process(procs["wait_b"].pid)
         c0, t0 = sum(pb.cpu_times()[:2]), time.monotonic()
-        time.sleep(3)
+        time.sleep(3)  # a measurement window (CPU used over 3 s), not a wait for some state
         waiting_cpu = (sum(pb.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
         assert waiting_cpu < 0.10, f"the waiting run uses {waiting_cpu:.0%} of a core"
 
@@ -134,8 +134,7 @@ def test_waiting_step_names_the_holder_sleeps_and_signals_cancel_it(home, tmp_pa
 
         # SIGKILL the holder: nothing frees its slot by itself ...
         procs["hold_a"].kill()
-        procs["hold_a"].wait(10)
-        time.sleep(1)
+        procs["hold_a"].wait(10)  # dead: nothing else runs that could free the slot (no daemon in this test)
         assert instance.get_run_by_id(a.run_id).status == DagsterRunStatus.STARTED and _holders(instance) == {a.run_id}
         # ... until the reaper sensor (daemon, every 30 s) fails the dead run and frees it
         from assets.location import build_definitions
@@ -189,7 +188,8 @@ def test_sigkill_mid_teacher_then_rerun_resumes_and_finishes(tmp_path, artifact_
         instance = _instance(home, monkeypatch)
         dead = _run_of(instance, "crashy")
         assert dead.status == DagsterRunStatus.STARTED and _holders(instance) == {dead.run_id}
-        time.sleep(1)  # requests in flight at the kill finish server-side
+        _wait(lambda: srv.stats(summary=True)["in_flight"] == 0, 30, "the requests in flight at the kill to finish "
+              "server-side", every=0.05)
         train_prompts = len(srv.stats()["received_by_prompt"])
 
         t0 = time.monotonic()

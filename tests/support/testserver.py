@@ -65,7 +65,7 @@ class ServerStats:
     def as_dict(self) -> dict:
         return {"received": self.received, "ok": self.ok, "by_status": {str(k): v for k, v in self.by_status.items()},
                 "received_by_prompt": dict(self.received_by_prompt), "ok_by_prompt": dict(self.ok_by_prompt),
-                "max_in_flight": self.max_in_flight}
+                "in_flight": self.in_flight, "max_in_flight": self.max_in_flight}
 
 
 def rule_answer(prompt: str) -> str:
