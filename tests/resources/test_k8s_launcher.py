@@ -157,6 +157,8 @@ def test_success_streams_rank0_messages_cleans_up_and_leaks_no_secret(api_server
     (job,) = [o for o in kubelet.created if o["kind"] == "Job"]
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
     assert job["metadata"]["labels"]["dagster/run-id"] == result.run_id
+    # the run names the cluster its workloads live in: the reaper deletes them there if this process dies
+    assert json.loads(instance.get_run_by_id(result.run_id).tags["campaign/k8s"])["namespace"] == NS
     assert job["metadata"]["labels"]["dagster/asset-key"] == "cluster_distill.student_adapter"
     cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[:5] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8"] and cmd[-4:-1] == ["-m", "training", "--config"]
@@ -357,3 +359,64 @@ def test_env_set_twice_fails_before_creating_anything(api_server, cluster_spec, 
     assert "NCCL_SOCKET_IFNAME (training.distributed_env and kubernetes.env)" in data.description
     assert "remove it from kubernetes.env" in data.description
     assert kubelet.created == [] and _live(api_server, "services") == []
+
+
+def test_reaper_deletes_a_dead_runs_workloads_by_run_label_before_freeing_its_slot(api_server, cluster_spec, tmp_path,
+                                                                                   monkeypatch):
+    """The `campaign run` that launched on the cluster died without cleaning up (SIGKILL): its Job and Service still run.
+    The reaper finds the cluster in the run's ``campaign/k8s`` tag (what the launcher records) and deletes the Job and
+    Service labelled with the dead run's id (the pods go with the Job), then frees the slot; another run's Job stays."""
+    import subprocess
+    import sys
+
+    from dagster import DagsterRunStatus, job, op
+
+    from assets.run_recovery import K8S_TAG, owner_tags, reap_dead_runs
+    from resources.k8s import manifests as mf
+    from tests.support.campaign_support import instance_home
+
+    monkeypatch.setenv("DAGSTER_HOME", str(instance_home(tmp_path / "dagster_home")))
+    kubeconfig = api_server.write_kubeconfig(tmp_path / "kubeconfig")
+    owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    import psutil
+
+    start = psutil.Process(owner.pid).create_time()
+    owner.wait()  # the owner is gone
+
+    @op
+    def noop():
+        pass
+
+    @job
+    def owned():
+        noop()
+
+    with DagsterInstance.get() as instance:
+        instance.event_log_storage.set_concurrency_slots("gpu", 1)
+        where = K8sTrainingLauncher(kubeconfig_file=str(kubeconfig))
+        dead = instance.create_run_for_job(owned, status=DagsterRunStatus.STARTED,
+                                           tags=owner_tags(pid=owner.pid, start=start))
+        live = instance.create_run_for_job(owned, status=DagsterRunStatus.STARTED, tags=owner_tags())
+        from kubernetes import client
+
+        for run in (dead, live):
+            w = mf.Workload(campaign=cluster_spec.name, training=cluster_spec.training, cluster=cluster_spec.kubernetes,
+                            job_file="/x/train_job.json", name=mf.workload_name(cluster_spec.name, run.run_id, "abc"),
+                            run_id=run.run_id, asset_key="cluster_distill.student_adapter", pipes_env={})
+            for m in mf.build_manifests(w):
+                where._create(client.CoreV1Api(api_server.api()), client.BatchV1Api(api_server.api()),
+                              client.CustomObjectsApi(api_server.api()), m)
+            ctx = type("Ctx", (), {"instance": instance, "run_id": run.run_id,
+                                   "log": type("L", (), {"debug": staticmethod(print)})()})()
+            where._record_cluster(ctx, NS)
+        assert instance.event_log_storage.claim_concurrency_slot("gpu", dead.run_id, "noop").is_claimed
+        assert len(_live(api_server, "jobs")) == 2 and len(_live(api_server, "services")) == 2
+        said: list[str] = []
+        assert reap_dead_runs(instance, log=said.append) == [dead.run_id]
+        live_name = mf.workload_name(cluster_spec.name, live.run_id, "abc")
+        assert _live(api_server, "jobs") == [live_name] and _live(api_server, "services") == [live_name]
+        deleted = next(i for i, m in enumerate(said) if "deleted its Kubernetes workloads Job/" in m)
+        freed = next(i for i, m in enumerate(said) if "marked failed and its pool slots freed" in m)
+        assert deleted < freed and "Service/" in said[deleted]
+        assert K8S_TAG in instance.get_run_by_id(dead.run_id).tags
+        assert not instance.event_log_storage.get_concurrency_run_ids()
