@@ -25,8 +25,10 @@ and generation config into it). The compute dtype is resolved for the device
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,7 +37,25 @@ from campaign_orchestrator.dataset.formatting import render_prompt_ids
 from campaign_orchestrator.hardware import Resolved, resolve_compute_dtype
 from campaign_orchestrator.teacher.completion import Completion
 
-__all__ = ["Completion", "LocalGenerator", "default_device", "load_model"]
+__all__ = ["Completion", "LocalGenerator", "Scored", "default_device", "load_model"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class Scored:
+    """Log-likelihood of a given continuation under the model (no generation): one entry per continuation
+    token; ``top_logprobs`` (with ``top_k``) as :class:`Completion` carries them."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, None, float]]] | None = None
+    prompt_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.logprobs))
 
 
 PREFIX_MIN_TOKENS = 32  # a shared prefix at least this long is prefilled once per call and reused by every batch
@@ -443,10 +463,10 @@ class LocalGenerator:
         def report(force=False):
             now = time.perf_counter()
             stats["wall_s"] = now - t_call
-            if self.log and (force or now - last_log[0] >= 10.0):
+            if force or now - last_log[0] >= 10.0:
                 last_log[0] = now
                 el = max(stats["wall_s"], 1e-9)
-                self.log(f"generated {stats['prompts']}/{len(fits)} prompts, {stats['new_tokens']} tokens in "
+                (self.log or _log.info)(f"generated {stats['prompts']}/{len(fits)} prompts, {stats['new_tokens']} tokens in "
                          f"{el:.1f} s: {stats['prompts'] / el:.2f} prompts/s, {stats['new_tokens'] / el:.1f} tokens/s")
 
         groups = prefix_groups([enc[i] for i in fits])
@@ -548,3 +568,52 @@ class LocalGenerator:
                     report()
         report(force=True)
         return out  # type: ignore[return-value]  # every index was filled above
+
+    # ------------------------------------------------------------------ log-likelihood without generation
+
+    @torch.no_grad()
+    def score(self, prompts: Sequence[str | Sequence[dict]], continuations: Sequence[str | Sequence[int]],
+              top_k: int | None = None) -> list[Scored]:
+        """Per-token log-probabilities of each continuation (text, appended to the rendered prompt, or token
+        ids) given its prompt, from one forward pass per batch (length-sorted, left-padded, ``batch_size``
+        rows); with ``top_k`` also the top-k of every position. Results in input order; a pair that does not
+        fit the context is not scored (``error`` set)."""
+        if len(prompts) != len(continuations):
+            raise ValueError(f"score() takes one continuation per prompt: got {len(prompts)} prompts and "
+                             f"{len(continuations)} continuations")
+        enc = [render_prompt_ids(self.tok, p) for p in prompts]
+        cont = [list(c) if not isinstance(c, str) else self.tok(c, add_special_tokens=False)["input_ids"]
+                for c in continuations]
+        out: list[Scored | None] = [None] * len(prompts)
+        todo = []
+        for i, (e, c) in enumerate(zip(enc, cont, strict=True)):
+            if self.context_length and len(e) + len(c) > self.context_length:
+                out[i] = Scored(c, [], None, len(e), f"prompt of {len(e)} tokens + continuation of {len(c)} tokens "
+                                                     f"exceeds the model's context of {self.context_length}")
+            elif not c:
+                out[i] = Scored([], [], [] if top_k else None, len(e))
+            else:
+                todo.append(i)
+        todo.sort(key=lambda i: len(enc[i]) + len(cont[i]))
+        for start in range(0, len(todo), self.batch_size):
+            idx = todo[start:start + self.batch_size]
+            full = [enc[i] + cont[i] for i in idx]
+            width = max(len(f) for f in full)
+            ids, mask = self._batch_inputs(full, width)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            n_c = max(len(cont[i]) for i in idx)
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                                logits_to_keep=n_c + 1).logits.float()  # the last n_c + 1 positions
+            lp = torch.log_softmax(logits[:, :-1], dim=-1)  # position t predicts token t + 1
+            for row, i in enumerate(idx):
+                c = cont[i]
+                rows_lp = lp[row, n_c - len(c):]  # the continuation's predicting positions
+                tgt = torch.tensor(c, device=rows_lp.device)
+                vals = rows_lp.gather(-1, tgt[:, None])[:, 0].cpu().tolist()
+                top = None
+                if top_k:
+                    tv, ti = rows_lp.topk(min(top_k, rows_lp.shape[-1]), dim=-1)
+                    top = [[(t, None, v) for t, v in zip(a, b, strict=True)]
+                           for a, b in zip(ti.cpu().tolist(), tv.cpu().tolist(), strict=True)]
+                out[i] = Scored(list(c), vals, top, len(enc[i]))
+        return out  # type: ignore[return-value]

@@ -1,0 +1,113 @@
+"""The continuous greedy engine of LocalGenerator (forward + DynamicCache; finished rows leave the batch,
+waiting prompts take their room; prompts that share a prefix share its prefill) against transformers'
+``generate``, and ``score`` (log-likelihood of given text) against a plain one-sequence forward pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from campaign_orchestrator.demo import cipher
+
+WORDS = ["ab", "abcdefgh", "xy", "qrstuvwx", "hello", "z", "mnop", "abcabc", "kite", "quiz", "jj"]
+HEADER = "ab=cd ef=gh ij=kl "  # a shared header of >= 8 tokens (a few-shot context stand-in)
+TOO_LONG = "encode " + "abcdefgh" * 8 + " ="
+
+
+def _gen(demo_models, dtype, **kw):
+    from campaign_orchestrator.teacher.local import LocalGenerator
+
+    return LocalGenerator.from_path(demo_models["teacher"], compute_dtype=dtype, device="cpu", **kw)
+
+
+def _prompts():
+    plain = [cipher.prompt_for(w) for w in WORDS]
+    return plain + [HEADER + p for p in plain[:6]] + [TOO_LONG]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_continuous_engine_is_token_identical_to_generate(demo_models, dtype):
+    gen = _gen(demo_models, dtype, batch_size=3, max_batch_tokens=3 * 40)  # small batches: rows leave and join
+    prompts = _prompts()
+    new = gen.generate(prompts, 16, logprobs=3)
+    st = dict(gen.last_stats)
+    assert gen.last_shared_prefix >= 8  # the header group was prefilled once
+    gen.engine = "hf_generate"
+    old = gen.generate(prompts, 16, logprobs=3)
+    assert st["prefills"] > 3 and st["prompts"] == len(prompts) - 1  # refilled many times; the long one skipped
+    assert new[-1].finish_reason == "error" and "exceeds the teacher's context" in new[-1].error
+    assert sum(c.ok for c in new[len(WORDS):]) == 6  # the header group fits
+    for a, b in zip(new, old, strict=True):  # input order, same tokens, same reasons, same top-k
+        assert (a.text, a.token_ids, a.finish_reason, a.completion_tokens, a.prompt_tokens) == \
+            (b.text, b.token_ids, b.finish_reason, b.completion_tokens, b.prompt_tokens)
+        if a.ok:
+            k = 3 if dtype == "float32" else 1  # bf16: near-tied runners-up may swap places in the last bits
+            assert [[e[0] for e in pos[:k]] for pos in a.top_logprobs] == [[e[0] for e in pos[:k]] for pos in b.top_logprobs]
+            tol = 1e-4 if dtype == "float32" else 5e-2
+            assert all(abs(x[2] - y[2]) <= tol for p, q in zip(a.top_logprobs, b.top_logprobs, strict=True)
+                       for x, y in zip(p[:k], q[:k], strict=True))
+            assert 0 < a.latency_s
+    assert {c.finish_reason for c in new[:-1]} >= {"stop"}
+
+
+def test_finished_rows_are_not_decoded_and_progress_is_reported(demo_models):
+    gen = _gen(demo_models, "float32", batch_size=4)
+    lines, done = [], []
+    gen.log = lines.append
+    gen._supports_continuous()  # its one-token probe forward is not a decoding step
+    rows_per_step = []
+    hook = gen.model.register_forward_pre_hook(
+        lambda m, a, kw: rows_per_step.append(kw["input_ids"].shape) if "input_ids" in kw else None, with_kwargs=True)
+    try:
+        outs = gen.generate([cipher.prompt_for(w) for w in WORDS], 16, progress=done.append)
+    finally:
+        hook.remove()
+    decoded = sum(s[0] for s in rows_per_step if s[1] == 1)  # one-token forwards: decoding steps
+    # every row is decoded once per token after its first (which its prefill chose), and never after it stopped
+    assert decoded == sum(c.completion_tokens - 1 for c in outs)
+    assert sum(done) == len(WORDS)
+    assert lines and "prompts/s" in lines[-1] and "tokens/s" in lines[-1] and f"{len(WORDS)}/{len(WORDS)}" in lines[-1]
+
+
+def test_prefix_groups_and_engine_choice(demo_models):
+    from campaign_orchestrator.teacher.local import LocalGenerator, prefix_groups
+
+    a = list(range(10))
+    groups = prefix_groups([a + [1], [7, 7], a + [2, 3], a[:9] + [5], [8]], min_tokens=8)
+    assert sorted((sorted(g), p) for g, p in groups) == [([0, 1, 3], 9), ([2, 4], 0)] or \
+        sorted((sorted(g), p) for g, p in groups) == [([0, 2, 3], 9), ([1, 4], 0)]
+    with pytest.raises(ValueError, match="engine 'vllm' is unknown"):
+        LocalGenerator(None, None, engine="vllm")
+
+
+def test_sampling_stays_on_generate(demo_models, monkeypatch):
+    gen = _gen(demo_models, "float32", batch_size=4)
+    monkeypatch.setattr(gen, "_generate_continuous", lambda *a, **k: pytest.fail("sampling went to the greedy engine"))
+    outs = gen.generate([cipher.prompt_for(w) for w in WORDS[:3]], 8, temperature=1.0, seed=3)
+    again = gen.generate([cipher.prompt_for(w) for w in WORDS[:3]], 8, temperature=1.0, seed=3)
+    assert [c.token_ids for c in outs] == [c.token_ids for c in again]
+
+
+def test_score_matches_a_one_sequence_forward_and_generated_logprobs(demo_models):
+    from campaign_orchestrator.dataset.formatting import render_prompt_ids
+
+    gen = _gen(demo_models, "float32", batch_size=3)
+    prompts = [cipher.prompt_for(w) for w in WORDS[:5]]
+    outs = gen.generate(prompts, 16, logprobs=4)
+    conts = [c.token_ids for c in outs[:3]] + [" zz", [5]]  # generated answers, a text, a single token
+    scored = gen.score(prompts, conts, top_k=4)
+    for p, c, s in zip(prompts, conts, scored, strict=True):
+        ids = render_prompt_ids(gen.tok, p)
+        c_ids = gen.tok(c, add_special_tokens=False)["input_ids"] if isinstance(c, str) else list(c)
+        with torch.no_grad():
+            ref = torch.log_softmax(gen.model(input_ids=torch.tensor([ids + c_ids])).logits[0].float(), -1)
+        want = [ref[len(ids) - 1 + j, t].item() for j, t in enumerate(c_ids)]
+        assert s.token_ids == c_ids and s.logprobs == pytest.approx(want, abs=1e-4) and s.prompt_tokens == len(ids)
+        assert s.total == pytest.approx(sum(want), abs=1e-3)
+    for c, s in zip(outs[:3], scored[:3], strict=True):  # the same numbers generation recorded
+        assert [[e[0] for e in pos] for pos in s.top_logprobs] == [[e[0] for e in pos] for pos in c.top_logprobs]
+        assert [pos[0][2] for pos in s.top_logprobs] == pytest.approx([pos[0][2] for pos in c.top_logprobs], abs=1e-4)
+    bad = gen.score([TOO_LONG], [" x" * 10])[0]
+    assert bad.error and "exceeds the model's context" in bad.error
+    with pytest.raises(ValueError, match="one continuation per prompt"):
+        gen.score(prompts, conts[:1])
