@@ -1,7 +1,9 @@
 """``lm_eval`` suites in the evaluation and distillation_set assets (shared helper, no asset of its own).
 
 - :func:`harness_suites`: each ``kind: lm_eval`` suite with a content-addressed local copy of its
-  ``include_path`` (``<artifact root>/_lm_eval_tasks/<sha256>``; ``s3://`` prefixes are downloaded).
+  ``include_path`` (``<artifact root>/_lm_eval_tasks/<sha256>``; ``s3://`` prefixes are downloaded;
+  none without one: the harness's registry tasks), and where the worker caches its index of the
+  harness's task registry (``<artifact root>/_lm_eval_tasks/_registry``).
 - :func:`harness_models`: base and candidate as the harness process loads them (the evaluation's
   quantization and compute dtype, the adapter on top).
 - :func:`gate_documents`: every gate suite's documents for the decontamination check: the held-out
@@ -26,13 +28,18 @@ def is_harness(x: SuiteSpec) -> bool:
 
 
 def harness_suites(spec: CampaignSpec, storage: ArtifactStore) -> list:
-    from evaluation.harness import HarnessSuite, task_dir
+    from evaluation.harness import HarnessSuite, registry_sha256, task_dir
 
     out = []
+    root = storage.root_path() / TASKS_DIR
     for x in spec.evaluation.suites:
         if is_harness(x):
-            d, sha = task_dir(x.lm_eval.include_path, spec.project_dir, storage.root_path() / TASKS_DIR)
-            out.append(HarnessSuite(x.name, x.lm_eval.model_dump(), d, sha, x.batch_size))
+            if x.lm_eval.include_path:
+                d, sha = task_dir(x.lm_eval.include_path, spec.project_dir, root)
+            else:
+                d, sha = None, registry_sha256()
+            out.append(HarnessSuite(x.name, x.lm_eval.model_dump(), d, sha, x.batch_size,
+                                    registry_cache=root / "_registry"))
     return out
 
 

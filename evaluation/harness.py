@@ -13,8 +13,11 @@ rows, and they must agree for each model and task.
 The harness runs in its own process (:mod:`evaluation.harness_worker`), offline by default
 (``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1``), in a content-addressed copy of the suite's
 ``include_path`` (local or ``s3://``), so a changed task file is a new copy and never a stale
-datasets cache. Its preflight refuses, before any model runs, task files that do not load, unknown
-tasks, missing data, metrics that would come from the hub and base/candidate prompt mismatches.
+datasets cache. Task names not defined there (or every name, without an ``include_path``) come from
+the harness's own task registry (``arc_easy``, ``hellaswag``, ...; their datasets from the local
+Hugging Face datasets cache when offline). Its preflight refuses, before any model runs, task files
+that do not load, unknown tasks, missing data (a hub dataset the offline cache lacks: with how to
+fetch it), metrics that would come from the hub and base/candidate prompt mismatches.
 
 This module imports neither torch nor ``lm_eval``.
 """
@@ -68,9 +71,17 @@ class HarnessModel:
 class HarnessSuite:
     name: str
     settings: dict  # campaigns.spec.LmEvalSpec, dumped
-    task_dir: Path  # the local, content-addressed copy of include_path
-    tasks_sha256: str
+    task_dir: Path | None  # the local, content-addressed copy of include_path (None: the registry's tasks only)
+    tasks_sha256: str  # tree_sha256(task_dir), or registry_sha256() without one
     batch_size: int = 16
+    registry_cache: Path | None = None  # where the worker keeps its index of the harness's task registry
+
+
+def registry_sha256() -> str:
+    """What the registry's task files are (a suite without ``include_path``): the installed lm_eval version."""
+    from importlib.metadata import version
+
+    return hashlib.sha256(f"lm_eval=={version('lm_eval')} task registry".encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- task files
@@ -136,7 +147,9 @@ def task_dir(include_path: str, project_dir: Path, cache_root: Path, client=None
 def _job(mode: str, suites: list[HarnessSuite], models: list[HarnessModel], threads: int | None) -> dict:
     return {"mode": mode, "threads": threads,
             "batch_size": max((s.batch_size for s in suites), default=16),
-            "suites": [{**s.settings, "name": s.name, "dir": str(s.task_dir)} for s in suites],
+            "registry_cache": next((str(s.registry_cache) for s in suites if s.registry_cache), None),
+            "suites": [{**s.settings, "name": s.name, "dir": str(s.task_dir) if s.task_dir else None}
+                       for s in suites],
             "models": [asdict(m) for m in models]}
 
 

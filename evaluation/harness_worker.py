@@ -12,10 +12,17 @@ Modes (``JOB["mode"]``):
   dtype / adapter handling as the project's own evaluation), wrap it in the harness's ``HFLM`` and run
   ``lm_eval.simple_evaluate`` with ``log_samples`` on every suite with the suite's settings.
 
+Task names resolve in the suite's ``include_path`` first, then in the harness's own task registry
+(``lm_eval/tasks``: ``arc_easy``, ``hellaswag``, ``mmlu``, ...), which is indexed only when a name (or
+a group's member) is not in the include_path. Indexing the registry reads ~15,000 YAML entries (about
+5 s); the index is kept as a pickle in ``JOB["registry_cache"]`` keyed by the lm_eval version and
+install (about 0.7 s to read) and built once per process.
+
 The preflight runs before any model is loaded, and refuses (exit 2, ``status: refused``, every
 problem in ``problems``): an include_path that is missing; a YAML file that does not load (the
 harness's index skips those silently: a missing ``include:`` file, a syntax error); a task name no
-YAML defines; a missing local data file; a metric that is neither built in nor a ``!function`` shipped
+YAML defines; a missing local data file; offline, a Hugging Face dataset that is not in the local
+datasets cache (the message says how to fetch it on a connected machine); a metric that is neither built in nor a ``!function`` shipped
 with the task (it would fall back to ``evaluate.load``, the hub), or one marked ``hf_evaluate``; an
 unknown filter; a gated metric whose aggregation is not ``mean``; a ``category_field`` missing from a
 document; and base and candidate prompts that differ (rendered with each model's tokenizer: a
@@ -38,6 +45,7 @@ from pathlib import Path
 EVENT = "@@harness "
 LOADED: list[str] = []  # roles whose model this process loaded (none when the preflight refuses)
 _LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
+_MANAGERS: dict = {}  # (include dir, with the registry) -> TaskManager, built once per process
 
 
 class Refused(Exception):
@@ -88,6 +96,123 @@ def _yaml_errors(root: Path) -> dict[str, str]:
     return out
 
 
+def _registry_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).parent
+
+
+def _registry_key(root: Path) -> str:
+    import hashlib
+
+    import lm_eval
+
+    stamp = [getattr(lm_eval, "__version__", "?"), str(root), root.stat().st_mtime_ns,
+             (root / "__init__.py").stat().st_mtime_ns if (root / "__init__.py").exists() else 0]
+    return hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]
+
+
+def registry_index(cache_dir: str | None, root: Path | None = None) -> dict:
+    """The harness's own task registry (``lm_eval/tasks``, or ``root``) as lm_eval indexes it, from the
+    pickle in ``cache_dir`` when one was written for this lm_eval install (else built, and written there)."""
+    import pickle
+
+    from lm_eval.tasks._index import Entry, Kind, TaskIndex
+
+    root = Path(root) if root is not None else _registry_dir()
+    path = Path(cache_dir) / f"registry-{_registry_key(root)}.pickle" if cache_dir else None
+    if path is not None and path.is_file():
+        try:
+            return pickle.loads(path.read_bytes())
+        except Exception:  # noqa: BLE001 - a torn or stale cache is rebuilt
+            pass
+    index = TaskIndex.build([root])
+    if path is not None:
+        # a task's YAML is re-read from yaml_path when it is built, so only groups keep their config
+        slim = {k: Entry(e.name, e.kind, e.yaml_path, e.cfg if e.kind == Kind.GROUP or e.yaml_path is None else None,
+                         set(e.tags)) for k, e in index.items()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_bytes(pickle.dumps(slim, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(tmp, path)
+    return index
+
+
+def _unresolved(index: dict, names: list[str]) -> set[str]:
+    """Names (the suite's tasks, and recursively its groups' members) that ``index`` does not define."""
+    from lm_eval.tasks._index import Kind
+
+    missing, seen, todo = set(), set(), list(names)
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        e = index.get(n)
+        if e is None:
+            missing.add(n)
+        elif e.kind == Kind.GROUP:
+            members = (e.cfg or {}).get("task") or []
+            todo += [m for m in (members if isinstance(members, list) else [members]) if isinstance(m, str)]
+        elif e.kind == Kind.TAG:
+            todo += sorted(e.tags)
+    return missing
+
+
+def task_manager(suite: dict, registry_cache: str | None = None):
+    """The suite's TaskManager: its include_path's tasks, over the harness's registry when the suite
+    names a task (or a group member) the include_path does not define, or has no include_path."""
+    from lm_eval.tasks import TaskManager
+
+    root = suite.get("dir")
+    custom = TaskManager(include_path=root, include_defaults=False) if root else None
+    with_registry = custom is None or bool(_unresolved(custom.task_index, list(suite["tasks"])))
+    key = (root, with_registry)
+    if key in _MANAGERS:
+        return _MANAGERS[key]
+    tm = custom or TaskManager(include_defaults=False)
+    if with_registry:  # as TaskManager(include_defaults=True) would index it: include_path entries win
+        _reindex(tm, {**registry_index(registry_cache), **tm.task_index})
+    _MANAGERS[key] = tm
+    return tm
+
+
+def _reindex(tm, index: dict) -> None:
+    """Give a TaskManager another index (what its constructor derives from the index, lm_eval 0.4.13)."""
+    from lm_eval.tasks._index import Kind
+
+    tm._index = index
+    tm._all_tasks = sorted(index)
+    tm._all_subtasks = sorted(k for k, e in index.items() if e.kind in (Kind.TASK, Kind.PY_TASK))
+    tm._all_groups = sorted(k for k, e in index.items() if e.kind == Kind.GROUP)
+    tm._all_tags = sorted(k for k, e in index.items() if e.kind == Kind.TAG)
+
+
+def _hub_dataset_problem(cfg: dict, where: str) -> str | None:
+    """Offline: a task's Hugging Face dataset that the local datasets cache lacks (what the harness's
+    ``datasets.load_dataset`` would fail on after the models were loaded), with how to fetch it."""
+    import datasets
+
+    path, name = cfg["dataset_path"], cfg.get("dataset_name")
+    kwargs = dict(cfg.get("dataset_kwargs") or {})
+    kwargs.pop("trust_remote_code", None)  # as the harness does with datasets >= 4
+    try:
+        datasets.load_dataset_builder(path=path, name=name, **kwargs)
+        return None
+    except Exception as e:  # noqa: BLE001 - ConnectionError (not cached), ValueError (config not cached), ...
+        err = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    call = f"datasets.load_dataset({path!r}" + (f", {name!r}" if name else "") + "".join(
+        f", {k}={v!r}" for k, v in kwargs.items()) + ")"
+    cache = datasets.config.HF_DATASETS_CACHE
+    return (f"{where}: its dataset {path!r}" + (f" (config {name!r})" if name else "") + " is not in the local "
+            f"Hugging Face datasets cache ({cache}) and the harness runs offline (HF_DATASETS_OFFLINE=1), so the "
+            f"task cannot load ({err}). On a machine with network access, run `python -c \"import datasets; "
+            f"{call}\"` (it fills $HF_HOME/datasets, by default ~/.cache/huggingface/datasets) and copy that "
+            f"directory to {cache} here (or point HF_HOME at the copy); `huggingface-cli download --repo-type "
+            f"dataset {path}` alone is not enough: offline, datasets reads only its own cache. Or set "
+            f"`lm_eval.offline: false` where the hub is reachable.")
+
+
 def _leaf_configs(tm, name: str, where: str, problems: list[str], seen: set | None = None) -> list[tuple[str, dict]]:
     """(task name, resolved config) of a task, or of every task of a group (recursively)."""
     from lm_eval.tasks._index import Kind
@@ -114,10 +239,18 @@ def _leaf_configs(tm, name: str, where: str, problems: list[str], seen: set | No
     if entry.kind == Kind.TAG:
         problems.append(f"{where}: {name!r} is a tag, not a task or group; list its tasks, or make it a group")
         return []
+    if entry.yaml_path and isinstance(cfg.get("metadata", {}), dict) and "config_source" not in cfg.get("metadata", {}):
+        cfg["metadata"] = {**cfg.get("metadata", {}), "config_source": _shown_path(entry.yaml_path)}
     return [(name, cfg)]
 
 
-def _static_checks(task: str, cfg: dict, root: Path, suite: dict, problems: list[str]) -> None:
+def _shown_path(p: Path) -> str:
+    """A task file as the reader knows it: ``lm_eval/tasks/...`` for the registry's, else its path."""
+    reg = _registry_dir()
+    return f"lm_eval/tasks/{Path(p).relative_to(reg)}" if Path(p).is_relative_to(reg) else Path(p).name
+
+
+def _static_checks(task: str, cfg: dict, root: Path | None, suite: dict, problems: list[str]) -> None:
     metric_registry, aggregation_registry, filter_registry = _registries()
     from lm_eval.api.registry import DEFAULT_METRIC_REGISTRY
 
@@ -172,15 +305,18 @@ def _static_checks(task: str, cfg: dict, root: Path, suite: dict, problems: list
         split_files = files if isinstance(files, dict) else {"train": files} if files else {}
         for split, fs in split_files.items():
             for f in [fs] if isinstance(fs, str) else list(fs or []):
-                p = Path(f) if Path(f).is_absolute() else root / f
+                p = Path(f) if Path(f).is_absolute() else (root or Path.cwd()) / f
                 if not any(ch in str(f) for ch in "*?[") and not p.is_file():
                     problems.append(f"{where}: data file for split {split!r} not found: {f} (looked for {p}; "
                                     "relative paths are relative to the include_path)")
         for k in ("test_split", "validation_split", "training_split", "fewshot_split"):
             if cfg.get(k) and split_files and cfg[k] not in split_files:
                 problems.append(f"{where}: {k} {cfg[k]!r} is not one of the data_files splits {sorted(split_files)}")
-    elif suite.get("offline", True) and cfg.get("dataset_path"):
-        pass  # a hub dataset: it must be in the local datasets cache; loading it says so if it is not
+    elif (suite.get("offline", True) and isinstance(cfg.get("dataset_path"), str) and "class" not in cfg
+          and not callable(cfg.get("custom_dataset")) and not Path(cfg["dataset_path"]).is_dir()):
+        problem = _hub_dataset_problem(cfg, where)  # a hub dataset: it must be in the local datasets cache
+        if problem:
+            problems.append(problem)
 
 
 def _prepare(task, suite: dict) -> None:
@@ -244,24 +380,22 @@ def preflight(job: dict) -> dict:
 
 
 def _preflight_suite(job: dict, suite: dict, tokenizers: dict) -> tuple[dict | None, list[str]]:
-    from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable, hash_string
 
     problems: list[str] = []
-    name, root = suite["name"], Path(suite["dir"])
+    name, root = suite["name"], Path(suite["dir"]) if suite.get("dir") else None
     where = f"suite {name}"
-    shown = suite.get("include_path", str(root))
-    if not root.is_dir():
+    shown = suite.get("include_path") or (str(root) if root else None)
+    if root is not None and not root.is_dir():
         return None, [f"{where}: include_path {shown} is not a directory"]
-    errors = _yaml_errors(root)
-    os.chdir(root)
-    tm = TaskManager(include_path=str(root), include_defaults=False)
+    errors = _yaml_errors(root) if root is not None else {}
+    if root is not None:
+        os.chdir(root)
+    tm = task_manager(suite, job.get("registry_cache"))
     leaves: list[tuple[str, dict]] = []
     for t in suite["tasks"]:
         if tm.task_index.get(t) is None:
-            why = ("; these YAML files did not load: " + "; ".join(f"{k}: {v}" for k, v in errors.items())
-                   if errors else f"; tasks defined there: {sorted(tm.task_index)[:20]}")
-            problems.append(f"{where}: task {t!r} is not defined by any YAML file in include_path {shown}{why}")
+            problems.append(_unknown_task(where, t, shown, root, errors, tm))
             continue
         leaves += _leaf_configs(tm, t, where, problems)
     for task_name, cfg in leaves:
@@ -283,7 +417,7 @@ def _preflight_suite(job: dict, suite: dict, tokenizers: dict) -> tuple[dict | N
             problems.append(f"{where}: task {leaf!r}: metric {metric!r} did not resolve to a local function")
         docs = []
         for doc_id, doc in task.doc_iterator(rank=0, limit=suite.get("limit"), world_size=1):
-            text = task.doc_to_decontamination_query(doc) if task.should_decontaminate() else task.doc_to_text(doc)
+            text = _decontamination_text(task, doc)
             cat = leaf
             if suite.get("category_field"):
                 if suite["category_field"] not in doc:
@@ -320,6 +454,41 @@ def _preflight_suite(job: dict, suite: dict, tokenizers: dict) -> tuple[dict | N
     if mismatch:
         problems += _with_example_prompts(mismatch, loaded, suite, job["models"], tokenizers)
     return entry, problems
+
+
+def _unknown_task(where: str, task: str, shown: str | None, root: Path | None, errors: dict[str, str], tm) -> str:
+    import difflib
+
+    import lm_eval
+
+    places = (f"any YAML file in include_path {shown} nor " if shown else "") + \
+        f"the harness's task registry (lm_eval {getattr(lm_eval, '__version__', '?')}, lm_eval/tasks)"
+    msg = f"{where}: task {task!r} is not defined by {places}"
+    if errors:
+        msg += "; these YAML files did not load: " + "; ".join(f"{k}: {v}" for k, v in errors.items())
+    close = difflib.get_close_matches(task, list(tm.task_index), n=5, cutoff=0.75)
+    if close:
+        msg += f"; close names: {close}"
+    elif root is not None and not errors:
+        local = sorted(k for k, e in tm.task_index.items() if e.yaml_path and Path(e.yaml_path).is_relative_to(root))
+        msg += f"; tasks defined there: {local[:20]}"
+    return msg
+
+
+def _decontamination_text(task, doc: dict):
+    """A document's decontamination query, as ``Task.doc_to_decontamination_query`` means it, except that
+    a template query is the rendered text: lm_eval 0.4.13 ``ast.literal_eval``s the rendering, a
+    SyntaxError on prose such as the library's ARC query ``Question: {{question}}...``."""
+    from lm_eval.utils import apply_template
+
+    q = task.config.doc_to_decontamination_query if task.should_decontaminate() else None
+    if q is None:
+        return task.doc_to_text(doc)
+    if callable(q):
+        return q(doc)
+    if q in task.features:
+        return doc[q]
+    return apply_template(q, doc)
 
 
 def _group_members(loaded: dict) -> dict[str, list[str]]:
@@ -399,7 +568,6 @@ def evaluate(job: dict, pre: dict) -> dict:
     import numpy as np
     import torch
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
 
     ev.add_env_info = lambda results: None  # torch.utils.collect_env: ~2 s of subprocesses, nothing we use
     runs: dict = {s["name"]: {} for s in job["suites"]}
@@ -411,8 +579,9 @@ def evaluate(job: dict, pre: dict) -> dict:
         emit("model_loaded", role=m["role"], seconds=time.perf_counter() - t0)
         for suite in job["suites"]:
             t1 = time.perf_counter()
-            os.chdir(suite["dir"])
-            tm = TaskManager(include_path=suite["dir"], include_defaults=False)
+            if suite.get("dir"):
+                os.chdir(suite["dir"])
+            tm = task_manager(suite, job.get("registry_cache"))  # the preflight's (built once per process)
             seed = suite["seed"]
             random.seed(seed)
             np.random.seed(seed)

@@ -20,13 +20,17 @@ class LmEvalSpec(_Strict):
 
     tasks: list[str] = Field(
         min_length=1,
-        description="Task or group names defined by the YAML files under `include_path` (a group's subtasks are "
-                    "the suite's categories unless `category_field` is set).",
+        description="Task or group names: the harness's own task library (e.g. arc_easy, hellaswag, mmlu: "
+                    "`lm_eval ls tasks`) and the YAML files under `include_path`, which win on a name both define "
+                    "(a group's subtasks are the suite's categories unless `category_field` is set). Offline, a "
+                    "library task's Hugging Face dataset must be in the local datasets cache (HF_HOME).",
     )
-    include_path: str = Field(
-        description="Directory of task YAML files (and their local data): relative to the project, absolute, or "
-                    "s3://bucket/prefix/. The harness runs in a content-addressed copy of it, so relative "
-                    "`dataset_kwargs.data_files` paths are relative to this directory.",
+    include_path: str | None = Field(
+        None,
+        description="Directory of your own task YAML files (and their local data): relative to the project, "
+                    "absolute, or s3://bucket/prefix/ (null: only the harness's task library). The harness runs in "
+                    "a content-addressed copy of it, so relative `dataset_kwargs.data_files` paths are relative "
+                    "to this directory.",
     )
     num_fewshot: int | None = Field(
         None, ge=0, description="Few-shot examples per prompt (null: each task's own `num_fewshot`, else 0; a task "
@@ -56,8 +60,8 @@ class LmEvalSpec(_Strict):
 
     @field_validator("include_path")
     @classmethod
-    def _s3_form(cls, v: str) -> str:
-        return _s3_uri(v) if v.startswith("s3://") else v
+    def _s3_form(cls, v: str | None) -> str | None:
+        return _s3_uri(v) if v is not None and v.startswith("s3://") else v
 
     @field_validator("tasks")
     @classmethod
