@@ -118,8 +118,7 @@ class PricingResource(ConfigurableResource):
         # the teacher is metered: only what its new generations report (tokens, generation seconds) is charged,
         # priced exactly as the ledger will price it; a cache hit costs nothing
         timed = {} if teacher else {"line_fn": _line_fn(spec, stage, catalog)}
-        metered = {"metered": lambda u: teacher_lines(spec, catalog, u.seconds, u.prompt_tokens, u.completion_tokens)
-                   or []} if teacher else {}
+        metered = {"metered": _teacher_meter(spec, catalog)} if teacher else {}
         guard = BudgetGuard(ledger=ledger, campaign=spec.name, stage=stage, run_id=run_id,
                             step_key=context.get_step_execution_context().step.key, attempt=context.retry_number,
                             stage_key=sd.key, limits=limits, log=context.log.info, on_exceeded=BudgetStop,
@@ -135,6 +134,12 @@ class PricingResource(ConfigurableResource):
                                    "AND stage_key = ? AND status = 'interrupted'", [spec.name, stage, sd.key])[0]["usd"]
             guard.check_estimate(float(estimate), float(earlier))
         return guard
+
+
+def _teacher_meter(spec: CampaignSpec, catalog: Catalog):
+    """The teacher guard's lines for the usage its new generations reported: ``teacher_lines``, the ledger's own
+    pricing (an unpriced teacher accrues nothing: the spec refuses a budget over it)."""
+    return lambda u: teacher_lines(spec, catalog, u.seconds, u.prompt_tokens, u.completion_tokens) or []
 
 
 def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog):

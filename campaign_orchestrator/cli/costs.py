@@ -10,7 +10,7 @@ from campaign_orchestrator.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
 
 def costs_command(args: argparse.Namespace) -> int:
     from campaign_orchestrator.costs.report import money
-    from resources.pricing import PricingResource
+    from resources.pricing import STAGE_KIND, PricingResource
     from resources.storage import ArtifactStore
 
     ledger = PricingResource().ledger_at(ArtifactStore(root=args.artifacts).root_path())
@@ -31,12 +31,23 @@ def costs_command(args: argparse.Namespace) -> int:
     print(f"ledger: {ledger.path}")
     for name in names:
         runs = ledger.runs(name)
-        print(f"\ncampaign {name}: {money(ledger.spent(name))} in {len(runs)} run(s)")
+        unknown = ledger.unknown(name)  # an unpriced teacher: its spend is unknown, never $0
+        total = (f"unknown ({'; '.join(f'{a} {why}' for a, why in unknown.items())}; priced stages "
+                 f"{money(ledger.spent(name))})" if unknown else money(ledger.spent(name)))
+        print(f"\ncampaign {name}: {total} in {len(runs)} run(s)")
         print(f"  {'run':36s} {'first record (UTC)':19s} {'spent':>11s} {'teacher':>11s} {'training':>11s} "
               f"{'evaluation':>11s} {'stopped':>11s}")
         for r in runs:
-            print(f"  {r['run_id']:36s} {str(r['started_at'])[:19]:19s} {money(r['usd']):>11s} {money(r['teacher_usd']):>11s} "
-                  f"{money(r['training_usd']):>11s} {money(r['evaluation_usd']):>11s} {money(r['interrupted_usd']):>11s}")
+            kinds = {STAGE_KIND.get(part.split(":")[0].strip(), "") for part in (r["unknown"] or "").split(";")}
+
+            def col(key: str, kind: str | None = None, r=r, kinds=kinds) -> str:
+                return "unknown" if r["unknown"] and (kind is None or kind in kinds) else money(r[key])
+
+            print(f"  {r['run_id']:36s} {str(r['started_at'])[:19]:19s} {col('usd'):>11s} {col('teacher_usd', 'teacher'):>11s} "
+                  f"{col('training_usd', 'training'):>11s} {col('evaluation_usd', 'evaluation'):>11s} "
+                  f"{money(r['interrupted_usd']):>11s}")
+            if r["unknown"]:
+                print(f"    unknown: {r['unknown']} (priced stages {money(r['usd'])})")
     return EXIT_OK
 
 

@@ -14,11 +14,12 @@ from campaign_orchestrator.cli.common import EXIT_BLOCKED, EXIT_FAILED, EXIT_INV
 
 
 def campaign_summary(artifacts: Path, campaign: str, primary_suite: str, run_id: str | None = None,
-                     spec=None) -> dict:
+                     spec=None, attempted: set[str] = frozenset()) -> dict:
     """Scores and verdict of the campaign's latest materializations (from the manifests) and, given
     the ``spec`` and a ``run_id``, the run's cost: the full cost-per-result report from the ledger
     when the run evaluated a candidate (also when the gate blocked it, and campaign_cost was
-    skipped), else what the run spent."""
+    skipped), else what the run spent ("unknown" where an unpriced stage ran: ``attempted``, the assets
+    whose steps started, tells a teacher stage that failed part-way from one that never ran)."""
     ev = latest_manifest(artifacts, campaign, "evaluation")
     out: dict = {"campaign": campaign}
     if ev:
@@ -41,12 +42,14 @@ def campaign_summary(artifacts: Path, campaign: str, primary_suite: str, run_id:
     elif ev and ev.get("requires_human_review") and ev.get("verdict") == "GO":
         out["awaiting_review"] = ev["candidate_key"]
     if spec is not None and run_id is not None:
-        out |= run_costs(artifacts, spec, run_id)
+        out |= run_costs(artifacts, spec, run_id, attempted)
     return out
 
 
-def run_costs(artifacts: Path, spec, run_id: str) -> dict:
-    """The cost report of ``run_id`` (reused from campaign_cost when it ran) or the run's spend."""
+def run_costs(artifacts: Path, spec, run_id: str, attempted: set[str] = frozenset()) -> dict:
+    """The cost report of ``run_id`` (reused from campaign_cost when it ran) or the run's spend: None
+    (unknown, never $0) when the run produced something at an unknown price (an unpriced teacher),
+    or ran an unpriced teacher stage that stopped before it finished."""
     from resources.pricing import PricingResource, cost_report
 
     pricing = PricingResource()
@@ -57,6 +60,14 @@ def run_costs(artifacts: Path, spec, run_id: str) -> dict:
                  "spent_by_stage": {r["asset"]: r["usd"] for r in ledger.query(
                      "SELECT asset, SUM(usd) AS usd FROM cost_lines WHERE campaign = ? AND run_id = ? GROUP BY asset "
                      "ORDER BY asset", [spec.name, run_id])}}
+    unknown = ledger.unknown(spec.name, run_id=run_id)
+    if spec.teacher.unpriced and "teacher_generations" in attempted and "teacher_generations" not in done:
+        unknown["teacher_generations"] = ("unknown: teacher.price is `unpriced` (the stage stopped part-way; what "
+                                          "it was paid for is unknown)")
+    if unknown:
+        out |= {"spent_known_usd": out["spent_this_run_usd"], "spent_this_run_usd": None,
+                "spent_unknown": [f"{a} {why}" for a, why in sorted(unknown.items())]}
+        out["spent_by_stage"] = dict(sorted((out["spent_by_stage"] | dict.fromkeys(unknown)).items()))
     if "evaluation" not in done:
         return out
     cost = latest_manifest(artifacts, spec.name, "campaign_cost")
@@ -110,8 +121,10 @@ def print_summary(s: dict, seconds: float) -> None:
             print(line)
         print(f"dashboard: {c['dashboard_path']}")
     elif "spent_this_run_usd" in s:
-        parts = ", ".join(f"{k} {money(v)}" for k, v in s["spent_by_stage"].items())
-        print(f"--- cost (from the ledger) ---\nspent in this run: {money(s['spent_this_run_usd'])}"
+        parts = ", ".join(f"{k} {'unknown' if v is None else money(v)}" for k, v in s["spent_by_stage"].items())
+        spent = (f"unknown ({'; '.join(s['spent_unknown'])}; priced stages {money(s['spent_known_usd'])})"
+                 if s["spent_this_run_usd"] is None else money(s["spent_this_run_usd"]))
+        print(f"--- cost (from the ledger) ---\nspent in this run: {spent}"
               + (f" ({parts})" if parts else "") + "; no candidate was evaluated, so no cost per result")
 
 
@@ -170,8 +183,10 @@ def _run(args: argparse.Namespace, spec, source) -> int:
               file=sys.stderr)
         return 128 + signum
     primary = spec.evaluation.suites[0]
+    attempted = {ev.step_key.rsplit("__", 1)[-1] for ev in result.all_events if ev.is_step_start}
     summary = campaign_summary(ArtifactStore(root=args.artifacts).root_path(), spec.name, primary.name,
-                               run_id=result.run_id, spec=spec) | {"suite": primary.name, "scorer": primary.scorer}
+                               run_id=result.run_id, spec=spec, attempted=attempted) | {"suite": primary.name,
+                                                                                       "scorer": primary.scorer}
     if not result.success:
         for ev in result.all_events:
             if ev.is_step_failure:

@@ -366,6 +366,8 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
     spent = float(sum(float(x["usd"]) for x in lines))
     latest = reports[-1]["report"] if reports else None
     unknown = sorted({u for r in reports for u in r["report"].get("unknown_costs") or []})
+    # runs that stopped before a report (no evaluation) but produced something at an unknown price
+    unknown = unknown or sorted(f"{a} {why}" for a, why in ledger.unknown(campaign).items())
     tiles = [_tile("campaign spend", f"{money(spent)} + unknown" if unknown else money(spent),
                    f"{len(runs)} run(s) in the ledger" + (f"; unpriced: {'; '.join(unknown)}" if unknown else ""),
                    "warn" if unknown else "")]
@@ -394,7 +396,7 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
                            "warn" if spent >= 0.9 * budget_usd else ""))
     by_run = {r["run_id"]: r["report"] for r in reports}
     run_rows = "".join(
-        f"<tr><td>{_e(str(r['run_id'])[:8])}</td><td>{_e(str(r['started_at'])[:19])}</td><td>{_e(money(r['usd']))}</td>"
+        f"<tr><td>{_e(str(r['run_id'])[:8])}</td><td>{_e(str(r['started_at'])[:19])}</td><td>{_e(money(r['usd']) + (' + unknown' if r.get('unknown') else ''))}</td>"
         f"<td>{_e(money(r['interrupted_usd']))}</td><td>{_e((by_run.get(r['run_id']) or {}).get('verdict') or '—')}</td>"
         f"<td>{_score(by_run.get(r['run_id']))}</td><td>{_e(_per_point(by_run.get(r['run_id'])))}</td></tr>"
         for r in reversed(runs))

@@ -14,7 +14,8 @@ Tables (query them with SQL: ``campaign costs --sql "..."`` or any DuckDB client
       resource, quantity, unit, unit_price, usd, price_as_of, pricing_tier, catalog_version
       recorded_at     UTC
     materializations  one row per (run, step, production): reused = the output came from an
-                      earlier run (its cost is in that run's lines, not this one's)
+                      earlier run (its cost is in that run's lines, not this one's); cost_unknown =
+                      why what it cost is unknown (an unpriced teacher: no line, and never $0)
     cost_reports      the cost-per-result report of each run (JSON), for dashboards
 
 Spent now or reused? A stage output is produced once, in the run that first records its
@@ -77,6 +78,7 @@ CREATE TABLE IF NOT EXISTS materializations (
     reused BOOLEAN NOT NULL,
     production_usd DOUBLE NOT NULL,
     recorded_at TIMESTAMP NOT NULL,
+    cost_unknown VARCHAR,
     PRIMARY KEY (run_id, step_key, production_id)
 );
 CREATE TABLE IF NOT EXISTS cost_reports (
@@ -144,6 +146,8 @@ class Ledger:
             # DDL costs a checkpoint: run it only when the tables are missing, once per process and file
             if con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'run_costs'").fetchone()[0] == 0:
                 con.execute(SCHEMA)
+            # ledgers written before unknown costs were kept
+            con.execute("ALTER TABLE materializations ADD COLUMN IF NOT EXISTS cost_unknown VARCHAR")
             _SCHEMA_READY.add(str(self.path))
         return con
 
@@ -189,8 +193,10 @@ class Ledger:
                     _insert_line(con, _sha(pid, i), [campaign, asset, run_id, step_key, attempt, pid, manifest.get("key"),
                                                      "completed"], line, now)
             usd = float(sum(float(x["usd"]) for x in lines))
-            con.execute("INSERT INTO materializations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                        [run_id, step_key, campaign, asset, pid, manifest.get("key"), producer != run_id, usd, now])
+            con.execute("INSERT INTO materializations (run_id, step_key, campaign, asset, production_id, stage_key, "
+                        "reused, production_usd, recorded_at, cost_unknown) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT DO NOTHING", [run_id, step_key, campaign, asset, pid, manifest.get("key"),
+                                                   producer != run_id, usd, now, manifest.get("cost_unknown")])
         return {"reused": producer != run_id, "spent_usd": 0.0 if producer != run_id else usd, "production_usd": usd}
 
     def record_interrupted(self, *, campaign: str, asset: str, run_id: str, step_key: str, attempt: int,
@@ -239,6 +245,16 @@ class Ledger:
             sql, params = sql + " AND run_id = ?", params + [run_id]
         return float(self.query(sql, params)[0]["usd"])
 
+    def unknown(self, campaign: str, run_id: str | None = None) -> dict[str, str]:
+        """Asset -> why its cost is unknown, for the stage outputs produced (not reused) in the campaign (or in
+        ``run_id``) at a price nobody told us (an unpriced teacher): spend that includes them is unknown."""
+        sql = ("SELECT asset, min(cost_unknown) AS why FROM materializations WHERE campaign = ? AND NOT reused "
+               "AND cost_unknown IS NOT NULL")
+        params: list = [campaign]
+        if run_id is not None:
+            sql, params = sql + " AND run_id = ?", params + [run_id]
+        return {r["asset"]: r["why"] for r in self.query(sql + " GROUP BY asset ORDER BY asset", params)}
+
     def lines(self, campaign: str | None = None, run_id: str | None = None) -> list[dict]:
         where, params = [], []
         if campaign is not None:
@@ -259,20 +275,25 @@ class Ledger:
 
     def runs(self, campaign: str) -> list[dict]:
         """Per run: first/last record time, total spend, completed spend by kind and budget-stopped
-        (interrupted) spend, for every run with spend or materializations."""
+        (interrupted) spend, for every run with spend or materializations; ``unknown``: what in the run
+        was produced at an unknown price ("asset: why"; None when every cost is known: the sums then
+        are the run's spend, else only its priced part)."""
         return self.query(
             """
             WITH r AS (
                 SELECT run_id, MIN(recorded_at) AS started_at, MAX(recorded_at) AS ended_at
                 FROM (SELECT run_id, recorded_at FROM materializations WHERE campaign = $1
-                      UNION ALL SELECT run_id, recorded_at FROM cost_lines WHERE campaign = $1) GROUP BY run_id)
-            SELECT r.run_id, r.started_at, r.ended_at,
+                      UNION ALL SELECT run_id, recorded_at FROM cost_lines WHERE campaign = $1) GROUP BY run_id),
+            u AS (
+                SELECT run_id, string_agg(DISTINCT asset || ': ' || cost_unknown, '; ') AS unknown
+                FROM materializations WHERE campaign = $1 AND NOT reused AND cost_unknown IS NOT NULL GROUP BY run_id)
+            SELECT r.run_id, r.started_at, r.ended_at, u.unknown,
                    COALESCE(SUM(l.usd), 0) AS usd,
                    COALESCE(SUM(l.usd) FILTER (WHERE l.kind = 'teacher' AND l.status = 'completed'), 0) AS teacher_usd,
                    COALESCE(SUM(l.usd) FILTER (WHERE l.kind = 'training' AND l.status = 'completed'), 0) AS training_usd,
                    COALESCE(SUM(l.usd) FILTER (WHERE l.kind = 'evaluation' AND l.status = 'completed'), 0) AS evaluation_usd,
                    COALESCE(SUM(l.usd) FILTER (WHERE l.status = 'interrupted'), 0) AS interrupted_usd
-            FROM r LEFT JOIN cost_lines l ON l.run_id = r.run_id AND l.campaign = $1
+            FROM r LEFT JOIN cost_lines l ON l.run_id = r.run_id AND l.campaign = $1 LEFT JOIN u ON u.run_id = r.run_id
             GROUP BY ALL ORDER BY r.started_at
             """, [campaign])
 

@@ -62,7 +62,8 @@ def test_planner_guard_and_ledger_read_the_same_price(tmp_path, artifact_root):
     from campaign_orchestrator.costs.lines import teacher_entry
     from campaign_orchestrator.teacher.runner import GenerationStats
     from assets.teacher_generations import teacher_cost_lines
-    from resources.pricing import PricingResource, _line_fn
+    from campaign_orchestrator.costs.budget import Usage
+    from resources.pricing import PricingResource, _teacher_meter
 
     spec = load_campaign_file(_campaign(tmp_path, _api("api-open-70b"), {"overrides": OVERRIDE}))
     assert cli.main(["validate", str(tmp_path / "priced.yaml")]) == cli.EXIT_OK
@@ -79,16 +80,17 @@ def test_planner_guard_and_ledger_read_the_same_price(tmp_path, artifact_root):
                                                                new_completion_tokens=500_000))
     assert {x["price_key"]: x["usd"] for x in ledger} == {"api-open-70b:input": 2.0, "api-open-70b:output": 2.0}
 
-    per_item = t["usd"] / t["requests"]  # what the guard accrues per answered prompt: the planner's mean at this price
-    guard_lines = _line_fn(spec, "teacher_generations", catalog, plan)(12.0, 100)
-    assert sum(x["usd"] for x in guard_lines) == pytest.approx(100 * per_item, rel=0.02)
-    assert {x["unit_price"] for x in guard_lines} == {2.0, 4.0}
+    # the guard is charged the tokens the new generations reported, priced as the ledger prices them
+    guard_lines = _teacher_meter(spec, catalog)(Usage(items=7, prompt_tokens=1_000_000, completion_tokens=500_000,
+                                                      seconds=12.0))
+    assert guard_lines == ledger and {x["unit_price"] for x in guard_lines} == {2.0, 4.0}
 
 
-def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact_root):
+def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact_root, capsys):
     """`price: unpriced` against the project's test server: the generations are made, their cost is
     recorded as unknown (no ledger line at $0), and the cost report, its text, the dashboard and the plan
-    say "unknown" for every figure that depends on it."""
+    say "unknown" for every figure that depends on it; so do the summary of a run that stops before
+    evaluation (`campaign run`'s other path), `campaign costs` and the dashboard of such a run."""
     from assets import prompts, teacher_generations
     from assets.location import default_resources
     from campaign_orchestrator.costs.dashboard import render_dashboard
@@ -112,6 +114,28 @@ def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact
     assert gen["cost_unknown"] and gen["cost_lines"] == [] and gen["completion_tokens"] > 0
     ledger = Ledger(artifact_root / "cost_ledger.duckdb")
     assert ledger.query("SELECT count(*) AS n FROM cost_lines WHERE asset = 'teacher_generations'")[0]["n"] == 0
+
+    # the run stopped before evaluation: `campaign run`'s summary of what it spent, `campaign costs`, the dashboard
+    from campaign_orchestrator.cli.run import campaign_summary, print_summary, run_costs
+
+    summary = campaign_summary(artifact_root, spec.name, "cipher", run_id=result.run_id, spec=spec,
+                               attempted={"prompts", "teacher_generations"})
+    assert summary["spent_this_run_usd"] is None and summary["spent_by_stage"]["teacher_generations"] is None
+    capsys.readouterr()
+    print_summary(summary, 1.0)
+    printed = capsys.readouterr().out
+    assert "spent in this run: unknown (teacher_generations unknown: teacher.price is `unpriced`" in printed
+    assert "(teacher_generations unknown)" in printed and "spent in this run: $" not in printed
+    assert cli.main(["costs", spec.name, "--artifacts", str(artifact_root)]) == cli.EXIT_OK
+    listed = capsys.readouterr().out
+    assert f"campaign {spec.name}: unknown (teacher_generations unknown" in listed
+    run_row = next(x for x in listed.splitlines() if x.strip().startswith(result.run_id))
+    assert run_row.split()[3:5] == ["unknown", "unknown"] and "$0.000000 in" not in listed  # spent, teacher
+    assert "+ unknown" in render_dashboard(spec.name, ledger)  # no report yet: the ledger says so
+    # a run whose unpriced teacher stage failed part-way (no output) spent an unknown amount; one that never
+    # reached it spent nothing on it
+    assert run_costs(artifact_root, spec, "r-failed", {"prompts", "teacher_generations"})["spent_this_run_usd"] is None
+    assert run_costs(artifact_root, spec, "r-early", {"prompts"})["spent_this_run_usd"] == 0.0
 
     report = build_report(campaign=spec.name, run_id=result.run_id, ledger=ledger, primary_suite="cipher",
                           manifests={"teacher_generations": gen, "distillation_set": {"key": "d", "rows": 40}})
