@@ -1,0 +1,28 @@
+"""benchmarks/generation_speed.py --tiny: both engines on the demo teacher, outputs compared, a JSON report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO_ROOT
+from tests.support.train_support import child_env
+
+SCRIPT = REPO_ROOT / "benchmarks" / "generation_speed.py"
+
+
+@pytest.mark.stage
+def test_tiny_compares_both_engines_and_reports_identical_outputs(tmp_path, demo_models):
+    p = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--sections", "teacher", "--prompts", "12",
+                        "--out", str(tmp_path / "r.json")], cwd=REPO_ROOT, env=child_env(threads=1),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads((tmp_path / "r.json").read_text())
+    r = out["sections"]["teacher"]
+    assert out["failed"] == [] and r["outputs_identical"] and r["differing_prompts"] == 0
+    assert r["new"]["engine"] == "continuous" and r["old"]["engine"] == "hf_generate" and r["prompts"] == 12
+    assert r["prompts_per_s_ratio"] > 0 and r["peak_rss_ratio"] > 0 and r["new"]["threads"] == 1
+    assert r["per_suite"]["teacher"]["shared_prefix_new"] >= 8  # the header group shared its prefill
