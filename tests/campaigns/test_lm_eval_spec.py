@@ -67,3 +67,28 @@ def test_shipped_task_files_are_what_the_demo_module_writes():
         assert d["choices"][d["label"]] == cipher.encode(word) and len(set(d["choices"])) == 4
         assert word in d["choices"] or cipher.encode(word) == word  # the copy is one of the wrong choices
     assert all(g["answer"] == cipher.encode(g["prompt"].split()[1]) for g in lm_eval_task.gen_docs())
+
+
+def test_a_suite_of_the_harness_task_library_needs_no_include_path(tmp_path):
+    """`tasks: [arc_easy, hellaswag]` alone: the harness's own tasks, no task directory to copy; its
+    identity is the installed lm_eval (whose registry defines them)."""
+    from assets.harness import TASKS_DIR, harness_identity, harness_suites
+    from evaluation.harness import registry_sha256
+    from resources.storage import ArtifactStore
+
+    def library(d):
+        s = _harness(d)
+        s["lm_eval"] = {"tasks": ["arc_easy", "hellaswag"], "limit": 50}
+
+    spec = parse_campaign_text(_with(library), "campaigns/demo.yaml")
+    x = next(s for s in spec.evaluation.suites if s.kind == "lm_eval")
+    assert x.lm_eval.include_path is None and x.lm_eval.tasks == ["arc_easy", "hellaswag"]
+    (suite,) = harness_suites(spec, ArtifactStore(root=str(tmp_path)))
+    assert suite.task_dir is None and suite.tasks_sha256 == registry_sha256()
+    assert suite.registry_cache == tmp_path / TASKS_DIR / "_registry"
+    assert not (tmp_path / TASKS_DIR).exists() or not any((tmp_path / TASKS_DIR).iterdir())  # nothing copied
+    assert harness_identity(x, [suite])["tasks_sha256"] == registry_sha256()
+
+    shipped = parse_campaign_text(DEMO, "campaigns/demo.yaml")  # an include_path suite: its directory's hash
+    (own,) = harness_suites(shipped, ArtifactStore(root=str(tmp_path)))
+    assert own.task_dir is not None and own.tasks_sha256 != registry_sha256()

@@ -27,10 +27,10 @@ from tests.support.harness_support import (TASKS, independent_choice_scores, pro
 pytestmark = pytest.mark.stage
 
 
-def _suite(tmp: Path, name: str, include: Path, **settings) -> HarnessSuite:
+def _suite(tmp: Path, name: str, include: Path, registry_cache: Path | None = None, **settings) -> HarnessSuite:
     spec = LmEvalSpec(include_path=str(include), **{"tasks": ["cipher"], **settings})
     d, sha = task_dir(spec.include_path, include.parent, tmp / "tasks")
-    return HarnessSuite(name, spec.model_dump(), d, sha, 16)
+    return HarnessSuite(name, spec.model_dump(), d, sha, 16, registry_cache)
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,8 @@ def test_gate_judges_harness_suites_paired(harness_run):
                     for name, r in (("good", good), ("broken", bad))})
 
 
-def test_preflight_refuses_hub_metrics_missing_task_files_and_prompt_mismatches(tmp_path, demo_models):
+def test_preflight_refuses_hub_metrics_missing_task_files_and_prompt_mismatches(tmp_path, demo_models,
+                                                                               demo_models_root):
     """Three broken suites in one harness call: every problem is reported, no model is loaded."""
     from tests.support.dataprep_support import CHAT
     from tests.support.eval_support import make_zero_adapter
@@ -166,7 +167,9 @@ def test_preflight_refuses_hub_metrics_missing_task_files_and_prompt_mismatches(
     tok.chat_template = CHAT.replace("assistant =", "answer:")
     tok.save_pretrained(str(adapter))
 
-    suites = [_suite(tmp_path, "hub_metric", hub), _suite(tmp_path, "no_file", missing, tasks=["cipher_gen"]),
+    # cipher_gen is then not in its include_path, so it is looked up in the harness's task library too
+    registry = demo_models_root / "_lm_eval_tasks" / "_registry"
+    suites = [_suite(tmp_path, "hub_metric", hub), _suite(tmp_path, "no_file", missing, registry, tasks=["cipher_gen"]),
               _suite(tmp_path, "chat", TASKS, tasks=["cipher_mc"], apply_chat_template=True)]
     models = [HarnessModel("base", str(base_dir)), HarnessModel("candidate", str(base_dir), str(adapter))]
     with pytest.raises(HarnessError) as e:
@@ -180,6 +183,7 @@ def test_preflight_refuses_hub_metrics_missing_task_files_and_prompt_mismatches(
                for x in p["hub_metric"]), p
     assert any("metric 'acc' has `hf_evaluate: true`" in x and "cipher_mc" in x for x in p["hub_metric"]), p
     assert len(p["no_file"]) == 1 and "task 'cipher_gen' is not defined by any YAML file" in p["no_file"][0]
+    assert "nor the harness's task registry (lm_eval 0.4.13" in p["no_file"][0]
     assert "cipher_gen.yaml: FileNotFoundError" in p["no_file"][0] and "_cipher_common.yaml" in p["no_file"][0]
     assert len(p["chat"]) == 1 and "prompt hash mismatch" in p["chat"][0]
     assert "60 of 60 documents" in p["chat"][0] and "assistant =" in p["chat"][0] and "answer:" in p["chat"][0]
