@@ -121,11 +121,12 @@ def build(spec: CampaignSpec):
 
             def make_guard(rec, steps: int, limits):
                 """The rung's launch: stopped inside when what it accrues would cross what is left of the cap."""
-                from campaign_orchestrator.costs.budget import BudgetGuard
+                from campaign_orchestrator.costs.budget import BudgetGuard, Limit
                 from campaign_orchestrator.costs.lines import compute_line
 
                 return BudgetGuard(ledger=ledger, campaign=spec.name, stage=STAGE, run_id=context.run_id,
-                                   step_key=step_key, attempt=context.retry_number, stage_key=k, limits=limits,
+                                   step_key=step_key, attempt=context.retry_number, stage_key=k,
+                                   limits=[Limit(what, cap, 0.0, spent_now=fn) for what, cap, fn in limits],
                                    line_fn=lambda seconds, _n: [compute_line("training", entry, seconds, hosts=tr.nodes,
                                                                              devices=tr.world_size,
                                                                              tier=spec.cost.pricing_tier)],

@@ -146,8 +146,10 @@ class Sweep:
     launch watched by ``guard`` (None without ``make_guard``); ``estimate_usd(steps)`` prices ``steps`` steps
     (the planner's or the measured rate; it raises when it has neither); ``spent_usd()`` reads the ledger's
     sweep spend; ``record_lines(record, steps, lines)`` writes a rung's lines to the ledger;
-    ``make_guard(record, steps, limits) -> BudgetGuard`` builds the guard of one rung's launch for
-    ``limits`` (:class:`campaign_orchestrator.costs.budget.Limit`, read live); ``on_event(record)`` is called
+    ``make_guard(record, steps, limits) -> BudgetGuard`` builds the guard of one rung's launch for ``limits``,
+    ``(what, cap, spent_now)`` with ``spent_now()`` the spend outside the rung, read at every check (a
+    ``campaign_orchestrator.costs.budget.Limit`` each; the guard's ``stopped`` says it stopped the rung);
+    ``on_event(record)`` is called
     after every rung and state change (the asset turns it into a materialization)."""
 
     def __init__(self, spec: CampaignSpec, workdir: Path, storage, study_name: str, *,
@@ -191,14 +193,11 @@ class Sweep:
         return float(sum(g.accrued_usd() for g in guards))
 
     def _rung_guard(self, rec: TrialRecord, steps: int):
-        """The guard of one rung's launch: every limit, with the spend outside this rung read at every check."""
-        from campaign_orchestrator.costs.budget import Limit
-
+        """The guard of one rung's launch: every limit as (what, cap, spend outside this rung: read at every check)."""
         if self.make_guard is None:
             return None
         n = rec.number
-        limits = [Limit(what, cap, 0.0, spent_now=lambda fn=fn: fn() + self._accrued_elsewhere(n))
-                  for what, cap, fn in self._limits()]
+        limits = [(what, cap, lambda fn=fn: fn() + self._accrued_elsewhere(n)) for what, cap, fn in self._limits()]
         guard = self.make_guard(rec, steps, limits)
         with self.lock:
             self.guards[n] = guard
@@ -223,8 +222,6 @@ class Sweep:
 
     def objective(self, trial) -> float:
         import optuna
-
-        from campaign_orchestrator.costs.budget import BudgetExceeded
 
         root = self._root(trial)
         params = suggest(trial, self.sw.space)
@@ -253,7 +250,10 @@ class Sweep:
                     try:
                         guard = self._rung_guard(rec, steps)
                         out = self.run_rung(rec, tdir, steps, prev, budget=guard)
-                    except BudgetExceeded as e:  # stopped inside the rung: its spend is in the ledger (interrupted)
+                    except Exception as e:
+                        if guard is None or not guard.stopped:
+                            raise
+                        # the guard stopped the rung inside: its spend is in the ledger (interrupted)
                         msg = f"trial {trial.number} stopped inside its rung (steps {prev}→{steps}): {e}"
                         self.stopped_by_cap = self.stopped_by_cap or msg
                         rec.state = "STOPPED"

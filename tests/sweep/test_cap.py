@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from campaign_orchestrator.costs.budget import BudgetGuard
+from campaign_orchestrator.costs.budget import BudgetGuard, Limit
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.sweep import RungOutcome, Sweep, default_storage, make_storage
 from campaigns.loader import load_campaigns
@@ -49,7 +49,8 @@ def test_a_rung_is_stopped_inside_when_the_cap_is_reached_and_spend_stays_within
     def make_guard(rec, steps, limits):
         clock = {"t": 0.0}
         g = BudgetGuard(ledger=ledger, campaign="demo_sweep", stage="hparam_sweep", run_id="r", step_key="sweep",
-                        attempt=0, stage_key="k", limits=limits, line_fn=lambda s, _n: _line(s),
+                        attempt=0, stage_key="k", limits=[Limit(w, cap, 0.0, spent_now=fn) for w, cap, fn in limits],
+                        line_fn=lambda s, _n: _line(s),
                         clock=lambda: clock["t"], log=lambda m: None, part=f"trial-{rec.root:03d}:rung-{steps}")
         g.sim = clock
         return g
