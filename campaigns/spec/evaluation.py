@@ -107,7 +107,7 @@ class SuiteSpec(_Strict):
     def _kind_settings(self) -> SuiteSpec:
         if self.kind == "lm_eval":
             if self.lm_eval is None:
-                raise ValueError("kind 'lm_eval' needs `lm_eval` (tasks, include_path)")
+                raise ValueError("kind 'lm_eval' needs `lm_eval` (at least `tasks`; `include_path` for your own task files)")
             unused = sorted({"source", "scorer", "labels", "pattern", "json_schema", "max_new_tokens"}
                             & self.model_fields_set)
             if unused:
