@@ -358,11 +358,11 @@ class Sweep:
         for t in trials:
             rungs = {int(k.removeprefix("rung_")): v for k, v in t.user_attrs.items() if k.startswith("rung_")}
             state = ("STOPPED" if t.user_attrs.get("stopped") else t.state.name)
+            interrupted = float(t.user_attrs.get("interrupted_usd", 0.0))  # a rung the cap stopped inside
             per.append({"trial": t.number, "root": t.system_attrs.get("failed_trial", t.number), "state": state,
                         "params": t.params, "rungs": {str(s): rungs[s] for s in sorted(rungs)},
                         "value": t.value, "last_step": max(rungs) if rungs else 0,
-                        "usd": float(sum(r["usd"] for r in rungs.values())) + float(t.user_attrs.get("interrupted_usd", 0.0)),
-                        "interrupted_usd": float(t.user_attrs.get("interrupted_usd", 0.0))})
+                        "usd": float(sum(r["usd"] for r in rungs.values())) + interrupted, "interrupted_usd": interrupted})
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
         top = self.ladder[-1]
         # the trials that ran (at least one rung), by original number: a retry stands for the trial it retried

@@ -43,8 +43,8 @@ def costs_command(args: argparse.Namespace) -> int:
             def col(key: str, kind: str | None = None, r=r, kinds=kinds) -> str:
                 return "unknown" if r["unknown"] and (kind is None or kind in kinds) else money(r[key])
 
-            print(f"  {r['run_id']:36s} {str(r['started_at'])[:19]:19s} {col('usd'):>11s} {col('teacher_usd', 'teacher'):>11s} "
-                  f"{col('training_usd', 'training'):>11s} {col('evaluation_usd', 'evaluation'):>11s} "
+            print(f"  {r['run_id']:36s} {str(r['started_at'])[:19]:19s} {col('usd'):>11s} "
+                  f"{col('teacher_usd', 'teacher'):>11s} {col('training_usd', 'training'):>11s} {col('evaluation_usd', 'evaluation'):>11s} "
                   f"{money(r['interrupted_usd']):>11s}")
             if r["unknown"]:
                 print(f"    unknown: {r['unknown']} (priced stages {money(r['usd'])})")

@@ -396,7 +396,8 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
                            "warn" if spent >= 0.9 * budget_usd else ""))
     by_run = {r["run_id"]: r["report"] for r in reports}
     run_rows = "".join(
-        f"<tr><td>{_e(str(r['run_id'])[:8])}</td><td>{_e(str(r['started_at'])[:19])}</td><td>{_e(money(r['usd']) + (' + unknown' if r.get('unknown') else ''))}</td>"
+        f"<tr><td>{_e(str(r['run_id'])[:8])}</td><td>{_e(str(r['started_at'])[:19])}</td>"
+        f"<td>{_e(money(r['usd']) + (' + unknown' if r.get('unknown') else ''))}</td>"
         f"<td>{_e(money(r['interrupted_usd']))}</td><td>{_e((by_run.get(r['run_id']) or {}).get('verdict') or '—')}</td>"
         f"<td>{_score(by_run.get(r['run_id']))}</td><td>{_e(_per_point(by_run.get(r['run_id'])))}</td></tr>"
         for r in reversed(runs))

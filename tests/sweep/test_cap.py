@@ -64,7 +64,8 @@ def test_a_rung_is_stopped_inside_when_the_cap_is_reached_and_spend_stays_within
         finally:
             ran.append((rec.number, steps, budget.sim["t"]))
         lr = rec.params["training.learning_rate"]
-        return RungOutcome(value=abs(lr - 1e-2) + 1.0 / steps, seconds=need, lines=_line(need), trained_steps=steps - prev)
+        return RungOutcome(value=abs(lr - 1e-2) + 1.0 / steps, seconds=need, lines=_line(need),
+                           trained_steps=steps - prev)
 
     def record_lines(rec, steps, lines):
         ledger.record_lines(campaign="demo_sweep", asset="hparam_sweep", run_id="r", step_key="sweep", attempt=0,
