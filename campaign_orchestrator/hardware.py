@@ -3,9 +3,10 @@
 ``compute_dtype: auto`` (the default for training, local teacher generation and local evaluation):
 
 * CUDA: bf16 where the GPU supports it (``torch.cuda.is_bf16_supported()``), else fp16.
-* CPU: a short measured matmul (fp32 against bf16 at 512², the process's threads, ~1 s once per
-  host; best of several rounds, since other processes only ever slow a round down); bf16 when it is
-  at least as fast as fp32 (AMX, avx512_bf16), else fp32. The chosen dtype is then timed at 2048²,
+* CPU: a short measured matmul (fp32 against bf16 at 512² on one thread, ~1 s once per host; best of
+  several rounds, since other processes only ever slow a round down); bf16 when it is at least as fast
+  as fp32 (AMX, avx512_bf16), else fp32. The verdict is one per host, whatever a process's thread count:
+  the resolved dtype is part of cache keys, so a 2-thread Dagster run and a 1-thread trainer agree. The chosen dtype is then timed at 2048²,
   compute bound, for the planner's peak. A CPU can report
   ``AVX512`` and still have no native bf16 instruction: on an AVX2-only EPYC a 2048² bf16 matmul ran
   at 0.3 GFLOP/s against 150 in fp32. The capability string is recorded, never trusted alone.
@@ -44,10 +45,11 @@ class CpuPeak:
     torch: str
     fp32_gflops: float
     bf16_gflops: float
+    native: bool | None = None  # the host's one-thread verdict (:func:`measure_cpu_peak`); None: from these figures
 
     @property
     def bf16_native(self) -> bool:
-        return self.bf16_gflops >= self.fp32_gflops
+        return self.native if self.native is not None else self.bf16_gflops >= self.fp32_gflops
 
     @property
     def bf16_slowdown(self) -> float:
@@ -153,6 +155,29 @@ def _one_thread_peak(dtype) -> float:
         torch.set_num_threads(threads)
 
 
+def _bf16_native(cached: dict, key: dict) -> bool:
+    """Whether this host computes bf16 natively: one verdict per host, capability and torch, measured once on
+    one thread and shared by every thread count (stored in ``cached`` under ``...|native``). The resolved
+    dtype enters cache keys, so two processes of one host (a Dagster run on 2 threads, a trainer on 1) must
+    never disagree: a contended 2-thread measurement can, one thread needs only one free core. The two
+    kinds of CPU are far apart (native: bf16 ~4x fp32; emulated: 100-500x slower), so one comparison is
+    decisive."""
+    import torch
+
+    k = "|".join(str(key[f]) for f in ("host", "capability", "torch")) + "|native"
+    if k in cached:
+        return bool(cached[k]["bf16_native"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fp32, bf16 = _time_matmul(torch.float32), _time_matmul(torch.bfloat16)
+    finally:
+        torch.set_num_threads(threads)
+    cached[k] = {"bf16_native": bf16 >= fp32, "fp32_gflops_1thread": round(fp32, 2),
+                 "bf16_gflops_1thread": round(bf16, 2)}
+    return bf16 >= fp32
+
+
 def measure_cpu_peak(refresh: bool = False) -> CpuPeak:
     """This host's fp32 and bf16 matmul GFLOP/s, measured once and cached per host."""
     import torch
@@ -163,19 +188,28 @@ def measure_cpu_peak(refresh: bool = False) -> CpuPeak:
     cached = read_host_cache(path)
     k = "|".join(str(v) for v in key.values())
     if not refresh and k in cached:
-        return CpuPeak(**cached[k])
-    fp32, bf16 = _time_matmul(torch.float32), _time_matmul(torch.bfloat16)
-    fast = torch.bfloat16 if bf16 >= fp32 else torch.float32  # the dtype auto picks: its peak, compute bound
+        entry = dict(cached[k])
+        if entry.get("native") is None:  # an entry from before the one-thread verdict
+            entry["native"] = _bf16_native(cached, key)
+            write_host_cache(path, cached)
+        return CpuPeak(**entry)
+    native = _bf16_native(cached, key)
+    if key["threads"] == 1:  # the verdict's own one-thread figures: nothing to measure twice
+        one = cached["|".join(str(key[f]) for f in ("host", "capability", "torch")) + "|native"]
+        fp32, bf16 = one["fp32_gflops_1thread"], one["bf16_gflops_1thread"]
+    else:
+        fp32, bf16 = _time_matmul(torch.float32), _time_matmul(torch.bfloat16)
+    fast = torch.bfloat16 if native else torch.float32  # the dtype auto picks: its peak, compute bound
     peak_n = max(_time_matmul(fast, PEAK_N, rounds=3), _one_thread_peak(fast))
     if fast is torch.bfloat16:
         bf16 = max(bf16, peak_n)
     else:
         fp32 = max(fp32, peak_n)
-    peak = CpuPeak(**key, fp32_gflops=round(fp32, 2), bf16_gflops=round(bf16, 2))
+    peak = CpuPeak(**key, fp32_gflops=round(fp32, 2), bf16_gflops=round(bf16, 2), native=native)
     if k in cached:  # a refresh keeps the best figure this host has shown (load only ever slows a measurement)
         old = cached[k]
         peak = CpuPeak(**key, fp32_gflops=max(peak.fp32_gflops, old["fp32_gflops"]),
-                       bf16_gflops=max(peak.bf16_gflops, old["bf16_gflops"]))
+                       bf16_gflops=max(peak.bf16_gflops, old["bf16_gflops"]), native=native)
     cached[k] = asdict(peak)
     write_host_cache(path, cached)
     return peak

@@ -47,7 +47,9 @@ def test_the_measurement_runs_once_per_host_and_is_cached(tmp_path, monkeypatch)
 
     monkeypatch.setattr(hardware, "_time_matmul", counted)
     first = hardware.measure_cpu_peak()
-    n = 4 if torch.get_num_threads() > 1 else 3  # both dtypes, then the faster one big (and on one thread)
+    # the one-thread verdict (both dtypes), then on more threads both dtypes again, the faster one big, and big
+    # on one thread (the floor); on one thread the verdict's figures are reused
+    n = 6 if torch.get_num_threads() > 1 else 3
     assert len(calls) == n and first.fp32_gflops > 0 and first.bf16_gflops > 0
     assert hardware.measure_cpu_peak() == first and len(calls) == n  # cached
     assert (tmp_path / "cpu_peak.json").exists()
@@ -63,7 +65,8 @@ def test_a_contended_many_thread_peak_is_floored_at_the_one_thread_peak(tmp_path
     monkeypatch.setattr(hardware, "_time_matmul", lambda dtype, n=hardware.MATMUL_N, rounds=5:
                         (69.0 if threads and threads[-1] == 1 else 22.5) if dtype == torch.float32 else 0.5)
     peak = hardware.measure_cpu_peak()
-    assert peak.fp32_gflops == 69.0 and peak.threads == 2 and threads == [1, 2]  # restored to 2 afterwards
+    assert peak.fp32_gflops == 69.0 and peak.threads == 2
+    assert threads == [1, 2, 1, 2]  # the one-thread verdict, then the one-thread floor: restored to 2 after each
 
 
 def test_unknown_dtype_is_refused():
@@ -81,3 +84,28 @@ def test_measuring_never_moves_the_global_rng():
     measured = torch.rand(4)
     torch.manual_seed(0)
     assert torch.equal(measured, torch.rand(4))
+
+
+def test_one_verdict_per_host_whatever_the_thread_count(tmp_path, monkeypatch):
+    """The resolved dtype is part of cache keys, so a 2-thread process and a 1-thread one of the same host must
+    agree, even when a contended 2-thread measurement reads bf16 slower than fp32 (it did here, under load)."""
+    monkeypatch.setenv(hardware.CACHE_ENV, str(tmp_path))
+
+    def fake_matmul(dtype, n=hardware.MATMUL_N, rounds=5):
+        one_thread = torch.get_num_threads() == 1
+        if dtype == torch.bfloat16:
+            return 440.0 if one_thread else 20.0  # the 2-thread bf16 round lost its core to another process
+        return 99.0 if one_thread else 120.0
+
+    monkeypatch.setattr(hardware, "_time_matmul", fake_matmul)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = hardware.measure_cpu_peak()
+        torch.set_num_threads(1)
+        one = hardware.measure_cpu_peak()
+    finally:
+        torch.set_num_threads(threads)
+    assert two.threads == 2 and one.threads == 1
+    assert two.bf16_native and one.bf16_native  # one host, one verdict (the 2-thread figures alone would say fp32)
+    assert resolve_compute_dtype("auto", "cpu", two).dtype == resolve_compute_dtype("auto", "cpu", one).dtype == "bfloat16"
