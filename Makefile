@@ -35,9 +35,9 @@ system-deps:
 	    { apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql; } || \
 	  echo "WARNING: could not install postgresql (not root? no network?): the PostgreSQL storage tests will be skipped"; }
 
-$(DAGSTER_HOME)/dagster.yaml: campaign_orchestrator/dagster.yaml
+$(DAGSTER_HOME)/dagster.yaml: campaign_app/dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
-	cp campaign_orchestrator/dagster.yaml $@
+	cp campaign_app/dagster.yaml $@
 
 demo: install $(DAGSTER_HOME)/dagster.yaml   ## build the demo models (cached), run the demo campaign end to end
 	$(BIN)/campaign build-models

@@ -20,7 +20,7 @@ drift_evaluation       evaluation.drift (automation group: sensors.py, plain log
 =====================  =========================================================================
 
 Beside them: ``demo_models`` (campaign_orchestrator.demo.build), ``cluster`` (the validation ladder,
-campaign_orchestrator.cluster), ``invalid_campaigns`` (a broken campaign file, campaigns.loader).
+training.cluster), ``invalid_campaigns`` (a broken campaign file, campaigns.loader).
 ``location.py`` builds the ``Definitions``; ``sensors.py`` and ``versions.py`` add the campaigns'
 sensors, schedules and code versions; ``common.py``, ``io_manager.py``, ``progress.py``,
 ``perf_metadata.py``, ``tracking.py`` (MLflow) and ``harness.py`` (lm_eval suites, for evaluation and distillation_set) are

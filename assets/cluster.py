@@ -1,4 +1,4 @@
-"""The ``cluster`` asset group: the validation ladder (see ``campaign_orchestrator/cluster/ladder.py``), one asset per rung,
+"""The ``cluster`` asset group: the validation ladder (see ``training/cluster/ladder.py``), one asset per rung,
 each with asset checks. Correctness checks block the rungs above them; checks against the
 baseline fail (severity ERROR) naming what moved, and let the ladder continue so every number of
 the run is still measured; a number that moved as far the *better* way fails with severity WARN
@@ -23,7 +23,7 @@ from assets.common import demo_model_key
 from assets.perf_metadata import profile_metadata
 from resources.cluster import ClusterValidation
 from resources.local_launcher import LocalTorchrunLauncher
-from campaign_orchestrator import paths
+from campaigns import paths
 from resources.storage import ArtifactStore
 
 GROUP = "cluster"
@@ -42,7 +42,7 @@ def _rung_dir(storage: ArtifactStore, rung: str, context: AssetExecutionContext)
 
 
 def _store(storage: ArtifactStore, cluster: ClusterValidation):
-    from campaign_orchestrator.cluster.baseline import BaselineStore
+    from training.cluster.baseline import BaselineStore
 
     return BaselineStore(cluster.baselines(storage.root_path()))
 
@@ -73,12 +73,12 @@ def _baseline_check(name: str, verdict, metrics: dict[str, float]) -> AssetCheck
                     AssetCheckSpec("environment_vs_baseline", asset=_key("environment"),
                                    description="Versions and driver unchanged since the baseline (warning).")])
 def environment(context: AssetExecutionContext, storage: ArtifactStore, cluster: ClusterValidation):
-    from campaign_orchestrator.cluster import ladder
-    from campaign_orchestrator.cluster.baseline import environment_changes
-    from campaign_orchestrator.cluster.smoke import fingerprint
+    from training.cluster import ladder
+    from training.cluster.baseline import environment_changes
+    from training.cluster.smoke import fingerprint
 
     out = _rung_dir(storage, "environment", context) / "environment.json"
-    done = subprocess.run([sys.executable, "-m", "campaign_orchestrator.cluster.smoke", "env", "--out", str(out)], cwd=paths.project_dir(),
+    done = subprocess.run([sys.executable, "-m", "training.cluster.smoke", "env", "--out", str(out)], cwd=paths.project_dir(),
                           capture_output=True, text=True, timeout=cluster.timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"environment smoke failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -129,13 +129,13 @@ def environment(context: AssetExecutionContext, storage: ArtifactStore, cluster:
                                    description="The gradient differences (deterministic on one stack) unchanged "
                                                "since the baseline.")])
 def allreduce_smoke(context: AssetExecutionContext, env: dict, storage: ArtifactStore, cluster: ClusterValidation):
-    from campaign_orchestrator.cluster import ladder
-    from campaign_orchestrator.cluster.torchrun import run_torchrun
-    from campaign_orchestrator.cluster.smoke import gradients_equal
+    from training.cluster import ladder
+    from training.cluster.torchrun import run_torchrun
+    from training.cluster.smoke import gradients_equal
 
     d = _rung_dir(storage, "allreduce_smoke", context)
     t0 = time.perf_counter()
-    run_torchrun(["-m", "campaign_orchestrator.cluster.smoke", "allreduce", "--out", str(d / "allreduce.json")], cluster.nodes,
+    run_torchrun(["-m", "training.cluster.smoke", "allreduce", "--out", str(d / "allreduce.json")], cluster.nodes,
                  cluster.processes_per_node, d, cluster.env(), cluster.timeout_s)
     wall = time.perf_counter() - t0
     result = json.loads((d / "allreduce.json").read_text())
@@ -166,12 +166,12 @@ def allreduce_smoke(context: AssetExecutionContext, env: dict, storage: Artifact
                                                "baseline.")])
 def collective_bandwidth(context: AssetExecutionContext, env: dict, storage: ArtifactStore,
                          cluster: ClusterValidation):
-    from campaign_orchestrator.cluster import ladder
-    from campaign_orchestrator.cluster.collectives import render
-    from campaign_orchestrator.cluster.torchrun import run_torchrun
+    from training.cluster import ladder
+    from training.cluster.collectives import render
+    from training.cluster.torchrun import run_torchrun
 
     d = _rung_dir(storage, "collective_bandwidth", context)
-    run_torchrun(["-m", "campaign_orchestrator.cluster.collectives", "--max-bytes", cluster.max_bytes, "--iters", str(cluster.iters),
+    run_torchrun(["-m", "training.cluster.collectives", "--max-bytes", cluster.max_bytes, "--iters", str(cluster.iters),
                   "--warmup", str(cluster.warmup), "--out", str(d / "sweep.json")], cluster.nodes,
                  cluster.processes_per_node, d, cluster.env(), cluster.timeout_s)
     sweep = json.loads((d / "sweep.json").read_text())
@@ -203,7 +203,7 @@ def collective_bandwidth(context: AssetExecutionContext, env: dict, storage: Art
 def tiny_training(context: AssetExecutionContext, env: dict, storage: ArtifactStore, cluster: ClusterValidation,
                   launcher: LocalTorchrunLauncher):
     from campaigns.spec import DistributedEnvSpec, ProfilingSpec, StudentSpec, TrainingSpec
-    from campaign_orchestrator.cluster import ladder
+    from training.cluster import ladder
     from training.config import TrainJob
 
     d = _rung_dir(storage, "tiny_training", context)
@@ -254,7 +254,7 @@ def eval_gate(context: AssetExecutionContext, env: dict, trained: dict, storage:
     from evaluation.scorers import build_scorer
     from evaluation.suite import read_item_results, write_item_rows
     from campaign_orchestrator.teacher.local import LocalGenerator
-    from campaign_orchestrator.cluster import ladder
+    from training.cluster import ladder
 
     d = _rung_dir(storage, "eval_gate", context)
     items = json.loads(Path(trained["heldout_path"]).read_text())

@@ -6,7 +6,7 @@ from typing import Any
 from dagster import AssetKey, MetadataValue
 
 from campaigns.spec import CampaignSpec
-from campaign_orchestrator import paths
+from campaigns import paths
 from campaign_orchestrator.content import HashCache, model_fingerprint, short, value_sha256
 from resources.pricing import PricingResource
 from campaign_orchestrator.demo import recipe

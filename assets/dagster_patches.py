@@ -37,7 +37,7 @@ in-process executor). There, waiting for a pool slot and being stopped by a sign
 :func:`check_internals` compares the installed Dagster version and the source of every patched or
 relied-on Dagster function with what these patches were tested against. :func:`require_tested_dagster`
 turns a difference into :class:`UntestedDagsterError` (naming the tested and installed versions and
-each changed function) when the code location loads (``campaign_orchestrator/definitions.py``), in
+each changed function) when the code location loads (``campaign_app/definitions.py``), in
 ``campaign run`` and in :func:`install`, so a Dagster upgrade never runs with blindly misapplied
 patches; ``CAMPAIGN_ALLOW_UNTESTED_DAGSTER=1`` accepts the risk (a warning instead). The check hashes
 seven function sources (a few milliseconds) and imports nothing beyond Dagster.

@@ -23,7 +23,7 @@ alone frees nothing); it also frees slots still held by runs that finished by an
 force-cancel in the UI). A run whose leftovers could not be removed (the cluster unreachable) keeps
 its slot until a later reap succeeds. It runs
 
-* before every ``campaign run`` (``campaign_orchestrator/cli/run.py``),
+* before every ``campaign run`` (``campaign_app/cli/run.py``),
 * while a step waits for a slot (``assets/dagster_patches.py``: the wait logs who holds the pool and
   since when, every minute, and reaps a dead holder),
 * in the daemon, as the sensor ``reap_dead_campaign_runs`` (:func:`reaper_sensor`, on by default:
@@ -43,7 +43,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from campaign_orchestrator import process_owner
+from training import process_owner
 
 from dagster import (DagsterInstance, DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext,
                      SkipReason, sensor)

@@ -18,7 +18,7 @@ def demo_student() -> Path:
     root = Path(os.environ.get("CAMPAIGN_TEST_MODELS_ROOT", REPO / "artifacts"))
     path = resolve("@demo/student", root)
     if not (path / "tokenizer.json").exists():
-        raise SystemExit(f"demo student not built at {path}; run `python -m campaign_orchestrator.cli build-models` first")
+        raise SystemExit(f"demo student not built at {path}; run `python -m campaign_app.cli build-models` first")
     return path
 
 

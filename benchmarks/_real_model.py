@@ -34,7 +34,7 @@ def campaign():
     """campaigns/smollm2.yaml with the benchmarks' LoRA and loss (``BENCH_LORA``, ``loss: sequence``)."""
     import yaml
 
-    from campaign_orchestrator import paths
+    from campaigns import paths
     from campaigns.loader import parse_campaign_text
 
     data = yaml.safe_load(CAMPAIGN.read_text())

@@ -40,7 +40,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from campaign_orchestrator import paths
+from campaigns import paths
 from campaign_orchestrator.content import file_sha256, short, value_sha256
 from campaign_orchestrator.demo import recipe
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from campaign_orchestrator import paths
+from campaigns import paths
 
 HEADER = """# Campaign field reference
 

@@ -15,7 +15,7 @@ from typing import Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from campaign_orchestrator import paths
+from campaigns import paths
 from campaigns.spec import CampaignSpec
 
 
@@ -55,7 +55,7 @@ class CampaignError(ValueError):
 
 
 def default_campaign_files() -> list[str]:
-    """The project's ``campaigns/*.yaml`` (:func:`campaign_orchestrator.paths.default_campaign_files`)."""
+    """The project's ``campaigns/*.yaml`` (:func:`campaigns.paths.default_campaign_files`)."""
     return [str(p) for p in paths.default_campaign_files()]
 
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from campaign_orchestrator import paths
+from campaigns import paths
 from evaluation.gate import ItemResult
 
 HARNESS = "lm_eval==0.4.13"

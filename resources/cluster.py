@@ -35,7 +35,7 @@ class ClusterValidation(ConfigurableResource):
     @field_validator("max_bytes")
     @classmethod
     def _bytes(cls, v: str) -> str:
-        from campaign_orchestrator.cluster.collectives import parse_bytes
+        from training.cluster.collectives import parse_bytes
 
         if parse_bytes(v) < 8:
             raise ValueError(f"max_bytes must be at least 8, got {v!r}")

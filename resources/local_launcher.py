@@ -27,7 +27,9 @@ from dagster import AssetObservation, ConfigurableResource, Failure, MetadataVal
     PipesTempFileMessageReader, open_pipes_session
 from pydantic import Field
 
-from campaign_orchestrator import allocator, paths, process_owner
+from campaign_orchestrator import allocator
+from campaigns import paths
+from training import process_owner
 from training.config import TrainJob
 from training.diagnostics import distributed_env
 from training.net import free_port

@@ -13,7 +13,7 @@ from dagster import ConfigurableResource, Failure
 from pydantic import Field
 
 from campaigns.spec import CampaignSpec
-from campaign_orchestrator import paths
+from campaigns import paths
 from campaign_orchestrator.costs.catalog import Catalog, PricingError, read_catalog
 from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
 from campaign_orchestrator.costs.lines import compute_line, teacher_entry, teacher_lines

@@ -17,12 +17,13 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from campaign_orchestrator.stage_dir import StageDir
-from campaign_orchestrator import models, paths
+from campaign_orchestrator import models
+from campaigns import paths
 
 
 
 class ArtifactStore(ConfigurableResource):
-    """Local artifact root (relative paths are relative to the project directory, ``campaign_orchestrator.paths``)."""
+    """Local artifact root (relative paths are relative to the project directory, ``campaigns.paths``)."""
 
     root: str = Field("artifacts", description="Directory holding every campaign's artifacts and the demo models.")
     cache_url: str | None = Field(

@@ -48,7 +48,7 @@ class Backend(Protocol):
 
 def weights_identity(path: str | Path, revision: str | None = None) -> str:
     """Content fingerprint of a checkpoint directory (every byte, each file version read once) + revision."""
-    from campaign_orchestrator import paths
+    from campaigns import paths
     from campaign_orchestrator.content import HashCache, model_fingerprint
 
     return f"{model_fingerprint(Path(path), HashCache(paths.hash_cache_file()))}@{revision or ''}"

@@ -2,7 +2,7 @@
 
 Every field is documented where it is declared. Unknown keys are errors (``extra="forbid"``),
 so a typo never silently falls back to a default. This module imports only pydantic (and the
-stdlib-only ``campaign_orchestrator.paths``): the trainer, the evaluation code and the Dagster code
+stdlib-only ``campaigns.paths``): the trainer, the evaluation code and the Dagster code
 location all read the same models.
 
 Model references: a model path is either a filesystem path (absolute, or relative to the
@@ -17,7 +17,7 @@ from typing import Annotated
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from campaign_orchestrator import paths
+from campaigns import paths
 
 from campaigns.spec.common import _Strict
 # Every section's models, importable from ``campaigns.spec`` as before the split (explicit re-exports).
@@ -128,7 +128,7 @@ class CampaignSpec(_Strict):
     _project_dir: Path | None = PrivateAttr(None)
 
     def set_project_dir(self, path: Path) -> None:
-        """Set by the loader: the project the campaign file belongs to (``campaign_orchestrator.paths``)."""
+        """Set by the loader: the project the campaign file belongs to (``campaigns.paths``)."""
         self._project_dir = Path(path)
 
     @property

@@ -18,7 +18,7 @@ from assets import dagster_patches
 from assets.dagster_patches import OVERRIDE_ENV, UntestedDagsterError, UntestedDagsterWarning
 from tests.support import REPO_ROOT
 
-DEFINITIONS = str(REPO_ROOT / "campaign_orchestrator" / "definitions.py")
+DEFINITIONS = str(REPO_ROOT / "campaign_app" / "definitions.py")
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_another_dagster_version_fails_the_code_location_load_naming_both_versio
     with pytest.raises(UntestedDagsterError) as e:
         runpy.run_path(DEFINITIONS)  # what `dagster dev` / the webserver executes to load the location
     msg = str(e.value)
-    assert msg.startswith("loading the code location campaign_orchestrator/definitions.py: ")
+    assert msg.startswith("loading the code location campaign_app/definitions.py: ")
     assert "(tested: dagster 1.13.27, installed: dagster 1.14.0)" in msg, msg
     assert "dagster is 1.14.0, the patches were tested against 1.13.27" in msg
     assert "pip install dagster==1.13.27" in msg and f"{OVERRIDE_ENV}=1" in msg
@@ -83,7 +83,7 @@ def test_a_changed_patched_function_is_named(untested):
 
 
 def test_campaign_run_refuses_an_untested_dagster_before_anything_runs(untested, tmp_path, capsys):
-    from campaign_orchestrator.cli import EXIT_INVALID, main
+    from campaign_app.cli import EXIT_INVALID, main
 
     untested.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     untested.setattr(dagster, "__version__", "1.14.0")

@@ -16,7 +16,7 @@ from assets import demo_models
 from assets.common import key
 from assets.location import campaign_assets, default_resources
 from assets.promoted_model import approve_job
-from campaign_orchestrator.cli import main as cli_main
+from campaign_app.cli import main as cli_main
 from campaigns.loader import load_campaign_file
 
 NAME = "gated"

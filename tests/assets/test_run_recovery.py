@@ -86,7 +86,7 @@ def test_reaper_kills_a_dead_runs_trainers_before_freeing_its_slot(instance, tmp
     """The owner is gone; its torchrun stand-in (a recorded process group) and a worker in its own session (found by
     the run id in its environment) still run: the reaper SIGKILLs both, then fails the run and frees the slot."""
     from assets.run_recovery import TRAINERS_TAG, reap_dead_runs
-    from campaign_orchestrator import process_owner
+    from training import process_owner
 
     run_id = _started_run(instance, _dead_owner_tags())
     torchrun = sleeping_node(tmp_path / "torchrun.log")

@@ -71,7 +71,7 @@ def test_an_endpoint_teacher_is_scored_priced_and_cached(tmp_path, artifact_root
 
 
 def test_the_summary_prints_the_scorer_and_student_over_teacher(capsys):
-    from campaign_orchestrator.cli.run import print_summary
+    from campaign_app.cli.run import print_summary
 
     print_summary({"campaign": "c", "suite": "qa", "scorer": "contains_answer", "teacher": 0.8, "base": 0.2,
                    "candidate": 0.6, "student_teacher_ratio": 0.75, "verdict": "GO", "reasons": []}, 1.0)

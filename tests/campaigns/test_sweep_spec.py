@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from campaign_orchestrator import cli
+from campaign_app import cli
 from campaigns.loader import CampaignError, parse_campaign_text
 
 from tests.support import REPO_ROOT as REPO

@@ -3,8 +3,8 @@ and names the metric, both values and the environment change that could explain 
 
 import json
 
-from campaign_orchestrator.cluster import ladder
-from campaign_orchestrator.cluster.baseline import BaselineStore, Rule, compare
+from training.cluster import ladder
+from training.cluster.baseline import BaselineStore, Rule, compare
 
 SWEEP = {"summary": {"all_reduce": {"plateau_busbw_gbps": 40.0, "latency_floor_us": 20.0, "wrong": 0},
                      "all_gather": {"plateau_busbw_gbps": 35.0, "latency_floor_us": 15.0, "wrong": 0}}}

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from campaign_orchestrator.cluster import collectives
-from campaign_orchestrator.cluster.torchrun import run_torchrun
-from campaign_orchestrator.cluster.smoke import gradients_equal
+from training.cluster import collectives
+from training.cluster.torchrun import run_torchrun
+from training.cluster.smoke import gradients_equal
 
 
 @pytest.mark.parametrize("n,ar,ag", [(1, 0.0, 0.0), (2, 1.0, 0.5), (4, 1.5, 0.75), (8, 1.75, 0.875)])
@@ -37,7 +37,7 @@ def test_sizes_and_parsing():
 @pytest.mark.slow
 def test_allreduce_smoke_across_two_nodes(tmp_path):
     out = tmp_path / "grads.json"
-    run_torchrun(["-m", "campaign_orchestrator.cluster.smoke", "allreduce", "--out", str(out)], nodes=2, procs=1, log_dir=tmp_path,
+    run_torchrun(["-m", "training.cluster.smoke", "allreduce", "--out", str(out)], nodes=2, procs=1, log_dir=tmp_path,
                  timeout_s=300)
     result = json.loads(out.read_text())
     ok, why = gradients_equal(result)

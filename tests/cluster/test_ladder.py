@@ -11,8 +11,8 @@ from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, materialize
 
 from assets import cluster
 from assets.location import build_definitions, default_resources
-from campaign_orchestrator.cluster import ladder
-from campaign_orchestrator.cluster.baseline import BaselineStore
+from training.cluster import ladder
+from training.cluster.baseline import BaselineStore
 from resources.cluster import ClusterValidation
 
 ENV = {"version:torch": "2.13.0", "driver_version": "550.54", "devices": "NVIDIA H100"}
@@ -186,7 +186,7 @@ def test_training_and_gate_rungs_run_through_the_real_gate(artifact_root):
 def test_ladder_command_reports_warn_checks_without_failing():
     from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetKey
 
-    from campaign_orchestrator.cli.common import check_status
+    from campaign_app.cli.common import check_status
 
     def ev(passed, severity):
         return AssetCheckEvaluation(asset_key=AssetKey(["cluster", "x"]), check_name="c", passed=passed,

@@ -84,7 +84,7 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
     spec, _ = resolve_campaign("demo")
     ledger = Ledger(root / "cost_ledger.duckdb")
     # the blocked run-1: campaign_cost was skipped; `campaign run` builds its report from the ledger
-    from campaign_orchestrator.cli.run import campaign_summary, print_summary
+    from campaign_app.cli.run import campaign_summary, print_summary
 
     blocked = campaign_summary(root, "demo", "cipher", run_id="run-1", spec=spec)
     assert blocked["cost"]["total_usd"] == pytest.approx(0.0145)
@@ -116,7 +116,7 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
     assert out.rstrip().splitlines()[-1].startswith("dashboard: ")  # the run's summary ends with its cost
     assert "per point gained: not meaningful (gain +4.0 points" in out and "spent in this run: $0.014500" in out
 
-    from campaign_orchestrator.cli import main
+    from campaign_app.cli import main
 
     assert main(["costs", "demo", "--artifacts", str(root)]) == 0
     out = capsys.readouterr().out

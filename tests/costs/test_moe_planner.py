@@ -93,7 +93,7 @@ def test_memory_follows_total_parameters_and_4bit_leaves_the_experts_in_the_comp
 def test_training_flops_and_generation_time_follow_the_active_parameters(tmp_path):
     from campaign_orchestrator.costs.catalog import read_catalog
     from campaign_orchestrator.costs.planner import generation_seconds, plan_stages
-    from campaign_orchestrator.paths import shipped_campaigns_dir
+    from campaigns.paths import shipped_campaigns_dir
 
     moe = ModelShape.from_config(QWEN3_30B_A3B)
     spec = _spec(moe_student(), training="hardware: h100-sxm, nodes: 1, processes_per_node: 8")
@@ -161,7 +161,7 @@ def test_campaign_validate_refuses_what_the_moe_student_cannot_train(tmp_path, c
     trains and a per-expert rank below 1 are refused with the fields to set."""
     import yaml
 
-    from campaign_orchestrator.cli import main
+    from campaign_app.cli import main
     from tests.support.moe_support import write_moe_config
 
     write_moe_config(tmp_path / "moe")  # the config is all validate reads

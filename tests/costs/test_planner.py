@@ -74,7 +74,7 @@ def test_lines_apply_tier_and_batch_discount(catalog_file):
 
 
 def test_shipped_catalog_is_valid_and_has_sources():
-    from campaign_orchestrator.paths import shipped_campaigns_dir
+    from campaigns.paths import shipped_campaigns_dir
 
     c = read_catalog(shipped_campaigns_dir() / "pricing/catalog.yaml")
     assert {"cpu-2vcpu", "h100-sxm", "h200", "api-open-70b"} <= set(c.entries)
@@ -159,7 +159,7 @@ def test_generation_roofline_by_hand(catalog_file):
 
 
 def test_campaign_plan_prints_memory_fit_and_costs(artifact_root, capsys):
-    from campaign_orchestrator.cli import main
+    from campaign_app.cli import main
 
     assert main(["plan", "demo", "--artifacts", str(artifact_root)]) == 0
     out = capsys.readouterr().out
@@ -174,7 +174,7 @@ def test_the_heap_is_planned_for_the_allocator_the_launcher_will_start_training_
     Kubernetes (whose launcher does not preload it), glibc's."""
     from campaign_orchestrator import allocator
     from campaign_orchestrator.costs.planner import heap_retention
-    from campaign_orchestrator.paths import shipped_campaigns_dir
+    from campaigns.paths import shipped_campaigns_dir
 
     entry = read_catalog(shipped_campaigns_dir() / "pricing/catalog.yaml").get("cpu-2vcpu")
     monkeypatch.setattr(allocator, "jemalloc_path", lambda *a: "/usr/lib/libjemalloc.so.2")

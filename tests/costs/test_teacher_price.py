@@ -11,7 +11,7 @@ import pytest
 import yaml
 from dagster import DagsterInstance, materialize
 
-from campaign_orchestrator import cli
+from campaign_app import cli
 from campaigns.loader import load_campaign_file
 from tests.support import REPO_ROOT
 from tests.support.testserver import ServerThread
@@ -117,7 +117,7 @@ def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact
     assert ledger.query("SELECT count(*) AS n FROM cost_lines WHERE asset = 'teacher_generations'")[0]["n"] == 0
 
     # the run stopped before evaluation: `campaign run`'s summary of what it spent, `campaign costs`, the dashboard
-    from campaign_orchestrator.cli.run import campaign_summary, print_summary, run_costs
+    from campaign_app.cli.run import campaign_summary, print_summary, run_costs
 
     summary = campaign_summary(artifact_root, spec.name, "cipher", run_id=result.run_id, spec=spec,
                                attempted={"prompts", "teacher_generations"})

@@ -98,7 +98,7 @@ def test_broken_campaign_is_blocked_by_the_gate(tmp_path, artifact_root):
 def test_campaign_run_command_prints_scores_verdict_reason_and_cost(tmp_path, artifact_root, monkeypatch, capsys):
     """`campaign run` (what `make demo` calls): the three scores, the verdict with its reason, the cost
     from the ledger, and exit code 3 when the gate blocks promotion."""
-    from campaign_orchestrator import cli
+    from campaign_app import cli
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     path = _campaign(tmp_path, "mini_cli", learning_rate=0.0, max_steps=4)

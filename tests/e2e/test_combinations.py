@@ -50,7 +50,7 @@ def _teacher(backend: str, base_url: str) -> dict:
 def test_every_teacher_and_student_combination_builds_and_runs(backend, student, tmp_path, artifact_root,
                                                               demo_models, capsys, request):
     from assets.location import build_definitions, campaign_job_name
-    from campaign_orchestrator import cli
+    from campaign_app import cli
     from dagster._core.execution.api import create_execution_plan
 
     project = tmp_path / "project"

@@ -1,5 +1,5 @@
-"""The project installed non-editable into a fresh venv: exactly the five requested packages plus the
-library package land at top level, and `campaign` validates and runs a campaign from another folder
+"""The project installed non-editable into a fresh venv: exactly the five requested packages, the
+library below them and the app on top land at top level, and `campaign` validates and runs a campaign from another folder
 (paths come from the working directory and the campaign file, never from the checkout)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.support import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
-TOP_LEVEL = {"campaigns", "assets", "resources", "training", "evaluation", "campaign_orchestrator"}
+TOP_LEVEL = {"campaigns", "assets", "resources", "training", "evaluation", "campaign_orchestrator", "campaign_app"}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def installed(tmp_path_factory) -> Path:
     return root
 
 
-def test_installs_only_the_six_top_level_names(installed):
+def test_installs_only_the_seven_top_level_names(installed):
     py = installed / "bin" / "python"
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
@@ -71,7 +71,7 @@ def test_validate_and_run_a_campaign_outside_the_checkout(installed, tmp_path, a
     spec["cost"].pop("catalog", None)  # the shipped catalog, found as package data
     (project / "campaigns" / "outside.yaml").write_text(yaml.safe_dump(spec))
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PYTHONPATH", "CAMPAIGN_PROJECT_DIR")}
-    cli = [str(py), "-m", "campaign_orchestrator.cli"]
+    cli = [str(py), "-m", "campaign_app.cli"]
 
     shipped = subprocess.run([*cli, "validate"], cwd=tmp_path, env=env, capture_output=True, text=True)
     n_shipped = len(list((REPO_ROOT / "campaigns").glob("*.yaml")))

@@ -186,7 +186,7 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
     source = _shrunk_demo(tmp_path)
     home = tmp_path / "dagster_home"
     home.mkdir()
-    shutil.copy(REPO / "campaign_orchestrator" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPO / "campaign_app" / "dagster.yaml", home / "dagster.yaml")
     env = {**os.environ, "CAMPAIGN_FILES": str(tmp_path / "campaigns" / "*.yaml"), "CAMPAIGN_ARTIFACTS": str(artifact_root),
            "PYTHONUNBUFFERED": "1"}
     env.pop("DAGSTER_HOME", None)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from campaign_orchestrator import models
-from campaign_orchestrator.cli.models import fetch_model_command
+from campaign_app.cli.models import fetch_model_command
 from campaign_orchestrator.content import file_sha256
 from campaign_orchestrator.hardware import Resolved
 from training.summary import REPRODUCIBILITY, write_reproducibility_card

@@ -106,8 +106,8 @@ def test_helm_values_fit_the_cluster_campaign(values, example):
     (dep,) = values["dagster-user-deployments"]["deployments"]
     assert f"{dep['image']['repository']}:{dep['image']['tag']}" == k.image
     args = dep["dagsterApiGrpcArgs"]
-    assert args[args.index("--module-name") + 1] == "campaign_orchestrator.definitions"
-    assert (REPO_ROOT / "campaign_orchestrator" / "definitions.py").exists()
+    assert args[args.index("--module-name") + 1] == "campaign_app.definitions"
+    assert (REPO_ROOT / "campaign_app" / "definitions.py").exists()
     # a Postgres-backed instance whose password comes from a Secret, never from this file
     assert values["postgresql"]["enabled"] is False and "postgresqlPassword" not in values["postgresql"]
     assert values["generatePostgresqlPasswordSecret"] is False and values["global"]["postgresqlSecretName"]

@@ -288,7 +288,7 @@ def test_variable_in_distributed_env_and_kubernetes_env_is_an_error():
 
 
 def test_render_cli_reports_the_env_conflict(tmp_path, capsys):
-    from campaign_orchestrator.cli import main
+    from campaign_app.cli import main
 
     raw = yaml.safe_load(EXAMPLE.read_text())
     raw["training"]["distributed_env"] = {"NCCL_SOCKET_IFNAME": "ib0"}  # kubernetes.env also sets it (eth0)
@@ -407,14 +407,14 @@ def test_log_timestamps_and_lines():
 
 
 def test_render_cli(tmp_path):
-    from campaign_orchestrator.cli import main
+    from campaign_app.cli import main
 
     assert main(["k8s-render", str(EXAMPLE)]) == 0
     assert main(["k8s-render", "demo"]) == 1
 
 
 def test_code_location_does_not_import_the_kubernetes_client():
-    code = ("import sys, campaign_orchestrator.definitions; bad = [m for m in ('kubernetes', 'dagster_k8s', 'kubernetes_validate', 'kmock') "
+    code = ("import sys, campaign_app.definitions; bad = [m for m in ('kubernetes', 'dagster_k8s', 'kubernetes_validate', 'kmock') "
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -56,7 +56,7 @@ def instance_home(path: Path, storage_yaml: str | None = None) -> Path:
     """A ``DAGSTER_HOME`` with the shipped instance settings (pools: ``default_limit: 1``), on SQLite
     (the default) or on the storage given as a dagster.yaml ``storage:`` section (PostgreSQL)."""
     path.mkdir(parents=True, exist_ok=True)
-    shipped = (REPO_ROOT / "campaign_orchestrator" / "dagster.yaml").read_text()
+    shipped = (REPO_ROOT / "campaign_app" / "dagster.yaml").read_text()
     (path / "dagster.yaml").write_text(shipped + ("\n" + storage_yaml if storage_yaml else ""))
     return path
 
@@ -68,5 +68,5 @@ def cli_env(home: Path, **extra: str) -> dict:
 
 def start_cli(args: list[str], project: Path, home: Path, log: Path) -> subprocess.Popen:
     """``campaign ARGS`` in its own process (cwd: the project), stdout and stderr to ``log``."""
-    return subprocess.Popen([sys.executable, "-m", "campaign_orchestrator.cli", *args], cwd=project,
+    return subprocess.Popen([sys.executable, "-m", "campaign_app.cli", *args], cwd=project,
                             env=cli_env(home), stdout=log.open("w"), stderr=subprocess.STDOUT)

@@ -23,7 +23,7 @@ def main() -> int:
         return MaterializeResult()
 
     job = Definitions(assets=[train], jobs=[define_asset_job("train_job")]).resolve_job_def("train_job")
-    with DagsterInstance.get() as instance:  # as campaign_orchestrator/cli/run.py runs a campaign
+    with DagsterInstance.get() as instance:  # as campaign_app/cli/run.py runs a campaign
         result = job.execute_in_process(instance=instance, run_id=run_id, tags=owner_tags(), raise_on_error=False)
     return 0 if result.success else 1
 

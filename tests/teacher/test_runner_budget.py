@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from campaign_orchestrator import paths
+from campaigns import paths
 from campaign_orchestrator.costs.budget import BudgetExceeded, BudgetGuard, Limit
 from campaign_orchestrator.costs.catalog import read_catalog
 from campaign_orchestrator.costs.ledger import Ledger

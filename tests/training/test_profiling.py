@@ -69,7 +69,7 @@ def test_in_process_trace_export_triage_and_s3_upload(tmp_path, monkeypatch, cap
     assert report["upload_url"] == "s3://traces-bucket/runs/demo/student_adapter/k123/profile"
     assert "runs/demo/student_adapter/k123/profile/traces/rank0.cycle1.pt.trace.json" in keys
     assert "runs/demo/student_adapter/k123/profile/report.json" in keys
-    from campaign_orchestrator.cli import main
+    from campaign_app.cli import main
 
     assert main(["triage", str(out / "profile" / "traces")]) == 0
     assert capsys.readouterr().out.startswith(f"verdict: {tri['verdict']}")
@@ -79,9 +79,9 @@ def test_in_process_trace_export_triage_and_s3_upload(tmp_path, monkeypatch, cap
 def test_real_two_rank_demo_trainer_trace_is_triaged(tmp_path, demo_models):
     """The demo trainer (4-bit QLoRA, FSDP2, gloo) on two ranks, profiled: real CPU traces, triaged."""
     from assets.perf_metadata import profile_metadata
-    from campaign_orchestrator.cluster import ladder
+    from training.cluster import ladder
     from training import triage
-    from campaign_orchestrator.cluster.torchrun import run_torchrun
+    from training.cluster.torchrun import run_torchrun
     from training.config import TrainJob
 
     train, _ = ladder.tiny_task(64, 1)

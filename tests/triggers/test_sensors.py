@@ -301,7 +301,7 @@ def test_shipped_instance_config_limits_the_pools(tmp_path):
     graph = build_definitions().resolve_asset_graph()
     pools = {stage: graph.get(AssetKey(["demo", stage])).pools for stage in ("teacher_generations", "student_adapter")}
     assert pools == {"teacher_generations": {"teacher"}, "student_adapter": {"gpu"}}
-    shutil.copy(REPO / "campaign_orchestrator" / "dagster.yaml", tmp_path / "dagster.yaml")
+    shutil.copy(REPO / "campaign_app" / "dagster.yaml", tmp_path / "dagster.yaml")
     with DagsterInstance.from_config(str(tmp_path)) as instance:
         config = instance.get_concurrency_config()
         assert config.pool_config.default_pool_limit == 1 and config.pool_config.pool_granularity.value == "op"
@@ -323,7 +323,7 @@ def test_definitions_read_campaign_files_and_artifacts_from_the_environment(tmp_
 
     drop(tmp_path, "a.jsonl", 5, seed=1)
     write_campaign(tmp_path, "elsewhere")
-    code = ("import campaign_orchestrator.definitions as definitions; d = definitions.defs; "
+    code = ("import campaign_app.definitions as definitions; d = definitions.defs; "
             "print(sorted({k.path[0] for k in d.resolve_all_asset_keys()})); "
             "print(d.resources['storage'].root)")
     env = {**os.environ, "CAMPAIGN_FILES": f"{tmp_path}/*.yaml{os.pathsep}{tmp_path}/none.yaml",

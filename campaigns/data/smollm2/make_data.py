@@ -296,7 +296,8 @@ def base_generate(threads):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from campaign_orchestrator import models, paths
+    from campaign_orchestrator import models
+    from campaigns import paths
 
     path = str(models.resolve("@packaged/smollm2-135m-instruct", paths.artifact_root()))
     torch.set_num_threads(threads)

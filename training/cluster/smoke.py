@@ -1,11 +1,11 @@
 """The two lowest rungs of the cluster validation ladder.
 
-``python -m campaign_orchestrator.cluster.smoke env --out env.json``
+``python -m training.cluster.smoke env --out env.json``
     Environment smoke (one process): Python and library versions, devices visible, CUDA / NCCL /
     driver versions, which distributed backends are built in. Proves the software stack loads and
     sees its devices; proves nothing about talking to other ranks.
 
-``torchrun ... -m campaign_orchestrator.cluster.smoke allreduce --out grads.json``
+``torchrun ... -m training.cluster.smoke allreduce --out grads.json``
     Distributed smoke: every rank computes gradients of the same small model on its shard of one
     global batch; the gradients are summed (``ReduceOp.SUM``, scaled by the global sample count)
     and averaged (``ReduceOp.AVG``) across ranks with gloo or NCCL, and compared with the gradient
@@ -164,7 +164,7 @@ def gradients_equal(result: dict[str, Any], tolerance: float = 1e-5) -> tuple[bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m campaign_orchestrator.cluster.smoke", description="Cluster validation smoke tests.")
+    ap = argparse.ArgumentParser(prog="python -m training.cluster.smoke", description="Cluster validation smoke tests.")
     ap.add_argument("what", choices=["env", "allreduce"])
     ap.add_argument("--out", help="write the result as JSON here (rank 0)")
     args = ap.parse_args(argv)

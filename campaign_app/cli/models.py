@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from campaign_orchestrator.cli.common import EXIT_INVALID, EXIT_OK
+from campaign_app.cli.common import EXIT_INVALID, EXIT_OK
 
 
 def build_models_command(args: argparse.Namespace) -> int:
@@ -21,7 +21,8 @@ def build_models_command(args: argparse.Namespace) -> int:
 def fetch_model_command(args: argparse.Namespace) -> int:
     """Resolve a model reference now (download, convert) so a campaign finds it cached; print its directory
     (first line) and, for a converted model, its model card (source, sha256, quantization, dequantized)."""
-    from campaign_orchestrator import models, paths
+    from campaign_orchestrator import models
+    from campaigns import paths
 
     ref = args.model if args.model.startswith(("@", "s3://")) or "/" in args.model or args.model.endswith(".gguf") \
         else models.PACKAGED_PREFIX + args.model

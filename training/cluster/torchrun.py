@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from campaign_orchestrator import paths
+from campaigns import paths
 from training.net import free_port
 
 
@@ -24,7 +24,7 @@ class LaunchError(RuntimeError):
 
 
 def torchrun_commands(target: list[str], nodes: int, procs: int, python: str, port: int, run_id: str) -> list[list[str]]:
-    """One torchrun command per node; ``target`` is what follows (e.g. ``["-m", "campaign_orchestrator.cluster.collectives", ...]``)."""
+    """One torchrun command per node; ``target`` is what follows (e.g. ``["-m", "training.cluster.collectives", ...]``)."""
     base = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(procs)]
     if nodes == 1:
         return [base + ["--standalone"] + target]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from campaigns.loader import default_campaign_files, load_campaigns
-from campaign_orchestrator.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
+from campaign_app.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
 
 
 def price_problems(spec) -> list[str]:

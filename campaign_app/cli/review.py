@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from campaigns.loader import CampaignError, resolve_campaign
-from campaign_orchestrator.cli.common import EXIT_INVALID, EXIT_OK, dagster_home
+from campaign_app.cli.common import EXIT_INVALID, EXIT_OK, dagster_home
 
 
 def approve_command(args: argparse.Namespace) -> int:

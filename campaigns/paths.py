@@ -65,9 +65,10 @@ def shipped_campaigns_dir() -> Path:
     return Path(str(resources.files(CAMPAIGNS_FOLDER)))
 
 
-def shipped_file(name: str) -> Path:
-    """A file shipped inside the library package (e.g. ``dagster.yaml``, the default instance settings)."""
-    return Path(str(resources.files("campaign_orchestrator") / name))
+def shipped_file(package: str, name: str) -> Path:
+    """A file shipped as package data of ``package`` (e.g. ``campaign_app``'s ``dagster.yaml``, the default
+    instance settings)."""
+    return Path(str(resources.files(package) / name))
 
 
 def default_campaign_files() -> list[Path]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from campaign_orchestrator.cli import campaigns, cluster, costs, models, review, run
-from campaign_orchestrator.cli.common import EXIT_BLOCKED, EXIT_FAILED, EXIT_INVALID, EXIT_OK  # noqa: F401  (exit codes)
+from campaign_app.cli import campaigns, cluster, costs, models, review, run
+from campaign_app.cli.common import EXIT_BLOCKED, EXIT_FAILED, EXIT_INVALID, EXIT_OK  # noqa: F401  (exit codes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from campaign_orchestrator.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
+from campaign_app.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
 
 
 def costs_command(args: argparse.Namespace) -> int:

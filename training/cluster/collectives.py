@@ -1,6 +1,6 @@
 """Collective bandwidth sweep: all_reduce, all_gather, reduce_scatter over message sizes.
 
-Run under torchrun (``python -m campaign_orchestrator.cluster.collectives --max-bytes 16M --out sweep.json``); NCCL on
+Run under torchrun (``python -m training.cluster.collectives --max-bytes 16M --out sweep.json``); NCCL on
 GPUs, gloo on CPUs. Figures follow nccl-tests (``doc/PERFORMANCE.md``):
 
 * ``size`` is the total buffer: the all_reduce buffer, the all_gather *output*, the
@@ -175,7 +175,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m campaign_orchestrator.cluster.collectives", description="Collective bandwidth sweep (torchrun).")
+    ap = argparse.ArgumentParser(prog="python -m training.cluster.collectives", description="Collective bandwidth sweep (torchrun).")
     ap.add_argument("--max-bytes", default="16M", help="largest message (e.g. 64K, 16M, 8G); default 16M")
     ap.add_argument("--min-bytes", default="8")
     ap.add_argument("--iters", type=int, default=10)

@@ -8,7 +8,7 @@
                            loss falls, throughput against the baseline, triage verdict.
 5. ``eval_gate``           the trained adapter beats its base on held-out items through the real gate.
 
-Each rung's numbers are kept as a baseline per cluster shape (``campaign_orchestrator.cluster.baseline``); a later run
+Each rung's numbers are kept as a baseline per cluster shape (``training.cluster.baseline``); a later run
 whose gradient error, plateau, latency floor, throughput or score moves beyond its threshold fails
 its check and names the change (and any version or driver change since the baseline); one that
 moves as far the other way passes with a warning to rebaseline if intended. A run that fails its
@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from campaign_orchestrator.cluster.baseline import BaselineStore, Rule, Verdict
+from training.cluster.baseline import BaselineStore, Rule, Verdict
 
 RUNGS = ("environment", "allreduce_smoke", "collective_bandwidth", "tiny_training", "eval_gate")
 
@@ -96,7 +96,7 @@ def check_bandwidth(store: BaselineStore, shape: str, sweep: dict[str, Any], fin
 
 
 def bandwidth_markdown(sweep: dict[str, Any]) -> str:
-    from campaign_orchestrator.cluster.collectives import _human
+    from training.cluster.collectives import _human
 
     ops = list(sweep["summary"])
     sizes = sorted({r["bytes"] for r in sweep["rows"]})

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from campaign_orchestrator import paths
-from campaign_orchestrator.cli.common import EXIT_BLOCKED, EXIT_FAILED, EXIT_INVALID, EXIT_OK, dagster_home, latest_manifest, resolve_with_source
+from campaigns import paths
+from campaign_app.cli.common import EXIT_BLOCKED, EXIT_FAILED, EXIT_INVALID, EXIT_OK, dagster_home, latest_manifest, resolve_with_source
 
 
 def campaign_summary(artifacts: Path, campaign: str, primary_suite: str, run_id: str | None = None,
@@ -133,7 +133,7 @@ def run_command(args: argparse.Namespace) -> int:
     if resolved is None:
         return EXIT_INVALID
     spec, source = resolved
-    from campaign_orchestrator.cli.campaigns import price_problems
+    from campaign_app.cli.campaigns import price_problems
 
     problems = price_problems(spec)
     if problems:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from campaign_orchestrator.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, check_status, dagster_home, latest_manifest
+from campaign_app.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, check_status, dagster_home, latest_manifest
 
 
 def ladder_command(args: argparse.Namespace) -> int:
@@ -27,7 +27,7 @@ def ladder_command(args: argparse.Namespace) -> int:
     if args.up_to:
         from dagster import AssetKey
 
-        from campaign_orchestrator.cluster.ladder import RUNGS
+        from training.cluster.ladder import RUNGS
 
         selection = [AssetKey(["cluster", r]) for r in RUNGS[:RUNGS.index(args.up_to) + 1]]
     with DagsterInstance.get() as instance:

@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from campaign_orchestrator import paths
+from campaigns import paths
 from campaigns.loader import CampaignError, resolve_campaign
 
 
@@ -18,7 +18,7 @@ EXIT_OK, EXIT_INVALID, EXIT_FAILED, EXIT_BLOCKED = 0, 1, 2, 3
 def dagster_home() -> Path:
     home = paths.dagster_home()
     home.mkdir(parents=True, exist_ok=True)
-    shipped = paths.shipped_file("dagster.yaml")
+    shipped = paths.shipped_file("campaign_app", "dagster.yaml")
     if not (home / "dagster.yaml").exists():
         if shipped.exists():
             shutil.copy(shipped, home / "dagster.yaml")
