@@ -133,8 +133,7 @@ def build(spec: CampaignSpec):
                                    log=context.log.warning, part=f"{trial_partition(rec.root)}:rung-{steps}")
 
             def spent_usd() -> float:
-                return float(ledger.query("SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ? "
-                                          "AND asset = ? AND stage_key = ?", [spec.name, STAGE, k])[0]["usd"])
+                return ledger.stage_spent(spec.name, STAGE, k)
 
             def record_lines(rec, steps: int, lines: list[dict]) -> None:
                 ledger.record_lines(campaign=spec.name, asset=STAGE, run_id=context.run_id, step_key=step_key,

@@ -130,8 +130,7 @@ class PricingResource(ConfigurableResource):
         if estimate is not None and teacher:  # checked once the cache says how much is left to pay for
             guard.planned_usd = float(estimate)
         elif estimate is not None:
-            earlier = ledger.query("SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ? AND asset = ? "
-                                   "AND stage_key = ? AND status = 'interrupted'", [spec.name, stage, sd.key])[0]["usd"]
+            earlier = ledger.stage_spent(spec.name, stage, sd.key, status="interrupted")
             guard.check_estimate(float(estimate), float(earlier))
         return guard
 

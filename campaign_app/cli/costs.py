@@ -18,7 +18,7 @@ def costs_command(args: argparse.Namespace) -> int:
         import duckdb
 
         try:
-            rows = ledger.query(args.sql)
+            rows = ledger.user_query(args.sql)
         except duckdb.Error as e:
             print(f"query failed: {e}", file=sys.stderr)
             return EXIT_INVALID
@@ -70,7 +70,8 @@ def add_parsers(sub) -> None:
     """Register this group's commands on the ``campaign`` parser."""
     c = sub.add_parser("costs", help="spend per run from the cost ledger, or any SQL query on it")
     c.add_argument("campaign", nargs="?", help="one campaign (default: every campaign in the ledger)")
-    c.add_argument("--sql", help="a query, e.g. \"SELECT kind, SUM(usd) FROM cost_lines GROUP BY kind\"")
+    c.add_argument("--sql", help="a query over the ledger's tables cost_lines, materializations and cost_reports, e.g. "
+                   "\"SELECT kind, SUM(usd) AS usd ... GROUP BY kind\" (the table after FROM)")
     c.add_argument("--artifacts", default="artifacts")
     c.set_defaults(fn=costs_command)
     d = sub.add_parser("dashboard", help="write the campaign's cost dashboard (HTML) from the ledger")

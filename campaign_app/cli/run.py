@@ -54,12 +54,9 @@ def run_costs(artifacts: Path, spec, run_id: str, attempted: set[str] = frozense
 
     pricing = PricingResource()
     ledger = pricing.ledger_at(artifacts)
-    done = {r["asset"] for r in ledger.query("SELECT DISTINCT asset FROM materializations WHERE campaign = ? AND run_id = ?",
-                                             [spec.name, run_id])}
+    done = ledger.assets_materialized(spec.name, run_id)
     out: dict = {"run_id": run_id, "spent_this_run_usd": ledger.spent(spec.name, run_id=run_id),
-                 "spent_by_stage": {r["asset"]: r["usd"] for r in ledger.query(
-                     "SELECT asset, SUM(usd) AS usd FROM cost_lines WHERE campaign = ? AND run_id = ? GROUP BY asset "
-                     "ORDER BY asset", [spec.name, run_id])}}
+                 "spent_by_stage": ledger.spent_by_asset(spec.name, run_id)}
     unknown = ledger.unknown(spec.name, run_id=run_id)
     if spec.teacher.unpriced and "teacher_generations" in attempted and "teacher_generations" not in done:
         unknown["teacher_generations"] = ("unknown: teacher.price is `unpriced` (the stage stopped part-way; what "
@@ -76,8 +73,7 @@ def run_costs(artifacts: Path, spec, run_id: str, attempted: set[str] = frozense
     else:  # the stage outputs this run materialized (its own or reused), as the ledger recorded them
         from campaign_orchestrator.stage_dir import StageDir
 
-        used = ledger.query("SELECT asset, arg_max(stage_key, recorded_at) AS stage_key FROM materializations "
-                            "WHERE campaign = ? AND run_id = ? GROUP BY asset", [spec.name, run_id])
+        used = ledger.run_outputs(spec.name, run_id)
         manifests = {r["asset"]: StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).manifest() for r in used
                      if r["stage_key"] and StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).is_complete()}
         out["cost"] = cost_report(pricing, spec, artifacts, run_id, manifests)

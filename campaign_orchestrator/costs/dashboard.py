@@ -257,8 +257,7 @@ def sweep_panel_data(sweep: dict) -> dict:
 
 def sweep_trial_costs(ledger, campaign: str, sweep_key: str) -> dict[str, float]:
     """Ledger spend per trial partition (``trial-NNN``) of one sweep, every run and rung."""
-    rows = ledger.query("SELECT production_id, usd FROM cost_lines WHERE campaign = ? AND asset = 'hparam_sweep' "
-                        "AND stage_key = ?", [campaign, sweep_key])
+    rows = ledger.production_spend(campaign, "hparam_sweep", sweep_key)
     out: dict[str, float] = {}
     for r in rows:
         trial = str(r["production_id"]).split(":")[2]

@@ -236,6 +236,40 @@ class Ledger:
             cols = [d[0] for d in cur.description] if cur.description else []
             return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
+    def user_query(self, sql: str) -> list[dict]:
+        """A query of the user's own (``campaign costs --sql``) over the ledger's tables, read-only."""
+        return self.query(sql)
+
+    def stage_spent(self, campaign: str, asset: str, stage_key: str, status: str | None = None) -> float:
+        """Dollars recorded for one stage output (``asset`` at ``stage_key``), every run; ``status``: only
+        ``completed`` or ``interrupted`` lines."""
+        sql = "SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ? AND asset = ? AND stage_key = ?"
+        params = [campaign, asset, stage_key]
+        if status is not None:
+            sql, params = sql + " AND status = ?", params + [status]
+        return float(self.query(sql, params)[0]["usd"])
+
+    def production_spend(self, campaign: str, asset: str, stage_key: str) -> list[dict]:
+        """``production_id`` and ``usd`` of every line of one stage output (e.g. a sweep's rungs), every run."""
+        return self.query("SELECT production_id, usd FROM cost_lines WHERE campaign = ? AND asset = ? AND stage_key = ?",
+                          [campaign, asset, stage_key])
+
+    def assets_materialized(self, campaign: str, run_id: str, produced_only: bool = False) -> set[str]:
+        """The assets ``run_id`` materialized (``produced_only``: produced, not reused from the cache)."""
+        sql = "SELECT DISTINCT asset FROM materializations WHERE campaign = ? AND run_id = ?"
+        return {r["asset"] for r in self.query(sql + (" AND NOT reused" if produced_only else ""), [campaign, run_id])}
+
+    def spent_by_asset(self, campaign: str, run_id: str) -> dict[str, float]:
+        """Asset -> dollars recorded in ``run_id``."""
+        return {r["asset"]: r["usd"] for r in self.query(
+            "SELECT asset, SUM(usd) AS usd FROM cost_lines WHERE campaign = ? AND run_id = ? GROUP BY asset "
+            "ORDER BY asset", [campaign, run_id])}
+
+    def run_outputs(self, campaign: str, run_id: str) -> list[dict]:
+        """``asset`` and ``stage_key`` (its latest) of every stage output ``run_id`` materialized (own or reused)."""
+        return self.query("SELECT asset, arg_max(stage_key, recorded_at) AS stage_key FROM materializations "
+                          "WHERE campaign = ? AND run_id = ? GROUP BY asset", [campaign, run_id])
+
     def spent(self, campaign: str, asset: str | None = None, run_id: str | None = None) -> float:
         """Dollars recorded for a campaign (optionally one asset and/or one run), completed + interrupted."""
         sql, params = "SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ?", [campaign]

@@ -205,9 +205,7 @@ def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dic
     spent_all = ledger.spent(campaign)
     if unknown:  # what an unpriced stage cost is unknown wherever it was paid: the campaign, and its producing run
         spent_all = None
-        made_here = {r["asset"] for r in ledger.query(
-            "SELECT DISTINCT asset FROM materializations WHERE campaign = ? AND run_id = ? AND NOT reused",
-            [campaign, run_id])}
+        made_here = ledger.assets_materialized(campaign, run_id, produced_only=True)
         if made_here & {s for s, m in manifests.items() if m and m.get("cost_unknown")}:
             spent_run = None
     spent_scope = spent_run if budget_scope == "run" else spent_all
