@@ -15,7 +15,7 @@ sweep_trial            hparam_sweep (one dynamic partition per trial, reported b
 student_adapter        training (``python -m training`` through resources.training_launcher)
 evaluation             evaluation (runner, suite, gate, report; local generation: .teacher.local; lm_eval suites: harness)
 promoted_model         evaluation.approval
-campaign_cost          campaign_orchestrator.costs (report, dashboard; resources.pricing)
+campaign_cost          resources.pricing (the cost report and dashboard; every asset prices through it)
 drift_evaluation       evaluation.drift (automation group: sensors.py, plain logic in .triggers)
 =====================  =========================================================================
 

@@ -13,7 +13,7 @@ from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
 from assets.common import key
 from campaigns.spec import CampaignSpec
-from resources.pricing import PricingResource, cost_report
+from resources.pricing import PricingResource, cost_report, report_text
 from resources.storage import ArtifactStore
 
 STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")
@@ -27,12 +27,11 @@ PLOTTED = ("total_usd", "teacher_usd", "training_usd", "evaluation_usd", "interr
 
 
 def report_metadata(report: dict) -> dict:
-    from campaign_orchestrator.costs.report import per_point_text, render_markdown
-
     md = {k: float(report[k]) for k in PLOTTED
           if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))}
-    md["per_point_gained"] = per_point_text(report)
-    md["report"] = MetadataValue.md(render_markdown(report))
+    per_point, markdown = report_text(report)
+    md["per_point_gained"] = per_point
+    md["report"] = MetadataValue.md(markdown)
     md["report_json"] = MetadataValue.path(report["report_path"])
     md["dashboard"] = MetadataValue.url("file://" + report["dashboard_path"])
     return md

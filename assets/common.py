@@ -8,7 +8,6 @@ from dagster import AssetKey, MetadataValue
 from campaigns.spec import CampaignSpec
 from campaigns import paths
 from campaign_orchestrator.content import HashCache, model_fingerprint, short, value_sha256
-from resources.pricing import PricingResource
 from campaign_orchestrator.demo import recipe
 
 STAGES = (
@@ -46,11 +45,6 @@ def model_identity(path: Path, revision: str | None = None) -> str:
     """Content fingerprint of a model directory (every byte; each file version read once, digests kept
     in the per-user hash cache), plus its revision."""
     return f"{model_fingerprint(path, HashCache(paths.hash_cache_file()))}@{revision or ''}"
-
-
-def hardware_cost(pricing: PricingResource, spec: CampaignSpec, kind: str, hardware: str, seconds: float,
-                  hosts: int = 1, devices: int = 1) -> dict:
-    return pricing.hardware_line(spec, kind, hardware, seconds, hosts=hosts, devices=devices)
 
 
 def usd(lines: list[dict]) -> float:

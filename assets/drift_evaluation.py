@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
 
-from assets.common import hardware_cost, key, stage_key
+from assets.common import key, stage_key
 from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
@@ -156,9 +156,10 @@ def build(spec: CampaignSpec):
             from types import SimpleNamespace
 
             # priced and inside the campaign's budget, like evaluation (stopped between suites when it would pass)
-            guard = pricing.budget_guard(context, spec, sd)
+            device = _local_device(spec)  # None: an endpoint, billed nowhere here (as in evaluation)
+            guard = pricing.guard(context, spec, sd, device=device)
             t0 = time.perf_counter()
-            generate, billed, note = _promoted_model(spec, storage, pricing, promoted, context)
+            generate = _promoted_model(spec, storage, promoted, context)
             scores, item_rows = score_promoted(generate, [SimpleNamespace(**s) for s in suites], log=context.log.info,
                                                progress=guard.watch())
             report = decide(scores, _promotion_scores(promoted, item_suites), floor, drop, ev.gate.min_items, conf)
@@ -166,7 +167,8 @@ def build(spec: CampaignSpec):
             write_item_rows(item_rows, out / "items.parquet")
             (out / "drift.json").write_text(json.dumps(report.as_dict() | {"item_selection": selection}, indent=2))
             wall = time.perf_counter() - t0
-            lines = [hardware_cost(pricing, spec, "evaluation", billed, wall)] if billed else []
+            bill = pricing.bill(spec, STAGE, {"seconds": wall, "device": device}) if device else None
+            lines, note = (bill["lines"], bill["billing_note"]) if bill else ([], None)
             sd.commit({"promoted_key": promoted.key, "report": report.as_dict(), "heldout_items": len(held),
                        "item_selection": selection, "source_files": [f.name for f in files],
                        "backend": ev.backend, "wall_seconds": wall, "cost_lines": lines,
@@ -200,9 +202,17 @@ def _promotion_scores(promoted, suites) -> dict[str, list[float] | None]:
     return {s.name: items.get(s.name) for s in suites}
 
 
-def _promoted_model(spec: CampaignSpec, storage: ArtifactStore, pricing: PricingResource, promoted, context):
-    """The promoted model's ``generate`` through the campaign's evaluation backend, the catalog key its
-    time is billed at (None: an endpoint, billed nowhere here, as in evaluation) and a billing note."""
+def _local_device(spec: CampaignSpec) -> str | None:
+    """Where the promoted model runs when scored locally ("cuda"/"cpu"), None through an endpoint."""
+    if spec.evaluation.backend == "openai":
+        return None
+    from assets.evaluation import local_device
+
+    return local_device()
+
+
+def _promoted_model(spec: CampaignSpec, storage: ArtifactStore, promoted, context):
+    """The promoted model's ``generate`` through the campaign's evaluation backend."""
     ev, q = spec.evaluation, spec.student.quantization
     if ev.backend == "openai":
         from evaluation.endpoint import AdapterNotVerified, OpenAIEndpoint
@@ -218,17 +228,15 @@ def _promoted_model(spec: CampaignSpec, storage: ArtifactStore, pricing: Pricing
         except AdapterNotVerified as err:
             raise Failure(str(err), allow_retries=False) from None
         context.log.info(f"scoring the promoted model through {e.base_url} as {name!r}")
-        return (OpenAIEndpoint(e.base_url, name, api_key_env=e.api_key_env, max_concurrency=e.max_concurrency,
-                               timeout_s=e.timeout_s).generate, None, None)
-    from assets.evaluation import local_billing
+        return OpenAIEndpoint(e.base_url, name, api_key_env=e.api_key_env, max_concurrency=e.max_concurrency,
+                              timeout_s=e.timeout_s).generate
     from evaluation.drift import local_generate
 
-    billed, note = local_billing(spec, pricing)
     base = promoted.base_model_path()
     if base is None or not base.exists():
         base = storage.resolve_model(spec.student.base_model, spec.project_dir)
-    return (local_generate(base, promoted.adapter_path, q.load_in_4bit, q.compute_dtype,
-                           max((s.batch_size for s in ev.suites if s.kind == "items"), default=64)), billed, note)
+    return local_generate(base, promoted.adapter_path, q.load_in_4bit, q.compute_dtype,
+                          max((s.batch_size for s in ev.suites if s.kind == "items"), default=64))
 
 
 def _record_cost(pricing: PricingResource, storage: ArtifactStore, spec: CampaignSpec, context, manifest: dict) -> None:

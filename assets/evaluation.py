@@ -22,12 +22,11 @@ from dagster import (
     asset,
 )
 
-from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
+from assets.common import base_metadata, key, model_deps, model_identity, stage_key
 from assets.harness import harness_identity, harness_models, harness_suites, is_harness
 from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
-from campaign_orchestrator.costs.report import student_teacher_ratio
-from resources.pricing import PricingResource
+from resources.pricing import PricingResource, student_teacher_ratio
 from resources.storage import ArtifactStore
 from resources.teacher import TeacherResource
 
@@ -90,7 +89,7 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
     ``evaluation``), ``unknown`` when that price is ``unpriced``, ``seconds``."""
     from types import SimpleNamespace
 
-    from assets.teacher_generations import teacher_setup
+    from assets.teacher_generations import teacher_setup, teacher_usage
     from campaign_orchestrator.teacher.requests import Sampling
     from campaign_orchestrator.teacher.runner import run_generation
 
@@ -113,8 +112,8 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
         st = res.stats
         log(f"teacher on {len(prompts)} held-out prompts: {st.cache_hits} from the generation cache, {st.generated} "
             f"generated")
-        lines = [] if not st.generated else pricing.teacher_lines(  # cache hits cost nothing
-            spec, st.generate_s, st.new_prompt_tokens, st.new_completion_tokens, kind="evaluation")
+        lines = [] if not st.generated else pricing.bill(  # cache hits cost nothing
+            spec, "teacher_scoring", teacher_usage(st))["lines"]
         if lines is None:
             spend["unknown"] = True
         else:
@@ -172,8 +171,8 @@ def build(spec: CampaignSpec):
 
             # refuses to start when the planner's estimate exceeds the budget left; checked again from
             # actual spend after each model's suite
-            guard = pricing.budget_guard(context, spec, storage.stage(spec.name, "evaluation", items_key))
-            billed, note = local_billing(spec, pricing) if local else (None, None)
+            device = local_device() if local else None  # a GPU-priced evaluation without a GPU: refused now
+            guard = pricing.guard(context, spec, storage.stage(spec.name, "evaluation", items_key), device=device)
             t0 = time.perf_counter()
             held = read_prompt_table(prompts["heldout_path"])
             runs = [SuiteRun(x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name],
@@ -196,15 +195,17 @@ def build(spec: CampaignSpec):
             wall = time.perf_counter() - t0
             # local models' time on the hardware they ran on; the teacher at its own price (its seconds not twice)
             local_s = wall - (spend["seconds"] if spend and not t.api else 0.0)
-            lines = [hardware_cost(pricing, spec, "evaluation", billed, local_s)] if local else []
-            lines += spend["lines"] if spend else []
-            extra = {"billed_hardware": billed, **({"billing_note": note} if note else {})} if local else {}
+            bill = pricing.bill(spec, "evaluation", {"seconds": local_s, "device": device, "parts": {
+                "lm_eval": harness_run.wall_seconds} if harness_run else {}}) if local else None
+            lines = (bill["lines"] if bill else []) + (spend["lines"] if spend else [])
+            note = bill and bill["billing_note"]
+            extra = {"billed_hardware": bill["billed_hardware"], **({"billing_note": note} if note else {})} if bill else {}
             if spend and spend["unknown"]:
                 extra["cost_unknown"] = "unknown: scoring the teacher, whose teacher.price is `unpriced`"
             isd.commit({"items_path": str(out / "items.parquet"), "items_sha256": file_sha256(out / "items.parquet"),
                         "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines,
                         **extra, "compute_dtype": dtypes}
-                       | _harness_manifest(pricing, spec, harness_run, billed if local else None))
+                       | _harness_manifest(harness_run, bill))
         im = isd.manifest()
 
         policies = {x.name: GatePolicy.from_mapping(ev.gate_for(x).model_dump()) for x in ev.suites}
@@ -277,21 +278,12 @@ def local_quantization_key(q) -> dict:
     return q.model_dump() | {"compute_dtype": key_precision(q.compute_dtype)}
 
 
-def local_billing(spec: CampaignSpec, pricing: PricingResource) -> tuple[str, str | None]:
-    """The catalog key local evaluation is billed at: ``training.hardware`` where torch sees a GPU;
-    without one, a GPU entry is refused unless ``training.allow_cpu_fallback`` (billed ``cpu_hardware``)."""
-    from dagster import Failure
-
+def local_device() -> str:
+    """Where local evaluation runs ("cuda" where torch sees a GPU, else "cpu"): it is billed at the hardware used
+    (``training.hardware``; without a GPU a GPU entry is refused unless ``training.allow_cpu_fallback``)."""
     import torch
 
-    from campaign_orchestrator.costs.catalog import PricingError
-    from campaign_orchestrator.costs.lines import billed_hardware
-
-    try:
-        return billed_hardware(spec, pricing.catalog_for(spec), "cuda" if torch.cuda.is_available() else "cpu",
-                               what="local evaluation")
-    except PricingError as e:
-        raise Failure(str(e), allow_retries=False) from None
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _run_harness(spec: CampaignSpec, harness: list, adapter: dict, base, isd, context, progress):
@@ -308,12 +300,12 @@ def _run_harness(spec: CampaignSpec, harness: list, adapter: dict, base, isd, co
                            log=context.log.info, progress=progress)
 
 
-def _harness_manifest(pricing: PricingResource, spec: CampaignSpec, run, billed: str | None) -> dict:
+def _harness_manifest(run, bill: dict | None) -> dict:
     """The harness's share of the evaluation (already inside its wall time and cost line): its agreement
-    table, seconds and their price at the billed hardware (None: not run locally)."""
+    table, seconds and their price at the billed hardware (``bill``'s ``lm_eval`` part; None: not run locally)."""
     if run is None:
         return {}
-    usd = hardware_cost(pricing, spec, "evaluation", billed, run.wall_seconds)["usd"] if billed else 0.0
+    usd = bill["parts_usd"]["lm_eval"] if bill else 0.0
     return {"lm_eval": run.as_dict(), "lm_eval_seconds": run.wall_seconds, "lm_eval_usd": usd}
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from dagster import AssetExecutionContext, AssetIn, AssetMaterialization, Failure, MetadataValue, Output, asset
 
-from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
+from assets.common import base_metadata, key, model_deps, model_identity, stage_key
 from assets.student_adapter import teacher_tokenizer_path, training_key_fields
 from assets.sweep_trial import trial_key, trial_partition, trial_partitions
 from campaigns.spec import CampaignSpec
-from resources.pricing import PricingResource
+from resources.pricing import PricingResource, sweep_panel
 from resources.storage import ArtifactStore
 from resources.training_launcher import TrainingLauncher
 
@@ -66,7 +66,6 @@ def build(spec: CampaignSpec):
                         + (f", cap ${sw.budget_usd:g}" if sw.budget_usd else "") + "; the best drives student_adapter."))
     def hparam_sweep(context: AssetExecutionContext, dataset: dict, storage: ArtifactStore,
                      launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
-        from campaign_orchestrator.costs.lines import billed_hardware, gpu_priced
         from campaign_orchestrator.sweep import RungOutcome, Sweep, make_storage, storage_url
         from training.config import TrainJob
 
@@ -78,16 +77,12 @@ def build(spec: CampaignSpec):
             cached = False  # stopped by a cap that has since changed: resume the study (no rung is retrained)
         if not cached:
             workdir = sd.ensure()
-            catalog = pricing.catalog_for(spec)
             ledger = pricing.ledger_at(sd.root)
-            entry = catalog.get(tr.hardware)
-            price_s = entry.hourly_usd(spec.cost.pricing_tier) / 3600 * (tr.nodes if entry.unit == "host-hour"
-                                                                           else tr.world_size)
             measured: list[tuple[int, float]] = []
             capped = sw.budget_usd is not None or spec.cost.budget_usd is not None
             try:
                 plan = pricing.plan(spec, sd.root)["stages"]["student_adapter"]
-                startup = float(entry.perf.get("train_startup_s", 0.0)) if entry.perf else 0.0
+                startup = float(plan.get("startup_s", 0.0))
                 planned = (startup, max(0.0, plan["seconds"] - startup) / plan["steps"])
             except Exception as e:  # noqa: BLE001 - whatever the planner raised, it is named in the error
                 if capped:  # never price a rung at $0 under a cap: say what failed and stop
@@ -99,7 +94,7 @@ def build(spec: CampaignSpec):
                 planned = None
             step_key = context.get_step_execution_context().step.key
             tok = teacher_tokenizer_path(spec, storage)
-            gpu = gpu_priced(spec, catalog)
+            gpu = pricing.gpu_required(spec)
             remote = tr.checkpoint.remote_uri
             cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}
             mlflow_runs: dict[int, str] = {}
@@ -110,8 +105,8 @@ def build(spec: CampaignSpec):
                     raise RuntimeError(f"sweep: no estimate for {steps} steps (no planner estimate, nothing measured)")
                 return rate[0] + rate[1] * steps
 
-            def estimate_usd(steps: int, _trial: int) -> float:
-                return seconds_for(steps) * price_s
+            def estimate_usd(steps: int, _trial: int) -> float:  # at training.hardware, as the rung's guard accrues
+                return pricing.bill(spec, STAGE, {"seconds": seconds_for(steps), "hardware": tr.hardware})["usd"]
 
             def full_run_seconds(steps: int) -> float | None:
                 try:
@@ -121,16 +116,7 @@ def build(spec: CampaignSpec):
 
             def make_guard(rec, steps: int, limits):
                 """The rung's launch: stopped inside when what it accrues would cross what is left of the cap."""
-                from campaign_orchestrator.costs.budget import BudgetGuard, Limit
-                from campaign_orchestrator.costs.lines import compute_line
-
-                return BudgetGuard(ledger=ledger, campaign=spec.name, stage=STAGE, run_id=context.run_id,
-                                   step_key=step_key, attempt=context.retry_number, stage_key=k,
-                                   limits=[Limit(what, cap, 0.0, spent_now=fn) for what, cap, fn in limits],
-                                   line_fn=lambda seconds, _n: [compute_line("training", entry, seconds, hosts=tr.nodes,
-                                                                             devices=tr.world_size,
-                                                                             tier=spec.cost.pricing_tier)],
-                                   log=context.log.warning, part=f"{trial_partition(rec.root)}:rung-{steps}")
+                return pricing.guard(context, spec, sd, limits=limits, part=f"{trial_partition(rec.root)}:rung-{steps}")
 
             def spent_usd() -> float:
                 return ledger.stage_spent(spec.name, STAGE, k)
@@ -159,20 +145,18 @@ def build(spec: CampaignSpec):
                     log_tail = "".join(str(v.value) for v in (e.metadata or {}).values())
                     if "non-finite" not in log_tail + str(e):
                         raise
-                    line = hardware_cost(pricing, spec, "training", tr.hardware, wall, hosts=tr.nodes,
-                                         devices=tr.world_size)
+                    lines = pricing.bill(spec, STAGE, {"seconds": wall, "hardware": tr.hardware})["lines"]
                     context.log.warning(f"sweep: trial {rec.number} diverged (non-finite loss) before step {steps}")
-                    return RungOutcome(value=float("inf"), seconds=wall, lines=[line], trained_steps=steps - prev)
+                    return RungOutcome(value=float("inf"), seconds=wall, lines=lines, trained_steps=steps - prev)
                 wall = time.perf_counter() - t0
                 summary = json.loads((tdir / "summary.json").read_text())
-                billed, _ = billed_hardware(spec, catalog, summary.get("device", "cpu"))
                 trained = summary["trained_steps"] if summary.get("rung") else steps - (summary.get("resumed_from_step") or 0)
                 measured.append((trained, wall))
                 if summary.get("eval_loss") is None:
                     raise Failure(f"sweep: trial {rec.number} has no eval loss (no validation rows: set "
                                   "dataset.validation_fraction or training.eval_rows)")
-                line = hardware_cost(pricing, spec, "training", billed, wall, hosts=tr.nodes, devices=tr.world_size)
-                return RungOutcome(value=float(summary["eval_loss"]), seconds=wall, lines=[line],
+                lines = pricing.bill(spec, STAGE, {"seconds": wall, "device": summary.get("device", "cpu")})["lines"]
+                return RungOutcome(value=float(summary["eval_loss"]), seconds=wall, lines=lines,
                                    trained_steps=trained, resumed_from=summary.get("resumed_from_step"))
 
             def on_event(rec) -> None:
@@ -209,10 +193,8 @@ def build(spec: CampaignSpec):
             result["spent_usd"] = spent_usd()  # the ledger's word: every rung of this sweep, any run
             if result["best_root"] is not None:
                 result["best_dir"] = str(workdir / trial_partition(result["best_root"]))
-            from campaign_orchestrator.costs.dashboard import sweep_panel_data
-
             (workdir / "sweep.json").write_text(json.dumps(result, indent=2, default=str))
-            (workdir / "panel.json").write_text(json.dumps(sweep_panel_data(result), indent=2, default=str))
+            (workdir / "panel.json").write_text(json.dumps(sweep_panel(result), indent=2, default=str))
             sd.commit(result | {"storage": url.split("@")[-1], "wall_seconds": time.perf_counter() - t0,
                                 "cost_lines": []})  # the lines are in the ledger per trial and rung
         m = sd.manifest()

@@ -33,11 +33,10 @@ class ManifestIOManager(ConfigurableIOManager):
             self._record_cost(context, obj)
 
     def _record_cost(self, context: OutputContext, manifest: dict) -> None:
-        from campaign_orchestrator.costs.ledger import Ledger
-        from resources.pricing import ledger_path
+        from resources.pricing import PricingResource
 
         key = list(context.asset_key.path)
-        ledger = Ledger(ledger_path(ArtifactStore(root=self.root).root_path(), self.ledger))
+        ledger = PricingResource(ledger=self.ledger).ledger_at(ArtifactStore(root=self.root).root_path())
         res = ledger.record_stage(campaign=manifest.get("campaign", key[0]), asset=key[-1], run_id=context.run_id,
                                   step_key=context.step_key, manifest=manifest,
                                   attempt=context.step_context.previous_attempt_count)

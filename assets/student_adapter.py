@@ -6,11 +6,11 @@ import time
 
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
-from assets.common import base_metadata, hardware_cost, key, model_deps, model_identity, stage_key
+from assets.common import base_metadata, key, model_deps, model_identity, stage_key
 from assets.perf_metadata import profile_metadata
 from campaigns.spec import CampaignSpec
 from resources.training_launcher import TrainingLauncher
-from resources.pricing import PricingResource
+from resources.pricing import PricingResource, refuse_student
 from resources.storage import ArtifactStore
 
 
@@ -95,17 +95,10 @@ def teacher_tokenizer_path(spec: CampaignSpec, storage: ArtifactStore) -> str | 
 def refuse_before_launch(spec: CampaignSpec, base) -> None:
     """Settings the student model refuses (a mixture of experts: experts nothing trains, a per-expert rank
     below 1, targets that match nothing), before any process starts; the trainer checks them again."""
-    from campaign_orchestrator.costs.memory import ModelShape, PlanError, moe_problems
-
-    try:
-        shape = ModelShape.from_model_dir(base) if (base / "config.json").exists() else None
-    except PlanError:
-        shape = None  # a config the planner cannot read (e.g. a stub beside a model on the cluster): the trainer checks
-    if shape is not None:
-        problems = moe_problems(shape, spec.student)
-        if problems:
-            raise ValueError(f"campaign {spec.name}: student {spec.student.base_model} ({base}) refuses these settings, "
-                             "nothing was launched:\n  " + "\n  ".join(problems))
+    problems = refuse_student(spec, base)
+    if problems:
+        raise ValueError(f"campaign {spec.name}: student {spec.student.base_model} ({base}) refuses these settings, "
+                         "nothing was launched:\n  " + "\n  ".join(problems))
 
 
 def moe_metadata(moe: dict | None) -> dict:
@@ -204,26 +197,23 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
         out = sd.ensure()
         shutil.rmtree(out / "adapter", ignore_errors=True)
         remote = tr.checkpoint.remote_uri
-        from campaign_orchestrator.costs.lines import billed_hardware, gpu_priced
-
-        catalog = pricing.catalog_for(spec)
         job = TrainJob(campaign=spec.name, base_model_path=str(base), dataset_path=dataset["dataset_path"],
                        validation_path=dataset.get("validation_path"), output_dir=str(out), student=s, training=tr,
                        teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
-                       gpu_required=gpu_priced(spec, catalog),
+                       gpu_required=pricing.gpu_required(spec),
                        checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None)
         t0 = time.perf_counter()
         cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
-        launched = launcher.launch(context, job, out, budget=pricing.budget_guard(context, spec, sd), **cluster)
+        launched = launcher.launch(context, job, out, budget=pricing.guard(context, spec, sd), **cluster)
         wall = time.perf_counter() - t0
         summary = json.loads((out / "summary.json").read_text())
         check_precision(spec, summary, precision, out)
         # billed at what it ran on: a GPU entry only when the trainer had GPUs (it refuses otherwise, unless
         # allow_cpu_fallback: then CPU time at training.cpu_hardware)
-        billed, note = billed_hardware(spec, catalog, summary.get("device", "cpu"))
+        bill = pricing.bill(spec, "student_adapter", {"seconds": wall, "device": summary.get("device", "cpu")})
+        lines, billed, note = bill["lines"], bill["billed_hardware"], bill["billing_note"]
         if note:
             context.log.warning(note)
-        lines = [hardware_cost(pricing, spec, "training", billed, wall, hosts=tr.nodes, devices=tr.world_size)]
         sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
                    "metrics_path": str(out / "metrics.parquet"), "logs": launched["logs"],
                    "wall_seconds": wall, "cost_lines": lines, "billed_hardware": billed,

@@ -44,15 +44,12 @@ def teacher_setup(storage: ArtifactStore, teacher: TeacherResource, spec: Campai
     return teacher.backend(t, model_path, weights_id), cache, identity, store
 
 
-def teacher_cost_lines(pricing: PricingResource, spec: CampaignSpec, stats) -> list[dict] | None:
-    """What this run's generations cost, priced by the teacher's one price field
-    (``campaign_orchestrator.costs.lines.teacher_lines``): API tokens paid for in this run (cache hits
-    are free) x ``teacher.price``, or generation seconds x ``teacher.hardware`` (x GPUs for vLLM).
-    None: ``price: unpriced``, the spend is unknown."""
-    from campaign_orchestrator.costs.lines import teacher_lines
-
-    return teacher_lines(spec, pricing.catalog_for(spec), stats.generate_s, stats.new_prompt_tokens,
-                         stats.new_completion_tokens)
+def teacher_usage(stats) -> dict:
+    """What this run's new generations used, as ``pricing.bill`` prices it by the teacher's one price field:
+    API tokens paid for in this run (cache hits are free) x ``teacher.price``, or generation seconds x
+    ``teacher.hardware`` (x GPUs for vLLM); billed None when ``price: unpriced`` (the spend is unknown)."""
+    return {"seconds": stats.generate_s, "prompt_tokens": stats.new_prompt_tokens,
+            "completion_tokens": stats.new_completion_tokens}
 
 
 UNPRICED_NOTE = "unknown: teacher.price is `unpriced`"
@@ -91,7 +88,7 @@ def build(spec: CampaignSpec):
             backend = teacher.backend(t, model_path, weights_id)
             # the budget guard is charged what each new generation used (cache hits are free) and stops the
             # stage cleanly (the cache keeps what finished)
-            guard = pricing.budget_guard(context, spec, sd)
+            guard = pricing.guard(context, spec, sd)
             progress = RunProgress(context.log, len(rows) * sampling.n, "teacher generations", "samples")
             try:
                 res = run_generation(rows, backend, sampling, cache, chat=t.chat, context=[m.model_dump() for m in t.context],
@@ -101,7 +98,7 @@ def build(spec: CampaignSpec):
                 progress.close()
             path = write_generations(res.rows, sd.ensure() / "generations.parquet")
             st = res.stats
-            lines = teacher_cost_lines(pricing, spec, st)
+            lines = pricing.bill(spec, "teacher_generations", teacher_usage(st))["lines"]
             sd.commit({"generations_path": str(path), "rows": len(res.rows), "prompt_tokens": st.prompt_tokens,
                        "completion_tokens": st.completion_tokens, "errors": st.failed,
                        "model_identity": identity, "sampling_hash": sampling_hash(sampling), "cache": store.url,

@@ -1,8 +1,11 @@
-"""Cost resource: prices from the campaign's dated catalog, the cost ledger, budgets, the planner.
+"""Cost resource: the one door to prices, the cost ledger, budgets and the planner.
 
-Every stage that spends money prices its work here (``hardware_line``, ``teacher_lines``) and may
-take a budget guard (``budget_guard``); the IO manager records every stage's cost lines in the
-ledger (see ``campaign_orchestrator/costs/ledger.py``).
+Every stage that spends money bills its work with one call, ``pricing.bill(spec, stage, usage)`` (its
+ledger lines, the hardware it is billed at and a billing note), and takes its budget guard from one
+factory, ``pricing.guard(context, spec, sd, ...)``; both are thin shells over pure functions of
+``campaign_orchestrator/costs/`` (``catalog.stage_bill``, ``budget.BudgetGuard``). The IO manager records
+every stage's cost lines in the ledger (``campaign_orchestrator/costs/ledger.py``, where all ledger SQL
+lives). Assets import cost code from here only (tests/costs/test_one_door.py).
 """
 
 from __future__ import annotations
@@ -14,15 +17,15 @@ from pydantic import Field
 
 from campaigns.spec import CampaignSpec
 from campaigns import paths
-from campaign_orchestrator.costs.catalog import Catalog, PricingError, read_catalog
+from campaign_orchestrator.costs.catalog import Catalog, PricingError, billed_hardware
+from campaign_orchestrator.costs.catalog import catalog_for, gpu_priced, stage_bill, teacher_entry
 from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
-from campaign_orchestrator.costs.lines import compute_line, teacher_entry, teacher_lines
 
 SHIPPED_CATALOG = "pricing/catalog.yaml"
 
 PLANNED = ("teacher_generations", "student_adapter", "evaluation")  # the stages `campaign plan` estimates
 STAGE_KIND = {"teacher_generations": "teacher", "student_adapter": "training", "evaluation": "evaluation",
-              "drift_evaluation": "evaluation"}
+              "drift_evaluation": "evaluation"}  # the stages with a planner-checked guard (a sweep rung's is sized by it)
 
 
 def ledger_path(artifact_root: str | Path, configured: str | None = None) -> Path:
@@ -57,20 +60,18 @@ class PricingResource(ConfigurableResource):
         return spec.path(spec.cost.catalog) if spec.cost.catalog else paths.shipped_campaigns_dir() / SHIPPED_CATALOG
 
     def catalog_for(self, spec: CampaignSpec) -> Catalog:
-        c = spec.cost
-        return read_catalog(self._catalog_path(spec), c.price_overrides(), expect_version=c.catalog_version)
+        return catalog_for(spec, self._catalog_path(spec))
 
-    def hardware_line(self, spec: CampaignSpec, kind: str, hardware: str, seconds: float, hosts: int = 1,
-                      devices: int = 1) -> dict:
-        """One line for ``seconds`` on catalog entry ``hardware`` at the campaign's pricing tier."""
-        entry = self.catalog_for(spec).get(hardware)
-        return compute_line(kind, entry, seconds, hosts=hosts, devices=devices, tier=spec.cost.pricing_tier)
+    def bill(self, spec: CampaignSpec, stage: str, usage: dict) -> dict:
+        """What ``stage`` spent for ``usage`` (``seconds``, ``prompt_tokens``/``completion_tokens``, the
+        ``device`` it ran on or the ``hardware`` key, ``parts``): ``{"lines", "usd", "billed_hardware",
+        "billing_note", "parts_usd"}``, ``lines`` as the ledger records them (None: an unpriced teacher,
+        unknown); see ``campaign_orchestrator.costs.catalog.stage_bill``."""
+        return stage_bill(spec, catalog_for(spec, self._catalog_path(spec)), stage, usage)
 
-    def teacher_lines(self, spec: CampaignSpec, seconds: float, prompt_tokens: int, completion_tokens: int,
-                      kind: str = "teacher") -> list[dict] | None:
-        """The teacher's spend, by its one price field (``teacher.price`` for an API, ``teacher.hardware``
-        self-hosted; ``campaign_orchestrator.costs.lines.teacher_lines``); None when it is unpriced."""
-        return teacher_lines(spec, self.catalog_for(spec), seconds, prompt_tokens, completion_tokens, kind=kind)
+    def gpu_required(self, spec: CampaignSpec) -> bool:
+        """``training.hardware`` is priced per GPU-hour: the trainer must find a GPU (or refuse)."""
+        return gpu_priced(spec, self.catalog_for(spec))
 
     # ------------------------------------------------------------------ ledger and plan
     def ledger_at(self, artifact_root: str | Path) -> Ledger:
@@ -88,67 +89,113 @@ class PricingResource(ConfigurableResource):
                              models.resolve(s.base_model, artifact_root, spec.project_dir, s.revision))
 
     # ------------------------------------------------------------------ budgets
-    def budget_guard(self, context, spec: CampaignSpec, sd, clock=None):
-        """A :class:`campaign_orchestrator.costs.budget.BudgetGuard` for the stage directory ``sd`` about to be computed:
-        refuses to start when the planner's estimate does not fit the budget left (Dagster
-        ``Failure``, not retried); its ``watch``/``check`` stop the stage mid-way the same way.
-        The teacher stage's guard is metered (``charge``: new generations' tokens or seconds, never
-        cache hits) and checks its estimate later, for the uncached share (``check_planned``).
-        ``clock``: seconds as a float (default ``time.monotonic``), e.g. device time reported by the stage."""
-        from campaign_orchestrator.costs.budget import BudgetGuard, limits_for
+    def guard(self, context, spec: CampaignSpec, sd, clock=None, device: str | None = None,
+              limits: list[tuple] | None = None, part: str | None = None):
+        """The one budget guard factory: a :class:`campaign_orchestrator.costs.budget.BudgetGuard` for the stage
+        directory ``sd`` about to be computed, accruing lines priced as ``bill`` prices them.
+
+        A stage's guard refuses to start when the planner's estimate does not fit the budget left (Dagster
+        ``Failure``, not retried); its ``watch``/``check`` stop the stage mid-way the same way. The teacher
+        stage's guard is metered (``charge``: new generations' tokens or seconds, never cache hits) and checks
+        its estimate later, for the uncached share (``check_planned``). ``clock``: seconds as a float (default
+        ``time.monotonic``), e.g. device time reported by the stage. ``device``: where local work will run
+        ("cuda"/"cpu"): a GPU-priced stage without a GPU is refused now unless ``training.allow_cpu_fallback``.
+
+        ``limits``: a sweep rung's guard, ``[(what, cap_usd, spent_now)]`` (what is left of each cap is
+        watched, no planner check), ``part`` naming the rung within the step."""
+        from campaign_orchestrator.costs.budget import BudgetGuard, Limit, limits_for
         from campaign_orchestrator.costs.planner import PlanError
 
         stage, c = sd.stage, spec.cost
+        catalog = self.catalog_for(spec)
+        ledger = self.ledger_at(sd.root)
+        step = {"ledger": ledger, "campaign": spec.name, "stage": stage, "run_id": context.run_id,
+                "step_key": context.get_step_execution_context().step.key, "attempt": context.retry_number,
+                "stage_key": sd.key}
+        if limits is not None:  # a sweep rung: stopped inside when what it accrues crosses what is left of a cap
+            return BudgetGuard(**step, limits=[Limit(what, cap, 0.0, spent_now=fn) for what, cap, fn in limits],
+                               line_fn=_line_fn(spec, stage, catalog, {"hardware": spec.training.hardware}),
+                               log=context.log.warning, part=part)
         if stage not in STAGE_KIND:
             raise ValueError(f"no budget guard for stage {stage!r}; stages that spend: {sorted(STAGE_KIND)}")
-        ledger = self.ledger_at(sd.root)
-        run_id = context.run_id
-        limits = limits_for(ledger, spec.name, stage, c.budget_usd, c.stage_budgets_usd.get(stage),
-                            run_id if c.budget_scope == "run" else None)
-        catalog = self.catalog_for(spec)
+        limits_ = limits_for(ledger, spec.name, stage, c.budget_usd, c.stage_budgets_usd.get(stage),
+                             context.run_id if c.budget_scope == "run" else None)
         teacher = stage == "teacher_generations"
         if teacher:
             teacher_entry(spec, catalog)  # refuses a wrong entry now
         plan = None
-        if limits and c.check_estimates and stage in PLANNED:
+        if limits_ and c.check_estimates and stage in PLANNED:
             try:
                 plan = self.plan(spec, sd.root)
             except (PlanError, PricingError, OSError, ValueError) as e:  # spend is still watched as it accrues
                 context.log.warning(f"budget: no planner estimate for {stage} ({e}); checking actual spend only")
         # the teacher is metered: only what its new generations report (tokens, generation seconds) is charged,
         # priced exactly as the ledger will price it; a cache hit costs nothing
-        timed = {} if teacher else {"line_fn": _line_fn(spec, stage, catalog)}
+        timed = {} if teacher else {"line_fn": _line_fn(spec, stage, catalog, {})}
         metered = {"metered": _teacher_meter(spec, catalog)} if teacher else {}
-        guard = BudgetGuard(ledger=ledger, campaign=spec.name, stage=stage, run_id=run_id,
-                            step_key=context.get_step_execution_context().step.key, attempt=context.retry_number,
-                            stage_key=sd.key, limits=limits, log=context.log.info, on_exceeded=BudgetStop,
+        guard = BudgetGuard(**step, limits=limits_, log=context.log.info, on_exceeded=BudgetStop,
                             **timed, **metered, **({"clock": clock} if clock is not None else {}))
-        if limits:
+        if limits_:
             context.log.info("budget: " + "; ".join(f"{lim.scope} spent ${lim.spent_before_usd:.6f} of "
-                                                    f"${lim.budget_usd:.6f}" for lim in limits))
+                                                    f"${lim.budget_usd:.6f}" for lim in limits_))
         estimate = None if plan is None else (plan["stages"].get(stage) or {}).get("usd")
         if estimate is not None and teacher:  # checked once the cache says how much is left to pay for
             guard.planned_usd = float(estimate)
         elif estimate is not None:
-            earlier = ledger.stage_spent(spec.name, stage, sd.key, status="interrupted")
-            guard.check_estimate(float(estimate), float(earlier))
+            guard.check_estimate(float(estimate), ledger.stage_spent(spec.name, stage, sd.key, status="interrupted"))
+        if device is not None:  # billed at the hardware it will run on: refused now, before any work
+            try:
+                billed_hardware(spec, catalog, device, what="training" if stage == "student_adapter" else
+                                "local evaluation")
+            except PricingError as e:
+                raise Failure(str(e), allow_retries=False) from None
         return guard
 
 
+
 def _teacher_meter(spec: CampaignSpec, catalog: Catalog):
-    """The teacher guard's lines for the usage its new generations reported: ``teacher_lines``, the ledger's own
+    """The teacher guard's lines for the usage its new generations reported: ``stage_bill``, the ledger's own
     pricing (an unpriced teacher accrues nothing: the spec refuses a budget over it)."""
-    return lambda u: teacher_lines(spec, catalog, u.seconds, u.prompt_tokens, u.completion_tokens) or []
+    return lambda u: stage_bill(spec, catalog, "teacher_generations",
+                                {"seconds": u.seconds, "prompt_tokens": u.prompt_tokens,
+                                 "completion_tokens": u.completion_tokens})["lines"] or []
 
 
-def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog):
+def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog, usage: dict):
     """Cost lines of ``seconds`` of work for a timed stage (what the guard accrues; the teacher is metered)."""
-    tr, tier = spec.training, spec.cost.pricing_tier
-    kind = STAGE_KIND[stage]
-    entry = catalog.get(tr.hardware)
-    if stage == "student_adapter":
-        return lambda seconds, items: [compute_line(kind, entry, seconds, hosts=tr.nodes, devices=tr.world_size, tier=tier)]
-    return lambda seconds, items: [compute_line(kind, entry, seconds, tier=tier)]
+    return lambda seconds, items: stage_bill(spec, catalog, stage, usage | {"seconds": seconds})["lines"]
+
+
+def refuse_student(spec: CampaignSpec, base: Path) -> list[str]:
+    """What the student model at ``base`` refuses of ``spec`` (a mixture of experts' settings: experts nothing
+    trains, a per-expert rank below 1, targets matching nothing), read as the planner reads the model."""
+    from campaign_orchestrator.costs.memory import ModelShape, PlanError, moe_problems
+
+    try:
+        shape = ModelShape.from_model_dir(base) if (base / "config.json").exists() else None
+    except PlanError:
+        shape = None  # a config the planner cannot read (e.g. a stub beside a model on the cluster): the trainer checks
+    return moe_problems(shape, spec.student) if shape is not None else []
+
+
+def student_teacher_ratio(scores: dict, suite: str):
+    from campaign_orchestrator.costs.report import student_teacher_ratio as ratio
+
+    return ratio(scores, suite)
+
+
+def report_text(report: dict) -> tuple[str, str]:
+    """A cost report's "per point gained" sentence and its Markdown."""
+    from campaign_orchestrator.costs.report import per_point_text, render_markdown
+
+    return per_point_text(report), render_markdown(report)
+
+
+def sweep_panel(result: dict) -> dict:
+    """A sweep's result as the dashboard's sweep panel draws it."""
+    from campaign_orchestrator.costs.dashboard import sweep_panel_data
+
+    return sweep_panel_data(result)
 
 
 def latest_sweep(spec: CampaignSpec, artifact_root: str | Path) -> dict | None:

@@ -1,10 +1,10 @@
 """Budgets that stop spending: checked before a stage from the planner's estimate and during it
 from the spend accrued so far.
 
-A stage that spends money takes a :class:`BudgetGuard` (from ``PricingResource.budget_guard``)
+A stage that spends money takes a :class:`BudgetGuard` (from ``PricingResource.guard``)
 before it starts and lets it see its progress::
 
-    guard = pricing.budget_guard(context, spec, sd)      # refuses to start if the estimate won't fit
+    guard = pricing.guard(context, spec, sd)             # refuses to start if the estimate won't fit
     progress = guard.watch(progress)                     # each tick: would the next chunk exceed?
 
 A stage whose cost is metered rather than timed (the teacher: tokens from each response, or the

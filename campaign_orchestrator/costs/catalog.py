@@ -214,3 +214,188 @@ def get(entries: dict[str, PriceEntry], key: str) -> PriceEntry:
         return entries[key]
     except KeyError:
         raise PricingError(f"no price entry {key!r} in the pricing catalog (known: {sorted(entries)})") from None
+
+
+# =========================================================================== cost lines
+# A line is a plain dict so it can sit in a stage manifest (JSON) and in the ledger::
+#
+#     {"kind": "training", "price_key": "h100-sxm", "quantity": 1.5, "unit": "gpu-hour",
+#      "unit_price": 2.99, "usd": 4.485, "as_of": "2026-01-15", "tier": "on_demand",
+#      "catalog_version": "2026-11-29"}
+#
+# ``kind`` is what the money bought (teacher, training, evaluation), the split cost reports use.
+# The line functions sit beside the entries they price, so that billing a stage stays in this module.
+
+TIERS = ("on_demand", "spot")
+
+
+def _stamp(line: dict, entry: PriceEntry, tier: str) -> dict:
+    return {**line, "as_of": entry.as_of, "tier": tier, "catalog_version": entry.catalog_version}
+
+
+def compute_line(kind: str, entry: PriceEntry, seconds: float, hosts: int = 1, devices: int = 1,
+                 tier: str = "on_demand") -> dict:
+    """Cost of running ``seconds`` on hardware ``entry`` (host-hour × hosts, gpu-hour × devices)."""
+    if tier not in TIERS:
+        raise PricingError(f"pricing tier must be one of {TIERS}, got {tier!r}")
+    price = entry.hourly_usd(tier)
+    if entry.unit == "host-hour":
+        qty = seconds / 3600 * hosts
+    elif entry.unit == "gpu-hour":
+        qty = seconds / 3600 * devices
+    else:
+        raise PricingError(f"price entry {entry.key!r} is per {entry.unit}, not per hour")
+    return _stamp({"kind": kind, "price_key": entry.key, "quantity": qty, "unit": entry.unit, "unit_price": price,
+                   "usd": qty * price}, entry, tier)
+
+
+def token_lines(kind: str, entry: PriceEntry, input_tokens: int, output_tokens: int, batch: bool = False) -> list[dict]:
+    """Two lines (input, output) for an API priced per million tokens; ``batch`` applies its discount."""
+    in_usd, out_usd = entry.token_usd(batch)
+    tier = "batch" if batch else "on_demand"
+    return [_stamp({"kind": kind, "price_key": f"{entry.key}:{what}", "quantity": n / 1e6, "unit": "million-tokens",
+                    "unit_price": price, "usd": n / 1e6 * price}, entry, tier)
+            for what, n, price in (("input", input_tokens, in_usd), ("output", output_tokens, out_usd))]
+
+
+def usage_lines(kind: str, entry: PriceEntry, seconds: float, input_tokens: int = 0, output_tokens: int = 0,
+                hosts: int = 1, devices: int = 1, tier: str = "on_demand", batch: bool = False) -> list[dict]:
+    """Lines for a stage whatever its entry's unit: time for hardware, tokens for an API."""
+    if entry.hourly:
+        return [compute_line(kind, entry, seconds, hosts=hosts, devices=devices, tier=tier)]
+    return token_lines(kind, entry, input_tokens, output_tokens, batch=batch)
+
+
+def total(lines: list[dict]) -> float:
+    return float(sum(line["usd"] for line in lines))
+
+
+# --------------------------------------------------------------------------- the teacher's one price field
+
+
+def teacher_entry(spec, catalog) -> PriceEntry | None:
+    """The one catalog entry that prices ``spec``'s teacher: ``teacher.price`` for an API teacher (per
+    million tokens), ``teacher.hardware`` for a self-hosted one (hourly); None for ``price: unpriced``.
+    The budget guard, the planner and the recorded cost all read it here."""
+    key = spec.teacher.price_key
+    if key is None:
+        return None
+    entry = catalog.get(key)
+    field = "teacher.price" if spec.teacher.api else "teacher.hardware"
+    if spec.teacher.api and entry.unit != "million-tokens":
+        raise PricingError(f"{field} {key!r} is priced per {entry.unit}; an API teacher needs an entry priced per "
+                           "million tokens (unit million-tokens, input_usd and output_usd)")
+    if not spec.teacher.api and not entry.hourly:
+        raise PricingError(f"{field} {key!r} is priced per {entry.unit}; a self-hosted teacher runs on hardware "
+                           "priced per hour (unit gpu-hour or host-hour)")
+    return entry
+
+
+def teacher_lines(spec, catalog, seconds: float, input_tokens: int, output_tokens: int, kind: str = "teacher"
+                  ) -> list[dict] | None:
+    """What the teacher's work cost: tokens x the API's prices, or seconds on its hardware (x GPUs for vLLM
+    tensor parallelism); None when the teacher is unpriced (the spend is unknown, never $0)."""
+    entry = teacher_entry(spec, catalog)
+    if entry is None:
+        return None
+    t, c = spec.teacher, spec.cost
+    devices = t.tensor_parallel_size if t.backend == "vllm" else 1
+    return usage_lines(kind, entry, seconds, input_tokens, output_tokens, devices=devices, tier=c.pricing_tier,
+                       batch=c.teacher_batch_api)
+
+
+def price_problems(spec, catalog) -> list[str]:
+    """What in ``spec`` the pricing catalog cannot price (empty: every priced field has a fitting entry)."""
+    problems = []
+    try:
+        teacher_entry(spec, catalog)
+    except PricingError as e:
+        problems.append(str(e))
+    for field, key in (("training.hardware", spec.training.hardware),
+                       ("training.cpu_hardware", getattr(spec.training, "cpu_hardware", None))):
+        if key is None:
+            continue
+        try:
+            entry = catalog.get(key)
+        except PricingError as e:
+            problems.append(f"{field}: {e}")
+            continue
+        if not entry.hourly:
+            problems.append(f"{field} {key!r} is priced per {entry.unit}; training runs on hardware priced per hour")
+    return problems
+
+
+# --------------------------------------------------------------------------- billed hardware is the hardware used
+
+
+def gpu_priced(spec, catalog) -> bool:
+    """``training.hardware`` is a GPU (priced per GPU-hour): training must find one."""
+    return catalog.get(spec.training.hardware).unit == "gpu-hour"
+
+
+def billed_hardware(spec, catalog, device_type: str, what: str = "training") -> tuple[str, str | None]:
+    """The catalog key to bill ``what`` at, having run on ``device_type`` ("cuda" or "cpu"), and a note
+    when it is not ``training.hardware``. GPU hardware but no GPU: ``training.cpu_hardware`` with
+    ``allow_cpu_fallback``, else :class:`PricingError` (never CPU time billed as GPU time)."""
+    tr = spec.training
+    if device_type == "cuda" or not gpu_priced(spec, catalog):
+        return tr.hardware, None
+    if not tr.allow_cpu_fallback:
+        raise PricingError(f"training.hardware {tr.hardware!r} is priced per GPU-hour but {what} found no GPU here "
+                           "(torch sees none): refusing to run on the CPU and bill it as GPU time; run where the GPU "
+                           "is visible, or set training.allow_cpu_fallback: true with training.cpu_hardware")
+    return tr.cpu_hardware, (f"{what} found no GPU and ran on the CPU (training.allow_cpu_fallback): billed as CPU "
+                             f"time at {tr.cpu_hardware}, not at {tr.hardware}")
+
+
+# --------------------------------------------------------------------------- one stage's bill
+
+# stage -> what its money buys (a line's kind), and whether its hardware time counts hosts and devices
+STAGE_KIND = {"teacher_generations": "teacher", "teacher_scoring": "evaluation", "student_adapter": "training",
+              "hparam_sweep": "training", "evaluation": "evaluation", "drift_evaluation": "evaluation"}
+TEACHER_STAGES = ("teacher_generations", "teacher_scoring")
+USAGE_FIELDS = ("seconds", "prompt_tokens", "completion_tokens", "device", "hardware", "parts")
+
+
+def catalog_for(spec, path: str | Path) -> Catalog:
+    """The catalog at ``path`` with ``spec``'s overrides, pinned to its ``cost.catalog_version``."""
+    c = spec.cost
+    return read_catalog(path, c.price_overrides(), expect_version=c.catalog_version)
+
+
+def stage_bill(spec, catalog: Catalog, stage: str, usage: dict) -> dict:
+    """What ``stage`` of ``spec`` spent for ``usage``, as the ledger records it::
+
+        {"lines": [...] | None, "usd": float | None, "billed_hardware": key | None,
+         "billing_note": str | None, "parts_usd": {name: usd}}
+
+    ``usage``: ``seconds`` of work; ``prompt_tokens``/``completion_tokens`` (the teacher's new generations);
+    ``device`` ("cuda"/"cpu") the work ran on (billed at the hardware used: ``billed_hardware``), or
+    ``hardware`` (a catalog key, as is); ``parts``: {name: seconds} shares of ``seconds`` priced alike.
+    The teacher stages (``teacher_generations``, ``teacher_scoring``) are priced by the teacher's one price
+    field (``teacher_lines``); ``lines`` is None when it is unpriced (unknown, never $0)."""
+    if stage not in STAGE_KIND:
+        raise ValueError(f"no pricing for stage {stage!r}; stages that spend: {sorted(STAGE_KIND)}")
+    unknown = set(usage) - set(USAGE_FIELDS)
+    if unknown:
+        raise ValueError(f"usage of {stage}: unknown field(s) {sorted(unknown)}; expected {list(USAGE_FIELDS)}")
+    kind, seconds = STAGE_KIND[stage], float(usage.get("seconds", 0.0))
+    if stage in TEACHER_STAGES:
+        lines = teacher_lines(spec, catalog, seconds, int(usage.get("prompt_tokens", 0)),
+                              int(usage.get("completion_tokens", 0)), kind=kind)
+        return {"lines": lines, "usd": None if lines is None else total(lines), "billed_hardware": None,
+                "billing_note": None, "parts_usd": {}}
+    tr, tier = spec.training, spec.cost.pricing_tier
+    note = None
+    if usage.get("hardware") is not None:
+        billed = usage["hardware"]
+    elif usage.get("device") is not None:
+        billed, note = billed_hardware(spec, catalog, usage["device"],
+                                       what="training" if kind == "training" else "local evaluation")
+    else:
+        billed = tr.hardware
+    entry = catalog.get(billed)
+    shape = {"hosts": tr.nodes, "devices": tr.world_size} if kind == "training" else {}
+    lines = [compute_line(kind, entry, seconds, tier=tier, **shape)]
+    parts = {name: compute_line(kind, entry, s, tier=tier, **shape)["usd"] for name, s in (usage.get("parts") or {}).items()}
+    return {"lines": lines, "usd": total(lines), "billed_hardware": billed, "billing_note": note, "parts_usd": parts}

@@ -223,7 +223,8 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     out["student_adapter"] = {"steps": steps, "sequences": steps * rows_per_step, "tokens": tokens,
                               "labelled_tokens": labelled, "flops": flops,
                               "seconds": seconds, "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd,
-                              "compute_dtype": sdt, "peak_gflops": peak_flops(entry, sdt) / 1e9}
+                              "compute_dtype": sdt, "peak_gflops": peak_flops(entry, sdt) / 1e9,
+                              "startup_s": _perf(entry, "train_startup_s")}  # one launch's share of ``seconds``
 
     # hparam_sweep: every rung's surviving trials × that rung's new steps (trials continue from their checkpoints),
     # one launch (startup) per trial per rung

@@ -60,13 +60,13 @@ def _stage(spec, computed: list[int]):
             out = sd.ensure()
             todo = [i for i in range(CHUNKS) if not (out / f"part-{i}.txt").exists()]
             clock = _Clock()
-            progress = pricing.budget_guard(context, spec, sd, clock=clock).watch(_Progress(len(todo)))
+            progress = pricing.guard(context, spec, sd, clock=clock).watch(_Progress(len(todo)))
             for i in todo:
                 (out / f"part-{i}.txt").write_text(f"chunk {i}")  # the work, kept as it finishes
                 computed.append(i)
                 clock.t += CHUNK_S
                 progress(1)
-            lines = [pricing.hardware_line(spec, "evaluation", spec.training.hardware, clock.t)]
+            lines = pricing.bill(spec, "evaluation", {"seconds": clock.t})["lines"]
             sd.commit({"cost_lines": lines, "chunks": CHUNKS, "wall_seconds": clock.t})
         return Output(sd.manifest())
 

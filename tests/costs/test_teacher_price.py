@@ -61,7 +61,7 @@ def test_planner_guard_and_ledger_read_the_same_price(tmp_path, artifact_root):
     failed for want of a local model to size; now all three price its tokens at `teacher.price`."""
     from campaign_orchestrator.costs.lines import teacher_entry
     from campaign_orchestrator.teacher.runner import GenerationStats
-    from assets.teacher_generations import teacher_cost_lines
+    from assets.teacher_generations import teacher_usage
     from campaign_orchestrator.costs.budget import Usage
     from resources.pricing import PricingResource, _teacher_meter
 
@@ -76,8 +76,8 @@ def test_planner_guard_and_ledger_read_the_same_price(tmp_path, artifact_root):
     assert t["price_key"] == "api-open-70b" and t["unit"] == "million-tokens"
     assert t["usd"] == pytest.approx(t["prompt_tokens"] * 2e-6 + t["completion_tokens"] * 4e-6)
 
-    ledger = teacher_cost_lines(pricing, spec, GenerationStats(new_prompt_tokens=1_000_000,
-                                                               new_completion_tokens=500_000))
+    ledger = pricing.bill(spec, "teacher_generations", teacher_usage(GenerationStats(
+        new_prompt_tokens=1_000_000, new_completion_tokens=500_000)))["lines"]
     assert {x["price_key"]: x["usd"] for x in ledger} == {"api-open-70b:input": 2.0, "api-open-70b:output": 2.0}
 
     # the guard is charged the tokens the new generations reported, priced as the ledger prices them
