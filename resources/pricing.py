@@ -18,7 +18,7 @@ from pydantic import Field
 from campaigns.spec import CampaignSpec
 from campaigns import paths
 from campaign_orchestrator.costs.catalog import Catalog, PricingError, billed_hardware
-from campaign_orchestrator.costs.catalog import catalog_for, gpu_priced, stage_bill, teacher_entry
+from campaign_orchestrator.costs.catalog import bill_at, catalog_for, gpu_priced, stage_bill, teacher_entry
 from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
 
 SHIPPED_CATALOG = "pricing/catalog.yaml"
@@ -67,7 +67,7 @@ class PricingResource(ConfigurableResource):
         ``device`` it ran on or the ``hardware`` key, ``parts``): ``{"lines", "usd", "billed_hardware",
         "billing_note", "parts_usd"}``, ``lines`` as the ledger records them (None: an unpriced teacher,
         unknown); see ``campaign_orchestrator.costs.catalog.stage_bill``."""
-        return stage_bill(spec, catalog_for(spec, self._catalog_path(spec)), stage, usage)
+        return bill_at(spec, self._catalog_path(spec), stage, usage)
 
     def gpu_required(self, spec: CampaignSpec) -> bool:
         """``training.hardware`` is priced per GPU-hour: the trainer must find a GPU (or refuse)."""

@@ -281,11 +281,12 @@ def teacher_entry(spec, catalog) -> PriceEntry | None:
     if key is None:
         return None
     entry = catalog.get(key)
-    field = "teacher.price" if spec.teacher.api else "teacher.hardware"
-    if spec.teacher.api and entry.unit != "million-tokens":
+    api = spec.teacher.api
+    field = "teacher.price" if api else "teacher.hardware"
+    if api and entry.unit != "million-tokens":
         raise PricingError(f"{field} {key!r} is priced per {entry.unit}; an API teacher needs an entry priced per "
                            "million tokens (unit million-tokens, input_usd and output_usd)")
-    if not spec.teacher.api and not entry.hourly:
+    if not api and not entry.hourly:
         raise PricingError(f"{field} {key!r} is priced per {entry.unit}; a self-hosted teacher runs on hardware "
                            "priced per hour (unit gpu-hour or host-hour)")
     return entry
@@ -361,6 +362,11 @@ def catalog_for(spec, path: str | Path) -> Catalog:
     """The catalog at ``path`` with ``spec``'s overrides, pinned to its ``cost.catalog_version``."""
     c = spec.cost
     return read_catalog(path, c.price_overrides(), expect_version=c.catalog_version)
+
+
+def bill_at(spec, path: str | Path, stage: str, usage: dict) -> dict:
+    """``stage_bill`` with the catalog at ``path`` (read with ``spec``'s overrides and pin: ``catalog_for``)."""
+    return stage_bill(spec, catalog_for(spec, path), stage, usage)
 
 
 def stage_bill(spec, catalog: Catalog, stage: str, usage: dict) -> dict:
