@@ -104,7 +104,10 @@ def test_a_shared_context_is_prefilled_once_and_changes_no_answer(smollm2):
                {"role": "user", "content": "Plural of desk?"}, {"role": "assistant", "content": "desks"},
                {"role": "user", "content": "Plural of egg?"}, {"role": "assistant", "content": "eggs"}]
     prompts = [chat_messages(f"Plural of {n}?", context) for n in ("cat", "horse", "book", "tree", "pencil", "ox")]
-    gen = LocalGenerator.from_path(smollm2, batch_size=4)
+    # fp32: the claim is the engine's logic (a prefix prefilled once, then each row's own tokens). In bf16 the
+    # prefill's matmul shapes (one row of the prefix, against every row's whole prompt) round differently and a
+    # near-tie can flip (seen here: "pencils" against "pens"); the demo teacher's engine test covers bf16.
+    gen = LocalGenerator.from_path(smollm2, batch_size=4, compute_dtype="float32")
     cached = gen.generate(prompts, 6)
     assert gen.last_shared_prefix >= 40  # the system prompt and the few-shot turns
     gen.prefix_caching = False

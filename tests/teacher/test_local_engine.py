@@ -17,6 +17,7 @@ TOO_LONG = "encode " + "abcdefgh" * 8 + " ="
 def _gen(demo_models, dtype, **kw):
     from campaign_orchestrator.teacher.local import LocalGenerator
 
+    kw.setdefault("engine", "continuous")
     return LocalGenerator.from_path(demo_models["teacher"], compute_dtype=dtype, device="cpu", **kw)
 
 
@@ -78,6 +79,9 @@ def test_prefix_groups_and_engine_choice(demo_models):
         sorted((sorted(g), p) for g, p in groups) == [([0, 2, 3], 9), ([1, 4], 0)]
     with pytest.raises(ValueError, match="engine 'vllm' is unknown"):
         LocalGenerator(None, None, engine="vllm")
+    # auto: the continuous engine where it is token-identical to generate (fp32), generate in bf16
+    assert _gen(demo_models, "float32", engine="auto").engine == "continuous"
+    assert _gen(demo_models, "bfloat16", engine="auto").engine == "hf_generate"
 
 
 def test_sampling_stays_on_generate(demo_models, monkeypatch):
