@@ -86,6 +86,9 @@ from campaigns.spec.kubernetes import (
     VolumeClaimSpec as VolumeClaimSpec,
     KubernetesSpec as KubernetesSpec,
 )
+from campaigns.spec.execution import (
+    ExecutionSpec as ExecutionSpec,
+)
 from campaigns.spec.sweep import (
     ParamSpec as ParamSpec,
     RungSpec as RungSpec,
@@ -124,6 +127,9 @@ class CampaignSpec(_Strict):
         None, description="A hyperparameter sweep before training (Optuna successive halving under a dollar cap; "
         "docs/sweeps.md); its best configuration drives student_adapter.")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment tracking (MLflow); off by default.")
+    execution: ExecutionSpec = Field(
+        default_factory=ExecutionSpec, description="Where the generation stages run: one process (default) or shards "
+        "on a Ray cluster (docs/scaleout.md).")
 
     _project_dir: Path | None = PrivateAttr(None)
 
