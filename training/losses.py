@@ -95,6 +95,77 @@ def topk_kl_sum(
     return (top + tail).sum(), int(positions.sum())
 
 
+def topk_buckets(
+    logits: torch.Tensor, labels: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor,
+    min_tail: float = 1e-12,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Teacher and student log-probabilities over the teacher's top-k plus one tail bucket, at the label
+    positions that carry a teacher distribution: ``(log_p, log_q, valid, n)`` with ``[N, K + 1]`` tensors
+    (bucket ``K`` is the tail: the mass outside the top-k) and ``valid`` False for absent ids and for a
+    tail that holds no token (a top-k that covers the vocabulary). Shapes and alignment as
+    :func:`topk_kl_sum`; ``min_tail`` bounds both tails away from 0 in log space."""
+    if topk_ids.shape[:2] != labels.shape or topk_logprobs.shape != topk_ids.shape:
+        raise ValueError(
+            f"teacher top-k tensors {tuple(topk_ids.shape)} / {tuple(topk_logprobs.shape)} do not match labels "
+            f"{tuple(labels.shape)} (expected [B, T, K] aligned with labels)"
+        )
+    vocab = logits.size(-1)
+    ids = topk_ids[:, 1:].long()
+    if ids.numel() and int(ids.max()) >= vocab:
+        raise ValueError(f"teacher token id {int(ids.max())} is outside the student's vocabulary of {vocab}")
+    valid = ids >= 0
+    positions = (labels[:, 1:] != IGNORE) & valid.any(-1)
+    k = ids.size(-1)
+    if not bool(positions.any()):
+        empty = logits.new_zeros((0, k + 1), dtype=torch.float32) + logits.sum() * 0.0
+        return empty, empty, torch.zeros((0, k + 1), dtype=torch.bool, device=logits.device), 0
+    log_q_all = torch.log_softmax(logits[:, :-1][positions].float(), dim=-1)  # [N, V]
+    ids, lp_t, valid = ids[positions], topk_logprobs[:, 1:][positions].float(), valid[positions]
+    safe_ids = ids.clamp(min=0)
+    log_q_top = log_q_all.gather(-1, safe_ids)
+    in_top = torch.zeros_like(log_q_all).scatter_add(-1, safe_ids, valid.to(log_q_all.dtype)) > 0
+    has_tail = ~in_top.all(-1)
+    # the student's tail taken directly over the tokens outside the top-k (a finite fill keeps gradients finite)
+    log_q_tail = torch.logsumexp(log_q_all.masked_fill(in_top, -1e30), dim=-1).clamp(min=math.log(min_tail))
+    p_top = torch.where(valid, lp_t.exp(), torch.zeros_like(lp_t))
+    log_p_tail = torch.log((1.0 - p_top.sum(-1)).clamp(min=min_tail))
+    log_p = torch.cat([torch.where(valid, lp_t, torch.zeros_like(lp_t)), log_p_tail[:, None]], dim=-1)
+    log_q = torch.cat([log_q_top, log_q_tail[:, None]], dim=-1)
+    return log_p, log_q, torch.cat([valid, has_tail[:, None]], dim=-1), int(positions.sum())
+
+
+def generalized_jsd(log_p: torch.Tensor, log_q: torch.Tensor, valid: torch.Tensor, beta: float) -> torch.Tensor:
+    """Per-position generalized Jensen-Shannon divergence of GKD (Agarwal et al. 2024, eq. 1) between the
+    teacher ``p`` and the student ``q`` over the buckets marked ``valid``::
+
+        JSD(beta) = beta KL(p || m) + (1 - beta) KL(q || m),   m = beta p + (1 - beta) q
+
+    ``beta`` 0 is the forward KL(p || q), 1 the reverse KL(q || p) (taken directly at both ends, where the
+    formula degenerates); TRL's ``GKDTrainer.generalized_jsd_loss`` uses the same convention."""
+    zero = torch.zeros_like(log_q)
+
+    def kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:  # sum_valid a (log a - log b)
+        return torch.where(valid, log_a.exp() * (log_a - log_b), zero).sum(-1)
+
+    if beta <= 0.0:
+        return kl(log_p, log_q)
+    if beta >= 1.0:
+        return kl(log_q, log_p)
+    log_m = torch.logaddexp(log_p + math.log(beta), log_q + math.log1p(-beta))
+    return beta * kl(log_p, log_m) + (1.0 - beta) * kl(log_q, log_m)
+
+
+def generalized_jsd_sum(
+    logits: torch.Tensor, labels: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, beta: float,
+    min_tail: float = 1e-12,
+) -> tuple[torch.Tensor, int]:
+    """Summed generalized JSD (:func:`generalized_jsd`) over label positions that carry a teacher distribution,
+    on the teacher's top-k plus one tail bucket (as :func:`topk_kl_sum`, which it equals at ``beta`` 0), and
+    the number of positions. With ``k`` equal to the vocabulary it is the exact divergence."""
+    log_p, log_q, valid, n = topk_buckets(logits, labels, topk_ids, topk_logprobs, min_tail)
+    return generalized_jsd(log_p, log_q, valid, beta).sum(), n
+
+
 def loss_sums(logits: torch.Tensor, batch: dict[str, torch.Tensor], distill: bool) -> dict[str, torch.Tensor | int]:
     """The per-micro-batch sums the trainer normalizes globally: CE always, KL when distilling logits."""
     ce, n_ce = cross_entropy_sum(logits, batch["labels"])
