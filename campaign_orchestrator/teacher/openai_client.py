@@ -211,6 +211,9 @@ class OpenAICompatibleClient:
         self.max_retry_after_s = max_retry_after_s
         self.max_consecutive_failures = max_consecutive_failures or max(16, 2 * max_concurrency)
         self.stats = ClientStats()
+        # (rpm, tpm) buckets shared with other clients (the workers of one Ray job: campaign_orchestrator/scaleout/
+        # ratelimit.py), objects with TokenBucket's acquire/refund; None: this client's own buckets per run
+        self.buckets: tuple | None = None
         self._consecutive_failures = 0
 
     def __repr__(self) -> str:  # never the key
@@ -379,6 +382,8 @@ class OpenAICompatibleClient:
         in flight are cancelled, those already finished have been handed to ``on_done``."""
         rpm = TokenBucket(self.rpm) if self.rpm else None
         tpm = TokenBucket(self.tpm) if self.tpm else None
+        if self.buckets is not None:
+            rpm, tpm = self.buckets
         it = iter(requests)
 
         async with self._session() as session:
