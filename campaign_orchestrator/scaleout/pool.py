@@ -1,0 +1,241 @@
+"""The driver side: a Ray session for the stage, and an actor pool that runs shards with retries.
+
+:func:`ray_session` connects to ``execution.ray_address`` or starts a local cluster with this machine's
+CPUs (and stops it afterwards); inside a running Ray job (a KubeRay ``RayJob``) it uses the job's connection.
+
+:class:`ShardPool` keeps ``replicas`` workers busy with shards (``ray.wait``), polls the running shards'
+progress every ``poll_s`` (each new generation's tokens and seconds go to ``on_usage``: the budget guard
+sees the sum across workers), and hands each finished shard to ``on_shard``. A shard lost with its worker
+(actor or node died) is run again on a fresh worker after the dead worker's spool is sealed into the cache
+(``before_retry``), at most ``max_shard_retries`` times; an engine error (a rejected key, no model) fails the
+stage. Either failure names the shard, the worker (node, actor, pid) and the reason (:class:`ShardFailed`).
+When ``on_usage`` raises (a budget stop), every worker is killed and the error propagates: what the workers
+finished is in the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+class ShardFailed(RuntimeError):
+    """A shard could not be finished: ``shard`` (id), ``worker`` (where it ran), ``reason``."""
+
+    def __init__(self, shard: str, worker: dict, reason: str, attempts: int):
+        self.shard, self.worker, self.reason, self.attempts = shard, worker, reason, attempts
+        super().__init__(f"shard {shard} failed on worker {describe_worker(worker)} after {attempts} attempt(s): "
+                         f"{reason}")
+
+
+def describe_worker(w: dict | None) -> str:
+    if not w:
+        return "(not started)"
+    node = w.get("node_ip") or w.get("host", "?")
+    nid, aid = (w.get("node_id") or "")[:8], (w.get("actor_id") or "")[:8]
+    return f"node {node}{f' ({nid})' if nid else ''} actor {aid or '?'} pid {w.get('pid', '?')}"
+
+
+@contextmanager
+def ray_session(ray_address: str | None = None, num_cpus: int | None = None, log: Callable[[str], None] = print):
+    """Connected to Ray for the ``with`` block: an existing connection as is, ``ray_address`` when set, else a
+    local cluster of ``num_cpus`` (default: this machine's) started here and stopped on exit."""
+    import ray
+
+    if ray.is_initialized():
+        yield {"address": "(already connected)", "started": False}
+        return
+    env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)}}
+    if ray_address:
+        ray.init(address=ray_address, runtime_env=env, log_to_driver=False)
+        log(f"ray: connected to the cluster at {ray_address}")
+        started = False
+    else:
+        n = num_cpus or os.cpu_count() or 1
+        ray.init(num_cpus=n, include_dashboard=False, runtime_env=env, log_to_driver=False)
+        log(f"ray: started a local cluster with {n} CPUs")
+        started = True
+    try:
+        yield {"address": ray_address or "local", "started": started}
+    finally:
+        ray.shutdown()
+        if started:
+            log("ray: local cluster stopped")
+
+
+@dataclass
+class _Running:
+    shard: object
+    attempt: int
+    worker: object
+    where: dict
+    seen: dict = field(default_factory=lambda: {"generated": 0, "failed": 0, "prompt_tokens": 0,
+                                                "completion_tokens": 0, "seconds": 0.0})
+
+
+def _lost(e: BaseException) -> bool:
+    """The worker is gone (actor died, node lost), as opposed to the engine raising inside it."""
+    import ray.exceptions as rx
+
+    lost = tuple(c for c in (getattr(rx, n, None) for n in (
+        "RayActorError", "ActorDiedError", "ActorUnavailableError", "WorkerCrashedError", "NodeDiedError",
+        "ObjectLostError", "OwnerDiedError", "LocalRayletDiedError")) if c is not None)
+    return isinstance(e, lost) and not isinstance(e, rx.RayTaskError)
+
+
+class ShardPool:
+    """``replicas`` workers built from ``recipe``, each reserving ``num_cpus``/``num_gpus``."""
+
+    def __init__(self, recipe, cache, *, replicas: int, num_cpus: float = 1.0, num_gpus: float = 0.0,
+                 max_shard_retries: int = 3, job_id: str | None = None, poll_s: float = 0.25,
+                 start_timeout_s: float = 900.0,
+                 log: Callable[[str], None] = print):
+        self.recipe, self.cache = recipe, cache
+        self.replicas, self.num_cpus, self.num_gpus = replicas, num_cpus, num_gpus
+        self.max_shard_retries, self.poll_s, self.log = max_shard_retries, poll_s, log
+        self.job_id = job_id or uuid.uuid4().hex[:12]
+        self.workers: list = []
+        self.where: dict = {}  # worker -> its where() (node, actor, pid)
+        self._starting: dict = {}  # ready() ref -> (worker, when it was started)
+        self._idle: deque = deque()
+        self.start_timeout_s = start_timeout_s
+        self.lost_workers: list[dict] = []
+        self.retried: list[dict] = []
+        self._cls = None
+
+    # ------------------------------------------------------------------ workers
+    def _start_worker(self):
+        """A new worker; it joins the idle ones once its engine is built (``ready``): a replacement Ray
+        cannot place (a lost node's CPUs) never holds a shard."""
+        from campaign_orchestrator.scaleout.worker import worker_class
+
+        if self._cls is None:
+            self._cls = worker_class(self.num_cpus, self.num_gpus)
+        threads = max(1, int(self.num_cpus))
+        w = self._cls.remote(self.recipe, self.cache, self.job_id, threads)
+        self.workers.append(w)
+        self._starting[w.ready.remote()] = (w, time.monotonic())
+        return w
+
+    def _drop(self, w) -> None:
+        import ray
+
+        try:
+            ray.kill(w, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        if w in self.workers:
+            self.workers.remove(w)
+
+    def close(self) -> None:
+        for w in list(self.workers):
+            self._drop(w)
+        self._starting.clear()
+
+    # ------------------------------------------------------------------ shards
+    def run(self, shards: list, sampling, *, on_usage: Callable[[dict], None] | None = None,
+            on_shard: Callable[[dict], None] | None = None,
+            before_retry: Callable[[object], None] | None = None) -> dict[str, dict]:
+        """Run every shard; returns ``{key: row}`` of the requests that failed (errors are never cached).
+        ``on_usage(delta)``: new generations' ``generated``, ``failed``, ``prompt_tokens``,
+        ``completion_tokens``, ``seconds`` since the last call (any worker); ``on_shard(summary)`` per finished
+        shard (``summary``: the worker's :class:`ShardProgress` plus ``worker``); ``before_retry(shard)`` runs
+        before a lost shard is submitted again (the driver seals dead spools there)."""
+        import ray
+
+        queue = deque((s, 1) for s in shards)
+        running: dict = {}
+        failed_rows: dict[str, dict] = {}
+        want = min(self.replicas, len(shards))
+        while len(self.workers) < want:
+            self._start_worker()
+
+        def usage_delta(r: _Running, p: dict) -> None:
+            if on_usage is None or not p:
+                return
+            delta = {k: p[k] - r.seen[k] for k in r.seen}
+            if any(delta.values()):
+                r.seen = {k: p[k] for k in r.seen}
+                on_usage(delta)
+
+        def reason_of(e: BaseException) -> str:
+            text = str(e).strip()
+            return f"{type(e).__name__}: {text.splitlines()[-1][:300] if text else ''}"
+
+        try:
+            while queue or running:
+                while self._idle and queue:
+                    w = self._idle.popleft()
+                    shard, attempt = queue.popleft()
+                    ref = w.run_shard.remote(shard.id, attempt, shard.requests, sampling)
+                    running[ref] = _Running(shard, attempt, w, self.where.get(w, {}))
+                if not running and not self._starting:
+                    raise ShardFailed(queue[0][0].id, {}, "no worker left to run it", queue[0][1])
+                if not running and all(time.monotonic() - t > self.start_timeout_s for _, t in self._starting.values()):
+                    raise ShardFailed(queue[0][0].id, {}, f"no worker could be placed on the cluster within "
+                                      f"{self.start_timeout_s:.0f} s ({self.num_cpus} CPUs, {self.num_gpus} GPUs "
+                                      f"per replica)", queue[0][1])
+                ready, _ = ray.wait(list(running) + list(self._starting), num_returns=1, timeout=self.poll_s)
+                for ref in ready:
+                    if ref in self._starting:
+                        w, _t = self._starting.pop(ref)
+                        try:
+                            self.where[w] = ray.get(ref)
+                        except Exception as e:  # noqa: BLE001
+                            self._drop(w)
+                            if not _lost(e):  # the engine cannot be built: no retry helps
+                                raise ShardFailed(queue[0][0].id if queue else "-", {}, "the worker could not build "
+                                                  f"its engine: {reason_of(e)}", 0) from e
+                            self.lost_workers.append({"shard": None, "worker": {}, "reason": reason_of(e)})
+                            if len(self.lost_workers) > self.max_shard_retries + want:
+                                raise ShardFailed(queue[0][0].id if queue else "-", {}, "workers keep dying "
+                                                  f"before they start: {reason_of(e)}", 0) from e
+                            self._start_worker()
+                            continue
+                        self._idle.append(w)
+                        continue
+                    r = running.pop(ref)
+                    where = self.where.get(r.worker, {})
+                    try:
+                        summary = ray.get(ref)
+                    except Exception as e:  # noqa: BLE001 - sorted below: lost worker or engine error
+                        reason = reason_of(e)
+                        if not _lost(e):
+                            raise ShardFailed(r.shard.id, where, reason, r.attempt) from e
+                        self.lost_workers.append({"shard": r.shard.id, "worker": where, "reason": reason})
+                        self.log(f"shard {r.shard.id} lost with worker {describe_worker(where)} ({reason}); "
+                                 f"attempt {r.attempt} of {self.max_shard_retries + 1}")
+                        self._drop(r.worker)
+                        if r.attempt > self.max_shard_retries:
+                            raise ShardFailed(r.shard.id, where, reason, r.attempt) from e
+                        if before_retry is not None:
+                            before_retry(r.shard)
+                        self.retried.append({"shard": r.shard.id, "attempt": r.attempt + 1})
+                        queue.appendleft((r.shard, r.attempt + 1))
+                        if len(self.workers) < want:
+                            self._start_worker()
+                        continue
+                    usage_delta(r, summary)
+                    failed_rows.update(summary.pop("failed_rows", {}) or {})
+                    if on_shard is not None:
+                        on_shard(summary | {"worker": where, "requests": len(r.shard)})
+                    self._idle.append(r.worker)
+                if running and on_usage is not None:  # what the running shards have paid for so far
+                    items = list(running.values())
+                    refs = [x.worker.progress.remote() for x in items]
+                    try:
+                        progress = ray.get(refs, timeout=max(1.0, 4 * self.poll_s))
+                    except Exception:  # noqa: BLE001 - a dying worker: its shard's ref reports it
+                        progress = [None] * len(items)
+                    for x, p in zip(items, progress, strict=True):
+                        if p and p["shard"] == x.shard.id and p["attempt"] == x.attempt:
+                            usage_delta(x, p)
+        except BaseException:
+            self.close()  # a budget stop or a failed shard stops every worker; the cache keeps what finished
+            raise
+        return failed_rows

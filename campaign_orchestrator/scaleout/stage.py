@@ -1,0 +1,217 @@
+"""A generation stage on Ray: :func:`run_generation_ray` is :func:`campaign_orchestrator.teacher.runner.
+run_generation` with the backend replaced by a sharded actor pool; same rows, same statistics, same cache.
+
+1. Build the requests and their keys; seal spools a killed run left; look every key up in the cache.
+2. Cut *all* distinct requests into shards by content (:mod:`.shards`): the same prompts give the same shards,
+   whatever is cached. A shard whose keys are all cached is done ($0); the others go to the pool, which
+   asks only their missing keys.
+3. Workers write each finished generation to the cache as it finishes (their own spools), one Parquet file
+   per shard; the driver charges the budget guard with every worker's new usage as it is polled, and reports
+   each finished shard (:class:`ShardReport`: id, worker, requests, tokens, seconds, dollars).
+4. The rows are read back from the cache in prompt order (errors, never cached, come from the workers).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from campaign_orchestrator.scaleout.pool import ShardPool, describe_worker, ray_session
+from campaign_orchestrator.scaleout.shards import make_shards
+from campaign_orchestrator.scaleout.worker import CacheConfig
+from campaign_orchestrator.teacher.runner import GenerationError, GenerationResult, GenerationStats
+from campaign_orchestrator.teacher.requests import Sampling, build_requests, sampling_hash
+
+
+@dataclass
+class ShardReport:
+    """What one shard did in this run (a cached shard: ``cached`` only, $0)."""
+
+    id: str
+    index: int
+    requests: int
+    cached: int = 0
+    generated: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    usd: float | None = 0.0  # None: unpriced
+    worker: str = ""
+    attempts: int = 0
+
+
+@dataclass
+class RayRun:
+    """What the pool did: per-shard reports, lost workers and retries (the asset's metadata)."""
+
+    shards: list[ShardReport] = field(default_factory=list)
+    lost_workers: list[dict] = field(default_factory=list)
+    retried: list[dict] = field(default_factory=list)
+    nodes: dict = field(default_factory=dict)  # node ip -> shards finished there
+    wall_s: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return sum(1 for s in self.shards if s.attempts or not (s.requests - s.cached))
+
+    def as_dict(self) -> dict:
+        return {"shards_total": len(self.shards), "shards_done": self.done, "shards_cached": sum(
+            1 for s in self.shards if not s.attempts), "lost_workers": self.lost_workers, "retried": self.retried,
+            "nodes": self.nodes, "wall_s": self.wall_s, "shards": [asdict(s) for s in self.shards]}
+
+
+def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling: Sampling, cache, cache_config:
+                       CacheConfig, execution, *, chat: bool = False, context: Sequence[dict] = (),
+                       context_categories: Sequence[str] | None = None, progress: Callable[[int], None] | None = None,
+                       log: Callable[[str], None] | None = None, budget=None,
+                       price: Callable[[dict], float | None] | None = None,
+                       on_shard: Callable[[ShardReport, RayRun], None] | None = None,
+                       rate_limits: tuple[float | None, float | None] = (None, None),
+                       pool: ShardPool | None = None) -> tuple[GenerationResult, RayRun]:
+    """``prompts``: dicts with ``id``, ``prompt`` (and ``category``); ``recipe`` builds the engine in each worker;
+    ``identity`` is the engine's identity (every request key hashes it); ``cache`` the driver's
+    :class:`GenerationCache` for ``cache_config``; ``execution`` the ``execution:`` section. ``price(usage)``
+    prices a shard's usage (``seconds``, ``prompt_tokens``, ``completion_tokens``; None: unknown). Needs a Ray
+    connection (:func:`ray_session`); ``pool``: reuse a running pool (else one is made and closed here)."""
+    log = log or (lambda _m: None)
+    if not prompts:
+        raise GenerationError("no prompts to generate for: the prompt table is empty")
+    t_start = time.perf_counter()
+    st = GenerationStats(prompts=len(prompts))
+    with_context = None if context_categories is None else [p.get("category") in context_categories for p in prompts]
+    reqs = build_requests(identity, sampling, [p["prompt"] for p in prompts], chat, context, with_context)
+    st.requests = sum(len(r) for r in reqs)
+    st.recovered_rows = cache.recover()
+    if st.recovered_rows:
+        log(f"recovered {st.recovered_rows} generations a previous run finished before it stopped")
+    cache.compact()
+    per_key = Counter(r.key for rs in reqs for r in rs)
+    st.distinct_requests = len(per_key)
+    found = cache.lookup(per_key)
+    st.cache_hits = len(found)
+    shards = make_shards([r for rs in reqs for r in rs], execution.shard_prompts)
+    run = RayRun(shards=[ShardReport(s.id, s.index, len(s), cached=sum(k in found for k in s.keys)) for s in shards])
+    todo = [s for s, rep in zip(shards, run.shards, strict=True) if rep.cached < rep.requests]
+    missing = sum(r.requests - r.cached for r in run.shards)
+    log(f"{st.requests} requests ({st.distinct_requests} distinct) in {len(shards)} shards of up to "
+        f"{execution.shard_prompts}: {st.cache_hits} cache hits ($0), {len(shards) - len(todo)} shards complete, "
+        f"{missing} requests in {len(todo)} shards to generate on {min(execution.replicas, len(todo))} Ray workers")
+    if progress and st.cache_hits:
+        progress(sum(per_key[k] for k in found))
+    if budget is not None and missing:
+        budget.check_planned(missing / st.distinct_requests)
+    by_id = {r.id: r for r in run.shards}
+    new_rows = {s.id: sum(per_key[k] for k in s.keys if k not in found) for s in todo}  # progress per shard
+    answered = 0
+    t_gen = time.perf_counter()
+
+    def on_usage(d: dict) -> None:
+        nonlocal answered
+        answered += d["generated"] + d["failed"]
+        if budget is not None:
+            budget.charge(items=d["generated"] + d["failed"], prompt_tokens=d["prompt_tokens"],
+                          completion_tokens=d["completion_tokens"], seconds=d["seconds"], final=answered >= missing)
+
+    def shard_done(summary: dict) -> None:
+        rep = by_id[summary["shard"]]
+        rep.generated, rep.failed = summary["generated"], summary["failed"]
+        rep.prompt_tokens, rep.completion_tokens = summary["prompt_tokens"], summary["completion_tokens"]
+        rep.seconds, rep.attempts = summary["seconds"], summary["attempt"]
+        rep.worker = describe_worker(summary["worker"])
+        node = summary["worker"].get("node_ip") or summary["worker"].get("host", "?")
+        run.nodes[node] = run.nodes.get(node, 0) + 1
+        rep.usd = price({"seconds": rep.seconds, "prompt_tokens": rep.prompt_tokens,
+                         "completion_tokens": rep.completion_tokens}) if price else None
+        bs = summary.get("backend_stats") or {}
+        st.http_requests += bs.get("http_requests", 0)
+        for k, v in (bs.get("retry_reasons") or {}).items():
+            st.retry_reasons[k] = st.retry_reasons.get(k, 0) + v
+        st.compute_dtype = bs.get("compute_dtype") or st.compute_dtype
+        st.generate_s += rep.seconds
+        if progress:
+            progress(new_rows.pop(rep.id, 0))
+        if on_shard is not None:
+            on_shard(rep, run)
+
+    failed_rows: dict[str, dict] = {}
+    if todo:
+        from campaign_orchestrator.scaleout.ratelimit import start_limits
+
+        own = pool is None
+        pool = pool or ShardPool(recipe, cache_config, replicas=execution.replicas,
+                                 num_cpus=execution.num_cpus_per_replica, num_gpus=execution.num_gpus_per_replica,
+                                 max_shard_retries=execution.max_shard_retries, log=log)
+        limits = start_limits(pool.job_id, *rate_limits)
+        try:
+            failed_rows = pool.run(todo, sampling, on_usage=on_usage, on_shard=shard_done,
+                                   before_retry=lambda _s: cache.recover())
+        finally:
+            if own:
+                pool.close()
+            if limits is not None:
+                import ray
+
+                ray.kill(limits)
+        run.lost_workers, run.retried = pool.lost_workers, pool.retried
+    run.wall_s = time.perf_counter() - t_gen
+    st.generated = sum(r.generated for r in run.shards)
+    st.failed = sum(r.failed for r in run.shards)
+    st.new_prompt_tokens = sum(r.prompt_tokens for r in run.shards)
+    st.new_completion_tokens = sum(r.completion_tokens for r in run.shards)
+
+    cache.recover()
+    results = cache.lookup(per_key)
+    results |= {k: v for k, v in failed_rows.items() if k not in results}
+    unanswered = [k for k in per_key if k not in results]
+    if unanswered:
+        raise GenerationError(f"the Ray workers returned no result for {len(unanswered)} requests")
+    shash = sampling_hash(sampling)
+    rows, finish = [], Counter()
+    for p, rs in zip(prompts, reqs, strict=True):
+        for r in rs:
+            c = results[r.key]
+            from_cache = r.key in found
+            rows.append({"id": p["id"], "sample_index": r.sample_index, "prompt": p["prompt"],
+                         "completion": c["completion"], "finish_reason": c["finish_reason"],
+                         "prompt_tokens": c["prompt_tokens"], "completion_tokens": c["completion_tokens"],
+                         "latency_s": c["latency_s"], "backend": c["backend"], "model": c["model"],
+                         "sampling_hash": shash, "request_key": r.key, "from_cache": from_cache,
+                         "retries": 0 if from_cache else c["retries"], "error": c.get("error"),
+                         "completion_token_ids": c["completion_token_ids"], "top_logprobs": c["top_logprobs"]})
+            finish[c["finish_reason"]] += 1
+            st.prompt_tokens += c["prompt_tokens"] or 0
+            st.completion_tokens += c["completion_tokens"] or 0
+            if not from_cache:
+                st.retries += c["retries"] or 0
+    st.finish_reasons = dict(finish)
+    st.wall_s = time.perf_counter() - t_start
+    if st.failed and st.failed == missing and not st.cache_hits:
+        first = next(r["error"] for r in rows if r["error"])
+        raise GenerationError(f"every one of {st.failed} requests failed; first error: {first}")
+    return GenerationResult(rows, st), run
+
+
+def run_job(job, log: Callable[[str], None] = print, on_shard=None) -> tuple[GenerationResult, RayRun]:
+    """Run a :class:`~campaign_orchestrator.scaleout.job.Job` on the connected Ray cluster and write its
+    rows to ``job.output`` (the entry point a KubeRay ``RayJob`` runs; the Dagster step runs the same code)."""
+    from types import SimpleNamespace
+
+    from campaign_orchestrator.dataset.prompts import read_prompt_table
+    from campaign_orchestrator.teacher.rows import write_generations
+
+    cfg = CacheConfig(**job.cache)
+    cache = cfg.open()
+    sampling = Sampling(**job.sampling)
+    execution = SimpleNamespace(**job.execution)
+    rows = read_prompt_table(job.prompts)
+    spec = getattr(job.recipe, "spec", None)
+    limits = (spec.requests_per_minute, spec.tokens_per_minute) if spec is not None and spec.backend == "openai" \
+        else (None, None)
+    res, run = run_generation_ray(rows, job.recipe, job.identity, sampling, cache, cfg, execution, chat=job.chat,
+                                  context=job.context, context_categories=job.context_categories, log=log,
+                                  on_shard=on_shard, rate_limits=limits)
+    write_generations(res.rows, job.output)
+    return res, run

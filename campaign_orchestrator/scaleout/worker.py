@@ -1,0 +1,167 @@
+"""The worker: one Ray actor holding one model replica, answering one shard at a time into the cache.
+
+:class:`GenerationWorker` is a plain class (``ray.remote`` is applied by the pool, :func:`worker_class`), so
+it is importable and testable without Ray. It builds its engine once from a recipe, owns a writer of the
+generation cache, and per shard: seals spools a dead worker left on this node, looks the shard's keys up,
+asks only what the cache lacks, writes each finished generation to its spool as it finishes (flushed per
+row: it survives this process's death) and seals the shard into one Parquet file of the cache at the end.
+``progress()`` (answered while a shard runs: the actor has two threads) tells the driver what the running
+shard has paid for so far.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class CacheConfig:
+    """Where the generation cache is: the store URL (a directory or ``s3://``), its S3 settings, the
+    namespace and the local spool directory (paths are as the worker's node sees them)."""
+
+    store_url: str
+    namespace: str
+    spool_dir: str
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+
+    def open(self, shard_rows: int = 256, shard_seconds: float = 15.0):
+        from campaign_orchestrator.teacher.blobstore import open_store
+        from campaign_orchestrator.teacher.cache import GenerationCache
+
+        store = open_store(self.store_url, endpoint_url=self.s3_endpoint_url, region=self.s3_region)
+        return GenerationCache(store, self.namespace, self.spool_dir, shard_rows=shard_rows,
+                               shard_seconds=shard_seconds)
+
+
+@dataclass
+class ShardProgress:
+    """What one attempt of one shard has done so far (counters only grow)."""
+
+    shard: str
+    attempt: int
+    to_ask: int = 0  # requests of the shard the cache lacked when it started
+    cached: int = 0  # requests of the shard already in the cache
+    generated: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0  # generation time so far (the backend's clock at the end)
+    done: bool = False
+    failed_rows: dict = field(default_factory=dict)  # key -> cache row with its error (errors are never cached)
+    backend_stats: dict = field(default_factory=dict)
+
+
+class GenerationWorker:
+    """One model replica. ``recipe`` is a :class:`~campaign_orchestrator.teacher.recipes.BackendRecipe` (a
+    teacher backend) or a :class:`~campaign_orchestrator.scaleout.job.AnswerRecipe` (a local model answering
+    evaluation prompts); ``job_id`` names the job's shared rate limits."""
+
+    def __init__(self, recipe, cache: CacheConfig, job_id: str | None = None, threads: int | None = None):
+        self.recipe, self.cache_config, self.job_id, self.threads = recipe, cache, job_id, threads
+        self.backend = None
+        self._lock = threading.Lock()
+        self._build_lock = threading.Lock()
+        self._current: ShardProgress | None = None
+
+    # ------------------------------------------------------------------ identity, set-up
+    def where(self) -> dict:
+        """The worker as a shard failure names it: node, actor, process."""
+        out = {"pid": os.getpid(), "host": os.uname().nodename}
+        try:
+            import ray
+
+            ctx = ray.get_runtime_context()
+            out |= {"node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id(),
+                    "node_ip": ray.util.get_node_ip_address()}
+        except Exception:  # noqa: BLE001 - outside Ray (unit tests)
+            pass
+        return out
+
+    def ready(self) -> dict:
+        """Build the engine (the model loads here, once) and say where this worker runs."""
+        self._build()
+        return self.where()
+
+    def _build(self):
+        with self._build_lock:
+            return self.backend if self.backend is not None else self._build_once()
+
+    def _build_once(self):
+        if self.threads:
+            os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
+        backend = self.recipe.build()
+        client = getattr(backend, "client", None)
+        if client is not None and hasattr(client, "buckets") and self.job_id:
+            from campaign_orchestrator.scaleout.ratelimit import shared_buckets
+
+            rpm, tpm = shared_buckets(self.job_id)
+            if rpm is not None or tpm is not None:
+                client.buckets = (rpm, tpm)  # the job's buckets, not one pair per worker
+        if self.threads:
+            import sys
+
+            if "torch" in sys.modules:
+                sys.modules["torch"].set_num_threads(self.threads)
+        getattr(backend, "generator", None)  # a local model loads now, not inside the first shard's clock
+        self.backend = backend
+        return backend
+
+    # ------------------------------------------------------------------ work
+    def progress(self) -> dict | None:
+        with self._lock:
+            return None if self._current is None else asdict(self._current) | {"failed_rows": {}}
+
+    def run_shard(self, shard_id: str, attempt: int, requests: list, sampling) -> dict:
+        """Answer what the cache lacks of one shard; returns its :class:`ShardProgress` as a dict."""
+        from campaign_orchestrator.teacher.runner import _cache_row
+
+        backend = self._build()
+        cache = self.cache_config.open(shard_rows=max(256, len(requests) + 1), shard_seconds=float("inf"))
+        cache.recover()  # spools a worker that died on this node left: its finished rows count as done
+        found = cache.lookup(r.key for r in requests)
+        todo = [r for r in requests if r.key not in found]
+        prog = ShardProgress(shard_id, attempt, to_ask=len(todo), cached=len(requests) - len(todo))
+        with self._lock:
+            self._current = prog
+        t0 = time.perf_counter()
+        g0 = getattr(backend, "generate_s", None)
+
+        def on_done(req, c) -> None:
+            row = _cache_row(req, c, backend)
+            if c.ok:
+                writer.add({k: v for k, v in row.items() if k != "error"})
+            with self._lock:
+                if c.ok:
+                    prog.generated += 1
+                    prog.prompt_tokens += c.prompt_tokens or 0
+                    prog.completion_tokens += c.completion_tokens or 0
+                else:
+                    prog.failed += 1
+                    prog.failed_rows[req.key] = row
+                prog.seconds = time.perf_counter() - t0
+
+        writer = cache.writer()
+        try:
+            if todo:
+                backend.run(todo, sampling, on_done)
+        finally:
+            writer.close()  # one Parquet file of the cache for this shard
+        with self._lock:
+            if todo:
+                prog.seconds = (backend.generate_s - g0) if g0 is not None else time.perf_counter() - t0
+            prog.backend_stats = backend.stats() if todo else {}
+            prog.done = True
+            self._current = None
+        return asdict(prog)
+
+
+def worker_class(num_cpus: float, num_gpus: float):
+    """:class:`GenerationWorker` as a Ray actor class reserving ``num_cpus``/``num_gpus`` (two threads: a
+    shard runs while the driver asks for its progress)."""
+    import ray
+
+    return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=2, max_restarts=0)(GenerationWorker)
