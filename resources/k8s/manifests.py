@@ -186,7 +186,13 @@ def container_env(w: Workload, *, pytorchjob: bool = False) -> list[dict[str, An
     env += [{"name": k, "value": v} for k, v in sorted(w.cluster.env.items())]
     env += [{"name": k, "value": v} for k, v in sorted(distributed_env(w.training).items())]
     env += [{"name": k, "value": v} for k, v in sorted(w.pipes_env.items())]
-    for s in w.cluster.secret_env:
+    return env + secret_env(w.cluster)
+
+
+def secret_env(cluster: KubernetesSpec) -> list[dict[str, Any]]:
+    """``kubernetes.secret_env`` as ``secretKeyRef`` variables: the Secret and key by name, never a value."""
+    env: list[dict[str, Any]] = []
+    for s in cluster.secret_env:
         ref = {"name": s.secret, "key": s.key}
         if s.optional:
             ref["optional"] = True
@@ -207,7 +213,11 @@ def container_resources(w: Workload) -> dict[str, dict[str, str]]:
 
 
 def volumes_and_mounts(w: Workload) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    c = w.cluster
+    return cluster_volumes(w.cluster)
+
+
+def cluster_volumes(c: KubernetesSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts) of every pod of the campaign: /dev/shm, the artifacts claim, ``volumes``, ``secret_volumes``."""
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": c.shm_size}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     for vname, claim in [("artifacts", c.artifacts)] + [(f"volume-{i}", v) for i, v in enumerate(c.volumes)]:
@@ -257,6 +267,13 @@ def pod_spec(w: Workload, *, pytorchjob: bool = False) -> dict[str, Any]:
     }
     if w.nodes > 1 and not pytorchjob:
         spec["subdomain"] = w.name  # with the headless Service: <name>-<index>.<name> resolves to pod <index>
+    return spec | pod_placement(c)
+
+
+def pod_placement(c: KubernetesSpec) -> dict[str, Any]:
+    """Pod spec fields from the campaign's ``kubernetes:`` section: node selector, tolerations, affinity, priority
+    class, service account and image pull secrets (each only when set)."""
+    spec: dict[str, Any] = {}
     if c.node_selector:
         spec["nodeSelector"] = dict(c.node_selector)
     if c.tolerations:
