@@ -249,6 +249,15 @@ class CampaignSpec(_Strict):
         return v
 
     @model_validator(mode="after")
+    def _kuberay_needs_cluster(self) -> CampaignSpec:
+        if self.execution.kuberay is not None and self.kubernetes is None:
+            raise ValueError(
+                "execution.kuberay runs the generation stages on Kubernetes but the campaign has no `kubernetes:` "
+                "section; add at least `kubernetes: {image: <image with the project and ray>, namespace: <namespace>}` "
+                "(its namespace, image, volumes and secrets are the Ray pods'; see docs/scaleout.md)")
+        return self
+
+    @model_validator(mode="after")
     def _k8s_launcher_needs_cluster(self) -> CampaignSpec:
         if self.training.launcher == "k8s" and self.kubernetes is None:
             raise ValueError(

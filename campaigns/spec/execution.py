@@ -4,16 +4,85 @@ The generation stages are the teacher's generations, the teacher scoring held-ou
 candidate's and base's answers in evaluation. ``engine: local`` (the default) runs each in the stage's
 own process, as before. ``engine: ray`` splits a stage's prompts into shards by content hash and runs
 them on an actor pool (one model replica per actor) of a Ray cluster: a local cluster the stage starts
-when ``ray_address`` is empty, an existing one otherwise (on Kubernetes: a KubeRay cluster).
+when ``ray_address`` is empty, an existing one otherwise. On Kubernetes (``execution.kuberay``) the stage
+runs as a KubeRay ``RayJob``: a Ray cluster of one head and ``replicas`` worker pods created for the job (or
+a long-lived ``RayCluster`` it is submitted to), which runs ``python -m campaign_orchestrator.scaleout --job
+JOB.json``; namespace, image, node selectors, tolerations, volumes and secrets come from the campaign's
+``kubernetes:`` section, as for training (docs/scaleout.md).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from campaigns.spec.common import _Strict
+from campaigns.spec.kubernetes import K8S_NAME, _quantity
+
+
+class RayPodSpec(_Strict):
+    """CPU and memory of one Ray pod (requests equal limits; KubeRay gives Ray the pod's CPU limit as ``num-cpus``)."""
+
+    cpu: str | None = Field(None, description="CPU request and limit, e.g. '8' (head default '2'; worker default: "
+                                              "execution.num_cpus_per_replica rounded up).")
+    memory: str | None = Field(None, description="Memory request and limit, e.g. '64Gi' (head default '8Gi'; worker "
+                                                 "default: kubernetes.memory).")
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _quantities(cls, v: str | None, info) -> str | None:
+        return _quantity(v, info.field_name)
+
+
+class KubeRaySpec(_Strict):
+    """The generation stages on Kubernetes as a KubeRay ``RayJob`` (needs the KubeRay operator, v1.1 or later).
+
+    Everything the pods share with training (namespace, image, node selectors, tolerations, affinity, service
+    account, volumes, ``env`` and ``secret_env``) comes from the campaign's ``kubernetes:`` section; this
+    section adds what a Ray cluster needs beyond it. Worker pods: ``execution.replicas``, one model replica
+    each, with ``execution.num_gpus_per_replica`` (rounded up) GPUs of ``kubernetes.gpu_resource``.
+    """
+
+    ray_cluster: str | None = Field(
+        None, description="Name of a long-lived RayCluster (in kubernetes.namespace) to submit the job to instead of "
+                          "creating a cluster for it (RayJob `clusterSelector`); its own pods, image and sizes apply.")
+    image: str | None = Field(
+        None, description="Image of the Ray pods (default: kubernetes.image): the project installed on a Ray "
+                          "image whose `ray` is `ray_version` (deploy/Dockerfile builds one).")
+    ray_version: str = Field("2.60.0", description="Ray version of the image (RayJob rayClusterSpec.rayVersion); "
+                                                   "must equal the `ray` the project pins.")
+    head: RayPodSpec | None = Field(None, description="Head pod size (default cpu '2', memory '8Gi'); the head runs "
+                                                      "the job's driver, no replica unless `head_runs_replicas`.")
+    worker: RayPodSpec | None = Field(None, description="Worker pod size (one replica per worker pod).")
+    head_runs_replicas: bool = Field(False, description="Let Ray place replicas on the head pod too (false: the head "
+                                                        "advertises 0 CPUs and only drives the job).")
+    shutdown_after_job_finishes: bool = Field(
+        True, description="Delete the job's Ray cluster when the job ends (RayJob shutdownAfterJobFinishes); the "
+                          "launcher also deletes the RayJob when the stage ends, fails or is cancelled.")
+    ttl_seconds_after_finished: int = Field(
+        600, ge=0, description="Seconds KubeRay keeps a finished job's cluster before deleting it (a backstop).")
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="KubeRay fails the job after this many seconds (RayJob activeDeadlineSeconds).")
+
+    @field_validator("ray_cluster")
+    @classmethod
+    def _cluster_name(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 63 or not K8S_NAME.match(v)):
+            raise ValueError(f"ray_cluster must be a RayCluster name (lowercase letters, digits, '-'), got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _long_lived_cluster_brings_its_pods(self) -> KubeRaySpec:
+        if self.ray_cluster is not None:
+            own = [f for f in ("image", "head", "worker") if getattr(self, f) is not None]
+            own += ["head_runs_replicas"] if self.head_runs_replicas else []
+            if own:
+                raise ValueError(f"execution.kuberay.ray_cluster is set, so the job runs on the pods of RayCluster "
+                                 f"{self.ray_cluster}, which has its own image and sizes: remove "
+                                 f"{', '.join('execution.kuberay.' + f for f in own)}")
+        return self
 
 
 class ExecutionSpec(_Strict):
@@ -34,3 +103,22 @@ class ExecutionSpec(_Strict):
                                                      "as one.")
     max_shard_retries: int = Field(3, ge=0, description="Times a shard lost with its worker is run again before the "
                                                         "stage fails.")
+    kuberay: KubeRaySpec | None = Field(
+        None, description="Run the generation stages on Kubernetes as a KubeRay RayJob (with the campaign's "
+                          "`kubernetes:` section; docs/scaleout.md); empty: Ray runs where the stage runs.")
+
+    @property
+    def gpus_per_worker_pod(self) -> int:
+        """GPUs of one KubeRay worker pod: one replica's, rounded up to whole devices."""
+        return math.ceil(self.num_gpus_per_replica)
+
+    @model_validator(mode="after")
+    def _kuberay_runs_ray(self) -> ExecutionSpec:
+        if self.kuberay is not None and self.engine != "ray":
+            raise ValueError("execution.kuberay runs the generation stages on a KubeRay cluster, which needs "
+                             "execution.engine: ray; set it, or remove execution.kuberay")
+        if self.kuberay is not None and self.ray_address:
+            raise ValueError("execution.kuberay and execution.ray_address both say where Ray runs: inside a RayJob the "
+                             "job connects to its own cluster; remove execution.ray_address (or execution.kuberay to "
+                             "use the cluster at that address from where the stage runs)")
+        return self

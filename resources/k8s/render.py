@@ -2,7 +2,9 @@
 
 For review and for ``kubectl apply --dry-run=server -f -`` against a real cluster. The launcher
 adds the Dagster Pipes bootstrap variables and the run id at launch time; here the run id is
-``manual`` and the TrainJob path is a placeholder on the artifacts volume.
+``manual`` and the TrainJob path is a placeholder on the artifacts volume. A campaign with
+``execution.kuberay`` also gets one KubeRay ``RayJob`` per generation stage (``kuberay.py``), checked
+against the KubeRay CRD's schema.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ def render_command(args) -> int:
         print(f"invalid campaign:\n{e}", file=sys.stderr)
         return 1
     try:
-        manifests = campaign_manifests(spec)
+        from resources.k8s.kuberay import campaign_ray_jobs
+
+        manifests = campaign_manifests(spec) + campaign_ray_jobs(spec)
     except ValueError as e:
         print(str(e), file=sys.stderr)
         return 1
@@ -49,13 +53,15 @@ def render_command(args) -> int:
         except ManifestError as e:
             print(f"invalid manifest: {e}", file=sys.stderr)
             return 1
-        print(f"# valid against the Kubernetes {', '.join(versions)} schemas (strict, offline)", file=sys.stderr)
+        ray = " and the KubeRay RayJob CRD (ray.io/v1)" if any(m["kind"] == "RayJob" for m in manifests) else ""
+        print(f"# valid against the Kubernetes {', '.join(versions)} schemas{ray} (strict, offline)", file=sys.stderr)
     sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
     return 0
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("k8s-render", help="print the Kubernetes manifests of a campaign's training launch")
+    p = sub.add_parser("k8s-render", help="print the Kubernetes manifests of a campaign's training launch (and its "
+                                          "KubeRay RayJobs)")
     p.add_argument("campaign", help="campaign name or YAML file (e.g. campaigns/examples/cluster.yaml)")
     p.add_argument("--k8s-version", action="append", help="schema version(s) to validate against, e.g. 1.30")
     p.add_argument("--no-validate", action="store_true", help="skip the offline schema check")

@@ -5,7 +5,8 @@ Built-in kinds (Job, Service) are validated against the Kubernetes OpenAPI schem
 an unknown or misspelled field is an error. The Kubeflow ``PyTorchJob`` is a custom resource with
 no schema there, so its envelope is checked against the field names of the training operator's
 ``kubeflow.org/v1`` API (``PYTORCHJOB_SCHEMA`` below) and each replica's pod template is validated
-as a core ``v1 PodTemplate``, strict, like the built-in kinds.
+as a core ``v1 PodTemplate``, strict, like the built-in kinds. A KubeRay ``RayJob`` is checked the
+same way against the CRD's own schema (``kuberay_schema.py``, vendored from KubeRay).
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ def validate_manifest(manifest: dict[str, Any], version: str = DEFAULT_VERSIONS[
     import kubernetes_validate
 
     name = f"{manifest.get('kind')}/{manifest.get('metadata', {}).get('name')}"
+    if manifest.get("kind") == "RayJob":
+        validate_rayjob(manifest, version)
+        return
     if manifest.get("kind") == "PyTorchJob":
         try:
             jsonschema.validate(manifest, PYTORCHJOB_SCHEMA)
@@ -100,6 +104,30 @@ def validate_manifest(manifest: dict[str, Any], version: str = DEFAULT_VERSIONS[
         kubernetes_validate.validate(manifest, version, strict=True)
     except kubernetes_validate.ValidationError as e:
         raise ManifestError(f"{name}: {_where(e)}: {e.message} (Kubernetes {e.version}, strict)") from e
+
+
+def validate_rayjob(manifest: dict[str, Any], version: str = DEFAULT_VERSIONS[-1]) -> None:
+    """A KubeRay ``RayJob``: its fields against the CRD's schema (``kuberay_schema``), its metadata as a strict
+    ObjectMeta, each pod template (head, worker groups) as a strict core ``v1 PodTemplate``."""
+    import jsonschema
+    import kubernetes_validate
+
+    from resources.k8s.kuberay_schema import RAYJOB_V1_SCHEMA, SOURCE, pod_templates
+
+    name = f"RayJob/{manifest.get('metadata', {}).get('name')}"
+    try:
+        jsonschema.validate(manifest, RAYJOB_V1_SCHEMA)
+    except jsonschema.ValidationError as e:
+        raise ManifestError(f"{name}: {_where(e)}: {e.message} (KubeRay CRD schema: {SOURCE})") from e
+    validate_manifest({"apiVersion": "v1", "kind": "ConfigMap", "metadata": manifest["metadata"]}, version)
+    for where, template in pod_templates(manifest):
+        tpl = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "ray-pod-template"},
+               "template": template}
+        try:
+            kubernetes_validate.validate(tpl, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            raise ManifestError(f"{name}: {where}/{_where(e).removeprefix('template/')}: {e.message}"
+                                f" (Kubernetes {e.version}, strict)") from e
 
 
 def validate_manifests(manifests: list[dict[str, Any]], versions: tuple[str, ...] = DEFAULT_VERSIONS) -> list[str]:
