@@ -17,6 +17,8 @@ from resources.pricing import PricingResource, cost_report, report_text
 from resources.storage import ArtifactStore
 
 STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")
+# Not in the graph of a fully on-policy campaign (training.distillation.on_policy.teacher_generations: none).
+TEACHER_STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset")
 
 # numeric report fields shown as metadata; Dagster plots them across materializations
 PLOTTED = ("total_usd", "teacher_usd", "training_usd", "evaluation_usd", "interrupted_usd", "spent_this_run_usd",
@@ -38,34 +40,19 @@ def report_metadata(report: dict) -> dict:
 
 
 def build(spec: CampaignSpec):
-    ins = {s: AssetIn(key(spec, s)) for s in STAGES}
+    stages = [s for s in STAGES if not (spec.training.distillation.skips_teacher and s in TEACHER_STAGES)]
+    ins = {s: AssetIn(key(spec, s)) for s in stages}
     if spec.sweep is not None:  # the candidate came out of the sweep: its trials are part of the result's cost
         ins["hparam_sweep"] = AssetIn(key(spec, "hparam_sweep"))
-    decorate = asset(key=key(spec, "campaign_cost"), group_name=spec.name, kinds={"duckdb"}, ins=ins,
-                     description="Cost per result from the ledger: $/M teacher tokens, $/1k accepted examples, $/point "
-                                 "gained (at the gain's lower 95% bound), planner estimate vs actual, and the cost "
-                                 "dashboard.")
 
-    def report(context, storage, pricing, manifests: dict) -> Output[dict]:
+    @asset(key=key(spec, "campaign_cost"), group_name=spec.name, kinds={"duckdb"}, ins=ins,
+           description="Cost per result from the ledger: $/M teacher tokens, $/1k accepted examples, $/point "
+                       "gained (at the gain's lower 95% bound), planner estimate vs actual, and the cost "
+                       "dashboard.")
+    def campaign_cost(context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource,
+                      **manifests: dict) -> Output[dict]:
+        # one manifest per upstream stage in ``ins`` (a fully on-policy campaign has no teacher stages)
         r = cost_report(pricing, spec, storage.root_path(), context.run_id, manifests, log=context.log.warning)
         return Output({"key": context.run_id, "path": r["report_path"], **r}, metadata=report_metadata(r))
-
-    if spec.sweep is None:
-        @decorate
-        def campaign_cost(context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource,
-                          teacher_generations: dict, distillation_set: dict, tokenized_dataset: dict,
-                          student_adapter: dict, evaluation: dict) -> Output[dict]:
-            return report(context, storage, pricing, {
-                "teacher_generations": teacher_generations, "distillation_set": distillation_set,
-                "tokenized_dataset": tokenized_dataset, "student_adapter": student_adapter, "evaluation": evaluation})
-    else:
-        @decorate
-        def campaign_cost(context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource,
-                          teacher_generations: dict, distillation_set: dict, tokenized_dataset: dict,
-                          hparam_sweep: dict, student_adapter: dict, evaluation: dict) -> Output[dict]:
-            return report(context, storage, pricing, {
-                "teacher_generations": teacher_generations, "distillation_set": distillation_set,
-                "tokenized_dataset": tokenized_dataset, "hparam_sweep": hparam_sweep,
-                "student_adapter": student_adapter, "evaluation": evaluation})
 
     return campaign_cost

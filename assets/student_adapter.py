@@ -41,10 +41,12 @@ def training_key_fields(spec: CampaignSpec, precision: str | None = None) -> dic
     student = student_key_fields(spec)
     if precision is not None:
         student["quantization"]["compute_dtype"] = precision
-    return {"student": student,
-            "training": spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "allow_cpu_fallback",
-                                                          "cpu_hardware", "checkpoint",
-                                                          "collective_timeout_s", "diagnostics", "distributed_env"})}
+    training = spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "allow_cpu_fallback",
+                                                 "cpu_hardware", "checkpoint",
+                                                 "collective_timeout_s", "diagnostics", "distributed_env"})
+    if spec.training.distillation.loss != "on_policy":  # added with on-policy distillation: keys no other adapter
+        del training["distillation"]["on_policy"]
+    return {"student": student, "training": training}
 
 
 def adapter_precision(spec: CampaignSpec) -> str:
@@ -83,13 +85,46 @@ def check_precision(spec: CampaignSpec, summary: dict, keyed: str, where) -> Non
 
 def teacher_tokenizer_path(spec: CampaignSpec, storage: ArtifactStore) -> str | None:
     """Where the teacher's tokenizer is, for the logit-distillation vocabulary check."""
-    if spec.training.distillation.loss != "logits":
+    if spec.training.distillation.loss not in ("logits", "on_policy"):
         return None
     if spec.training.distillation.teacher_tokenizer:
         return str(storage.resolve_model(spec.training.distillation.teacher_tokenizer, spec.project_dir))
     if spec.teacher.backend == "transformers":
         return str(storage.resolve_model(spec.teacher.model, spec.project_dir))
     return None  # the trainer refuses to start and says which field to set
+
+
+def on_policy_job(spec: CampaignSpec, storage: ArtifactStore, prompts: dict):
+    """The trainer's on-policy inputs (``training.config.OnPolicyJob``): the training prompts, how the student asks
+    them, and the teacher that scores the samples (its directory when it runs in process)."""
+    from assets.teacher_generations import teacher_model_path
+    from campaign_orchestrator.teacher.backends import spec_identity
+    from training.config import OnPolicyJob
+
+    t = spec.teacher
+    model_path = teacher_model_path(storage, spec)
+    weights_id = model_identity(model_path, t.revision) if model_path is not None else None
+    compute_dtype = t.compute_dtype if t.compute_dtype != "auto" else spec.student.quantization.compute_dtype
+    return OnPolicyJob(prompts_path=prompts["train_path"], template=spec.dataset.template, teacher_backend=t.backend,
+                       teacher_model_path=str(model_path) if model_path is not None else None,
+                       teacher_compute_dtype=compute_dtype,
+                       teacher_identity=spec_identity(t, model_path, weights_id),
+                       teacher=t.model_dump(mode="json"), context=[m.model_dump() for m in t.context],
+                       context_categories=t.context_categories)
+
+
+def on_policy_key_fields(spec: CampaignSpec, job) -> dict | None:
+    """What the samples and their scores depend on beyond the training settings: the prompts and the teacher."""
+    if job is None:
+        return None
+    return {"prompts": job.prompts_path and _file_sha(job.prompts_path), "teacher": job.teacher_identity,
+            "context": job.context, "context_categories": job.context_categories, "template": job.template}
+
+
+def _file_sha(path: str) -> str:
+    from campaign_orchestrator.content import file_sha256
+
+    return file_sha256(path)
 
 
 def refuse_before_launch(spec: CampaignSpec, base) -> None:
@@ -121,6 +156,18 @@ def moe_metadata(moe: dict | None) -> dict:
     }
 
 
+def on_policy_metadata(op: dict | None) -> dict:
+    """An on-policy run's rounds: how many, samples, teacher tokens scored (prefill), mean reverse KL, and the
+    per-round table."""
+    if not op:
+        return {}
+    return {"on_policy_rounds": op["rounds"], "on_policy_steps": op["on_policy_steps"],
+            "off_policy_steps": op["off_policy_steps"], "student_samples": op["samples"],
+            "teacher_tokens_scored": op["teacher_prefill_tokens"], "sampled_tokens": op["sampled_tokens"],
+            "mean_reverse_kl": op.get("mean_reverse_kl"), "sampling_seconds": op["sampling_seconds"],
+            "scoring_seconds": op["scoring_seconds"], "rounds": MetadataValue.json(op["per_round"])}
+
+
 def adopt_trial(sweep: dict, out, precision: str | None = None) -> dict | None:
     """The sweep's best trial ran the full length (the top rung is training.max_steps) with exactly these settings:
     its adapter, metrics and summary become this stage's output instead of a second identical run. None when it
@@ -144,7 +191,10 @@ def adopt_trial(sweep: dict, out, precision: str | None = None) -> dict | None:
 
 def build(spec: CampaignSpec):
     s, tr = spec.student, spec.training
-    ins = {"dataset": AssetIn(key(spec, "tokenized_dataset"))}
+    # fully on-policy without a teacher stage: the prompts are the trainer's only data
+    ins = {"dataset": AssetIn(key(spec, "prompts" if tr.distillation.skips_teacher else "tokenized_dataset"))}
+    if tr.distillation.loss == "on_policy" and not tr.distillation.skips_teacher:
+        ins["prompts"] = AssetIn(key(spec, "prompts"))
     if spec.sweep is not None:
         ins["sweep"] = AssetIn(key(spec, "hparam_sweep"))
 
@@ -153,7 +203,12 @@ def build(spec: CampaignSpec):
                      description=(f"LoRA r={s.lora.r} on `{s.base_model}` ({'4-bit QLoRA' if s.quantization.load_in_4bit else 'bf16'}),"
                                   f" {tr.nodes} node(s) × {tr.processes_per_node} process(es), sharding {tr.sharding}"
                                   + ("; parameters from the sweep's best trial (hparam_sweep)." if spec.sweep else ".")))
-    if spec.sweep is None:
+    if spec.sweep is None and "prompts" in ins:
+        @decorate
+        def student_adapter(context: AssetExecutionContext, dataset: dict, prompts: dict, storage: ArtifactStore,
+                            launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
+            return train_adapter(context, spec, dataset, storage, launcher, pricing, prompts=prompts)
+    elif spec.sweep is None:
         @decorate
         def student_adapter(context: AssetExecutionContext, dataset: dict, storage: ArtifactStore,
                             launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
@@ -169,15 +224,24 @@ def build(spec: CampaignSpec):
 
 
 def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: dict, storage: ArtifactStore,
-                  launcher: TrainingLauncher, pricing: PricingResource, sweep: dict | None = None) -> Output[dict]:
-    """The stage's work for ``spec`` (the campaign, or the campaign with the sweep's best parameters)."""
+                  launcher: TrainingLauncher, pricing: PricingResource, sweep: dict | None = None,
+                  prompts: dict | None = None) -> Output[dict]:
+    """The stage's work for ``spec`` (the campaign, or the campaign with the sweep's best parameters). With
+    ``teacher_generations: none`` ``dataset`` is the prompts stage's manifest (no tokenized dataset)."""
     s, tr = spec.student, spec.training
     from training.config import TrainJob
 
     base = storage.resolve_model(s.base_model, spec.project_dir)
     refuse_before_launch(spec, base)
     precision = adapter_precision(spec)  # resolved: an adapter trained in bf16 is not one trained in fp32
-    k = stage_key("adapter/v1", dataset["key"], model_identity(base, s.revision), training_key_fields(spec, precision))
+    skips = tr.distillation.skips_teacher
+    on_policy = None
+    if tr.distillation.loss == "on_policy":
+        on_policy = on_policy_job(spec, storage, dataset if skips else prompts)
+    key_parts = [dataset["key"], model_identity(base, s.revision), training_key_fields(spec, precision)]
+    if on_policy is not None:
+        key_parts.append(on_policy_key_fields(spec, on_policy))
+    k = stage_key("adapter/v1", *key_parts)
     sd = storage.stage(spec.name, "student_adapter", k)
     cached = sd.is_complete()
     adopted = None
@@ -197,9 +261,11 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
         out = sd.ensure()
         shutil.rmtree(out / "adapter", ignore_errors=True)
         remote = tr.checkpoint.remote_uri
-        job = TrainJob(campaign=spec.name, base_model_path=str(base), dataset_path=dataset["dataset_path"],
-                       validation_path=dataset.get("validation_path"), output_dir=str(out), student=s, training=tr,
-                       teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
+        job = TrainJob(campaign=spec.name, base_model_path=str(base),
+                       dataset_path="" if skips else dataset["dataset_path"],
+                       validation_path=None if skips else dataset.get("validation_path"), output_dir=str(out),
+                       student=s, training=tr, teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
+                       on_policy=on_policy,
                        gpu_required=pricing.gpu_required(spec),
                        checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None)
         t0 = time.perf_counter()
@@ -233,7 +299,7 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
         "gpu_hours": float(sum(line["quantity"] for line in m["cost_lines"] if line["unit"] == "gpu-hour")),
         "device": sm.get("device"), "billed_hardware": m.get("billed_hardware"), "billing_note": m.get("billing_note"),
         "compute_dtype": sm.get("compute_dtype"), "compute_dtype_reason": sm.get("compute_dtype_reason"),
-    } | profile_metadata(m["path"])
+    } | on_policy_metadata(sm.get("on_policy")) | profile_metadata(m["path"])
     if sm.get("merged_dir"):
         md["merged_model"] = MetadataValue.path(sm["merged_dir"])
     md |= moe_metadata(sm.get("moe"))

@@ -10,6 +10,27 @@ from pydantic import BaseModel, ConfigDict, Field
 from campaigns.spec import StudentSpec, TrainingSpec
 
 
+class OnPolicyJob(BaseModel):
+    """What ``training.distillation.loss: on_policy`` needs beyond the campaign's sections: the prompts the student
+    samples on, how the student asks them, and the teacher that scores the samples (in process, or a server)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompts_path: str = Field(description="The prompts stage's training split (Parquet: id, prompt, category, ...).")
+    template: str = Field("auto", description="How the student renders a bare prompt (dataset.template).")
+    teacher_backend: str = Field(description="teacher.backend: transformers (in process) or openai (a server).")
+    teacher_model_path: str | None = Field(
+        None, description="`transformers`: the teacher's directory, loaded beside the student on every rank.")
+    teacher_compute_dtype: str = Field("auto", description="`transformers`: the dtype the teacher scores in.")
+    teacher_identity: str = Field("", description="What makes two teachers the same (recorded per round).")
+    teacher: dict = Field(
+        default_factory=dict, description="The campaign's teacher section (for a server scorer: base_url, model, "
+        "chat, api_key_env: the name of the key's variable, never the key; timeouts).")
+    context: list[dict] = Field(default_factory=list, description="teacher.context: messages before the prompt.")
+    context_categories: list[str] | None = Field(
+        None, description="teacher.context_categories: only prompts of these categories get the context.")
+
+
 class TrainJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -35,6 +56,9 @@ class TrainJob(BaseModel):
         "and write summary.json with `rung: true`; the LR schedule stays that of the full run, so a relaunch with a "
         "later stop (or none) resumes from this checkpoint exactly as an uninterrupted run. None: train to the end."
     )
+    on_policy: OnPolicyJob | None = Field(
+        None, description="`training.distillation.loss: on_policy`: prompts and teacher scoring. With "
+        "`teacher_generations: none` there is no tokenized dataset (dataset_path empty).")
     checkpoint_uri: str | None = Field(
         None, description="Where this run's checkpoints are mirrored (s3://bucket/prefix/...), unique per run; None: local only."
     )

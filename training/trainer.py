@@ -8,7 +8,10 @@ Features
     tokens across ranks and accumulation micro-steps (one all-reduce per step), so the gradient
     equals a single process's gradient on the whole batch. Effective batch = micro × ranks × accumulation.
   * Distillation: cross-entropy on the teacher's text, or forward KL against the teacher's stored
-    top-k log-probabilities mixed with cross-entropy (``training.distillation``).
+    top-k log-probabilities mixed with cross-entropy (``training.distillation``), or on-policy (GKD): rounds
+    in which the student samples completions with its current weights, the teacher scores every sampled
+    token (in process beside the student, or a server) and the loss is the generalized JSD on those tokens
+    (``training.on_policy``); rounds are logged, reported and resumable mid-round.
   * Mixture-of-experts students (``training.moe``): LoRA on the fused expert tensors, the trainable
     parameters broken down by kind (a run whose routed experts would stay frozen is refused), the
     router's load-balancing loss per micro-batch weighted by its share of the step's real tokens,
@@ -51,6 +54,7 @@ import torch.distributed as dist
 from campaign_orchestrator import allocator
 from campaign_orchestrator.hardware import resolve_compute_dtype
 from training import checkpoint, head, losses
+from training import on_policy as opol
 from training import data as tdata
 from training import moe as tmoe
 from training.checkpoint import CheckpointStore
@@ -102,6 +106,7 @@ class StepResult:
     kl_tokens: int
     real_tokens: int
     aux: float | None = None  # MoE: the token-weighted mean load-balancing loss of the step's micro-batches
+    reverse_kl: float | None = None  # on-policy: the mean reverse KL(student || teacher) on the sampled tokens
 
 
 class LoraTrainer:
@@ -121,6 +126,14 @@ class LoraTrainer:
         self.out = Path(job.output_dir)
         self.report = Reporter(False)
         self.distill = self.spec.distillation.loss == "logits"
+        self.on_policy = self.spec.distillation.loss == "on_policy"
+        self.op = self.spec.distillation.on_policy
+        self.schedule: opol.Schedule | None = None
+        self.scorer = None
+        self.rounds: dict[int, list[opol.ScoredSample]] = {}  # this rank's scored samples, by round (current only)
+        self.round_stats: list[dict] = []  # every finished round (global figures)
+        self._round_acc: dict[int, opol.RoundStats] = {}  # rounds in progress: reverse KL accumulated per step
+        self._round_ready = 0.0  # when the current round's samples were ready (perf_counter)
         self.metrics: list[dict] = []
         self.moe: tmoe.MoeMonitor | None = None  # set by _setup_model for a mixture-of-experts student
         self.skipped = 0
@@ -168,6 +181,8 @@ class LoraTrainer:
         self._setup_data()
         self._check_teacher_tokenizer()
         self._setup_model()
+        if self.on_policy:
+            self._setup_on_policy()
         self._setup_optimizer()
         self.store = CheckpointStore(self.out / "checkpoints", self.job.checkpoint_uri, self.spec.checkpoint.keep_last)
         self.load_checkpoint()
@@ -178,6 +193,17 @@ class LoraTrainer:
     def _setup_data(self) -> None:
         from campaign_orchestrator.dataset.tokenize import tokenizer_hash
 
+        if self.on_policy:
+            if self.job.on_policy is None:
+                raise TrainingError("training.distillation.loss is 'on_policy' but the job has no `on_policy` part "
+                                    "(prompts and teacher); the student_adapter stage writes it")
+            from campaign_orchestrator.dataset.prompts import read_prompt_table
+
+            self.prompts = read_prompt_table(self.job.on_policy.prompts_path)
+            if not self.prompts:
+                raise TrainingError(f"no training prompts in {self.job.on_policy.prompts_path}")
+        if self.on_policy and not self.job.dataset_path:  # teacher_generations: none: the prompts are the data
+            return self._setup_prompts_only()
         model_hash = tokenizer_hash(self.job.base_model_path)
         try:
             tdata.check_tokenizer(tdata.dataset_tokenizer_hash(self.job.dataset_path), model_hash,
@@ -205,6 +231,60 @@ class LoraTrainer:
         self.pad_id = AutoConfig.from_pretrained(self.job.base_model_path).pad_token_id or 0
         per_rank = min(self.spec.eval_rows, len(self.eval_data["input_ids"])) // self.world
         self.eval_rows = [list(range(r * per_rank, (r + 1) * per_rank)) for r in range(self.world)]
+
+    def _setup_prompts_only(self) -> None:
+        """A fully on-policy run without a teacher stage: no tokenized rows, no eval loss; the plan counts prompts."""
+        self.rows = self.eval_data = None
+        self.eval_source = "none (teacher_generations: none: no teacher text to measure the loss on)"
+        n = len(self.prompts)
+        self.plan = tdata.BatchPlan(n, self.spec.micro_batch_size, self.world, self.spec.gradient_accumulation_steps,
+                                    self.spec.seed)
+        if self.spec.max_steps is not None:
+            self.total_steps = self.spec.max_steps
+        else:
+            self.total_steps = max(1, math.ceil(self.spec.epochs * n / self.plan.rows_per_step))
+        from transformers import AutoConfig
+
+        self.pad_id = AutoConfig.from_pretrained(self.job.base_model_path).pad_token_id or 0
+        self.eval_rows = [[] for _ in range(self.world)]
+
+    def _setup_on_policy(self) -> None:
+        """The teacher scorer, the student's tokenizer and stop ids, the step schedule and the round files."""
+        from transformers import AutoTokenizer, GenerationConfig
+
+        from campaign_orchestrator.dataset.formatting import prompt_token_ids
+
+        job, op = self.job.on_policy, self.op
+        self.student_tok = AutoTokenizer.from_pretrained(self.job.base_model_path)
+        self.stop_ids = []
+        try:
+            eos = GenerationConfig.from_pretrained(self.job.base_model_path).eos_token_id
+            self.stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        except OSError:  # no generation_config.json
+            pass
+        if self.student_tok.eos_token_id is not None and self.student_tok.eos_token_id not in self.stop_ids:
+            self.stop_ids.append(self.student_tok.eos_token_id)
+        if self.moe is not None:
+            raise TrainingError("training.distillation.loss 'on_policy' does not train mixture-of-experts students yet "
+                                "(no load-balancing loss on sampled batches): use loss 'logits' or 'sequence'")
+        self._prompt_token_ids = prompt_token_ids
+        self.student_prompt_ids: dict[int, list[int]] = {}
+        chat = bool(job.teacher.get("chat", False))
+        self.teacher_prompts = [opol.teacher_prompt(p["prompt"], p.get("category"), job.context,
+                                                    job.context_categories, chat) for p in self.prompts]
+        per_step = self.spec.micro_batch_size * self.world * self.spec.gradient_accumulation_steps
+        self.schedule = opol.Schedule(op.lambda_, op.warmup_steps, self.spec.seed, op.samples_per_round // per_step,
+                                      len(self.prompts), op.samples_per_round // self.world, self.world)
+        self.round_store = opol.RoundStore(self.out / "rounds")
+        try:
+            self.scorer = opol.make_scorer(job, self.job.teacher_tokenizer_path, self.device, self.report.log)
+        except ValueError as e:
+            raise TrainingError(str(e)) from e
+        self.report.log(
+            f"on-policy (GKD): lambda {op.lambda_}, beta {op.beta}, {op.samples_per_round} samples per round "
+            f"({self.schedule.steps_per_round} steps), teacher top-{op.top_k} ({job.teacher_backend}), student sampling "
+            f"temperature {op.temperature}, max_new_tokens {op.max_new_tokens}"
+            + (f", {op.warmup_steps} sequence-KD warmup steps" if op.warmup == "sequence_kd" else ""))
 
     def _validation_rows(self, model_hash: str):
         """The eval-loss rows: the validation split when the dataset has one, else the training rows."""
@@ -242,13 +322,14 @@ class LoraTrainer:
         return {c: pa.chunked_array(parts[c]) for c in cols}
 
     def _check_teacher_tokenizer(self) -> None:
-        """Logit distillation compares token ids: teacher and student must share one vocabulary."""
-        if not self.distill:
+        """Logit and on-policy distillation compare token ids: teacher and student must share one vocabulary."""
+        if not (self.distill or self.on_policy):
             return
+        loss = self.spec.distillation.loss
         path = self.job.teacher_tokenizer_path
         if not path:
             raise TrainingError(
-                "training.distillation.loss is 'logits' but the teacher's tokenizer is unknown; for a remote teacher "
+                f"training.distillation.loss is '{loss}' but the teacher's tokenizer is unknown; for a remote teacher "
                 "set training.distillation.teacher_tokenizer to a directory holding it"
             )
         from transformers import AutoTokenizer
@@ -261,7 +342,7 @@ class LoraTrainer:
         if teacher != student:
             diff = sorted(set(teacher.items()) ^ set(student.items()), key=str)[:5]
             raise TrainingError(
-                f"logit distillation needs a teacher that shares the student's tokenizer, but the teacher's ({path}, "
+                f"{loss} distillation needs a teacher that shares the student's tokenizer, but the teacher's ({path}, "
                 f"{len(teacher)} tokens) differs from the student's ({self.job.base_model_path}, {len(student)} "
                 f"tokens), e.g. {diff}; use training.distillation.loss 'sequence' or a teacher of the same family"
             )
@@ -307,7 +388,7 @@ class LoraTrainer:
         """``auto``: the kernel measured fastest at this run's micro-batch shape (training.attention), rank 0's
         choice on every rank."""
         shape = None
-        if self.job.student.attn_implementation == "auto":
+        if self.job.student.attn_implementation == "auto" and self.rows is not None:
             from transformers import AutoConfig
 
             from training.attention import batch_shape
@@ -390,6 +471,157 @@ class LoraTrainer:
         (loss * self.world).backward()
         return float(sums["ce_sum"].detach()), float(sums["kl_sum"].detach()) if self.distill else 0.0, aux
 
+    # ------------------------------------------------------------------ on-policy rounds
+    def _student_prompt(self, i: int) -> list[int]:
+        ids = self.student_prompt_ids.get(i)
+        if ids is None:
+            ids = self._prompt_token_ids(self.student_tok, self.prompts[i]["prompt"], self.job.on_policy.template)
+            self.student_prompt_ids[i] = ids
+        return ids
+
+    def _all_done(self, local_done: bool) -> bool:
+        """Whether every rank's samples are done (collective: every rank calls it once per decoding step)."""
+        if self.world == 1:
+            return local_done
+        flag = torch.tensor([0.0 if local_done else 1.0], dtype=torch.float64)
+        dist.all_reduce(flag)
+        return float(flag[0]) == 0.0
+
+    def _sample_round(self, r: int) -> tuple[list[opol.ScoredSample], dict]:
+        """This rank's share of round ``r``: the student samples with its current weights, the teacher scores."""
+        op = self.op
+        idx = self.schedule.round_prompts(r, self.rank)
+        prompt_ids = [self._student_prompt(i) for i in idx]
+        gen = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + r * 1_009 + self.rank)
+        t0 = time.perf_counter()
+        self.model.eval()
+        try:
+            with opol.decoding_attention(self.model):
+                completions, steps = opol.sample(
+                    self.model, prompt_ids, max_new_tokens=op.max_new_tokens, temperature=op.temperature,
+                    stop_ids=self.stop_ids, pad_id=self.pad_id, generator=gen, device=self.device,
+                    all_done=self._all_done)
+        finally:
+            self.model.train()
+        t1 = time.perf_counter()
+        scored = opol.score_samples(self.scorer, [self.teacher_prompts[i] for i in idx], idx, prompt_ids, completions,
+                                    op.top_k)
+        t2 = time.perf_counter()
+        stops = set(self.stop_ids)
+        stats = {"samples": len(scored), "sampled_tokens": sum(len(c) for c in completions),
+                 "teacher_prefill_tokens": sum(x.prefill_tokens for x in scored),
+                 "stopped": sum(1 for c in completions if c and c[-1] in stops), "decode_steps": steps,
+                 "sampling_seconds": t1 - t0, "scoring_seconds": t2 - t1, "unscored": len(completions) - len(scored)}
+        return scored, stats
+
+    def _round(self, r: int) -> list[opol.ScoredSample]:
+        """This rank's scored samples of round ``r``: read back from its round file (a relaunch mid-round), else
+        sampled and scored now and written (collective: every rank enters at the same step)."""
+        if r in self.rounds:
+            return self.rounds[r]
+        self.rounds.clear()
+        loaded = self.round_store.load(r, self.rank)
+        have = torch.tensor([float(loaded is not None)], dtype=torch.float64)
+        self._all_reduce(have)
+        if int(have[0]) == self.world:
+            samples, stats = loaded
+            self.report.log(f"round {r + 1}: samples read back from {self.round_store.dir} (a relaunch mid-round)")
+        else:
+            samples, stats = self._sample_round(r)
+            self.round_store.save(r, self.rank, samples, stats)
+        totals = torch.tensor([stats["samples"], stats["sampled_tokens"], stats["teacher_prefill_tokens"],
+                               stats["stopped"], stats["unscored"]], dtype=torch.float64)
+        self._all_reduce(totals)
+        secs = torch.tensor([stats["sampling_seconds"], stats["scoring_seconds"], stats["decode_steps"]],
+                            dtype=torch.float64)
+        if self.world > 1:
+            dist.all_reduce(secs, op=dist.ReduceOp.MAX)  # ranks sample and score side by side: the slowest counts
+        n, sampled, prefill, stopped, unscored = (int(x) for x in totals.tolist())
+        if not samples:
+            raise TrainingError(f"round {r + 1}: the teacher scored none of rank {self.rank}'s samples (each prompt + "
+                                f"sample longer than its context?); lower training.distillation.on_policy.max_new_tokens")
+        acc = self._round_acc.setdefault(r, opol.RoundStats(round=r + 1))
+        acc.samples, acc.sampled_tokens, acc.teacher_prefill_tokens, acc.stopped = n, sampled, prefill, stopped
+        acc.sampling_seconds, acc.scoring_seconds, acc.decode_steps = secs[0].item(), secs[1].item(), int(secs[2])
+        acc.extra["unscored"] = unscored
+        self.report.log(f"round {r + 1}: {n} samples ({sampled} tokens, {stopped} stopped, mean "
+                        f"{sampled / max(1, n):.1f} tokens) in {acc.sampling_seconds:.1f}s; teacher scored {prefill} "
+                        f"prefill tokens in {acc.scoring_seconds:.1f}s" + (f"; {unscored} unscored" if unscored else ""))
+        self.rounds[r] = samples
+        self._round_ready = time.perf_counter()
+        return samples
+
+    def prepare_on_policy(self, step: int, control: tuple[float, ...] = ()
+                          ) -> tuple[list[dict], list[int], list[float]]:
+        """This rank's micro-batches of on-policy ``step`` (its round's samples, in order) and the step's global
+        [KL tokens, real tokens]; ``control`` as in :meth:`prepare`."""
+        r, offset = self.schedule.round_of(step)
+        samples = self._round(r)
+        micro, accum = self.spec.micro_batch_size, self.spec.gradient_accumulation_steps
+        batches = []
+        for a in range(accum):
+            lo = (offset * accum + a) * micro
+            part = samples[lo:lo + micro]
+            b = opol.batch(part or samples[:1], self.pad_id, self.spec.max_seq_len)
+            if not part:  # fewer scored samples than planned: a forward and backward with no loss token
+                b["labels"].fill_(losses.IGNORE)
+            batches.append(b)
+        counts = torch.tensor([sum(self._kl_token_count(b) for b in batches),
+                               sum(tdata.real_token_count(b) for b in batches), *control], dtype=torch.float64)
+        self._all_reduce(counts)
+        return batches, [int(c) for c in counts[:2].tolist()], counts[2:].tolist()
+
+    def accumulate_on_policy(self, batches: list[dict], counts: list[int]) -> StepResult | None:
+        """Forward/backward of the generalized JSD on the sampled positions, normalized by the global count."""
+        kl_tokens, real_tokens = counts
+        if kl_tokens == 0:
+            return None
+        beta = self.op.beta
+        jsd_sum = rkl_sum = 0.0
+        for i, b in enumerate(batches):
+            self._set_grad_sync(i == len(batches) - 1)
+            b = self._scored({k: v.to(self.device) for k, v in b.items()})
+            log_p, log_q, valid, _ = losses.topk_buckets(self._forward(b), b["labels"], b[losses.TEACHER_IDS],
+                                                         b[losses.TEACHER_LOGPROBS])
+            jsd = losses.generalized_jsd(log_p, log_q, valid, beta).sum()
+            with torch.no_grad():
+                rkl = losses.generalized_jsd(log_p, log_q, valid, 1.0).sum()
+            (jsd * (self.world / kl_tokens)).backward()  # FSDP averages over ranks: scale by world (exact sum)
+            jsd_sum, rkl_sum = jsd_sum + float(jsd.detach()), rkl_sum + float(rkl)
+        sums = torch.tensor([jsd_sum, rkl_sum], dtype=torch.float64)
+        self._all_reduce(sums)
+        jsd_mean, rkl_mean = float(sums[0]) / kl_tokens, float(sums[1]) / kl_tokens
+        return StepResult(loss=jsd_mean, ce=None, kl=jsd_mean, grad_norm=float("nan"), loss_tokens=kl_tokens,
+                          kl_tokens=kl_tokens, real_tokens=real_tokens, reverse_kl=rkl_mean)
+
+    def _finish_round(self, r: int, completed: int) -> None:
+        """A round's last step is done: log and report it (samples, mean reverse KL, teacher tokens), checkpoint."""
+        acc = self._round_acc.pop(r)
+        row = acc.as_row() | {"step": completed, "unscored": acc.extra.get("unscored", 0)}
+        self.round_stats.append(row)
+        self.rounds.pop(r, None)
+        mean = acc.mean_reverse_kl
+        self.report.log(f"round {r + 1} done at step {completed}: {acc.samples} samples, mean reverse KL "
+                        f"{'n/a' if mean is None else f'{mean:.4f}'}, teacher scored {acc.teacher_prefill_tokens} tokens")
+        if self.is_main:
+            self.report.metrics({"kind": "on_policy_round", **row})
+        if completed < self.total_steps:
+            self.save_checkpoint(completed, reason="round")
+
+    def _on_policy_summary(self) -> dict:
+        rows = self.round_stats
+        on = sum(1 for s in range(self.total_steps) if self.schedule.on_policy(s))
+        kl_tokens = sum(r["kl_tokens"] for r in rows)
+        rkl = sum((r["mean_reverse_kl"] or 0.0) * r["kl_tokens"] for r in rows)
+        total = {k: sum(r[k] for r in rows) for k in ("samples", "sampled_tokens", "teacher_prefill_tokens",
+                                                      "sampling_seconds", "scoring_seconds")}
+        return {"rounds": len(rows), "on_policy_steps": on, "off_policy_steps": self.total_steps - on,
+                "lambda": self.op.lambda_, "beta": self.op.beta, "samples_per_round": self.op.samples_per_round,
+                "top_k": self.op.top_k, "teacher_backend": self.job.on_policy.teacher_backend, **total,
+                "mean_reverse_kl": rkl / kl_tokens if kl_tokens else None,
+                "first_round_reverse_kl": rows[0]["mean_reverse_kl"] if rows else None,
+                "last_round_reverse_kl": rows[-1]["mean_reverse_kl"] if rows else None, "per_round": rows}
+
     def _all_reduce(self, t: torch.Tensor) -> None:
         if self.world > 1:  # a world of one has nothing to add
             dist.all_reduce(t)
@@ -445,6 +677,9 @@ class LoraTrainer:
         return float(full_tensor(norm))
 
     def _describe_step_rows(self, step: int) -> str:
+        if self.on_policy and self.schedule.on_policy(step):
+            r, offset = self.schedule.round_of(step)
+            return f"on-policy round {r + 1}, its step {offset + 1}, samples in {self.round_store.dir}"
         rows = [i for a in range(self.plan.accumulation) for r in range(self.world)
                 for i in self.plan.step_rows(step, r)[a]]
         return f"dataset rows {rows[:16]}{' …' if len(rows) > 16 else ''}"
@@ -469,7 +704,13 @@ class LoraTrainer:
             for step in range(self.start_step, stop):
                 t0 = time.perf_counter()
                 due = float(self.is_main and every_s is not None and time.monotonic() - self._last_save_time >= every_s)
-                batches, counts, (due_all, stop_all) = self.prepare(step, (due, float(self._stop_signal is not None)))
+                control = (due, float(self._stop_signal is not None))
+                on = self.on_policy and self.schedule.on_policy(step)
+                if on:
+                    batches, counts, (due_all, stop_all) = self.prepare_on_policy(step, control)
+                    t0 = max(t0, self._round_ready)  # a round's sampling and scoring is not this step's training time
+                else:
+                    batches, counts, (due_all, stop_all) = self.prepare(step, control)
                 if due_all or stop_all:  # the state after `step` completed steps, before any forward of this one
                     self.save_checkpoint(step, reason="preempted" if stop_all else "time")
                     if stop_all:
@@ -477,12 +718,20 @@ class LoraTrainer:
                             f"stopped by SIGTERM before step {step + 1}; checkpoint {self.store.path(step)} written, "
                             f"a relaunch resumes from it"
                         )
-                result = self.accumulate(batches, counts)
+                result = self.accumulate_on_policy(batches, counts) if on else self.accumulate(batches, counts)
+                if on:
+                    r, offset = self.schedule.round_of(step)
+                    if result is not None:
+                        acc = self._round_acc[r]
+                        acc.reverse_kl_sum += result.reverse_kl * result.kl_tokens
+                        acc.kl_tokens += result.kl_tokens
                 if result is None:
                     self.skipped += 1
                     self.report.log(f"step {step + 1}: no loss token in any micro-batch on any rank "
                                     f"({self._describe_step_rows(step)}); skipped, not logged as loss 0")
                     self.scheduler.step()
+                    if on and offset + 1 == self.schedule.steps_per_round:
+                        self._finish_round(r, step + 1)
                     self._maybe_checkpoint(step + 1)
                     continue
                 result.grad_norm = self._clip()
@@ -506,12 +755,19 @@ class LoraTrainer:
                        "peak_memory_mb": _peak_memory_mb(self.device)}
                 if self.moe is not None:
                     row["aux_loss"] = result.aux
+                if self.on_policy:
+                    row |= {"kind": "on_policy" if on else "off_policy", "round": r + 1 if on else None,
+                            "reverse_kl": result.reverse_kl}
                 self.metrics.append(row)
                 if self.is_main and ((step + 1) % spec.log_every == 0 or step == self.start_step
                                      or step + 1 == self.total_steps):
                     self.report.log(f"step {step + 1}/{self.total_steps} loss {result.loss:.4f} lr {lr:.2e} "
-                                    f"grad_norm {result.grad_norm:.3f} tokens/s {row['tokens_per_s']:.0f}")
+                                    f"grad_norm {result.grad_norm:.3f} tokens/s {row['tokens_per_s']:.0f}"
+                                    + (f" (on-policy, round {r + 1}, reverse KL {result.reverse_kl:.4f})" if on
+                                       else " (off-policy)" if self.on_policy else ""))
                     self.report.metrics(row)
+                if on and offset + 1 == self.schedule.steps_per_round:
+                    self._finish_round(r, step + 1)
                 self._maybe_checkpoint(step + 1)
                 if self.moe is not None:  # collective, at the same steps on every rank
                     self.moe.log_routing(step + 1, force=step + 1 == self.total_steps, every=spec.log_every)
@@ -572,7 +828,10 @@ class LoraTrainer:
                 "dataset_rows": self.plan.rows, "seed": self.spec.seed, "world_size": self.world,
                 "total_steps": self.total_steps, "eval_loss_before": self.eval_loss_before,
                 "scheduler": self.scheduler.state_dict(), "saved_at": time.time(),
-                "moe": self.moe.state() if self.moe is not None else None}  # collective: routed-token counts so far
+                "moe": self.moe.state() if self.moe is not None else None,  # collective: routed-token counts so far
+                "on_policy": {"rounds": self.round_stats, "in_progress": {
+                    str(r): {k: v for k, v in vars(a).items()} for r, a in self._round_acc.items()}}
+                if self.on_policy else None}
 
     def save_checkpoint(self, step: int, reason: str) -> None:
         """Collective: gather full adapter and optimizer state on rank 0, write atomically, mirror, prune."""
@@ -601,6 +860,9 @@ class LoraTrainer:
         self.eval_loss_before = state.get("eval_loss_before")
         if self.moe is not None:
             self.moe.load_state(state.get("moe"), self.is_main)
+        if self.on_policy and state.get("on_policy"):
+            self.round_stats = list(state["on_policy"]["rounds"])
+            self._round_acc = {int(r): opol.RoundStats(**a) for r, a in state["on_policy"]["in_progress"].items()}
         self.start_step = self.resumed_from = step
         self._last_saved_step = step
         self.report.log(f"resumed from checkpoint {self.store.path(step)} (step {step} of {self.total_steps})")
@@ -629,6 +891,8 @@ class LoraTrainer:
         summary = run_summary(self, seconds, eval_loss, adapter_dir, ckpt, merged)
         if moe_report is not None:
             summary["moe"] = moe_report
+        if self.on_policy:
+            summary["on_policy"] = self._on_policy_summary()
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.report.materialization({k: v for k, v in summary.items() if v is not None})
         self.report.log(

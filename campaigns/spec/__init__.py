@@ -52,6 +52,7 @@ from campaigns.spec.training import (
     DiagnosticsSpec as DiagnosticsSpec,
     DistributedEnvSpec as DistributedEnvSpec,
     DistillationSpec as DistillationSpec,
+    OnPolicySpec as OnPolicySpec,
     TrainingSpec as TrainingSpec,
 )
 from campaigns.spec.lm_eval import (
@@ -226,6 +227,21 @@ class CampaignSpec(_Strict):
                 "training.distillation.loss 'logits' needs the teacher's top-k log-probabilities: "
                 "set teacher.sampling.logprobs (e.g. 8)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _on_policy_has_a_scorer(self) -> CampaignSpec:
+        d = self.training.distillation
+        if d.loss != "on_policy":
+            return self
+        if self.teacher.backend == "vllm":
+            raise ValueError(
+                "training.distillation.loss 'on_policy' needs a teacher that scores the student's samples during "
+                "training: teacher.backend 'transformers' (in process, beside the student) or 'openai' (a server that "
+                "returns prompt_logprobs, e.g. `vllm serve`); the offline 'vllm' backend only generates")
+        if d.skips_teacher and self.sweep is not None:
+            raise ValueError("training.distillation.on_policy.teacher_generations 'none' has no tokenized dataset for "
+                             "the sweep's trials: remove `sweep` or write `teacher_generations: generate`")
         return self
 
     @model_validator(mode="after")

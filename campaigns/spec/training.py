@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from campaigns.spec.common import S3Uri, _Strict
 
@@ -142,23 +142,89 @@ class DistributedEnvSpec(_Strict):
         """The environment variables to export (only the fields that are set)."""
         return {k: str(v) for k, v in self.model_dump().items() if v is not None}
 
+class OnPolicySpec(_Strict):
+    """`loss: on_policy` (GKD, Agarwal et al. 2024): the student samples completions for training prompts with
+    its current weights, the teacher scores every sampled token (its top-k log-probabilities, one prefill per
+    sequence, no generation), and the loss is the generalized JSD between the two on those tokens only.
+    Sampling and scoring happen in rounds of `samples_per_round` prompts inside the one training job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    lambda_: float = Field(
+        1.0, alias="lambda", ge=0.0, le=1.0,
+        description="GKD's lambda: the fraction of optimizer steps (after `warmup_steps`) trained on the student's "
+        "own samples; the others are off-policy steps on the teacher's generations (sequence KD). 1.0: fully "
+        "on-policy. Below 1 needs the teacher stage (`teacher_generations: generate`).")
+    beta: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="Generalized JSD interpolation: 0 forward KL(teacher || student), 1 reverse KL(student || "
+        "teacher) (the default: mode seeking, as in GKD and Qwen3's distillation), between: JSD(beta).")
+    samples_per_round: int = Field(
+        32, ge=1,
+        description="Prompts the student answers (one sample each) per round, across all ranks; a round then trains "
+        "samples_per_round / (micro_batch_size x world x gradient_accumulation_steps) on-policy steps, so it must "
+        "be a multiple of that. Smaller: samples fresher (closer to the current weights), more rounds.")
+    top_k: int = Field(
+        20, ge=1, le=1000,
+        description="Teacher log-probabilities kept per sampled position (the rest of its mass is one tail bucket, "
+        "as in the logit loss).")
+    temperature: float = Field(
+        1.0, ge=0.0, le=5.0, description="Student sampling temperature (0: greedy; 1: the student's own distribution, "
+        "what the on-policy estimate assumes).")
+    max_new_tokens: int = Field(64, ge=1, le=32768, description="Longest student sample, in tokens.")
+    warmup: Literal["none", "sequence_kd"] = Field(
+        "none", description="sequence_kd: the first `warmup_steps` optimizer steps are off-policy sequence KD on the "
+        "teacher's generations (the existing stages), then training switches on-policy.")
+    warmup_steps: int = Field(0, ge=0, description="`warmup: sequence_kd`: how many off-policy steps come first.")
+    teacher_generations: Literal["generate", "none"] = Field(
+        "generate", description="none: no teacher stage at all (nor distillation_set / tokenized_dataset): the prompts "
+        "go straight to the trainer, for a fully on-policy campaign (`lambda: 1`, no warmup); the eval loss is then "
+        "not measured (no teacher text to measure it on).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OnPolicySpec:
+        if self.warmup == "sequence_kd" and self.warmup_steps < 1:
+            raise ValueError("`warmup: sequence_kd` needs `warmup_steps` (the off-policy steps first), e.g. warmup_steps: 10")
+        if self.warmup == "none" and self.warmup_steps:
+            raise ValueError(f"`warmup_steps: {self.warmup_steps}` without `warmup: sequence_kd`: write "
+                             "`warmup: sequence_kd` or remove warmup_steps")
+        if self.teacher_generations == "none" and (self.lambda_ < 1.0 or self.warmup != "none"):
+            what = f"lambda {self.lambda_} < 1" if self.lambda_ < 1.0 else f"warmup: {self.warmup}"
+            raise ValueError(f"`teacher_generations: none` skips the teacher stage, but {what} trains off-policy "
+                             "steps on the teacher's generations: write `teacher_generations: generate`, or "
+                             "`lambda: 1.0` with `warmup: none`")
+        return self
+
+
 class DistillationSpec(_Strict):
     """What the student learns from the teacher."""
 
-    loss: Literal["sequence", "logits"] = Field(
+    loss: Literal["sequence", "logits", "on_policy"] = Field(
         "sequence",
         description="sequence: cross-entropy on the teacher's text; logits: forward KL against the teacher's stored "
         "top-k log-probabilities (remaining mass as one tail bucket) mixed with cross-entropy. `logits` needs "
-        "teacher.sampling.logprobs and a teacher that shares the student's tokenizer.",
+        "teacher.sampling.logprobs and a teacher that shares the student's tokenizer. on_policy: the student "
+        "samples, the teacher scores its tokens, generalized JSD on them (`on_policy` section; a teacher that "
+        "shares the student's tokenizer: a local `transformers` one, in process beside the student, or an "
+        "`openai` server that returns prompt_logprobs).",
     )
     kl_weight: float = Field(
         0.5, ge=0.0, le=1.0, description="`logits`: loss = (1 - kl_weight) * CE + kl_weight * KL (each exact per token)."
     )
     teacher_tokenizer: str | None = Field(
         None,
-        description="`logits` with a remote teacher (openai/vllm served name): a directory holding the teacher's "
-        "tokenizer, checked against the student's before training starts. Local teachers are checked directly.",
+        description="`logits` or `on_policy` with a remote teacher (openai/vllm served name): a directory holding the "
+        "teacher's tokenizer, checked against the student's before training starts. Local teachers are checked "
+        "directly.",
     )
+    on_policy: OnPolicySpec = Field(
+        default_factory=OnPolicySpec, description="`loss: on_policy`: GKD's lambda and beta, rounds, the teacher's "
+        "top-k, student sampling, the off-policy warm start, and whether the teacher stage runs.")
+
+    @property
+    def skips_teacher(self) -> bool:
+        """No teacher stage in the graph: the prompts feed the trainer directly (fully on-policy)."""
+        return self.loss == "on_policy" and self.on_policy.teacher_generations == "none"
 
 
 class TrainingSpec(_Strict):
@@ -214,6 +280,17 @@ class TrainingSpec(_Strict):
     def _steps_or_epochs(self) -> TrainingSpec:
         if (self.max_steps is None) == (self.epochs is None):
             raise ValueError("set exactly one of `max_steps` or `epochs`")
+        if self.distillation.loss == "on_policy":
+            op = self.distillation.on_policy
+            if op.samples_per_round % self.effective_batch:
+                raise ValueError(
+                    f"distillation.on_policy.samples_per_round ({op.samples_per_round}) must be a multiple of "
+                    f"micro_batch_size x nodes x processes_per_node x gradient_accumulation_steps = "
+                    f"{self.effective_batch} (the samples one on-policy step trains on), e.g. "
+                    f"{max(1, op.samples_per_round // self.effective_batch) * self.effective_batch}")
+            if self.max_steps is not None and op.warmup_steps >= self.max_steps:
+                raise ValueError(f"distillation.on_policy.warmup_steps ({op.warmup_steps}) leaves no on-policy step "
+                                 f"of max_steps {self.max_steps}: lower warmup_steps or raise max_steps")
         if self.allow_cpu_fallback and self.cpu_hardware is None:
             raise ValueError("`allow_cpu_fallback: true` bills CPU time: set `cpu_hardware` to the pricing-catalog key "
                              "it is billed at (e.g. cpu-2vcpu)")
