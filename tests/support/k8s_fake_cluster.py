@@ -75,7 +75,8 @@ class EmulatedApiServer:
 
     async def _main(self) -> None:
         async with kmock.KubernetesEmulator() as k, kmock.Server(k) as srv:
-            for res in ("v1/pods", "v1/services", "v1/secrets", "batch/v1/jobs", "kubeflow.org/v1/pytorchjobs"):
+            for res in ("v1/pods", "v1/services", "v1/secrets", "batch/v1/jobs", "kubeflow.org/v1/pytorchjobs",
+                        "ray.io/v1/rayjobs"):
                 k.resources[res] = {}
             k[kmock.resource("v1/pods"), kmock.subresource("log")] << self._serve_log
             self.handler, self.url = k, str(srv.url).rstrip("/")
