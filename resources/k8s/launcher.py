@@ -51,9 +51,9 @@ K8S_TAG = "campaign/k8s"  # read by assets/run_recovery.py
 
 
 def delete_run_workloads(where: dict[str, Any], run_id: str) -> list[str]:
-    """Delete every Job, PyTorchJob and Service labelled with ``run_id`` in ``where["namespace"]`` of the cluster
-    ``where`` names (the ``campaign/k8s`` tag: namespace, kubeconfig_file, kube_context, in_cluster); the pods go
-    with their Job. Returns ``Kind/name`` of what was deleted; raises when the API cannot be reached."""
+    """Delete every Job, PyTorchJob, RayJob and Service labelled with ``run_id`` in ``where["namespace"]`` of the
+    cluster ``where`` names (the ``campaign/k8s`` tag: namespace, kubeconfig_file, kube_context, in_cluster); the pods
+    go with their Job (a RayJob's cluster and submitter with it). Returns ``Kind/name`` of what was deleted; raises when the API cannot be reached."""
     from kubernetes import client
     from kubernetes.client import ApiException
 
@@ -85,11 +85,35 @@ def delete_run_workloads(where: dict[str, Any], run_id: str) -> list[str]:
             custom.delete_namespaced_custom_object(mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, ns, mf.PYTORCHJOB_PLURAL,
                                                    j["metadata"]["name"], propagation_policy="Background")
             deleted.append(f"PyTorchJob/{j['metadata']['name']}")
+    deleted += _delete_run_rayjobs(custom, ns, selector, mine)
     svcs = json.loads(core.list_namespaced_service(ns, label_selector=selector, _preload_content=False).data)
     for sv in svcs.get("items", []):
         if mine(sv["metadata"]):
             core.delete_namespaced_service(sv["metadata"]["name"], ns)
             deleted.append(f"Service/{sv['metadata']['name']}")
+    return deleted
+
+
+def _delete_run_rayjobs(custom, ns: str, selector: str, mine) -> list[str]:
+    """The run's KubeRay RayJobs (generation stages, ``kuberay_launcher.py``); KubeRay's owner references take their
+    Ray clusters and submitter Jobs with them. None where the cluster has no KubeRay (404)."""
+    from kubernetes.client import ApiException
+
+    from resources.k8s.kuberay import RAYJOB_GROUP, RAYJOB_PLURAL, RAYJOB_VERSION
+
+    try:
+        jobs = custom.list_namespaced_custom_object(RAYJOB_GROUP, RAYJOB_VERSION, ns, RAYJOB_PLURAL,
+                                                    label_selector=selector)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return []
+    deleted = []
+    for j in jobs.get("items", []):
+        if mine(j["metadata"]):
+            custom.delete_namespaced_custom_object(RAYJOB_GROUP, RAYJOB_VERSION, ns, RAYJOB_PLURAL,
+                                                   j["metadata"]["name"], propagation_policy="Background")
+            deleted.append(f"RayJob/{j['metadata']['name']}")
     return deleted
 
 

@@ -1,0 +1,305 @@
+"""Launch a generation stage as a KubeRay ``RayJob`` and follow it from Dagster (``execution.kuberay``).
+
+Lifecycle of one launch (``KubeRayJobLauncher.launch``), the training launcher's (``launcher.py``) for a RayJob:
+
+1. Check that every path the job needs (JOB.json, the prompts, the output, the generation cache) lies on a
+   volume the Ray pods mount, write ``ray_job.json`` there, and open a Pipes session (the context in the job's
+   runtime environment, the messages read from the submitter pod's log).
+2. Name the cluster in the run's ``campaign/k8s`` tag (the reaper's pointer), then create the ``RayJob``
+   (``kuberay.ray_job``), labelled with the campaign, the Dagster run id, the stage and the asset key.
+3. Poll the RayJob and its pods: follow the submitter pod's log as soon as it starts (the driver's Pipes
+   messages stream into the asset: shard progress as log lines, the result as the materialization's metadata);
+   fail at once, with the pod, the reason and its last log lines, when the head or the submitter dies or a pod
+   can never start (a missing Secret, a bad image name); fail when a pod stays unschedulable or its image
+   cannot be pulled for too long. A *worker* pod that dies is only reported: Ray retries its shards on the
+   other workers (only the prompts in flight are asked again) and KubeRay replaces the pod. Each poll checks
+   the campaign's budget guard (the stage's spend so far) and the launcher's timeout.
+4. Delete the RayJob when the stage succeeds, fails, is stopped by its budget or the Dagster run is cancelled;
+   KubeRay's owner references take the job's Ray cluster and submitter with it (``ttlSecondsAfterFinished`` and
+   ``shutdownAfterJobFinishes`` are the backstops). When the process running the launch dies, the stale-run
+   reaper deletes the run's RayJobs by their ``dagster/run-id`` label (``launcher.delete_run_workloads``).
+
+Why the project's launcher and not ``dagster_ray.kuberay.PipesKubeRayJobClient`` (dagster-ray 0.4.8): that client
+reads Pipes messages through the Ray dashboard's job API (``JobSubmissionClient``), so the Dagster pod must reach
+the head's dashboard port (in-cluster DNS or a ``kubectl port-forward``), where this launcher reads the submitter
+pod's log through the Kubernetes API, the one path training already uses and the emulated API serves in tests;
+it requires ``spec.rayClusterSpec`` (it rewrites the images there), so it cannot submit to a long-lived
+``RayCluster`` (``clusterSelector``); on cancellation it stops the Ray job through the dashboard and leaves the
+``RayJob`` object, on failure it leaves it to its TTL; and it knows nothing of the stale-run reaper (no run tag
+naming the cluster), of pods that can never start, or of the budget guard. docs/scaleout.md has the comparison.
+
+The Kubernetes client is imported inside the methods: a code location that never launches on Kubernetes never
+imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetObservation, ConfigurableResource, Failure, MetadataValue, PipesEnvContextInjector, \
+    open_pipes_session
+from pydantic import Field
+
+from campaigns.spec import CampaignSpec
+from resources.k8s import kuberay as kr
+from resources.k8s import manifests as mf
+from resources.k8s.launcher import K8sTrainingLauncher
+from resources.k8s.logs import PodLogsMessageReader
+from resources.k8s.status import PodProblem, pod_finished, pod_name, pod_problem, pod_started
+
+# paths inside JOB.json the Ray pods open (campaign_orchestrator/scaleout/job.py); s3:// URIs need no volume
+JOB_PATHS = (("prompts",), ("output",), ("cache", "store_url"), ("cache", "spool_dir"))
+
+
+def job_paths(job: dict[str, Any]) -> dict[str, str]:
+    """``field=path`` of the local paths a JOB.json names (URIs such as ``s3://`` left out)."""
+    out = {}
+    for keys in JOB_PATHS:
+        v: Any = job
+        for k in keys:
+            v = v.get(k) if isinstance(v, dict) else None
+        if isinstance(v, str) and v and "://" not in v:
+            out[".".join(keys)] = v
+    return out
+
+
+class KubeRayJobLauncher(ConfigurableResource):
+    """Runs one generation stage as a KubeRay RayJob (a Ray cluster for the job, or a long-lived RayCluster)."""
+
+    kubeconfig_file: str | None = Field(None, description="Kubeconfig to use; default: in-cluster config when running"
+                                                          " in a pod, else ~/.kube/config.")
+    kube_context: str | None = Field(None, description="Kubeconfig context; default: the current one.")
+    in_cluster: bool | None = Field(None, description="Force (true) or forbid (false) in-cluster config; null: auto.")
+    poll_interval_s: float = Field(2.0, gt=0, description="Seconds between two looks at the RayJob and its pods.")
+    pending_timeout_s: float = Field(1800, gt=0, description="Fail when a pod stays unschedulable this long.")
+    image_pull_timeout_s: float = Field(600, gt=0, description="Fail when an image cannot be pulled for this long (Ray "
+                                                               "GPU images are large).")
+    timeout_s: float = Field(7 * 24 * 3600, gt=0, description="Stop the job after this many seconds.")
+    log_tail_lines: int = Field(40, ge=1, description="Last log lines of a failed pod shown in the failure.")
+    log_drain_timeout_s: float = Field(60, ge=0, description="Wait this long for the last log lines after success.")
+    api_error_budget: int = Field(5, ge=0, description="Consecutive failed API reads tolerated before failing.")
+    delete_on_success: bool = Field(True, description="Delete the RayJob (and so its cluster) when the stage succeeds.")
+    echo_logs: bool = Field(True, description="Copy the submitter's log lines to the step's stdout.")
+    owned_by_run_pod: bool = Field(True, description="When the Dagster run pod is in the job's namespace, make it the "
+                                                     "owner of the RayJob (deleted with the run pod if it dies).")
+
+    def _k8s(self) -> K8sTrainingLauncher:
+        """The training launcher with the same connection settings: its API client, run-pod owner and run tag."""
+        return K8sTrainingLauncher(kubeconfig_file=self.kubeconfig_file, kube_context=self.kube_context,
+                                   in_cluster=self.in_cluster, owned_by_run_pod=self.owned_by_run_pod)
+
+    # ------------------------------------------------------------------ launch
+    def launch(self, context, spec: CampaignSpec, stage: str, job: dict[str, Any], workdir: Path, budget=None) -> dict:
+        """Run ``job`` (a JOB.json as a dict: ``campaign_orchestrator.scaleout.job.Job``) as a RayJob for ``stage`` of
+        ``spec``; return the submitter's log, the driver's Pipes metadata and the RayJob's name.
+
+        ``budget``: a ``campaign_orchestrator.costs.budget.BudgetGuard`` checked at every poll; when it stops the
+        stage, the RayJob is deleted (its pods get SIGTERM; finished shards are in the cache) and its failure raised."""
+        if spec.execution.kuberay is None or spec.kubernetes is None:
+            raise Failure(f"campaign {spec.name}: a KubeRay launch needs execution.kuberay and a `kubernetes:` section")
+        cluster = spec.kubernetes
+        workdir = Path(workdir)
+        job_file = workdir / "ray_job.json"
+        bad = mf.unreachable_paths({**job_paths(job), "ray_job_file": str(job_file)}, cluster)
+        if bad:
+            raise Failure(
+                f"the Ray pods cannot see {', '.join(bad)}: they mount only {mf.mount_roots(cluster)}. Put the "
+                f"artifact root on the shared volume (kubernetes.artifacts, mounted at the same path in the Dagster "
+                f"run pod), or the generation cache on s3://")
+        workdir.mkdir(parents=True, exist_ok=True)
+        job_file.write_text(json.dumps(job, indent=2))
+
+        from kubernetes import client
+
+        k8s = self._k8s()
+        api = k8s.api_client()
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        k8s._record_cluster(context, cluster.namespace)
+        name = kr.rayjob_name(spec.name, stage, context.run_id, secrets.token_hex(3))
+        asset_key = context.asset_key.to_user_string() if context.has_assets_def else ""
+        reader = PodLogsMessageReader(core, cluster.namespace, workdir, kr.SUBMITTER_CONTAINER,
+                                      tail_lines=self.log_tail_lines, reconnect_s=min(1.0, self.poll_interval_s),
+                                      echo=self.echo_logs)
+        created = False
+        with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=reader,
+                                extras={"campaign": spec.name, "stage": stage, "ray_job": name}) as session:
+            w = kr.RayWorkload(spec=spec, stage=stage, job_file=str(job_file), name=name, run_id=context.run_id,
+                               asset_key=asset_key, pipes_env=dict(session.get_bootstrap_env_vars()),
+                               owner=k8s.run_pod_owner(core, cluster.namespace) if self.owned_by_run_pod else None)
+            try:
+                custom.create_namespaced_custom_object(kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, cluster.namespace,
+                                                       kr.RAYJOB_PLURAL, kr.ray_job(w))
+                created = True
+                ex, k = spec.execution, spec.execution.kuberay
+                where = (f"on RayCluster {k.ray_cluster}" if k.ray_cluster else
+                         f"on a new Ray cluster: {ex.replicas} worker pod(s) x {ex.gpus_per_worker_pod} GPU(s)")
+                context.log.info(f"created RayJob/{name} in namespace {cluster.namespace} {where}, image {w.image}")
+                self._follow(context, w, core, custom, reader, session, budget)
+                if not reader.join(self.log_drain_timeout_s):
+                    context.log.warning("the submitter's log was still streaming when the job finished; it may be cut")
+            except BaseException as exc:  # failure, timeout, budget stop, or the Dagster run was cancelled
+                reader.stop()
+                if created:
+                    self._delete(context, custom, w, why=type(exc).__name__)
+                raise
+            if self.delete_on_success:
+                self._delete(context, custom, w, why="succeeded")
+            results = list(session.get_results())
+        pipes_md: dict[str, Any] = {}
+        for r in results:
+            pipes_md.update(getattr(r, "metadata", None) or {})
+        return {"logs": [str(p) for p in reader.log_files()], "pipes_metadata": pipes_md, "ray_job": name,
+                "k8s_workload": name, "k8s_namespace": cluster.namespace}
+
+    # ------------------------------------------------------------------ delete
+    @staticmethod
+    def _delete(context, custom, w: kr.RayWorkload, why: str) -> None:
+        from kubernetes.client import ApiException
+
+        try:
+            custom.delete_namespaced_custom_object(kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, w.namespace, kr.RAYJOB_PLURAL,
+                                                   w.name, propagation_policy="Background")
+            context.log.info(f"deleted RayJob/{w.name} ({why}); KubeRay removes its cluster and submitter")
+        except ApiException as e:
+            if e.status != 404:
+                context.log.warning(f"could not delete RayJob/{w.name} ({e.status} {e.reason}); "
+                                    f"ttlSecondsAfterFinished will remove its cluster")
+        except Exception as e:  # never hide the original error behind a cleanup error
+            context.log.warning(f"could not delete RayJob/{w.name}: {e}")
+
+    # ------------------------------------------------------------------ follow
+    @staticmethod
+    def _list(core, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+        resp = core.list_namespaced_pod(namespace, label_selector=",".join(f"{k}={v}" for k, v in selector.items()),
+                                        _preload_content=False)
+        pods = json.loads(resp.data).get("items", [])
+        # the selector again, client-side: never act on a pod of another launch
+        return [p for p in pods if all((p.get("metadata", {}).get("labels") or {}).get(k) == v
+                                       for k, v in selector.items())]
+
+    def _pods(self, core, w: kr.RayWorkload) -> tuple[list[dict], list[dict]]:
+        """(the submitter's pods, the job's Ray pods: head and workers; none with a long-lived cluster)."""
+        submitters = self._list(core, w.namespace, {kr.JOB_NAME_LABEL: w.name})
+        ray_pods = [] if w.spec.execution.kuberay.ray_cluster else self._list(core, w.namespace, kr.selector_labels(w))
+        return submitters, ray_pods
+
+    def _follow(self, context, w: kr.RayWorkload, core, custom, reader: PodLogsMessageReader, session,
+                budget=None) -> None:
+        start = time.monotonic()
+        deadline = start + self.timeout_s
+        slow_since: dict[tuple[str, str], float] = {}
+        reported: set[tuple[str, str]] = set()
+        n_custom, api_errors = 0, 0
+        while True:
+            try:
+                obj = custom.get_namespaced_custom_object(kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, w.namespace,
+                                                          kr.RAYJOB_PLURAL, w.name)
+                submitters, ray_pods = self._pods(core, w)
+                api_errors = 0
+            except Exception as e:
+                api_errors += 1
+                if api_errors > self.api_error_budget:
+                    raise Failure(f"lost the Kubernetes API while following RayJob/{w.name}: {e}") from e
+                context.log.warning(f"Kubernetes API read failed ({api_errors}/{self.api_error_budget}): {e}")
+                self._check_budget(context, w, budget)
+                time.sleep(self.poll_interval_s)
+                continue
+            now = time.monotonic()
+            for pod in submitters:
+                if pod_started(pod):
+                    reader.follow(pod_name(pod), None)
+                if pod_finished(pod):
+                    reader.mark_finished(pod_name(pod))
+            for pod in submitters + ray_pods:
+                problem = pod_problem(pod)
+                if problem is None:
+                    continue
+                role = self._role(pod, submitters)
+                if problem.fatal and role == "worker" and (problem.exit_code is not None or pod_finished(pod)):
+                    key = (pod_name(pod), f"exit-{problem.exit_code}")
+                    if key not in reported:  # Ray retries the worker's shards elsewhere; KubeRay replaces the pod
+                        reported.add(key)
+                        context.log.warning(f"Ray worker {problem.describe()}; its shards are retried on the other "
+                                            f"workers")
+                    continue
+                if problem.fatal:
+                    raise self._pod_failure(w, core, reader, problem, role)
+                key = (pod_name(pod), problem.reason)
+                first = slow_since.setdefault(key, now)
+                limit = self.image_pull_timeout_s if problem.reason in ("ErrImagePull", "ImagePullBackOff") \
+                    else self.pending_timeout_s
+                if key not in reported:
+                    reported.add(key)
+                    context.log.warning(f"waiting: Ray {role} {problem.describe()}")
+                if now - first > limit:
+                    raise self._pod_failure(w, core, reader, problem, role, waited_s=now - first)
+            n_custom = self._stream_custom(context, session, n_custom)
+            state, why = kr.rayjob_state(obj)
+            if state == "succeeded":
+                for pod in submitters:
+                    reader.follow(pod_name(pod), None)  # a submitter that finished between two polls
+                context.log.info(f"RayJob {w.name} succeeded ({why}) after {now - start:.0f}s")
+                self._stream_custom(context, session, n_custom)
+                return
+            if state == "failed":
+                tail = "\n".join(reader.tail(pod_name(submitters[0]))[-self.log_tail_lines:]) if submitters else ""
+                raise Failure(f"RayJob {w.name} failed: {why}" + (f"\nlast log lines of the submitter:\n{tail}"
+                                                                  if tail else ""),
+                              metadata={"ray_job": w.name, "namespace": w.namespace,
+                                        "last_lines": MetadataValue.md(f"```\n{tail or '(no log lines)'}\n```")})
+            self._check_budget(context, w, budget)
+            if now > deadline:
+                raise Failure(f"RayJob {w.name} exceeded the launcher timeout ({self.timeout_s:.0f}s); stopped")
+            time.sleep(self.poll_interval_s)
+
+    @staticmethod
+    def _role(pod: dict[str, Any], submitters: list[dict[str, Any]]) -> str:
+        if any(pod_name(pod) == pod_name(s) for s in submitters):
+            return "submitter"
+        node_type = ((pod.get("metadata") or {}).get("labels") or {}).get("ray.io/node-type")
+        return "head" if node_type == "head" else "worker"
+
+    @staticmethod
+    def _check_budget(context, w: kr.RayWorkload, budget) -> None:
+        if budget is None:
+            return
+        try:
+            budget.check()
+        except Exception:  # the budget stop (a Dagster Failure)
+            context.log.warning(f"budget: stopping RayJob {w.name} ({w.spec.execution.replicas} replica(s)); what the "
+                                f"workers finished is in the generation cache and is not paid again")
+            raise
+
+    @staticmethod
+    def _stream_custom(context, session, seen: int) -> int:
+        """The driver's custom Pipes messages with a ``kind`` (e.g. progress) as asset observations."""
+        msgs = session.get_custom_messages()
+        for msg in msgs[seen:]:
+            if isinstance(msg, dict) and msg.get("kind") and context.has_assets_def:
+                md = {k: v for k, v in msg.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+                context.log_event(AssetObservation(asset_key=context.asset_key, metadata=md))
+        return len(msgs)
+
+    def _pod_failure(self, w: kr.RayWorkload, core, reader: PodLogsMessageReader, problem: PodProblem, role: str,
+                     waited_s: float | None = None) -> Failure:
+        container = {"submitter": kr.SUBMITTER_CONTAINER, "head": kr.HEAD_CONTAINER}.get(role, kr.WORKER_CONTAINER)
+        try:
+            text = core.read_namespaced_pod_log(problem.pod, w.namespace, container=container,
+                                                tail_lines=self.log_tail_lines, _preload_content=False).data
+            lines = text.decode("utf-8", errors="replace").splitlines()
+        except Exception:
+            lines = []
+        lines = lines or reader.tail(problem.pod)
+        waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
+        tail = "\n".join(lines[-self.log_tail_lines:]) or "(no log lines)"
+        return Failure(
+            description=f"Ray {role} {problem.describe()}{waited}; stopped RayJob {w.name}"
+                        f"\nlast log lines of {problem.pod}:\n{tail}",
+            metadata={"pod": problem.pod, "role": role, "reason": problem.reason,
+                      "exit_code": problem.exit_code if problem.exit_code is not None else -1,
+                      "ray_job": w.name, "namespace": w.namespace, "last_lines": MetadataValue.md(f"```\n{tail}\n```")},
+        )
