@@ -26,6 +26,7 @@ and generation config into it). The compute dtype is resolved for the device
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ class Scored:
 PREFIX_MIN_TOKENS = 32  # a shared prefix at least this long is prefilled once per call and reused by every batch
 GROUP_PREFIX_MIN_TOKENS = 8  # continuous engine: prompts sharing at least this many first tokens share one prefill
 ENGINES = ("auto", "continuous", "hf_generate")
+ENGINE_ENV = "CAMPAIGN_GENERATION_ENGINE"  # a measurement switch: what ``auto`` resolves to in every LocalGenerator
 
 
 def auto_engine(dtype: str | None) -> str:
@@ -68,7 +70,15 @@ def auto_engine(dtype: str | None) -> str:
     ``generate`` (fp32), ``generate`` elsewhere. In bf16 the two round a near-tie differently on some prompts
     (22 of 96 smollm2 teacher prompts): the shrunken real-model campaign's student then learned 10% of the
     plurals task instead of passing its check, so bf16 keeps the path the project's results were made with
-    until that is understood; ``engine="continuous"`` opts in."""
+    until that is understood; ``engine="continuous"`` opts in. ``$CAMPAIGN_GENERATION_ENGINE``
+    (``continuous`` or ``hf_generate``) overrides the choice for a whole process tree (old-against-new wall
+    times of a campaign run: docs/teacher.md); fp32 answers are the same either way, so no cache key holds it."""
+    forced = os.environ.get(ENGINE_ENV, "").strip()
+    if forced:
+        if forced not in ENGINES[1:]:
+            raise ValueError(f"${ENGINE_ENV}={forced!r} is unknown: set it to continuous or hf_generate, or unset it "
+                             "(auto: continuous in fp32, generate in bf16)")
+        return forced
     return "continuous" if dtype in (None, "float32") else "hf_generate"
 MAX_ROWS_PER_BUDGET = 4  # continuous engine: at most this many x batch_size rows decode together (short prompts)
 

@@ -70,8 +70,8 @@ def test_finished_rows_are_not_decoded_and_progress_is_reported(demo_models):
     assert lines and "prompts/s" in lines[-1] and "tokens/s" in lines[-1] and f"{len(WORDS)}/{len(WORDS)}" in lines[-1]
 
 
-def test_prefix_groups_and_engine_choice(demo_models):
-    from campaign_orchestrator.teacher.local import LocalGenerator, prefix_groups
+def test_prefix_groups_and_engine_choice(demo_models, monkeypatch):
+    from campaign_orchestrator.teacher.local import ENGINE_ENV, LocalGenerator, auto_engine, prefix_groups
 
     a = list(range(10))
     groups = prefix_groups([a + [1], [7, 7], a + [2, 3], a[:9] + [5], [8]], min_tokens=8)
@@ -80,8 +80,18 @@ def test_prefix_groups_and_engine_choice(demo_models):
     with pytest.raises(ValueError, match="engine 'vllm' is unknown"):
         LocalGenerator(None, None, engine="vllm")
     # auto: the continuous engine where it is token-identical to generate (fp32), generate in bf16
-    assert _gen(demo_models, "float32", engine="auto").engine == "continuous"
+    g32 = _gen(demo_models, "float32", engine="auto")
+    assert g32.engine == "continuous"
     assert _gen(demo_models, "bfloat16", engine="auto").engine == "hf_generate"
+    # the measurement switch: $CAMPAIGN_GENERATION_ENGINE decides what auto means, whatever the dtype
+    monkeypatch.setenv(ENGINE_ENV, "hf_generate")
+    assert auto_engine("float32") == "hf_generate" and LocalGenerator(g32.model, g32.tok).engine == "hf_generate"
+    assert LocalGenerator(g32.model, g32.tok, engine="continuous").engine == "continuous"  # an explicit engine is kept
+    monkeypatch.setenv(ENGINE_ENV, "continuous")
+    assert auto_engine("bfloat16") == "continuous"
+    monkeypatch.setenv(ENGINE_ENV, "vllm")
+    with pytest.raises(ValueError, match=r"CAMPAIGN_GENERATION_ENGINE='vllm' is unknown"):
+        auto_engine("float32")
 
 
 def test_sampling_stays_on_generate(demo_models, monkeypatch):
