@@ -100,10 +100,20 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
         sampling = Sampling(max_new_tokens=max_new_tokens)
         t0 = time.perf_counter()
         try:
-            backend, cache, _identity, _store = teacher_setup(storage, teacher, spec, sampling)
+            backend, cache, identity, _store = teacher_setup(storage, teacher, spec, sampling)
             rows = [{"id": str(i), "prompt": p, "category": (categories or {}).get(p)} for i, p in enumerate(prompts)]
-            res = run_generation(rows, backend, sampling, cache, chat=t.chat, context=[m.model_dump() for m in t.context],
-                                 context_categories=t.context_categories, log=log)
+            if spec.execution.engine == "ray":  # shards on the stage's Ray cluster, billed per shard
+                from assets.teacher_generations import teacher_model_path, teacher_on_ray
+
+                tpath = teacher_model_path(storage, spec)
+                res, ray_lines, ray_md = teacher_on_ray(
+                    spec, storage, pricing, rows, sampling, tpath,
+                    model_identity(tpath, t.revision) if tpath is not None else None, identity, "teacher_scoring", log)
+                spend.setdefault("ray", []).append(ray_md)
+            else:
+                res = run_generation(rows, backend, sampling, cache, chat=t.chat,
+                                     context=[m.model_dump() for m in t.context],
+                                     context_categories=t.context_categories, log=log)
         except Exception as e:  # noqa: BLE001 - an unreachable teacher is an error on its items, not a failed gate
             log(f"teacher could not be scored: {e}")
             return [SimpleNamespace(text="", latency_s=0.0, error=f"teacher: {e}"[:300]) for _ in prompts]
@@ -112,8 +122,8 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
         st = res.stats
         log(f"teacher on {len(prompts)} held-out prompts: {st.cache_hits} from the generation cache, {st.generated} "
             f"generated")
-        lines = [] if not st.generated else pricing.bill(  # cache hits cost nothing
-            spec, "teacher_scoring", teacher_usage(st))["lines"]
+        lines = [] if not st.generated else ray_lines if spec.execution.engine == "ray" else pricing.bill(
+            spec, "teacher_scoring", teacher_usage(st))["lines"]  # cache hits cost nothing
         if lines is None:
             spend["unknown"] = True
         else:
@@ -181,14 +191,15 @@ def build(spec: CampaignSpec):
             harness_run = _run_harness(spec, harness, adapter, base, isd, context, progress)  # before any other model
             dtypes: dict[str, str] = {}
             categories = {it["prompt"]: it["category"] for r in runs for it in r.items}
-            models = _models(spec, adapter, base, context, dtypes)
+            models = _models(spec, adapter, base, context, dtypes, storage)
             spend = None
             if eval_teacher:
                 ask_teacher, spend = teacher_scorer(spec, storage, teacher, pricing, context.log.info, categories)
                 models["teacher"] = lambda: ask_teacher
                 local_lines = guard.line_fn  # the guard accrues the teacher's spend as well as the time
                 guard.line_fn = lambda seconds, items: local_lines(seconds, items) + spend["lines"]
-            rows = answer_suites(runs, models, log=context.log.info, progress=progress) if runs else []
+            with _generation_engine(spec, context.log.info):  # engine ray: one Ray cluster for every model
+                rows = answer_suites(runs, models, log=context.log.info, progress=progress) if runs else []
             rows += harness_run.rows if harness_run else []
             out = isd.ensure()
             write_item_rows(rows, out / "items.parquet")
@@ -309,10 +320,55 @@ def _harness_manifest(run, bill: dict | None) -> dict:
     return {"lm_eval": run.as_dict(), "lm_eval_seconds": run.wall_seconds, "lm_eval_usd": usd}
 
 
-def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | None = None) -> dict:
+def _generation_engine(spec: CampaignSpec, log):
+    """The Ray session the evaluation's models answer in (``execution.engine: ray``), else nothing."""
+    from contextlib import nullcontext
+
+    if spec.execution.engine != "ray":
+        return nullcontext()
+    from campaign_orchestrator.scaleout.pool import ray_session
+
+    return ray_session(spec.execution.ray_address, log=log)
+
+
+def _ray_answers(spec: CampaignSpec, storage: ArtifactStore, role: str, base, adapter: dict | None, four_bit: bool,
+                 bs: int, log, dtypes: dict | None):
+    """A ``generate(prompts, max_new_tokens)`` answering on the stage's Ray actor pool, through the generation
+    cache under the model's identity (base weights, adapter content, resolved quantization)."""
+    from campaign_orchestrator.scaleout.job import AnswerRecipe
+    from campaign_orchestrator.scaleout.stage import answers_on_ray
+    from campaign_orchestrator.scaleout.worker import CacheConfig
+    from campaign_orchestrator.teacher.recipes import GeneratorRecipe
+    from campaign_orchestrator.teacher.requests import namespace
+
+    s, q = spec.student, spec.student.quantization
+    adapter_dir = adapter["adapter_path"] if adapter else None
+    identity = "local-answers:" + json.dumps({"base": model_identity(base, s.revision), "adapter": adapter and
+                                              adapter["key"], "quantization": local_quantization_key(q)},
+                                             sort_keys=True)
+    recipe = AnswerRecipe(GeneratorRecipe(str(base), str(adapter_dir) if adapter_dir else None, four_bit,
+                                          q.compute_dtype, batch_size=bs), identity, model=f"{s.base_model} ({role})")
+
+    def cache_for(sampling):
+        return CacheConfig(storage.cache_store().url, namespace(identity, sampling), str(storage.spool_dir()),
+                           storage.s3_endpoint_url, storage.s3_region)
+
+    def generate(prompts, max_new_tokens):
+        outs, _run, st = answers_on_ray(spec.execution, prompts, recipe, identity, max_new_tokens, cache_for, log=log,
+                                        label=f"{role} answers")
+        if dtypes is not None and st.compute_dtype:
+            dtypes[role] = st.compute_dtype
+        return outs
+
+    return generate
+
+
+def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | None = None,
+            storage: ArtifactStore | None = None) -> dict:
     """role -> factory of a ``generate(prompts, max_new_tokens)`` callable (loaded when called) for the
     candidate and the base (the teacher is asked through its backend: ``teacher_scorer``); ``dtypes``
-    collects each local model's resolved compute dtype."""
+    collects each local model's resolved compute dtype. With ``execution.engine: ray`` the local models answer
+    on the stage's Ray actor pool (``storage``: where their answers are cached)."""
     ev, q = spec.evaluation, spec.student.quantization
     if ev.backend == "openai":
         from evaluation.endpoint import OpenAIEndpoint
@@ -344,6 +400,11 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
     from campaign_orchestrator.teacher.local import LocalGenerator
 
     bs = max(x.batch_size for x in ev.suites)
+    if spec.execution.engine == "ray" and storage is not None:
+        log = context.log.info
+        return {"candidate": lambda: _ray_answers(spec, storage, "candidate", base, adapter, q.load_in_4bit, bs,
+                                                  log, dtypes),
+                "base": lambda: _ray_answers(spec, storage, "base", base, None, q.load_in_4bit, bs, log, dtypes)}
 
     def local(role, path, adapter_dir=None, four_bit=False, dtype=q.compute_dtype):
         def factory():

@@ -55,6 +55,27 @@ def teacher_usage(stats) -> dict:
 UNPRICED_NOTE = "unknown: teacher.price is `unpriced`"
 
 
+def teacher_on_ray(spec: CampaignSpec, storage: ArtifactStore, pricing: PricingResource, rows: list, sampling,
+                   model_path, weights_id, identity: str, stage: str, log, **kwargs) -> tuple:
+    """The teacher answering ``rows`` on Ray (``execution.engine: ray``): ``(result, cost lines per shard tagged
+    with the shard id or None when unpriced, the Ray metadata)``; the workers write the same generation cache."""
+    from campaign_orchestrator.scaleout.stage import ray_metadata, run_on_ray, shard_cost_lines
+    from campaign_orchestrator.scaleout.worker import CacheConfig
+    from campaign_orchestrator.teacher.recipes import BackendRecipe
+    from campaign_orchestrator.teacher.requests import namespace
+
+    t = spec.teacher
+    cfg = CacheConfig(storage.cache_store().url, namespace(identity, sampling), str(storage.spool_dir()),
+                      storage.s3_endpoint_url, storage.s3_region)
+    res, run = run_on_ray(spec.execution, rows, BackendRecipe(t, str(model_path) if model_path else None, weights_id),
+                          identity, sampling, cfg, log=log, label=stage.replace("_", " "), chat=t.chat,
+                          context=[m.model_dump() for m in t.context], context_categories=t.context_categories,
+                          price=lambda usage: pricing.bill(spec, stage, usage)["lines"],
+                          rate_limits=(t.requests_per_minute, t.tokens_per_minute) if t.backend == "openai"
+                          else (None, None), **kwargs)
+    return res, shard_cost_lines(run), ray_metadata(run)
+
+
 def build(spec: CampaignSpec):
     t = spec.teacher
 
@@ -90,20 +111,29 @@ def build(spec: CampaignSpec):
             # stage cleanly (the cache keeps what finished)
             guard = pricing.guard(context, spec, sd)
             progress = RunProgress(context.log, len(rows) * sampling.n, "teacher generations", "samples")
+            ray_md = None
             try:
-                res = run_generation(rows, backend, sampling, cache, chat=t.chat, context=[m.model_dump() for m in t.context],
-                                     context_categories=t.context_categories, progress=progress,
-                                     log=context.log.info, budget=guard)
+                if spec.execution.engine == "ray":  # shards on a Ray actor pool (campaign_orchestrator/scaleout)
+                    res, lines, ray_md = teacher_on_ray(spec, storage, pricing, rows, sampling, model_path, weights_id,
+                                                        identity, "teacher_generations", context.log.info,
+                                                        progress=progress, budget=guard)
+                else:
+                    res = run_generation(rows, backend, sampling, cache, chat=t.chat,
+                                         context=[m.model_dump() for m in t.context],
+                                         context_categories=t.context_categories, progress=progress,
+                                         log=context.log.info, budget=guard)
             finally:
                 progress.close()
             path = write_generations(res.rows, sd.ensure() / "generations.parquet")
             st = res.stats
-            lines = pricing.bill(spec, "teacher_generations", teacher_usage(st))["lines"]
+            if ray_md is None:
+                lines = pricing.bill(spec, "teacher_generations", teacher_usage(st))["lines"]
             sd.commit({"generations_path": str(path), "rows": len(res.rows), "prompt_tokens": st.prompt_tokens,
                        "completion_tokens": st.completion_tokens, "errors": st.failed,
                        "model_identity": identity, "sampling_hash": sampling_hash(sampling), "cache": store.url,
                        "stats": st.as_dict(), "wall_seconds": time.perf_counter() - t0,
-                       "cost_lines": lines or [], **({"cost_unknown": UNPRICED_NOTE} if lines is None else {})})
+                       "cost_lines": lines or [], **({"cost_unknown": UNPRICED_NOTE} if lines is None else {}),
+                       **({"ray": ray_md} if ray_md else {})})
         m = sd.manifest()
         st = m["stats"]
         md = base_metadata(m, cached) | {
@@ -117,6 +147,13 @@ def build(spec: CampaignSpec):
         }
         if st.get("compute_dtype"):
             md["compute_dtype"] = st["compute_dtype"]
+        if m.get("ray"):  # shards done/total, per-node work, lost workers, per-shard tokens/seconds/dollars
+            r = m["ray"]
+            md |= {"shards": f"{r['shards_done']}/{r['shards_total']}", "shards_retried": r["shards_retried"],
+                   "ray_tokens_per_s": r["ray_tokens_per_s"], "ray_nodes": MetadataValue.json(r["nodes"]),
+                   "ray_shards": MetadataValue.json(r["shards"])}
+            if r["lost_workers"]:
+                md["ray_lost_workers"] = MetadataValue.json(r["lost_workers"])
         if st["retry_reasons"]:
             md["retry_reasons"] = MetadataValue.json(st["retry_reasons"])
         if m.get("cost_unknown"):  # never $0: the tokens were bought at a price nobody told us

@@ -41,6 +41,26 @@ def describe_worker(w: dict | None) -> str:
     return f"node {node}{f' ({nid})' if nid else ''} actor {aid or '?'} pid {w.get('pid', '?')}"
 
 
+_SESSION: dict = {}  # the pools of the ray_session this process opened (closed with it)
+
+
+def session_pool(execution, log: Callable[[str], None] = print) -> tuple[ShardPool, bool]:
+    """A pool for ``execution`` (``replicas``, CPUs/GPUs per replica): the open :func:`ray_session`'s (kept for the
+    stage's next models) and False, or a new one the caller closes and True."""
+    key = (execution.replicas, execution.num_cpus_per_replica, execution.num_gpus_per_replica,
+           execution.max_shard_retries)
+    pools = _SESSION.get("pools")
+    if pools is not None and key in pools:
+        pools[key].log = log
+        return pools[key], False
+    pool = ShardPool(replicas=execution.replicas, num_cpus=execution.num_cpus_per_replica,
+                     num_gpus=execution.num_gpus_per_replica, max_shard_retries=execution.max_shard_retries, log=log)
+    if pools is not None:
+        pools[key] = pool
+        return pool, False
+    return pool, True
+
+
 @contextmanager
 def ray_session(ray_address: str | None = None, num_cpus: int | None = None, log: Callable[[str], None] = print):
     """Connected to Ray for the ``with`` block: an existing connection as is, ``ray_address`` when set, else a
@@ -60,9 +80,12 @@ def ray_session(ray_address: str | None = None, num_cpus: int | None = None, log
         ray.init(num_cpus=n, include_dashboard=False, runtime_env=env, log_to_driver=False)
         log(f"ray: started a local cluster with {n} CPUs")
         started = True
+    _SESSION["pools"] = {}
     try:
         yield {"address": ray_address or "local", "started": started}
     finally:
+        for pool in _SESSION.pop("pools", {}).values():
+            pool.close()
         ray.shutdown()
         if started:
             log("ray: local cluster stopped")
@@ -89,13 +112,13 @@ def _lost(e: BaseException) -> bool:
 
 
 class ShardPool:
-    """``replicas`` workers built from ``recipe``, each reserving ``num_cpus``/``num_gpus``."""
+    """``replicas`` workers, each reserving ``num_cpus``/``num_gpus``; :meth:`run` gives them shards of one recipe
+    (a pool serves the recipes of a stage one after the other: the evaluation's candidate, base and teacher)."""
 
-    def __init__(self, recipe, cache, *, replicas: int, num_cpus: float = 1.0, num_gpus: float = 0.0,
+    def __init__(self, *, replicas: int, num_cpus: float = 1.0, num_gpus: float = 0.0,
                  max_shard_retries: int = 3, job_id: str | None = None, poll_s: float = 0.25,
                  start_timeout_s: float = 900.0,
                  log: Callable[[str], None] = print):
-        self.recipe, self.cache = recipe, cache
         self.replicas, self.num_cpus, self.num_gpus = replicas, num_cpus, num_gpus
         self.max_shard_retries, self.poll_s, self.log = max_shard_retries, poll_s, log
         self.job_id = job_id or uuid.uuid4().hex[:12]
@@ -104,7 +127,7 @@ class ShardPool:
         self._starting: dict = {}  # ready() ref -> (worker, when it was started)
         self._idle: deque = deque()
         self.start_timeout_s = start_timeout_s
-        self.lost_workers: list[dict] = []
+        self.lost_workers: list[dict] = []  # of this pool's last run
         self.retried: list[dict] = []
         self._cls = None
 
@@ -117,7 +140,7 @@ class ShardPool:
         if self._cls is None:
             self._cls = worker_class(self.num_cpus, self.num_gpus)
         threads = max(1, int(self.num_cpus))
-        w = self._cls.remote(self.recipe, self.cache, self.job_id, threads)
+        w = self._cls.remote(threads)
         self.workers.append(w)
         self._starting[w.ready.remote()] = (w, time.monotonic())
         return w
@@ -138,16 +161,18 @@ class ShardPool:
         self._starting.clear()
 
     # ------------------------------------------------------------------ shards
-    def run(self, shards: list, sampling, *, on_usage: Callable[[dict], None] | None = None,
+    def run(self, recipe, cache, shards: list, sampling, *, limits: str | None = None, on_usage: Callable[[dict], None] | None = None,
             on_shard: Callable[[dict], None] | None = None,
             before_retry: Callable[[object], None] | None = None) -> dict[str, dict]:
-        """Run every shard; returns ``{key: row}`` of the requests that failed (errors are never cached).
+        """Run every shard with ``recipe``'s engine into ``cache`` (a :class:`~campaign_orchestrator.scaleout.worker.
+        CacheConfig`; ``limits``: the name of the job's shared rate limits); returns ``{key: row}`` of the requests that failed (errors are never cached).
         ``on_usage(delta)``: new generations' ``generated``, ``failed``, ``prompt_tokens``,
         ``completion_tokens``, ``seconds`` since the last call (any worker); ``on_shard(summary)`` per finished
         shard (``summary``: the worker's :class:`ShardProgress` plus ``worker``); ``before_retry(shard)`` runs
         before a lost shard is submitted again (the driver seals dead spools there)."""
         import ray
 
+        self.lost_workers, self.retried = [], []
         queue = deque((s, 1) for s in shards)
         running: dict = {}
         failed_rows: dict[str, dict] = {}
@@ -172,7 +197,7 @@ class ShardPool:
                 while self._idle and queue:
                     w = self._idle.popleft()
                     shard, attempt = queue.popleft()
-                    ref = w.run_shard.remote(shard.id, attempt, shard.requests, sampling)
+                    ref = w.run_shard.remote(recipe, cache, shard.id, attempt, shard.requests, sampling, limits)
                     running[ref] = _Running(shard, attempt, w, self.where.get(w, {}))
                 if not running and not self._starting:
                     raise ShardFailed(queue[0][0].id, {}, "no worker left to run it", queue[0][1])

@@ -39,6 +39,7 @@ class ShardReport:
     completion_tokens: int = 0
     seconds: float = 0.0
     usd: float | None = 0.0  # None: unpriced
+    lines: list | None = None  # its cost lines as the ledger records them (None: unpriced)
     worker: str = ""
     attempts: int = 0
 
@@ -67,14 +68,14 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
                        CacheConfig, execution, *, chat: bool = False, context: Sequence[dict] = (),
                        context_categories: Sequence[str] | None = None, progress: Callable[[int], None] | None = None,
                        log: Callable[[str], None] | None = None, budget=None,
-                       price: Callable[[dict], float | None] | None = None,
+                       price: Callable[[dict], list | None] | None = None,
                        on_shard: Callable[[ShardReport, RayRun], None] | None = None,
                        rate_limits: tuple[float | None, float | None] = (None, None),
                        pool: ShardPool | None = None) -> tuple[GenerationResult, RayRun]:
     """``prompts``: dicts with ``id``, ``prompt`` (and ``category``); ``recipe`` builds the engine in each worker;
     ``identity`` is the engine's identity (every request key hashes it); ``cache`` the driver's
     :class:`GenerationCache` for ``cache_config``; ``execution`` the ``execution:`` section. ``price(usage)``
-    prices a shard's usage (``seconds``, ``prompt_tokens``, ``completion_tokens``; None: unknown). Needs a Ray
+    gives the cost lines of a shard's usage (``seconds``, ``prompt_tokens``, ``completion_tokens``; None: unknown). Needs a Ray
     connection (:func:`ray_session`); ``pool``: reuse a running pool (else one is made and closed here)."""
     log = log or (lambda _m: None)
     if not prompts:
@@ -123,8 +124,10 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
         rep.worker = describe_worker(summary["worker"])
         node = summary["worker"].get("node_ip") or summary["worker"].get("host", "?")
         run.nodes[node] = run.nodes.get(node, 0) + 1
-        rep.usd = price({"seconds": rep.seconds, "prompt_tokens": rep.prompt_tokens,
-                         "completion_tokens": rep.completion_tokens}) if price else None
+        if price is not None and (rep.generated or rep.failed):
+            rep.lines = price({"seconds": rep.seconds, "prompt_tokens": rep.prompt_tokens,
+                               "completion_tokens": rep.completion_tokens})
+            rep.usd = None if rep.lines is None else float(sum(x["usd"] for x in rep.lines))
         bs = summary.get("backend_stats") or {}
         st.http_requests += bs.get("http_requests", 0)
         for k, v in (bs.get("retry_reasons") or {}).items():
@@ -138,16 +141,19 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
 
     failed_rows: dict[str, dict] = {}
     if todo:
+        import uuid
+
+        from campaign_orchestrator.scaleout.pool import session_pool
         from campaign_orchestrator.scaleout.ratelimit import start_limits
 
-        own = pool is None
-        pool = pool or ShardPool(recipe, cache_config, replicas=execution.replicas,
-                                 num_cpus=execution.num_cpus_per_replica, num_gpus=execution.num_gpus_per_replica,
-                                 max_shard_retries=execution.max_shard_retries, log=log)
-        limits = start_limits(pool.job_id, *rate_limits)
+        own = False
+        if pool is None:
+            pool, own = session_pool(execution, log)
+        limits_id = uuid.uuid4().hex[:12]
+        limits = start_limits(limits_id, *rate_limits)
         try:
-            failed_rows = pool.run(todo, sampling, on_usage=on_usage, on_shard=shard_done,
-                                   before_retry=lambda _s: cache.recover())
+            failed_rows = pool.run(recipe, cache_config, todo, sampling, limits=limits_id if limits else None,
+                                   on_usage=on_usage, on_shard=shard_done, before_retry=lambda _s: cache.recover())
         finally:
             if own:
                 pool.close()
@@ -215,3 +221,70 @@ def run_job(job, log: Callable[[str], None] = print, on_shard=None) -> tuple[Gen
                                   on_shard=on_shard, rate_limits=limits)
     write_generations(res.rows, job.output)
     return res, run
+
+
+def _usd(x: float | None) -> str:
+    return "$ unknown (unpriced)" if x is None else f"${x:.6f}"
+
+
+def run_on_ray(execution, prompts: Sequence[dict], recipe, identity: str, sampling: Sampling, cache_config: CacheConfig,
+               *, log: Callable[[str], None], label: str = "generations", **kwargs) -> tuple[GenerationResult, RayRun]:
+    """:func:`run_generation_ray` inside a :func:`ray_session` for ``execution`` (a local cluster the stage
+    starts and stops, or ``execution.ray_address``), logging each finished shard: shards done/total, the
+    worker, tokens/s and dollars so far (the stage's progress in the Dagster run log)."""
+    t0 = time.perf_counter()
+    user_on_shard = kwargs.pop("on_shard", None)
+
+    def on_shard(rep: ShardReport, run: RayRun) -> None:
+        el = max(1e-9, time.perf_counter() - t0)
+        tokens = sum(r.completion_tokens for r in run.shards)
+        paid = [r.usd for r in run.shards if r.attempts]
+        usd = None if any(u is None for u in paid) else sum(paid)
+        log(f"{label}: shard {rep.id} done ({run.done}/{len(run.shards)} shards) on {rep.worker}: "
+            f"{rep.generated} generated, {rep.failed} failed, {rep.completion_tokens} tokens in {rep.seconds:.1f} s, "
+            f"{_usd(rep.usd)}; so far {tokens / el:.1f} tokens/s, {_usd(usd)}")
+        if user_on_shard is not None:
+            user_on_shard(rep, run)
+
+    with ray_session(getattr(execution, "ray_address", None), log=log):
+        return run_generation_ray(prompts, recipe, identity, sampling, cache_config.open(), cache_config, execution,
+                                  log=log, on_shard=on_shard, **kwargs)
+
+
+def shard_cost_lines(run: RayRun) -> list[dict] | None:
+    """Every shard's cost lines, each tagged with its shard id (None: some shard is unpriced)."""
+    out = []
+    for r in run.shards:
+        if r.attempts and (r.generated or r.failed):
+            if r.lines is None:
+                return None
+            out += [x | {"shard": r.id} for x in r.lines]
+    return out
+
+
+def ray_metadata(run: RayRun) -> dict:
+    """The Ray side of a stage, for its manifest and asset metadata."""
+    d = run.as_dict()
+    tokens = sum(r.completion_tokens for r in run.shards)
+    return {"shards_total": d["shards_total"], "shards_done": d["shards_done"], "shards_cached": d["shards_cached"],
+            "shards_retried": len(run.retried), "lost_workers": run.lost_workers, "nodes": run.nodes,
+            "ray_wall_seconds": run.wall_s, "ray_tokens_per_s": tokens / run.wall_s if run.wall_s else 0.0,
+            "shards": [{"id": r.id, "requests": r.requests, "cached": r.cached, "generated": r.generated,
+                        "failed": r.failed, "tokens": r.prompt_tokens + r.completion_tokens, "seconds": round(r.seconds, 3),
+                        "usd": r.usd, "worker": r.worker, "attempts": r.attempts} for r in run.shards]}
+
+
+def answers_on_ray(execution, prompts: Sequence[str], recipe, identity: str, max_new_tokens: int,
+                   cache_config_for: Callable[[Sampling], CacheConfig], *, log: Callable[[str], None],
+                   label: str) -> tuple[list, RayRun, GenerationStats]:
+    """Greedy answers of a local model (an :class:`~campaign_orchestrator.scaleout.job.AnswerRecipe`) to
+    ``prompts`` on Ray, in order, as ``generate(prompts, max_new_tokens)`` returns them (``text``, ``latency_s``,
+    ``error``); cached under ``identity`` like teacher generations, so a lost shard costs its in-flight prompts."""
+    from types import SimpleNamespace
+
+    sampling = Sampling(max_new_tokens=max_new_tokens)
+    rows = [{"id": str(i), "prompt": p} for i, p in enumerate(prompts)]
+    res, run = run_on_ray(execution, rows, recipe, identity, sampling, cache_config_for(sampling), log=log, label=label)
+    outs = [SimpleNamespace(text=r["completion"] or "", latency_s=float(r["latency_s"] or 0.0), error=r["error"])
+            for r in res.rows]
+    return outs, run, res.stats

@@ -12,6 +12,7 @@ shard has paid for so far.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -56,16 +57,21 @@ class ShardProgress:
 
 
 class GenerationWorker:
-    """One model replica. ``recipe`` is a :class:`~campaign_orchestrator.teacher.recipes.BackendRecipe` (a
-    teacher backend) or a :class:`~campaign_orchestrator.scaleout.job.AnswerRecipe` (a local model answering
-    evaluation prompts); ``job_id`` names the job's shared rate limits."""
+    """One model replica. Each shard comes with its ``recipe`` (a :class:`~campaign_orchestrator.teacher.recipes.
+    BackendRecipe`: a teacher backend, or an :class:`~campaign_orchestrator.scaleout.job.AnswerRecipe`: a local
+    model answering evaluation prompts) and its cache; the engine is built on the first shard of a recipe and
+    kept while the next shards bring the same recipe (one process serves a stage's models one after the other:
+    its interpreter, torch and the Ray worker start once). ``limits``: the name of the job's shared rate limits."""
 
-    def __init__(self, recipe, cache: CacheConfig, job_id: str | None = None, threads: int | None = None):
-        self.recipe, self.cache_config, self.job_id, self.threads = recipe, cache, job_id, threads
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
+        self.recipe = None
         self.backend = None
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
         self._current: ShardProgress | None = None
+        if threads:
+            os.environ["OMP_NUM_THREADS"] = str(threads)
 
     # ------------------------------------------------------------------ identity, set-up
     def where(self) -> dict:
@@ -82,53 +88,49 @@ class GenerationWorker:
         return out
 
     def ready(self) -> dict:
-        """Build the engine (the model loads here, once) and say where this worker runs."""
-        self._build()
         return self.where()
 
-    def _build(self):
+    def _build(self, recipe):
         with self._build_lock:
-            return self.backend if self.backend is not None else self._build_once()
+            if self.backend is None or recipe != self.recipe:
+                self.backend = None  # the previous model goes before the next loads
+                import gc
 
-    def _build_once(self):
-        if self.threads:
-            os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
-        backend = self.recipe.build()
-        client = getattr(backend, "client", None)
-        if client is not None and hasattr(client, "buckets") and self.job_id:
-            from campaign_orchestrator.scaleout.ratelimit import shared_buckets
-
-            rpm, tpm = shared_buckets(self.job_id)
-            if rpm is not None or tpm is not None:
-                client.buckets = (rpm, tpm)  # the job's buckets, not one pair per worker
-        if self.threads:
-            import sys
-
-            if "torch" in sys.modules:
-                sys.modules["torch"].set_num_threads(self.threads)
-        getattr(backend, "generator", None)  # a local model loads now, not inside the first shard's clock
-        self.backend = backend
-        return backend
+                gc.collect()
+                backend = recipe.build()
+                getattr(backend, "generator", None)  # a local model loads now, not inside a shard's clock
+                if self.threads and "torch" in sys.modules:
+                    sys.modules["torch"].set_num_threads(self.threads)
+                self.backend, self.recipe = backend, recipe
+            return self.backend
 
     # ------------------------------------------------------------------ work
     def progress(self) -> dict | None:
         with self._lock:
             return None if self._current is None else asdict(self._current) | {"failed_rows": {}}
 
-    def run_shard(self, shard_id: str, attempt: int, requests: list, sampling) -> dict:
+    def run_shard(self, recipe, cache: CacheConfig, shard_id: str, attempt: int, requests: list, sampling,
+                  limits: str | None = None) -> dict:
         """Answer what the cache lacks of one shard; returns its :class:`ShardProgress` as a dict."""
         from campaign_orchestrator.teacher.runner import _cache_row
 
-        backend = self._build()
-        cache = self.cache_config.open(shard_rows=max(256, len(requests) + 1), shard_seconds=float("inf"))
-        cache.recover()  # spools a worker that died on this node left: its finished rows count as done
-        found = cache.lookup(r.key for r in requests)
+        backend = self._build(recipe)
+        client = getattr(backend, "client", None)
+        if client is not None and hasattr(client, "buckets"):
+            from campaign_orchestrator.scaleout.ratelimit import shared_buckets
+
+            buckets = shared_buckets(limits) if limits else (None, None)
+            client.buckets = buckets if buckets != (None, None) else None  # the job's buckets, not this worker's
+        gc = cache.open(shard_rows=max(256, len(requests) + 1), shard_seconds=float("inf"))
+        gc.recover()  # spools a worker that died on this node left: its finished rows count as done
+        found = gc.lookup(r.key for r in requests)
         todo = [r for r in requests if r.key not in found]
         prog = ShardProgress(shard_id, attempt, to_ask=len(todo), cached=len(requests) - len(todo))
         with self._lock:
             self._current = prog
         t0 = time.perf_counter()
         g0 = getattr(backend, "generate_s", None)
+        s0 = backend.stats() if todo else {}
 
         def on_done(req, c) -> None:
             row = _cache_row(req, c, backend)
@@ -144,7 +146,7 @@ class GenerationWorker:
                     prog.failed_rows[req.key] = row
                 prog.seconds = time.perf_counter() - t0
 
-        writer = cache.writer()
+        writer = gc.writer()
         try:
             if todo:
                 backend.run(todo, sampling, on_done)
@@ -153,10 +155,24 @@ class GenerationWorker:
         with self._lock:
             if todo:
                 prog.seconds = (backend.generate_s - g0) if g0 is not None else time.perf_counter() - t0
-            prog.backend_stats = backend.stats() if todo else {}
+            prog.backend_stats = _stats_delta(s0, backend.stats()) if todo else {}
             prog.done = True
             self._current = None
         return asdict(prog)
+
+
+def _stats_delta(before: dict, after: dict) -> dict:
+    """This shard's share of a backend's cumulative counters (numbers, and dicts of numbers); others as after."""
+    out = {}
+    for k, v in after.items():
+        b = before.get(k)
+        if isinstance(v, int | float) and not isinstance(v, bool) and isinstance(b, int | float):
+            out[k] = v - b
+        elif isinstance(v, dict) and isinstance(b, dict):
+            out[k] = {kk: vv - b.get(kk, 0) if isinstance(vv, int | float) else vv for kk, vv in v.items()}
+        else:
+            out[k] = v
+    return out
 
 
 def worker_class(num_cpus: float, num_gpus: float):

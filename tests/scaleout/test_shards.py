@@ -1,0 +1,107 @@
+"""Scale-out's plain logic, without Ray: shards by content, shared-bucket arithmetic, the job file, and a worker
+answering a shard into the cache (its finished rows survive it; a re-run asks only what the cache lacks)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from campaign_orchestrator.scaleout.job import AnswerRecipe, Job
+from campaign_orchestrator.scaleout.ratelimit import BucketState
+from campaign_orchestrator.scaleout.shards import make_shards, shard_id
+from campaign_orchestrator.scaleout.worker import CacheConfig, GenerationWorker, _stats_delta
+from campaign_orchestrator.teacher.recipes import BackendRecipe, GeneratorRecipe
+from campaign_orchestrator.teacher.requests import Sampling, build_requests, namespace
+from campaigns.spec import TeacherSpec
+from tests.support.testserver import ServerConfig, ServerThread
+
+S = Sampling(max_new_tokens=8)
+
+
+def _requests(prompts, identity="openai:x|teacher@"):
+    return [r for rs in build_requests(identity, S, prompts) for r in rs]
+
+
+def test_shards_are_formed_by_content_whatever_the_order():
+    prompts = [f"encode w{i} =" for i in range(50)]
+    a = make_shards(_requests(prompts), 8)
+    shuffled = prompts[:]
+    random.Random(0).shuffle(shuffled)
+    b = make_shards(_requests(shuffled + prompts[:5]), 8)  # another order, and duplicates
+    assert [s.id for s in a] == [s.id for s in b]
+    assert [len(s) for s in a] == [8] * 6 + [2]
+    assert sorted(k for s in a for k in s.keys) == sorted({r.key for r in _requests(prompts)})
+    assert a[0].id == shard_id(reversed(a[0].keys))  # the id hashes the set of keys
+    # another model (another identity) is other requests, so other shards
+    assert {s.id for s in make_shards(_requests(prompts, "openai:y|teacher@"), 8)}.isdisjoint({s.id for s in a})
+    with pytest.raises(ValueError):
+        make_shards([], 0)
+
+
+def test_a_shared_bucket_serves_reservations_in_order_at_the_rate():
+    now = [0.0]
+    b = BucketState(120, clock=lambda: now[0])  # 2 per second, holding 2
+    waits = [b.reserve(1) for _ in range(6)]
+    assert waits == pytest.approx([0, 0, 0.5, 1.0, 1.5, 2.0])  # whoever asks, the job never exceeds the rate
+    now[0] = 10.0
+    b.refund(0)
+    assert b.reserve(1) == 0
+
+
+def test_stats_delta_is_one_shards_share():
+    before = {"http_requests": 10, "retry_reasons": {"429": 1}, "compute_dtype": "float32"}
+    after = {"http_requests": 25, "retry_reasons": {"429": 3, "500": 1}, "compute_dtype": "float32"}
+    assert _stats_delta(before, after) == {"http_requests": 15, "retry_reasons": {"429": 2, "500": 1},
+                                           "compute_dtype": "float32"}
+
+
+def test_job_file_round_trips_and_names_what_is_wrong(tmp_path):
+    spec = TeacherSpec(backend="openai", model="teacher", base_url="http://127.0.0.1:1/v1", price="unpriced",
+                       api_key_env="MY_KEY")
+    job = Job("teacher_generations", BackendRecipe(spec), "openai:x", "p.parquet", "out.parquet",
+              {"store_url": "/c", "namespace": "n", "spool_dir": "/s"}, S.as_dict(), {"replicas": 2})
+    text = job.to_json()
+    assert "MY_KEY" in text and "sk-" not in text  # the variable's name travels, never a key
+    back = Job.from_json(text)
+    assert back.recipe == job.recipe and back.sampling == job.sampling
+    ans = Job("answers", AnswerRecipe(GeneratorRecipe("/m", "/a"), "local:x"), "local:x", "p", "o", {}, {}, {})
+    assert Job.from_json(ans.to_json()).recipe == ans.recipe
+    with pytest.raises(ValueError, match="missing field"):
+        Job.from_json(json.dumps({"kind": "answers"}))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Job.from_json(text.replace('"teacher_generations"', '"nope"'))
+
+
+def test_a_worker_answers_what_the_cache_lacks_and_its_spool_outlives_it(tmp_path):
+    with ServerThread(ServerConfig(latency_s=0.0)) as srv:
+        spec = TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced",
+                           max_concurrency=2)
+        recipe = BackendRecipe(spec)
+        ident = recipe.build().identity
+        cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))
+        reqs = [r for rs in build_requests(ident, S, [f"encode w{chr(97 + i)} =" for i in range(6)]) for r in rs]
+        worker = GenerationWorker(threads=1)
+        out = worker.run_shard(recipe, cfg, "s1", 1, reqs[:4], S)
+        assert (out["generated"], out["cached"], out["done"]) == (4, 0, True)
+        assert len(cfg.open().shards()) == 1  # one Parquet file of the cache per shard
+        assert out["backend_stats"]["http_requests"] == 4
+        # a shard overlapping a finished one asks only the missing requests
+        again = worker.run_shard(recipe, cfg, "s2", 1, reqs, S)
+        assert (again["generated"], again["cached"]) == (2, 4)
+        assert srv.stats.received == 6 and set(srv.stats.received_by_prompt.values()) == {1}
+
+        # a dead worker's spool (rows written, never sealed, lock free) is sealed by the next shard's worker
+        more = [r for rs in build_requests(ident, S, ["encode zz =", "encode yy ="]) for r in rs]
+        cache = cfg.open()
+        w = cache.writer()
+        from campaign_orchestrator.teacher.completion import Completion
+        from campaign_orchestrator.teacher.runner import _cache_row
+
+        w.add({k: v for k, v in _cache_row(more[0], Completion(" xx", "stop", 3, 2, 0.0), recipe.build()).items()
+               if k != "error"})
+        w._file.close()  # the process "died": its lock is gone, the spool stays
+        last = worker.run_shard(recipe, cfg, "s3", 1, more, S)
+        assert (last["generated"], last["cached"]) == (1, 1)
+        assert "encode zz =" not in srv.stats.received_by_prompt and srv.stats.received_by_prompt["encode yy ="] == 1
