@@ -163,14 +163,15 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
                 ray.kill(limits)
         run.lost_workers, run.retried = pool.lost_workers, pool.retried
     run.wall_s = time.perf_counter() - t_gen
-    st.generated = sum(r.generated for r in run.shards)
-    st.failed = sum(r.failed for r in run.shards)
-    st.new_prompt_tokens = sum(r.prompt_tokens for r in run.shards)
-    st.new_completion_tokens = sum(r.completion_tokens for r in run.shards)
-
     cache.recover()
     results = cache.lookup(per_key)
     results |= {k: v for k, v in failed_rows.items() if k not in results}
+    # paid in this run: every request the cache lacked at the start, a lost worker's finished part included
+    new = [results[k] for k in per_key if k not in found and k in results]
+    st.generated = sum(1 for c in new if not c.get("error"))
+    st.failed = sum(1 for c in new if c.get("error"))
+    st.new_prompt_tokens = sum(c["prompt_tokens"] or 0 for c in new if not c.get("error"))
+    st.new_completion_tokens = sum(c["completion_tokens"] or 0 for c in new if not c.get("error"))
     unanswered = [k for k in per_key if k not in results]
     if unanswered:
         raise GenerationError(f"the Ray workers returned no result for {len(unanswered)} requests")

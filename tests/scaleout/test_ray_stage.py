@@ -1,0 +1,146 @@
+"""A generation stage on a real local Ray cluster (one for the module) against the project's test server, which
+counts the requests it gets per prompt: one worker SIGKILLed mid-shard costs only its in-flight prompts; an
+engine that cannot start fails the stage naming the shard, the worker and the reason; the job's rate limits are
+one set of buckets for every worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from campaign_orchestrator.scaleout.pool import ShardFailed, ShardPool
+from campaign_orchestrator.scaleout.shards import make_shards
+from campaign_orchestrator.scaleout.stage import run_generation_ray
+from campaign_orchestrator.scaleout.worker import CacheConfig
+from campaign_orchestrator.teacher.recipes import BackendRecipe
+from campaign_orchestrator.teacher.requests import Sampling, build_requests, namespace
+from campaigns.spec import TeacherSpec
+from tests.support.processes import wait_for
+from tests.support.testserver import ServerConfig, ServerThread
+
+pytestmark = pytest.mark.slow
+
+S = Sampling(max_new_tokens=8)
+CONCURRENCY = 2  # requests in flight per worker
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    yield ray
+    ray.shutdown()
+
+
+def _execution(**kw):
+    return SimpleNamespace(**({"replicas": 2, "num_cpus_per_replica": 0.5, "num_gpus_per_replica": 0.0,
+                               "shard_prompts": 12, "max_shard_retries": 2, "ray_address": None} | kw))
+
+
+def _setup(tmp_path, srv, **teacher):
+    spec = TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced",
+                       max_concurrency=CONCURRENCY, **teacher)
+    recipe = BackendRecipe(spec)
+    ident = recipe.build().identity if not teacher.get("api_key_env") else "openai:keyed"
+    cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))
+    return recipe, ident, cfg
+
+
+def _prompts(n: int) -> list[dict]:
+    return [{"id": str(i), "prompt": f"encode w{chr(97 + i % 26)}{chr(97 + i // 26)} ="} for i in range(n)]
+
+
+def test_a_worker_killed_mid_shard_costs_only_its_in_flight_prompts(ray_cluster, tmp_path):
+    with ServerThread(ServerConfig(latency_s=0.15)) as srv:
+        recipe, ident, cfg = _setup(tmp_path, srv)
+        ex = _execution()
+        pool = ShardPool(replicas=2, num_cpus=0.5, max_shard_retries=2, log=print)
+        box: dict = {}
+
+        def stage():
+            try:
+                box["out"] = run_generation_ray(_prompts(48), recipe, ident, S, cfg.open(), cfg, ex, pool=pool)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                box["error"] = e
+
+        th = threading.Thread(target=stage)
+        th.start()
+        try:
+            def busy_worker():  # a worker part-way through a shard: some answers finished, some not yet
+                for w in list(pool.workers):
+                    try:
+                        p = ray_cluster.get(w.progress.remote(), timeout=5)
+                    except Exception:  # noqa: BLE001 - starting or gone
+                        continue
+                    if p and 4 <= p["generated"] <= p["to_ask"] - 3 and w in pool.where:
+                        return w, p
+                return None
+
+            victim, before = wait_for(busy_worker, 120, "a worker part-way through a shard", every_s=0.02)
+            os.kill(pool.where[victim]["pid"], signal.SIGKILL)
+            th.join(180)
+        finally:
+            th.join(180)
+            pool.close()
+        assert "error" not in box, box.get("error")
+        res, run = box["out"]
+        stats = srv.stats.as_dict()
+
+    # the stage finished: every prompt answered once in the rows, no error
+    assert len(res.rows) == 48 and not any(r["error"] for r in res.rows)
+    assert res.stats.generated == 48 and res.stats.cache_hits == 0
+    # the lost shard was named, retried once on a fresh worker, and every other shard ran once
+    assert [x["shard"] for x in run.lost_workers] == [before["shard"]]
+    assert "pid" in run.lost_workers[0]["worker"] and run.lost_workers[0]["reason"]
+    assert run.retried == [{"shard": before["shard"], "attempt": 2}]
+    by_id = {s.id: s for s in run.shards}
+    assert by_id[before["shard"]].attempts == 2 and all(s.attempts == 1 for s in run.shards if s.id != before["shard"])
+    # paid twice: only what was in flight on the killed worker (its finished answers were in its spool)
+    asked = stats["received_by_prompt"]
+    assert len(asked) == 48 and all(n >= 1 for n in asked.values())
+    twice = {p for p, n in asked.items() if n > 1}
+    assert len(twice) <= CONCURRENCY + 1, twice  # in flight when killed (+1: one finished but not yet spooled)
+    shard = next(s for s in make_shards([r for rs in build_requests(ident, S, [p["prompt"] for p in _prompts(48)])
+                                         for r in rs], 12) if s.id == before["shard"])
+    assert twice <= {r.prompt for r in shard.requests}  # all of them from the killed worker's shard
+    assert stats["received"] == 48 + len(twice)
+
+
+def test_an_engine_that_cannot_start_names_the_shard_the_worker_and_the_reason(ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.delenv("NO_SUCH_KEY_ENV", raising=False)
+    with ServerThread(ServerConfig(latency_s=0.0)) as srv:
+        recipe, ident, cfg = _setup(tmp_path, srv, api_key_env="NO_SUCH_KEY_ENV")
+        with pytest.raises(ShardFailed) as err:
+            run_generation_ray(_prompts(6), recipe, ident, S, cfg.open(), cfg, _execution(replicas=1))
+        assert srv.stats.received == 0
+    msg = str(err.value)
+    assert err.value.shard in msg and "node " in msg and "actor " in msg and "pid " in msg
+    assert "NO_SUCH_KEY_ENV" in msg and "not set" in msg
+
+
+def test_the_rate_limits_are_one_set_of_buckets_for_every_worker(ray_cluster, tmp_path):
+    with ServerThread(ServerConfig(latency_s=0.0)) as srv:
+        recipe, ident, cfg = _setup(tmp_path, srv, requests_per_minute=60_000)
+        served: list = []
+        real = ray_cluster.kill
+
+        def keep_count(actor, *a, **kw):  # read the job's bucket actor before the stage stops it
+            try:
+                served.append(ray_cluster.get(actor.stats.remote(), timeout=10))
+            except Exception:  # noqa: BLE001 - a worker, not the limiter
+                pass
+            return real(actor, *a, **kw)
+
+        ray_cluster.kill = keep_count
+        try:
+            res, run = run_generation_ray(_prompts(30), recipe, ident, S, cfg.open(), cfg, _execution(),
+                                          rate_limits=(60_000, None))
+        finally:
+            ray_cluster.kill = real
+    assert len({s.worker for s in run.shards}) == 2  # two workers asked
+    assert [x["reserved"] for x in served if "reserved" in x] == [{"rpm": 30.0}]  # every request from one bucket
