@@ -92,6 +92,8 @@ def plan_command(args: argparse.Namespace) -> int:
     pricing = PricingResource()
     try:
         plan = pricing.plan(spec, root)
+        if args.replicas or args.assume:  # the teacher stage on the replica counts asked for, any engine
+            plan["scaleout"] = scaleout_plan(spec, pricing, plan, args.replicas, args.assume)
     except (PlanError, PricingError, FileNotFoundError, ValueError) as e:
         print(f"cannot plan campaign {spec.name}: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -105,6 +107,21 @@ def plan_command(args: argparse.Namespace) -> int:
         print(f"already spent on campaign {spec.name} (ledger): ${spent:.6f}"
               + (f"; ${spec.cost.budget_usd - spent:.6f} of the budget remains" if spec.cost.budget_usd else ""))
     return EXIT_OK
+
+
+def scaleout_plan(spec, pricing, plan: dict, replicas: str | None, assume: list[str] | None) -> dict:
+    """``--replicas 1,2,4`` and ``--assume key=value``: the teacher stage's replica table (planner.plan_scaleout)."""
+    from campaign_orchestrator.costs.planner import ModelShape, PlanError, ScaleAssumptions, plan_scaleout
+
+    try:
+        counts = [int(x) for x in replicas.split(",") if x.strip()] if replicas else None
+        pairs = dict(a.split("=", 1) for a in assume or [])
+        assumptions = ScaleAssumptions().with_overrides({k.strip(): float(v) for k, v in pairs.items()})
+    except ValueError:
+        raise PlanError(f"--replicas takes counts like 1,2,4,8 and --assume key=number (known: "
+                        f"{', '.join(ScaleAssumptions.__dataclass_fields__)}); got {replicas!r}, {assume!r}") from None
+    teacher = ModelShape(**plan["teacher"]) if plan.get("teacher") else None
+    return plan_scaleout(spec, pricing.catalog_for(spec), plan["data"], teacher, counts, assumptions)
 
 
 def docs_command(args: argparse.Namespace) -> int:
@@ -131,6 +148,10 @@ def add_parsers(sub) -> None:
     p.add_argument("campaign", help="campaign name or YAML file")
     p.add_argument("--artifacts", default="artifacts", help="artifact root holding models and the ledger")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--replicas", help="estimate the teacher stage on these Ray replica counts, e.g. 1,2,4,8,16 "
+                                      "(default with execution.engine ray: 1..64 and execution.replicas)")
+    p.add_argument("--assume", action="append", metavar="KEY=VALUE",
+                   help="a scale-out assumption, e.g. cluster_start_s=5 (planner.ScaleAssumptions)")
     p.set_defaults(fn=plan_command)
     ls = sub.add_parser("list", help="list campaigns")
     ls.set_defaults(fn=list_command)

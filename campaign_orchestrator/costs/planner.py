@@ -24,7 +24,7 @@ Pure Python; reads model ``config.json`` and ``tokenizer.json`` with the ``token
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from campaigns.spec import CampaignSpec
@@ -382,11 +382,14 @@ def plan_campaign(spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher
     unknown = [f"{name}: {s['unknown']}" for name, s in stages.items() if s["usd"] is None]
     total = None if unknown else sum(s["usd"] for s in stages.values())  # never a silent $0 for what is unpriced
     budget = spec.cost.budget_usd
-    return {"campaign": spec.name, "catalog": catalog.path, "catalog_version": catalog.version,
+    plan = {"campaign": spec.name, "catalog": catalog.path, "catalog_version": catalog.version,
             "pricing_tier": spec.cost.pricing_tier, "data": facts,
             "student": asdict(student), "teacher": asdict(teacher) if teacher else None,
             "memory": mem, "stages": stages, "total_usd": total, "unknown": unknown, "budget_usd": budget,
             "within_budget": None if budget is None or total is None else total <= budget}
+    if spec.execution.engine == "ray" and "teacher_generations" in stages:  # the teacher stage on 1..64 replicas
+        plan["scaleout"] = plan_scaleout(spec, catalog, facts, teacher)
+    return plan
 
 
 def render_plan(plan: dict) -> str:
@@ -439,6 +442,8 @@ def render_plan(plan: dict) -> str:
     if plan["budget_usd"] is not None:
         lines.append(f"budget ${plan['budget_usd']:.2f}: "
                      + ("within budget" if plan["within_budget"] else "the estimate EXCEEDS the budget"))
+    if plan.get("scaleout"):
+        lines += render_scaleout(plan["scaleout"])
     return "\n".join(lines)
 
 
@@ -467,3 +472,231 @@ def stage_estimate(plan: dict, stage: str) -> float:
         return float(plan["stages"][stage]["usd"])
     except KeyError:
         raise PricingError(f"the plan has no stage {stage!r}") from None
+
+
+# --------------------------------------------------------------------------- scale-out (execution.engine: ray)
+
+
+DEFAULT_REPLICAS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class ScaleAssumptions:
+    """What the replica table assumes beyond the catalog (every figure is printed with the table).
+
+    ``cluster_start_s``: bring-up of the Ray cluster before the first shard; by default by where Ray runs
+    (``cluster_start_for``): 60 s for a KubeRay cluster (pods scheduled, a GPU image pulled, Ray started), 5 s for
+    a local one, 0 for an existing one (``execution.ray_address``). ``shard_overhead_s``: per shard, on its
+    replica: scheduling, the cache look-up and the shard's Parquet write. ``first_token_s`` and
+    ``stream_tokens_per_s``: an endpoint's latency (time to the first token, then output tokens per second of one
+    request), used when the catalog entry of ``teacher.price`` has no ``perf.first_token_s`` /
+    ``perf.stream_tokens_per_s``. ``knee_gain``: the knee is the fewest replicas at which doubling them would cut
+    the stage's time by less than this fraction."""
+
+    cluster_start_s: float | None = None
+    shard_overhead_s: float = 0.5
+    first_token_s: float = 0.5
+    stream_tokens_per_s: float = 50.0
+    knee_gain: float = 0.10
+
+    def with_overrides(self, pairs: dict[str, float]) -> ScaleAssumptions:
+        unknown = sorted(set(pairs) - set(asdict(self)))
+        if unknown:
+            raise PlanError(f"unknown scale-out assumption(s) {unknown}; known: {sorted(asdict(self))}")
+        return ScaleAssumptions(**(asdict(self) | {k: float(v) for k, v in pairs.items()}))
+
+
+CLUSTER_START_S = {"kuberay": 60.0, "local": 5.0, "existing": 0.0}
+
+
+def cluster_start_for(spec: CampaignSpec) -> float:
+    """The default ``cluster_start_s`` for where ``spec``'s Ray cluster comes from."""
+    ex = spec.execution
+    return CLUSTER_START_S["kuberay" if ex.kuberay is not None and not ex.kuberay.ray_cluster
+                           else "existing" if ex.ray_address or ex.kuberay is not None else "local"]
+
+
+def _knee(wall, max_replicas: int, gain: float) -> int:
+    """The fewest replicas N at which doubling them cuts ``wall(N)`` by less than ``gain`` (searched up to
+    ``max_replicas``, past which more replicas have nothing to do)."""
+    n = 1
+    while n < max_replicas:
+        if wall(min(2 * n, max_replicas)) > (1 - gain) * wall(n):
+            return n
+        n += 1
+    return max_replicas
+
+
+def scale_self_hosted(*, requests: int, prompt_tokens: float, new_tokens: float, decode_tokens: float,
+                      shard_prompts: int, batch_size: int, params: int, weight_bytes: float, entry: PriceEntry,
+                      mfu: float, dtype: str, devices_per_replica: int, tier: str, replicas: list[int],
+                      assume: ScaleAssumptions) -> dict:
+    """Time and money of ``requests`` generations on N self-hosted replicas (one model each), sharded.
+
+    A shard of ``shard_prompts`` takes the roofline time of one replica (:func:`generation_seconds` without the
+    start-up) plus ``shard_overhead_s``; N replicas run ``ceil(shards / N)`` rounds after the cluster's start-up
+    and one model load (in parallel). Every replica is billed for the whole stage, its idle tail included, so
+    more replicas than the knee cost more for little time."""
+    shards = max(1, math.ceil(requests / shard_prompts)) if requests else 0
+    per_shard = min(shard_prompts, requests) if requests else 0
+    load_s = _perf(entry, "generate_startup_s")
+    shard_s = (generation_seconds(params, weight_bytes, per_shard, prompt_tokens, new_tokens, batch_size, entry, mfu,
+                                  dtype, decode_tokens) - load_s + assume.shard_overhead_s) if shards else 0.0
+
+    def wall(n: int) -> float:
+        return assume.cluster_start_s + load_s + math.ceil(shards / n) * shard_s if shards else 0.0
+
+    one = wall(1)
+    rows = []
+    for n in replicas:
+        seconds = wall(n)
+        _qty, usd = _hours_usd(entry, seconds, n, n * devices_per_replica, tier)
+        rows.append({"replicas": n, "seconds": seconds, "usd": usd, "speedup": one / seconds if seconds else 1.0,
+                     "efficiency": (one / seconds / n) if seconds else 1.0,
+                     "bound": "shards (replicas past the shard count idle)" if n > shards else "replicas"})
+    knee = _knee(wall, max(1, shards), assume.knee_gain)
+    return {"kind": "self-hosted", "requests": requests, "shards": shards, "shard_prompts": shard_prompts,
+            "shard_seconds": shard_s, "model_load_seconds": load_s, "devices_per_replica": devices_per_replica,
+            "price_key": entry.key, "price_as_of": entry.as_of, "price_source": entry.source,
+            "usd_per_device_hour": entry.hourly_usd(tier), "rows": rows, "knee_replicas": knee,
+            "max_useful_replicas": shards, "ceiling": None,
+            "why_more_stop_helping": (f"past {knee} replica(s) a doubling cuts the time by less than "
+                                      f"{assume.knee_gain:.0%}: the fixed start-up "
+                                      f"({assume.cluster_start_s + load_s:.0f} s) dominates the {shards} shard(s) of {shard_s:.1f} s; past {shards} "
+                                      f"replica(s) there is no shard left to run")}
+
+
+def scale_endpoint(*, requests: int, prompt_tokens: float, new_tokens: float, max_new_tokens: int, shard_prompts: int,
+                   max_concurrency: int, requests_per_minute: int | None, tokens_per_minute: int | None,
+                   usd: float | None, replicas: list[int], assume: ScaleAssumptions,
+                   first_token_s: float | None = None, stream_tokens_per_s: float | None = None) -> dict:
+    """Time of ``requests`` endpoint calls from N Ray workers, each with ``max_concurrency`` requests in flight, under
+    the teacher's rate limits, which bind the whole job (one token bucket for every worker).
+
+    One request takes ``first_token_s + new_tokens / stream_tokens_per_s``; a worker sustains ``max_concurrency``
+    over that; the job sustains ``min(N x that, the ceiling)``, the ceiling being ``requests_per_minute`` and
+    ``tokens_per_minute`` / (prompt + ``max_new_tokens``) tokens per request (what the client-side limiter counts).
+    The dollars are the tokens' (the same for every N); the workers' own CPU time is not priced."""
+    first = assume.first_token_s if first_token_s is None else first_token_s
+    stream = assume.stream_tokens_per_s if stream_tokens_per_s is None else stream_tokens_per_s
+    latency = first + new_tokens / stream
+    per_replica = max_concurrency / latency  # requests/s one worker sustains
+    ceilings = {}
+    if requests_per_minute:
+        ceilings["requests_per_minute"] = requests_per_minute / 60.0
+    if tokens_per_minute:
+        ceilings["tokens_per_minute"] = tokens_per_minute / 60.0 / (prompt_tokens + max_new_tokens)
+    ceiling = min(ceilings.values()) if ceilings else None
+    shards = max(1, math.ceil(requests / shard_prompts)) if requests else 0
+
+    def rate(n: int) -> float:
+        return min(n * per_replica, ceiling) if ceiling is not None else n * per_replica
+
+    def wall(n: int) -> float:
+        if not requests:
+            return 0.0
+        return assume.cluster_start_s + requests / rate(n) + math.ceil(shards / n) * assume.shard_overhead_s
+
+    one = wall(1)
+    rows = [{"replicas": n, "seconds": wall(n), "usd": usd, "requests_per_s": rate(n),
+             "speedup": one / wall(n) if wall(n) else 1.0, "efficiency": (one / wall(n) / n) if wall(n) else 1.0,
+             "bound": ("rate limit" if ceiling is not None and n * per_replica >= ceiling
+                       else "shards (replicas past the shard count idle)" if n > shards else "replicas")}
+            for n in replicas]
+    saturating = math.ceil(ceiling / per_replica) if ceiling is not None else None
+    knee = _knee(wall, max(1, min(shards, saturating) if saturating else shards), assume.knee_gain)
+    ceiling_md = None if ceiling is None else {
+        "requests_per_s": ceiling, "requests_per_minute": ceiling * 60,
+        "tokens_per_minute": ceiling * 60 * (prompt_tokens + max_new_tokens),
+        "binding": min(ceilings, key=ceilings.get), "replicas_to_reach_it": saturating,
+        "minimum_seconds": requests / ceiling if requests else 0.0}
+    why = (f"the rate limit ({ceiling * 60:,.0f} requests/min, set by teacher.{ceiling_md['binding']}) is reached "
+           f"with {saturating} replica(s) of {per_replica * 60:,.0f} requests/min each; more only wait"
+           if ceiling is not None else
+           f"no rate limit is set, so only the start-up ({assume.cluster_start_s:.0f} s) and the {shards} shard(s) "
+           f"bound it (the endpoint's own capacity is not modelled)")
+    return {"kind": "endpoint", "requests": requests, "shards": shards, "shard_prompts": shard_prompts,
+            "request_latency_s": latency, "first_token_s": first, "stream_tokens_per_s": stream,
+            "requests_per_s_per_replica": per_replica, "max_concurrency_per_replica": max_concurrency,
+            "rows": rows, "knee_replicas": knee, "max_useful_replicas": saturating or shards, "ceiling": ceiling_md,
+            "why_more_stop_helping": why}
+
+
+def plan_scaleout(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: ModelShape | None,
+                  replicas: list[int] | tuple[int, ...] | None = None, assume: ScaleAssumptions | None = None) -> dict:
+    """The teacher stage (``teacher_generations``) on 1..N Ray replicas: time, dollars, and for an endpoint the rate
+    limit's ceiling; where more replicas stop helping (``knee_replicas``). ``replicas`` default: 1, 2, 4, ... 64 and
+    ``execution.replicas``."""
+    from campaign_orchestrator.costs.lines import teacher_entry
+
+    t, ex, pl, c = spec.teacher, spec.execution, spec.cost.planner, spec.cost
+    assume = assume or ScaleAssumptions()
+    if assume.cluster_start_s is None:
+        assume = ScaleAssumptions(**(asdict(assume) | {"cluster_start_s": cluster_start_for(spec)}))
+    grid = sorted(set(replicas or DEFAULT_REPLICAS) | ({ex.replicas} if replicas is None else set()))
+    if any(n < 1 for n in grid):
+        raise PlanError(f"replica counts must be at least 1, got {grid}")
+    requests = facts["train_prompts"] * t.sampling.n
+    new_tok = t.sampling.max_new_tokens * pl.completion_fill
+    p_tok = facts["prompt_tokens_teacher"]
+    base = {"stage": "teacher_generations", "engine": ex.engine, "configured_replicas": ex.replicas,
+            "assumptions": asdict(assume) | {"completion_fill": pl.completion_fill, "prompt_tokens": p_tok,
+                                             "new_tokens": new_tok, "tokenizer": facts.get("tokenizer"),
+                                             "billing": "every replica on its own device (a host-hour entry: its own "
+                                                        "host), billed for the whole stage"}}
+    entry = teacher_entry(spec, catalog)
+    if t.api:
+        usd = None
+        if entry is not None:
+            in_usd, out_usd = entry.token_usd(c.teacher_batch_api)
+            usd = requests * (p_tok * in_usd + new_tok * out_usd) / 1e6
+            base |= {"price_key": entry.key, "price_as_of": entry.as_of, "price_source": entry.source}
+        perf = entry.perf if entry is not None else {}
+        return base | scale_endpoint(
+            requests=requests, prompt_tokens=p_tok, new_tokens=new_tok, max_new_tokens=t.sampling.max_new_tokens,
+            shard_prompts=ex.shard_prompts, max_concurrency=t.max_concurrency,
+            requests_per_minute=t.requests_per_minute, tokens_per_minute=t.tokens_per_minute, usd=usd,
+            replicas=grid, assume=assume, first_token_s=perf.get("first_token_s"),
+            stream_tokens_per_s=perf.get("stream_tokens_per_s"))
+    if entry is None or teacher is None:
+        raise PlanError("the scale-out table of a self-hosted teacher needs teacher.hardware and the teacher's config")
+    tdt = compute_dtype_on(t.compute_dtype, entry)
+    devices = max(t.tensor_parallel_size if t.backend == "vllm" else 1, math.ceil(ex.num_gpus_per_replica), 1)
+    shared = facts.get("shared_prefix_tokens", 0.0)
+    shard_n = min(ex.shard_prompts, requests) or 1
+    p_eff = p_tok - shared * (1 - 1 / shard_n)  # a shard is one call: its prompts share the context prefix
+    return base | scale_self_hosted(
+        requests=requests, prompt_tokens=p_eff, new_tokens=new_tok, decode_tokens=t.sampling.max_new_tokens,
+        shard_prompts=ex.shard_prompts, batch_size=t.batch_size, params=teacher.active_params,
+        weight_bytes=teacher.params * DTYPE_BYTES[tdt], entry=entry, mfu=pl.generation_mfu, dtype=tdt,
+        devices_per_replica=devices, tier=c.pricing_tier, replicas=grid, assume=assume)
+
+
+def render_scaleout(s: dict) -> list[str]:
+    """The replica table of :func:`plan_scaleout` as text lines."""
+    head = (f"{s['stage']} on Ray replicas ({s['kind']}; {s['requests']:,} requests in {s['shards']:,} shard(s) of "
+            f"{s['shard_prompts']}; execution.replicas is {s['configured_replicas']}):")
+    lines = ["", head, f"  {'replicas':>8s} {'time':>12s} {'speed-up':>9s} {'efficiency':>10s} {'cost':>14s}  bound"]
+    for r in s["rows"]:
+        cost = "unknown" if r["usd"] is None else f"${r['usd']:,.4f}"
+        lines.append(f"  {r['replicas']:>8d} {_duration(r['seconds']):>12s} {r['speedup']:>8.2f}× "
+                     f"{r['efficiency']:>9.0%} {cost:>14s}  {r['bound']}")
+    if s.get("ceiling"):
+        cl = s["ceiling"]
+        lines.append(f"  rate-limit ceiling: {cl['requests_per_minute']:,.0f} requests/min, "
+                     f"{cl['tokens_per_minute']:,.0f} tokens/min (teacher.{cl['binding']}); the stage takes at least "
+                     f"{_duration(cl['minimum_seconds'])}")
+    lines.append(f"  knee: {s['knee_replicas']} replica(s): {s['why_more_stop_helping']}")
+    a = s["assumptions"]
+    lines.append("  assumptions: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                              for k, v in a.items() if v is not None)
+                 + (f"; price {s['price_key']} as of {s['price_as_of']}" if s.get("price_key") else ""))
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 180:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f} s"
