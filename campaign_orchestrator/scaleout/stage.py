@@ -51,7 +51,7 @@ class RayRun:
     shards: list[ShardReport] = field(default_factory=list)
     lost_workers: list[dict] = field(default_factory=list)
     retried: list[dict] = field(default_factory=list)
-    nodes: dict = field(default_factory=dict)  # node ip -> shards finished there
+    nodes: dict = field(default_factory=dict)  # "<node ip> <node id[:8]>" -> shards finished there
     wall_s: float = 0.0
 
     @property
@@ -122,7 +122,8 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
         rep.prompt_tokens, rep.completion_tokens = summary["prompt_tokens"], summary["completion_tokens"]
         rep.seconds, rep.attempts = summary["seconds"], summary["attempt"]
         rep.worker = describe_worker(summary["worker"])
-        node = summary["worker"].get("node_ip") or summary["worker"].get("host", "?")
+        w = summary["worker"]
+        node = f"{w.get('node_ip') or w.get('host', '?')} {(w.get('node_id') or '')[:8]}".strip()
         run.nodes[node] = run.nodes.get(node, 0) + 1
         if price is not None and (rep.generated or rep.failed):
             rep.lines = price({"seconds": rep.seconds, "prompt_tokens": rep.prompt_tokens,
