@@ -776,6 +776,8 @@ class LoraTrainer:
         prof.finish()
         if stop < self.total_steps:
             return self._finish_rung(stop, seconds)
+        for r in sorted(self._round_acc):  # a last round cut short by max_steps: its samples were paid for all the same
+            self._finish_round(r, self.total_steps)
         self.save_checkpoint(self.total_steps, reason="final")
         return self._finish(seconds)
 

@@ -35,7 +35,8 @@ def on_policy_job(out: Path, demo_models: dict, prompts: Path, dataset: Path | s
               "checkpoint": {"every_steps": None, "every_minutes": None}} | training
     fields["distillation"] = {"loss": "on_policy", "on_policy": op}
     job = make_job(out, demo_models["student"], dataset,
-                   student={"quantization": {"load_in_4bit": False, "compute_dtype": "float32"}}, **fields)
+                   student={"quantization": {"load_in_4bit": False, "compute_dtype": "float32"},
+                            "attn_implementation": "eager"}, **fields)
     return job.model_copy(update={
         "teacher_tokenizer_path": str(demo_models["teacher"]),
         "on_policy": OnPolicyJob(prompts_path=str(prompts), teacher_backend="transformers",
