@@ -535,13 +535,15 @@ def scale_self_hosted(*, requests: int, prompt_tokens: float, new_tokens: float,
 
     A shard of ``shard_prompts`` takes the roofline time of one replica (:func:`generation_seconds` without the
     start-up) plus ``shard_overhead_s``; N replicas run ``ceil(shards / N)`` rounds after the cluster's start-up
-    and one model load (in parallel). Every replica is billed for the whole stage, its idle tail included, so
-    more replicas than the knee cost more for little time."""
+    and one model load (in parallel). A replica of ``devices_per_replica`` devices (tensor parallelism) is taken
+    as ideal: each device computes and reads 1/devices of the model. Every replica is billed for the whole stage,
+    its idle tail included, so more replicas than the knee cost more for little time."""
     shards = max(1, math.ceil(requests / shard_prompts)) if requests else 0
     per_shard = min(shard_prompts, requests) if requests else 0
     load_s = _perf(entry, "generate_startup_s")
-    shard_s = (generation_seconds(params, weight_bytes, per_shard, prompt_tokens, new_tokens, batch_size, entry, mfu,
-                                  dtype, decode_tokens) - load_s + assume.shard_overhead_s) if shards else 0.0
+    shard_s = (generation_seconds(params / devices_per_replica, weight_bytes / devices_per_replica, per_shard,
+                                  prompt_tokens, new_tokens, batch_size, entry, mfu, dtype, decode_tokens)
+               - load_s + assume.shard_overhead_s) if shards else 0.0
 
     def wall(n: int) -> float:
         return assume.cluster_start_s + load_s + math.ceil(shards / n) * shard_s if shards else 0.0

@@ -40,12 +40,12 @@ def endpoint_spec():
     return parse_campaign_text(yaml.safe_dump(raw), "cluster.yaml")
 
 
-def _self_hosted(spec, replicas, assume=ScaleAssumptions(cluster_start_s=60.0), requests=10_000):
+def _self_hosted(spec, replicas, assume=ScaleAssumptions(cluster_start_s=60.0), requests=10_000, devices=1):
     entry = catalog_for(spec, CATALOG).get("h100-sxm")
     return scale_self_hosted(requests=requests, prompt_tokens=200, new_tokens=128, decode_tokens=256,
                              shard_prompts=256, batch_size=256, params=LLAMA_8B.active_params,
                              weight_bytes=LLAMA_8B.params * 2, entry=entry, mfu=0.5, dtype="bfloat16",
-                             devices_per_replica=1, tier="on_demand", replicas=replicas, assume=assume)
+                             devices_per_replica=devices, tier="on_demand", replicas=replicas, assume=assume)
 
 
 def test_self_hosted_time_is_startup_plus_rounds_of_shards_and_every_replica_is_billed(gpu_spec):
@@ -63,6 +63,11 @@ def test_self_hosted_time_is_startup_plus_rounds_of_shards_and_every_replica_is_
     assert rows[64]["seconds"] == rows[40]["seconds"] and rows[64]["usd"] > rows[40]["usd"]  # no shard left
     assert rows[64]["bound"].startswith("shards") and rows[32]["bound"] == "replicas"
     assert s["max_useful_replicas"] == 40 and s["price_as_of"] == "2026-01-15" and s["price_source"]
+    # a tensor-parallel replica of 4 devices: each computes and reads a quarter of the model, and all 4 are billed
+    tp = _self_hosted(gpu_spec, [2])
+    tp4 = _self_hosted(gpu_spec, [2], devices=4)
+    assert tp4["shard_seconds"] < tp["shard_seconds"] / 2
+    assert tp4["rows"][0]["usd"] == pytest.approx(2 * 4 * tp4["rows"][0]["seconds"] / 3600 * entry.usd)
 
 
 def test_knee_is_where_a_doubling_stops_cutting_the_time_by_ten_percent(gpu_spec):
