@@ -685,9 +685,9 @@ def render_scaleout(s: dict) -> list[str]:
                      f"{r['efficiency']:>9.0%} {cost:>14s}  {r['bound']}")
     if s.get("ceiling"):
         cl = s["ceiling"]
-        lines.append(f"  rate-limit ceiling: {cl['requests_per_minute']:,.0f} requests/min, "
-                     f"{cl['tokens_per_minute']:,.0f} tokens/min (teacher.{cl['binding']}); the stage takes at least "
-                     f"{_duration(cl['minimum_seconds'])}")
+        lines.append(f"  rate-limit ceiling: {cl['requests_per_minute']:,.0f} requests/min = "
+                     f"{cl['tokens_per_minute']:,.0f} tokens/min as the limiter counts them (prompt + max_new_tokens), "
+                     f"bound by teacher.{cl['binding']}; the stage takes at least {_duration(cl['minimum_seconds'])}")
     lines.append(f"  knee: {s['knee_replicas']} replica(s): {s['why_more_stop_helping']}")
     a = s["assumptions"]
     lines.append("  assumptions: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
