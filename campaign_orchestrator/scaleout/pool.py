@@ -155,10 +155,18 @@ class ShardPool:
         if w in self.workers:
             self.workers.remove(w)
 
-    def close(self) -> None:
-        for w in list(self.workers):
+    def close(self, wait_s: float = 30.0) -> None:
+        """Kill every worker and wait (up to ``wait_s``) until Ray reports them dead: their processes are gone and
+        their spools unlocked, so the driver (or the next run) can seal what they finished into the cache."""
+        import ray
+
+        workers = list(self.workers)
+        for w in workers:
             self._drop(w)
         self._starting.clear()
+        if workers and wait_s > 0:
+            probes = [w.ready.remote() for w in workers]
+            ray.wait(probes, num_returns=len(probes), timeout=wait_s)
 
     # ------------------------------------------------------------------ shards
     def run(self, recipe, cache, shards: list, sampling, *, limits: str | None = None, on_usage: Callable[[dict], None] | None = None,

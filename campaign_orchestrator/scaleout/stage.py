@@ -80,7 +80,7 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
     log = log or (lambda _m: None)
     if not prompts:
         raise GenerationError("no prompts to generate for: the prompt table is empty")
-    t_start = time.perf_counter()
+    t_start, t_wall0 = time.perf_counter(), time.time()
     st = GenerationStats(prompts=len(prompts))
     with_context = None if context_categories is None else [p.get("category") in context_categories for p in prompts]
     reqs = build_requests(identity, sampling, [p["prompt"] for p in prompts], chat, context, with_context)
@@ -155,6 +155,13 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
         try:
             failed_rows = pool.run(recipe, cache_config, todo, sampling, limits=limits_id if limits else None,
                                    on_usage=on_usage, on_shard=shard_done, before_retry=lambda _s: cache.recover())
+        except BaseException:  # a budget stop, a failed shard: what the stopped workers finished goes to the cache
+            try:
+                log(f"generation stopped; {cache.recover()} answers the stopped workers finished are sealed into the "
+                    f"cache ({cache.store.url}); a re-run continues from there")
+            except Exception as e:  # noqa: BLE001 - keep the original error; the spools stay for the next run
+                log(f"generation stopped, and sealing the workers' spools failed too ({e})")
+            raise
         finally:
             if own:
                 pool.close()
@@ -167,7 +174,11 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
     cache.recover()
     results = cache.lookup(per_key)
     results |= {k: v for k, v in failed_rows.items() if k not in results}
-    # paid in this run: every request the cache lacked at the start, a lost worker's finished part included
+    # paid in this run: what the cache lacked at the start and was answered since (a lost worker's finished part
+    # included); rows a killed earlier run left in a spool that a worker sealed meanwhile are cache hits ($0)
+    late = {k for k in per_key if k not in found and k in results and (results[k].get("created_at") or t_wall0) < t_wall0}
+    st.cache_hits += len(late)
+    found = {**found, **{k: results[k] for k in late}}
     new = [results[k] for k in per_key if k not in found and k in results]
     st.generated = sum(1 for c in new if not c.get("error"))
     st.failed = sum(1 for c in new if c.get("error"))

@@ -144,3 +144,41 @@ def test_the_rate_limits_are_one_set_of_buckets_for_every_worker(ray_cluster, tm
             ray_cluster.kill = real
     assert len({s.worker for s in run.shards}) == 2  # two workers asked
     assert [x["reserved"] for x in served if "reserved" in x] == [{"rpm": 30.0}]  # every request from one bucket
+
+
+class _StopAfter:
+    """A budget guard that stops the job once the answers charged from every worker reach ``limit``."""
+
+    def __init__(self, limit: int):
+        self.limit, self.items, self.calls = limit, 0, 0
+
+    def check_planned(self, share: float) -> None:
+        pass
+
+    def charge(self, *, items=1, prompt_tokens=0, completion_tokens=0, seconds=0.0, final=False) -> None:
+        from campaign_orchestrator.costs.budget import BudgetExceeded
+
+        self.items += items
+        self.calls += 1
+        if self.items >= self.limit and not final:
+            raise BudgetExceeded("budget: stopped", scope="campaign t", budget_usd=1.0, spent_usd=1.0, needed_usd=0.1)
+
+
+def test_the_budget_sees_every_worker_and_stops_the_whole_job(ray_cluster, tmp_path):
+    from campaign_orchestrator.costs.budget import BudgetExceeded
+
+    with ServerThread(ServerConfig(latency_s=0.1)) as srv:
+        recipe, ident, cfg = _setup(tmp_path, srv)
+        guard = _StopAfter(10)
+        pool = ShardPool(replicas=2, num_cpus=0.5, max_shard_retries=2, poll_s=0.1, log=print)
+        with pytest.raises(BudgetExceeded):
+            run_generation_ray(_prompts(48), recipe, ident, S, cfg.open(), cfg, _execution(), budget=guard, pool=pool)
+        stopped_at = srv.stats.received
+        assert pool.workers == []  # every worker stopped, not only the one whose answer crossed the limit
+        # within one chunk per worker of the limit: what each worker had in flight or finished since the last poll
+        assert guard.items >= 10 and stopped_at <= 10 + 2 * CONCURRENCY * 3, stopped_at
+        # raising the budget and running again resumes: what finished before the stop is not asked again
+        res, _run = run_generation_ray(_prompts(48), recipe, ident, S, cfg.open(), cfg, _execution())
+        asked = srv.stats.as_dict()["received_by_prompt"]
+    assert len(res.rows) == 48 and not any(r["error"] for r in res.rows) and res.stats.cache_hits >= 10
+    assert len(asked) == 48 and sum(asked.values()) <= 48 + 2 * CONCURRENCY  # only the in-flight ones twice
