@@ -215,8 +215,8 @@ def build(spec: CampaignSpec):
                 extra["cost_unknown"] = "unknown: scoring the teacher, whose teacher.price is `unpriced`"
             isd.commit({"items_path": str(out / "items.parquet"), "items_sha256": file_sha256(out / "items.parquet"),
                         "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines,
-                        **extra, "compute_dtype": dtypes}
-                       | _harness_manifest(harness_run, bill))
+                        **extra, "compute_dtype": {k: v for k, v in dtypes.items() if k != "_ray"}}
+                       | _harness_manifest(harness_run, bill) | _ray_manifest(dtypes, spend))
         im = isd.manifest()
 
         policies = {x.name: GatePolicy.from_mapping(ev.gate_for(x).model_dump()) for x in ev.suites}
@@ -249,7 +249,8 @@ def build(spec: CampaignSpec):
                        **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
                        "student_teacher_ratio": {x.name: student_teacher_ratio(doc["scores"], x.name)
                                                  for x in ev.suites},
-                       "compute_dtype": im.get("compute_dtype", {})}
+                       "compute_dtype": im.get("compute_dtype", {}),
+                       **({"ray_shards": im["ray_shards"]} if "ray_shards" in im else {})}
                       | {k: im[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in im})
         m = sd.manifest()
         report = json.loads(open(m["gate_path"]).read())
@@ -259,6 +260,8 @@ def build(spec: CampaignSpec):
             "statistics": report["method"], "requires_human_review": m["requires_human_review"]}
         if m.get("compute_dtype"):
             md["compute_dtype"] = MetadataValue.json(m["compute_dtype"])
+        if m.get("ray_shards"):  # execution.engine ray: shards done/total per model and answer length
+            md["ray_shards"] = MetadataValue.json(m["ray_shards"])
         md |= {k: m[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in m}
         for role, by_suite in m["scores"].items():
             for suite, score in by_suite.items():
@@ -320,6 +323,14 @@ def _harness_manifest(run, bill: dict | None) -> dict:
     return {"lm_eval": run.as_dict(), "lm_eval_seconds": run.wall_seconds, "lm_eval_usd": usd}
 
 
+def _ray_manifest(dtypes: dict, spend: dict | None) -> dict:
+    """``ray_shards``: shards done/total of each model's answers on Ray (none with engine local)."""
+    if "_ray" not in dtypes and not (spend and spend.get("ray")):
+        return {}
+    teacher = {f"teacher@{i}": f"{r['shards_done']}/{r['shards_total']}" for i, r in enumerate((spend or {}).get("ray", []))}
+    return {"ray_shards": dtypes.get("_ray", {}) | teacher}
+
+
 def _generation_engine(spec: CampaignSpec, log):
     """The Ray session the evaluation's models answer in (``execution.engine: ray``), else nothing."""
     from contextlib import nullcontext
@@ -354,10 +365,12 @@ def _ray_answers(spec: CampaignSpec, storage: ArtifactStore, role: str, base, ad
                            storage.s3_endpoint_url, storage.s3_region)
 
     def generate(prompts, max_new_tokens):
-        outs, _run, st = answers_on_ray(spec.execution, prompts, recipe, identity, max_new_tokens, cache_for, log=log,
-                                        label=f"{role} answers")
+        outs, run, st = answers_on_ray(spec.execution, prompts, recipe, identity, max_new_tokens, cache_for, log=log,
+                                       label=f"{role} answers")
         if dtypes is not None and st.compute_dtype:
             dtypes[role] = st.compute_dtype
+        if dtypes is not None:  # shards done/total per model, beside the dtypes (the manifest's ray_shards)
+            dtypes.setdefault("_ray", {})[f"{role}@{max_new_tokens}"] = f"{run.done}/{len(run.shards)}"
         return outs
 
     return generate

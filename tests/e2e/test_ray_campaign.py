@@ -73,7 +73,9 @@ def test_demo_on_ray_reaches_the_in_process_answers_and_verdict(tmp_path, artifa
     assert r_teacher["new_generations"] == l_teacher["new_generations"] > 0 and r_teacher["cache_hits"] == 0
     assert all(s["attempts"] == 1 and s["generated"] == s["requests"] for s in r_teacher["ray_shards"])
     assert len({s["worker"] for s in r_teacher["ray_shards"]}) == 2
-    assert "ray_shards" not in l_teacher
+    assert "ray_shards" not in l_teacher and "ray_shards" not in l_ev
+    assert {k.split("@")[0] for k in r_ev["ray_shards"]} == {"candidate", "base", "teacher"}
+    assert all(v.split("/")[0] == v.split("/")[1] for v in r_ev["ray_shards"].values())
     # greedy: identical teacher completions, identical answers of every model, identical scores and verdict
     assert [(g["id"], g["completion"]) for g in r_gens] == [(g["id"], g["completion"]) for g in l_gens]
     assert _metadata(r_result, AssetKey(["mini", "student_adapter"]))["cached"] is True
