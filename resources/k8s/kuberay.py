@@ -39,7 +39,8 @@ WORKER_GROUP = "replicas"
 COMPONENT = "ray"
 RAY_CLUSTER_LABEL = "ray.io/cluster"  # KubeRay's label of a RayCluster's pods; clusterSelector matches it
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # set by the Job controller on the submitter pod (also `job-name`)
-ENTRYPOINT = "python -m campaign_orchestrator.scaleout --job {job_file}"
+ENTRYPOINT = "python -m campaign_orchestrator.scaleout --job {job_file} --summary {summary_file}"
+SUMMARY_FILE = "ray_summary.json"  # beside JOB.json: the job's summary (rows, tokens, shards, nodes, lost workers)
 HEAD_DEFAULTS = {"cpu": "2", "memory": "8Gi"}
 HEAD_PORTS = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001)]
 STAGE_TAGS = {"teacher_generations": "gen", "evaluation": "eval", "teacher_scoring": "score", "answers": "ans"}
@@ -215,6 +216,11 @@ def ray_cluster_spec(w: RayWorkload) -> dict[str, Any]:
     }
 
 
+def summary_path(job_file: str) -> str:
+    """Where the job writes its JSON summary (``--summary``): beside JOB.json, on the shared volume."""
+    return job_file.rsplit("/", 1)[0] + "/" + SUMMARY_FILE if "/" in job_file else SUMMARY_FILE
+
+
 def runtime_env_yaml(w: RayWorkload) -> str:
     """The job's runtime environment: the driver's Pipes bootstrap variables (context and where to write
     messages: stderr, which ``ray job submit`` prints in the submitter pod's log)."""
@@ -229,7 +235,7 @@ def ray_job(w: RayWorkload) -> dict[str, Any]:
     if k is None:
         raise ValueError(f"campaign {w.spec.name} has no execution.kuberay section; nothing to render")
     spec: dict[str, Any] = {
-        "entrypoint": ENTRYPOINT.format(job_file=w.job_file),
+        "entrypoint": ENTRYPOINT.format(job_file=w.job_file, summary_file=summary_path(w.job_file)),
         "runtimeEnvYAML": runtime_env_yaml(w),
         "submissionMode": "K8sJobMode",
     }

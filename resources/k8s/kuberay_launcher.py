@@ -95,7 +95,9 @@ class KubeRayJobLauncher(ConfigurableResource):
     # ------------------------------------------------------------------ launch
     def launch(self, context, spec: CampaignSpec, stage: str, job: dict[str, Any], workdir: Path, budget=None) -> dict:
         """Run ``job`` (a JOB.json as a dict: ``campaign_orchestrator.scaleout.job.Job``) as a RayJob for ``stage`` of
-        ``spec``; return the submitter's log, the driver's Pipes metadata and the RayJob's name.
+        ``spec``; return the job's summary (``ray_summary.json`` beside JOB.json: rows, tokens, shards, nodes, lost
+        workers, as ``python -m campaign_orchestrator.scaleout --summary`` writes it), the submitter's log, the
+        driver's Pipes metadata and the RayJob's name.
 
         ``budget``: a ``campaign_orchestrator.costs.budget.BudgetGuard`` checked at every poll; when it stops the
         stage, the RayJob is deleted (its pods get SIGTERM; finished shards are in the cache) and its failure raised."""
@@ -152,8 +154,12 @@ class KubeRayJobLauncher(ConfigurableResource):
         pipes_md: dict[str, Any] = {}
         for r in results:
             pipes_md.update(getattr(r, "metadata", None) or {})
-        return {"logs": [str(p) for p in reader.log_files()], "pipes_metadata": pipes_md, "ray_job": name,
-                "k8s_workload": name, "k8s_namespace": cluster.namespace}
+        summary_file = Path(kr.summary_path(str(job_file)))
+        if not summary_file.exists():
+            raise Failure(f"RayJob {name} succeeded but wrote no {summary_file}",
+                          metadata={"logs": MetadataValue.json([str(p) for p in reader.log_files()])})
+        return {"summary": json.loads(summary_file.read_text()), "logs": [str(p) for p in reader.log_files()],
+                "pipes_metadata": pipes_md, "ray_job": name, "k8s_workload": name, "k8s_namespace": cluster.namespace}
 
     # ------------------------------------------------------------------ delete
     @staticmethod

@@ -30,7 +30,7 @@ DRIVER = r"""
 import json, os, sys, time
 from pathlib import Path
 from dagster_pipes import open_dagster_pipes
-job = json.loads(Path(sys.argv[1]).read_text())
+job = json.loads(Path(sys.argv[sys.argv.index("--job") + 1]).read_text())
 assert os.environ.get("HF_TOKEN"), "secretKeyRef was not resolved"
 shards = int(job["execution"]["fake_shards"])
 with open_dagster_pipes() as pipes:
@@ -43,6 +43,8 @@ with open_dagster_pipes() as pipes:
         print("Traceback (most recent call last):\nShardFailed: shard 3 failed on worker node 10.0.0.7", flush=True)
         sys.exit(1)
     pipes.report_asset_materialization(metadata={"rows": 40, "shards_done": shards})
+    summary = sys.argv[sys.argv.index("--summary") + 1]
+    Path(summary).write_text(json.dumps({"rows": 40, "shards_done": shards, "shards_total": shards}))
 print("driver: exiting", flush=True)
 """
 
@@ -88,7 +90,8 @@ def _run(spec, job, server, tmp_path, monkeypatch, budget=None, **launcher_kw):
     @asset(key=AssetKey([spec.name, "teacher_generations"]))
     def teacher_generations(context, kuberay: KubeRayJobLauncher) -> MaterializeResult:
         out = kuberay.launch(context, spec, "teacher_generations", job, workdir, budget=budget)
-        return MaterializeResult(metadata={**out["pipes_metadata"], "ray_job": out["ray_job"]})
+        return MaterializeResult(metadata={**out["pipes_metadata"], "ray_job": out["ray_job"],
+                                           "summary_rows": out["summary"]["rows"]})
 
     instance = DagsterInstance.ephemeral()
     t0 = time.monotonic()
@@ -136,6 +139,7 @@ def test_success_streams_the_drivers_messages_deletes_the_rayjob_and_leaks_no_se
     assert [o.metadata["shards_done"].value for o in obs] == [1, 2, 3]
     mat = result.asset_materializations_for_node("cluster_ray_distill__teacher_generations")[0]
     assert mat.metadata["rows"].value == 40 and mat.metadata["ray_job"].value == rj["metadata"]["name"]
+    assert mat.metadata["summary_rows"].value == 40  # the job's summary file, read back from the shared volume
     # the job file the driver read is on the shared volume; the submitter's plain lines are in a log file there
     workdir = Path(spec.kubernetes.artifacts.mount_path) / spec.name / "teacher_generations" / "k1"
     assert json.loads((workdir / "ray_job.json").read_text()) == job

@@ -46,7 +46,8 @@ def test_example_renders_a_valid_rayjob_with_gpu_replicas(example):
     assert validate_manifests([job], ("1.29", "1.37")) == ["1.29", "1.37"]
     assert (job["apiVersion"], job["kind"], job["metadata"]["namespace"]) == ("ray.io/v1", "RayJob", "training")
     spec = job["spec"]
-    assert spec["entrypoint"] == "python -m campaign_orchestrator.scaleout --job /app/artifacts/x/ray_job.json"
+    assert spec["entrypoint"] == ("python -m campaign_orchestrator.scaleout --job /app/artifacts/x/ray_job.json "
+                                  "--summary /app/artifacts/x/ray_summary.json")
     assert (spec["submissionMode"], spec["shutdownAfterJobFinishes"], spec["ttlSecondsAfterFinished"],
             spec["activeDeadlineSeconds"]) == ("K8sJobMode", True, 600, 86400)
     rc = spec["rayClusterSpec"]

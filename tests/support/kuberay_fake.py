@@ -30,13 +30,13 @@ GROUP, VERSION, PLURAL = "ray.io", "v1", "rayjobs"
 
 
 def driver_program(source: str, timeout_s: float = 60) -> Program:
-    """Run ``python -c source JOB_FILE`` (JOB_FILE: the entrypoint's ``--job`` argument) with the driver's environment;
-    its output is the submitter pod's log."""
+    """Run ``python -c source --job JOB.json ...`` (the entrypoint's arguments) with the driver's environment; its
+    output is the submitter pod's log."""
 
     def run(p: PodRun) -> tuple[int, str]:
-        job_file = p.command[p.command.index("--job") + 1]
+        args = p.command[p.command.index("--job"):]
         env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO_ROOT), **p.env}
-        proc = subprocess.Popen([sys.executable, "-c", source, job_file], env=env, cwd=REPO_ROOT,
+        proc = subprocess.Popen([sys.executable, "-c", source, *args], env=env, cwd=REPO_ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
         def pump():
