@@ -81,6 +81,9 @@ def auto_engine(dtype: str | None) -> str:
         return forced
     return "continuous" if dtype in (None, "float32") else "hf_generate"
 MAX_ROWS_PER_BUDGET = 4  # continuous engine: at most this many x batch_size rows decode together (short prompts)
+# continuous engine: the key/value cache may always hold this many bytes, even when batch_size x (longest prompt
+# + max_new_tokens) is less (short prompts: more rows share a decoding step, whose cost is mostly reading the weights)
+MIN_CACHE_BYTES = 256 * 2**20
 
 
 def prefix_groups(seqs: Sequence[list[int]], min_tokens: int = GROUP_PREFIX_MIN_TOKENS) -> list[tuple[list[int], int]]:
@@ -203,6 +206,65 @@ def stop_token_ids(model, tok) -> list[int]:
     if tok.eos_token_id is not None and tok.eos_token_id not in ids:
         ids.append(tok.eos_token_id)
     return ids
+
+
+_SLAB: type | None = None
+
+
+def _slab_layer_class() -> type:
+    """A ``DynamicLayer`` whose keys and values are views ``[:, :, :n]`` of buffers with ``room`` positions to
+    spare: a decoding step writes its one position in place instead of concatenating (copying) the whole cache,
+    as ``DynamicLayer.update`` does every step. Same numbers (the views hold what the concatenation would)."""
+    global _SLAB
+    if _SLAB is None:
+        from transformers.cache_utils import DynamicLayer as base
+
+        class SlabLayer(base):
+            def __init__(self, keys, values, room: int):
+                super().__init__()
+                self._alloc(keys.shape[0], keys.shape[1], keys.shape[2] + room, keys.shape[3], keys)
+                self._k[:, :, :keys.shape[2]] = keys
+                self._v[:, :, :keys.shape[2]] = values
+                self._set_length(keys.shape[2])
+
+            @classmethod
+            def joined(cls, keys: tuple, values: tuple, room: int):
+                """One layer of rows ``keys[0]`` then rows ``keys[1]`` (same length), written into the buffer
+                directly (no concatenated copy first)."""
+                self = cls.__new__(cls)
+                base.__init__(self)
+                (ka, kb), (va, vb) = keys, values
+                rows, t = ka.shape[0] + kb.shape[0], ka.shape[2]
+                self._alloc(rows, ka.shape[1], t + room, ka.shape[3], ka)
+                for buf, a, b in ((self._k, ka, kb), (self._v, va, vb)):
+                    buf[:a.shape[0], :, :t] = a
+                    buf[a.shape[0]:, :, :t] = b
+                self._set_length(t)
+                return self
+
+            def _alloc(self, rows, heads, capacity, dim, like):
+                self._k = like.new_empty((rows, heads, capacity, dim))
+                self._v = like.new_empty((rows, heads, capacity, dim))
+                self.dtype, self.device, self.is_initialized = like.dtype, like.device, True
+
+            def _set_length(self, n: int):
+                self.n = n
+                self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+
+            def update(self, key_states, value_states, *args, **kwargs):
+                q = key_states.shape[-2]
+                if self.n + q > self._k.shape[2]:  # out of room: grow (one copy), rarely
+                    keys, values = self.keys, self.values
+                    self._alloc(keys.shape[0], keys.shape[1], 2 * (self.n + q), keys.shape[3], keys)
+                    self._k[:, :, :self.n] = keys
+                    self._v[:, :, :self.n] = values
+                self._k[:, :, self.n:self.n + q] = key_states
+                self._v[:, :, self.n:self.n + q] = value_states
+                self._set_length(self.n + q)
+                return self.keys, self.values
+
+        _SLAB = SlabLayer
+    return _SLAB
 
 
 class LocalGenerator:
@@ -392,6 +454,16 @@ class LocalGenerator:
                 self._continuous_ok = False
         return self._continuous_ok
 
+    def _cache_bytes_per_token(self) -> int:
+        """Bytes one token of one row takes in the key/value cache (keys and values of every layer)."""
+        cfg = self.model.config
+        get = getattr(cfg, "get_text_config", None)
+        cfg = get(decoder=True) if get else cfg
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        size = next(self.model.parameters()).element_size()
+        return max(1, 2 * cfg.num_hidden_layers * heads * dim * size)
+
     def _forward(self, cache, **kw):
         """The model's forward with ``cache`` passed under the name this transformers version takes; returns
         (float32 logits of the last position, the cache)."""
@@ -423,17 +495,20 @@ class LocalGenerator:
         return logits, cache, mask
 
     @staticmethod
-    def _join(cache, mask, new_cache, new_mask):
-        """The rows of ``new_cache`` appended to ``cache``: the shorter side left-padded (masked) to the other's length."""
-        t, tn = mask.shape[1], new_mask.shape[1]
-        for a, b in zip(cache.layers, new_cache.layers, strict=True):
+    def _join(cache, mask, new_cache, new_mask, room: int = 0):
+        """The rows of ``new_cache`` appended to ``cache``: the shorter side left-padded (masked) to the other's
+        length; each layer becomes a slab layer (:func:`_slab_layer_class`) with ``room`` free positions (one layer at a time)."""
+        t, tn, slab = mask.shape[1], new_mask.shape[1], _slab_layer_class()
+        for n, (a, b) in enumerate(zip(cache.layers, new_cache.layers, strict=True)):
+            kv = []
             for name in ("keys", "values"):
                 x, y = getattr(a, name), getattr(b, name)
                 if tn < t:
                     y = torch.nn.functional.pad(y, (0, 0, t - tn, 0))
                 elif t < tn:
                     x = torch.nn.functional.pad(x, (0, 0, tn - t, 0))
-                setattr(a, name, torch.cat([x, y], dim=0))
+                kv.append((x, y))
+            cache.layers[n] = slab.joined(kv[0], kv[1], room)
         if tn < t:
             new_mask = torch.nn.functional.pad(new_mask, (t - tn, 0))
         elif t < tn:
@@ -441,14 +516,23 @@ class LocalGenerator:
         return cache, torch.cat([mask, new_mask], dim=0)
 
     @staticmethod
-    def _keep(cache, mask, keep: torch.Tensor):
-        """Only the rows ``keep`` of the cache and mask, less the leading columns no kept row attends to."""
+    def _keep(cache, mask, keep: torch.Tensor, room: int = 0):
+        """Only the rows ``keep`` of the cache and mask, less the leading columns no kept row attends to; each
+        layer becomes a slab layer (:func:`_slab_layer_class`) with ``room`` free positions (one layer at a time)."""
         mask = mask.index_select(0, keep)
-        first = int(mask.any(0).to(torch.int8).argmax())
-        for layer in cache.layers:
-            layer.keys = layer.keys.index_select(0, keep)[:, :, first:]
-            layer.values = layer.values.index_select(0, keep)[:, :, first:]
+        first, slab = int(mask.any(0).to(torch.int8).argmax()), _slab_layer_class()
+        for n, layer in enumerate(cache.layers):
+            cache.layers[n] = slab(layer.keys[:, :, first:].index_select(0, keep),
+                                         layer.values[:, :, first:].index_select(0, keep), room)
         return cache, mask[:, first:]
+
+    @staticmethod
+    def _slab(cache, room: int):
+        """``cache`` with every layer a slab layer (:func:`_slab_layer_class`, ``room`` free positions)."""
+        slab = _slab_layer_class()
+        for n, layer in enumerate(cache.layers):
+            cache.layers[n] = slab(layer.keys, layer.values, room)
+        return cache
 
     @torch.no_grad()
     def _generate_continuous(self, enc, max_new_tokens, progress, logprobs, on_result) -> list[Completion]:
@@ -475,7 +559,8 @@ class LocalGenerator:
         self.last_stats = stats
         if not fits:
             return out  # type: ignore[return-value]
-        budget = self.max_batch_tokens or self.batch_size * (max(len(enc[i]) for i in fits) + max_new_tokens)
+        budget = self.max_batch_tokens or max(self.batch_size * (max(len(enc[i]) for i in fits) + max_new_tokens),
+                                              MIN_CACHE_BYTES // self._cache_bytes_per_token())
         max_rows = self.batch_size * MAX_ROWS_PER_BUDGET
         stops = set(self.stop_ids)
         t_call = time.perf_counter()
@@ -526,9 +611,9 @@ class LocalGenerator:
                     stats["prefills"] += 1
                     new_pos = new_mask.sum(-1)
                     if cache is None:
-                        cache, mask, pos = new_cache, new_mask, new_pos
+                        cache, mask, pos = self._slab(new_cache, max_new_tokens), new_mask, new_pos
                     else:
-                        cache, mask = self._join(cache, mask, new_cache, new_mask)
+                        cache, mask = self._join(cache, mask, new_cache, new_mask, max_new_tokens)
                         pos = torch.cat([pos, new_pos])
                     first_new = len(rows)
                     rows += take
@@ -581,7 +666,7 @@ class LocalGenerator:
                         rows, gen, tops, t_in, cache, mask, pos, last = [], [], [], [], None, None, None, None
                     else:
                         keep = torch.tensor(keep_l, device=mask.device)
-                        cache, mask = self._keep(cache, mask, keep)
+                        cache, mask = self._keep(cache, mask, keep, max_new_tokens)
                         pos, last = pos.index_select(0, keep), last.index_select(0, keep)
                         rows = [rows[r] for r in keep_l]
                         gen = [gen[r] for r in keep_l]

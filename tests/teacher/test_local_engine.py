@@ -14,11 +14,19 @@ HEADER = "ab=cd ef=gh ij=kl "  # a shared header of >= 8 tokens (a few-shot cont
 TOO_LONG = "encode " + "abcdefgh" * 8 + " ="
 
 
+_LOADED: dict = {}  # (teacher path, dtype) -> (model, tokenizer, precision): each loads once per module
+
+
 def _gen(demo_models, dtype, **kw):
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    """A fresh LocalGenerator (its own settings and stats) over the demo teacher loaded once in ``dtype``."""
+    from campaign_orchestrator.teacher.local import LocalGenerator, load_model
 
     kw.setdefault("engine", "continuous")
-    return LocalGenerator.from_path(demo_models["teacher"], compute_dtype=dtype, device="cpu", **kw)
+    key = (str(demo_models["teacher"]), dtype)
+    if key not in _LOADED:
+        _LOADED[key] = load_model(demo_models["teacher"], compute_dtype=dtype, device="cpu")
+    model, tok, precision = _LOADED[key]
+    return LocalGenerator(model, tok, kw.pop("batch_size", 64), precision, **kw)
 
 
 def _prompts():
@@ -125,3 +133,24 @@ def test_score_matches_a_one_sequence_forward_and_generated_logprobs(demo_models
     assert bad.error and "exceeds the model's context" in bad.error
     with pytest.raises(ValueError, match="one continuation per prompt"):
         gen.score(prompts, conts[:1])
+
+
+def test_shards_on_two_workers_give_the_tokens_of_one_call(demo_models):
+    """What a distributor relies on (campaign_orchestrator/teacher/recipes.py, promise 2): in fp32 a greedy answer
+    does not depend on the other prompts of its call, so the prompts split into two shards, answered by two
+    generators (two workers) with other batch shapes, give the tokens one call gives."""
+    one = _gen(demo_models, "float32", engine="auto", batch_size=8)  # every prompt in one batch
+    assert one.engine == "continuous"
+    prompts = _prompts()[:-1]
+    whole = one.generate(prompts, 16, logprobs=2)
+    worker_a = _gen(demo_models, "float32", engine="auto", batch_size=2, max_batch_tokens=2 * 40)
+    worker_b = _gen(demo_models, "float32", engine="auto", batch_size=3, max_batch_tokens=3 * 40)
+    shard_a, shard_b = worker_a.generate(prompts[0::2], 16, logprobs=2), worker_b.generate(prompts[1::2], 16, logprobs=2)
+    assert worker_a.last_stats["prefills"] > 2 and worker_b.last_stats["prefills"] > 2  # rows left and joined
+    merged = [None] * len(prompts)
+    merged[0::2], merged[1::2] = shard_a, shard_b
+    assert [c.token_ids for c in merged] == [c.token_ids for c in whole]
+    assert [(c.text, c.finish_reason) for c in merged] == [(c.text, c.finish_reason) for c in whole]
+    assert [[[e[0] for e in pos] for pos in c.top_logprobs] for c in merged] == \
+        [[[e[0] for e in pos] for pos in c.top_logprobs] for c in whole]
+    assert {c.finish_reason for c in whole} >= {"stop"} and sum(len(c.token_ids) for c in whole) > len(prompts)
