@@ -24,6 +24,7 @@ Pure Python; reads model ``config.json`` and ``tokenizer.json`` with the ``token
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -530,42 +531,53 @@ def _knee(wall, max_replicas: int, gain: float) -> int:
 def scale_self_hosted(*, requests: int, prompt_tokens: float, new_tokens: float, decode_tokens: float,
                       shard_prompts: int, batch_size: int, params: int, weight_bytes: float, entry: PriceEntry,
                       mfu: float, dtype: str, devices_per_replica: int, tier: str, replicas: list[int],
-                      assume: ScaleAssumptions) -> dict:
+                      assume: ScaleAssumptions, one_host_slots: int | None = None) -> dict:
     """Time and money of ``requests`` generations on N self-hosted replicas (one model each), sharded.
 
     A shard of ``shard_prompts`` takes the roofline time of one replica (:func:`generation_seconds` without the
     start-up) plus ``shard_overhead_s``; N replicas run ``ceil(shards / N)`` rounds after the cluster's start-up
     and one model load (in parallel). A replica of ``devices_per_replica`` devices (tensor parallelism) is taken
     as ideal: each device computes and reads 1/devices of the model. Every replica is billed for the whole stage,
-    its idle tail included, so more replicas than the knee cost more for little time."""
+    its idle tail included, so more replicas than the knee cost more for little time.
+
+    ``one_host_slots``: CPU replicas of a local cluster, sharing one host of ``entry`` (its peak is the whole
+    host's): each replica gets 1/slots of it, at most ``slots`` run at once, and the one host is billed."""
     shards = max(1, math.ceil(requests / shard_prompts)) if requests else 0
     per_shard = min(shard_prompts, requests) if requests else 0
     load_s = _perf(entry, "generate_startup_s")
+    slots = max(1, one_host_slots or 0)
     shard_s = (generation_seconds(params / devices_per_replica, weight_bytes / devices_per_replica, per_shard,
                                   prompt_tokens, new_tokens, batch_size, entry, mfu, dtype, decode_tokens)
-               - load_s + assume.shard_overhead_s) if shards else 0.0
+               - load_s) * (slots if one_host_slots else 1) + assume.shard_overhead_s if shards else 0.0
+    parallel = (lambda n: min(n, slots)) if one_host_slots else (lambda n: n)
 
     def wall(n: int) -> float:
-        return assume.cluster_start_s + load_s + math.ceil(shards / n) * shard_s if shards else 0.0
+        return assume.cluster_start_s + load_s + math.ceil(shards / parallel(n)) * shard_s if shards else 0.0
 
     one = wall(1)
     rows = []
     for n in replicas:
         seconds = wall(n)
-        _qty, usd = _hours_usd(entry, seconds, n, n * devices_per_replica, tier)
+        billed = 1 if one_host_slots else n
+        _qty, usd = _hours_usd(entry, seconds, billed, billed * devices_per_replica, tier)
+        bound = ("shards (replicas past the shard count idle)" if n > shards
+                 else f"this host ({slots} replica(s) at once)" if one_host_slots and n > slots else "replicas")
         rows.append({"replicas": n, "seconds": seconds, "usd": usd, "speedup": one / seconds if seconds else 1.0,
-                     "efficiency": (one / seconds / n) if seconds else 1.0,
-                     "bound": "shards (replicas past the shard count idle)" if n > shards else "replicas"})
-    knee = _knee(wall, max(1, shards), assume.knee_gain)
+                     "efficiency": (one / seconds / n) if seconds else 1.0, "bound": bound})
+    useful = min(shards, slots) if one_host_slots else shards
+    knee = _knee(wall, max(1, useful), assume.knee_gain)
     return {"kind": "self-hosted", "requests": requests, "shards": shards, "shard_prompts": shard_prompts,
             "shard_seconds": shard_s, "model_load_seconds": load_s, "devices_per_replica": devices_per_replica,
             "price_key": entry.key, "price_as_of": entry.as_of, "price_source": entry.source,
             "usd_per_device_hour": entry.hourly_usd(tier), "rows": rows, "knee_replicas": knee,
-            "max_useful_replicas": shards, "ceiling": None,
+            "max_useful_replicas": useful, "ceiling": None, "one_host_slots": one_host_slots,
             "why_more_stop_helping": (f"past {knee} replica(s) a doubling cuts the time by less than "
-                                      f"{assume.knee_gain:.0%}: the fixed start-up "
-                                      f"({assume.cluster_start_s + load_s:.0f} s) dominates the {shards} shard(s) of {shard_s:.1f} s; past {shards} "
-                                      f"replica(s) there is no shard left to run")}
+                                      f"{assume.knee_gain:.0%}: "
+                                      + (f"this host runs {slots} replica(s) at once (its CPUs)"
+                                         if one_host_slots and knee >= useful else
+                                         f"the fixed start-up ({assume.cluster_start_s + load_s:.0f} s) dominates "
+                                         f"the {shards} shard(s) of {shard_s:.1f} s")
+                                      + f"; past {shards} replica(s) there is no shard left to run")}
 
 
 def scale_endpoint(*, requests: int, prompt_tokens: float, new_tokens: float, max_new_tokens: int, shard_prompts: int,
@@ -667,11 +679,17 @@ def plan_scaleout(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mo
     shared = facts.get("shared_prefix_tokens", 0.0)
     shard_n = min(ex.shard_prompts, requests) or 1
     p_eff = p_tok - shared * (1 - 1 / shard_n)  # a shard is one call: its prompts share the context prefix
+    # CPU replicas of a local cluster share this host (its peak is the host's): at most cpus / cpus-per-replica at once
+    local = ex.kuberay is None and not ex.ray_address and not ex.num_gpus_per_replica and entry.unit == "host-hour"
+    slots = max(1, (os.cpu_count() or 1) // max(1, math.ceil(ex.num_cpus_per_replica))) if local else None
+    if slots:
+        base["assumptions"]["billing"] = (f"a local cluster: CPU replicas share this host ({os.cpu_count()} CPUs, "
+                                          f"{slots} replica(s) at once), billed as one host")
     return base | scale_self_hosted(
         requests=requests, prompt_tokens=p_eff, new_tokens=new_tok, decode_tokens=t.sampling.max_new_tokens,
         shard_prompts=ex.shard_prompts, batch_size=t.batch_size, params=teacher.active_params,
         weight_bytes=teacher.params * DTYPE_BYTES[tdt], entry=entry, mfu=pl.generation_mfu, dtype=tdt,
-        devices_per_replica=devices, tier=c.pricing_tier, replicas=grid, assume=assume)
+        devices_per_replica=devices, tier=c.pricing_tier, replicas=grid, assume=assume, one_host_slots=slots)
 
 
 def render_scaleout(s: dict) -> list[str]:

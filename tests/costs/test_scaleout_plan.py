@@ -70,6 +70,24 @@ def test_self_hosted_time_is_startup_plus_rounds_of_shards_and_every_replica_is_
     assert tp4["rows"][0]["usd"] == pytest.approx(2 * 4 * tp4["rows"][0]["seconds"] / 3600 * entry.usd)
 
 
+def test_cpu_replicas_on_one_host_share_it_and_it_is_billed_once(gpu_spec):
+    """A local cluster's CPU replicas: each gets 1/slots of the host's peak, at most `slots` run at once."""
+    one_each = _self_hosted(gpu_spec, [1, 2, 4], ScaleAssumptions(cluster_start_s=0.0, shard_overhead_s=0.0))
+    shared = scale_self_hosted(**(dict(requests=10_000, prompt_tokens=200, new_tokens=128, decode_tokens=256,
+                                       shard_prompts=256, batch_size=256, params=LLAMA_8B.active_params,
+                                       weight_bytes=LLAMA_8B.params * 2, entry=catalog_for(gpu_spec, CATALOG).get(
+                                           "h100-sxm"), mfu=0.5, dtype="bfloat16", devices_per_replica=1,
+                                       tier="on_demand", replicas=[1, 2, 4],
+                                       assume=ScaleAssumptions(cluster_start_s=0.0, shard_overhead_s=0.0))),
+                               one_host_slots=2)
+    assert shared["shard_seconds"] == pytest.approx(2 * one_each["shard_seconds"])  # half the host each
+    rows = {r["replicas"]: r for r in shared["rows"]}
+    assert rows[4]["seconds"] == rows[2]["seconds"] and rows[4]["bound"] == "this host (2 replica(s) at once)"
+    h100 = catalog_for(gpu_spec, CATALOG).get("h100-sxm")
+    assert rows[2]["usd"] == pytest.approx(rows[2]["seconds"] / 3600 * h100.usd)  # one host billed, not two
+    assert shared["max_useful_replicas"] == 2 and shared["knee_replicas"] <= 2
+
+
 def test_knee_is_where_a_doubling_stops_cutting_the_time_by_ten_percent(gpu_spec):
     s = _self_hosted(gpu_spec, [1])
     fixed = 60 + s["model_load_seconds"]
