@@ -50,7 +50,7 @@ class KubeRaySpec(_Strict):
                           "creating a cluster for it (RayJob `clusterSelector`); its own pods, image and sizes apply.")
     image: str | None = Field(
         None, description="Image of the Ray pods (default: kubernetes.image): the project installed on a Ray "
-                          "image whose `ray` is `ray_version` (deploy/Dockerfile builds one).")
+                          "image whose `ray` is `ray_version`, with `wget` for KubeRay's probes (docs/scaleout.md).")
     ray_version: str = Field("2.60.0", description="Ray version of the image (RayJob rayClusterSpec.rayVersion); "
                                                    "must equal the `ray` the project pins.")
     head: RayPodSpec | None = Field(None, description="Head pod size (default cpu '2', memory '8Gi'); the head runs "
