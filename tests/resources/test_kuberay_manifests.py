@@ -77,6 +77,17 @@ def test_example_renders_a_valid_rayjob_with_gpu_replicas(example):
     assert yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"]["DAGSTER_PIPES_CONTEXT"] == "eJzLSM3JyQcABiwCFQ=="
 
 
+def test_entrypoint_is_what_the_scaleout_module_parses(example):
+    """The RayJob's entrypoint is the real ``python -m campaign_orchestrator.scaleout`` command line."""
+    from campaign_orchestrator.scaleout.__main__ import parse_args
+
+    words = _job(example)["spec"]["entrypoint"].split()
+    assert words[:3] == ["python", "-m", "campaign_orchestrator.scaleout"]
+    args = parse_args(words[3:])
+    assert (args.job, args.summary, args.address) == ("/app/artifacts/x/ray_job.json",
+                                                      "/app/artifacts/x/ray_summary.json", "auto")
+
+
 def test_labels_carry_the_run_stage_and_asset(example):
     meta = _job(example)["metadata"]
     assert meta["labels"]["dagster/run-id"] == RUN_ID and meta["labels"]["app.kubernetes.io/component"] == "ray"
