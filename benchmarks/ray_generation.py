@@ -124,7 +124,7 @@ def local(a) -> dict:
 
     # Ray: 2 workers x 1 thread on a local cluster of 2 CPUs
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     init_s = time.perf_counter() - t0
     try:
@@ -177,7 +177,7 @@ def main() -> int:
     load0 = load_average()
     result: dict = {"benchmark": "ray_generation", "load_average_before": load0}
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     result["ray_init_s"] = round(time.perf_counter() - t0, 2)
     try:

@@ -77,7 +77,8 @@ def ray_session(ray_address: str | None = None, num_cpus: int | None = None, log
         started = False
     else:
         n = num_cpus or os.cpu_count() or 1
-        ray.init(num_cpus=n, include_dashboard=False, runtime_env=env, log_to_driver=False)
+        # address "local": a new cluster even when another one runs on this machine (`ray start`, RAY_ADDRESS)
+        ray.init(address="local", num_cpus=n, include_dashboard=False, runtime_env=env, log_to_driver=False)
         log(f"ray: started a local cluster with {n} CPUs")
         started = True
     _SESSION["pools"] = {}
@@ -107,7 +108,7 @@ def _lost(e: BaseException) -> bool:
 
     lost = tuple(c for c in (getattr(rx, n, None) for n in (
         "RayActorError", "ActorDiedError", "ActorUnavailableError", "WorkerCrashedError", "NodeDiedError",
-        "ObjectLostError", "OwnerDiedError", "LocalRayletDiedError")) if c is not None)
+        "ObjectLostError", "OwnerDiedError", "LocalRayletDiedError", "OutOfMemoryError")) if c is not None)
     return isinstance(e, lost) and not isinstance(e, rx.RayTaskError)
 
 

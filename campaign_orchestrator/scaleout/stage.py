@@ -249,6 +249,12 @@ def run_on_ray(execution, prompts: Sequence[dict], recipe, identity: str, sampli
     user_on_shard = kwargs.pop("on_shard", None)
 
     def on_shard(rep: ShardReport, run: RayRun) -> None:
+        if user_on_shard is not None:
+            user_on_shard(rep, run)
+        total = len(run.shards)
+        every = max(1, total // 50)  # at most ~50 shard lines per stage in the run log, and the last one
+        if run.done % every and run.done != total and rep.attempts < 2 and not rep.failed:
+            return
         el = max(1e-9, time.perf_counter() - t0)
         tokens = sum(r.completion_tokens for r in run.shards)
         paid = [r.usd for r in run.shards if r.attempts]
@@ -256,8 +262,6 @@ def run_on_ray(execution, prompts: Sequence[dict], recipe, identity: str, sampli
         log(f"{label}: shard {rep.id} done ({run.done}/{len(run.shards)} shards) on {rep.worker}: "
             f"{rep.generated} generated, {rep.failed} failed, {rep.completion_tokens} tokens in {rep.seconds:.1f} s, "
             f"{_usd(rep.usd)}; so far {tokens / el:.1f} tokens/s, {_usd(usd)}")
-        if user_on_shard is not None:
-            user_on_shard(rep, run)
 
     with ray_session(getattr(execution, "ray_address", None), log=log):
         return run_generation_ray(prompts, recipe, identity, sampling, cache_config.open(), cache_config, execution,
