@@ -14,6 +14,11 @@ label position with teacher ids ``i_1..i_k`` and log-probabilities ``l_1..l_k``:
 
 With ``k`` equal to the vocabulary the tail is empty and this is the exact KL(p || q).
 
+On-policy distillation (``training.distillation.loss: on_policy``, GKD) uses the same top-k + tail buckets
+(:func:`topk_buckets`) under the generalized Jensen-Shannon divergence (:func:`generalized_jsd_sum`): ``beta`` 0
+is this forward KL, 1 the reverse KL(student || teacher), between them JSD(beta) against the mixture
+``beta p + (1 - beta) q`` (TRL's ``GKDTrainer.generalized_jsd_loss`` convention).
+
 Batch keys, aligned with ``labels`` (index ``t`` holds the teacher's distribution over the
 token *at* ``t``, so they are shifted exactly like the labels)::
 
