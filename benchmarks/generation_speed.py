@@ -5,9 +5,14 @@ waiting prompts take their room, prompts sharing a prefix share its prefill) aga
     python benchmarks/generation_speed.py [--prompts 96] [--dtype auto] [--threads 1] [--tiny] [--out r.json]
 
 Sections: ``teacher`` (campaigns/smollm2.yaml's teacher stage: its 391 training prompts, the plural ones under
-the few-shot context, greedy, 64 new tokens, top-20 logprobs, batch 32) and ``evaluation`` (the base model on
-both suites: plurals 8 new tokens, general 32, batch 32). ``--prompts N`` takes an even subset (N teacher
-prompts, at most N items per suite). Each (section, engine) runs in its own process, so peak RSS is its own.
+the few-shot context, greedy, 64 new tokens, top-20 logprobs, batch 32) and ``evaluation`` (what the evaluation
+stage generates: candidate, base and teacher each answer both suites, plurals 120 items with 8 new tokens and
+general 150 with 32, batch 32; the teacher answers the plural items under its few-shot context, as the stage asks
+it). The candidate is the base with ``--adapter DIR`` (a trained student adapter, e.g. a ``make real`` run's);
+without one the base stands in for it (same weights and cost per token; its answers are the base's longer ones,
+so the stand-in understates what stopping rows early saves). ``--prompts N`` takes an even subset (N teacher
+prompts, at most N items per suite). Each (section, engine) runs in its own process, so peak RSS is its own;
+``--repeats R`` runs the pairs R times, old and new alternating (a shared machine's load then falls on both).
 ``--tiny``: the demo teacher on cipher prompts (a test of the script; speed goals are not judged).
 
 Judged (exit 1 when missed): outputs token-identical to ``generate`` (in bf16, where padded-batch numerics can
@@ -68,11 +73,17 @@ def workload(section: str, n: int | None, tiny: bool) -> list[dict]:
               else r["prompt"] for r in train]
         return [{"name": "teacher", "prompts": _subset(ps, n), "max_new_tokens": t["sampling"]["max_new_tokens"],
                  "logprobs": t["sampling"]["logprobs"], "batch_size": t["batch_size"]}]
+    t, suites = spec["teacher"], spec["evaluation"]["suites"]
+    eval_batch = max(s["batch_size"] for s in suites)  # assets/evaluation.py: one generator for every suite
     out = []
-    for s in spec["evaluation"]["suites"]:
-        items = [json.loads(x)["prompt"] for x in (REPO / s["source"]).read_text().splitlines() if x.strip()]
-        out.append({"name": s["name"], "prompts": _subset(items, n), "max_new_tokens": s["max_new_tokens"],
-                    "logprobs": None, "batch_size": s["batch_size"]})
+    for role in ("candidate", "base", "teacher"):
+        for s in suites:
+            items = _subset([json.loads(x) for x in (REPO / s["source"]).read_text().splitlines() if x.strip()], n)
+            prompts = [list(chat_messages(it["prompt"], t["context"])) if role == "teacher" and it.get("category")
+                       in t["context_categories"] else it["prompt"] for it in items]
+            out.append({"name": f"{role}/{s['name']}", "role": role, "prompts": prompts,
+                        "max_new_tokens": s["max_new_tokens"], "logprobs": None,
+                        "batch_size": t["batch_size"] if role == "teacher" else eval_batch})
     return out
 
 
@@ -83,30 +94,49 @@ def _rss_mb() -> float:
 
 
 def worker(a) -> int:
+    import gc
+
     import torch
 
     torch.set_num_threads(a.threads)
     from campaign_orchestrator.teacher.local import LocalGenerator
 
-    gen = LocalGenerator.from_path(a.model, compute_dtype=a.dtype, device="cpu", engine=a.engine)
     lines: list[str] = []
-    gen.log = lines.append
     jobs = workload(a.section, a.prompts, a.tiny)
+    loaded: dict = {}
+
+    def generator(role: str | None):
+        """The role's generator; the candidate carries ``--adapter`` (merged), the others are the plain model.
+        One model is in memory at a time, as in the evaluation stage."""
+        adapter = a.adapter if role == "candidate" else None
+        if adapter not in loaded:
+            loaded.clear()
+            gc.collect()
+            g = LocalGenerator.from_path(a.model, adapter, compute_dtype=a.dtype, device="cpu", engine=a.engine)
+            g.log = lines.append
+            loaded[adapter] = g
+        return loaded[adapter]
+
     if a.only:  # the unpadded reference: the given prompts, one at a time, no shared prefix
-        gen.engine, gen.prefix_caching = "hf_generate", False
         want = json.loads(a.only)
         res = {}
         for j in jobs:
-            for i in want.get(j["name"], []):
+            if not want.get(j["name"]):
+                continue
+            gen = generator(j.get("role"))
+            gen.engine, gen.prefix_caching = "hf_generate", False
+            for i in want[j["name"]]:
                 res.setdefault(j["name"], {})[str(i)] = gen.generate([j["prompts"][i]], j["max_new_tokens"])[0].token_ids
         print(json.dumps(res))
         return 0
+    gen = generator(jobs[0].get("role"))
     gen.batch_size = jobs[0]["batch_size"]
     gen.generate(jobs[0]["prompts"][:4], 4, logprobs=jobs[0]["logprobs"])  # warm-up (lazy init, probes)
     base = _rss_mb()
-    out = {"engine": a.engine, "dtype": gen.precision.dtype, "threads": torch.get_num_threads(), "suites": {}}
+    out = {"engine": gen.engine, "dtype": gen.precision.dtype, "threads": torch.get_num_threads(), "suites": {}}
     total_s = n_prompts = n_tokens = 0
     for j in jobs:
+        gen = generator(j.get("role"))
         gen.batch_size = j["batch_size"]
         t0 = time.perf_counter()
         res = gen.generate(j["prompts"], j["max_new_tokens"], logprobs=j["logprobs"])
@@ -127,7 +157,8 @@ def worker(a) -> int:
 def _child(a, section: str, engine: str, only: dict | None = None) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--section", section, "--engine", engine, "--model", str(a.model),
            "--dtype", a.dtype, "--threads", str(a.threads)] + (["--prompts", str(a.prompts)] if a.prompts else []) \
-        + (["--tiny"] if a.tiny else []) + (["--only", json.dumps(only)] if only is not None else [])
+        + (["--tiny"] if a.tiny else []) + (["--only", json.dumps(only)] if only is not None else []) \
+        + (["--adapter", str(a.adapter)] if a.adapter else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if p.returncode != 0:
@@ -144,6 +175,8 @@ def main() -> int:
     ap.add_argument("--sections", default="teacher,evaluation")
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--adapter", default=None, help="the candidate's adapter directory (default: the base stands in)")
+    ap.add_argument("--repeats", type=int, default=1, help="old/new pairs per section, alternating")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--section", help=argparse.SUPPRESS)
     ap.add_argument("--engine", help=argparse.SUPPRESS)
@@ -168,23 +201,39 @@ def main() -> int:
                              "smollm2-135m-instruct` first")
     report = {"benchmark": "generation_speed", "date": time.strftime("%Y-%m-%d"), "model": str(a.model),
               "tiny": a.tiny, "threads": a.threads, "prompts_option": a.prompts, "sections": {}, "failed": []}
+    if a.adapter:
+        report["candidate"] = f"the base with the adapter {a.adapter}"
+    elif not a.tiny:
+        report["candidate"] = "the base (stand-in: no --adapter)"
     for section in a.sections.split(","):
-        old, new = _child(a, section, "hf_generate"), _child(a, section, "continuous")
+        pairs, loads = [], [os.getloadavg()[0]]
+        for rep in range(a.repeats):  # old and new alternate; the first of a pair changes every repeat
+            engines = ("hf_generate", "continuous") if rep % 2 == 0 else ("continuous", "hf_generate")
+            got = {e: _child(a, section, e) for e in engines}
+            pairs.append((got["hf_generate"], got["continuous"]))
+            loads.append(os.getloadavg()[0])
+        old, new = pairs[0]
         report["dtype"] = new["dtype"]
         diff: dict[str, list[int]] = {}
         for name, s in new["suites"].items():
-            o = old["suites"][name]["token_ids"]
-            diff[name] = [i for i, (x, y) in enumerate(zip(s["token_ids"], o, strict=True)) if x != y]
+            diff[name] = sorted({i for o, nw in pairs for i, (x, y) in enumerate(
+                zip(nw["suites"][name]["token_ids"], o["suites"][name]["token_ids"], strict=True)) if x != y})
         n_diff = sum(len(v) for v in diff.values())
-        r = {"prompts": new["prompts"], "new": {k: v for k, v in new.items() if k != "suites"},
+
+        def total(engine: int, key: str, name: str | None = None) -> float:
+            return sum((p[engine]["suites"][name] if name else p[engine])[key] for p in pairs)
+
+        r = {"prompts": new["prompts"], "repeats": len(pairs), "load_average_1min": [round(x, 2) for x in loads],
+             "new": {k: v for k, v in new.items() if k != "suites"},
              "old": {k: v for k, v in old.items() if k != "suites"},
-             "per_suite": {n: {"new_s": s["seconds"], "old_s": old["suites"][n]["seconds"],
+             "per_suite": {n: {"new_s": round(total(1, "seconds", n), 3), "old_s": round(total(0, "seconds", n), 3),
                                "shared_prefix_new": s["shared_prefix"], "shared_prefix_old": old["suites"][n]["shared_prefix"],
                                "completion_tokens_new": s["completion_tokens"],
                                "completion_tokens_old": old["suites"][n]["completion_tokens"],
                                "differing_prompts": diff[n]} for n, s in new["suites"].items()},
-             "prompts_per_s_ratio": round(new["prompts_per_s"] / old["prompts_per_s"], 2),
-             "peak_rss_ratio": round(new["peak_rss_mb"] / old["peak_rss_mb"], 3),
+             "prompts_per_s_ratio": round(total(0, "seconds") / total(1, "seconds"), 2),
+             "prompts_per_s_ratio_per_repeat": [round(o["seconds"] / nw["seconds"], 2) for o, nw in pairs],
+             "peak_rss_ratio": round(max(p[1]["peak_rss_mb"] for p in pairs) / max(p[0]["peak_rss_mb"] for p in pairs), 3),
              "generation_rss_growth_mb": {"new": round(new["peak_rss_mb"] - new["rss_before_mb"], 1),
                                           "old": round(old["peak_rss_mb"] - old["rss_before_mb"], 1)},
              "outputs_identical": n_diff == 0, "differing_prompts": n_diff}
