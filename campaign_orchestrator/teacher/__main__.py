@@ -3,6 +3,12 @@
     python -m campaign_orchestrator.teacher --prompts 'data/*.jsonl' --out gens.parquet \\
         --teacher '{backend: openai, model: my-model, base_url: "http://localhost:8000/v1", max_concurrency: 64}'
 
+    python -m campaign_orchestrator.teacher serve --model @packaged/smollm2-135m-instruct --port 8000
+
+``serve`` runs the project's own teacher server (:mod:`campaign_orchestrator.teacher.server`): the model behind
+the OpenAI-compatible ``/v1/completions`` with vLLM's ``prompt_logprobs``, for on-policy distillation's teacher
+scoring from another process or host (``serve --help`` lists its options).
+
 ``--teacher`` is a YAML file or an inline YAML mapping with the fields of a campaign's
 ``teacher:`` section. The cache defaults to ``artifacts/cache`` (``--cache DIR`` or
 ``--cache s3://bucket/prefix``); killing the command and running it again generates only what
@@ -56,6 +62,11 @@ def _model_path(spec, artifacts: Path) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["serve"]:
+        from campaign_orchestrator.teacher.server import serve_main
+
+        return serve_main(args[1:])
     ap = argparse.ArgumentParser(prog="python -m campaign_orchestrator.teacher", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", required=True, help="JSONL file or glob ({id, prompt} per line)")
     ap.add_argument("--teacher", required=True, help="YAML file or inline YAML mapping: the campaign's teacher fields")
@@ -65,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--s3-endpoint-url", help="S3-compatible endpoint for an s3:// cache")
     ap.add_argument("--shard-rows", type=int, default=256, help="rows per cache shard")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
-    a = ap.parse_args(argv)
+    a = ap.parse_args(args)
 
     from campaign_orchestrator.dataset.prompts import PromptSourceError, read_prompts, source_files
     from campaign_orchestrator.teacher.backends import BackendError, make_backend, read_api_key, spec_identity
