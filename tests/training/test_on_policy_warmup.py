@@ -28,3 +28,17 @@ def test_sequence_kd_warmup_then_mixed_steps(tmp_path, demo_models, run_job):
     # 4 samples per round, 2 per step: 2 steps a round; a last round cut short by max_steps is counted (paid for)
     assert op["rounds"] == -(-kinds.count("on_policy") // 2) and op["samples"] == 4 * op["rounds"]
     assert summary["eval_loss"] is not None and summary["eval_loss_before"] is not None  # the dataset's rows
+
+
+def test_a_teacher_with_another_vocabulary_is_refused_before_training(tmp_path, demo_models, smollm2):
+    import pytest
+
+    from training.errors import TrainingError
+    from training.trainer import LoraTrainer
+
+    prompts = write_cipher_prompts(tmp_path / "prompts.parquet", 8)
+    job = on_policy_job(tmp_path / "run", demo_models, prompts).model_copy(
+        update={"teacher_tokenizer_path": str(smollm2)})
+    with pytest.raises(TrainingError, match="on_policy distillation needs a teacher that shares the student's "
+                                            "tokenizer.*49152 tokens.*use training.distillation.loss 'sequence'"):
+        LoraTrainer(job)._check_teacher_tokenizer()
