@@ -39,6 +39,10 @@ from training import losses
 ROUND_FORMAT = 1
 
 
+class RoundInterrupted(Exception):
+    """A stop (SIGTERM) arrived while a round was sampling or scoring: every rank leaves the round together."""
+
+
 # --------------------------------------------------------------------------- schedule
 
 

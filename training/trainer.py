@@ -480,11 +480,17 @@ class LoraTrainer:
         return ids
 
     def _all_done(self, local_done: bool) -> bool:
-        """Whether every rank's samples are done (collective: every rank calls it once per decoding step)."""
+        """Whether every rank's samples are done (collective: every rank calls it once per decoding step). A stop
+        requested on any rank (SIGTERM) interrupts the round on every rank (``RoundInterrupted``)."""
+        stop = float(self._stop_signal is not None)
         if self.world == 1:
+            if stop:
+                raise opol.RoundInterrupted
             return local_done
-        flag = torch.tensor([0.0 if local_done else 1.0], dtype=torch.float64)
+        flag = torch.tensor([0.0 if local_done else 1.0, stop], dtype=torch.float64)
         dist.all_reduce(flag)
+        if float(flag[1]) > 0:
+            raise opol.RoundInterrupted
         return float(flag[0]) == 0.0
 
     def _sample_round(self, r: int) -> tuple[list[opol.ScoredSample], dict]:
@@ -504,6 +510,7 @@ class LoraTrainer:
         finally:
             self.model.train()
         t1 = time.perf_counter()
+        self._all_done(True)  # a stop that came while sampling: leave before the teacher scores (collective)
         scored = opol.score_samples(self.scorer, [self.teacher_prompts[i] for i in idx], idx, prompt_ids, completions,
                                     op.top_k)
         t2 = time.perf_counter()
@@ -707,7 +714,14 @@ class LoraTrainer:
                 control = (due, float(self._stop_signal is not None))
                 on = self.on_policy and self.schedule.on_policy(step)
                 if on:
-                    batches, counts, (due_all, stop_all) = self.prepare_on_policy(step, control)
+                    try:
+                        batches, counts, (due_all, stop_all) = self.prepare_on_policy(step, control)
+                    except opol.RoundInterrupted:  # no round file was written: a relaunch samples it again, the same
+                        self.save_checkpoint(step, reason="preempted")
+                        raise TrainingError(
+                            f"stopped by SIGTERM while round {self.schedule.round_of(step)[0] + 1} sampled, before "
+                            f"step {step + 1}; checkpoint {self.store.path(step)} written, a relaunch samples the "
+                            "round again with the same weights and seed") from None
                     t0 = max(t0, self._round_ready)  # a round's sampling and scoring is not this step's training time
                 else:
                     batches, counts, (due_all, stop_all) = self.prepare(step, control)

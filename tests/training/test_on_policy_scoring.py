@@ -9,9 +9,20 @@ import pytest
 def test_prefix_cached_scoring_equals_plain_scoring(demo_models):
     import torch
 
+    threads = torch.get_num_threads()
+    try:
+        _check_prefix_cached_scoring(demo_models)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_prefix_cached_scoring(demo_models):
+    import torch
+
     from campaign_orchestrator.teacher.local import LocalGenerator
     from training.on_policy import LocalScorer
 
+    torch.set_num_threads(1)  # as a trainer process runs (restored below): on a busy host more threads only spin
     gen = LocalGenerator.from_path(demo_models["teacher"], compute_dtype="float32", batch_size=3, device="cpu")
     context = "encode abc = nop encode hello = itssg encode "  # > 32 shared tokens (a character tokenizer)
     prompts = [context + w + " =" for w in ("cat", "dog", "parrots", "a", "hello")] + ["encode zebra ="]

@@ -4,9 +4,21 @@ steps (cross-entropy on the tokenized teacher generations) among the on-policy o
 from __future__ import annotations
 
 import pyarrow.parquet as pq
+import pytest
 
 from tests.support.on_policy_support import on_policy_job, write_cipher_prompts
 from tests.support.train_support import write_cipher_dataset
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One thread, as the launcher gives each trainer process: on a busy 2-core host more threads only spin."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_sequence_kd_warmup_then_mixed_steps(tmp_path, demo_models, run_job):
@@ -42,3 +54,40 @@ def test_a_teacher_with_another_vocabulary_is_refused_before_training(tmp_path, 
     with pytest.raises(TrainingError, match="on_policy distillation needs a teacher that shares the student's "
                                             "tokenizer.*49152 tokens.*use training.distillation.loss 'sequence'"):
         LoraTrainer(job)._check_teacher_tokenizer()
+
+
+def test_sigterm_while_a_round_samples_stops_and_the_relaunch_samples_it_again(tmp_path, demo_models, run_job,
+                                                                                monkeypatch):
+    """A stop (SIGTERM: preemption) that arrives while a round samples ends the run at once with a checkpoint of
+    the state before the round; no round file is written, and the relaunch samples the round again with the same
+    weights and seed: it ends where an uninterrupted run ends."""
+    import os
+    import signal
+
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    from training import on_policy as opol
+    from training.errors import TrainingError
+
+    prompts = write_cipher_prompts(tmp_path / "prompts.parquet", 16)
+    jobs = {n: on_policy_job(tmp_path / n, demo_models, prompts, max_steps=4) for n in ("whole", "stopped")}
+    run_job(jobs["whole"], "whole")
+    sample = opol.sample
+
+    def preempted_while_sampling(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler notes it; the first decoding step answers
+        return sample(*args, **kwargs)
+
+    monkeypatch.setattr(opol, "sample", preempted_while_sampling)
+    with pytest.raises(TrainingError, match="stopped by SIGTERM while round 1 sampled, before step 1"):
+        run_job(jobs["stopped"], "stopped")
+    out = tmp_path / "stopped"
+    assert not list((out / "rounds").glob("*.pt")) and (out / "checkpoints" / "step-00000000" / "_SUCCESS").exists()
+    monkeypatch.setattr(opol, "sample", sample)
+    summary = run_job(jobs["stopped"], "relaunch")
+    assert summary["resumed_from_step"] == 0 and summary["on_policy"]["rounds"] == 1
+    a, b = (load_file(str(d / "adapter" / "adapter_model.safetensors")) for d in (tmp_path / "whole", out))
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
