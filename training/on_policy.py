@@ -199,6 +199,7 @@ class RoundStats:
     samples: int = 0
     sampled_tokens: int = 0
     teacher_prefill_tokens: int = 0
+    teacher_completion_tokens: int = 0  # what a server generated besides (prompt_logprobs asks max_tokens 1 per pair)
     sampling_seconds: float = 0.0
     scoring_seconds: float = 0.0
     decode_steps: int = 0

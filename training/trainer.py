@@ -511,14 +511,17 @@ class LoraTrainer:
             self.model.train()
         t1 = time.perf_counter()
         self._all_done(True)  # a stop that came while sampling: leave before the teacher scores (collective)
+        generated = getattr(self.scorer, "completion_tokens", 0)
         scored = opol.score_samples(self.scorer, [self.teacher_prompts[i] for i in idx], idx, prompt_ids, completions,
                                     op.top_k)
+        generated = getattr(self.scorer, "completion_tokens", 0) - generated
         t2 = time.perf_counter()
         stops = set(self.stop_ids)
         stats = {"samples": len(scored), "sampled_tokens": sum(len(c) for c in completions),
                  "teacher_prefill_tokens": sum(x.prefill_tokens for x in scored),
                  "stopped": sum(1 for c in completions if c and c[-1] in stops), "decode_steps": steps,
-                 "sampling_seconds": t1 - t0, "scoring_seconds": t2 - t1, "unscored": len(completions) - len(scored)}
+                 "sampling_seconds": t1 - t0, "scoring_seconds": t2 - t1, "unscored": len(completions) - len(scored),
+                 "teacher_completion_tokens": generated}
         return scored, stats
 
     def _round(self, r: int) -> list[opol.ScoredSample]:
@@ -537,18 +540,20 @@ class LoraTrainer:
             samples, stats = self._sample_round(r)
             self.round_store.save(r, self.rank, samples, stats)
         totals = torch.tensor([stats["samples"], stats["sampled_tokens"], stats["teacher_prefill_tokens"],
-                               stats["stopped"], stats["unscored"]], dtype=torch.float64)
+                               stats["stopped"], stats["unscored"], stats.get("teacher_completion_tokens", 0)],
+                              dtype=torch.float64)
         self._all_reduce(totals)
         secs = torch.tensor([stats["sampling_seconds"], stats["scoring_seconds"], stats["decode_steps"]],
                             dtype=torch.float64)
         if self.world > 1:
             dist.all_reduce(secs, op=dist.ReduceOp.MAX)  # ranks sample and score side by side: the slowest counts
-        n, sampled, prefill, stopped, unscored = (int(x) for x in totals.tolist())
+        n, sampled, prefill, stopped, unscored, generated = (int(x) for x in totals.tolist())
         if not samples:
             raise TrainingError(f"round {r + 1}: the teacher scored none of rank {self.rank}'s samples (each prompt + "
                                 f"sample longer than its context?); lower training.distillation.on_policy.max_new_tokens")
         acc = self._round_acc.setdefault(r, opol.RoundStats(round=r + 1))
         acc.samples, acc.sampled_tokens, acc.teacher_prefill_tokens, acc.stopped = n, sampled, prefill, stopped
+        acc.teacher_completion_tokens = generated
         acc.sampling_seconds, acc.scoring_seconds, acc.decode_steps = secs[0].item(), secs[1].item(), int(secs[2])
         acc.extra["unscored"] = unscored
         self.report.log(f"round {r + 1}: {n} samples ({sampled} tokens, {stopped} stopped, mean "
@@ -620,8 +625,9 @@ class LoraTrainer:
         on = sum(1 for s in range(self.total_steps) if self.schedule.on_policy(s))
         kl_tokens = sum(r["kl_tokens"] for r in rows)
         rkl = sum((r["mean_reverse_kl"] or 0.0) * r["kl_tokens"] for r in rows)
-        total = {k: sum(r[k] for r in rows) for k in ("samples", "sampled_tokens", "teacher_prefill_tokens",
-                                                      "sampling_seconds", "scoring_seconds")}
+        total = {k: sum(r.get(k, 0) for r in rows) for k in ("samples", "sampled_tokens", "teacher_prefill_tokens",
+                                                             "teacher_completion_tokens", "sampling_seconds",
+                                                             "scoring_seconds")}
         return {"rounds": len(rows), "on_policy_steps": on, "off_policy_steps": self.total_steps - on,
                 "lambda": self.op.lambda_, "beta": self.op.beta, "samples_per_round": self.op.samples_per_round,
                 "top_k": self.op.top_k, "teacher_backend": self.job.on_policy.teacher_backend, **total,
