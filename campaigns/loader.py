@@ -113,7 +113,7 @@ def _problems(exc: ValidationError, root: yaml.Node | None) -> list[FieldProblem
         kind = err["type"]
         if kind == "extra_forbidden":
             owner = _model_at(loc)
-            allowed = ", ".join(owner.model_fields) if owner else "see campaigns/spec/"
+            allowed = ", ".join(f.alias or n for n, f in owner.model_fields.items()) if owner else "see campaigns/spec/"
             msg = f"unknown key; expected one of: {allowed}"
         elif kind == "missing":
             msg = "required field is missing"
