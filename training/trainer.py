@@ -282,8 +282,8 @@ class LoraTrainer:
             raise TrainingError(str(e)) from e
         self.report.log(
             f"on-policy (GKD): lambda {op.lambda_}, beta {op.beta}, {op.samples_per_round} samples per round "
-            f"({self.schedule.steps_per_round} steps), teacher top-{op.top_k} ({job.teacher_backend}), student sampling "
-            f"temperature {op.temperature}, max_new_tokens {op.max_new_tokens}"
+            f"({self.schedule.steps_per_round} steps), teacher top-{op.top_k} ({job.teacher_backend}), student "
+            f"sampling temperature {op.temperature}, max_new_tokens {op.max_new_tokens}"
             + (f", {op.warmup_steps} sequence-KD warmup steps" if op.warmup == "sequence_kd" else ""))
 
     def _validation_rows(self, model_hash: str):
@@ -549,8 +549,9 @@ class LoraTrainer:
             dist.all_reduce(secs, op=dist.ReduceOp.MAX)  # ranks sample and score side by side: the slowest counts
         n, sampled, prefill, stopped, unscored, generated = (int(x) for x in totals.tolist())
         if not samples:
-            raise TrainingError(f"round {r + 1}: the teacher scored none of rank {self.rank}'s samples (each prompt + "
-                                f"sample longer than its context?); lower training.distillation.on_policy.max_new_tokens")
+            raise TrainingError(f"round {r + 1}: the teacher scored none of rank {self.rank}'s samples (each prompt "
+                                f"+ sample longer than its context?); lower "
+                                f"training.distillation.on_policy.max_new_tokens")
         acc = self._round_acc.setdefault(r, opol.RoundStats(round=r + 1))
         acc.samples, acc.sampled_tokens, acc.teacher_prefill_tokens, acc.stopped = n, sampled, prefill, stopped
         acc.teacher_completion_tokens = generated
@@ -558,7 +559,8 @@ class LoraTrainer:
         acc.extra["unscored"] = unscored
         self.report.log(f"round {r + 1}: {n} samples ({sampled} tokens, {stopped} stopped, mean "
                         f"{sampled / max(1, n):.1f} tokens) in {acc.sampling_seconds:.1f}s; teacher scored {prefill} "
-                        f"prefill tokens in {acc.scoring_seconds:.1f}s" + (f"; {unscored} unscored" if unscored else ""))
+                        f"prefill tokens in {acc.scoring_seconds:.1f}s"
+                        + (f"; {unscored} unscored" if unscored else ""))
         self.rounds[r] = samples
         self._round_ready = time.perf_counter()
         return samples
@@ -614,7 +616,8 @@ class LoraTrainer:
         self.rounds.pop(r, None)
         mean = acc.mean_reverse_kl
         self.report.log(f"round {r + 1} done at step {completed}: {acc.samples} samples, mean reverse KL "
-                        f"{'n/a' if mean is None else f'{mean:.4f}'}, teacher scored {acc.teacher_prefill_tokens} tokens")
+                        f"{'n/a' if mean is None else f'{mean:.4f}'}, teacher scored {acc.teacher_prefill_tokens} "
+                        f"tokens")
         if self.is_main:
             self.report.metrics({"kind": "on_policy_round", **row})
         if completed < self.total_steps:

@@ -184,7 +184,8 @@ class OnPolicySpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> OnPolicySpec:
         if self.warmup == "sequence_kd" and self.warmup_steps < 1:
-            raise ValueError("`warmup: sequence_kd` needs `warmup_steps` (the off-policy steps first), e.g. warmup_steps: 10")
+            raise ValueError("`warmup: sequence_kd` needs `warmup_steps` (the off-policy steps first), e.g. "
+                             "warmup_steps: 10")
         if self.warmup == "none" and self.warmup_steps:
             raise ValueError(f"`warmup_steps: {self.warmup_steps}` without `warmup: sequence_kd`: write "
                              "`warmup: sequence_kd` or remove warmup_steps")

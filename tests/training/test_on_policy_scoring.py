@@ -32,7 +32,8 @@ def _check_prefix_cached_scoring(demo_models):
     cached = LocalScorer(gen, "demo")
     groups = []
     score_group = cached._score_group
-    cached._score_group = lambda enc, cont, shared, k: groups.append((len(enc), shared)) or score_group(enc, cont, shared, k)
+    cached._score_group = lambda enc, cont, shared, k: (groups.append((len(enc), shared))
+                                                        or score_group(enc, cont, shared, k))
     got = cached.score(prompts, conts, top_k=5)
     assert len(groups) == 1 and groups[0][0] == 5 and groups[0][1] >= 32, groups  # the context went through its cache
     plain = LocalScorer(gen, "demo", prefix_caching=False)

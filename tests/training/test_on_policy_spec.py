@@ -52,7 +52,8 @@ def _op(doc) -> dict:
     (lambda d: d["training"].update({"max_steps": 40}) or _op(d).update(
         {"teacher_generations": "generate", "warmup": "sequence_kd", "warmup_steps": 40}),
      ["warmup_steps (40)", "max_steps 40"]),
-    (lambda d: d["teacher"].update({"backend": "vllm"}), ["on_policy", "'transformers'", "'openai'", "prompt_logprobs"]),
+    (lambda d: d["teacher"].update({"backend": "vllm"}),
+     ["on_policy", "'transformers'", "'openai'", "prompt_logprobs"]),
     (lambda d: _op(d).update({"lambda": 1.5}), ["training.distillation.on_policy.lambda", "less than or equal to 1"]),
 ])
 def test_contradictions_name_the_file_field_and_what_to_write(tmp_path, edit, words):
@@ -133,3 +134,8 @@ def test_teacher_prompt_gets_the_context_of_its_categories_only():
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Plural of cat?"}]
     assert teacher_prompt("Capital of France?", "fact", ctx, ["plural"], chat=False) == "Capital of France?"
     assert teacher_prompt("x", None, (), None, chat=True) == [{"role": "user", "content": "x"}]
+
+
+def test_an_unknown_key_lists_lambda_as_written_in_yaml(tmp_path):
+    msg = _error(tmp_path, lambda d: _op(d).update({"betta": 1.0}))
+    assert "training.distillation.on_policy.betta: unknown key; expected one of: lambda, beta," in msg, msg

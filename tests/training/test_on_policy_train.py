@@ -71,7 +71,8 @@ def test_kill_mid_round_and_resume_ends_as_uninterrupted(tmp_path, demo_models, 
     assert sk["resumed_from_step"] == 6
     losses_w = [(m["step"], m["loss"], m["round"]) for m in pq.read_table(whole / "metrics.parquet").to_pylist()]
     losses_k = [(m["step"], m["loss"], m["round"]) for m in pq.read_table(killed / "metrics.parquet").to_pylist()]
-    assert [s for s, _, _ in losses_k] == list(range(1, 13)) and [r for _, _, r in losses_k] == [1] * 4 + [2] * 4 + [3] * 4
+    assert [s for s, _, _ in losses_k] == list(range(1, 13))
+    assert [r for _, _, r in losses_k] == [1] * 4 + [2] * 4 + [3] * 4
     for (s, lw, _), (_, lk, _) in zip(losses_w, losses_k):
         assert lk == pytest.approx(lw, rel=1e-6, abs=1e-7), s
     op_w, op_k = sw["on_policy"], sk["on_policy"]
