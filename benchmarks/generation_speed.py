@@ -15,7 +15,8 @@ prompts, at most N items per suite). Each (section, engine) runs in its own proc
 ``--repeats R`` runs the pairs R times, old and new alternating (a shared machine's load then falls on both).
 ``--tiny``: the demo teacher on cipher prompts (a test of the script; speed goals are not judged).
 
-Judged (exit 1 when missed): outputs token-identical to ``generate`` (in bf16, where padded-batch numerics can
+Judged on wall time (exit 1 when missed; the CPU-seconds ratio, which a shared machine's load distorts less, is
+reported beside it): outputs token-identical to ``generate`` (in bf16, where padded-batch numerics can
 flip a near-tie, each differing prompt is also generated alone, unpadded: the new engine must agree with that
 reference at least as often as the old path does), teacher >= 3x prompts/s, evaluation >= 2x, peak RSS <= 1.2x.
 """
@@ -134,20 +135,22 @@ def worker(a) -> int:
     gen.generate(jobs[0]["prompts"][:4], 4, logprobs=jobs[0]["logprobs"])  # warm-up (lazy init, probes)
     base = _rss_mb()
     out = {"engine": gen.engine, "dtype": gen.precision.dtype, "threads": torch.get_num_threads(), "suites": {}}
-    total_s = n_prompts = n_tokens = 0
+    total_s = total_cpu = n_prompts = n_tokens = 0
     for j in jobs:
         gen = generator(j.get("role"))
         gen.batch_size = j["batch_size"]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = gen.generate(j["prompts"], j["max_new_tokens"], logprobs=j["logprobs"])
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        total_cpu += cpu
         toks = sum(c.completion_tokens or 0 for c in res)
         total_s, n_prompts, n_tokens = total_s + dt, n_prompts + len(res), n_tokens + toks
-        out["suites"][j["name"]] = {"prompts": len(res), "seconds": round(dt, 3), "completion_tokens": toks,
+        out["suites"][j["name"]] = {"prompts": len(res), "seconds": round(dt, 3), "cpu_seconds": round(cpu, 3),
+                                    "completion_tokens": toks,
                                     "errors": sum(not c.ok for c in res), "shared_prefix": gen.last_shared_prefix,
                                     "token_ids": [c.token_ids for c in res]}
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out.update(seconds=round(total_s, 3), prompts=n_prompts, completion_tokens=n_tokens,
+    out.update(seconds=round(total_s, 3), cpu_seconds=round(total_cpu, 3), prompts=n_prompts, completion_tokens=n_tokens,
                prompts_per_s=round(n_prompts / total_s, 3), tokens_per_s=round(n_tokens / total_s, 1),
                peak_rss_mb=round(peak, 1), rss_before_mb=round(base, 1), log=lines[-3:])
     print(json.dumps(out))
@@ -227,11 +230,14 @@ def main() -> int:
              "new": {k: v for k, v in new.items() if k != "suites"},
              "old": {k: v for k, v in old.items() if k != "suites"},
              "per_suite": {n: {"new_s": round(total(1, "seconds", n), 3), "old_s": round(total(0, "seconds", n), 3),
+                               "new_cpu_s": round(total(1, "cpu_seconds", n), 3),
+                               "old_cpu_s": round(total(0, "cpu_seconds", n), 3),
                                "shared_prefix_new": s["shared_prefix"], "shared_prefix_old": old["suites"][n]["shared_prefix"],
                                "completion_tokens_new": s["completion_tokens"],
                                "completion_tokens_old": old["suites"][n]["completion_tokens"],
                                "differing_prompts": diff[n]} for n, s in new["suites"].items()},
              "prompts_per_s_ratio": round(total(0, "seconds") / total(1, "seconds"), 2),
+             "cpu_seconds_ratio": round(total(0, "cpu_seconds") / total(1, "cpu_seconds"), 2),  # load-robust
              "prompts_per_s_ratio_per_repeat": [round(o["seconds"] / nw["seconds"], 2) for o, nw in pairs],
              "peak_rss_ratio": round(max(p[1]["peak_rss_mb"] for p in pairs) / max(p[0]["peak_rss_mb"] for p in pairs), 3),
              "generation_rss_growth_mb": {"new": round(new["peak_rss_mb"] - new["rss_before_mb"], 1),
