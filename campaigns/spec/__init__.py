@@ -239,9 +239,10 @@ class CampaignSpec(_Strict):
                 "training.distillation.loss 'on_policy' needs a teacher that scores the student's samples during "
                 "training: teacher.backend 'transformers' (in process, beside the student) or 'openai' (a server that "
                 "returns prompt_logprobs, e.g. `vllm serve`); the offline 'vllm' backend only generates")
-        if d.skips_teacher and self.sweep is not None:
-            raise ValueError("training.distillation.on_policy.teacher_generations 'none' has no tokenized dataset for "
-                             "the sweep's trials: remove `sweep` or write `teacher_generations: generate`")
+        if self.sweep is not None:
+            raise ValueError("training.distillation.loss 'on_policy' does not run under a `sweep` yet (its trials train "
+                             "on the tokenized dataset only, without the student's samples and the teacher's scores): "
+                             "remove `sweep`, or sweep with loss 'sequence' or 'logits'")
         return self
 
     @model_validator(mode="after")

@@ -55,6 +55,10 @@ def _op(doc) -> dict:
     (lambda d: d["teacher"].update({"backend": "vllm"}),
      ["on_policy", "'transformers'", "'openai'", "prompt_logprobs"]),
     (lambda d: _op(d).update({"lambda": 1.5}), ["training.distillation.on_policy.lambda", "less than or equal to 1"]),
+    (lambda d: d.update({"sweep": {"space": {"training.learning_rate": {"type": "log_uniform", "low": 1e-4,
+                                                                        "high": 1e-3}},
+                                   "trials": 2, "rungs": {"min_steps": 10}, "budget_usd": 0.1}}),
+     ["'on_policy' does not run under a `sweep`", "remove `sweep`"]),
 ])
 def test_contradictions_name_the_file_field_and_what_to_write(tmp_path, edit, words):
     msg = _error(tmp_path, edit)
