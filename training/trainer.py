@@ -619,7 +619,11 @@ class LoraTrainer:
                         f"{'n/a' if mean is None else f'{mean:.4f}'}, teacher scored {acc.teacher_prefill_tokens} "
                         f"tokens")
         if self.is_main:
-            self.report.metrics({"kind": "on_policy_round", **row})
+            self.report.metrics({"kind": "on_policy_round", **row})  # the whole round (a budget guard charges it)
+            # and as an observation of the asset (the launcher turns train_metrics into AssetObservations)
+            self.report.metrics({"step": completed, "round": r + 1, "round_samples": acc.samples,
+                                 "round_sampled_tokens": acc.sampled_tokens, "round_mean_reverse_kl": mean,
+                                 "round_teacher_prefill_tokens": acc.teacher_prefill_tokens})
         if completed < self.total_steps:
             self.save_checkpoint(completed, reason="round")
 
