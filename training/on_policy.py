@@ -276,6 +276,12 @@ class RoundStore:
         torch.save({"format": ROUND_FORMAT, "samples": [asdict(s) for s in samples], "stats": stats}, tmp)
         os.replace(tmp, final)
 
+    def prune(self, before: int, rank: int) -> None:
+        """Delete ``rank``'s files of rounds before ``before`` (no kept checkpoint is inside them)."""
+        for f in self.dir.glob(f"round-*-rank{rank:03d}.pt"):
+            if int(f.name.split("-")[1]) < before:
+                f.unlink(missing_ok=True)
+
     def load(self, round_index: int, rank: int) -> tuple[list[ScoredSample], dict] | None:
         f = self.path(round_index, rank)
         if not f.exists():

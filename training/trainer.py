@@ -626,6 +626,9 @@ class LoraTrainer:
                                  "round_teacher_prefill_tokens": acc.teacher_prefill_tokens})
         if completed < self.total_steps:
             self.save_checkpoint(completed, reason="round")
+        # a relaunch resumes from the newest checkpoint, at this round's end or later: earlier rounds' files go (one
+        # resumed from an older checkpoint inside an earlier round would sample that round again)
+        self.round_store.prune(r, self.rank)
 
     def _on_policy_summary(self) -> dict:
         rows = self.round_stats

@@ -62,6 +62,7 @@ def test_kill_mid_round_and_resume_ends_as_uninterrupted(tmp_path, demo_models, 
     assert "resumed from checkpoint" in second and "round 2: samples read back" in second, second[-3000:]
     assert "round 3: 8 samples" in second and "round 1:" not in second
 
+    assert [p.name for p in (killed / "rounds").iterdir()] == ["round-00002-rank000.pt"]  # finished rounds pruned
     whole = Path(jobs["whole"].output_dir)
     a, b = _adapter(whole), _adapter(killed)
     assert a.keys() == b.keys() and a
