@@ -31,7 +31,7 @@ CONCURRENCY = 2  # requests in flight per worker
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
     yield ray
     ray.shutdown()
@@ -182,3 +182,38 @@ def test_the_budget_sees_every_worker_and_stops_the_whole_job(ray_cluster, tmp_p
         asked = srv.stats.as_dict()["received_by_prompt"]
     assert len(res.rows) == 48 and not any(r["error"] for r in res.rows) and res.stats.cache_hits >= 10
     assert len(asked) == 48 and sum(asked.values()) <= 48 + 2 * CONCURRENCY  # only the in-flight ones twice
+
+
+def test_the_rayjob_entry_point_runs_a_job_file_on_the_cluster(ray_cluster, tmp_path):
+    """``python -m campaign_orchestrator.scaleout --job JOB.json`` (a KubeRay RayJob's command), connected to the
+    module's cluster: rows in the output Parquet, a JSON summary, the cache filled; a bad job file exits 2."""
+    import json
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from campaign_orchestrator.scaleout.job import Job
+
+    with ServerThread(ServerConfig(latency_s=0.0)) as srv:
+        recipe, ident, cfg = _setup(tmp_path, srv)
+        pq.write_table(pa.Table.from_pylist(_prompts(20)), tmp_path / "prompts.parquet")
+        job = Job("teacher_generations", recipe, ident, str(tmp_path / "prompts.parquet"), str(tmp_path / "out.parquet"),
+                  vars(cfg), S.as_dict(), vars(_execution(shard_prompts=8)))
+        (tmp_path / "job.json").write_text(job.to_json())
+        address = ray_cluster.get_runtime_context().gcs_address
+        cmd = [sys.executable, "-m", "campaign_orchestrator.scaleout", "--job", str(tmp_path / "job.json"),
+               "--address", address, "--summary", str(tmp_path / "summary.json")]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ,
+                             "PYTHONPATH": os.getcwd()})
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert srv.stats.received == 20
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (summary["rows"], summary["generated"], summary["shards_total"], summary["shards_done"]) == (20, 20, 3, 3)
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [r["id"] for r in rows] == [str(i) for i in range(20)] and all(r["completion"] for r in rows)
+    assert json.loads((tmp_path / "summary.json").read_text())["ray"]["shards_total"] == 3
+    (tmp_path / "bad.json").write_text("{}")
+    bad = subprocess.run([*cmd[:4], str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "missing field" in bad.stderr

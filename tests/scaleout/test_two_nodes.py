@@ -29,6 +29,7 @@ from tests.support.testserver import ServerConfig, ServerThread
 pytestmark = pytest.mark.slow
 
 S = Sampling(max_new_tokens=8)
+N = 64  # prompts: 8 shards of 8, about a second each (0.25 s latency, 2 in flight per worker)
 RAY = shutil.which("ray", path=os.path.dirname(sys.executable))
 
 
@@ -63,11 +64,13 @@ def _kill_tree(p: subprocess.Popen) -> None:
 def two_nodes(tmp_path, monkeypatch):
     """Head and second node, each ``ray start --block`` in a process of its own (their daemons are its
     descendants): stopped by killing those process trees, never with ``ray stop`` (other Ray users here)."""
+    # token auth (Ray's default for local clusters, the token in ~/.ray/auth_token) for the nodes and this driver alike
+    # (set before ray is imported): a process that already used a cluster with token auth cannot use one without it
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
     ray = pytest.importorskip("ray")
     if RAY is None:
         pytest.skip("the ray command is not installed beside this python")
     port = _free_port()
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a throw-away cluster of this test's processes only
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAY_health_check_period_ms": "500",
            "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "0"}
     nodes = []
@@ -102,15 +105,22 @@ def test_both_nodes_do_shards_and_a_lost_node_s_shards_are_redone(two_nodes, tmp
     ray, head, second = two_nodes
     second_node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerPort"] and
                        n["NodeID"] != ray.get_runtime_context().get_node_id())
-    prompts = [{"id": str(i), "prompt": f"encode w{chr(97 + i % 26)}{chr(97 + i // 26)} ="} for i in range(48)]
-    with ServerThread(ServerConfig(latency_s=0.1)) as srv:
+    prompts = [{"id": str(i), "prompt": f"encode w{chr(97 + i % 26)}{chr(97 + i // 26)} ="} for i in range(N)]
+    with ServerThread(ServerConfig(latency_s=0.25)) as srv:
         spec = TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=2)
         recipe = BackendRecipe(spec)
         ident = recipe.build().identity
         cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))
-        ex = SimpleNamespace(replicas=2, num_cpus_per_replica=1.0, num_gpus_per_replica=0.0, shard_prompts=6,
+        ex = SimpleNamespace(replicas=2, num_cpus_per_replica=1.0, num_gpus_per_replica=0.0, shard_prompts=8,
                              max_shard_retries=2, ray_address=None)
         pool = ShardPool(replicas=2, num_cpus=1.0, max_shard_retries=2, start_timeout_s=120, log=print)
+        # both workers up first (one per node: one CPU each), so the stage below starts on both nodes at once
+        warm = [{"id": "w0", "prompt": "encode zz ="}, {"id": "w1", "prompt": "encode yy ="}]
+        run_generation_ray(warm, recipe, ident, S, cfg.open(), cfg, SimpleNamespace(**(vars(ex) | {"shard_prompts": 1})),
+                           pool=pool)
+        assert {ray.get(w.ready.remote(), timeout=120)["node_id"] for w in pool.workers} == {
+            n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        srv.stats.received_by_prompt.clear()
         done_on: list[str] = []
         box: dict = {}
 
@@ -146,7 +156,7 @@ def test_both_nodes_do_shards_and_a_lost_node_s_shards_are_redone(two_nodes, tmp
         res, run = box["out"]
         stats = srv.stats.as_dict()
 
-    assert len(res.rows) == 48 and not any(r["error"] for r in res.rows) and res.stats.generated == 48
+    assert len(res.rows) == N and not any(r["error"] for r in res.rows) and res.stats.generated == N
     assert len(run.nodes) == 2  # both nodes finished shards
     assert [x["shard"] for x in run.lost_workers] == [lost["shard"]]
     assert run.lost_workers[0]["worker"]["node_id"] == second_node
@@ -154,4 +164,4 @@ def test_both_nodes_do_shards_and_a_lost_node_s_shards_are_redone(two_nodes, tmp
     assert redone.attempts == 2 and second_node[:8] not in redone.worker  # redone on the surviving node
     asked = stats["received_by_prompt"]
     twice = [p for p, n in asked.items() if n > 1]
-    assert len(asked) == 48 and len(twice) <= 3, twice  # the lost node's in-flight prompts, no more
+    assert len(asked) == N and len(twice) <= 3, twice  # the lost node's in-flight prompts, no more
