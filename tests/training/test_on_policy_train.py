@@ -116,3 +116,45 @@ def test_two_ranks_sample_score_and_train_like_one_process(tmp_path, demo_models
     assert den > 0
     for k in g:
         torch.testing.assert_close(g[k], ref[k], rtol=1e-4, atol=1e-7, msg=k)
+
+
+def test_a_teacher_server_is_a_drop_in_for_the_in_process_teacher(tmp_path, demo_models, run_job):
+    """The same run with the teacher behind the project's own server (`python -m campaign_orchestrator.teacher
+    serve`, a real process: the `openai` backend and prompt_logprobs) and with the teacher in process: the same
+    samples, teacher tokens, reverse KL and adapter."""
+    import sys
+    import time
+
+    prompts = write_cipher_prompts(tmp_path / "prompts.parquet", 24, seed=3)
+    port_file = tmp_path / "port"
+    server = subprocess.Popen([sys.executable, "-m", "campaign_orchestrator.teacher", "serve", "--model",
+                               str(demo_models["teacher"]), "--served-name", "demo-teacher", "--port", "0",
+                               "--port-file", str(port_file), "--compute-dtype", "float32"],
+                              cwd=REPO_ROOT, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        local = run_job(on_policy_job(tmp_path / "local", demo_models, prompts, max_steps=8), "local")
+        deadline = time.monotonic() + 120
+        while not port_file.exists():
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()[-2000:]
+            time.sleep(0.05)
+        job = on_policy_job(tmp_path / "http", demo_models, prompts, max_steps=8)
+        teacher = {"backend": "openai", "model": "demo-teacher", "price": "unpriced",
+                   "base_url": f"http://127.0.0.1:{port_file.read_text()}/v1"}
+        job = job.model_copy(update={"on_policy": job.on_policy.model_copy(
+            update={"teacher_backend": "openai", "teacher": teacher, "teacher_model_path": None})})
+        http = run_job(job, "http")
+    finally:
+        torch.set_num_threads(threads)
+        server.terminate()
+        server.wait(30)
+    a, b = local["on_policy"], http["on_policy"]
+    assert (b["teacher_backend"], a["teacher_backend"]) == ("openai", "transformers") and a["rounds"] == b["rounds"] == 2
+    for k in ("samples", "sampled_tokens", "teacher_prefill_tokens"):
+        assert a[k] == b[k], k
+    assert b["mean_reverse_kl"] == pytest.approx(a["mean_reverse_kl"], rel=1e-5)
+    wa, wb = _adapter(tmp_path / "local"), _adapter(tmp_path / "http")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-6, msg=k)
