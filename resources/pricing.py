@@ -64,9 +64,20 @@ class PricingResource(ConfigurableResource):
 
     def bill(self, spec: CampaignSpec, stage: str, usage: dict) -> dict:
         """What ``stage`` spent for ``usage`` (``seconds``, ``prompt_tokens``/``completion_tokens``, the
-        ``device`` it ran on or the ``hardware`` key, ``parts``): ``{"lines", "usd", "billed_hardware",
+        ``device`` it ran on or the ``hardware`` key, ``parts``, ``rounds``): ``{"lines", "usd", "billed_hardware",
         "billing_note", "parts_usd"}``, ``lines`` as the ledger records them (None: an unpriced teacher,
-        unknown); see ``campaign_orchestrator.costs.catalog.stage_bill``."""
+        unknown); see ``campaign_orchestrator.costs.catalog.stage_bill``.
+
+        On-policy training (``training.distillation.loss: on_policy``) bills its teacher scoring beside the
+        training time, per round, from the trainer's summary::
+
+            rounds = summary["on_policy"]["per_round"]        # round, teacher_prefill_tokens, ...
+            scoring = pricing.bill(spec, "on_policy_scoring", {"rounds": rounds})
+            lines = train_bill["lines"] + scoring["lines"]    # None: price: unpriced (unknown, never $0)
+
+        An API teacher's prefills (prompt + student sample) are priced at its input price (one line per round,
+        stamped ``round``; ``parts_usd`` per round); a self-hosted teacher scores in process and its time is in
+        the training line (no line; ``billing_note`` says so). Student sampling is training-host time."""
         return bill_at(spec, self._catalog_path(spec), stage, usage)
 
     def gpu_required(self, spec: CampaignSpec) -> bool:
@@ -102,7 +113,13 @@ class PricingResource(ConfigurableResource):
         ("cuda"/"cpu"): a GPU-priced stage without a GPU is refused now unless ``training.allow_cpu_fallback``.
 
         ``limits``: a sweep rung's guard, ``[(what, cap_usd, spent_now)]`` (what is left of each cap is
-        watched, no planner check), ``part`` naming the rung within the step."""
+        watched, no planner check), ``part`` naming the rung within the step.
+
+        On-policy training with an API teacher: the ``student_adapter`` guard is timed and metered; charge each
+        finished round's teacher prefills as the trainer reports it (its ``on_policy_round`` message)::
+
+            guard.charge(prompt_tokens=row["teacher_prefill_tokens"], items=row["samples"],
+                         completion_tokens=row.get("teacher_completion_tokens", 0))"""
         from campaign_orchestrator.costs.budget import BudgetGuard, Limit, limits_for
         from campaign_orchestrator.costs.planner import PlanError
 
@@ -133,6 +150,8 @@ class PricingResource(ConfigurableResource):
         # priced exactly as the ledger will price it; a cache hit costs nothing
         timed = {} if teacher else {"line_fn": _line_fn(spec, stage, catalog, {})}
         metered = {"metered": _teacher_meter(spec, catalog)} if teacher else {}
+        if stage == "student_adapter" and spec.training.distillation.loss == "on_policy" and spec.teacher.api:
+            metered = {"metered": _on_policy_meter(spec, catalog)}  # the teacher's prefills, charged per round
         guard = BudgetGuard(**step, limits=limits_, log=context.log.info, on_exceeded=BudgetStop,
                             **timed, **metered, **({"clock": clock} if clock is not None else {}))
         if limits_:
@@ -159,6 +178,16 @@ def _teacher_meter(spec: CampaignSpec, catalog: Catalog):
     return lambda u: stage_bill(spec, catalog, "teacher_generations",
                                 {"seconds": u.seconds, "prompt_tokens": u.prompt_tokens,
                                  "completion_tokens": u.completion_tokens})["lines"] or []
+
+
+def _on_policy_meter(spec: CampaignSpec, catalog: Catalog):
+    """The on-policy guard's lines for the teacher prefills charged so far (``stage_bill`` of
+    ``on_policy_scoring``, as the ledger prices them)."""
+    def lines(u) -> list[dict]:
+        usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
+        return stage_bill(spec, catalog, "on_policy_scoring", usage)["lines"] or []
+
+    return lines
 
 
 def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog, usage: dict):

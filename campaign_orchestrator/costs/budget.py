@@ -77,16 +77,19 @@ class BudgetGuard:
     """Watches one attempt of one stage. ``line_fn(seconds, items_done)`` gives the cost lines of
     the work done so far (time on hardware since the guard was made); a metered stage passes
     ``metered(usage)`` instead, the lines of the :class:`Usage` its paid work reported through
-    :meth:`charge`. With no limits the guard only keeps count. ``part`` names the piece of work
-    within the step (a sweep's trial and rung) when one step runs several guarded attempts."""
+    :meth:`charge`; a timed stage that also pays for reported usage (on-policy training with an API teacher:
+    its prefills, charged per round) passes both, and accrues their sum. With no limits the guard only keeps
+    count. ``part`` names the piece of work within the step (a sweep's trial and rung) when one step runs
+    several guarded attempts."""
 
     def __init__(self, *, ledger: Ledger, campaign: str, stage: str, run_id: str, step_key: str, attempt: int,
                  stage_key: str | None, limits: list[Limit], line_fn: Callable[[float, int], list[dict]] | None = None,
                  metered: Callable[[Usage], list[dict]] | None = None,
                  log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
                  on_exceeded: Callable[[BudgetExceeded], BaseException] = lambda e: e, part: str | None = None):
-        if (line_fn is None) == (metered is None):
-            raise ValueError("BudgetGuard needs exactly one of line_fn (timed work) and metered (reported usage)")
+        if line_fn is None and metered is None:
+            raise ValueError("BudgetGuard needs line_fn (timed work), metered (reported usage), or both (timed work "
+                             "that also pays for reported usage: on-policy training's teacher prefills)")
         self.ledger, self.campaign, self.stage = ledger, campaign, stage
         self.run_id, self.step_key, self.attempt, self.stage_key = run_id, step_key, attempt, stage_key
         self.limits, self.line_fn, self.metered, self.log, self.clock = limits, line_fn, metered, log, clock
@@ -138,10 +141,12 @@ class BudgetGuard:
         self.check(final=final)
 
     def accrued_lines(self) -> list[dict]:
+        """What this attempt has accrued: time on hardware (``line_fn``) and reported usage (``metered``)."""
+        lines = [] if self.line_fn is None else list(self.line_fn(self.clock() - self.t0, self.items))
         if self.metered is not None:
             with self._lock:
-                return self.metered(Usage(**vars(self.usage)))
-        return self.line_fn(self.clock() - self.t0, self.items)
+                lines += self.metered(Usage(**vars(self.usage)))
+        return lines
 
     def accrued_usd(self) -> float:
         return float(sum(x["usd"] for x in self.accrued_lines()))

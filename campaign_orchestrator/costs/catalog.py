@@ -353,9 +353,51 @@ def billed_hardware(spec, catalog, device_type: str, what: str = "training") -> 
 
 # stage -> what its money buys (a line's kind), and whether its hardware time counts hosts and devices
 STAGE_KIND = {"teacher_generations": "teacher", "teacher_scoring": "evaluation", "student_adapter": "training",
-              "hparam_sweep": "training", "evaluation": "evaluation", "drift_evaluation": "evaluation"}
+              "hparam_sweep": "training", "evaluation": "evaluation", "drift_evaluation": "evaluation",
+              "on_policy_scoring": "teacher"}
 TEACHER_STAGES = ("teacher_generations", "teacher_scoring")
-USAGE_FIELDS = ("seconds", "prompt_tokens", "completion_tokens", "device", "hardware", "parts")
+ON_POLICY_SCORING = "on_policy_scoring"  # the teacher's prefills of the student's samples, inside student_adapter
+USAGE_FIELDS = ("seconds", "prompt_tokens", "completion_tokens", "device", "hardware", "parts", "rounds")
+
+
+def on_policy_scoring_lines(spec, catalog: Catalog, prefill_tokens: int, completion_tokens: int = 0
+                            ) -> tuple[list[dict] | None, str | None]:
+    """(lines, note) of the teacher scoring the student's samples (on-policy distillation): an API teacher
+    (``teacher.price``) bills the prefills (prompt + sample) at its *input* price, and what it generated besides
+    (the one token per request vLLM needs) at its output price; a self-hosted teacher scores in process on the
+    training host, whose time the training line already bills: no line of its own. None: ``price: unpriced``."""
+    entry = teacher_entry(spec, catalog)
+    if entry is None:
+        return None, None
+    if not spec.teacher.api:
+        return [], (f"the teacher scored the student's samples in process ({spec.teacher.backend}): its time is "
+                    "billed in the training line")
+    lines = token_lines("teacher", entry, prefill_tokens, completion_tokens, batch=spec.cost.teacher_batch_api)
+    return [line for line in lines if line["quantity"] > 0 or line["price_key"].endswith(":input")], None
+
+
+def _on_policy_bill(spec, catalog: Catalog, usage: dict) -> dict:
+    """``stage_bill`` of ``on_policy_scoring``: ``rounds`` (the trainer's per-round rows: ``round``,
+    ``teacher_prefill_tokens``, optional ``teacher_completion_tokens``) gives one set of lines per round, each line
+    stamped with its ``round`` (``parts_usd``: dollars per round); or ``prompt_tokens``/``completion_tokens``."""
+    rounds = usage.get("rounds")
+    if rounds is None:
+        rounds = [{"round": None, "teacher_prefill_tokens": int(usage.get("prompt_tokens", 0)),
+                   "teacher_completion_tokens": int(usage.get("completion_tokens", 0))}]
+    lines: list[dict] | None = []
+    note, parts = None, {}
+    for r in rounds:
+        got, note = on_policy_scoring_lines(spec, catalog, int(r.get("teacher_prefill_tokens", 0)),
+                                            int(r.get("teacher_completion_tokens", 0)))
+        if got is None:
+            lines = None
+            break
+        if r.get("round") is not None:
+            got = [line | {"round": int(r["round"])} for line in got]
+            parts[f"round {int(r['round'])}"] = total(got)
+        lines += got
+    return {"lines": lines, "usd": None if lines is None else total(lines), "billed_hardware": None,
+            "billing_note": note, "parts_usd": parts if lines is not None else {}}
 
 
 def catalog_for(spec, path: str | Path) -> Catalog:
@@ -379,13 +421,17 @@ def stage_bill(spec, catalog: Catalog, stage: str, usage: dict) -> dict:
     ``device`` ("cuda"/"cpu") the work ran on (billed at the hardware used: ``billed_hardware``), or
     ``hardware`` (a catalog key, as is); ``parts``: {name: seconds} shares of ``seconds`` priced alike.
     The teacher stages (``teacher_generations``, ``teacher_scoring``) are priced by the teacher's one price
-    field (``teacher_lines``); ``lines`` is None when it is unpriced (unknown, never $0)."""
+    field (``teacher_lines``); ``lines`` is None when it is unpriced (unknown, never $0). ``on_policy_scoring``
+    (the teacher's prefills of the student's samples in on-policy training, billed with ``student_adapter``) is
+    priced per round from ``rounds`` (``_on_policy_bill``, ``on_policy_scoring_lines``)."""
     if stage not in STAGE_KIND:
         raise ValueError(f"no pricing for stage {stage!r}; stages that spend: {sorted(STAGE_KIND)}")
     unknown = set(usage) - set(USAGE_FIELDS)
     if unknown:
         raise ValueError(f"usage of {stage}: unknown field(s) {sorted(unknown)}; expected {list(USAGE_FIELDS)}")
     kind, seconds = STAGE_KIND[stage], float(usage.get("seconds", 0.0))
+    if stage == ON_POLICY_SCORING:
+        return _on_policy_bill(spec, catalog, usage)
     if stage in TEACHER_STAGES:
         lines = teacher_lines(spec, catalog, seconds, int(usage.get("prompt_tokens", 0)),
                               int(usage.get("completion_tokens", 0)), kind=kind)

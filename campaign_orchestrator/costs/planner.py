@@ -115,6 +115,9 @@ def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, st
             "heldout_prompt_tokens_student": _mean_tokens(s_tok, held_sample) + s_over,
             "heldout_prompt_tokens_teacher": _mean_tokens(t_tok, held_sample) + t_over,
             "template_tokens": {"teacher": t_over, "student": s_over},
+            # the share of training prompts the teacher is asked with its context (teacher.context_categories)
+            "context_share": (sum(r.get("category") in spec.teacher.context_categories for r in train) / len(train)
+                              if spec.teacher.context_categories is not None and train else 1.0),
             "shared_prefix_tokens": max(0.0, t_over - s_over),
             "suites": suite_sizes(spec, repo_root, s_tok, len(held), _mean_tokens(s_tok, held_sample) + s_over, s_over),
             "tokenizer": "model tokenizer" if t_tok is not None else "~4 characters per token"}
@@ -220,12 +223,25 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     sdt = compute_dtype_on(spec.student.quantization.compute_dtype, entry)
     seconds = (flops / (tr.world_size * peak_flops(entry, sdt) * pl.mfu)
                + steps * _perf(entry, "step_overhead_s") + _perf(entry, "train_startup_s"))
+    on_policy = None
+    if tr.distillation.loss == "on_policy":  # the student samples, the teacher scores: time and money of their own
+        on_policy = plan_on_policy(spec, catalog, facts, teacher, student, entry, steps, rows_per_step, sdt)
+        seconds += on_policy["sampling_seconds"] + (on_policy["scoring_seconds_in_process"] or 0.0)
+        if spec.training.distillation.skips_teacher:
+            out.pop("teacher_generations")  # no teacher stage in the graph
     qty, usd = _hours_usd(entry, seconds, tr.nodes, tr.world_size, c.pricing_tier)
     out["student_adapter"] = {"steps": steps, "sequences": steps * rows_per_step, "tokens": tokens,
                               "labelled_tokens": labelled, "flops": flops,
                               "seconds": seconds, "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd,
                               "compute_dtype": sdt, "peak_gflops": peak_flops(entry, sdt) / 1e9,
                               "startup_s": _perf(entry, "train_startup_s")}  # one launch's share of ``seconds``
+    if on_policy is not None:
+        sa = out["student_adapter"]
+        sa["on_policy"] = on_policy | {"training_host_usd": usd}
+        if on_policy["teacher_usd"] is None:
+            sa |= {"usd": None, "unknown": on_policy["unknown"]}
+        else:
+            sa["usd"] = usd + on_policy["teacher_usd"]
 
     # hparam_sweep: every rung's surviving trials × that rung's new steps (trials continue from their checkpoints),
     # one launch (startup) per trial per rung
@@ -267,6 +283,56 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
             est["unknown"] = scoring[0]["unknown"]
     out["evaluation"] = est
     return out
+
+
+def plan_on_policy(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: ModelShape | None,
+                   student: ModelShape, entry: PriceEntry, steps: int, rows_per_step: int, dtype: str) -> dict:
+    """On-policy training's own work (``training.distillation.loss: on_policy``), inside ``student_adapter``:
+
+    - student sampling: ``lambda`` x the steps after the off-policy warm start, one sample per row of each such
+      step, in rounds of ``samples_per_round`` (each rank decodes its share, a round as one batch, up to
+      ``max_new_tokens``; the mean sample is ``completion_fill`` of it): training-host time;
+    - teacher scoring: one prefill per sample (the teacher's rendered prompt, its context included, + the
+      sample). An API teacher (``teacher.price``) bills those tokens at its *input* price (plus the one output
+      token per sample vLLM generates); a self-hosted teacher scores in process on the training host: roofline
+      prefill time (the context shared by a round's prompts prefilled once per round), billed with the training
+      (``scoring_seconds_in_process``)."""
+    op, tr, pl, c, t = spec.training.distillation.on_policy, spec.training, spec.cost.planner, spec.cost, spec.teacher
+    warm = op.warmup_steps if op.warmup == "sequence_kd" else 0
+    on_steps = max(0, math.ceil((steps - warm) * op.lambda_)) if steps > warm else 0
+    samples = on_steps * rows_per_step
+    rounds = math.ceil(samples / op.samples_per_round) if samples else 0
+    new_tok = op.max_new_tokens * pl.completion_fill
+    world = tr.world_size
+    per_rank = math.ceil(samples / world)
+    sampling = 0.0
+    if per_rank:
+        sampling = generation_seconds(student.active_params, student.params * DTYPE_BYTES[dtype], per_rank,
+                                      facts["prompt_tokens_student"], new_tok, max(1, op.samples_per_round // world),
+                                      entry, pl.generation_mfu, dtype, op.max_new_tokens) \
+            - _perf(entry, "generate_startup_s")  # the student is loaded already
+    # the teacher's prompt: its context only before the prompts of teacher.context_categories
+    t_prompt = facts["prompt_tokens_student"] + facts.get("context_share", 1.0) * (
+        facts["prompt_tokens_teacher"] - facts["prompt_tokens_student"])
+    prefill = samples * (t_prompt + new_tok)
+    out = {"on_policy_steps": on_steps, "off_policy_steps": steps - on_steps, "samples": samples, "rounds": rounds,
+           "samples_per_round": op.samples_per_round, "sampled_tokens": samples * new_tok,
+           "sampling_seconds": sampling, "teacher_prefill_tokens": prefill, "scoring_seconds_in_process": None,
+           "teacher_price_key": t.price_key or "unpriced", "teacher_usd": 0.0}
+    from campaign_orchestrator.costs.catalog import on_policy_scoring_lines
+
+    lines, _note = on_policy_scoring_lines(spec, catalog, int(round(prefill)), samples if t.api else 0)
+    if lines is None:
+        return out | {"teacher_usd": None, "unknown": "teacher.price is `unpriced`"}
+    if t.api:
+        return out | {"teacher_usd": float(sum(x["usd"] for x in lines))}
+    shape = teacher or student  # in process: the teacher's prefills on the training host, every rank its share
+    tdt = compute_dtype_on(t.compute_dtype, entry)
+    # in process, the context every prompt of a round shares is prefilled once per round
+    shared = facts.get("shared_prefix_tokens", 0.0) * facts.get("context_share", 1.0)
+    computed = max(0.0, prefill - shared * max(0, samples - rounds))
+    flops = 2 * shape.active_params * computed
+    return out | {"scoring_seconds_in_process": flops / (world * peak_flops(entry, tdt) * pl.mfu)}
 
 
 def plan_sweep(spec: CampaignSpec, entry: PriceEntry, step_s: float, startup_s: float) -> dict:
@@ -430,7 +496,8 @@ def render_plan(plan: dict) -> str:
     for name, s in plan["stages"].items():
         secs = "—" if s.get("seconds") is None else f"{s['seconds']:.0f} s"
         extra = (f"{s['tokens']:,.0f} teacher tokens" if name == "teacher_generations"
-                 else f"{s['steps']} steps, {s['tokens']:,.0f} tokens" if name == "student_adapter"
+                 else f"{s['steps']} steps, {s['tokens']:,.0f} tokens" + _on_policy_text(s.get("on_policy"))
+                 if name == "student_adapter"
                  else (f"{s['trials']} trials, rungs " + " → ".join(f"{r['trials']}×{r['steps']}" for r in s["rungs"])
                        + f", {s['steps']} steps" + (f", cap ${s['cap_usd']:g}" if s["cap_usd"] else ""))
                  if name == "hparam_sweep"
@@ -446,6 +513,17 @@ def render_plan(plan: dict) -> str:
     if plan.get("scaleout"):
         lines += render_scaleout(plan["scaleout"])
     return "\n".join(lines)
+
+
+def _on_policy_text(op: dict | None) -> str:
+    """The student_adapter row's on-policy part: rounds, student sampling time, teacher prefills and their price."""
+    if not op:
+        return ""
+    usd = "unknown" if op["teacher_usd"] is None else f"${op['teacher_usd']:.6f}"
+    where = (f"in process, {op['scoring_seconds_in_process']:.0f} s on the training host"
+             if op["scoring_seconds_in_process"] is not None else f"{usd} at {op['teacher_price_key']}")
+    return (f"; on-policy: {op['rounds']} rounds, {op['samples']:,} student samples ({op['sampling_seconds']:.0f} s "
+            f"sampling), teacher prefill {op['teacher_prefill_tokens']:,.0f} tokens ({where})")
 
 
 def _moe_lines(m: dict) -> list[str]:

@@ -7,7 +7,8 @@ Figures (``cost_per_result``):
   result's cost is every line paid for the stage outputs it used, in whichever run they were
   produced (a cached stage is part of the result's cost but not of this run's spend,
   ``spent_this_run_usd``), including the spend of attempts a budget stopped (``interrupted_usd``).
-* ``usd_per_million_teacher_tokens``: teacher spend / (prompt + completion tokens / 1e6).
+* ``usd_per_million_teacher_tokens``: teacher spend / (prompt + completion tokens / 1e6); on-policy training
+  adds the tokens the teacher prefilled to score the student's samples (``on_policy_scoring`` lines).
 * ``usd_per_1k_accepted_examples``: teacher spend (what making the training data cost; rejected
   generations are paid for too) × 1000 / examples that passed the filters.
 * ``usd_per_point_gained_lcb``: total / (lower 95% bound of candidate − base, in percentage
@@ -196,9 +197,11 @@ def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dic
     ev = manifests.get("evaluation")
     gain = gain_interval(ev, primary_suite) if ev else None
     unknown = unknown_costs(manifests)
+    # on-policy training pays the teacher for prefills of the student's samples (its own ledger lines, per round)
+    scored = int((adapter.get("on_policy") or {}).get("teacher_prefill_tokens", 0))
     figures = cost_per_result(
         lines, accepted_examples=int(dist.get("rows", 0)),
-        teacher_tokens=int(gen.get("prompt_tokens", 0) + gen.get("completion_tokens", 0)), gain=gain,
+        teacher_tokens=int(gen.get("prompt_tokens", 0) + gen.get("completion_tokens", 0)) + scored, gain=gain,
         teacher_seconds=gen.get("wall_seconds"), training_tokens=adapter.get("tokens"),
         training_seconds=adapter.get("train_seconds"), unknown=unknown)
     spent_run = ledger.spent(campaign, run_id=run_id)
