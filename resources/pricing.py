@@ -116,10 +116,8 @@ class PricingResource(ConfigurableResource):
         watched, no planner check), ``part`` naming the rung within the step.
 
         On-policy training with an API teacher: the ``student_adapter`` guard is timed and metered; charge each
-        finished round's teacher prefills as the trainer reports it (its ``on_policy_round`` message)::
-
-            guard.charge(prompt_tokens=row["teacher_prefill_tokens"], items=row["samples"],
-                         completion_tokens=row.get("teacher_completion_tokens", 0))"""
+        finished round's teacher prefills as the trainer reports it (its ``on_policy_round`` message) with
+        ``charge_round(guard, row)`` (this module)."""
         from campaign_orchestrator.costs.budget import BudgetGuard, Limit, limits_for
         from campaign_orchestrator.costs.planner import PlanError
 
@@ -178,6 +176,19 @@ def _teacher_meter(spec: CampaignSpec, catalog: Catalog):
     return lambda u: stage_bill(spec, catalog, "teacher_generations",
                                 {"seconds": u.seconds, "prompt_tokens": u.prompt_tokens,
                                  "completion_tokens": u.completion_tokens})["lines"] or []
+
+
+def charge_round(guard, row: dict) -> None:
+    """Charge one finished on-policy round (the trainer's ``on_policy_round`` row: ``teacher_prefill_tokens``,
+    ``samples``, optional ``teacher_completion_tokens``) to a ``student_adapter`` guard; the guard then checks the
+    budget. A guard that is not metered (an in-process teacher: its time is the training's) only checks."""
+    if guard is None:
+        return
+    if guard.metered is None:
+        guard.check()
+        return
+    guard.charge(prompt_tokens=int(row.get("teacher_prefill_tokens", 0)), items=int(row.get("samples", 0)),
+                 completion_tokens=int(row.get("teacher_completion_tokens", 0)))
 
 
 def _on_policy_meter(spec: CampaignSpec, catalog: Catalog):

@@ -82,7 +82,7 @@ def test_an_in_process_teacher_has_no_line_of_its_own_and_unpriced_is_unknown(ca
 def test_the_training_guard_counts_time_and_the_rounds_teacher_prefills(tmp_path, catalog):
     """A timed guard that is also metered: the rounds' prefills charged as they finish stop training when the
     next round would cross the budget, and the stop records both kinds of spend as interrupted."""
-    from resources.pricing import _line_fn, _on_policy_meter
+    from resources.pricing import _line_fn, _on_policy_meter, charge_round
 
     spec = on_policy_spec()
     now = [0.0]
@@ -93,7 +93,7 @@ def test_the_training_guard_counts_time_and_the_rounds_teacher_prefills(tmp_path
                         clock=lambda: now[0], log=lambda _m: None)
     in_usd = catalog.get("api-open-70b").token_usd()[0]
     now[0] = 36.0
-    guard.charge(prompt_tokens=5000, items=16)
+    charge_round(guard, {"round": 0, "samples": 16, "teacher_prefill_tokens": 5000})
     kinds = [x["kind"] for x in guard.accrued_lines()]
     training = stage_bill(spec, catalog, "student_adapter", {"seconds": 36.0})["usd"]
     assert kinds == ["training", "teacher"]
