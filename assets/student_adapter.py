@@ -156,12 +156,18 @@ def moe_metadata(moe: dict | None) -> dict:
     }
 
 
-def on_policy_metadata(op: dict | None) -> dict:
-    """An on-policy run's rounds: how many, samples, teacher tokens scored (prefill), mean reverse KL, and the
-    per-round table."""
+def on_policy_metadata(op: dict | None, manifest: dict | None = None) -> dict:
+    """An on-policy run's rounds: how many, samples, teacher tokens scored (prefill), mean reverse KL, the
+    per-round table, and what the teacher's scoring cost (an API teacher: its input price; in process: in the
+    training line)."""
     if not op:
         return {}
-    return {"on_policy_rounds": op["rounds"], "on_policy_steps": op["on_policy_steps"],
+    m = manifest or {}
+    return {"teacher_scoring_usd": m.get("on_policy_scoring_usd"),
+            "teacher_scoring_note": m.get("on_policy_scoring_note"),
+            "teacher_scoring_usd_by_round": MetadataValue.json(m["on_policy_scoring_rounds_usd"])
+            if m.get("on_policy_scoring_rounds_usd") else None,
+            "on_policy_rounds": op["rounds"], "on_policy_steps": op["on_policy_steps"],
             "off_policy_steps": op["off_policy_steps"], "student_samples": op["samples"],
             "teacher_tokens_scored": op["teacher_prefill_tokens"], "sampled_tokens": op["sampled_tokens"],
             "mean_reverse_kl": op.get("mean_reverse_kl"), "sampling_seconds": op["sampling_seconds"],
@@ -280,10 +286,18 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
         lines, billed, note = bill["lines"], bill["billed_hardware"], bill["billing_note"]
         if note:
             context.log.warning(note)
+        scoring = None
+        if summary.get("on_policy"):  # the teacher's prefills of the student's samples, one set of lines per round
+            scoring = pricing.bill(spec, "on_policy_scoring", {"rounds": summary["on_policy"]["per_round"]})
+            lines = None if lines is None or scoring["lines"] is None else lines + scoring["lines"]
+            if scoring["billing_note"]:
+                context.log.info(scoring["billing_note"])
         sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
                    "metrics_path": str(out / "metrics.parquet"), "logs": launched["logs"],
                    "wall_seconds": wall, "cost_lines": lines, "billed_hardware": billed,
-                   **({"billing_note": note} if note else {})})
+                   **({"billing_note": note} if note else {}),
+                   **({"on_policy_scoring_usd": scoring["usd"], "on_policy_scoring_rounds_usd": scoring["parts_usd"],
+                       "on_policy_scoring_note": scoring["billing_note"]} if scoring is not None else {})})
     m = sd.manifest()
     sm = m["summary"]
     md = base_metadata(m, cached) | {
@@ -299,7 +313,7 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
         "gpu_hours": float(sum(line["quantity"] for line in m["cost_lines"] if line["unit"] == "gpu-hour")),
         "device": sm.get("device"), "billed_hardware": m.get("billed_hardware"), "billing_note": m.get("billing_note"),
         "compute_dtype": sm.get("compute_dtype"), "compute_dtype_reason": sm.get("compute_dtype_reason"),
-    } | on_policy_metadata(sm.get("on_policy")) | profile_metadata(m["path"])
+    } | on_policy_metadata(sm.get("on_policy"), m) | profile_metadata(m["path"])
     if sm.get("merged_dir"):
         md["merged_model"] = MetadataValue.path(sm["merged_dir"])
     md |= moe_metadata(sm.get("moe"))
