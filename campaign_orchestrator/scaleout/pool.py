@@ -102,6 +102,15 @@ class _Running:
                                                 "completion_tokens": 0, "seconds": 0.0})
 
 
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _lost(e: BaseException) -> bool:
     """The worker is gone (actor died, node lost), as opposed to the engine raising inside it."""
     import ray.exceptions as rx
@@ -168,17 +177,28 @@ class ShardPool:
         if workers and wait_s > 0:
             probes = [w.ready.remote() for w in workers]
             ray.wait(probes, num_returns=len(probes), timeout=wait_s)
+            # Ray may report an actor dead before its process has exited (and released its spool's lock): wait for
+            # the processes on this machine too
+            import psutil
+
+            host = os.uname().nodename
+            pids = [self.where[w]["pid"] for w in workers if self.where.get(w, {}).get("host") == host]
+            deadline = time.monotonic() + wait_s
+            while pids and time.monotonic() < deadline:
+                pids = [p for p in pids if _alive(p)]
+                if pids:
+                    time.sleep(0.05)
 
     # ------------------------------------------------------------------ shards
     def run(self, recipe, cache, shards: list, sampling, *, limits: str | None = None, on_usage: Callable[[dict], None] | None = None,
             on_shard: Callable[[dict], None] | None = None,
-            before_retry: Callable[[object], None] | None = None) -> dict[str, dict]:
+            before_retry: Callable[[object, dict], None] | None = None) -> dict[str, dict]:
         """Run every shard with ``recipe``'s engine into ``cache`` (a :class:`~campaign_orchestrator.scaleout.worker.
         CacheConfig`; ``limits``: the name of the job's shared rate limits); returns ``{key: row}`` of the requests that failed (errors are never cached).
         ``on_usage(delta)``: new generations' ``generated``, ``failed``, ``prompt_tokens``,
         ``completion_tokens``, ``seconds`` since the last call (any worker); ``on_shard(summary)`` per finished
-        shard (``summary``: the worker's :class:`ShardProgress` plus ``worker``); ``before_retry(shard)`` runs
-        before a lost shard is submitted again (the driver seals dead spools there)."""
+        shard (``summary``: the worker's :class:`ShardProgress` plus ``worker``); ``before_retry(shard, worker)`` runs
+        before a lost shard is submitted again (the driver seals the dead worker's spool there)."""
         import ray
 
         self.lost_workers, self.retried = [], []
@@ -248,7 +268,7 @@ class ShardPool:
                         if r.attempt > self.max_shard_retries:
                             raise ShardFailed(r.shard.id, where, reason, r.attempt) from e
                         if before_retry is not None:
-                            before_retry(r.shard)
+                            before_retry(r.shard, where)
                         self.retried.append({"shard": r.shard.id, "attempt": r.attempt + 1})
                         queue.appendleft((r.shard, r.attempt + 1))
                         if len(self.workers) < want:

@@ -85,7 +85,7 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
     with_context = None if context_categories is None else [p.get("category") in context_categories for p in prompts]
     reqs = build_requests(identity, sampling, [p["prompt"] for p in prompts], chat, context, with_context)
     st.requests = sum(len(r) for r in reqs)
-    st.recovered_rows = cache.recover()
+    st.recovered_rows = cache.recover() + cache_config.recover()  # no worker of this stage is writing yet
     if st.recovered_rows:
         log(f"recovered {st.recovered_rows} generations a previous run finished before it stopped")
     cache.compact()
@@ -154,10 +154,10 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
         limits = start_limits(limits_id, *rate_limits)
         try:
             failed_rows = pool.run(recipe, cache_config, todo, sampling, limits=limits_id if limits else None,
-                                   on_usage=on_usage, on_shard=shard_done, before_retry=lambda _s: cache.recover())
+                                   on_usage=on_usage, on_shard=shard_done, before_retry=lambda _s, w: cache_config.recover(w.get("spool") or None) if w.get("spool") else 0)
         except BaseException:  # a budget stop, a failed shard: what the stopped workers finished goes to the cache
             try:
-                log(f"generation stopped; {cache.recover()} answers the stopped workers finished are sealed into the "
+                log(f"generation stopped; {cache_config.recover()} answers the stopped workers finished are sealed into the "
                     f"cache ({cache.store.url}); a re-run continues from there")
             except Exception as e:  # noqa: BLE001 - keep the original error; the spools stay for the next run
                 log(f"generation stopped, and sealing the workers' spools failed too ({e})")
@@ -171,7 +171,7 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
                 ray.kill(limits)
         run.lost_workers, run.retried = pool.lost_workers, pool.retried
     run.wall_s = time.perf_counter() - t_gen
-    cache.recover()
+    cache_config.recover()  # every worker is done: seal what any of them left
     results = cache.lookup(per_key)
     results |= {k: v for k, v in failed_rows.items() if k not in results}
     # paid in this run: what the cache lacked at the start and was answered since (a lost worker's finished part

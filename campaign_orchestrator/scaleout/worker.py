@@ -2,8 +2,7 @@
 
 :class:`GenerationWorker` is a plain class (``ray.remote`` is applied by the pool, :func:`worker_class`), so
 it is importable and testable without Ray. It builds its engine once from a recipe, owns a writer of the
-generation cache, and per shard: seals spools a dead worker left on this node, looks the shard's keys up,
-asks only what the cache lacks, writes each finished generation to its spool as it finishes (flushed per
+generation cache (its own spool directory), and per shard: looks the shard's keys up, asks only what the cache lacks, writes each finished generation to its spool as it finishes (flushed per
 row: it survives this process's death) and seals the shard into one Parquet file of the cache at the end.
 ``progress()`` (answered while a shard runs: the actor has two threads) tells the driver what the running
 shard has paid for so far.
@@ -16,6 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -29,13 +29,26 @@ class CacheConfig:
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
 
-    def open(self, shard_rows: int = 256, shard_seconds: float = 15.0):
+    def open(self, shard_rows: int = 256, shard_seconds: float = 15.0, worker: str | None = None):
+        """The cache; ``worker``: a worker's own spool directory (``<spool_dir>/workers/<worker>``), so no other
+        process's recovery ever races a live worker opening a spool."""
         from campaign_orchestrator.teacher.blobstore import open_store
         from campaign_orchestrator.teacher.cache import GenerationCache
 
         store = open_store(self.store_url, endpoint_url=self.s3_endpoint_url, region=self.s3_region)
-        return GenerationCache(store, self.namespace, self.spool_dir, shard_rows=shard_rows,
-                               shard_seconds=shard_seconds)
+        spool = Path(self.spool_dir) / "workers" / worker if worker else self.spool_dir
+        return GenerationCache(store, self.namespace, spool, shard_rows=shard_rows, shard_seconds=shard_seconds)
+
+    def recover(self, worker: str | None = None) -> int:
+        """Seal what dead writers left: one worker's spool directory, or (``worker`` None: only when no worker of
+        this cache is writing) the driver's and every worker's."""
+        if worker:
+            return self.open(worker=worker).recover()
+        n = self.open().recover()
+        workers = Path(self.spool_dir) / "workers"
+        for d in sorted(workers.iterdir()) if workers.is_dir() else []:
+            n += self.open(worker=d.name).recover()
+        return n
 
 
 @dataclass
@@ -70,13 +83,16 @@ class GenerationWorker:
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
         self._current: ShardProgress | None = None
+        import uuid
+
+        self.spool = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this worker's own spool directory
         if threads:
             os.environ["OMP_NUM_THREADS"] = str(threads)
 
     # ------------------------------------------------------------------ identity, set-up
     def where(self) -> dict:
         """The worker as a shard failure names it: node, actor, process."""
-        out = {"pid": os.getpid(), "host": os.uname().nodename}
+        out = {"pid": os.getpid(), "host": os.uname().nodename, "spool": self.spool}
         try:
             import ray
 
@@ -121,8 +137,7 @@ class GenerationWorker:
 
             buckets = shared_buckets(limits) if limits else (None, None)
             client.buckets = buckets if buckets != (None, None) else None  # the job's buckets, not this worker's
-        gc = cache.open(shard_rows=max(256, len(requests) + 1), shard_seconds=float("inf"))
-        gc.recover()  # spools a worker that died on this node left: its finished rows count as done
+        gc = cache.open(shard_rows=max(256, len(requests) + 1), shard_seconds=float("inf"), worker=self.spool)
         found = gc.lookup(r.key for r in requests)
         todo = [r for r in requests if r.key not in found]
         prog = ShardProgress(shard_id, attempt, to_ask=len(todo), cached=len(requests) - len(todo))

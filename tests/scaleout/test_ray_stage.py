@@ -177,6 +177,10 @@ def test_the_budget_sees_every_worker_and_stops_the_whole_job(ray_cluster, tmp_p
         assert pool.workers == []  # every worker stopped, not only the one whose answer crossed the limit
         # within one chunk per worker of the limit: what each worker had in flight or finished since the last poll
         assert guard.items >= 10 and stopped_at <= 10 + 2 * CONCURRENCY * 3, stopped_at
+        # what the stopped workers finished is in their spools, sealed once their processes are gone (the stop seals
+        # what it can at once; Ray may report a killed actor dead a moment before its process exits)
+        sealed = cfg.open().shards()
+        wait_for(lambda: cfg.recover() or cfg.open().shards() != sealed or sealed, 60, "the stopped workers' spools")
         # raising the budget and running again resumes: what finished before the stop is not asked again
         res, _run = run_generation_ray(_prompts(48), recipe, ident, S, cfg.open(), cfg, _execution())
         asked = srv.stats.as_dict()["received_by_prompt"]

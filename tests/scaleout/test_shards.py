@@ -86,15 +86,17 @@ def test_a_worker_answers_what_the_cache_lacks_and_its_spool_outlives_it(tmp_pat
         out = worker.run_shard(recipe, cfg, "s1", 1, reqs[:4], S)
         assert (out["generated"], out["cached"], out["done"]) == (4, 0, True)
         assert len(cfg.open().shards()) == 1  # one Parquet file of the cache per shard
+        assert (tmp_path / "spool" / "workers" / worker.spool).is_dir()  # its own spool directory
         assert out["backend_stats"]["http_requests"] == 4
         # a shard overlapping a finished one asks only the missing requests
         again = worker.run_shard(recipe, cfg, "s2", 1, reqs, S)
         assert (again["generated"], again["cached"]) == (2, 4)
         assert srv.stats.received == 6 and set(srv.stats.received_by_prompt.values()) == {1}
 
-        # a dead worker's spool (rows written, never sealed, lock free) is sealed by the next shard's worker
+        # a dead worker's spool (rows written, never sealed, lock free, in its own directory) is sealed by the
+        # driver's recovery of that worker, and the retried shard asks only the rest
         more = [r for rs in build_requests(ident, S, ["encode zz =", "encode yy ="]) for r in rs]
-        cache = cfg.open()
+        cache = cfg.open(worker="dead-1")
         w = cache.writer()
         from campaign_orchestrator.teacher.completion import Completion
         from campaign_orchestrator.teacher.runner import _cache_row
@@ -102,6 +104,7 @@ def test_a_worker_answers_what_the_cache_lacks_and_its_spool_outlives_it(tmp_pat
         w.add({k: v for k, v in _cache_row(more[0], Completion(" xx", "stop", 3, 2, 0.0), recipe.build()).items()
                if k != "error"})
         w._file.close()  # the process "died": its lock is gone, the spool stays
+        assert cfg.recover("dead-1") == 1
         last = worker.run_shard(recipe, cfg, "s3", 1, more, S)
         assert (last["generated"], last["cached"]) == (1, 1)
         assert "encode zz =" not in srv.stats.received_by_prompt and srv.stats.received_by_prompt["encode yy ="] == 1
