@@ -240,11 +240,27 @@ def _usd(x: float | None) -> str:
     return "$ unknown (unpriced)" if x is None else f"${x:.6f}"
 
 
+class KubeRayNotLaunched(RuntimeError):
+    """A stage asked to run as a KubeRay RayJob, which the Dagster step does not launch yet."""
+
+
+def refuse_unlaunched_kuberay(execution) -> None:
+    """Refuse ``execution.kuberay`` in the Dagster step: the RayJob launcher (``resources/k8s/kuberay_launcher.py``)
+    and its manifests exist and are tested against the emulated API, but the generation stages do not call it yet,
+    and running the stage on a local cluster instead would not be what the campaign asked for."""
+    if getattr(execution, "kuberay", None) is not None:
+        raise KubeRayNotLaunched(
+            "execution.kuberay: the generation stages do not launch RayJobs yet (the manifests and the launcher exist: "
+            "`campaign k8s-render` shows them; docs/scaleout.md). To run a stage on a KubeRay cluster now, remove "
+            "execution.kuberay and set execution.ray_address to its head service (ray://<cluster>-head-svc:10001)")
+
+
 def run_on_ray(execution, prompts: Sequence[dict], recipe, identity: str, sampling: Sampling, cache_config: CacheConfig,
                *, log: Callable[[str], None], label: str = "generations", **kwargs) -> tuple[GenerationResult, RayRun]:
     """:func:`run_generation_ray` inside a :func:`ray_session` for ``execution`` (a local cluster the stage
     starts and stops, or ``execution.ray_address``), logging each finished shard: shards done/total, the
     worker, tokens/s and dollars so far (the stage's progress in the Dagster run log)."""
+    refuse_unlaunched_kuberay(execution)
     t0 = time.perf_counter()
     user_on_shard = kwargs.pop("on_shard", None)
 

@@ -4,8 +4,9 @@ The generation stages are the teacher's generations, the teacher scoring held-ou
 candidate's and base's answers in evaluation. ``engine: local`` (the default) runs each in the stage's
 own process, as before. ``engine: ray`` splits a stage's prompts into shards by content hash and runs
 them on an actor pool (one model replica per actor) of a Ray cluster: a local cluster the stage starts
-when ``ray_address`` is empty, an existing one otherwise. On Kubernetes (``execution.kuberay``) the stage
-runs as a KubeRay ``RayJob``: a Ray cluster of one head and ``replicas`` worker pods created for the job (or
+when ``ray_address`` is empty, an existing one otherwise. On Kubernetes (``execution.kuberay``) the stage is
+meant to run as a KubeRay ``RayJob`` (manifests and launcher exist; the stages refuse it until they call the
+launcher, docs/scaleout.md): a Ray cluster of one head and ``replicas`` worker pods created for the job (or
 a long-lived ``RayCluster`` it is submitted to), which runs ``python -m campaign_orchestrator.scaleout --job
 JOB.json``; namespace, image, node selectors, tolerations, volumes and secrets come from the campaign's
 ``kubernetes:`` section, as for training (docs/scaleout.md).
@@ -105,7 +106,8 @@ class ExecutionSpec(_Strict):
                                                         "stage fails.")
     kuberay: KubeRaySpec | None = Field(
         None, description="Run the generation stages on Kubernetes as a KubeRay RayJob (with the campaign's "
-                          "`kubernetes:` section; docs/scaleout.md); empty: Ray runs where the stage runs.")
+                          "`kubernetes:` section; docs/scaleout.md). Rendered by `campaign k8s-render`; the stages "
+                          "do not launch it yet and refuse it when they start. Empty: Ray runs where the stage runs.")
 
     @property
     def gpus_per_worker_pod(self) -> int:

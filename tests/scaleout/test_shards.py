@@ -108,3 +108,17 @@ def test_a_worker_answers_what_the_cache_lacks_and_its_spool_outlives_it(tmp_pat
         last = worker.run_shard(recipe, cfg, "s3", 1, more, S)
         assert (last["generated"], last["cached"]) == (1, 1)
         assert "encode zz =" not in srv.stats.received_by_prompt and srv.stats.received_by_prompt["encode yy ="] == 1
+
+
+def test_a_kuberay_stage_is_refused_in_the_step_never_run_on_a_local_cluster_instead():
+    """execution.kuberay is rendered and launchable (resources/k8s/kuberay_launcher.py), but the stages do not call
+    the launcher yet: the Dagster step refuses it before any Ray cluster starts, naming what to write instead."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from campaign_orchestrator.scaleout.stage import KubeRayNotLaunched, run_on_ray
+
+    execution = SimpleNamespace(kuberay=SimpleNamespace(), ray_address=None)
+    with pytest.raises(KubeRayNotLaunched, match="execution.ray_address"):
+        run_on_ray(execution, [{"id": "0", "prompt": "x"}], None, "id", None, None, log=print)
