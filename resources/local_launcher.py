@@ -29,6 +29,7 @@ from pydantic import Field
 
 from campaign_orchestrator import allocator
 from campaigns import paths
+from resources.pricing import charge_round
 from training import process_owner
 from training.config import TrainJob
 from training.diagnostics import distributed_env
@@ -113,6 +114,12 @@ def metric_observations(messages, seen: int) -> tuple[list[dict], int]:
     return [{k: v for k, v in m.items() if k != "kind" and isinstance(v, (int, float))} for m in rows], len(messages)
 
 
+def round_messages(messages, seen: int) -> list[dict]:
+    """New ``on_policy_round`` rows among the Pipes custom messages (a finished on-policy round: what the teacher
+    scored, for the budget guard: ``resources.pricing.charge_round``)."""
+    return [m for m in list(messages)[seen:] if isinstance(m, dict) and m.get("kind") == "on_policy_round"]
+
+
 def _tail(path: Path, n: int = 30) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()
@@ -174,10 +181,14 @@ class LocalTorchrunLauncher(ConfigurableResource):
 
             def observe() -> None:
                 nonlocal seen
-                rows, seen = metric_observations(session.get_custom_messages(), seen)
+                msgs = session.get_custom_messages()
+                rounds = round_messages(msgs, seen)
+                rows, seen = metric_observations(msgs, seen)
                 for row in rows:
                     context.log_event(AssetObservation(asset_key=context.asset_key, metadata=row))
                 if budget is not None:
+                    for r in rounds:  # an API teacher's prefills of a finished round: charged, then checked
+                        charge_round(budget, r)
                     budget.check()  # raises to stop the stage: supervision then stops every node
 
             self._wait(procs, logs, time.monotonic() + self.timeout_s, on_tick=observe)

@@ -42,6 +42,7 @@ from pydantic import Field
 
 from campaigns.spec import KubernetesSpec
 from resources.k8s import manifests as mf
+from resources.pricing import charge_round
 from resources.k8s.logs import PodLogsMessageReader
 from resources.k8s.status import PodProblem, pod_finished, pod_name, pod_node_index, pod_problem, pod_started, \
     workload_state
@@ -330,13 +331,13 @@ class K8sTrainingLauncher(ConfigurableResource):
                     context.log.warning(f"waiting: {problem.describe()}")
                 if now - first > limit:
                     raise self._pod_failure(w, core, reader, problem, waited_s=now - first)
-            n_custom = self._stream_metrics(context, session, n_custom)
+            n_custom = self._stream_metrics(context, session, n_custom, budget)
             state, why = workload_state(obj)
             if state == "succeeded":
                 for pod in pods:
                     reader.follow(pod_name(pod), pod_node_index(pod))  # a pod that finished between two polls
                 context.log.info(f"{obj.get('kind', 'workload')} {w.name} succeeded ({why}) after {now - start:.0f}s")
-                self._stream_metrics(context, session, n_custom)
+                self._stream_metrics(context, session, n_custom, budget)
                 return
             if state == "failed":
                 raise Failure(f"{obj.get('kind', 'workload')} {w.name} failed: {why}; no failed pod was found to "
@@ -362,9 +363,13 @@ class K8sTrainingLauncher(ConfigurableResource):
             raise
 
     @staticmethod
-    def _stream_metrics(context, session, seen: int) -> int:
+    def _stream_metrics(context, session, seen: int, budget=None) -> int:
+        """New ``train_metrics`` messages as asset observations; a finished on-policy round (``on_policy_round``:
+        an API teacher's prefills) charged to the budget guard, which stops the workload when it crosses."""
         msgs = session.get_custom_messages()
         for msg in msgs[seen:]:
+            if isinstance(msg, dict) and msg.get("kind") == "on_policy_round" and budget is not None:
+                charge_round(budget, msg)
             if isinstance(msg, dict) and msg.get("kind") == "train_metrics" and context.has_assets_def:
                 md = {k: v for k, v in msg.items()
                       if k != "kind" and isinstance(v, (int, float)) and not isinstance(v, bool)}

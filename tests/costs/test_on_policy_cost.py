@@ -145,3 +145,31 @@ def test_the_plan_of_an_on_policy_campaign(demo_models):
                            sa["compute_dtype"])
     assert (local["samples"], local["teacher_prefill_tokens"]) == (op["samples"], op["teacher_prefill_tokens"])
     assert local["teacher_usd"] == 0.0 and local["scoring_seconds_in_process"] > 0
+
+
+def test_launchers_charge_each_finished_round_as_its_message_arrives(tmp_path, catalog):
+    """The launchers hand every `on_policy_round` Pipes message to the guard while training runs (local: the
+    observe loop picks them with `round_messages`; Kubernetes: `_stream_metrics`), so an API teacher's prefills
+    stop training mid-way when the budget is crossed, not only when the run is billed at its end."""
+    from types import SimpleNamespace
+
+    from resources.k8s.launcher import K8sTrainingLauncher
+    from resources.local_launcher import round_messages
+    from resources.pricing import _line_fn, _on_policy_meter
+
+    spec = on_policy_spec()
+    guard = BudgetGuard(ledger=Ledger(tmp_path / "ledger.duckdb"), campaign=spec.name, stage="student_adapter",
+                        run_id="r", step_key="s", attempt=0, stage_key="k", limits=[Limit("campaign x", 0.02, 0.0)],
+                        line_fn=_line_fn(spec, "student_adapter", catalog, {}),
+                        metered=_on_policy_meter(spec, catalog), clock=lambda: 0.0, log=lambda _m: None)
+    msgs = [{"kind": "train_metrics", "step": 1, "loss": 1.0},
+            {"kind": "on_policy_round", "round": 0, "samples": 16, "teacher_prefill_tokens": 5000}]
+    assert round_messages(msgs, 0) == [msgs[1]] and round_messages(msgs, 2) == []
+    session = SimpleNamespace(get_custom_messages=lambda: msgs)
+    context = SimpleNamespace(has_assets_def=False)
+    assert K8sTrainingLauncher._stream_metrics(context, session, 0, guard) == 2
+    in_usd = catalog.get("api-open-70b").token_usd()[0]
+    assert guard.accrued_usd() == pytest.approx(5000 / 1e6 * in_usd)
+    msgs.append({"kind": "on_policy_round", "round": 1, "samples": 16, "teacher_prefill_tokens": 90000})
+    with pytest.raises(BudgetExceeded, match="stopped student_adapter mid-way"):
+        K8sTrainingLauncher._stream_metrics(context, session, 2, guard)
