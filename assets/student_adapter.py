@@ -286,16 +286,20 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
         lines, billed, note = bill["lines"], bill["billed_hardware"], bill["billing_note"]
         if note:
             context.log.warning(note)
-        scoring = None
+        scoring, unknown = None, None
         if summary.get("on_policy"):  # the teacher's prefills of the student's samples, one set of lines per round
             scoring = pricing.bill(spec, "on_policy_scoring", {"rounds": summary["on_policy"]["per_round"]})
-            lines = None if lines is None or scoring["lines"] is None else lines + scoring["lines"]
+            if scoring["lines"] is None:  # an unpriced API teacher: the training line stays, the total is unknown
+                unknown = "unknown: the teacher scored the student's samples, and its teacher.price is `unpriced`"
+                context.log.warning(f"student_adapter cost {unknown}")
+            elif lines is not None:
+                lines = lines + scoring["lines"]
             if scoring["billing_note"]:
                 context.log.info(scoring["billing_note"])
         sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
                    "metrics_path": str(out / "metrics.parquet"), "logs": launched["logs"],
                    "wall_seconds": wall, "cost_lines": lines, "billed_hardware": billed,
-                   **({"billing_note": note} if note else {}),
+                   **({"billing_note": note} if note else {}), **({"cost_unknown": unknown} if unknown else {}),
                    **({"on_policy_scoring_usd": scoring["usd"], "on_policy_scoring_rounds_usd": scoring["parts_usd"],
                        "on_policy_scoring_note": scoring["billing_note"]} if scoring is not None else {})})
     m = sd.manifest()
@@ -317,6 +321,8 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
     if sm.get("merged_dir"):
         md["merged_model"] = MetadataValue.path(sm["merged_dir"])
     md |= moe_metadata(sm.get("moe"))
+    if m.get("cost_unknown"):  # never $0: an unpriced API teacher scored the student's samples
+        md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
     if m.get("from_sweep_trial") is not None or sweep is not None:
         md |= {"from_sweep_trial": m.get("from_sweep_trial"), "sweep_params": MetadataValue.json(sweep["best_params"])
                if sweep else None}
