@@ -124,24 +124,32 @@ def test_an_engine_that_cannot_start_names_the_shard_the_worker_and_the_reason(r
 
 
 def test_the_rate_limits_are_one_set_of_buckets_for_every_worker(ray_cluster, tmp_path):
-    with ServerThread(ServerConfig(latency_s=0.0)) as srv:
+    with ServerThread(ServerConfig(latency_s=0.05)) as srv:
         recipe, ident, cfg = _setup(tmp_path, srv, requests_per_minute=60_000)
+        # both workers up first (a warm-up job of one-prompt shards, no limits): a worker that is still starting
+        # when the other has answered every shard would leave one worker asking, and prove nothing
+        pool = ShardPool(replicas=2, num_cpus=0.5, max_shard_retries=2, start_timeout_s=120, log=print)
         served: list = []
         real = ray_cluster.kill
-
-        def keep_count(actor, *a, **kw):  # read the job's bucket actor before the stage stops it
-            try:
-                served.append(ray_cluster.get(actor.stats.remote(), timeout=10))
-            except Exception:  # noqa: BLE001 - a worker, not the limiter
-                pass
-            return real(actor, *a, **kw)
-
-        ray_cluster.kill = keep_count
         try:
+            warm = [{"id": "w0", "prompt": "encode zz ="}, {"id": "w1", "prompt": "encode yy ="}]
+            run_generation_ray(warm, recipe, ident, S, cfg.open(), cfg, _execution(shard_prompts=1), pool=pool)
+            wait_for(lambda: len(pool.workers) == 2 and all(ray_cluster.get(w.ready.remote(), timeout=60)
+                                                             for w in pool.workers), 120, "both workers ready")
+
+            def keep_count(actor, *a, **kw):  # read the job's bucket actor before the stage stops it
+                try:
+                    served.append(ray_cluster.get(actor.stats.remote(), timeout=10))
+                except Exception:  # noqa: BLE001 - a worker, not the limiter
+                    pass
+                return real(actor, *a, **kw)
+
+            ray_cluster.kill = keep_count
             res, run = run_generation_ray(_prompts(30), recipe, ident, S, cfg.open(), cfg, _execution(),
-                                          rate_limits=(60_000, None))
+                                          rate_limits=(60_000, None), pool=pool)
         finally:
             ray_cluster.kill = real
+            pool.close()
     assert len({s.worker for s in run.shards}) == 2  # two workers asked
     assert [x["reserved"] for x in served if "reserved" in x] == [{"rpm": 30.0}]  # every request from one bucket
 
