@@ -13,6 +13,9 @@ Tables (query them with SQL: ``campaign costs --sql "..."`` or any DuckDB client
       kind            teacher | training | evaluation (what the money bought)
       resource, quantity, unit, unit_price, usd, price_as_of, pricing_tier, catalog_version
       recorded_at     UTC
+      shard           the Ray shard the line paid for (``execution.engine: ray``: a generation stage's lines are
+                      per shard); NULL otherwise. Added after the first ledgers: an older file gains the column
+                      (NULL in its rows) when it is next opened
     materializations  one row per (run, step, production): reused = the output came from an
                       earlier run (its cost is in that run's lines, not this one's); cost_unknown =
                       why what it cost is unknown (an unpriced teacher: no line, and never $0)
@@ -44,7 +47,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_ex
 DEFAULT_NAME = "cost_ledger.duckdb"
 LINE_COLUMNS = ("line_id", "campaign", "asset", "run_id", "step_key", "attempt", "production_id", "stage_key",
                 "status", "kind", "resource", "quantity", "unit", "unit_price", "usd", "price_as_of",
-                "pricing_tier", "catalog_version", "recorded_at")
+                "pricing_tier", "catalog_version", "recorded_at", "shard")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cost_lines (
@@ -66,7 +69,8 @@ CREATE TABLE IF NOT EXISTS cost_lines (
     price_as_of VARCHAR,
     pricing_tier VARCHAR,
     catalog_version VARCHAR,
-    recorded_at TIMESTAMP NOT NULL
+    recorded_at TIMESTAMP NOT NULL,
+    shard VARCHAR
 );
 CREATE TABLE IF NOT EXISTS materializations (
     run_id VARCHAR NOT NULL,
@@ -104,7 +108,7 @@ def _insert_line(con, line_id: str, who: list, line: dict, now) -> None:
                 "ON CONFLICT DO NOTHING",
                 [line_id, *who, line["kind"], line["price_key"], float(line["quantity"]), line["unit"],
                  float(line["unit_price"]), float(line["usd"]), line.get("as_of"), line.get("tier"),
-                 line.get("catalog_version"), now])
+                 line.get("catalog_version"), now, line.get("shard")])
 
 
 def _now() -> dt.datetime:
@@ -146,8 +150,9 @@ class Ledger:
             # DDL costs a checkpoint: run it only when the tables are missing, once per process and file
             if con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'run_costs'").fetchone()[0] == 0:
                 con.execute(SCHEMA)
-            # ledgers written before unknown costs were kept
+            # ledgers written before unknown costs were kept, and before lines named their Ray shard
             con.execute("ALTER TABLE materializations ADD COLUMN IF NOT EXISTS cost_unknown VARCHAR")
+            con.execute("ALTER TABLE cost_lines ADD COLUMN IF NOT EXISTS shard VARCHAR")
             _SCHEMA_READY.add(str(self.path))
         return con
 

@@ -83,3 +83,33 @@ def test_a_dagster_step_retried_after_its_output_was_recorded_does_not_double_co
     assert len(ledger.lines("camp")) == 1 and ledger.spent("camp", run_id=result.run_id) == pytest.approx(0.05)
     mats = result.asset_materializations_for_node("camp__teacher_generations")
     assert [m.metadata["ledger_spent_this_run_usd"].value for m in mats] == [0.05, 0.05]
+
+
+def test_lines_keep_their_ray_shard_and_an_older_ledger_gains_the_column_without_losing_rows(tmp_path):
+    """A generation stage on Ray bills per shard (``shard_cost_lines``: each line tagged ``shard``): the ledger keeps
+    the shard id per row (NULL for other lines). A ledger file written before the column existed is migrated when it
+    is opened: its rows stay, their shard NULL."""
+    import duckdb
+
+    from campaign_orchestrator.costs import ledger as ledger_mod
+
+    path = tmp_path / "old.duckdb"
+    old_schema = ledger_mod.SCHEMA.replace(",\n    shard VARCHAR\n", "\n")
+    assert "shard" not in old_schema.split("CREATE TABLE IF NOT EXISTS materializations")[0]
+    con = duckdb.connect(str(path))
+    con.execute(old_schema)  # the ledger as it was before lines named their shard
+    con.execute("INSERT INTO cost_lines VALUES ('old-1', 'camp', 'teacher_generations', 'r0', 's', 0, 'p0', 'k0', "
+                "'completed', 'teacher', 'cpu-2vcpu', 0.5, 'host-hour', 0.1, 0.05, NULL, NULL, NULL, now())")
+    con.close()
+    ledger = Ledger(path)
+    shards = [LINE | {"shard": "a1b2c3"}, LINE | {"shard": "d4e5f6"}, LINE]
+    ledger.record_stage(campaign="camp", asset="teacher_generations", run_id="r1", step_key="s",
+                        manifest=_commit(tmp_path, key="k1", lines=shards))
+    rows = ledger.query("SELECT run_id, shard, usd FROM cost_lines ORDER BY run_id, shard NULLS LAST")
+    assert rows == [{"run_id": "r0", "shard": None, "usd": 0.05}, {"run_id": "r1", "shard": "a1b2c3", "usd": 0.05},
+                    {"run_id": "r1", "shard": "d4e5f6", "usd": 0.05}, {"run_id": "r1", "shard": None, "usd": 0.05}]
+    assert ledger.spent("camp") == pytest.approx(0.20) and len(ledger.lines("camp")) == 4
+    fresh = Ledger(tmp_path / "new.duckdb")  # a new file has the column from the start
+    fresh.record_interrupted(campaign="camp", asset="teacher_generations", run_id="r2", step_key="s", attempt=0,
+                             stage_key="k2", lines=[LINE | {"shard": "0f0f0f"}])
+    assert fresh.query("SELECT shard FROM cost_lines") == [{"shard": "0f0f0f"}]
