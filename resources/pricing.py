@@ -191,6 +191,22 @@ def charge_round(guard, row: dict) -> None:
                  completion_tokens=int(row.get("teacher_completion_tokens", 0)))
 
 
+def charge_shard(guard, msg: dict) -> None:
+    """Charge one finished Ray shard (the RayJob driver's ``ray_shard`` message: ``generated``, ``failed``,
+    ``prompt_tokens``, ``completion_tokens``, ``seconds``, ``final``) to a stage's guard, which then checks the
+    budget: a metered guard (the teacher) prices the usage as the ledger will, a timed one (evaluation) counts its
+    time. A stand-in without ``charge`` only checks."""
+    if guard is None:
+        return
+    if not hasattr(guard, "charge"):
+        guard.check()
+        return
+    guard.charge(items=int(msg.get("generated", 0)) + int(msg.get("failed", 0)),
+                 prompt_tokens=int(msg.get("prompt_tokens") or 0),
+                 completion_tokens=int(msg.get("completion_tokens") or 0),
+                 seconds=float(msg.get("seconds") or 0.0), final=bool(msg.get("final")))
+
+
 def _on_policy_meter(spec: CampaignSpec, catalog: Catalog):
     """The on-policy guard's lines for the teacher prefills charged so far (``stage_bill`` of
     ``on_policy_scoring``, as the ledger prices them)."""

@@ -2,9 +2,10 @@
 
 Lifecycle of one launch (``KubeRayJobLauncher.launch``), the training launcher's (``launcher.py``) for a RayJob:
 
-1. Check that every path the job needs (JOB.json, the prompts, the output, the generation cache) lies on a
-   volume the Ray pods mount, write ``ray_job.json`` there, and open a Pipes session (the context in the job's
-   runtime environment, the messages read from the submitter pod's log).
+1. Check that every path the job needs (JOB.json, the prompts, the output, the generation cache, the model
+   checkpoint and adapter its workers load) lies on a volume the Ray pods mount, write ``ray_job.json`` there,
+   and open a Pipes session (the context in the job's runtime environment, the messages read from the submitter
+   pod's log).
 2. Name the cluster in the run's ``campaign/k8s`` tag (the reaper's pointer), then create the ``RayJob``
    (``kuberay.ray_job``), labelled with the campaign, the Dagster run id, the stage and the asset key.
 3. Poll the RayJob and its pods: follow the submitter pod's log as soon as it starts (the driver's Pipes
@@ -12,8 +13,10 @@ Lifecycle of one launch (``KubeRayJobLauncher.launch``), the training launcher's
    fail at once, with the pod, the reason and its last log lines, when the head or the submitter dies or a pod
    can never start (a missing Secret, a bad image name); fail when a pod stays unschedulable or its image
    cannot be pulled for too long. A *worker* pod that dies is only reported: Ray retries its shards on the
-   other workers (only the prompts in flight are asked again) and KubeRay replaces the pod. Each poll checks
-   the campaign's budget guard (the stage's spend so far) and the launcher's timeout.
+   other workers (only the prompts in flight are asked again) and KubeRay replaces the pod. The driver's
+   ``ray_shard`` messages (one per finished shard: its tokens and seconds) are charged to the campaign's budget
+   guard as they arrive and its ``ray_plan`` message checks the guard's planner estimate for the uncached share;
+   every poll also checks the guard (the stage's spend so far) and the launcher's timeout.
 4. Delete the RayJob when the stage succeeds, fails, is stopped by its budget or the Dagster run is cancelled;
    KubeRay's owner references take the job's Ray cluster and submitter with it (``ttlSecondsAfterFinished`` and
    ``shutdownAfterJobFinishes`` are the backstops). When the process running the launch dies, the stale-run
@@ -50,9 +53,13 @@ from resources.k8s import manifests as mf
 from resources.k8s.launcher import K8sTrainingLauncher
 from resources.k8s.logs import PodLogsMessageReader
 from resources.k8s.status import PodProblem, pod_finished, pod_name, pod_problem, pod_started
+from resources.pricing import charge_shard
 
-# paths inside JOB.json the Ray pods open (campaign_orchestrator/scaleout/job.py); s3:// URIs need no volume
-JOB_PATHS = (("prompts",), ("output",), ("cache", "store_url"), ("cache", "spool_dir"))
+# paths inside JOB.json the Ray pods open (campaign_orchestrator/scaleout/job.py): the prompts, the output, the
+# generation cache, and the model a worker loads (a backend recipe's checkpoint; an answering model's base and
+# adapter); s3:// URIs need no volume
+JOB_PATHS = (("prompts",), ("output",), ("cache", "store_url"), ("cache", "spool_dir"), ("recipe", "model_path"),
+             ("recipe", "generator", "model_dir"), ("recipe", "generator", "adapter_dir"))
 
 
 def job_paths(job: dict[str, Any]) -> dict[str, str]:
@@ -93,14 +100,17 @@ class KubeRayJobLauncher(ConfigurableResource):
                                    in_cluster=self.in_cluster, owned_by_run_pod=self.owned_by_run_pod)
 
     # ------------------------------------------------------------------ launch
-    def launch(self, context, spec: CampaignSpec, stage: str, job: dict[str, Any], workdir: Path, budget=None) -> dict:
+    def launch(self, context, spec: CampaignSpec, stage: str, job: dict[str, Any], workdir: Path, budget=None,
+               on_shard=None) -> dict:
         """Run ``job`` (a JOB.json as a dict: ``campaign_orchestrator.scaleout.job.Job``) as a RayJob for ``stage`` of
         ``spec``; return the job's summary (``ray_summary.json`` beside JOB.json: rows, tokens, shards, nodes, lost
         workers, as ``python -m campaign_orchestrator.scaleout --summary`` writes it), the submitter's log, the
         driver's Pipes metadata and the RayJob's name.
 
-        ``budget``: a ``campaign_orchestrator.costs.budget.BudgetGuard`` checked at every poll; when it stops the
-        stage, the RayJob is deleted (its pods get SIGTERM; finished shards are in the cache) and its failure raised."""
+        ``budget``: a ``campaign_orchestrator.costs.budget.BudgetGuard``, charged with each finished shard's usage
+        (the driver's ``ray_shard`` messages) as it arrives and checked at every poll; when it stops the stage, the
+        RayJob is deleted (its pods get SIGTERM; finished shards are in the cache) and its failure raised.
+        ``on_shard(message)``: called with each ``ray_shard`` message after the charge (progress)."""
         if spec.execution.kuberay is None or spec.kubernetes is None:
             raise Failure(f"campaign {spec.name}: a KubeRay launch needs execution.kuberay and a `kubernetes:` section")
         cluster = spec.kubernetes
@@ -111,9 +121,11 @@ class KubeRayJobLauncher(ConfigurableResource):
             raise Failure(
                 f"the Ray pods cannot see {', '.join(bad)}: they mount only {mf.mount_roots(cluster)}. Put the "
                 f"artifact root on the shared volume (kubernetes.artifacts, mounted at the same path in the Dagster "
-                f"run pod), or the generation cache on s3://")
+                f"run pod), the generation cache on s3://, and models on that volume or on a volume of "
+                f"kubernetes.volumes")
         workdir.mkdir(parents=True, exist_ok=True)
         job_file.write_text(json.dumps(job, indent=2))
+        Path(kr.summary_path(str(job_file))).unlink(missing_ok=True)  # an earlier attempt's summary is not this job's
 
         from kubernetes import client
 
@@ -140,7 +152,7 @@ class KubeRayJobLauncher(ConfigurableResource):
                 where = (f"on RayCluster {k.ray_cluster}" if k.ray_cluster else
                          f"on a new Ray cluster: {ex.replicas} worker pod(s) x {ex.gpus_per_worker_pod} GPU(s)")
                 context.log.info(f"created RayJob/{name} in namespace {cluster.namespace} {where}, image {w.image}")
-                self._follow(context, w, core, custom, reader, session, budget)
+                self._follow(context, w, core, custom, reader, session, budget, on_shard)
                 if not reader.join(self.log_drain_timeout_s):
                     context.log.warning("the submitter's log was still streaming when the job finished; it may be cut")
             except BaseException as exc:  # failure, timeout, budget stop, or the Dagster run was cancelled
@@ -194,7 +206,7 @@ class KubeRayJobLauncher(ConfigurableResource):
         return submitters, ray_pods
 
     def _follow(self, context, w: kr.RayWorkload, core, custom, reader: PodLogsMessageReader, session,
-                budget=None) -> None:
+                budget=None, on_shard=None) -> None:
         start = time.monotonic()
         deadline = start + self.timeout_s
         slow_since: dict[tuple[str, str], float] = {}
@@ -243,13 +255,13 @@ class KubeRayJobLauncher(ConfigurableResource):
                     context.log.warning(f"waiting: Ray {role} {problem.describe()}")
                 if now - first > limit:
                     raise self._pod_failure(w, core, reader, problem, role, waited_s=now - first)
-            n_custom = self._stream_custom(context, session, n_custom)
+            n_custom = self._stream_custom(context, w, session, n_custom, budget, on_shard)
             state, why = kr.rayjob_state(obj)
             if state == "succeeded":
                 for pod in submitters:
                     reader.follow(pod_name(pod), None)  # a submitter that finished between two polls
                 context.log.info(f"RayJob {w.name} succeeded ({why}) after {now - start:.0f}s")
-                self._stream_custom(context, session, n_custom)
+                self._stream_custom(context, w, session, n_custom, budget, on_shard)
                 return
             if state == "failed":
                 tail = "\n".join(reader.tail(pod_name(submitters[0]))[-self.log_tail_lines:]) if submitters else ""
@@ -270,22 +282,34 @@ class KubeRayJobLauncher(ConfigurableResource):
         return "head" if node_type == "head" else "worker"
 
     @staticmethod
-    def _check_budget(context, w: kr.RayWorkload, budget) -> None:
+    def _check_budget(context, w: kr.RayWorkload, budget, charge=None) -> None:
+        """Check the guard (or run ``charge``, a charge of reported usage, which checks it too); on its budget stop
+        say that the RayJob is being stopped, and let the stop propagate to ``launch``, which deletes it."""
         if budget is None:
             return
         try:
-            budget.check()
+            (charge or budget.check)()
         except Exception:  # the budget stop (a Dagster Failure)
             context.log.warning(f"budget: stopping RayJob {w.name} ({w.spec.execution.replicas} replica(s)); what the "
                                 f"workers finished is in the generation cache and is not paid again")
             raise
 
-    @staticmethod
-    def _stream_custom(context, session, seen: int) -> int:
-        """The driver's custom Pipes messages with a ``kind`` (e.g. progress) as asset observations."""
+    @classmethod
+    def _stream_custom(cls, context, w: kr.RayWorkload, session, seen: int, budget=None, on_shard=None) -> int:
+        """The driver's custom Pipes messages: a finished shard (``ray_shard``) charged to the budget guard, the
+        planned share (``ray_plan``) checked against its estimate; any other message with a ``kind`` (e.g. progress)
+        an asset observation."""
         msgs = session.get_custom_messages()
         for msg in msgs[seen:]:
-            if isinstance(msg, dict) and msg.get("kind") and context.has_assets_def:
+            kind = msg.get("kind") if isinstance(msg, dict) else None
+            if kind == "ray_shard":
+                cls._check_budget(context, w, budget, charge=lambda m=msg: charge_shard(budget, m))
+                if on_shard is not None:
+                    on_shard(msg)
+            elif kind == "ray_plan":
+                if budget is not None and hasattr(budget, "check_planned"):
+                    cls._check_budget(context, w, budget, charge=lambda m=msg: budget.check_planned(float(m["share"])))
+            elif kind and context.has_assets_def:
                 md = {k: v for k, v in msg.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
                 context.log_event(AssetObservation(asset_key=context.asset_key, metadata=md))
         return len(msgs)

@@ -33,12 +33,20 @@ from dagster_pipes import open_dagster_pipes
 job = json.loads(Path(sys.argv[sys.argv.index("--job") + 1]).read_text())
 assert os.environ.get("HF_TOKEN"), "secretKeyRef was not resolved"
 shards = int(job["execution"]["fake_shards"])
+usage = job["execution"].get("fake_usage")  # the real driver's budget messages (campaign_orchestrator/scaleout)
 with open_dagster_pipes() as pipes:
     print(f"driver: {job['kind']} on {job['execution']['replicas']} replicas", flush=True)
+    if usage:
+        pipes.report_custom_message({"kind": "ray_plan", "share": 1.0})
     for i in range(1, shards + 1):
         time.sleep(float(job["execution"]["fake_shard_s"]))
         pipes.log.info(f"shard {i}/{shards} done")
-        pipes.report_custom_message({"kind": "ray_progress", "shards_done": i, "shards_total": shards})
+        if usage:
+            pipes.report_custom_message({"kind": "ray_shard", "shard": f"s{i:04d}", "generated": 10, "failed": 0,
+                                         "prompt_tokens": 100, "completion_tokens": 50, "seconds": 0.5,
+                                         "shards_done": i, "shards_total": shards, "final": i == shards})
+        else:
+            pipes.report_custom_message({"kind": "ray_progress", "shards_done": i, "shards_total": shards})
     if job["execution"].get("fail"):
         print("Traceback (most recent call last):\nShardFailed: shard 3 failed on worker node 10.0.0.7", flush=True)
         sys.exit(1)
@@ -238,6 +246,45 @@ def test_budget_stop_deletes_the_rayjob(api_server, spec, tmp_path, monkeypatch)
     assert gone and _rayjobs(api_server) == [] and _pods(api_server) == []
 
 
+@pytest.mark.parametrize("planned_usd", [0.1, 5.0])
+def test_each_finished_shard_is_charged_to_the_guard_and_a_budget_stop_deletes_the_rayjob(api_server, spec, tmp_path,
+                                                                                          monkeypatch, planned_usd):
+    """The driver's ``ray_shard`` messages (one per finished shard: tokens, seconds) are charged to the stage's real
+    budget guard as they arrive: once the next shard would cross the budget the RayJob is deleted mid-stage and the
+    spend so far is in the ledger as interrupted. Its ``ray_plan`` message (the uncached share, once the cache is
+    looked up) checks the guard's planner estimate: an estimate over the budget stops the job before any shard."""
+    from campaign_orchestrator.costs.budget import BudgetGuard, Limit
+    from campaign_orchestrator.costs.ledger import Ledger
+    from resources.pricing import BudgetStop
+
+    _plant_secret(api_server)
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+
+    def priced(u):  # $1 per 1000 completion tokens: each fake shard (50 tokens) costs $0.05
+        return [{"kind": "teacher", "price_key": "api:output", "quantity": u.completion_tokens, "unit": "token",
+                 "unit_price": 0.001, "usd": u.completion_tokens * 0.001}]
+
+    guard = BudgetGuard(ledger=ledger, campaign=spec.name, stage="teacher_generations", run_id="r1", step_key="s",
+                        attempt=0, stage_key="k1", limits=[Limit(f"campaign {spec.name}", 0.475, 0.0)], metered=priced,
+                        on_exceeded=BudgetStop, log=print)
+    guard.planned_usd = planned_usd
+    with FakeKubeRayOperator(api_server, driver_program(DRIVER)) as operator:
+        result, instance, seconds = _run(spec, _job(spec, tmp_path, shards=400, fake_usage=True), api_server, tmp_path,
+                                         monkeypatch, budget=guard)
+        gone = operator.wait_all_deleted()
+    why = _failure(result).description
+    assert seconds < 20 and gone and _rayjobs(api_server) == [] and _pods(api_server) == []
+    assert any("budget: stopping RayJob ray-cluster-ray-dist-gen-" in r.user_message
+               for r in instance.all_logs(result.run_id))
+    if planned_usd > 0.475:
+        assert "not starting teacher_generations" in why and guard.usage.items == 0
+        return
+    assert "budget: stopped teacher_generations mid-way" in why
+    # after the ninth shard ($0.45) one more like it would cross $0.475: stopped there, not at the end of the 400
+    assert (guard.usage.items, guard.usage.completion_tokens, guard.usage.seconds) == (90, 450, pytest.approx(4.5))
+    assert ledger.query("SELECT status, usd FROM cost_lines") == [{"status": "interrupted", "usd": pytest.approx(0.45)}]
+
+
 def test_long_lived_cluster_runs_only_a_submitter(api_server, spec, tmp_path, monkeypatch):
     _plant_secret(api_server)
     raw = spec.model_dump(mode="json", exclude_none=True)
@@ -260,6 +307,25 @@ def test_paths_off_the_shared_volume_fail_before_creating_anything(api_server, s
         result, _, _ = _run(spec, job, api_server, tmp_path, monkeypatch)
     assert "the Ray pods cannot see prompts=/elsewhere/prompts.parquet" in _failure(result).description
     assert operator.created == []
+
+
+def test_the_models_a_job_loads_must_lie_on_a_volume_the_pods_mount(spec):
+    """A worker loads the teacher checkpoint (a backend recipe's ``model_path``) or an answering model's base and
+    adapter (``generator.model_dir`` / ``adapter_dir``): they are checked like the job's other paths."""
+    from campaign_orchestrator.scaleout.job import AnswerRecipe, recipe_to_json
+    from campaign_orchestrator.teacher.recipes import BackendRecipe, GeneratorRecipe
+    from resources.k8s import manifests as mf
+
+    root = spec.kubernetes.artifacts.mount_path
+    teacher = recipe_to_json(BackendRecipe(spec.teacher, "/models/teacher", "w1"))
+    answer = recipe_to_json(AnswerRecipe(GeneratorRecipe(f"{root}/models/base", "/tmp/adapter"), "id"))
+    assert job_paths({"recipe": teacher}) == {"recipe.model_path": "/models/teacher"}
+    assert job_paths({"recipe": answer}) == {"recipe.generator.model_dir": f"{root}/models/base",
+                                             "recipe.generator.adapter_dir": "/tmp/adapter"}
+    assert mf.unreachable_paths(job_paths({"recipe": answer}), spec.kubernetes) == [
+        "recipe.generator.adapter_dir=/tmp/adapter"]
+    hub = recipe_to_json(BackendRecipe(spec.teacher, None, None))  # a hub id vLLM downloads itself: no path
+    assert job_paths({"recipe": hub}) == {}
 
 
 def test_reaper_deletes_a_dead_runs_rayjob_by_its_run_label(api_server, spec, tmp_path):
