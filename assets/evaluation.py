@@ -26,7 +26,8 @@ from assets.common import base_metadata, key, model_deps, model_identity, stage_
 from assets.harness import harness_identity, harness_models, harness_suites, is_harness
 from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
-from resources.pricing import PricingResource, student_teacher_ratio
+from resources.k8s.kuberay_launcher import KubeRayJobLauncher
+from resources.pricing import BudgetStop, PricingResource, student_teacher_ratio
 from resources.storage import ArtifactStore
 from resources.teacher import TeacherResource
 
@@ -80,13 +81,15 @@ def _suite_identity(spec: CampaignSpec, x: SuiteSpec, harness: list | None = Non
 
 
 def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherResource, pricing: PricingResource,
-                   log, categories: dict[str, str] | None = None) -> tuple:
+                   log, categories: dict[str, str] | None = None, launch=None, budget=None) -> tuple:
     """A ``generate(prompts, max_new_tokens)`` that asks the campaign's teacher, whatever its backend,
     through its generation cache (greedy, the suite's length: the settings every compared model answers
     with; a prompt it already answered so is never paid for again), with its ``teacher.context`` as it
     answered the training prompts (only before prompts of ``teacher.context_categories``: ``categories``
     maps a prompt to its item's category), and what it spent: ``lines`` at the teacher's one price (kind
-    ``evaluation``), ``unknown`` when that price is ``unpriced``, ``seconds``."""
+    ``evaluation``), ``unknown`` when that price is ``unpriced``, ``seconds``. With ``execution.engine: ray`` it
+    answers on Ray, as a KubeRay RayJob through ``launch`` when the campaign sets ``execution.kuberay`` (``budget``:
+    the stage's guard, checked while the job runs; its stop fails the stage, never the teacher's items)."""
     from types import SimpleNamespace
 
     from assets.teacher_generations import teacher_setup, teacher_usage
@@ -108,13 +111,17 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
                 tpath = teacher_model_path(storage, spec)
                 res, ray_lines, ray_md = teacher_on_ray(
                     spec, storage, pricing, rows, sampling, tpath,
-                    model_identity(tpath, t.revision) if tpath is not None else None, identity, "teacher_scoring", log)
+                    model_identity(tpath, t.revision) if tpath is not None else None, identity, "teacher_scoring", log,
+                    launch=launch and launch.at(f"teacher@{max_new_tokens}"),
+                    **({"budget": budget} if spec.execution.kuberay is not None else {}))
                 spend.setdefault("ray", []).append(ray_md)
             else:
                 res = run_generation(rows, backend, sampling, cache, chat=t.chat,
                                      context=[m.model_dump() for m in t.context],
                                      context_categories=t.context_categories, log=log)
         except Exception as e:  # noqa: BLE001 - an unreachable teacher is an error on its items, not a failed gate
+            if isinstance(e, BudgetStop):  # the stage's budget, not the teacher: the stage stops
+                raise
             log(f"teacher could not be scored: {e}")
             return [SimpleNamespace(text="", latency_s=0.0, error=f"teacher: {e}"[:300]) for _ in prompts]
         finally:
@@ -150,7 +157,7 @@ def build(spec: CampaignSpec):
            description=f"Candidate and base answer the same items of {len(ev.suites)} suite(s) {where}; "
                        "the blocking `gate` check decides promotion.")
     def evaluation(context: AssetExecutionContext, prompts: dict, adapter: dict, storage: ArtifactStore,
-                   pricing: PricingResource, teacher: TeacherResource):
+                   pricing: PricingResource, teacher: TeacherResource, kuberay: KubeRayJobLauncher):
         from evaluation.gate import GatePolicy, StatsPolicy, combine
         from evaluation.report import build_report
         from evaluation.runner import BASE, CANDIDATE, SuiteGate, SuiteRun, answer_suites, judge, scores
@@ -181,7 +188,8 @@ def build(spec: CampaignSpec):
 
             # refuses to start when the planner's estimate exceeds the budget left; checked again from
             # actual spend after each model's suite
-            device = local_device() if local else None  # a GPU-priced evaluation without a GPU: refused now
+            # a GPU-priced evaluation without a GPU: refused now (on KubeRay: the Ray workers' device)
+            device = (ray_device(spec) if spec.execution.kuberay is not None else local_device()) if local else None
             guard = pricing.guard(context, spec, storage.stage(spec.name, "evaluation", items_key), device=device)
             t0 = time.perf_counter()
             held = read_prompt_table(prompts["heldout_path"])
@@ -191,10 +199,14 @@ def build(spec: CampaignSpec):
             harness_run = _run_harness(spec, harness, adapter, base, isd, context, progress)  # before any other model
             dtypes: dict[str, str] = {}
             categories = {it["prompt"]: it["category"] for r in runs for it in r.items}
-            models = _models(spec, adapter, base, context, dtypes, storage)
+            from assets.ray_dispatch import KubeRayLaunch
+
+            launch = KubeRayLaunch(context, kuberay, "evaluation", isd.path / "ray")  # with execution.kuberay
+            models = _models(spec, adapter, base, context, dtypes, storage, launch=launch, budget=guard)
             spend = None
             if eval_teacher:
-                ask_teacher, spend = teacher_scorer(spec, storage, teacher, pricing, context.log.info, categories)
+                ask_teacher, spend = teacher_scorer(spec, storage, teacher, pricing, context.log.info, categories,
+                                                    launch=launch, budget=guard)
                 models["teacher"] = lambda: ask_teacher
                 local_lines = guard.line_fn  # the guard accrues the teacher's spend as well as the time
                 guard.line_fn = lambda seconds, items: local_lines(seconds, items) + spend["lines"]
@@ -331,11 +343,17 @@ def _ray_manifest(dtypes: dict, spend: dict | None) -> dict:
     return {"ray_shards": dtypes.get("_ray", {}) | teacher}
 
 
+def ray_device(spec: CampaignSpec) -> str:
+    """Where the models answer on a KubeRay cluster: the Ray workers' device ("cuda" with GPUs per replica)."""
+    return "cuda" if spec.execution.num_gpus_per_replica > 0 else "cpu"
+
+
 def _generation_engine(spec: CampaignSpec, log):
-    """The Ray session the evaluation's models answer in (``execution.engine: ray``), else nothing."""
+    """The Ray session the evaluation's models answer in (``execution.engine: ray`` here), else nothing (a KubeRay
+    RayJob per model brings its own cluster)."""
     from contextlib import nullcontext
 
-    if spec.execution.engine != "ray":
+    if spec.execution.engine != "ray" or spec.execution.kuberay is not None:
         return nullcontext()
     from campaign_orchestrator.scaleout.pool import ray_session
 
@@ -343,9 +361,12 @@ def _generation_engine(spec: CampaignSpec, log):
 
 
 def _ray_answers(spec: CampaignSpec, storage: ArtifactStore, role: str, base, adapter: dict | None, four_bit: bool,
-                 bs: int, log, dtypes: dict | None):
+                 bs: int, log, dtypes: dict | None, launch=None, budget=None):
     """A ``generate(prompts, max_new_tokens)`` answering on the stage's Ray actor pool, through the generation
-    cache under the model's identity (base weights, adapter content, resolved quantization)."""
+    cache under the model's identity (base weights, adapter content, resolved quantization); a KubeRay RayJob per
+    model and answer length through ``launch`` when the campaign sets ``execution.kuberay`` (``budget``: the stage's
+    guard, checked while it runs)."""
+    from assets.ray_dispatch import ray_runner
     from campaign_orchestrator.scaleout.job import AnswerRecipe
     from campaign_orchestrator.scaleout.stage import answers_on_ray
     from campaign_orchestrator.scaleout.worker import CacheConfig
@@ -365,8 +386,10 @@ def _ray_answers(spec: CampaignSpec, storage: ArtifactStore, role: str, base, ad
                            storage.s3_endpoint_url, storage.s3_region)
 
     def generate(prompts, max_new_tokens):
+        kuberay = spec.execution.kuberay is not None
+        run_on = ray_runner(spec, launch and launch.at(f"{role}@{max_new_tokens}"), "answers")
         outs, run, st = answers_on_ray(spec.execution, prompts, recipe, identity, max_new_tokens, cache_for, log=log,
-                                       label=f"{role} answers")
+                                       label=f"{role} answers", run=run_on, **({"budget": budget} if kuberay else {}))
         if dtypes is not None and st.compute_dtype:
             dtypes[role] = st.compute_dtype
         if dtypes is not None:  # shards done/total per model, beside the dtypes (the manifest's ray_shards)
@@ -377,11 +400,12 @@ def _ray_answers(spec: CampaignSpec, storage: ArtifactStore, role: str, base, ad
 
 
 def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | None = None,
-            storage: ArtifactStore | None = None) -> dict:
+            storage: ArtifactStore | None = None, launch=None, budget=None) -> dict:
     """role -> factory of a ``generate(prompts, max_new_tokens)`` callable (loaded when called) for the
     candidate and the base (the teacher is asked through its backend: ``teacher_scorer``); ``dtypes``
     collects each local model's resolved compute dtype. With ``execution.engine: ray`` the local models answer
-    on the stage's Ray actor pool (``storage``: where their answers are cached)."""
+    on the stage's Ray actor pool (``storage``: where their answers are cached), in a KubeRay RayJob through
+    ``launch`` with ``execution.kuberay``."""
     ev, q = spec.evaluation, spec.student.quantization
     if ev.backend == "openai":
         from evaluation.endpoint import OpenAIEndpoint
@@ -416,8 +440,9 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
     if spec.execution.engine == "ray" and storage is not None:
         log = context.log.info
         return {"candidate": lambda: _ray_answers(spec, storage, "candidate", base, adapter, q.load_in_4bit, bs,
-                                                  log, dtypes),
-                "base": lambda: _ray_answers(spec, storage, "base", base, None, q.load_in_4bit, bs, log, dtypes)}
+                                                  log, dtypes, launch, budget),
+                "base": lambda: _ray_answers(spec, storage, "base", base, None, q.load_in_4bit, bs, log, dtypes,
+                                             launch, budget)}
 
     def local(role, path, adapter_dir=None, four_bit=False, dtype=q.compute_dtype):
         def factory():

@@ -24,6 +24,7 @@ from campaigns.spec import CampaignSpec
 from resources import ArtifactStore, LocalTorchrunLauncher, PricingResource, TeacherResource
 from resources.cluster import ClusterValidation
 from resources.k8s import K8sTrainingLauncher
+from resources.k8s.kuberay_launcher import KubeRayJobLauncher
 from resources.training_launcher import TrainingLauncher
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ def default_resources(artifact_root: str = "artifacts", ledger: str | None = Non
         "launcher": TrainingLauncher(local=LocalTorchrunLauncher(), k8s=K8sTrainingLauncher()),
         "pricing": PricingResource(ledger=ledger),
         "cluster": ClusterValidation(),
+        "kuberay": KubeRayJobLauncher(),  # generation stages with execution.kuberay (assets/ray_dispatch.py)
     }
 
 

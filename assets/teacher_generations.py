@@ -13,6 +13,7 @@ from campaign_orchestrator import models
 from assets.common import base_metadata, key, model_deps, model_identity, stage_key
 from assets.progress import RunProgress
 from campaigns.spec import CampaignSpec
+from resources.k8s.kuberay_launcher import KubeRayJobLauncher
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
 from resources.teacher import TeacherResource
@@ -56,10 +57,13 @@ UNPRICED_NOTE = "unknown: teacher.price is `unpriced`"
 
 
 def teacher_on_ray(spec: CampaignSpec, storage: ArtifactStore, pricing: PricingResource, rows: list, sampling,
-                   model_path, weights_id, identity: str, stage: str, log, **kwargs) -> tuple:
+                   model_path, weights_id, identity: str, stage: str, log, launch=None, **kwargs) -> tuple:
     """The teacher answering ``rows`` on Ray (``execution.engine: ray``): ``(result, cost lines per shard tagged
-    with the shard id or None when unpriced, the Ray metadata)``; the workers write the same generation cache."""
-    from campaign_orchestrator.scaleout.stage import ray_metadata, run_on_ray, shard_cost_lines
+    with the shard id or None when unpriced, the Ray metadata)``; the workers write the same generation cache.
+    ``stage``: ``teacher_generations`` or ``teacher_scoring``; ``launch``: how to launch it as a KubeRay RayJob
+    (``assets.ray_dispatch.KubeRayLaunch``; used when the campaign sets ``execution.kuberay``)."""
+    from assets.ray_dispatch import ray_runner
+    from campaign_orchestrator.scaleout.stage import ray_metadata, shard_cost_lines
     from campaign_orchestrator.scaleout.worker import CacheConfig
     from campaign_orchestrator.teacher.recipes import BackendRecipe
     from campaign_orchestrator.teacher.requests import namespace
@@ -67,12 +71,13 @@ def teacher_on_ray(spec: CampaignSpec, storage: ArtifactStore, pricing: PricingR
     t = spec.teacher
     cfg = CacheConfig(storage.cache_store().url, namespace(identity, sampling), str(storage.spool_dir()),
                       storage.s3_endpoint_url, storage.s3_region)
-    res, run = run_on_ray(spec.execution, rows, BackendRecipe(t, str(model_path) if model_path else None, weights_id),
-                          identity, sampling, cfg, log=log, label=stage.replace("_", " "), chat=t.chat,
-                          context=[m.model_dump() for m in t.context], context_categories=t.context_categories,
-                          price=lambda usage: pricing.bill(spec, stage, usage)["lines"],
-                          rate_limits=(t.requests_per_minute, t.tokens_per_minute) if t.backend == "openai"
-                          else (None, None), **kwargs)
+    run_on = ray_runner(spec, launch, stage)
+    res, run = run_on(spec.execution, rows, BackendRecipe(t, str(model_path) if model_path else None, weights_id),
+                      identity, sampling, cfg, log=log, label=stage.replace("_", " "), chat=t.chat,
+                      context=[m.model_dump() for m in t.context], context_categories=t.context_categories,
+                      price=lambda usage: pricing.bill(spec, stage, usage)["lines"],
+                      rate_limits=(t.requests_per_minute, t.tokens_per_minute) if t.backend == "openai"
+                      else (None, None), **kwargs)
     return res, shard_cost_lines(run), ray_metadata(run)
 
 
@@ -85,7 +90,8 @@ def build(spec: CampaignSpec):
            description=f"Teacher `{t.model}` ({t.backend}) answers every training prompt "
                        f"(n={t.sampling.n}, content-addressed cache: never paid for twice).")
     def teacher_generations(context: AssetExecutionContext, prompts: dict, storage: ArtifactStore,
-                            teacher: TeacherResource, pricing: PricingResource) -> Output[dict]:
+                            teacher: TeacherResource, pricing: PricingResource,
+                            kuberay: KubeRayJobLauncher) -> Output[dict]:
         from campaign_orchestrator.dataset.prompts import read_prompt_table
         from campaign_orchestrator.teacher.backends import spec_identity
         from campaign_orchestrator.teacher.cache import GenerationCache
@@ -113,10 +119,13 @@ def build(spec: CampaignSpec):
             progress = RunProgress(context.log, len(rows) * sampling.n, "teacher generations", "samples")
             ray_md = None
             try:
-                if spec.execution.engine == "ray":  # shards on a Ray actor pool (campaign_orchestrator/scaleout)
+                if spec.execution.engine == "ray":  # shards on a Ray actor pool: here, or a KubeRay RayJob
+                    from assets.ray_dispatch import KubeRayLaunch
+
+                    launch = KubeRayLaunch(context, kuberay, "teacher_generations", sd.path / "ray")
                     res, lines, ray_md = teacher_on_ray(spec, storage, pricing, rows, sampling, model_path, weights_id,
                                                         identity, "teacher_generations", context.log.info,
-                                                        progress=progress, budget=guard)
+                                                        launch=launch, progress=progress, budget=guard)
                 else:
                     res = run_generation(rows, backend, sampling, cache, chat=t.chat,
                                          context=[m.model_dump() for m in t.context],

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from campaign_orchestrator.scaleout.pool import ShardPool, describe_worker, ray_session
 from campaign_orchestrator.scaleout.shards import make_shards
@@ -62,6 +62,38 @@ class RayRun:
         return {"shards_total": len(self.shards), "shards_done": self.done, "shards_cached": sum(
             1 for s in self.shards if not s.attempts), "lost_workers": self.lost_workers, "retried": self.retried,
             "nodes": self.nodes, "wall_s": self.wall_s, "shards": [asdict(s) for s in self.shards]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RayRun:
+        """The run a job's summary describes (``as_dict``, as ``python -m campaign_orchestrator.scaleout --summary``
+        writes it under ``ray``)."""
+        known = {f.name for f in fields(ShardReport)}
+        return cls(shards=[ShardReport(**{k: v for k, v in s.items() if k in known}) for s in d.get("shards", [])],
+                   lost_workers=list(d.get("lost_workers", [])), retried=list(d.get("retried", [])),
+                   nodes=dict(d.get("nodes", {})), wall_s=float(d.get("wall_s", 0.0)))
+
+
+def stats_from_dict(d: dict) -> GenerationStats:
+    """The :class:`GenerationStats` of ``GenerationStats.as_dict()`` (a job summary's ``stats``)."""
+    known = {f.name for f in fields(GenerationStats)}
+    return GenerationStats(**{k: v for k, v in d.items() if k in known})
+
+
+def price_shard(rep: ShardReport, price: Callable[[dict], list | None] | None) -> None:
+    """Price a finished shard's usage (``price(usage)``: its cost lines, None when unpriced); a shard that asked
+    nothing (found in the cache meanwhile) costs nothing."""
+    if price is not None and (rep.generated or rep.failed):
+        rep.lines = price({"seconds": rep.seconds, "prompt_tokens": rep.prompt_tokens,
+                           "completion_tokens": rep.completion_tokens})
+        rep.usd = None if rep.lines is None else float(sum(x["usd"] for x in rep.lines))
+
+
+def worth_a_line(rep: ShardReport, run: RayRun) -> bool:
+    """Whether a finished shard gets a line in the run log: at most ~50 per stage, the last one, and every
+    retried or failing shard."""
+    total = len(run.shards)
+    every = max(1, total // 50)
+    return not (run.done % every and run.done != total and rep.attempts < 2 and not rep.failed)
 
 
 def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling: Sampling, cache, cache_config:
@@ -125,10 +157,7 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
         w = summary["worker"]
         node = f"{w.get('node_ip') or w.get('host', '?')} {(w.get('node_id') or '')[:8]}".strip()
         run.nodes[node] = run.nodes.get(node, 0) + 1
-        if price is not None and (rep.generated or rep.failed):
-            rep.lines = price({"seconds": rep.seconds, "prompt_tokens": rep.prompt_tokens,
-                               "completion_tokens": rep.completion_tokens})
-            rep.usd = None if rep.lines is None else float(sum(x["usd"] for x in rep.lines))
+        price_shard(rep, price)
         bs = summary.get("backend_stats") or {}
         st.http_requests += bs.get("http_requests", 0)
         for k, v in (bs.get("retry_reasons") or {}).items():
@@ -213,9 +242,10 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
     return GenerationResult(rows, st), run
 
 
-def run_job(job, log: Callable[[str], None] = print, on_shard=None) -> tuple[GenerationResult, RayRun]:
+def run_job(job, log: Callable[[str], None] = print, on_shard=None, budget=None) -> tuple[GenerationResult, RayRun]:
     """Run a :class:`~campaign_orchestrator.scaleout.job.Job` on the connected Ray cluster and write its
-    rows to ``job.output`` (the entry point a KubeRay ``RayJob`` runs; the Dagster step runs the same code)."""
+    rows to ``job.output`` (the entry point a KubeRay ``RayJob`` runs; the Dagster step runs the same code).
+    ``budget``: what :func:`run_generation_ray` asks of a guard (``check_planned``, ``charge``)."""
     from types import SimpleNamespace
 
     from campaign_orchestrator.dataset.prompts import read_prompt_table
@@ -231,7 +261,7 @@ def run_job(job, log: Callable[[str], None] = print, on_shard=None) -> tuple[Gen
         else (None, None)
     res, run = run_generation_ray(rows, job.recipe, job.identity, sampling, cache, cfg, execution, chat=job.chat,
                                   context=job.context, context_categories=job.context_categories, log=log,
-                                  on_shard=on_shard, rate_limits=limits)
+                                  on_shard=on_shard, rate_limits=limits, budget=budget)
     write_generations(res.rows, job.output)
     return res, run
 
@@ -241,18 +271,19 @@ def _usd(x: float | None) -> str:
 
 
 class KubeRayNotLaunched(RuntimeError):
-    """A stage asked to run as a KubeRay RayJob, which the Dagster step does not launch yet."""
+    """``run_on_ray`` was asked to run a stage whose campaign sets ``execution.kuberay``."""
 
 
 def refuse_unlaunched_kuberay(execution) -> None:
-    """Refuse ``execution.kuberay`` in the Dagster step: the RayJob launcher (``resources/k8s/kuberay_launcher.py``)
-    and its manifests exist and are tested against the emulated API, but the generation stages do not call it yet,
-    and running the stage on a local cluster instead would not be what the campaign asked for."""
+    """Refuse ``execution.kuberay`` here: this module runs Ray where its process is (a local cluster or
+    ``execution.ray_address``). A stage with ``execution.kuberay`` is launched as a KubeRay RayJob by its Dagster
+    asset (``assets/ray_dispatch.py``), whose driver runs :func:`run_job` inside the cluster; running it on a local
+    cluster instead would not be what the campaign asked for."""
     if getattr(execution, "kuberay", None) is not None:
         raise KubeRayNotLaunched(
-            "execution.kuberay: the generation stages do not launch RayJobs yet (the manifests and the launcher exist: "
-            "`campaign k8s-render` shows them; docs/scaleout.md). To run a stage on a KubeRay cluster now, remove "
-            "execution.kuberay and set execution.ray_address to its head service (ray://<cluster>-head-svc:10001)")
+            "execution.kuberay: this stage runs as a KubeRay RayJob launched by its Dagster asset "
+            "(assets/ray_dispatch.py: the `kuberay` resource), not on a Ray cluster where this process is; to use a "
+            "running cluster from here, remove execution.kuberay and set execution.ray_address")
 
 
 def run_on_ray(execution, prompts: Sequence[dict], recipe, identity: str, sampling: Sampling, cache_config: CacheConfig,
@@ -267,9 +298,7 @@ def run_on_ray(execution, prompts: Sequence[dict], recipe, identity: str, sampli
     def on_shard(rep: ShardReport, run: RayRun) -> None:
         if user_on_shard is not None:
             user_on_shard(rep, run)
-        total = len(run.shards)
-        every = max(1, total // 50)  # at most ~50 shard lines per stage in the run log, and the last one
-        if run.done % every and run.done != total and rep.attempts < 2 and not rep.failed:
+        if not worth_a_line(rep, run):
             return
         el = max(1e-9, time.perf_counter() - t0)
         tokens = sum(r.completion_tokens for r in run.shards)
@@ -309,15 +338,18 @@ def ray_metadata(run: RayRun) -> dict:
 
 def answers_on_ray(execution, prompts: Sequence[str], recipe, identity: str, max_new_tokens: int,
                    cache_config_for: Callable[[Sampling], CacheConfig], *, log: Callable[[str], None],
-                   label: str) -> tuple[list, RayRun, GenerationStats]:
+                   label: str, run: Callable | None = None, **kwargs) -> tuple[list, RayRun, GenerationStats]:
     """Greedy answers of a local model (an :class:`~campaign_orchestrator.scaleout.job.AnswerRecipe`) to
     ``prompts`` on Ray, in order, as ``generate(prompts, max_new_tokens)`` returns them (``text``, ``latency_s``,
-    ``error``); cached under ``identity`` like teacher generations, so a lost shard costs its in-flight prompts."""
+    ``error``); cached under ``identity`` like teacher generations, so a lost shard costs its in-flight prompts.
+    ``run``: what runs the shards, called as :func:`run_on_ray` (the default) is, with ``kwargs`` (e.g. a KubeRay
+    RayJob launched by the Dagster asset)."""
     from types import SimpleNamespace
 
     sampling = Sampling(max_new_tokens=max_new_tokens)
     rows = [{"id": str(i), "prompt": p} for i, p in enumerate(prompts)]
-    res, run = run_on_ray(execution, rows, recipe, identity, sampling, cache_config_for(sampling), log=log, label=label)
+    res, run = (run or run_on_ray)(execution, rows, recipe, identity, sampling, cache_config_for(sampling), log=log,
+                                   label=label, **kwargs)
     outs = [SimpleNamespace(text=r["completion"] or "", latency_s=float(r["latency_s"] or 0.0), error=r["error"])
             for r in res.rows]
     return outs, run, res.stats

@@ -110,15 +110,50 @@ def test_a_worker_answers_what_the_cache_lacks_and_its_spool_outlives_it(tmp_pat
         assert "encode zz =" not in srv.stats.received_by_prompt and srv.stats.received_by_prompt["encode yy ="] == 1
 
 
-def test_a_kuberay_stage_is_refused_in_the_step_never_run_on_a_local_cluster_instead():
-    """execution.kuberay is rendered and launchable (resources/k8s/kuberay_launcher.py), but the stages do not call
-    the launcher yet: the Dagster step refuses it before any Ray cluster starts, naming what to write instead."""
+def test_run_on_ray_refuses_a_kuberay_stage_and_the_assets_launch_it_instead():
+    """``run_on_ray`` runs Ray where its process is: a campaign with execution.kuberay is refused there (never run on
+    a local cluster instead). The asset layer's dispatch (assets/ray_dispatch.py) gives such a stage the KubeRay
+    runner, and refuses it too when the stage was given no launcher."""
     from types import SimpleNamespace
 
-    import pytest
-
+    from assets.ray_dispatch import KubeRayLaunch, ray_runner
     from campaign_orchestrator.scaleout.stage import KubeRayNotLaunched, run_on_ray
 
     execution = SimpleNamespace(kuberay=SimpleNamespace(), ray_address=None)
-    with pytest.raises(KubeRayNotLaunched, match="execution.ray_address"):
+    with pytest.raises(KubeRayNotLaunched, match="launched by its Dagster asset"):
         run_on_ray(execution, [{"id": "0", "prompt": "x"}], None, "id", None, None, log=print)
+    kuberay = SimpleNamespace(name="c", execution=execution)
+    assert ray_runner(SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None)), None, "answers") is run_on_ray
+    runner = ray_runner(kuberay, KubeRayLaunch(None, object(), "evaluation", "/x"), "answers")
+    assert runner is not run_on_ray and runner.__name__ == "run"
+    with pytest.raises(KubeRayNotLaunched, match="no KubeRay launcher"):
+        ray_runner(kuberay, None, "answers")
+
+
+def test_a_job_summary_gives_back_the_stats_and_shard_reports_priced_on_the_dagster_side():
+    """What the RayJob's driver writes (``ray_summary.json``: ``stats``, ``ray``) is read back as the stage's
+    GenerationStats and RayRun, each shard priced with the stage's price callback (lines tagged with the shard id)."""
+    from dataclasses import asdict
+
+    from campaign_orchestrator.scaleout.__main__ import shard_message
+    from campaign_orchestrator.scaleout.stage import (RayRun, ShardReport, price_shard, shard_cost_lines,
+                                                     stats_from_dict)
+    from campaign_orchestrator.teacher.runner import GenerationStats
+
+    st = GenerationStats(prompts=3, requests=3, generated=2, cache_hits=1, new_completion_tokens=9, generate_s=1.5)
+    run = RayRun(shards=[ShardReport("aa", 0, 2, generated=2, prompt_tokens=10, completion_tokens=9, seconds=1.5,
+                                     worker="w1", attempts=1), ShardReport("bb", 1, 1, cached=1)],
+                 nodes={"10.0.0.1 abcd": 1}, wall_s=2.0)
+    summary = json.loads(json.dumps({"stats": st.as_dict(), "ray": run.as_dict()}))  # as the file holds it
+    back = RayRun.from_dict(summary["ray"])
+    assert stats_from_dict(summary["stats"]) == st
+    assert [asdict(s) for s in back.shards] == [asdict(s) for s in run.shards] and back.done == 2
+    assert shard_message(back.shards[0], back) == {
+        "kind": "ray_shard", "shard": "aa", "generated": 2, "failed": 0, "prompt_tokens": 10, "completion_tokens": 9,
+        "seconds": 1.5, "shards_done": 2, "shards_total": 2, "final": True}
+    for rep in back.shards:
+        price_shard(rep, lambda u: [{"kind": "teacher", "usd": u["completion_tokens"] * 0.01}])
+    assert back.shards[0].usd == pytest.approx(0.09) and back.shards[1].lines is None  # cached: $0, no line
+    assert shard_cost_lines(back) == [{"kind": "teacher", "usd": pytest.approx(0.09), "shard": "aa"}]
+    price_shard(back.shards[0], lambda u: None)  # an unpriced teacher: the stage's cost is unknown, never $0
+    assert back.shards[0].usd is None and shard_cost_lines(back) is None

@@ -186,6 +186,7 @@ class FakeKubelet:
         api = server.api()
         self.core, self.batch, self.custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
         self.start_delay_s = start_delay_s
+        self.reconcile_s = 0.03  # between two looks at the API (a test with real work to run may look less often)
         self.pending = pending or {}  # index -> pod status to keep (e.g. unschedulable) instead of running
         self.jobs: dict[str, dict] = {}  # name -> {"kind", "pods": [...], "runs": [...], "results": {}}
         self.created: list[dict] = []  # every workload object seen, as created
@@ -250,7 +251,7 @@ class FakeKubelet:
                 self._reconcile()
             except Exception as e:  # keep the fake cluster alive; the test sees the effect
                 self.events.append(f"reconcile error: {e!r}")
-            self._stop.wait(0.03)
+            self._stop.wait(self.reconcile_s)
 
     def _workloads(self) -> list[dict]:
         jobs = json.loads(self.batch.list_namespaced_job(self.ns, _preload_content=False).data)["items"]
