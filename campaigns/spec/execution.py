@@ -105,9 +105,9 @@ class ExecutionSpec(_Strict):
     max_shard_retries: int = Field(3, ge=0, description="Times a shard lost with its worker is run again before the "
                                                         "stage fails.")
     kuberay: KubeRaySpec | None = Field(
-        None, description="Run the generation stages on Kubernetes as a KubeRay RayJob (with the campaign's "
-                          "`kubernetes:` section; docs/scaleout.md). Rendered by `campaign k8s-render`; the stages "
-                          "do not launch it yet and refuse it when they start. Empty: Ray runs where the stage runs.")
+        None, description="Run the generation stages on Kubernetes as KubeRay RayJobs the stages launch, follow and "
+                          "delete (with the campaign's `kubernetes:` section; docs/scaleout.md). Rendered by "
+                          "`campaign k8s-render`. Empty: Ray runs where the stage runs.")
 
     @property
     def gpus_per_worker_pod(self) -> int:
