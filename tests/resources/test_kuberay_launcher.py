@@ -129,7 +129,9 @@ def _pods(server) -> list[str]:
 def test_success_streams_the_drivers_messages_deletes_the_rayjob_and_leaks_no_secret(api_server, spec, tmp_path,
                                                                                      monkeypatch):
     _plant_secret(api_server)
-    job = _job(spec, tmp_path)
+    # shards of 0.5 s: the job outlasts worker 1's crash (0.3 s after it starts) by several polls, so the launcher
+    # sees the crashed pod before the job ends (with 0.05 s shards a fast driver could finish first)
+    job = _job(spec, tmp_path, shard_s=0.5)
     with FakeKubeRayOperator(api_server, driver_program(DRIVER), crash_workers={1: "worker 1: OOM"}) as operator:
         result, instance, _ = _run(spec, job, api_server, tmp_path, monkeypatch)
         gone = operator.wait_all_deleted()
