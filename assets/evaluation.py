@@ -129,6 +129,7 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
         st = res.stats
         log(f"teacher on {len(prompts)} held-out prompts: {st.cache_hits} from the generation cache, {st.generated} "
             f"generated")
+        _tally(spend, "answers", st)
         lines = [] if not st.generated else ray_lines if spec.execution.engine == "ray" else pricing.bill(
             spec, "teacher_scoring", teacher_usage(st))["lines"]  # cache hits cost nothing
         if lines is None:
@@ -227,7 +228,8 @@ def build(spec: CampaignSpec):
                 extra["cost_unknown"] = "unknown: scoring the teacher, whose teacher.price is `unpriced`"
             isd.commit({"items_path": str(out / "items.parquet"), "items_sha256": file_sha256(out / "items.parquet"),
                         "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines,
-                        **extra, "compute_dtype": {k: v for k, v in dtypes.items() if k != "_ray"}}
+                        **extra, "compute_dtype": {k: v for k, v in dtypes.items() if not k.startswith("_")},
+                        "answers": _answer_counts(dtypes, spend)}
                        | _harness_manifest(harness_run, bill) | _ray_manifest(dtypes, spend))
         im = isd.manifest()
 
@@ -261,7 +263,7 @@ def build(spec: CampaignSpec):
                        **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
                        "student_teacher_ratio": {x.name: student_teacher_ratio(doc["scores"], x.name)
                                                  for x in ev.suites},
-                       "compute_dtype": im.get("compute_dtype", {}),
+                       "compute_dtype": im.get("compute_dtype", {}), "answers": im.get("answers", {}),
                        **({"ray_shards": im["ray_shards"]} if "ray_shards" in im else {})}
                       | {k: im[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in im})
         m = sd.manifest()
@@ -272,6 +274,8 @@ def build(spec: CampaignSpec):
             "statistics": report["method"], "requires_human_review": m["requires_human_review"]}
         if m.get("compute_dtype"):
             md["compute_dtype"] = MetadataValue.json(m["compute_dtype"])
+        if m.get("answers"):  # per role: generated in this run, found in the generation cache
+            md["answers"] = MetadataValue.json(m["answers"])
         if m.get("ray_shards"):  # execution.engine ray: shards done/total per model and answer length
             md["ray_shards"] = MetadataValue.json(m["ray_shards"])
         md |= {k: m[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in m}
@@ -335,6 +339,23 @@ def _harness_manifest(run, bill: dict | None) -> dict:
     return {"lm_eval": run.as_dict(), "lm_eval_seconds": run.wall_seconds, "lm_eval_usd": usd}
 
 
+def _tally(counts: dict, role: str, st) -> None:
+    """Add a generation call's answers (``GenerationStats``: generated, cache hits) to ``counts[role]``."""
+    seen = counts.setdefault(role, {"generated": 0, "from_cache": 0})
+    seen["generated"] += st.generated
+    seen["from_cache"] += st.cache_hits
+
+
+def _answer_counts(dtypes: dict, spend: dict | None) -> dict:
+    """role -> answers generated in this run and found in the generation cache (distinct prompts per suite
+    length): the base answered once across candidates, a context-distillation teacher's bare prompts taken from
+    the base's answers."""
+    out = dict(dtypes.get("_answers", {}))
+    if spend and spend.get("answers"):
+        out["teacher"] = spend["answers"]
+    return out
+
+
 def _ray_manifest(dtypes: dict, spend: dict | None) -> dict:
     """``ray_shards``: shards done/total of each model's answers on Ray (none with engine local)."""
     if "_ray" not in dtypes and not (spend and spend.get("ray")):
@@ -375,9 +396,7 @@ def _ray_answers(spec: CampaignSpec, storage: ArtifactStore, role: str, base, ad
 
     s, q = spec.student, spec.student.quantization
     adapter_dir = adapter["adapter_path"] if adapter else None
-    identity = "local-answers:" + json.dumps({"base": model_identity(base, s.revision), "adapter": adapter and
-                                              adapter["key"], "quantization": local_quantization_key(q)},
-                                             sort_keys=True)
+    identity, _precision = answer_identity(spec, base, adapter)
     recipe = AnswerRecipe(GeneratorRecipe(str(base), str(adapter_dir) if adapter_dir else None, four_bit,
                                           q.compute_dtype, batch_size=bs), identity, model=f"{s.base_model} ({role})")
 
@@ -392,7 +411,8 @@ def _ray_answers(spec: CampaignSpec, storage: ArtifactStore, role: str, base, ad
                                        label=f"{role} answers", run=run_on, **({"budget": budget} if kuberay else {}))
         if dtypes is not None and st.compute_dtype:
             dtypes[role] = st.compute_dtype
-        if dtypes is not None:  # shards done/total per model, beside the dtypes (the manifest's ray_shards)
+        if dtypes is not None:  # answers generated/cached; shards done/total per model (the manifest's ray_shards)
+            _tally(dtypes.setdefault("_answers", {}), role, st)
             dtypes.setdefault("_ray", {})[f"{role}@{max_new_tokens}"] = f"{run.done}/{len(run.shards)}"
         return outs
 
@@ -434,8 +454,12 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
 
         return {"candidate": endpoint(cand_name), "base": endpoint(e.base_model)}
 
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.teacher.backends import TransformersBackend
+    from campaign_orchestrator.teacher.cache import GenerationCache
+    from campaign_orchestrator.teacher.requests import namespace
+    from campaign_orchestrator.teacher.runner import cached_answers
 
+    s = spec.student
     bs = max(x.batch_size for x in ev.suites)
     if spec.execution.engine == "ray" and storage is not None:
         log = context.log.info
@@ -444,13 +468,36 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
                 "base": lambda: _ray_answers(spec, storage, "base", base, None, q.load_in_4bit, bs, log, dtypes,
                                              launch, budget)}
 
-    def local(role, path, adapter_dir=None, four_bit=False, dtype=q.compute_dtype):
-        def factory():
-            g = LocalGenerator.from_path(path, adapter_dir, four_bit, dtype, batch_size=bs)
-            if dtypes is not None and g.precision is not None:
-                dtypes[role] = g.precision.dtype
-            return lambda prompts_, n: g.generate(prompts_, n)
-        return factory
+    def local(role, adapter_dir=None):
+        """The model answers through the generation cache under its content identity (:func:`answer_identity`):
+        loaded only when some item is not there yet."""
+        identity, precision = answer_identity(spec, base, adapter if adapter_dir else None)
+        backend = TransformersBackend(base, f"{s.base_model} ({role})", identity, batch_size=bs,
+                                      compute_dtype=q.compute_dtype, precision=precision, adapter_dir=adapter_dir,
+                                      load_in_4bit=q.load_in_4bit)
 
-    return {"candidate": local("candidate", base, adapter["adapter_path"], q.load_in_4bit),
-            "base": local("base", base, None, q.load_in_4bit)}
+        def on_stats(st):
+            if dtypes is not None:
+                dtypes[role] = st.compute_dtype or precision.split(":", 1)[1]
+                _tally(dtypes.setdefault("_answers", {}), role, st)
+
+        def cache_for(sampling):
+            return GenerationCache(storage.cache_store(), namespace(identity, sampling), storage.spool_dir())
+
+        return lambda: cached_answers(backend, cache_for, log=context.log.info, on_stats=on_stats)
+
+    return {"candidate": local("candidate", adapter["adapter_path"]), "base": local("base")}
+
+
+def answer_identity(spec: CampaignSpec, base, adapter: dict | None) -> tuple[str, str]:
+    """``(identity, precision)`` under which the student's base (``adapter`` None) or a candidate caches its
+    answers: its weights, the compute dtype resolved for where it runs (``<device kind>:<dtype>``), the adapter's
+    content key, its 4-bit settings. The base's is a ``transformers`` teacher's identity over the same weights and
+    precision, so a context-distillation teacher's bare-prompt answers are the base's (answered once)."""
+    from campaign_orchestrator.teacher.backends import answer_identity as identity_of
+
+    s, q = spec.student, spec.student.quantization
+    precision = local_quantization_key(q)["compute_dtype"]
+    return identity_of(s.base_model, base, s.revision, weights_id=model_identity(base, s.revision), precision=precision,
+                       adapter_id=adapter["key"] if adapter else None,
+                       quantization=q.model_dump() if q.load_in_4bit else None), precision

@@ -79,6 +79,21 @@ def teacher_identity(backend: str, model: str, model_path: str | Path | None = N
     return ident
 
 
+def answer_identity(model: str, model_path: str | Path, revision: str | None = None, *, weights_id: str | None = None,
+                    precision: str, adapter_id: str | None = None, quantization: dict | None = None) -> str:
+    """What makes a local model's greedy answers the same, for the generation cache: the
+    ``transformers`` teacher identity of its weights and resolved ``precision`` (so a student's base
+    model and a ``transformers`` teacher over the same weights, as in context distillation, share their
+    answers to the same bare prompt: answered once), then its LoRA adapter (``adapter_id``: its content
+    key) and its 4-bit settings (``quantization``: the student's, when it loads in 4 bit)."""
+    ident = teacher_identity("transformers", model, model_path, revision, weights_id=weights_id, precision=precision)
+    if adapter_id:
+        ident += f"|adapter:{adapter_id}"
+    if quantization:
+        ident += "|4bit:" + hashlib.sha256(json.dumps(quantization, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return ident
+
+
 def local_precision(compute_dtype: str, device: str | None = None) -> str:
     """The transformers teacher's resolved ``<device kind>:<dtype>`` on this host (cheap: the cached per-host
     measurement; imports torch, so only where a stage runs)."""
@@ -106,8 +121,9 @@ class TransformersBackend:
 
     def __init__(self, model_path: str | Path, model: str | None = None, identity: str | None = None,
                  batch_size: int = 64, generator=None, revision: str | None = None, compute_dtype: str = "auto",
-                 precision: str | None = None):
+                 precision: str | None = None, adapter_dir: str | Path | None = None, load_in_4bit: bool = False):
         self.model = model or str(model_path)
+        self.adapter_dir, self.load_in_4bit = adapter_dir, load_in_4bit  # a student: its LoRA adapter, 4-bit base
         self.compute_dtype = compute_dtype
         self.model_path = Path(model_path)
         # what the identity says it computes in: the model it loads must resolve to the same (``generator``)
@@ -123,7 +139,8 @@ class TransformersBackend:
         if self._gen is None:
             from campaign_orchestrator.teacher.local import LocalGenerator
 
-            gen = LocalGenerator.from_path(self.model_path, batch_size=self.batch_size, compute_dtype=self.compute_dtype)
+            gen = LocalGenerator.from_path(self.model_path, self.adapter_dir, self.load_in_4bit, self.compute_dtype,
+                                           batch_size=self.batch_size)
             p = gen.precision
             ran = f"{'cuda' if str(p.device).startswith('cuda') else 'cpu'}:{p.dtype}" if p is not None else None
             if self.precision_key and ran and ran != self.precision_key:

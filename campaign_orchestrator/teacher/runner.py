@@ -196,3 +196,26 @@ def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling
         first = next(r["error"] for r in rows if r["error"])
         raise GenerationError(f"every one of {st.failed} requests failed; first error: {first}")
     return GenerationResult(rows, st)
+
+
+def cached_answers(backend: Backend, cache_for: Callable[[Sampling], GenerationCache],
+                   log: Callable[[str], None] | None = None,
+                   on_stats: Callable[[GenerationStats], None] | None = None) -> Callable:
+    """``generate(prompts, max_new_tokens)`` as evaluation asks a local model (greedy, the suite's length),
+    through the generation cache (``cache_for(sampling)``): each distinct request is generated once per
+    ``backend.identity``, so a re-run, another candidate's evaluation (the base is answered once) or another
+    role over the same weights (a context-distillation teacher's bare prompts are the base's) finds it there.
+    Completions carry ``text``, ``latency_s`` and ``error``; ``on_stats`` sees each call's
+    :class:`GenerationStats` (cache hits, generated, compute dtype)."""
+    from types import SimpleNamespace
+
+    def generate(prompts: Sequence[str], max_new_tokens: int) -> list:
+        sampling = Sampling(max_new_tokens=max_new_tokens)
+        rows = [{"id": str(i), "prompt": p} for i, p in enumerate(prompts)]
+        res = run_generation(rows, backend, sampling, cache_for(sampling), log=log)
+        if on_stats is not None:
+            on_stats(res.stats)
+        return [SimpleNamespace(text=r["completion"] or "", latency_s=float(r["latency_s"] or 0.0), error=r["error"])
+                for r in res.rows]
+
+    return generate

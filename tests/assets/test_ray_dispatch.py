@@ -114,6 +114,7 @@ def test_evaluation_answers_launch_one_job_per_model_and_length(spec, tmp_path, 
     assert (stage, where, job["kind"]) == ("evaluation", items / "candidate@16", "answers")
     assert job["recipe"]["generator"]["model_dir"] == str(base)
     assert job["recipe"]["generator"]["adapter_dir"] == adapter["adapter_path"]
-    assert dtypes == {"candidate": "bfloat16", "_ray": {"candidate@16": "2/2"}}
+    assert dtypes == {"candidate": "bfloat16", "_ray": {"candidate@16": "2/2"},
+                      "_answers": {"candidate": {"generated": 2, "from_cache": 0}}}
     with pytest.raises(Exception, match="no KubeRay launcher"):  # a kuberay stage never falls back to a local cluster
         ev._ray_answers(spec, storage, "base", base, None, False, 8, print, dtypes)(["x"], 16)

@@ -14,13 +14,16 @@ from tests.support.testserver import ServerThread
 pytestmark = pytest.mark.stage
 
 
-def _spec(tmp_path, base_url: str, **evaluation):
+def _spec(tmp_path, base_url: str | None, **evaluation):
     from campaigns.loader import load_campaign_file
 
     d = yaml.safe_load((REPO_ROOT / "campaigns/demo.yaml").read_text())
     d["name"] = "scored"
     d["teacher"] = {"backend": "openai", "model": "teacher", "base_url": base_url, "price": "api-open-70b",
-                    "max_concurrency": 4, "sampling": {"max_new_tokens": 16}}
+                    "max_concurrency": 4, "sampling": {"max_new_tokens": 16}} if base_url else {
+        # the student's own base weights as teacher (context distillation asks its bare prompts like this)
+        "backend": "transformers", "model": "@demo/student", "compute_dtype": "float32", "hardware": "cpu-2vcpu",
+        "sampling": {"max_new_tokens": 16}}
     d["student"]["quantization"] = {"load_in_4bit": False, "compute_dtype": "float32"}
     d["evaluation"] = {"suites": [{"name": "cipher", "max_new_tokens": 16}],
                        "gate": {"min_score": 0.0, "min_items": 12, "max_category_regression": None},
@@ -68,6 +71,34 @@ def test_an_endpoint_teacher_is_scored_priced_and_cached(tmp_path, artifact_root
         off = _spec(tmp_path, srv.base_url, score_teacher=False)
         md3, _ = _evaluate(off, artifact_root)
         assert "cipher_teacher_score" not in md3 and srv.stats.received == asked
+
+
+def test_a_teacher_over_the_base_weights_takes_the_base_answers_and_the_base_is_answered_once(
+        tmp_path, artifact_root, demo_models):
+    """Local answers are cached under the model's content identity: the base's are a transformers teacher's over
+    the same weights and dtype (context distillation's bare prompts), so that teacher is never asked again, and a
+    second candidate's evaluation takes the base's answers from the cache."""
+    from evaluation.suite import read_item_results
+
+    rows = heldout_rows(24)
+    n = len({r["prompt"] for r in rows})
+    spec = _spec(tmp_path, None)
+    seed_upstream(artifact_root, "scored", rows, make_zero_adapter(demo_models["student"], tmp_path / "a", r=4),
+                  demo_models["student"])
+    md, manifest = _evaluate(spec, artifact_root)
+    assert md["answers"] == {"candidate": {"generated": n, "from_cache": 0}, "base": {"generated": n, "from_cache": 0},
+                             "teacher": {"generated": 0, "from_cache": n}}
+    res = read_item_results(manifest["items_path"])
+    assert [x.output for x in res["teacher"]["cipher"]] == [x.output for x in res["base"]["cipher"]]
+    # the zero adapter answers like the base, but it is another model: generated under its own identity
+    assert [x.output for x in res["candidate"]["cipher"]] == [x.output for x in res["base"]["cipher"]]
+
+    seed_upstream(artifact_root, "scored", rows, make_zero_adapter(demo_models["student"], tmp_path / "b", r=8),
+                  demo_models["student"])
+    md2, _ = _evaluate(spec, artifact_root)
+    assert md2["answers"] == {"candidate": {"generated": n, "from_cache": 0}, "base": {"generated": 0, "from_cache": n},
+                              "teacher": {"generated": 0, "from_cache": n}}
+    assert md2["cipher_base_score"] == md["cipher_base_score"]
 
 
 def test_the_summary_prints_the_scorer_and_student_over_teacher(capsys):

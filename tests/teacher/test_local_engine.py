@@ -87,16 +87,15 @@ def test_prefix_groups_and_engine_choice(demo_models, monkeypatch):
         sorted((sorted(g), p) for g, p in groups) == [([0, 2, 3], 9), ([1, 4], 0)]
     with pytest.raises(ValueError, match="engine 'vllm' is unknown"):
         LocalGenerator(None, None, engine="vllm")
-    # auto: the continuous engine where it is token-identical to generate (fp32), generate in bf16
+    # auto: the continuous engine in every dtype (bf16: no less faithful to the fp32 answers than generate)
     g32 = _gen(demo_models, "float32", engine="auto")
     assert g32.engine == "continuous"
-    assert _gen(demo_models, "bfloat16", engine="auto").engine == "hf_generate"
+    assert _gen(demo_models, "bfloat16", engine="auto").engine == "continuous"
     # the measurement switch: $CAMPAIGN_GENERATION_ENGINE decides what auto means, whatever the dtype
     monkeypatch.setenv(ENGINE_ENV, "hf_generate")
     assert auto_engine("float32") == "hf_generate" and LocalGenerator(g32.model, g32.tok).engine == "hf_generate"
     assert LocalGenerator(g32.model, g32.tok, engine="continuous").engine == "continuous"  # an explicit engine is kept
-    monkeypatch.setenv(ENGINE_ENV, "continuous")
-    assert auto_engine("bfloat16") == "continuous"
+    assert auto_engine("bfloat16") == "hf_generate"
     monkeypatch.setenv(ENGINE_ENV, "vllm")
     with pytest.raises(ValueError, match=r"CAMPAIGN_GENERATION_ENGINE='vllm' is unknown"):
         auto_engine("float32")

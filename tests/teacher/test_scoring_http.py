@@ -31,7 +31,9 @@ LONG = "encode " + "abcdefgh" * 8 + " ="  # past the demo teacher's 64 positions
 def gen(demo_models):
     from campaign_orchestrator.teacher.local import LocalGenerator
 
-    g = LocalGenerator.from_path(demo_models["teacher"], batch_size=4)
+    # both sides in fp32: in bf16 (auto on an AVX512-BF16 CPU) the server's batches of 3 and these of 4 pad
+    # differently, which moves a log-probability by up to 0.06
+    g = LocalGenerator.from_path(demo_models["teacher"], batch_size=4, compute_dtype="float32")
     g.tok.chat_template = CHAT  # the demo tokenizer has none: messages need one (the server never renders)
     return g
 
@@ -45,7 +47,7 @@ def server_proc(demo_models):
     env = os.environ | {KEY_ENV: KEY, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "campaign_orchestrator.teacher", "serve", "--model",
                              str(demo_models["teacher"]), "--served-name", NAME, "--port", "0", "--port-file",
-                             str(port_file), "--api-key-env", KEY_ENV, "--batch-size", "3"],
+                             str(port_file), "--api-key-env", KEY_ENV, "--batch-size", "3", "--compute-dtype", "float32"],
                             cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True)
     try:
         yield proc, port_file
