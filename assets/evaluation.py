@@ -472,9 +472,6 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
         """The model answers through the generation cache under its content identity (:func:`answer_identity`):
         loaded only when some item is not there yet."""
         identity, precision = answer_identity(spec, base, adapter if adapter_dir else None)
-        backend = TransformersBackend(base, f"{s.base_model} ({role})", identity, batch_size=bs,
-                                      compute_dtype=q.compute_dtype, precision=precision, adapter_dir=adapter_dir,
-                                      load_in_4bit=q.load_in_4bit)
 
         def on_stats(st):
             if dtypes is not None:
@@ -484,7 +481,13 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
         def cache_for(sampling):
             return GenerationCache(storage.cache_store(), namespace(identity, sampling), storage.spool_dir())
 
-        return lambda: cached_answers(backend, cache_for, log=context.log.info, on_stats=on_stats)
+        def factory():  # the backend (and the model it loads) lives while its role answers, then goes
+            backend = TransformersBackend(base, f"{s.base_model} ({role})", identity, batch_size=bs,
+                                          compute_dtype=q.compute_dtype, precision=precision, adapter_dir=adapter_dir,
+                                          load_in_4bit=q.load_in_4bit)
+            return cached_answers(backend, cache_for, log=context.log.info, on_stats=on_stats)
+
+        return factory
 
     return {"candidate": local("candidate", adapter["adapter_path"]), "base": local("base")}
 

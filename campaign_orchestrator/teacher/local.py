@@ -89,7 +89,7 @@ def auto_engine(dtype: str | None) -> str:
 MAX_ROWS_PER_BUDGET = 4  # continuous engine: at most this many x batch_size rows decode together (short prompts)
 # continuous engine: the key/value cache may always hold this many bytes, even when batch_size x (longest prompt
 # + max_new_tokens) is less (short prompts: more rows share a decoding step, whose cost is mostly reading the weights)
-MIN_CACHE_BYTES = 256 * 2**20
+MIN_CACHE_BYTES = 128 * 2**20
 
 
 def prefix_groups(seqs: Sequence[list[int]], min_tokens: int = GROUP_PREFIX_MIN_TOKENS) -> list[tuple[list[int], int]]:
@@ -196,12 +196,23 @@ def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, loa
     if not load_in_4bit and dev.type != "cpu":
         model.to(dev)
     model.eval()
+    _contiguous_head_input(model)
     tok_dir = adapter_dir if adapter_dir is not None and (Path(adapter_dir) / "tokenizer_config.json").exists() else model_dir
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok, precision
+
+
+def _contiguous_head_input(model) -> None:
+    """Hand the output projection a contiguous input. ``logits_to_keep=1`` gives it ``hidden[:, -1:, :]``, a
+    strided view; with frozen weights (``requires_grad`` False, as after ``merge_and_unload``) ``torch.matmul``
+    then takes its batched path and copies the whole weight once per row: prefilling 120 prompts with a merged
+    adapter took 27.8 s and ~6.8 GB instead of 5.7 s (SmolLM2-135M, bf16, measured 2026-12-03). Same logits."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None:
+        head.register_forward_pre_hook(lambda _m, args: (args[0].contiguous(), *args[1:]) if args else args)
 
 
 def stop_token_ids(model, tok) -> list[int]:
@@ -565,8 +576,7 @@ class LocalGenerator:
         self.last_stats = stats
         if not fits:
             return out  # type: ignore[return-value]
-        budget = self.max_batch_tokens or max(self.batch_size * (max(len(enc[i]) for i in fits) + max_new_tokens),
-                                              MIN_CACHE_BYTES // self._cache_bytes_per_token())
+        floor = MIN_CACHE_BYTES // self._cache_bytes_per_token()
         max_rows = self.batch_size * MAX_ROWS_PER_BUDGET
         stops = set(self.stop_ids)
         t_call = time.perf_counter()
@@ -596,6 +606,9 @@ class LocalGenerator:
             # rows that repeat a long shared prefix (a teacher's few-shot context) in their cache: batch_size rows,
             # as generate takes; more would fill the room with copies of the prefix, not with answers
             group_rows = self.batch_size if len(prefix) >= PREFIX_MIN_TOKENS else max_rows
+            # the group's own longest prompt sizes its room (a call's few long context prompts do not widen it)
+            budget = self.max_batch_tokens or max(self.batch_size * (max(len(enc[i]) for i in idx) + max_new_tokens),
+                                                  floor)
             queue = sorted(idx, key=lambda i: len(enc[i]))[::-1]  # pop() takes the shortest
             rows: list[int] = []  # prompt index per batch row
             gen: list[list[int]] = []
