@@ -94,7 +94,7 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
 
     from assets.teacher_generations import teacher_setup, teacher_usage
     from campaign_orchestrator.teacher.requests import Sampling
-    from campaign_orchestrator.teacher.runner import run_generation
+    from campaign_orchestrator.teacher.runner import answers, run_generation
 
     t = spec.teacher
     spend: dict = {"lines": [], "unknown": False, "seconds": 0.0}
@@ -136,8 +136,7 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
             spend["unknown"] = True
         else:
             spend["lines"] += lines
-        return [SimpleNamespace(text=r["completion"] or "", latency_s=float(r["latency_s"] or 0.0), error=r["error"])
-                for r in res.rows]
+        return answers(res.rows)
 
     return generate, spend
 

@@ -185,7 +185,7 @@ class _StageAnswers:
     def __init__(self, a, generator, root: Path):
         from campaign_orchestrator.content import HashCache, model_fingerprint
         from campaign_orchestrator.hardware import key_precision
-        from campaign_orchestrator.teacher.backends import answer_identity
+        from campaign_orchestrator.teacher.backends import answer_identity, teacher_identity
         from campaign_orchestrator.teacher.blobstore import open_store
         from campaigns import paths
 
@@ -198,7 +198,10 @@ class _StageAnswers:
         adapter = model_fingerprint(Path(a.adapter), hashes)[:20] if a.adapter else "stand-in-candidate"
         self.identity = {role: answer_identity(str(a.model), a.model, weights_id=weights, precision=precision,
                                                adapter_id=adapter if role == "candidate" else None)
-                         for role in ("candidate", "base", "teacher")}
+                         for role in ("candidate", "base")}
+        # the teacher keyed as teacher_setup keys a transformers teacher (spec_identity), not assumed to be the base
+        self.identity["teacher"] = teacher_identity("transformers", str(a.model), a.model, weights_id=weights,
+                                                    precision=precision)
         self.last_hits = 0
 
     def answer(self, job: dict) -> list:
@@ -313,7 +316,7 @@ def main() -> int:
              "outputs_identical": n_diff == 0, "differing_prompts": n_diff}
         if n_diff and new["dtype"] == "bfloat16":
             # bf16: no batched path is token-identical to another (padding, batch mates); the model's own answer
-            # is its fp32 one, so the new engine must agree with it at least as often as generate does
+            # is its fp32 one: the new engine fails when a sign test says it agrees with it less often than generate
             ref = _child(a, section, "continuous", dtype="float32", engine_only=True)["suites"]
             agree_new = sum(new["suites"][name]["token_ids"][i] == ref[name]["token_ids"][i]
                             for name, idx in diff.items() for i in idx)

@@ -344,12 +344,10 @@ def answers_on_ray(execution, prompts: Sequence[str], recipe, identity: str, max
     ``error``); cached under ``identity`` like teacher generations, so a lost shard costs its in-flight prompts.
     ``run``: what runs the shards, called as :func:`run_on_ray` (the default) is, with ``kwargs`` (e.g. a KubeRay
     RayJob launched by the Dagster asset)."""
-    from types import SimpleNamespace
+    from campaign_orchestrator.teacher.runner import answers
 
     sampling = Sampling(max_new_tokens=max_new_tokens)
     rows = [{"id": str(i), "prompt": p} for i, p in enumerate(prompts)]
     res, run = (run or run_on_ray)(execution, rows, recipe, identity, sampling, cache_config_for(sampling), log=log,
                                    label=label, **kwargs)
-    outs = [SimpleNamespace(text=r["completion"] or "", latency_s=float(r["latency_s"] or 0.0), error=r["error"])
-            for r in res.rows]
-    return outs, run, res.stats
+    return answers(res.rows), run, res.stats

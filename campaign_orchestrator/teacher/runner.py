@@ -207,7 +207,6 @@ def cached_answers(backend: Backend, cache_for: Callable[[Sampling], GenerationC
     role over the same weights (a context-distillation teacher's bare prompts are the base's) finds it there.
     Completions carry ``text``, ``latency_s`` and ``error``; ``on_stats`` sees each call's
     :class:`GenerationStats` (cache hits, generated, compute dtype)."""
-    from types import SimpleNamespace
 
     def generate(prompts: Sequence[str], max_new_tokens: int) -> list:
         sampling = Sampling(max_new_tokens=max_new_tokens)
@@ -215,7 +214,14 @@ def cached_answers(backend: Backend, cache_for: Callable[[Sampling], GenerationC
         res = run_generation(rows, backend, sampling, cache_for(sampling), log=log)
         if on_stats is not None:
             on_stats(res.stats)
-        return [SimpleNamespace(text=r["completion"] or "", latency_s=float(r["latency_s"] or 0.0), error=r["error"])
-                for r in res.rows]
+        return answers(res.rows)
 
     return generate
+
+
+def answers(rows: Sequence[dict]) -> list:
+    """Generation rows as evaluation reads a model's answers: ``text``, ``latency_s``, ``error`` per row."""
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(text=r["completion"] or "", latency_s=float(r["latency_s"] or 0.0), error=r["error"])
+            for r in rows]

@@ -26,3 +26,14 @@ def test_tiny_compares_both_engines_and_reports_identical_outputs(tmp_path, demo
     assert r["new"]["engine"] == "continuous" and r["old"]["engine"] == "hf_generate" and r["prompts"] == 12
     assert r["prompts_per_s_ratio"] > 0 and r["peak_rss_ratio"] > 0 and r["new"]["threads"] == 1
     assert r["per_suite"]["teacher"]["shared_prefix_new"] >= 8  # the header group shared its prefill
+
+
+def test_the_bf16_sign_test_fails_only_a_clearly_less_faithful_engine():
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    from generation_speed import SIGN_TEST_ALPHA, sign_test_p
+
+    assert sign_test_p(0, 0) == 1.0
+    assert sign_test_p(1, 1) == 0.75  # P(X <= 1), X ~ Binomial(2, 1/2)
+    assert sign_test_p(48, 59) > SIGN_TEST_ALPHA  # this session's evaluation run: noise
+    assert sign_test_p(5, 20) < SIGN_TEST_ALPHA  # new loses 20 of 25 near-ties: less faithful
+    assert sign_test_p(54, 39) > 0.9
