@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from campaign_orchestrator import allocator
 from campaign_orchestrator.dataset.formatting import render_prompt_ids
 from campaign_orchestrator.hardware import Resolved, resolve_compute_dtype
 from campaign_orchestrator.teacher.completion import Completion
@@ -174,6 +175,7 @@ def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, loa
     A 4-bit model is placed at load time (``device_map``), others are moved."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    allocator.trim()  # a model released before this one (evaluation's roles, one after another) gives its pages back
     dev = torch.device(device or default_device())
     precision = resolve_compute_dtype(compute_dtype, dev.type)
     dt = getattr(torch, precision.dtype)
@@ -368,9 +370,13 @@ class LocalGenerator:
         ``continuous`` (``auto``, the default, picks it in fp32: :func:`auto_engine`); sampling (``temperature > 0``) always runs on ``transformers``'
         ``generate`` (its seeds and random stream are kept as they were)."""
         enc = [render_prompt_ids(self.tok, p) for p in prompts]
-        if self.engine == "continuous" and temperature <= 0 and self._supports_continuous():
-            return self._generate_continuous(enc, max_new_tokens, progress, logprobs, on_result)
-        return self._generate_hf(prompts, enc, max_new_tokens, temperature, top_p, seed, progress, logprobs, on_result)
+        try:
+            if self.engine == "continuous" and temperature <= 0 and self._supports_continuous():
+                return self._generate_continuous(enc, max_new_tokens, progress, logprobs, on_result)
+            return self._generate_hf(prompts, enc, max_new_tokens, temperature, top_p, seed, progress, logprobs,
+                                     on_result)
+        finally:  # the call's key/value caches are gone: their pages go back, not into the next model's peak
+            allocator.trim(collect=False)
 
     def _generate_hf(self, prompts, enc, max_new_tokens, temperature, top_p, seed, progress, logprobs, on_result):
         """The ``transformers`` ``generate`` path: length-sorted batches of ``batch_size`` rows, each decoded

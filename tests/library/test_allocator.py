@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,26 @@ def test_a_process_started_with_the_preload_runs_on_jemalloc():
     without = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                              check=True).stdout.strip()
     assert (with_it, without) == ("jemalloc", "glibc")
+
+
+TRIM_PROBE = """
+import sys; sys.path.insert(0, '.')
+from campaign_orchestrator import allocator
+def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20
+blocks = [b'x' * 65536 for _ in range(2000)]  # 125 MiB of heap blocks (under glibc's mmap threshold)
+keep = b'y' * 65536  # a live block above them: free() alone cannot shrink the heap
+del blocks
+freed = rss(); trimmed = allocator.trim(); print(trimmed, round(freed - rss()))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc_trim: Linux")
+def test_trim_gives_freed_heap_pages_back_under_glibc_and_leaves_jemalloc_alone():
+    env = {"PATH": "/usr/bin:/bin", allocator.ENV: "glibc"}
+    out = subprocess.run([sys.executable, "-c", TRIM_PROBE], env=env, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout.split()
+    assert out[0] == "True" and int(out[1]) > 100, out  # ~125 MiB freed but resident until trimmed
+    if allocator.jemalloc_path() is not None:
+        out = subprocess.run([sys.executable, "-c", TRIM_PROBE], env=env | allocator.preload_env({}),
+                             capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2]).stdout
+        assert out.split()[0] == "False"
