@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -121,6 +120,7 @@ def worker(a) -> int:
     import torch
 
     torch.set_num_threads(a.threads)
+    from campaign_orchestrator.process_memory import peak_rss_mb
     from campaign_orchestrator.teacher.local import LocalGenerator
 
     lines: list[str] = []
@@ -167,7 +167,7 @@ def worker(a) -> int:
                                     "completion_tokens": toks, "from_cache": hits,
                                     "errors": sum(not c.ok for c in res), "shared_prefix": gen.last_shared_prefix,
                                     "token_ids": [c.token_ids for c in res]}
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_mb()  # the worker's own: ru_maxrss would start from this script's parent's peak
     out.update(seconds=round(total_s, 3), cpu_seconds=round(total_cpu, 3), prompts=n_prompts, completion_tokens=n_tokens,
                prompts_per_s=round(n_prompts / total_s, 3), tokens_per_s=round(n_tokens / total_s, 1),
                peak_rss_mb=round(peak, 1), rss_before_mb=round(base, 1), log=lines[-3:])

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -91,7 +90,9 @@ def flops_per_token(base_model: Path, lora_params: int, mean_seq: float) -> floa
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    from campaign_orchestrator.process_memory import peak_rss_mb
+
+    return peak_rss_mb()  # the child's own peak: ru_maxrss starts from the parent's
 
 
 def ours_child(job_file: str, out_file: str, variant: str) -> None:

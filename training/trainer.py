@@ -38,7 +38,6 @@ import json
 import math
 import os
 import random
-import resource
 import shutil
 import signal
 import threading
@@ -52,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from campaign_orchestrator import allocator
+from campaign_orchestrator.process_memory import peak_rss_mb
 from campaign_orchestrator.hardware import resolve_compute_dtype
 from training import checkpoint, head, losses
 from training import on_policy as opol
@@ -91,7 +91,7 @@ def _ensure_dist_env() -> None:
 def _peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_mb()  # this rank's own peak (ru_maxrss would start from its launcher's)
 
 
 @dataclass

@@ -172,6 +172,15 @@ def generation_seconds(params: int, weight_bytes: float, prompts: int, prompt_to
     return max(compute, memory) + decode_steps * _perf(entry, "decode_step_overhead_s") + _perf(entry, "generate_startup_s")
 
 
+def decode_length(backend: str, temperature: float, max_new_tokens: int) -> int | None:
+    """What a batch decodes to (:func:`generation_seconds`' ``decode_tokens``): None (each answer its own length)
+    where rows leave the batch as they finish: vLLM (continuous batching) and greedy local requests (the
+    ``transformers`` backend's continuous engine, ``auto``'s choice in every dtype); ``max_new_tokens`` for sampled
+    local requests, which ``generate`` decodes until the batch's longest answer ends. (The measurement switch
+    ``$CAMPAIGN_GENERATION_ENGINE=hf_generate`` is not planned for.)"""
+    return max_new_tokens if backend == "transformers" and temperature > 0 else None
+
+
 PACKING_FILL = 0.95  # share of a packed row's max_seq_len best-fit-decreasing fills with short examples (measured)
 
 
@@ -203,7 +212,8 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     # local generation prefills a prefix every prompt shares (the teacher's context) once per call
     out["teacher_generations"] = _teacher_estimate(spec, catalog, teacher, n_req, facts["prompt_tokens_teacher"],
                                                    new_tok, t.batch_size, facts.get("shared_prefix_tokens", 0.0),
-                                                   t.sampling.max_new_tokens)
+                                                   decode_length(t.backend, t.sampling.temperature,
+                                                                 t.sampling.max_new_tokens))
 
     # student_adapter
     seq, rows = packed_rows(spec, facts, new_tok, n_req)  # every generation accepted: an upper bound
@@ -262,7 +272,8 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
                           - facts.get("shared_prefix_tokens", 0.0) * (1 - 1 / max(n_items, 1)))
             seconds += generation_seconds(shape.active_params, shape.params * DTYPE_BYTES[sdt], n_items, p_tok,
                                           suite.max_new_tokens * pl.completion_fill, suite.batch_size, entry,
-                                          pl.generation_mfu, sdt, suite.max_new_tokens)
+                                          pl.generation_mfu, sdt, decode_length("transformers", 0.0,
+                                                                                suite.max_new_tokens))
     qty, usd = _hours_usd(entry, seconds, 1, 1, c.pricing_tier)
     est = {"items": sum(n for n, _ in facts["suites"].values()), "models": [r for r, _ in roles], "seconds": seconds,
            "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd}
@@ -273,7 +284,8 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
             p_tok += facts["template_tokens"]["teacher"] - facts["template_tokens"]["student"]
             scoring.append(_teacher_estimate(spec, catalog, teacher, n_items, p_tok,
                                              suite.max_new_tokens * pl.completion_fill, t.batch_size,
-                                             facts.get("shared_prefix_tokens", 0.0), suite.max_new_tokens))
+                                             facts.get("shared_prefix_tokens", 0.0),
+                                             decode_length(t.backend, 0.0, suite.max_new_tokens)))
         teacher_usd = None if any(x["usd"] is None for x in scoring) else sum(x["usd"] for x in scoring)
         est |= {"models": est["models"] + ["teacher"], "teacher_price_key": scoring[0]["price_key"],
                 "teacher_usd": teacher_usd, "usd": None if teacher_usd is None else usd + teacher_usd}
@@ -606,7 +618,7 @@ def _knee(wall, max_replicas: int, gain: float) -> int:
     return max_replicas
 
 
-def scale_self_hosted(*, requests: int, prompt_tokens: float, new_tokens: float, decode_tokens: float,
+def scale_self_hosted(*, requests: int, prompt_tokens: float, new_tokens: float, decode_tokens: float | None,
                       shard_prompts: int, batch_size: int, params: int, weight_bytes: float, entry: PriceEntry,
                       mfu: float, dtype: str, devices_per_replica: int, tier: str, replicas: list[int],
                       assume: ScaleAssumptions, one_host_slots: int | None = None) -> dict:
@@ -764,7 +776,8 @@ def plan_scaleout(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mo
         base["assumptions"]["billing"] = (f"a local cluster: CPU replicas share this host ({os.cpu_count()} CPUs, "
                                           f"{slots} replica(s) at once), billed as one host")
     return base | scale_self_hosted(
-        requests=requests, prompt_tokens=p_eff, new_tokens=new_tok, decode_tokens=t.sampling.max_new_tokens,
+        requests=requests, prompt_tokens=p_eff, new_tokens=new_tok,
+        decode_tokens=decode_length(t.backend, t.sampling.temperature, t.sampling.max_new_tokens),
         shard_prompts=ex.shard_prompts, batch_size=t.batch_size, params=teacher.active_params,
         weight_bytes=teacher.params * DTYPE_BYTES[tdt], entry=entry, mfu=pl.generation_mfu, dtype=tdt,
         devices_per_replica=devices, tier=c.pricing_tier, replicas=grid, assume=assume, one_host_slots=slots)

@@ -188,3 +188,13 @@ def test_the_heap_is_planned_for_the_allocator_the_launcher_will_start_training_
     monkeypatch.setattr(allocator, "jemalloc_path", lambda *a: None)
     assert heap_retention(entry, _spec())[1] == "glibc"
     assert entry.perf["heap_retention_jemalloc"] < entry.perf["heap_retention"]
+
+
+def test_only_sampled_local_requests_decode_to_the_longest_answer():
+    from campaign_orchestrator.costs.planner import decode_length
+
+    # greedy local requests run on the continuous engine and vLLM batches continuously: rows leave as they finish
+    assert decode_length("transformers", 0.0, 64) is None
+    assert decode_length("vllm", 0.8, 64) is None
+    # sampled local requests run on generate: every row of a batch decodes until its longest answer ends
+    assert decode_length("transformers", 0.8, 64) == 64
