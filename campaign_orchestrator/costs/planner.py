@@ -10,9 +10,10 @@ experts), plus 4·V·h for the LM head at the labelled positions only (the train
 position: ``training.head``), over ``world × peak × mfu``, plus ``step_overhead_s`` per optimizer
 step and ``train_startup_s``. Generation = max(compute, weight reads per decode step over the
 memory bandwidth) plus ``decode_step_overhead_s`` per decode step and ``generate_startup_s``; a
-batch of answers of mixed lengths decodes to its longest (``max_new_tokens``: every row computes until
-the last one stops), while the billed tokens and the training examples count the mean answer
-(``completion_fill`` × ``max_new_tokens``).
+batch decodes to each answer's length where rows leave as they finish (vLLM; greedy local requests on the
+continuous engine) and to its longest (``max_new_tokens``) where every row computes until the last one
+stops (sampled local requests on ``generate``: :func:`decode_length`); the billed tokens and the training
+examples count the mean answer (``completion_fill`` × ``max_new_tokens``).
 The teacher is priced by its one price field (``costs.lines.teacher_entry``: ``teacher.price`` per
 token for an API, which has no time estimate; ``teacher.hardware`` per hour for a self-hosted one), the
 field the budget guard and the recorded cost read; ``price: unpriced`` makes every estimate that
@@ -161,8 +162,8 @@ def generation_seconds(params: int, weight_bytes: float, prompts: int, prompt_to
                        decode_tokens: float | None = None) -> float:
     """Roofline time to answer ``prompts`` prompts on one device (see the module docstring): ``new_tokens`` is
     the mean answer's length, ``decode_tokens`` (default: the same) the length a batch decodes to, which its
-    longest answer sets (``max_new_tokens`` for a batch of greedy answers of mixed lengths: every row of the
-    batch computes until the last one stops)."""
+    longest answer sets on ``generate`` (every row of the batch computes until the last one stops: see
+    :func:`decode_length`)."""
     batches = math.ceil(prompts / batch_size) if prompts else 0
     decoded = new_tokens if decode_tokens is None else max(new_tokens, decode_tokens)
     flops = 2 * params * prompts * (prompt_tokens + decoded)
