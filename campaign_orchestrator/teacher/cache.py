@@ -14,7 +14,9 @@ Writing survives a crash or a kill. Each finished generation is appended at once
 cut: no fsync) that the writer holds an exclusive ``flock`` on. Every ``shard_rows`` rows or
 ``shard_seconds`` seconds the spool is sealed into a Parquet shard on the store and emptied.
 A spool whose writer died (its lock is free) is sealed by the next process that opens the same
-namespace, so a killed run loses only the requests that were in flight. Errors are never
+namespace, so a killed run loses only the requests that were in flight. A spool is locked before it
+takes the name recovery looks for (created as ``<id>.opening``, then renamed), so a recovery running
+beside a live writer never takes its new, still empty spool for a dead writer's. Errors are never
 cached: a failed request is asked again on the next run.
 
 Two writers may race on the same request; the cache then holds two rows with one key and
@@ -73,6 +75,19 @@ def _table_bytes(rows: list[dict]) -> bytes:
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows, schema=CACHE_SCHEMA), buf)
     return buf.getvalue()
+
+
+OPENING = ".opening"  # a spool being created: not yet locked, never recovered (CacheWriter._open_spool)
+
+
+def _unlink_if_stale(path: Path, age_s: float = 3600.0) -> None:
+    """Remove an unnamed spool older than ``age_s``: its writer was killed between creating and naming it (it
+    holds no rows). A younger one may belong to a writer about to lock it: left alone."""
+    try:
+        if time.time() - path.stat().st_mtime > age_s:
+            path.unlink(missing_ok=True)
+    except FileNotFoundError:
+        pass
 
 
 def _read_spool(path: Path) -> list[dict]:
@@ -142,13 +157,20 @@ class GenerationCache:
         n = 0
         if not self.spool_dir.is_dir():
             return 0
+        for path in sorted(self.spool_dir.glob(f"*{OPENING}")):  # a writer killed before it named its spool
+            _unlink_if_stale(path)
         for path in sorted(self.spool_dir.glob("*.jsonl")):
-            fd = os.open(path, os.O_RDWR)
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
+                continue  # sealed by its writer or another recoverer since the listing
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # a live writer owns it
+                if os.fstat(fd).st_nlink == 0:
+                    continue  # sealed and removed between our open and our lock: its rows are in a shard
                 rows = _read_spool(path)
                 if rows:
                     self._put_shard(rows)
@@ -204,9 +226,14 @@ class CacheWriter:
         self._open_spool()
 
     def _open_spool(self) -> None:
-        path = self.cache.spool_dir / f"{uuid.uuid4().hex}.jsonl"
-        f = open(path, "a", encoding="utf-8")
+        """A new spool, locked before it gets the name recovery looks for: created and locked as
+        ``<id>.opening`` then renamed (the lock stays with the file), so a recoverer can never find it
+        unlocked, take it for a dead writer's and remove it under this writer."""
+        name = uuid.uuid4().hex
+        opening, path = self.cache.spool_dir / f"{name}{OPENING}", self.cache.spool_dir / f"{name}.jsonl"
+        f = open(opening, "a", encoding="utf-8")
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        os.rename(opening, path)
         self._file, self._path, self._count = f, path, 0
 
     def add(self, row: dict) -> None:

@@ -192,3 +192,39 @@ def test_generation_through_the_storage_resource_on_s3(tmp_path, s3_endpoint):
         assert srv.stats.ok == 4
     assert results[0].stats.generated == 4 and results[1].stats.cache_hits == 4
     assert [r["completion"] for r in results[0].rows] == [r["completion"] for r in results[1].rows]
+
+
+def test_a_recovery_running_while_a_writer_opens_its_spool_takes_nothing_from_it(tmp_path, monkeypatch):
+    """A recoverer (another run over the same spool directory) that lists the spools between a writer's creating
+    its spool and locking it must not take the empty file for a dead writer's and remove it under the writer."""
+    import fcntl
+
+    from campaign_orchestrator.teacher import cache as cache_module
+
+    cache = GenerationCache(LocalStore(tmp_path / "c"), "ns", tmp_path / "spool", shard_rows=1000)
+    other = GenerationCache(LocalStore(tmp_path / "c"), "ns", tmp_path / "spool")
+    real_flock, raced = fcntl.flock, []
+
+    def flock_after_a_recovery(fd, op):
+        if op == fcntl.LOCK_EX and not raced:  # the writer's blocking lock on its new spool: a recovery runs first
+            raced.append(other.recover())
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(cache_module.fcntl, "flock", flock_after_a_recovery)
+    with cache.writer() as w:
+        for i in range(5):
+            w.add(_row(f"k{i}"))
+    assert raced == [0]
+    assert len(cache) == 5 and sorted(cache.lookup([f"k{i}" for i in range(5)])) == [f"k{i}" for i in range(5)]
+
+
+def test_an_unnamed_spool_is_removed_only_when_stale(tmp_path):
+    cache = GenerationCache(LocalStore(tmp_path / "c"), "ns", tmp_path / "spool")
+    d = tmp_path / "spool" / "ns"
+    d.mkdir(parents=True)
+    fresh, stale = d / "a.opening", d / "b.opening"
+    fresh.touch()
+    stale.touch()
+    os.utime(stale, (0, 0))  # a writer killed between creating and naming it, long ago
+    assert cache.recover() == 0
+    assert fresh.exists() and not stale.exists()
