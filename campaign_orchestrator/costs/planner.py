@@ -95,6 +95,37 @@ def suite_sizes(spec: CampaignSpec, repo_root: Path, tok, held: int, held_tokens
     return out
 
 
+def suite_context_shares(spec: CampaignSpec, held: list[dict]) -> dict[str, float]:
+    """Per suite: the share of its items the teacher is asked with its ``teacher.context`` (those of
+    ``teacher.context_categories``; every item when that is unset, none without a context), as the evaluation
+    stage asks it (item categories as :mod:`evaluation.suite` reads them: ``all`` when missing)."""
+    from campaign_orchestrator.dataset.jsonl import jsonl_objects
+
+    t, out = spec.teacher, {}
+    for s in spec.evaluation.suites:
+        if not t.context or t.context_categories is None:
+            out[s.name] = 1.0 if t.context else 0.0
+            continue
+        if s.source == "heldout":
+            cats = [str(r.get("category") or "all") for r in held if r.get("reference") is not None]
+        else:
+            p = spec.path(s.source)
+            cats = [str(obj.get("category", "all")) for _n, obj in jsonl_objects(p.read_text(encoding="utf-8"), p,
+                                                                                 PlanError)]
+        out[s.name] = sum(c in t.context_categories for c in cats) / len(cats) if cats else 0.0
+    return out
+
+
+def teacher_answers_as_base(spec: CampaignSpec) -> bool:
+    """Whether the teacher's bare-prompt evaluation answers are the base's (found in the generation cache under
+    the same key, :func:`campaign_orchestrator.teacher.backends.answer_identity`): a ``transformers`` teacher over
+    the student's base weights (same model and revision) in the same compute dtype, the base not 4-bit."""
+    t, s = spec.teacher, spec.student
+    q = s.quantization
+    return (t.backend == "transformers" and t.model == s.base_model and t.revision == s.revision
+            and t.compute_dtype == q.compute_dtype and not q.load_in_4bit)
+
+
 def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, student_dir: Path | None) -> dict:
     """Prompt counts after the held-out split and mean prompt lengths in each model's tokens."""
     from campaign_orchestrator.dataset import prompts as P
@@ -121,6 +152,7 @@ def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, st
                               if spec.teacher.context_categories is not None and train else 1.0),
             "shared_prefix_tokens": max(0.0, t_over - s_over),
             "suites": suite_sizes(spec, repo_root, s_tok, len(held), _mean_tokens(s_tok, held_sample) + s_over, s_over),
+            "suite_context_share": suite_context_shares(spec, held),
             "tokenizer": "model tokenizer" if t_tok is not None else "~4 characters per token"}
 
 
@@ -164,7 +196,9 @@ def generation_seconds(params: int, weight_bytes: float, prompts: int, prompt_to
     the mean answer's length, ``decode_tokens`` (default: the same) the length a batch decodes to, which its
     longest answer sets on ``generate`` (every row of the batch computes until the last one stops: see
     :func:`decode_length`)."""
-    batches = math.ceil(prompts / batch_size) if prompts else 0
+    if not prompts:
+        return 0.0  # nothing to answer: no model is loaded
+    batches = math.ceil(prompts / batch_size)
     decoded = new_tokens if decode_tokens is None else max(new_tokens, decode_tokens)
     flops = 2 * params * prompts * (prompt_tokens + decoded)
     compute = flops / (peak_flops(entry, dtype) * mfu)
@@ -280,8 +314,13 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
            "price_key": entry.key, "unit": entry.unit, "quantity": qty, "usd": usd}
     if ev.score_teacher:
         scoring = []
+        # a teacher over the base's weights asks its bare prompts as the base did: those answers are the base's
+        as_base = teacher_answers_as_base(spec)
+        shares = facts.get("suite_context_share", {})
         for suite in ev.suites:  # asked as it answered the training prompts: with its context, a shared prefix
             n_items, p_tok = facts["suites"][suite.name]
+            if as_base:
+                n_items = round(n_items * shares.get(suite.name, 1.0))
             p_tok += facts["template_tokens"]["teacher"] - facts["template_tokens"]["student"]
             scoring.append(_teacher_estimate(spec, catalog, teacher, n_items, p_tok,
                                              suite.max_new_tokens * pl.completion_fill, t.batch_size,
@@ -294,6 +333,9 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
             est["seconds"] = seconds + sum(x["seconds"] for x in scoring)
         if teacher_usd is None:
             est["unknown"] = scoring[0]["unknown"]
+        if as_base:
+            est["teacher_items_from_base"] = sum(facts["suites"][x.name][0] for x in ev.suites) \
+                - sum(x["requests"] for x in scoring)
     out["evaluation"] = est
     return out
 
@@ -514,7 +556,9 @@ def render_plan(plan: dict) -> str:
                  else (f"{s['trials']} trials, rungs " + " → ".join(f"{r['trials']}×{r['steps']}" for r in s["rungs"])
                        + f", {s['steps']} steps" + (f", cap ${s['cap_usd']:g}" if s["cap_usd"] else ""))
                  if name == "hparam_sweep"
-                 else f"{s['items']} items × {len(s['models'])} models")
+                 else f"{s['items']} items × {len(s['models'])} models"
+                 + (f"; {s['teacher_items_from_base']} teacher answers are the base's"
+                    if s.get("teacher_items_from_base") else ""))
         cost = "unknown" if s["usd"] is None else f"${s['usd']:.6f}"
         lines.append(f"  {name:20s} {secs:>9s}  {s['quantity']:.6f} {s['unit']:14s} {cost}   ({extra}, {s['price_key']})")
     total = "unknown" if plan["total_usd"] is None else f"${plan['total_usd']:.6f}"
