@@ -77,30 +77,39 @@ def template_overhead(model_dir: Path | None, prompt: str, context: list[dict] |
     return float(len(rendered) - len(tokenize_texts(tok, [prompt])[0]))
 
 
-def suite_sizes(spec: CampaignSpec, repo_root: Path, tok, held: int, held_tokens: float, overhead: float
-                ) -> dict[str, tuple[int, float]]:
-    """Per suite: (items, mean prompt tokens as the student sees them): the held-out split, or the suite's file."""
+def suite_file_rows(spec: CampaignSpec) -> dict[str, list[dict]]:
+    """The rows of every evaluation suite read from a file (not ``heldout``), read once for the plan."""
     from campaign_orchestrator.dataset.jsonl import jsonl_objects
 
     out = {}
     for s in spec.evaluation.suites:
         if s.source == "heldout":
-            out[s.name] = (held, held_tokens)
             continue
         p = spec.path(s.source)
         if not p.exists():
             raise PlanError(f"evaluation suite {s.name!r}: source {s.source!r} not found at {p}")
-        rows = [obj for _n, obj in jsonl_objects(p.read_text(encoding="utf-8"), p, PlanError)]
+        out[s.name] = [obj for _n, obj in jsonl_objects(p.read_text(encoding="utf-8"), p, PlanError)]
+    return out
+
+
+def suite_sizes(spec: CampaignSpec, files: dict[str, list[dict]], tok, held: int, held_tokens: float,
+                overhead: float) -> dict[str, tuple[int, float]]:
+    """Per suite: (items, mean prompt tokens as the student sees them): the held-out split, or the suite's file
+    (``files``: :func:`suite_file_rows`)."""
+    out = {}
+    for s in spec.evaluation.suites:
+        if s.source == "heldout":
+            out[s.name] = (held, held_tokens)
+            continue
+        rows = files[s.name]
         out[s.name] = (len(rows), _mean_tokens(tok, [str(r.get("prompt", "")) for r in rows[:TOKEN_SAMPLE]]) + overhead)
     return out
 
 
-def suite_context_shares(spec: CampaignSpec, held: list[dict]) -> dict[str, float]:
+def suite_context_shares(spec: CampaignSpec, held: list[dict], files: dict[str, list[dict]]) -> dict[str, float]:
     """Per suite: the share of its items the teacher is asked with its ``teacher.context`` (those of
     ``teacher.context_categories``; every item when that is unset, none without a context), as the evaluation
     stage asks it (item categories as :mod:`evaluation.suite` reads them: ``all`` when missing)."""
-    from campaign_orchestrator.dataset.jsonl import jsonl_objects
-
     t, out = spec.teacher, {}
     for s in spec.evaluation.suites:
         if not t.context or t.context_categories is None:
@@ -109,9 +118,7 @@ def suite_context_shares(spec: CampaignSpec, held: list[dict]) -> dict[str, floa
         if s.source == "heldout":
             cats = [str(r.get("category") or "all") for r in held if r.get("reference") is not None]
         else:
-            p = spec.path(s.source)
-            cats = [str(obj.get("category", "all")) for _n, obj in jsonl_objects(p.read_text(encoding="utf-8"), p,
-                                                                                 PlanError)]
+            cats = [str(r.get("category", "all")) for r in files[s.name]]
         out[s.name] = sum(c in t.context_categories for c in cats) / len(cats) if cats else 0.0
     return out
 
@@ -119,7 +126,9 @@ def suite_context_shares(spec: CampaignSpec, held: list[dict]) -> dict[str, floa
 def teacher_answers_as_base(spec: CampaignSpec) -> bool:
     """Whether the teacher's bare-prompt evaluation answers are the base's (found in the generation cache under
     the same key, :func:`campaign_orchestrator.teacher.backends.answer_identity`): a ``transformers`` teacher over
-    the student's base weights (same model and revision) in the same compute dtype, the base not 4-bit."""
+    the student's base weights (same model and revision) in the same compute dtype, the base not 4-bit. The
+    model fields are compared as written (no weights are hashed to plan): the same weights named two ways are
+    planned as two models, an over-estimate."""
     t, s = spec.teacher, spec.student
     q = s.quantization
     return (t.backend == "transformers" and t.model == s.base_model and t.revision == s.revision
@@ -141,6 +150,7 @@ def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, st
     ctx = [m.model_dump() for m in spec.teacher.context]
     t_over = template_overhead(teacher_dir, first, ctx) if spec.teacher.backend == "transformers" else 0.0
     s_over = template_overhead(student_dir, first)
+    files = suite_file_rows(spec)
     return {"train_prompts": len(train), "heldout_items": len(held),
             "prompt_tokens_teacher": _mean_tokens(t_tok, sample) + t_over,
             "prompt_tokens_student": _mean_tokens(s_tok, sample) + s_over,
@@ -151,8 +161,8 @@ def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, st
             "context_share": (sum(r.get("category") in spec.teacher.context_categories for r in train) / len(train)
                               if spec.teacher.context_categories is not None and train else 1.0),
             "shared_prefix_tokens": max(0.0, t_over - s_over),
-            "suites": suite_sizes(spec, repo_root, s_tok, len(held), _mean_tokens(s_tok, held_sample) + s_over, s_over),
-            "suite_context_share": suite_context_shares(spec, held),
+            "suites": suite_sizes(spec, files, s_tok, len(held), _mean_tokens(s_tok, held_sample) + s_over, s_over),
+            "suite_context_share": suite_context_shares(spec, held, files),
             "tokenizer": "model tokenizer" if t_tok is not None else "~4 characters per token"}
 
 

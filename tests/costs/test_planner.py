@@ -203,13 +203,13 @@ def test_only_sampled_local_requests_decode_to_the_longest_answer():
 def test_a_teacher_over_the_base_weights_is_planned_only_for_its_context_items():
     """campaigns/smollm2.yaml: the teacher is the base's model and dtype with a few-shot context before plural
     items only, so its general answers are the base's (the generation cache) and cost the evaluation nothing."""
-    from campaign_orchestrator.costs.planner import suite_context_shares, teacher_answers_as_base
+    from campaign_orchestrator.costs.planner import suite_context_shares, suite_file_rows, teacher_answers_as_base
     from campaigns.loader import load_campaign_file
     from tests.support import REPO_ROOT
 
     spec = load_campaign_file(REPO_ROOT / "campaigns" / "smollm2.yaml")
     assert teacher_answers_as_base(spec)
-    assert suite_context_shares(spec, []) == {"plurals": 1.0, "general": 0.0}
+    assert suite_context_shares(spec, [], suite_file_rows(spec)) == {"plurals": 1.0, "general": 0.0}
     other = spec.model_copy(update={"teacher": spec.teacher.model_copy(update={"compute_dtype": "float32"})})
     assert not teacher_answers_as_base(other)  # another dtype: another key, its own answers
     qlora = spec.model_copy(update={"student": spec.student.model_copy(update={
