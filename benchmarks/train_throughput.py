@@ -13,7 +13,7 @@ stage's examples, with their loss masks), ``packing=True, packing_strategy="bfd"
 ``padding_free``: one flattened row per micro-batch, no pad token), ``max_length`` 128, the same
 micro-batch (packed rows per step), accumulation, steps, optimizer settings (AdamW, lr, cosine
 schedule, warm-up, weight decay, clipping), threads and attention kernel, and its own chunked LM head
-(``fused_lm_head``). This trainer runs as ``training.trainer.run`` does in production.
+(``fused_lm_head``). This trainer runs as ``training.recipes.run`` does in production.
 
 Every run is its own subprocess (fresh allocator, its own peak RSS), and the kinds alternate
 (ours, trl, ours, trl, ...), so load from other tenants falls on both alike. Throughput is real
@@ -101,16 +101,16 @@ def ours_child(job_file: str, out_file: str, variant: str) -> None:
     import pyarrow.parquet as pq
     import torch
 
-    from training import trainer
+    from training import recipes
 
     if variant == "full_head":
-        trainer.LoraTrainer.labelled_head = False
+        recipes.LoraFinetuneRecipe.labelled_head = False
     if variant == "keep_all":
-        trainer.LoraTrainer.recompute_cheap = False
+        recipes.LoraFinetuneRecipe.recompute_cheap = False
     job = json.loads(Path(job_file).read_text())
     shutil.rmtree(job["output_dir"], ignore_errors=True)
     t0 = time.perf_counter()
-    s = trainer.run(job_file)
+    s = recipes.run(job_file)
     wall = time.perf_counter() - t0
     m = pq.read_table(Path(job["output_dir"]) / "metrics.parquet").to_pylist()
     warm = int(os.environ.get("BENCH_WARMUP", "2"))
@@ -249,10 +249,10 @@ def ablation_child(job_file: str, out_file: str, rounds: str) -> None:
     import statistics
 
     from training import attention
-    from training.trainer import LoraTrainer
+    from training.recipes import LoraFinetuneRecipe
 
     attention.register()
-    tr = LoraTrainer(__import__("training.config", fromlist=["TrainJob"]).TrainJob.read(job_file))
+    tr = LoraFinetuneRecipe(__import__("training.config", fromlist=["TrainJob"]).TrainJob.read(job_file))
     tr.setup()
     base = tr.model.get_base_model()
     variants = {"auto": (True, tr.attn_implementation), "full_head": (False, tr.attn_implementation),

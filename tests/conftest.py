@@ -78,7 +78,7 @@ def run_job(monkeypatch, tmp_path):
     afterwards); returns the summary."""
     import socket
 
-    from training.trainer import run
+    from training.recipes import run
 
     def go(job, name: str = "job"):
         with socket.socket() as s:

@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from training.trainer import TrainingError, run
+from training.recipes import TrainingError, run
 
 
 def main() -> int:

@@ -83,7 +83,7 @@ def train_adapter(out: Path, base: Path, steps: int, examples: int = 2000, mappi
     (``mapping``: another substitution for a deliberately wrong adapter); returns the adapter directory."""
     from campaign_orchestrator.demo import cipher
     from tests.support.train_support import demo_spec, make_job, write_rows
-    from training.trainer import run
+    from training.recipes import run
 
     rng = random.Random(seed)
     gen = cipher.pairs(rng, mapping or cipher.CIPHER)

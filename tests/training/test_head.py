@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from training import head, losses
-from training.trainer import LABEL_ALIGNED
+from training.recipes import LABEL_ALIGNED
 
 V = 97
 

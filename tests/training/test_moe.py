@@ -282,17 +282,17 @@ def test_activation_checkpointing_neither_double_counts_routing_nor_drops_the_au
 def test_trainer_refuses_routed_experts_left_frozen_unless_on_purpose(tmp_path, moe_student):
     from tests.support.moe_support import moe_student as student_spec
     from tests.support.train_support import make_job, write_cipher_dataset
-    from training.trainer import LoraTrainer
+    from training.recipes import LoraFinetuneRecipe
 
     ds = write_cipher_dataset(tmp_path / "ds", moe_student, 16, seed=1)
     frozen = student_spec(lora={"target_parameters": []}).model_dump(exclude={"base_model"})
-    t = LoraTrainer(make_job(tmp_path / "a", moe_student, ds, student=frozen, max_steps=1, micro_batch_size=4))
+    t = LoraFinetuneRecipe(make_job(tmp_path / "a", moe_student, ds, student=frozen, max_steps=1, micro_batch_size=4))
     with pytest.raises(TrainingError, match=r"has 4 routed experts .* none of them would be trained: .* Set "
                                             r"student.lora.target_parameters .* or student.moe.experts: frozen"):
         t.setup()
     t.cleanup(False)
     on_purpose = student_spec(lora={"target_parameters": []}, moe={"experts": "frozen"}).model_dump(exclude={"base_model"})
-    t = LoraTrainer(make_job(tmp_path / "b", moe_student, ds, student=on_purpose, max_steps=1, micro_batch_size=4))
+    t = LoraFinetuneRecipe(make_job(tmp_path / "b", moe_student, ds, student=on_purpose, max_steps=1, micro_batch_size=4))
     try:
         t.setup()
         assert t.param_breakdown["trainable"]["routed_experts"] == 0 and t.moe is not None

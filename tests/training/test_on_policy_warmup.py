@@ -46,14 +46,14 @@ def test_a_teacher_with_another_vocabulary_is_refused_before_training(tmp_path, 
     import pytest
 
     from training.errors import TrainingError
-    from training.trainer import LoraTrainer
+    from training.recipes import recipe_for
 
     prompts = write_cipher_prompts(tmp_path / "prompts.parquet", 8)
     job = on_policy_job(tmp_path / "run", demo_models, prompts).model_copy(
         update={"teacher_tokenizer_path": str(smollm2)})
     with pytest.raises(TrainingError, match="on_policy distillation needs a teacher that shares the student's "
                                             "tokenizer.*49152 tokens.*use training.distillation.loss 'sequence'"):
-        LoraTrainer(job)._check_teacher_tokenizer()
+        recipe_for(job)(job)._check_teacher_tokenizer()
 
 
 def test_sigterm_while_a_round_samples_stops_and_the_relaunch_samples_it_again(tmp_path, demo_models, run_job,

@@ -22,7 +22,7 @@ def test_qlora_steps_on_the_real_model_lower_the_loss_and_the_adapter_loads(smol
 
     from campaign_orchestrator.dataset.tokenize import BuildSettings, build_tokenized_dataset
     from tests.support.train_support import make_job
-    from training.trainer import run
+    from training.recipes import run
 
     src = tmp_path / "pairs.parquet"
     pq.write_table(pa.Table.from_pylist([{"id": n, "prompt": f"Plural of {n}?", "completion": n + "s"} for n in NOUNS]), src)

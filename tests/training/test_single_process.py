@@ -1,6 +1,6 @@
 """The trainer in one process (world of one, gloo): resume, guards, distillation, exports, sizes.
 
-Each run goes through ``training.trainer.run`` in this process, exactly as ``python -m training``
+Each run goes through ``training.recipes.run`` in this process, exactly as ``python -m training``
 does without torchrun; torchrun-launched multi-process runs are in test_training_distributed.py.
 """
 
@@ -32,14 +32,14 @@ def _adapter(out: Path) -> dict:
 def test_interrupted_run_resumes_to_the_same_adapter(run_job, tmp_path, demo_models, cipher_ds, monkeypatch):
     """A run that dies after a checkpoint resumes there (adapter, optimizer, LR, RNG, data position)
     and ends with the adapter of an uninterrupted run; the non-finite guard stops before the update."""
-    from training.trainer import LoraTrainer, TrainingError
+    from training.recipes import LoraFinetuneRecipe, TrainingError
 
     kw = dict(student=SMALL, max_steps=8, micro_batch_size=8, eval_rows=16, warmup_steps=2,
               checkpoint={"every_steps": 3, "every_minutes": None, "keep_last": 5})
     straight = run_job(make_job(tmp_path / "a", demo_models["student"], cipher_ds, **kw), "a")
     assert straight["resumed_from_step"] is None and straight["trained_steps"] == 8
 
-    real_forward = LoraTrainer._forward
+    real_forward = LoraFinetuneRecipe._forward
     calls = {"n": 0}
 
     def poisoned(self, batch):  # the 7th training forward yields NaN logits
@@ -50,11 +50,11 @@ def test_interrupted_run_resumes_to_the_same_adapter(run_job, tmp_path, demo_mod
                 return logits * float("nan")
         return logits
 
-    monkeypatch.setattr(LoraTrainer, "_forward", poisoned)
+    monkeypatch.setattr(LoraFinetuneRecipe, "_forward", poisoned)
     out_b = tmp_path / "b"
     with pytest.raises(TrainingError, match=r"step 7: non-finite loss nan.*Last good checkpoint: .*step-00000006"):
         run_job(make_job(out_b, demo_models["student"], cipher_ds, **kw), "b1")
-    monkeypatch.setattr(LoraTrainer, "_forward", real_forward)
+    monkeypatch.setattr(LoraFinetuneRecipe, "_forward", real_forward)
     done = sorted(d.name for d in (out_b / "checkpoints").glob("step-*") if (d / "_SUCCESS").exists())
     assert done == ["step-00000003", "step-00000006"]  # the bad step wrote nothing
     assert not (out_b / "adapter").exists()
@@ -133,7 +133,7 @@ def test_merged_export_matches_the_adapter(run_job, tmp_path, demo_models, ciphe
 
 def test_logit_distillation_trains_and_refuses_a_foreign_tokenizer(run_job, tmp_path, demo_models):
     from tests.support.train_support import add_teacher_topk
-    from training.trainer import TrainingError
+    from training.recipes import TrainingError
 
     ds = add_teacher_topk(write_cipher_dataset(tmp_path / "ds", demo_models["student"], 48, seed=4),
                           demo_models["teacher"], k=4)
@@ -196,22 +196,22 @@ def test_sigterm_and_time_based_checkpoints(run_job, tmp_path, demo_models, ciph
     relaunch continues from there. every_minutes writes checkpoints by the clock, independent of steps."""
     import signal
 
-    from training.trainer import LoraTrainer, TrainingError
+    from training.recipes import LoraFinetuneRecipe, TrainingError
 
     kw = dict(student=SMALL, max_steps=6, micro_batch_size=8, eval_rows=0)
-    real_prepare = LoraTrainer.prepare
+    real_prepare = LoraFinetuneRecipe.prepare
 
     def prepare(self, step, control=()):
         if step == 3:  # the signal arrives while the 4th step runs: it completes, then the state is saved
             self._on_sigterm(signal.SIGTERM, None)  # what the handler does when the signal arrives
         return real_prepare(self, step, control)
 
-    monkeypatch.setattr(LoraTrainer, "prepare", prepare)
+    monkeypatch.setattr(LoraFinetuneRecipe, "prepare", prepare)
     job = make_job(tmp_path / "pre", demo_models["student"], cipher_ds,
                    checkpoint={"every_steps": None, "every_minutes": None}, **kw)
     with pytest.raises(TrainingError, match="stopped by SIGTERM before step 5; checkpoint .*step-00000004"):
         run_job(job, "pre")
-    monkeypatch.setattr(LoraTrainer, "prepare", real_prepare)
+    monkeypatch.setattr(LoraFinetuneRecipe, "prepare", real_prepare)
     assert (tmp_path / "pre" / "checkpoints" / "step-00000004" / "_SUCCESS").exists()
     assert run_job(job, "pre2")["resumed_from_step"] == 4
 
@@ -246,7 +246,7 @@ def _base_loss(base: Path, ds: Path, rows: int) -> float:
 def test_eval_loss_is_measured_on_the_validation_split(run_job, tmp_path, demo_models, cipher_ds):
     """With a validation split the eval loss is its loss (not the training rows'); without one the trainer
     says it fell back to training rows; a dataset that records no tokenizer is refused before training."""
-    from training.trainer import TrainingError
+    from training.recipes import TrainingError
 
     val = write_cipher_dataset(tmp_path / "val", demo_models["student"], 16, seed=11, long_every=2)
     kw = dict(student=SMALL, max_steps=2, micro_batch_size=8, eval_rows=64)

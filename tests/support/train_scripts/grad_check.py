@@ -16,10 +16,10 @@ import torch.distributed as dist
 from training import data as tdata
 from training.config import TrainJob
 from training.model import full_tensor, load_student
-from training.trainer import LoraTrainer
+from training.recipes import LoraFinetuneRecipe
 
 
-def reference(job: TrainJob, trainer: LoraTrainer) -> dict:
+def reference(job: TrainJob, trainer: LoraFinetuneRecipe) -> dict:
     torch.manual_seed(job.training.seed)
     ref = load_student(job.base_model_path, job.student, torch.device("cpu"),
                        activation_checkpointing=job.training.activation_checkpointing,
@@ -36,7 +36,7 @@ def reference(job: TrainJob, trainer: LoraTrainer) -> dict:
     return {"loss": float(out.loss), "grads": grads, "rows": sorted(rows), "model": ref}
 
 
-def forwards(trainer: LoraTrainer, ref_model) -> dict:
+def forwards(trainer: LoraFinetuneRecipe, ref_model) -> dict:
     batch = tdata.collate(trainer.rows, [0, 1, 2, 3], trainer.pad_id)
     inputs = {k: v for k, v in batch.items() if k not in tdata.NON_MODEL_KEYS}
     diffs = {}
@@ -70,7 +70,7 @@ def main(out_file: str, *job_files: str) -> None:
     results = {}
     for jf in job_files:
         job = TrainJob.read(jf)
-        t = LoraTrainer(job)
+        t = LoraFinetuneRecipe(job)
         t.setup()
         perturb(t.named_trainable)
         batches, counts, _ = t.prepare(0)

@@ -5,19 +5,19 @@ import os
 import signal
 import sys
 
-from training import trainer
+from training import recipes
 
 
 def main(job_file: str, kill_at: int) -> None:
-    save = trainer.LoraTrainer.save_checkpoint
+    save = recipes.LoraFinetuneRecipe.save_checkpoint
 
     def save_then_die(self, step: int, reason: str) -> None:
         save(self, step, reason)
         if step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    trainer.LoraTrainer.save_checkpoint = save_then_die
-    trainer.run(job_file)
+    recipes.LoraFinetuneRecipe.save_checkpoint = save_then_die
+    recipes.run(job_file)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ from tests.support.train_scripts.grad_check import perturb
 from training import data as tdata
 from training.config import TrainJob
 from training.model import full_tensor, load_student
-from training.trainer import LoraTrainer
+from training.recipes import LoraFinetuneRecipe
 
 
-def reference(job: TrainJob, trainer: LoraTrainer) -> dict:
+def reference(job: TrainJob, trainer: LoraFinetuneRecipe) -> dict:
     torch.manual_seed(job.training.seed)
     ref = load_student(job.base_model_path, job.student, torch.device("cpu"),
                        attn_implementation=trainer.attn_implementation, compute_dtype=trainer.precision.dtype)
@@ -58,7 +58,7 @@ def main(out_file: str, *job_files: str) -> None:
     results = {}
     for jf in job_files:
         job = TrainJob.read(jf)
-        t = LoraTrainer(job)
+        t = LoraFinetuneRecipe(job)
         t.setup()
         perturb(t.named_trainable)
         batches, counts, _ = t.prepare(0)

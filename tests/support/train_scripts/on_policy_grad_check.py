@@ -17,12 +17,12 @@ from training import losses
 from training import on_policy as opol
 from training.config import TrainJob
 from training.model import full_tensor, load_student
-from training.trainer import LoraTrainer
+from training.recipes import OnPolicyDistillationRecipe
 
 
 def main(out_file: str, job_file: str) -> None:
     job = TrainJob.read(job_file)
-    t = LoraTrainer(job)
+    t = OnPolicyDistillationRecipe(job)
     t.setup()
     perturb(t.named_trainable)
     batches, counts, _ = t.prepare_on_policy(0)
