@@ -10,7 +10,13 @@
 * Mixed precision (``MixedPrecisionPolicy``): base units compute in the compute dtype (equal to
   the 4-bit quant storage, so FSDP never casts packed weights); LoRA units keep their fp32
   parameters for compute, as PEFT intends; gradients are reduced in fp32.
-* Optional activation checkpointing (non-reentrant, per decoder layer) before sharding.
+* Optional activation checkpointing (non-reentrant, per decoder layer) before sharding; optional
+  ``torch.compile`` of each decoder layer in place (:func:`compile_layers`).
+* ``reshard_after_forward`` (``training.reshard_after_forward``): whether FSDP2 frees each unit's gathered
+  parameters after its forward (and gathers them again in backward) or keeps them until its backward.
+* A world of one is never sharded (the trainer trains the plain module: nothing to shard, FSDP2 would only
+  add per-unit hooks and copies); ``tests/training/test_world_of_one.py`` checks both give the same loss and
+  LoRA gradients.
 """
 
 from __future__ import annotations
@@ -40,6 +46,31 @@ def device_for(local_rank: int, gpu_required: bool = False, allow_cpu_fallback: 
             "GPU time. Run where the GPU is visible, set training.hardware to the CPU entry you train on, or set "
             "training.allow_cpu_fallback: true with training.cpu_hardware to train on the CPU billed as CPU time")
     return torch.device("cpu")
+
+
+def device_memory_gb(device: torch.device) -> float:
+    """The memory the device offers training, decimal GB: the GPU's total memory, or the host's physical memory
+    for the CPU (the memory policy sizes ``auto`` fields against it)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 1e9
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+
+
+def compile_layers(model: nn.Module) -> int:
+    """``torch.compile`` each decoder layer in place (``nn.Module.compile``: the module tree, parameter names,
+    FSDP units and adapter files stay as they are); returns the layers compiled. Compiled layers see varying
+    sequence lengths: the first steps compile (a static graph, then a dynamic one), later ones reuse them."""
+    layers = _decoder_layers(model)
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
+def compile_count() -> int:
+    """Graphs torch.compile has compiled in this process so far (a step that raised it was compiling)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def attention_kernel(student: StudentSpec, device: torch.device, max_seq_len: int, shape: dict | None = None) -> str:
@@ -159,12 +190,12 @@ def _is_lora_linear(name: str, mod: nn.Module) -> bool:
     return isinstance(mod, nn.Linear) and (".lora_A." in name + "." or ".lora_B." in name + ".")
 
 
-def shard(model: nn.Module, mesh, compute_dtype: torch.dtype) -> nn.Module:
+def shard(model: nn.Module, mesh, compute_dtype: torch.dtype, reshard_after_forward: bool = True) -> nn.Module:
     """FSDP2, innermost first: each layer's LoRA linears as one fp32 unit, the layer, then the root.
 
     Grouping a layer's LoRA linears into one unit (``fully_shard([...])``) keeps their fp32 dtype
     apart from the compute-dtype base weights while costing one all-gather per layer, not one per
-    adapter matrix.
+    adapter matrix. ``reshard_after_forward`` goes to every unit (``TrainingSpec.resharding_after_forward``).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -174,13 +205,13 @@ def shard(model: nn.Module, mesh, compute_dtype: torch.dtype) -> nn.Module:
     for layer in layers:
         loras = [m for n, m in layer.named_modules() if _is_lora_linear("." + n, m)]
         if loras:
-            fully_shard(loras, mesh=mesh, mp_policy=lora_mp)
-        fully_shard(layer, mesh=mesh, mp_policy=base_mp)
+            fully_shard(loras, mesh=mesh, mp_policy=lora_mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mesh=mesh, mp_policy=base_mp, reshard_after_forward=reshard_after_forward)
     outside = [m for n, m in model.named_modules() if _is_lora_linear("." + n, m)
                and not any(m is x for layer in layers for x in layer.modules())]
     if outside:  # LoRA on modules outside the decoder layers (e.g. lm_head)
-        fully_shard(outside, mesh=mesh, mp_policy=lora_mp)
-    fully_shard(model, mesh=mesh, mp_policy=base_mp)
+        fully_shard(outside, mesh=mesh, mp_policy=lora_mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=base_mp, reshard_after_forward=reshard_after_forward)
     return model
 
 

@@ -31,7 +31,13 @@ Memory (per device, decimal GB) for LoRA/QLoRA training under the campaign's top
   block with SwiGLU and fused/flash attention, so no s² term): 2·(6h + 2·kv + 4i) bytes plus the
   LoRA intermediates; with activation checkpointing only each layer's input (2h bytes) is kept
   and one layer is recomputed at a time. The logits add b·s·V·10 bytes (bf16 logits, fp32 copy for
-  the loss and its gradient).
+  the loss and its gradient). By activation policy (``training.activation_checkpointing``):
+  ``none`` adds PEFT's fp32 copies of each LoRA layer's input (4 bytes per input feature of every
+  target, with a 16-bit base); ``recompute`` (training/recompute.py) drops those, two of the four
+  intermediate-wide SwiGLU tensors and the two norms' outputs (2i + 2h per token and layer);
+  ``full`` is the checkpointed figure.
+* FSDP2 ``reshard_after_forward: false`` keeps every layer's gathered parameters from its forward
+  to its backward: at the peak the whole unsharded decoder (not two layers) is resident.
 
 Pure Python; reads model ``config.json``.
 """
@@ -219,7 +225,8 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute_dtype: str = "bfloat16",
-                    runtime_gb: float = 0.0, attention: str = "sdpa", heap_retention: float = 0.0) -> dict:
+                    runtime_gb: float = 0.0, attention: str = "sdpa", heap_retention: float = 0.0,
+                    micro_batch: int | None = None) -> dict:
     """Per-device memory of the student's LoRA/QLoRA training under the campaign's topology.
 
     ``compute_dtype`` is the resolved dtype (never ``auto``): it sets the bytes of the unquantized
@@ -228,7 +235,9 @@ def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute
     peak the trainer reports excludes it, so GPU catalog entries leave it 0). ``attention`` ``eager``
     keeps the softmax probabilities of every layer (b·heads·s² per layer), ``sdpa`` does not.
     ``heap_retention`` (CPU hosts): the fraction of activations + logits the C heap keeps resident after a
-    step's transients are freed, part of the peak RSS (catalog ``perf.heap_retention``)."""
+    step's transients are freed, part of the peak RSS (catalog ``perf.heap_retention``). ``micro_batch``: rows
+    per micro-step instead of ``training.micro_batch_size`` (the memory policy sizes candidates with it).
+    ``total_by_policy_gb`` is the peak under each activation policy (none / recompute / full)."""
     s, tr = spec.student, spec.training
     n = shard_group(tr.sharding, tr.world_size, tr.processes_per_node)
     q = s.quantization
@@ -244,7 +253,9 @@ def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute
     lora = shape.lora_params(s.lora.r, s.lora.target_modules)
     lora += moe_trainable_params(shape, s)  # expert LoRA, a trained router
     lora_layer = lora / shape.layers
-    b, h, i = tr.micro_batch_size, shape.hidden, shape.intermediate
+    b, h, i = micro_batch if micro_batch is not None else tr.micro_batch_size, shape.hidden, shape.intermediate
+    if b == "auto":
+        raise PlanError("training.micro_batch_size is 'auto': pass the micro-batch to size (memory_policy resolves it)")
     kv, qd = shape.kv_heads * shape.head_dim, shape.heads * shape.head_dim
     # saved for backward per token and layer: norms' inputs, q/k/v/o inputs and outputs, the MLP's three
     # projections and SwiGLU, in the compute dtype; each LoRA module keeps its r-wide intermediate
@@ -255,6 +266,10 @@ def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute
     act_ckpt = tokens * shape.layers * w * h + tokens * per_token_layer + attn_probs
     moe_full, moe_ckpt = moe_activation_bytes(shape, s, tokens, dtype_bytes=w)
     act_full, act_ckpt = act_full + moe_full, act_ckpt + moe_ckpt
+    dims = shape.module_dims()
+    casts = 4 * sum(dims[t][0] for t in s.lora.target_modules if t in dims) if w < 4 else 0
+    act_none = act_full + tokens * shape.layers * casts
+    act_recompute = act_full - tokens * shape.dense_layers * w * (2 * i + 2 * h)
     logits = tokens * shape.vocab * (w + 4 + 4)  # logits, their fp32 log-softmax for the loss, its gradient
     parts = {
         "runtime": runtime_gb * GB,
@@ -262,7 +277,8 @@ def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute
         "lora_weights": 2 * lora / n,
         "lora_gradients": 2 * lora / n,
         "optimizer_states": ADAM_K * lora / n,
-        "allgather_buffer": 2 * (layer_bytes + 2 * lora_layer) if n > 1 else 0.0,
+        "allgather_buffer": (shape.layers if not tr.resharding_after_forward else 2) * (layer_bytes + 2 * lora_layer)
+        if n > 1 else 0.0,
         "activations": act_full,
         "activations_checkpointed": act_ckpt,
         "logits": logits,
@@ -284,6 +300,9 @@ def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute
         "per_device_gb": {k: v / GB for k, v in parts.items()},
         "total_gb": (states + act_full + parts["heap_retained"]) / GB,
         "total_checkpointed_gb": (states + act_ckpt + parts["heap_retained_checkpointed"]) / GB,
+        "total_by_policy_gb": {k: (states + a + heap_retention * (a + logits)) / GB
+                               for k, a in (("none", act_none), ("recompute", act_recompute), ("full", act_ckpt))},
+        "reshard_after_forward": tr.resharding_after_forward,
         "zero_full_finetune_gb": zero_table(shape.params, tr.world_size, tr.processes_per_node),
     }
 

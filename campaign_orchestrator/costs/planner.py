@@ -34,6 +34,7 @@ from campaign_orchestrator.costs.catalog import Catalog, PriceEntry, PricingErro
 from campaign_orchestrator.costs.memory import (  # noqa: F401  (PlanError, ModelShape: the planner's API)
     DTYPE_BYTES, GB, ModelShape, PlanError, moe_facts, training_memory, zero_table,
 )
+from campaign_orchestrator.costs.memory_policy import plan_memory_policy
 
 TOKEN_SAMPLE = 2000  # prompts tokenized to estimate the mean prompt length
 
@@ -265,7 +266,7 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     rows_per_step = tr.micro_batch_size * tr.world_size * tr.gradient_accumulation_steps
     steps = tr.max_steps if tr.max_steps is not None else max(1, math.ceil(tr.epochs * rows / rows_per_step))
     tokens = steps * rows_per_step * seq
-    ckpt = bool(getattr(tr, "activation_checkpointing", False))
+    ckpt = tr.activation_checkpointing in (True, "full")
     # the decoder at every position (MoE: a token passes k of E experts), the LM head only where a label is
     # (training.head: a prompt position needs no logits); embeddings are a lookup
     head = student.vocab * student.hidden
@@ -500,10 +501,17 @@ def plan_campaign(spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher
         attention = "eager" if device.perf.get("host_measured_peak") and spec.training.max_seq_len <= 512 else "sdpa"
     sdt = compute_dtype_on(spec.student.quantization.compute_dtype, device)
     retention, alloc = heap_retention(device, spec)
+    # `auto` micro-batch / activation policy: resolved for the device's memory as the trainer resolves it
+    spec, policy = plan_memory_policy(spec, student, device_memory_gb=device.memory_gb, seq_len=seq,
+                                      device_type="cpu" if device.perf.get("host_measured_peak") else "cuda",
+                                      compute_dtype=sdt, headroom=pl.memory_headroom, attention=attention,
+                                      runtime_gb=float(device.perf.get("runtime_gb", 0.0)), heap_retention=retention)
     mem = training_memory(student, spec, seq, sdt, float(device.perf.get("runtime_gb", 0.0)), attention, retention)
     mem["allocator"] = alloc
     mem |= moe_facts(student, spec.student, DTYPE_BYTES[sdt])  # MoE: total vs active parameters, expert tensors
-    ckpt = bool(getattr(spec.training, "activation_checkpointing", False))
+    ckpt = spec.training.activation_checkpointing in (True, "full")
+    if policy is not None:
+        mem["memory_policy"] = policy.as_dict()
     if device.memory_gb is not None:
         usable = device.memory_gb * pl.memory_headroom
         mem |= {"device": device.key, "device_memory_gb": device.memory_gb, "usable_gb": usable,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from campaigns.spec.common import S3Uri, _Strict
+
 
 class ProfilerScheduleSpec(_Strict):
     """``torch.profiler.schedule``: skip ``skip_first`` steps, then cycles of ``wait`` idle, ``warmup``
@@ -236,7 +237,12 @@ class TrainingSpec(_Strict):
     learning_rate: float = Field(2e-4, ge=0.0, le=1.0, description="Peak learning rate (0 trains nothing, on purpose).")
     warmup_steps: int = Field(0, ge=0, description="Linear warmup steps before the cosine decay.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay on the adapter weights.")
-    micro_batch_size: int = Field(8, ge=1, description="Rows per process per micro-step (a packed row holds several examples).")
+    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        8, description="Rows per process per micro-step (a packed row holds several examples). auto: the memory "
+        "policy (campaign_orchestrator.costs.memory_policy) picks it from the device's memory, the model's shape, "
+        "LoRA or QLoRA, the sequence length and the world: the most rows, up to a step's worth of tokens that keeps "
+        "the device busy, whose estimated peak fits; the planner and the trainer resolve it alike and the trainer's "
+        "summary says what it used. Not with `distillation.loss: on_policy` (rounds are counted in micro-batches).")
     gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
     max_seq_len: int = Field(512, ge=8, le=1_048_576, description="Longest tokenized sequence.")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
@@ -262,7 +268,23 @@ class TrainingSpec(_Strict):
     distributed_env: DistributedEnvSpec = Field(
         DistributedEnvSpec(), description="NCCL / torch.distributed environment variables exported to every rank."
     )
-    activation_checkpointing: bool = Field(False, description="Recompute decoder-layer activations in backward (less memory).")
+    activation_checkpointing: bool | Literal["auto", "none", "recompute", "full"] = Field(
+        False, description="What backward recomputes instead of keeping (the activation policy). none: keep every "
+        "activation (fastest, most memory); recompute: keep all but the cheap ones, recomputed exactly in backward "
+        "(the SwiGLU products, the norms' outputs, PEFT's input casts: training/recompute.py); full: keep only each "
+        "decoder layer's input and rerun the layer in backward (least memory, ~1.5x the step's FLOPs). false is "
+        "recompute, true is full. auto: the memory policy picks the least recomputation whose estimated peak fits "
+        "the device (with `micro_batch_size: auto`, together with the micro-batch); the trainer's summary says which.")
+    reshard_after_forward: bool | Literal["auto"] = Field(
+        "auto", description="FSDP2 (`fully_shard(reshard_after_forward=...)`): false keeps each layer's parameters "
+        "gathered from its forward until its backward (no second all-gather; the unsharded layers stay in memory, "
+        "which the planner's estimate counts), true frees them after the forward and gathers them again in backward. "
+        "auto: false on one node (fast intra-node links), true across nodes. A world of one is never sharded.")
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="torch.compile each decoder layer (in place: parameter names, checkpoints and adapters "
+        "unchanged). auto: on for CUDA, off on the CPU. The compiling first step(s) are reported apart from the "
+        "timed ones (`compile` in the summary; `compiling` per step in metrics.parquet). Under compile the exact "
+        "cheap-activation recompute is left to the compiler's own partitioner (`recompute` is then `none`).")
     collective_timeout_s: int = Field(
         600, ge=10, le=86_400,
         description="Process-group timeout: a rank that dies or hangs makes every other rank fail after at most this long.",
@@ -281,6 +303,9 @@ class TrainingSpec(_Strict):
     def _steps_or_epochs(self) -> TrainingSpec:
         if (self.max_steps is None) == (self.epochs is None):
             raise ValueError("set exactly one of `max_steps` or `epochs`")
+        if self.distillation.loss == "on_policy" and self.micro_batch_size == "auto":
+            raise ValueError("`micro_batch_size: auto` is not for `distillation.loss: on_policy`: a round's "
+                             "samples_per_round is a multiple of the micro-batch, so set micro_batch_size to a number")
         if self.distillation.loss == "on_policy":
             op = self.distillation.on_policy
             if op.samples_per_round % self.effective_batch:
@@ -303,4 +328,20 @@ class TrainingSpec(_Strict):
 
     @property
     def effective_batch(self) -> int:
+        if self.micro_batch_size == "auto":
+            raise ValueError("training.micro_batch_size is 'auto': the effective batch is known once the memory "
+                             "policy resolved it (campaign_orchestrator.costs.memory_policy)")
         return self.micro_batch_size * self.world_size * self.gradient_accumulation_steps
+
+    @property
+    def resharding_after_forward(self) -> bool:
+        """``reshard_after_forward`` resolved: ``auto`` is false on one node, true across nodes."""
+        if self.reshard_after_forward == "auto":
+            return self.nodes > 1
+        return self.reshard_after_forward
+
+    def compiling(self, device_type: str) -> bool:
+        """``compile`` resolved for a device type (``cuda``, ``cpu``): ``auto`` compiles on CUDA only."""
+        if self.compile == "auto":
+            return device_type == "cuda"
+        return self.compile

@@ -65,7 +65,10 @@ from training.export import copy_serving_files
 from training.model import (
     attention_kernel,
     build_mesh,
+    compile_count,
+    compile_layers,
     device_for,
+    device_memory_gb,
     full_tensor,
     load_student,
     packed_4bit_checksums,
@@ -186,12 +189,45 @@ class LoraFinetuneRecipe:
             # a mask inherited blocked (a parent that blocks it while it spawns) would keep the stop from arriving
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
         self.allocator = allocator.in_use()
+        self._setup_memory_policy()
         self._setup_data()
         self._check_teacher_tokenizer()
         self._setup_model()
         self._setup_optimizer()
         self.store = CheckpointStore(self.out / "checkpoints", self.job.checkpoint_uri, self.spec.checkpoint.keep_last)
         self.load_checkpoint()
+
+    def _setup_memory_policy(self) -> None:
+        """The activation policy and micro-batch: ``auto`` fields resolved against this device's memory by the
+        planner's rule (campaign_orchestrator.costs.memory_policy; rank 0's choice on every rank), set fields kept.
+        Under torch.compile (``training.compile``) the exact cheap recompute is the compiler's partitioner's job."""
+        from campaign_orchestrator.costs.memory_policy import activation_policy_of, resolved_training
+
+        self.compiled = self.spec.compiling(self.device.type)
+        recompute = self.recompute_cheap and not self.compiled
+        self.memory_policy = None
+        if "auto" in (self.spec.micro_batch_size, self.spec.activation_checkpointing):
+            from campaign_orchestrator.costs.memory import ModelShape
+            from campaign_orchestrator.costs.memory_policy import choose_memory_policy
+
+            dtype = resolve_compute_dtype(self.job.student.quantization.compute_dtype, self.device.type).dtype
+            attention = "eager" if self.job.student.attn_implementation == "eager" else "sdpa"
+            choice = [choose_memory_policy(
+                ModelShape.from_model_dir(Path(self.job.base_model_path)), self.job.student, self.spec,
+                device_memory_gb=device_memory_gb(self.device), seq_len=self.spec.max_seq_len,
+                device_type=self.device.type, compute_dtype=dtype, attention=attention, recompute_cheap=recompute)]
+            if self.world > 1:
+                dist.broadcast_object_list(choice, src=0)
+            self.memory_policy = choice[0]
+            self.spec = resolved_training(self.spec, self.memory_policy)
+            m = self.memory_policy
+            self.report.log(f"memory policy: micro-batch {m.micro_batch_size}, activations {m.activation_policy} "
+                            f"(chosen: {', '.join(m.chosen)}), estimated peak {m.estimated_peak_gb:.1f} GB of "
+                            f"{m.usable_gb:.1f} GB usable on {m.device_memory_gb:.1f} GB"
+                            + ("" if m.fits else "; nothing fits the estimate: the leanest choice is tried"))
+        self.activation_policy = activation_policy_of(self.spec.activation_checkpointing, recompute)
+        if self.activation_policy == "recompute" and not recompute:
+            self.activation_policy = "none"
 
     def _on_sigterm(self, signum, _frame) -> None:
         self._stop_signal = signum
@@ -302,9 +338,10 @@ class LoraFinetuneRecipe:
             self.report.log(f"WARNING: {self.precision.warning}")
         self.attn_implementation = self._attention_kernel()
         model = load_student(self.job.base_model_path, self.job.student, self.device,
-                             activation_checkpointing=self.spec.activation_checkpointing,
+                             activation_checkpointing=self.activation_policy == "full",
                              attn_implementation=self.attn_implementation, compute_dtype=self.precision.dtype,
-                             recompute_cheap=self.recompute_cheap)
+                             recompute_cheap=self.activation_policy == "recompute")
+        self.compiled_layers = compile_layers(model) if self.compiled else 0
         self.trainable = sum(p.numel() for p in trainable_parameters(model))
         self.total_params = sum(p.numel() for p in model.parameters())
         self.param_breakdown = moe.parameter_breakdown(model)  # by kind; refuses routed experts left frozen
@@ -312,7 +349,7 @@ class LoraFinetuneRecipe:
         if self.world > 1 or self.shard_single_process:
             before = packed_4bit_checksums(model)
             self.mesh = build_mesh(self.spec, self.device)
-            self.model = shard(model, self.mesh, self.compute_dtype)
+            self.model = shard(model, self.mesh, self.compute_dtype, self.spec.resharding_after_forward)
             try:
                 checked = verify_sharded_4bit(self.model, before)
             except ValueError as e:
@@ -513,6 +550,7 @@ class LoraFinetuneRecipe:
         with RunProfiler(spec, self.out, self.report.log) as prof:
             for step in range(self.start_step, stop):
                 t0 = time.perf_counter()
+                compiled_before = compile_count() if self.compiled else 0
                 due = float(self.is_main and every_s is not None and time.monotonic() - self._last_save_time >= every_s)
                 control = (due, float(self._stop_signal is not None))
                 batches, counts, (due_all, stop_all), t0 = self._prepare_step(step, control, t0)
@@ -551,6 +589,8 @@ class LoraFinetuneRecipe:
                        "grad_norm": result.grad_norm, "loss_tokens": result.loss_tokens, "tokens": result.real_tokens,
                        "tokens_per_s": result.real_tokens / dt, "step_s": dt,
                        "peak_memory_mb": _peak_memory_mb(self.device)} | self._step_metrics(step, result)
+                if self.compiled:  # a step that compiled graphs is warm-up, reported apart from the timed steps
+                    row["compiling"] = compile_count() > compiled_before
                 self.metrics.append(row)
                 if self.is_main and ((step + 1) % spec.log_every == 0 or step == self.start_step
                                      or step + 1 == self.total_steps):
@@ -693,8 +733,24 @@ class LoraFinetuneRecipe:
         return summary
 
     def _summary_extras(self) -> dict:
-        """Sections of ``summary.json`` a recipe adds (global rank 0)."""
-        return {}
+        """Sections of ``summary.json`` beyond training/summary.py's (global rank 0): the activation policy and
+        memory policy used, FSDP2's resharding, and torch.compile's warm-up apart from the timed steps."""
+        return {"activation_policy": self.activation_policy,
+                "memory_policy": self.memory_policy.as_dict() if self.memory_policy is not None else None,
+                "reshard_after_forward": self.spec.resharding_after_forward if self.mesh is not None else None,
+                "compile": self._compile_report()}
+
+    def _compile_report(self) -> dict:
+        if not self.compiled:
+            return {"enabled": False}
+        new = [r for r in self.metrics if self.resumed_from is None or r["step"] > self.resumed_from]
+        warm = [r for r in new if r.get("compiling")]
+        timed = [r for r in new if not r.get("compiling")]
+        seconds = sum(r["step_s"] for r in timed)
+        return {"enabled": True, "layers": self.compiled_layers, "warmup_steps": len(warm),
+                "warmup_seconds": sum(r["step_s"] for r in warm), "timed_steps": len(timed),
+                "timed_seconds": seconds,
+                "timed_tokens_per_s": sum(r["tokens"] for r in timed) / seconds if seconds > 0 else None}
 
     def cleanup(self, ok: bool = True) -> None:
         self.report.close()

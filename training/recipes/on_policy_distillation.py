@@ -352,4 +352,4 @@ class OnPolicyDistillationRecipe(LoraFinetuneRecipe):
             self._round_acc = {int(r): on_policy.RoundStats(**a) for r, a in state["on_policy"]["in_progress"].items()}
 
     def _summary_extras(self) -> dict:
-        return {"on_policy": self._on_policy_summary()}
+        return super()._summary_extras() | {"on_policy": self._on_policy_summary()}
