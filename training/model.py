@@ -56,13 +56,13 @@ def device_memory_gb(device: torch.device) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
 
 
-def compile_layers(model: nn.Module) -> int:
+def compile_layers(model: nn.Module, backend: str = "inductor") -> int:
     """``torch.compile`` each decoder layer in place (``nn.Module.compile``: the module tree, parameter names,
     FSDP units and adapter files stay as they are); returns the layers compiled. Compiled layers see varying
     sequence lengths: the first steps compile (a static graph, then a dynamic one), later ones reuse them."""
     layers = _decoder_layers(model)
     for layer in layers:
-        layer.compile()
+        layer.compile(backend=backend)
     return len(layers)
 
 

@@ -14,7 +14,7 @@ def test_warmup_rises_linearly_then_cosine_decays_to_zero():
     assert f(8) == pytest.approx(0.5)  # half way through the decay
     assert f(12) == pytest.approx(0.0, abs=1e-12) and f(50) == pytest.approx(0.0, abs=1e-12)
     decay = [f(s) for s in range(4, 13)]
-    assert all(a > b for a, b in zip(decay, decay[1:]))
+    assert all(a > b for a, b in zip(decay, decay[1:], strict=False))
 
 
 def test_no_warmup_and_a_single_step():

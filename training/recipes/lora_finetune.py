@@ -38,6 +38,7 @@ Raises
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -137,6 +138,9 @@ class LoraFinetuneRecipe:
     # FSDP2 even in a world of one: for measurements only (benchmarks/train_gpu_step.py times the sharded path on
     # one GPU against the plain module); a run never wraps a world of one (nothing to shard, only hooks and copies).
     shard_single_process = False
+    # torch.compile's backend for `training.compile` (tests on the CPU use aot_eager: the same graph capture and
+    # autograd partitioning without inductor's code generation, which takes minutes there).
+    compile_backend = "inductor"
 
     def __init__(self, job: TrainJob):
         self.job = job
@@ -246,6 +250,7 @@ class LoraFinetuneRecipe:
         n = len(self.rows["input_ids"])
         if self.distill:
             self.teacher = self._load_teacher_topk()
+        self._fit_auto_micro_batch(n)
         self.plan = data.BatchPlan(n, self.spec.micro_batch_size, self.world, self.spec.gradient_accumulation_steps,
                                     self.spec.seed)
         if n < self.plan.rows_per_step:
@@ -262,6 +267,19 @@ class LoraFinetuneRecipe:
         self.pad_id = AutoConfig.from_pretrained(self.job.base_model_path).pad_token_id or 0
         per_rank = min(self.spec.eval_rows, len(self.eval_data["input_ids"])) // self.world
         self.eval_rows = [list(range(r * per_rank, (r + 1) * per_rank)) for r in range(self.world)]
+
+    def _fit_auto_micro_batch(self, rows: int) -> None:
+        """An ``auto`` micro-batch larger than the dataset allows (one step: micro × world × accumulation rows)
+        shrinks to what the rows fill."""
+        m = self.memory_policy
+        if m is None or "micro_batch_size" not in m.chosen:
+            return
+        cap = max(1, rows // (self.world * self.spec.gradient_accumulation_steps))
+        if self.spec.micro_batch_size > cap:
+            self.report.log(f"memory policy: micro-batch {self.spec.micro_batch_size} lowered to {cap}, what {rows} "
+                            "rows fill")
+            self.memory_policy = dataclasses.replace(m, micro_batch_size=cap)
+            self.spec = self.spec.model_copy(update={"micro_batch_size": cap})
 
     def _validation_rows(self, model_hash: str):
         """The eval-loss rows: the validation split when the dataset has one, else the training rows."""
@@ -341,7 +359,7 @@ class LoraFinetuneRecipe:
                              activation_checkpointing=self.activation_policy == "full",
                              attn_implementation=self.attn_implementation, compute_dtype=self.precision.dtype,
                              recompute_cheap=self.activation_policy == "recompute")
-        self.compiled_layers = compile_layers(model) if self.compiled else 0
+        self.compiled_layers = compile_layers(model, self.compile_backend) if self.compiled else 0
         self.trainable = sum(p.numel() for p in trainable_parameters(model))
         self.total_params = sum(p.numel() for p in model.parameters())
         self.param_breakdown = moe.parameter_breakdown(model)  # by kind; refuses routed experts left frozen
