@@ -215,6 +215,28 @@ def shard(model: nn.Module, mesh, compute_dtype: torch.dtype, reshard_after_forw
     return model
 
 
+def check_4bit_storage(model: nn.Module, compute_dtype: torch.dtype) -> int:
+    """Every 4-bit packed weight is stored in ``compute_dtype`` words (``bnb_4bit_quant_storage``) and computes in
+    it; returns how many were checked. FSDP2 casts a unit's parameters to its ``param_dtype`` (the compute dtype):
+    packed bytes stored as uint8 (a checkpoint quantized with another storage) would be converted as numbers and
+    decode to garbage (loss 0 / NaN, accelerate#3983). Raises ``ValueError`` naming the first mismatch."""
+    import bitsandbytes as bnb
+
+    n = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, bnb.nn.Linear4bit):
+            stored = mod.weight.dtype
+            compute = getattr(mod, "compute_dtype", None) or compute_dtype
+            if stored != compute_dtype or compute != compute_dtype:
+                raise ValueError(
+                    f"4-bit weight {name}.weight is stored as {stored} and computes in {compute}, but FSDP2 shards "
+                    f"it as {compute_dtype}: quantize the base on load (a bf16/fp32 checkpoint, not a pre-quantized "
+                    f"one) so bnb_4bit_quant_storage is the compute dtype, or set student.quantization.compute_dtype "
+                    f"to {stored}")
+            n += 1
+    return n
+
+
 def _bits_checksum(t: torch.Tensor) -> int:
     """A position-weighted checksum of a tensor's raw 16-bit words (any bit change shows)."""
     w = t.detach().contiguous().view(torch.int16).reshape(-1).to(torch.int64)

@@ -66,6 +66,7 @@ from training.export import copy_serving_files
 from training.model import (
     attention_kernel,
     build_mesh,
+    check_4bit_storage,
     compile_count,
     compile_layers,
     device_for,
@@ -365,6 +366,11 @@ class LoraFinetuneRecipe:
         self.param_breakdown = moe.parameter_breakdown(model)  # by kind; refuses routed experts left frozen
         moe.refuse_frozen_experts(self.param_breakdown, self.job.student, self.job.base_model_path)
         if self.world > 1 or self.shard_single_process:
+            if self.job.student.quantization.load_in_4bit:
+                try:  # FSDP2 moves the packed words as compute-dtype values
+                    check_4bit_storage(model, self.compute_dtype)
+                except ValueError as e:
+                    raise TrainingError(str(e)) from e
             before = packed_4bit_checksums(model)
             self.mesh = build_mesh(self.spec, self.device)
             self.model = shard(model, self.mesh, self.compute_dtype, self.spec.resharding_after_forward)
