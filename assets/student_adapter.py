@@ -43,7 +43,8 @@ def training_key_fields(spec: CampaignSpec, precision: str | None = None) -> dic
         student["quantization"]["compute_dtype"] = precision
     training = spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "allow_cpu_fallback",
                                                  "cpu_hardware", "checkpoint",
-                                                 "collective_timeout_s", "diagnostics", "distributed_env"})
+                                                 "collective_timeout_s", "diagnostics", "distributed_env",
+                                                 "reshard_after_forward", "compile"})  # speed, not the adapter
     if spec.training.distillation.loss != "on_policy":  # added with on-policy distillation: keys no other adapter
         del training["distillation"]["on_policy"]
     return {"student": student, "training": training}
