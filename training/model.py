@@ -11,7 +11,7 @@
   the 4-bit quant storage, so FSDP never casts packed weights); LoRA units keep their fp32
   parameters for compute, as PEFT intends; gradients are reduced in fp32.
 * Optional activation checkpointing (non-reentrant, per decoder layer) before sharding; optional
-  ``torch.compile`` of each decoder layer in place (:func:`compile_layers`).
+  ``torch.compile`` of each decoder layer's forward (:func:`compile_layers`).
 * ``reshard_after_forward`` (``training.reshard_after_forward``): whether FSDP2 frees each unit's gathered
   parameters after its forward (and gathers them again in backward) or keeps them until its backward.
 * A world of one is never sharded (the trainer trains the plain module: nothing to shard, FSDP2 would only
@@ -57,12 +57,14 @@ def device_memory_gb(device: torch.device) -> float:
 
 
 def compile_layers(model: nn.Module, backend: str = "inductor") -> int:
-    """``torch.compile`` each decoder layer in place (``nn.Module.compile``: the module tree, parameter names,
-    FSDP units and adapter files stay as they are); returns the layers compiled. Compiled layers see varying
-    sequence lengths: the first steps compile (a static graph, then a dynamic one), later ones reuse them."""
+    """``torch.compile`` each decoder layer's ``forward`` in place; returns the layers compiled. The module tree,
+    parameter names, FSDP units and adapter files stay as they are, and the module's hooks (FSDP2's all-gather
+    and reshard, activation checkpointing's wrapper) run around the compiled forward, not inside it, as in
+    torchtitan's per-block compile. Compiled layers see varying sequence lengths: the first steps compile (a
+    static graph, then a dynamic one), later ones reuse them."""
     layers = _decoder_layers(model)
     for layer in layers:
-        layer.compile(backend=backend)
+        layer.forward = torch.compile(layer.forward, backend=backend)
     return len(layers)
 
 

@@ -281,8 +281,8 @@ class TrainingSpec(_Strict):
         "which the planner's estimate counts), true frees them after the forward and gathers them again in backward. "
         "auto: false on one node (fast intra-node links), true across nodes. A world of one is never sharded.")
     compile: bool | Literal["auto"] = Field(
-        "auto", description="torch.compile each decoder layer (in place: parameter names, checkpoints and adapters "
-        "unchanged). auto: on for CUDA, off on the CPU. The compiling first step(s) are reported apart from the "
+        "auto", description="torch.compile each decoder layer's forward (in place: parameter names, checkpoints, "
+        "adapters unchanged). auto: on for CUDA, off on the CPU. The compiling first step(s) are reported apart from the "
         "timed ones (`compile` in the summary; `compiling` per step in metrics.parquet). Under compile the exact "
         "cheap-activation recompute is left to the compiler's own partitioner (`recompute` is then `none`).")
     collective_timeout_s: int = Field(
