@@ -9,6 +9,7 @@ causal and GQA arguments), and FlexAttention's document mask is checked forward 
 from __future__ import annotations
 
 import copy
+
 import pytest
 import torch
 from torch import nn
@@ -53,7 +54,7 @@ def _reference_varlen(signature: str):
         assert max_q == max_k == max(lengths) and int(cu_q[-1]) == q.size(0)
         calls.append((lengths, gqa, k.size(1)))
         outs = []
-        for s, e in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+        for s, e in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
             o = nn.functional.scaled_dot_product_attention(
                 q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1), is_causal=True, scale=scale,
                 enable_gqa=gqa)
@@ -89,7 +90,7 @@ def test_flash_varlen_path_equals_eager_outputs_and_gradients(monkeypatch, signa
     w = torch.randn_like(ref)
     (out * w).sum().backward()
     (ref * w).sum().backward()
-    for a, b, name in zip(leaves, ref_leaves, "qkv"):
+    for a, b, name in zip(leaves, ref_leaves, "qkv", strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
     # one call for the whole batch, every sequence of every row in it; GQA native on 2.11, kv repeated on 2.10
     assert [c[0] for c in calls] == [[n for r in rows for n in r]]

@@ -62,7 +62,7 @@ def varlen(device: torch.device, dtype: torch.dtype) -> dict:
             got = attention.varlen_forward(layer, *leaves, None, scaling=d ** -0.5, position_ids=pos,
                                            backend=name)[0]
             (got.float() * w.float()).sum().backward()
-            out[name] = _compare([(got, ref)] + [(a.grad, r.grad) for a, r in zip(leaves, ref_leaves)], dtype)
+            out[name] = _compare([(got, ref)] + [(a.grad, r.grad) for a, r in zip(leaves, ref_leaves, strict=True)], dtype)
         except Exception as e:  # noqa: BLE001 - reported: the benchmark fails on it
             out[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
     return out
@@ -121,7 +121,7 @@ def liger_modules(device: torch.device, dtype: torch.dtype) -> dict:
         ya, yb = (ya if isinstance(ya, tuple) else (ya,)), (yb if isinstance(yb, tuple) else (yb,))
         sum(y.float().sum() for y in ya).backward()
         sum(y.float().sum() for y in yb).backward()
-        return _compare(list(zip(yb, ya)) + [(p.grad, q.grad) for p, q in zip(b, a)], dtype)
+        return _compare(list(zip(yb, ya, strict=True)) + [(p.grad, q.grad) for p, q in zip(b, a, strict=True)], dtype)
 
     try:
         plain = ml.LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps).to(device, dtype)
