@@ -55,7 +55,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
 
-SECTIONS = ("lora", "qlora_nf4", "fsdp2_lora", "qlora_fsdp2", "bare_loop", "planned", "trl", "kernel_checks",
+SECTIONS = ("lora", "lora_other_ce", "qlora_nf4", "fsdp2_lora", "qlora_fsdp2", "bare_loop", "planned", "trl", "kernel_checks",
             "vllm_teacher")
 SPEED_GOAL, MFU_GOAL, WORLD_OF_ONE_GOAL, QLORA_GOAL = 1.5, 0.35, 0.97, 0.75
 
@@ -468,6 +468,14 @@ def main() -> int:
             r = timed(name, run_one, work, base, ds, name, qlora, fsdp, args.micro, args.steps, seq, dtype)
             if r is not None:
                 results[name] = r
+        if "lora_other_ce" in wanted and "lora" in results:
+            # the trainer with the other cross-entropy path than lora's (plain logits <-> linear without logits):
+            # the same loss (the CPU suite's check of the trainer's hook), and on a GPU what the fused loss pays
+            fused_in_lora = results["lora"]["fused"]["cross_entropy"] != "logits"
+            r = timed("lora_other_ce", run_one, work, base, ds, "lora_other_ce", False, False, args.micro, args.steps,
+                      seq, dtype, fused_loss=not fused_in_lora)
+            if r is not None:
+                results["lora_other_ce"] = r
         if "bare_loop" in wanted and kernel:
             r = timed("bare_loop", bare_loop, work, base, ds, args.micro, args.steps, seq, dtype, kernel, device)
             if r is not None:
@@ -563,6 +571,9 @@ def compare(results: dict, big: bool) -> tuple[dict, dict]:
         "qlora_fsdp2_vs_qlora": tps("qlora_fsdp2") / tps("qlora_nf4") if tps("qlora_fsdp2") and tps("qlora_nf4")
         else None,
         "planned_mfu": results.get("planned", {}).get("mfu"),
+        "other_ce_vs_lora": tps("lora_other_ce") / ours if ours and tps("lora_other_ce") else None,
+        "other_ce_final_loss_rel_diff": abs(results["lora_other_ce"]["final_loss"] - results["lora"]["final_loss"])
+        / abs(results["lora"]["final_loss"]) if "final_loss" in results.get("lora_other_ce", {}) and ours else None,
     }
     ratios = {k: round(v, 4) if isinstance(v, float) else v for k, v in ratios.items()}
 
