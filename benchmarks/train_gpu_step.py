@@ -55,7 +55,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
 
-SECTIONS = ("lora", "lora_other_ce", "qlora_nf4", "fsdp2_lora", "qlora_fsdp2", "bare_loop", "planned", "trl", "kernel_checks",
+SECTIONS = ("lora", "lora_other_ce", "qlora_nf4", "fsdp2_lora", "qlora_fsdp2", "bare_loop", "planned", "trl",
+            "kernel_checks",
             "vllm_teacher")
 SPEED_GOAL, MFU_GOAL, WORLD_OF_ONE_GOAL, QLORA_GOAL = 1.5, 0.35, 0.97, 0.75
 
@@ -387,7 +388,7 @@ def main() -> int:
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--planned-micro-batch", type=int, default=None,
-                    help="also time this trainer at this micro-batch (the planner's choice; the MFU goal is read there)")
+                    help="also time this trainer at this micro-batch (the planner's choice; the MFU goal reads it)")
     ap.add_argument("--repeats", type=int, default=None, help="rounds of lora / TRL alternation (default 2, --tiny 1)")
     ap.add_argument("--sections", default=None,
                     help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")

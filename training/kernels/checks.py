@@ -62,7 +62,8 @@ def varlen(device: torch.device, dtype: torch.dtype) -> dict:
             got = attention.varlen_forward(layer, *leaves, None, scaling=d ** -0.5, position_ids=pos,
                                            backend=name)[0]
             (got.float() * w.float()).sum().backward()
-            out[name] = _compare([(got, ref)] + [(a.grad, r.grad) for a, r in zip(leaves, ref_leaves, strict=True)], dtype)
+            grads = [(a.grad, r.grad) for a, r in zip(leaves, ref_leaves, strict=True)]
+            out[name] = _compare([(got, ref), *grads], dtype)
         except Exception as e:  # noqa: BLE001 - reported: the benchmark fails on it
             out[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
     return out
