@@ -107,12 +107,13 @@ def _flex():
     return flex_attention, create_block_mask
 
 
-def varlen_backend(device: torch.device) -> str:
-    """What ``varlen`` runs on ``device``: ``flash_varlen`` (torch's varlen_attn), ``flex`` (FlexAttention with a
-    document mask) or ``segment_eager`` (CPU: varlen_attn is CUDA-only and FlexAttention has no backward there)."""
+def varlen_backend(device: torch.device, dtype: torch.dtype | None = None) -> str:
+    """What ``varlen`` runs on ``device`` (for tensors of ``dtype``, when given): ``flash_varlen`` (torch's
+    varlen_attn: half precision only), ``flex`` (FlexAttention with a document mask) or ``segment_eager`` (CPU:
+    varlen_attn is CUDA-only and FlexAttention has no backward there)."""
     if device.type != "cuda":
         return NAME
-    if flash_varlen() is not None:
+    if flash_varlen() is not None and dtype in (None, torch.float16, torch.bfloat16):
         return "flash_varlen"
     return "flex" if _flex() is not None else NAME
 
@@ -210,7 +211,7 @@ def varlen_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, va
     """Causal attention within each packed sequence of a ``[B, H, T, D]`` query in one variable-length kernel
     call (:func:`varlen_backend` says which; ``backend`` forces one); ``([B, T, H, D], None)``."""
     b, heads, t, d = query.shape
-    backend = backend or varlen_backend(query.device)
+    backend = backend or varlen_backend(query.device, query.dtype)
     if backend == NAME or (dropout and module.training):  # neither fused kernel takes attention dropout
         return segment_eager_forward(module, query, key, value, attention_mask, scaling, dropout,
                                      position_ids=position_ids, **kwargs)
@@ -306,7 +307,16 @@ def time_kernels(heads: int, kv_heads: int, head_dim: int, lengths: list[int], d
 
     best = {}
     for kind in candidates(device):
-        step(kind)  # warm-up
+        try:
+            step(kind)  # warm-up
+        except Exception as e:  # noqa: BLE001 - a fused kernel this device or dtype cannot run is no candidate
+            if kind in CANDIDATES:
+                raise
+            import warnings
+
+            warnings.warn(f"attention kernel {kind!r} left out of the measurement: {type(e).__name__}: {e}",
+                          stacklevel=2)
+            continue
         times = []
         for _ in range(rounds):
             if device.type == "cuda":

@@ -139,7 +139,7 @@ def test_a_model_on_varlen_equals_eager_on_a_packed_row(models, monkeypatch, bac
         fake, calls = _reference_varlen("2.11")
         monkeypatch.setattr(attention, "flash_varlen", lambda: fake)
         monkeypatch.setattr(attention, "_varlen_kwargs", None)
-        monkeypatch.setattr(attention, "varlen_backend", lambda device: "flash_varlen")
+        monkeypatch.setattr(attention, "varlen_backend", lambda device, dtype=None: "flash_varlen")
     assert attention.varlen_backend(torch.device("cpu")) == ("flash_varlen" if backend == "flash_varlen"
                                                              else attention.NAME)
     eager, var = models
@@ -163,6 +163,7 @@ def test_varlen_is_a_measured_candidate_only_where_it_has_a_kernel(monkeypatch, 
     cuda = torch.device("cuda", 0)
     expected = "flash_varlen" if attention.flash_varlen() is not None else "flex"
     assert attention.varlen_backend(cuda) == expected
+    assert attention.varlen_backend(cuda, torch.float32) == "flex"  # flash kernels take half precision only
     assert attention.candidates(cuda) == (*attention.CANDIDATES, attention.VARLEN)
     monkeypatch.setattr(attention, "flash_varlen", lambda: None)
     assert attention.varlen_backend(cuda) == "flex"  # a torch without varlen_attn: FlexAttention's document mask
