@@ -15,7 +15,8 @@ this process, a few steps each:
 * ``planned`` (``--planned-micro-batch N``): this trainer at the micro-batch the planner chose (MFU goal);
 * ``trl``: TRL's ``SFTTrainer`` on the same model (``load_student``: same LoRA, dtype and attention kernel as
   ``lora`` resolved to), rows and batch (``completion_only_loss``, no packing, bf16 on a GPU), with
-  gradient checkpointing off and on, alternating with ``lora`` (``--repeats`` rounds), steps after the first;
+  gradient checkpointing off and on, alternating with ``lora`` (``--repeats`` rounds), steps after the first
+  (Liger's RoPE patch is module-wide, so on a GPU with Liger TRL's Llama gets it too: in TRL's favour);
 
 each with real tokens/s after the first (warm-up) step, MFU against this GPU's measured bf16 matmul
 peak (8192², same run) and peak allocated memory. ``kernel_checks``: every fused kernel (varlen attention,

@@ -53,5 +53,12 @@ def apply(model, device: torch.device, policy: str | bool = "auto") -> list[str]
     params = inspect.signature(fn).parameters
     kw = {k: True for k in KERNELS if k in params}
     kw |= {k: False for k in ("cross_entropy", "fused_linear_cross_entropy") if k in params}
-    fn(model=inner, **kw)
+    try:
+        fn(model=inner, **kw)
+    except Exception as e:  # noqa: BLE001 - a Liger release that does not fit this transformers: plain modules
+        import warnings
+
+        warnings.warn(f"Liger Kernel could not patch this {inner.config.model_type} model ({type(e).__name__}: {e}); "
+                      "training with the plain modules", stacklevel=2)
+        return []
     return [k for k in KERNELS if kw.get(k)]
