@@ -16,7 +16,7 @@ this process, a few steps each:
 * ``trl``: TRL's ``SFTTrainer`` on the same model (``load_student``: same LoRA, dtype and attention kernel as
   ``lora`` resolved to), rows and batch (``completion_only_loss``, no packing, bf16 on a GPU), with
   gradient checkpointing off and on, alternating with ``lora`` (``--repeats`` rounds), steps after the first
-  (Liger's RoPE patch is module-wide, so on a GPU with Liger TRL's Llama gets it too: in TRL's favour);
+  (with transformers' own RoPE put back around it: Liger's RoPE patch is module-wide);
 
 each with real tokens/s after the first (warm-up) step, MFU against this GPU's measured bf16 matmul
 peak (8192², same run) and peak allocated memory. ``kernel_checks``: every fused kernel (varlen attention,
@@ -60,6 +60,7 @@ SECTIONS = ("lora", "lora_other_ce", "qlora_nf4", "fsdp2_lora", "qlora_fsdp2", "
             "kernel_checks",
             "vllm_teacher")
 SPEED_GOAL, MFU_GOAL, WORLD_OF_ONE_GOAL, QLORA_GOAL = 1.5, 0.35, 0.97, 0.75
+PLAIN_ROPE: list = []  # transformers' Llama RoPE as imported, before any Liger patch (TRL's runs get it back)
 
 SHAPES = {
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
@@ -275,6 +276,18 @@ def trl_run(work: Path, base: Path, ds: Path, micro: int, steps: int, seq: int, 
     """TRL's SFTTrainer on the same model (``load_student``: LoRA, dtype, attention kernel), rows and batch:
     ``completion_only_loss`` (the rows' labelled half), no packing, bf16 on a GPU; tokens/s over the steps after
     the first (a callback's clock at step begin/end, synchronized on CUDA)."""
+    from transformers.models.llama import modeling_llama
+
+    job = _job(work, base, ds, "trl", micro, steps, seq, dtype, attention)
+    _reset_peak(device)
+    patched_rope, modeling_llama.apply_rotary_pos_emb = modeling_llama.apply_rotary_pos_emb, PLAIN_ROPE[0]
+    try:
+        return _trl_train(job, base, ds, micro, steps, seq, dtype, attention, device, checkpointing, work)
+    finally:  # TRL as shipped: transformers' own RoPE, not the module-wide Liger patch of this trainer's runs
+        modeling_llama.apply_rotary_pos_emb = patched_rope
+
+
+def _trl_train(job, base, ds, micro, steps, seq, dtype, attention, device, checkpointing, work) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -282,9 +295,7 @@ def trl_run(work: Path, base: Path, ds: Path, micro: int, steps: int, seq: int, 
 
     from training.model import load_student
 
-    job = _job(work, base, ds, "trl", micro, steps, seq, dtype, attention)
     t = job.training
-    _reset_peak(device)
     torch.manual_seed(t.seed)
     model = load_student(str(base), job.student, device, attn_implementation=attention, compute_dtype=dtype,
                          recompute_cheap=False)
@@ -417,6 +428,9 @@ def main() -> int:
         cpu = measure_cpu_peak()
         dtype = resolve_compute_dtype("auto", "cpu", cpu).dtype
         peak_flops = cpu.gflops(dtype) * 1e9
+    from transformers.models.llama import modeling_llama
+
+    PLAIN_ROPE[:] = [modeling_llama.apply_rotary_pos_emb]
     t_start = time.perf_counter()
     results: dict = {}
     failed = []

@@ -47,8 +47,13 @@ def test_nothing_is_patched_on_a_cpu(model, monkeypatch):
 def test_on_cuda_liger_is_applied_by_model_type_with_its_loss_patches_off(model, monkeypatch):
     calls = []
 
+    from transformers.models.llama import modeling_llama
+
+    mlp_class = modeling_llama.LlamaMLP
+
     def apply_llama(rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, swiglu=True,
                     model=None):
+        modeling_llama.LlamaMLP = type("FusedMLP", (), {})  # as Liger does: the class swapped module-wide
         calls.append({"rope": rope, "cross_entropy": cross_entropy, "flce": fused_linear_cross_entropy,
                       "rms_norm": rms_norm, "swiglu": swiglu, "model": model})
 
@@ -62,6 +67,7 @@ def test_on_cuda_liger_is_applied_by_model_type_with_its_loss_patches_off(model,
     _fake_liger(monkeypatch, {"llama": apply_llama, "gemma": apply_gemma})
     assert liger.why_not(cuda) is None
     assert liger.apply(model, cuda) == ["rms_norm", "swiglu", "rope"]
+    assert modeling_llama.LlamaMLP is mlp_class  # put back: models built later in the process are not patched
     assert calls == [{"rope": True, "cross_entropy": False, "flce": False, "rms_norm": True, "swiglu": True,
                       "model": model}]
     assert liger.apply(model, cuda, policy=False) == [] and len(calls) == 1
@@ -69,3 +75,11 @@ def test_on_cuda_liger_is_applied_by_model_type_with_its_loss_patches_off(model,
     assert liger.apply(model, cuda) == ["rms_norm", "rope"]
     model.config.model_type = "gpt2"  # a type Liger does not know: nothing
     assert liger.apply(model, cuda) == [] and len(calls) == 2
+
+    def broken(**kw):
+        raise RuntimeError("this transformers is too new")
+
+    model.config.model_type = "llama"
+    _fake_liger(monkeypatch, {"llama": broken})
+    with pytest.warns(UserWarning, match="too new"):
+        assert liger.apply(model, cuda) == []  # a Liger that cannot patch: the plain modules, said in a warning

@@ -124,6 +124,8 @@ def liger_modules(device: torch.device, dtype: torch.dtype) -> dict:
         sum(y.float().sum() for y in yb).backward()
         return _compare(list(zip(yb, ya, strict=True)) + [(p.grad, q.grad) for p, q in zip(b, a, strict=True)], dtype)
 
+    if ml.LlamaRMSNorm is LigerRMSNorm or ml.LlamaMLP is LigerSwiGLUMLP:
+        return {"error": "transformers' Llama classes are Liger's here (patched module-wide): nothing to compare to"}
     try:
         plain = ml.LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps).to(device, dtype)
         nn.init.normal_(plain.weight, 1.0, 0.1)
@@ -140,8 +142,12 @@ def liger_modules(device: torch.device, dtype: torch.dtype) -> dict:
         rot = ml.LlamaRotaryEmbedding(cfg).to(device)
         pos = torch.arange(1024, device=device)[None].expand(4, -1)
         cos, sin = rot(q, pos)
-        out["rope"] = pair(lambda a, b: ml.apply_rotary_pos_emb(a, b, cos, sin),
-                           lambda a, b: liger_rotary_pos_emb(a, b, cos, sin), q, k)
+
+        def plain_rope(a, b):  # transformers' apply_rotary_pos_emb, spelled out: Liger may have patched the module's
+            c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+            return a * c + ml.rotate_half(a) * s, b * c + ml.rotate_half(b) * s
+
+        out["rope"] = pair(plain_rope, lambda a, b: liger_rotary_pos_emb(a, b, cos, sin), q, k)
     except Exception as e:  # noqa: BLE001
         out.setdefault("error", f"{type(e).__name__}: {e}"[:500])
     return out

@@ -53,6 +53,10 @@ def apply(model, device: torch.device, policy: str | bool = "auto") -> list[str]
     params = inspect.signature(fn).parameters
     kw = {k: True for k in KERNELS if k in params}
     kw |= {k: False for k in ("cross_entropy", "fused_linear_cross_entropy") if k in params}
+    import sys
+
+    modeling = sys.modules.get(type(inner).__module__)
+    before = dict(vars(modeling)) if modeling is not None else {}
     try:
         fn(model=inner, **kw)
     except Exception as e:  # noqa: BLE001 - a Liger release that does not fit this transformers: plain modules
@@ -61,4 +65,10 @@ def apply(model, device: torch.device, policy: str | bool = "auto") -> list[str]
         warnings.warn(f"Liger Kernel could not patch this {inner.config.model_type} model ({type(e).__name__}: {e}); "
                       "training with the plain modules", stacklevel=2)
         return []
+    # Liger also swaps the modeling module's norm and MLP classes, which would reach every model built later in
+    # this process (a comparison's other trainer): this instance is patched, so the classes are put back. Its
+    # RoPE is a module function, read at each call: that patch stays, process-wide.
+    for name, value in before.items():
+        if isinstance(value, type) and vars(modeling).get(name) is not value:
+            setattr(modeling, name, value)
     return [k for k in KERNELS if kw.get(k)]
