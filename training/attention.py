@@ -151,6 +151,7 @@ class PackedLayout:
 _layout_cache: tuple | None = None  # (weakref to the position ids, their version, layout): one per forward
 
 
+@torch.compiler.disable  # host-side bookkeeping (a weak reference, one sync): outside any compiled graph
 def packed_layout(position_ids: torch.Tensor, batch: int) -> PackedLayout:
     """The layout of ``position_ids`` (``[1 or B, T]``), computed once per forward: every decoder layer gets the
     same position-ids tensor, so the layout (and its host sync) is reused while that tensor is alive and unchanged."""
