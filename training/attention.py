@@ -7,18 +7,30 @@ sequences are ~40 tokens, so ~90% of the score matrix (its matmuls, softmax and 
 for backward) is thrown away. ``segment_eager`` runs eager attention on each sequence alone (what
 flash-attention's varlen kernel does on a GPU), so the cost is Σ len² instead of T².
 
-It is registered with transformers' ``AttentionInterface`` (and, for the mask, the flash-attention
+``attn_implementation="varlen"`` is the same idea on a GPU: the row's sequences go to one
+variable-length kernel call, PyTorch's flash-backed ``torch.nn.attention.varlen.varlen_attn`` (cumulative
+sequence lengths, no ``T × T`` mask) where the installed torch has it, else FlexAttention with a
+document mask (compiled; it skips the masked blocks). On a CPU neither trains (``varlen_attn`` is
+CUDA-only and FlexAttention has no backward there), so ``varlen`` runs ``segment_eager`` there; it is a
+candidate of the measurement only where its fast path exists (:func:`candidates`).
+
+Both are registered with transformers' ``AttentionInterface`` (and, for the mask, the flash-attention
 mask function, which builds no ``T × T`` mask) by :func:`register`; ``training.model.load_student``
-calls it before loading a model with this kernel. Padded rows (``longest`` / ``max_length``) work
+calls it before loading a model with one of them. Padded rows (``longest`` / ``max_length``) work
 too: the collator gives pads a position segment of their own.
 """
 
 from __future__ import annotations
 
+import inspect
+import weakref
+
 import torch
 from torch import nn
 
 NAME = "segment_eager"
+VARLEN = "varlen"
+CUSTOM = (NAME, VARLEN)  # the kernels this module registers with transformers
 _registered = False
 
 
@@ -75,8 +87,155 @@ def segment_eager_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
     return out.transpose(1, 2).contiguous(), None
 
 
+# --------------------------------------------------------------------------- varlen: one kernel call per row
+
+
+def flash_varlen():
+    """``torch.nn.attention.varlen.varlen_attn`` where the installed torch has it (2.10+), else None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _flex():
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    return flex_attention, create_block_mask
+
+
+def varlen_backend(device: torch.device, dtype: torch.dtype | None = None) -> str:
+    """What ``varlen`` runs on ``device`` (for tensors of ``dtype``, when given): ``flash_varlen`` (torch's
+    varlen_attn: half precision only), ``flex`` (FlexAttention with a document mask) or ``segment_eager`` (CPU:
+    varlen_attn is CUDA-only and FlexAttention has no backward there)."""
+    if device.type != "cuda":
+        return NAME
+    if flash_varlen() is not None and dtype in (None, torch.float16, torch.bfloat16):
+        return "flash_varlen"
+    return "flex" if _flex() is not None else NAME
+
+
+class PackedLayout:
+    """The sequences of a ``[B, T]`` batch of position ids laid end to end: ``cu_seqlens`` (int32, ``[N + 1]``),
+    ``max_len`` and each token's sequence index ``doc`` (``[B * T]``); a row boundary always opens a sequence."""
+
+    def __init__(self, position_ids: torch.Tensor):
+        starts = position_ids == 0
+        starts[:, 0] = True
+        flat = starts.reshape(-1)
+        idx = torch.nonzero(flat, as_tuple=True)[0]
+        end = torch.tensor([flat.numel()], dtype=idx.dtype, device=idx.device)
+        self.cu_seqlens = torch.cat([idx, end]).to(torch.int32)
+        self.max_len = int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())  # one host sync per forward
+        self.doc = torch.cumsum(flat.to(torch.int32), 0) - 1
+        self.tokens = flat.numel()
+        self._block_mask = None
+
+    def block_mask(self):
+        """FlexAttention's block mask for causal attention within each sequence (built once per layout)."""
+        if self._block_mask is None:
+            _, create_block_mask = _flex()
+            doc = self.doc
+
+            def document_causal(b, h, q, k):
+                return (doc[q] == doc[k]) & (q >= k)
+
+            self._block_mask = create_block_mask(document_causal, None, None, self.tokens, self.tokens,
+                                                 device=doc.device)
+        return self._block_mask
+
+
+_layout_cache: tuple | None = None  # (weakref to the position ids, their version, layout): one per forward
+
+
+@torch.compiler.disable  # host-side bookkeeping (a weak reference, one sync): outside any compiled graph
+def packed_layout(position_ids: torch.Tensor, batch: int) -> PackedLayout:
+    """The layout of ``position_ids`` (``[1 or B, T]``), computed once per forward: every decoder layer gets the
+    same position-ids tensor, so the layout (and its host sync) is reused while that tensor is alive and unchanged."""
+    global _layout_cache
+    if position_ids.size(0) != batch:
+        position_ids = position_ids.expand(batch, -1)
+    c = _layout_cache
+    if c is not None and c[0]() is position_ids and c[1] == position_ids._version:
+        return c[2]
+    layout = PackedLayout(position_ids.detach().clone())
+    try:
+        _layout_cache = (weakref.ref(position_ids), position_ids._version, layout)
+    except TypeError:  # a tensor subclass without weak references: no reuse
+        _layout_cache = None
+    return layout
+
+
+_varlen_kwargs: dict | None = None
+
+
+def _call_flash_varlen(q, k, v, layout: PackedLayout, scaling: float, groups: int):
+    """``varlen_attn`` on ``[tokens, heads, D]`` tensors, causal, across its signatures: ``window_size=(-1, 0)``
+    (torch 2.11+) or ``is_causal=True`` (2.10); kv heads repeated where it has no ``enable_gqa``."""
+    global _varlen_kwargs
+    fn = flash_varlen()
+    if _varlen_kwargs is None:
+        params = inspect.signature(fn).parameters
+        kw: dict = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+        kw["gqa"] = "enable_gqa" in params
+        _varlen_kwargs = kw
+    kw = dict(_varlen_kwargs)
+    gqa = kw.pop("gqa")
+    if groups > 1:
+        if gqa:
+            kw["enable_gqa"] = True
+        else:  # the layout of transformers' repeat_kv: query head h reads kv head h // groups
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    cu = layout.cu_seqlens
+    return fn(q, k, v, cu, cu, layout.max_len, layout.max_len, scale=scaling, **kw)
+
+
+_compiled_flex = None
+
+
+def _flex_attention(q, k, v, block_mask, scaling: float, groups: int):
+    global _compiled_flex
+    flex_attention, _ = _flex()
+    if q.device.type == "cuda":  # uncompiled FlexAttention is a reference implementation (it builds T × T scores)
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=True)
+        flex_attention = _compiled_flex
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scaling, enable_gqa=groups > 1)
+
+
+def varlen_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                   position_ids: torch.Tensor | None = None, backend: str | None = None, **kwargs):
+    """Causal attention within each packed sequence of a ``[B, H, T, D]`` query in one variable-length kernel
+    call (:func:`varlen_backend` says which; ``backend`` forces one); ``([B, T, H, D], None)``."""
+    b, heads, t, d = query.shape
+    backend = backend or varlen_backend(query.device, query.dtype)
+    if backend == NAME or (dropout and module.training):  # neither fused kernel takes attention dropout
+        return segment_eager_forward(module, query, key, value, attention_mask, scaling, dropout,
+                                     position_ids=position_ids, **kwargs)
+    if position_ids is None:
+        position_ids = torch.arange(t, device=query.device).expand(b, t)
+    layout = packed_layout(position_ids, b)
+    kv = key.size(1)
+    if backend == "flash_varlen":
+        q = query.transpose(1, 2).reshape(b * t, heads, d)
+        k = key.transpose(1, 2).reshape(b * t, kv, d)
+        v = value.transpose(1, 2).reshape(b * t, kv, d)
+        out = _call_flash_varlen(q, k, v, layout, scaling, heads // kv)
+        return out.view(b, t, heads, d), None
+    if backend != "flex":
+        raise ValueError(f"unknown varlen backend {backend!r} (flash_varlen, flex or {NAME})")
+    q, k, v = (x.transpose(0, 1).reshape(1, x.size(1), b * t, d) for x in (query, key, value))
+    out = _flex_attention(q, k, v, layout.block_mask(), scaling, heads // kv)  # [1, H, B*T, D]
+    return out.view(heads, b, t, d).permute(1, 2, 0, 3).contiguous(), None
+
+
 def register() -> str:
-    """Make ``attn_implementation="segment_eager"`` known to transformers (idempotent); returns the name."""
+    """Make ``attn_implementation="segment_eager"`` and ``"varlen"`` known to transformers (idempotent); returns
+    the first."""
     global _registered
     if not _registered:
         from transformers import AttentionInterface
@@ -84,6 +243,8 @@ def register() -> str:
 
         AttentionInterface.register(NAME, segment_eager_forward)
         AttentionMaskInterface.register(NAME, flash_attention_mask)
+        AttentionInterface.register(VARLEN, varlen_forward)
+        AttentionMaskInterface.register(VARLEN, flash_attention_mask)
         _registered = True
     return NAME
 
@@ -92,6 +253,12 @@ def register() -> str:
 
 CANDIDATES = ("eager", "sdpa", NAME)
 CACHE_FILE = "attention_kernels.json"
+
+
+def candidates(device: torch.device) -> tuple[str, ...]:
+    """The kernels measured on ``device``: eager, sdpa, segment_eager, and ``varlen`` where it has a kernel of its
+    own there (CUDA; on a CPU it would only be segment_eager again)."""
+    return CANDIDATES + ((VARLEN,) if varlen_backend(device) != NAME else ())
 
 
 def _block_masks(lengths: list[int], device):
@@ -129,6 +296,8 @@ def time_kernels(heads: int, kv_heads: int, head_dim: int, lengths: list[int], d
             out, _ = eager_attention_forward(layer, q, k, v, additive, scaling=scale)
         elif kind == NAME:
             out, _ = segment_eager_forward(layer, q, k, v, None, scaling=scale, position_ids=pos)
+        elif kind == VARLEN:
+            out, _ = varlen_forward(layer, q, k, v, None, scaling=scale, position_ids=pos)
         else:
             out = nn.functional.scaled_dot_product_attention(q, _repeat_kv(k, heads // kv_heads),
                                                              _repeat_kv(v, heads // kv_heads), attn_mask=allowed,
@@ -138,8 +307,17 @@ def time_kernels(heads: int, kv_heads: int, head_dim: int, lengths: list[int], d
     import time
 
     best = {}
-    for kind in CANDIDATES:
-        step(kind)  # warm-up
+    for kind in candidates(device):
+        try:
+            step(kind)  # warm-up
+        except Exception as e:  # noqa: BLE001 - a fused kernel this device or dtype cannot run is no candidate
+            if kind in CANDIDATES:
+                raise
+            import warnings
+
+            warnings.warn(f"attention kernel {kind!r} left out of the measurement: {type(e).__name__}: {e}",
+                          stacklevel=2)
+            continue
         times = []
         for _ in range(rounds):
             if device.type == "cuda":
@@ -172,14 +350,15 @@ def choose_kernel(config, device: torch.device, row_tokens: int, seq_len: int, d
     n, rest = divmod(row_tokens, seq_len)
     lengths = [seq_len] * n + ([rest] if rest else [])
     key = "|".join(map(str, (socket.gethostname(), torch.__version__, torch.get_num_threads(), device.type,
-                             str(dtype).removeprefix("torch."), heads, kv, head_dim, row_tokens, seq_len)))
+                             str(dtype).removeprefix("torch."), heads, kv, head_dim, row_tokens, seq_len,
+                             "+".join(candidates(device)))))
     path = Path(cache_dir or host_cache_dir()) / CACHE_FILE
     cached = read_host_cache(path)
     if key in cached:
         return cached[key]["kernel"], cached[key]
     seconds = time_kernels(heads, kv, head_dim, lengths, device, dtype)
     record = {"kernel": min(seconds, key=seconds.get), "seconds": {k: round(v, 6) for k, v in seconds.items()},
-              "row_tokens": row_tokens, "seq_len": seq_len}
+              "row_tokens": row_tokens, "seq_len": seq_len, "varlen_backend": varlen_backend(device)}
     cached[key] = record
     write_host_cache(path, cached)
     return record["kernel"], record

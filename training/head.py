@@ -42,3 +42,23 @@ def compact(batch: dict[str, torch.Tensor], label_keys: frozenset[str] | set[str
         if k in batch:
             out[k] = batch[k].index_select(1, targets)
     return keep, out
+
+
+def hidden_states(model, inputs: dict) -> torch.Tensor:
+    """The final hidden states (the decoder's output, after its last norm: the LM head's input) at the positions
+    ``inputs["logits_to_keep"]`` selects (a 1-D tensor of positions, an int ``n`` for the last ``n``, 0 or absent
+    for all), from one forward of ``model`` (PEFT-wrapped or not) in which the head scores no position at all:
+    for a loss that takes the head's weight itself (``training.kernels.linear_ce``)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    keep = inputs.get("logits_to_keep", 0)
+    captured: list[torch.Tensor] = []
+    handle = inner.get_decoder().register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
+    try:
+        ref = inputs.get("input_ids", inputs.get("inputs_embeds"))
+        model(**(inputs | {"logits_to_keep": torch.zeros(0, dtype=torch.long, device=ref.device)}))
+    finally:
+        handle.remove()
+    h = captured[-1]
+    if isinstance(keep, torch.Tensor):
+        return h.index_select(1, keep.to(h.device))
+    return h[:, -keep:] if keep else h

@@ -102,7 +102,7 @@ def load_student(base_model_path: str, student: StudentSpec, device: torch.devic
     from transformers import AutoModelForCausalLM
 
     q = student.quantization
-    if attn_implementation == "segment_eager":
+    if attn_implementation in ("segment_eager", "varlen"):
         from training.attention import register
 
         register()  # attention per packed sequence (training/attention.py)

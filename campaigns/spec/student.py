@@ -102,9 +102,11 @@ class StudentSpec(_Strict):
     lora: LoraSpec = LoraSpec()
     quantization: QuantizationSpec = QuantizationSpec()
     moe: MoeSpec = Field(default_factory=MoeSpec, description="Mixture-of-experts settings (ignored for a dense model).")
-    attn_implementation: Literal["auto", "eager", "sdpa", "segment_eager", "flash_attention_2"] = Field(
+    attn_implementation: Literal["auto", "eager", "sdpa", "segment_eager", "varlen", "flash_attention_2"] = Field(
         "auto",
         description="Attention kernel for training. auto: the fastest of eager, sdpa and segment_eager measured at "
         "the run's micro-batch shape on the host (training/attention.py; cached per host and shape). segment_eager: "
-        "eager attention on each packed sequence alone (no work across the sequences of a padding-free row).",
+        "eager attention on each packed sequence alone (no work across the sequences of a padding-free row). varlen: "
+        "one variable-length kernel call per row on CUDA (torch's flash varlen_attn, else FlexAttention; measured by "
+        "auto there), segment_eager on a CPU.",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -18,11 +19,13 @@ def models():
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=64)
-    eager = LlamaForCausalLM(cfg)
+    # each model its own config: transformers keeps the object it is given, and the kernel is a config field
+    eager = LlamaForCausalLM(copy.deepcopy(cfg))
     eager.config._attn_implementation = "eager"
-    seg = LlamaForCausalLM(cfg)
+    seg = LlamaForCausalLM(copy.deepcopy(cfg))
     seg.load_state_dict(eager.state_dict())
     seg.config._attn_implementation = attention.NAME
+    assert eager.config._attn_implementation == "eager"
     return eager, seg
 
 

@@ -63,6 +63,7 @@ from training.checkpoint import CheckpointStore
 from training.config import TrainJob
 from training.errors import TrainingError
 from training.export import copy_serving_files
+from training.kernels import liger, linear_ce
 from training.model import (
     attention_kernel,
     build_mesh,
@@ -142,6 +143,11 @@ class LoraFinetuneRecipe:
     # torch.compile's backend for `training.compile` (tests on the CPU use aot_eager: the same graph capture and
     # autograd partitioning without inductor's code generation, which takes minutes there).
     compile_backend = "inductor"
+    # The cross-entropy from the hidden states and the head's weight, no [tokens x vocab] logits
+    # (training.kernels.linear_ce.plan: auto = on CUDA) and Liger's fused RMSNorm/SwiGLU/RoPE (training.kernels.liger:
+    # auto = on CUDA with liger_kernel installed); benchmarks/train_gpu_step.py measures both.
+    fused_loss: str | bool = "auto"
+    liger_kernels: str | bool = "auto"
 
     def __init__(self, job: TrainJob):
         self.job = job
@@ -360,6 +366,7 @@ class LoraFinetuneRecipe:
                              activation_checkpointing=self.activation_policy == "full",
                              attn_implementation=self.attn_implementation, compute_dtype=self.precision.dtype,
                              recompute_cheap=self.activation_policy == "recompute")
+        self.liger_applied = liger.apply(model, self.device, self.liger_kernels)  # before sharding: patches modules
         self.compiled_layers = compile_layers(model, self.compile_backend) if self.compiled else 0
         self.trainable = sum(p.numel() for p in trainable_parameters(model))
         self.total_params = sum(p.numel() for p in model.parameters())
@@ -385,6 +392,9 @@ class LoraFinetuneRecipe:
             # numerics are those of the sharded path (base units in the compute dtype, LoRA in fp32).
             self.mesh, self.model = None, model
         self.model.train()
+        self.fused_ce = linear_ce.plan(self.model, self.device, self.distill, self.fused_loss)  # (kind, head weight)
+        self.report.log(f"fused kernels: {', '.join(self.liger_applied) or 'none'} (Liger); cross-entropy "
+                        f"{self.fused_ce[0] + ' linear' if self.fused_ce else 'on logits'}")
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.moe = moe.MoeMonitor.attach(self.model, self.job.student, self.param_breakdown, self.report.log,
                                           self.world, self.compute_dtype)
@@ -445,10 +455,13 @@ class LoraFinetuneRecipe:
         keep, batch = head.compact(batch, LABEL_ALIGNED)
         return batch | {"logits_to_keep": keep}
 
-    def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _forward(self, batch: dict[str, torch.Tensor], hidden: bool = False) -> torch.Tensor:
+        """The logits, or with ``hidden`` the LM head's input at the same positions (the head scores none)."""
         skip = data.NON_MODEL_KEYS | losses.TEACHER_KEYS | moe.BATCH_KEYS
         inputs = {k: v for k, v in batch.items() if k not in skip}
         inputs["use_cache"] = False  # training never reuses a KV cache; building one costs time and memory
+        if hidden:
+            return head.hidden_states(self.model, inputs)
         return self.model(**inputs).logits
 
     def _loss_step(self, batch: dict[str, torch.Tensor], ce_tokens: int, kl_tokens: int,
@@ -459,7 +472,11 @@ class LoraFinetuneRecipe:
         if self.moe is not None:
             self.moe.begin()
         batch = self._scored(batch)
-        sums = losses.loss_sums(self._forward(batch), batch, self.distill)
+        if self.fused_ce is not None:  # no [tokens x vocab] logits (training.kernels.linear_ce)
+            kind, weight = self.fused_ce
+            sums = losses.loss_sums_hidden(self._forward(batch, hidden=True), weight, batch, kind)
+        else:
+            sums = losses.loss_sums(self._forward(batch), batch, self.distill)
         w = self.spec.distillation.kl_weight if self.distill else 0.0
         loss = losses.mix(sums["ce_sum"], ce_tokens, sums.get("kl_sum"), kl_tokens, w)
         aux = 0.0

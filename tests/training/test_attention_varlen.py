@@ -1,0 +1,177 @@
+"""The ``varlen`` attention kernel (training.attention): one variable-length call per packed row, equal to eager
+attention over the block-diagonal mask, outputs and gradients, with grouped-query attention.
+
+On a CPU neither fused backend trains (torch's ``varlen_attn`` is CUDA-only, FlexAttention has no backward there),
+so the model-level test runs the CPU fallback, the flash path runs against a reference ``varlen_attn`` (same
+signature and layout, per-sequence sdpa inside: what is checked is this module's reshapes, cumulative lengths,
+causal and GQA arguments), and FlexAttention's document mask is checked forward only."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from training import attention
+
+HEADS, KV, D = 4, 2, 8
+
+
+def _eager(q, k, v, lengths_per_row, scale):
+    """transformers' eager attention under the block-diagonal causal mask of each row."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    class _Layer(nn.Module):
+        num_key_value_groups = q.size(1) // k.size(1)
+
+    masks = []
+    for lengths in lengths_per_row:
+        _, additive = attention._block_masks(lengths, q.device)
+        masks.append(additive[0])
+    return eager_attention_forward(_Layer().train(), q, k, v, torch.stack(masks), scaling=scale)[0]
+
+
+def _inputs(lengths_per_row, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    b, t = len(lengths_per_row), sum(lengths_per_row[0])
+    q = torch.randn(b, HEADS, t, D, generator=g, dtype=torch.float32)
+    k = torch.randn(b, KV, t, D, generator=g, dtype=torch.float32)
+    v = torch.randn(b, KV, t, D, generator=g, dtype=torch.float32)
+    pos = torch.stack([torch.cat([torch.arange(n) for n in lengths]) for lengths in lengths_per_row])
+    return q, k, v, pos
+
+
+def _reference_varlen(signature: str):
+    """A stand-in for ``torch.nn.attention.varlen.varlen_attn`` with the signature of torch 2.10 (``is_causal``) or
+    2.11+ (``window_size``, ``enable_gqa``): ``[tokens, heads, D]`` in and out, sequences from ``cu_seq``."""
+    calls = []
+
+    def run(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, gqa):
+        assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and causal
+        lengths = (cu_q[1:] - cu_q[:-1]).tolist()
+        assert max_q == max_k == max(lengths) and int(cu_q[-1]) == q.size(0)
+        calls.append((lengths, gqa, k.size(1)))
+        outs = []
+        for s, e in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
+            o = nn.functional.scaled_dot_product_attention(
+                q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1), is_causal=True, scale=scale,
+                enable_gqa=gqa)
+            outs.append(o.transpose(0, 1))
+        return torch.cat(outs)
+
+    if signature == "2.11":
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                        window_size=(-1, -1), enable_gqa=False):
+            return run(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, tuple(window_size) == (-1, 0),
+                       enable_gqa)
+    else:
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None,
+                        scale=None):
+            return run(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, is_causal, False)
+    return varlen_attn, calls
+
+
+@pytest.mark.parametrize("signature", ["2.11", "2.10"])
+@pytest.mark.parametrize("rows", [[[6, 4, 5]], [[9], [6, 3]]], ids=["packed_row", "two_rows"])
+def test_flash_varlen_path_equals_eager_outputs_and_gradients(monkeypatch, signature, rows):
+    fake, calls = _reference_varlen(signature)
+    monkeypatch.setattr(attention, "flash_varlen", lambda: fake)
+    monkeypatch.setattr(attention, "_varlen_kwargs", None)
+    q, k, v, pos = _inputs(rows)
+    layer = nn.Module().train()
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, _ = attention.varlen_forward(layer, *leaves, None, scaling=D ** -0.5, position_ids=pos,
+                                      backend="flash_varlen")
+    ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = _eager(*ref_leaves, rows, D ** -0.5)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    w = torch.randn_like(ref)
+    (out * w).sum().backward()
+    (ref * w).sum().backward()
+    for a, b, name in zip(leaves, ref_leaves, "qkv", strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+    # one call for the whole batch, every sequence of every row in it; GQA native on 2.11, kv repeated on 2.10
+    assert [c[0] for c in calls] == [[n for r in rows for n in r]]
+    assert calls[0][1:] == ((True, KV) if signature == "2.11" else (False, HEADS))
+
+
+def test_flex_document_mask_equals_eager_forward():
+    rows = [[9], [6, 3]]
+    q, k, v, pos = _inputs(rows, seed=2)
+    with torch.no_grad():
+        out, _ = attention.varlen_forward(nn.Module().eval(), q, k, v, None, scaling=D ** -0.5, position_ids=pos,
+                                          backend="flex")
+        torch.testing.assert_close(out, _eager(q, k, v, rows, D ** -0.5), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def models():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    attention.register()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    # each model its own config: transformers keeps the object it is given, and the kernel is a config field
+    eager = LlamaForCausalLM(copy.deepcopy(cfg))
+    eager.config._attn_implementation = "eager"
+    var = LlamaForCausalLM(copy.deepcopy(cfg))
+    var.load_state_dict(eager.state_dict())
+    var.config._attn_implementation = attention.VARLEN
+    assert eager.config._attn_implementation == "eager"
+    return eager, var
+
+
+def _grads(model, **inputs):
+    model.zero_grad(set_to_none=True)
+    logits = model(**inputs, use_cache=False).logits
+    (logits.float() ** 2).mean().backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("backend", ["cpu_fallback", "flash_varlen"])
+def test_a_model_on_varlen_equals_eager_on_a_packed_row(models, monkeypatch, backend):
+    """transformers calls the registered kernel (GQA: 4 heads on 2 kv heads); on a CPU it is segment_eager, and the
+    flash path (through the reference varlen_attn) computes the same logits and gradients."""
+    if backend == "flash_varlen":
+        fake, calls = _reference_varlen("2.11")
+        monkeypatch.setattr(attention, "flash_varlen", lambda: fake)
+        monkeypatch.setattr(attention, "_varlen_kwargs", None)
+        monkeypatch.setattr(attention, "varlen_backend", lambda device, dtype=None: "flash_varlen")
+    assert attention.varlen_backend(torch.device("cpu")) == ("flash_varlen" if backend == "flash_varlen"
+                                                             else attention.NAME)
+    eager, var = models
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 61, (1, 15), generator=g)
+    pos = torch.cat([torch.arange(6), torch.arange(4), torch.arange(5)]).unsqueeze(0)
+    le, ge = _grads(eager, input_ids=ids, position_ids=pos)
+    lv, gv = _grads(var, input_ids=ids, position_ids=pos)
+    torch.testing.assert_close(lv, le, rtol=1e-5, atol=1e-5)
+    for n in ge:
+        torch.testing.assert_close(gv[n], ge[n], rtol=1e-4, atol=1e-6, msg=n)
+    if backend == "flash_varlen":  # one call per layer, the whole row's sequences in it
+        assert len(calls) == var.config.num_hidden_layers and calls[0][0] == [6, 4, 5]
+
+
+def test_varlen_is_a_measured_candidate_only_where_it_has_a_kernel(monkeypatch, tmp_path):
+    from transformers import LlamaConfig
+
+    assert attention.varlen_backend(torch.device("cpu")) == attention.NAME
+    assert attention.candidates(torch.device("cpu")) == attention.CANDIDATES  # on a CPU it is segment_eager again
+    cuda = torch.device("cuda", 0)
+    expected = "flash_varlen" if attention.flash_varlen() is not None else "flex"
+    assert attention.varlen_backend(cuda) == expected
+    assert attention.varlen_backend(cuda, torch.float32) == "flex"  # flash kernels take half precision only
+    assert attention.candidates(cuda) == (*attention.CANDIDATES, attention.VARLEN)
+    monkeypatch.setattr(attention, "flash_varlen", lambda: None)
+    assert attention.varlen_backend(cuda) == "flex"  # a torch without varlen_attn: FlexAttention's document mask
+    # chosen by the measurement at the shape, not assumed: the fastest measured kernel wins, either way
+    cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
+    for fastest in ("sdpa", attention.VARLEN):
+        seconds = {k: (0.001 if k == fastest else 0.002) for k in attention.candidates(cuda)}
+        monkeypatch.setattr(attention, "time_kernels", lambda *a, s=seconds, **kw: s)
+        kernel, rec = attention.choose_kernel(cfg, cuda, row_tokens=64, seq_len=16, cache_dir=str(tmp_path / fastest))
+        assert kernel == fastest and set(rec["seconds"]) == set(attention.candidates(cuda))
+        assert rec["varlen_backend"] == "flex"
