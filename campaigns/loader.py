@@ -130,8 +130,9 @@ def duplicate_keys(node: yaml.Node | None, loc: tuple[Any, ...] = ()) -> list[Fi
         for k, v in node.value:
             name, line = str(k.value), k.start_mark.line + 1
             if name in seen:
-                out.append(FieldProblem(_dotted((*loc, name)), line, f"duplicate key: already set on line {seen[name]}; "
-                                        "YAML would keep only this later value: keep one of the two"))
+                out.append(FieldProblem(_dotted((*loc, name)), line,
+                                        f"duplicate key: already set on line {seen[name]}; YAML would keep only this "
+                                        "later value: keep one of the two"))
             else:
                 seen[name] = line
             out += duplicate_keys(v, (*loc, name))
@@ -193,7 +194,8 @@ def file_problems(data: dict, root: yaml.Node | None, project_dir: Path) -> list
     for i, _ in enumerate(_get(data, "dataset", "extra_sources") or []):
         missing(("dataset", "extra_sources", i), "data source")
     for i, suite in enumerate(_get(data, "evaluation", "suites") or []):
-        if isinstance(suite, dict) and suite.get("kind", "items") == "items" and suite.get("source", "heldout") != "heldout":
+        if isinstance(suite, dict) and suite.get("kind", "items") == "items" \
+                and suite.get("source", "heldout") != "heldout":
             missing(("evaluation", "suites", i, "source"), "suite file")
     keys, why = _catalog_keys(data, project_dir)
     if keys is None:
@@ -204,8 +206,8 @@ def file_problems(data: dict, root: yaml.Node | None, project_dir: Path) -> list
     for loc, value in named:
         if isinstance(value, str) and value != "unpriced" and value not in keys:
             out.append(FieldProblem(_dotted(loc), _line_of(root, loc),
-                                    f"no price entry {value!r} in the pricing catalog{did_you_mean(value, keys)}; expected "
-                                    f"one of: {', '.join(sorted(keys))}"))
+                                    f"no price entry {value!r} in the pricing catalog{did_you_mean(value, keys)}; "
+                                    f"expected one of: {', '.join(sorted(keys))}"))
     return out
 
 
@@ -220,7 +222,8 @@ def _problems(exc: ValidationError, root: yaml.Node | None) -> list[FieldProblem
             names = [f.alias or n for n, f in owner.model_fields.items()] if owner else []
             allowed = ", ".join(names) if owner else "see campaigns/spec/"
             hint = did_you_mean(loc[-1], names)
-            msg = f"unknown key; expected one of: {allowed}" + (f"; {hint.removesuffix(')').removeprefix(' (')}" if hint else "")
+            hint = f"; {hint.removesuffix(')').removeprefix(' (')}" if hint else ""
+            msg = f"unknown key; expected one of: {allowed}{hint}"
         elif kind == "missing":
             msg = "required field is missing"
         else:

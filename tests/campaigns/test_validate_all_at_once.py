@@ -48,7 +48,8 @@ def test_four_planted_mistakes_are_reported_in_one_run(tmp_path, capsys):
 
 def test_a_missing_suite_file_and_an_unknown_teacher_key_are_found_at_validation(tmp_path, capsys):
     f, _ = _planted(tmp_path)
-    text = (REPO / "campaigns" / "demo.yaml").read_text().replace("  hardware: cpu-2vcpu\n", "  hardware: cpu-2vcpuu\n", 1)
+    text = (REPO / "campaigns" / "demo.yaml").read_text()
+    text = text.replace("  hardware: cpu-2vcpu\n", "  hardware: cpu-2vcpuu\n", 1)
     text = text.replace("      source: heldout\n      scorer: regex", "      source: suites/gone.jsonl\n      scorer: regex")
     f.write_text(text)
     assert main(["validate", str(f)]) == 1
