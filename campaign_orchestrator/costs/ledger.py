@@ -184,7 +184,8 @@ class Ledger:
                      attempt: int = 0) -> dict:
         """Record a materialized stage output. Its cost lines are written once, by the first run
         that records its production; later runs (cache hits) and retried steps add nothing.
-        Returns ``{"reused": bool, "spent_usd": float (spent by this run), "production_usd": float}``."""
+        Returns ``{"reused": bool, "spent_usd": float (spent by this run), "production_usd": float,
+        "produced_by": the run that produced it (this run unless reused)}``."""
         pid = production_id(manifest)
         lines = list(manifest.get("cost_lines") or [])
         now = _now()
@@ -202,7 +203,8 @@ class Ledger:
                         "reused, production_usd, recorded_at, cost_unknown) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                         "ON CONFLICT DO NOTHING", [run_id, step_key, campaign, asset, pid, manifest.get("key"),
                                                    producer != run_id, usd, now, manifest.get("cost_unknown")])
-        return {"reused": producer != run_id, "spent_usd": 0.0 if producer != run_id else usd, "production_usd": usd}
+        return {"reused": producer != run_id, "spent_usd": 0.0 if producer != run_id else usd, "production_usd": usd,
+                "produced_by": producer}
 
     def record_interrupted(self, *, campaign: str, asset: str, run_id: str, step_key: str, attempt: int,
                            stage_key: str | None, lines: list[dict], part: str | None = None) -> float:
