@@ -28,14 +28,20 @@ PLOTTED = ("total_usd", "teacher_usd", "training_usd", "evaluation_usd", "interr
            "budget_remaining_usd", "budget_used_fraction", "plan_total_usd", "candidate_score", "base_score")
 
 
-def report_metadata(report: dict) -> dict:
+def report_metadata(report: dict, dashboard_url: str | None = None) -> dict:
+    """The report as metadata: the plotted figures, the report in markdown, and the dashboards as links a browser
+    opens from the UI (``dashboard_url``: where ``campaign dashboard --serve`` serves them)."""
     md = {k: float(report[k]) for k in PLOTTED
           if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))}
     per_point, markdown = report_text(report)
     md["per_point_gained"] = per_point
     md["report"] = MetadataValue.md(markdown)
     md["report_json"] = MetadataValue.path(report["report_path"])
-    md["dashboard"] = MetadataValue.url("file://" + report["dashboard_path"])
+    if dashboard_url:
+        base = dashboard_url.rstrip("/")
+        md["dashboard"] = MetadataValue.url(f"{base}/{report['campaign']}.html")
+        md["team_dashboard"] = MetadataValue.url(f"{base}/index.html")
+    md["dashboard_file"] = MetadataValue.path(report["dashboard_path"])
     return md
 
 
@@ -53,6 +59,6 @@ def build(spec: CampaignSpec):
                       **manifests: dict) -> Output[dict]:
         # one manifest per upstream stage in ``ins`` (a fully on-policy campaign has no teacher stages)
         r = cost_report(pricing, spec, storage.root_path(), context.run_id, manifests, log=context.log.warning)
-        return Output({"key": context.run_id, "path": r["report_path"], **r}, metadata=report_metadata(r))
+        return Output({"key": context.run_id, "path": r["report_path"], **r}, metadata=report_metadata(r, pricing.dashboard_url))
 
     return campaign_cost

@@ -223,6 +223,7 @@ def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dic
         "budget_remaining_usd": None if budget_usd is None or spent_scope is None else budget_usd - spent_scope,
         "budget_used_fraction": None if budget_usd is None or spent_scope is None else spent_scope / budget_usd,
         "candidate_score": scores.get("candidate", {}).get(primary_suite),
+        "suite_scores": dict(scores.get("candidate", {})), "base_suite_scores": dict(scores.get("base", {})),
         "base_score": scores.get("base", {}).get(primary_suite),
         "teacher_score": scores.get("teacher", {}).get(primary_suite),
         "student_teacher_ratio": student_teacher_ratio(scores, primary_suite),
@@ -266,8 +267,9 @@ def dollars(x: float | None) -> str:
         return f"{sign}${a / 1e3:.1f}k"
     if a >= 1:
         return f"{sign}${a:,.2f}"
-    digits = -math.floor(math.log10(a)) + 1
+    digits = max(2, -math.floor(math.log10(a)) + 1)
     text = f"{a:.{digits}f}"
+    text = text.rstrip("0") if digits > 2 else text  # $0.001, not $0.0010
     return f"{sign}${text}" if float(text) < 1 else f"{sign}$1.00"
 
 

@@ -106,7 +106,11 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
     assert md["gain_points"].value == pytest.approx(90.0)
     assert md["usd_per_point_gained_lcb"].value == pytest.approx(total / md["gain_points_low"].value)
     assert md["plan_total_usd"].value > 0 and md["budget_used_fraction"].value == pytest.approx(0.0257)  # all spend of both runs
-    dash = Path(md["dashboard"].value.removeprefix("file://"))
+    # the UI links pages a browser opens from a web page (served by `campaign dashboard --serve`), never file://
+    assert md["dashboard"].value == "http://127.0.0.1:8765/demo.html"
+    assert md["team_dashboard"].value == "http://127.0.0.1:8765/index.html"
+    assert (root / "dashboards" / "demo.html").exists() and (root / "dashboards" / "index.html").exists()
+    dash = Path(md["dashboard_file"].value)
     assert dash.exists() and [r["run_id"] for r in ledger.reports("demo")] == ["run-1", RUN_2]
 
     summary = campaign_summary(root, "demo", "cipher", run_id=RUN_2, spec=spec)
