@@ -11,7 +11,8 @@ import math
 
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
-from assets.common import key
+from assets.common import for_people, key, tag_run
+from campaign_orchestrator.costs.report import dollars
 from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource, cost_report, report_text
 from resources.storage import ArtifactStore
@@ -28,11 +29,26 @@ PLOTTED = ("total_usd", "teacher_usd", "training_usd", "evaluation_usd", "interr
            "budget_remaining_usd", "budget_used_fraction", "plan_total_usd", "candidate_score", "base_score")
 
 
+def result_line(report: dict) -> str:
+    """The result for people: verdict, score, cost and what this run spent, e.g. ``GO · cipher 90.0% (base 0.0%) ·
+    result $0.012 · spent in this run $0.011``."""
+    from campaign_orchestrator.costs.report import dollars
+
+    def pct(x):
+        return "n/a" if x is None else f"{x:.1%}"
+
+    unknown = " (+ unknown)" if report.get("unknown_costs") else ""
+    return (f"{report.get('verdict') or 'not evaluated'} · {report.get('primary_suite') or 'score'} "
+            f"{pct(report.get('candidate_score'))} (base {pct(report.get('base_score'))}) · result "
+            f"{dollars(report.get('total_usd'))}{unknown} · spent in this run {dollars(report.get('spent_this_run_usd'))}")
+
+
 def report_metadata(report: dict, dashboard_url: str | None = None) -> dict:
     """The report as metadata: the plotted figures, the report in markdown, and the dashboards as links a browser
     opens from the UI (``dashboard_url``: where ``campaign dashboard --serve`` serves them)."""
-    md = {k: float(report[k]) for k in PLOTTED
-          if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))}
+    md = {"result": result_line(report)}
+    md |= for_people({k: float(report[k]) for k in PLOTTED
+                      if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))})
     per_point, markdown = report_text(report)
     md["per_point_gained"] = per_point
     md["report"] = MetadataValue.md(markdown)
@@ -59,6 +75,7 @@ def build(spec: CampaignSpec):
                       **manifests: dict) -> Output[dict]:
         # one manifest per upstream stage in ``ins`` (a fully on-policy campaign has no teacher stages)
         r = cost_report(pricing, spec, storage.root_path(), context.run_id, manifests, log=context.log.warning)
+        tag_run(context, verdict=r.get("verdict") or "not evaluated", cost=dollars(r.get("total_usd")))
         return Output({"key": context.run_id, "path": r["report_path"], **r}, metadata=report_metadata(r, pricing.dashboard_url))
 
     return campaign_cost

@@ -103,6 +103,19 @@ def stage_outcomes(events, campaign: str, spent_by_stage: dict[str, float] | Non
     return list(out.values())
 
 
+def run_tags(summary: dict) -> dict[str, str]:
+    """The run's verdict, what it spent and how much it reused, as run tags (the UI's runs list shows them)."""
+    from campaign_orchestrator.costs.report import dollars
+
+    stages = [o for o in summary.get("stages", []) if o["stage"] not in REPORTS]
+    spent = summary.get("spent_this_run_usd", (summary.get("cost") or {}).get("spent_this_run_usd"))
+    tags = {"verdict": summary.get("verdict") or "not evaluated",
+            "spent": "unknown" if spent is None and summary.get("spent_unknown") else dollars(spent)}
+    if stages:
+        tags["reused"] = f"{sum(o['reused'] for o in stages)} of {len(stages)} stages"
+    return tags
+
+
 REPORTS = ("campaign_cost",)  # recomputed from the ledger by every run (no spend): not counted as stages
 
 
@@ -248,6 +261,8 @@ def _run(args: argparse.Namespace, spec, source) -> int:
                                                  "the cost below comes from the ledger)")
     summary["run_status"] = "succeeded" if result.success else "failed"
     summary["stages"] = stage_outcomes(result.all_events, spec.name, summary.get("spent_by_stage"))
+    with DagsterInstance.get() as instance:  # what a person scans the runs list for
+        instance.add_run_tags(run_id, run_tags(summary))
     print_summary(summary, seconds)
     if blocked:
         return EXIT_BLOCKED
