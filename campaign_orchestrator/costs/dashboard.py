@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-from campaign_orchestrator.costs.report import dollars, money, usd
+from campaign_orchestrator.costs.report import dollars
 
 COLORS = {"teacher": "#6366f1", "training": "#f59e0b", "evaluation": "#10b981", "interrupted": "#ef4444",
           "budget": "#dc2626", "line": "#2563eb", "GO": "#16a34a", "NO-GO": "#dc2626", "INCONCLUSIVE": "#a3a3a3"}
@@ -39,6 +39,11 @@ th:first-child,td:first-child{text-align:left}th{color:#6b7280;font-weight:600}
 .warn{color:#b91c1c;font-weight:600}.muted{color:#9ca3af}
 svg text{font-size:11px;fill:#4b5563}
 """
+
+
+def _usd(r: dict, key: str) -> str:
+    """A dollar figure of report ``r`` for people: "unknown" when it depends on an unpriced cost, never $0."""
+    return "unknown" if r.get(key) is None and r.get("unknown_costs") else dollars(r.get(key))
 
 
 def _e(x) -> str:
@@ -121,20 +126,20 @@ def chart_spend_over_time(lines: list[dict], budget: float | None) -> str:
     p.axes(0, max(xs[-1], 1e-3), 0, top, lambda v: f"{v:g}", "usd", "minutes since the first spend", "cumulative USD")
     if budget is not None and not on_scale:
         p.parts.append(f'<text x="{p.w - p.r - 4}" y="{p.t + 12}" text-anchor="end" style="fill:{COLORS["budget"]}">'
-                       f'budget {_e(money(budget, 2))} is off this scale ({cum / budget:.1%} used)</text>')
+                       f'budget {_e(dollars(budget))} is off this scale ({cum / budget:.1%} used)</text>')
     if on_scale:
         by = p.py(budget)
         p.parts.append(f'<line x1="{p.l}" x2="{p.w - p.r}" y1="{by:.1f}" y2="{by:.1f}" stroke="{COLORS["budget"]}" '
-                       f'stroke-dasharray="6 4"><title>budget {money(budget, 2)}</title></line>'
+                       f'stroke-dasharray="6 4"><title>budget {dollars(budget)}</title></line>'
                        f'<text x="{p.w - p.r - 4}" y="{by - 5:.1f}" text-anchor="end" style="fill:{COLORS["budget"]}">'
-                       f'budget {_e(money(budget, 2))}</text>')
+                       f'budget {_e(dollars(budget))}</text>')
     path = " ".join(f"{'M' if i == 0 else 'L'}{p.px(x):.1f},{p.py(y):.1f}" for i, (x, (_, y, _l)) in enumerate(zip(xs, pts, strict=True)))
     p.parts.append(f'<path d="{path}" fill="none" stroke="{COLORS["line"]}" stroke-width="2"/>')
     for x, (_, y, line) in zip(xs, pts, strict=True):
         color = COLORS["interrupted"] if line.get("status") == "interrupted" else COLORS.get(line["kind"], "#6b7280")
         p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(y):.1f}" r="4" fill="{color}"><title>'
-                       f'{_e(line["asset"])} ({_e(line["status"])}) {_e(money(float(line["usd"])))} · run {_e(str(line["run_id"])[:8])}'
-                       f' · cumulative {_e(money(y))}</title></circle>')
+                       f'{_e(line["asset"])} ({_e(line["status"])}) {_e(dollars(float(line["usd"])))} · run {_e(str(line["run_id"])[:8])}'
+                       f' · cumulative {_e(dollars(y))}</title></circle>')
     return p.svg("cumulative spend over time")
 
 
@@ -162,9 +167,9 @@ def chart_runs_by_stage(runs: list[dict]) -> str:
             if v <= 0:
                 continue
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{max(v * scale, 1):.1f}" height="{row_h - 8}" fill="{COLORS[k]}">'
-                         f'<title>run {_e(r["run_id"])}: {k} {_e(money(v))}</title></rect>')
+                         f'<title>run {_e(r["run_id"])}: {k} {_e(dollars(v))}</title></rect>')
             x += v * scale
-        parts.append(f'<text x="{x + 4:.1f}" y="{y + 14}">{_e(money(r["usd"]))}</text>')
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + 14}">{_e(dollars(r["usd"]))}</text>')
     legend = "".join(f'<span><i style="background:{COLORS[k]}"></i>{k}</span>'
                      for k in ("teacher", "training", "evaluation", "interrupted"))
     return (f'<div class="legend">{legend}</div><svg viewBox="0 0 {w} {h}" width="100%" role="img" '
@@ -187,9 +192,9 @@ def chart_cost_vs_score(reports: list[dict]) -> str:
                        f'<text x="{p.l + 4}" y="{by - 4:.1f}">base {base[-1]:.0%}</text>')
     for r, x in zip(pts, xs, strict=True):
         color = COLORS.get(r.get("verdict") or "", "#6b7280")
-        per = money(r["usd_per_point_gained_lcb"]) + "/point (lower bound)" if r.get("usd_per_point_gained_lcb") else "$/point not meaningful"
+        per = dollars(r["usd_per_point_gained_lcb"]) + "/point (lower bound)" if r.get("usd_per_point_gained_lcb") else "$/point not meaningful"
         p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(r["candidate_score"] * 100):.1f}" r="6" fill="{color}" '
-                       f'fill-opacity=".85"><title>run {_e(str(r["run_id"])[:8])}: {_e(money(x))}, score '
+                       f'fill-opacity=".85"><title>run {_e(str(r["run_id"])[:8])}: {_e(dollars(x))}, score '
                        f'{r["candidate_score"]:.1%}, {_e(r.get("verdict"))}, {_e(per)}</title></circle>')
     return p.svg("result cost against candidate score")
 
@@ -203,10 +208,10 @@ def chart_budget(spent: float, budget: float | None) -> str:
     color = COLORS["budget"] if frac >= 0.9 else COLORS["line"]
     return (f'<svg viewBox="0 0 {w} 56" width="100%" role="img" aria-label="budget burn">'
             f'<rect x="10" y="8" width="{w - 20}" height="22" rx="4" fill="#eef0f4"/>'
-            f'<rect x="10" y="8" width="{fill:.1f}" height="22" rx="4" fill="{color}"><title>{_e(money(spent))} of '
-            f'{_e(money(budget, 2))}</title></rect>'
-            f'<text x="10" y="48">{_e(money(spent))} spent of {_e(money(budget, 2))} ({frac:.2%}); '
-            f'{_e(money(max(0.0, budget - spent)))} remains</text></svg>')
+            f'<rect x="10" y="8" width="{fill:.1f}" height="22" rx="4" fill="{color}"><title>{_e(dollars(spent))} of '
+            f'{_e(dollars(budget))}</title></rect>'
+            f'<text x="10" y="48">{_e(dollars(spent))} spent of {_e(dollars(budget))} ({frac:.2%}); '
+            f'{_e(dollars(max(0.0, budget - spent)))} remains</text></svg>')
 
 
 def chart_plan_vs_actual(report: dict | None) -> str:
@@ -215,7 +220,7 @@ def chart_plan_vs_actual(report: dict | None) -> str:
     rows = ""
     for p in report["plan_vs_actual"]:
         ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
-        rows += (f"<tr><td>{_e(p['stage'])}</td><td>{_e(money(p['estimated_usd']))}</td><td>{_e(money(p['actual_usd']))}</td>"
+        rows += (f"<tr><td>{_e(p['stage'])}</td><td>{_e(dollars(p['estimated_usd']))}</td><td>{_e(dollars(p['actual_usd']))}</td>"
                  f"<td>{ratio}</td><td>{_sec(p['estimated_seconds'])}</td><td>{_sec(p['actual_seconds'])}</td></tr>")
     mem = report.get("plan_memory_gb")
     act = report.get("actual_peak_memory_gb")
@@ -289,7 +294,7 @@ def chart_sweep(panel: dict, costs: dict[str, float]) -> str:
         path = " ".join(f"{'M' if j == 0 else 'L'}{p.px(x):.1f},{p.py(y):.1f}" for j, (x, y) in enumerate(pts))
         cost = costs.get(trial_pk(t), t["usd"])
         tip = (f"trial {t['trial']} {t['state']} · " + ", ".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in t["params"].items())
-               + f" · {_e(money(cost))}")
+               + f" · {_e(dollars(cost))}")
         p.parts.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="{4 if best else 2}" '
                        f'opacity="{1 if best or t["state"] != "PRUNED" else 0.75}"><title>{_e(tip)}</title></path>')
         for x, y in pts[:-1]:
@@ -316,7 +321,7 @@ def chart_sweep(panel: dict, costs: dict[str, float]) -> str:
         rows.append(f"<tr><td>#{t['trial']}{' (best)' if t['trial'] == panel.get('best_trial') else ''}</td>"
                     f"<td>{_e(t['state'])}</td><td>{_e(', '.join(f'{k}={_fmt(x)}' for k, x in t['params'].items()))}</td>"
                     f"<td>{last}</td><td>{'—' if v is None else _e(_fmt(v))}</td>"
-                    f"<td>{_e(money(costs.get(trial_pk(t), t['usd'])))}</td></tr>")
+                    f"<td>{_e(dollars(costs.get(trial_pk(t), t['usd'])))}</td></tr>")
     table = ("<table><tr><th>trial</th><th>state</th><th>parameters</th><th>steps</th><th>eval loss</th>"
              f"<th>cost (ledger)</th></tr>{''.join(rows)}</table>")
     return ('<div style="max-width:900px">' + p.svg("sweep: eval loss against steps per trial") + "</div>" + legend
@@ -342,7 +347,7 @@ def sweep_section(panel: dict | None, costs: dict[str, float]) -> str:
     tiles = [
         _tile("sweep trials", f"{panel['trials_run']}", f"{panel['trials_pruned']} pruned "
               f"({panel['pruned_at_first_rung']} at the first rung), {panel['trials_complete']} to the end"),
-        _tile("sweep spend", money(spent), "no cap" if cap is None else f"of a {money(cap)} cap ({spent / cap:.0%})",
+        _tile("sweep spend", dollars(spent), "no cap" if cap is None else f"of a {dollars(cap)} cap ({spent / cap:.0%})",
               "warn" if cap is not None and spent > cap else ""),
         _tile("time saved", f"{saved:.0f} s", f"vs {full:.0f} s had every trial run to the end "
               f"({saved / full:.0%} less)" if full else ""),
@@ -367,19 +372,19 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
     unknown = sorted({u for r in reports for u in r["report"].get("unknown_costs") or []})
     # runs that stopped before a report (no evaluation) but produced something at an unknown price
     unknown = unknown or sorted(f"{a} {why}" for a, why in ledger.unknown(campaign).items())
-    tiles = [_tile("campaign spend", f"{money(spent)} + unknown" if unknown else money(spent),
+    tiles = [_tile("campaign spend", f"{dollars(spent)} + unknown" if unknown else dollars(spent),
                    f"{len(runs)} run(s) in the ledger" + (f"; unpriced: {'; '.join(unknown)}" if unknown else ""),
                    "warn" if unknown else "")]
     if latest:
         lcb = latest.get("usd_per_point_gained_lcb")
-        lcb_text = usd(latest, "usd_per_point_gained_lcb") if lcb is not None or latest.get("unknown_costs") \
+        lcb_text = _usd(latest, "usd_per_point_gained_lcb") if lcb is not None or latest.get("unknown_costs") \
             else "not meaningful"
         ratio = latest.get("student_teacher_ratio")
         tiles += [
-            _tile("latest result cost", usd(latest, "total_usd"), f"run {str(latest['run_id'])[:8]} · {latest.get('verdict')}",
+            _tile("latest result cost", _usd(latest, "total_usd"), f"run {str(latest['run_id'])[:8]} · {latest.get('verdict')}",
                   "warn" if latest.get("unknown_costs") else ""),
-            _tile("$ / M teacher tokens", usd(latest, "usd_per_million_teacher_tokens"), f"{latest['teacher_tokens']:,} tokens"),
-            _tile("$ / 1k accepted examples", usd(latest, "usd_per_1k_accepted_examples"),
+            _tile("$ / M teacher tokens", _usd(latest, "usd_per_million_teacher_tokens"), f"{latest['teacher_tokens']:,} tokens"),
+            _tile("$ / 1k accepted examples", _usd(latest, "usd_per_1k_accepted_examples"),
                   f"{latest['accepted_examples']:,} accepted"),
             _tile("$ / point gained", lcb_text,
                   "at the gain's lower 95% bound" if lcb is not None else "lower bound of the gain ≤ 0",
@@ -391,13 +396,13 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
                   + f" on {latest.get('primary_suite') or 'the primary suite'}"),
         ]
     if budget_usd is not None:
-        tiles.append(_tile("budget used", f"{spent / budget_usd:.1%}", f"of {money(budget_usd, 2)}",
+        tiles.append(_tile("budget used", f"{spent / budget_usd:.1%}", f"of {dollars(budget_usd)}",
                            "warn" if spent >= 0.9 * budget_usd else ""))
     by_run = {r["run_id"]: r["report"] for r in reports}
     run_rows = "".join(
         f"<tr><td>{_e(str(r['run_id'])[:8])}</td><td>{_e(str(r['started_at'])[:19])}</td>"
-        f"<td>{_e(money(r['usd']) + (' + unknown' if r.get('unknown') else ''))}</td>"
-        f"<td>{_e(money(r['interrupted_usd']))}</td><td>{_e((by_run.get(r['run_id']) or {}).get('verdict') or '—')}</td>"
+        f"<td>{_e(dollars(r['usd']) + (' + unknown' if r.get('unknown') else ''))}</td>"
+        f"<td>{_e(dollars(r['interrupted_usd']))}</td><td>{_e((by_run.get(r['run_id']) or {}).get('verdict') or '—')}</td>"
         f"<td>{_score(by_run.get(r['run_id']))}</td><td>{_e(_per_point(by_run.get(r['run_id'])))}</td></tr>"
         for r in reversed(runs))
     data = {"campaign": campaign, "spent_usd": spent, "budget_usd": budget_usd, "runs": runs,
@@ -429,7 +434,7 @@ def _score(r: dict | None) -> str:
 def _per_point(r: dict | None) -> str:
     if not r:
         return "—"
-    return money(r["usd_per_point_gained_lcb"]) if r.get("usd_per_point_gained_lcb") is not None else "not meaningful"
+    return dollars(r["usd_per_point_gained_lcb"]) if r.get("usd_per_point_gained_lcb") is not None else "not meaningful"
 
 
 def write_dashboard(path: str | Path, campaign: str, ledger, budget_usd: float | None = None,
