@@ -98,7 +98,9 @@ def stage_outcomes(events, campaign: str, spent_by_stage: dict[str, float] | Non
         md = {k: v.value for k, v in ev.step_materialization_data.materialization.metadata.items()}
         reused = bool(md["reused"] if "reused" in md else md.get("cached", False))
         out[path[1]] = {"stage": path[1], "reused": reused, "key": md.get("content_key"),
-                        "from_run": md.get("reused_from_run"), "seconds": seconds.get(ev.step_key),
+                        "from_run": md.get("reused_from_run"),
+                        # a step a blocking check failed has no success event: its own time is in its metadata
+                        "seconds": seconds.get(ev.step_key, md.get("wall_seconds")),
                         "usd": (spent_by_stage or {}).get(path[1], 0.0)}  # None: unknown (an unpriced teacher)
     return list(out.values())
 
