@@ -40,7 +40,8 @@ def result_line(report: dict) -> str:
     unknown = " (+ unknown)" if report.get("unknown_costs") else ""
     return (f"{report.get('verdict') or 'not evaluated'} · {report.get('primary_suite') or 'score'} "
             f"{pct(report.get('candidate_score'))} (base {pct(report.get('base_score'))}) · result "
-            f"{dollars(report.get('total_usd'))}{unknown} · spent in this run {dollars(report.get('spent_this_run_usd'))}")
+            f"{dollars(report.get('total_usd'))}{unknown} · spent in this run "
+            f"{dollars(report.get('spent_this_run_usd'))}")
 
 
 def report_metadata(report: dict, dashboard_url: str | None = None) -> dict:
@@ -76,6 +77,7 @@ def build(spec: CampaignSpec):
         # one manifest per upstream stage in ``ins`` (a fully on-policy campaign has no teacher stages)
         r = cost_report(pricing, spec, storage.root_path(), context.run_id, manifests, log=context.log.warning)
         tag_run(context, verdict=r.get("verdict") or "not evaluated", cost=dollars(r.get("total_usd")))
-        return Output({"key": context.run_id, "path": r["report_path"], **r}, metadata=report_metadata(r, pricing.dashboard_url))
+        return Output({"key": context.run_id, "path": r["report_path"], **r},
+                      metadata=report_metadata(r, pricing.dashboard_url))
 
     return campaign_cost

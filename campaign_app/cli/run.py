@@ -140,7 +140,8 @@ def stage_lines(outcomes: list[dict]) -> list[str]:
     reused = sum(o["reused"] for o in stages)
     ran = [o for o in stages if not o["reused"]]
     spent = None if any(o["usd"] is None for o in ran) else sum(o["usd"] for o in ran)
-    lines.append(f"{reused} of {len(stages)} stages reused" + (f"; ran {', '.join(o['stage'] for o in ran)}" if ran else "")
+    lines.append(f"{reused} of {len(stages)} stages reused"
+                 + (f"; ran {', '.join(o['stage'] for o in ran)}" if ran else "")
                  + ("; spend unknown (an unpriced stage ran)" if spent is None
                     else "; nothing spent" if spent == 0 else f"; spent {dollars(spent)}"))
     return lines

@@ -138,7 +138,8 @@ def chart_spend_over_time(lines: list[dict], budget: float | None) -> str:
     for x, (_, y, line) in zip(xs, pts, strict=True):
         color = COLORS["interrupted"] if line.get("status") == "interrupted" else COLORS.get(line["kind"], "#6b7280")
         p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(y):.1f}" r="4" fill="{color}"><title>'
-                       f'{_e(line["asset"])} ({_e(line["status"])}) {_e(dollars(float(line["usd"])))} · run {_e(str(line["run_id"])[:8])}'
+                       f'{_e(line["asset"])} ({_e(line["status"])}) {_e(dollars(float(line["usd"])))} · run '
+                       f'{_e(str(line["run_id"])[:8])}'
                        f' · cumulative {_e(dollars(y))}</title></circle>')
     return p.svg("cumulative spend over time")
 
@@ -192,7 +193,8 @@ def chart_cost_vs_score(reports: list[dict]) -> str:
                        f'<text x="{p.l + 4}" y="{by - 4:.1f}">base {base[-1]:.0%}</text>')
     for r, x in zip(pts, xs, strict=True):
         color = COLORS.get(r.get("verdict") or "", "#6b7280")
-        per = dollars(r["usd_per_point_gained_lcb"]) + "/point (lower bound)" if r.get("usd_per_point_gained_lcb") else "$/point not meaningful"
+        per = (dollars(r["usd_per_point_gained_lcb"]) + "/point (lower bound)" if r.get("usd_per_point_gained_lcb")
+               else "$/point not meaningful")
         p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(r["candidate_score"] * 100):.1f}" r="6" fill="{color}" '
                        f'fill-opacity=".85"><title>run {_e(str(r["run_id"])[:8])}: {_e(dollars(x))}, score '
                        f'{r["candidate_score"]:.1%}, {_e(r.get("verdict"))}, {_e(per)}</title></circle>')
@@ -220,7 +222,8 @@ def chart_plan_vs_actual(report: dict | None) -> str:
     rows = ""
     for p in report["plan_vs_actual"]:
         ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
-        rows += (f"<tr><td>{_e(p['stage'])}</td><td>{_e(dollars(p['estimated_usd']))}</td><td>{_e(dollars(p['actual_usd']))}</td>"
+        rows += (f"<tr><td>{_e(p['stage'])}</td><td>{_e(dollars(p['estimated_usd']))}</td>"
+                 f"<td>{_e(dollars(p['actual_usd']))}</td>"
                  f"<td>{ratio}</td><td>{_sec(p['estimated_seconds'])}</td><td>{_sec(p['actual_seconds'])}</td></tr>")
     mem = report.get("plan_memory_gb")
     act = report.get("actual_peak_memory_gb")
@@ -347,7 +350,8 @@ def sweep_section(panel: dict | None, costs: dict[str, float]) -> str:
     tiles = [
         _tile("sweep trials", f"{panel['trials_run']}", f"{panel['trials_pruned']} pruned "
               f"({panel['pruned_at_first_rung']} at the first rung), {panel['trials_complete']} to the end"),
-        _tile("sweep spend", dollars(spent), "no cap" if cap is None else f"of a {dollars(cap)} cap ({spent / cap:.0%})",
+        _tile("sweep spend", dollars(spent),
+              "no cap" if cap is None else f"of a {dollars(cap)} cap ({spent / cap:.0%})",
               "warn" if cap is not None and spent > cap else ""),
         _tile("time saved", f"{saved:.0f} s", f"vs {full:.0f} s had every trial run to the end "
               f"({saved / full:.0%} less)" if full else ""),
@@ -381,9 +385,11 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
             else "not meaningful"
         ratio = latest.get("student_teacher_ratio")
         tiles += [
-            _tile("latest result cost", _usd(latest, "total_usd"), f"run {str(latest['run_id'])[:8]} · {latest.get('verdict')}",
+            _tile("latest result cost", _usd(latest, "total_usd"),
+                  f"run {str(latest['run_id'])[:8]} · {latest.get('verdict')}",
                   "warn" if latest.get("unknown_costs") else ""),
-            _tile("$ / M teacher tokens", _usd(latest, "usd_per_million_teacher_tokens"), f"{latest['teacher_tokens']:,} tokens"),
+            _tile("$ / M teacher tokens", _usd(latest, "usd_per_million_teacher_tokens"),
+                  f"{latest['teacher_tokens']:,} tokens"),
             _tile("$ / 1k accepted examples", _usd(latest, "usd_per_1k_accepted_examples"),
                   f"{latest['accepted_examples']:,} accepted"),
             _tile("$ / point gained", lcb_text,
@@ -402,7 +408,8 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
     run_rows = "".join(
         f"<tr><td>{_e(str(r['run_id'])[:8])}</td><td>{_e(str(r['started_at'])[:19])}</td>"
         f"<td>{_e(dollars(r['usd']) + (' + unknown' if r.get('unknown') else ''))}</td>"
-        f"<td>{_e(dollars(r['interrupted_usd']))}</td><td>{_e((by_run.get(r['run_id']) or {}).get('verdict') or '—')}</td>"
+        f"<td>{_e(dollars(r['interrupted_usd']))}</td>"
+        f"<td>{_e((by_run.get(r['run_id']) or {}).get('verdict') or '—')}</td>"
         f"<td>{_score(by_run.get(r['run_id']))}</td><td>{_e(_per_point(by_run.get(r['run_id'])))}</td></tr>"
         for r in reversed(runs))
     data = {"campaign": campaign, "spent_usd": spent, "budget_usd": budget_usd, "runs": runs,
@@ -564,7 +571,8 @@ def chart_spend_by_period(rows: list[dict], campaigns: list[str], label: str) ->
                          f'fill="{color[c]}"><title>{_e(p)} · {_e(c)}: {_e(dollars(v))} ({_e(stages)})</title></rect>')
             y -= v * scale
         parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{h - bottom + 16}" text-anchor="middle">{_e(p)}</text>'
-                     f'<text x="{x + slot * 0.35:.1f}" y="{y - 4:.1f}" text-anchor="middle">{_e(dollars(totals[p]))}</text>')
+                     f'<text x="{x + slot * 0.35:.1f}" y="{y - 4:.1f}" text-anchor="middle">'
+                     f'{_e(dollars(totals[p]))}</text>')
     legend = "".join(f'<span><i style="background:{color[c]}"></i>{_e(c)}</span>' for c in campaigns)
     return (f'<div class="legend">{legend}</div><svg viewBox="0 0 {w} {h}" width="100%" role="img" '
             f'aria-label="{_e(label)}">{"".join(parts)}</svg>')
@@ -581,7 +589,8 @@ def chart_team_cost_vs_score(runs: list[dict], campaigns: list[str]) -> str:
     for r in pts:
         for suite, score in r["scores"].items():
             primary = suite == r.get("primary_suite")
-            p.parts.append(f'<circle cx="{p.px(r["total_usd"]):.1f}" cy="{p.py(score * 100):.1f}" r="{6 if primary else 4}" '
+            p.parts.append(f'<circle cx="{p.px(r["total_usd"]):.1f}" cy="{p.py(score * 100):.1f}" '
+                           f'r="{6 if primary else 4}" '
                            f'fill="{color[r["campaign"]]}" fill-opacity="{0.9 if primary else 0.45}"><title>'
                            f'{_e(r["campaign"])} run {_e(r["run_id"][:8])} · {_e(suite)} {score:.1%} · '
                            f'{_e(dollars(r["total_usd"]))} · {_e(r.get("verdict"))}</title></circle>')
@@ -655,7 +664,8 @@ def render_team_dashboard(ledger, now: dt.datetime | None = None, links: dict[st
 <p>From the cost ledger ({_e(ledger.path.name)}) · generated {generated} · hover a mark for its numbers</p></header>
 <main><section class="tiles">{''.join(tiles)}</section>
 <section class="grid">
-<div class="card"><h2>Spend per day, by campaign</h2>{chart_spend_by_period(d["spend_by_day"], names, "spend per day")}</div>
+<div class="card"><h2>Spend per day, by campaign</h2>
+{chart_spend_by_period(d["spend_by_day"], names, "spend per day")}</div>
 <div class="card"><h2>Cost of each result against its scores</h2>{chart_team_cost_vs_score(d["runs"], names)}</div>
 <div class="card"><h2>Spend by campaign and stage</h2>{by_stage}</div>
 <div class="card"><h2>Spend per week</h2>{weeks}</div>

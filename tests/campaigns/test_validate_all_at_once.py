@@ -50,7 +50,8 @@ def test_a_missing_suite_file_and_an_unknown_teacher_key_are_found_at_validation
     f, _ = _planted(tmp_path)
     text = (REPO / "campaigns" / "demo.yaml").read_text()
     text = text.replace("  hardware: cpu-2vcpu\n", "  hardware: cpu-2vcpuu\n", 1)
-    text = text.replace("      source: heldout\n      scorer: regex", "      source: suites/gone.jsonl\n      scorer: regex")
+    text = text.replace("      source: heldout\n      scorer: regex",
+                        "      source: suites/gone.jsonl\n      scorer: regex")
     f.write_text(text)
     assert main(["validate", str(f)]) == 1
     out = capsys.readouterr().out

@@ -12,7 +12,6 @@ import pytest
 from campaign_orchestrator.costs import ledger as ledger_module
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.costs.report import dollars
-
 from tests.costs.test_dashboard import ARGS, CHROMIUM, _png_pixels
 
 DAY1, DAY2 = dt.datetime(2026, 11, 30, 9, 0), dt.datetime(2026, 12, 1, 14, 0)
