@@ -12,9 +12,8 @@ import math
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
 from assets.common import for_people, key, tag_run
-from campaign_orchestrator.costs.report import dollars
 from campaigns.spec import CampaignSpec
-from resources.pricing import PricingResource, cost_report, report_text
+from resources.pricing import PricingResource, cost_report, dollars, report_text
 from resources.storage import ArtifactStore
 
 STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")
@@ -32,8 +31,6 @@ PLOTTED = ("total_usd", "teacher_usd", "training_usd", "evaluation_usd", "interr
 def result_line(report: dict) -> str:
     """The result for people: verdict, score, cost and what this run spent, e.g. ``GO · cipher 90.0% (base 0.0%) ·
     result $0.012 · spent in this run $0.011``."""
-    from campaign_orchestrator.costs.report import dollars
-
     def pct(x):
         return "n/a" if x is None else f"{x:.1%}"
 

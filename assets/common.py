@@ -5,10 +5,10 @@ from typing import Any
 
 from dagster import AssetKey, MetadataValue
 
-from campaigns.spec import CampaignSpec
-from campaigns import paths
 from campaign_orchestrator.content import HashCache, model_fingerprint, short, value_sha256
 from campaign_orchestrator.demo import recipe
+from campaigns import paths
+from campaigns.spec import CampaignSpec
 
 STAGES = (
     "prompts",
@@ -75,7 +75,7 @@ def for_people(md: dict[str, Any]) -> dict[str, Any]:
 def base_metadata(manifest: dict, cached: bool) -> dict[str, Any]:
     """What every stage's materialization shows: where its output is, its content key, and (for people) its time
     and cost with units. A cache hit shows the time it took when it was produced, not as this run's time."""
-    from campaign_orchestrator.costs.report import dollars, seconds
+    from resources.pricing import dollars, seconds
 
     wall, cost = float(manifest.get("wall_seconds", 0.0)), usd(manifest.get("cost_lines", []))
     md: dict[str, Any] = {

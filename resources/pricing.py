@@ -20,6 +20,8 @@ from campaigns import paths
 from campaign_orchestrator.costs.catalog import Catalog, PricingError, billed_hardware
 from campaign_orchestrator.costs.catalog import bill_at, catalog_for, gpu_priced, stage_bill, teacher_entry
 from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
+# numbers for people (``$0.00052``, ``21.8 s``): the assets format metadata with these, through this one door
+from campaign_orchestrator.costs.report import dollars as dollars, seconds as seconds
 
 SHIPPED_CATALOG = "pricing/catalog.yaml"
 

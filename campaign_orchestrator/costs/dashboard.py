@@ -501,8 +501,7 @@ def team_data(ledger) -> dict:
             h = hw.setdefault((x["campaign"], x["resource"], x["unit"]), [0.0, 0.0])
             h[0] += float(x["quantity"])
             h[1] += usd_
-    reused_all = {r["run_id"] for r in ledger.query(
-        "SELECT run_id FROM materializations GROUP BY run_id HAVING bool_and(reused)")}
+    reused_all = ledger.runs_reusing_everything()
     runs, plan, campaigns = [], [], []
     for name in ledger.campaigns():
         reports = {r["run_id"]: r["report"] for r in ledger.reports(name)}

@@ -343,6 +343,19 @@ class Ledger:
                           [campaign])
         return [{**r, "report": json.loads(r["report"]) if isinstance(r["report"], str) else r["report"]} for r in rows]
 
+    def reused_from(self, campaign: str, run_id: str) -> dict[str, str]:
+        """Asset -> the run that produced the output ``run_id`` reused (a cache hit: it ran nothing for it)."""
+        rows = self.query(
+            "SELECT m.asset, min(p.run_id) AS producer FROM materializations m JOIN materializations p "
+            "ON p.production_id = m.production_id AND NOT p.reused WHERE m.campaign = ? AND m.run_id = ? AND m.reused "
+            "GROUP BY m.asset", [campaign, run_id])
+        return {r["asset"]: r["producer"] for r in rows}
+
+    def runs_reusing_everything(self) -> set[str]:
+        """The runs whose every materialization was a cache hit (they produced nothing)."""
+        return {r["run_id"] for r in self.query(
+            "SELECT run_id FROM materializations GROUP BY run_id HAVING bool_and(reused)")}
+
     def campaigns(self) -> list[str]:
         return [r["campaign"] for r in self.query(
             "SELECT DISTINCT campaign FROM (SELECT campaign FROM cost_lines UNION SELECT campaign FROM materializations) "

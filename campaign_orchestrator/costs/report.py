@@ -243,11 +243,7 @@ def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dic
 
 def reused_stages(ledger, campaign: str, run_id: str) -> dict[str, str]:
     """Stage -> the run that produced the output ``run_id`` reused (a cache hit: it ran nothing for it)."""
-    rows = ledger.query(
-        "SELECT m.asset, min(p.run_id) AS producer FROM materializations m JOIN materializations p "
-        "ON p.production_id = m.production_id AND NOT p.reused WHERE m.campaign = ? AND m.run_id = ? AND m.reused "
-        "GROUP BY m.asset", [campaign, run_id])
-    return {r["asset"]: r["producer"] for r in rows}
+    return ledger.reused_from(campaign, run_id)
 
 
 # --------------------------------------------------------------------------- rendering
