@@ -186,7 +186,8 @@ def print_summary(s: dict, seconds: float) -> None:
         print("--- cost (from the ledger) ---")
         for line in render_text(c):
             print(line)
-        print(f"dashboard: {c['dashboard_path']}")
+        team = f"; the team's: {c['team_dashboard_path']}" if c.get("team_dashboard_path") else ""
+        print(f"dashboard: {c['dashboard_path']}{team} (`campaign dashboard --serve` serves them over http)")
     elif "spent_this_run_usd" in s:
         parts = ", ".join(f"{k} {'unknown' if v is None else money(v)}" for k, v in s["spent_by_stage"].items())
         spent = (f"unknown ({'; '.join(s['spent_unknown'])}; priced stages {money(s['spent_known_usd'])})"
