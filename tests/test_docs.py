@@ -101,3 +101,12 @@ def test_docs_index_is_in_stage_order_and_reaches_every_page():
     order = ["**prompts**", "**teacher_generations**", "**distillation_set**", "**tokenized_dataset**",
              "**student_adapter**", "**evaluation**", "**promoted_model**", "**campaign_cost**"]
     assert [concepts.index(s) for s in order] == sorted(concepts.index(s) for s in order)
+
+
+def test_readme_ui_section_names_every_group_the_code_location_builds():
+    from assets.location import build_definitions
+
+    groups = {s.group_name for s in build_definitions().resolve_all_asset_specs()}
+    text = (REPO_ROOT / "README.md").read_text()
+    ui = text[text.index("## The Dagster UI"):text.index("## The `campaign` CLI")]
+    assert groups and not {g for g in groups if f"`{g}`" not in ui}, sorted(g for g in groups if f"`{g}`" not in ui)
