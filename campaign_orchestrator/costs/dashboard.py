@@ -222,7 +222,8 @@ def chart_plan_vs_actual(report: dict | None) -> str:
     rows = ""
     for p in report["plan_vs_actual"]:
         ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
-        rows += (f"<tr><td>{_e(p['stage'])}</td><td>{_e(dollars(p['estimated_usd']))}</td>"
+        reused = f" (reused from run {str(p['reused_from_run'])[:8]})" if p.get("reused_from_run") else ""
+        rows += (f"<tr><td>{_e(p['stage'] + reused)}</td><td>{_e(dollars(p['estimated_usd']))}</td>"
                  f"<td>{_e(dollars(p['actual_usd']))}</td>"
                  f"<td>{ratio}</td><td>{_sec(p['estimated_seconds'])}</td><td>{_sec(p['actual_seconds'])}</td></tr>")
     mem = report.get("plan_memory_gb")

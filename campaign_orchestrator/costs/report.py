@@ -355,5 +355,6 @@ def render_markdown(r: dict) -> str:
         md += ["", "| stage | estimated | actual | ratio |", "|---|---:|---:|---:|"]
         for p in r["plan_vs_actual"]:
             ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
-            md.append(f"| {p['stage']} | {money(p['estimated_usd'])} | {money(p['actual_usd'])} | {ratio} |")
+            reused = f" (reused from run {str(p['reused_from_run'])[:8]})" if p.get("reused_from_run") else ""
+            md.append(f"| {p['stage']}{reused} | {money(p['estimated_usd'])} | {money(p['actual_usd'])} | {ratio} |")
     return "\n".join(md)
