@@ -37,10 +37,10 @@ def _report(campaign: str, run: str, total: float, scores: dict, ratio: float, b
 
 
 @pytest.fixture
-def ledger(artifact_root, monkeypatch):
+def ledger(tmp_path, monkeypatch):
     """Three campaigns over two days: alpha ran on day 1 and reran unchanged on day 2 (reused everything);
     beta generated on day 1 and trained on a GPU on day 2 (over $1k); gamma ran on day 2 only."""
-    lg = Ledger(artifact_root / "cost_ledger.duckdb")
+    lg = Ledger(tmp_path / "cost_ledger.duckdb")
     clock = {"now": DAY1}
     monkeypatch.setattr(ledger_module, "_now", lambda: clock["now"])
     _stage(lg, "alpha", "a1", "teacher_generations", "alpha-gen-000001", [_line("teacher", 0.0010)])
@@ -89,12 +89,12 @@ def test_dollars_for_people():
         "$0.00052", "$0.012", "$0.001", "$0.25", "$3.50", "$1.2k", "$2.5M", "$0", "n/a"]
 
 
-def test_the_served_team_dashboard_in_chromium(ledger, artifact_root, tmp_path, capsys):
+def test_the_served_team_dashboard_in_chromium(ledger, tmp_path, capsys):
     from campaign_app.cli import main
     from campaign_app.cli.costs import serve
 
-    assert main(["dashboard", "--artifacts", str(artifact_root)]) == 0
-    page = artifact_root / "dashboards" / "index.html"
+    assert main(["dashboard", "--artifacts", str(tmp_path)]) == 0
+    page = tmp_path / "dashboards" / "index.html"
     assert capsys.readouterr().out.strip() == str(page)
     servers = []
     t = threading.Thread(target=serve, args=(page.parent, 0, servers.append), daemon=True)
