@@ -11,9 +11,9 @@ import math
 
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
-from assets.common import key
+from assets.common import for_people, key, tag_run
 from campaigns.spec import CampaignSpec
-from resources.pricing import PricingResource, cost_report, report_text
+from resources.pricing import PricingResource, cost_report, dollars, report_text
 from resources.storage import ArtifactStore
 
 STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")
@@ -28,14 +28,34 @@ PLOTTED = ("total_usd", "teacher_usd", "training_usd", "evaluation_usd", "interr
            "budget_remaining_usd", "budget_used_fraction", "plan_total_usd", "candidate_score", "base_score")
 
 
-def report_metadata(report: dict) -> dict:
-    md = {k: float(report[k]) for k in PLOTTED
-          if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))}
+def result_line(report: dict) -> str:
+    """The result for people: verdict, score, cost and what this run spent, e.g. ``GO · cipher 90.0% (base 0.0%) ·
+    result $0.012 · spent in this run $0.011``."""
+    def pct(x):
+        return "n/a" if x is None else f"{x:.1%}"
+
+    unknown = " (+ unknown)" if report.get("unknown_costs") else ""
+    return (f"{report.get('verdict') or 'not evaluated'} · {report.get('primary_suite') or 'score'} "
+            f"{pct(report.get('candidate_score'))} (base {pct(report.get('base_score'))}) · result "
+            f"{dollars(report.get('total_usd'))}{unknown} · spent in this run "
+            f"{dollars(report.get('spent_this_run_usd'))}")
+
+
+def report_metadata(report: dict, dashboard_url: str | None = None) -> dict:
+    """The report as metadata: the plotted figures, the report in markdown, and the dashboards as links a browser
+    opens from the UI (``dashboard_url``: where ``campaign dashboard --serve`` serves them)."""
+    md = {"result": result_line(report)}
+    md |= for_people({k: float(report[k]) for k in PLOTTED
+                      if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))})
     per_point, markdown = report_text(report)
     md["per_point_gained"] = per_point
     md["report"] = MetadataValue.md(markdown)
     md["report_json"] = MetadataValue.path(report["report_path"])
-    md["dashboard"] = MetadataValue.url("file://" + report["dashboard_path"])
+    if dashboard_url:
+        base = dashboard_url.rstrip("/")
+        md["dashboard"] = MetadataValue.url(f"{base}/{report['campaign']}.html")
+        md["team_dashboard"] = MetadataValue.url(f"{base}/index.html")
+    md["dashboard_file"] = MetadataValue.path(report["dashboard_path"])
     return md
 
 
@@ -53,6 +73,8 @@ def build(spec: CampaignSpec):
                       **manifests: dict) -> Output[dict]:
         # one manifest per upstream stage in ``ins`` (a fully on-policy campaign has no teacher stages)
         r = cost_report(pricing, spec, storage.root_path(), context.run_id, manifests, log=context.log.warning)
-        return Output({"key": context.run_id, "path": r["report_path"], **r}, metadata=report_metadata(r))
+        tag_run(context, verdict=r.get("verdict") or "not evaluated", cost=dollars(r.get("total_usd")))
+        return Output({"key": context.run_id, "path": r["report_path"], **r},
+                      metadata=report_metadata(r, pricing.dashboard_url))
 
     return campaign_cost

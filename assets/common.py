@@ -5,10 +5,10 @@ from typing import Any
 
 from dagster import AssetKey, MetadataValue
 
-from campaigns.spec import CampaignSpec
-from campaigns import paths
 from campaign_orchestrator.content import HashCache, model_fingerprint, short, value_sha256
 from campaign_orchestrator.demo import recipe
+from campaigns import paths
+from campaigns.spec import CampaignSpec
 
 STAGES = (
     "prompts",
@@ -51,13 +51,48 @@ def usd(lines: list[dict]) -> float:
     return float(sum(line["usd"] for line in lines))
 
 
+def _sig(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def for_people(md: dict[str, Any]) -> dict[str, Any]:
+    """Metadata with its plain floats rounded for reading in the UI (the manifests and report files keep the raw
+    values programs read): seconds to 0.1 s, scores, ratios and fractions to 4 decimals, dollars and the rest to
+    4 significant digits. Other values (text, markdown, paths, ints) pass as they are."""
+    out: dict[str, Any] = {}
+    for k, v in md.items():
+        if isinstance(v, float) and not isinstance(v, bool) and v == v and v not in (float("inf"), float("-inf")):
+            if k.endswith(("_seconds", "_s")):
+                v = round(v, 1)
+            elif k.endswith(("_score", "_ratio", "fraction", "_share")):
+                v = round(v, 4)
+            else:
+                v = _sig(v)
+        out[k] = v
+    return out
+
+
 def base_metadata(manifest: dict, cached: bool) -> dict[str, Any]:
+    """What every stage's materialization shows: where its output is, its content key, and (for people) its time
+    and cost with units. A cache hit shows the time it took when it was produced, not as this run's time."""
+    from resources.pricing import dollars, seconds
+
+    wall, cost = float(manifest.get("wall_seconds", 0.0)), usd(manifest.get("cost_lines", []))
     md: dict[str, Any] = {
         "path": MetadataValue.path(manifest["path"]),
         "content_key": manifest["key"],
         "cached": cached,
-        "wall_seconds": float(manifest.get("wall_seconds", 0.0)),
-        "cost_usd": usd(manifest.get("cost_lines", [])),
-        "spent_this_run_usd": 0.0 if cached else usd(manifest.get("cost_lines", [])),
+        "time": f"reused (took {seconds(wall)} when produced)" if cached else seconds(wall),
+        "cost": f"{dollars(cost)} (paid when produced; nothing in this run)" if cached and cost else dollars(cost),
+        "wall_seconds": 0.0 if cached else round(wall, 1),
+        "cost_usd": _sig(cost),
+        "spent_this_run_usd": 0.0 if cached else _sig(cost),
     }
+    if cached:
+        md["produced_in_seconds"] = round(wall, 1)
     return md
+
+
+def tag_run(context, **tags: str) -> None:
+    """Add tags a person scans the runs list for (``verdict``, ``cost``) to the running run."""
+    context.instance.add_run_tags(context.run_id, {k: str(v) for k, v in tags.items()})

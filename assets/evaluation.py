@@ -22,7 +22,7 @@ from dagster import (
     asset,
 )
 
-from assets.common import base_metadata, key, model_deps, model_identity, stage_key
+from assets.common import base_metadata, for_people, key, model_deps, model_identity, stage_key, tag_run
 from assets.harness import harness_identity, harness_models, harness_suites, is_harness
 from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
@@ -293,7 +293,8 @@ def build(spec: CampaignSpec):
             from assets.tracking import set_verdict
 
             md["mlflow_runs_tagged"] = set_verdict(spec, storage.root_path(), m["candidate_key"], report["verdict"])
-        yield Output(m, metadata=md)
+        tag_run(context, verdict=report["verdict"])  # the runs list shows the verdict (assets/common.py)
+        yield Output(m, metadata=for_people(md))
         yield gate_check_result(report, m["key"])
 
     return evaluation

@@ -40,7 +40,10 @@ class ManifestIOManager(ConfigurableIOManager):
         res = ledger.record_stage(campaign=manifest.get("campaign", key[0]), asset=key[-1], run_id=context.run_id,
                                   step_key=context.step_key, manifest=manifest,
                                   attempt=context.step_context.previous_attempt_count)
-        context.add_output_metadata({"ledger_spent_this_run_usd": res["spent_usd"], "ledger_reused": res["reused"]})
+        md = {"ledger_spent_this_run_usd": res["spent_usd"], "ledger_reused": res["reused"], "reused": res["reused"]}
+        if res["reused"]:  # a cache hit: the output (and its cost) belong to the run that produced it
+            md["reused_from_run"] = res["produced_by"]
+        context.add_output_metadata(md)
 
     def load_input(self, context: InputContext) -> dict:
         key = list(context.asset_key.path)

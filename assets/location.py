@@ -17,7 +17,7 @@ from assets import (campaign_cost, cluster, demo_models, distillation_set, evalu
 from assets.drift_evaluation import drift_key
 from assets.run_recovery import reaper_sensor
 from assets.io_manager import ManifestIOManager
-from assets.sensors import campaign_automation, trigger_tags
+from assets.sensors import automation_tags, campaign_automation, trigger_tags
 from assets.versions import with_versions
 from campaigns.loader import load_campaigns
 from campaigns.spec import CampaignSpec
@@ -37,7 +37,7 @@ def campaign_assets(spec: CampaignSpec) -> list:
     skipped = campaign_cost.TEACHER_STAGES if spec.training.distillation.skips_teacher else ()
     # a fully on-policy campaign (teacher_generations: none) has no teacher stage: its prompts feed the trainer
     out = [m.build(spec) for m in STAGE_BUILDERS if m.__name__.rpartition(".")[2] not in skipped]
-    if spec.sweep is not None:  # the sweep step and its per-trial partitions (README, "Sweeps")
+    if spec.sweep is not None:  # the sweep step and its per-trial partitions (docs/sweeps.md)
         out += [hparam_sweep.build(spec), sweep_trial.build(spec)]
     return out
 
@@ -76,6 +76,7 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
         if spec.schedule is not None:
             schedules.append(ScheduleDefinition(
                 name=f"{name}_schedule", job=job, cron_schedule=spec.schedule.cron,
+                metadata=automation_tags(spec, "schedule"),
                 execution_timezone=spec.schedule.timezone,
                 tags=trigger_tags(spec, "schedule", f"campaign schedule (cron '{spec.schedule.cron}' {spec.schedule.timezone})"),
                 default_status=DefaultScheduleStatus.RUNNING if spec.schedule.enabled else DefaultScheduleStatus.STOPPED))

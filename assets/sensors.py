@@ -39,6 +39,12 @@ def trigger_tags(spec: CampaignSpec, trigger: str, reason: str, **extra: str) ->
     return {"campaign": spec.name, TRIGGER: trigger, REASON: reason, **extra}
 
 
+def automation_tags(spec: CampaignSpec, kind: str) -> dict[str, str]:
+    """Definition tags (sensors) and metadata (schedules) that group a campaign's automation in the UI: filter the
+    Automation tab by ``campaign`` to find all of it together (names are ``<campaign>_<kind>`` too)."""
+    return {"campaign": spec.name, "automation": kind}
+
+
 def stage_keys(spec: CampaignSpec):
     """What a retraining run materializes: every campaign stage (cached stages cost nothing)."""
     return [key(spec, s) for s in STAGES]
@@ -51,7 +57,8 @@ def _sensor_status(on: bool) -> DefaultSensorStatus:
 def new_data_sensor(spec: CampaignSpec, job_name: str):
     nd = spec.automation.new_data
 
-    @sensor(name=f"{spec.name}_new_data", job_name=job_name, minimum_interval_seconds=nd.interval_s,
+    @sensor(name=f"{spec.name}_new_data", tags=automation_tags(spec, "new_data"), job_name=job_name,
+            minimum_interval_seconds=nd.interval_s,
             default_status=_sensor_status(nd.enabled),
             description=f"New files in `{spec.data.source}` (by content hash) re-run campaign {spec.name} from prompts "
                         f"once {nd.min_new_rows}+ new rows"
@@ -80,7 +87,8 @@ def new_data_sensor(spec: CampaignSpec, job_name: str):
 def model_change_sensor(spec: CampaignSpec, job_name: str):
     mc = spec.automation.model_change
 
-    @sensor(name=f"{spec.name}_model_change", job_name=job_name, minimum_interval_seconds=mc.interval_s,
+    @sensor(name=f"{spec.name}_model_change", tags=automation_tags(spec, "model_change"), job_name=job_name,
+            minimum_interval_seconds=mc.interval_s,
             default_status=_sensor_status(mc.enabled),
             description=f"Re-materializes the {spec.name} stages made with another teacher, student base or settings "
                         f"(code version) or from an older upstream asset, and everything downstream of them.")
@@ -127,7 +135,8 @@ def drift_job_name(spec: CampaignSpec) -> str:
 def drift_schedule(spec: CampaignSpec, drift_job):
     dr = spec.automation.drift
 
-    @schedule(name=f"{spec.name}_drift", job=drift_job, cron_schedule=dr.cron, execution_timezone=dr.timezone,
+    @schedule(name=f"{spec.name}_drift", metadata=automation_tags(spec, "drift"), job=drift_job, cron_schedule=dr.cron,
+              execution_timezone=dr.timezone,
               default_status=DefaultScheduleStatus.RUNNING if dr.enabled else DefaultScheduleStatus.STOPPED,
               description=f"Re-score the promoted {spec.name} model on the freshest held-out data ({dr.cron} {dr.timezone}).")
     def drift(context: ScheduleEvaluationContext, storage: ArtifactStore):
@@ -143,7 +152,8 @@ def drift_schedule(spec: CampaignSpec, drift_job):
 def drift_retrain_sensor(spec: CampaignSpec, job_name: str):
     dr = spec.automation.drift
 
-    @asset_sensor(asset_key=drift_key(spec), name=f"{spec.name}_drift_retrain", job_name=job_name,
+    @asset_sensor(asset_key=drift_key(spec), name=f"{spec.name}_drift_retrain", tags=automation_tags(spec, "drift_retrain"),
+                  job_name=job_name,
                   default_status=_sensor_status(dr.enabled),
                   description=f"A DRIFTED {spec.name}/drift_evaluation requests a retraining run on the freshest data.")
     def drift_retrain(context: SensorEvaluationContext, asset_event: EventLogEntry):

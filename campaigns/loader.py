@@ -3,10 +3,17 @@
 A broken file never stops the others from loading: :func:`load_campaigns` returns the good
 campaigns and one :class:`CampaignFileError` per broken file. Each error names the file, the
 field (dotted path), its line in the file, what was found and what was expected.
+
+Every problem of a file is reported at once, sorted by line: keys the schema does not know (with a
+"did you mean" among the allowed ones), duplicate keys (YAML would keep the later value silently), values
+the schema refuses and, with ``check_files`` (``campaign validate``), data sources and suite files that match
+no file and pricing-catalog keys the catalog does not have (with a "did you mean" among its keys).
 """
 
 from __future__ import annotations
 
+import difflib
+import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,16 +112,118 @@ def _unwrap(ann: Any) -> Any:
     return ann
 
 
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean `x`?)`` for the closest of ``choices`` to ``word`` (difflib), else ``""``."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+
+
+def duplicate_keys(node: yaml.Node | None, loc: tuple[Any, ...] = ()) -> list[FieldProblem]:
+    """Every key set twice in one mapping of the YAML tree (PyYAML keeps the later value without a word)."""
+    out: list[FieldProblem] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            name, line = str(k.value), k.start_mark.line + 1
+            if name in seen:
+                out.append(FieldProblem(_dotted((*loc, name)), line,
+                                        f"duplicate key: already set on line {seen[name]}; YAML would keep only this "
+                                        "later value: keep one of the two"))
+            else:
+                seen[name] = line
+            out += duplicate_keys(v, (*loc, name))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out += duplicate_keys(v, (*loc, i))
+    return out
+
+
+def _get(data: Any, *loc: Any) -> Any:
+    for part in loc:
+        if isinstance(part, int) and isinstance(data, list) and part < len(data):
+            data = data[part]
+        elif isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            return None
+    return data
+
+
+def _matches(raw: str, project_dir: Path) -> bool:
+    """A data source or suite file (a path, glob or directory) names at least one existing file."""
+    p = paths.resolve(raw, project_dir)
+    if any(ch in raw for ch in "*?["):
+        return any(Path(f).is_file() for f in glob.glob(str(p), recursive=True))
+    return p.exists()
+
+
+def _catalog_keys(data: dict, project_dir: Path) -> tuple[set[str] | None, str | None]:
+    """The pricing catalog's entry keys (the campaign's ``cost.catalog`` or the shipped one), or why not."""
+    configured = _get(data, "cost", "catalog")
+    path = (paths.resolve(configured, project_dir) if isinstance(configured, str)
+            else paths.shipped_campaigns_dir() / "pricing" / "catalog.yaml")
+    try:
+        entries = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("entries") or {}
+    except (OSError, yaml.YAMLError, AttributeError) as e:
+        return None, f"cannot read the pricing catalog {path}: {e}"
+    return set(entries), None
+
+
+CATALOG_FIELDS = (("teacher", "hardware"), ("teacher", "price"), ("training", "hardware"),
+                  ("training", "cpu_hardware"))
+
+
+def file_problems(data: dict, root: yaml.Node | None, project_dir: Path) -> list[FieldProblem]:
+    """What a campaign file names that is not there: data sources and suite files that match no file,
+    pricing-catalog keys (hardware, teacher price, overrides) the catalog does not have."""
+    out: list[FieldProblem] = []
+
+    def missing(loc: tuple[Any, ...], what: str) -> None:
+        raw = _get(data, *loc)
+        if isinstance(raw, str) and not raw.startswith(("s3://", "gs://", "http://", "https://")) \
+                and not _matches(raw, project_dir):
+            out.append(FieldProblem(_dotted(loc), _line_of(root, loc),
+                                    f"{what} {raw!r} matches no file under {project_dir} (expected an existing file, "
+                                    "glob or directory, relative to the campaign's project or absolute)"))
+
+    missing(("data", "source"), "data source")
+    for i, _ in enumerate(_get(data, "dataset", "extra_sources") or []):
+        missing(("dataset", "extra_sources", i), "data source")
+    for i, suite in enumerate(_get(data, "evaluation", "suites") or []):
+        if isinstance(suite, dict) and suite.get("kind", "items") == "items" \
+                and suite.get("source", "heldout") != "heldout":
+            missing(("evaluation", "suites", i, "source"), "suite file")
+    keys, why = _catalog_keys(data, project_dir)
+    if keys is None:
+        out.append(FieldProblem("cost.catalog", _line_of(root, ("cost", "catalog")), why or ""))
+        return out
+    named = [(loc, _get(data, *loc)) for loc in CATALOG_FIELDS]
+    named += [(("cost", "overrides", k), k) for k in (_get(data, "cost", "overrides") or {})]
+    for loc, value in named:
+        if isinstance(value, str) and value != "unpriced" and value not in keys:
+            out.append(FieldProblem(_dotted(loc), _line_of(root, loc),
+                                    f"no price entry {value!r} in the pricing catalog{did_you_mean(value, keys)}; "
+                                    f"expected one of: {', '.join(sorted(keys))}"))
+    return out
+
+
 def _problems(exc: ValidationError, root: yaml.Node | None) -> list[FieldProblem]:
     out = []
     for err in exc.errors():
         loc = tuple(err["loc"])
-        dotted = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+        dotted = _dotted(loc)
         kind = err["type"]
         if kind == "extra_forbidden":
             owner = _model_at(loc)
-            allowed = ", ".join(f.alias or n for n, f in owner.model_fields.items()) if owner else "see campaigns/spec/"
-            msg = f"unknown key; expected one of: {allowed}"
+            names = [f.alias or n for n, f in owner.model_fields.items()] if owner else []
+            allowed = ", ".join(names) if owner else "see campaigns/spec/"
+            hint = did_you_mean(loc[-1], names)
+            hint = f"; {hint.removesuffix(')').removeprefix(' (')}" if hint else ""
+            msg = f"unknown key; expected one of: {allowed}{hint}"
         elif kind == "missing":
             msg = "required field is missing"
         else:
@@ -127,8 +236,9 @@ def _problems(exc: ValidationError, root: yaml.Node | None) -> list[FieldProblem
     return out
 
 
-def parse_campaign_text(text: str, path: str = "<string>") -> CampaignSpec:
-    """Validate YAML text; raise :class:`CampaignError` naming file, field and expectation."""
+def parse_campaign_text(text: str, path: str = "<string>", project_dir: Path | None = None) -> CampaignSpec:
+    """Validate YAML text; raise :class:`CampaignError` naming file, field and expectation of every problem
+    found (``project_dir``: also look for the files and catalog keys it names, :func:`file_problems`)."""
     shown = path if path == "<string>" else _display(path)
     try:
         root = yaml.compose(text)
@@ -141,29 +251,38 @@ def parse_campaign_text(text: str, path: str = "<string>") -> CampaignSpec:
         raise CampaignError(
             CampaignFileError(shown, (FieldProblem("", 1, f"expected a mapping of campaign fields, got {type(data).__name__}"),))
         )
+    problems = duplicate_keys(root)
+    if project_dir is not None:
+        problems += file_problems(data, root, project_dir)
+    spec = None
     try:
-        return CampaignSpec.model_validate(data)
+        spec = CampaignSpec.model_validate(data)
     except ValidationError as e:
-        raise CampaignError(CampaignFileError(shown, tuple(_problems(e, root)))) from None
+        problems += _problems(e, root)
+    if problems:
+        raise CampaignError(CampaignFileError(shown, tuple(sorted(problems, key=lambda p: (p.line or 0, p.field)))))
+    return spec
 
 
-def load_campaign_file(path: str | os.PathLike) -> CampaignSpec:
+def load_campaign_file(path: str | os.PathLike, check_files: bool = False) -> CampaignSpec:
+    """The campaign in ``path``; ``check_files``: also report the files and catalog keys it names that are not
+    there (``campaign validate``; a run finds them when the stage reads them)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise CampaignError(CampaignFileError(_display(p), (FieldProblem("", None, f"cannot read file: {e}"),))) from None
-    spec = parse_campaign_text(text, str(p))
+    spec = parse_campaign_text(text, str(p), paths.campaign_project_dir(p) if check_files else None)
     spec.set_project_dir(paths.campaign_project_dir(p))
     return spec
 
 
-def load_campaigns(paths: list[str] | None = None) -> LoadedCampaigns:
-    """Load every campaign file; never raises for a bad file."""
+def load_campaigns(paths: list[str] | None = None, check_files: bool = False) -> LoadedCampaigns:
+    """Load every campaign file; never raises for a bad file (``check_files``: see :func:`load_campaign_file`)."""
     result = LoadedCampaigns()
     for path in paths if paths is not None else default_campaign_files():
         try:
-            spec = load_campaign_file(path)
+            spec = load_campaign_file(path, check_files)
         except CampaignError as e:
             result.errors.append(e.error)
             continue

@@ -20,6 +20,8 @@ from campaigns import paths
 from campaign_orchestrator.costs.catalog import Catalog, PricingError, billed_hardware
 from campaign_orchestrator.costs.catalog import bill_at, catalog_for, gpu_priced, stage_bill, teacher_entry
 from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
+# numbers for people (``$0.00052``, ``21.8 s``): the assets format metadata with these, through this one door
+from campaign_orchestrator.costs.report import dollars as dollars, seconds as seconds
 
 SHIPPED_CATALOG = "pricing/catalog.yaml"
 
@@ -52,6 +54,9 @@ class PricingResource(ConfigurableResource):
     catalog: str | None = Field(None, description="Pricing catalog replacing every campaign's `cost.catalog`.")
     ledger: str | None = Field(
         None, description="DuckDB cost ledger file; default <artifact root>/cost_ledger.duckdb (relative: to the root).")
+    dashboard_url: str = Field(
+        "http://127.0.0.1:8765", description="Where `campaign dashboard --serve` (or any web server) serves "
+        "<artifact root>/dashboards/: the cost dashboards the UI links to.")
 
     # ------------------------------------------------------------------ prices
     def _catalog_path(self, spec: CampaignSpec) -> Path:
@@ -273,7 +278,7 @@ def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str
     Used by the campaign_cost asset and by ``campaign run`` (which also covers gate-blocked runs)."""
     import json
 
-    from campaign_orchestrator.costs.dashboard import write_dashboard
+    from campaign_orchestrator.costs.dashboard import write_dashboard, write_team_dashboard
     from campaign_orchestrator.costs.report import build_report
 
     root = Path(artifact_root)
@@ -293,5 +298,6 @@ def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str
     report["report_path"] = str(out / f"{run_id}.json")
     report["dashboard_path"] = str(write_dashboard(out / "dashboard.html", spec.name, ledger, spec.cost.budget_usd,
                                                    sweep=latest_sweep(spec, root)))
+    report["team_dashboard_path"] = str(write_team_dashboard(root, ledger, {spec.name: Path(report["dashboard_path"])}))
     (out / f"{run_id}.json").write_text(json.dumps(report, indent=2, default=str))
     return report

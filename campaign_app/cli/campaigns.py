@@ -30,7 +30,7 @@ def price_problems(spec) -> list[str]:
 def validate_command(args: argparse.Namespace) -> int:
     files = args.files or default_campaign_files()
     missing = [f for f in files if not Path(f).exists()]
-    loaded = load_campaigns([f for f in files if Path(f).exists()])
+    loaded = load_campaigns([f for f in files if Path(f).exists()], check_files=True)  # every problem at once
     bad_names = set()
     for name, src in loaded.sources.items():
         spec = loaded.campaigns[name]

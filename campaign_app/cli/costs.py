@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from campaign_app.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
 
@@ -52,18 +53,50 @@ def costs_command(args: argparse.Namespace) -> int:
 
 
 def dashboard_command(args: argparse.Namespace) -> int:
-    from campaign_orchestrator.costs.dashboard import write_dashboard
+    """``campaign dashboard [NAME]``: write the campaign's dashboard (with NAME; its path is printed) and the team's
+    dashboard across every campaign in the ledger (``<root>/dashboards/index.html``); ``--serve``: then serve
+    that folder over HTTP, so the links in the UI's metadata (``PricingResource.dashboard_url``) open."""
+    from campaign_orchestrator.costs.dashboard import write_dashboard, write_team_dashboard
     from resources.pricing import PricingResource, latest_sweep
     from resources.storage import ArtifactStore
 
-    spec = resolve_spec(args.campaign)
-    if spec is None:
-        return EXIT_INVALID
     root = ArtifactStore(root=args.artifacts).root_path()
-    path = write_dashboard(root / spec.name / "campaign_cost" / "dashboard.html", spec.name,
-                           PricingResource().ledger_at(root), spec.cost.budget_usd, sweep=latest_sweep(spec, root))
-    print(path)
+    ledger = PricingResource().ledger_at(root)
+    pages = {}
+    if args.campaign:
+        spec = resolve_spec(args.campaign)
+        if spec is None:
+            return EXIT_INVALID
+        pages[spec.name] = write_dashboard(root / spec.name / "campaign_cost" / "dashboard.html", spec.name, ledger,
+                                           spec.cost.budget_usd, sweep=latest_sweep(spec, root))
+    else:  # every campaign's latest page (written by its last campaign_cost or `campaign run`)
+        pages = {n: root / n / "campaign_cost" / "dashboard.html" for n in ledger.campaigns()}
+    team = write_team_dashboard(root, ledger, pages)
+    print(pages[spec.name] if args.campaign else team)
+    if args.serve:
+        serve(team.parent, args.port)
     return EXIT_OK
+
+
+def serve(folder: Path, port: int, ready=None) -> None:
+    """Serve ``folder`` (the dashboards) at http://127.0.0.1:PORT/ until interrupted; ``ready(server)``: called
+    once it listens (tests stop it with ``server.shutdown()``)."""
+    import functools
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *a) -> None:  # the terminal shows the URL, not every request
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", port), functools.partial(Quiet, directory=str(folder))) as server:
+        print(f"serving the cost dashboards at http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)",
+              flush=True)
+        if ready is not None:
+            ready(server)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
 
 
 def add_parsers(sub) -> None:
@@ -74,7 +107,10 @@ def add_parsers(sub) -> None:
                    "\"SELECT kind, SUM(usd) AS usd ... GROUP BY kind\" (the table after FROM)")
     c.add_argument("--artifacts", default="artifacts")
     c.set_defaults(fn=costs_command)
-    d = sub.add_parser("dashboard", help="write the campaign's cost dashboard (HTML) from the ledger")
-    d.add_argument("campaign")
+    d = sub.add_parser("dashboard", help="write the cost dashboards (HTML) from the ledger: the campaign's and the "
+                                         "team's across every campaign; --serve: serve them over HTTP")
+    d.add_argument("campaign", nargs="?", help="one campaign (default: only the team's page)")
     d.add_argument("--artifacts", default="artifacts")
+    d.add_argument("--serve", action="store_true", help="serve <artifacts>/dashboards/ at http://127.0.0.1:PORT/")
+    d.add_argument("--port", type=int, default=8765, help="port for --serve (default 8765, the UI links' default)")
     d.set_defaults(fn=dashboard_command)

@@ -80,6 +80,73 @@ def run_costs(artifacts: Path, spec, run_id: str, attempted: set[str] = frozense
     return out
 
 
+def stage_outcomes(events, campaign: str, spent_by_stage: dict[str, float] | None = None) -> list[dict]:
+    """What each stage of the campaign did in a run, from its Dagster events: ``reused`` (a cache hit: its content
+    ``key`` and the run it came from) or ran (``seconds``, the step's time; ``usd``, what this run spent on it).
+    Stages in materialization order; the run's other assets (demo models) are left out."""
+    from dagster import DagsterEventType
+
+    seconds = {ev.step_key: ev.event_specific_data.duration_ms / 1000 for ev in events
+               if ev.event_type == DagsterEventType.STEP_SUCCESS and ev.event_specific_data is not None}
+    out: dict[str, dict] = {}
+    for ev in events:
+        if ev.event_type != DagsterEventType.ASSET_MATERIALIZATION or ev.asset_key is None:
+            continue
+        path = ev.asset_key.path
+        if len(path) != 2 or path[0] != campaign:
+            continue
+        md = {k: v.value for k, v in ev.step_materialization_data.materialization.metadata.items()}
+        reused = bool(md["reused"] if "reused" in md else md.get("cached", False))
+        out[path[1]] = {"stage": path[1], "reused": reused, "key": md.get("content_key"),
+                        "from_run": md.get("reused_from_run"),
+                        # a step a blocking check failed has no success event: its own time is in its metadata
+                        "seconds": seconds.get(ev.step_key, md.get("wall_seconds")),
+                        "usd": (spent_by_stage or {}).get(path[1], 0.0)}  # None: unknown (an unpriced teacher)
+    return list(out.values())
+
+
+def run_tags(summary: dict) -> dict[str, str]:
+    """The run's verdict, what it spent and how much it reused, as run tags (the UI's runs list shows them)."""
+    from campaign_orchestrator.costs.report import dollars
+
+    stages = [o for o in summary.get("stages", []) if o["stage"] not in REPORTS]
+    spent = summary.get("spent_this_run_usd", (summary.get("cost") or {}).get("spent_this_run_usd"))
+    tags = {"verdict": summary.get("verdict") or "not evaluated",
+            "spent": "unknown" if spent is None and summary.get("spent_unknown") else dollars(spent)}
+    if stages:
+        tags["reused"] = f"{sum(o['reused'] for o in stages)} of {len(stages)} stages"
+    return tags
+
+
+REPORTS = ("campaign_cost",)  # recomputed from the ledger by every run (no spend): not counted as stages
+
+
+def stage_lines(outcomes: list[dict]) -> list[str]:
+    """One line per stage ("reused (key …, from run …)" or "ran N s"), then a one-line summary."""
+    from campaign_orchestrator.costs.report import dollars, seconds
+
+    lines = []
+    for o in outcomes:
+        if o["stage"] in REPORTS:
+            what = "report refreshed from the ledger (no spend)"
+        elif o["reused"]:
+            src = f", from run {str(o['from_run'])[:8]}" if o.get("from_run") else ""
+            what = f"reused (key {o['key']}{src})"
+        else:
+            what = f"ran {seconds(o['seconds'])}" + (", spent unknown (unpriced)" if o["usd"] is None
+                                                      else f", spent {dollars(o['usd'])}" if o["usd"] else "")
+        lines.append(f"  {o['stage']:20s} {what}")
+    stages = [o for o in outcomes if o["stage"] not in REPORTS]
+    reused = sum(o["reused"] for o in stages)
+    ran = [o for o in stages if not o["reused"]]
+    spent = None if any(o["usd"] is None for o in ran) else sum(o["usd"] for o in ran)
+    lines.append(f"{reused} of {len(stages)} stages reused"
+                 + (f"; ran {', '.join(o['stage'] for o in ran)}" if ran else "")
+                 + ("; spend unknown (an unpriced stage ran)" if spent is None
+                    else "; nothing spent" if spent == 0 else f"; spent {dollars(spent)}"))
+    return lines
+
+
 def _fmt(x: float | None, pct: bool = True) -> str:
     return "n/a" if x is None else (f"{x:.1%}" if pct else f"{x:.6f}")
 
@@ -108,6 +175,10 @@ def print_summary(s: dict, seconds: float) -> None:
     if s.get("awaiting_review"):
         print(f"promotion awaits human review of candidate {s['awaiting_review']}: "
               f"campaign approve {s['campaign']} --candidate {s['awaiting_review']} --by <you>")
+    if s.get("stages"):
+        print("--- stages ---")
+        for line in stage_lines(s["stages"]):
+            print(line)
     if s.get("run_id"):
         print(f"dagster run id: {s['run_id']}" + (f" ({s['run_status']})" if s.get("run_status") else ""))
     c = s.get("cost")
@@ -115,7 +186,8 @@ def print_summary(s: dict, seconds: float) -> None:
         print("--- cost (from the ledger) ---")
         for line in render_text(c):
             print(line)
-        print(f"dashboard: {c['dashboard_path']}")
+        team = f"; the team's: {c['team_dashboard_path']}" if c.get("team_dashboard_path") else ""
+        print(f"dashboard: {c['dashboard_path']}{team} (`campaign dashboard --serve` serves them over http)")
     elif "spent_this_run_usd" in s:
         parts = ", ".join(f"{k} {'unknown' if v is None else money(v)}" for k, v in s["spent_by_stage"].items())
         spent = (f"unknown ({'; '.join(s['spent_unknown'])}; priced stages {money(s['spent_known_usd'])})"
@@ -192,6 +264,9 @@ def _run(args: argparse.Namespace, spec, source) -> int:
         summary.setdefault("reasons", []).append("promotion blocked by the gate (campaign_cost is skipped with it; "
                                                  "the cost below comes from the ledger)")
     summary["run_status"] = "succeeded" if result.success else "failed"
+    summary["stages"] = stage_outcomes(result.all_events, spec.name, summary.get("spent_by_stage"))
+    with DagsterInstance.get() as instance:  # what a person scans the runs list for
+        instance.add_run_tags(run_id, run_tags(summary))
     print_summary(summary, seconds)
     if blocked:
         return EXIT_BLOCKED

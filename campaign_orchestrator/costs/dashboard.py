@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-from campaign_orchestrator.costs.report import money, usd
+from campaign_orchestrator.costs.report import dollars
 
 COLORS = {"teacher": "#6366f1", "training": "#f59e0b", "evaluation": "#10b981", "interrupted": "#ef4444",
           "budget": "#dc2626", "line": "#2563eb", "GO": "#16a34a", "NO-GO": "#dc2626", "INCONCLUSIVE": "#a3a3a3"}
@@ -39,6 +39,11 @@ th:first-child,td:first-child{text-align:left}th{color:#6b7280;font-weight:600}
 .warn{color:#b91c1c;font-weight:600}.muted{color:#9ca3af}
 svg text{font-size:11px;fill:#4b5563}
 """
+
+
+def _usd(r: dict, key: str) -> str:
+    """A dollar figure of report ``r`` for people: "unknown" when it depends on an unpriced cost, never $0."""
+    return "unknown" if r.get(key) is None and r.get("unknown_costs") else dollars(r.get(key))
 
 
 def _e(x) -> str:
@@ -121,20 +126,21 @@ def chart_spend_over_time(lines: list[dict], budget: float | None) -> str:
     p.axes(0, max(xs[-1], 1e-3), 0, top, lambda v: f"{v:g}", "usd", "minutes since the first spend", "cumulative USD")
     if budget is not None and not on_scale:
         p.parts.append(f'<text x="{p.w - p.r - 4}" y="{p.t + 12}" text-anchor="end" style="fill:{COLORS["budget"]}">'
-                       f'budget {_e(money(budget, 2))} is off this scale ({cum / budget:.1%} used)</text>')
+                       f'budget {_e(dollars(budget))} is off this scale ({cum / budget:.1%} used)</text>')
     if on_scale:
         by = p.py(budget)
         p.parts.append(f'<line x1="{p.l}" x2="{p.w - p.r}" y1="{by:.1f}" y2="{by:.1f}" stroke="{COLORS["budget"]}" '
-                       f'stroke-dasharray="6 4"><title>budget {money(budget, 2)}</title></line>'
+                       f'stroke-dasharray="6 4"><title>budget {dollars(budget)}</title></line>'
                        f'<text x="{p.w - p.r - 4}" y="{by - 5:.1f}" text-anchor="end" style="fill:{COLORS["budget"]}">'
-                       f'budget {_e(money(budget, 2))}</text>')
+                       f'budget {_e(dollars(budget))}</text>')
     path = " ".join(f"{'M' if i == 0 else 'L'}{p.px(x):.1f},{p.py(y):.1f}" for i, (x, (_, y, _l)) in enumerate(zip(xs, pts, strict=True)))
     p.parts.append(f'<path d="{path}" fill="none" stroke="{COLORS["line"]}" stroke-width="2"/>')
     for x, (_, y, line) in zip(xs, pts, strict=True):
         color = COLORS["interrupted"] if line.get("status") == "interrupted" else COLORS.get(line["kind"], "#6b7280")
         p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(y):.1f}" r="4" fill="{color}"><title>'
-                       f'{_e(line["asset"])} ({_e(line["status"])}) {_e(money(float(line["usd"])))} · run {_e(str(line["run_id"])[:8])}'
-                       f' · cumulative {_e(money(y))}</title></circle>')
+                       f'{_e(line["asset"])} ({_e(line["status"])}) {_e(dollars(float(line["usd"])))} · run '
+                       f'{_e(str(line["run_id"])[:8])}'
+                       f' · cumulative {_e(dollars(y))}</title></circle>')
     return p.svg("cumulative spend over time")
 
 
@@ -162,9 +168,9 @@ def chart_runs_by_stage(runs: list[dict]) -> str:
             if v <= 0:
                 continue
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{max(v * scale, 1):.1f}" height="{row_h - 8}" fill="{COLORS[k]}">'
-                         f'<title>run {_e(r["run_id"])}: {k} {_e(money(v))}</title></rect>')
+                         f'<title>run {_e(r["run_id"])}: {k} {_e(dollars(v))}</title></rect>')
             x += v * scale
-        parts.append(f'<text x="{x + 4:.1f}" y="{y + 14}">{_e(money(r["usd"]))}</text>')
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + 14}">{_e(dollars(r["usd"]))}</text>')
     legend = "".join(f'<span><i style="background:{COLORS[k]}"></i>{k}</span>'
                      for k in ("teacher", "training", "evaluation", "interrupted"))
     return (f'<div class="legend">{legend}</div><svg viewBox="0 0 {w} {h}" width="100%" role="img" '
@@ -187,9 +193,10 @@ def chart_cost_vs_score(reports: list[dict]) -> str:
                        f'<text x="{p.l + 4}" y="{by - 4:.1f}">base {base[-1]:.0%}</text>')
     for r, x in zip(pts, xs, strict=True):
         color = COLORS.get(r.get("verdict") or "", "#6b7280")
-        per = money(r["usd_per_point_gained_lcb"]) + "/point (lower bound)" if r.get("usd_per_point_gained_lcb") else "$/point not meaningful"
+        per = (dollars(r["usd_per_point_gained_lcb"]) + "/point (lower bound)" if r.get("usd_per_point_gained_lcb")
+               else "$/point not meaningful")
         p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(r["candidate_score"] * 100):.1f}" r="6" fill="{color}" '
-                       f'fill-opacity=".85"><title>run {_e(str(r["run_id"])[:8])}: {_e(money(x))}, score '
+                       f'fill-opacity=".85"><title>run {_e(str(r["run_id"])[:8])}: {_e(dollars(x))}, score '
                        f'{r["candidate_score"]:.1%}, {_e(r.get("verdict"))}, {_e(per)}</title></circle>')
     return p.svg("result cost against candidate score")
 
@@ -203,10 +210,10 @@ def chart_budget(spent: float, budget: float | None) -> str:
     color = COLORS["budget"] if frac >= 0.9 else COLORS["line"]
     return (f'<svg viewBox="0 0 {w} 56" width="100%" role="img" aria-label="budget burn">'
             f'<rect x="10" y="8" width="{w - 20}" height="22" rx="4" fill="#eef0f4"/>'
-            f'<rect x="10" y="8" width="{fill:.1f}" height="22" rx="4" fill="{color}"><title>{_e(money(spent))} of '
-            f'{_e(money(budget, 2))}</title></rect>'
-            f'<text x="10" y="48">{_e(money(spent))} spent of {_e(money(budget, 2))} ({frac:.2%}); '
-            f'{_e(money(max(0.0, budget - spent)))} remains</text></svg>')
+            f'<rect x="10" y="8" width="{fill:.1f}" height="22" rx="4" fill="{color}"><title>{_e(dollars(spent))} of '
+            f'{_e(dollars(budget))}</title></rect>'
+            f'<text x="10" y="48">{_e(dollars(spent))} spent of {_e(dollars(budget))} ({frac:.2%}); '
+            f'{_e(dollars(max(0.0, budget - spent)))} remains</text></svg>')
 
 
 def chart_plan_vs_actual(report: dict | None) -> str:
@@ -215,7 +222,9 @@ def chart_plan_vs_actual(report: dict | None) -> str:
     rows = ""
     for p in report["plan_vs_actual"]:
         ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
-        rows += (f"<tr><td>{_e(p['stage'])}</td><td>{_e(money(p['estimated_usd']))}</td><td>{_e(money(p['actual_usd']))}</td>"
+        reused = f" (reused from run {str(p['reused_from_run'])[:8]})" if p.get("reused_from_run") else ""
+        rows += (f"<tr><td>{_e(p['stage'] + reused)}</td><td>{_e(dollars(p['estimated_usd']))}</td>"
+                 f"<td>{_e(dollars(p['actual_usd']))}</td>"
                  f"<td>{ratio}</td><td>{_sec(p['estimated_seconds'])}</td><td>{_sec(p['actual_seconds'])}</td></tr>")
     mem = report.get("plan_memory_gb")
     act = report.get("actual_peak_memory_gb")
@@ -289,7 +298,7 @@ def chart_sweep(panel: dict, costs: dict[str, float]) -> str:
         path = " ".join(f"{'M' if j == 0 else 'L'}{p.px(x):.1f},{p.py(y):.1f}" for j, (x, y) in enumerate(pts))
         cost = costs.get(trial_pk(t), t["usd"])
         tip = (f"trial {t['trial']} {t['state']} · " + ", ".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in t["params"].items())
-               + f" · {_e(money(cost))}")
+               + f" · {_e(dollars(cost))}")
         p.parts.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="{4 if best else 2}" '
                        f'opacity="{1 if best or t["state"] != "PRUNED" else 0.75}"><title>{_e(tip)}</title></path>')
         for x, y in pts[:-1]:
@@ -316,7 +325,7 @@ def chart_sweep(panel: dict, costs: dict[str, float]) -> str:
         rows.append(f"<tr><td>#{t['trial']}{' (best)' if t['trial'] == panel.get('best_trial') else ''}</td>"
                     f"<td>{_e(t['state'])}</td><td>{_e(', '.join(f'{k}={_fmt(x)}' for k, x in t['params'].items()))}</td>"
                     f"<td>{last}</td><td>{'—' if v is None else _e(_fmt(v))}</td>"
-                    f"<td>{_e(money(costs.get(trial_pk(t), t['usd'])))}</td></tr>")
+                    f"<td>{_e(dollars(costs.get(trial_pk(t), t['usd'])))}</td></tr>")
     table = ("<table><tr><th>trial</th><th>state</th><th>parameters</th><th>steps</th><th>eval loss</th>"
              f"<th>cost (ledger)</th></tr>{''.join(rows)}</table>")
     return ('<div style="max-width:900px">' + p.svg("sweep: eval loss against steps per trial") + "</div>" + legend
@@ -342,7 +351,8 @@ def sweep_section(panel: dict | None, costs: dict[str, float]) -> str:
     tiles = [
         _tile("sweep trials", f"{panel['trials_run']}", f"{panel['trials_pruned']} pruned "
               f"({panel['pruned_at_first_rung']} at the first rung), {panel['trials_complete']} to the end"),
-        _tile("sweep spend", money(spent), "no cap" if cap is None else f"of a {money(cap)} cap ({spent / cap:.0%})",
+        _tile("sweep spend", dollars(spent),
+              "no cap" if cap is None else f"of a {dollars(cap)} cap ({spent / cap:.0%})",
               "warn" if cap is not None and spent > cap else ""),
         _tile("time saved", f"{saved:.0f} s", f"vs {full:.0f} s had every trial run to the end "
               f"({saved / full:.0%} less)" if full else ""),
@@ -367,19 +377,21 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
     unknown = sorted({u for r in reports for u in r["report"].get("unknown_costs") or []})
     # runs that stopped before a report (no evaluation) but produced something at an unknown price
     unknown = unknown or sorted(f"{a} {why}" for a, why in ledger.unknown(campaign).items())
-    tiles = [_tile("campaign spend", f"{money(spent)} + unknown" if unknown else money(spent),
+    tiles = [_tile("campaign spend", f"{dollars(spent)} + unknown" if unknown else dollars(spent),
                    f"{len(runs)} run(s) in the ledger" + (f"; unpriced: {'; '.join(unknown)}" if unknown else ""),
                    "warn" if unknown else "")]
     if latest:
         lcb = latest.get("usd_per_point_gained_lcb")
-        lcb_text = usd(latest, "usd_per_point_gained_lcb") if lcb is not None or latest.get("unknown_costs") \
+        lcb_text = _usd(latest, "usd_per_point_gained_lcb") if lcb is not None or latest.get("unknown_costs") \
             else "not meaningful"
         ratio = latest.get("student_teacher_ratio")
         tiles += [
-            _tile("latest result cost", usd(latest, "total_usd"), f"run {str(latest['run_id'])[:8]} · {latest.get('verdict')}",
+            _tile("latest result cost", _usd(latest, "total_usd"),
+                  f"run {str(latest['run_id'])[:8]} · {latest.get('verdict')}",
                   "warn" if latest.get("unknown_costs") else ""),
-            _tile("$ / M teacher tokens", usd(latest, "usd_per_million_teacher_tokens"), f"{latest['teacher_tokens']:,} tokens"),
-            _tile("$ / 1k accepted examples", usd(latest, "usd_per_1k_accepted_examples"),
+            _tile("$ / M teacher tokens", _usd(latest, "usd_per_million_teacher_tokens"),
+                  f"{latest['teacher_tokens']:,} tokens"),
+            _tile("$ / 1k accepted examples", _usd(latest, "usd_per_1k_accepted_examples"),
                   f"{latest['accepted_examples']:,} accepted"),
             _tile("$ / point gained", lcb_text,
                   "at the gain's lower 95% bound" if lcb is not None else "lower bound of the gain ≤ 0",
@@ -391,13 +403,14 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
                   + f" on {latest.get('primary_suite') or 'the primary suite'}"),
         ]
     if budget_usd is not None:
-        tiles.append(_tile("budget used", f"{spent / budget_usd:.1%}", f"of {money(budget_usd, 2)}",
+        tiles.append(_tile("budget used", f"{spent / budget_usd:.1%}", f"of {dollars(budget_usd)}",
                            "warn" if spent >= 0.9 * budget_usd else ""))
     by_run = {r["run_id"]: r["report"] for r in reports}
     run_rows = "".join(
         f"<tr><td>{_e(str(r['run_id'])[:8])}</td><td>{_e(str(r['started_at'])[:19])}</td>"
-        f"<td>{_e(money(r['usd']) + (' + unknown' if r.get('unknown') else ''))}</td>"
-        f"<td>{_e(money(r['interrupted_usd']))}</td><td>{_e((by_run.get(r['run_id']) or {}).get('verdict') or '—')}</td>"
+        f"<td>{_e(dollars(r['usd']) + (' + unknown' if r.get('unknown') else ''))}</td>"
+        f"<td>{_e(dollars(r['interrupted_usd']))}</td>"
+        f"<td>{_e((by_run.get(r['run_id']) or {}).get('verdict') or '—')}</td>"
         f"<td>{_score(by_run.get(r['run_id']))}</td><td>{_e(_per_point(by_run.get(r['run_id'])))}</td></tr>"
         for r in reversed(runs))
     data = {"campaign": campaign, "spent_usd": spent, "budget_usd": budget_usd, "runs": runs,
@@ -429,7 +442,7 @@ def _score(r: dict | None) -> str:
 def _per_point(r: dict | None) -> str:
     if not r:
         return "—"
-    return money(r["usd_per_point_gained_lcb"]) if r.get("usd_per_point_gained_lcb") is not None else "not meaningful"
+    return dollars(r["usd_per_point_gained_lcb"]) if r.get("usd_per_point_gained_lcb") is not None else "not meaningful"
 
 
 def write_dashboard(path: str | Path, campaign: str, ledger, budget_usd: float | None = None,
@@ -440,3 +453,249 @@ def write_dashboard(path: str | Path, campaign: str, ledger, budget_usd: float |
     tmp.write_text(render_dashboard(campaign, ledger, budget_usd, sweep=sweep), encoding="utf-8")
     os.replace(tmp, p)
     return p
+
+
+# =========================================================================== the team dashboard
+# One page across every campaign in the ledger, for a team lead: spend over calendar time (by day and by ISO week)
+# by campaign and stage, cost and scores per run (every suite), GPU- and host-hours by hardware, budget burn, the
+# planner's estimates against actuals with misses flagged, and the runs that reused everything (spent nothing).
+
+TEAM_DIR = "dashboards"  # under the artifact root: what `campaign dashboard --serve` serves
+MISS_LOW, MISS_HIGH = 0.5, 2.0  # actual / estimate outside this band is a planner miss (flagged)
+CAMPAIGN_COLORS = SWEEP_COLORS
+
+
+def _day(v) -> str:
+    return dt.datetime.fromtimestamp(_ts(v), dt.UTC).strftime("%Y-%m-%d")
+
+
+def _week(v) -> str:
+    y, w, _ = dt.datetime.fromtimestamp(_ts(v), dt.UTC).isocalendar()
+    return f"{y}-W{w:02d}"
+
+
+def _miss(ratio: float | None) -> bool:
+    return ratio is not None and not MISS_LOW <= ratio <= MISS_HIGH
+
+
+def team_data(ledger) -> dict:
+    """Every series the team dashboard draws, from the ledger's rows (``cost_lines``, ``materializations``,
+    ``cost_reports``)::
+
+        spend_by_day / spend_by_week   [{period, campaign, stage, usd}]   (stage: the asset that spent)
+        campaigns                      [{campaign, usd, runs, budget_usd, budget_used}]
+        hardware                       [{campaign, resource, unit, quantity, usd}]  (gpu-hour / host-hour lines)
+        runs                           [{campaign, run_id, started_at, usd, verdict, total_usd, scores,
+                                         base_scores, reused_everything}]
+        plan                           [{campaign, run_id, stage, estimated_usd, actual_usd, usd_ratio, miss, ...}]
+    """
+    lines = ledger.lines()
+    by_day: dict[tuple, float] = {}
+    by_week: dict[tuple, float] = {}
+    hw: dict[tuple, list[float]] = {}
+    for x in lines:
+        usd_ = float(x["usd"])
+        for acc, period in ((by_day, _day(x["recorded_at"])), (by_week, _week(x["recorded_at"]))):
+            k = (period, x["campaign"], x["asset"])
+            acc[k] = acc.get(k, 0.0) + usd_
+        if x["unit"] in ("gpu-hour", "host-hour"):
+            h = hw.setdefault((x["campaign"], x["resource"], x["unit"]), [0.0, 0.0])
+            h[0] += float(x["quantity"])
+            h[1] += usd_
+    reused_all = ledger.runs_reusing_everything()
+    runs, plan, campaigns = [], [], []
+    for name in ledger.campaigns():
+        reports = {r["run_id"]: r["report"] for r in ledger.reports(name)}
+        latest = list(reports.values())[-1] if reports else {}
+        spent = ledger.spent(name)
+        budget = latest.get("budget_usd")
+        name_runs = ledger.runs(name)
+        campaigns.append({"campaign": name, "usd": spent, "runs": len(name_runs), "budget_usd": budget,
+                          "budget_used": spent / budget if budget else None})
+        for r in name_runs:
+            rep = reports.get(r["run_id"]) or {}
+            runs.append({"campaign": name, "run_id": r["run_id"], "started_at": str(r["started_at"]),
+                         "day": _day(r["started_at"]), "usd": float(r["usd"]), "verdict": rep.get("verdict"),
+                         "total_usd": rep.get("total_usd"), "primary_suite": rep.get("primary_suite"),
+                         "scores": rep.get("suite_scores") or ({rep["primary_suite"]: rep["candidate_score"]}
+                                                              if rep.get("candidate_score") is not None else {}),
+                         "base_scores": rep.get("base_suite_scores") or {},
+                         "gpu_hours": rep.get("gpu_hours"), "host_hours": rep.get("host_hours"),
+                         "reused_everything": r["run_id"] in reused_all and float(r["usd"]) == 0.0})
+        for run_id, rep in reports.items():
+            for p in rep.get("plan_vs_actual") or []:
+                if p.get("estimated_usd") is None:
+                    continue
+                plan.append({"campaign": name, "run_id": run_id, **{k: p.get(k) for k in (
+                    "stage", "estimated_usd", "actual_usd", "usd_ratio", "estimated_seconds", "actual_seconds",
+                    "reused_from_run")}, "miss": _miss(p.get("usd_ratio"))})
+            mem, act = rep.get("plan_memory_gb"), rep.get("actual_peak_memory_gb")
+            if mem and act is not None:
+                plan.append({"campaign": name, "run_id": run_id, "stage": "student memory (GB)",
+                             "estimated_usd": None, "actual_usd": None, "usd_ratio": None, "estimated_gb": mem,
+                             "actual_gb": act, "memory_ratio": act / mem, "miss": _miss(act / mem)})
+    rows = lambda acc: [{"period": p, "campaign": c, "stage": s, "usd": v}  # noqa: E731
+                        for (p, c, s), v in sorted(acc.items())]
+    return {"spend_by_day": rows(by_day), "spend_by_week": rows(by_week), "campaigns": campaigns,
+            "hardware": [{"campaign": c, "resource": r, "unit": u, "quantity": q, "usd": v}
+                         for (c, r, u), (q, v) in sorted(hw.items())],
+            "runs": sorted(runs, key=lambda r: r["started_at"]), "plan": plan}
+
+
+def chart_spend_by_period(rows: list[dict], campaigns: list[str], label: str) -> str:
+    """Stacked bars: spend per calendar period, one colour per campaign."""
+    periods = sorted({r["period"] for r in rows})
+    if not periods:
+        return _empty("no spend recorded yet")
+    color = {c: CAMPAIGN_COLORS[i % len(CAMPAIGN_COLORS)] for i, c in enumerate(campaigns)}
+    totals = {p: sum(r["usd"] for r in rows if r["period"] == p) for p in periods}
+    w, h, left, bottom, top = 560, 260, 64, 34, 12
+    ticks = _ticks(0, max(totals.values()) or 1.0)
+    scale = (h - bottom - top) / ticks[-1]
+    slot = (w - left - 20) / len(periods)
+    parts = []
+    for t in ticks:
+        y = h - bottom - t * scale
+        parts.append(f'<line x1="{left}" x2="{w - 20}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eef0f4"/>'
+                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(dollars(t))}</text>')
+    for i, p in enumerate(periods):
+        x, y = left + i * slot + slot * 0.15, float(h - bottom)
+        for c in campaigns:
+            v = sum(r["usd"] for r in rows if r["period"] == p and r["campaign"] == c)
+            if v <= 0:
+                continue
+            stages = ", ".join(f"{r['stage']} {dollars(r['usd'])}" for r in rows
+                               if r["period"] == p and r["campaign"] == c)
+            parts.append(f'<rect class="spend" data-period="{_e(p)}" data-campaign="{_e(c)}" x="{x:.1f}" '
+                         f'y="{y - v * scale:.1f}" width="{slot * 0.7:.1f}" height="{max(v * scale, 1):.1f}" '
+                         f'fill="{color[c]}"><title>{_e(p)} · {_e(c)}: {_e(dollars(v))} ({_e(stages)})</title></rect>')
+            y -= v * scale
+        parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{h - bottom + 16}" text-anchor="middle">{_e(p)}</text>'
+                     f'<text x="{x + slot * 0.35:.1f}" y="{y - 4:.1f}" text-anchor="middle">'
+                     f'{_e(dollars(totals[p]))}</text>')
+    legend = "".join(f'<span><i style="background:{color[c]}"></i>{_e(c)}</span>' for c in campaigns)
+    return (f'<div class="legend">{legend}</div><svg viewBox="0 0 {w} {h}" width="100%" role="img" '
+            f'aria-label="{_e(label)}">{"".join(parts)}</svg>')
+
+
+def chart_team_cost_vs_score(runs: list[dict], campaigns: list[str]) -> str:
+    pts = [r for r in runs if r.get("total_usd") is not None and r["scores"]]
+    if not pts:
+        return _empty("no evaluated result yet")
+    color = {c: CAMPAIGN_COLORS[i % len(CAMPAIGN_COLORS)] for i, c in enumerate(campaigns)}
+    p = _Plot()
+    p.axes(0, max(r["total_usd"] for r in pts) * 1.1 or 1e-6, 0, 100, lambda v: dollars(v), lambda v: f"{v:g}%",
+           "cost of the result", "score (every suite)")
+    for r in pts:
+        for suite, score in r["scores"].items():
+            primary = suite == r.get("primary_suite")
+            p.parts.append(f'<circle cx="{p.px(r["total_usd"]):.1f}" cy="{p.py(score * 100):.1f}" '
+                           f'r="{6 if primary else 4}" '
+                           f'fill="{color[r["campaign"]]}" fill-opacity="{0.9 if primary else 0.45}"><title>'
+                           f'{_e(r["campaign"])} run {_e(r["run_id"][:8])} · {_e(suite)} {score:.1%} · '
+                           f'{_e(dollars(r["total_usd"]))} · {_e(r.get("verdict"))}</title></circle>')
+    return p.svg("cost of each result against its scores, every campaign")
+
+
+def _table(head: list[str], rows: list[list[str]], cls: str = "") -> str:
+    th = "".join(f"<th>{_e(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><tr>{th}</tr>{body}</table>'
+
+
+def render_team_dashboard(ledger, now: dt.datetime | None = None, links: dict[str, str] | None = None) -> str:
+    """The team's cost dashboard (every campaign in the ledger) as one self-contained HTML page; ``links``:
+    campaign -> the URL of its own dashboard."""
+    d = team_data(ledger)
+    names = [c["campaign"] for c in d["campaigns"]]
+    total = sum(c["usd"] for c in d["campaigns"])
+    days = sorted({r["period"] for r in d["spend_by_day"]})
+    gpu = sum(h["quantity"] for h in d["hardware"] if h["unit"] == "gpu-hour")
+    host = sum(h["quantity"] for h in d["hardware"] if h["unit"] == "host-hour")
+    misses = [p for p in d["plan"] if p["miss"]]
+    reused = [r for r in d["runs"] if r["reused_everything"]]
+    tiles = [_tile("team spend", dollars(total), f"{len(names)} campaign(s), {len(d['runs'])} run(s)"),
+             _tile("days with spend", str(len(days)), f"{days[0]} to {days[-1]}" if days else ""),
+             _tile("GPU-hours", f"{gpu:,.2f}", f"host-hours {host:,.2f}"),
+             _tile("planner misses", str(len(misses)), f"actual outside {MISS_LOW:g}×–{MISS_HIGH:g}× of the estimate",
+                   "warn" if misses else ""),
+             _tile("runs that reused everything", str(len(reused)), "spent nothing")]
+    link = lambda c: (f'<a href="{_e(links[c])}">{_e(c)}</a>' if links and c in links else _e(c))  # noqa: E731
+    stage_rows = {}
+    for r in d["spend_by_day"]:
+        stage_rows[(r["campaign"], r["stage"])] = stage_rows.get((r["campaign"], r["stage"]), 0.0) + r["usd"]
+    by_stage = _table(["campaign", "stage", "spent"], [[link(c), _e(s), _e(dollars(v))]
+                                                       for (c, s), v in sorted(stage_rows.items())])
+    weeks = _table(["week", "campaign", "stage", "spent"], [[_e(r["period"]), _e(r["campaign"]), _e(r["stage"]),
+                                                             _e(dollars(r["usd"]))] for r in d["spend_by_week"]])
+    budget = _table(["campaign", "spent", "budget", "used", ""], [
+        [link(c["campaign"]), _e(dollars(c["usd"])), _e(dollars(c["budget_usd"]) if c["budget_usd"] else "none"),
+         _e("n/a" if c["budget_used"] is None else f"{c['budget_used']:.1%}"),
+         (f'<svg width="120" height="10" aria-label="budget burn"><rect width="120" height="10" fill="#eef0f4"/>'
+          f'<rect width="{min(c["budget_used"], 1) * 120:.1f}" height="10" fill="'
+          f'{COLORS["budget"] if c["budget_used"] >= 0.9 else COLORS["line"]}"/></svg>') if c["budget_used"] else ""]
+        for c in d["campaigns"]])
+    hardware = _table(["campaign", "hardware", "hours", "spent"], [
+        [_e(h["campaign"]), _e(h["resource"]), _e(f"{h['quantity']:,.4g} {h['unit']}s"), _e(dollars(h["usd"]))]
+        for h in d["hardware"]])
+    plan_rows = []
+    for p in d["plan"]:
+        if "memory_ratio" in p:
+            est, act, ratio = f"{p['estimated_gb']:.2f} GB", f"{p['actual_gb']:.2f} GB", p["memory_ratio"]
+        else:
+            est, act, ratio = dollars(p["estimated_usd"]), dollars(p["actual_usd"]), p["usd_ratio"]
+        flag = '<span class="warn">MISS</span>' if p["miss"] else ("reused" if p.get("reused_from_run") else "")
+        plan_rows.append([_e(p["campaign"]), _e(p["run_id"][:8]), _e(p["stage"]), _e(est), _e(act),
+                          _e("n/a" if ratio is None else f"{ratio:.2f}×"), flag])
+    plan = _table(["campaign", "run", "stage", "estimate", "actual", "actual / estimate", ""], plan_rows)
+    run_rows = [[link(r["campaign"]), _e(r["run_id"][:8]), _e(r["started_at"][:16]), _e(dollars(r["usd"])),
+                 _e(dollars(r["total_usd"])), _e(r["verdict"] or "—"),
+                 _e(", ".join(f"{s} {v:.1%}" for s, v in r["scores"].items()) or "—"),
+                 '<span class="reused">reused everything</span>' if r["reused_everything"] else ""]
+                for r in reversed(d["runs"])]
+    runs = _table(["campaign", "run", "started (UTC)", "spent in run", "cost of result", "verdict",
+                   "scores (every suite)", ""], run_rows)
+    generated = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Team cost dashboard</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}
+.reused{{color:#047857;font-weight:600}}</style></head>
+<body><header><h1>Team cost dashboard · every campaign</h1>
+<p>From the cost ledger ({_e(ledger.path.name)}) · generated {generated} · hover a mark for its numbers</p></header>
+<main><section class="tiles">{''.join(tiles)}</section>
+<section class="grid">
+<div class="card"><h2>Spend per day, by campaign</h2>
+{chart_spend_by_period(d["spend_by_day"], names, "spend per day")}</div>
+<div class="card"><h2>Cost of each result against its scores</h2>{chart_team_cost_vs_score(d["runs"], names)}</div>
+<div class="card"><h2>Spend by campaign and stage</h2>{by_stage}</div>
+<div class="card"><h2>Spend per week</h2>{weeks}</div>
+<div class="card"><h2>Budget burn</h2>{budget}</div>
+<div class="card"><h2>GPU-hours and hardware</h2>{hardware}</div>
+</section>
+<section class="card" style="margin-top:14px"><h2>Planner estimate against actual</h2>{plan}</section>
+<section class="card" style="margin-top:14px"><h2>Runs</h2>{runs}</section></main>
+<script type="application/json" id="team-data">{html.escape(json.dumps(d, default=str), quote=False)}</script>
+</body></html>"""
+
+
+def write_team_dashboard(root: str | Path, ledger, campaign_pages: dict[str, Path] | None = None) -> Path:
+    """Write ``<root>/dashboards/index.html`` (the team's page) and copy each campaign's own page beside it as
+    ``<campaign>.html``, so that one folder served over HTTP (``campaign dashboard --serve``) holds them all."""
+    out = Path(root) / TEAM_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    links = {}
+    for name, page in (campaign_pages or {}).items():
+        if Path(page).exists():
+            _atomic(out / f"{name}.html", Path(page).read_text(encoding="utf-8"))
+            links[name] = f"{name}.html"
+    for p in out.glob("*.html"):
+        if p.name != "index.html":
+            links.setdefault(p.stem, p.name)
+    return _atomic(out / "index.html", render_team_dashboard(ledger, links=links))
+
+
+def _atomic(path: Path, text: str) -> Path:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -184,7 +184,8 @@ class Ledger:
                      attempt: int = 0) -> dict:
         """Record a materialized stage output. Its cost lines are written once, by the first run
         that records its production; later runs (cache hits) and retried steps add nothing.
-        Returns ``{"reused": bool, "spent_usd": float (spent by this run), "production_usd": float}``."""
+        Returns ``{"reused": bool, "spent_usd": float (spent by this run), "production_usd": float,
+        "produced_by": the run that produced it (this run unless reused)}``."""
         pid = production_id(manifest)
         lines = list(manifest.get("cost_lines") or [])
         now = _now()
@@ -202,7 +203,8 @@ class Ledger:
                         "reused, production_usd, recorded_at, cost_unknown) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                         "ON CONFLICT DO NOTHING", [run_id, step_key, campaign, asset, pid, manifest.get("key"),
                                                    producer != run_id, usd, now, manifest.get("cost_unknown")])
-        return {"reused": producer != run_id, "spent_usd": 0.0 if producer != run_id else usd, "production_usd": usd}
+        return {"reused": producer != run_id, "spent_usd": 0.0 if producer != run_id else usd, "production_usd": usd,
+                "produced_by": producer}
 
     def record_interrupted(self, *, campaign: str, asset: str, run_id: str, step_key: str, attempt: int,
                            stage_key: str | None, lines: list[dict], part: str | None = None) -> float:
@@ -340,6 +342,19 @@ class Ledger:
         rows = self.query("SELECT run_id, recorded_at, report FROM cost_reports WHERE campaign = ? ORDER BY recorded_at",
                           [campaign])
         return [{**r, "report": json.loads(r["report"]) if isinstance(r["report"], str) else r["report"]} for r in rows]
+
+    def reused_from(self, campaign: str, run_id: str) -> dict[str, str]:
+        """Asset -> the run that produced the output ``run_id`` reused (a cache hit: it ran nothing for it)."""
+        rows = self.query(
+            "SELECT m.asset, min(p.run_id) AS producer FROM materializations m JOIN materializations p "
+            "ON p.production_id = m.production_id AND NOT p.reused WHERE m.campaign = ? AND m.run_id = ? AND m.reused "
+            "GROUP BY m.asset", [campaign, run_id])
+        return {r["asset"]: r["producer"] for r in rows}
+
+    def runs_reusing_everything(self) -> set[str]:
+        """The runs whose every materialization was a cache hit (they produced nothing)."""
+        return {r["run_id"] for r in self.query(
+            "SELECT run_id FROM materializations GROUP BY run_id HAVING bool_and(reused)")}
 
     def campaigns(self) -> list[str]:
         return [r["campaign"] for r in self.query(

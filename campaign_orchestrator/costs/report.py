@@ -168,8 +168,10 @@ def unknown_costs(manifests: dict[str, dict]) -> dict[str, str]:
     return out
 
 
-def plan_vs_actual(plan: dict | None, lines: list[dict], manifests: dict[str, dict]) -> list[dict]:
-    """Per spending stage: the planner's estimate next to what the ledger and manifests recorded."""
+def plan_vs_actual(plan: dict | None, lines: list[dict], manifests: dict[str, dict],
+                   reused: dict[str, str] | None = None) -> list[dict]:
+    """Per spending stage: the planner's estimate next to what the ledger and manifests recorded; ``reused``:
+    stage -> the run that produced the output this run reused (its actuals are that run's, not this one's)."""
     rows = []
     for stage, kind in SPEND_STAGES.items():
         m = manifests.get(stage) or {}
@@ -181,7 +183,8 @@ def plan_vs_actual(plan: dict | None, lines: list[dict], manifests: dict[str, di
                      "estimated_usd": est.get("usd"), "actual_usd": actual,
                      "usd_ratio": actual / est["usd"] if est.get("usd") and actual is not None else None,
                      "estimated_seconds": est.get("seconds"), "actual_seconds": m.get("wall_seconds"),
-                     "estimated_tokens": est.get("tokens"), "actual_tokens": tokens})
+                     "estimated_tokens": est.get("tokens"), "actual_tokens": tokens,
+                     "reused_from_run": (reused or {}).get(stage)})
     return rows
 
 
@@ -220,6 +223,7 @@ def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dic
         "budget_remaining_usd": None if budget_usd is None or spent_scope is None else budget_usd - spent_scope,
         "budget_used_fraction": None if budget_usd is None or spent_scope is None else spent_scope / budget_usd,
         "candidate_score": scores.get("candidate", {}).get(primary_suite),
+        "suite_scores": dict(scores.get("candidate", {})), "base_suite_scores": dict(scores.get("base", {})),
         "base_score": scores.get("base", {}).get(primary_suite),
         "teacher_score": scores.get("teacher", {}).get(primary_suite),
         "student_teacher_ratio": student_teacher_ratio(scores, primary_suite),
@@ -227,7 +231,7 @@ def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dic
         "stage_keys": outputs,
         "teacher_cache_hits": int((gen.get("stats") or {}).get("cache_hits", 0)),
         "teacher_generations": int(gen.get("rows", 0)),
-        "plan_vs_actual": plan_vs_actual(plan, lines, manifests),
+        "plan_vs_actual": plan_vs_actual(plan, lines, manifests, reused_stages(ledger, campaign, run_id)),
         "plan_total_usd": None if plan is None else plan.get("total_usd"),
         "plan_memory_gb": None if plan is None else plan["memory"]["total_gb"],
         "plan_fits": None if plan is None else plan["memory"].get("fits"),
@@ -237,7 +241,42 @@ def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dic
     return report
 
 
+def reused_stages(ledger, campaign: str, run_id: str) -> dict[str, str]:
+    """Stage -> the run that produced the output ``run_id`` reused (a cache hit: it ran nothing for it)."""
+    return ledger.reused_from(campaign, run_id)
+
+
 # --------------------------------------------------------------------------- rendering
+
+
+def dollars(x: float | None) -> str:
+    """Dollars for people: two significant digits under $1 (``$0.00052``), cents to $1,000, then ``$1.2k``,
+    ``$3.4M``; ``$0`` for nothing, ``n/a`` for unknown."""
+    if x is None:
+        return "n/a"
+    if x == 0:
+        return "$0"
+    sign, a = ("-" if x < 0 else ""), abs(x)
+    if a >= 1e6:
+        return f"{sign}${a / 1e6:.1f}M"
+    if a >= 1e3:
+        return f"{sign}${a / 1e3:.1f}k"
+    if a >= 1:
+        return f"{sign}${a:,.2f}"
+    digits = max(2, -math.floor(math.log10(a)) + 1)
+    text = f"{a:.{digits}f}"
+    text = text.rstrip("0") if digits > 2 else text  # $0.001, not $0.0010
+    return f"{sign}${text}" if float(text) < 1 else f"{sign}$1.00"
+
+
+def seconds(x: float | None) -> str:
+    """Seconds for people: ``0.4 s``, ``21.8 s``, ``3 min 05 s``, ``1 h 02 min``."""
+    if x is None:
+        return "n/a"
+    if x < 60:
+        return f"{x:.1f} s"
+    m, sec = divmod(round(x), 60)
+    return f"{m} min {sec:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"
 
 
 def money(x: float | None, digits: int = 6) -> str:
@@ -289,8 +328,10 @@ def render_text(r: dict) -> list[str]:
         out.append("plan vs actual:  stage                 estimate      actual    ratio   est. s  actual s")
         for p in r["plan_vs_actual"]:
             ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
+            src = p.get("reused_from_run")
             out.append(f"                 {p['stage']:20s} {money(p['estimated_usd']):>11s} {money(p['actual_usd']):>11s} "
-                       f"{ratio:>7s} {_num(p['estimated_seconds']):>8s} {_num(p['actual_seconds']):>9s}")
+                       f"{ratio:>7s} {_num(p['estimated_seconds']):>8s} {_num(p['actual_seconds']):>9s}"
+                       + (f"  reused (actuals of run {str(src)[:8]})" if src else ""))
     return out
 
 
@@ -314,5 +355,6 @@ def render_markdown(r: dict) -> str:
         md += ["", "| stage | estimated | actual | ratio |", "|---|---:|---:|---:|"]
         for p in r["plan_vs_actual"]:
             ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
-            md.append(f"| {p['stage']} | {money(p['estimated_usd'])} | {money(p['actual_usd'])} | {ratio} |")
+            reused = f" (reused from run {str(p['reused_from_run'])[:8]})" if p.get("reused_from_run") else ""
+            md.append(f"| {p['stage']}{reused} | {money(p['estimated_usd'])} | {money(p['actual_usd'])} | {ratio} |")
     return "\n".join(md)

@@ -37,6 +37,20 @@ def test_every_campaign_has_its_graph_check_and_job():
     assert defs.resolve_schedule_def("demo_schedule").cron_schedule == "0 3 * * *"
 
 
+def test_a_campaigns_automation_is_found_together():
+    """Every sensor and schedule of a campaign is named after it and carries its `campaign` (sensors: definition
+    tags, schedules: metadata), so the UI's Automation tab filters a campaign's automation together."""
+    defs = build_definitions()
+    for s in defs.sensors:
+        if s.name == "reap_dead_campaign_runs":
+            continue
+        assert s.name.startswith(s.tags["campaign"] + "_") and s.tags["automation"], s.name
+    for s in defs.schedules:
+        campaign = s.metadata["campaign"].value
+        assert s.name.startswith(campaign + "_") and s.metadata["automation"].value, s.name
+    assert {s.tags["campaign"] for s in defs.sensors if s.tags} >= {"demo", "smollm2"}
+
+
 def test_location_still_loads_with_a_broken_campaign(tmp_path):
     demo = (REPO / "campaigns" / "demo.yaml").read_text()
     bad = tmp_path / "typo.yaml"

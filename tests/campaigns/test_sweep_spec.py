@@ -59,6 +59,7 @@ def test_invalid_sweeps_name_the_field(mutate, says):
 def test_validate_refuses_a_cap_below_one_rung(tmp_path, capsys):
     path = tmp_path / "campaigns" / "tiny_cap.yaml"
     path.parent.mkdir()
+    (path.parent / "data").symlink_to(REPO / "campaigns" / "data")  # validate looks for the data it names
     path.write_text(_with(lambda d: d["sweep"].update({"budget_usd": 1e-5})).replace("demo_sweep", "tiny_cap"))
     assert cli.main(["validate", str(path)]) == cli.EXIT_INVALID
     out = capsys.readouterr().out

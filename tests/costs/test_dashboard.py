@@ -96,7 +96,9 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
                        resources=default_resources(str(root)))
     with DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("cost_only").execute_in_process(instance=instance, run_id=RUN_2)
+        tags = instance.get_run_by_id(RUN_2).tags
     assert result.success
+    assert tags["verdict"] == "GO" and tags["cost"] == "$0.012"  # the runs list shows the result
     md = result.asset_materializations_for_node("demo__campaign_cost")[0].metadata
     total = 0.0010 + 0.0100 + 0.0012  # the teacher's output reused from run-1 is part of this result's cost
     assert md["total_usd"].value == pytest.approx(total)
@@ -104,9 +106,16 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
     assert md["usd_per_million_teacher_tokens"].value == pytest.approx(0.0010 / 0.05)
     assert md["usd_per_1k_accepted_examples"].value == pytest.approx(0.0010 / 1.6)
     assert md["gain_points"].value == pytest.approx(90.0)
-    assert md["usd_per_point_gained_lcb"].value == pytest.approx(total / md["gain_points_low"].value)
+    assert md["usd_per_point_gained_lcb"].value == pytest.approx(total / md["gain_points_low"].value, rel=1e-3)
+    # for people: the result in one line, numbers rounded (the report file keeps the raw values)
+    assert md["result"].value == "GO · cipher 90.0% (base 0.0%) · result $0.012 · spent in this run $0.011"
+    assert md["budget_used_fraction"].value == 0.0257 and len(repr(md["gain_points_low"].value)) <= 8
     assert md["plan_total_usd"].value > 0 and md["budget_used_fraction"].value == pytest.approx(0.0257)  # all spend of both runs
-    dash = Path(md["dashboard"].value.removeprefix("file://"))
+    # the UI links pages a browser opens from a web page (served by `campaign dashboard --serve`), never file://
+    assert md["dashboard"].value == "http://127.0.0.1:8765/demo.html"
+    assert md["team_dashboard"].value == "http://127.0.0.1:8765/index.html"
+    assert (root / "dashboards" / "demo.html").exists() and (root / "dashboards" / "index.html").exists()
+    dash = Path(md["dashboard_file"].value)
     assert dash.exists() and [r["run_id"] for r in ledger.reports("demo")] == ["run-1", RUN_2]
 
     summary = campaign_summary(root, "demo", "cipher", run_id=RUN_2, spec=spec)
@@ -143,10 +152,10 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
             box = page.locator("svg").first.bounding_box()
         finally:
             browser.close()
-    for needle in ("Cost dashboard · campaign demo", f"${total:.6f}",  # latest result cost
-                   "$0.020000",  # $/M teacher tokens
+    for needle in ("Cost dashboard · campaign demo", "$0.012",  # latest result cost, in dollars for people
+                   "$0.02",  # $/M teacher tokens
                    "not meaningful",  # run-1's $/point
-                   "$0.025700 spent of $1.00",  # budget burn: all spend in the ledger
+                   "$0.026 spent of $1.00",  # budget burn: all spend in the ledger
                    "run-1"[:8], "NO-GO", "GO"):
         assert needle in text, needle
     assert marks >= 6 and bars >= 4 and box["width"] > 300 and box["height"] > 100

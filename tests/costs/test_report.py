@@ -99,6 +99,15 @@ def test_report_counts_reused_outputs_in_the_result_but_not_in_the_run(tmp_path)
     assert r["gain_points"] is None
     text = "\n".join(render_text(r))
     assert "cost of this result: $5.000000" in text and "spent in this run: $3.000000" in text
+    # plan vs actual marks what this run reused: the teacher's actuals are r1's, the adapter's its own
+    plan = {"total_usd": 6.0, "memory": {"total_gb": 1.0}, "stages": {"teacher_generations": {"usd": 2.0},
+                                                                        "student_adapter": {"usd": 3.0}}}
+    r = build_report(campaign="camp", run_id="r2", ledger=ledger, primary_suite="s", plan=plan,
+                     manifests={"teacher_generations": gen, "distillation_set": dist, "student_adapter": adapter})
+    rows = {p["stage"]: p["reused_from_run"] for p in r["plan_vs_actual"]}
+    assert rows == {"teacher_generations": "r1", "student_adapter": None, "evaluation": None}
+    text = "\n".join(render_text(r))
+    assert [x for x in text.splitlines() if "reused (actuals of run r1)" in x][0].split()[0] == "teacher_generations"
 
 
 def test_report_says_when_teacher_generations_came_from_the_cache(tmp_path):

@@ -111,3 +111,21 @@ def test_campaign_run_command_prints_scores_verdict_reason_and_cost(tmp_path, ar
                  "spent in this run: $"):
         assert line in out, (line, out)
     assert not (artifact_root / "mini_cli" / "promoted_model").exists()
+    first_run = out.split("dagster run id: ")[1].split()[0]
+    assert "  student_adapter      ran " in out and "0 of 6 stages reused; ran prompts" in out, out
+
+    # unchanged: every stage says where it came from, and the run spent nothing
+    assert cli.main(["run", str(path), "--artifacts", str(artifact_root), "--log-level", "WARNING"]) == cli.EXIT_BLOCKED
+    out = capsys.readouterr().out
+    for stage in ("prompts", "teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter",
+                  "evaluation"):
+        assert f"  {stage:20s} reused (key " in out and f", from run {first_run[:8]})" in out, (stage, out)
+    assert "6 of 6 stages reused; nothing spent" in out and "spent in this run: $0.000000" in out, out
+
+    # a changed gate re-judges the same answers: the evaluation stage runs, nothing upstream does
+    spec = yaml.safe_load(path.read_text())
+    spec["evaluation"]["gate"]["min_items"] = 41
+    path.write_text(yaml.safe_dump(spec))
+    assert cli.main(["run", str(path), "--artifacts", str(artifact_root), "--log-level", "WARNING"]) == cli.EXIT_BLOCKED
+    out = capsys.readouterr().out
+    assert "  evaluation           ran " in out and "5 of 6 stages reused; ran evaluation" in out, out
