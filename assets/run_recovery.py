@@ -43,7 +43,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from training import process_owner
+from training import run_processes
 
 from dagster import (DagsterInstance, DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext,
                      SkipReason, sensor)
@@ -63,7 +63,7 @@ PID_REUSE_SLACK_S = 1.0  # process start times are rounded by the kernel (clock 
 def owner_tags(pid: int | None = None, start: float | None = None) -> dict[str, str]:
     """The tags naming the process that owns a run (this one by default), and the kernel boot and PID namespace
     its pid means something in."""
-    ident = process_owner.identity()
+    ident = run_processes.identity()
     where = {BOOT_TAG: ident["boot_id"]} if "boot_id" in ident else {}
     where |= {PIDNS_TAG: ident["pid_ns"]} if "pid_ns" in ident else {}
     return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid() if pid is None else pid),
@@ -76,7 +76,7 @@ def can_judge(run) -> bool:
     tags = run.tags
     if PID_TAG not in tags:
         return False
-    same = process_owner.can_judge({"boot_id": tags.get(BOOT_TAG), "pid_ns": tags.get(PIDNS_TAG)})
+    same = run_processes.can_judge({"boot_id": tags.get(BOOT_TAG), "pid_ns": tags.get(PIDNS_TAG)})
     return same if same is not None else tags.get(HOST_TAG) == socket.gethostname()
 
 
@@ -151,9 +151,9 @@ def reap_dead_runs(instance: DagsterInstance, log: Callable[[str], None] = print
 def remove_leftovers(run, log: Callable[[str], None] = print) -> bool:
     """Kill what the dead ``run`` left running: its local trainer processes and its Kubernetes workloads. False when
     something could not be removed (the run's slots must stay held: a rerun would train beside it)."""
-    groups = process_owner.decode_groups(run.tags.get(TRAINERS_TAG))
-    killed = process_owner.kill_run_processes(run.run_id, groups, log=log)
-    if killed and process_owner.run_processes(run.run_id, groups):
+    groups = run_processes.decode_groups(run.tags.get(TRAINERS_TAG))
+    killed = run_processes.kill_run_processes(run.run_id, groups, log=log)
+    if killed and run_processes.run_processes(run.run_id, groups):
         log(f"run {run.run_id}: trainer processes still alive after SIGKILL; its pool slots stay held")
         return False
     if K8S_TAG in run.tags:

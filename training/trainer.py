@@ -58,7 +58,7 @@ from training import on_policy as opol
 from training import data as tdata
 from training import moe as tmoe
 from training.checkpoint import CheckpointStore
-from training.ownership import OutputDirLock, OutputDirLocked, die_with_launcher
+from training.trainer_guards import OutputDirLock, OutputDirLocked, die_with_launcher
 from training.config import TrainJob
 from training.errors import TrainingError
 from training.model import (

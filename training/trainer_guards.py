@@ -1,4 +1,4 @@
-"""A run owns its trainer processes: they die with it, and one trainer at a time writes an output directory.
+"""What a trainer process takes on itself so that a run owns it: it dies with its launcher, and one job at a time writes an output directory.
 
 * ``parent_death_preexec``: the local launcher starts torchrun with it, so the kernel sends SIGKILL to
   torchrun when the ``campaign run`` process that started it dies (SIGKILL, OOM killer, closed SSH
