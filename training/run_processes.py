@@ -1,4 +1,5 @@
-"""The processes of a run: how a process is named across hosts and PID namespaces, whether this process can judge it, and finding and killing what a run left running (no dagster, no torch).
+"""The processes of a run: how a process is named across hosts and PID namespaces, whether this process can
+judge it, and finding and killing what a run left running (no dagster, no torch).
 
 A process id means something only inside one PID namespace of one running kernel: containers that
 share a host name (or a host) do not share their process ids. So a process is named by

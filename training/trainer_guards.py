@@ -1,4 +1,5 @@
-"""What a trainer process takes on itself so that a run owns it: it dies with its launcher, and one job at a time writes an output directory.
+"""What a trainer process takes on itself so that a run owns it: it dies with its launcher, and one job at a
+time writes an output directory.
 
 * ``parent_death_preexec``: the local launcher starts torchrun with it, so the kernel sends SIGKILL to
   torchrun when the ``campaign run`` process that started it dies (SIGKILL, OOM killer, closed SSH
