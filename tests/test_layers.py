@@ -93,7 +93,8 @@ def test_layers_contract_orders_every_installed_package():
 
 def layer_rank() -> dict[str, int]:
     """Top-level package -> its layer's index in the contract (0 the top); packages sharing a layer share it."""
-    (top,) = [c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["type"] == "layers" and "containers" not in c]
+    contracts = PYPROJECT["tool"]["importlinter"]["contracts"]
+    (top,) = [c for c in contracts if c["type"] == "layers" and "containers" not in c]
     return {name.strip(): i for i, layer in enumerate(top["layers"]) for name in layer.split("|")}
 
 
