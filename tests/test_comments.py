@@ -7,7 +7,6 @@ import ast
 import io
 import re
 import tokenize
-from pathlib import Path
 
 from tests.support import REPO_ROOT
 
