@@ -29,10 +29,14 @@ its slot until a later reap succeeds. It runs
 * in the daemon, as the sensor ``reap_dead_campaign_runs`` (:func:`reaper_sensor`, on by default:
   ``dagster dev`` / ``make ui`` runs it every 30 s).
 
-Runs without these tags (launched from the UI, by a schedule or a sensor) are Dagster's own: its
-run launcher and run monitoring look after them. A run of another machine or container (another
-boot id or PID namespace; for old runs, another host name) is left alone: a process id means nothing
-there.
+A run of another machine or container (another boot id or PID namespace; for old runs, another host
+name) cannot be judged by its pid: a process id means nothing there. It is judged by its lease instead:
+while ``campaign run`` lives it renews ``campaign/lease-until`` (:func:`hold_lease`: a heartbeat thread,
+every ``LEASE_RENEW_S``, the tag set ``LEASE_S`` ahead), so a run whose owner died with its container
+(and whose PID namespace went with it) is reaped once its lease has expired; a live one never is, wherever
+it runs. A lease judges by wall-clock time across machines: ``LEASE_S`` is far above any clock skew between
+hosts that share an instance. Runs without these tags (launched from the UI, by a schedule or a sensor) are
+Dagster's own: its run launcher and run monitoring look after them.
 """
 
 from __future__ import annotations
@@ -40,10 +44,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-from training import process_owner
+from training import run_processes
 
 from dagster import (DagsterInstance, DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext,
                      SkipReason, sensor)
@@ -58,12 +64,54 @@ FINISHED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus
 SENSOR_NAME = "reap_dead_campaign_runs"
 SENSOR_INTERVAL_S = 30
 PID_REUSE_SLACK_S = 1.0  # process start times are rounded by the kernel (clock ticks)
+LEASE_TAG = "campaign/lease-until"  # unix time until which the owner vouches for the run (hold_lease renews it)
+LEASE_S = 300.0  # a lease lasts this long unrenewed: ten renewals may fail (a busy storage) before a reap
+LEASE_RENEW_S = 30.0
+
+
+def lease_tags(ttl_s: float = LEASE_S, now: float | None = None) -> dict[str, str]:
+    """The lease tag: the owner vouches for the run until ``ttl_s`` from now."""
+    return {LEASE_TAG: f"{(time.time() if now is None else now) + ttl_s:.3f}"}
+
+
+def lease_alive(run, now: float | None = None) -> bool | None:
+    """Whether the run's lease still holds: None when it has none (a run tagged before leases, or not a
+    ``campaign run`` run)."""
+    try:
+        until = float(run.tags[LEASE_TAG])
+    except (KeyError, ValueError):
+        return None
+    return (time.time() if now is None else now) <= until
+
+
+@contextmanager
+def hold_lease(instance: DagsterInstance, run_id: str, ttl_s: float = LEASE_S, every_s: float = LEASE_RENEW_S,
+               log: Callable[[str], None] = print) -> Iterator[None]:
+    """Renew ``run_id``'s lease every ``every_s`` from a daemon thread while the block runs (a run not created yet
+    is skipped until it is). When this process dies, however it dies, the renewals stop and the lease expires."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(every_s):
+            try:
+                if instance.get_run_by_id(run_id) is not None:
+                    instance.add_run_tags(run_id, lease_tags(ttl_s))
+            except Exception as e:  # noqa: BLE001 - a storage hiccup: the next renewal tries again
+                log(f"run {run_id}: could not renew its lease ({type(e).__name__}: {e})")
+
+    thread = threading.Thread(target=renew, name=f"lease-{run_id[:8]}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
 def owner_tags(pid: int | None = None, start: float | None = None) -> dict[str, str]:
     """The tags naming the process that owns a run (this one by default), and the kernel boot and PID namespace
     its pid means something in."""
-    ident = process_owner.identity()
+    ident = run_processes.identity()
     where = {BOOT_TAG: ident["boot_id"]} if "boot_id" in ident else {}
     where |= {PIDNS_TAG: ident["pid_ns"]} if "pid_ns" in ident else {}
     return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid() if pid is None else pid),
@@ -76,18 +124,19 @@ def can_judge(run) -> bool:
     tags = run.tags
     if PID_TAG not in tags:
         return False
-    same = process_owner.can_judge({"boot_id": tags.get(BOOT_TAG), "pid_ns": tags.get(PIDNS_TAG)})
+    same = run_processes.can_judge({"boot_id": tags.get(BOOT_TAG), "pid_ns": tags.get(PIDNS_TAG)})
     return same if same is not None else tags.get(HOST_TAG) == socket.gethostname()
 
 
 def owner_alive(run) -> bool | None:
-    """Whether the process that owns ``run`` is alive: None when this process cannot tell (no owner
-    tags, or the run of another machine, container or PID namespace)."""
+    """Whether the process that owns ``run`` is alive: by its pid where this process can judge it, by its lease
+    otherwise (the run of another machine, container or PID namespace); None when neither tells (no owner
+    tags, or another namespace's run without a lease)."""
     import psutil
 
     tags = run.tags
     if not can_judge(run):
-        return None
+        return lease_alive(run) if PID_TAG in tags else None
     try:
         p = psutil.Process(int(tags[PID_TAG]))
         if p.status() == psutil.STATUS_ZOMBIE:
@@ -124,8 +173,10 @@ def reap_dead_runs(instance: DagsterInstance, log: Callable[[str], None] = print
             continue
         if not remove_leftovers(run, log):
             continue
-        msg = (f"the `campaign run` process {run.tags[PID_TAG]} on {run.tags[HOST_TAG]} that owned this run is gone "
-               "(killed or crashed): marked "
+        gone = ("is gone (killed or crashed)" if can_judge(run) else
+                f"stopped renewing its lease (expired {_iso_ts(run.tags[LEASE_TAG])}: its container or machine died)")
+        msg = (f"the `campaign run` process {run.tags[PID_TAG]} on {run.tags[HOST_TAG]} that owned this run {gone}: "
+               "marked "
                + ("canceled" if run.status == DagsterRunStatus.CANCELING else "failed")
                + " and its pool slots freed")
         if run.status == DagsterRunStatus.CANCELING:
@@ -151,9 +202,9 @@ def reap_dead_runs(instance: DagsterInstance, log: Callable[[str], None] = print
 def remove_leftovers(run, log: Callable[[str], None] = print) -> bool:
     """Kill what the dead ``run`` left running: its local trainer processes and its Kubernetes workloads. False when
     something could not be removed (the run's slots must stay held: a rerun would train beside it)."""
-    groups = process_owner.decode_groups(run.tags.get(TRAINERS_TAG))
-    killed = process_owner.kill_run_processes(run.run_id, groups, log=log)
-    if killed and process_owner.run_processes(run.run_id, groups):
+    groups = run_processes.decode_groups(run.tags.get(TRAINERS_TAG))
+    killed = run_processes.kill_run_processes(run.run_id, groups, log=log)
+    if killed and run_processes.run_processes(run.run_id, groups):
         log(f"run {run.run_id}: trainer processes still alive after SIGKILL; its pool slots stay held")
         return False
     if K8S_TAG in run.tags:
@@ -168,6 +219,10 @@ def remove_leftovers(run, log: Callable[[str], None] = print) -> bool:
         if deleted:
             log(f"run {run.run_id}: deleted its Kubernetes workloads {', '.join(deleted)}")
     return True
+
+
+def _iso_ts(unix: str) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(unix)))
 
 
 def _iso(ts) -> str:

@@ -4,10 +4,9 @@
 glibc ``malloc`` raises its mmap threshold each time an mmapped block is freed (up to 32 MiB), so after
 the first step every activation comes from the heap; with packed micro-batches every step allocates
 blocks of a different size (``T x 576`` floats, T the step's token count), and the heap fragments and
-keeps growing. Measured on SmolLM2-135M (LoRA r16, 4 packed rows of <= 128 tokens, 1 thread, same
-run, same loss): peak RSS 2,140-2,292 MB with glibc against 1,813-1,820 MB with jemalloc 5.3, at
-106 against 110 tokens/s. glibc with a fixed 512 KiB mmap threshold reached 1,782 MB but at 94 tokens/s
-(a page fault per fresh page); ``malloc_trim`` after every step saved only ~100 MB.
+keeps growing. jemalloc keeps the peak lower at the same speed; a fixed mmap threshold on glibc trades
+speed for memory (a page fault per fresh page), and ``malloc_trim`` after every step recovers little
+(the figures: docs/results.md, "The C allocator").
 
 ``$CAMPAIGN_CPU_ALLOCATOR``: ``auto`` (default: jemalloc when one of :data:`JEMALLOC_PATHS` exists, else
 glibc), ``jemalloc`` (an error when it is missing), ``glibc``. The launcher puts the library in the
@@ -86,8 +85,8 @@ def trim(collect: bool = True) -> bool:
     not only the heap's top. True when it trimmed; jemalloc (which returns pages itself) and other hosts: False.
 
     Without it a process that loads models one after another (evaluation: candidate, base, teacher) keeps
-    each one's freed pages: measured on SmolLM2-135M in bf16, resident memory after releasing the candidate
-    1,099 against 614 MB trimmed, and the evaluation's peak 1,868 against 1,456 MB. Costs milliseconds.
+    each one's freed pages, and its peak grows with every model (docs/results.md, "The C allocator").
+    Costs milliseconds.
     ``collect=False`` skips the garbage collection (what was freed went by reference counting)."""
     if collect:
         gc.collect()

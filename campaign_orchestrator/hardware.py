@@ -3,13 +3,13 @@
 ``compute_dtype: auto`` (the default for training, local teacher generation and local evaluation):
 
 * CUDA: bf16 where the GPU supports it (``torch.cuda.is_bf16_supported()``), else fp16.
-* CPU: a short measured matmul (fp32 against bf16 at 512² on one thread, ~1 s once per host; best of
+* CPU: a short timed matmul (fp32 and bf16 at 512² on one thread, about a second once per host; best of
   several rounds, since other processes only ever slow a round down); bf16 when it is at least as fast
   as fp32 (AMX, avx512_bf16), else fp32. The verdict is one per host, whatever a process's thread count:
   the resolved dtype is part of cache keys, so a 2-thread Dagster run and a 1-thread trainer agree. The chosen dtype is then timed at 2048²,
   compute bound, for the planner's peak. A CPU can report
-  ``AVX512`` and still have no native bf16 instruction: on an AVX2-only EPYC a 2048² bf16 matmul ran
-  at 0.3 GFLOP/s against 150 in fp32. The capability string is recorded, never trusted alone.
+  ``AVX512`` and still have no native bf16 instruction, where bf16 runs hundreds of times slower than fp32
+  (docs/results.md, "Compute dtype on CPU"). The capability string is recorded, never trusted alone.
 
 The measurement is cached in ``$CAMPAIGN_CACHE_DIR`` (default ``~/.cache/campaign-orchestrator``),
 keyed by host, CPU capability, torch version and thread count, so a pod, a laptop and a CI runner
@@ -140,9 +140,9 @@ def _time_matmul(dtype, n: int = MATMUL_N, rounds: int = 5) -> float:
 
 def _one_thread_peak(dtype) -> float:
     """The peak on one thread: a floor for the n-thread figure. On an idle host n threads are never slower
-    than one, but while another process holds a core the n-thread matmul waits on its slowest thread
-    (measured here under load: 22.5 GFLOP/s on 2 threads, 69 on 1, 139 on 2 idle); the floor keeps one
-    busy minute from making the planner's time estimate 6x too long for good (the cache keeps the best)."""
+    than one, but while another process holds a core the n-thread matmul waits on its slowest thread and can
+    fall below the one-thread figure (docs/results.md, "Compute dtype on CPU"); the floor keeps one busy
+    minute from making the planner's time estimate several times too long for good (the cache keeps the best)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -160,8 +160,8 @@ def _bf16_native(cached: dict, key: dict) -> bool:
     one thread and shared by every thread count (stored in ``cached`` under ``...|native``). The resolved
     dtype enters cache keys, so two processes of one host (a Dagster run on 2 threads, a trainer on 1) must
     never disagree: a contended 2-thread measurement can, one thread needs only one free core. The two
-    kinds of CPU are far apart (native: bf16 ~4x fp32; emulated: 100-500x slower), so one comparison is
-    decisive."""
+    kinds of CPU are far apart (native bf16 is several times fp32's speed, emulated bf16 hundreds of times
+    slower: docs/results.md, "Compute dtype on CPU"), so one comparison is decisive."""
     import torch
 
     k = "|".join(str(key[f]) for f in ("host", "capability", "torch")) + "|native"

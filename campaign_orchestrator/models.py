@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from campaigns import paths
+from campaigns.object_store import is_s3_url
 from campaign_orchestrator.content import file_sha256, short, value_sha256
 from campaign_orchestrator.demo import recipe
 
@@ -94,7 +95,7 @@ def parse(ref: str, artifact_root: str | Path | None = None, base: str | Path | 
         if name not in PACKAGED:
             raise ModelNotFound(f"unknown packaged model {ref!r}; known: {', '.join(PACKAGED_PREFIX + n for n in PACKAGED)}")
         return ModelRef("packaged", ref, packaged_file(name, artifact_root) if artifact_root is not None else None)
-    if ref.startswith("s3://"):
+    if is_s3_url(ref):
         return ModelRef("s3", ref)
     p = paths.resolve(ref, base)
     if p.suffix == ".gguf":
@@ -335,13 +336,13 @@ def _drop_quantization_config(config_json: Path) -> None:
 
 def download_s3(uri: str, cache_dir: Path, log=None) -> Path:
     """Download every object under ``uri`` once; a changed listing (keys, ETags) downloads again."""
-    import boto3
+    from campaigns.object_store import parse_s3_url, s3_client
 
-    m = re.match(r"^s3://([^/]+)/?(.*)$", uri)
-    if not m:
-        raise ModelNotFound(f"expected s3://bucket/prefix, got {uri!r}")
-    bucket, prefix = m.group(1), m.group(2).strip("/")
-    client = boto3.client("s3")
+    try:
+        bucket, prefix = parse_s3_url(uri, "model")
+    except ValueError as e:
+        raise ModelNotFound(str(e)) from None
+    client = s3_client()
     objects = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/" if prefix else ""):
         objects += [(o["Key"], o["ETag"]) for o in page.get("Contents", [])]

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from campaigns import paths
+from campaigns.object_store import is_s3_url
 from evaluation.gate import ItemResult
 
 HARNESS = "lm_eval==0.4.13"
@@ -96,9 +97,13 @@ def tree_sha256(root: Path) -> str:
 
 
 def _fetch_s3_tree(uri: str, dest: Path, client=None) -> Path:
-    from campaign_orchestrator.triggers.sources import s3_client, split_s3
+    from campaigns.object_store import parse_s3_url, s3_client
 
-    bucket, prefix = split_s3(uri.rstrip("/") + "/")
+    try:
+        url = parse_s3_url(uri, "lm_eval.include_path")
+    except ValueError as e:
+        raise HarnessError(str(e)) from None
+    bucket, prefix = url.bucket, url.key + "/" if url.key else ""
     client = client or s3_client()
     keys = []
     try:
@@ -123,7 +128,7 @@ def task_dir(include_path: str, project_dir: Path, cache_root: Path, client=None
     cache_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root, prefix=".incoming-") as tmp:
         staged = Path(tmp) / "tasks"
-        if include_path.startswith("s3://"):
+        if is_s3_url(include_path):
             _fetch_s3_tree(include_path, staged, client)
         else:
             src = paths.resolve(include_path, project_dir)

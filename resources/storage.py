@@ -19,6 +19,7 @@ from pydantic import Field
 from campaign_orchestrator.stage_dir import StageDir
 from campaign_orchestrator import models
 from campaigns import paths
+from campaigns.object_store import is_s3_url
 
 
 
@@ -43,7 +44,7 @@ class ArtifactStore(ConfigurableResource):
         from campaign_orchestrator.teacher.blobstore import open_store
 
         url = self.cache_url or str(self.root_path() / "cache")
-        if not url.startswith("s3://"):
+        if not is_s3_url(url):
             url = str(paths.resolve(url))
         return open_store(url, endpoint_url=self.s3_endpoint_url, region=self.s3_region)
 

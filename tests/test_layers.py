@@ -1,9 +1,12 @@
 """The layout holds: the layer order in pyproject.toml (import-linter contracts) and no import
-cycle between the installed top-level packages, lazy imports included."""
+cycle between the installed top-level packages, lazy imports included; every ``.py`` file under a
+package (a script in a folder without ``__init__.py`` too, which the contracts do not see) keeps the order."""
 
 from __future__ import annotations
 
+import ast
 import tomllib
+from pathlib import Path
 
 import grimp
 from importlinter.cli import lint_imports
@@ -86,3 +89,48 @@ def test_layers_contract_orders_every_installed_package():
     assert sorted(layered) == installed  # one layer list, over the top-level packages
     assert top["layers"][0] == "campaign_app"
     assert not (REPO / "definitions.py").exists()
+
+
+def layer_rank() -> dict[str, int]:
+    """Top-level package -> its layer's index in the contract (0 the top); packages sharing a layer share it."""
+    contracts = PYPROJECT["tool"]["importlinter"]["contracts"]
+    (top,) = [c for c in contracts if c["type"] == "layers" and "containers" not in c]
+    return {name.strip(): i for i, layer in enumerate(top["layers"]) for name in layer.split("|")}
+
+
+def imported_packages(source: str) -> set[str]:
+    """The top-level names a Python source imports, at module level or inside functions (relative imports left out)."""
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def upward_imports(root: Path = REPO) -> list[str]:
+    """``file: package`` for every import in a ``.py`` file under a package that names a package of its own layer
+    or above (its own package excepted)."""
+    rank = layer_rank()
+    bad = []
+    for pkg, r in rank.items():
+        for f in sorted((root / pkg).rglob("*.py")):
+            for other in sorted(imported_packages(f.read_text()) & rank.keys() - {pkg}):
+                if rank[other] <= r:
+                    bad.append(f"{f.relative_to(root)}: {other}")
+    return sorted(bad)
+
+
+def test_every_python_file_under_a_package_keeps_the_layer_order():
+    assert upward_imports() == []
+
+
+def test_upward_imports_sees_a_script_outside_the_modules(tmp_path):
+    # the case the contracts miss: a script in a data folder (no __init__.py) of the bottom package
+    script = tmp_path / "campaigns" / "data" / "x" / "make.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("import json\n\ndef main():\n    from campaign_orchestrator import models\n")
+    (tmp_path / "training").mkdir()
+    (tmp_path / "training" / "ok.py").write_text("from campaign_orchestrator import models\nimport evaluation\n")
+    assert upward_imports(tmp_path) == ["campaigns/data/x/make.py: campaign_orchestrator", "training/ok.py: evaluation"]

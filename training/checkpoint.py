@@ -32,6 +32,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from campaigns.object_store import parse_s3_url, s3_client
 from training.errors import TrainingError
 
 MARKER = "_SUCCESS"
@@ -42,13 +43,6 @@ def step_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    m = re.match(r"^s3://([^/]+)/?(.*)$", uri)
-    if not m:
-        raise ValueError(f"expected an s3://bucket/prefix URI, got {uri!r}")
-    return m.group(1), m.group(2).strip("/")
-
-
 class CheckpointStore:
     def __init__(self, local_dir: str | Path, remote_uri: str | None = None, keep_last: int = 2, s3_client=None):
         self.local = Path(local_dir)
@@ -56,7 +50,7 @@ class CheckpointStore:
         self.keep_last = keep_last
         self._s3 = s3_client
         if remote_uri:
-            self.bucket, self.prefix = parse_s3_uri(remote_uri)
+            self.bucket, self.prefix = parse_s3_url(remote_uri, "checkpoint mirror (checkpoint_uri)")
 
     # ------------------------------------------------------------------ local
     def path(self, step: int) -> Path:
@@ -101,10 +95,7 @@ class CheckpointStore:
     @property
     def s3(self):
         if self._s3 is None:
-            import boto3
-            from botocore.config import Config
-
-            self._s3 = boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 8}))
+            self._s3 = s3_client(max_attempts=8)
         return self._s3
 
     def _key(self, step: int, name: str) -> str:

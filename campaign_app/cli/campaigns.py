@@ -15,7 +15,7 @@ def price_problems(spec) -> list[str]:
     """What the campaign's pricing catalog cannot price (teacher.price / teacher.hardware, training.hardware):
     found here, not as a traceback at `campaign run`."""
     from campaign_orchestrator.costs.catalog import PricingError
-    from campaign_orchestrator.costs.lines import price_problems as problems
+    from campaign_orchestrator.costs.catalog import price_problems as problems
     from resources.pricing import PricingResource
 
     from campaign_orchestrator.costs.planner import sweep_cap_problems

@@ -222,7 +222,7 @@ def _run(args: argparse.Namespace, spec, source) -> int:
 
     from assets import dagster_patches
     from assets.location import build_definitions, campaign_job_name
-    from assets.run_recovery import owner_tags, reap_dead_runs
+    from assets.run_recovery import hold_lease, lease_tags, owner_tags, reap_dead_runs
     from resources.storage import ArtifactStore
 
     if dagster_patches.refuse_untested_dagster("campaign run"):  # before anything runs on an untested Dagster
@@ -237,9 +237,11 @@ def _run(args: argparse.Namespace, spec, source) -> int:
         # runs of this machine whose `campaign run` process died still hold their pool slots: free them
         reap_dead_runs(instance, log=lambda m: print(f"campaign run: {m}", file=sys.stderr))
         dagster_patches.bind(instance, run_id)
-        result = job.execute_in_process(instance=instance, raise_on_error=False, run_id=run_id,
-                                        run_config={"loggers": {"console": {"config": {"log_level": args.log_level}}}},
-                                        tags={"trigger": "manual", "campaign": spec.name, **owner_tags()})
+        with hold_lease(instance, run_id):  # how a reaper in another PID namespace knows this process lives
+            result = job.execute_in_process(
+                instance=instance, raise_on_error=False, run_id=run_id,
+                run_config={"loggers": {"console": {"config": {"log_level": args.log_level}}}},
+                tags={"trigger": "manual", "campaign": spec.name, **owner_tags(), **lease_tags()})
         status = instance.get_run_by_id(run_id).status
         if instance.event_log_storage.supports_global_concurrency_limits:
             instance.event_log_storage.free_concurrency_slots_for_run(run_id)  # finished: it holds nothing

@@ -1,7 +1,7 @@
 """What campaigns cost. Pure Python, no Dagster.
 
-catalog    dated prices with sources, from a versioned YAML file (no price lives in code)
-lines      cost lines: quantity × unit price, as stages write them into their manifests
+catalog    dated prices with sources, from a versioned YAML file (no price lives in code), and the cost lines
+           priced from them (quantity × unit price) that stages write into their manifests
 ledger     the DuckDB ledger every stage output's lines are recorded in, once
 report     cost per result ($/M teacher tokens, $/1k accepted examples, $/point gained)
 memory     per-device memory of LoRA / QLoRA training (ZeRO / FSDP states, LoRA, activations, logits)

@@ -231,7 +231,7 @@ def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute
 
     ``compute_dtype`` is the resolved dtype (never ``auto``): it sets the bytes of the unquantized
     weights, the activations and the logits. ``runtime_gb`` is the process's own footprint before any
-    model loads (Python, torch, transformers, peft: measured 0.47 GB on CPU; on a GPU the allocator
+    model loads (Python, torch, transformers, peft: the CPU catalog entries' ``runtime_gb``; on a GPU the allocator
     peak the trainer reports excludes it, so GPU catalog entries leave it 0). ``attention`` ``eager``
     keeps the softmax probabilities of every layer (b·heads·s² per layer), ``sdpa`` does not.
     ``heap_retention`` (CPU hosts): the fraction of activations + logits the C heap keeps resident after a

@@ -14,7 +14,7 @@ batch decodes to each answer's length where rows leave as they finish (vLLM; gre
 continuous engine) and to its longest (``max_new_tokens``) where every row computes until the last one
 stops (sampled local requests on ``generate``: :func:`decode_length`); the billed tokens and the training
 examples count the mean answer (``completion_fill`` × ``max_new_tokens``).
-The teacher is priced by its one price field (``costs.lines.teacher_entry``: ``teacher.price`` per
+The teacher is priced by its one price field (``costs.catalog.teacher_entry``: ``teacher.price`` per
 token for an API, which has no time estimate; ``teacher.hardware`` per hour for a self-hosted one), the
 field the budget guard and the recorded cost read; ``price: unpriced`` makes every estimate that
 depends on it ``None`` (shown "unknown").
@@ -251,7 +251,7 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mode
     c, t, tr, pl = spec.cost, spec.teacher, spec.training, spec.cost.planner
     out: dict[str, dict] = {}
 
-    # teacher_generations: priced by the teacher's one price field (costs.lines.teacher_entry), as the
+    # teacher_generations: priced by the teacher's one price field (costs.catalog.teacher_entry), as the
     # budget guard and the recorded cost are
     n_req = facts["train_prompts"] * t.sampling.n
     new_tok = t.sampling.max_new_tokens * pl.completion_fill
@@ -445,7 +445,7 @@ def _teacher_estimate(spec: CampaignSpec, catalog: Catalog, teacher: ModelShape 
     ``teacher.price`` for an API, roofline time x ``teacher.hardware`` (x tensor_parallel_size) for a
     self-hosted teacher, in the dtype it resolves to, prefilling ``shared_prefix`` tokens (its context) once
     per call; ``usd`` None (``unknown``) for ``price: unpriced``."""
-    from campaign_orchestrator.costs.lines import teacher_entry
+    from campaign_orchestrator.costs.catalog import teacher_entry
 
     t, c, pl = spec.teacher, spec.cost, spec.cost.planner
     p_tok, c_tok = requests * prompt_tokens, requests * new_tokens
@@ -794,7 +794,7 @@ def plan_scaleout(spec: CampaignSpec, catalog: Catalog, facts: dict, teacher: Mo
     """The teacher stage (``teacher_generations``) on 1..N Ray replicas: time, dollars, and for an endpoint the rate
     limit's ceiling; where more replicas stop helping (``knee_replicas``). ``replicas`` default: 1, 2, 4, ... 64 and
     ``execution.replicas``."""
-    from campaign_orchestrator.costs.lines import teacher_entry
+    from campaign_orchestrator.costs.catalog import teacher_entry
 
     t, ex, pl, c = spec.teacher, spec.execution, spec.cost.planner, spec.cost
     assume = assume or ScaleAssumptions()

@@ -155,7 +155,7 @@ def has_teacher_topk(ds) -> bool:
 def _encode_batch(batch, **kwargs):
     """``formatting.encode_batch_arrow`` with the cyclic garbage collector paused: a batch allocates
     hundreds of thousands of acyclic objects (encodings, id lists), and every collection they trigger
-    would walk the whole heap of the process (measured: ~10% of the tokenize time)."""
+    would walk the whole heap of the process (its share of the tokenize time: docs/results.md, "Tokenization")."""
     import gc
 
     from campaign_orchestrator.dataset.formatting import encode_batch_arrow

@@ -150,7 +150,7 @@ def build_moe_student(artifact_root: str | Path, log: Log = print, force: bool =
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a model this small trains ~10x faster on one thread than on two busy cores
+    torch.set_num_threads(1)  # a model this small trains faster on one thread than on two busy cores (thread sync)
     try:
         report = _build_moe(tmp, log)
     finally:

@@ -11,7 +11,8 @@ import os
 import uuid
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlparse
+
+from campaigns.object_store import is_s3_url, parse_s3_url, s3_client
 
 
 class BlobStore(Protocol):
@@ -72,12 +73,7 @@ class S3Store:
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
         if client is None:
-            import boto3
-            from botocore.config import Config
-
-            client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
-                                  config=Config(retries={"max_attempts": 5, "mode": "standard"},
-                                                connect_timeout=10, read_timeout=60))
+            client = s3_client(endpoint_url=endpoint_url, region=region)
         self.s3 = client
 
     def _k(self, key: str) -> str:
@@ -130,9 +126,7 @@ class S3Store:
 def open_store(url: str | Path, endpoint_url: str | None = None, region: str | None = None) -> LocalStore | S3Store:
     """``s3://bucket/prefix`` opens an :class:`S3Store`; anything else is a local directory."""
     s = str(url)
-    if s.startswith("s3://"):
-        u = urlparse(s)
-        if not u.netloc:
-            raise ValueError(f"S3 url {s!r} has no bucket; expected s3://bucket/prefix")
-        return S3Store(u.netloc, u.path, endpoint_url=endpoint_url, region=region)
+    if is_s3_url(s):
+        u = parse_s3_url(s, "generation cache URL")
+        return S3Store(u.bucket, u.key, endpoint_url=endpoint_url, region=region)
     return LocalStore(s)

@@ -17,9 +17,9 @@ most ``max_concurrency`` requests in flight, and for every request:
   reached after the retries (fatal), and a request the endpoint refuses (400/413/422, e.g. a
   prompt longer than the context: that one request fails, counted, the others go on).
 
-Transport: ``aiohttp``. At high concurrency the loop is bound by the client's CPU per request;
-500 requests at concurrency 64 took ~10x longer through ``httpx`` (``httpcore``'s pool,
-encode/httpx#3215) and ~1.7x longer through ``httpx`` on ``aiohttp`` (``httpx-aiohttp``) here.
+Transport: ``aiohttp``. At high concurrency the loop is bound by the client's CPU per request, and
+``aiohttp`` spends the least of it: ``httpx`` (``httpcore``'s pool, encode/httpx#3215) and ``httpx`` on
+``aiohttp`` (``httpx-aiohttp``) were both slower (docs/results.md, "The OpenAI-compatible client's transport").
 
 The API key is sent as ``Authorization: Bearer``; it is never logged, never part of an
 error message (echoes of it in response bodies are redacted) and never stored in a result.

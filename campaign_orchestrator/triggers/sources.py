@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from campaigns.object_store import is_s3_url, parse_s3_url, s3_client
+
 _CHUNK = 1 << 20
 
 
@@ -36,17 +38,13 @@ class SourceFile:
     rows: int  # non-empty lines (JSONL records)
 
 
-def is_s3(source: str) -> bool:
-    return source.startswith("s3://")
-
-
 def split_s3(source: str) -> tuple[str, str]:
-    """``s3://bucket/a/b/*.jsonl`` -> (``bucket``, ``a/b/*.jsonl``)."""
-    rest = source[len("s3://"):]
-    bucket, _, pattern = rest.partition("/")
-    if not bucket:
-        raise SourceError(f"data.source {source!r}: expected s3://bucket/prefix/<glob>, e.g. s3://drops/prompts/*.jsonl")
-    return bucket, pattern
+    """``s3://bucket/a/b/*.jsonl`` -> (``bucket``, ``a/b/*.jsonl``); a trailing ``/`` is kept (a folder)."""
+    try:
+        url = parse_s3_url(source, "data.source")
+    except ValueError as e:
+        raise SourceError(f"{e}; e.g. s3://drops/prompts/*.jsonl") from None
+    return url.bucket, url.key + "/" if url.key and source.endswith("/") else url.key
 
 
 def _literal_prefix(pattern: str) -> str:
@@ -95,12 +93,6 @@ def list_local(source: str, base_dir: str | Path, cache: dict[str, list[str]] | 
     return out
 
 
-def s3_client():
-    import boto3
-
-    return boto3.client("s3")
-
-
 def list_s3(source: str, cache: dict[str, list[str]] | None = None, client=None) -> list[SourceFile]:
     bucket, pattern = split_s3(source)
     cache = cache if cache is not None else {}
@@ -145,7 +137,7 @@ def _hash_object(client, bucket: str, key: str, save_to: Path | None = None) -> 
 
 def list_source(source: str, base_dir: str | Path, cache: dict[str, list[str]] | None = None, client=None) -> list[SourceFile]:
     """Every file of the source with its content hash and row count (cache: uri -> [stamp, sha, rows])."""
-    if is_s3(source):
+    if is_s3_url(source):
         return list_s3(source, cache, client)
     return list_local(source, base_dir, cache)
 
@@ -201,5 +193,5 @@ def prompt_files(source: str, base_dir: str | Path, s3_cache_dir: str | Path) ->
     objects downloaded (content-addressed) under ``s3_cache_dir``."""
     from campaign_orchestrator.dataset.prompts import source_files
 
-    files = fetch_s3_source(source, s3_cache_dir) if is_s3(source) else source_files(source, base_dir)
+    files = fetch_s3_source(source, s3_cache_dir) if is_s3_url(source) else source_files(source, base_dir)
     return unique_by_content(files)

@@ -7,6 +7,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
+from campaigns.object_store import parse_s3_url
+
 SLUG = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
@@ -15,8 +17,8 @@ class _Strict(BaseModel):
 
 
 def _s3_uri(v: str | None) -> str | None:
-    if v is not None and not re.match(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$", v):
-        raise ValueError(f"expected s3://bucket[/prefix], got {v!r}")
+    if v is not None:
+        parse_s3_url(v)  # raises ValueError, which pydantic reports against the field
     return v
 
 

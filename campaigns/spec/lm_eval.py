@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from campaigns.object_store import is_s3_url
 from campaigns.spec.common import _Strict, _s3_uri
 
 
@@ -61,7 +62,7 @@ class LmEvalSpec(_Strict):
     @field_validator("include_path")
     @classmethod
     def _s3_form(cls, v: str | None) -> str | None:
-        return _s3_uri(v) if v is not None and v.startswith("s3://") else v
+        return _s3_uri(v) if v is not None and is_s3_url(v) else v
 
     @field_validator("tasks")
     @classmethod

@@ -33,17 +33,38 @@ def test_the_patched_dagster_functions_are_the_ones_the_patches_were_written_for
     assert dagster_patches.check_internals() == []
 
 
-def test_the_claim_interval_is_never_negative_after_the_patch():
-    """Upstream returns min([0, ...]) <= 0, so the in-process executor never sleeps while it waits."""
+@pytest.fixture
+def fresh_install(monkeypatch):
+    """``dagster_patches.install()`` run afresh on the upstream functions; everything it sets is restored after."""
+    import signal
+
+    import dagster._core.execution.plan.active as active
+    import dagster._utils.interrupts as interrupts
+
+    originals = dagster_patches._ORIGINALS
+    monkeypatch.setattr(InstanceConcurrencyContext, "interval_to_next_pending_claim_check",
+                        originals["InstanceConcurrencyContext.interval_to_next_pending_claim_check"])
+    for name in ("sleep_til_ready", "concurrency_event_iterator"):
+        monkeypatch.setattr(ActiveExecution, name, originals[f"ActiveExecution.{name}"])
+    monkeypatch.setattr(interrupts, "_replace_interrupt_signal", interrupts._replace_interrupt_signal)
+    monkeypatch.setattr(active, "CONCURRENCY_CLAIM_MESSAGE_INTERVAL", active.CONCURRENCY_CLAIM_MESSAGE_INTERVAL)
+    monkeypatch.setattr(dagster_patches, "_installed", False)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    yield dagster_patches.install
+    signal.signal(signal.SIGTERM, sigterm)
+
+
+def test_the_claim_interval_is_never_negative_after_the_patch(fresh_install):
+    """Upstream returns min([0, ...]) <= 0, so the in-process executor never sleeps while it waits; once installed,
+    the executor's own method waits until the pending claim's next check."""
 
     class Ctx:
         _pending_claims = {"step"}
         _pending_timeouts = {"step": time.time() + 2.0}
 
-    original = dagster_patches._ORIGINALS["InstanceConcurrencyContext.interval_to_next_pending_claim_check"]
-    assert original(Ctx()) == 0  # the upstream bug: a claim 2 s away means "do not sleep"
-    assert 1.5 < dagster_patches._interval_to_next_pending_claim_check(Ctx()) <= 2.0  # what install() puts there
-    assert original is InstanceConcurrencyContext.interval_to_next_pending_claim_check or dagster_patches._installed
+    assert InstanceConcurrencyContext.interval_to_next_pending_claim_check(Ctx()) == 0  # the upstream bug
+    fresh_install()
+    assert 1.5 < InstanceConcurrencyContext.interval_to_next_pending_claim_check(Ctx()) <= 2.0
 
 
 def test_the_installed_dagster_passes_the_checks_silently(untested):

@@ -14,7 +14,7 @@ from tests.support import REPO_ROOT as REPO
 
 def test_location_import_does_not_load_torch():
     code = ("import sys, json, campaign_app.definitions; print(json.dumps([m for m in ('torch', 'transformers', "
-            "'datasets', 'peft', 'ray', 'dagster_ray') if m in sys.modules]))")
+            "'datasets', 'peft', 'ray') if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 

@@ -59,10 +59,10 @@ def _dead_owner_tags() -> dict[str, str]:
 
 
 def test_output_dir_lock_refuses_a_second_trainer_and_names_the_holder(tmp_path):
-    from training.ownership import OutputDirLock, OutputDirLocked
+    from training.trainer_guards import OutputDirLock, OutputDirLocked
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from training.ownership import OutputDirLock; "
+        [sys.executable, "-c", "import sys, time; from training.trainer_guards import OutputDirLock; "
          f"OutputDirLock({str(tmp_path)!r}).acquire(); print('ready', flush=True); time.sleep(60)"],
         cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "CAMPAIGN_RUN_ID": "run-holding"},
         stdout=subprocess.PIPE, text=True)
@@ -86,7 +86,7 @@ def test_reaper_kills_a_dead_runs_trainers_before_freeing_its_slot(instance, tmp
     """The owner is gone; its torchrun stand-in (a recorded process group) and a worker in its own session (found by
     the run id in its environment) still run: the reaper SIGKILLs both, then fails the run and frees the slot."""
     from assets.run_recovery import TRAINERS_TAG, reap_dead_runs
-    from training import process_owner
+    from training import run_processes
 
     run_id = _started_run(instance, _dead_owner_tags())
     torchrun = sleeping_node(tmp_path / "torchrun.log")
@@ -96,8 +96,8 @@ def test_reaper_kills_a_dead_runs_trainers_before_freeing_its_slot(instance, tmp
     bystander = sleeping_node(tmp_path / "bystander.log")  # another run's trainer: left alone
     try:
         assert worker.stdout.readline().strip() == "ready"
-        instance.add_run_tags(run_id, {TRAINERS_TAG: process_owner.encode_groups(
-            [process_owner.group_record(torchrun.pid, 0)])})
+        instance.add_run_tags(run_id, {TRAINERS_TAG: run_processes.encode_groups(
+            [run_processes.group_record(torchrun.pid, 0)])})
         said: list[str] = []
         assert reap_dead_runs(instance, log=said.append) == [run_id]
         torchrun.wait(10), worker.wait(10)  # gone (TimeoutExpired otherwise: both would sleep for a minute)

@@ -45,9 +45,9 @@ def test_assets_import_no_cost_module_only_the_pricing_resource(tmp_path):
                            "resources/pricing.py (PricingResource.bill / .guard) instead")
     # the walk sees lazy imports and `from campaign_orchestrator import costs` alike (it can fail)
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from campaign_orchestrator.costs.lines import compute_line\n"
+    bad.write_text("def f():\n    from campaign_orchestrator.costs.catalog import compute_line\n"
                    "from campaign_orchestrator.costs import budget\nimport campaign_orchestrator.costs.ledger\n")
-    assert cost_imports(bad) == ["2: campaign_orchestrator.costs.lines", "3: campaign_orchestrator.costs",
+    assert cost_imports(bad) == ["2: campaign_orchestrator.costs.catalog", "3: campaign_orchestrator.costs",
                                  "4: campaign_orchestrator.costs.ledger"]
 
 

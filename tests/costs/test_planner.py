@@ -7,7 +7,7 @@ import pytest
 
 from campaigns.loader import parse_campaign_text
 from campaign_orchestrator.costs.catalog import PricingError, read_catalog
-from campaign_orchestrator.costs.lines import compute_line, token_lines, usage_lines
+from campaign_orchestrator.costs.catalog import compute_line, token_lines, usage_lines
 from campaign_orchestrator.costs.memory import ModelShape, training_memory, zero_model_state_bytes, zero_table
 from campaign_orchestrator.costs.planner import generation_seconds
 

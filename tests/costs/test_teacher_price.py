@@ -2,7 +2,7 @@
 
 An API teacher is priced by `teacher.price` alone (a per-million-token catalog entry, or its override);
 a self-hosted one by `teacher.hardware` alone. The planner, the budget guard and the recorded cost read
-the same entry (campaign_orchestrator.costs.lines.teacher_entry). A missing price is refused by
+the same entry (campaign_orchestrator.costs.catalog.teacher_entry). A missing price is refused by
 `campaign validate`; `price: unpriced` runs, and every figure that depends on it says "unknown"."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_validate_refuses_a_teacher_it_cannot_price(tmp_path, capsys, teacher, c
 def test_planner_guard_and_ledger_read_the_same_price(tmp_path, artifact_root):
     """The README's openai example: before, the planner read `teacher.hardware` (cpu-2vcpu, hourly) and
     failed for want of a local model to size; now all three price its tokens at `teacher.price`."""
-    from campaign_orchestrator.costs.lines import teacher_entry
+    from campaign_orchestrator.costs.catalog import teacher_entry
     from campaign_orchestrator.teacher.runner import GenerationStats
     from assets.teacher_generations import teacher_usage
     from campaign_orchestrator.costs.budget import Usage

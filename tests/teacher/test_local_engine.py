@@ -78,13 +78,22 @@ def test_finished_rows_are_not_decoded_and_progress_is_reported(demo_models):
     assert lines and "prompts/s" in lines[-1] and "tokens/s" in lines[-1] and f"{len(WORDS)}/{len(WORDS)}" in lines[-1]
 
 
-def test_prefix_groups_and_engine_choice(demo_models, monkeypatch):
-    from campaign_orchestrator.teacher.local import ENGINE_ENV, LocalGenerator, auto_engine, prefix_groups
+def test_prefix_groups_share_what_all_their_members_share():
+    from campaign_orchestrator.teacher.local import prefix_groups
 
     a = list(range(10))
+    # 0, 2 and 3 share their first 9 tokens (0 and 2 share 10, but 3 only 9); 1 and 4 share nothing
     groups = prefix_groups([a + [1], [7, 7], a + [2, 3], a[:9] + [5], [8]], min_tokens=8)
-    assert sorted((sorted(g), p) for g, p in groups) == [([0, 1, 3], 9), ([2, 4], 0)] or \
-        sorted((sorted(g), p) for g, p in groups) == [([0, 2, 3], 9), ([1, 4], 0)]
+    assert sorted((sorted(g), p) for g, p in groups) == [([0, 2, 3], 9), ([1, 4], 0)]
+    assert groups[-1] == ([1, 4], 0)  # the ungrouped come back together, last
+    # a neighbour sharing fewer than min_tokens starts a group of its own: 3 leaves, 0 and 2 share 10
+    assert sorted((sorted(g), p) for g, p in prefix_groups([a + [1], a + [2, 3], a[:9] + [5]], min_tokens=10)) == \
+        [([0, 1], 10), ([2], 0)]
+
+
+def test_engine_choice(demo_models, monkeypatch):
+    from campaign_orchestrator.teacher.local import ENGINE_ENV, LocalGenerator, auto_engine
+
     with pytest.raises(ValueError, match="engine 'vllm' is unknown"):
         LocalGenerator(None, None, engine="vllm")
     # auto: the continuous engine in every dtype (bf16: no less faithful to the fp32 answers than generate)

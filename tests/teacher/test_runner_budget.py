@@ -10,7 +10,7 @@ from campaigns import paths
 from campaign_orchestrator.costs.budget import BudgetExceeded, BudgetGuard, Limit
 from campaign_orchestrator.costs.catalog import read_catalog
 from campaign_orchestrator.costs.ledger import Ledger
-from campaign_orchestrator.costs.lines import token_lines, total
+from campaign_orchestrator.costs.catalog import token_lines, total
 from campaign_orchestrator.demo import cipher
 from campaign_orchestrator.teacher.backends import OpenAIBackend
 from campaign_orchestrator.teacher.blobstore import LocalStore

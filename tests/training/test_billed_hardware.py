@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from campaign_orchestrator.costs.catalog import PricingError
-from campaign_orchestrator.costs.lines import billed_hardware
+from campaign_orchestrator.costs.catalog import billed_hardware
 from campaigns.loader import CampaignError, parse_campaign_text
 from tests.support import REPO_ROOT
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.checkpoint import MARKER, CheckpointStore, parse_s3_uri
+from training.checkpoint import MARKER, CheckpointStore
 
 
 def _write(store: CheckpointStore, step: int, payload: bytes = b"w") -> None:
@@ -63,8 +63,8 @@ def test_retention_keeps_the_newest_complete_and_drops_stale_leftovers(tmp_path)
 
 def test_s3_mirror_upload_fetch_and_retention(tmp_path, s3):
     uri = "s3://ckpts/runs/demo/abc"
-    assert parse_s3_uri(uri) == ("ckpts", "runs/demo/abc")
     store = CheckpointStore(tmp_path / "a", remote_uri=uri, keep_last=2)
+    assert (store.bucket, store.prefix) == ("ckpts", "runs/demo/abc")
     for step in (2, 4):
         _write(store, step, f"w{step}".encode())
         store.upload(step)

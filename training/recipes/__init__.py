@@ -15,7 +15,7 @@ from pathlib import Path
 
 from training.config import TrainJob
 from training.errors import TrainingError
-from training.ownership import die_with_launcher
+from training.trainer_guards import die_with_launcher
 from training.recipes.lora_finetune import LABEL_ALIGNED, LoraFinetuneRecipe, StepResult
 from training.recipes.on_policy_distillation import OnPolicyDistillationRecipe
 

@@ -80,7 +80,7 @@ from training.model import (
     verify_sharded_4bit,
 )
 from training.net import free_port
-from training.ownership import OutputDirLock, OutputDirLocked
+from training.trainer_guards import OutputDirLock, OutputDirLocked
 from training.profiling import RunProfiler
 from training.reporting import Reporter
 from training.schedule import cosine_with_warmup
@@ -173,6 +173,10 @@ class LoraFinetuneRecipe:
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        try:  # every rank, before the process group forms: a second job is refused, not hung (trainer_guards)
+            self._out_lock = OutputDirLock(self.out, self.rank).acquire()
+        except OutputDirLocked as e:
+            raise TrainingError(str(e)) from None
         self.device = device_for(self.local_rank, self.job.gpu_required, self.spec.allow_cpu_fallback,
                                  self.spec.hardware)
         if self.job.gpu_required and self.device.type == "cpu":
@@ -185,11 +189,6 @@ class LoraFinetuneRecipe:
             dist.init_process_group(backend, timeout=timedelta(seconds=self.spec.collective_timeout_s))
         self.is_main = self.rank == 0
         self.report = Reporter(self.is_main)
-        if self.is_main:  # one trainer per output directory (the kernel drops the lock when this process dies)
-            try:
-                self._out_lock = OutputDirLock(self.out).acquire()
-            except OutputDirLocked as e:
-                raise TrainingError(str(e)) from None
         if self.world != self.spec.world_size:
             raise TrainingError(
                 f"launched with {self.world} processes but the campaign asks for nodes × processes_per_node = "

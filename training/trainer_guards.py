@@ -1,4 +1,5 @@
-"""A run owns its trainer processes: they die with it, and one trainer at a time writes an output directory.
+"""What a trainer process takes on itself so that a run owns it: it dies with its launcher, and one job at a
+time writes an output directory.
 
 * ``parent_death_preexec``: the local launcher starts torchrun with it, so the kernel sends SIGKILL to
   torchrun when the ``campaign run`` process that started it dies (SIGKILL, OOM killer, closed SSH
@@ -6,9 +7,12 @@
 * ``die_with_launcher``: torchrun starts its workers in their own sessions, so killing torchrun does
   not reach them; each trainer sets the same parent-death signal on itself (only when the launcher
   asked for it, ``CAMPAIGN_DIE_WITH_PARENT=1``) and exits when its torchrun is already gone.
-* ``OutputDirLock``: ``fcntl.flock`` on ``<output_dir>/trainer.lock`` while a trainer writes it,
-  with the holder written into the file; a second trainer refuses and names the holder. The kernel
-  releases the lock when the holder dies, however it dies.
+* ``OutputDirLock``: ``fcntl.flock`` on one lock file per global rank (``<output_dir>/trainer.lock`` for
+  rank 0, ``trainer.rank-<N>.lock`` for rank N) while a job writes the directory, with the holder written
+  into the file. Every rank takes its own before the process group forms (``training/trainer.py``,
+  ``LoraTrainer.setup``), so each rank of a second job on the same directory is refused at once, naming
+  the holder, instead of joining a rendezvous its peers never reach and waiting out the collective
+  timeout. The kernel releases the lock when the holder dies, however it dies.
 
 Every trainer process also carries ``CAMPAIGN_RUN_ID`` in its environment: the stale-run reaper
 (``assets/run_recovery.py``) finds a dead run's leftover processes by it.
@@ -84,15 +88,22 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
+def lock_name(rank: int) -> str:
+    """The lock file of global rank ``rank`` inside an output directory."""
+    return LOCK_NAME if rank == 0 else f"trainer.rank-{rank}.lock"
+
+
 class OutputDirLocked(RuntimeError):
     """Another live trainer holds the output directory."""
 
 
 class OutputDirLock:
-    """Exclusive ``flock`` on ``<output_dir>/trainer.lock`` for as long as this object is open."""
+    """Exclusive ``flock`` on global rank ``rank``'s lock file of ``output_dir`` for as long as this object is open
+    (the ranks of one job hold one file each; the same rank of another job on the directory is refused)."""
 
-    def __init__(self, output_dir: str | Path):
-        self.path = Path(output_dir) / LOCK_NAME
+    def __init__(self, output_dir: str | Path, rank: int = 0):
+        self.path = Path(output_dir) / lock_name(rank)
+        self.rank = rank
         self._fd: int | None = None
 
     def acquire(self) -> OutputDirLock:
@@ -110,11 +121,12 @@ class OutputDirLock:
             except (ValueError, AttributeError):
                 who = holder or "an unknown process"
             raise OutputDirLocked(
-                f"output directory {self.path.parent} is being written by another trainer: {who} holds {self.path}. "
+                f"output directory {self.path.parent} is being written by another trainer: {who} holds {self.path} "
+                f"(rank {self.rank}). "
                 "Two trainers must not write one output directory: wait for it to finish, or stop that process "
                 "(`campaign run` reaps the trainers of a dead run) and launch again") from None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "run_id": os.environ.get(RUN_ID_ENV),
-                "start": time.time()}
+                "rank": self.rank, "start": time.time()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd

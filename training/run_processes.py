@@ -1,4 +1,5 @@
-"""Which processes a run owns, and whether this process can judge them (no dagster, no torch).
+"""The processes of a run: how a process is named across hosts and PID namespaces, whether this process can
+judge it, and finding and killing what a run left running (no dagster, no torch).
 
 A process id means something only inside one PID namespace of one running kernel: containers that
 share a host name (or a host) do not share their process ids. So a process is named by
@@ -11,7 +12,7 @@ share a host name (or a host) do not share their process ids. So a process is na
 Only a process with the same boot id and PID namespace may look a pid up (:func:`can_judge`).
 
 The trainers a run started are recorded as process groups (pgid + the leader's start time) and
-carry the run id in their environment (``CAMPAIGN_RUN_ID``, ``training.ownership``): torchrun starts
+carry the run id in their environment (``CAMPAIGN_RUN_ID``, ``training.trainer_guards``): torchrun starts
 its workers in their own sessions, and a worker whose torchrun died is found by the run id alone.
 """
 
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from training.ownership import RUN_ID_ENV
+from training.trainer_guards import RUN_ID_ENV
 
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 PID_NS_FILE = Path("/proc/self/ns/pid")

@@ -1,6 +1,7 @@
 """Deterministic data for the SmolLM2-135M-Instruct campaign (campaigns/smollm2.yaml).
 
-Writes, next to this file:
+Writes, into campaigns/data/smollm2/ (this script lives in scripts/ because it imports the library, which the
+bottom package `campaigns` may not):
   train-plural.jsonl    "Plural of <noun>?" prompts for the teacher (regular "+s" nouns, split by noun, seed 0)
   suite-plural.jsonl    120 held-out nouns: the task suite (exact match)
   train-general.jsonl   general questions asked to the teacher *bare* (teacher.context_categories: only
@@ -18,7 +19,7 @@ object, ...; sha256 of the key), so no suite entity appears in replay or in the 
 Only suite-general.jsonl needs the model (its outputs are cached in --cache, so a rerun is instant and
 byte-identical):
 
-    .venv/bin/python campaigns/data/smollm2/make_data.py [--cache DIR] [--threads 1]
+    .venv/bin/python scripts/make_smollm2_data.py [--cache DIR] [--threads 1]
 """
 import argparse, json, os, random, re, string, hashlib
 
@@ -286,7 +287,8 @@ VARIANTS = [("bare", "{q}"), ("question", "Question: {q}"), ("brief", "{q} Answe
             ("please", "Please tell me: {q}")]
 MAX_NEW = 32
 N_SUITE, N_REPLAY = 150, 200
-HERE = os.path.dirname(os.path.abspath(__file__))
+# a script of the repository, not of an installed package: it writes the shipped data of campaigns/smollm2.yaml
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "campaigns", "data", "smollm2")
 
 
 def base_generate(threads):
