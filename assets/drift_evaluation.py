@@ -112,8 +112,6 @@ def select_items(storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | 
 
 
 def build(spec: CampaignSpec):
-    ev, d = spec.evaluation, spec.data
-
     @asset(key=drift_key(spec), group_name=spec.name, kinds={"pytorch", "parquet"}, deps=[key(spec, "promoted_model")],
            description="The promoted adapter re-scored, through the campaign's evaluation backend and inside its "
                        "budget, on held-out items of prompts it never saw (topped up to the gate's min_items with its "
