@@ -109,8 +109,8 @@ def run_sweep(context, spec: CampaignSpec, sd, k: str, base, dataset: dict, stor
 
     sw, workdir = spec.sweep, sd.ensure()
     ledger = pricing.ledger_at(sd.root)
+    rungs = rung_runner(context, spec, k, base, dataset, storage, launcher, pricing, sd.root)  # the plan first
     step_key = context.get_step_execution_context().step.key
-    rungs = rung_runner(context, spec, k, base, dataset, storage, launcher, pricing, sd.root)
 
     def spent_usd() -> float:
         return ledger.stage_spent(spec.name, STAGE, k)
