@@ -68,9 +68,8 @@ def planned_rate(context, spec: CampaignSpec, pricing: PricingResource, root) ->
     and nothing caps the sweep (a capped sweep never prices a rung at $0: it fails, naming the planner's error)."""
     capped = spec.sweep.budget_usd is not None or spec.cost.budget_usd is not None
     try:
-        plan = pricing.plan(spec, root)["stages"]["student_adapter"]
-        startup = float(plan.get("startup_s", 0.0))
-        return startup, max(0.0, plan["seconds"] - startup) / plan["steps"]
+        est = pricing.plan(spec, root).stages["student_adapter"]
+        return est.startup_s, max(0.0, est.seconds - est.startup_s) / est.steps
     except Exception as e:  # noqa: BLE001 - whatever the planner raised, it is named in the error
         if capped:  # never price a rung at $0 under a cap: say what failed and stop
             raise Failure(f"sweep: the planner could not estimate a rung of {spec.name}'s sweep ({e}); a "
