@@ -110,7 +110,6 @@ def test_the_plan_of_an_on_policy_campaign(demo_models):
     student's sampling time and the teacher's prefill tokens, priced at the API's input price (an API teacher)
     or as training-host time (in process)."""
     from resources.pricing import PricingResource
-    from campaign_orchestrator.costs.memory import ModelShape
     from campaign_orchestrator.costs.plan.render import render_plan
     from campaign_orchestrator.costs.plan.stages import plan_on_policy
 
