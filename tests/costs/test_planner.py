@@ -215,3 +215,29 @@ def test_a_teacher_over_the_base_weights_is_planned_only_for_its_context_items()
     qlora = spec.model_copy(update={"student": spec.student.model_copy(update={
         "quantization": spec.student.quantization.model_copy(update={"load_in_4bit": True})})})
     assert not teacher_answers_as_base(qlora)  # a 4-bit base answers under its own key
+
+
+def test_the_plan_is_typed_and_its_json_is_the_same_plan(artifact_root, capsys):
+    """`campaign plan --json` prints the Plan dataclass as JSON: every stage's estimate with its own fields, the
+    data facts by name (no string-keyed facts to misspell)."""
+    import json
+
+    from campaign_app.cli import main
+    from campaign_orchestrator.costs.plan.facts import DataFacts
+    from campaign_orchestrator.costs.plan.stages import EvaluationEstimate, TeacherEstimate, TrainingEstimate
+    from campaigns.loader import load_campaign_file
+    from campaigns.paths import shipped_campaigns_dir
+    from resources.pricing import PricingResource
+
+    plan = PricingResource().plan(load_campaign_file(shipped_campaigns_dir() / "demo.yaml"), artifact_root)
+    assert isinstance(plan.data, DataFacts) and plan.data.train_prompts > 0
+    st = plan.stages
+    assert [type(st[k]) for k in ("teacher_generations", "student_adapter", "evaluation")] == [
+        TeacherEstimate, TrainingEstimate, EvaluationEstimate]
+    assert st["evaluation"].models == ["candidate", "base", "teacher"] and plan.total_usd == pytest.approx(
+        sum(plan.stage_usd(k) for k in st))
+    assert main(["plan", "demo", "--artifacts", str(artifact_root), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["stages"]["student_adapter"]["steps"] == st["student_adapter"].steps
+    assert doc["data"]["train_prompts"] == plan.data.train_prompts and doc["total_usd"] == pytest.approx(plan.total_usd)
+    assert doc["campaign_spent_usd"] == 0.0
