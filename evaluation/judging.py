@@ -136,7 +136,8 @@ def ray_manifest(dtypes: dict, spend: dict | None) -> dict:
     """``ray_shards``: shards done/total of each model's answers on Ray (none with engine local)."""
     if "_ray" not in dtypes and not (spend and spend.get("ray")):
         return {}
-    teacher = {f"teacher@{i}": f"{r['shards_done']}/{r['shards_total']}" for i, r in enumerate((spend or {}).get("ray", []))}
+    teacher = {f"teacher@{i}": f"{r['shards_done']}/{r['shards_total']}"
+               for i, r in enumerate((spend or {}).get("ray", []))}
     return {"ray_shards": dtypes.get("_ray", {}) | teacher}
 
 

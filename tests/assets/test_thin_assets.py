@@ -36,5 +36,6 @@ def test_no_function_in_the_assets_package_is_over_the_limit():
 
 def test_the_measure_counts_a_nested_asset_in_its_factory(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text('def build():\n    """Doc."""\n    x = 1\n\n    def inner():\n        return x\n\n    return inner\n')
+    src.write_text('def build():\n    """Doc."""\n    x = 1\n\n    def inner():\n        return x\n\n'
+                   '    return inner\n')
     assert function_lengths(src) == {"m.py:1 build": 6, "m.py:5 inner": 1}

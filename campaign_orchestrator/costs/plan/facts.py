@@ -63,7 +63,8 @@ def template_overhead(model_dir: Path | None, prompt: str, context: list[dict] |
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     try:
-        rendered = render_prompt_ids(tok, [*(context or []), {"role": "user", "content": prompt}] if context else prompt)
+        messages = [*(context or []), {"role": "user", "content": prompt}]
+        rendered = render_prompt_ids(tok, messages if context else prompt)
     except FormatError:
         return 0.0
     return float(len(rendered) - len(tokenize_texts(tok, [prompt])[0]))

@@ -63,8 +63,10 @@ def _memory_lines(m: dict) -> list[str]:
     lines.append(f"  {'total (activation checkpointing)':34s} {_gb(m['total_checkpointed_gb'])}")
     if "device" in m:
         verdict = "fits" if m["fits"] else "does NOT fit"
-        lines.append(f"  device {m['device']}: {m['device_memory_gb']:g} GB, {m['usable_gb']:.1f} GB usable → {verdict}"
-                     + ("" if m["fits"] or not m["fits_with_checkpointing"] else " (fits with activation checkpointing)"))
+        if not m["fits"] and m["fits_with_checkpointing"]:
+            verdict += " (fits with activation checkpointing)"
+        lines.append(f"  device {m['device']}: {m['device_memory_gb']:g} GB, {m['usable_gb']:.1f} GB usable "
+                     f"→ {verdict}")
     z = m["zero_full_finetune_gb"]
     return lines + ["", f"full fine-tuning model states per device, for comparison (Ψ = {m['params']:,}, "
                         f"N = {m['world_size']}):",

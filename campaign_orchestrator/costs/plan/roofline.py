@@ -58,7 +58,8 @@ def generation_seconds(params: int, weight_bytes: float, prompts: int, prompt_to
     compute = flops / (peak_flops(entry, dtype) * mfu)
     decode_steps = batches * decoded
     memory = decode_steps * weight_bytes / (perf(entry, "memory_bandwidth_gbps") * 1e9)
-    return max(compute, memory) + decode_steps * perf(entry, "decode_step_overhead_s") + perf(entry, "generate_startup_s")
+    return (max(compute, memory) + decode_steps * perf(entry, "decode_step_overhead_s")
+            + perf(entry, "generate_startup_s"))
 
 
 def decode_length(backend: str, temperature: float, max_new_tokens: int) -> int | None:

@@ -11,7 +11,13 @@ from dataclasses import asdict, dataclass, field, replace
 from campaign_orchestrator.costs.catalog import Catalog, PriceEntry
 from campaign_orchestrator.costs.memory import DTYPE_BYTES, ModelShape, PlanError
 from campaign_orchestrator.costs.plan.facts import DataFacts
-from campaign_orchestrator.costs.plan.roofline import compute_dtype_on, decode_length, generation_seconds, hours_usd, perf
+from campaign_orchestrator.costs.plan.roofline import (
+    compute_dtype_on,
+    decode_length,
+    generation_seconds,
+    hours_usd,
+    perf,
+)
 from campaigns.spec import CampaignSpec
 
 

@@ -202,7 +202,8 @@ def plan_evaluation(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teac
         p_tok += facts.template_tokens_teacher - facts.template_tokens_student
         scoring.append(teacher_estimate(spec, catalog, teacher, n_items, p_tok,
                                         suite.max_new_tokens * pl.completion_fill, t.batch_size,
-                                        facts.shared_prefix_tokens, decode_length(t.backend, 0.0, suite.max_new_tokens)))
+                                        facts.shared_prefix_tokens,
+                                        decode_length(t.backend, 0.0, suite.max_new_tokens)))
     teacher_usd = None if any(x.usd is None for x in scoring) else sum(x.usd for x in scoring)
     est.models = [*roles, "teacher"]
     est.teacher_price_key, est.teacher_usd = scoring[0].price_key, teacher_usd
@@ -212,7 +213,8 @@ def plan_evaluation(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teac
     if teacher_usd is None:
         est.unknown = scoring[0].unknown
     if as_base:
-        est.teacher_items_from_base = sum(facts.suites[x.name][0] for x in ev.suites) - sum(x.requests for x in scoring)
+        est.teacher_items_from_base = (sum(facts.suites[x.name][0] for x in ev.suites)
+                                       - sum(x.requests for x in scoring))
     return est
 
 
