@@ -26,7 +26,7 @@ DECONTAMINATION_CHECK = "decontamination"
 
 
 def build(spec: CampaignSpec):
-    f, dc = spec.data.filters, spec.data.decontamination
+    dc = spec.data.decontamination
 
     @asset(key=key(spec, "distillation_set"), group_name=spec.name, kinds={"python", "parquet"},
            ins={"generations": AssetIn(key(spec, "teacher_generations")), "prompts": AssetIn(key(spec, "prompts"))},
@@ -37,53 +37,69 @@ def build(spec: CampaignSpec):
                        "format, scorer, duplicates), each rule counted, and checked against every gate suite's "
                        "documents (n-gram decontamination).")
     def distillation_set(context: AssetExecutionContext, generations: dict, prompts: dict, storage: ArtifactStore):
-        from campaign_orchestrator.dataset.filtering import RULES, FilterRules, filter_generations
-        from campaign_orchestrator.teacher.rows import read_generations
-        from evaluation.scorers import get_scorer
-
-        gate_docs = None
-        if dc.action != "off":
-            from assets.harness import gate_documents_identity
-
-            gate_docs = gate_documents_identity(spec, storage, prompts["heldout_sha256"])
-        k = stage_key("distill/v2", generations["key"], f.model_dump(), prompts["train_sha256"] if f.scorer else None,
-                      *([dc.model_dump(), gate_docs] if gate_docs is not None else []))
-        sd = storage.stage(spec.name, "distillation_set", k)
-        cached = sd.is_complete()
-        if not cached:
-            t0 = time.perf_counter()
-            rows = read_generations(generations["generations_path"])
-            refs = None
-            if f.scorer:
-                from campaign_orchestrator.dataset.prompts import read_prompt_table
-
-                refs = {r["id"]: r["reference"] for r in read_prompt_table(prompts["train_path"])}
-            score_fn = get_scorer(f.scorer) if f.scorer else None
-            kept, counts = filter_generations(rows, FilterRules(**f.model_dump()), refs, score_fn=score_fn)
-            kept, contamination = _decontaminate(spec, kept, prompts, storage, sd, context)
-            table = pa.Table.from_pylist(
-                [{"id": f"{r['id']}#{r['sample_index']}" if r["sample_index"] else r["id"], "prompt": r["prompt"],
-                  "completion": r["completion"], "completion_token_ids": r.get("completion_token_ids"),
-                  "top_logprobs": r.get("top_logprobs")} for r in kept], schema=distill_schema())
-            path = sd.ensure() / "distillation.parquet"
-            pq.write_table(table, path)
-            sd.commit({"distillation_path": str(path), "rows": len(kept), "filter_counts": counts,
-                       "decontamination": contamination, "wall_seconds": time.perf_counter() - t0, "cost_lines": []})
-        m = sd.manifest()
-        c = m["filter_counts"]
-        md = base_metadata(m, cached) | {"rows": m["rows"], "input_rows": c["input"],
-                                         "kept_fraction": m["rows"] / max(1, c["input"]),
-                                         "filter_counts": MetadataValue.json(c)}
-        md |= {f"dropped_{name}": c.get(name, 0) for name in RULES}
-        dec = m.get("decontamination")
-        if dec is not None:
-            md |= {"contaminated_rows": dec["contaminated_rows"], "decontamination": MetadataValue.json(dec)}
-            if dec["action"] == "drop":
-                md["dropped_contaminated"] = dec["contaminated_rows"]
-        yield Output(m, metadata=md)
-        yield decontamination_check(dec)
+        m, cached = materialize(context, spec, generations, prompts, storage)
+        yield Output(m, metadata=distillation_metadata(m, cached))
+        yield decontamination_check(m.get("decontamination"))
 
     return distillation_set
+
+
+def materialize(context, spec: CampaignSpec, generations: dict, prompts: dict,
+                storage: ArtifactStore) -> tuple[dict, bool]:
+    """The teacher's generations filtered by the campaign's rules and decontaminated against the gate suites,
+    unless the stage's content key is complete: ``(manifest, cached)``."""
+    from campaign_orchestrator.dataset.filtering import FilterRules, filter_generations
+    from campaign_orchestrator.teacher.rows import read_generations
+    from evaluation.scorers import get_scorer
+
+    f, dc = spec.data.filters, spec.data.decontamination
+
+    gate_docs = None
+    if dc.action != "off":
+        from assets.harness import gate_documents_identity
+
+        gate_docs = gate_documents_identity(spec, storage, prompts["heldout_sha256"])
+    k = stage_key("distill/v2", generations["key"], f.model_dump(), prompts["train_sha256"] if f.scorer else None,
+                  *([dc.model_dump(), gate_docs] if gate_docs is not None else []))
+    sd = storage.stage(spec.name, "distillation_set", k)
+    cached = sd.is_complete()
+    if not cached:
+        t0 = time.perf_counter()
+        rows = read_generations(generations["generations_path"])
+        refs = None
+        if f.scorer:
+            from campaign_orchestrator.dataset.prompts import read_prompt_table
+
+            refs = {r["id"]: r["reference"] for r in read_prompt_table(prompts["train_path"])}
+        score_fn = get_scorer(f.scorer) if f.scorer else None
+        kept, counts = filter_generations(rows, FilterRules(**f.model_dump()), refs, score_fn=score_fn)
+        kept, contamination = _decontaminate(spec, kept, prompts, storage, sd, context)
+        table = pa.Table.from_pylist(
+            [{"id": f"{r['id']}#{r['sample_index']}" if r["sample_index"] else r["id"], "prompt": r["prompt"],
+              "completion": r["completion"], "completion_token_ids": r.get("completion_token_ids"),
+              "top_logprobs": r.get("top_logprobs")} for r in kept], schema=distill_schema())
+        path = sd.ensure() / "distillation.parquet"
+        pq.write_table(table, path)
+        sd.commit({"distillation_path": str(path), "rows": len(kept), "filter_counts": counts,
+                   "decontamination": contamination, "wall_seconds": time.perf_counter() - t0, "cost_lines": []})
+    return sd.manifest(), cached
+
+
+def distillation_metadata(m: dict, cached: bool) -> dict:
+    """The distillation set's manifest as Dagster metadata: rows kept, each filter rule's drops, contamination."""
+    from campaign_orchestrator.dataset.filtering import RULES
+
+    c = m["filter_counts"]
+    md = base_metadata(m, cached) | {"rows": m["rows"], "input_rows": c["input"],
+                                     "kept_fraction": m["rows"] / max(1, c["input"]),
+                                     "filter_counts": MetadataValue.json(c)}
+    md |= {f"dropped_{name}": c.get(name, 0) for name in RULES}
+    dec = m.get("decontamination")
+    if dec is not None:
+        md |= {"contaminated_rows": dec["contaminated_rows"], "decontamination": MetadataValue.json(dec)}
+        if dec["action"] == "drop":
+            md["dropped_contaminated"] = dec["contaminated_rows"]
+    return md
 
 
 def _decontaminate(spec: CampaignSpec, kept: list[dict], prompts: dict, storage: ArtifactStore, sd, context):

@@ -112,8 +112,6 @@ def select_items(storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | 
 
 
 def build(spec: CampaignSpec):
-    ev, d = spec.evaluation, spec.data
-
     @asset(key=drift_key(spec), group_name=spec.name, kinds={"pytorch", "parquet"}, deps=[key(spec, "promoted_model")],
            description="The promoted adapter re-scored, through the campaign's evaluation backend and inside its "
                        "budget, on held-out items of prompts it never saw (topped up to the gate's min_items with its "
@@ -121,79 +119,111 @@ def build(spec: CampaignSpec):
                        "excludes every drop within the allowed one, or its fresh score is surely below the floor.")
     def drift_evaluation(context: AssetExecutionContext, storage: ArtifactStore,
                          pricing: PricingResource) -> MaterializeResult:
-        from evaluation.drift import DriftError, current_promoted, decide, score_promoted
-        from campaign_orchestrator.triggers.sources import prompt_files
-        from campaign_orchestrator.dataset import prompts as P
-        from evaluation.suite import load_items, write_item_rows
-        from campaign_orchestrator.content import value_sha256
-
-        try:
-            promoted = current_promoted(storage.campaign_dir(spec.name))
-        except DriftError as e:
-            raise Failure(str(e)) from None
-        if promoted is None:
-            raise Failure(f"campaign {spec.name} has no promoted model yet (no "
-                          f"{storage.campaign_dir(spec.name) / 'promoted_model' / 'CURRENT'}); run the campaign first")
-        files = prompt_files(d.source, spec.project_dir, source_cache_dir(storage, spec))
-        rows = P.read_prompts(files, P.SourceFields(d.id_field, d.prompt_field, d.reference_field, d.category_field))
-        held, selection = select_items(storage, spec, promoted.record.get("promoted_at"), files, rows)
-        context.log.info(f"drift items: {selection['summary']}")
-        from evaluation.scorers import build_scorer
-
-        item_suites = [s for s in ev.suites if s.kind == "items"]  # lm_eval suites are fixed documents: no drift
-        scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir)
-                   for s in item_suites}
-        suites = [{"name": s.name, "items": load_items(s.source, held, spec.project_dir, scorers[s.name]),
-                   "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in item_suites]
-        floor, drop, conf = ev.gate.min_score, max_drop(spec), ev.statistics.confidence
-        served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.backend == "openai" else None
-        k = stage_key("drift/v2", promoted.key, value_sha256([s["items"] for s in suites]),
-                      [s.model_dump(exclude={"kind", "lm_eval"}) for s in item_suites], floor, drop, conf,
-                      ev.gate.min_items, selection, served)
-        sd = storage.stage(spec.name, STAGE, k)
-        cached = sd.is_complete()
-        if not cached:
-            from types import SimpleNamespace
-
-            # priced and inside the campaign's budget, like evaluation (stopped between suites when it would pass)
-            device = _local_device(spec)  # None: an endpoint, billed nowhere here (as in evaluation)
-            guard = pricing.guard(context, spec, sd, device=device)
-            t0 = time.perf_counter()
-            generate = _promoted_model(spec, storage, promoted, context)
-            scores, item_rows = score_promoted(generate, [SimpleNamespace(**s) for s in suites], log=context.log.info,
-                                               progress=guard.watch())
-            report = decide(scores, _promotion_scores(promoted, item_suites), floor, drop, ev.gate.min_items, conf)
-            out = sd.ensure()
-            write_item_rows(item_rows, out / "items.parquet")
-            (out / "drift.json").write_text(json.dumps(report.as_dict() | {"item_selection": selection}, indent=2))
-            wall = time.perf_counter() - t0
-            bill = pricing.bill(spec, STAGE, {"seconds": wall, "device": device}) if device else None
-            lines, note = (bill["lines"], bill["billing_note"]) if bill else ([], None)
-            sd.commit({"promoted_key": promoted.key, "report": report.as_dict(), "heldout_items": len(held),
-                       "item_selection": selection, "source_files": [f.name for f in files],
-                       "backend": ev.backend, "wall_seconds": wall, "cost_lines": lines,
-                       **({"billing_note": note} if note else {})})
-            _record_cost(pricing, storage, spec, context, sd.manifest())
-        m = sd.manifest()
+        promoted = _current_promoted(spec, storage)
+        m, cached = materialize(context, spec, storage, pricing, promoted)
         r = m["report"]
-        md = {"verdict": r["verdict"], "drifted": r["verdict"] == "DRIFTED", "summary": r["summary"],
-              "reasons": MetadataValue.md("\n".join(f"- {x}" for x in r["reasons"]) or "- none"),
-              "promoted_key": m["promoted_key"], "drift_key": m["key"], "heldout_items": m["heldout_items"],
-              "fresh_items": m["item_selection"]["fresh_items"], "earlier_items": m["item_selection"]["earlier_items"],
-              "item_selection": MetadataValue.json(m["item_selection"]),
-              "floor": floor, "max_drop": drop, "confidence": conf, "cached": cached, "backend": m["backend"],
-              "cost_usd": float(sum(x["usd"] for x in m["cost_lines"])),
-              "path": MetadataValue.path(m["path"])}
-        for s in r["suites"]:
-            md[f"{s['suite']}_fresh_score"] = s["score"] if s["score"] is not None else float("nan")
-            if s["promoted_score"] is not None:
-                md[f"{s['suite']}_promoted_score"] = s["promoted_score"]
-            if s.get("delta_lo") is not None:
-                md[f"{s['suite']}_change_lo"], md[f"{s['suite']}_change_hi"] = s["delta_lo"], s["delta_hi"]
         context.log.info(f"drift verdict {r['verdict']}: {r['summary']}")
-        return MaterializeResult(metadata=md)
+        return MaterializeResult(metadata=drift_metadata(spec, m, cached))
 
     return drift_evaluation
+
+
+def _current_promoted(spec: CampaignSpec, storage: ArtifactStore):
+    """The campaign's promoted model (``evaluation.drift.Promoted``); a Failure naming what is missing without one."""
+    from evaluation.drift import DriftError, current_promoted
+
+    try:
+        promoted = current_promoted(storage.campaign_dir(spec.name))
+    except DriftError as e:
+        raise Failure(str(e)) from None
+    if promoted is None:
+        raise Failure(f"campaign {spec.name} has no promoted model yet (no "
+                      f"{storage.campaign_dir(spec.name) / 'promoted_model' / 'CURRENT'}); run the campaign first")
+    return promoted
+
+
+def _drift_suites(context, spec: CampaignSpec, storage: ArtifactStore, promoted) -> tuple:
+    """The fresh held-out items and the item suites they are scored by:
+    ``(prompt files, held-out rows, item selection record, the spec's item suites, suites to score)``."""
+    from campaign_orchestrator.dataset import prompts as P
+    from campaign_orchestrator.triggers.sources import prompt_files
+    from evaluation.scorers import build_scorer
+    from evaluation.suite import load_items
+
+    ev, d = spec.evaluation, spec.data
+    files = prompt_files(d.source, spec.project_dir, source_cache_dir(storage, spec))
+    rows = P.read_prompts(files, P.SourceFields(d.id_field, d.prompt_field, d.reference_field, d.category_field))
+    held, selection = select_items(storage, spec, promoted.record.get("promoted_at"), files, rows)
+    context.log.info(f"drift items: {selection['summary']}")
+    item_suites = [s for s in ev.suites if s.kind == "items"]  # lm_eval suites are fixed documents: no drift
+    scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir)
+               for s in item_suites}
+    suites = [{"name": s.name, "items": load_items(s.source, held, spec.project_dir, scorers[s.name]),
+               "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in item_suites]
+    return files, held, selection, item_suites, suites
+
+
+def materialize(context, spec: CampaignSpec, storage: ArtifactStore, pricing: PricingResource,
+                promoted) -> tuple[dict, bool]:
+    """The promoted model scored on fresh held-out items and the drift verdict, unless the stage's content key
+    (promoted model, items, suites, thresholds, selection, endpoint) is complete: ``(manifest, cached)``."""
+    from campaign_orchestrator.content import value_sha256
+    from evaluation.drift import decide, score_promoted
+    from evaluation.suite import write_item_rows
+
+    ev = spec.evaluation
+    files, held, selection, item_suites, suites = _drift_suites(context, spec, storage, promoted)
+    floor, drop, conf = ev.gate.min_score, max_drop(spec), ev.statistics.confidence
+    served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.backend == "openai" else None
+    k = stage_key("drift/v2", promoted.key, value_sha256([s["items"] for s in suites]),
+                  [s.model_dump(exclude={"kind", "lm_eval"}) for s in item_suites], floor, drop, conf,
+                  ev.gate.min_items, selection, served)
+    sd = storage.stage(spec.name, STAGE, k)
+    cached = sd.is_complete()
+    if not cached:
+        from types import SimpleNamespace
+
+        # priced and inside the campaign's budget, like evaluation (stopped between suites when it would pass)
+        device = _local_device(spec)  # None: an endpoint, billed nowhere here (as in evaluation)
+        guard = pricing.guard(context, spec, sd, device=device)
+        t0 = time.perf_counter()
+        generate = _promoted_model(spec, storage, promoted, context)
+        scores, item_rows = score_promoted(generate, [SimpleNamespace(**s) for s in suites], log=context.log.info,
+                                           progress=guard.watch())
+        report = decide(scores, _promotion_scores(promoted, item_suites), floor, drop, ev.gate.min_items, conf)
+        out = sd.ensure()
+        write_item_rows(item_rows, out / "items.parquet")
+        (out / "drift.json").write_text(json.dumps(report.as_dict() | {"item_selection": selection}, indent=2))
+        wall = time.perf_counter() - t0
+        bill = pricing.bill(spec, STAGE, {"seconds": wall, "device": device}) if device else None
+        lines, note = (bill["lines"], bill["billing_note"]) if bill else ([], None)
+        sd.commit({"promoted_key": promoted.key, "report": report.as_dict(), "heldout_items": len(held),
+                   "item_selection": selection, "source_files": [f.name for f in files],
+                   "backend": ev.backend, "wall_seconds": wall, "cost_lines": lines,
+                   **({"billing_note": note} if note else {})})
+        _record_cost(pricing, storage, spec, context, sd.manifest())
+    return sd.manifest(), cached
+
+
+def drift_metadata(spec: CampaignSpec, m: dict, cached: bool) -> dict:
+    """The drift stage's manifest as Dagster metadata: the verdict, its reasons, the scores per suite."""
+    ev, r = spec.evaluation, m["report"]
+    md = {"verdict": r["verdict"], "drifted": r["verdict"] == "DRIFTED", "summary": r["summary"],
+          "reasons": MetadataValue.md("\n".join(f"- {x}" for x in r["reasons"]) or "- none"),
+          "promoted_key": m["promoted_key"], "drift_key": m["key"], "heldout_items": m["heldout_items"],
+          "fresh_items": m["item_selection"]["fresh_items"], "earlier_items": m["item_selection"]["earlier_items"],
+          "item_selection": MetadataValue.json(m["item_selection"]),
+          "floor": ev.gate.min_score, "max_drop": max_drop(spec), "confidence": ev.statistics.confidence,
+          "cached": cached, "backend": m["backend"],
+          "cost_usd": float(sum(x["usd"] for x in m["cost_lines"])),
+          "path": MetadataValue.path(m["path"])}
+    for s in r["suites"]:
+        md[f"{s['suite']}_fresh_score"] = s["score"] if s["score"] is not None else float("nan")
+        if s["promoted_score"] is not None:
+            md[f"{s['suite']}_promoted_score"] = s["promoted_score"]
+        if s.get("delta_lo") is not None:
+            md[f"{s['suite']}_change_lo"], md[f"{s['suite']}_change_hi"] = s["delta_lo"], s["delta_hi"]
+    return md
 
 
 def _promotion_scores(promoted, suites) -> dict[str, list[float] | None]:

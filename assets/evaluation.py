@@ -27,25 +27,12 @@ from assets.harness import harness_identity, harness_models, harness_suites, is_
 from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
 from resources.k8s.kuberay_launcher import KubeRayJobLauncher
-from resources.pricing import BudgetStop, PricingResource, student_teacher_ratio
+from evaluation.judging import approve_hint, review_line, tally  # noqa: F401 - approve_hint, review_line: re-exported
+from resources.pricing import BudgetStop, PricingResource
 from resources.storage import ArtifactStore
 from resources.teacher import TeacherResource
 
 GATE_CHECK = "gate"
-
-
-def approve_hint(campaign: str, candidate_key: str) -> str:
-    return (f"`campaign approve {campaign} --candidate {candidate_key} --by <you>`, or launch job "
-            f"`{campaign}_approve` from the Launchpad with `candidate_key: {candidate_key}`")
-
-
-def review_line(spec: CampaignSpec, verdict: str, candidate_key: str) -> str | None:
-    if not spec.evaluation.requires_human_review:
-        return None
-    if verdict != "GO":
-        return "**Human review required**, but the gate did not pass: there is nothing to approve."
-    return (f"**Human review required.** Promotion waits for an approval of this exact candidate: "
-            f"{approve_hint(spec.name, candidate_key)}.")
 
 
 def gate_check_result(report: dict, evaluation_key: str | None = None) -> AssetCheckResult:
@@ -129,7 +116,7 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
         st = res.stats
         log(f"teacher on {len(prompts)} held-out prompts: {st.cache_hits} from the generation cache, {st.generated} "
             f"generated")
-        _tally(spend, "answers", st)
+        tally(spend, "answers", st)
         lines = [] if not st.generated else ray_lines if spec.execution.engine == "ray" else pricing.bill(
             spec, "teacher_scoring", teacher_usage(st))["lines"]  # cache hits cost nothing
         if lines is None:
@@ -144,8 +131,7 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
 def build(spec: CampaignSpec):
     ev, s, t = spec.evaluation, spec.student, spec.teacher
     local = ev.backend == "local"
-    eval_teacher = ev.score_teacher
-    refs = ([s.base_model] if local else []) + ([t.model] if eval_teacher and not t.api else [])
+    refs = ([s.base_model] if local else []) + ([t.model] if ev.score_teacher and not t.api else [])
     where = "locally (transformers + PEFT)" if local else f"through the endpoint {ev.endpoint.base_url}"
 
     @asset(key=key(spec, "evaluation"), group_name=spec.name, kinds={"pytorch", "parquet"},
@@ -158,137 +144,23 @@ def build(spec: CampaignSpec):
                        "the blocking `gate` check decides promotion.")
     def evaluation(context: AssetExecutionContext, prompts: dict, adapter: dict, storage: ArtifactStore,
                    pricing: PricingResource, teacher: TeacherResource, kuberay: KubeRayJobLauncher):
-        from evaluation.gate import GatePolicy, StatsPolicy, combine
-        from evaluation.report import build_report
-        from evaluation.runner import BASE, CANDIDATE, SuiteGate, SuiteRun, answer_suites, judge, scores
+        from evaluation.judging import judge_stage, judging_key
         from evaluation.scorers import build_scorer
-        from evaluation.suite import load_items, read_item_results, write_item_rows
 
         scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir)
                    for x in ev.suites if not is_harness(x)}
         harness = harness_suites(spec, storage)  # lm_eval suites: their task directories, content-addressed
         base = storage.resolve_model(s.base_model, spec.project_dir) if local else None
-        teacher_id = None
-        if eval_teacher:  # the teacher as its generations know it (backend + weights or endpoint), and how it is asked
-            from assets.teacher_generations import teacher_model_path
-            from campaign_orchestrator.teacher.backends import spec_identity
-
-            tpath = teacher_model_path(storage, spec)
-            teacher_id = [spec_identity(t, tpath, model_identity(tpath, t.revision) if tpath else None), t.chat]
-        served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.endpoint and not local else None
-        items_key = stage_key("evaluation-items/v4", adapter["key"], prompts["heldout_sha256"],
-                              model_identity(base, s.revision) if base else None, teacher_id,
-                              [[m.model_dump() for m in t.context], t.context_categories] if eval_teacher else None,
-                              local_quantization_key(s.quantization) if local else None, served,
-                              [_suite_identity(spec, x, harness) for x in ev.suites])
+        items_key = answers_key(spec, storage, prompts, adapter, base, harness)
         isd = storage.stage(spec.name, "evaluation_items", items_key)
         cached = isd.is_complete()
         if not cached:
-            from campaign_orchestrator.dataset.prompts import read_prompt_table
-
-            # refuses to start when the planner's estimate exceeds the budget left; checked again from
-            # actual spend after each model's suite
-            # a GPU-priced evaluation without a GPU: refused now (on KubeRay: the Ray workers' device)
-            device = (ray_device(spec) if spec.execution.kuberay is not None else local_device()) if local else None
-            guard = pricing.guard(context, spec, storage.stage(spec.name, "evaluation", items_key), device=device)
-            t0 = time.perf_counter()
-            held = read_prompt_table(prompts["heldout_path"])
-            runs = [SuiteRun(x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name],
-                             x.max_new_tokens) for x in ev.suites if not is_harness(x)]
-            progress = guard.watch()
-            harness_run = _run_harness(spec, harness, adapter, base, isd, context, progress)  # before any other model
-            dtypes: dict[str, str] = {}
-            categories = {it["prompt"]: it["category"] for r in runs for it in r.items}
-            from assets.ray_dispatch import KubeRayLaunch
-
-            launch = KubeRayLaunch(context, kuberay, "evaluation", isd.path / "ray")  # with execution.kuberay
-            models = _models(spec, adapter, base, context, dtypes, storage, launch=launch, budget=guard)
-            spend = None
-            if eval_teacher:
-                ask_teacher, spend = teacher_scorer(spec, storage, teacher, pricing, context.log.info, categories,
-                                                    launch=launch, budget=guard)
-                models["teacher"] = lambda: ask_teacher
-                local_lines = guard.line_fn  # the guard accrues the teacher's spend as well as the time
-                guard.line_fn = lambda seconds, items: local_lines(seconds, items) + spend["lines"]
-            with _generation_engine(spec, context.log.info):  # engine ray: one Ray cluster for every model
-                rows = answer_suites(runs, models, log=context.log.info, progress=progress) if runs else []
-            rows += harness_run.rows if harness_run else []
-            out = isd.ensure()
-            write_item_rows(rows, out / "items.parquet")
-            wall = time.perf_counter() - t0
-            # local models' time on the hardware they ran on; the teacher at its own price (its seconds not twice)
-            local_s = wall - (spend["seconds"] if spend and not t.api else 0.0)
-            bill = pricing.bill(spec, "evaluation", {"seconds": local_s, "device": device, "parts": {
-                "lm_eval": harness_run.wall_seconds} if harness_run else {}}) if local else None
-            lines = (bill["lines"] if bill else []) + (spend["lines"] if spend else [])
-            note = bill and bill["billing_note"]
-            extra = {"billed_hardware": bill["billed_hardware"], **({"billing_note": note} if note else {})} if bill else {}
-            if spend and spend["unknown"]:
-                extra["cost_unknown"] = "unknown: scoring the teacher, whose teacher.price is `unpriced`"
-            isd.commit({"items_path": str(out / "items.parquet"), "items_sha256": file_sha256(out / "items.parquet"),
-                        "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines,
-                        **extra, "compute_dtype": {k: v for k, v in dtypes.items() if not k.startswith("_")},
-                        "answers": _answer_counts(dtypes, spend)}
-                       | _harness_manifest(harness_run, bill) | _ray_manifest(dtypes, spend))
-        im = isd.manifest()
-
-        policies = {x.name: GatePolicy.from_mapping(ev.gate_for(x).model_dump()) for x in ev.suites}
-        st = ev.statistics
-        sp = StatsPolicy(st.interval, st.confidence, st.resamples, st.seed)
-        k = stage_key("evaluation/v3", items_key, {n: repr(p) for n, p in policies.items()},
-                      {x.name: x.tier for x in ev.suites}, st.model_dump(), ev.requires_human_review)
-        sd = storage.stage(spec.name, "evaluation", k)
-        if not sd.is_complete():
-            res = read_item_results(im["items_path"])
-            reports = judge(res, [SuiteGate(x.name, policies[x.name], scorers[x.name].binary if x.name in scorers
-                                            else None, x.tier) for x in ev.suites], sp)
-            pairs = {x.name: (res[CANDIDATE][x.name], res[BASE][x.name]) for x in ev.suites}
-            doc = build_report(reports, pairs, sp, adapter["key"], res.get("teacher"),
-                               review_line(spec, combine(reports), adapter["key"]))
-            doc["scores"] = scores(res)
-            if im.get("lm_eval"):  # the harness's aggregates beside the project's means
-                from evaluation.harness import agreement_markdown
-
-                doc["lm_eval"] = im["lm_eval"]
-                doc["markdown"] += "\n\n" + agreement_markdown(im["lm_eval"])
-            out = sd.ensure()
-            (out / "gate.json").write_text(json.dumps(doc, indent=2))
-            (out / "report.md").write_text(doc["markdown"])
-            sd.commit({"items_path": im["items_path"], "items_key": items_key, "items_sha256": im["items_sha256"],
-                       "gate_path": str(out / "gate.json"), "report_path": str(out / "report.md"),
-                       "verdict": doc["verdict"], "reasons": doc["reasons"], "scores": doc["scores"],
-                       "candidate_key": adapter["key"], "requires_human_review": ev.requires_human_review,
-                       "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"],
-                       **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
-                       "student_teacher_ratio": {x.name: student_teacher_ratio(doc["scores"], x.name)
-                                                 for x in ev.suites},
-                       "compute_dtype": im.get("compute_dtype", {}), "answers": im.get("answers", {}),
-                       **({"ray_shards": im["ray_shards"]} if "ray_shards" in im else {})}
-                      | {k: im[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in im})
-        m = sd.manifest()
+            answer_items(context, spec, isd, items_key, prompts, adapter, base, scorers, harness,
+                         (storage, pricing, teacher, kuberay))
+        m = judge_stage(spec, storage.stage(spec.name, "evaluation", judging_key(spec, items_key)), isd.manifest(),
+                        items_key, {n: sc.binary for n, sc in scorers.items()}, adapter["key"])
         report = json.loads(open(m["gate_path"]).read())
-        md = base_metadata(m, cached) | {
-            "verdict": report["verdict"], "report": MetadataValue.md(report["markdown"]),
-            "items": MetadataValue.path(m["items_path"]), "candidate_key": m["candidate_key"],
-            "statistics": report["method"], "requires_human_review": m["requires_human_review"]}
-        if m.get("compute_dtype"):
-            md["compute_dtype"] = MetadataValue.json(m["compute_dtype"])
-        if m.get("answers"):  # per role: generated in this run, found in the generation cache
-            md["answers"] = MetadataValue.json(m["answers"])
-        if m.get("ray_shards"):  # execution.engine ray: shards done/total per model and answer length
-            md["ray_shards"] = MetadataValue.json(m["ray_shards"])
-        md |= {k: m[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in m}
-        for role, by_suite in m["scores"].items():
-            for suite, score in by_suite.items():
-                if score is not None:
-                    md[f"{suite}_{role}_score"] = score
-        for suite, ratio in (m.get("student_teacher_ratio") or {}).items():
-            if ratio is not None:
-                md[f"{suite}_student_teacher_ratio"] = ratio
-        if m.get("cost_unknown"):
-            md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
-        if m.get("billing_note"):
-            md["billing_note"] = m["billing_note"]
+        md = evaluation_metadata(m, report, cached)
         if spec.tracking.mlflow is not None and not cached:  # the training run's verdict (assets/tracking.py)
             from assets.tracking import set_verdict
 
@@ -298,6 +170,112 @@ def build(spec: CampaignSpec):
         yield gate_check_result(report, m["key"])
 
     return evaluation
+
+
+def answers_key(spec: CampaignSpec, storage: ArtifactStore, prompts: dict, adapter: dict, base, harness: list) -> str:
+    """The answers stage's content key: adapter, held-out items, the base's weights, the teacher as its
+    generations know it (backend + weights or endpoint) and how it is asked, the local quantization or the
+    served endpoint, every suite's identity."""
+    ev, s, t = spec.evaluation, spec.student, spec.teacher
+    local = ev.backend == "local"
+    teacher_id = None
+    if ev.score_teacher:
+        from assets.teacher_generations import teacher_model_path
+        from campaign_orchestrator.teacher.backends import spec_identity
+
+        tpath = teacher_model_path(storage, spec)
+        teacher_id = [spec_identity(t, tpath, model_identity(tpath, t.revision) if tpath else None), t.chat]
+    served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.endpoint and not local else None
+    return stage_key("evaluation-items/v4", adapter["key"], prompts["heldout_sha256"],
+                     model_identity(base, s.revision) if base else None, teacher_id,
+                     [[m.model_dump() for m in t.context], t.context_categories] if ev.score_teacher else None,
+                     local_quantization_key(s.quantization) if local else None, served,
+                     [_suite_identity(spec, x, harness) for x in ev.suites])
+
+
+def answer_items(context: AssetExecutionContext, spec: CampaignSpec, isd, items_key: str, prompts: dict,
+                 adapter: dict, base, scorers: dict, harness: list, resources: tuple) -> None:
+    """Every model answers every item (the harness's suites first), under the stage's budget guard; the answers,
+    their cost and counts committed to ``isd`` (``resources``: storage, pricing, teacher, kuberay)."""
+    from campaign_orchestrator.dataset.prompts import read_prompt_table
+    from evaluation.judging import answers_manifest
+    from evaluation.runner import SuiteRun, answer_suites
+    from evaluation.suite import load_items, write_item_rows
+
+    storage, pricing, teacher, kuberay = resources
+    ev, local = spec.evaluation, spec.evaluation.backend == "local"
+    # refuses to start when the planner's estimate exceeds the budget left; checked again from
+    # actual spend after each model's suite
+    # a GPU-priced evaluation without a GPU: refused now (on KubeRay: the Ray workers' device)
+    device = (ray_device(spec) if spec.execution.kuberay is not None else local_device()) if local else None
+    guard = pricing.guard(context, spec, storage.stage(spec.name, "evaluation", items_key), device=device)
+    t0 = time.perf_counter()
+    held = read_prompt_table(prompts["heldout_path"])
+    runs = [SuiteRun(x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name],
+                     x.max_new_tokens) for x in ev.suites if not is_harness(x)]
+    progress = guard.watch()
+    harness_run = _run_harness(spec, harness, adapter, base, isd, context, progress)  # before any other model
+    dtypes: dict[str, str] = {}
+    models, spend = _answerers(context, spec, isd, adapter, base, runs, dtypes, guard, resources)
+    with _generation_engine(spec, context.log.info):  # engine ray: one Ray cluster for every model
+        rows = answer_suites(runs, models, log=context.log.info, progress=progress) if runs else []
+    rows += harness_run.rows if harness_run else []
+    out = isd.ensure()
+    write_item_rows(rows, out / "items.parquet")
+    wall = time.perf_counter() - t0
+    # local models' time on the hardware they ran on; the teacher at its own price (its seconds not twice)
+    local_s = wall - (spend["seconds"] if spend and not spec.teacher.api else 0.0)
+    bill = pricing.bill(spec, "evaluation", {"seconds": local_s, "device": device, "parts": {
+        "lm_eval": harness_run.wall_seconds} if harness_run else {}}) if local else None
+    isd.commit(answers_manifest(out / "items.parquet", len(rows), adapter["key"], wall, bill, spend, dtypes,
+                                harness_run))
+
+
+def _answerers(context, spec: CampaignSpec, isd, adapter: dict, base, runs: list, dtypes: dict, guard,
+               resources: tuple) -> tuple[dict, dict | None]:
+    """role -> factory of the role's ``generate``, and the teacher's spend (None when it is not scored); the
+    guard accrues the teacher's spend as well as the time."""
+    from assets.ray_dispatch import KubeRayLaunch
+
+    storage, pricing, teacher, kuberay = resources
+    categories = {it["prompt"]: it["category"] for r in runs for it in r.items}
+    launch = KubeRayLaunch(context, kuberay, "evaluation", isd.path / "ray")  # with execution.kuberay
+    models = _models(spec, adapter, base, context, dtypes, storage, launch=launch, budget=guard)
+    if not spec.evaluation.score_teacher:
+        return models, None
+    ask_teacher, spend = teacher_scorer(spec, storage, teacher, pricing, context.log.info, categories,
+                                        launch=launch, budget=guard)
+    models["teacher"] = lambda: ask_teacher
+    local_lines = guard.line_fn  # the guard accrues the teacher's spend as well as the time
+    guard.line_fn = lambda seconds, items: local_lines(seconds, items) + spend["lines"]
+    return models, spend
+
+
+def evaluation_metadata(m: dict, report: dict, cached: bool) -> dict:
+    """The judgement's manifest and report as Dagster metadata."""
+    md = base_metadata(m, cached) | {
+        "verdict": report["verdict"], "report": MetadataValue.md(report["markdown"]),
+        "items": MetadataValue.path(m["items_path"]), "candidate_key": m["candidate_key"],
+        "statistics": report["method"], "requires_human_review": m["requires_human_review"]}
+    if m.get("compute_dtype"):
+        md["compute_dtype"] = MetadataValue.json(m["compute_dtype"])
+    if m.get("answers"):  # per role: generated in this run, found in the generation cache
+        md["answers"] = MetadataValue.json(m["answers"])
+    if m.get("ray_shards"):  # execution.engine ray: shards done/total per model and answer length
+        md["ray_shards"] = MetadataValue.json(m["ray_shards"])
+    md |= {k: m[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in m}
+    for role, by_suite in m["scores"].items():
+        for suite, score in by_suite.items():
+            if score is not None:
+                md[f"{suite}_{role}_score"] = score
+    for suite, ratio in (m.get("student_teacher_ratio") or {}).items():
+        if ratio is not None:
+            md[f"{suite}_student_teacher_ratio"] = ratio
+    if m.get("cost_unknown"):
+        md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
+    if m.get("billing_note"):
+        md["billing_note"] = m["billing_note"]
+    return md
 
 
 def local_quantization_key(q) -> dict:
@@ -328,40 +306,6 @@ def _run_harness(spec: CampaignSpec, harness: list, adapter: dict, base, isd, co
 
     return evaluate_suites(harness, harness_models(spec, adapter, base), isd.ensure() / "lm_eval",
                            log=context.log.info, progress=progress)
-
-
-def _harness_manifest(run, bill: dict | None) -> dict:
-    """The harness's share of the evaluation (already inside its wall time and cost line): its agreement
-    table, seconds and their price at the billed hardware (``bill``'s ``lm_eval`` part; None: not run locally)."""
-    if run is None:
-        return {}
-    usd = bill["parts_usd"]["lm_eval"] if bill else 0.0
-    return {"lm_eval": run.as_dict(), "lm_eval_seconds": run.wall_seconds, "lm_eval_usd": usd}
-
-
-def _tally(counts: dict, role: str, st) -> None:
-    """Add a generation call's answers (``GenerationStats``: generated, cache hits) to ``counts[role]``."""
-    seen = counts.setdefault(role, {"generated": 0, "from_cache": 0})
-    seen["generated"] += st.generated
-    seen["from_cache"] += st.cache_hits
-
-
-def _answer_counts(dtypes: dict, spend: dict | None) -> dict:
-    """role -> answers generated in this run and found in the generation cache (distinct prompts per suite
-    length): the base answered once across candidates, a context-distillation teacher's bare prompts taken from
-    the base's answers."""
-    out = dict(dtypes.get("_answers", {}))
-    if spend and spend.get("answers"):
-        out["teacher"] = spend["answers"]
-    return out
-
-
-def _ray_manifest(dtypes: dict, spend: dict | None) -> dict:
-    """``ray_shards``: shards done/total of each model's answers on Ray (none with engine local)."""
-    if "_ray" not in dtypes and not (spend and spend.get("ray")):
-        return {}
-    teacher = {f"teacher@{i}": f"{r['shards_done']}/{r['shards_total']}" for i, r in enumerate((spend or {}).get("ray", []))}
-    return {"ray_shards": dtypes.get("_ray", {}) | teacher}
 
 
 def ray_device(spec: CampaignSpec) -> str:
@@ -412,7 +356,7 @@ def _ray_answers(spec: CampaignSpec, storage: ArtifactStore, role: str, base, ad
         if dtypes is not None and st.compute_dtype:
             dtypes[role] = st.compute_dtype
         if dtypes is not None:  # answers generated/cached; shards done/total per model (the manifest's ray_shards)
-            _tally(dtypes.setdefault("_answers", {}), role, st)
+            tally(dtypes.setdefault("_answers", {}), role, st)
             dtypes.setdefault("_ray", {})[f"{role}@{max_new_tokens}"] = f"{run.done}/{len(run.shards)}"
         return outs
 
@@ -428,32 +372,7 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
     ``launch`` with ``execution.kuberay``."""
     ev, q = spec.evaluation, spec.student.quantization
     if ev.backend == "openai":
-        from evaluation.endpoint import OpenAIEndpoint
-
-        from dagster import Failure
-
-        from evaluation.endpoint import AdapterNotVerified
-
-        e = ev.endpoint
-        cand_name = e.candidate_model
-        ep = OpenAIEndpoint(e.base_url, cand_name or "", api_key_env=e.api_key_env, timeout_s=e.timeout_s)
-        if e.load_adapter:
-            cand_name = f"{spec.name}-{adapter['key']}"
-            ep.load_adapter(cand_name, adapter["adapter_path"])
-            context.log.info(f"loaded adapter {adapter['adapter_path']} into {e.base_url} as {cand_name}")
-        try:  # no score is credited to this candidate unless the server serves exactly its adapter
-            checked = ep.verify_adapter(cand_name, adapter["adapter_path"])
-        except AdapterNotVerified as err:
-            raise Failure(str(err), allow_retries=False) from None
-        context.log.info(f"{e.base_url} serves {cand_name!r} from {checked['root']}: the candidate's adapter "
-                         f"(content {checked['fingerprint'][:12]})")
-
-        def endpoint(name):
-            return lambda: OpenAIEndpoint(e.base_url, name, api_key_env=e.api_key_env,
-                                          max_concurrency=e.max_concurrency, timeout_s=e.timeout_s).generate
-
-        return {"candidate": endpoint(cand_name), "base": endpoint(e.base_model)}
-
+        return _endpoint_models(spec, adapter, context)
     from campaign_orchestrator.teacher.backends import TransformersBackend
     from campaign_orchestrator.teacher.cache import GenerationCache
     from campaign_orchestrator.teacher.requests import namespace
@@ -476,7 +395,7 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
         def on_stats(st):
             if dtypes is not None:
                 dtypes[role] = st.compute_dtype or precision.split(":", 1)[1]
-                _tally(dtypes.setdefault("_answers", {}), role, st)
+                tally(dtypes.setdefault("_answers", {}), role, st)
 
         def cache_for(sampling):
             return GenerationCache(storage.cache_store(), namespace(identity, sampling), storage.spool_dir())
@@ -490,6 +409,35 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
         return factory
 
     return {"candidate": local("candidate", adapter["adapter_path"]), "base": local("base")}
+
+
+def _endpoint_models(spec: CampaignSpec, adapter: dict, context) -> dict:
+    """Candidate and base through the campaign's OpenAI-compatible endpoint (``evaluation.endpoint``), after
+    checking it serves exactly the candidate's adapter (loading it first with ``load_adapter``)."""
+    from dagster import Failure
+
+    from evaluation.endpoint import AdapterNotVerified, OpenAIEndpoint
+
+    ev = spec.evaluation
+    e = ev.endpoint
+    cand_name = e.candidate_model
+    ep = OpenAIEndpoint(e.base_url, cand_name or "", api_key_env=e.api_key_env, timeout_s=e.timeout_s)
+    if e.load_adapter:
+        cand_name = f"{spec.name}-{adapter['key']}"
+        ep.load_adapter(cand_name, adapter["adapter_path"])
+        context.log.info(f"loaded adapter {adapter['adapter_path']} into {e.base_url} as {cand_name}")
+    try:  # no score is credited to this candidate unless the server serves exactly its adapter
+        checked = ep.verify_adapter(cand_name, adapter["adapter_path"])
+    except AdapterNotVerified as err:
+        raise Failure(str(err), allow_retries=False) from None
+    context.log.info(f"{e.base_url} serves {cand_name!r} from {checked['root']}: the candidate's adapter "
+                     f"(content {checked['fingerprint'][:12]})")
+
+    def endpoint(name):
+        return lambda: OpenAIEndpoint(e.base_url, name, api_key_env=e.api_key_env,
+                                      max_concurrency=e.max_concurrency, timeout_s=e.timeout_s).generate
+
+    return {"candidate": endpoint(cand_name), "base": endpoint(e.base_model)}
 
 
 def answer_identity(spec: CampaignSpec, base, adapter: dict | None) -> tuple[str, str]:

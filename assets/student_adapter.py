@@ -236,8 +236,6 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
     """The stage's work for ``spec`` (the campaign, or the campaign with the sweep's best parameters). With
     ``teacher_generations: none`` ``dataset`` is the prompts stage's manifest (no tokenized dataset)."""
     s, tr = spec.student, spec.training
-    from training.config import TrainJob
-
     base = storage.resolve_model(s.base_model, spec.project_dir)
     refuse_before_launch(spec, base)
     precision = adapter_precision(spec)  # resolved: an adapter trained in bf16 is not one trained in fp32
@@ -253,57 +251,93 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
     cached = sd.is_complete()
     adopted = None
     if not cached and sweep is not None:
-        out = sd.ensure()
-        shutil.rmtree(out / "adapter", ignore_errors=True)
-        summary = adopt_trial(sweep, out, precision)
-        if summary is not None:
-            adopted = sweep["best_trial"]
-            context.log.info(f"student_adapter: the sweep's best trial {adopted} ({sweep['best_params']}) trained "
-                             f"the full {tr.max_steps} steps with these settings: its adapter is the candidate")
-            sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
-                       "metrics_path": str(out / "metrics.parquet"), "logs": [], "wall_seconds": 0.0,
-                       "cost_lines": [], "billed_hardware": tr.hardware, "from_sweep_trial": adopted,
-                       "sweep_params": sweep["best_params"]})  # paid for in the sweep (ledger: hparam_sweep)
+        adopted = _adopt_best_trial(context, spec, sd, base, sweep, precision)
     if not cached and adopted is None:
-        out = sd.ensure()
-        shutil.rmtree(out / "adapter", ignore_errors=True)
-        remote = tr.checkpoint.remote_uri
-        job = TrainJob(campaign=spec.name, base_model_path=str(base),
-                       dataset_path="" if skips else dataset["dataset_path"],
-                       validation_path=None if skips else dataset.get("validation_path"), output_dir=str(out),
-                       student=s, training=tr, teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
-                       on_policy=on_policy,
-                       gpu_required=pricing.gpu_required(spec),
-                       checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None)
-        t0 = time.perf_counter()
-        cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
-        launched = launcher.launch(context, job, out, budget=pricing.guard(context, spec, sd), **cluster)
-        wall = time.perf_counter() - t0
-        summary = json.loads((out / "summary.json").read_text())
-        check_precision(spec, summary, precision, out)
-        # billed at what it ran on: a GPU entry only when the trainer had GPUs (it refuses otherwise, unless
-        # allow_cpu_fallback: then CPU time at training.cpu_hardware)
-        bill = pricing.bill(spec, "student_adapter", {"seconds": wall, "device": summary.get("device", "cpu")})
-        lines, billed, note = bill["lines"], bill["billed_hardware"], bill["billing_note"]
-        if note:
-            context.log.warning(note)
-        scoring, unknown = None, None
-        if summary.get("on_policy"):  # the teacher's prefills of the student's samples, one set of lines per round
-            scoring = pricing.bill(spec, "on_policy_scoring", {"rounds": summary["on_policy"]["per_round"]})
-            if scoring["lines"] is None:  # an unpriced API teacher: the training line stays, the total is unknown
-                unknown = "unknown: the teacher scored the student's samples, and its teacher.price is `unpriced`"
-                context.log.warning(f"student_adapter cost {unknown}")
-            elif lines is not None:
-                lines = lines + scoring["lines"]
-            if scoring["billing_note"]:
-                context.log.info(scoring["billing_note"])
-        sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
-                   "metrics_path": str(out / "metrics.parquet"), "logs": launched["logs"],
-                   "wall_seconds": wall, "cost_lines": lines, "billed_hardware": billed,
-                   **({"billing_note": note} if note else {}), **({"cost_unknown": unknown} if unknown else {}),
-                   **({"on_policy_scoring_usd": scoring["usd"], "on_policy_scoring_rounds_usd": scoring["parts_usd"],
-                       "on_policy_scoring_note": scoring["billing_note"]} if scoring is not None else {})})
+        _train(context, spec, sd, k, base, dataset, on_policy, precision, (storage, launcher, pricing))
     m = sd.manifest()
+    md = adapter_metadata(m, cached, sweep)
+    if spec.tracking.mlflow is not None and not cached:
+        from assets.tracking import log_training
+
+        md["mlflow_run_id"] = log_training(spec, storage.root_path(), m, context.run_id)
+    return Output(m, metadata={k: v for k, v in md.items() if v is not None})
+
+
+def _adopt_best_trial(context, spec: CampaignSpec, sd, base, sweep: dict, precision: str):
+    """The sweep's best trial as the candidate when it trained the full run with these settings (committed to
+    ``sd``, paid for in the sweep): its number, else None."""
+    tr = spec.training
+    out = sd.ensure()
+    shutil.rmtree(out / "adapter", ignore_errors=True)
+    summary = adopt_trial(sweep, out, precision)
+    if summary is None:
+        return None
+    adopted = sweep["best_trial"]
+    context.log.info(f"student_adapter: the sweep's best trial {adopted} ({sweep['best_params']}) trained "
+                     f"the full {tr.max_steps} steps with these settings: its adapter is the candidate")
+    sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
+               "metrics_path": str(out / "metrics.parquet"), "logs": [], "wall_seconds": 0.0,
+               "cost_lines": [], "billed_hardware": tr.hardware, "from_sweep_trial": adopted,
+               "sweep_params": sweep["best_params"]})  # paid for in the sweep (ledger: hparam_sweep)
+    return adopted
+
+
+def _train(context, spec: CampaignSpec, sd, k: str, base, dataset: dict, on_policy, precision: str,
+           resources: tuple) -> None:
+    """Launch the trainer into ``sd`` under the stage's budget guard, bill what it ran on and commit
+    (``resources``: storage, launcher, pricing)."""
+    from training.config import TrainJob
+
+    storage, launcher, pricing = resources
+    s, tr = spec.student, spec.training
+    skips = tr.distillation.skips_teacher
+    out = sd.ensure()
+    shutil.rmtree(out / "adapter", ignore_errors=True)
+    remote = tr.checkpoint.remote_uri
+    job = TrainJob(campaign=spec.name, base_model_path=str(base),
+                   dataset_path="" if skips else dataset["dataset_path"],
+                   validation_path=None if skips else dataset.get("validation_path"), output_dir=str(out),
+                   student=s, training=tr, teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
+                   on_policy=on_policy,
+                   gpu_required=pricing.gpu_required(spec),
+                   checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None)
+    t0 = time.perf_counter()
+    cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
+    launched = launcher.launch(context, job, out, budget=pricing.guard(context, spec, sd), **cluster)
+    wall = time.perf_counter() - t0
+    summary = json.loads((out / "summary.json").read_text())
+    check_precision(spec, summary, precision, out)
+    sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
+               "metrics_path": str(out / "metrics.parquet"), "logs": launched["logs"], "wall_seconds": wall}
+              | _training_cost(context, spec, pricing, summary, wall))
+
+
+def _training_cost(context, spec: CampaignSpec, pricing: PricingResource, summary: dict, wall: float) -> dict:
+    """The training's cost lines at what it ran on, plus on-policy distillation's teacher scoring per round."""
+    # billed at what it ran on: a GPU entry only when the trainer had GPUs (it refuses otherwise, unless
+    # allow_cpu_fallback: then CPU time at training.cpu_hardware)
+    bill = pricing.bill(spec, "student_adapter", {"seconds": wall, "device": summary.get("device", "cpu")})
+    lines, billed, note = bill["lines"], bill["billed_hardware"], bill["billing_note"]
+    if note:
+        context.log.warning(note)
+    scoring, unknown = None, None
+    if summary.get("on_policy"):  # the teacher's prefills of the student's samples, one set of lines per round
+        scoring = pricing.bill(spec, "on_policy_scoring", {"rounds": summary["on_policy"]["per_round"]})
+        if scoring["lines"] is None:  # an unpriced API teacher: the training line stays, the total is unknown
+            unknown = "unknown: the teacher scored the student's samples, and its teacher.price is `unpriced`"
+            context.log.warning(f"student_adapter cost {unknown}")
+        elif lines is not None:
+            lines = lines + scoring["lines"]
+        if scoring["billing_note"]:
+            context.log.info(scoring["billing_note"])
+    return {"cost_lines": lines, "billed_hardware": billed,
+            **({"billing_note": note} if note else {}), **({"cost_unknown": unknown} if unknown else {}),
+            **({"on_policy_scoring_usd": scoring["usd"], "on_policy_scoring_rounds_usd": scoring["parts_usd"],
+                "on_policy_scoring_note": scoring["billing_note"]} if scoring is not None else {})}
+
+
+def adapter_metadata(m: dict, cached: bool, sweep: dict | None) -> dict:
+    """The adapter stage's manifest as Dagster metadata (None values still in: the caller drops them)."""
     sm = m["summary"]
     md = base_metadata(m, cached) | {
         "adapter": MetadataValue.path(m["adapter_path"]), "metrics": MetadataValue.path(m["metrics_path"]),
@@ -327,8 +361,4 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
     if m.get("from_sweep_trial") is not None or sweep is not None:
         md |= {"from_sweep_trial": m.get("from_sweep_trial"), "sweep_params": MetadataValue.json(sweep["best_params"])
                if sweep else None}
-    if spec.tracking.mlflow is not None and not cached:
-        from assets.tracking import log_training
-
-        md["mlflow_run_id"] = log_training(spec, storage.root_path(), m, context.run_id)
-    return Output(m, metadata={k: v for k, v in md.items() if v is not None})
+    return md

@@ -92,81 +92,108 @@ def build(spec: CampaignSpec):
     def teacher_generations(context: AssetExecutionContext, prompts: dict, storage: ArtifactStore,
                             teacher: TeacherResource, pricing: PricingResource,
                             kuberay: KubeRayJobLauncher) -> Output[dict]:
-        from campaign_orchestrator.dataset.prompts import read_prompt_table
-        from campaign_orchestrator.teacher.backends import spec_identity
-        from campaign_orchestrator.teacher.cache import GenerationCache
-        from campaign_orchestrator.teacher.requests import Sampling, namespace, sampling_hash
-        from campaign_orchestrator.teacher.rows import write_generations
-        from campaign_orchestrator.teacher.runner import run_generation
-
-        model_path = teacher_model_path(storage, spec)
-        weights_id = model_identity(model_path, t.revision) if model_path is not None else None
-        identity = spec_identity(t, model_path, weights_id)
-        sampling = Sampling.from_spec(t.sampling)
-        k = stage_key("generations/v2", prompts["train_sha256"], identity, sampling.as_dict(), t.chat,
-                      *([[m.model_dump() for m in t.context], t.context_categories] if t.context else []))
-        sd = storage.stage(spec.name, "teacher_generations", k)
-        cached = sd.is_complete() and sd.manifest().get("errors", 0) == 0
-        if not cached:
-            rows = read_prompt_table(prompts["train_path"])
-            t0 = time.perf_counter()
-            store = storage.cache_store()
-            cache = GenerationCache(store, namespace(identity, sampling), storage.spool_dir())
-            backend = teacher.backend(t, model_path, weights_id)
-            # the budget guard is charged what each new generation used (cache hits are free) and stops the
-            # stage cleanly (the cache keeps what finished)
-            guard = pricing.guard(context, spec, sd)
-            progress = RunProgress(context.log, len(rows) * sampling.n, "teacher generations", "samples")
-            ray_md = None
-            try:
-                if spec.execution.engine == "ray":  # shards on a Ray actor pool: here, or a KubeRay RayJob
-                    from assets.ray_dispatch import KubeRayLaunch
-
-                    launch = KubeRayLaunch(context, kuberay, "teacher_generations", sd.path / "ray")
-                    res, lines, ray_md = teacher_on_ray(spec, storage, pricing, rows, sampling, model_path, weights_id,
-                                                        identity, "teacher_generations", context.log.info,
-                                                        launch=launch, progress=progress, budget=guard)
-                else:
-                    res = run_generation(rows, backend, sampling, cache, chat=t.chat,
-                                         context=[m.model_dump() for m in t.context],
-                                         context_categories=t.context_categories, progress=progress,
-                                         log=context.log.info, budget=guard)
-            finally:
-                progress.close()
-            path = write_generations(res.rows, sd.ensure() / "generations.parquet")
-            st = res.stats
-            if ray_md is None:
-                lines = pricing.bill(spec, "teacher_generations", teacher_usage(st))["lines"]
-            sd.commit({"generations_path": str(path), "rows": len(res.rows), "prompt_tokens": st.prompt_tokens,
-                       "completion_tokens": st.completion_tokens, "errors": st.failed,
-                       "model_identity": identity, "sampling_hash": sampling_hash(sampling), "cache": store.url,
-                       "stats": st.as_dict(), "wall_seconds": time.perf_counter() - t0,
-                       "cost_lines": lines or [], **({"cost_unknown": UNPRICED_NOTE} if lines is None else {}),
-                       **({"ray": ray_md} if ray_md else {})})
-        m = sd.manifest()
-        st = m["stats"]
-        md = base_metadata(m, cached) | {
-            "rows": m["rows"], "prompt_tokens": m["prompt_tokens"], "completion_tokens": m["completion_tokens"],
-            "errors": m["errors"], "cache_hits": st["cache_hits"], "new_generations": st["generated"],
-            "cache_hits_cost": f"{st['cache_hits']} cache hits ($0)",
-            "recovered_from_killed_run": st["recovered_rows"], "failures": st["failed"], "retries": st["retries"],
-            "http_requests": st["http_requests"], "rows_per_s": st["rows_per_s"], "tokens_per_s": st["tokens_per_s"],
-            "generate_seconds": st["generate_s"], "finish_reasons": MetadataValue.json(st["finish_reasons"]),
-            "cache": m["cache"], "model_identity": m["model_identity"][:48],
-        }
-        if st.get("compute_dtype"):
-            md["compute_dtype"] = st["compute_dtype"]
-        if m.get("ray"):  # shards done/total, per-node work, lost workers, per-shard tokens/seconds/dollars
-            r = m["ray"]
-            md |= {"shards": f"{r['shards_done']}/{r['shards_total']}", "shards_retried": r["shards_retried"],
-                   "ray_tokens_per_s": r["ray_tokens_per_s"], "ray_nodes": MetadataValue.json(r["nodes"]),
-                   "ray_shards": MetadataValue.json(r["shards"])}
-            if r["lost_workers"]:
-                md["ray_lost_workers"] = MetadataValue.json(r["lost_workers"])
-        if st["retry_reasons"]:
-            md["retry_reasons"] = MetadataValue.json(st["retry_reasons"])
-        if m.get("cost_unknown"):  # never $0: the tokens were bought at a price nobody told us
-            md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
-        return Output(m, metadata=md)
+        m, cached = materialize(context, spec, prompts, storage, teacher, pricing, kuberay)
+        return Output(m, metadata=generations_metadata(m, cached))
 
     return teacher_generations
+
+
+def materialize(context: AssetExecutionContext, spec: CampaignSpec, prompts: dict, storage: ArtifactStore,
+                teacher: TeacherResource, pricing: PricingResource, kuberay: KubeRayJobLauncher) -> tuple[dict, bool]:
+    """The teacher's answers to every training prompt, generated unless the stage's content key is complete
+    (and had no errors): ``(manifest, cached)``."""
+    from campaign_orchestrator.dataset.prompts import read_prompt_table
+    from campaign_orchestrator.teacher.backends import spec_identity
+    from campaign_orchestrator.teacher.requests import Sampling, sampling_hash
+    from campaign_orchestrator.teacher.rows import write_generations
+
+    t = spec.teacher
+    model_path = teacher_model_path(storage, spec)
+    weights_id = model_identity(model_path, t.revision) if model_path is not None else None
+    identity = spec_identity(t, model_path, weights_id)
+    sampling = Sampling.from_spec(t.sampling)
+    k = stage_key("generations/v2", prompts["train_sha256"], identity, sampling.as_dict(), t.chat,
+                  *([[m.model_dump() for m in t.context], t.context_categories] if t.context else []))
+    sd = storage.stage(spec.name, "teacher_generations", k)
+    cached = sd.is_complete() and sd.manifest().get("errors", 0) == 0
+    if not cached:
+        rows = read_prompt_table(prompts["train_path"])
+        t0 = time.perf_counter()
+        store = storage.cache_store()
+        res, lines, ray_md = _generate(context, spec, storage, teacher, pricing, kuberay, sd, rows,
+                                       (sampling, model_path, weights_id, identity))
+        path = write_generations(res.rows, sd.ensure() / "generations.parquet")
+        st = res.stats
+        if ray_md is None:
+            lines = pricing.bill(spec, "teacher_generations", teacher_usage(st))["lines"]
+        sd.commit({"generations_path": str(path), "rows": len(res.rows), "prompt_tokens": st.prompt_tokens,
+                   "completion_tokens": st.completion_tokens, "errors": st.failed,
+                   "model_identity": identity, "sampling_hash": sampling_hash(sampling), "cache": store.url,
+                   "stats": st.as_dict(), "wall_seconds": time.perf_counter() - t0,
+                   "cost_lines": lines or [], **({"cost_unknown": UNPRICED_NOTE} if lines is None else {}),
+                   **({"ray": ray_md} if ray_md else {})})
+    return sd.manifest(), cached
+
+
+def _generate(context, spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherResource, pricing: PricingResource,
+              kuberay: KubeRayJobLauncher, sd, rows: list, model: tuple) -> tuple:
+    """The teacher answering ``rows`` under the stage's budget guard, on Ray or in this process:
+    ``(result, cost lines or None, Ray metadata or None)``; ``model``: ``(sampling, path, weights id, identity)``."""
+    from campaign_orchestrator.teacher.cache import GenerationCache
+    from campaign_orchestrator.teacher.requests import namespace
+    from campaign_orchestrator.teacher.runner import run_generation
+
+    t = spec.teacher
+    sampling, model_path, weights_id, identity = model
+    cache = GenerationCache(storage.cache_store(), namespace(identity, sampling), storage.spool_dir())
+    backend = teacher.backend(t, model_path, weights_id)
+    # the budget guard is charged what each new generation used (cache hits are free) and stops the
+    # stage cleanly (the cache keeps what finished)
+    guard = pricing.guard(context, spec, sd)
+    progress = RunProgress(context.log, len(rows) * sampling.n, "teacher generations", "samples")
+    lines = ray_md = None
+    try:
+        if spec.execution.engine == "ray":  # shards on a Ray actor pool: here, or a KubeRay RayJob
+            from assets.ray_dispatch import KubeRayLaunch
+
+            launch = KubeRayLaunch(context, kuberay, "teacher_generations", sd.path / "ray")
+            res, lines, ray_md = teacher_on_ray(spec, storage, pricing, rows, sampling, model_path, weights_id,
+                                                identity, "teacher_generations", context.log.info,
+                                                launch=launch, progress=progress, budget=guard)
+        else:
+            res = run_generation(rows, backend, sampling, cache, chat=t.chat,
+                                 context=[m.model_dump() for m in t.context],
+                                 context_categories=t.context_categories, progress=progress,
+                                 log=context.log.info, budget=guard)
+    finally:
+        progress.close()
+    return res, lines, ray_md
+
+
+def generations_metadata(m: dict, cached: bool) -> dict:
+    """The generations' manifest as Dagster metadata."""
+    st = m["stats"]
+    md = base_metadata(m, cached) | {
+        "rows": m["rows"], "prompt_tokens": m["prompt_tokens"], "completion_tokens": m["completion_tokens"],
+        "errors": m["errors"], "cache_hits": st["cache_hits"], "new_generations": st["generated"],
+        "cache_hits_cost": f"{st['cache_hits']} cache hits ($0)",
+        "recovered_from_killed_run": st["recovered_rows"], "failures": st["failed"], "retries": st["retries"],
+        "http_requests": st["http_requests"], "rows_per_s": st["rows_per_s"], "tokens_per_s": st["tokens_per_s"],
+        "generate_seconds": st["generate_s"], "finish_reasons": MetadataValue.json(st["finish_reasons"]),
+        "cache": m["cache"], "model_identity": m["model_identity"][:48],
+    }
+    if st.get("compute_dtype"):
+        md["compute_dtype"] = st["compute_dtype"]
+    if m.get("ray"):  # shards done/total, per-node work, lost workers, per-shard tokens/seconds/dollars
+        r = m["ray"]
+        md |= {"shards": f"{r['shards_done']}/{r['shards_total']}", "shards_retried": r["shards_retried"],
+               "ray_tokens_per_s": r["ray_tokens_per_s"], "ray_nodes": MetadataValue.json(r["nodes"]),
+               "ray_shards": MetadataValue.json(r["shards"])}
+        if r["lost_workers"]:
+            md["ray_lost_workers"] = MetadataValue.json(r["lost_workers"])
+    if st["retry_reasons"]:
+        md["retry_reasons"] = MetadataValue.json(st["retry_reasons"])
+    if m.get("cost_unknown"):  # never $0: the tokens were bought at a price nobody told us
+        md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
+    return md
+

@@ -80,69 +80,90 @@ def build(spec: CampaignSpec):
            description=(f"Pre-tokenized Parquet shards (input_ids, labels, position_ids), max {tr.max_seq_len} tokens, "
                         f"{'packed' if d.packing else 'one example per row'}, padding {d.padding}."))
     def tokenized_dataset(context: AssetExecutionContext, distillation: dict, storage: ArtifactStore):
-        from campaign_orchestrator.dataset.sources import resolve_source, source_hash
-        from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset, tokenizer_hash
-
-        model_path = storage.resolve_model(s.base_model, spec.project_dir)
-        tok_hash = tokenizer_hash(model_path)
-        settings = build_settings(spec)
-        extra = source_hash([resolve_source(x, spec.project_dir) for x in d.extra_sources]) if d.extra_sources else None
-        k = content_key(distillation["key"], tok_hash, settings, extra,
-                        teacher_topk=spec.teacher.sampling.logprobs is not None)
-        sd = storage.stage(spec.name, "tokenized_dataset", k)
-        cached = sd.is_complete()
-        if not cached:
-            t0 = time.perf_counter()
-            report = build_tokenized_dataset(
-                model_path, [distillation["distillation_path"], *d.extra_sources], sd.ensure(), settings,
-                base_dir=spec.project_dir, extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
-                log=context.log.info)
-            sd.commit(report | {"dataset_path": str(sd.path / "train"), "validation_path": str(sd.path / "validation"),
-                                "tokenizer_hash": tok_hash, "wall_seconds": time.perf_counter() - t0, "cost_lines": []})
-        m = sd.manifest()
+        m, cached, model_path = materialize(spec, distillation, storage, context.log.info)
         check_teacher_topk(spec, m)
-        tsplit, vsplit = m["splits"]["train"], m["splits"]["validation"]
-        md = base_metadata(m, cached) | {
-            "examples_in": m["examples_in"], "examples_out": m["examples_out"],
-            "dropped_total": m["dropped_total"], "truncated": m["truncated"],
-            "rows": m["rows"], "train_rows": tsplit["rows"], "validation_rows": vsplit["rows"],
-            "validation_examples": vsplit["examples"],
-            "total_tokens": m["total_tokens"], "loss_tokens": m["loss_tokens"],
-            "packing_efficiency": float(m["packing_efficiency"]),
-            "unpacked_padded_efficiency": float(m["unpacked_padded_efficiency"]),
-            "shards": m["shards"], "bytes": m["bytes"], "template": m["template"],
-            "tokenizer_hash": m["tokenizer_hash"][:16], "source_hash": m["source_hash"][:16],
-            "drops": MetadataValue.json(m["dropped"]),
-            "sequence_lengths": MetadataValue.md(m["length_histogram"]),
-            "row_fill": MetadataValue.md(m["row_fill_histogram"]),
-            "dataset": MetadataValue.path(m["dataset_path"]),
-        }
-        if m.get("teacher_topk"):
-            t = m["teacher_topk"]
-            md |= {"teacher_topk_k": t["k"], "teacher_topk_positions": t["positions"],
-                   "teacher_topk_examples": MetadataValue.json(t["examples"])}
-        stop = m["stop_token"]
-        md |= {"stop_token_ids": MetadataValue.json(stop["stop_token_ids"]), "stop_token_missing": stop["missing"],
-               "truncated_without_stop": stop["truncated_without_stop"]}
-        yield Output(m, metadata=md)
-        from campaign_orchestrator.dataset.checks import describe_stop_tokens, vocabulary_report
-
-        yield AssetCheckResult(check_name=STOP_CHECK, passed=stop["passed"], description=describe_stop_tokens(stop),
-                               metadata={k: v for k, v in stop.items() if k != "missing_examples"}
-                               | {"missing_examples": MetadataValue.json(stop["missing_examples"])})
+        yield Output(m, metadata=dataset_metadata(m, cached))
+        yield stop_check(m["stop_token"])
         if logits:
-            ref = teacher_tokenizer_ref(spec)
-            if ref is None:
-                yield AssetCheckResult(check_name=VOCAB_CHECK, passed=False,
-                                       description="logit distillation from an endpoint needs the teacher's tokenizer: "
-                                                   "set training.distillation.teacher_tokenizer")
-            else:
-                v = vocabulary_report(storage.resolve_model(ref, spec.project_dir), model_path)
-                yield AssetCheckResult(check_name=VOCAB_CHECK, passed=v["passed"],
-                                       description="; ".join(v["reasons"]) or "same tokenizer and vocabulary size",
-                                       metadata={k: v[k] for k in ("teacher_vocab_size", "student_vocab_size")
-                                                 if v[k] is not None}
-                                       | {"teacher_tokenizer_hash": v["teacher_tokenizer_hash"][:16],
-                                          "student_tokenizer_hash": v["student_tokenizer_hash"][:16]})
+            yield vocabulary_check(spec, storage, model_path)
 
     return tokenized_dataset
+
+
+def materialize(spec: CampaignSpec, distillation: dict, storage: ArtifactStore, log) -> tuple[dict, bool, object]:
+    """The tokenized dataset's stage, built unless its content key is complete: ``(manifest, cached, base path)``."""
+    from campaign_orchestrator.dataset.sources import resolve_source, source_hash
+    from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset, tokenizer_hash
+
+    d = spec.dataset
+    model_path = storage.resolve_model(spec.student.base_model, spec.project_dir)
+    tok_hash = tokenizer_hash(model_path)
+    settings = build_settings(spec)
+    extra = source_hash([resolve_source(x, spec.project_dir) for x in d.extra_sources]) if d.extra_sources else None
+    k = content_key(distillation["key"], tok_hash, settings, extra,
+                    teacher_topk=spec.teacher.sampling.logprobs is not None)
+    sd = storage.stage(spec.name, "tokenized_dataset", k)
+    cached = sd.is_complete()
+    if not cached:
+        t0 = time.perf_counter()
+        report = build_tokenized_dataset(
+            model_path, [distillation["distillation_path"], *d.extra_sources], sd.ensure(), settings,
+            base_dir=spec.project_dir, extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
+            log=log)
+        sd.commit(report | {"dataset_path": str(sd.path / "train"), "validation_path": str(sd.path / "validation"),
+                            "tokenizer_hash": tok_hash, "wall_seconds": time.perf_counter() - t0, "cost_lines": []})
+    return sd.manifest(), cached, model_path
+
+
+def dataset_metadata(m: dict, cached: bool) -> dict:
+    """The tokenized dataset's manifest as Dagster metadata."""
+    tsplit, vsplit = m["splits"]["train"], m["splits"]["validation"]
+    md = base_metadata(m, cached) | {
+        "examples_in": m["examples_in"], "examples_out": m["examples_out"],
+        "dropped_total": m["dropped_total"], "truncated": m["truncated"],
+        "rows": m["rows"], "train_rows": tsplit["rows"], "validation_rows": vsplit["rows"],
+        "validation_examples": vsplit["examples"],
+        "total_tokens": m["total_tokens"], "loss_tokens": m["loss_tokens"],
+        "packing_efficiency": float(m["packing_efficiency"]),
+        "unpacked_padded_efficiency": float(m["unpacked_padded_efficiency"]),
+        "shards": m["shards"], "bytes": m["bytes"], "template": m["template"],
+        "tokenizer_hash": m["tokenizer_hash"][:16], "source_hash": m["source_hash"][:16],
+        "drops": MetadataValue.json(m["dropped"]),
+        "sequence_lengths": MetadataValue.md(m["length_histogram"]),
+        "row_fill": MetadataValue.md(m["row_fill_histogram"]),
+        "dataset": MetadataValue.path(m["dataset_path"]),
+    }
+    if m.get("teacher_topk"):
+        t = m["teacher_topk"]
+        md |= {"teacher_topk_k": t["k"], "teacher_topk_positions": t["positions"],
+               "teacher_topk_examples": MetadataValue.json(t["examples"])}
+    stop = m["stop_token"]
+    md |= {"stop_token_ids": MetadataValue.json(stop["stop_token_ids"]), "stop_token_missing": stop["missing"],
+           "truncated_without_stop": stop["truncated_without_stop"]}
+    return md
+
+
+def stop_check(stop: dict) -> AssetCheckResult:
+    from campaign_orchestrator.dataset.checks import describe_stop_tokens
+
+    return AssetCheckResult(check_name=STOP_CHECK, passed=stop["passed"], description=describe_stop_tokens(stop),
+                            metadata={k: v for k, v in stop.items() if k != "missing_examples"}
+                            | {"missing_examples": MetadataValue.json(stop["missing_examples"])})
+
+
+def vocabulary_check(spec: CampaignSpec, storage: ArtifactStore, model_path) -> AssetCheckResult:
+    """Logit distillation: the teacher's tokenizer and vocabulary are the student's."""
+    from campaign_orchestrator.dataset.checks import vocabulary_report
+
+    ref = teacher_tokenizer_ref(spec)
+    if ref is None:
+        return AssetCheckResult(check_name=VOCAB_CHECK, passed=False,
+                                description="logit distillation from an endpoint needs the teacher's tokenizer: "
+                                            "set training.distillation.teacher_tokenizer")
+    v = vocabulary_report(storage.resolve_model(ref, spec.project_dir), model_path)
+    return AssetCheckResult(check_name=VOCAB_CHECK, passed=v["passed"],
+                            description="; ".join(v["reasons"]) or "same tokenizer and vocabulary size",
+                            metadata={k: v[k] for k in ("teacher_vocab_size", "student_vocab_size")
+                                      if v[k] is not None}
+                            | {"teacher_tokenizer_hash": v["teacher_tokenizer_hash"][:16],
+                               "student_tokenizer_hash": v["student_tokenizer_hash"][:16]})

@@ -6,7 +6,7 @@
 * a 70B-class model (Llama-3.1-70B's shape) self-hosted with tensor parallelism 4 (4 H100 per replica),
 * an endpoint (the catalog's ``api-open-70b`` price) under a provider quota, 64 requests in flight per Ray worker.
 
-Each row is ``campaign_orchestrator.costs.planner.scale_self_hosted`` / ``scale_endpoint``: per-replica throughput
+Each row is ``campaign_orchestrator.costs.plan.scaleout.scale_self_hosted`` / ``scale_endpoint``: per-replica throughput
 from the pricing catalog's ``perf`` block (roofline: peak FLOP/s x generation MFU against weight reads per decode
 step over memory bandwidth, plus the per-decode-step overhead and the model load), prices from the catalog with
 their dates and sources, and the stated assumptions (tokens per prompt, shard size, cluster start-up, per-shard
@@ -47,7 +47,7 @@ MIN_SPEEDUP_64_AT_10M = 32.0
 def tables(replicas: list[int], prompts: list[int]) -> dict:
     from campaign_orchestrator.costs.catalog import read_catalog
     from campaign_orchestrator.costs.memory import ModelShape
-    from campaign_orchestrator.costs.planner import ScaleAssumptions, scale_endpoint, scale_self_hosted
+    from campaign_orchestrator.costs.plan.scaleout import ScaleAssumptions, scale_endpoint, scale_self_hosted
 
     catalog_path = REPO / "campaigns/pricing/catalog.yaml"
     catalog = read_catalog(catalog_path)
@@ -80,7 +80,7 @@ def tables(replicas: list[int], prompts: list[int]) -> dict:
     prices = [{"key": e.key, "unit": e.unit, "usd": e.usd, "input_usd": e.input_usd, "output_usd": e.output_usd,
                "as_of": e.as_of, "source": e.source} for e in (h100, api)]
     perf = {"h100-sxm": h100.perf}
-    return {"what": "simulated with the planner (campaign_orchestrator.costs.planner), not measured",
+    return {"what": "simulated with the planner (campaign_orchestrator.costs.plan.scaleout), not measured",
             "catalog": str(catalog_path.relative_to(REPO)), "catalog_version": catalog.version, "prices": prices,
             "perf": perf, "workload": WORKLOAD, "model_shapes": SHAPES, "endpoint": ENDPOINT,
             "assumptions": {"self_hosted": asdict(assume), "endpoint": asdict(ScaleAssumptions(cluster_start_s=5.0)),
@@ -88,14 +88,14 @@ def tables(replicas: list[int], prompts: list[int]) -> dict:
             "tables": out}
 
 
-def _summary(teacher: str, prompts: int, s: dict) -> dict:
-    rows = [{"replicas": r["replicas"], "hours": round(r["seconds"] / 3600, 4), "usd": round(r["usd"], 2),
-             "speedup": round(r["speedup"], 2), "efficiency": round(r["efficiency"], 3), "bound": r["bound"]}
-            for r in s["rows"]]
+def _summary(teacher: str, prompts: int, s) -> dict:
+    rows = [{"replicas": r.replicas, "hours": round(r.seconds / 3600, 4), "usd": round(r.usd, 2),
+             "speedup": round(r.speedup, 2), "efficiency": round(r.efficiency, 3), "bound": r.bound}
+            for r in s.rows]
     keep = ("shards", "shard_seconds", "model_load_seconds", "request_latency_s", "requests_per_s_per_replica",
             "ceiling", "knee_replicas", "max_useful_replicas", "why_more_stop_helping")
-    return {"teacher": teacher, "prompts": prompts, "rows": rows, "_seconds": [r["seconds"] for r in s["rows"]],
-            **{k: s[k] for k in keep if k in s}}
+    return {"teacher": teacher, "prompts": prompts, "rows": rows, "_seconds": [r.seconds for r in s.rows],
+            **{k: getattr(s, k) for k in keep if getattr(s, k) is not None or k == "ceiling"}}
 
 
 def checks(result: dict, replicas: list[int]) -> dict:

@@ -93,8 +93,10 @@ class PricingResource(ConfigurableResource):
     def ledger_at(self, artifact_root: str | Path) -> Ledger:
         return Ledger(ledger_path(artifact_root, self.ledger))
 
-    def plan(self, spec: CampaignSpec, artifact_root: str | Path) -> dict:
-        from campaign_orchestrator.costs.planner import plan_campaign
+    def plan(self, spec: CampaignSpec, artifact_root: str | Path):
+        """The campaign's :class:`~campaign_orchestrator.costs.plan.campaign.Plan`, its models resolved under
+        ``artifact_root``."""
+        from campaign_orchestrator.costs.plan.campaign import plan_campaign
 
         from campaign_orchestrator import models
 
@@ -124,7 +126,7 @@ class PricingResource(ConfigurableResource):
         finished round's teacher prefills as the trainer reports it (its ``on_policy_round`` message) with
         ``charge_round(guard, row)`` (this module)."""
         from campaign_orchestrator.costs.budget import BudgetGuard, Limit, limits_for
-        from campaign_orchestrator.costs.planner import PlanError
+        from campaign_orchestrator.costs.memory import PlanError
 
         stage, c = sd.stage, spec.cost
         catalog = self.catalog_for(spec)
@@ -160,7 +162,7 @@ class PricingResource(ConfigurableResource):
         if limits_:
             context.log.info("budget: " + "; ".join(f"{lim.scope} spent ${lim.spent_before_usd:.6f} of "
                                                     f"${lim.budget_usd:.6f}" for lim in limits_))
-        estimate = None if plan is None else (plan["stages"].get(stage) or {}).get("usd")
+        estimate = None if plan is None else plan.stage_usd(stage)
         if estimate is not None and teacher:  # checked once the cache says how much is left to pay for
             guard.planned_usd = float(estimate)
         elif estimate is not None:
@@ -290,7 +292,8 @@ def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str
         if log:
             log(f"no planner estimate to compare with: {e}")
     report = build_report(campaign=spec.name, run_id=run_id, ledger=ledger, manifests=manifests,
-                          primary_suite=spec.evaluation.suites[0].name, plan=plan, budget_usd=spec.cost.budget_usd,
+                          primary_suite=spec.evaluation.suites[0].name, plan=plan and plan.as_dict(),
+                          budget_usd=spec.cost.budget_usd,
                           budget_scope=spec.cost.budget_scope)
     ledger.record_report(spec.name, run_id, report)
     out = root / spec.name / "campaign_cost"

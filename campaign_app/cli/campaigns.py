@@ -18,7 +18,7 @@ def price_problems(spec) -> list[str]:
     from campaign_orchestrator.costs.catalog import price_problems as problems
     from resources.pricing import PricingResource
 
-    from campaign_orchestrator.costs.planner import sweep_cap_problems
+    from campaign_orchestrator.costs.plan.stages import sweep_cap_problems
 
     try:
         catalog = PricingResource().catalog_for(spec)
@@ -81,7 +81,8 @@ def list_command(args: argparse.Namespace) -> int:
 
 def plan_command(args: argparse.Namespace) -> int:
     from campaign_orchestrator.costs.catalog import PricingError
-    from campaign_orchestrator.costs.planner import PlanError, render_plan
+    from campaign_orchestrator.costs.memory import PlanError
+    from campaign_orchestrator.costs.plan.render import render_plan
     from resources.pricing import PricingResource
     from resources.storage import ArtifactStore
 
@@ -93,14 +94,14 @@ def plan_command(args: argparse.Namespace) -> int:
     try:
         plan = pricing.plan(spec, root)
         if args.replicas or args.assume:  # the teacher stage on the replica counts asked for, any engine
-            plan["scaleout"] = scaleout_plan(spec, pricing, plan, args.replicas, args.assume)
+            plan.scaleout = scaleout_plan(spec, pricing, plan, args.replicas, args.assume)
     except (PlanError, PricingError, FileNotFoundError, ValueError) as e:
         print(f"cannot plan campaign {spec.name}: {e}", file=sys.stderr)
         return EXIT_INVALID
     spent = pricing.ledger_at(root).spent(spec.name)
-    plan["campaign_spent_usd"] = spent
+    plan.campaign_spent_usd = spent
     if args.json:
-        print(json.dumps(plan, indent=2, default=str))
+        print(json.dumps(plan.as_dict(), indent=2, default=str))
         return EXIT_OK
     print(render_plan(plan))
     if spent:
@@ -109,9 +110,11 @@ def plan_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def scaleout_plan(spec, pricing, plan: dict, replicas: str | None, assume: list[str] | None) -> dict:
-    """``--replicas 1,2,4`` and ``--assume key=value``: the teacher stage's replica table (planner.plan_scaleout)."""
-    from campaign_orchestrator.costs.planner import ModelShape, PlanError, ScaleAssumptions, plan_scaleout
+def scaleout_plan(spec, pricing, plan, replicas: str | None, assume: list[str] | None):
+    """``--replicas 1,2,4`` and ``--assume key=value``: the teacher stage's replica table (``plan``: the campaign's
+    ``Plan``; ``costs.plan.scaleout.plan_scaleout``)."""
+    from campaign_orchestrator.costs.memory import PlanError
+    from campaign_orchestrator.costs.plan.scaleout import ScaleAssumptions, plan_scaleout
 
     try:
         counts = [int(x) for x in replicas.split(",") if x.strip()] if replicas else None
@@ -120,8 +123,7 @@ def scaleout_plan(spec, pricing, plan: dict, replicas: str | None, assume: list[
     except ValueError:
         raise PlanError(f"--replicas takes counts like 1,2,4,8 and --assume key=number (known: "
                         f"{', '.join(ScaleAssumptions.__dataclass_fields__)}); got {replicas!r}, {assume!r}") from None
-    teacher = ModelShape(**plan["teacher"]) if plan.get("teacher") else None
-    return plan_scaleout(spec, pricing.catalog_for(spec), plan["data"], teacher, counts, assumptions)
+    return plan_scaleout(spec, pricing.catalog_for(spec), plan.data, plan.teacher, counts, assumptions)
 
 
 def docs_command(args: argparse.Namespace) -> int:
@@ -151,7 +153,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--replicas", help="estimate the teacher stage on these Ray replica counts, e.g. 1,2,4,8,16 "
                                       "(default with execution.engine ray: 1..64 and execution.replicas)")
     p.add_argument("--assume", action="append", metavar="KEY=VALUE",
-                   help="a scale-out assumption, e.g. cluster_start_s=5 (planner.ScaleAssumptions)")
+                   help="a scale-out assumption, e.g. cluster_start_s=5 (costs.plan.scaleout.ScaleAssumptions)")
     p.set_defaults(fn=plan_command)
     ls = sub.add_parser("list", help="list campaigns")
     ls.set_defaults(fn=list_command)

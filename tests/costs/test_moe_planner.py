@@ -92,20 +92,21 @@ def test_memory_follows_total_parameters_and_4bit_leaves_the_experts_in_the_comp
 
 def test_training_flops_and_generation_time_follow_the_active_parameters(tmp_path):
     from campaign_orchestrator.costs.catalog import read_catalog
-    from campaign_orchestrator.costs.planner import generation_seconds, plan_stages
+    from campaign_orchestrator.costs.plan.facts import DataFacts
+    from campaign_orchestrator.costs.plan.roofline import generation_seconds
+    from campaign_orchestrator.costs.plan.stages import plan_stages
     from campaigns.paths import shipped_campaigns_dir
 
     moe = ModelShape.from_config(QWEN3_30B_A3B)
     spec = _spec(moe_student(), training="hardware: h100-sxm, nodes: 1, processes_per_node: 8")
     catalog = read_catalog(shipped_campaigns_dir() / "pricing/catalog.yaml")
-    facts = {"train_prompts": 1000, "heldout_items": 100, "prompt_tokens_teacher": 10.0, "prompt_tokens_student": 10.0,
-             "heldout_prompt_tokens_student": 10.0, "heldout_prompt_tokens_teacher": 10.0,
-             "suites": {"s": (100, 10.0)}, "template_tokens": {"teacher": 0.0, "student": 0.0}}
+    facts = DataFacts(train_prompts=1000, heldout_items=100, prompt_tokens_teacher=10.0, prompt_tokens_student=10.0,
+                      heldout_prompt_tokens_student=10.0, heldout_prompt_tokens_teacher=10.0, suites={"s": (100, 10.0)})
     st = plan_stages(spec, catalog, facts, moe, moe)["student_adapter"]
     head = moe.vocab * moe.hidden
     body = moe.active_params - head * (1 if moe.tied else 2)
-    assert st["flops"] == pytest.approx(4 * body * st["tokens"] + 4 * head * st["labelled_tokens"])
-    assert 0 < st["labelled_tokens"] < st["tokens"]  # the head only where a label is (the prompt has none)
+    assert st.flops == pytest.approx(4 * body * st.tokens + 4 * head * st.labelled_tokens)
+    assert 0 < st.labelled_tokens < st.tokens  # the head only where a label is (the prompt has none)
     entry = catalog.get("h100-sxm")
     a = generation_seconds(moe.active_params, moe.params * 2, 1000, 10, 16, 1000, entry, 1.0)
     b = generation_seconds(moe.params, moe.params * 2, 1000, 10, 16, 1000, entry, 1.0)

@@ -110,8 +110,8 @@ def test_the_plan_of_an_on_policy_campaign(demo_models):
     student's sampling time and the teacher's prefill tokens, priced at the API's input price (an API teacher)
     or as training-host time (in process)."""
     from resources.pricing import PricingResource
-    from campaign_orchestrator.costs.memory import ModelShape
-    from campaign_orchestrator.costs.planner import plan_on_policy, render_plan
+    from campaign_orchestrator.costs.plan.render import render_plan
+    from campaign_orchestrator.costs.plan.stages import plan_on_policy
 
     specs = {}
     for api in (True, False):
@@ -129,22 +129,22 @@ def test_the_plan_of_an_on_policy_campaign(demo_models):
         specs[api] = parse_campaign_text(yaml.safe_dump(data), str(REPO_ROOT / "campaigns" / "demo.yaml"))
         specs[api].set_project_dir(REPO_ROOT)
     plan = PricingResource().plan(specs[True], demo_models["student"].parents[1].parent)
-    assert "teacher_generations" not in plan["stages"]
-    sa = plan["stages"]["student_adapter"]
-    op = sa["on_policy"]
-    assert op["samples"] == 10 * 12 and op["rounds"] == 5 and op["sampling_seconds"] > 0
-    assert op["teacher_prefill_tokens"] > op["samples"]
+    assert "teacher_generations" not in plan.stages
+    sa = plan.stages["student_adapter"]
+    op = sa.on_policy
+    assert op.samples == 10 * 12 and op.rounds == 5 and op.sampling_seconds > 0
+    assert op.teacher_prefill_tokens > op.samples
     assert "on-policy: 5 rounds, 120 student samples" in render_plan(plan)
     catalog = read_catalog(CATALOG)
     in_usd, out_usd = catalog.get("api-open-70b").token_usd()
-    assert op["teacher_usd"] == pytest.approx(round(op["teacher_prefill_tokens"]) / 1e6 * in_usd + 120 / 1e6 * out_usd)
-    assert sa["usd"] == pytest.approx(op["training_host_usd"] + op["teacher_usd"])
+    assert op.teacher_usd == pytest.approx(round(op.teacher_prefill_tokens) / 1e6 * in_usd + 120 / 1e6 * out_usd)
+    assert sa.usd == pytest.approx(op.training_host_usd + op.teacher_usd)
     # the teacher in process: the same samples and tokens, no teacher dollars, its prefills as training-host time
-    student = ModelShape(**plan["student"])
-    local = plan_on_policy(specs[False], catalog, plan["data"], student, student, catalog.get("cpu-2vcpu"), 10, 12,
-                           sa["compute_dtype"])
-    assert (local["samples"], local["teacher_prefill_tokens"]) == (op["samples"], op["teacher_prefill_tokens"])
-    assert local["teacher_usd"] == 0.0 and local["scoring_seconds_in_process"] > 0
+    student = plan.student
+    local = plan_on_policy(specs[False], catalog, plan.data, student, student, catalog.get("cpu-2vcpu"), 10, 12,
+                           sa.compute_dtype)
+    assert (local.samples, local.teacher_prefill_tokens) == (op.samples, op.teacher_prefill_tokens)
+    assert local.teacher_usd == 0.0 and local.scoring_seconds_in_process > 0
 
 
 def test_launchers_charge_each_finished_round_as_its_message_arrives(tmp_path, catalog):

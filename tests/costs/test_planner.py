@@ -9,7 +9,7 @@ from campaigns.loader import parse_campaign_text
 from campaign_orchestrator.costs.catalog import PricingError, read_catalog
 from campaign_orchestrator.costs.catalog import compute_line, token_lines, usage_lines
 from campaign_orchestrator.costs.memory import ModelShape, training_memory, zero_model_state_bytes, zero_table
-from campaign_orchestrator.costs.planner import generation_seconds
+from campaign_orchestrator.costs.plan.roofline import generation_seconds
 
 CATALOG = """
 version: "2026-02-01"
@@ -173,7 +173,7 @@ def test_the_heap_is_planned_for_the_allocator_the_launcher_will_start_training_
     """Local launcher on a host with jemalloc: the catalog's jemalloc retention; without it, or on
     Kubernetes (whose launcher does not preload it), glibc's."""
     from campaign_orchestrator import allocator
-    from campaign_orchestrator.costs.planner import heap_retention
+    from campaign_orchestrator.costs.plan.fit import heap_retention
     from campaigns.paths import shipped_campaigns_dir
 
     entry = read_catalog(shipped_campaigns_dir() / "pricing/catalog.yaml").get("cpu-2vcpu")
@@ -191,7 +191,7 @@ def test_the_heap_is_planned_for_the_allocator_the_launcher_will_start_training_
 
 
 def test_only_sampled_local_requests_decode_to_the_longest_answer():
-    from campaign_orchestrator.costs.planner import decode_length
+    from campaign_orchestrator.costs.plan.roofline import decode_length
 
     # greedy local requests run on the continuous engine and vLLM batches continuously: rows leave as they finish
     assert decode_length("transformers", 0.0, 64) is None
@@ -203,7 +203,7 @@ def test_only_sampled_local_requests_decode_to_the_longest_answer():
 def test_a_teacher_over_the_base_weights_is_planned_only_for_its_context_items():
     """campaigns/smollm2.yaml: the teacher is the base's model and dtype with a few-shot context before plural
     items only, so its general answers are the base's (the generation cache) and cost the evaluation nothing."""
-    from campaign_orchestrator.costs.planner import suite_context_shares, suite_file_rows, teacher_answers_as_base
+    from campaign_orchestrator.costs.plan.facts import suite_context_shares, suite_file_rows, teacher_answers_as_base
     from campaigns.loader import load_campaign_file
     from tests.support import REPO_ROOT
 
@@ -215,3 +215,29 @@ def test_a_teacher_over_the_base_weights_is_planned_only_for_its_context_items()
     qlora = spec.model_copy(update={"student": spec.student.model_copy(update={
         "quantization": spec.student.quantization.model_copy(update={"load_in_4bit": True})})})
     assert not teacher_answers_as_base(qlora)  # a 4-bit base answers under its own key
+
+
+def test_the_plan_is_typed_and_its_json_is_the_same_plan(artifact_root, capsys):
+    """`campaign plan --json` prints the Plan dataclass as JSON: every stage's estimate with its own fields, the
+    data facts by name (no string-keyed facts to misspell)."""
+    import json
+
+    from campaign_app.cli import main
+    from campaign_orchestrator.costs.plan.facts import DataFacts
+    from campaign_orchestrator.costs.plan.stages import EvaluationEstimate, TeacherEstimate, TrainingEstimate
+    from campaigns.loader import load_campaign_file
+    from campaigns.paths import shipped_campaigns_dir
+    from resources.pricing import PricingResource
+
+    plan = PricingResource().plan(load_campaign_file(shipped_campaigns_dir() / "demo.yaml"), artifact_root)
+    assert isinstance(plan.data, DataFacts) and plan.data.train_prompts > 0
+    st = plan.stages
+    assert [type(st[k]) for k in ("teacher_generations", "student_adapter", "evaluation")] == [
+        TeacherEstimate, TrainingEstimate, EvaluationEstimate]
+    assert st["evaluation"].models == ["candidate", "base", "teacher"] and plan.total_usd == pytest.approx(
+        sum(plan.stage_usd(k) for k in st))
+    assert main(["plan", "demo", "--artifacts", str(artifact_root), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["stages"]["student_adapter"]["steps"] == st["student_adapter"].steps
+    assert doc["data"]["train_prompts"] == plan.data.train_prompts and doc["total_usd"] == pytest.approx(plan.total_usd)
+    assert doc["campaign_spent_usd"] == 0.0

@@ -18,15 +18,15 @@ def test_plan_rungs_and_the_planner_estimate(artifact_root):
     # 6 trials, eta 3: 6 run 30 steps, 2 go on to 90 (60 more), 1 to 270 (180 more)
     assert [(r["trials"], r["steps"], r["new_steps"]) for r in rungs] == [(6, 30, 30), (2, 90, 60), (1, 270, 180)]
     plan = PricingResource().plan(spec, artifact_root)
-    sw, ad = plan["stages"]["hparam_sweep"], plan["stages"]["student_adapter"]
+    sw, ad = plan.stages["hparam_sweep"], plan.stages["student_adapter"]
     startup = 8.0  # cpu-2vcpu perf.train_startup_s
-    step_s = (ad["seconds"] - startup) / ad["steps"]
-    assert sw["steps"] == 6 * 30 + 2 * 60 + 180 == 480
-    assert sw["seconds"] == pytest.approx(480 * step_s + (6 + 2 + 1) * startup)
-    assert sw["every_trial_to_the_end_seconds"] == pytest.approx(6 * (270 * step_s + startup))
-    assert sw["usd"] == pytest.approx(sw["seconds"] / 3600 * 0.0893) and sw["within_cap"] is True
-    assert plan["total_usd"] == pytest.approx(sum(s["usd"] for s in plan["stages"].values()))
-    from campaign_orchestrator.costs.planner import render_plan
+    step_s = (ad.seconds - startup) / ad.steps
+    assert sw.steps == 6 * 30 + 2 * 60 + 180 == 480
+    assert sw.seconds == pytest.approx(480 * step_s + (6 + 2 + 1) * startup)
+    assert sw.every_trial_to_the_end_seconds == pytest.approx(6 * (270 * step_s + startup))
+    assert sw.usd == pytest.approx(sw.seconds / 3600 * 0.0893) and sw.within_cap is True
+    assert plan.total_usd == pytest.approx(sum(s.usd for s in plan.stages.values()))
+    from campaign_orchestrator.costs.plan.render import render_plan
 
     assert "6 trials, rungs 6×30 → 2×90 → 1×270, 480 steps, cap $0.02" in render_plan(plan)
 

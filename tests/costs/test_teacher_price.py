@@ -72,9 +72,9 @@ def test_planner_guard_and_ledger_read_the_same_price(tmp_path, artifact_root):
     assert (teacher_entry(spec, catalog).input_usd, teacher_entry(spec, catalog).output_usd) == (2.0, 4.0)
 
     plan = pricing.plan(spec, artifact_root)
-    t = plan["stages"]["teacher_generations"]
-    assert t["price_key"] == "api-open-70b" and t["unit"] == "million-tokens"
-    assert t["usd"] == pytest.approx(t["prompt_tokens"] * 2e-6 + t["completion_tokens"] * 4e-6)
+    t = plan.stages["teacher_generations"]
+    assert t.price_key == "api-open-70b" and t.unit == "million-tokens"
+    assert t.usd == pytest.approx(t.prompt_tokens * 2e-6 + t.completion_tokens * 4e-6)
 
     ledger = pricing.bill(spec, "teacher_generations", teacher_usage(GenerationStats(
         new_prompt_tokens=1_000_000, new_completion_tokens=500_000)))["lines"]
@@ -95,7 +95,7 @@ def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact
     from assets.location import default_resources
     from campaign_orchestrator.costs.dashboard import render_dashboard
     from campaign_orchestrator.costs.ledger import Ledger
-    from campaign_orchestrator.costs.planner import render_plan
+    from campaign_orchestrator.costs.plan.render import render_plan
     from campaign_orchestrator.costs.report import build_report, render_text
     from resources.pricing import PricingResource
 
@@ -152,5 +152,5 @@ def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact
     assert "+ unknown" in html and "unpriced: teacher: teacher_generations unknown" in html
 
     plan = PricingResource().plan(spec, artifact_root)
-    assert plan["stages"]["teacher_generations"]["usd"] is None and plan["total_usd"] is None
+    assert plan.stages["teacher_generations"].usd is None and plan.total_usd is None
     assert "unknown   (teacher_generations: teacher.price is `unpriced`" in render_plan(plan)
