@@ -76,7 +76,7 @@ def workload(section: str, n: int | None, tiny: bool) -> list[dict]:
     import yaml
 
     from campaign_orchestrator.dataset.prompts import split
-    from campaign_orchestrator.teacher.requests import chat_messages
+    from campaign_orchestrator.generation.requests import chat_messages
 
     spec = yaml.safe_load((REPO / "campaigns" / "smollm2.yaml").read_text())
     data = REPO / "campaigns" / "data" / "smollm2"
@@ -121,7 +121,7 @@ def worker(a) -> int:
 
     torch.set_num_threads(a.threads)
     from campaign_orchestrator.process_memory import peak_rss_mb
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
 
     lines: list[str] = []
     jobs = workload(a.section, a.prompts, a.tiny)
@@ -185,8 +185,8 @@ class _StageAnswers:
     def __init__(self, a, generator, root: Path):
         from campaign_orchestrator.content import HashCache, model_fingerprint
         from campaign_orchestrator.hardware import key_precision
-        from campaign_orchestrator.teacher.backends import answer_identity, teacher_identity
-        from campaign_orchestrator.teacher.blobstore import open_store
+        from campaign_orchestrator.generation.backends import answer_identity, teacher_identity
+        from campaign_orchestrator.generation.blobstore import open_store
         from campaigns import paths
 
         self.generator, self.root, self.store = generator, root, open_store(root / "cache")
@@ -207,10 +207,10 @@ class _StageAnswers:
     def answer(self, job: dict) -> list:
         from types import SimpleNamespace
 
-        from campaign_orchestrator.teacher.backends import TransformersBackend
-        from campaign_orchestrator.teacher.cache import GenerationCache
-        from campaign_orchestrator.teacher.requests import Sampling, namespace
-        from campaign_orchestrator.teacher.runner import run_generation
+        from campaign_orchestrator.generation.backends import TransformersBackend
+        from campaign_orchestrator.generation.cache import GenerationCache
+        from campaign_orchestrator.generation.requests import Sampling, namespace
+        from campaign_orchestrator.generation.runner import run_generation
 
         role, ident = job["role"], self.identity[job["role"]]
         gen = self.generator(role)

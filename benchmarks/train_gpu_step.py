@@ -11,7 +11,7 @@ this process, a few steps each:
 
 each with real tokens/s after the first (warm-up) step, MFU against this GPU's measured bf16 matmul
 peak (8192², same run) and peak allocated memory. Then, when ``vllm`` is importable, the ``vllm``
-teacher backend (``campaign_orchestrator.teacher.backends.VLLMBackend``) generates for the demo
+teacher backend (``campaign_orchestrator.generation.backends.VLLMBackend``) generates for the demo
 teacher (``@demo/teacher``; built into a temporary artifact root when absent): tokens/s, rows/s and
 exact match against the references.
 
@@ -167,11 +167,11 @@ def bnb_usable(device) -> str | None:
 def vllm_teacher(artifacts: Path, prompts_n: int, work: Path) -> dict:
     """The vllm teacher backend on the demo teacher: generation throughput and exact match."""
     from campaign_orchestrator.demo.recipe import resolve
-    from campaign_orchestrator.teacher.backends import VLLMBackend
-    from campaign_orchestrator.teacher.blobstore import LocalStore
-    from campaign_orchestrator.teacher.cache import GenerationCache
-    from campaign_orchestrator.teacher.requests import Sampling, namespace
-    from campaign_orchestrator.teacher.runner import run_generation
+    from campaign_orchestrator.generation.backends import VLLMBackend
+    from campaign_orchestrator.generation.blobstore import LocalStore
+    from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.requests import Sampling, namespace
+    from campaign_orchestrator.generation.runner import run_generation
     from teacher_common import prompts
 
     model_dir = resolve("@demo/teacher", artifacts)

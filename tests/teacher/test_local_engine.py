@@ -19,7 +19,7 @@ _LOADED: dict = {}  # (teacher path, dtype) -> (model, tokenizer, precision): ea
 
 def _gen(demo_models, dtype, **kw):
     """A fresh LocalGenerator (its own settings and stats) over the demo teacher loaded once in ``dtype``."""
-    from campaign_orchestrator.teacher.local import LocalGenerator, load_model
+    from campaign_orchestrator.generation.local import LocalGenerator, load_model
 
     kw.setdefault("engine", "continuous")
     key = (str(demo_models["teacher"]), dtype)
@@ -79,7 +79,7 @@ def test_finished_rows_are_not_decoded_and_progress_is_reported(demo_models):
 
 
 def test_prefix_groups_and_engine_choice(demo_models, monkeypatch):
-    from campaign_orchestrator.teacher.local import ENGINE_ENV, LocalGenerator, auto_engine, prefix_groups
+    from campaign_orchestrator.generation.local import ENGINE_ENV, LocalGenerator, auto_engine, prefix_groups
 
     a = list(range(10))
     groups = prefix_groups([a + [1], [7, 7], a + [2, 3], a[:9] + [5], [8]], min_tokens=8)
@@ -135,7 +135,7 @@ def test_score_matches_a_one_sequence_forward_and_generated_logprobs(demo_models
 
 
 def test_shards_on_two_workers_give_the_tokens_of_one_call(demo_models):
-    """What a distributor relies on (campaign_orchestrator/teacher/recipes.py, promise 2): in fp32 a greedy answer
+    """What a distributor relies on (campaign_orchestrator/generation/recipes.py, promise 2): in fp32 a greedy answer
     does not depend on the other prompts of its call, so the prompts split into two shards, answered by two
     generators (two workers) with other batch shapes, give the tokens one call gives."""
     one = _gen(demo_models, "float32", engine="auto", batch_size=8)  # every prompt in one batch

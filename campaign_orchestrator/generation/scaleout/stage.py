@@ -1,4 +1,4 @@
-"""A generation stage on Ray: :func:`run_generation_ray` is :func:`campaign_orchestrator.teacher.runner.
+"""A generation stage on Ray: :func:`run_generation_ray` is :func:`campaign_orchestrator.generation.runner.
 run_generation` with the backend replaced by a sharded actor pool; same rows, same statistics, same cache.
 
 1. Build the requests and their keys; seal spools a killed run left; look every key up in the cache.
@@ -18,11 +18,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
-from campaign_orchestrator.scaleout.pool import ShardPool, describe_worker, ray_session
-from campaign_orchestrator.scaleout.shards import make_shards
-from campaign_orchestrator.scaleout.worker import CacheConfig
-from campaign_orchestrator.teacher.runner import GenerationError, GenerationResult, GenerationStats
-from campaign_orchestrator.teacher.requests import Sampling, build_requests, sampling_hash
+from campaign_orchestrator.generation.scaleout.pool import ShardPool, describe_worker, ray_session
+from campaign_orchestrator.generation.scaleout.shards import make_shards
+from campaign_orchestrator.generation.scaleout.worker import CacheConfig
+from campaign_orchestrator.generation.runner import GenerationError, GenerationResult, GenerationStats
+from campaign_orchestrator.generation.requests import Sampling, build_requests, sampling_hash
 
 
 @dataclass
@@ -65,7 +65,7 @@ class RayRun:
 
     @classmethod
     def from_dict(cls, d: dict) -> RayRun:
-        """The run a job's summary describes (``as_dict``, as ``python -m campaign_orchestrator.scaleout --summary``
+        """The run a job's summary describes (``as_dict``, as ``python -m campaign_orchestrator.generation.scaleout --summary``
         writes it under ``ray``)."""
         known = {f.name for f in fields(ShardReport)}
         return cls(shards=[ShardReport(**{k: v for k, v in s.items() if k in known}) for s in d.get("shards", [])],
@@ -173,8 +173,8 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
     if todo:
         import uuid
 
-        from campaign_orchestrator.scaleout.pool import session_pool
-        from campaign_orchestrator.scaleout.ratelimit import start_limits
+        from campaign_orchestrator.generation.scaleout.pool import session_pool
+        from campaign_orchestrator.generation.scaleout.ratelimit import start_limits
 
         own = False
         if pool is None:
@@ -243,13 +243,13 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
 
 
 def run_job(job, log: Callable[[str], None] = print, on_shard=None, budget=None) -> tuple[GenerationResult, RayRun]:
-    """Run a :class:`~campaign_orchestrator.scaleout.job.Job` on the connected Ray cluster and write its
+    """Run a :class:`~campaign_orchestrator.generation.scaleout.job.Job` on the connected Ray cluster and write its
     rows to ``job.output`` (the entry point a KubeRay ``RayJob`` runs; the Dagster step runs the same code).
     ``budget``: what :func:`run_generation_ray` asks of a guard (``check_planned``, ``charge``)."""
     from types import SimpleNamespace
 
     from campaign_orchestrator.dataset.prompts import read_prompt_table
-    from campaign_orchestrator.teacher.rows import write_generations
+    from campaign_orchestrator.generation.rows import write_generations
 
     cfg = CacheConfig(**job.cache)
     cache = cfg.open()
@@ -339,12 +339,12 @@ def ray_metadata(run: RayRun) -> dict:
 def answers_on_ray(execution, prompts: Sequence[str], recipe, identity: str, max_new_tokens: int,
                    cache_config_for: Callable[[Sampling], CacheConfig], *, log: Callable[[str], None],
                    label: str, run: Callable | None = None, **kwargs) -> tuple[list, RayRun, GenerationStats]:
-    """Greedy answers of a local model (an :class:`~campaign_orchestrator.scaleout.job.AnswerRecipe`) to
+    """Greedy answers of a local model (an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerRecipe`) to
     ``prompts`` on Ray, in order, as ``generate(prompts, max_new_tokens)`` returns them (``text``, ``latency_s``,
     ``error``); cached under ``identity`` like teacher generations, so a lost shard costs its in-flight prompts.
     ``run``: what runs the shards, called as :func:`run_on_ray` (the default) is, with ``kwargs`` (e.g. a KubeRay
     RayJob launched by the Dagster asset)."""
-    from campaign_orchestrator.teacher.runner import answers
+    from campaign_orchestrator.generation.runner import answers
 
     sampling = Sampling(max_new_tokens=max_new_tokens)
     rows = [{"id": str(i), "prompt": p} for i, p in enumerate(prompts)]

@@ -3,7 +3,7 @@
 1. Build the requests (``n`` per prompt) and their content-addressed keys.
 2. Seal spools left by a killed run, then look every key up in the cache.
 3. Send only the missing, distinct requests to the backend; each finished generation goes to
-   the cache writer at once (see :mod:`campaign_orchestrator.teacher.cache`), failures are counted and not cached.
+   the cache writer at once (see :mod:`campaign_orchestrator.generation.cache`), failures are counted and not cached.
 4. Assemble the rows in prompt order from cache hits and new results.
 
 Money: a cache hit costs nothing. ``progress`` sees every row (hits too: it is a display); the
@@ -23,10 +23,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from campaign_orchestrator.teacher.backends import Backend
-from campaign_orchestrator.teacher.cache import GenerationCache
-from campaign_orchestrator.teacher.completion import Completion
-from campaign_orchestrator.teacher.requests import GenRequest, Sampling, build_requests, sampling_hash
+from campaign_orchestrator.generation.backends import Backend
+from campaign_orchestrator.generation.cache import GenerationCache
+from campaign_orchestrator.generation.completion import Completion
+from campaign_orchestrator.generation.requests import GenRequest, Sampling, build_requests, sampling_hash
 
 
 class GenerationError(RuntimeError):
@@ -89,7 +89,7 @@ def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling
                    progress: Callable[[int], None] | None = None,
                    log: Callable[[str], None] | None = None, budget=None) -> GenerationResult:
     """``prompts`` are dicts with ``id`` and ``prompt``. Returns rows in ``GENERATION_SCHEMA``
-    (see :mod:`campaign_orchestrator.teacher.rows`), ``n`` per prompt, in prompt order."""
+    (see :mod:`campaign_orchestrator.generation.rows`), ``n`` per prompt, in prompt order."""
     log = log or (lambda _m: None)
     if not prompts:
         raise GenerationError("no prompts to generate for: the prompt table is empty")

@@ -37,7 +37,7 @@ import torch
 from campaign_orchestrator import allocator
 from campaign_orchestrator.dataset.formatting import render_prompt_ids
 from campaign_orchestrator.hardware import Resolved, resolve_compute_dtype
-from campaign_orchestrator.teacher.completion import Completion
+from campaign_orchestrator.generation.completion import Completion
 
 __all__ = ["Completion", "LocalGenerator", "Scored", "default_device", "load_model"]
 

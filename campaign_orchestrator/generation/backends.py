@@ -7,13 +7,13 @@ rest are done. Errors that concern one request (a prompt longer than the context
 the endpoint refuses) come back as a completion with ``error`` set; errors that concern the
 whole backend (no vLLM installed, a rejected API key, an unreachable endpoint) raise.
 
-- :class:`TransformersBackend`: a local checkpoint through :class:`campaign_orchestrator.teacher.local.LocalGenerator`
+- :class:`TransformersBackend`: a local checkpoint through :class:`campaign_orchestrator.generation.local.LocalGenerator`
   (batched, left-padded, batches bucketed by prompt length).
 - :class:`VLLMBackend`: offline batch inference with ``vllm.LLM.generate`` and
   ``SamplingParams``; vLLM is imported only here, only when used (``pip install '.[vllm]'``
   on a GPU image). Tests inject an object with ``vllm.LLM``'s interface.
 - :class:`OpenAIBackend`: any OpenAI-compatible endpoint through
-  :class:`campaign_orchestrator.teacher.openai_client.OpenAICompatibleClient`.
+  :class:`campaign_orchestrator.generation.openai_client.OpenAICompatibleClient`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from campaign_orchestrator.teacher.completion import Completion
-from campaign_orchestrator.teacher.requests import GenRequest, Sampling
+from campaign_orchestrator.generation.completion import Completion
+from campaign_orchestrator.generation.requests import GenRequest, Sampling
 
 OnDone = Callable[[GenRequest, Completion], None]
 
@@ -137,7 +137,7 @@ class TransformersBackend:
     @property
     def generator(self):
         if self._gen is None:
-            from campaign_orchestrator.teacher.local import LocalGenerator
+            from campaign_orchestrator.generation.local import LocalGenerator
 
             gen = LocalGenerator.from_path(self.model_path, self.adapter_dir, self.load_in_4bit, self.compute_dtype,
                                            batch_size=self.batch_size)
@@ -383,7 +383,7 @@ def make_backend(spec, model_path: str | Path | None = None, *, api_key: str | N
                            chunk_size=spec.batch_size, tensor_parallel_size=spec.tensor_parallel_size,
                            engine_args=spec.engine_args, seed=spec.sampling.seed)
     if spec.backend == "openai":
-        from campaign_orchestrator.teacher.openai_client import OpenAICompatibleClient
+        from campaign_orchestrator.generation.openai_client import OpenAICompatibleClient
 
         client = OpenAICompatibleClient(spec.base_url, spec.model, api_key=api_key, api_key_env=spec.api_key_env,
                                         chat=spec.chat, max_concurrency=spec.max_concurrency,
