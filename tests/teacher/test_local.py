@@ -75,12 +75,12 @@ def test_inputs_go_to_the_model_device(monkeypatch, demo_models, teacher_gen):
         return real(input_ids=input_ids, attention_mask=attention_mask, **kw)
 
     monkeypatch.setattr(teacher_gen.model, "generate", spy)
-    monkeypatch.setattr(teacher_gen, "engine", "hf_generate")
+    monkeypatch.setattr(teacher_gen, "setting", "hf_generate")
     out = teacher_gen.generate([p["prompt"] for p in PROMPTS[:3]], 8, logprobs=2)
     assert seen == [(teacher_gen.device, teacher_gen.device)]
     assert all(c.token_ids and c.top_logprobs for c in out)  # results back as plain Python values
     # the continuous engine calls the model's forward: its inputs are on the model's device too
-    monkeypatch.setattr(teacher_gen, "engine", "continuous")
+    monkeypatch.setattr(teacher_gen, "setting", "continuous")
     fwd = []
     hook = teacher_gen.model.register_forward_pre_hook(
         lambda m, a, kw: fwd.append({k: v.device for k, v in kw.items() if isinstance(v, torch.Tensor)}), with_kwargs=True)
