@@ -14,15 +14,20 @@ run_generation` with the backend replaced by a sharded actor pool; same rows, sa
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
+from campaign_orchestrator.generation.requests import Sampling
+from campaign_orchestrator.generation.runner import (
+    GenerationError,
+    GenerationResult,
+    GenerationStats,
+    assemble_rows,
+    open_requests,
+)
 from campaign_orchestrator.generation.scaleout.pool import ShardPool, describe_worker, ray_session
 from campaign_orchestrator.generation.scaleout.shards import make_shards
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig
-from campaign_orchestrator.generation.runner import GenerationError, GenerationResult, GenerationStats
-from campaign_orchestrator.generation.requests import Sampling, build_requests, sampling_hash
 
 
 @dataclass
@@ -110,21 +115,11 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
     gives the cost lines of a shard's usage (``seconds``, ``prompt_tokens``, ``completion_tokens``; None: unknown). Needs a Ray
     connection (:func:`ray_session`); ``pool``: reuse a running pool (else one is made and closed here)."""
     log = log or (lambda _m: None)
-    if not prompts:
-        raise GenerationError("no prompts to generate for: the prompt table is empty")
     t_start, t_wall0 = time.perf_counter(), time.time()
-    st = GenerationStats(prompts=len(prompts))
-    with_context = None if context_categories is None else [p.get("category") in context_categories for p in prompts]
-    reqs = build_requests(identity, sampling, [p["prompt"] for p in prompts], chat, context, with_context)
-    st.requests = sum(len(r) for r in reqs)
-    st.recovered_rows = cache.recover() + cache_config.recover()  # no worker of this stage is writing yet
-    if st.recovered_rows:
-        log(f"recovered {st.recovered_rows} generations a previous run finished before it stopped")
-    cache.compact()
-    per_key = Counter(r.key for rs in reqs for r in rs)
-    st.distinct_requests = len(per_key)
-    found = cache.lookup(per_key)
-    st.cache_hits = len(found)
+    # the opening run_generation has too; no worker of this stage is writing yet: their spools are sealed as well
+    st, reqs, per_key, found = open_requests(prompts, identity, sampling, cache, chat=chat, context=context,
+                                             context_categories=context_categories, log=log,
+                                             recover=cache_config.recover)
     shards = make_shards([r for rs in reqs for r in rs], execution.shard_prompts)
     run = RayRun(shards=[ShardReport(s.id, s.index, len(s), cached=sum(k in found for k in s.keys)) for s in shards])
     todo = [s for s, rep in zip(shards, run.shards, strict=True) if rep.cached < rep.requests]
@@ -216,25 +211,7 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
     unanswered = [k for k in per_key if k not in results]
     if unanswered:
         raise GenerationError(f"the Ray workers returned no result for {len(unanswered)} requests")
-    shash = sampling_hash(sampling)
-    rows, finish = [], Counter()
-    for p, rs in zip(prompts, reqs, strict=True):
-        for r in rs:
-            c = results[r.key]
-            from_cache = r.key in found
-            rows.append({"id": p["id"], "sample_index": r.sample_index, "prompt": p["prompt"],
-                         "completion": c["completion"], "finish_reason": c["finish_reason"],
-                         "prompt_tokens": c["prompt_tokens"], "completion_tokens": c["completion_tokens"],
-                         "latency_s": c["latency_s"], "backend": c["backend"], "model": c["model"],
-                         "sampling_hash": shash, "request_key": r.key, "from_cache": from_cache,
-                         "retries": 0 if from_cache else c["retries"], "error": c.get("error"),
-                         "completion_token_ids": c["completion_token_ids"], "top_logprobs": c["top_logprobs"]})
-            finish[c["finish_reason"]] += 1
-            st.prompt_tokens += c["prompt_tokens"] or 0
-            st.completion_tokens += c["completion_tokens"] or 0
-            if not from_cache:
-                st.retries += c["retries"] or 0
-    st.finish_reasons = dict(finish)
+    rows = assemble_rows(prompts, reqs, results, lambda key: key in found, sampling, st)
     st.wall_s = time.perf_counter() - t_start
     if st.failed and st.failed == missing and not st.cache_hits:
         first = next(r["error"] for r in rows if r["error"])
