@@ -10,8 +10,9 @@ An engine that fails its probe is recorded with its error and never chosen. The 
 
 Candidates are the engines whose ``devices`` hold the device kind and that are usable here
 (:mod:`campaign_orchestrator.generation.engines`): on a CPU the continuous engine and ``generate``
-(``generate_batch`` runs there when named, but is no candidate: its module says why); on a GPU ``generate_batch``, ``generate`` and vLLM when importable (the continuous engine is
-CPU-tuned: its module says why it is not a GPU candidate). Whatever the probe says, ``$CAMPAIGN_GENERATION_ENGINE``
+(``generate_batch`` runs there when named, but is no candidate: its module says why); on a GPU
+``generate_batch``, ``generate`` and vLLM when importable (the continuous engine is CPU-tuned: its module says why
+it is not a GPU candidate). Whatever the probe says, ``$CAMPAIGN_GENERATION_ENGINE``
 names the engine for a whole process tree (a measurement switch).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 CACHE_FILE = "generation_engines.json"
@@ -121,10 +123,27 @@ def pick(record: dict, engines: dict, needs_topk: bool) -> tuple[str | None, str
     return best, why
 
 
+@contextmanager
+def _host_lock(path: Path):
+    """An exclusive lock beside the host cache file (no lock where the directory cannot be written)."""
+    import fcntl
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path.with_suffix(".lock"), "a")
+    except OSError:
+        yield
+        return
+    with f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield
+
+
 def choose(gen, engines: dict, needs_topk: bool = False, cache_dir: str | Path | None = None,
            device=None, log: Callable[[str], None] | None = None) -> tuple[str | None, dict]:
     """The engine ``auto`` runs for ``gen`` (a LocalGenerator) and a request (``needs_topk``), and the record:
-    measured once per host, device, dtype and model shape (cached), then read."""
+    measured once per host, device, dtype and model shape (cached; the first process measures under a lock
+    beside the cache file, so every process of a host runs the same engine), then read."""
     import torch
 
     from campaign_orchestrator.hardware import cache_dir as host_cache_dir
@@ -137,17 +156,21 @@ def choose(gen, engines: dict, needs_topk: bool = False, cache_dir: str | Path |
     key = probe_key(device, dtype, model_shape(gen.model), cands)
     path = Path(cache_dir or host_cache_dir()) / CACHE_FILE
     cached = read_host_cache(path)
-    measured = key not in cached
-    if measured:
-        n, new = PROBE.get(device.type, PROBE["cuda"])
-        prompts = probe_prompts(gen.model.config.vocab_size if hasattr(gen.model.config, "vocab_size") else
-                                len(gen.tok), set(gen.tok.all_special_ids) | set(gen.stop_ids), n,
-                                gen.context_length, new, device.type)
-        on_gpu = device.type == "cuda" and torch.cuda.is_available()  # (a mocked device has nothing to wait for)
-        sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None)
-        cached[key] = {"device": device.type, "dtype": dtype, "probe": {"prompts": n, "new_tokens": new},
-                       "engines": probe(cands, prompts, new, sync), "not_candidates": why_not}
-        write_host_cache(path, cached)
+    measured = False
+    if key not in cached:
+        with _host_lock(path):  # one process of the host measures; the others wait and read its record
+            cached = read_host_cache(path)
+            if key not in cached:
+                measured = True
+                n, new = PROBE.get(device.type, PROBE["cuda"])
+                vocab = getattr(gen.model.config, "vocab_size", None) or len(gen.tok)
+                prompts = probe_prompts(vocab, set(gen.tok.all_special_ids) | set(gen.stop_ids), n,
+                                        gen.context_length, new, device.type)
+                on_gpu = device.type == "cuda" and torch.cuda.is_available()  # (a mocked device: nothing to wait for)
+                sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None)
+                cached[key] = {"device": device.type, "dtype": dtype, "probe": {"prompts": n, "new_tokens": new},
+                               "engines": probe(cands, prompts, new, sync), "not_candidates": why_not}
+                write_host_cache(path, cached)
     record = cached[key]
     name, why = pick(record["engines"], cands, needs_topk)
     record = record | {"chosen": name, "why": why, "measured_now": measured}
