@@ -166,7 +166,13 @@ class TransformersBackend:
 
     def stats(self) -> dict:
         p = getattr(self._gen, "precision", None)
-        return {"compute_dtype": p.dtype, "compute_dtype_reason": p.reason} if p is not None else {}
+        out = {"compute_dtype": p.dtype, "compute_dtype_reason": p.reason} if p is not None else {}
+        engine = getattr(self._gen, "last_engine", None)
+        if engine:  # which engine answered, and why auto chose it (generation/auto.py)
+            why = next((c.get("why") for c in getattr(self._gen, "choice", {}).values() if c.get("chosen") == engine),
+                       None)
+            out |= {"engine": engine} | ({"engine_reason": why} if why else {})
+        return out
 
 
 # --------------------------------------------------------------------------- vLLM
