@@ -218,6 +218,9 @@ class LocalGenerator:
             engines = {n: self.engine_instance(n) for n in ENGINES[1:]}
             name, record = choose(self, engines, needs_topk, log=self.log)
             self.choice[needs_topk] = record | {"chosen": name or "hf_generate"}
+            if record.get("measured_now"):  # what the probe started and auto did not choose goes (a vLLM engine
+                keep = {c["chosen"] for c in self.choice.values()} | {"hf_generate"}  # holds GPU memory)
+                self.engines = {n: e for n, e in self.engines.items() if n in keep}
         return self.choice[needs_topk]["chosen"]
 
     @property
