@@ -280,15 +280,20 @@ def engines_worker(a) -> int:
     from campaign_orchestrator.generation.engines.vllm_engine import vllm_importable
     from campaign_orchestrator.generation.local import LocalGenerator
 
+    from campaign_orchestrator.demo.build import build_demo_models
+    from campaign_orchestrator.demo.recipe import resolve
+
+    build_demo_models(Path(a.artifacts), log=lambda _m: None, moe=False)  # a cache hit once built
+    demo = Path(resolve("@demo/teacher", a.artifacts))
     dev = a.device
     torch.set_num_threads(a.threads)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     shapes = []
     if not a.tiny:
         root = Path(tempfile.mkdtemp(prefix="genbench-1b-"))
-        shapes.append(("llama-1.1b", _llama_1b(root, Path(a.model), "bfloat16" if dev == "cuda" else "float32"),
+        shapes.append(("llama-1.1b", _llama_1b(root, demo, "bfloat16" if dev == "cuda" else "float32"),
                        (256, 32, 256, 128, 128)))
-    shapes.append(("demo-teacher", Path(a.model), (a.prompts or 96, 0, 0, 16, 32)))
+    shapes.append(("demo-teacher", demo, (a.prompts or 96, 0, 0, 16, 32)))
     out: dict = {"device": dev, "shapes": {}}
     for name, path, (n, lo, hi, new, batch) in shapes:
         gen = LocalGenerator.from_path(path, compute_dtype="auto", device=dev, batch_size=batch)
@@ -377,11 +382,11 @@ def engines_section(a) -> dict:
 
 
 def _child(a, section: str, engine: str, dtype: str | None = None, engine_only: bool = False) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--section", section, "--engine", engine, "--model", str(a.model),
+    cmd = [sys.executable, __file__, "--worker", "--section", section, "--engine", engine, "--model", str(a.model or ""),
            "--dtype", dtype or a.dtype, "--threads", str(a.threads)] \
         + (["--prompts", str(a.prompts)] if a.prompts else []) + (["--tiny"] if a.tiny else []) \
         + (["--adapter", str(a.adapter)] if a.adapter else []) + (["--engine-only"] if a.engine_only or engine_only else []) \
-        + ["--device", a.device]
+        + ["--device", a.device, "--artifacts", str(a.artifacts)]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if p.returncode != 0:
@@ -418,6 +423,8 @@ def main() -> int:
 
         build_demo_models(Path(a.artifacts), log=lambda _m: None, moe=False)
         a.model = resolve("@demo/teacher", a.artifacts)
+    elif set(a.sections.split(",")) == {"engines"}:
+        a.model = None  # the engines section builds its own models (the demo teacher, a 1.1B-shaped Llama)
     else:
         sys.path.insert(0, str(REPO / "benchmarks"))
         import _real_model
