@@ -7,13 +7,13 @@ A campaign's graph, in pipeline order, and the library module that does each ass
 asset (module)         work done by
 =====================  =========================================================================
 prompts                campaign_orchestrator.dataset.prompts (sources: .triggers.sources)
-teacher_generations    campaign_orchestrator.teacher (runner, cache, backends; resources.teacher)
+teacher_generations    campaign_orchestrator.generation (runner, cache, backends; resources.teacher)
 distillation_set       campaign_orchestrator.dataset.filtering (scorer: evaluation.scorers), .decontamination
 tokenized_dataset      campaign_orchestrator.dataset.tokenize (formatting, packing, topk)
 hparam_sweep           campaign_orchestrator.sweep (Optuna; each rung a launch as below)
 sweep_trial            hparam_sweep (one dynamic partition per trial, reported by the sweep step)
 student_adapter        training (``python -m training`` through resources.training_launcher)
-evaluation             evaluation (runner, suite, gate, report; local generation: .teacher.local; lm_eval suites: harness)
+evaluation             evaluation (runner, suite, gate, report; local generation: .generation.local; lm_eval suites: harness)
 promoted_model         evaluation.approval
 campaign_cost          resources.pricing (the cost report and dashboard; every asset prices through it)
 drift_evaluation       evaluation.drift (automation group: sensors.py, plain logic in .triggers)

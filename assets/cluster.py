@@ -253,7 +253,7 @@ def eval_gate(context: AssetExecutionContext, env: dict, trained: dict, storage:
     from evaluation.runner import BASE, CANDIDATE, SuiteGate, SuiteRun, answer_suites, judge, scores
     from evaluation.scorers import build_scorer
     from evaluation.suite import read_item_results, write_item_rows
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
     from training.cluster import ladder
 
     d = _rung_dir(storage, "eval_gate", context)

@@ -15,8 +15,8 @@ from resources.storage import ArtifactStore
 
 def distill_schema() -> pa.Schema:
     """id, prompt, completion; plus the teacher's generated token ids and top-k logprobs
-    (null unless ``teacher.sampling.logprobs`` was set; see ``campaign_orchestrator/teacher/rows.py``)."""
-    from campaign_orchestrator.teacher.rows import TOP_LOGPROBS_TYPE
+    (null unless ``teacher.sampling.logprobs`` was set; see ``campaign_orchestrator/generation/rows.py``)."""
+    from campaign_orchestrator.generation.rows import TOP_LOGPROBS_TYPE
 
     return pa.schema([("id", pa.string()), ("prompt", pa.string()), ("completion", pa.string()),
                       ("completion_token_ids", pa.list_(pa.int32())), ("top_logprobs", TOP_LOGPROBS_TYPE)])
@@ -49,7 +49,7 @@ def materialize(context, spec: CampaignSpec, generations: dict, prompts: dict,
     """The teacher's generations filtered by the campaign's rules and decontaminated against the gate suites,
     unless the stage's content key is complete: ``(manifest, cached)``."""
     from campaign_orchestrator.dataset.filtering import FilterRules, filter_generations
-    from campaign_orchestrator.teacher.rows import read_generations
+    from campaign_orchestrator.generation.rows import read_generations
     from evaluation.scorers import get_scorer
 
     f, dc = spec.data.filters, spec.data.decontamination

@@ -80,8 +80,8 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
     from types import SimpleNamespace
 
     from assets.teacher_generations import teacher_setup, teacher_usage
-    from campaign_orchestrator.teacher.requests import Sampling
-    from campaign_orchestrator.teacher.runner import answers, run_generation
+    from campaign_orchestrator.generation.requests import Sampling
+    from campaign_orchestrator.generation.runner import answers, run_generation
 
     t = spec.teacher
     spend: dict = {"lines": [], "unknown": False, "seconds": 0.0}
@@ -181,7 +181,7 @@ def answers_key(spec: CampaignSpec, storage: ArtifactStore, prompts: dict, adapt
     teacher_id = None
     if ev.score_teacher:
         from assets.teacher_generations import teacher_model_path
-        from campaign_orchestrator.teacher.backends import spec_identity
+        from campaign_orchestrator.generation.backends import spec_identity
 
         tpath = teacher_model_path(storage, spec)
         teacher_id = [spec_identity(t, tpath, model_identity(tpath, t.revision) if tpath else None), t.chat]
@@ -320,7 +320,7 @@ def _generation_engine(spec: CampaignSpec, log):
 
     if spec.execution.engine != "ray" or spec.execution.kuberay is not None:
         return nullcontext()
-    from campaign_orchestrator.scaleout.pool import ray_session
+    from campaign_orchestrator.generation.scaleout.pool import ray_session
 
     return ray_session(spec.execution.ray_address, log=log)
 
@@ -332,11 +332,11 @@ def _ray_answers(spec: CampaignSpec, storage: ArtifactStore, role: str, base, ad
     model and answer length through ``launch`` when the campaign sets ``execution.kuberay`` (``budget``: the stage's
     guard, checked while it runs)."""
     from assets.ray_dispatch import ray_runner
-    from campaign_orchestrator.scaleout.job import AnswerRecipe
-    from campaign_orchestrator.scaleout.stage import answers_on_ray
-    from campaign_orchestrator.scaleout.worker import CacheConfig
-    from campaign_orchestrator.teacher.recipes import GeneratorRecipe
-    from campaign_orchestrator.teacher.requests import namespace
+    from campaign_orchestrator.generation.scaleout.job import AnswerRecipe
+    from campaign_orchestrator.generation.scaleout.stage import answers_on_ray
+    from campaign_orchestrator.generation.scaleout.worker import CacheConfig
+    from campaign_orchestrator.generation.recipes import GeneratorRecipe
+    from campaign_orchestrator.generation.requests import namespace
 
     s, q = spec.student, spec.student.quantization
     adapter_dir = adapter["adapter_path"] if adapter else None
@@ -373,10 +373,10 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
     ev, q = spec.evaluation, spec.student.quantization
     if ev.backend == "openai":
         return _endpoint_models(spec, adapter, context)
-    from campaign_orchestrator.teacher.backends import TransformersBackend
-    from campaign_orchestrator.teacher.cache import GenerationCache
-    from campaign_orchestrator.teacher.requests import namespace
-    from campaign_orchestrator.teacher.runner import cached_answers
+    from campaign_orchestrator.generation.backends import TransformersBackend
+    from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.requests import namespace
+    from campaign_orchestrator.generation.runner import cached_answers
 
     s = spec.student
     bs = max(x.batch_size for x in ev.suites)
@@ -445,7 +445,7 @@ def answer_identity(spec: CampaignSpec, base, adapter: dict | None) -> tuple[str
     answers: its weights, the compute dtype resolved for where it runs (``<device kind>:<dtype>``), the adapter's
     content key, its 4-bit settings. The base's is a ``transformers`` teacher's identity over the same weights and
     precision, so a context-distillation teacher's bare-prompt answers are the base's (answered once)."""
-    from campaign_orchestrator.teacher.backends import answer_identity as identity_of
+    from campaign_orchestrator.generation.backends import answer_identity as identity_of
 
     s, q = spec.student, spec.student.quantization
     precision = local_quantization_key(q)["compute_dtype"]

@@ -2,12 +2,12 @@
 
 ``execution.engine: ray`` runs a stage's prompts as shards on a Ray actor pool. Where that pool is:
 
-- ``execution.kuberay`` unset: here, through :func:`campaign_orchestrator.scaleout.stage.run_on_ray` (a local
+- ``execution.kuberay`` unset: here, through :func:`campaign_orchestrator.generation.scaleout.stage.run_on_ray` (a local
   cluster the stage starts and stops, or the cluster at ``execution.ray_address``);
 - ``execution.kuberay`` set: in a KubeRay ``RayJob`` the stage launches (``KubeRayJobLauncher``, the ``kuberay``
   resource). The stage writes the prompts (Parquet) and ``ray_job.json`` (a
-  :class:`campaign_orchestrator.scaleout.job.Job`) under its work directory on the artifact root, which the Ray
-  pods mount at the same path; the job's driver runs ``python -m campaign_orchestrator.scaleout`` inside the
+  :class:`campaign_orchestrator.generation.scaleout.job.Job`) under its work directory on the artifact root, which the Ray
+  pods mount at the same path; the job's driver runs ``python -m campaign_orchestrator.generation.scaleout`` inside the
   cluster, whose finished shards are charged to the stage's budget guard as they arrive (``ray_shard`` Pipes
   messages); the rows come back from the job's output Parquet, the statistics and shard reports from its
   summary, and each shard is priced here with the stage's ``price`` callback, as on a local cluster. The stage's
@@ -44,12 +44,12 @@ class KubeRayLaunch:
 def ray_runner(spec, launch: KubeRayLaunch | None, kind: str) -> Callable:
     """``run_on_ray`` for a campaign without ``execution.kuberay``; else a runner with its signature that launches
     a RayJob of ``kind`` (``teacher_generations``, ``teacher_scoring``, ``answers``) through ``launch``."""
-    from campaign_orchestrator.scaleout.stage import run_on_ray
+    from campaign_orchestrator.generation.scaleout.stage import run_on_ray
 
     if spec.execution.kuberay is None:
         return run_on_ray
     if launch is None:
-        from campaign_orchestrator.scaleout.stage import KubeRayNotLaunched
+        from campaign_orchestrator.generation.scaleout.stage import KubeRayNotLaunched
 
         raise KubeRayNotLaunched(f"campaign {spec.name}: execution.kuberay is set but this stage was given no "
                                  f"KubeRay launcher (the `kuberay` resource) to launch its RayJob with")
@@ -70,10 +70,10 @@ def run_on_kuberay(spec, launch: KubeRayLaunch, kind: str, prompts: Sequence[dic
     """One stage's shards as a KubeRay RayJob: ``(GenerationResult, RayRun)`` as :func:`run_on_ray` returns them.
     (``rate_limits``: the driver takes them from the recipe's teacher section; ``pool``, ``on_shard``: local only.)"""
     from campaign_orchestrator.dataset.prompts import write_prompts
-    from campaign_orchestrator.scaleout.job import Job
-    from campaign_orchestrator.scaleout.stage import RayRun, price_shard, stats_from_dict
-    from campaign_orchestrator.teacher.rows import read_generations
-    from campaign_orchestrator.teacher.runner import GenerationError, GenerationResult
+    from campaign_orchestrator.generation.scaleout.job import Job
+    from campaign_orchestrator.generation.scaleout.stage import RayRun, price_shard, stats_from_dict
+    from campaign_orchestrator.generation.rows import read_generations
+    from campaign_orchestrator.generation.runner import GenerationError, GenerationResult
 
     if not prompts:
         raise GenerationError("no prompts to generate for: the prompt table is empty")

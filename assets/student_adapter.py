@@ -99,7 +99,7 @@ def on_policy_job(spec: CampaignSpec, storage: ArtifactStore, prompts: dict):
     """The trainer's on-policy inputs (``training.config.OnPolicyJob``): the training prompts, how the student asks
     them, and the teacher that scores the samples (its directory when it runs in process)."""
     from assets.teacher_generations import teacher_model_path
-    from campaign_orchestrator.teacher.backends import spec_identity
+    from campaign_orchestrator.generation.backends import spec_identity
     from training.config import OnPolicyJob
 
     t = spec.teacher

@@ -1,6 +1,6 @@
 """teacher_generations: the teacher answers every training prompt (Parquet, one row per sample).
 
-Thin: the loop, the content-addressed cache and the backends live in ``campaign_orchestrator/teacher/``. A
+Thin: the loop, the content-addressed cache and the backends live in ``campaign_orchestrator/generation/``. A
 re-materialization after a crash or a kill generates only what the cache lacks, and identical
 requests made by other campaigns are never paid for again.
 """
@@ -32,9 +32,9 @@ def teacher_model_path(storage: ArtifactStore, spec: CampaignSpec):
 def teacher_setup(storage: ArtifactStore, teacher: TeacherResource, spec: CampaignSpec, sampling):
     """The teacher's backend, identity and generation cache for ``sampling`` (the same cache for its
     training generations and for scoring it on the held-out items): ``(backend, cache, identity, store)``."""
-    from campaign_orchestrator.teacher.backends import spec_identity
-    from campaign_orchestrator.teacher.cache import GenerationCache
-    from campaign_orchestrator.teacher.requests import namespace
+    from campaign_orchestrator.generation.backends import spec_identity
+    from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.requests import namespace
 
     t = spec.teacher
     model_path = teacher_model_path(storage, spec)
@@ -63,10 +63,10 @@ def teacher_on_ray(spec: CampaignSpec, storage: ArtifactStore, pricing: PricingR
     ``stage``: ``teacher_generations`` or ``teacher_scoring``; ``launch``: how to launch it as a KubeRay RayJob
     (``assets.ray_dispatch.KubeRayLaunch``; used when the campaign sets ``execution.kuberay``)."""
     from assets.ray_dispatch import ray_runner
-    from campaign_orchestrator.scaleout.stage import ray_metadata, shard_cost_lines
-    from campaign_orchestrator.scaleout.worker import CacheConfig
-    from campaign_orchestrator.teacher.recipes import BackendRecipe
-    from campaign_orchestrator.teacher.requests import namespace
+    from campaign_orchestrator.generation.scaleout.stage import ray_metadata, shard_cost_lines
+    from campaign_orchestrator.generation.scaleout.worker import CacheConfig
+    from campaign_orchestrator.generation.recipes import BackendRecipe
+    from campaign_orchestrator.generation.requests import namespace
 
     t = spec.teacher
     cfg = CacheConfig(storage.cache_store().url, namespace(identity, sampling), str(storage.spool_dir()),
@@ -103,9 +103,9 @@ def materialize(context: AssetExecutionContext, spec: CampaignSpec, prompts: dic
     """The teacher's answers to every training prompt, generated unless the stage's content key is complete
     (and had no errors): ``(manifest, cached)``."""
     from campaign_orchestrator.dataset.prompts import read_prompt_table
-    from campaign_orchestrator.teacher.backends import spec_identity
-    from campaign_orchestrator.teacher.requests import Sampling, sampling_hash
-    from campaign_orchestrator.teacher.rows import write_generations
+    from campaign_orchestrator.generation.backends import spec_identity
+    from campaign_orchestrator.generation.requests import Sampling, sampling_hash
+    from campaign_orchestrator.generation.rows import write_generations
 
     t = spec.teacher
     model_path = teacher_model_path(storage, spec)
@@ -139,9 +139,9 @@ def _generate(context, spec: CampaignSpec, storage: ArtifactStore, teacher: Teac
               kuberay: KubeRayJobLauncher, sd, rows: list, model: tuple) -> tuple:
     """The teacher answering ``rows`` under the stage's budget guard, on Ray or in this process:
     ``(result, cost lines or None, Ray metadata or None)``; ``model``: ``(sampling, path, weights id, identity)``."""
-    from campaign_orchestrator.teacher.cache import GenerationCache
-    from campaign_orchestrator.teacher.requests import namespace
-    from campaign_orchestrator.teacher.runner import run_generation
+    from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.requests import namespace
+    from campaign_orchestrator.generation.runner import run_generation
 
     t = spec.teacher
     sampling, model_path, weights_id, identity = model

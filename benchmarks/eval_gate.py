@@ -39,7 +39,7 @@ def main() -> None:
     from evaluation.runner import SuiteGate, SuiteRun, answer_suites, judge
     from evaluation.scorers import build_scorer
     from evaluation.suite import load_items
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
     from campaign_orchestrator.demo.build import build_demo_models
     from campaign_orchestrator.demo.recipe import resolve
 

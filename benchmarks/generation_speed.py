@@ -21,6 +21,17 @@ to another: padding and batch mates flip near-ties, the section is also answered
 bf16 rounding; on the prompts where the two engines differ, the new one fails only when it agrees with the fp32 answer
 less often than ``generate`` by a one-sided sign test at p < 0.05: which engine wins a few more near-ties changes from
 run to run with the batches), teacher >= 3x prompts/s, evaluation >= 2x, peak RSS <= 1.2x.
+
+``engines`` (the section ``--device cuda`` runs by default): every local engine side by side, and ``auto``'s
+choice, on ``--device``: a 1.1B-shaped Llama (TinyLlama's shape, random weights in the device's dtype; 256 prompts
+of 32-256 random tokens x 128 new tokens, greedy) and the demo teacher (cipher prompts x 16 new tokens). Per
+engine: new tokens/s, seconds, share of answers token-identical to ``hf_generate``'s; ``auto``: the engine its
+probe chose, why, and its tokens/s as a run through ``auto``. Reported against the GPU goals (not judged on a
+CPU, where the 1.1B shape is skipped): ``auto`` within 5% of the fastest engine at each shape, and the local path
+at 1.1B >= 1.5x ``hf_generate``'s tokens/s. Without CUDA, ``--device cuda`` records the section as skipped
+(exit 0). vLLM runs where it is importable (a CUDA device only).
+
+    python benchmarks/generation_speed.py --device cuda [--out r.json]
 """
 
 from __future__ import annotations
@@ -76,7 +87,7 @@ def workload(section: str, n: int | None, tiny: bool) -> list[dict]:
     import yaml
 
     from campaign_orchestrator.dataset.prompts import split
-    from campaign_orchestrator.teacher.requests import chat_messages
+    from campaign_orchestrator.generation.requests import chat_messages
 
     spec = yaml.safe_load((REPO / "campaigns" / "smollm2.yaml").read_text())
     data = REPO / "campaigns" / "data" / "smollm2"
@@ -121,7 +132,7 @@ def worker(a) -> int:
 
     torch.set_num_threads(a.threads)
     from campaign_orchestrator.process_memory import peak_rss_mb
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
 
     lines: list[str] = []
     jobs = workload(a.section, a.prompts, a.tiny)
@@ -185,8 +196,8 @@ class _StageAnswers:
     def __init__(self, a, generator, root: Path):
         from campaign_orchestrator.content import HashCache, model_fingerprint
         from campaign_orchestrator.hardware import key_precision
-        from campaign_orchestrator.teacher.backends import answer_identity, teacher_identity
-        from campaign_orchestrator.teacher.blobstore import open_store
+        from campaign_orchestrator.generation.backends import answer_identity, teacher_identity
+        from campaign_orchestrator.generation.blobstore import open_store
         from campaigns import paths
 
         self.generator, self.root, self.store = generator, root, open_store(root / "cache")
@@ -207,10 +218,10 @@ class _StageAnswers:
     def answer(self, job: dict) -> list:
         from types import SimpleNamespace
 
-        from campaign_orchestrator.teacher.backends import TransformersBackend
-        from campaign_orchestrator.teacher.cache import GenerationCache
-        from campaign_orchestrator.teacher.requests import Sampling, namespace
-        from campaign_orchestrator.teacher.runner import run_generation
+        from campaign_orchestrator.generation.backends import TransformersBackend
+        from campaign_orchestrator.generation.cache import GenerationCache
+        from campaign_orchestrator.generation.requests import Sampling, namespace
+        from campaign_orchestrator.generation.runner import run_generation
 
         role, ident = job["role"], self.identity[job["role"]]
         gen = self.generator(role)
@@ -225,11 +236,157 @@ class _StageAnswers:
                                 ok=r["error"] is None) for r in res.rows]
 
 
+LLAMA_1B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048}
+ENGINE_GOALS = {"auto_within_fastest": 0.95, "local_vs_hf_generate_1b": 1.5}
+
+
+def _llama_1b(root: Path, tokenizer_dir: Path, dtype: str) -> Path:
+    """A 1.1B-shaped Llama with random weights saved under ``root`` (with the demo tokenizer: random prompts are
+    token ids, so only decoding uses it)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = root / "llama-1.1b"
+    if (out / "config.json").exists():
+        return out
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    cfg = LlamaConfig(**LLAMA_1B, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = LlamaForCausalLM(cfg).to(getattr(torch, dtype))
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    del model
+    return out
+
+
+def _random_prompts(n: int, lo: int, hi: int, vocab: int, special: set[int], seed: int = 0) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    ids = [i for i in range(vocab) if i not in special]
+    return [[rng.choice(ids) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def engines_worker(a) -> int:
+    """The ``engines`` section in this process: every engine and ``auto`` at each shape, on ``a.device``."""
+    import tempfile
+
+    import torch
+
+    from campaign_orchestrator.generation.engines import ENGINE_MODULES
+    from campaign_orchestrator.generation.engines.vllm_engine import vllm_importable
+    from campaign_orchestrator.generation.local import LocalGenerator
+
+    from campaign_orchestrator.demo.build import build_demo_models
+    from campaign_orchestrator.demo.recipe import resolve
+
+    build_demo_models(Path(a.artifacts), log=lambda _m: None, moe=False)  # a cache hit once built
+    demo = Path(resolve("@demo/teacher", a.artifacts))
+    dev = a.device
+    torch.set_num_threads(a.threads)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    shapes = []
+    if not a.tiny:
+        root = Path(tempfile.mkdtemp(prefix="genbench-1b-"))
+        shapes.append(("llama-1.1b", _llama_1b(root, demo, "bfloat16" if dev == "cuda" else "float32"),
+                       (256, 32, 256, 128, 128)))
+    shapes.append(("demo-teacher", demo, (a.prompts or 96, 0, 0, 16, 32)))
+    out: dict = {"device": dev, "shapes": {}}
+    for name, path, (n, lo, hi, new, batch) in shapes:
+        gen = LocalGenerator.from_path(path, compute_dtype="auto", device=dev, batch_size=batch)
+        if lo:
+            enc = _random_prompts(n, lo, hi, gen.model.config.vocab_size, set(gen.tok.all_special_ids))
+        else:
+            from campaign_orchestrator.dataset.formatting import render_prompt_ids
+            from campaign_orchestrator.demo import cipher
+
+            enc = [render_prompt_ids(gen.tok, it["prompt"]) for it in cipher.items(n, seed=7, id_prefix="e")]
+        rec: dict = {"prompts": len(enc), "new_tokens": new, "dtype": gen.precision.dtype, "engines": {}}
+        ref = None
+        for eng in ("hf_generate", *[e for e in ENGINE_MODULES if e != "hf_generate"]):
+            inst = gen.engine_instance(eng)
+            why = inst.unavailable()
+            if eng == "vllm" and not (dev == "cuda" and vllm_importable()):
+                why = why or "vllm runs on CUDA only"
+            if eng == "continuous" and dev == "cuda" and name == "llama-1.1b":
+                why = "not a candidate on cuda (CPU-tuned; its module says why): not run at this shape"
+            if why:
+                rec["engines"][eng] = {"skipped": why}
+                continue
+            try:
+                inst.generate(enc[:2], 2)  # warm-up
+                sync()
+                t0 = time.perf_counter()
+                res = inst.generate(enc, new)
+                sync()
+                dt = time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001 - one engine failing is a finding, not the end of the report
+                rec["engines"][eng] = {"error": f"{type(e).__name__}: {e}"[:400]}
+                continue
+            toks = sum(c.completion_tokens or 0 for c in res)
+            ids = [c.token_ids for c in res]
+            ref = ids if eng == "hf_generate" else ref
+            rec["engines"][eng] = {"seconds": round(dt, 3), "new_tokens": toks, "tokens_per_s": round(toks / dt, 1),
+                                   "same_as_hf_generate": None if ref is None else round(
+                                       sum(x == y for x, y in zip(ids, ref, strict=True)) / len(ids), 4)}
+        lines: list[str] = []
+        auto = LocalGenerator(gen.model, gen.tok, batch, gen.precision, engine="auto", log=lines.append,
+                              source=gen.source)
+        chosen = auto.engine  # the probe runs here (or the host cache answers)
+        auto.engine_instance(chosen).generate(enc[:2], 2)
+        sync()
+        t0 = time.perf_counter()
+        res = auto.engine_instance(chosen).generate(enc, new)
+        sync()
+        dt = time.perf_counter() - t0
+        toks = sum(c.completion_tokens or 0 for c in res)
+        ran = {e: r["tokens_per_s"] for e, r in rec["engines"].items() if "tokens_per_s" in r}
+        rec["auto"] = {"chosen": chosen, "why": auto.choice.get(False, {}).get("why", lines[-1:] or ""),
+                       "tokens_per_s": round(toks / dt, 1), "seconds": round(dt, 3)}
+        if ran:
+            fastest = max(ran, key=ran.get)
+            rec["fastest"] = fastest
+            rec["auto_vs_fastest"] = round(rec["auto"]["tokens_per_s"] / ran[fastest], 3)
+            if "hf_generate" in ran:
+                rec["auto_vs_hf_generate"] = round(rec["auto"]["tokens_per_s"] / ran["hf_generate"], 3)
+        out["shapes"][name] = rec
+        del gen, auto
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    print(json.dumps(out))
+    return 0
+
+
+def engines_section(a) -> dict:
+    """The ``engines`` section (its own process), or why it is skipped; goals reported, judged only on CUDA."""
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return {"skipped": "no CUDA device on this host (torch sees none): the cuda sections did not run"}
+    r = _child(a, "engines", "all")
+    goals = {}
+    for name, rec in r["shapes"].items():
+        if "auto_vs_fastest" in rec:
+            goals[f"{name}: auto within 5% of the fastest ({rec['fastest']})"] = \
+                rec["auto_vs_fastest"] >= ENGINE_GOALS["auto_within_fastest"]
+        if name == "llama-1.1b" and "auto_vs_hf_generate" in rec:
+            goals["llama-1.1b: the local path >= 1.5x hf_generate's tokens/s"] = \
+                rec["auto_vs_hf_generate"] >= ENGINE_GOALS["local_vs_hf_generate_1b"]
+    r["goals_met"] = goals
+    r["judged"] = a.device == "cuda"
+    return r
+
+
 def _child(a, section: str, engine: str, dtype: str | None = None, engine_only: bool = False) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--section", section, "--engine", engine, "--model", str(a.model),
+    cmd = [sys.executable, __file__, "--worker", "--section", section, "--engine", engine, "--model", str(a.model or ""),
            "--dtype", dtype or a.dtype, "--threads", str(a.threads)] \
         + (["--prompts", str(a.prompts)] if a.prompts else []) + (["--tiny"] if a.tiny else []) \
-        + (["--adapter", str(a.adapter)] if a.adapter else []) + (["--engine-only"] if a.engine_only or engine_only else [])
+        + (["--adapter", str(a.adapter)] if a.adapter else []) + (["--engine-only"] if a.engine_only or engine_only else []) \
+        + ["--device", a.device, "--artifacts", str(a.artifacts)]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if p.returncode != 0:
@@ -243,7 +400,9 @@ def main() -> int:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tiny", action="store_true", help="the demo teacher on cipher prompts (speed goals not judged)")
-    ap.add_argument("--sections", default="teacher,evaluation")
+    ap.add_argument("--sections", default=None, help="default: teacher,evaluation (cpu); engines (cuda)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where the engines section runs (teacher and evaluation always run on the CPU)")
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--adapter", default=None, help="the candidate's adapter directory (default: the base stands in)")
@@ -256,13 +415,16 @@ def main() -> int:
     ap.add_argument("--model", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        return worker(a)
+        return engines_worker(a) if a.section == "engines" else worker(a)
+    a.sections = a.sections or ("engines" if a.device == "cuda" else "teacher,evaluation")
     if a.tiny:
         from campaign_orchestrator.demo.build import build_demo_models
         from campaign_orchestrator.demo.recipe import resolve
 
         build_demo_models(Path(a.artifacts), log=lambda _m: None, moe=False)
         a.model = resolve("@demo/teacher", a.artifacts)
+    elif set(a.sections.split(",")) == {"engines"}:
+        a.model = None  # the engines section builds its own models (the demo teacher, a 1.1B-shaped Llama)
     else:
         sys.path.insert(0, str(REPO / "benchmarks"))
         import _real_model
@@ -280,6 +442,12 @@ def main() -> int:
     elif not a.tiny:
         report["candidate"] = "the base (stand-in: no --adapter)"
     for section in a.sections.split(","):
+        if section == "engines":
+            r = engines_section(a)
+            report["sections"]["engines"] = r
+            if r.get("judged"):
+                report["failed"] += [f"engines: {goal} not met" for goal, ok in r["goals_met"].items() if not ok]
+            continue
         pairs, loads = [], [os.getloadavg()[0]]
         for rep in range(a.repeats):  # old and new alternate; the first of a pair changes every repeat
             engines = ("hf_generate", "continuous") if rep % 2 == 0 else ("continuous", "hf_generate")

@@ -38,9 +38,9 @@ def _execution(replicas: int, cpus: float, shard: int) -> SimpleNamespace:
 
 
 def _ray_stage(rows, recipe, ident, sampling, ex, pool):
-    from campaign_orchestrator.scaleout.stage import run_generation_ray
-    from campaign_orchestrator.scaleout.worker import CacheConfig
-    from campaign_orchestrator.teacher.requests import namespace
+    from campaign_orchestrator.generation.scaleout.stage import run_generation_ray
+    from campaign_orchestrator.generation.scaleout.worker import CacheConfig
+    from campaign_orchestrator.generation.requests import namespace
 
     d = tempfile.mkdtemp(prefix="raybench-")
     cfg = CacheConfig(d + "/store", namespace(ident, sampling), d + "/spool")
@@ -52,9 +52,9 @@ def _ray_stage(rows, recipe, ident, sampling, ex, pool):
 
 
 def endpoint(a) -> dict:
-    from campaign_orchestrator.scaleout.pool import ShardPool
-    from campaign_orchestrator.teacher.recipes import BackendRecipe
-    from campaign_orchestrator.teacher.requests import Sampling
+    from campaign_orchestrator.generation.scaleout.pool import ShardPool
+    from campaign_orchestrator.generation.recipes import BackendRecipe
+    from campaign_orchestrator.generation.requests import Sampling
     from campaigns.spec import TeacherSpec
     from tests.support.testserver import ServerProcess
 
@@ -86,13 +86,13 @@ def local(a) -> dict:
     import ray
 
     from campaign_orchestrator import models
-    from campaign_orchestrator.scaleout.pool import ShardPool
-    from campaign_orchestrator.teacher.blobstore import LocalStore
-    from campaign_orchestrator.teacher.backends import make_backend, spec_identity, weights_identity
-    from campaign_orchestrator.teacher.cache import GenerationCache
-    from campaign_orchestrator.teacher.recipes import BackendRecipe
-    from campaign_orchestrator.teacher.requests import Sampling, namespace
-    from campaign_orchestrator.teacher.runner import run_generation
+    from campaign_orchestrator.generation.scaleout.pool import ShardPool
+    from campaign_orchestrator.generation.blobstore import LocalStore
+    from campaign_orchestrator.generation.backends import make_backend, spec_identity, weights_identity
+    from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.recipes import BackendRecipe
+    from campaign_orchestrator.generation.requests import Sampling, namespace
+    from campaign_orchestrator.generation.runner import run_generation
     from campaigns.spec import TeacherSpec
 
     root = os.environ.get("CAMPAIGN_TEST_MODELS_ROOT", str(REPO / "artifacts"))

@@ -22,12 +22,12 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--timeout-s", type=float, default=1.0, help="client request timeout; hung requests hold 3x this")
     a = ap.parse_args()
-    from campaign_orchestrator.teacher.backends import OpenAIBackend
-    from campaign_orchestrator.teacher.blobstore import LocalStore
-    from campaign_orchestrator.teacher.cache import GenerationCache
-    from campaign_orchestrator.teacher.openai_client import OpenAICompatibleClient
-    from campaign_orchestrator.teacher.requests import Sampling, namespace
-    from campaign_orchestrator.teacher.runner import run_generation
+    from campaign_orchestrator.generation.backends import OpenAIBackend
+    from campaign_orchestrator.generation.blobstore import LocalStore
+    from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.openai_client import OpenAICompatibleClient
+    from campaign_orchestrator.generation.requests import Sampling, namespace
+    from campaign_orchestrator.generation.runner import run_generation
     from tests.support.testserver import ServerProcess
 
     rows = prompts(a.prompts)

@@ -22,12 +22,12 @@ from teacher_common import emit, load_average, prompts
 
 
 def run(base_url: str, rows: list[dict], concurrency: int, cache_dir: str) -> tuple[float, dict]:
-    from campaign_orchestrator.teacher.backends import OpenAIBackend
-    from campaign_orchestrator.teacher.blobstore import LocalStore
-    from campaign_orchestrator.teacher.cache import GenerationCache
-    from campaign_orchestrator.teacher.openai_client import OpenAICompatibleClient
-    from campaign_orchestrator.teacher.requests import Sampling, namespace
-    from campaign_orchestrator.teacher.runner import run_generation
+    from campaign_orchestrator.generation.backends import OpenAIBackend
+    from campaign_orchestrator.generation.blobstore import LocalStore
+    from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.openai_client import OpenAICompatibleClient
+    from campaign_orchestrator.generation.requests import Sampling, namespace
+    from campaign_orchestrator.generation.runner import run_generation
 
     s = Sampling(max_new_tokens=16)
     backend = OpenAIBackend(OpenAICompatibleClient(base_url, "teacher", max_concurrency=concurrency))

@@ -19,11 +19,11 @@ from teacher_common import REPO, emit, load_average, prompts
 
 
 def run(model_dir, rows, batch_size: int, gen) -> dict:
-    from campaign_orchestrator.teacher.backends import TransformersBackend
-    from campaign_orchestrator.teacher.blobstore import LocalStore
-    from campaign_orchestrator.teacher.cache import GenerationCache
-    from campaign_orchestrator.teacher.requests import Sampling, namespace
-    from campaign_orchestrator.teacher.runner import run_generation
+    from campaign_orchestrator.generation.backends import TransformersBackend
+    from campaign_orchestrator.generation.blobstore import LocalStore
+    from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.requests import Sampling, namespace
+    from campaign_orchestrator.generation.runner import run_generation
 
     gen.batch_size = batch_size
     s = Sampling(max_new_tokens=16)
@@ -48,7 +48,7 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
     from campaign_orchestrator.demo.recipe import resolve
 
     model_dir = resolve("@demo/teacher", a.artifacts)

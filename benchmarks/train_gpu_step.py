@@ -25,7 +25,7 @@ linear cross-entropy, Liger's RMSNorm / SwiGLU / RoPE) against its plain path on
 tokens/s with peak memory <= TRL's leanest (checkpointing on); MFU >= 35% (4N per token) at the planned
 micro-batch on the 1.1B shape; a world of one <= 3% slower than the bare loop; QLoRA >= 0.75x LoRA's
 tokens/s. Then, when ``vllm`` is importable, the ``vllm``
-teacher backend (``campaign_orchestrator.teacher.backends.VLLMBackend``) generates for the demo
+teacher backend (``campaign_orchestrator.generation.backends.VLLMBackend``) generates for the demo
 teacher (``@demo/teacher``; built into a temporary artifact root when absent): tokens/s, rows/s and
 exact match against the references.
 
@@ -364,11 +364,11 @@ def vllm_teacher(artifacts: Path, prompts_n: int, work: Path) -> dict:
     from teacher_common import prompts
 
     from campaign_orchestrator.demo.recipe import resolve
-    from campaign_orchestrator.teacher.backends import VLLMBackend
-    from campaign_orchestrator.teacher.blobstore import LocalStore
-    from campaign_orchestrator.teacher.cache import GenerationCache
-    from campaign_orchestrator.teacher.requests import Sampling, namespace
-    from campaign_orchestrator.teacher.runner import run_generation
+    from campaign_orchestrator.generation.backends import VLLMBackend
+    from campaign_orchestrator.generation.blobstore import LocalStore
+    from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.requests import Sampling, namespace
+    from campaign_orchestrator.generation.runner import run_generation
 
     model_dir = resolve("@demo/teacher", artifacts)
     built = False

@@ -534,7 +534,7 @@ def _with_example_prompts(problems, loaded, suite, models, tokenizers) -> list[s
 # ---------------------------------------------------------------------------------------------- evaluate
 
 def _load(model: dict):
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
 
     g = LocalGenerator.from_path(model["path"], model.get("adapter"), bool(model.get("load_in_4bit")),
                                  model.get("compute_dtype") or "bfloat16", batch_size=1, device=model.get("device"))

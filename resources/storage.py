@@ -40,8 +40,8 @@ class ArtifactStore(ConfigurableResource):
         return StageDir(self.root_path(), campaign, stage, key)
 
     def cache_store(self):
-        """The generation cache's object store (:mod:`campaign_orchestrator.teacher.blobstore`)."""
-        from campaign_orchestrator.teacher.blobstore import open_store
+        """The generation cache's object store (:mod:`campaign_orchestrator.generation.blobstore`)."""
+        from campaign_orchestrator.generation.blobstore import open_store
 
         url = self.cache_url or str(self.root_path() / "cache")
         if not is_s3_url(url):

@@ -26,9 +26,9 @@ class TeacherResource(ConfigurableResource):
     )
 
     def backend(self, spec: TeacherSpec, model_path: Path | None, weights_id: str | None = None):
-        """A :class:`campaign_orchestrator.teacher.backends.Backend` for ``spec`` (``model_path``: the resolved
+        """A :class:`campaign_orchestrator.generation.backends.Backend` for ``spec`` (``model_path``: the resolved
         local checkpoint, when there is one; ``weights_id``: its precomputed fingerprint)."""
-        from campaign_orchestrator.teacher.backends import make_backend, read_api_key
+        from campaign_orchestrator.generation.backends import make_backend, read_api_key
 
         api_key = read_api_key(spec.api_key_env) if spec.backend == "openai" else None
         if spec.backend == "vllm" and self.vllm_chunk_size:
@@ -39,7 +39,7 @@ class TeacherResource(ConfigurableResource):
                  progress: Callable[[int], None] | None = None) -> list:
         """One completion per prompt with the spec's sampling (sample 0, no cache): a plain
         call for callers that only want answers, e.g. scoring a served teacher."""
-        from campaign_orchestrator.teacher.requests import Sampling, build_requests
+        from campaign_orchestrator.generation.requests import Sampling, build_requests
 
         b = self.backend(spec, model_path)
         s = Sampling.from_spec(spec.sampling)

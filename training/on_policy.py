@@ -83,9 +83,9 @@ class Schedule:
 
 
 def teacher_prompt(prompt: str, category: str | None, context: Sequence[dict], context_categories, chat: bool):
-    """What the teacher is asked for ``prompt``: as the teacher stage asks it (``teacher.requests.build_requests``):
+    """What the teacher is asked for ``prompt``: as the teacher stage asks it (``generation.requests.build_requests``):
     the context messages and the user turn, or the bare prompt (no context, or a category without it)."""
-    from campaign_orchestrator.teacher.requests import chat_messages
+    from campaign_orchestrator.generation.requests import chat_messages
 
     ctx = context if context_categories is None or category in context_categories else ()
     return chat_messages(prompt, ctx) if (chat or ctx) else prompt
@@ -297,11 +297,11 @@ class RoundStore:
 
 class LocalScorer:
     """:class:`~campaign_orchestrator.teacher.scoring.TeacherScorer` over an in-process teacher: a thin shell over a
-    :class:`~campaign_orchestrator.teacher.local.LocalGenerator` that meters prefill tokens. Prompts that share a
+    :class:`~campaign_orchestrator.generation.local.LocalGenerator` that meters prefill tokens. Prompts that share a
     long prefix (context distillation: the system prompt and few-shot turns before every prompt of a category)
     are scored with that prefix's key/value cache computed once per call (:meth:`_score_group`, the technique of
     the generator's own prefix caching); the rest through
-    :meth:`~campaign_orchestrator.teacher.local.LocalGenerator.score` (one forward pass per batch). Both give the
+    :meth:`~campaign_orchestrator.generation.local.LocalGenerator.score` (one forward pass per batch). Both give the
     same log-probabilities (``tests/training/test_on_policy_scoring.py``)."""
 
     def __init__(self, generator, identity: str, prefix_caching: bool = True):
@@ -312,7 +312,7 @@ class LocalScorer:
 
     @classmethod
     def load(cls, model_path: str, compute_dtype: str, device: torch.device, identity: str, batch_size: int = 16):
-        from campaign_orchestrator.teacher.local import LocalGenerator
+        from campaign_orchestrator.generation.local import LocalGenerator
 
         gen = LocalGenerator.from_path(model_path, compute_dtype=compute_dtype, batch_size=batch_size,
                                        device=str(device))
@@ -320,7 +320,7 @@ class LocalScorer:
 
     def score(self, prompts, continuations, top_k: int):
         from campaign_orchestrator.dataset.formatting import render_prompt_ids
-        from campaign_orchestrator.teacher.local import PREFIX_MIN_TOKENS, prefix_groups
+        from campaign_orchestrator.generation.local import PREFIX_MIN_TOKENS, prefix_groups
 
         gen = self.generator
         if len(prompts) != len(continuations):
@@ -350,7 +350,7 @@ class LocalScorer:
         ``[prefix][pad][rest + continuation]`` rows (positions from the mask, as the generator's prefix caching)."""
         import copy
 
-        from campaign_orchestrator.teacher.local import Scored
+        from campaign_orchestrator.generation.local import Scored
 
         gen = self.generator
         prefix = enc[0][:shared]

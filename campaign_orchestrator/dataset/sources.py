@@ -12,7 +12,7 @@ as mixed-type JSON values, still goes through ``load_dataset``).
 Columns: ``prompt`` and ``completion`` (strings), or ``messages`` (list of ``{role, content}``);
 ``id`` (string) is optional: without it, ids are ``<source name>:<row number>``. Example ids
 must be unique across sources (the train/validation split and the per-row provenance use them).
-``completion_token_ids`` and ``top_logprobs`` (a teacher generation's, ``campaign_orchestrator/teacher/rows.py``)
+``completion_token_ids`` and ``top_logprobs`` (a teacher generation's, ``campaign_orchestrator/generation/rows.py``)
 are kept when present, for logit distillation (``campaign_orchestrator.dataset.topk``).
 """
 

@@ -2,7 +2,7 @@
 
 A teacher generation with ``teacher.sampling.logprobs = k`` carries ``completion_token_ids``
 (the ids it generated, its stop token included when it stopped) and ``top_logprobs`` (one list
-of ``{token_id, token, logprob}`` per generated token; ``campaign_orchestrator/teacher/rows.py``). The tokenized
+of ``{token_id, token, logprob}`` per generated token; ``campaign_orchestrator/generation/rows.py``). The tokenized
 dataset carries them per input position, aligned with ``input_ids``:
 
     teacher_topk_ids       list<list<int32>>    one list per input token, empty where the

@@ -79,13 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(args)
 
     from campaign_orchestrator.dataset.prompts import PromptSourceError, read_prompts, source_files
-    from campaign_orchestrator.teacher.backends import BackendError, make_backend, read_api_key, spec_identity
-    from campaign_orchestrator.teacher.blobstore import open_store
-    from campaign_orchestrator.teacher.cache import GenerationCache
-    from campaign_orchestrator.teacher.openai_client import EndpointError
-    from campaign_orchestrator.teacher.requests import Sampling, namespace
-    from campaign_orchestrator.teacher.rows import write_generations
-    from campaign_orchestrator.teacher.runner import GenerationError, run_generation
+    from campaign_orchestrator.generation.backends import BackendError, make_backend, read_api_key, spec_identity
+    from campaign_orchestrator.generation.blobstore import open_store
+    from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.openai_client import EndpointError
+    from campaign_orchestrator.generation.requests import Sampling, namespace
+    from campaign_orchestrator.generation.rows import write_generations
+    from campaign_orchestrator.generation.runner import GenerationError, run_generation
 
     artifacts = Path(a.artifacts).resolve()
     try:

@@ -8,10 +8,10 @@ generation (its context, few-shot turns and the user turn), and ``prompt + conti
 ``POST /v1/completions`` as token ids with ``prompt_logprobs: k`` and ``max_tokens`` 1 (vLLM refuses 0; the
 one generated token is billed as output, the rest as input). The server answers, per prompt position, the
 log-probability of the token there and the top-k; the continuation's positions are sliced out into
-:class:`~campaign_orchestrator.teacher.local.Scored` rows, in input order. Pairs are sent ``batch_size`` to a
+:class:`~campaign_orchestrator.generation.local.Scored` rows, in input order. Pairs are sent ``batch_size`` to a
 request (a list of prompts: one choice each), shortest first, ``max_concurrency`` requests in flight.
 
-The transport is :class:`~campaign_orchestrator.teacher.openai_client.OpenAICompatibleClient`'s: the same
+The transport is :class:`~campaign_orchestrator.generation.openai_client.OpenAICompatibleClient`'s: the same
 retries (408/409/429/5xx, timeouts, dropped connections; ``Retry-After`` honoured), rate limits, and fatal
 errors (a rejected key, an unknown model or URL, an unreachable endpoint: :class:`EndpointError` raises). A
 request the server refuses (e.g. a pair past its context) is sent again one pair at a time, so only the pairs
@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from campaign_orchestrator.teacher.completion import Completion
-from campaign_orchestrator.teacher.openai_client import OpenAICompatibleClient
-from campaign_orchestrator.teacher.requests import GenRequest, Sampling
+from campaign_orchestrator.generation.completion import Completion
+from campaign_orchestrator.generation.openai_client import OpenAICompatibleClient
+from campaign_orchestrator.generation.requests import GenRequest, Sampling
 
 REFUSED = "the endpoint refused the request"  # OpenAICompatibleClient's prefix for a 400/413/422 answer
 
@@ -82,7 +82,7 @@ class HTTPTeacherScorer:
                  api_key_env: str | None = None, revision: str | None = None, batch_size: int = 8,
                  max_tokens: int = 1, max_concurrency: int = 4, timeout_s: float = 120.0, max_retries: int = 6,
                  requests_per_minute: float | None = None, tokens_per_minute: float | None = None, **client_kw):
-        from campaign_orchestrator.teacher.backends import teacher_identity
+        from campaign_orchestrator.generation.backends import teacher_identity
 
         if isinstance(tokenizer, str | Path):
             from transformers import AutoTokenizer
@@ -107,7 +107,7 @@ class HTTPTeacherScorer:
         """From a campaign's ``teacher:`` section (an ``openai`` backend: ``base_url``, the served ``model``,
         ``api_key_env``, timeouts, retries, concurrency and rate limits); ``tokenizer``: the teacher's (the
         directory ``training.distillation.teacher_tokenizer`` names)."""
-        from campaign_orchestrator.teacher.backends import read_api_key
+        from campaign_orchestrator.generation.backends import read_api_key
 
         if not teacher.base_url:
             raise ValueError("teacher scoring over HTTP needs teacher.base_url (e.g. http://host:8000/v1)")
@@ -132,9 +132,9 @@ class HTTPTeacherScorer:
     def score(self, prompts: Sequence[str | Sequence[dict]], continuations: Sequence[Sequence[int]],
               top_k: int) -> list:
         """The :class:`~campaign_orchestrator.teacher.scoring.TeacherScorer` contract: one
-        :class:`~campaign_orchestrator.teacher.local.Scored` per pair, in input order."""
+        :class:`~campaign_orchestrator.generation.local.Scored` per pair, in input order."""
         from campaign_orchestrator.dataset.formatting import render_prompt_ids
-        from campaign_orchestrator.teacher.local import Scored
+        from campaign_orchestrator.generation.local import Scored
 
         if len(prompts) != len(continuations):
             raise ValueError(f"score() takes one continuation per prompt: got {len(prompts)} prompts and "
@@ -168,7 +168,7 @@ class HTTPTeacherScorer:
 
     def _scored(self, c: Completion, j: int, prompt: list[int], cont: list[int], top_k: int):
         """The ``j``-th choice of answer ``c`` as a :class:`Scored` row for ``prompt + cont``."""
-        from campaign_orchestrator.teacher.local import Scored
+        from campaign_orchestrator.generation.local import Scored
 
         if not c.ok:
             return Scored(cont, [], None, len(prompt), c.error)

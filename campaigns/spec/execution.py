@@ -7,7 +7,7 @@ them on an actor pool (one model replica per actor) of a Ray cluster: a local cl
 when ``ray_address`` is empty, an existing one otherwise. On Kubernetes (``execution.kuberay``) the stage is
 meant to run as a KubeRay ``RayJob`` (manifests and launcher exist; the stages refuse it until they call the
 launcher, docs/scaleout.md): a Ray cluster of one head and ``replicas`` worker pods created for the job (or
-a long-lived ``RayCluster`` it is submitted to), which runs ``python -m campaign_orchestrator.scaleout --job
+a long-lived ``RayCluster`` it is submitted to), which runs ``python -m campaign_orchestrator.generation.scaleout --job
 JOB.json``; namespace, image, node selectors, tolerations, volumes and secrets come from the campaign's
 ``kubernetes:`` section, as for training (docs/scaleout.md).
 """

@@ -4,7 +4,7 @@ With ``execution.kuberay`` a generation stage (teacher generations, evaluation a
 runs as a KubeRay ``RayJob`` (``ray.io/v1``): the operator creates a Ray cluster for the job (one head pod,
 ``execution.replicas`` worker pods in one worker group, each worker holding one model replica with
 ``num_gpus_per_replica`` GPUs rounded up, as ``nvidia.com/gpu`` requests and limits), runs the entrypoint
-``python -m campaign_orchestrator.scaleout --job JOB.json`` on the head through a submitter pod (``K8sJobMode``:
+``python -m campaign_orchestrator.generation.scaleout --job JOB.json`` on the head through a submitter pod (``K8sJobMode``:
 a Kubernetes Job that runs ``ray job submit`` and prints the job's log, so the driver's Dagster Pipes messages
 reach Dagster through that pod's log, as the trainer's do), and deletes the cluster when the job ends
 (``shutdownAfterJobFinishes``, ``ttlSecondsAfterFinished``). With ``execution.kuberay.ray_cluster`` the job is
@@ -39,7 +39,7 @@ WORKER_GROUP = "replicas"
 COMPONENT = "ray"
 RAY_CLUSTER_LABEL = "ray.io/cluster"  # KubeRay's label of a RayCluster's pods; clusterSelector matches it
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # set by the Job controller on the submitter pod (also `job-name`)
-ENTRYPOINT = "python -m campaign_orchestrator.scaleout --job {job_file} --summary {summary_file}"
+ENTRYPOINT = "python -m campaign_orchestrator.generation.scaleout --job {job_file} --summary {summary_file}"
 SUMMARY_FILE = "ray_summary.json"  # beside JOB.json: the job's summary (rows, tokens, shards, nodes, lost workers)
 HEAD_DEFAULTS = {"cpu": "2", "memory": "8Gi"}
 HEAD_PORTS = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001)]

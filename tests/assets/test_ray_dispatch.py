@@ -14,11 +14,11 @@ import yaml
 
 from assets.ray_dispatch import KubeRayLaunch
 from campaign_orchestrator.dataset.prompts import read_prompt_table
-from campaign_orchestrator.scaleout.job import Job
-from campaign_orchestrator.scaleout.stage import RayRun, ShardReport
-from campaign_orchestrator.teacher.requests import Sampling
-from campaign_orchestrator.teacher.rows import write_generations
-from campaign_orchestrator.teacher.runner import GenerationStats
+from campaign_orchestrator.generation.scaleout.job import Job
+from campaign_orchestrator.generation.scaleout.stage import RayRun, ShardReport
+from campaign_orchestrator.generation.requests import Sampling
+from campaign_orchestrator.generation.rows import write_generations
+from campaign_orchestrator.generation.runner import GenerationStats
 from campaigns.loader import parse_campaign_text
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
@@ -34,7 +34,7 @@ class FakeLauncher:
 
     def launch(self, context, spec, stage, job, workdir, budget=None, on_shard=None):
         self.calls.append((stage, job, Path(workdir)))
-        parsed = Job.from_json(json.dumps(job))  # what `python -m campaign_orchestrator.scaleout` would run
+        parsed = Job.from_json(json.dumps(job))  # what `python -m campaign_orchestrator.generation.scaleout` would run
         prompts = read_prompt_table(parsed.prompts)
         rows = [{"id": p["id"], "sample_index": 0, "prompt": p["prompt"], "completion": p["prompt"].upper(),
                  "finish_reason": "stop", "prompt_tokens": 5, "completion_tokens": 3, "latency_s": 0.1,

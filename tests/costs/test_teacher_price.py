@@ -60,7 +60,7 @@ def test_planner_guard_and_ledger_read_the_same_price(tmp_path, artifact_root):
     """The README's openai example: before, the planner read `teacher.hardware` (cpu-2vcpu, hourly) and
     failed for want of a local model to size; now all three price its tokens at `teacher.price`."""
     from campaign_orchestrator.costs.catalog import teacher_entry
-    from campaign_orchestrator.teacher.runner import GenerationStats
+    from campaign_orchestrator.generation.runner import GenerationStats
     from assets.teacher_generations import teacher_usage
     from campaign_orchestrator.costs.budget import Usage
     from resources.pricing import PricingResource, _teacher_meter

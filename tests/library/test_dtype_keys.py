@@ -19,8 +19,8 @@ from campaign_orchestrator import hardware
 from campaign_orchestrator.content import value_sha256
 from campaign_orchestrator.demo import cipher
 from campaign_orchestrator.hardware import CpuPeak, key_precision
-from campaign_orchestrator.teacher.backends import spec_identity, teacher_identity
-from campaign_orchestrator.teacher.requests import Sampling, namespace
+from campaign_orchestrator.generation.backends import spec_identity, teacher_identity
+from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaigns.loader import parse_campaign_text
 
 BF16_NATIVE = CpuPeak(host="h", capability="AVX512", threads=2, torch="x", fp32_gflops=150.0, bf16_gflops=300.0)

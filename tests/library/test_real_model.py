@@ -97,8 +97,8 @@ def test_generation_prompt_for_training_and_evaluation_is_one_rendering(tok):
 
 
 def test_a_shared_context_is_prefilled_once_and_changes_no_answer(smollm2):
-    from campaign_orchestrator.teacher.local import LocalGenerator
-    from campaign_orchestrator.teacher.requests import chat_messages
+    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.requests import chat_messages
 
     context = [{"role": "system", "content": "Give the plural of the noun. Reply with only the plural word."},
                {"role": "user", "content": "Plural of desk?"}, {"role": "assistant", "content": "desks"},

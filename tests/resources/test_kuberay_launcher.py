@@ -25,7 +25,7 @@ from tests.support.kuberay_fake import GROUP, PLURAL, VERSION, FakeKubeRayOperat
 
 PLANTED = "hf_PLANTED_SECRET_value_3b9d1e"  # lives only in a Kubernetes Secret and the Dagster process env
 
-# The driver's stand-in for `python -m campaign_orchestrator.scaleout --job JOB.json`: Pipes over stderr.
+# The driver's stand-in for `python -m campaign_orchestrator.generation.scaleout --job JOB.json`: Pipes over stderr.
 DRIVER = r"""
 import json, os, sys, time
 from pathlib import Path
@@ -33,7 +33,7 @@ from dagster_pipes import open_dagster_pipes
 job = json.loads(Path(sys.argv[sys.argv.index("--job") + 1]).read_text())
 assert os.environ.get("HF_TOKEN"), "secretKeyRef was not resolved"
 shards = int(job["execution"]["fake_shards"])
-usage = job["execution"].get("fake_usage")  # the real driver's budget messages (campaign_orchestrator/scaleout)
+usage = job["execution"].get("fake_usage")  # the real driver's budget messages (campaign_orchestrator/generation/scaleout)
 with open_dagster_pipes() as pipes:
     print(f"driver: {job['kind']} on {job['execution']['replicas']} replicas", flush=True)
     if usage:
@@ -328,8 +328,8 @@ def test_paths_off_the_shared_volume_fail_before_creating_anything(api_server, s
 def test_the_models_a_job_loads_must_lie_on_a_volume_the_pods_mount(spec):
     """A worker loads the teacher checkpoint (a backend recipe's ``model_path``) or an answering model's base and
     adapter (``generator.model_dir`` / ``adapter_dir``): they are checked like the job's other paths."""
-    from campaign_orchestrator.scaleout.job import AnswerRecipe, recipe_to_json
-    from campaign_orchestrator.teacher.recipes import BackendRecipe, GeneratorRecipe
+    from campaign_orchestrator.generation.scaleout.job import AnswerRecipe, recipe_to_json
+    from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
     from resources.k8s import manifests as mf
 
     root = spec.kubernetes.artifacts.mount_path

@@ -46,7 +46,7 @@ def test_example_renders_a_valid_rayjob_with_gpu_replicas(example):
     assert validate_manifests([job], ("1.29", "1.37")) == ["1.29", "1.37"]
     assert (job["apiVersion"], job["kind"], job["metadata"]["namespace"]) == ("ray.io/v1", "RayJob", "training")
     spec = job["spec"]
-    assert spec["entrypoint"] == ("python -m campaign_orchestrator.scaleout --job /app/artifacts/x/ray_job.json "
+    assert spec["entrypoint"] == ("python -m campaign_orchestrator.generation.scaleout --job /app/artifacts/x/ray_job.json "
                                   "--summary /app/artifacts/x/ray_summary.json")
     assert (spec["submissionMode"], spec["shutdownAfterJobFinishes"], spec["ttlSecondsAfterFinished"],
             spec["activeDeadlineSeconds"]) == ("K8sJobMode", True, 600, 86400)
@@ -78,11 +78,11 @@ def test_example_renders_a_valid_rayjob_with_gpu_replicas(example):
 
 
 def test_entrypoint_is_what_the_scaleout_module_parses(example):
-    """The RayJob's entrypoint is the real ``python -m campaign_orchestrator.scaleout`` command line."""
-    from campaign_orchestrator.scaleout.__main__ import parse_args
+    """The RayJob's entrypoint is the real ``python -m campaign_orchestrator.generation.scaleout`` command line."""
+    from campaign_orchestrator.generation.scaleout.__main__ import parse_args
 
     words = _job(example)["spec"]["entrypoint"].split()
-    assert words[:3] == ["python", "-m", "campaign_orchestrator.scaleout"]
+    assert words[:3] == ["python", "-m", "campaign_orchestrator.generation.scaleout"]
     args = parse_args(words[3:])
     assert (args.job, args.summary, args.address) == ("/app/artifacts/x/ray_job.json",
                                                       "/app/artifacts/x/ray_summary.json", "auto")

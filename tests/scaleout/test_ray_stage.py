@@ -12,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from campaign_orchestrator.scaleout.pool import ShardFailed, ShardPool
-from campaign_orchestrator.scaleout.shards import make_shards
-from campaign_orchestrator.scaleout.stage import run_generation_ray
-from campaign_orchestrator.scaleout.worker import CacheConfig
-from campaign_orchestrator.teacher.recipes import BackendRecipe
-from campaign_orchestrator.teacher.requests import Sampling, build_requests, namespace
+from campaign_orchestrator.generation.scaleout.pool import ShardFailed, ShardPool
+from campaign_orchestrator.generation.scaleout.shards import make_shards
+from campaign_orchestrator.generation.scaleout.stage import run_generation_ray
+from campaign_orchestrator.generation.scaleout.worker import CacheConfig
+from campaign_orchestrator.generation.recipes import BackendRecipe
+from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
 from campaigns.spec import TeacherSpec
 from tests.support.processes import wait_for
 from tests.support.testserver import ServerConfig, ServerThread
@@ -203,7 +203,7 @@ def test_the_budget_sees_every_worker_and_stops_the_whole_job(ray_cluster, tmp_p
 
 
 def test_the_rayjob_entry_point_runs_a_job_file_on_the_cluster(ray_cluster, tmp_path):
-    """``python -m campaign_orchestrator.scaleout --job JOB.json`` (a KubeRay RayJob's command), connected to the
+    """``python -m campaign_orchestrator.generation.scaleout --job JOB.json`` (a KubeRay RayJob's command), connected to the
     module's cluster: rows in the output Parquet, a JSON summary, the cache filled; a bad job file exits 2."""
     import json
     import subprocess
@@ -212,7 +212,7 @@ def test_the_rayjob_entry_point_runs_a_job_file_on_the_cluster(ray_cluster, tmp_
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from campaign_orchestrator.scaleout.job import Job
+    from campaign_orchestrator.generation.scaleout.job import Job
 
     with ServerThread(ServerConfig(latency_s=0.0)) as srv:
         recipe, ident, cfg = _setup(tmp_path, srv)
@@ -221,7 +221,7 @@ def test_the_rayjob_entry_point_runs_a_job_file_on_the_cluster(ray_cluster, tmp_
                   vars(cfg), S.as_dict(), vars(_execution(shard_prompts=8)))
         (tmp_path / "job.json").write_text(job.to_json())
         address = ray_cluster.get_runtime_context().gcs_address
-        cmd = [sys.executable, "-m", "campaign_orchestrator.scaleout", "--job", str(tmp_path / "job.json"),
+        cmd = [sys.executable, "-m", "campaign_orchestrator.generation.scaleout", "--job", str(tmp_path / "job.json"),
                "--address", address, "--summary", str(tmp_path / "summary.json")]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ,
                              "PYTHONPATH": os.getcwd()})

@@ -8,12 +8,12 @@ import random
 
 import pytest
 
-from campaign_orchestrator.scaleout.job import AnswerRecipe, Job
-from campaign_orchestrator.scaleout.ratelimit import BucketState
-from campaign_orchestrator.scaleout.shards import make_shards, shard_id
-from campaign_orchestrator.scaleout.worker import CacheConfig, GenerationWorker, _stats_delta
-from campaign_orchestrator.teacher.recipes import BackendRecipe, GeneratorRecipe
-from campaign_orchestrator.teacher.requests import Sampling, build_requests, namespace
+from campaign_orchestrator.generation.scaleout.job import AnswerRecipe, Job
+from campaign_orchestrator.generation.scaleout.ratelimit import BucketState
+from campaign_orchestrator.generation.scaleout.shards import make_shards, shard_id
+from campaign_orchestrator.generation.scaleout.worker import CacheConfig, GenerationWorker, _stats_delta
+from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
+from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
 from campaigns.spec import TeacherSpec
 from tests.support.testserver import ServerConfig, ServerThread
 
@@ -98,8 +98,8 @@ def test_a_worker_answers_what_the_cache_lacks_and_its_spool_outlives_it(tmp_pat
         more = [r for rs in build_requests(ident, S, ["encode zz =", "encode yy ="]) for r in rs]
         cache = cfg.open(worker="dead-1")
         w = cache.writer()
-        from campaign_orchestrator.teacher.completion import Completion
-        from campaign_orchestrator.teacher.runner import _cache_row
+        from campaign_orchestrator.generation.completion import Completion
+        from campaign_orchestrator.generation.runner import _cache_row
 
         w.add({k: v for k, v in _cache_row(more[0], Completion(" xx", "stop", 3, 2, 0.0), recipe.build()).items()
                if k != "error"})
@@ -117,7 +117,7 @@ def test_run_on_ray_refuses_a_kuberay_stage_and_the_assets_launch_it_instead():
     from types import SimpleNamespace
 
     from assets.ray_dispatch import KubeRayLaunch, ray_runner
-    from campaign_orchestrator.scaleout.stage import KubeRayNotLaunched, run_on_ray
+    from campaign_orchestrator.generation.scaleout.stage import KubeRayNotLaunched, run_on_ray
 
     execution = SimpleNamespace(kuberay=SimpleNamespace(), ray_address=None)
     with pytest.raises(KubeRayNotLaunched, match="launched by its Dagster asset"):
@@ -135,10 +135,10 @@ def test_a_job_summary_gives_back_the_stats_and_shard_reports_priced_on_the_dags
     GenerationStats and RayRun, each shard priced with the stage's price callback (lines tagged with the shard id)."""
     from dataclasses import asdict
 
-    from campaign_orchestrator.scaleout.__main__ import shard_message
-    from campaign_orchestrator.scaleout.stage import (RayRun, ShardReport, price_shard, shard_cost_lines,
+    from campaign_orchestrator.generation.scaleout.__main__ import shard_message
+    from campaign_orchestrator.generation.scaleout.stage import (RayRun, ShardReport, price_shard, shard_cost_lines,
                                                      stats_from_dict)
-    from campaign_orchestrator.teacher.runner import GenerationStats
+    from campaign_orchestrator.generation.runner import GenerationStats
 
     st = GenerationStats(prompts=3, requests=3, generated=2, cache_hits=1, new_completion_tokens=9, generate_s=1.5)
     run = RayRun(shards=[ShardReport("aa", 0, 2, generated=2, prompt_tokens=10, completion_tokens=9, seconds=1.5,

@@ -17,11 +17,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from campaign_orchestrator.scaleout.pool import ShardPool
-from campaign_orchestrator.scaleout.stage import run_generation_ray
-from campaign_orchestrator.scaleout.worker import CacheConfig
-from campaign_orchestrator.teacher.recipes import BackendRecipe
-from campaign_orchestrator.teacher.requests import Sampling, namespace
+from campaign_orchestrator.generation.scaleout.pool import ShardPool
+from campaign_orchestrator.generation.scaleout.stage import run_generation_ray
+from campaign_orchestrator.generation.scaleout.worker import CacheConfig
+from campaign_orchestrator.generation.recipes import BackendRecipe
+from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaigns.spec import TeacherSpec
 from tests.support.processes import wait_for
 from tests.support.testserver import ServerConfig, ServerThread

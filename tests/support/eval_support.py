@@ -21,7 +21,7 @@ class ModelServer:
 
     def __init__(self, models: dict[str, Path], lora_base: Path | None = None, crash_marker: str = "CRASH",
                  hang_marker: str = "HANG", hang_s: float = 3.0):
-        from campaign_orchestrator.teacher.local import LocalGenerator
+        from campaign_orchestrator.generation.local import LocalGenerator
 
         self.generators = {name: LocalGenerator.from_path(path, batch_size=1) for name, path in models.items()}
         self.paths = dict(models)
@@ -91,7 +91,7 @@ class ModelServer:
         return {"object": "list", "data": data}
 
     def load_lora(self, name: str, path: str) -> tuple[int, dict]:
-        from campaign_orchestrator.teacher.local import LocalGenerator
+        from campaign_orchestrator.generation.local import LocalGenerator
 
         if name in self.generators:
             return 400, {"error": {"message": f"The lora adapter '{name}' has already been loaded."}}

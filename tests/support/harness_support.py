@@ -38,7 +38,7 @@ def project_generation_scores(base: Path, adapter: Path | None, load_in_4bit: bo
                               compute_dtype: str = "bfloat16") -> dict[str, tuple[float, str]]:
     """cipher_gen through the project's evaluator (LocalGenerator + exact_match scorer): item id
     ``cipher_gen/<doc_id>`` -> (score, output)."""
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
     from evaluation.suite import run_suite
 
     items = [{"id": f"cipher_gen/{i}", "prompt": d["prompt"], "reference": d["answer"], "category": d["category"]}
@@ -57,7 +57,7 @@ def independent_choice_scores(base: Path, adapter: Path | None, load_in_4bit: bo
     the label else 0.0, argmax, log-likelihoods)."""
     import torch
 
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
 
     g = LocalGenerator.from_path(base, adapter, load_in_4bit, compute_dtype, batch_size=1, device="cpu")
     model, tok = g.model, g.tok

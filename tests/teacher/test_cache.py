@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
-from campaign_orchestrator.teacher.blobstore import LocalStore, S3Store, open_store
-from campaign_orchestrator.teacher.cache import GenerationCache
-from campaign_orchestrator.teacher.requests import Sampling, build_requests, request_key
+from campaign_orchestrator.generation.blobstore import LocalStore, S3Store, open_store
+from campaign_orchestrator.generation.cache import GenerationCache
+from campaign_orchestrator.generation.requests import Sampling, build_requests, request_key
 
 
 def _row(key: str, text: str = "x") -> dict:
@@ -171,10 +171,10 @@ def test_spool_lines_are_json(tmp_path):
 def test_generation_through_the_storage_resource_on_s3(tmp_path, s3_endpoint):
     import boto3
 
-    from campaign_orchestrator.teacher.backends import OpenAIBackend
-    from campaign_orchestrator.teacher.openai_client import OpenAICompatibleClient
-    from campaign_orchestrator.teacher.requests import namespace
-    from campaign_orchestrator.teacher.runner import run_generation
+    from campaign_orchestrator.generation.backends import OpenAIBackend
+    from campaign_orchestrator.generation.openai_client import OpenAICompatibleClient
+    from campaign_orchestrator.generation.requests import namespace
+    from campaign_orchestrator.generation.runner import run_generation
     from tests.support.testserver import ServerConfig, ServerThread
     from resources.storage import ArtifactStore
 
@@ -199,7 +199,7 @@ def test_a_recovery_running_while_a_writer_opens_its_spool_takes_nothing_from_it
     its spool and locking it must not take the empty file for a dead writer's and remove it under the writer."""
     import fcntl
 
-    from campaign_orchestrator.teacher import cache as cache_module
+    from campaign_orchestrator.generation import cache as cache_module
 
     cache = GenerationCache(LocalStore(tmp_path / "c"), "ns", tmp_path / "spool", shard_rows=1000)
     other = GenerationCache(LocalStore(tmp_path / "c"), "ns", tmp_path / "spool")

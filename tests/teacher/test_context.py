@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from campaign_orchestrator.teacher.requests import Sampling, build_requests
+from campaign_orchestrator.generation.requests import Sampling, build_requests
 from campaigns.spec import TeacherSpec
 
 CTX = [{"role": "system", "content": "Reply in lowercase."}, {"role": "user", "content": "Plural of desk?"},

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from campaign_orchestrator.teacher.backends import BackendError, TransformersBackend, VLLMBackend, teacher_identity
-from campaign_orchestrator.teacher.blobstore import LocalStore
-from campaign_orchestrator.teacher.cache import GenerationCache
-from campaign_orchestrator.teacher.requests import GenRequest, Sampling, namespace
-from campaign_orchestrator.teacher.runner import run_generation
+from campaign_orchestrator.generation.backends import BackendError, TransformersBackend, VLLMBackend, teacher_identity
+from campaign_orchestrator.generation.blobstore import LocalStore
+from campaign_orchestrator.generation.cache import GenerationCache
+from campaign_orchestrator.generation.requests import GenRequest, Sampling, namespace
+from campaign_orchestrator.generation.runner import run_generation
 from campaign_orchestrator.demo import cipher
 
 ITEMS = cipher.items(12, seed=123, id_prefix="t")
@@ -22,7 +22,7 @@ TOO_LONG = {"id": "long", "prompt": "encode " + "abcdefgh" * 8 + " ="}  # > 64 p
 
 @pytest.fixture(scope="module")
 def teacher_gen(demo_models):
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
 
     return LocalGenerator.from_path(demo_models["teacher"], batch_size=8)
 
@@ -53,7 +53,7 @@ def test_batched_generation_matches_one_at_a_time(teacher_gen):
 def test_device_is_the_gpu_when_torch_sees_one(monkeypatch):
     import torch
 
-    from campaign_orchestrator.teacher.local import default_device
+    from campaign_orchestrator.generation.local import default_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert default_device() == "cpu"
@@ -64,7 +64,7 @@ def test_device_is_the_gpu_when_torch_sees_one(monkeypatch):
 def test_inputs_go_to_the_model_device(monkeypatch, demo_models, teacher_gen):
     import torch
 
-    from campaign_orchestrator.teacher.local import LocalGenerator, default_device, load_model
+    from campaign_orchestrator.generation.local import LocalGenerator, default_device, load_model
 
     assert teacher_gen.device.type == default_device()
     seen = []
@@ -75,12 +75,12 @@ def test_inputs_go_to_the_model_device(monkeypatch, demo_models, teacher_gen):
         return real(input_ids=input_ids, attention_mask=attention_mask, **kw)
 
     monkeypatch.setattr(teacher_gen.model, "generate", spy)
-    monkeypatch.setattr(teacher_gen, "engine", "hf_generate")
+    monkeypatch.setattr(teacher_gen, "setting", "hf_generate")
     out = teacher_gen.generate([p["prompt"] for p in PROMPTS[:3]], 8, logprobs=2)
     assert seen == [(teacher_gen.device, teacher_gen.device)]
     assert all(c.token_ids and c.top_logprobs for c in out)  # results back as plain Python values
     # the continuous engine calls the model's forward: its inputs are on the model's device too
-    monkeypatch.setattr(teacher_gen, "engine", "continuous")
+    monkeypatch.setattr(teacher_gen, "setting", "continuous")
     fwd = []
     hook = teacher_gen.model.register_forward_pre_hook(
         lambda m, a, kw: fwd.append({k: v.device for k, v in kw.items() if isinstance(v, torch.Tensor)}), with_kwargs=True)

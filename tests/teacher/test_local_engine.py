@@ -19,7 +19,7 @@ _LOADED: dict = {}  # (teacher path, dtype) -> (model, tokenizer, precision): ea
 
 def _gen(demo_models, dtype, **kw):
     """A fresh LocalGenerator (its own settings and stats) over the demo teacher loaded once in ``dtype``."""
-    from campaign_orchestrator.teacher.local import LocalGenerator, load_model
+    from campaign_orchestrator.generation.local import LocalGenerator, load_model
 
     kw.setdefault("engine", "continuous")
     key = (str(demo_models["teacher"]), dtype)
@@ -79,7 +79,7 @@ def test_finished_rows_are_not_decoded_and_progress_is_reported(demo_models):
 
 
 def test_prefix_groups_share_what_all_their_members_share():
-    from campaign_orchestrator.teacher.local import prefix_groups
+    from campaign_orchestrator.generation.local import prefix_groups
 
     a = list(range(10))
     # 0, 2 and 3 share their first 9 tokens (0 and 2 share 10, but 3 only 9); 1 and 4 share nothing
@@ -92,27 +92,24 @@ def test_prefix_groups_share_what_all_their_members_share():
 
 
 def test_engine_choice(demo_models, monkeypatch):
-    from campaign_orchestrator.teacher.local import ENGINE_ENV, LocalGenerator, auto_engine
+    from campaign_orchestrator.generation.local import ENGINE_ENV, LocalGenerator, forced_engine
 
-    with pytest.raises(ValueError, match="engine 'vllm' is unknown"):
-        LocalGenerator(None, None, engine="vllm")
-    # auto: the continuous engine in every dtype (bf16: no less faithful to the fp32 answers than generate)
+    with pytest.raises(ValueError, match="engine 'tensorrt' is unknown"):
+        LocalGenerator(None, None, engine="tensorrt")
     g32 = _gen(demo_models, "float32", engine="auto")
-    assert g32.engine == "continuous"
-    assert _gen(demo_models, "bfloat16", engine="auto").engine == "continuous"
-    # the measurement switch: $CAMPAIGN_GENERATION_ENGINE decides what auto means, whatever the dtype
+    # the measurement switch: $CAMPAIGN_GENERATION_ENGINE decides what auto means (no probe runs)
     monkeypatch.setenv(ENGINE_ENV, "hf_generate")
-    assert auto_engine("float32") == "hf_generate" and LocalGenerator(g32.model, g32.tok).engine == "hf_generate"
+    assert forced_engine() == "hf_generate" and LocalGenerator(g32.model, g32.tok).engine == "hf_generate"
     assert LocalGenerator(g32.model, g32.tok, engine="continuous").engine == "continuous"  # an explicit engine is kept
-    assert auto_engine("bfloat16") == "hf_generate"
-    monkeypatch.setenv(ENGINE_ENV, "vllm")
-    with pytest.raises(ValueError, match=r"CAMPAIGN_GENERATION_ENGINE='vllm' is unknown"):
-        auto_engine("float32")
+    monkeypatch.setenv(ENGINE_ENV, "tensorrt")
+    with pytest.raises(ValueError, match=r"CAMPAIGN_GENERATION_ENGINE='tensorrt' is unknown"):
+        forced_engine()
 
 
 def test_sampling_stays_on_generate(demo_models, monkeypatch):
     gen = _gen(demo_models, "float32", batch_size=4)
-    monkeypatch.setattr(gen, "_generate_continuous", lambda *a, **k: pytest.fail("sampling went to the greedy engine"))
+    monkeypatch.setattr(gen.engine_instance("continuous"), "generate",
+                        lambda *a, **k: pytest.fail("sampling went to the greedy engine"))
     outs = gen.generate([cipher.prompt_for(w) for w in WORDS[:3]], 8, temperature=1.0, seed=3)
     again = gen.generate([cipher.prompt_for(w) for w in WORDS[:3]], 8, temperature=1.0, seed=3)
     assert [c.token_ids for c in outs] == [c.token_ids for c in again]
@@ -144,15 +141,14 @@ def test_score_matches_a_one_sequence_forward_and_generated_logprobs(demo_models
 
 
 def test_shards_on_two_workers_give_the_tokens_of_one_call(demo_models):
-    """What a distributor relies on (campaign_orchestrator/teacher/recipes.py, promise 2): in fp32 a greedy answer
+    """What a distributor relies on (campaign_orchestrator/generation/recipes.py, promise 2): in fp32 a greedy answer
     does not depend on the other prompts of its call, so the prompts split into two shards, answered by two
     generators (two workers) with other batch shapes, give the tokens one call gives."""
-    one = _gen(demo_models, "float32", engine="auto", batch_size=8)  # every prompt in one batch
-    assert one.engine == "continuous"
+    one = _gen(demo_models, "float32", batch_size=8)  # every prompt in one batch
     prompts = _prompts()[:-1]
     whole = one.generate(prompts, 16, logprobs=2)
-    worker_a = _gen(demo_models, "float32", engine="auto", batch_size=2, max_batch_tokens=2 * 40)
-    worker_b = _gen(demo_models, "float32", engine="auto", batch_size=3, max_batch_tokens=3 * 40)
+    worker_a = _gen(demo_models, "float32", batch_size=2, max_batch_tokens=2 * 40)
+    worker_b = _gen(demo_models, "float32", batch_size=3, max_batch_tokens=3 * 40)
     shard_a, shard_b = worker_a.generate(prompts[0::2], 16, logprobs=2), worker_b.generate(prompts[1::2], 16, logprobs=2)
     assert worker_a.last_stats["prefills"] > 2 and worker_b.last_stats["prefills"] > 2  # rows left and joined
     merged = [None] * len(prompts)

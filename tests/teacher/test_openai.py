@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from campaign_orchestrator.teacher.backends import OpenAIBackend
-from campaign_orchestrator.teacher.blobstore import LocalStore
-from campaign_orchestrator.teacher.cache import GenerationCache
-from campaign_orchestrator.teacher.openai_client import (AuthenticationError, EndpointError, EndpointUnreachable,
+from campaign_orchestrator.generation.backends import OpenAIBackend
+from campaign_orchestrator.generation.blobstore import LocalStore
+from campaign_orchestrator.generation.cache import GenerationCache
+from campaign_orchestrator.generation.openai_client import (AuthenticationError, EndpointError, EndpointUnreachable,
                                       OpenAICompatibleClient, TokenBucket, _wait_retry_after_or_backoff,
                                       parse_retry_after)
-from campaign_orchestrator.teacher.requests import Sampling, namespace
-from campaign_orchestrator.teacher.runner import run_generation
+from campaign_orchestrator.generation.requests import Sampling, namespace
+from campaign_orchestrator.generation.runner import run_generation
 from tests.support.testserver import ServerConfig, ServerThread, rule_answer
 from campaign_orchestrator.demo import cipher
 

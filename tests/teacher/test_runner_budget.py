@@ -12,12 +12,12 @@ from campaign_orchestrator.costs.catalog import read_catalog
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.costs.catalog import token_lines, total
 from campaign_orchestrator.demo import cipher
-from campaign_orchestrator.teacher.backends import OpenAIBackend
-from campaign_orchestrator.teacher.blobstore import LocalStore
-from campaign_orchestrator.teacher.cache import GenerationCache
-from campaign_orchestrator.teacher.openai_client import OpenAICompatibleClient
-from campaign_orchestrator.teacher.requests import Sampling, namespace
-from campaign_orchestrator.teacher.runner import run_generation
+from campaign_orchestrator.generation.backends import OpenAIBackend
+from campaign_orchestrator.generation.blobstore import LocalStore
+from campaign_orchestrator.generation.cache import GenerationCache
+from campaign_orchestrator.generation.openai_client import OpenAICompatibleClient
+from campaign_orchestrator.generation.requests import Sampling, namespace
+from campaign_orchestrator.generation.runner import run_generation
 from tests.support.testserver import ServerConfig, ServerThread
 
 

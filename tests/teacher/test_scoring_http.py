@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from campaign_orchestrator.teacher.openai_client import AuthenticationError
+from campaign_orchestrator.generation.openai_client import AuthenticationError
 from campaign_orchestrator.teacher.scoring_http import HTTPTeacherScorer
 from tests.support import REPO_ROOT
 from tests.support.dataprep_support import CHAT
@@ -29,7 +29,7 @@ LONG = "encode " + "abcdefgh" * 8 + " ="  # past the demo teacher's 64 positions
 
 @pytest.fixture(scope="module")
 def gen(demo_models):
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
 
     # both sides in fp32: in bf16 (auto on an AVX512-BF16 CPU) the server's batches of 3 and these of 4 pad
     # differently, which moves a log-probability by up to 0.06
@@ -113,7 +113,7 @@ def test_from_spec_reads_the_key_from_the_variable_the_campaign_names(server_url
     scorer = HTTPTeacherScorer.from_spec(spec, gen.tok)
     assert scorer.score(["encode ab ="], [[5, 6]], top_k=1)[0].error is None
     monkeypatch.delenv(KEY_ENV)
-    from campaign_orchestrator.teacher.backends import BackendError
+    from campaign_orchestrator.generation.backends import BackendError
 
     with pytest.raises(BackendError, match=KEY_ENV):
         HTTPTeacherScorer.from_spec(spec, gen.tok)

@@ -14,7 +14,7 @@ KEY = "sk-test-server-0123456789"
 
 @pytest.fixture(scope="module")
 def gen(demo_models):
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
 
     return LocalGenerator.from_path(demo_models["teacher"], batch_size=4)
 

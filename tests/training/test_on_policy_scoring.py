@@ -19,7 +19,7 @@ def test_prefix_cached_scoring_equals_plain_scoring(demo_models):
 def _check_prefix_cached_scoring(demo_models):
     import torch
 
-    from campaign_orchestrator.teacher.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalGenerator
     from training.on_policy import LocalScorer
 
     torch.set_num_threads(1)  # as a trainer process runs (restored below): on a busy host more threads only spin

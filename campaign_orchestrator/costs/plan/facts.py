@@ -118,7 +118,7 @@ def suite_context_shares(spec: CampaignSpec, held: list[dict], files: dict[str, 
 
 def teacher_answers_as_base(spec: CampaignSpec) -> bool:
     """Whether the teacher's bare-prompt evaluation answers are the base's (found in the generation cache under
-    the same key, :func:`campaign_orchestrator.teacher.backends.answer_identity`): a ``transformers`` teacher over
+    the same key, :func:`campaign_orchestrator.generation.backends.answer_identity`): a ``transformers`` teacher over
     the student's base weights (same model and revision) in the same compute dtype, the base not 4-bit. The
     model fields are compared as written (no weights are hashed to plan): the same weights named two ways are
     planned as two models, an over-estimate."""

@@ -32,8 +32,8 @@ class CacheConfig:
     def open(self, shard_rows: int = 256, shard_seconds: float = 15.0, worker: str | None = None):
         """The cache; ``worker``: a worker's own spool directory (``<spool_dir>/workers/<worker>``), so no other
         process's recovery ever races a live worker opening a spool."""
-        from campaign_orchestrator.teacher.blobstore import open_store
-        from campaign_orchestrator.teacher.cache import GenerationCache
+        from campaign_orchestrator.generation.blobstore import open_store
+        from campaign_orchestrator.generation.cache import GenerationCache
 
         store = open_store(self.store_url, endpoint_url=self.s3_endpoint_url, region=self.s3_region)
         spool = Path(self.spool_dir) / "workers" / worker if worker else self.spool_dir
@@ -128,12 +128,12 @@ class GenerationWorker:
     def run_shard(self, recipe, cache: CacheConfig, shard_id: str, attempt: int, requests: list, sampling,
                   limits: str | None = None) -> dict:
         """Answer what the cache lacks of one shard; returns its :class:`ShardProgress` as a dict."""
-        from campaign_orchestrator.teacher.runner import _cache_row
+        from campaign_orchestrator.generation.runner import _cache_row
 
         backend = self._build(recipe)
         client = getattr(backend, "client", None)
         if client is not None and hasattr(client, "buckets"):
-            from campaign_orchestrator.scaleout.ratelimit import shared_buckets
+            from campaign_orchestrator.generation.scaleout.ratelimit import shared_buckets
 
             buckets = shared_buckets(limits) if limits else (None, None)
             client.buckets = buckets if buckets != (None, None) else None  # the job's buckets, not this worker's

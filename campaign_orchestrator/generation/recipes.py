@@ -5,9 +5,9 @@ teacher backends) and the code that *distributes* (the Ray execution of a stage)
 recipe, calls :meth:`build` once (the model loads there, not in the driver), and then calls only the
 engine's own methods on its shard.
 
-- :class:`BackendRecipe` builds a teacher :class:`~campaign_orchestrator.teacher.backends.Backend`:
+- :class:`BackendRecipe` builds a teacher :class:`~campaign_orchestrator.generation.backends.Backend`:
   ``run(requests, sampling, on_done)`` (teacher generations, the teacher answering held-out items).
-- :class:`GeneratorRecipe` builds a :class:`~campaign_orchestrator.teacher.local.LocalGenerator`:
+- :class:`GeneratorRecipe` builds a :class:`~campaign_orchestrator.generation.local.LocalGenerator`:
   ``generate(prompts, max_new_tokens, ..., on_result=...)`` (candidate and base answers in evaluation)
   and ``score(prompts, continuations, top_k)`` (log-likelihood of given text, one forward pass).
 
@@ -45,7 +45,7 @@ class GeneratorRecipe:
     device: str | None = None
 
     def build(self):
-        from campaign_orchestrator.teacher.local import LocalGenerator
+        from campaign_orchestrator.generation.local import LocalGenerator
 
         return LocalGenerator.from_path(self.model_dir, self.adapter_dir, self.load_in_4bit, self.compute_dtype,
                                         batch_size=self.batch_size, device=self.device, engine=self.engine,
@@ -63,7 +63,7 @@ class BackendRecipe:
     weights_id: str | None = None
 
     def build(self):
-        from campaign_orchestrator.teacher.backends import make_backend, read_api_key
+        from campaign_orchestrator.generation.backends import make_backend, read_api_key
 
         api_key = read_api_key(self.spec.api_key_env) if self.spec.backend == "openai" else None
         return make_backend(self.spec, Path(self.model_path) if self.model_path else None, api_key=api_key,

@@ -145,7 +145,7 @@ class ShardPool:
     def _start_worker(self):
         """A new worker; it joins the idle ones once its engine is built (``ready``): a replacement Ray
         cannot place (a lost node's CPUs) never holds a shard."""
-        from campaign_orchestrator.scaleout.worker import worker_class
+        from campaign_orchestrator.generation.scaleout.worker import worker_class
 
         if self._cls is None:
             self._cls = worker_class(self.num_cpus, self.num_gpus)

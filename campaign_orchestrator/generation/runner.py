@@ -3,7 +3,7 @@
 1. Build the requests (``n`` per prompt) and their content-addressed keys.
 2. Seal spools left by a killed run, then look every key up in the cache.
 3. Send only the missing, distinct requests to the backend; each finished generation goes to
-   the cache writer at once (see :mod:`campaign_orchestrator.teacher.cache`), failures are counted and not cached.
+   the cache writer at once (see :mod:`campaign_orchestrator.generation.cache`), failures are counted and not cached.
 4. Assemble the rows in prompt order from cache hits and new results.
 
 Money: a cache hit costs nothing. ``progress`` sees every row (hits too: it is a display); the
@@ -23,10 +23,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from campaign_orchestrator.teacher.backends import Backend
-from campaign_orchestrator.teacher.cache import GenerationCache
-from campaign_orchestrator.teacher.completion import Completion
-from campaign_orchestrator.teacher.requests import GenRequest, Sampling, build_requests, sampling_hash
+from campaign_orchestrator.generation.backends import Backend
+from campaign_orchestrator.generation.cache import GenerationCache
+from campaign_orchestrator.generation.completion import Completion
+from campaign_orchestrator.generation.requests import GenRequest, Sampling, build_requests, sampling_hash
 
 
 class GenerationError(RuntimeError):
@@ -84,29 +84,67 @@ def _cache_row(req: GenRequest, c: Completion, backend: Backend) -> dict:
             "created_at": time.time(), "error": c.error}
 
 
-def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling, cache: GenerationCache, *,
-                   chat: bool = False, context: Sequence[dict] = (), context_categories: Sequence[str] | None = None,
-                   progress: Callable[[int], None] | None = None,
-                   log: Callable[[str], None] | None = None, budget=None) -> GenerationResult:
-    """``prompts`` are dicts with ``id`` and ``prompt``. Returns rows in ``GENERATION_SCHEMA``
-    (see :mod:`campaign_orchestrator.teacher.rows`), ``n`` per prompt, in prompt order."""
-    log = log or (lambda _m: None)
+def open_requests(prompts: Sequence[dict], identity: str, sampling: Sampling, cache: GenerationCache, *,
+                  chat: bool = False, context: Sequence[dict] = (), context_categories: Sequence[str] | None = None,
+                  log: Callable[[str], None] = lambda _m: None, recover: Callable[[], int] | None = None):
+    """The opening every executor shares (here, :func:`run_generation`; on Ray,
+    :func:`campaign_orchestrator.generation.scaleout.stage.run_generation_ray`): the requests (``n`` per prompt)
+    and their keys, spools a killed run left sealed (``recover``: an executor's own spools too), the cache
+    compacted and every distinct key looked up. Returns ``(stats, requests per prompt, key counts, cache hits)``."""
     if not prompts:
         raise GenerationError("no prompts to generate for: the prompt table is empty")
-    t_start = time.perf_counter()
     st = GenerationStats(prompts=len(prompts))
     with_context = None if context_categories is None else [p.get("category") in context_categories for p in prompts]
-    reqs = build_requests(backend.identity, sampling, [p["prompt"] for p in prompts], chat, context, with_context)
+    reqs = build_requests(identity, sampling, [p["prompt"] for p in prompts], chat, context, with_context)
     st.requests = sum(len(r) for r in reqs)
-
-    st.recovered_rows = cache.recover()
+    st.recovered_rows = cache.recover() + (recover() if recover is not None else 0)
     if st.recovered_rows:
         log(f"recovered {st.recovered_rows} generations a previous run finished before it stopped")
     cache.compact()
     per_key = Counter(r.key for rs in reqs for r in rs)
     st.distinct_requests = len(per_key)
-    results: dict[str, dict] = cache.lookup(per_key)
-    st.cache_hits = len(results)
+    found = cache.lookup(per_key)
+    st.cache_hits = len(found)
+    return st, reqs, per_key, found
+
+
+def assemble_rows(prompts: Sequence[dict], reqs, results: dict[str, dict], from_cache: Callable[[str], bool],
+                  sampling: Sampling, st: GenerationStats) -> list[dict]:
+    """The closing every executor shares: one row per (prompt, sample) in prompt order from ``results`` (cache
+    rows by key; errors carry ``error``), with the stats' token totals, retries and finish reasons."""
+    shash = sampling_hash(sampling)
+    rows = []
+    finish: Counter[str] = Counter()
+    for p, rs in zip(prompts, reqs, strict=True):
+        for r in rs:
+            c = results[r.key]
+            cached = from_cache(r.key)
+            rows.append({"id": p["id"], "sample_index": r.sample_index, "prompt": p["prompt"],
+                         "completion": c["completion"], "finish_reason": c["finish_reason"],
+                         "prompt_tokens": c["prompt_tokens"], "completion_tokens": c["completion_tokens"],
+                         "latency_s": c["latency_s"], "backend": c["backend"], "model": c["model"],
+                         "sampling_hash": shash, "request_key": r.key, "from_cache": cached,
+                         "retries": 0 if cached else c["retries"], "error": c.get("error"),
+                         "completion_token_ids": c["completion_token_ids"], "top_logprobs": c["top_logprobs"]})
+            finish[c["finish_reason"]] += 1
+            st.prompt_tokens += c["prompt_tokens"] or 0
+            st.completion_tokens += c["completion_tokens"] or 0
+            if not cached:
+                st.retries += c["retries"] or 0
+    st.finish_reasons = dict(finish)
+    return rows
+
+
+def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling, cache: GenerationCache, *,
+                   chat: bool = False, context: Sequence[dict] = (), context_categories: Sequence[str] | None = None,
+                   progress: Callable[[int], None] | None = None,
+                   log: Callable[[str], None] | None = None, budget=None) -> GenerationResult:
+    """``prompts`` are dicts with ``id`` and ``prompt``. Returns rows in ``GENERATION_SCHEMA``
+    (see :mod:`campaign_orchestrator.generation.rows`), ``n`` per prompt, in prompt order."""
+    log = log or (lambda _m: None)
+    t_start = time.perf_counter()
+    st, reqs, per_key, results = open_requests(prompts, backend.identity, sampling, cache, chat=chat, context=context,
+                                               context_categories=context_categories, log=log)
     missing: dict[str, GenRequest] = {}
     for rs in reqs:
         for r in rs:
@@ -171,26 +209,7 @@ def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling
     unanswered = [k for k in missing if k not in results]
     if unanswered:
         raise GenerationError(f"backend {backend.name} returned no result for {len(unanswered)} requests")
-    shash = sampling_hash(sampling)
-    rows = []
-    finish: Counter[str] = Counter()
-    for p, rs in zip(prompts, reqs, strict=True):
-        for r in rs:
-            c = results[r.key]
-            from_cache = r.key not in missing
-            rows.append({"id": p["id"], "sample_index": r.sample_index, "prompt": p["prompt"],
-                         "completion": c["completion"], "finish_reason": c["finish_reason"],
-                         "prompt_tokens": c["prompt_tokens"], "completion_tokens": c["completion_tokens"],
-                         "latency_s": c["latency_s"], "backend": c["backend"], "model": c["model"],
-                         "sampling_hash": shash, "request_key": r.key, "from_cache": from_cache,
-                         "retries": 0 if from_cache else c["retries"], "error": c.get("error"),
-                         "completion_token_ids": c["completion_token_ids"], "top_logprobs": c["top_logprobs"]})
-            finish[c["finish_reason"]] += 1
-            st.prompt_tokens += c["prompt_tokens"] or 0
-            st.completion_tokens += c["completion_tokens"] or 0
-            if not from_cache:
-                st.retries += c["retries"] or 0
-    st.finish_reasons = dict(finish)
+    rows = assemble_rows(prompts, reqs, results, lambda key: key not in missing, sampling, st)
     st.wall_s = time.perf_counter() - t_start
     if st.failed and st.failed == len(missing) and not st.cache_hits:
         first = next(r["error"] for r in rows if r["error"])

@@ -7,13 +7,13 @@ rest are done. Errors that concern one request (a prompt longer than the context
 the endpoint refuses) come back as a completion with ``error`` set; errors that concern the
 whole backend (no vLLM installed, a rejected API key, an unreachable endpoint) raise.
 
-- :class:`TransformersBackend`: a local checkpoint through :class:`campaign_orchestrator.teacher.local.LocalGenerator`
+- :class:`TransformersBackend`: a local checkpoint through :class:`campaign_orchestrator.generation.local.LocalGenerator`
   (batched, left-padded, batches bucketed by prompt length).
 - :class:`VLLMBackend`: offline batch inference with ``vllm.LLM.generate`` and
   ``SamplingParams``; vLLM is imported only here, only when used (``pip install '.[vllm]'``
   on a GPU image). Tests inject an object with ``vllm.LLM``'s interface.
 - :class:`OpenAIBackend`: any OpenAI-compatible endpoint through
-  :class:`campaign_orchestrator.teacher.openai_client.OpenAICompatibleClient`.
+  :class:`campaign_orchestrator.generation.openai_client.OpenAICompatibleClient`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from campaign_orchestrator.teacher.completion import Completion
-from campaign_orchestrator.teacher.requests import GenRequest, Sampling
+from campaign_orchestrator.generation.completion import Completion
+from campaign_orchestrator.generation.requests import GenRequest, Sampling
 
 OnDone = Callable[[GenRequest, Completion], None]
 
@@ -137,7 +137,7 @@ class TransformersBackend:
     @property
     def generator(self):
         if self._gen is None:
-            from campaign_orchestrator.teacher.local import LocalGenerator
+            from campaign_orchestrator.generation.local import LocalGenerator
 
             gen = LocalGenerator.from_path(self.model_path, self.adapter_dir, self.load_in_4bit, self.compute_dtype,
                                            batch_size=self.batch_size)
@@ -166,7 +166,13 @@ class TransformersBackend:
 
     def stats(self) -> dict:
         p = getattr(self._gen, "precision", None)
-        return {"compute_dtype": p.dtype, "compute_dtype_reason": p.reason} if p is not None else {}
+        out = {"compute_dtype": p.dtype, "compute_dtype_reason": p.reason} if p is not None else {}
+        engine = getattr(self._gen, "last_engine", None)
+        if engine:  # which engine answered, and why auto chose it (generation/auto.py)
+            why = next((c.get("why") for c in getattr(self._gen, "choice", {}).values() if c.get("chosen") == engine),
+                       None)
+            out |= {"engine": engine} | ({"engine_reason": why} if why else {})
+        return out
 
 
 # --------------------------------------------------------------------------- vLLM
@@ -197,12 +203,24 @@ class VLLMBackend:
 
     def __init__(self, model: str, identity: str | None = None, revision: str | None = None, llm: Any = None,
                  sampling_params: Callable[..., Any] | None = None, chunk_size: int = 1024,
-                 tensor_parallel_size: int = 1, engine_args: dict | None = None, seed: int = 0):
+                 tensor_parallel_size: int = 1, engine_args: dict | None = None, seed: int = 0,
+                 dtype: str | None = None, top_k: int | None = None, adapter_dir: str | Path | None = None,
+                 llm_class: Callable[..., Any] | None = None, lora_request_class: Callable[..., Any] | None = None):
+        from campaign_orchestrator.generation.engines.vllm_engine import engine_args as vllm_args
+        from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype
+
         self.model, self.revision = model, revision
-        self.identity = identity or teacher_identity("vllm", model, None, revision, engine_args=engine_args)
+        extra = dict(engine_args or {})
+        # the dtype vLLM computes in, resolved before it starts and passed to it, so the key names what runs
+        self.dtype = resolve_dtype(model, extra.pop("dtype", None) or dtype or "auto")
+        self.identity = identity or teacher_identity("vllm", model, None, revision, engine_args=engine_args,
+                                                     precision=f"cuda:{self.dtype}")
         self.chunk_size = chunk_size
-        self._llm, self._sp = llm, sampling_params
-        self._engine = {"tensor_parallel_size": tensor_parallel_size, "seed": seed, **(engine_args or {})}
+        self._llm, self._sp, self._llm_class = llm, sampling_params, llm_class
+        self.adapter_dir, self._lora_class = adapter_dir, lora_request_class
+        self._engine = {"tensor_parallel_size": tensor_parallel_size, "seed": seed,
+                        **vllm_args(model, dtype=self.dtype, adapter_dir=adapter_dir, top_k=top_k, extra=extra)}
+        self._engine.pop("model")
         self.generate_s = 0.0
         self._tok = None
         self._max_len: int | None = None
@@ -211,15 +229,22 @@ class VLLMBackend:
         """Import vLLM and start the engine, on first use only (a fully cached run never does)."""
         if self._llm is not None and self._sp is not None:
             return
-        try:
-            import vllm
-        except ImportError as e:
-            raise BackendError("teacher backend 'vllm' needs the vllm package, which is not installed here; "
-                               "install the `vllm` extra on a GPU image (pip install '.[vllm]') or use backend "
-                               "'transformers' (local) or 'openai' (a served endpoint)") from e
-        self._sp = self._sp or vllm.SamplingParams
+        if self._llm_class is None or self._sp is None:
+            try:
+                import vllm
+            except ImportError as e:
+                raise BackendError("teacher backend 'vllm' needs the vllm package, which is not installed here; "
+                                   "install the `vllm` extra on a GPU image (pip install '.[vllm]') or use backend "
+                                   "'transformers' (local) or 'openai' (a served endpoint)") from e
+            self._sp = self._sp or vllm.SamplingParams
+            self._llm_class = self._llm_class or vllm.LLM
         if self._llm is None:
-            self._llm = vllm.LLM(model=self.model, revision=self.revision, **self._engine)
+            self._llm = self._llm_class(model=self.model, revision=self.revision, **self._engine)
+
+    def _lora(self):
+        from campaign_orchestrator.generation.engines.vllm_engine import lora_request
+
+        return lora_request(self.adapter_dir, self._lora_class)
 
     @property
     def llm(self):
@@ -252,26 +277,18 @@ class VLLMBackend:
         return self.SamplingParams(**kw)
 
     def _completion(self, ro, co, k: int | None, latency: float) -> Completion:
-        top = None
-        if k and getattr(co, "logprobs", None) is not None:
-            top = []
-            for pos in co.logprobs:
-                items = sorted(pos.items(), key=lambda kv: -kv[1].logprob)[:k]
-                top.append([(int(tid), getattr(lp, "decoded_token", None), float(lp.logprob)) for tid, lp in items])
-        reason = co.finish_reason or "stop"
-        err = None
-        if reason not in ("stop", "length"):
-            err, reason = f"vLLM finished the request with {co.finish_reason!r}", "error"
-        return Completion(co.text or "", reason, len(ro.prompt_token_ids or []), len(co.token_ids), latency,
-                          error=err, top_logprobs=top, token_ids=[int(t) for t in co.token_ids])
+        from campaign_orchestrator.generation.engines.vllm_engine import vllm_completion
+
+        return vllm_completion(ro, co, k, latency)
 
     def _call(self, items: list[tuple[list[GenRequest], Any]]) -> list:
         chat = items[0][0][0].messages is not None
         inputs = [list(g[0].messages) if chat else g[0].prompt for g, _ in items]
         params = [p for _, p in items]
+        lora = {"lora_request": self._lora()} if self.adapter_dir is not None else {}
         if chat:
-            return self.llm.chat(inputs, sampling_params=params, use_tqdm=False)
-        return self.llm.generate(inputs, sampling_params=params, use_tqdm=False)
+            return self.llm.chat(inputs, sampling_params=params, use_tqdm=False, **lora)
+        return self.llm.generate(inputs, sampling_params=params, use_tqdm=False, **lora)
 
     def _deliver(self, items, outputs, s: Sampling, latency: float, on_done: OnDone) -> None:
         for (group, _), ro in zip(items, outputs, strict=True):
@@ -360,16 +377,23 @@ def spec_identity(spec, model_path: str | Path | None = None, weights_id: str | 
     :func:`local_precision`), so a bf16 host and an fp32 host never share generations."""
     if spec.backend == "transformers" and precision is None:
         precision = local_precision(spec.compute_dtype)
+    if spec.backend == "vllm":
+        from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype
+
+        dtype = (spec.engine_args or {}).get("dtype") or spec.compute_dtype
+        precision = f"cuda:{resolve_dtype(model_path or spec.model, dtype)}"
     return teacher_identity(spec.backend, spec.model, model_path, spec.revision, base_url=spec.base_url,
                             engine_args=spec.engine_args if spec.backend == "vllm" else None, weights_id=weights_id,
-                            precision=precision if spec.backend == "transformers" else None)
+                            precision=precision if spec.backend in ("transformers", "vllm") else None)
 
 
 def make_backend(spec, model_path: str | Path | None = None, *, api_key: str | None = None,
-                 weights_id: str | None = None, llm: Any = None, sampling_params: Any = None) -> Backend:
+                 weights_id: str | None = None, llm: Any = None, sampling_params: Any = None,
+                 llm_class: Any = None) -> Backend:
     """The backend a :class:`campaigns.spec.TeacherSpec` asks for. ``model_path`` is the resolved
     local checkpoint (transformers; vllm when local); ``api_key`` the key read from
-    ``spec.api_key_env`` by the caller; ``llm``/``sampling_params`` inject a vLLM engine.
+    ``spec.api_key_env`` by the caller; ``llm``/``sampling_params``/``llm_class`` inject a vLLM engine (or
+    its class).
     Building a backend is cheap: models load on the first request."""
     precision = local_precision(spec.compute_dtype) if spec.backend == "transformers" else None
     ident = spec_identity(spec, model_path, weights_id, precision)
@@ -381,9 +405,10 @@ def make_backend(spec, model_path: str | Path | None = None, *, api_key: str | N
     if spec.backend == "vllm":
         return VLLMBackend(str(model_path or spec.model), ident, spec.revision, llm=llm, sampling_params=sampling_params,
                            chunk_size=spec.batch_size, tensor_parallel_size=spec.tensor_parallel_size,
-                           engine_args=spec.engine_args, seed=spec.sampling.seed)
+                           engine_args=spec.engine_args, seed=spec.sampling.seed, dtype=spec.compute_dtype,
+                           top_k=spec.sampling.logprobs, llm_class=llm_class)
     if spec.backend == "openai":
-        from campaign_orchestrator.teacher.openai_client import OpenAICompatibleClient
+        from campaign_orchestrator.generation.openai_client import OpenAICompatibleClient
 
         client = OpenAICompatibleClient(spec.base_url, spec.model, api_key=api_key, api_key_env=spec.api_key_env,
                                         chat=spec.chat, max_concurrency=spec.max_concurrency,

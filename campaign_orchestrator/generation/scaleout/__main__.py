@@ -1,8 +1,8 @@
 """Run one generation job on the Ray cluster this process is part of (the command of a KubeRay ``RayJob``).
 
-    python -m campaign_orchestrator.scaleout --job JOB.json [--address auto] [--summary OUT.json]
+    python -m campaign_orchestrator.generation.scaleout --job JOB.json [--address auto] [--summary OUT.json]
 
-``JOB.json`` is a :class:`campaign_orchestrator.scaleout.job.Job`: the stage kind, the recipe a worker builds its
+``JOB.json`` is a :class:`campaign_orchestrator.generation.scaleout.job.Job`: the stage kind, the recipe a worker builds its
 engine from (a teacher ``teacher:`` section, or a local model answering evaluation prompts), the prompts'
 Parquet path or URI, the generation cache (store URL, namespace, spool directory), the sampling, the
 ``execution:`` settings, and where the rows go (``output``). The job connects with ``ray.init(address=
@@ -29,10 +29,10 @@ import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m campaign_orchestrator.scaleout",
+    ap = argparse.ArgumentParser(prog="python -m campaign_orchestrator.generation.scaleout",
                                  description="Run one sharded generation job on a Ray cluster (a KubeRay RayJob's "
                                              "entry point).")
-    ap.add_argument("--job", required=True, help="JOB.json: the job (campaign_orchestrator/scaleout/job.py)")
+    ap.add_argument("--job", required=True, help="JOB.json: the job (campaign_orchestrator/generation/scaleout/job.py)")
     ap.add_argument("--address", default="auto", help="Ray address to connect to (default: auto, the cluster this "
                                                       "process runs in)")
     ap.add_argument("--summary", default=None, help="also write the JSON summary to this file")
@@ -93,7 +93,7 @@ def shard_message(rep, run) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from campaign_orchestrator.scaleout.job import Job
+    from campaign_orchestrator.generation.scaleout.job import Job
 
     try:
         job = Job.read(args.job)
@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import ray
 
-    from campaign_orchestrator.scaleout.pool import ShardFailed
-    from campaign_orchestrator.scaleout.stage import run_job, worth_a_line
+    from campaign_orchestrator.generation.scaleout.pool import ShardFailed
+    from campaign_orchestrator.generation.scaleout.stage import run_job, worth_a_line
 
     report = _Report()
     try:

@@ -4,10 +4,10 @@ A stage's distinct requests are split into **shards by content hash** (:mod:`.sh
 key, cut every ``execution.shard_prompts``; a shard's id hashes its request keys, so a re-run of the same
 prompts forms the same shards). A pool of ``execution.replicas`` Ray actors (:mod:`.worker`), each reserving
 ``num_cpus_per_replica`` / ``num_gpus_per_replica`` and holding one model replica built once from a picklable
-recipe (:mod:`campaign_orchestrator.teacher.recipes`), takes shards one at a time (:mod:`.pool`).
+recipe (:mod:`campaign_orchestrator.generation.recipes`), takes shards one at a time (:mod:`.pool`).
 
 **The cache is the one source of truth.** Each actor owns a writer of the content-addressed generation cache
-(:mod:`campaign_orchestrator.teacher.cache`): every finished generation goes to its spool at once (flushed
+(:mod:`campaign_orchestrator.generation.cache`): every finished generation goes to its spool at once (flushed
 per row, so it survives the actor's death), and a shard is sealed as one Parquet file of the cache when it
 finishes. Before a shard runs, its keys are looked up: a finished shard is never regenerated; a shard lost
 with its worker (actor killed, node lost) is run again, on another actor, for the keys the cache still lacks
@@ -30,6 +30,6 @@ token buckets for the whole job: a named Ray actor (:mod:`.ratelimit`) every wor
 not one bucket per worker.
 
 Nothing here imports torch or ray at module level: ``ray`` is imported inside the functions that use it.
-The entry point a KubeRay ``RayJob`` runs inside the cluster is ``python -m campaign_orchestrator.scaleout
+The entry point a KubeRay ``RayJob`` runs inside the cluster is ``python -m campaign_orchestrator.generation.scaleout
 --job JOB.json`` (:mod:`.__main__`).
 """

@@ -50,8 +50,8 @@ import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_base
 
-from campaign_orchestrator.teacher.completion import Completion
-from campaign_orchestrator.teacher.requests import GenRequest, Sampling
+from campaign_orchestrator.generation.completion import Completion
+from campaign_orchestrator.generation.requests import GenRequest, Sampling
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529})
 
@@ -211,7 +211,7 @@ class OpenAICompatibleClient:
         self.max_retry_after_s = max_retry_after_s
         self.max_consecutive_failures = max_consecutive_failures or max(16, 2 * max_concurrency)
         self.stats = ClientStats()
-        # (rpm, tpm) buckets shared with other clients (the workers of one Ray job: campaign_orchestrator/scaleout/
+        # (rpm, tpm) buckets shared with other clients (the workers of one Ray job: campaign_orchestrator/generation/scaleout/
         # ratelimit.py), objects with TokenBucket's acquire/refund; None: this client's own buckets per run
         self.buckets: tuple | None = None
         self._consecutive_failures = 0
@@ -452,7 +452,7 @@ class OpenAICompatibleClient:
                  seed: int = 0, logprobs: int | None = None,
                  progress: Callable[[int], None] | None = None) -> list[Completion]:
         """One completion per prompt, in input order (the same call shape as
-        :meth:`campaign_orchestrator.teacher.local.LocalGenerator.generate`)."""
+        :meth:`campaign_orchestrator.generation.local.LocalGenerator.generate`)."""
         s = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, logprobs=logprobs)
         reqs = [GenRequest(str(i), p, 0, seed) for i, p in enumerate(prompts)]
         out: list[Completion | None] = [None] * len(reqs)

@@ -40,13 +40,13 @@ class AnswerRecipe:
     model: str = "local"
 
     def build(self):
-        from campaign_orchestrator.teacher.backends import TransformersBackend
+        from campaign_orchestrator.generation.backends import TransformersBackend
 
         return TransformersBackend(self.generator.model_dir, self.model, self.identity, generator=self.generator.build())
 
 
 def recipe_to_json(recipe) -> dict:
-    from campaign_orchestrator.teacher.recipes import BackendRecipe
+    from campaign_orchestrator.generation.recipes import BackendRecipe
 
     if isinstance(recipe, BackendRecipe):
         return {"type": "backend", "spec": recipe.spec.model_dump(mode="json"), "model_path": recipe.model_path,
@@ -58,7 +58,7 @@ def recipe_to_json(recipe) -> dict:
 
 
 def recipe_from_json(d: dict):
-    from campaign_orchestrator.teacher.recipes import BackendRecipe, GeneratorRecipe
+    from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
 
     if d.get("type") == "backend":
         from campaigns.spec import TeacherSpec

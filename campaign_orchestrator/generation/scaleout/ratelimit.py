@@ -17,7 +17,7 @@ import time
 
 class BucketState:
     """A token bucket that reserves ahead: ``per_minute`` units a minute, holding at most one second's worth
-    (as :class:`campaign_orchestrator.teacher.openai_client.TokenBucket`), tokens may go negative (owed)."""
+    (as :class:`campaign_orchestrator.generation.openai_client.TokenBucket`), tokens may go negative (owed)."""
 
     def __init__(self, per_minute: float, clock=time.monotonic):
         self.rate = per_minute / 60.0

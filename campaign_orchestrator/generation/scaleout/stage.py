@@ -1,4 +1,4 @@
-"""A generation stage on Ray: :func:`run_generation_ray` is :func:`campaign_orchestrator.teacher.runner.
+"""A generation stage on Ray: :func:`run_generation_ray` is :func:`campaign_orchestrator.generation.runner.
 run_generation` with the backend replaced by a sharded actor pool; same rows, same statistics, same cache.
 
 1. Build the requests and their keys; seal spools a killed run left; look every key up in the cache.
@@ -14,15 +14,20 @@ run_generation` with the backend replaced by a sharded actor pool; same rows, sa
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
-from campaign_orchestrator.scaleout.pool import ShardPool, describe_worker, ray_session
-from campaign_orchestrator.scaleout.shards import make_shards
-from campaign_orchestrator.scaleout.worker import CacheConfig
-from campaign_orchestrator.teacher.runner import GenerationError, GenerationResult, GenerationStats
-from campaign_orchestrator.teacher.requests import Sampling, build_requests, sampling_hash
+from campaign_orchestrator.generation.requests import Sampling
+from campaign_orchestrator.generation.runner import (
+    GenerationError,
+    GenerationResult,
+    GenerationStats,
+    assemble_rows,
+    open_requests,
+)
+from campaign_orchestrator.generation.scaleout.pool import ShardPool, describe_worker, ray_session
+from campaign_orchestrator.generation.scaleout.shards import make_shards
+from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 
 
 @dataclass
@@ -65,7 +70,7 @@ class RayRun:
 
     @classmethod
     def from_dict(cls, d: dict) -> RayRun:
-        """The run a job's summary describes (``as_dict``, as ``python -m campaign_orchestrator.scaleout --summary``
+        """The run a job's summary describes (``as_dict``, as ``python -m campaign_orchestrator.generation.scaleout --summary``
         writes it under ``ray``)."""
         known = {f.name for f in fields(ShardReport)}
         return cls(shards=[ShardReport(**{k: v for k, v in s.items() if k in known}) for s in d.get("shards", [])],
@@ -110,21 +115,11 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
     gives the cost lines of a shard's usage (``seconds``, ``prompt_tokens``, ``completion_tokens``; None: unknown). Needs a Ray
     connection (:func:`ray_session`); ``pool``: reuse a running pool (else one is made and closed here)."""
     log = log or (lambda _m: None)
-    if not prompts:
-        raise GenerationError("no prompts to generate for: the prompt table is empty")
     t_start, t_wall0 = time.perf_counter(), time.time()
-    st = GenerationStats(prompts=len(prompts))
-    with_context = None if context_categories is None else [p.get("category") in context_categories for p in prompts]
-    reqs = build_requests(identity, sampling, [p["prompt"] for p in prompts], chat, context, with_context)
-    st.requests = sum(len(r) for r in reqs)
-    st.recovered_rows = cache.recover() + cache_config.recover()  # no worker of this stage is writing yet
-    if st.recovered_rows:
-        log(f"recovered {st.recovered_rows} generations a previous run finished before it stopped")
-    cache.compact()
-    per_key = Counter(r.key for rs in reqs for r in rs)
-    st.distinct_requests = len(per_key)
-    found = cache.lookup(per_key)
-    st.cache_hits = len(found)
+    # the opening run_generation has too; no worker of this stage is writing yet: their spools are sealed as well
+    st, reqs, per_key, found = open_requests(prompts, identity, sampling, cache, chat=chat, context=context,
+                                             context_categories=context_categories, log=log,
+                                             recover=cache_config.recover)
     shards = make_shards([r for rs in reqs for r in rs], execution.shard_prompts)
     run = RayRun(shards=[ShardReport(s.id, s.index, len(s), cached=sum(k in found for k in s.keys)) for s in shards])
     todo = [s for s, rep in zip(shards, run.shards, strict=True) if rep.cached < rep.requests]
@@ -173,8 +168,8 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
     if todo:
         import uuid
 
-        from campaign_orchestrator.scaleout.pool import session_pool
-        from campaign_orchestrator.scaleout.ratelimit import start_limits
+        from campaign_orchestrator.generation.scaleout.pool import session_pool
+        from campaign_orchestrator.generation.scaleout.ratelimit import start_limits
 
         own = False
         if pool is None:
@@ -216,25 +211,7 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
     unanswered = [k for k in per_key if k not in results]
     if unanswered:
         raise GenerationError(f"the Ray workers returned no result for {len(unanswered)} requests")
-    shash = sampling_hash(sampling)
-    rows, finish = [], Counter()
-    for p, rs in zip(prompts, reqs, strict=True):
-        for r in rs:
-            c = results[r.key]
-            from_cache = r.key in found
-            rows.append({"id": p["id"], "sample_index": r.sample_index, "prompt": p["prompt"],
-                         "completion": c["completion"], "finish_reason": c["finish_reason"],
-                         "prompt_tokens": c["prompt_tokens"], "completion_tokens": c["completion_tokens"],
-                         "latency_s": c["latency_s"], "backend": c["backend"], "model": c["model"],
-                         "sampling_hash": shash, "request_key": r.key, "from_cache": from_cache,
-                         "retries": 0 if from_cache else c["retries"], "error": c.get("error"),
-                         "completion_token_ids": c["completion_token_ids"], "top_logprobs": c["top_logprobs"]})
-            finish[c["finish_reason"]] += 1
-            st.prompt_tokens += c["prompt_tokens"] or 0
-            st.completion_tokens += c["completion_tokens"] or 0
-            if not from_cache:
-                st.retries += c["retries"] or 0
-    st.finish_reasons = dict(finish)
+    rows = assemble_rows(prompts, reqs, results, lambda key: key in found, sampling, st)
     st.wall_s = time.perf_counter() - t_start
     if st.failed and st.failed == missing and not st.cache_hits:
         first = next(r["error"] for r in rows if r["error"])
@@ -243,13 +220,13 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
 
 
 def run_job(job, log: Callable[[str], None] = print, on_shard=None, budget=None) -> tuple[GenerationResult, RayRun]:
-    """Run a :class:`~campaign_orchestrator.scaleout.job.Job` on the connected Ray cluster and write its
+    """Run a :class:`~campaign_orchestrator.generation.scaleout.job.Job` on the connected Ray cluster and write its
     rows to ``job.output`` (the entry point a KubeRay ``RayJob`` runs; the Dagster step runs the same code).
     ``budget``: what :func:`run_generation_ray` asks of a guard (``check_planned``, ``charge``)."""
     from types import SimpleNamespace
 
     from campaign_orchestrator.dataset.prompts import read_prompt_table
-    from campaign_orchestrator.teacher.rows import write_generations
+    from campaign_orchestrator.generation.rows import write_generations
 
     cfg = CacheConfig(**job.cache)
     cache = cfg.open()
@@ -339,12 +316,12 @@ def ray_metadata(run: RayRun) -> dict:
 def answers_on_ray(execution, prompts: Sequence[str], recipe, identity: str, max_new_tokens: int,
                    cache_config_for: Callable[[Sampling], CacheConfig], *, log: Callable[[str], None],
                    label: str, run: Callable | None = None, **kwargs) -> tuple[list, RayRun, GenerationStats]:
-    """Greedy answers of a local model (an :class:`~campaign_orchestrator.scaleout.job.AnswerRecipe`) to
+    """Greedy answers of a local model (an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerRecipe`) to
     ``prompts`` on Ray, in order, as ``generate(prompts, max_new_tokens)`` returns them (``text``, ``latency_s``,
     ``error``); cached under ``identity`` like teacher generations, so a lost shard costs its in-flight prompts.
     ``run``: what runs the shards, called as :func:`run_on_ray` (the default) is, with ``kwargs`` (e.g. a KubeRay
     RayJob launched by the Dagster asset)."""
-    from campaign_orchestrator.teacher.runner import answers
+    from campaign_orchestrator.generation.runner import answers
 
     sampling = Sampling(max_new_tokens=max_new_tokens)
     rows = [{"id": str(i), "prompt": p} for i, p in enumerate(prompts)]

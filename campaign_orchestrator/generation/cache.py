@@ -40,8 +40,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from campaign_orchestrator.teacher.blobstore import BlobStore
-from campaign_orchestrator.teacher.rows import TOP_LOGPROBS_TYPE, logprobs_to_arrow
+from campaign_orchestrator.generation.blobstore import BlobStore
+from campaign_orchestrator.generation.rows import TOP_LOGPROBS_TYPE, logprobs_to_arrow
 
 CACHE_SCHEMA = pa.schema(
     [

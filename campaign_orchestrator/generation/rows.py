@@ -11,7 +11,7 @@ Columns (``GENERATION_SCHEMA``):
   usage): token counts as the teacher counted them; ``completion_tokens`` includes the stop token.
 - ``latency_s`` (float64): seconds the request took (the whole batch for batched backends).
 - ``backend``, ``model``: the teacher backend and model reference from the campaign.
-- ``sampling_hash`` (string): :func:`campaign_orchestrator.teacher.requests.sampling_hash` of the parameters.
+- ``sampling_hash`` (string): :func:`campaign_orchestrator.generation.requests.sampling_hash` of the parameters.
 - ``request_key`` (string): the content-addressed cache key of this sample.
 - ``from_cache`` (bool): true when this run found the sample in the cache (nothing paid).
 - ``retries`` (int32): HTTP attempts beyond the first (429, 5xx, timeouts).

@@ -1,0 +1,194 @@
+"""vLLM as an engine: the offline ``vllm.LLM`` over a local checkpoint, a LoRA adapter served through vLLM's
+``LoRARequest`` (never merged), prefix caching on, the dtype resolved before the engine starts (so the cache key
+names what runs), ``max_logprobs`` set to the top-k asked for.
+
+Two users: :class:`VLLMEngine`, the ``vllm`` engine of a :class:`~campaign_orchestrator.generation.local.
+LocalGenerator` (evaluation's candidate and base answers, drift, on-policy sampling: a candidate's adapter goes
+to vLLM as a LoRA request on the base), and the teacher's ``vllm`` backend
+(:class:`~campaign_orchestrator.generation.backends.VLLMBackend`), which builds its engine with
+:func:`engine_args`. vLLM is imported only when an engine starts (``pip install '.[vllm]'`` on a GPU image);
+tests inject a stand-in with ``vllm.LLM``'s interface (tests/teacher/test_vllm_engine.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from campaign_orchestrator.generation.completion import Completion
+from campaign_orchestrator.generation.engines.common import cut_at_stop, finished, skip_too_long
+
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+KV_FREE_SHARE = 0.8  # beside a loaded transformers model: vLLM may take this share of the memory left free
+# vLLM's own rule for dtype "auto": a float32 checkpoint runs in float16, float16 and bfloat16 ones as stored
+_AUTO_DTYPE = {"float32": "float16", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_dtype(model: str | Path, dtype: str | None = "auto") -> str:
+    """The dtype vLLM computes in for ``model``: ``dtype`` when it names one; for ``auto`` (or None) vLLM's rule
+    over the checkpoint's ``config.json`` (``torch_dtype``/``dtype``: float32 runs in float16, float16 and
+    bfloat16 as stored). A model without a local config (a hub name) resolves to ``default``: name the dtype in
+    ``teacher.engine_args.dtype`` to key its generations exactly."""
+    if dtype and dtype != "auto":
+        return str(dtype).removeprefix("torch.")
+    cfg_file = Path(model) / "config.json"
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (OSError, ValueError):
+        return "default"
+    stored = cfg.get("torch_dtype") or cfg.get("dtype") or (cfg.get("text_config") or {}).get("torch_dtype")
+    return _AUTO_DTYPE.get(str(stored).removeprefix("torch."), "float16")
+
+
+def lora_rank(adapter_dir: str | Path) -> int:
+    """``max_lora_rank`` for an adapter: its ``adapter_config.json`` rank (``r``, the largest of ``rank_pattern``)
+    rounded up to a value vLLM accepts."""
+    path = Path(adapter_dir) / "adapter_config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is missing or unreadable ({e}): a LoRA adapter for vLLM needs its "
+                         "adapter_config.json (as PEFT saves it)") from e
+    r = max([int(cfg.get("r") or 8), *[int(v) for v in (cfg.get("rank_pattern") or {}).values()]])
+    return next((x for x in LORA_RANKS if x >= r), r)
+
+
+def engine_args(model: str | Path, *, dtype: str, adapter_dir: str | Path | None = None, top_k: int | None = None,
+                extra: dict | None = None) -> dict:
+    """``vllm.LLM`` keyword arguments: the resolved ``dtype``, prefix caching on, ``max_logprobs`` = ``top_k``
+    (vLLM refuses a request asking for more than the engine's ``max_logprobs``), LoRA enabled with the adapter's
+    rank when there is one; ``extra`` (the campaign's ``engine_args``) wins over all of them."""
+    args: dict = {"model": str(model), "enable_prefix_caching": True}
+    if dtype != "default":
+        args["dtype"] = dtype
+    if top_k:
+        args["max_logprobs"] = int(top_k)
+    if adapter_dir is not None:
+        args |= {"enable_lora": True, "max_lora_rank": lora_rank(adapter_dir), "max_loras": 1}
+    return args | dict(extra or {})
+
+
+def lora_request(adapter_dir: str | Path | None, request_class=None):
+    """vLLM's ``LoRARequest`` for ``adapter_dir`` (None without one); ``request_class``: an injected stand-in."""
+    if adapter_dir is None:
+        return None
+    if request_class is None:
+        from vllm.lora.request import LoRARequest as request_class
+    return request_class("adapter", 1, str(adapter_dir))
+
+
+def vllm_completion(ro, co, k: int | None, latency: float, stops: set[int] | None = None,
+                    max_new_tokens: int | None = None, tok=None) -> Completion:
+    """One vLLM output as a :class:`Completion`: top-k per position sorted and cut to ``k``; with ``stops`` (the
+    local engine) the stop id vLLM stopped at is kept in ``token_ids``, as every engine keeps it."""
+    top = None
+    if k and getattr(co, "logprobs", None) is not None:
+        top = []
+        for pos in co.logprobs:
+            items = sorted(pos.items(), key=lambda kv: -kv[1].logprob)[:k]
+            top.append([(int(tid), getattr(lp, "decoded_token", None), float(lp.logprob)) for tid, lp in items])
+    plen = len(getattr(ro, "prompt_token_ids", None) or [])
+    if stops is not None:
+        toks = [int(t) for t in co.token_ids]
+        stop = getattr(co, "stop_reason", None)
+        if co.finish_reason == "stop" and (not toks or toks[-1] not in stops) and isinstance(stop, int):
+            toks.append(stop)
+        toks = cut_at_stop(toks, stops, max_new_tokens or len(toks))
+        c = finished(tok, stops, toks, plen, latency, top[:len(toks)] if top is not None else None)
+        return c
+    reason = co.finish_reason or "stop"
+    err = None
+    if reason not in ("stop", "length"):
+        err, reason = f"vLLM finished the request with {co.finish_reason!r}", "error"
+    return Completion(co.text or "", reason, plen, len(co.token_ids), latency,
+                      error=err, top_logprobs=top, token_ids=[int(t) for t in co.token_ids])
+
+
+class VLLMEngine:
+    """The ``vllm`` engine of a :class:`~campaign_orchestrator.generation.local.LocalGenerator` built from paths
+    (``gen.source``: the base checkpoint and the adapter): prompts go to vLLM as the token ids every engine gets
+    (rendered alike), greedy, with the generator's stop ids. The engine starts on the first call, in the
+    generator's dtype, and again only when a call asks for more top-k than it was started with.
+    ``llm_class``/``params_class``/``request_class``: injected stand-ins for ``vllm.LLM``, ``SamplingParams``
+    and ``LoRARequest``."""
+
+    name = "vllm"
+    top_logprobs = True
+    devices = ("cuda",)
+
+    def __init__(self, gen, llm_class=None, params_class=None, request_class=None):
+        self.g = gen
+        self.llm_class, self.params_class, self.request_class = llm_class, params_class, request_class
+        self.llm = None
+        self.top_k = 0
+        self.args: dict = {}
+
+    def unavailable(self) -> str | None:
+        if getattr(self.g, "source", None) is None:
+            return "the generator was built from a loaded model, not from a checkpoint directory"
+        if getattr(self.g, "load_in_4bit", False):
+            return "a 4-bit (bitsandbytes) model is not served through vLLM here"
+        if self.llm_class is None and not vllm_importable():
+            return "vllm is not installed (pip install '.[vllm]' on a GPU image)"
+        return None
+
+    def _start(self, top_k: int) -> None:
+        if self.llm is not None and top_k <= self.top_k:
+            return
+        model_dir, adapter_dir = self.g.source
+        dtype = self.g.precision.dtype if self.g.precision is not None else "auto"
+        args = engine_args(model_dir, dtype=resolve_dtype(model_dir, dtype), adapter_dir=adapter_dir,
+                           top_k=max(top_k, 1))
+        dev = self.g.device
+        if dev.type == "cuda":  # beside the transformers model already loaded: a share of what is free
+            import torch
+
+            free, total = torch.cuda.mem_get_info(dev)
+            args["gpu_memory_utilization"] = round(KV_FREE_SHARE * free / total, 3)
+        cls = self.llm_class
+        if cls is None:
+            import vllm
+
+            cls = vllm.LLM
+        self.llm, self.top_k, self.args = None, max(top_k, 1), args
+        self.llm = cls(**args)
+
+    def generate(self, enc, max_new_tokens, logprobs=None, progress=None, on_result=None) -> list[Completion]:
+        g = self.g
+        out: list[Completion | None] = [None] * len(enc)
+        fits = skip_too_long(enc, max_new_tokens, g.context_length, out, on_result)
+        if progress and len(fits) < len(enc):
+            progress(len(enc) - len(fits))
+        if not fits:
+            return out  # type: ignore[return-value]
+        self._start(logprobs or 0)
+        params_class = self.params_class
+        if params_class is None:
+            import vllm
+
+            params_class = vllm.SamplingParams
+        kw: dict = {"temperature": 0.0, "max_tokens": max_new_tokens, "stop_token_ids": list(g.stop_ids)}
+        if logprobs:
+            kw["logprobs"] = logprobs
+        params = params_class(**kw)
+        prompts = [{"prompt_token_ids": list(enc[i])} for i in fits]
+        lora = lora_request(g.source[1], self.request_class)
+        t0 = time.perf_counter()
+        results = self.llm.generate(prompts, sampling_params=params, use_tqdm=False, lora_request=lora)
+        latency = time.perf_counter() - t0
+        stops = set(g.stop_ids)
+        for i, ro in zip(fits, results, strict=True):
+            out[i] = vllm_completion(ro, ro.outputs[0], logprobs, latency, stops, max_new_tokens, g.tok)
+            out[i].prompt_tokens = len(enc[i])
+            if on_result:
+                on_result(i, out[i])
+        if progress:
+            progress(len(fits))
+        return out  # type: ignore[return-value]
