@@ -5,14 +5,20 @@ and a dataset of random token rows (labels on the second half), then runs ``trai
 this process, a few steps each:
 
 * ``lora``: bf16 base, LoRA r16 on every linear layer (a world of one: no FSDP wrapping);
-* ``qlora_nf4``: the same on a 4-bit NF4 base (bf16 compute), when bitsandbytes runs 4-bit here;
+* ``qlora_nf4``: the same on a 4-bit NF4 base (bf16 compute), when bitsandbytes runs 4-bit here; with
+  ``nf4_dequant``, the NF4 dequantization's share of a step (``training.nf4_profile.recipe_dequant_share`` on the
+  trained recipe before its cleanup: a few more forward/backward passes under the profiler, outside the timing);
 * ``fsdp2_lora``: the bf16 LoRA run through FSDP2 (``fully_shard``, the trainer's own sharding,
   ``LoraFinetuneRecipe.shard_single_process``) with the NCCL process group of the trainer, on one GPU;
 
-* ``qlora_fsdp2``: the NF4 run through FSDP2 on one GPU (4-bit storage in the compute dtype when sharded);
+* ``qlora_fsdp2``: the NF4 run through FSDP2 on one GPU (4-bit storage in the compute dtype when sharded), with
+  its ``nf4_dequant`` share too;
 * ``bare_loop``: the same model, kernels and rows in a plain loop with no FSDP code and no process group at
   all (``load_student``, forward, loss, backward, AdamW): what a world of one may cost at most;
-* ``planned`` (``--planned-micro-batch N``): this trainer at the micro-batch the planner chose (MFU goal);
+* ``planned``: this trainer at the micro-batch and activation policy the memory policy chooses for this model
+  shape on this device's memory (``campaign_orchestrator.costs.memory_policy.choose_memory_policy``, as the planner
+  and the trainer's ``auto`` fields do; ``--planned-micro-batch N`` fixes the micro-batch and the policy still
+  picks the activations; ``--tiny`` aims at 6 rows so the suite stays fast), the choice in the JSON (MFU goal);
 * ``trl``: TRL's ``SFTTrainer`` on the same model (``load_student``: same LoRA, dtype and attention kernel as
   ``lora`` resolved to), rows and batch (``completion_only_loss``, no packing, bf16 on a GPU), with
   gradient checkpointing off and on, alternating with ``lora`` (``--repeats`` rounds), steps after the first
@@ -60,6 +66,7 @@ SECTIONS = ("lora", "lora_other_ce", "qlora_nf4", "fsdp2_lora", "qlora_fsdp2", "
             "kernel_checks",
             "vllm_teacher")
 SPEED_GOAL, MFU_GOAL, WORLD_OF_ONE_GOAL, QLORA_GOAL = 1.5, 0.35, 0.97, 0.75
+TINY_PLANNED_ROWS = 6  # --tiny: the memory policy aims at this many rows per micro-step (a fast suite run)
 PLAIN_ROPE: list = []  # transformers' Llama RoPE as imported, before any Liger patch (TRL's runs get it back)
 
 SHAPES = {
@@ -152,7 +159,10 @@ def _reset_peak(device) -> None:
 
 
 def run_one(work: Path, base: Path, ds: Path, name: str, qlora: bool, fsdp: bool, micro: int, steps: int, seq: int,
-            dtype: str, fused_loss: str | bool | None = None) -> dict:
+            dtype: str, fused_loss: str | bool | None = None, training: dict | None = None,
+            dequant: bool = False) -> dict:
+    """``training.recipes.run`` on a job of these settings (``training``: more TrainingSpec fields); ``dequant``:
+    also the NF4 dequantization's share of a step, measured on the trained recipe before its cleanup."""
     import torch
 
     from tests.support.train_support import make_job
@@ -162,7 +172,8 @@ def run_one(work: Path, base: Path, ds: Path, name: str, qlora: bool, fsdp: bool
     student = student_spec(qlora, dtype)
     out = work / name
     job = make_job(out, base, ds, student=student, max_steps=steps, micro_batch_size=micro, max_seq_len=seq,
-                   eval_rows=0, log_every=1, warmup_steps=1, checkpoint={"every_steps": None, "every_minutes": None})
+                   eval_rows=0, log_every=1, warmup_steps=1, checkpoint={"every_steps": None, "every_minutes": None},
+                   **(training or {}))
     out.mkdir(parents=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -187,6 +198,19 @@ def run_one(work: Path, base: Path, ds: Path, name: str, qlora: bool, fsdp: bool
         seen.update(liger=list(self.liger_applied), cross_entropy=self.fused_ce[0] if self.fused_ce else "logits")
 
     recipes.LoraFinetuneRecipe._setup_model = recording_setup
+    real_cleanup, nf4 = recipes.LoraFinetuneRecipe.cleanup, {}
+
+    def measuring_cleanup(self, ok: bool = True):  # the trained model, process group and rows are still there
+        if ok and dequant:
+            from training.nf4_profile import recipe_dequant_share
+
+            try:
+                nf4.update(recipe_dequant_share(self, steps=3))
+            except Exception as e:  # noqa: BLE001 - reported in the JSON; main() counts it as failed
+                nf4["error"] = f"{type(e).__name__}: {e}"[:2000]
+        real_cleanup(self, ok)
+
+    recipes.LoraFinetuneRecipe.cleanup = measuring_cleanup
     if fused_loss is not None:
         recipes.LoraFinetuneRecipe.fused_loss = fused_loss
     try:
@@ -195,15 +219,41 @@ def run_one(work: Path, base: Path, ds: Path, name: str, qlora: bool, fsdp: bool
         recipes.LoraFinetuneRecipe.shard_single_process = False
         lora_finetune.shard = real_shard
         recipes.LoraFinetuneRecipe._setup_model = real_setup
+        recipes.LoraFinetuneRecipe.cleanup = real_cleanup
         recipes.LoraFinetuneRecipe.fused_loss = "auto"
     import pyarrow.parquet as pq
 
-    m = pq.read_table(out / "metrics.parquet").to_pylist()[1:]  # the first step warms kernels up
+    # the first step warms kernels up; under torch.compile, every step that compiled graphs is warm-up too
+    rows = pq.read_table(out / "metrics.parquet").to_pylist()
+    m = [r for r in rows[1:] if not r.get("compiling")] or rows[-1:]
     tokens, secs = sum(r["tokens"] for r in m), sum(r["step_s"] for r in m)
-    return {"tokens_per_s": tokens / secs, "steps_timed": len(m), "peak_memory_mb": summary["peak_memory_mb"],
-            "trainable": summary["trainable_parameters"], "final_loss": summary["final_loss"],
-            "attention": summary["attn_implementation"], "world": summary.get("world_size", 1),
-            "fsdp2_mesh": sharded[0] if sharded else None, "fused": seen}
+    res = {"tokens_per_s": tokens / secs, "steps_timed": len(m), "peak_memory_mb": summary["peak_memory_mb"],
+           "trainable": summary["trainable_parameters"], "final_loss": summary["final_loss"],
+           "attention": summary["attn_implementation"], "world": summary.get("world_size", 1),
+           "fsdp2_mesh": sharded[0] if sharded else None, "fused": seen,
+           "activation_policy": summary.get("activation_policy"),
+           "compiled": bool((summary.get("compile") or {}).get("enabled"))}
+    if dequant:
+        res["nf4_dequant"] = nf4 or {"error": "not measured (the run did not end cleanly)"}
+    return res
+
+
+def planned_policy(work: Path, shape: dict, seq: int, dtype: str, device, tiny: bool, micro: int | None):
+    """The memory policy's micro-batch and activation policy for this benchmark's model shape, LoRA and rows on
+    this device's memory (``choose_memory_policy``, the planner's and the trainer's rule; ``micro`` fixes the
+    micro-batch). ``tiny``: aimed at a few rows per micro-step, so the suite runs the path quickly."""
+    from campaign_orchestrator.costs.memory import ModelShape
+    from campaign_orchestrator.costs.memory_policy import choose_memory_policy
+    from tests.support.train_support import make_job
+    from training.model import device_memory_gb
+
+    job = make_job(work / "planned", work / "base", work / "ds", student=student_spec(False, dtype),
+                   micro_batch_size=micro or "auto", activation_checkpointing="auto", max_seq_len=seq)
+    return choose_memory_policy(
+        ModelShape.from_config(shape | {"tie_word_embeddings": False}), job.student, job.training,
+        device_memory_gb=device_memory_gb(device), seq_len=seq, device_type=device.type, compute_dtype=dtype,
+        attention="sdpa", recompute_cheap=not job.training.compiling(device.type),
+        target_tokens=TINY_PLANNED_ROWS * seq if tiny else None)
 
 
 def _job(work: Path, base: Path, ds: Path, name: str, micro: int, steps: int, seq: int, dtype: str, attention: str):
@@ -401,7 +451,8 @@ def main() -> int:
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--planned-micro-batch", type=int, default=None,
-                    help="also time this trainer at this micro-batch (the planner's choice; the MFU goal reads it)")
+                    help="the planned section's micro-batch (default: the memory policy's choice for this device; "
+                         "the MFU goal reads the section)")
     ap.add_argument("--repeats", type=int, default=None, help="rounds of lora / TRL alternation (default 2, --tiny 1)")
     ap.add_argument("--sections", default=None,
                     help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
@@ -454,7 +505,14 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         work = Path(tmp)
-        most = max(args.micro, args.planned_micro_batch or 0)
+        policy = None
+        if "planned" in wanted:
+            try:
+                policy = planned_policy(work, shape, seq, dtype, device, args.tiny, args.planned_micro_batch)
+            except Exception as e:  # noqa: BLE001
+                results["planned"] = {"error": f"memory policy: {type(e).__name__}: {e}"[:2000]}
+                failed.append("planned")
+        most = max(args.micro, policy.micro_batch_size if policy else 0)
         base, ds = build(work, shape, seq, rows=most * (args.steps + 2))
         why_not_4bit = bnb_usable(device)
         # this trainer's LoRA and TRL alternate, round by round, so other load falls on both alike (best run kept)
@@ -482,9 +540,12 @@ def main() -> int:
             if qlora and why_not_4bit:
                 results[name] = {"skipped": why_not_4bit}
                 continue
-            r = timed(name, run_one, work, base, ds, name, qlora, fsdp, args.micro, args.steps, seq, dtype)
+            r = timed(name, run_one, work, base, ds, name, qlora, fsdp, args.micro, args.steps, seq, dtype,
+                      dequant=True)
             if r is not None:
                 results[name] = r
+                if "error" in r["nf4_dequant"]:
+                    failed.append(f"{name}.nf4_dequant")
         if "lora_other_ce" in wanted and "lora" in results:
             # the trainer with the other cross-entropy path than lora's (plain logits <-> linear without logits):
             # the same loss (the CPU suite's check of the trainer's hook), and on a GPU what the fused loss pays
@@ -497,14 +558,15 @@ def main() -> int:
             r = timed("bare_loop", bare_loop, work, base, ds, args.micro, args.steps, seq, dtype, kernel, device)
             if r is not None:
                 results["bare_loop"] = r
-        if "planned" in wanted:
-            if args.planned_micro_batch:
-                r = timed("planned", run_one, work, base, ds, "planned", False, False, args.planned_micro_batch,
-                          args.steps, seq, dtype)
-                if r is not None:
-                    results["planned"] = r | {"micro_batch": args.planned_micro_batch}
-            else:
-                results["planned"] = {"skipped": "no --planned-micro-batch given"}
+        if policy is not None:
+            r = timed("planned", run_one, work, base, ds, "planned", False, False, policy.micro_batch_size, args.steps,
+                      seq, dtype, training={"activation_checkpointing": policy.activation_policy})
+            if r is not None:
+                results["planned"] = r | {
+                    "micro_batch": policy.micro_batch_size,
+                    "source": "--planned-micro-batch (activations by the memory policy)" if args.planned_micro_batch
+                    else "memory policy" + (f" (--tiny: aimed at {TINY_PLANNED_ROWS} rows)" if args.tiny else ""),
+                    "memory_policy": policy.as_dict()}
         if "kernel_checks" in wanted:
             from training.kernels import checks
 
@@ -543,7 +605,8 @@ def main() -> int:
         "matmul_peak_tflops": {"dtype": dtype, "value": round(peak_flops / 1e12, 4),
                                "source": "8192² matmul, this run" if device.type == "cuda"
                                else "campaign_orchestrator.hardware.measure_cpu_peak"},
-        "planned_micro_batch": args.planned_micro_batch, "repeats": repeats,
+        "planned_micro_batch": policy.micro_batch_size if policy else None,
+        "planned_activation_policy": policy.activation_policy if policy else None, "repeats": repeats,
         "results": results, "ratios": ratios, "goals": goals, "goals_enforced": enforced, "goals_missed": missed,
         "failed": failed, "wall_s": round(time.perf_counter() - t_start, 1),
         "versions": _versions(),
