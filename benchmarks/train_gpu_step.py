@@ -44,6 +44,11 @@ peak memory is the process's peak RSS so far (monotone across the runs of one pr
     python benchmarks/train_gpu_step.py --out gpu.json            # on a GPU node
     python benchmarks/train_gpu_step.py --tiny --steps 3          # anywhere: checks the script
 
+The sections run in the order the goals need them (lora / TRL rounds, qlora_nf4, bare_loop, planned,
+kernel_checks, then fsdp2_lora, qlora_fsdp2, lora_other_ce, vllm_teacher); ``--time-limit S`` reports the sections
+that would start after S seconds as skipped, and ``--out`` holds what is done so far (``partial: true``) while it
+runs, so a run cut short from outside still leaves its sections (``benchmarks/gpu_check.sh`` does both).
+
 Exit status 1 when a section that should run fails (its error is in the JSON), when a kernel check differs,
 or, on a GPU without ``--tiny``, when a goal is missed (``--tiny`` reports the goals, never enforces them).
 """
@@ -458,7 +463,11 @@ def main() -> int:
                     help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     ap.add_argument("--vllm-prompts", type=int, default=2048)
     ap.add_argument("--artifacts", type=Path, default=REPO / "artifacts", help="where @demo/teacher is looked up")
-    ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="also write the JSON here (as each section starts, what is done so far, partial: true)")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="seconds: sections that would start later are reported skipped (the run ends on its own, "
+                         "inside an outer timeout)")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the first step is the warm-up, left out of the timing)")
@@ -492,7 +501,26 @@ def main() -> int:
     wanted.add("lora")  # every ratio is against it
     repeats = args.repeats or (1 if args.tiny else 2)
 
+    deadline = t_start + args.time_limit if args.time_limit else None
+
+    def out_of_time(name: str) -> bool:
+        """Past ``--time-limit``: the section is reported skipped (a round already timed keeps its result)."""
+        if deadline is None or time.perf_counter() < deadline:
+            return False
+        results.setdefault(name, {"skipped": f"--time-limit {args.time_limit:g} s reached before it started"})
+        return True
+
+    def snapshot() -> None:  # what is done so far, in --out: a run killed from outside still leaves it
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"benchmark": "train_gpu_step", "partial": True, "device": str(device),
+                                            "results": results, "failed": failed,
+                                            "wall_s": round(time.perf_counter() - t_start, 1)}, indent=2))
+
     def timed(name: str, fn, *a, **kw) -> dict | None:
+        snapshot()
+        if out_of_time(name):
+            return None
         try:
             r = fn(*a, **kw)
         except Exception as e:  # noqa: BLE001 - reported in the JSON; the exit status says it failed
@@ -523,6 +551,7 @@ def main() -> int:
             if r is None:
                 break
             runs.setdefault("lora", []).append(r)
+            results["lora"] = max(runs["lora"], key=lambda x: x["tokens_per_s"]) | {"runs": len(runs["lora"])}
             kernel = kernel or r["attention"]
             if "trl" not in wanted:
                 continue
@@ -531,29 +560,25 @@ def main() -> int:
                 t = timed(name, trl_run, work, base, ds, args.micro, args.steps, seq, dtype, kernel, device, gc_on)
                 if t is not None:
                     runs.setdefault(name, []).append(t)
+                    results[name] = max(runs[name], key=lambda x: x["tokens_per_s"]) | {"runs": len(runs[name])}
         for name, rs in runs.items():
             results[name] = max(rs, key=lambda x: x["tokens_per_s"]) | {"runs": len(rs)}
-        sections = [("qlora_nf4", True, False), ("fsdp2_lora", False, True), ("qlora_fsdp2", True, True)]
-        for name, qlora, fsdp in sections:
+
+        def lora_section(name: str, qlora: bool, fsdp: bool) -> None:
             if name not in wanted:
-                continue
+                return
             if qlora and why_not_4bit:
                 results[name] = {"skipped": why_not_4bit}
-                continue
+                return
             r = timed(name, run_one, work, base, ds, name, qlora, fsdp, args.micro, args.steps, seq, dtype,
-                      dequant=True)
+                      dequant=qlora)
             if r is not None:
                 results[name] = r
-                if "error" in r["nf4_dequant"]:
+                if "error" in r.get("nf4_dequant", {}):
                     failed.append(f"{name}.nf4_dequant")
-        if "lora_other_ce" in wanted and "lora" in results:
-            # the trainer with the other cross-entropy path than lora's (plain logits <-> linear without logits):
-            # the same loss (the CPU suite's check of the trainer's hook), and on a GPU what the fused loss pays
-            fused_in_lora = results["lora"]["fused"]["cross_entropy"] != "logits"
-            r = timed("lora_other_ce", run_one, work, base, ds, "lora_other_ce", False, False, args.micro, args.steps,
-                      seq, dtype, fused_loss=not fused_in_lora)
-            if r is not None:
-                results["lora_other_ce"] = r
+
+        # the sections the goals read come first (a --time-limit skips the last ones)
+        lora_section("qlora_nf4", True, False)
         if "bare_loop" in wanted and kernel:
             r = timed("bare_loop", bare_loop, work, base, ds, args.micro, args.steps, seq, dtype, kernel, device)
             if r is not None:
@@ -567,7 +592,8 @@ def main() -> int:
                     "source": "--planned-micro-batch (activations by the memory policy)" if args.planned_micro_batch
                     else "memory policy" + (f" (--tiny: aimed at {TINY_PLANNED_ROWS} rows)" if args.tiny else ""),
                     "memory_policy": policy.as_dict()}
-        if "kernel_checks" in wanted:
+        snapshot()
+        if "kernel_checks" in wanted and not out_of_time("kernel_checks"):
             from training.kernels import checks
 
             try:
@@ -576,7 +602,18 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001
                 results["kernel_checks"] = {"error": f"{type(e).__name__}: {e}"[:2000]}
                 failed.append("kernel_checks")
-        if "vllm_teacher" not in wanted:
+        lora_section("fsdp2_lora", False, True)
+        lora_section("qlora_fsdp2", True, True)
+        if "lora_other_ce" in wanted and "fused" in results.get("lora", {}):
+            # the trainer with the other cross-entropy path than lora's (plain logits <-> linear without logits):
+            # the same loss (the CPU suite's check of the trainer's hook), and on a GPU what the fused loss pays
+            fused_in_lora = results["lora"]["fused"]["cross_entropy"] != "logits"
+            r = timed("lora_other_ce", run_one, work, base, ds, "lora_other_ce", False, False, args.micro, args.steps,
+                      seq, dtype, fused_loss=not fused_in_lora)
+            if r is not None:
+                results["lora_other_ce"] = r
+        snapshot()
+        if "vllm_teacher" not in wanted or out_of_time("vllm_teacher"):
             pass
         else:
             try:
@@ -605,7 +642,7 @@ def main() -> int:
         "matmul_peak_tflops": {"dtype": dtype, "value": round(peak_flops / 1e12, 4),
                                "source": "8192² matmul, this run" if device.type == "cuda"
                                else "campaign_orchestrator.hardware.measure_cpu_peak"},
-        "planned_micro_batch": policy.micro_batch_size if policy else None,
+        "time_limit_s": args.time_limit, "planned_micro_batch": policy.micro_batch_size if policy else None,
         "planned_activation_policy": policy.activation_policy if policy else None, "repeats": repeats,
         "results": results, "ratios": ratios, "goals": goals, "goals_enforced": enforced, "goals_missed": missed,
         "failed": failed, "wall_s": round(time.perf_counter() - t_start, 1),

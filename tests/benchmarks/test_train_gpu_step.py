@@ -68,6 +68,17 @@ def test_without_cuda_it_skips_cleanly_and_refuses_a_run_without_a_timed_step(tm
 
 
 @pytest.mark.stage
+def test_a_time_limit_skips_the_sections_that_would_start_after_it(tmp_path):
+    p = _run("--tiny", "--steps", "2", "--time-limit", "0.001", "--sections", "lora,planned,kernel_checks",
+             "--out", str(tmp_path / "r.json"))
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert "partial" not in out and out["failed"] == [] and out["time_limit_s"] == 0.001
+    for k in ("lora", "planned", "kernel_checks"):
+        assert out["results"][k] == {"skipped": "--time-limit 0.001 s reached before it started"}, k
+
+
+@pytest.mark.stage
 def test_tiny_runs_every_section_with_trl_and_reports_ratios_and_goals(tmp_path):
     p = _run("--tiny", "--steps", "2", "--out", str(tmp_path / "tiny.json"))
     assert p.returncode == 0, p.stderr[-4000:]
@@ -116,3 +127,22 @@ def test_tiny_runs_every_section_with_trl_and_reports_ratios_and_goals(tmp_path)
     assert set(out["goals"]) == {"speed_vs_trl_fastest", "peak_memory_vs_trl_leanest", "planned_mfu",
                                  "world_of_one_vs_bare_loop", "qlora_vs_lora"}
     assert "skipped" in r["vllm_teacher"]
+
+
+def test_the_gpu_check_script_runs_each_step_and_leaves_its_files(tmp_path):
+    """benchmarks/gpu_check.sh on a machine without CUDA: every step runs and says how it ended; the benchmarks
+    record themselves as skipped."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the real check is not a unit test")
+    out = tmp_path / "out"
+    env = child_env(threads=1) | {"OUT": str(out), "PYTHON": sys.executable, "GPU_CHECK_SECONDS": "200"}
+    p = subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "gpu_check.sh")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    summary = (out / "gpu_check.txt").read_text()
+    assert "train_gpu_step: exit 0" in summary and "generation_speed: " in summary and "total: " in summary
+    assert json.loads((out / "train_gpu_step.json").read_text())["skipped"] == "no CUDA device on this machine"
+    env_txt = (out / "env.txt").read_text()
+    assert "== nvidia-smi" in env_txt and "torch " in env_txt and "cuda None available False" in env_txt
