@@ -5,14 +5,20 @@ and a dataset of random token rows (labels on the second half), then runs ``trai
 this process, a few steps each:
 
 * ``lora``: bf16 base, LoRA r16 on every linear layer (a world of one: no FSDP wrapping);
-* ``qlora_nf4``: the same on a 4-bit NF4 base (bf16 compute), when bitsandbytes runs 4-bit here;
+* ``qlora_nf4``: the same on a 4-bit NF4 base (bf16 compute), when bitsandbytes runs 4-bit here; with
+  ``nf4_dequant``, the NF4 dequantization's share of a step (``training.nf4_profile.recipe_dequant_share`` on the
+  trained recipe before its cleanup: a few more forward/backward passes under the profiler, outside the timing);
 * ``fsdp2_lora``: the bf16 LoRA run through FSDP2 (``fully_shard``, the trainer's own sharding,
   ``LoraFinetuneRecipe.shard_single_process``) with the NCCL process group of the trainer, on one GPU;
 
-* ``qlora_fsdp2``: the NF4 run through FSDP2 on one GPU (4-bit storage in the compute dtype when sharded);
+* ``qlora_fsdp2``: the NF4 run through FSDP2 on one GPU (4-bit storage in the compute dtype when sharded), with
+  its ``nf4_dequant`` share too;
 * ``bare_loop``: the same model, kernels and rows in a plain loop with no FSDP code and no process group at
   all (``load_student``, forward, loss, backward, AdamW): what a world of one may cost at most;
-* ``planned`` (``--planned-micro-batch N``): this trainer at the micro-batch the planner chose (MFU goal);
+* ``planned``: this trainer at the micro-batch and activation policy the memory policy chooses for this model
+  shape on this device's memory (``campaign_orchestrator.costs.memory_policy.choose_memory_policy``, as the planner
+  and the trainer's ``auto`` fields do; ``--planned-micro-batch N`` fixes the micro-batch and the policy still
+  picks the activations; ``--tiny`` aims at 6 rows so the suite stays fast), the choice in the JSON (MFU goal);
 * ``trl``: TRL's ``SFTTrainer`` on the same model (``load_student``: same LoRA, dtype and attention kernel as
   ``lora`` resolved to), rows and batch (``completion_only_loss``, no packing, bf16 on a GPU), with
   gradient checkpointing off and on, alternating with ``lora`` (``--repeats`` rounds), steps after the first
@@ -38,6 +44,11 @@ peak memory is the process's peak RSS so far (monotone across the runs of one pr
     python benchmarks/train_gpu_step.py --out gpu.json            # on a GPU node
     python benchmarks/train_gpu_step.py --tiny --steps 3          # anywhere: checks the script
 
+The sections run in the order the goals need them (lora / TRL rounds, qlora_nf4, bare_loop, planned,
+kernel_checks, then fsdp2_lora, qlora_fsdp2, lora_other_ce, vllm_teacher); ``--time-limit S`` reports the sections
+that would start after S seconds as skipped, and ``--out`` holds what is done so far (``partial: true``) while it
+runs, so a run cut short from outside still leaves its sections (``benchmarks/gpu_check.sh`` does both).
+
 Exit status 1 when a section that should run fails (its error is in the JSON), when a kernel check differs,
 or, on a GPU without ``--tiny``, when a goal is missed (``--tiny`` reports the goals, never enforces them).
 """
@@ -60,6 +71,7 @@ SECTIONS = ("lora", "lora_other_ce", "qlora_nf4", "fsdp2_lora", "qlora_fsdp2", "
             "kernel_checks",
             "vllm_teacher")
 SPEED_GOAL, MFU_GOAL, WORLD_OF_ONE_GOAL, QLORA_GOAL = 1.5, 0.35, 0.97, 0.75
+TINY_PLANNED_ROWS = 6  # --tiny: the memory policy aims at this many rows per micro-step (a fast suite run)
 PLAIN_ROPE: list = []  # transformers' Llama RoPE as imported, before any Liger patch (TRL's runs get it back)
 
 SHAPES = {
@@ -152,7 +164,10 @@ def _reset_peak(device) -> None:
 
 
 def run_one(work: Path, base: Path, ds: Path, name: str, qlora: bool, fsdp: bool, micro: int, steps: int, seq: int,
-            dtype: str, fused_loss: str | bool | None = None) -> dict:
+            dtype: str, fused_loss: str | bool | None = None, training: dict | None = None,
+            dequant: bool = False) -> dict:
+    """``training.recipes.run`` on a job of these settings (``training``: more TrainingSpec fields); ``dequant``:
+    also the NF4 dequantization's share of a step, measured on the trained recipe before its cleanup."""
     import torch
 
     from tests.support.train_support import make_job
@@ -162,7 +177,8 @@ def run_one(work: Path, base: Path, ds: Path, name: str, qlora: bool, fsdp: bool
     student = student_spec(qlora, dtype)
     out = work / name
     job = make_job(out, base, ds, student=student, max_steps=steps, micro_batch_size=micro, max_seq_len=seq,
-                   eval_rows=0, log_every=1, warmup_steps=1, checkpoint={"every_steps": None, "every_minutes": None})
+                   eval_rows=0, log_every=1, warmup_steps=1, checkpoint={"every_steps": None, "every_minutes": None},
+                   **(training or {}))
     out.mkdir(parents=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -187,6 +203,19 @@ def run_one(work: Path, base: Path, ds: Path, name: str, qlora: bool, fsdp: bool
         seen.update(liger=list(self.liger_applied), cross_entropy=self.fused_ce[0] if self.fused_ce else "logits")
 
     recipes.LoraFinetuneRecipe._setup_model = recording_setup
+    real_cleanup, nf4 = recipes.LoraFinetuneRecipe.cleanup, {}
+
+    def measuring_cleanup(self, ok: bool = True):  # the trained model, process group and rows are still there
+        if ok and dequant:
+            from training.nf4_profile import recipe_dequant_share
+
+            try:
+                nf4.update(recipe_dequant_share(self, steps=3))
+            except Exception as e:  # noqa: BLE001 - reported in the JSON; main() counts it as failed
+                nf4["error"] = f"{type(e).__name__}: {e}"[:2000]
+        real_cleanup(self, ok)
+
+    recipes.LoraFinetuneRecipe.cleanup = measuring_cleanup
     if fused_loss is not None:
         recipes.LoraFinetuneRecipe.fused_loss = fused_loss
     try:
@@ -195,15 +224,41 @@ def run_one(work: Path, base: Path, ds: Path, name: str, qlora: bool, fsdp: bool
         recipes.LoraFinetuneRecipe.shard_single_process = False
         lora_finetune.shard = real_shard
         recipes.LoraFinetuneRecipe._setup_model = real_setup
+        recipes.LoraFinetuneRecipe.cleanup = real_cleanup
         recipes.LoraFinetuneRecipe.fused_loss = "auto"
     import pyarrow.parquet as pq
 
-    m = pq.read_table(out / "metrics.parquet").to_pylist()[1:]  # the first step warms kernels up
+    # the first step warms kernels up; under torch.compile, every step that compiled graphs is warm-up too
+    rows = pq.read_table(out / "metrics.parquet").to_pylist()
+    m = [r for r in rows[1:] if not r.get("compiling")] or rows[-1:]
     tokens, secs = sum(r["tokens"] for r in m), sum(r["step_s"] for r in m)
-    return {"tokens_per_s": tokens / secs, "steps_timed": len(m), "peak_memory_mb": summary["peak_memory_mb"],
-            "trainable": summary["trainable_parameters"], "final_loss": summary["final_loss"],
-            "attention": summary["attn_implementation"], "world": summary.get("world_size", 1),
-            "fsdp2_mesh": sharded[0] if sharded else None, "fused": seen}
+    res = {"tokens_per_s": tokens / secs, "steps_timed": len(m), "peak_memory_mb": summary["peak_memory_mb"],
+           "trainable": summary["trainable_parameters"], "final_loss": summary["final_loss"],
+           "attention": summary["attn_implementation"], "world": summary.get("world_size", 1),
+           "fsdp2_mesh": sharded[0] if sharded else None, "fused": seen,
+           "activation_policy": summary.get("activation_policy"),
+           "compiled": bool((summary.get("compile") or {}).get("enabled"))}
+    if dequant:
+        res["nf4_dequant"] = nf4 or {"error": "not measured (the run did not end cleanly)"}
+    return res
+
+
+def planned_policy(work: Path, shape: dict, seq: int, dtype: str, device, tiny: bool, micro: int | None):
+    """The memory policy's micro-batch and activation policy for this benchmark's model shape, LoRA and rows on
+    this device's memory (``choose_memory_policy``, the planner's and the trainer's rule; ``micro`` fixes the
+    micro-batch). ``tiny``: aimed at a few rows per micro-step, so the suite runs the path quickly."""
+    from campaign_orchestrator.costs.memory import ModelShape
+    from campaign_orchestrator.costs.memory_policy import choose_memory_policy
+    from tests.support.train_support import make_job
+    from training.model import device_memory_gb
+
+    job = make_job(work / "planned", work / "base", work / "ds", student=student_spec(False, dtype),
+                   micro_batch_size=micro or "auto", activation_checkpointing="auto", max_seq_len=seq)
+    return choose_memory_policy(
+        ModelShape.from_config(shape | {"tie_word_embeddings": False}), job.student, job.training,
+        device_memory_gb=device_memory_gb(device), seq_len=seq, device_type=device.type, compute_dtype=dtype,
+        attention="sdpa", recompute_cheap=not job.training.compiling(device.type),
+        target_tokens=TINY_PLANNED_ROWS * seq if tiny else None)
 
 
 def _job(work: Path, base: Path, ds: Path, name: str, micro: int, steps: int, seq: int, dtype: str, attention: str):
@@ -401,13 +456,18 @@ def main() -> int:
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--planned-micro-batch", type=int, default=None,
-                    help="also time this trainer at this micro-batch (the planner's choice; the MFU goal reads it)")
+                    help="the planned section's micro-batch (default: the memory policy's choice for this device; "
+                         "the MFU goal reads the section)")
     ap.add_argument("--repeats", type=int, default=None, help="rounds of lora / TRL alternation (default 2, --tiny 1)")
     ap.add_argument("--sections", default=None,
                     help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     ap.add_argument("--vllm-prompts", type=int, default=2048)
     ap.add_argument("--artifacts", type=Path, default=REPO / "artifacts", help="where @demo/teacher is looked up")
-    ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="also write the JSON here (as each section starts, what is done so far, partial: true)")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="seconds: sections that would start later are reported skipped (the run ends on its own, "
+                         "inside an outer timeout)")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the first step is the warm-up, left out of the timing)")
@@ -441,7 +501,26 @@ def main() -> int:
     wanted.add("lora")  # every ratio is against it
     repeats = args.repeats or (1 if args.tiny else 2)
 
+    deadline = t_start + args.time_limit if args.time_limit else None
+
+    def out_of_time(name: str) -> bool:
+        """Past ``--time-limit``: the section is reported skipped (a round already timed keeps its result)."""
+        if deadline is None or time.perf_counter() < deadline:
+            return False
+        results.setdefault(name, {"skipped": f"--time-limit {args.time_limit:g} s reached before it started"})
+        return True
+
+    def snapshot() -> None:  # what is done so far, in --out: a run killed from outside still leaves it
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"benchmark": "train_gpu_step", "partial": True, "device": str(device),
+                                            "results": results, "failed": failed,
+                                            "wall_s": round(time.perf_counter() - t_start, 1)}, indent=2))
+
     def timed(name: str, fn, *a, **kw) -> dict | None:
+        snapshot()
+        if out_of_time(name):
+            return None
         try:
             r = fn(*a, **kw)
         except Exception as e:  # noqa: BLE001 - reported in the JSON; the exit status says it failed
@@ -454,7 +533,14 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         work = Path(tmp)
-        most = max(args.micro, args.planned_micro_batch or 0)
+        policy = None
+        if "planned" in wanted:
+            try:
+                policy = planned_policy(work, shape, seq, dtype, device, args.tiny, args.planned_micro_batch)
+            except Exception as e:  # noqa: BLE001
+                results["planned"] = {"error": f"memory policy: {type(e).__name__}: {e}"[:2000]}
+                failed.append("planned")
+        most = max(args.micro, policy.micro_batch_size if policy else 0)
         base, ds = build(work, shape, seq, rows=most * (args.steps + 2))
         why_not_4bit = bnb_usable(device)
         # this trainer's LoRA and TRL alternate, round by round, so other load falls on both alike (best run kept)
@@ -465,6 +551,7 @@ def main() -> int:
             if r is None:
                 break
             runs.setdefault("lora", []).append(r)
+            results["lora"] = max(runs["lora"], key=lambda x: x["tokens_per_s"]) | {"runs": len(runs["lora"])}
             kernel = kernel or r["attention"]
             if "trl" not in wanted:
                 continue
@@ -473,39 +560,40 @@ def main() -> int:
                 t = timed(name, trl_run, work, base, ds, args.micro, args.steps, seq, dtype, kernel, device, gc_on)
                 if t is not None:
                     runs.setdefault(name, []).append(t)
+                    results[name] = max(runs[name], key=lambda x: x["tokens_per_s"]) | {"runs": len(runs[name])}
         for name, rs in runs.items():
             results[name] = max(rs, key=lambda x: x["tokens_per_s"]) | {"runs": len(rs)}
-        sections = [("qlora_nf4", True, False), ("fsdp2_lora", False, True), ("qlora_fsdp2", True, True)]
-        for name, qlora, fsdp in sections:
+
+        def lora_section(name: str, qlora: bool, fsdp: bool) -> None:
             if name not in wanted:
-                continue
+                return
             if qlora and why_not_4bit:
                 results[name] = {"skipped": why_not_4bit}
-                continue
-            r = timed(name, run_one, work, base, ds, name, qlora, fsdp, args.micro, args.steps, seq, dtype)
+                return
+            r = timed(name, run_one, work, base, ds, name, qlora, fsdp, args.micro, args.steps, seq, dtype,
+                      dequant=qlora)
             if r is not None:
                 results[name] = r
-        if "lora_other_ce" in wanted and "lora" in results:
-            # the trainer with the other cross-entropy path than lora's (plain logits <-> linear without logits):
-            # the same loss (the CPU suite's check of the trainer's hook), and on a GPU what the fused loss pays
-            fused_in_lora = results["lora"]["fused"]["cross_entropy"] != "logits"
-            r = timed("lora_other_ce", run_one, work, base, ds, "lora_other_ce", False, False, args.micro, args.steps,
-                      seq, dtype, fused_loss=not fused_in_lora)
-            if r is not None:
-                results["lora_other_ce"] = r
+                if "error" in r.get("nf4_dequant", {}):
+                    failed.append(f"{name}.nf4_dequant")
+
+        # the sections the goals read come first (a --time-limit skips the last ones)
+        lora_section("qlora_nf4", True, False)
         if "bare_loop" in wanted and kernel:
             r = timed("bare_loop", bare_loop, work, base, ds, args.micro, args.steps, seq, dtype, kernel, device)
             if r is not None:
                 results["bare_loop"] = r
-        if "planned" in wanted:
-            if args.planned_micro_batch:
-                r = timed("planned", run_one, work, base, ds, "planned", False, False, args.planned_micro_batch,
-                          args.steps, seq, dtype)
-                if r is not None:
-                    results["planned"] = r | {"micro_batch": args.planned_micro_batch}
-            else:
-                results["planned"] = {"skipped": "no --planned-micro-batch given"}
-        if "kernel_checks" in wanted:
+        if policy is not None:
+            r = timed("planned", run_one, work, base, ds, "planned", False, False, policy.micro_batch_size, args.steps,
+                      seq, dtype, training={"activation_checkpointing": policy.activation_policy})
+            if r is not None:
+                results["planned"] = r | {
+                    "micro_batch": policy.micro_batch_size,
+                    "source": "--planned-micro-batch (activations by the memory policy)" if args.planned_micro_batch
+                    else "memory policy" + (f" (--tiny: aimed at {TINY_PLANNED_ROWS} rows)" if args.tiny else ""),
+                    "memory_policy": policy.as_dict()}
+        snapshot()
+        if "kernel_checks" in wanted and not out_of_time("kernel_checks"):
             from training.kernels import checks
 
             try:
@@ -514,7 +602,18 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001
                 results["kernel_checks"] = {"error": f"{type(e).__name__}: {e}"[:2000]}
                 failed.append("kernel_checks")
-        if "vllm_teacher" not in wanted:
+        lora_section("fsdp2_lora", False, True)
+        lora_section("qlora_fsdp2", True, True)
+        if "lora_other_ce" in wanted and "fused" in results.get("lora", {}):
+            # the trainer with the other cross-entropy path than lora's (plain logits <-> linear without logits):
+            # the same loss (the CPU suite's check of the trainer's hook), and on a GPU what the fused loss pays
+            fused_in_lora = results["lora"]["fused"]["cross_entropy"] != "logits"
+            r = timed("lora_other_ce", run_one, work, base, ds, "lora_other_ce", False, False, args.micro, args.steps,
+                      seq, dtype, fused_loss=not fused_in_lora)
+            if r is not None:
+                results["lora_other_ce"] = r
+        snapshot()
+        if "vllm_teacher" not in wanted or out_of_time("vllm_teacher"):
             pass
         else:
             try:
@@ -543,7 +642,8 @@ def main() -> int:
         "matmul_peak_tflops": {"dtype": dtype, "value": round(peak_flops / 1e12, 4),
                                "source": "8192² matmul, this run" if device.type == "cuda"
                                else "campaign_orchestrator.hardware.measure_cpu_peak"},
-        "planned_micro_batch": args.planned_micro_batch, "repeats": repeats,
+        "time_limit_s": args.time_limit, "planned_micro_batch": policy.micro_batch_size if policy else None,
+        "planned_activation_policy": policy.activation_policy if policy else None, "repeats": repeats,
         "results": results, "ratios": ratios, "goals": goals, "goals_enforced": enforced, "goals_missed": missed,
         "failed": failed, "wall_s": round(time.perf_counter() - t_start, 1),
         "versions": _versions(),

@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-# The trainer installs its own SIGTERM handler at start-up (training/trainer.py), whatever disposition or mask it
-# inherited; the stand-in does the same (default action: exit), then says it is up.
+# The trainer installs its own SIGTERM handler at start-up (LoraFinetuneRecipe.setup, training/recipes), whatever
+# disposition or mask it inherited; the stand-in does the same (default action: exit), then says it is up.
 _NODE = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_DFL); "
          "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM]); print('ready', flush=True); time.sleep(60)")
 

@@ -13,7 +13,7 @@ import torch
 
 from training import head, losses
 from training.kernels import linear_ce
-from training.trainer import LABEL_ALIGNED
+from training.recipes import LABEL_ALIGNED
 
 V, D = 53, 16
 
