@@ -10,7 +10,7 @@ time writes an output directory.
 * ``OutputDirLock``: ``fcntl.flock`` on one lock file per global rank (``<output_dir>/trainer.lock`` for
   rank 0, ``trainer.rank-<N>.lock`` for rank N) while a job writes the directory, with the holder written
   into the file. Every rank takes its own before the process group forms (``training/recipes/lora_finetune.py``,
-  ``LoraTrainer.setup``), so each rank of a second job on the same directory is refused at once, naming
+  ``LoraFinetuneRecipe.setup``), so each rank of a second job on the same directory is refused at once, naming
   the holder, instead of joining a rendezvous its peers never reach and waiting out the collective
   timeout. The kernel releases the lock when the holder dies, however it dies.
 
