@@ -25,7 +25,7 @@ class BlobStore(Protocol):
 
     def put(self, key: str, data: bytes) -> None: ...
     def get(self, key: str) -> bytes: ...
-    def list(self, prefix: str) -> list[str]: ...
+    def list(self, prefix: str, recursive: bool = True) -> list[str]: ...
     def delete(self, key: str) -> None: ...
     def exists(self, key: str) -> bool: ...
     def read_range(self, key: str, start: int, end: int) -> bytes: ...
@@ -62,12 +62,13 @@ class LocalStore:
     def get(self, key: str) -> bytes:
         return self._path(key).read_bytes()
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, recursive: bool = True) -> list[str]:
+        """Keys under the folder ``prefix``; ``recursive=False``: only those directly in it."""
         base = self._path(prefix.rstrip("/")) if prefix else self.root
         if not base.is_dir():
             return []
-        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
-                      if p.is_file() and not p.name.startswith("."))
+        return sorted(str(p.relative_to(self.root)) for p in (base.rglob("*") if recursive else base.iterdir())
+                      if not p.name.startswith(".") and p.is_file())
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -192,12 +193,15 @@ class S3Store:
         except Exception as e:
             raise self._err("PUT", key, e) from e
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, recursive: bool = True) -> list[str]:
+        """Keys under ``prefix``; ``recursive=False``: only those directly in the folder ``prefix`` (a delimited
+        LIST: the sub-folders' objects are not sent)."""
         full = self._k(prefix)
         cut = len(self.prefix) + 1 if self.prefix else 0
         out: list[str] = []
+        extra = {} if recursive else {"Delimiter": "/"}
         try:
-            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full, **extra):
                 out += [o["Key"][cut:] for o in page.get("Contents", [])]
         except Exception as e:
             raise self._err("LIST", prefix, e) from e

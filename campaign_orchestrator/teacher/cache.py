@@ -103,6 +103,23 @@ _NAME = re.compile(r"^(?P<kind>shard|run)-(?P<time>\d{20})-(?P<id>[0-9a-f]{8})(?
                    r"(?:-k(?P<lo>[0-9a-f]*)-(?P<hi>[0-9a-f]*)-n(?P<rows>\d+))?\.parquet$")
 
 
+DIR_DEPTH = 4  # folder levels: a file lives under the hex digits its first and last key share, at most this many
+_HEX = frozenset("0123456789abcdef")
+
+
+def _shared_hex(a: str, b: str, depth: int = DIR_DEPTH) -> str:
+    """The leading hex digits ``a`` and ``b`` share (at most ``depth``)."""
+    n = 0
+    while n < min(depth, len(a), len(b)) and a[n] == b[n] and a[n] in _HEX:
+        n += 1
+    return a[:n]
+
+
+def _folder(digits: str) -> str:
+    """``"ab1"`` -> ``"a/b/1/"``: the folder of files whose keys all start with those digits."""
+    return "".join(f"{c}/" for c in digits)
+
+
 def _prefix_hex(key: str) -> str:
     return key.encode("utf-8")[:KEY_PREFIX_BYTES].hex()
 
@@ -152,7 +169,7 @@ def parse_name(key: str) -> CacheFile | None:
 
 # ---------------------------------------------------------------------------------------------- reading parts
 
-_FOOTERS: OrderedDict = OrderedDict()  # (store url, key) -> FileMetaData; files never change once written
+_FOOTERS: OrderedDict = OrderedDict()  # (store url, key) -> (FileMetaData, size); files never change once written
 _FOOTERS_MAX = 4096
 _FOOTERS_LOCK = threading.Lock()
 
@@ -160,13 +177,13 @@ _FOOTERS_LOCK = threading.Lock()
 def _metadata(url: str, key: str, src) -> pq.FileMetaData:
     k = (url, key)
     with _FOOTERS_LOCK:
-        md = _FOOTERS.get(k)
-        if md is not None:
+        hit = _FOOTERS.get(k)
+        if hit is not None:
             _FOOTERS.move_to_end(k)
-            return md
+            return hit[0]
     md = pq.read_metadata(src)
     with _FOOTERS_LOCK:
-        _FOOTERS[k] = md
+        _FOOTERS[k] = (md, getattr(src, "size", None))
         while len(_FOOTERS) > _FOOTERS_MAX:
             _FOOTERS.popitem(last=False)
     return md
@@ -319,7 +336,8 @@ def merge_files(cache: GenerationCache, inputs: list[CacheFile], run_bytes: int 
             del keys, first
             local_out = d / f"out-{j:04d}.parquet"
             pq.write_table(t, str(local_out), row_group_size=ROW_GROUP_ROWS)
-            name = shard_name("run", t["key"][0].as_py(), t["key"][-1].as_py(), len(t), run=run, part=j, t_ns=t_ns)
+            first, last = t["key"][0].as_py(), t["key"][-1].as_py()
+            name = _folder(_shared_hex(first, last)) + shard_name("run", first, last, len(t), run=run, part=j, t_ns=t_ns)
             del t
             cache.store.upload(cache.prefix + name, local_out)
             local_out.unlink()
@@ -405,9 +423,18 @@ class GenerationCache:
         raise CacheError(f"generation cache {self.store.url}/{self.prefix}: files kept vanishing while being read "
                          "(a compaction running in a loop?); run again")
 
+    def _files_for(self, wanted: list[str]) -> list[CacheFile]:
+        """The files that can hold keys in [``wanted[0]``, ``wanted[-1]``]: those in the folders of the digits the
+        two share (one delimited LIST per level), and every file below the deepest (one recursive LIST)."""
+        digits = _shared_hex(wanted[0], wanted[-1])
+        keys = [k for n in range(len(digits)) for k in self.store.list(self.prefix + _folder(digits[:n]), False)]
+        keys += self.store.list(self.prefix + _folder(digits), True)
+        out = [f for f in (parse_name(k) for k in keys) if f is not None]
+        return sorted(out, key=lambda f: (f.time, f.name))
+
     def _lookup(self, wanted: list[str]) -> dict[str, dict]:
         best: dict[str, tuple] = {}
-        for order, f in enumerate(self.files()):
+        for order, f in enumerate(self._files_for(wanted)):
             cand = f.candidates(wanted)
             if not cand:
                 continue
@@ -426,6 +453,10 @@ class GenerationCache:
             if not path.exists():
                 raise MissingObject(f"{self.store.url}/{f.key} does not exist")
             return str(path)
+        with _FOOTERS_LOCK:
+            known = _FOOTERS.get((self.store.url, f.key))
+        if known is not None and known[1] is not None:  # footer and size known: no GET until a row group is read
+            return _RangedFile(self.store, f.key, known[1], b"")
         tail, size = self.store.read_tail(f.key, FOOTER_BYTES)
         return _RangedFile(self.store, f.key, size, tail)
 
@@ -520,7 +551,8 @@ class GenerationCache:
             if r["key"] not in first or (r.get("created_at") or 0.0) < (first[r["key"]].get("created_at") or 0.0):
                 first[r["key"]] = r
         ordered = [first[k] for k in sorted(first)]
-        key = self.prefix + shard_name("shard", ordered[0]["key"], ordered[-1]["key"], len(ordered))
+        first, last = ordered[0]["key"], ordered[-1]["key"]
+        key = self.prefix + _folder(_shared_hex(first, last)) + shard_name("shard", first, last, len(ordered))
         self.store.put(key, _table_bytes(ordered))
         return key
 
