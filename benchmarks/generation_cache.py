@@ -77,9 +77,11 @@ def run_one(n: int, store_url: str, endpoint: str | None, work: Path) -> dict:
             for k in keys:
                 w.add(fake_answer(k, now))
     t1 = time.perf_counter()
+    peak_cold = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     files_cold = len(cache.shards())
     merged = cache.compact()
     t2 = time.perf_counter()
+    peak_compact = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     files_run = len(cache.shards())
     found = wrong = false_hits = asked = 0
     for j in range(shards):  # warm: every key found with its own answer; absent keys of the same range never
@@ -98,7 +100,8 @@ def run_one(n: int, store_url: str, endpoint: str | None, work: Path) -> dict:
             "cold_us_per_prompt": round((t1 - t0) / (shards * per) * 1e6, 2),
             "warm_us_per_prompt": round((t3 - t2) / (shards * per) * 1e6, 2),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "baseline_rss_mb": round(base_rss, 1), "files_cold": files_cold, "files_merged": merged,
+            "baseline_rss_mb": round(base_rss, 1), "peak_rss_after_cold_mb": round(peak_cold, 1),
+            "peak_rss_after_compaction_mb": round(peak_compact, 1), "files_cold": files_cold, "files_merged": merged,
             "files_after_compaction": files_run, "cold_hits": hits_cold, "asked": asked, "found": found,
             "wrong": wrong, "false_hits": false_hits}
 

@@ -79,17 +79,26 @@ class CacheError(RuntimeError):
     pass
 
 
-ROW_GROUP_ROWS = 4096  # rows per Parquet row group: what a lookup reads at least once it has a candidate key
-RUN_BYTES = 32 << 20  # uncompressed bytes per file of a compacted run: what compaction holds in memory at once
+ROW_GROUP_ROWS = 4096  # at most this many rows per Parquet row group (what a lookup reads once it has a candidate)
+ROW_GROUP_BYTES = 1 << 20  # and about this many bytes: rows with many top-k log-probabilities get smaller groups
+RUN_BYTES = 16 << 20  # uncompressed bytes per file of a compacted run: what compaction holds in memory at once
 FOOTER_BYTES = 128 << 10  # the tail a remote lookup fetches in its first GET (the footer, all of a small file)
 KEY_PREFIX_BYTES = 12  # of a file's first and last key, kept in its name
 _MAX_KEY = "\U0010ffff"  # sorts after any key (request keys are hex digests)
 
 
+def _write(t: pa.Table, where) -> None:
+    """A cache file: row groups of at most ROW_GROUP_ROWS rows and about ROW_GROUP_BYTES, statistics on the key
+    column only (lookups prune by them; the footer stays small)."""
+    per_row = max(1, t.nbytes // max(1, len(t)))
+    rows = max(16, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES // per_row))
+    pq.write_table(t, where, row_group_size=rows, write_statistics=["key"])
+
+
 def _table_bytes(rows: list[dict]) -> bytes:
     rows = [r | {"top_logprobs": logprobs_to_arrow(r.get("top_logprobs"))} for r in rows]
     buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows, schema=CACHE_SCHEMA), buf, row_group_size=ROW_GROUP_ROWS)
+    _write(pa.Table.from_pylist(rows, schema=CACHE_SCHEMA), buf)
     return buf.getvalue()
 
 
@@ -328,14 +337,16 @@ def merge_files(cache: GenerationCache, inputs: list[CacheFile], run_bytes: int 
                 continue
             with pa.memory_map(str(spill[j])) as src:
                 t = ipc.open_file(src).read_all()
-            t = t.sort_by([("key", "ascending"), ("created_at", "ascending"), ("_src", "ascending")])
-            keys = t["key"]
-            first = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).combine_chunks() if len(keys) > 1 \
-                else pa.array([], pa.bool_())
-            t = t.filter(pa.concat_arrays([pa.array([True]), first.fill_null(True)])).drop_columns(["_src"])
-            del keys, first
+                order = pc.sort_indices(t.select(["key", "created_at", "_src"]),
+                                        sort_keys=[("key", "ascending"), ("created_at", "ascending"),
+                                                   ("_src", "ascending")])
+                keys = pc.take(t["key"], order).combine_chunks()
+                first = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).fill_null(True)
+                order = pc.filter(order, pa.concat_arrays([pa.array([True]), first]))  # one row per key
+                del keys, first
+                t = t.drop_columns(["_src"]).take(order)  # the one copy of the range: sorted, deduplicated
             local_out = d / f"out-{j:04d}.parquet"
-            pq.write_table(t, str(local_out), row_group_size=ROW_GROUP_ROWS)
+            _write(t, str(local_out))
             first, last = t["key"][0].as_py(), t["key"][-1].as_py()
             name = _folder(_shared_hex(first, last)) + shard_name("run", first, last, len(t), run=run, part=j, t_ns=t_ns)
             del t
@@ -343,6 +354,7 @@ def merge_files(cache: GenerationCache, inputs: list[CacheFile], run_bytes: int 
             local_out.unlink()
             spill[j].unlink()
             out.append(cache.prefix + name)
+            pa.default_memory_pool().release_unused()  # the next range reuses the pages, or the system gets them
         return out
 
 
