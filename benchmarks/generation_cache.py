@@ -139,22 +139,27 @@ class MotoServer:
         self.proc.wait(10)
 
 
-def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=print) -> dict:
-    """Every size on every store, each in a fresh process; the ratios of the largest size to the smallest."""
+def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=print, repeat: int = 3) -> dict:
+    """Every size on every store, each in a fresh process; the ratios of the largest size to the smallest.
+    Sizes below the largest run ``repeat`` times (a short run on a shared machine is at the mercy of its
+    neighbours): the fastest time per prompt counts, and the highest peak."""
     runs = []
     for kind in stores:
         with tempfile.TemporaryDirectory(prefix="gencache-bench-") as d:
             ctx = MotoServer() if kind == "s3" else None
             endpoint = ctx.__enter__() if ctx else None
             try:
-                for i, n in enumerate(sizes):
+                runs_of = []
+                todo = [n for n in sizes for _ in range(1 if n == max(sizes) else repeat)]
+                for i, n in enumerate(todo):
                     if kind == "s3":
                         import boto3
 
                         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
                             Bucket=f"bench{i}")
                     url = f"s3://bench{i}/cache" if kind == "s3" else str(Path(d) / f"store{i}")
-                    cmd = [sys.executable, __file__, "--one", str(n), "--store-url", url, "--work", str(Path(d) / f"w{i}")]
+                    cmd = [sys.executable, __file__, "--one", str(n), "--store-url", url,
+                           "--work", str(Path(d) / f"w{i}")]
                     if endpoint:
                         cmd += ["--endpoint", endpoint]
                     out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {
@@ -162,11 +167,19 @@ def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=pri
                     if out.returncode != 0:
                         raise RuntimeError(f"{kind} {n}: {out.stderr[-2000:]}")
                     r = json.loads(out.stdout.strip().splitlines()[-1])
+                    runs_of.append(r)
                     log(f"{r['store']:5} {r['prompts']:>9,} prompts: {r['us_per_prompt']:8.1f} us/prompt "
                         f"(cold {r['cold_us_per_prompt']:.1f}, compact {r['compact_s']:.1f} s, warm "
                         f"{r['warm_us_per_prompt']:.1f}), peak {r['peak_rss_mb']:.0f} MB, {r['files_cold']} files "
                         f"-> {r['files_after_compaction']}")
-                    runs.append(r)
+                for n in sizes:
+                    same = [r for r in runs_of if r["prompts"] == (n // max(1, n // SHARD)) * max(1, n // SHARD)]
+                    best = min(same, key=lambda r: r["us_per_prompt"]) | {
+                        "repeats": len(same), "peak_rss_mb": max(r["peak_rss_mb"] for r in same),
+                        "us_per_prompt_all": [r["us_per_prompt"] for r in same]}
+                    best["correct"] = all(r["found"] == r["asked"] and not r["wrong"] and not r["false_hits"]
+                                          and not r["cold_hits"] for r in same)
+                    runs.append(best)
             finally:
                 if ctx:
                     ctx.__exit__(None, None, None)
@@ -178,8 +191,7 @@ def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=pri
                         "time_per_prompt": round(hi["us_per_prompt"] / lo["us_per_prompt"], 3),
                         "peak_rss": round(hi["peak_rss_mb"] / lo["peak_rss_mb"], 3)}
         ok &= ratios[kind]["time_per_prompt"] <= max_ratio and ratios[kind]["peak_rss"] <= max_ratio
-    correct = all(r["found"] == r["asked"] and not r["wrong"] and not r["false_hits"] and not r["cold_hits"]
-                  for r in runs)
+    correct = all(r["correct"] for r in runs)
     return {"benchmark": "generation_cache", "shard_prompts": SHARD, "max_ratio": max_ratio, "runs": runs,
             "ratios": ratios, "correct": correct, "flat": ok, "ok": ok and correct}
 
@@ -189,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--stores", default="local,s3")
     ap.add_argument("--max-ratio", type=float, default=1.5)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each size below the largest (fastest counts)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--store-url", help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -198,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_one(a.one, a.store_url, a.endpoint, Path(a.work))))
         return 0
     res = measure([int(x) for x in a.sizes.split(",")], a.stores.split(","), a.max_ratio,
-                  log=lambda m: print(m, file=sys.stderr))
+                  log=lambda m: print(m, file=sys.stderr), repeat=a.repeat)
     print(json.dumps(res, indent=2))
     return 0 if res["ok"] else 1
 

@@ -8,17 +8,17 @@ progress every ``poll_s`` (each new generation's tokens and seconds go to ``on_u
 sees the sum across workers), and hands each finished shard to ``on_shard``. A shard lost with its worker
 (actor or node died) is run again on a fresh worker after the dead worker's spool is sealed into the cache
 (``before_retry``), at most ``max_shard_retries`` times; an engine error (a rejected key, no model) fails the
-stage.
-
-**Every paid row is billed once.** A worker writes each answer to its spool as it finishes, with its token counts.
-When a worker is lost, the pool waits for its process to be gone (on this machine), seals its spool into the
-cache itself and counts those rows as the lost attempt's usage: what is left of it after the last progress poll
-goes to ``on_usage`` at once (the budget sees it), and all of it is added to the shard's summary when the shard
-finally finishes, so the shard's cost lines include what its lost attempts were paid for. The retry looks the
-shard's keys up and asks only what the cache still lacks, so no row is billed twice: each is billed by the
-attempt whose spool holds it. Either failure names the shard, the worker (node, actor, pid) and the reason (:class:`ShardFailed`).
+stage. Either failure names the shard, the worker (node, actor, pid) and the reason (:class:`ShardFailed`).
 When ``on_usage`` raises (a budget stop), every worker is killed and the error propagates: what the workers
 finished is in the cache.
+
+**Every paid row is billed once.** A worker writes each answer to its spool as it finishes, with its token
+counts. When a worker is lost, the pool waits for its process to be gone (on this machine), seals its spool into
+the cache itself and counts those rows as the lost attempt's usage: what is left of it after the last progress
+poll goes to ``on_usage`` at once (the budget sees it), and all of it is added to the shard's summary when the
+shard finally finishes, so the shard's cost lines include what its lost attempts were paid for. The retry looks
+the shard's keys up and asks only what the cache still lacks, so no row is billed twice: each is billed by the
+attempt whose spool holds it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,16 @@
 
 Layout on the storage (a local directory by default, ``s3://bucket/prefix`` through boto3)::
 
-    generations/<namespace>/shard-<time>-<id>.parquet     sealed shards (CACHE_SCHEMA)
+    generations/<namespace>/[<d>/<d>/...]shard-<time>-<id>-k<first>-<last>-n<rows>.parquet   sealed spools
+    generations/<namespace>/[<d>/<d>/...]run-<time>-<run>-<part>-k<first>-<last>-n<rows>.parquet   compacted
+
+Every file holds CACHE_SCHEMA rows sorted by key; its name carries its key range (``<first>``/``<last>``: hex of
+the first bytes of its smallest and largest key) and it lives in the folder of the hex digits those keys share
+(``<d>``, at most DIR_DEPTH levels). So a lookup costs what it asks for, not what the cache holds: it lists only
+its key range's folders, skips files by the range in their names, and in the rest reads the footer and only the
+row groups whose key statistics can hold a wanted key (:meth:`GenerationCache.lookup`). Compaction streams with
+memory bounded by one key range of ``run_bytes`` (:func:`merge_files`). Why this layout, not a key index or hash
+partitions, and what ``benchmarks/generation_cache.py`` measures of it: docs/teacher.md ("How the cache scales").
 
 ``namespace`` is the hash of the teacher identity and sampling parameters
 (:func:`campaign_orchestrator.teacher.requests.namespace`); every row carries its full request key. The cache
@@ -20,7 +29,8 @@ beside a live writer never takes its new, still empty spool for a dead writer's.
 cached: a failed request is asked again on the next run.
 
 Two writers may race on the same request; the cache then holds two rows with one key and
-readers take the first (shards sort by time), so the dataset still has one row per request.
+readers (and compaction) take the first written (``created_at``, then file time), so the dataset still has one
+row per request.
 """
 
 from __future__ import annotations
@@ -348,7 +358,8 @@ def merge_files(cache: GenerationCache, inputs: list[CacheFile], run_bytes: int 
             local_out = d / f"out-{j:04d}.parquet"
             _write(t, str(local_out))
             first, last = t["key"][0].as_py(), t["key"][-1].as_py()
-            name = _folder(_shared_hex(first, last)) + shard_name("run", first, last, len(t), run=run, part=j, t_ns=t_ns)
+            name = _folder(_shared_hex(first, last)) + shard_name("run", first, last, len(t), run=run, part=j,
+                                                                  t_ns=t_ns)
             del t
             cache.store.upload(cache.prefix + name, local_out)
             local_out.unlink()
