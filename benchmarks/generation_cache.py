@@ -86,7 +86,8 @@ def run_one(n: int, store_url: str, endpoint: str | None, work: Path) -> dict:
     found = wrong = false_hits = asked = 0
     for j in range(shards):  # warm: every key found with its own answer; absent keys of the same range never
         keys = shard_keys(j, shards, per, 0)
-        absent = [k for k in shard_keys(j, shards, per, 1) if k not in set(keys)]
+        present = set(keys)
+        absent = [k for k in shard_keys(j, shards, per, 1) if k not in present]
         got = cache.lookup(keys + absent)
         asked += len(keys)
         found += sum(k in got for k in keys)

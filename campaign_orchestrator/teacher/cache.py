@@ -91,7 +91,7 @@ class CacheError(RuntimeError):
 
 ROW_GROUP_ROWS = 4096  # at most this many rows per Parquet row group (what a lookup reads once it has a candidate)
 ROW_GROUP_BYTES = 1 << 20  # and about this many bytes: rows with many top-k log-probabilities get smaller groups
-RUN_BYTES = 16 << 20  # uncompressed bytes per file of a compacted run: what compaction holds in memory at once
+RUN_BYTES = 8 << 20  # uncompressed bytes per file of a compacted run: what compaction holds in memory at once
 FOOTER_BYTES = 128 << 10  # the tail a remote lookup fetches in its first GET (the footer, all of a small file)
 KEY_PREFIX_BYTES = 12  # of a file's first and last key, kept in its name
 _MAX_KEY = "\U0010ffff"  # sorts after any key (request keys are hex digests)
