@@ -9,9 +9,10 @@ shard's keys up, answer the missing ones (the fake backend: a row per key, at on
 answer) together with as many absent keys of the same range (none may be found).
 
 Each size runs in a fresh process, so its peak RSS (``ru_maxrss``) is its own; the S3 store is a moto server in a
-separate process (its memory is not the stage's). Prints one JSON object (every run, the largest-to-smallest
-ratios of time per prompt and peak RSS per store) and exits 1 when a ratio exceeds ``--max-ratio`` (1.5) or an
-answer is missing or wrong.
+separate process (its memory is not the stage's; its CPU time is counted with the stage's). Prints one JSON
+object (every run, the largest-to-smallest ratios of time per prompt, CPU and wall, and of peak RSS per store) and
+exits 1 when the CPU-time (``--wall``: wall-time) or peak ratio exceeds ``--max-ratio`` (1.5) or an answer is
+missing or wrong.
 
     python benchmarks/generation_cache.py                          # 10k, 100k, 1M; local and S3 (moto)
     python benchmarks/generation_cache.py --sizes 10000,100000 --stores local
@@ -51,6 +52,17 @@ def fake_answer(key: str, now: float) -> dict:
             "teacher_identity": "fake", "created_at": now}
 
 
+def _cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of this process, or of process ``pid``."""
+    if pid is None:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -63,6 +75,7 @@ def run_one(n: int, store_url: str, endpoint: str | None, work: Path) -> dict:
 
     store = open_store(store_url, endpoint_url=endpoint, region="us-east-1")
     base_rss = rss_mb()
+    cpu0 = _cpu_s()
     shards = max(1, n // SHARD)
     per = n // shards
     cache = GenerationCache(store, "bench", work / "spool", shard_rows=per + 1, shard_seconds=float("inf"),
@@ -94,10 +107,11 @@ def run_one(n: int, store_url: str, endpoint: str | None, work: Path) -> dict:
         wrong += sum(1 for k in keys if k in got and got[k]["completion"] != f"answer {k[:24]}")
         false_hits += sum(k in got for k in absent)
     t3 = time.perf_counter()
-    total = t3 - t0
+    total, cpu = t3 - t0, _cpu_s() - cpu0
     return {"prompts": shards * per, "store": "s3" if store_url.startswith("s3://") else "local", "shards": shards,
             "cold_s": round(t1 - t0, 3), "compact_s": round(t2 - t1, 3), "warm_s": round(t3 - t2, 3),
             "us_per_prompt": round(total / (shards * per) * 1e6, 2),
+            "cpu_s": round(cpu, 3),
             "cold_us_per_prompt": round((t1 - t0) / (shards * per) * 1e6, 2),
             "warm_us_per_prompt": round((t3 - t2) / (shards * per) * 1e6, 2),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -140,10 +154,12 @@ class MotoServer:
         self.proc.wait(10)
 
 
-def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=print, repeat: int = 3) -> dict:
+def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=print, repeat: int = 3,
+            wall: bool = False) -> dict:
     """Every size on every store, each in a fresh process; the ratios of the largest size to the smallest.
-    Sizes below the largest run ``repeat`` times (a short run on a shared machine is at the mercy of its
-    neighbours): the fastest time per prompt counts, and the highest peak."""
+    Sizes below the largest run ``repeat`` times: the fastest counts, and the highest peak. Time per prompt is
+    judged as CPU time (the stage's process plus the moto server's), wall time beside it (``wall``: judged on
+    wall time): on a machine shared with other work, a minutes-long run's wall time measures its neighbours."""
     runs = []
     for kind in stores:
         with tempfile.TemporaryDirectory(prefix="gencache-bench-") as d:
@@ -163,13 +179,17 @@ def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=pri
                            "--work", str(Path(d) / f"w{i}")]
                     if endpoint:
                         cmd += ["--endpoint", endpoint]
+                    server0 = _cpu_s(ctx.proc.pid) if ctx else 0.0
                     out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {
                         "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
                     if out.returncode != 0:
                         raise RuntimeError(f"{kind} {n}: {out.stderr[-2000:]}")
                     r = json.loads(out.stdout.strip().splitlines()[-1])
+                    r["server_cpu_s"] = round(_cpu_s(ctx.proc.pid) - server0, 3) if ctx else 0.0
+                    r["cpu_us_per_prompt"] = round((r["cpu_s"] + r["server_cpu_s"]) / r["prompts"] * 1e6, 2)
                     runs_of.append(r)
-                    log(f"{r['store']:5} {r['prompts']:>9,} prompts: {r['us_per_prompt']:8.1f} us/prompt "
+                    log(f"{r['store']:5} {r['prompts']:>9,} prompts: {r['us_per_prompt']:8.1f} us/prompt, CPU "
+                        f"{r['cpu_us_per_prompt']:.1f} us/prompt "
                         f"(cold {r['cold_us_per_prompt']:.1f}, compact {r['compact_s']:.1f} s, warm "
                         f"{r['warm_us_per_prompt']:.1f}), peak {r['peak_rss_mb']:.0f} MB, {r['files_cold']} files "
                         f"-> {r['files_after_compaction']}")
@@ -177,7 +197,8 @@ def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=pri
                     same = [r for r in runs_of if r["prompts"] == (n // max(1, n // SHARD)) * max(1, n // SHARD)]
                     best = min(same, key=lambda r: r["us_per_prompt"]) | {
                         "repeats": len(same), "peak_rss_mb": max(r["peak_rss_mb"] for r in same),
-                        "us_per_prompt_all": [r["us_per_prompt"] for r in same]}
+                        "us_per_prompt_all": [r["us_per_prompt"] for r in same],
+                        "cpu_us_per_prompt": min(r["cpu_us_per_prompt"] for r in same)}
                     best["correct"] = all(r["found"] == r["asked"] and not r["wrong"] and not r["false_hits"]
                                           and not r["cold_hits"] for r in same)
                     runs.append(best)
@@ -189,9 +210,11 @@ def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=pri
         rs = sorted((r for r in runs if r["store"] == kind), key=lambda r: r["prompts"])
         lo, hi = rs[0], rs[-1]
         ratios[kind] = {"from": lo["prompts"], "to": hi["prompts"],
-                        "time_per_prompt": round(hi["us_per_prompt"] / lo["us_per_prompt"], 3),
+                        "cpu_time_per_prompt": round(hi["cpu_us_per_prompt"] / lo["cpu_us_per_prompt"], 3),
+                        "wall_time_per_prompt": round(hi["us_per_prompt"] / lo["us_per_prompt"], 3),
                         "peak_rss": round(hi["peak_rss_mb"] / lo["peak_rss_mb"], 3)}
-        ok &= ratios[kind]["time_per_prompt"] <= max_ratio and ratios[kind]["peak_rss"] <= max_ratio
+        limit = ratios[kind]["wall_time_per_prompt" if wall else "cpu_time_per_prompt"]
+        ok &= limit <= max_ratio and ratios[kind]["peak_rss"] <= max_ratio
     correct = all(r["correct"] for r in runs)
     return {"benchmark": "generation_cache", "shard_prompts": SHARD, "max_ratio": max_ratio, "runs": runs,
             "ratios": ratios, "correct": correct, "flat": ok, "ok": ok and correct}
@@ -203,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stores", default="local,s3")
     ap.add_argument("--max-ratio", type=float, default=1.5)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each size below the largest (fastest counts)")
+    ap.add_argument("--wall", action="store_true", help="judge wall time per prompt, not CPU time (an idle machine)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--store-url", help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -212,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_one(a.one, a.store_url, a.endpoint, Path(a.work))))
         return 0
     res = measure([int(x) for x in a.sizes.split(",")], a.stores.split(","), a.max_ratio,
-                  log=lambda m: print(m, file=sys.stderr), repeat=a.repeat)
+                  log=lambda m: print(m, file=sys.stderr), repeat=a.repeat, wall=a.wall)
     print(json.dumps(res, indent=2))
     return 0 if res["ok"] else 1
 
