@@ -50,6 +50,7 @@ class ServerConfig:
     hang_s: float = 30.0  # how long a "timeout" fault holds the request before answering 504
     retry_after_s: float | None = 0.05
     seed: int = 0
+    hold: threading.Event | None = None  # while set, answers wait; one whose client went away is never served
 
 
 @dataclass
@@ -61,11 +62,16 @@ class ServerStats:
     ok_by_prompt: Counter = field(default_factory=Counter)
     in_flight: int = 0
     max_in_flight: int = 0
+    held: int = 0  # answers waiting on ServerConfig.hold now
+    served_prompt_tokens: int = 0  # the usage of every answer sent (what a provider bills)
+    served_completion_tokens: int = 0
 
     def as_dict(self) -> dict:
         return {"received": self.received, "ok": self.ok, "by_status": {str(k): v for k, v in self.by_status.items()},
                 "received_by_prompt": dict(self.received_by_prompt), "ok_by_prompt": dict(self.ok_by_prompt),
-                "in_flight": self.in_flight, "max_in_flight": self.max_in_flight}
+                "in_flight": self.in_flight, "max_in_flight": self.max_in_flight, "held": self.held,
+                "served_prompt_tokens": self.served_prompt_tokens,
+                "served_completion_tokens": self.served_completion_tokens}
 
 
 def rule_answer(prompt: str) -> str:
@@ -143,6 +149,15 @@ def build_app(cfg: ServerConfig) -> tuple[Starlette, ServerStats]:
         roll -= cfg.fail_429
         if roll < cfg.fail_500:
             return error(500, "The server had an error while processing your request.")
+        if cfg.hold is not None and cfg.hold.is_set():
+            stats.held += 1
+            try:
+                while cfg.hold.is_set():
+                    if await request.is_disconnected():
+                        return error(499, "client closed the request")  # never served, never billed
+                    await asyncio.sleep(0.01)
+            finally:
+                stats.held -= 1
         t0 = time.perf_counter()
         k = body.get("top_logprobs") if chat else body.get("logprobs")
         k = int(k) if k and not isinstance(k, bool) else None
@@ -179,6 +194,8 @@ def build_app(cfg: ServerConfig) -> tuple[Starlette, ServerStats]:
             choice = {"index": 0, "text": text, "finish_reason": finish,
                       "logprobs": None if top is None else {"tokens": toks, "top_logprobs": top}}
         stats.ok += 1
+        stats.served_prompt_tokens += n_prompt
+        stats.served_completion_tokens += n_out
         stats.by_status[200] += 1
         stats.ok_by_prompt[prompt] += 1
         return JSONResponse({"id": f"cmpl-{stats.received}", "object": "chat.completion" if chat else "text_completion",

@@ -228,3 +228,143 @@ def test_an_unnamed_spool_is_removed_only_when_stale(tmp_path):
     os.utime(stale, (0, 0))  # a writer killed between creating and naming it, long ago
     assert cache.recover() == 0
     assert fresh.exists() and not stale.exists()
+
+
+# ---------------------------------------------------------------------------------------------- at scale
+
+def _hex_keys(j: int, shards: int, n: int) -> list[str]:
+    """``n`` sorted hex keys in shard ``j``'s slice of the key space (as make_shards cuts a stage's requests)."""
+    import random
+
+    span, rng = (1 << 256) // shards, random.Random(j)
+    return sorted({f"{j * span + rng.randrange(span):064x}" for _ in range(n)})
+
+
+class _Remote:
+    """A store seen from afar: no local paths, so the cache reads it as it reads S3 (ranged GETs); every byte
+    read is counted per object."""
+
+    local_path = None
+
+    def __init__(self, root):
+        from collections import Counter
+
+        self.inner, self.url, self.read = LocalStore(root), f"remote://{root}", Counter()
+
+    def __getattr__(self, name):  # put, list, delete, exists, download, upload
+        return getattr(self.inner, name)
+
+    def get(self, key):
+        data = self.inner.get(key)
+        self.read[key] += len(data)
+        return data
+
+    def read_range(self, key, start, end):
+        data = self.inner.read_range(key, start, end)
+        self.read[key] += len(data)
+        return data
+
+    def read_tail(self, key, n):
+        data, size = self.inner.read_tail(key, n)
+        self.read[key] += len(data)
+        return data, size
+
+
+def test_a_lookup_reads_only_the_files_and_row_groups_that_can_hold_its_keys(tmp_path, monkeypatch):
+    from campaign_orchestrator.teacher import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "ROW_GROUP_ROWS", 32)
+    monkeypatch.setattr(cache_module, "FOOTER_BYTES", 4096)
+    store = _Remote(tmp_path / "c")
+    cache = GenerationCache(store, "ns", tmp_path / "spool", shard_rows=10_000, max_shards=4)
+    shards = [_hex_keys(j, 20, 60) for j in range(20)]
+    for keys in shards:  # one sealed file per shard, as a Ray worker writes it
+        with cache.writer() as w:
+            for k in keys:
+                w.add(_row(k, f"t{k[:8]}"))
+    files = cache.shards()
+    assert len(files) == 20
+    want = shards[7][10:13]
+    store.read.clear()
+    found = cache.lookup(want + ["f" * 64])
+    assert sorted(found) == want and all(found[k]["completion"] == f"t{k[:8]}" for k in want)
+    assert len(store.read) == 1  # one file of twenty: the one whose key range holds them (the absent key's none)
+    assert cache.compact() == 20
+    (run,) = cache.shards()
+    size = (tmp_path / "c" / run).stat().st_size
+    store.read.clear()
+    assert sorted(cache.lookup(want)) == want
+    assert 0 < store.read[run] < size / 2, (store.read[run], size)  # the footer, and the row groups that can hold them
+    store.read.clear()
+    assert sorted(cache.lookup(want)) == want
+    assert 0 < store.read[run] < size / 8, (store.read[run], size)  # the footer is known now: only those row groups
+
+
+def test_compaction_streams_into_key_range_files_and_keeps_the_first_written_row(tmp_path):
+    cache = GenerationCache(LocalStore(tmp_path / "c"), "ns", tmp_path / "spool", shard_rows=50, max_shards=2,
+                            run_bytes=6_000)
+    keys = [k for j in range(8) for k in _hex_keys(j, 8, 25)]
+    with cache.writer() as w:
+        for i, k in enumerate(keys):
+            w.add(_row(k, "first") | {"created_at": float(i)})
+        w.add(_row(keys[3], "second") | {"created_at": 1e9})  # a writer that raced on the same request, later
+    assert cache.compact() == 5
+    files = [cache_module_parse(f) for f in cache.shards()]
+    assert len(files) > 2 and {f.kind for f in files} == {"run"} and len({f.run for f in files}) == 1
+    import pyarrow.parquet as pq
+
+    ranges = []
+    for f in files:  # each file one sorted key range of about run_bytes, disjoint from the others
+        t = pq.read_table(tmp_path / "c" / f.key)
+        ks = t["key"].to_pylist()
+        assert ks == sorted(ks) and len(ks) == len(set(ks))
+        assert pq.read_metadata(tmp_path / "c" / f.key).row_group(0).total_byte_size <= 3 * 6_000
+        ranges.append((ks[0], ks[-1]))
+    ranges.sort()
+    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert len(cache) == len(keys)
+    got = cache.lookup(keys)
+    assert len(got) == len(keys) and got[keys[3]]["completion"] == "first"
+
+
+def cache_module_parse(key):
+    from campaign_orchestrator.generation.cache import parse_name
+
+    return parse_name(key)
+
+
+def test_a_lookup_racing_a_compaction_finds_every_row(tmp_path, monkeypatch):
+    """A compaction in another process replaces the files a lookup has just listed: the lookup lists again."""
+    cache = GenerationCache(LocalStore(tmp_path / "c"), "ns", tmp_path / "spool", shard_rows=5, max_shards=2)
+    keys = _hex_keys(0, 1, 30)
+    with cache.writer() as w:
+        for k in keys:
+            w.add(_row(k))
+    other = GenerationCache(LocalStore(tmp_path / "c"), "ns", tmp_path / "spool2", max_shards=2)
+    real, raced = GenerationCache._files_for, []
+
+    def listed_then_compacted(self, wanted):
+        files = real(self, wanted)
+        if not raced:
+            raced.append(other.compact())
+        return files
+
+    monkeypatch.setattr(GenerationCache, "_files_for", listed_then_compacted)
+    assert sorted(cache.lookup(keys)) == keys
+    assert raced == [6]
+
+
+def test_compaction_on_s3_and_a_lookup_from_another_machine(tmp_path, s3_endpoint):
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket="gens2")
+    store = open_store("s3://gens2/c", endpoint_url=s3_endpoint, region="us-east-1")
+    cache = GenerationCache(store, "ns", tmp_path / "spool", shard_rows=40, max_shards=2, run_bytes=12_000)
+    keys = [k for j in range(4) for k in _hex_keys(j, 4, 30)]
+    with cache.writer() as w:
+        for k in keys:
+            w.add(_row(k, k[:6]))
+    assert cache.compact() == 3 and len(cache.shards()) > 1
+    other = GenerationCache(open_store("s3://gens2/c", endpoint_url=s3_endpoint), "ns", tmp_path / "spool2")
+    got = other.lookup(keys[40:50] + ["0" * 64])
+    assert sorted(got) == keys[40:50] and all(got[k]["completion"] == k[:6] for k in keys[40:50])

@@ -2,7 +2,7 @@
 
 The driver inside a Dagster step builds a :class:`Job` and runs it in-process (:func:`campaign_orchestrator.
 scaleout.stage.run_job`); on Kubernetes the same job is written as ``JOB.json`` and run inside the cluster by
-``python -m campaign_orchestrator.scaleout --job JOB.json``. Everything here is JSON (no pickles cross the
+``python -m campaign_orchestrator.generation.scaleout --job JOB.json``. Everything here is JSON (no pickles cross the
 Dagster/cluster boundary); secrets travel as environment variable *names* only.
 
 JOB.json::
@@ -32,7 +32,7 @@ KINDS = ("teacher_generations", "teacher_scoring", "answers")
 @dataclass(frozen=True)
 class AnswerRecipe:
     """A local model (+ adapter) answering evaluation prompts, as a teacher-like backend: a
-    :class:`~campaign_orchestrator.teacher.recipes.GeneratorRecipe` plus the identity its answers are cached
+    :class:`~campaign_orchestrator.generation.recipes.GeneratorRecipe` plus the identity its answers are cached
     under (its weights, adapter and resolved dtype), so evaluation answers are resumable per shard too."""
 
     generator: Any  # GeneratorRecipe

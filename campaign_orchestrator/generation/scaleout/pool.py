@@ -11,6 +11,14 @@ sees the sum across workers), and hands each finished shard to ``on_shard``. A s
 stage. Either failure names the shard, the worker (node, actor, pid) and the reason (:class:`ShardFailed`).
 When ``on_usage`` raises (a budget stop), every worker is killed and the error propagates: what the workers
 finished is in the cache.
+
+**Every paid row is billed once.** A worker writes each answer to its spool as it finishes, with its token
+counts. When a worker is lost, the pool waits for its process to be gone (on this machine), seals its spool into
+the cache itself and counts those rows as the lost attempt's usage: what is left of it after the last progress
+poll goes to ``on_usage`` at once (the budget sees it), and all of it is added to the shard's summary when the
+shard finally finishes, so the shard's cost lines include what its lost attempts were paid for. The retry looks
+the shard's keys up and asks only what the cache still lacks, so no row is billed twice: each is billed by the
+attempt whose spool holds it.
 """
 
 from __future__ import annotations
@@ -111,6 +119,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _wait_gone(where: dict, timeout_s: float) -> None:
+    """Wait until a killed worker's process (on this machine) has exited, so its spool's lock is free."""
+    if where.get("host") != os.uname().nodename or not where.get("pid"):
+        return
+    deadline = time.monotonic() + timeout_s
+    while _alive(where["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+USAGE = ("generated", "prompt_tokens", "completion_tokens", "seconds")
+
+
 def _lost(e: BaseException) -> bool:
     """The worker is gone (actor died, node lost), as opposed to the engine raising inside it."""
     import ray.exceptions as rx
@@ -127,7 +147,7 @@ class ShardPool:
 
     def __init__(self, *, replicas: int, num_cpus: float = 1.0, num_gpus: float = 0.0,
                  max_shard_retries: int = 3, job_id: str | None = None, poll_s: float = 0.25,
-                 start_timeout_s: float = 900.0,
+                 start_timeout_s: float = 900.0, gone_timeout_s: float = 30.0,
                  log: Callable[[str], None] = print):
         self.replicas, self.num_cpus, self.num_gpus = replicas, num_cpus, num_gpus
         self.max_shard_retries, self.poll_s, self.log = max_shard_retries, poll_s, log
@@ -136,7 +156,7 @@ class ShardPool:
         self.where: dict = {}  # worker -> its where() (node, actor, pid)
         self._starting: dict = {}  # ready() ref -> (worker, when it was started)
         self._idle: deque = deque()
-        self.start_timeout_s = start_timeout_s
+        self.start_timeout_s, self.gone_timeout_s = start_timeout_s, gone_timeout_s
         self.lost_workers: list[dict] = []  # of this pool's last run
         self.retried: list[dict] = []
         self._cls = None
@@ -190,10 +210,38 @@ class ShardPool:
                     time.sleep(0.05)
 
     # ------------------------------------------------------------------ shards
+    def _bill_lost(self, r: _Running, where: dict, cache, paid: dict, usage_delta) -> None:
+        """Seal a lost worker's spool into the cache and count its rows as the lost attempt's usage: the part after
+        its last progress poll to ``on_usage`` (through ``usage_delta``), all of it to ``paid[shard]`` for the
+        shard's summary. The retry then finds those rows cached and does not ask (or bill) them again."""
+        spool = where.get("spool")
+        if not spool:
+            return
+        _wait_gone(where, self.gone_timeout_s)
+        got = {"generated": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+        def count(rows: list[dict]) -> None:
+            got["generated"] += len(rows)
+            got["prompt_tokens"] += sum(int(x.get("prompt_tokens") or 0) for x in rows)
+            got["completion_tokens"] += sum(int(x.get("completion_tokens") or 0) for x in rows)
+
+        try:
+            cache.recover(spool, on_rows=count)
+        except Exception as e:  # noqa: BLE001 - the rows stay in the spool; the stage's final recovery seals them
+            self.log(f"shard {r.shard.id}: sealing the lost worker's spool failed ({e}); its answers are sealed "
+                     "at the end of the stage")
+            return
+        seen = dict(r.seen)
+        usage_delta(r, {**seen, **{k: max(seen[k], got[k]) for k in got}})
+        carry = paid.setdefault(r.shard.id, dict.fromkeys(USAGE, 0))
+        for k in got:
+            carry[k] += got[k]
+        carry["seconds"] += seen["seconds"]  # its generation time up to the last poll
+
     def run(self, recipe, cache, shards: list, sampling, *, limits: str | None = None, on_usage: Callable[[dict], None] | None = None,
             on_shard: Callable[[dict], None] | None = None,
             before_retry: Callable[[object, dict], None] | None = None) -> dict[str, dict]:
-        """Run every shard with ``recipe``'s engine into ``cache`` (a :class:`~campaign_orchestrator.scaleout.worker.
+        """Run every shard with ``recipe``'s engine into ``cache`` (a :class:`~campaign_orchestrator.generation.scaleout.worker.
         CacheConfig`; ``limits``: the name of the job's shared rate limits); returns ``{key: row}`` of the requests that failed (errors are never cached).
         ``on_usage(delta)``: new generations' ``generated``, ``failed``, ``prompt_tokens``,
         ``completion_tokens``, ``seconds`` since the last call (any worker); ``on_shard(summary)`` per finished
@@ -205,6 +253,7 @@ class ShardPool:
         queue = deque((s, 1) for s in shards)
         running: dict = {}
         failed_rows: dict[str, dict] = {}
+        paid: dict[str, dict] = {}  # shard id -> usage its lost attempts answered (from their sealed spools)
         want = min(self.replicas, len(shards))
         while len(self.workers) < want:
             self._start_worker()
@@ -265,6 +314,7 @@ class ShardPool:
                         self.log(f"shard {r.shard.id} lost with worker {describe_worker(where)} ({reason}); "
                                  f"attempt {r.attempt} of {self.max_shard_retries + 1}")
                         self._drop(r.worker)
+                        self._bill_lost(r, where, cache, paid, usage_delta)
                         if r.attempt > self.max_shard_retries:
                             raise ShardFailed(r.shard.id, where, reason, r.attempt) from e
                         if before_retry is not None:
@@ -275,6 +325,8 @@ class ShardPool:
                             self._start_worker()
                         continue
                     usage_delta(r, summary)
+                    for k, v in paid.pop(r.shard.id, {}).items():  # what its lost attempts answered (and paid for)
+                        summary[k] = summary.get(k, 0) + v
                     failed_rows.update(summary.pop("failed_rows", {}) or {})
                     if on_shard is not None:
                         on_shard(summary | {"worker": where, "requests": len(r.shard)})

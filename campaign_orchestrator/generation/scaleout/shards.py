@@ -1,6 +1,6 @@
 """Shards: a stage's distinct requests cut into fixed groups by content, so a re-run forms the same shards.
 
-The requests are sorted by their content-addressed key (:func:`campaign_orchestrator.teacher.requests.request_key`)
+The requests are sorted by their content-addressed key (:func:`campaign_orchestrator.generation.requests.request_key`)
 and cut every ``size``; a shard's id is the hash of its sorted keys. The same prompts asked of the same model
 with the same settings always give the same shards, whatever order the prompt table lists them in, and a
 shard's id says exactly which requests it holds (the ledger's and the run log's name for it).

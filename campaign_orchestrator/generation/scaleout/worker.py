@@ -39,15 +39,16 @@ class CacheConfig:
         spool = Path(self.spool_dir) / "workers" / worker if worker else self.spool_dir
         return GenerationCache(store, self.namespace, spool, shard_rows=shard_rows, shard_seconds=shard_seconds)
 
-    def recover(self, worker: str | None = None) -> int:
+    def recover(self, worker: str | None = None, on_rows=None) -> int:
         """Seal what dead writers left: one worker's spool directory, or (``worker`` None: only when no worker of
-        this cache is writing) the driver's and every worker's."""
+        this cache is writing) the driver's and every worker's. ``on_rows(rows)``: called with each sealed spool's
+        rows (what a dead worker answered, with their token counts: the pool bills them)."""
         if worker:
-            return self.open(worker=worker).recover()
-        n = self.open().recover()
+            return self.open(worker=worker).recover(on_rows)
+        n = self.open().recover(on_rows)
         workers = Path(self.spool_dir) / "workers"
         for d in sorted(workers.iterdir()) if workers.is_dir() else []:
-            n += self.open(worker=d.name).recover()
+            n += self.open(worker=d.name).recover(on_rows)
         return n
 
 
@@ -70,8 +71,8 @@ class ShardProgress:
 
 
 class GenerationWorker:
-    """One model replica. Each shard comes with its ``recipe`` (a :class:`~campaign_orchestrator.teacher.recipes.
-    BackendRecipe`: a teacher backend, or an :class:`~campaign_orchestrator.scaleout.job.AnswerRecipe`: a local
+    """One model replica. Each shard comes with its ``recipe`` (a :class:`~campaign_orchestrator.generation.recipes.
+    BackendRecipe`: a teacher backend, or an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerRecipe`: a local
     model answering evaluation prompts) and its cache; the engine is built on the first shard of a recipe and
     kept while the next shards bring the same recipe (one process serves a stage's models one after the other:
     its interpreter, torch and the Ray worker start once). ``limits``: the name of the job's shared rate limits."""
