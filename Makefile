@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install system-deps demo real test test-fast ui validate bench clean
+.PHONY: install system-deps demo real test test-fast lint format ui validate bench clean
 
 # The venv is rebuilt when pyproject.toml changes. torch is pinned to the CPU build that lies on
 # this machine's disk (a GPU image installs the CUDA build of the same version instead).
@@ -52,6 +52,14 @@ test: install system-deps                      ## run the test suite
 
 test-fast: install                             ## unit tests only (no `stage` or `slow` tests), under 2 minutes
 	$(BIN)/python -m pytest tests -m "not slow and not stage" -q
+
+lint: install                                  ## ruff: lint rules and formatting (.ci/run runs this before the tests)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install                                ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 ui: install $(DAGSTER_HOME)/dagster.yaml       ## the Dagster UI (and daemon) on the same campaigns and instance
 	$(BIN)/dagster dev -w workspace.yaml

@@ -271,7 +271,7 @@ class _Remote:
 
 
 def test_a_lookup_reads_only_the_files_and_row_groups_that_can_hold_its_keys(tmp_path, monkeypatch):
-    from campaign_orchestrator.teacher import cache as cache_module
+    from campaign_orchestrator.generation import cache as cache_module
 
     monkeypatch.setattr(cache_module, "ROW_GROUP_ROWS", 32)
     monkeypatch.setattr(cache_module, "FOOTER_BYTES", 4096)
