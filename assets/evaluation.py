@@ -1,6 +1,12 @@
 """evaluation: candidate (base + adapter) and base answer the same suite items with the same
-settings; the gate is a blocking asset check on this asset, so NO-GO or INCONCLUSIVE stops
-promotion in the same run.
+settings; the gate is a blocking asset check on this asset (:func:`gate`), so NO-GO or
+INCONCLUSIVE stops promotion in the same run.
+
+The check is a step of its own after the evaluation's materialization: it reads the judgement the
+evaluation step wrote (``gate.json``, through the manifest the evaluation materialized) and fails
+its own step on anything but GO (the evaluation step succeeds), so the steps downstream
+(``promoted_model``, ``campaign_cost``) are skipped. Its evaluation is stored after the materialization it judges and names it as its
+target.
 
 Two stage directories: ``evaluation_items/<key>`` holds every model's answers (slow to make;
 keyed by adapter, items, models and generation settings) and ``evaluation/<key>`` the gate's
@@ -14,12 +20,12 @@ import time
 from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
-    AssetCheckSpec,
     AssetExecutionContext,
     AssetIn,
     MetadataValue,
     Output,
     asset,
+    asset_check,
 )
 
 from assets.common import base_metadata, for_people, key, model_deps, model_identity, stage_key, tag_run
@@ -33,6 +39,8 @@ from resources.storage import ArtifactStore
 from resources.teacher import TeacherResource
 
 GATE_CHECK = "gate"
+GATE_DESCRIPTION = ("Promotion gate: floors, regression vs base on paired intervals, per-category regression, empty "
+                    "outputs, latency, serving errors.")
 
 
 def gate_check_result(report: dict, evaluation_key: str | None = None) -> AssetCheckResult:
@@ -137,9 +145,6 @@ def build(spec: CampaignSpec):
     @asset(key=key(spec, "evaluation"), group_name=spec.name, kinds={"pytorch", "parquet"},
            ins={"prompts": AssetIn(key(spec, "prompts")), "adapter": AssetIn(key(spec, "student_adapter"))},
            deps=model_deps(*refs),
-           check_specs=[AssetCheckSpec(GATE_CHECK, asset=key(spec, "evaluation"), blocking=True,
-                                       description="Promotion gate: floors, regression vs base on paired intervals, "
-                                                   "per-category regression, empty outputs, latency, serving errors.")],
            description=f"Candidate and base answer the same items of {len(ev.suites)} suite(s) {where}; "
                        "the blocking `gate` check decides promotion.")
     def evaluation(context: AssetExecutionContext, prompts: dict, adapter: dict, storage: ArtifactStore,
@@ -166,10 +171,22 @@ def build(spec: CampaignSpec):
 
             md["mlflow_runs_tagged"] = set_verdict(spec, storage.root_path(), m["candidate_key"], report["verdict"])
         tag_run(context, verdict=report["verdict"])  # the runs list shows the verdict (assets/common.py)
-        yield Output(m, metadata=for_people(md))
-        yield gate_check_result(report, m["key"])
+        return Output(m, metadata=for_people(md))
 
     return evaluation
+
+
+def gate(spec: CampaignSpec):
+    """The blocking ``gate`` check of the campaign's evaluation: its own step, run after the evaluation's
+    materialization, judging what that step wrote (the verdict in its ``gate.json``)."""
+
+    @asset_check(asset=key(spec, "evaluation"), name=GATE_CHECK, blocking=True, description=GATE_DESCRIPTION)
+    def gate_check(evaluation: dict) -> AssetCheckResult:
+        with open(evaluation["gate_path"]) as f:
+            report = json.load(f)
+        return gate_check_result(report, evaluation["key"])
+
+    return gate_check
 
 
 def answers_key(spec: CampaignSpec, storage: ArtifactStore, prompts: dict, adapter: dict, base, harness: list) -> str:

@@ -37,6 +37,7 @@ def campaign_assets(spec: CampaignSpec) -> list:
     skipped = campaign_cost.TEACHER_STAGES if spec.training.distillation.skips_teacher else ()
     # a fully on-policy campaign (teacher_generations: none) has no teacher stage: its prompts feed the trainer
     out = [m.build(spec) for m in STAGE_BUILDERS if m.__name__.rpartition(".")[2] not in skipped]
+    out.append(evaluation.gate(spec))  # the blocking gate check: its own step, after the evaluation
     if spec.sweep is not None:  # the sweep step and its per-trial partitions (docs/sweeps.md)
         out += [hparam_sweep.build(spec), sweep_trial.build(spec)]
     return out

@@ -8,20 +8,19 @@ preempted node) leaves its run ``STARTED`` and keeps the pool slot its step held
 every campaign waits for it forever. A waiter killed while queued blocks the pool the same way:
 when the slot is freed it is assigned to the oldest pending step, the dead one.
 
-So every run ``campaign run`` starts carries its owner (:func:`owner_tags`): ``campaign/host``,
-``campaign/pid``, ``campaign/start``, and where the process runs: ``campaign/boot-id`` (the
-kernel's boot id) and ``campaign/pid-ns`` (its PID namespace's inode). :func:`reap_dead_runs` finds
-the runs it can judge (same boot id and PID namespace as the reaper; runs tagged before these two
-tags existed: same host name) that are not finished but whose process is gone (or is another
-process that reused the pid: one created after the run started). Before anything is freed it
-kills what the dead run left running: its trainer processes (the process groups the local launcher
-recorded in ``campaign/trainers``, and any process carrying the run id in ``CAMPAIGN_RUN_ID``) and
-its Kubernetes Jobs, Services and PyTorchJobs (by their ``dagster/run-id`` label, in the cluster
-``campaign/k8s`` names). Then it marks the run FAILURE with the reason (CANCELED when it was
-already canceling) and frees its slots with ``free_concurrency_slots_for_run`` (``report_run_failed``
-alone frees nothing); it also frees slots still held by runs that finished by any other path (a
-force-cancel in the UI). A run whose leftovers could not be removed (the cluster unreachable) keeps
-its slot until a later reap succeeds. It runs
+So every run ``campaign run`` starts carries its owner in one tag, ``campaign/owner`` (compact JSON,
+``resources/run_owner.py``; :func:`owner_tags`): host, pid, start time, and where the process runs: the
+kernel's boot id and its PID namespace's inode (runs recorded before that tag carry the same facts as separate
+tags: :func:`_owner` reads both). :func:`reap_dead_runs` finds the runs it can judge (same boot id and PID
+namespace as the reaper; runs recorded before these two existed: same host name) that are not finished but whose
+process is gone (or is another process that reused the pid: one created after the run started). Before anything
+is freed it kills what the dead run left running: its trainer processes (the process groups the local launcher
+added to the owner record, and any process carrying the run id in ``CAMPAIGN_RUN_ID``) and its Kubernetes Jobs,
+Services and PyTorchJobs (by their ``dagster/run-id`` label, in the cluster the owner record names). Then it marks
+the run FAILURE with the reason (CANCELED when it was already canceling) and frees its slots with
+``free_concurrency_slots_for_run`` (``report_run_failed`` alone frees nothing); it also frees slots still held by
+runs that finished by any other path (a force-cancel in the UI). A run whose leftovers could not be removed (the
+cluster unreachable) keeps its slot until a later reap succeeds. It runs
 
 * before every ``campaign run`` (``campaign_app/cli/run.py``),
 * while a step waits for a slot (``assets/dagster_patches.py``: the wait logs who holds the pool and
@@ -41,7 +40,6 @@ Dagster's own: its run launcher and run monitoring look after them.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -49,15 +47,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from resources import run_owner
 from training import run_processes
 
 from dagster import (DagsterInstance, DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext,
                      SkipReason, sensor)
 
-HOST_TAG, PID_TAG, START_TAG = "campaign/host", "campaign/pid", "campaign/start"
-BOOT_TAG, PIDNS_TAG = "campaign/boot-id", "campaign/pid-ns"
-TRAINERS_TAG = "campaign/trainers"  # written by resources/local_launcher.py
-K8S_TAG = "campaign/k8s"  # written by resources/k8s/launcher.py: the cluster the run's workloads live in
+OWNER_TAG = run_owner.OWNER_TAG  # who owns the run and what it started (resources/run_owner.py)
 NOT_FINISHED = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
                 DagsterRunStatus.CANCELING]
 FINISHED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
@@ -109,23 +105,27 @@ def hold_lease(instance: DagsterInstance, run_id: str, ttl_s: float = LEASE_S, e
 
 
 def owner_tags(pid: int | None = None, start: float | None = None) -> dict[str, str]:
-    """The tags naming the process that owns a run (this one by default), and the kernel boot and PID namespace
+    """The tag naming the process that owns a run (this one by default), and the kernel boot and PID namespace
     its pid means something in."""
-    ident = run_processes.identity()
-    where = {BOOT_TAG: ident["boot_id"]} if "boot_id" in ident else {}
-    where |= {PIDNS_TAG: ident["pid_ns"]} if "pid_ns" in ident else {}
-    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid() if pid is None else pid),
-            START_TAG: f"{time.time() if start is None else start:.3f}", **where}
+    return run_owner.encode({"host": socket.gethostname(), "pid": os.getpid() if pid is None else pid,
+                             "start": round(time.time() if start is None else start, 3),
+                             **run_processes.identity()})
+
+
+def _owner(run) -> dict:
+    """The run's owner record (``resources/run_owner.py``: ``campaign/owner``, or the separate tags of a run
+    recorded before it); no ``pid`` when no ``campaign run`` owns the run."""
+    return run_owner.read(run.tags)
 
 
 def can_judge(run) -> bool:
     """Whether this process may look the run's owner pid up: same boot id and PID namespace; for a run tagged
-    before those tags existed, the same host name."""
-    tags = run.tags
-    if PID_TAG not in tags:
+    before those were recorded, the same host name."""
+    owner = _owner(run)
+    if "pid" not in owner:
         return False
-    same = run_processes.can_judge({"boot_id": tags.get(BOOT_TAG), "pid_ns": tags.get(PIDNS_TAG)})
-    return same if same is not None else tags.get(HOST_TAG) == socket.gethostname()
+    same = run_processes.can_judge({"boot_id": owner.get("boot_id"), "pid_ns": owner.get("pid_ns")})
+    return same if same is not None else owner.get("host") == socket.gethostname()
 
 
 def owner_alive(run) -> bool | None:
@@ -134,11 +134,11 @@ def owner_alive(run) -> bool | None:
     tags, or another namespace's run without a lease)."""
     import psutil
 
-    tags = run.tags
+    owner = _owner(run)
     if not can_judge(run):
-        return lease_alive(run) if PID_TAG in tags else None
+        return lease_alive(run) if "pid" in owner else None
     try:
-        p = psutil.Process(int(tags[PID_TAG]))
+        p = psutil.Process(int(owner["pid"]))
         if p.status() == psutil.STATUS_ZOMBIE:
             return False
         created = p.create_time()
@@ -147,8 +147,8 @@ def owner_alive(run) -> bool | None:
     except (psutil.AccessDenied, ValueError):
         return None
     try:
-        started = float(tags.get(START_TAG, "inf"))
-    except ValueError:
+        started = float(owner.get("start", "inf"))
+    except (TypeError, ValueError):
         return True
     return created <= started + PID_REUSE_SLACK_S  # a process created after the run started reused the pid
 
@@ -175,7 +175,8 @@ def reap_dead_runs(instance: DagsterInstance, log: Callable[[str], None] = print
             continue
         gone = ("is gone (killed or crashed)" if can_judge(run) else
                 f"stopped renewing its lease (expired {_iso_ts(run.tags[LEASE_TAG])}: its container or machine died)")
-        msg = (f"the `campaign run` process {run.tags[PID_TAG]} on {run.tags[HOST_TAG]} that owned this run {gone}: "
+        owner = _owner(run)
+        msg = (f"the `campaign run` process {owner['pid']} on {owner.get('host', '?')} that owned this run {gone}: "
                "marked "
                + ("canceled" if run.status == DagsterRunStatus.CANCELING else "failed")
                + " and its pool slots freed")
@@ -202,16 +203,17 @@ def reap_dead_runs(instance: DagsterInstance, log: Callable[[str], None] = print
 def remove_leftovers(run, log: Callable[[str], None] = print) -> bool:
     """Kill what the dead ``run`` left running: its local trainer processes and its Kubernetes workloads. False when
     something could not be removed (the run's slots must stay held: a rerun would train beside it)."""
-    groups = run_processes.decode_groups(run.tags.get(TRAINERS_TAG))
+    owner = _owner(run)
+    groups = owner["trainers"]
     killed = run_processes.kill_run_processes(run.run_id, groups, log=log)
     if killed and run_processes.run_processes(run.run_id, groups):
         log(f"run {run.run_id}: trainer processes still alive after SIGKILL; its pool slots stay held")
         return False
-    if K8S_TAG in run.tags:
+    if owner.get("k8s"):
         try:
             from resources.k8s.launcher import delete_run_workloads
 
-            deleted = delete_run_workloads(json.loads(run.tags[K8S_TAG]), run.run_id)
+            deleted = delete_run_workloads(owner["k8s"], run.run_id)
         except Exception as e:  # noqa: BLE001 - the cluster unreachable, no permission: retry on a later reap
             log(f"run {run.run_id}: could not delete its Kubernetes workloads ({type(e).__name__}: {e}); its pool "
                 f"slots stay held until they are deleted (the next `campaign run` or reaper tick tries again)")
@@ -242,8 +244,8 @@ def describe_holders(instance: DagsterInstance, pool: str) -> str:
     parts = []
     for (run_id, step_key), how in holders:
         run = instance.get_run_by_id(run_id)
-        owner = (f"pid {run.tags[PID_TAG]} on {run.tags[HOST_TAG]}" if run is not None and PID_TAG in run.tags
-                 else "not a `campaign run` process")
+        who = _owner(run) if run is not None else {}
+        owner = (f"pid {who['pid']} on {who.get('host', '?')}" if "pid" in who else "not a `campaign run` process")
         status = run.status.value if run is not None else "unknown run"
         parts.append(f"{how} by run {run_id} step {step_key} ({status}, {owner}) since "
                      f"{_iso(since.get((run_id, step_key)))}")

@@ -8,7 +8,7 @@ node's exit code and last log lines.
 The run owns its trainers: each torchrun gets SIGKILL from the kernel when the process that launched
 it dies (``PR_SET_PDEATHSIG``, ``training.trainer_guards``), its workers do the same with torchrun, every
 process carries the Dagster run id (``CAMPAIGN_RUN_ID``) and the launch records the process groups
-(pgid, start time, boot id, PID namespace) in the run's ``campaign/trainers`` tag, so the reaper
+(pgid, start time, boot id, PID namespace) in the run's owner record (``campaign/owner``), so the reaper
 (``assets/run_recovery.py``) kills whatever is left of a dead run before it frees its pool slot. Metrics the trainer streams (global rank 0, through
 Pipes) become ``AssetObservation`` events while training runs, so the asset's plots fill live.
 """
@@ -29,6 +29,7 @@ from pydantic import Field
 
 from campaign_orchestrator import allocator
 from campaigns import paths
+from resources import run_owner
 from resources.pricing import charge_round
 from training import run_processes
 from training.config import TrainJob
@@ -36,7 +37,6 @@ from training.diagnostics import distributed_env
 from training.net import free_port
 from training.trainer_guards import DIE_WITH_PARENT_ENV, RUN_ID_ENV, parent_death_preexec
 
-TRAINERS_TAG = "campaign/trainers"  # the launch's trainer process groups (run_processes.group_record), JSON
 
 
 
@@ -129,12 +129,13 @@ def _tail(path: Path, n: int = 30) -> str:
 
 
 def record_trainers(context, procs: list[subprocess.Popen]) -> None:
-    """Add the trainers' process groups to the run's ``campaign/trainers`` tag, so a reaper that finds the run
-    dead kills them before it frees the run's pool slot."""
+    """Add the trainers' process groups to the run's owner record (``resources/run_owner.py``: ``trainers``), so a
+    reaper that finds the run dead kills them before it frees the run's pool slot."""
     groups = [run_processes.group_record(p.pid, i) for i, p in enumerate(procs)]
     try:
-        old = run_processes.decode_groups(context.instance.get_run_by_id(context.run_id).tags.get(TRAINERS_TAG))
-        context.instance.add_run_tags(context.run_id, {TRAINERS_TAG: run_processes.encode_groups(old + groups)})
+        tags = context.instance.get_run_by_id(context.run_id).tags
+        old = run_owner.read(tags)["trainers"]
+        context.instance.add_run_tags(context.run_id, run_owner.updated(tags, trainers=old + groups))
     except Exception as e:  # noqa: BLE001 - no run in storage (a bare context): the run id in the env remains
         context.log.debug(f"could not record the trainer processes in the run's tags: {e}")
 

@@ -85,6 +85,11 @@ def decode_groups(text: str | None) -> list[dict]:
         groups = json.loads(text or "[]")
     except ValueError:
         return []
+    return valid_groups(groups if isinstance(groups, list) else [])
+
+
+def valid_groups(groups: list) -> list[dict]:
+    """The records of ``groups`` that name a process group (a pgid)."""
     return [g for g in groups if isinstance(g, dict) and isinstance(g.get("pgid"), int)]
 
 

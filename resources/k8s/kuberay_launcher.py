@@ -6,7 +6,7 @@ Lifecycle of one launch (``KubeRayJobLauncher.launch``), the training launcher's
    checkpoint and adapter its workers load) lies on a volume the Ray pods mount, write ``ray_job.json`` there,
    and open a Pipes session (the context in the job's runtime environment, the messages read from the submitter
    pod's log).
-2. Name the cluster in the run's ``campaign/k8s`` tag (the reaper's pointer), then create the ``RayJob``
+2. Name the cluster in the run's owner record (``campaign/owner``: the reaper's pointer), then create the ``RayJob``
    (``kuberay.ray_job``), labelled with the campaign, the Dagster run id, the stage and the asset key.
 3. Poll the RayJob and its pods: follow the submitter pod's log as soon as it starts (the driver's Pipes
    messages stream into the asset: shard progress as log lines, the result as the materialization's metadata);

@@ -18,8 +18,8 @@ Lifecycle of one launch (``K8sTrainingLauncher.launch``):
 4. Delete the Job and the Service when the asset succeeds, fails, is stopped by its budget or the
    Dagster run is cancelled (``ttlSecondsAfterFinished`` is only the backstop).
 
-When the process running the launch dies without cleaning up (SIGKILL, OOM), the run's
-``campaign/k8s`` tag names the cluster and namespace, and the stale-run reaper
+When the process running the launch dies without cleaning up (SIGKILL, OOM), the run's owner
+record (``campaign/owner``: ``k8s``) names the cluster and namespace, and the stale-run reaper
 (``assets/run_recovery.py``) deletes the dead run's workloads by their ``dagster/run-id`` label
 (:func:`delete_run_workloads`) before it frees the run's pool slot.
 
@@ -42,18 +42,18 @@ from pydantic import Field
 
 from campaigns.spec import KubernetesSpec
 from resources.k8s import manifests as mf
+from resources import run_owner
 from resources.pricing import charge_round
 from resources.k8s.logs import PodLogsMessageReader
 from resources.k8s.status import PodProblem, pod_finished, pod_name, pod_node_index, pod_problem, pod_started, \
     workload_state
 
 
-K8S_TAG = "campaign/k8s"  # read by assets/run_recovery.py
 
 
 def delete_run_workloads(where: dict[str, Any], run_id: str) -> list[str]:
     """Delete every Job, PyTorchJob, RayJob and Service labelled with ``run_id`` in ``where["namespace"]`` of the
-    cluster ``where`` names (the ``campaign/k8s`` tag: namespace, kubeconfig_file, kube_context, in_cluster); the pods
+    cluster ``where`` names (the owner record's ``k8s``: namespace, kubeconfig_file, kube_context, in_cluster); the pods
     go with their Job (a RayJob's cluster and submitter with it). Returns ``Kind/name`` of what was deleted; raises when the API cannot be reached."""
     from kubernetes import client
     from kubernetes.client import ApiException
@@ -228,12 +228,13 @@ class K8sTrainingLauncher(ConfigurableResource):
         return {"logs": logs, "pipes_metadata": pipes_md, "k8s_workload": name, "k8s_namespace": cluster.namespace}
 
     def _record_cluster(self, context, namespace: str) -> None:
-        """Name the cluster in the run's ``campaign/k8s`` tag before anything is created: the reaper deletes the
-        run's workloads there if this process dies without cleaning up."""
+        """Name the cluster in the run's owner record (``resources/run_owner.py``: ``k8s``) before anything is
+        created: the reaper deletes the run's workloads there if this process dies without cleaning up."""
         where = {"namespace": namespace, "kubeconfig_file": self.kubeconfig_file, "kube_context": self.kube_context,
                  "in_cluster": self.in_cluster}
         try:
-            context.instance.add_run_tags(context.run_id, {K8S_TAG: json.dumps(where, separators=(",", ":"))})
+            tags = context.instance.get_run_by_id(context.run_id).tags
+            context.instance.add_run_tags(context.run_id, run_owner.updated(tags, k8s=where))
         except Exception as e:  # noqa: BLE001 - a bare context without a stored run
             context.log.debug(f"could not record the cluster in the run's tags: {e}")
 

@@ -46,24 +46,36 @@ def _tiny_job():
 
 def _other_namespace_owner() -> dict[str, str]:
     """Owner tags of a `campaign run` in another PID namespace: its pid means nothing here."""
-    from assets.run_recovery import PIDNS_TAG, owner_tags
+    from assets.run_recovery import owner_tags
+    from resources import run_owner
 
-    return owner_tags(pid=1, start=time.time() - 60) | {PIDNS_TAG: OTHER_NS}
+    return run_owner.updated(owner_tags(pid=1, start=time.time() - 60), pid_ns=OTHER_NS)
+
+
+def _old_style_other_namespace_owner() -> dict[str, str]:
+    """The same, as the separate tags of a run recorded before ``campaign/owner``."""
+    import socket
+
+    return {"campaign/host": socket.gethostname(), "campaign/pid": "1", "campaign/start": f"{time.time() - 60:.3f}",
+            "campaign/pid-ns": OTHER_NS}
 
 
 def test_another_namespaces_run_is_reaped_when_its_lease_expires(instance):
     from assets.run_recovery import lease_tags, reap_dead_runs
 
-    owner = _other_namespace_owner()
+    new, old = _other_namespace_owner(), _old_style_other_namespace_owner()
     runs = {name: instance.create_run_for_job(_tiny_job(), tags=owner | extra, status=DagsterRunStatus.STARTED).run_id
-            for name, extra in [("expired", lease_tags(ttl_s=-1)), ("held", lease_tags(ttl_s=60)), ("no lease", {})]}
+            for name, owner, extra in [("expired", new, lease_tags(ttl_s=-1)), ("held", new, lease_tags(ttl_s=60)),
+                                       ("no lease", new, {}), ("old expired", old, lease_tags(ttl_s=-1)),
+                                       ("old held", old, lease_tags(ttl_s=60))]}
     assert instance.event_log_storage.claim_concurrency_slot(POOL, runs["expired"], "noop").is_claimed
     said: list[str] = []
-    assert reap_dead_runs(instance, log=said.append) == [runs["expired"]]
-    assert "stopped renewing its lease (expired " in said[-1]
+    assert sorted(reap_dead_runs(instance, log=said.append)) == sorted([runs["expired"], runs["old expired"]])
+    assert all("stopped renewing its lease (expired " in m and "process 1 on " in m for m in said[-2:])
     assert instance.get_run_by_id(runs["expired"]).status == DagsterRunStatus.FAILURE
     assert not instance.event_log_storage.get_concurrency_run_ids()  # its pool slot is free
-    assert {instance.get_run_by_id(runs[k]).status for k in ("held", "no lease")} == {DagsterRunStatus.STARTED}
+    assert {instance.get_run_by_id(runs[k]).status for k in ("held", "no lease", "old held")} == {
+        DagsterRunStatus.STARTED}
 
 
 # the owner: creates its run as `campaign run` does (owner tags said to be of another PID namespace, a lease)
@@ -71,7 +83,8 @@ def test_another_namespaces_run_is_reaped_when_its_lease_expires(instance):
 _OWNER = """
 import json, sys, time
 from dagster import DagsterInstance, DagsterRunStatus, job, op
-from assets.run_recovery import PIDNS_TAG, hold_lease, lease_tags, owner_tags
+from assets.run_recovery import hold_lease, lease_tags, owner_tags
+from resources import run_owner
 
 @op
 def noop():
@@ -83,7 +96,7 @@ def owned():
 
 inst = DagsterInstance.get()
 run = inst.create_run_for_job(owned, status=DagsterRunStatus.STARTED,
-                              tags=owner_tags() | {PIDNS_TAG: sys.argv[1]} | lease_tags(1.5))
+                              tags=run_owner.updated(owner_tags(), pid_ns=sys.argv[1]) | lease_tags(1.5))
 with hold_lease(inst, run.run_id, ttl_s=1.5, every_s=0.2):
     print(json.dumps(run.run_id), flush=True)
     time.sleep(120)

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,15 +48,36 @@ def _started_run(instance: DagsterInstance, tags: dict[str, str], claim: bool = 
     return run.run_id
 
 
-def _dead_owner_tags() -> dict[str, str]:
-    from assets.run_recovery import owner_tags
-
+def _dead_pid() -> tuple[int, float]:
+    """A process that has exited: its pid and start time."""
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     import psutil
 
     start = psutil.Process(p.pid).create_time()
     p.wait()
-    return owner_tags(pid=p.pid, start=start)
+    return p.pid, start
+
+
+def _dead_owner_tags() -> dict[str, str]:
+    from assets.run_recovery import owner_tags
+
+    return owner_tags(*_dead_pid())
+
+
+def _legacy_tags(pid: int, start: float, **where: str) -> dict[str, str]:
+    """The separate owner tags `campaign run` wrote before ``campaign/owner`` (the format of runs recorded then)."""
+    import socket
+
+    names = {"boot_id": "campaign/boot-id", "pid_ns": "campaign/pid-ns", "trainers": "campaign/trainers"}
+    return {"campaign/host": socket.gethostname(), "campaign/pid": str(pid), "campaign/start": f"{start:.3f}",
+            **{names[k]: v for k, v in where.items()}}
+
+
+def _ctx(instance: DagsterInstance, run_id: str):
+    """What the launchers' recorders use of an asset's context."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(instance=instance, run_id=run_id, log=SimpleNamespace(debug=print))
 
 
 def test_output_dir_lock_refuses_a_second_trainer_and_names_the_holder(tmp_path):
@@ -85,8 +107,8 @@ def test_output_dir_lock_refuses_a_second_trainer_and_names_the_holder(tmp_path)
 def test_reaper_kills_a_dead_runs_trainers_before_freeing_its_slot(instance, tmp_path):
     """The owner is gone; its torchrun stand-in (a recorded process group) and a worker in its own session (found by
     the run id in its environment) still run: the reaper SIGKILLs both, then fails the run and frees the slot."""
-    from assets.run_recovery import TRAINERS_TAG, reap_dead_runs
-    from training import run_processes
+    from assets.run_recovery import reap_dead_runs
+    from resources.local_launcher import record_trainers
 
     run_id = _started_run(instance, _dead_owner_tags())
     torchrun = sleeping_node(tmp_path / "torchrun.log")
@@ -96,8 +118,7 @@ def test_reaper_kills_a_dead_runs_trainers_before_freeing_its_slot(instance, tmp
     bystander = sleeping_node(tmp_path / "bystander.log")  # another run's trainer: left alone
     try:
         assert worker.stdout.readline().strip() == "ready"
-        instance.add_run_tags(run_id, {TRAINERS_TAG: run_processes.encode_groups(
-            [run_processes.group_record(torchrun.pid, 0)])})
+        record_trainers(_ctx(instance, run_id), [torchrun])  # as the local launcher records them
         said: list[str] = []
         assert reap_dead_runs(instance, log=said.append) == [run_id]
         torchrun.wait(10), worker.wait(10)  # gone (TimeoutExpired otherwise: both would sleep for a minute)
@@ -114,14 +135,62 @@ def test_reaper_kills_a_dead_runs_trainers_before_freeing_its_slot(instance, tmp
 
 
 def test_old_runs_tagged_with_host_and_pid_only_are_still_judged(instance):
-    from assets.run_recovery import BOOT_TAG, PIDNS_TAG, reap_dead_runs
+    from assets.run_recovery import reap_dead_runs
 
-    old = {k: v for k, v in _dead_owner_tags().items() if k not in (BOOT_TAG, PIDNS_TAG)}
-    run_id = _started_run(instance, old)
+    run_id = _started_run(instance, _legacy_tags(*_dead_pid()))
     assert reap_dead_runs(instance, log=lambda m: None) == [run_id]
 
 
-_OWNER = ("import json, time; from assets.run_recovery import owner_tags; print(json.dumps(owner_tags()), flush=True); "
+def test_a_run_shows_one_ownership_tag_holding_its_owner_trainers_and_cluster(instance, tmp_path):
+    """`campaign run`'s owner, the local launcher's trainers and the Kubernetes launcher's cluster all land in one
+    compact tag, ``campaign/owner``; the lease (rewritten every renewal) is the only other internal tag."""
+    from assets.run_recovery import lease_tags, owner_tags
+    from resources.k8s.launcher import K8sTrainingLauncher
+    from resources.local_launcher import record_trainers
+
+    run_id = _started_run(instance, owner_tags() | lease_tags(), claim=False)
+    trainer = sleeping_node(tmp_path / "torchrun.log")
+    try:
+        record_trainers(_ctx(instance, run_id), [trainer])
+        record_trainers(_ctx(instance, run_id), [trainer])  # a second launch of the run adds its groups
+        K8sTrainingLauncher(kubeconfig_file="/nowhere")._record_cluster(_ctx(instance, run_id), "team-a")
+    finally:
+        trainer.kill()
+        trainer.wait(10)
+    tags = instance.get_run_by_id(run_id).tags
+    assert {k for k in tags if k.startswith("campaign/")} == {"campaign/owner", "campaign/lease-until"}, tags
+    owner = json.loads(tags["campaign/owner"])
+    assert owner["pid"] == os.getpid() and owner["pid_ns"] == str(os.stat("/proc/self/ns/pid").st_ino)
+    assert [g["pgid"] for g in owner["trainers"]] == [trainer.pid, trainer.pid]
+    assert owner["k8s"] == {"namespace": "team-a", "kubeconfig_file": "/nowhere", "kube_context": None,
+                            "in_cluster": None}
+
+
+def test_an_old_style_run_is_still_judged_and_its_trainers_killed(instance, tmp_path):
+    """Runs recorded before ``campaign/owner`` (separate host, pid, start, boot-id, pid-ns, trainers tags) are judged
+    as before an upgrade: dead and of this namespace, reaped with its trainers; alive, or of another namespace, kept."""
+    from assets.run_recovery import can_judge, reap_dead_runs
+    from training import run_processes
+
+    ident = run_processes.identity()
+    trainer = sleeping_node(tmp_path / "torchrun.log")
+    try:
+        groups = run_processes.encode_groups([run_processes.group_record(trainer.pid, 0)])
+        dead = _started_run(instance, _legacy_tags(*_dead_pid(), **ident, trainers=groups))
+        live = _started_run(instance, _legacy_tags(os.getpid(), time.time(), **ident), claim=False)
+        other_ns = _started_run(instance, _legacy_tags(*_dead_pid(), boot_id=ident["boot_id"], pid_ns="4026599999"),
+                                claim=False)
+        assert [can_judge(instance.get_run_by_id(r)) for r in (dead, live, other_ns)] == [True, True, False]
+        assert reap_dead_runs(instance, log=lambda m: None) == [dead]
+        trainer.wait(10)  # killed from the old tag's record (TimeoutExpired otherwise: it sleeps for a minute)
+        assert {instance.get_run_by_id(r).status for r in (live, other_ns)} == {DagsterRunStatus.STARTED}
+        assert not instance.event_log_storage.get_concurrency_run_ids()
+    finally:
+        trainer.kill()
+        trainer.wait(10)
+
+
+_OWNER = ("import time; from assets.run_recovery import owner_tags; print(owner_tags()['campaign/owner'], flush=True); "
           "time.sleep(120)")
 _REAPER = ("import json; from dagster import DagsterInstance; from assets.run_recovery import reap_dead_runs; "
            "inst = DagsterInstance.get(); print('REAPED ' + json.dumps(reap_dead_runs(inst, log=lambda m: None)))")
@@ -144,18 +213,18 @@ def test_containers_on_one_storage_never_reap_each_others_live_runs(instance, tm
     """Container A (its own PID namespace) owns a live run; container B (another PID namespace, same host name, same
     instance storage) reaps: A's run stays. With only the old host + pid tags, B judges A's pid in its own namespace
     (pid 1 there is B itself, started after A's run) and fails the live run: the bug this fixes."""
-    from assets.run_recovery import BOOT_TAG, PIDNS_TAG
+    from resources import run_owner
 
     if not _unshare_works():
         pytest.skip("no `unshare --pid` here (not root, or no user namespaces): see the simulated-namespace test")
     home = Path(os.environ["DAGSTER_HOME"])
     a = _container(_OWNER, home)
     try:
-        tags = json.loads(a.stdout.readline())
-        assert tags["campaign/pid"] == "1" and tags[PIDNS_TAG] != str(os.stat("/proc/self/ns/pid").st_ino)
-        tags["campaign/start"] = f"{float(tags['campaign/start']) - 60:.3f}"  # a run a minute old: B started later
-        live = _started_run(instance, tags)
-        legacy = _started_run(instance, {k: v for k, v in tags.items() if k not in (BOOT_TAG, PIDNS_TAG)}, claim=False)
+        owner = json.loads(a.stdout.readline())
+        assert owner["pid"] == 1 and owner["pid_ns"] != str(os.stat("/proc/self/ns/pid").st_ino)
+        owner["start"] -= 60  # a run a minute old: B started later
+        live = _started_run(instance, run_owner.encode(owner))
+        legacy = _started_run(instance, _legacy_tags(1, owner["start"]), claim=False)
         out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", _REAPER],
                              cwd=REPO_ROOT, env=cli_env(home), capture_output=True, text=True, timeout=120)
         reaped = json.loads(out.stdout.split("REAPED ", 1)[1]) if "REAPED " in out.stdout else out.stderr[-3000:]
@@ -171,11 +240,13 @@ def test_containers_on_one_storage_never_reap_each_others_live_runs(instance, tm
 def test_a_run_of_another_pid_namespace_is_not_judged_by_pid(instance, monkeypatch):
     """The same, simulated (where ``unshare`` is not allowed): a dead pid recorded in another PID namespace (or under
     another kernel boot) means nothing here, so the run is left alone; the same tags from this namespace are reaped."""
-    from assets.run_recovery import BOOT_TAG, PIDNS_TAG, reap_dead_runs
+    from assets.run_recovery import reap_dead_runs
+    from resources import run_owner
 
     dead = _dead_owner_tags()
-    other_ns = _started_run(instance, dead | {PIDNS_TAG: "4026599999"})
-    other_boot = _started_run(instance, dead | {BOOT_TAG: "00000000-0000-0000-0000-000000000000"}, claim=False)
+    other_ns = _started_run(instance, run_owner.updated(dead, pid_ns="4026599999"))
+    other_boot = _started_run(instance, run_owner.updated(dead, boot_id="00000000-0000-0000-0000-000000000000"),
+                              claim=False)
     mine = _started_run(instance, dead, claim=False)
     assert reap_dead_runs(instance, log=lambda m: None) == [mine]
     assert {instance.get_run_by_id(r).status for r in (other_ns, other_boot)} == {DagsterRunStatus.STARTED}

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetCheckKey, AssetKey, DagsterEventType, DagsterInstance
 
 from assets.location import build_definitions, campaign_job_name
 from campaign_orchestrator.demo import cipher
@@ -80,12 +80,28 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
         assert _metadata(again, AssetKey(["mini", stage]))["cached"] is True, stage
 
 
+def _gate_follows_its_materialization(instance: DagsterInstance, run_id: str, asset: AssetKey) -> None:
+    """The run's gate check ran in a step of its own that started after the evaluation was materialized, its
+    evaluation is stored later than that materialization, and it names it as its target."""
+    mat = instance.fetch_materializations(asset, limit=1).records[0]
+    rec = instance.event_log_storage.get_asset_check_execution_history(AssetCheckKey(asset, "gate"), limit=1)[0]
+    assert rec.run_id == mat.event_log_entry.run_id == run_id and rec.event.timestamp > mat.timestamp
+    assert rec.evaluation.target_materialization_data.storage_id == mat.storage_id
+    step_start = next(e for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)
+                      if e.step_key == rec.event.step_key)
+    assert step_start.timestamp > mat.timestamp, (rec.event.step_key, step_start.timestamp, mat.timestamp)
+
+
 def test_broken_campaign_is_blocked_by_the_gate(tmp_path, artifact_root):
     path = _campaign(tmp_path, "mini_broken", learning_rate=0.0, max_steps=4)
     defs = build_definitions([str(path)], artifact_root=str(artifact_root))
+    instance = DagsterInstance.ephemeral()
     result = defs.resolve_job_def(campaign_job_name("mini_broken")).execute_in_process(
-        instance=DagsterInstance.ephemeral(), raise_on_error=False)
+        instance=instance, raise_on_error=False)
     assert not result.success
+    # the blocking check is its own step, after the materialization it judges: only that step fails
+    assert [e.step_key for e in result.all_events if e.is_step_failure] == ["mini_broken__evaluation_gate"]
+    _gate_follows_its_materialization(instance, result.run_id, AssetKey(["mini_broken", "evaluation"]))
     checks = [e for e in result.get_asset_check_evaluations() if e.check_name == "gate"]
     assert checks and not checks[-1].passed
     assert checks[-1].metadata["verdict"].value == "NO-GO"

@@ -81,5 +81,5 @@ def test_every_teacher_and_student_combination_builds_and_runs(backend, student,
     assert rc in (0, 3), out[-4000:]  # 0 promoted, 3 blocked by the gate (two training steps): it ran
     assert f"=== campaign {name}" in out and "gate verdict:" in out and "--- cost (from the ledger) ---" in out
     failed = [line for line in out.splitlines() if line.startswith("step ") and " failed: " in line]
-    assert all(line.startswith(f"step {name}__evaluation failed: ") and "blocking asset check failed" in line
-               for line in failed), failed  # at most the gate blocks; no stage dies
+    assert all(line.startswith(f"step {name}__evaluation_gate failed: ") and "blocking asset check failed" in line
+               for line in failed), failed  # at most the gate (its own step) blocks; no stage dies

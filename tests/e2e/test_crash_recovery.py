@@ -7,6 +7,7 @@ project's OpenAI-compatible test server in its own process, which counts every r
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -105,7 +106,7 @@ def test_waiting_step_names_the_holder_sleeps_and_signals_cancel_it(home, tmp_pa
         _wait(lambda: srv.stats(summary=True)["received"] >= 1, 120, "A's first teacher request", procs["hold_a"],
               logs["hold_a"])
         a = _run_of(instance, "hold_a")
-        assert _holders(instance) == {a.run_id} and a.tags["campaign/pid"] == str(procs["hold_a"].pid)
+        assert _holders(instance) == {a.run_id} and json.loads(a.tags["campaign/owner"])["pid"] == procs["hold_a"].pid
         start("wait_b")
         start("wait_c")
         pat = re.compile(rf"waiting for a slot of pool .teacher. \(1 slot\(s\)\): held by run {a.run_id} step "
@@ -204,7 +205,7 @@ def test_sigkill_mid_teacher_then_rerun_resumes_and_finishes(tmp_path, artifact_
     assert "recovered" in out or "in the cache" in out
     assert instance.get_run_by_id(dead.run_id).status == DagsterRunStatus.FAILURE
     rerun = _run_of(instance, "crashy", statuses=[DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE])
-    assert rerun.run_id != dead.run_id and rerun.tags["campaign/pid"] == str(second.pid)
+    assert rerun.run_id != dead.run_id and json.loads(rerun.tags["campaign/owner"])["pid"] == second.pid
     assert not instance.event_log_storage.get_concurrency_run_ids()
     asked = stats["received_by_prompt"]
     twice = sorted(p for p, n in asked.items() if n > 1)

@@ -158,7 +158,7 @@ def test_success_streams_rank0_messages_cleans_up_and_leaks_no_secret(api_server
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
     assert job["metadata"]["labels"]["dagster/run-id"] == result.run_id
     # the run names the cluster its workloads live in: the reaper deletes them there if this process dies
-    assert json.loads(instance.get_run_by_id(result.run_id).tags["campaign/k8s"])["namespace"] == NS
+    assert json.loads(instance.get_run_by_id(result.run_id).tags["campaign/owner"])["k8s"]["namespace"] == NS
     assert job["metadata"]["labels"]["dagster/asset-key"] == "cluster_distill.student_adapter"
     cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[:5] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8"] and cmd[-4:-1] == ["-m", "training", "--config"]
@@ -364,14 +364,15 @@ def test_env_set_twice_fails_before_creating_anything(api_server, cluster_spec, 
 def test_reaper_deletes_a_dead_runs_workloads_by_run_label_before_freeing_its_slot(api_server, cluster_spec, tmp_path,
                                                                                    monkeypatch):
     """The `campaign run` that launched on the cluster died without cleaning up (SIGKILL): its Job and Service still run.
-    The reaper finds the cluster in the run's ``campaign/k8s`` tag (what the launcher records) and deletes the Job and
-    Service labelled with the dead run's id (the pods go with the Job), then frees the slot; another run's Job stays."""
+    The reaper finds the cluster in the run's owner tag (``campaign/owner``: ``k8s``, what the launcher records) and
+    deletes the Job and Service labelled with the dead run's id (the pods go with the Job), then frees the slot; another run's Job stays."""
     import subprocess
     import sys
 
     from dagster import DagsterRunStatus, job, op
 
-    from assets.run_recovery import K8S_TAG, owner_tags, reap_dead_runs
+    from assets.run_recovery import owner_tags, reap_dead_runs
+    from resources import run_owner
     from resources.k8s import manifests as mf
     from tests.support.campaign_support import instance_home
 
@@ -418,5 +419,5 @@ def test_reaper_deletes_a_dead_runs_workloads_by_run_label_before_freeing_its_sl
         deleted = next(i for i, m in enumerate(said) if "deleted its Kubernetes workloads Job/" in m)
         freed = next(i for i, m in enumerate(said) if "marked failed and its pool slots freed" in m)
         assert deleted < freed and "Service/" in said[deleted]
-        assert K8S_TAG in instance.get_run_by_id(dead.run_id).tags
+        assert run_owner.read(instance.get_run_by_id(dead.run_id).tags)["k8s"]["namespace"] == NS
         assert not instance.event_log_storage.get_concurrency_run_ids()

@@ -148,7 +148,7 @@ def test_success_streams_the_drivers_messages_deletes_the_rayjob_and_leaks_no_se
     (rj,) = operator.created
     assert rj["kind"] == "RayJob" and rj["metadata"]["labels"]["dagster/run-id"] == result.run_id
     assert rj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 3
-    assert json.loads(instance.get_run_by_id(result.run_id).tags["campaign/k8s"])["namespace"] == NS  # the reaper's
+    assert json.loads(instance.get_run_by_id(result.run_id).tags["campaign/owner"])["k8s"]["namespace"] == NS  # reaper's
     # the driver's Pipes messages: log lines at once, progress as observations, the result as the materialization
     logs = [r.user_message for r in instance.all_logs(result.run_id)]
     assert any("shard 3/3 done" in m for m in logs)

@@ -5,6 +5,7 @@ real parent process (tests/support/launch_parent.py) on a persistent instance.""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -56,7 +57,6 @@ def test_sigkill_of_the_parent_alone_kills_its_trainers_and_rerun_resumes(tmp_pa
     from dagster import DagsterInstance, DagsterRunStatus
 
     from assets.run_recovery import reap_dead_runs
-    from resources.local_launcher import TRAINERS_TAG
 
     home = instance_home(tmp_path / "dagster_home")
     ds = write_cipher_dataset(tmp_path / "ds", demo_models["student"], 96, seed=5)
@@ -91,8 +91,11 @@ def test_sigkill_of_the_parent_alone_kills_its_trainers_and_rerun_resumes(tmp_pa
         monkeypatch.setenv("DAGSTER_HOME", str(home))
         with DagsterInstance.get() as instance:
             dead = instance.get_run_by_id(first_id)
-            groups = dead.tags[TRAINERS_TAG]
-            assert dead.status == DagsterRunStatus.STARTED and '"pgid"' in groups and '"pid_ns"' in groups
+            # one ownership tag (the owner and the trainers it started) beside the lease
+            assert {k for k in dead.tags if k.startswith("campaign/")} == {"campaign/owner"}, dead.tags
+            owner = json.loads(dead.tags["campaign/owner"])
+            assert owner["pid"] == first.pid and owner["trainers"] and "pid_ns" in owner["trainers"][0]
+            assert dead.status == DagsterRunStatus.STARTED
             assert reap_dead_runs(instance, log=lambda m: None) == [first_id]
             assert instance.get_run_by_id(first_id).status == DagsterRunStatus.FAILURE
             assert not instance.event_log_storage.get_concurrency_run_ids()  # the gpu slot is free
