@@ -46,6 +46,8 @@ def training_key_fields(spec: CampaignSpec, precision: str | None = None) -> dic
                                                  "collective_timeout_s", "diagnostics", "distributed_env"})
     if spec.training.distillation.loss != "on_policy":  # added with on-policy distillation: keys no other adapter
         del training["distillation"]["on_policy"]
+    if spec.training.selection.rule == "last":  # added with checkpoint selection: keys no other adapter
+        del training["selection"]
     return {"student": student, "training": training}
 
 
