@@ -23,6 +23,7 @@ from dagster import (
 )
 
 from assets.common import base_metadata, key, model_deps, model_identity, stage_key
+from assets.diagnosis import diagnosis, score_training_sample
 from assets.harness import harness_identity, harness_models, harness_suites, is_harness
 from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
@@ -210,10 +211,11 @@ def build(spec: CampaignSpec):
                 models["teacher"] = lambda: ask_teacher
                 local_lines = guard.line_fn  # the guard accrues the teacher's spend as well as the time
                 guard.line_fn = lambda seconds, items: local_lines(seconds, items) + spend["lines"]
+            out = isd.ensure()
             with _generation_engine(spec, context.log.info):  # engine ray: one Ray cluster for every model
                 rows = answer_suites(runs, models, log=context.log.info, progress=progress) if runs else []
+                sample = score_training_sample(spec, prompts, models, scorers, out, context.log.info)  # diagnosis
             rows += harness_run.rows if harness_run else []
-            out = isd.ensure()
             write_item_rows(rows, out / "items.parquet")
             wall = time.perf_counter() - t0
             # local models' time on the hardware they ran on; the teacher at its own price (its seconds not twice)
@@ -228,14 +230,14 @@ def build(spec: CampaignSpec):
             isd.commit({"items_path": str(out / "items.parquet"), "items_sha256": file_sha256(out / "items.parquet"),
                         "rows": len(rows), "candidate_key": adapter["key"], "wall_seconds": wall, "cost_lines": lines,
                         **extra, "compute_dtype": {k: v for k, v in dtypes.items() if not k.startswith("_")},
-                        "answers": _answer_counts(dtypes, spend)}
+                        "answers": _answer_counts(dtypes, spend), "train_sample_path": sample}
                        | _harness_manifest(harness_run, bill) | _ray_manifest(dtypes, spend))
         im = isd.manifest()
 
         policies = {x.name: GatePolicy.from_mapping(ev.gate_for(x).model_dump()) for x in ev.suites}
         st = ev.statistics
         sp = StatsPolicy(st.interval, st.confidence, st.resamples, st.seed)
-        k = stage_key("evaluation/v3", items_key, {n: repr(p) for n, p in policies.items()},
+        k = stage_key("evaluation/v3", "diagnosis/v1", items_key, {n: repr(p) for n, p in policies.items()},
                       {x.name: x.tier for x in ev.suites}, st.model_dump(), ev.requires_human_review)
         sd = storage.stage(spec.name, "evaluation", k)
         if not sd.is_complete():
@@ -246,6 +248,9 @@ def build(spec: CampaignSpec):
             doc = build_report(reports, pairs, sp, adapter["key"], res.get("teacher"),
                                review_line(spec, combine(reports), adapter["key"]))
             doc["scores"] = scores(res)
+            doc["diagnosis"] = diagnosis(spec, res, im.get("train_sample_path"))  # why, beside the verdict
+            if doc["verdict"] != "GO" or doc["diagnosis"]["causes"]:
+                doc["markdown"] += "\n\n" + doc["diagnosis"]["markdown"]
             if im.get("lm_eval"):  # the harness's aggregates beside the project's means
                 from evaluation.harness import agreement_markdown
 
@@ -257,6 +262,7 @@ def build(spec: CampaignSpec):
             sd.commit({"items_path": im["items_path"], "items_key": items_key, "items_sha256": im["items_sha256"],
                        "gate_path": str(out / "gate.json"), "report_path": str(out / "report.md"),
                        "verdict": doc["verdict"], "reasons": doc["reasons"], "scores": doc["scores"],
+                       "diagnosis": doc["diagnosis"]["causes"],
                        "candidate_key": adapter["key"], "requires_human_review": ev.requires_human_review,
                        "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"],
                        **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
@@ -271,6 +277,8 @@ def build(spec: CampaignSpec):
             "verdict": report["verdict"], "report": MetadataValue.md(report["markdown"]),
             "items": MetadataValue.path(m["items_path"]), "candidate_key": m["candidate_key"],
             "statistics": report["method"], "requires_human_review": m["requires_human_review"]}
+        if report.get("diagnosis", {}).get("causes"):
+            md["diagnosis"] = MetadataValue.md(report["diagnosis"]["markdown"])
         if m.get("compute_dtype"):
             md["compute_dtype"] = MetadataValue.json(m["compute_dtype"])
         if m.get("answers"):  # per role: generated in this run, found in the generation cache

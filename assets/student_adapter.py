@@ -3,6 +3,7 @@
 import json
 import shutil
 import time
+from pathlib import Path
 
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
@@ -241,6 +242,7 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
 
     base = storage.resolve_model(s.base_model, spec.project_dir)
     refuse_before_launch(spec, base)
+    recipe = recipe_findings(spec, dataset, context)  # recipe checks: campaign_orchestrator/recipe_checks.py
     precision = adapter_precision(spec)  # resolved: an adapter trained in bf16 is not one trained in fp32
     skips = tr.distillation.skips_teacher
     on_policy = None
@@ -320,6 +322,10 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
         "device": sm.get("device"), "billed_hardware": m.get("billed_hardware"), "billing_note": m.get("billing_note"),
         "compute_dtype": sm.get("compute_dtype"), "compute_dtype_reason": sm.get("compute_dtype_reason"),
     } | on_policy_metadata(sm.get("on_policy"), m) | profile_metadata(m["path"])
+    md["recipe_checks"] = MetadataValue.json([f.as_dict() for f in recipe]) if recipe else "all pass"
+    if sm.get("selection"):  # training.selection: the kept checkpoint, not the last
+        md |= {"kept_step": sm["selection"]["kept_step"], "kept_because": sm["selection"]["reason"],
+               "selection": MetadataValue.json(sm["selection"])}
     if sm.get("merged_dir"):
         md["merged_model"] = MetadataValue.path(sm["merged_dir"])
     md |= moe_metadata(sm.get("moe"))
@@ -333,3 +339,25 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
 
         md["mlflow_run_id"] = log_training(spec, storage.root_path(), m, context.run_id)
     return Output(m, metadata={k: v for k, v in md.items() if v is not None})
+
+
+def recipe_findings(spec: CampaignSpec, dataset: dict, context) -> list:
+    """The recipe checks on the tokenized dataset about to be trained on (its train split; replay examples are the
+    ``replay:`` ids), each failing one logged as a warning before any training time is spent."""
+    from campaign_orchestrator.recipe_checks import check_recipe, facts_from_dataset
+
+    if "splits" not in dataset:  # on-policy without a teacher stage: the prompts are the data
+        return []
+    replay = 0
+    if spec.data.replay is not None:
+        import pyarrow.parquet as pq
+
+        from campaign_orchestrator.dataset.replay import REPLAY_PREFIX
+
+        for f in sorted(Path(dataset["dataset_path"]).glob("*.parquet")):
+            for ids in pq.read_table(f, columns=["example_ids"]).column("example_ids").to_pylist():
+                replay += sum(str(x).startswith(REPLAY_PREFIX) for x in ids)
+    findings = check_recipe(spec, facts_from_dataset(spec, dataset, replay))
+    for f in findings:
+        context.log.warning(f"recipe check {f.check}: {f.message}")
+    return findings

@@ -99,10 +99,14 @@ def plan_command(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     spent = pricing.ledger_at(root).spent(spec.name)
     plan["campaign_spent_usd"] = spent
+    plan["recipe_checks"] = recipe_checks(spec, plan)
     if args.json:
         print(json.dumps(plan, indent=2, default=str))
         return EXIT_OK
     print(render_plan(plan))
+    from campaign_orchestrator.recipe_checks import Finding, render
+
+    print(render([Finding(**f) for f in plan["recipe_checks"]]))
     if spent:
         print(f"already spent on campaign {spec.name} (ledger): ${spent:.6f}"
               + (f"; ${spec.cost.budget_usd - spent:.6f} of the budget remains" if spec.cost.budget_usd else ""))
@@ -158,3 +162,15 @@ def add_parsers(sub) -> None:
     d = sub.add_parser("docs", help="write the campaign field reference (docs/campaign-fields.md) from the spec")
     d.add_argument("--check", action="store_true", help="exit 1 when the checked-in reference is not current")
     d.set_defaults(fn=docs_command)
+
+
+def recipe_checks(spec, plan: dict) -> list[dict]:
+    """The recipe checks (campaign_orchestrator/recipe_checks.py) on the plan's data facts."""
+    from campaign_orchestrator.recipe_checks import check_recipe, facts_from_plan
+
+    available = None
+    if spec.data.replay is not None:
+        from campaign_orchestrator.dataset.replay import read_prompts
+
+        available = len(read_prompts(spec.path(spec.data.replay.source)))
+    return [f.as_dict() for f in check_recipe(spec, facts_from_plan(spec, plan["data"], available))]
