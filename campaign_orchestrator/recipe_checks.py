@@ -114,7 +114,7 @@ def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
     if scale < MIN_LORA_LR_SCALE or scale > MAX_LORA_LR_SCALE:
         low = scale < MIN_LORA_LR_SCALE
         out.append(Finding("learning_rate", tr.learning_rate, (
-            f"learning_rate {tr.learning_rate:g} x lora.alpha/r ({lo.alpha}/{lo.r}) = {scale:.2g}: "
+            f"learning_rate {tr.learning_rate:g} x lora.alpha/r ({lo.alpha:g}/{lo.r}) = {scale:.2g}: "
             + (f"below {MIN_LORA_LR_SCALE:g}, the adapter barely moves (0 trains nothing); raise learning_rate"
                if low else f"above {MAX_LORA_LR_SCALE:g}, LoRA updates this large overwrite what the base knew; "
                f"lower learning_rate to <= {MAX_LORA_LR_SCALE * lo.r / lo.alpha:.2g}"))))
