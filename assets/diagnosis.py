@@ -57,6 +57,13 @@ def diagnosis(spec: CampaignSpec, res: dict, train_sample_path: str | None, stor
     if train_sample_path and Path(train_sample_path).exists():
         sample = read_item_results(train_sample_path).get("candidate", {}).get("train_sample")
     rp = spec.data.replay
+    found = []
+    if storage is not None and rp is not None:  # the distillation set's task/replay format conflicts
+        latest = storage.campaign_dir(spec.name) / "distillation_set" / "LATEST.json"
+        if latest.exists():
+            import json
+
+            found = (json.loads(latest.read_text()).get("replay") or {}).get("conflicts") or []
     ctx = Context(has_replay=rp is not None, teacher_is_base=teacher_is_base(spec),
-                  replay_share=rp.share if rp is not None else None)
+                  replay_share=rp.share if rp is not None else None, conflicts=found)
     return diagnose(items(primary), guards, sample, ctx)

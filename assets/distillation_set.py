@@ -73,7 +73,11 @@ def build(spec: CampaignSpec):
                 rrows, replay, replay_lines = answer_replay(spec, storage, teacher, pricing, len(kept), context)
                 rkept, rcounts = filter_generations(rrows, FilterRules(drop_empty=True, drop_truncated=f.drop_truncated,
                                                                        dedupe=True))
-                replay |= {"filter_counts": rcounts, "rows": len(rkept)}
+                from evaluation.diagnosis import conflicts
+
+                replay |= {"filter_counts": rcounts, "rows": len(rkept),  # same prompt shape, other answer format
+                           "conflicts": conflicts([(r["prompt"], r["completion"]) for r in kept],
+                                                  [(r["prompt"], r["completion"]) for r in rkept])}
                 kept = kept + rkept
             kept, contamination = _decontaminate(spec, kept, prompts, storage, sd, context)
             table = pa.Table.from_pylist(

@@ -248,7 +248,7 @@ def build(spec: CampaignSpec):
             doc = build_report(reports, pairs, sp, adapter["key"], res.get("teacher"),
                                review_line(spec, combine(reports), adapter["key"]))
             doc["scores"] = scores(res)
-            doc["diagnosis"] = diagnosis(spec, res, im.get("train_sample_path"))  # why, beside the verdict
+            doc["diagnosis"] = diagnosis(spec, res, im.get("train_sample_path"), storage)  # why, beside the verdict
             if doc["verdict"] != "GO" or doc["diagnosis"]["causes"]:
                 doc["markdown"] += "\n\n" + doc["diagnosis"]["markdown"]
             if im.get("lm_eval"):  # the harness's aggregates beside the project's means
