@@ -22,7 +22,8 @@ pytestmark = pytest.mark.stage
 def _campaign(name: str, source: Path, replay: Path, dedupe: bool) -> str:
     return f"""
 name: {name}
-teacher: {{backend: transformers, model: "@demo/teacher", sampling: {{max_new_tokens: 16}}, batch_size: 64, hardware: cpu-2vcpu}}
+teacher: {{backend: transformers, model: "@demo/teacher", sampling: {{max_new_tokens: 16}}, batch_size: 64,
+           hardware: cpu-2vcpu}}
 student: {{base_model: "@demo/student", quantization: {{load_in_4bit: false, compute_dtype: float32}}}}
 data:
   source: "{source}"
