@@ -14,12 +14,12 @@ TRAIN_SAMPLE = 40  # training task items the candidate answers: enough to tell 0
 def score_training_sample(spec: CampaignSpec, prompts: dict, models: dict, scorers: dict, out: Path, log) -> str | None:
     """The candidate's answers to the first ``TRAIN_SAMPLE`` training prompts (table order) of the primary suite's
     categories that carry a reference, scored by the primary suite's scorer, written to ``train_sample.parquet``
-    (None: no such prompt, or the primary suite is a harness suite)."""
+    (None: no such prompt, the prompts stage has no training table, or the primary suite is a harness suite)."""
     from campaign_orchestrator.dataset.prompts import read_prompt_table
     from evaluation.suite import run_suite, write_item_rows
 
     primary = spec.evaluation.suites[0]
-    if primary.name not in scorers:
+    if primary.name not in scorers or not prompts.get("train_path"):  # a harness suite; no training table
         return None
     cats = set()
     if primary.source != "heldout":
