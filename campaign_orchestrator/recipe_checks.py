@@ -128,8 +128,9 @@ def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
 
 
 def facts_from_plan(spec, data, replay_available: int | None = None) -> RecipeFacts:
-    """The facts ``campaign plan`` knows (its ``DataFacts``, ``costs.plan.facts``): prompt counts and mean student tokens; every teacher
-    answer accepted, ``cost.planner.completion_fill`` of ``max_new_tokens`` long; replay at its share."""
+    """The facts ``campaign plan`` knows (its ``DataFacts``, ``costs.plan.facts``): prompt counts and mean student
+    tokens; every teacher answer accepted, ``cost.planner.completion_fill`` of ``max_new_tokens`` long; replay at
+    its share."""
     t, tr = spec.teacher, spec.training
     task = data.train_prompts * t.sampling.n
     new_tokens = t.sampling.max_new_tokens * spec.cost.planner.completion_fill
