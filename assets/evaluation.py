@@ -29,6 +29,7 @@ from dagster import (
 )
 
 from assets.common import base_metadata, for_people, key, model_deps, model_identity, stage_key, tag_run
+from assets.diagnosis import distillation_conflicts, score_training_sample
 from assets.harness import harness_identity, harness_models, harness_suites, is_harness
 from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
@@ -163,7 +164,8 @@ def build(spec: CampaignSpec):
             answer_items(context, spec, isd, items_key, prompts, adapter, base, scorers, harness,
                          (storage, pricing, teacher, kuberay))
         m = judge_stage(spec, storage.stage(spec.name, "evaluation", judging_key(spec, items_key)), isd.manifest(),
-                        items_key, {n: sc.binary for n, sc in scorers.items()}, adapter["key"])
+                        items_key, {n: sc.binary for n, sc in scorers.items()}, adapter["key"],
+                        conflicts=distillation_conflicts(spec, storage))
         report = json.loads(open(m["gate_path"]).read())
         md = evaluation_metadata(m, report, cached)
         if spec.tracking.mlflow is not None and not cached:  # the training run's verdict (assets/tracking.py)
@@ -234,10 +236,11 @@ def answer_items(context: AssetExecutionContext, spec: CampaignSpec, isd, items_
     harness_run = _run_harness(spec, harness, adapter, base, isd, context, progress)  # before any other model
     dtypes: dict[str, str] = {}
     models, spend = _answerers(context, spec, isd, adapter, base, runs, dtypes, guard, resources)
+    out = isd.ensure()
     with _generation_engine(spec, context.log.info):  # engine ray: one Ray cluster for every model
         rows = answer_suites(runs, models, log=context.log.info, progress=progress) if runs else []
+        sample = score_training_sample(spec, prompts, models, scorers, out, context.log.info)  # the diagnosis's
     rows += harness_run.rows if harness_run else []
-    out = isd.ensure()
     write_item_rows(rows, out / "items.parquet")
     wall = time.perf_counter() - t0
     # local models' time on the hardware they ran on; the teacher at its own price (its seconds not twice)
@@ -245,7 +248,7 @@ def answer_items(context: AssetExecutionContext, spec: CampaignSpec, isd, items_
     bill = pricing.bill(spec, "evaluation", {"seconds": local_s, "device": device, "parts": {
         "lm_eval": harness_run.wall_seconds} if harness_run else {}}) if local else None
     isd.commit(answers_manifest(out / "items.parquet", len(rows), adapter["key"], wall, bill, spend, dtypes,
-                                harness_run))
+                                harness_run) | {"train_sample_path": sample})
 
 
 def _answerers(context, spec: CampaignSpec, isd, adapter: dict, base, runs: list, dtypes: dict, guard,
@@ -274,6 +277,8 @@ def evaluation_metadata(m: dict, report: dict, cached: bool) -> dict:
         "verdict": report["verdict"], "report": MetadataValue.md(report["markdown"]),
         "items": MetadataValue.path(m["items_path"]), "candidate_key": m["candidate_key"],
         "statistics": report["method"], "requires_human_review": m["requires_human_review"]}
+    if report.get("diagnosis", {}).get("causes"):  # why, beside the verdict (evaluation/diagnosis.py)
+        md["diagnosis"] = MetadataValue.md(report["diagnosis"]["markdown"])
     if m.get("compute_dtype"):
         md["compute_dtype"] = MetadataValue.json(m["compute_dtype"])
     if m.get("answers"):  # per role: generated in this run, found in the generation cache

@@ -33,6 +33,7 @@ from pydantic import Field
 
 from assets.common import key
 from assets.evaluation import GATE_CHECK, approve_hint
+from assets.model_card import write_model_card
 from evaluation.drift import PROMOTION_ITEMS
 from campaigns.spec import CampaignSpec
 from resources.storage import ArtifactStore
@@ -124,6 +125,7 @@ def build(spec: CampaignSpec):
                       "scores": evaluation["scores"], "items": PROMOTION_ITEMS, "approval": approval.as_dict() if approval else None,
                       "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run_id": context.run_id}
             (tmp / "promotion.json").write_text(json.dumps(record, indent=2))
+            write_model_card(spec, storage, evaluation, adapter, tmp / "adapter")  # README.md, Hugging Face format
             shutil.rmtree(dest, ignore_errors=True)
             os.replace(tmp, dest)
         current = storage.campaign_dir(spec.name) / "promoted_model" / "CURRENT"

@@ -3,6 +3,7 @@
 import json
 import shutil
 import time
+from pathlib import Path
 
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
@@ -47,6 +48,8 @@ def training_key_fields(spec: CampaignSpec, precision: str | None = None) -> dic
                                                  "reshard_after_forward", "compile"})  # speed, not the adapter
     if spec.training.distillation.loss != "on_policy":  # added with on-policy distillation: keys no other adapter
         del training["distillation"]["on_policy"]
+    if spec.training.selection.rule == "last":  # added with checkpoint selection: keys no other adapter
+        del training["selection"]
     return {"student": student, "training": training}
 
 
@@ -238,6 +241,7 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
     s, tr = spec.student, spec.training
     base = storage.resolve_model(s.base_model, spec.project_dir)
     refuse_before_launch(spec, base)
+    recipe = recipe_findings(spec, dataset, context)  # recipe checks: campaign_orchestrator/recipe_checks.py
     precision = adapter_precision(spec)  # resolved: an adapter trained in bf16 is not one trained in fp32
     skips = tr.distillation.skips_teacher
     on_policy = None
@@ -256,6 +260,7 @@ def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: d
         _train(context, spec, sd, k, base, dataset, on_policy, precision, (storage, launcher, pricing))
     m = sd.manifest()
     md = adapter_metadata(m, cached, sweep)
+    md["recipe_checks"] = MetadataValue.json([f.as_dict() for f in recipe]) if recipe else "all pass"
     if spec.tracking.mlflow is not None and not cached:
         from assets.tracking import log_training
 
@@ -353,6 +358,9 @@ def adapter_metadata(m: dict, cached: bool, sweep: dict | None) -> dict:
         "device": sm.get("device"), "billed_hardware": m.get("billed_hardware"), "billing_note": m.get("billing_note"),
         "compute_dtype": sm.get("compute_dtype"), "compute_dtype_reason": sm.get("compute_dtype_reason"),
     } | on_policy_metadata(sm.get("on_policy"), m) | profile_metadata(m["path"])
+    if sm.get("selection"):  # training.selection: the kept checkpoint, not the last
+        md |= {"kept_step": sm["selection"]["kept_step"], "kept_because": sm["selection"]["reason"],
+               "selection": MetadataValue.json(sm["selection"])}
     if sm.get("merged_dir"):
         md["merged_model"] = MetadataValue.path(sm["merged_dir"])
     md |= moe_metadata(sm.get("moe"))
@@ -362,3 +370,25 @@ def adapter_metadata(m: dict, cached: bool, sweep: dict | None) -> dict:
         md |= {"from_sweep_trial": m.get("from_sweep_trial"), "sweep_params": MetadataValue.json(sweep["best_params"])
                if sweep else None}
     return md
+
+
+def recipe_findings(spec: CampaignSpec, dataset: dict, context) -> list:
+    """The recipe checks on the tokenized dataset about to be trained on (its train split; replay examples are the
+    ``replay:`` ids), each failing one logged as a warning before any training time is spent."""
+    from campaign_orchestrator.recipe_checks import check_recipe, facts_from_dataset
+
+    if "splits" not in dataset:  # on-policy without a teacher stage: the prompts are the data
+        return []
+    replay = 0
+    if spec.data.replay is not None:
+        import pyarrow.parquet as pq
+
+        from campaign_orchestrator.dataset.replay import REPLAY_PREFIX
+
+        for f in sorted(Path(dataset["dataset_path"]).glob("*.parquet")):
+            for ids in pq.read_table(f, columns=["example_ids"]).column("example_ids").to_pylist():
+                replay += sum(str(x).startswith(REPLAY_PREFIX) for x in ids)
+    findings = check_recipe(spec, facts_from_dataset(spec, dataset, replay))
+    for f in findings:
+        context.log.warning(f"recipe check {f.check}: {f.message}")
+    return findings

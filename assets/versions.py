@@ -92,11 +92,12 @@ def stage_settings(spec: CampaignSpec) -> dict[str, dict]:
     student = student_identity(spec)
     scores_teacher = ev.score_teacher
     return {
-        "prompts": {"data": d.model_dump(exclude={"filters", "decontamination"})},
+        "prompts": {"data": d.model_dump(exclude={"filters", "decontamination", "replay"})},
         "teacher_generations": {"teacher": teacher_identity(spec)},
         "distillation_set": {"filters": d.filters.model_dump(), "decontamination": d.decontamination.model_dump(),
                              "gate_suites": [x.model_dump(include={"name", "source", "kind", "lm_eval"})
-                                             for x in ev.suites]},
+                                             for x in ev.suites]}
+                            | ({"replay": d.replay.model_dump(), "student": student} if d.replay else {}),
         "tokenized_dataset": {"student": student, "max_seq_len": tr.max_seq_len},
         "student_adapter": {"student": student, "training": training_key_fields(spec)},
         "evaluation": {"evaluation": ev.model_dump(), "student": student,

@@ -14,6 +14,7 @@ from campaign_orchestrator.content import file_sha256, short, value_sha256
 from campaigns.spec import CampaignSpec
 
 JUDGING_VERSION = "evaluation/v3"
+DIAGNOSIS_VERSION = "diagnosis/v1"  # the judgement carries the diagnosis (evaluation/diagnosis.py)
 
 
 def approve_hint(campaign: str, candidate_key: str) -> str:
@@ -49,14 +50,17 @@ def judging_key(spec: CampaignSpec, items_key: str) -> str:
     """The judgement's content key: the answers' key, every suite's gate policy and tier, the statistics, review."""
     ev = spec.evaluation
     policies, _ = gate_policies(spec)
-    return _stage_key(JUDGING_VERSION, items_key, {n: repr(p) for n, p in policies.items()},
+    return _stage_key(JUDGING_VERSION, DIAGNOSIS_VERSION, items_key, {n: repr(p) for n, p in policies.items()},
                       {x.name: x.tier for x in ev.suites}, ev.statistics.model_dump(), ev.requires_human_review)
 
 
-def judge_answers(spec: CampaignSpec, items: dict, binary: dict[str, bool | None], candidate_key: str) -> dict:
+def judge_answers(spec: CampaignSpec, items: dict, binary: dict[str, bool | None], candidate_key: str,
+                  conflicts: list | None = None) -> dict:
     """The gate report of stored answers (``items``: the answers stage's manifest): per suite the paired
     comparison under its policy (``binary``: suite -> whether its scorer is binary, None for harness suites),
-    the verdict, the Markdown, every role's scores and the harness's agreement table."""
+    the verdict, the Markdown, every role's scores, the diagnosis beside the verdict (``conflicts``: the
+    distillation set's task/replay format conflicts) and the harness's agreement table."""
+    from evaluation.diagnosis import campaign_diagnosis
     from evaluation.gate import combine
     from evaluation.report import build_report
     from evaluation.runner import BASE, CANDIDATE, SuiteGate, judge, scores
@@ -70,6 +74,9 @@ def judge_answers(spec: CampaignSpec, items: dict, binary: dict[str, bool | None
     doc = build_report(reports, pairs, sp, candidate_key, res.get("teacher"),
                        review_line(spec, combine(reports), candidate_key))
     doc["scores"] = scores(res)
+    doc["diagnosis"] = campaign_diagnosis(spec, res, items.get("train_sample_path"), conflicts)  # why
+    if doc["verdict"] != "GO" or doc["diagnosis"]["causes"]:
+        doc["markdown"] += "\n\n" + doc["diagnosis"]["markdown"]
     if items.get("lm_eval"):  # the harness's aggregates beside the project's means
         from evaluation.harness import agreement_markdown
 
@@ -95,6 +102,7 @@ def judgement_manifest(spec: CampaignSpec, items: dict, items_key: str, candidat
     return ({"items_path": im["items_path"], "items_key": items_key, "items_sha256": im["items_sha256"],
              "gate_path": str(gate), "report_path": str(report),
              "verdict": doc["verdict"], "reasons": doc["reasons"], "scores": doc["scores"],
+             "diagnosis": doc["diagnosis"]["causes"],
              "candidate_key": candidate_key, "requires_human_review": ev.requires_human_review,
              "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"],
              **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
@@ -105,11 +113,11 @@ def judgement_manifest(spec: CampaignSpec, items: dict, items_key: str, candidat
 
 
 def judge_stage(spec: CampaignSpec, sd, items: dict, items_key: str, binary: dict[str, bool | None],
-                candidate_key: str) -> dict:
+                candidate_key: str, conflicts: list | None = None) -> dict:
     """Judge the stored answers of ``candidate_key`` into the stage directory ``sd`` (a ``StageDir``) unless it
-    is complete; its manifest."""
+    is complete; its manifest (``conflicts``: as :func:`judge_answers`)."""
     if not sd.is_complete():
-        doc = judge_answers(spec, items, binary, candidate_key)
+        doc = judge_answers(spec, items, binary, candidate_key, conflicts)
         gate, report = write_judgement(doc, sd.ensure())
         sd.commit(judgement_manifest(spec, items, items_key, candidate_key, doc, gate, report))
     return sd.manifest()

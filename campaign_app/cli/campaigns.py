@@ -100,10 +100,14 @@ def plan_command(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     spent = pricing.ledger_at(root).spent(spec.name)
     plan.campaign_spent_usd = spent
+    checks = recipe_checks(spec, plan)  # campaign_orchestrator/recipe_checks.py on the plan's data facts
     if args.json:
-        print(json.dumps(plan.as_dict(), indent=2, default=str))
+        print(json.dumps(plan.as_dict() | {"recipe_checks": [f.as_dict() for f in checks]}, indent=2, default=str))
         return EXIT_OK
     print(render_plan(plan))
+    from campaign_orchestrator.recipe_checks import render
+
+    print(render(checks))
     if spent:
         print(f"already spent on campaign {spec.name} (ledger): ${spent:.6f}"
               + (f"; ${spec.cost.budget_usd - spent:.6f} of the budget remains" if spec.cost.budget_usd else ""))
@@ -160,3 +164,15 @@ def add_parsers(sub) -> None:
     d = sub.add_parser("docs", help="write the campaign field reference (docs/campaign-fields.md) from the spec")
     d.add_argument("--check", action="store_true", help="exit 1 when the checked-in reference is not current")
     d.set_defaults(fn=docs_command)
+
+
+def recipe_checks(spec, plan) -> list:
+    """The recipe checks (campaign_orchestrator/recipe_checks.py) on the plan's data facts (``plan``: a ``Plan``)."""
+    from campaign_orchestrator.recipe_checks import check_recipe, facts_from_plan
+
+    available = None
+    if spec.data.replay is not None:
+        from campaign_orchestrator.dataset.replay import read_prompts
+
+        available = len(read_prompts(spec.path(spec.data.replay.source)))
+    return check_recipe(spec, facts_from_plan(spec, plan.data, available))

@@ -27,6 +27,7 @@ def campaign_summary(artifacts: Path, campaign: str, primary_suite: str, run_id:
         scores = ev["scores"]
         out |= {role: scores.get(role, {}).get(primary_suite) for role in ("teacher", "base", "candidate")}
         out |= {"verdict": gate["verdict"], "reasons": gate["reasons"], "report": gate["markdown"]}
+        out["diagnosis"] = (gate.get("diagnosis") or {}).get("causes", [])  # evaluation/diagnosis.py
         from campaign_orchestrator.costs.report import student_teacher_ratio
 
         out["student_teacher_ratio"] = student_teacher_ratio(scores, primary_suite)
@@ -165,6 +166,8 @@ def print_summary(s: dict, seconds: float) -> None:
     print(f"gate verdict: {s.get('verdict', 'not evaluated')}")
     for r in s.get("reasons", []):
         print(f"  - {r}")
+    for c in s.get("diagnosis", []):
+        print(f"  diagnosis: {c['cause']}: {c['evidence']}; fix: {c['fix']}")
     if s.get("triage"):
         t = s["triage"]
         print(f"profile triage: {t['verdict']}: {t['reason']} (traces: {t['traces']}; details: "

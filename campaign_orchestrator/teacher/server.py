@@ -5,6 +5,9 @@ vLLM's ``prompt_logprobs`` (issue 26: the teacher scores the student's samples f
 
 Routes (Starlette on uvicorn, both installed with the Dagster webserver):
 
+``POST /v1/chat/completions``
+    ``messages`` rendered with the tokenizer's chat template, then answered as a completion (no logprobs): an
+    API teacher with ``chat: true`` and a few-shot ``context`` (``campaigns/smollm2_api.yaml``).
 ``GET /v1/models``
     ``{"object": "list", "data": [{"id": <served name>, "object": "model", "max_model_len": ...}]}``.
 ``POST /v1/completions``
@@ -158,6 +161,28 @@ class TeacherServer:
                 "model": self.served_name, "choices": choices,
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
 
+    def chat(self, body: dict) -> dict:
+        """The response body of ``POST /v1/chat/completions``: ``messages`` rendered with the tokenizer's chat
+        template (generation prompt added), then answered as :meth:`complete` answers token ids (no logprobs)."""
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
+            raise RequestError("`messages` must be a non-empty list of {role, content} objects")
+        if body.get("logprobs"):
+            raise RequestError("`logprobs` is not supported on /v1/chat/completions by this server")
+        from campaign_orchestrator.dataset.formatting import FormatError, render_prompt_ids
+
+        try:  # the rendering the local engine uses for a context-distillation teacher
+            ids = render_prompt_ids(self.gen.tok, [{"role": m["role"], "content": m.get("content", "")} for m in msgs])
+        except FormatError as e:
+            raise RequestError(f"{e}: use /v1/completions") from None
+        out = self.complete({k: v for k, v in body.items() if k not in ("messages", "logprobs", "top_logprobs")}
+                            | {"prompt": ids})
+        ch = out["choices"][0]
+        return {"id": out["id"].replace("cmpl-", "chatcmpl-"), "object": "chat.completion", "created": out["created"],
+                "model": out["model"], "usage": out["usage"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": ch["text"]}, "logprobs": None,
+                             "finish_reason": ch["finish_reason"]}]}
+
     # ------------------------------------------------------------------ the model
 
     def _decode(self, tid: int) -> str:
@@ -282,7 +307,7 @@ def build_app(server: TeacherServer):
         return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
                             status_code=status)
 
-    async def completions(request: Request) -> JSONResponse:
+    async def answer(request: Request, handler) -> JSONResponse:
         if not server.authorized(request.headers.get("authorization")):
             return error(401, "Incorrect API key provided.")
         try:
@@ -292,9 +317,15 @@ def build_app(server: TeacherServer):
         if not isinstance(body, dict):
             return error(400, "the request body must be a JSON object")
         try:
-            return JSONResponse(await asyncio.to_thread(server.complete, body))
+            return JSONResponse(await asyncio.to_thread(handler, body))
         except RequestError as e:
             return error(e.status, str(e))
+
+    async def completions(request: Request) -> JSONResponse:
+        return await answer(request, server.complete)
+
+    async def chat_completions(request: Request) -> JSONResponse:
+        return await answer(request, server.chat)
 
     async def models(request: Request) -> JSONResponse:
         if not server.authorized(request.headers.get("authorization")):
@@ -307,6 +338,7 @@ def build_app(server: TeacherServer):
         return JSONResponse({"ok": True, **server.stats})
 
     return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
+                             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
                              Route("/v1/models", models, methods=["GET"]),
                              Route("/health", health, methods=["GET"])])
 

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 
 from campaigns.spec.common import _Strict
 from campaigns.spec.lm_eval import DecontaminationSpec
+from campaigns.spec.replay import ReplaySpec
 
 class HeldoutSpec(_Strict):
     """The prompts held out of training for evaluation, chosen by id hash."""
@@ -57,6 +58,9 @@ class DataSpec(_Strict):
     decontamination: DecontaminationSpec = Field(
         DecontaminationSpec(), description="N-gram overlap of the distillation set with every gate suite's documents "
                                            "(blocking check on distillation_set): drop and count, or fail.")
+    replay: ReplaySpec | None = Field(
+        None, description="General prompts answered by the base student (default), the teacher or a file, mixed into "
+        "training at `share`: keeps what the student could do before (self-replay, any teacher).")
 
 
 class DatasetSpec(_Strict):

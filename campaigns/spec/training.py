@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from campaigns.spec.common import S3Uri, _Strict
+from campaigns.spec.selection import SelectionSpec
 
 
 class ProfilerScheduleSpec(_Strict):
@@ -297,6 +298,8 @@ class TrainingSpec(_Strict):
         False, description="Also write the base with the adapter merged in (compute dtype) next to the adapter."
     )
     checkpoint: CheckpointSpec = CheckpointSpec()
+    selection: SelectionSpec = Field(SelectionSpec(), description="Which checkpoint the stage returns: the last, or "
+                                     "the best by held-out task and replay loss (early stop with `patience`).")
     distillation: DistillationSpec = DistillationSpec()
 
     @model_validator(mode="after")

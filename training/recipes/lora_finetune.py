@@ -58,7 +58,7 @@ import torch.distributed as dist
 from campaign_orchestrator import allocator
 from campaign_orchestrator.hardware import resolve_compute_dtype
 from campaign_orchestrator.process_memory import peak_rss_mb
-from training import checkpoint, data, head, losses, moe
+from training import checkpoint, data, head, losses, moe, selection
 from training.checkpoint import CheckpointStore
 from training.config import TrainJob
 from training.errors import TrainingError
@@ -166,6 +166,8 @@ class LoraFinetuneRecipe:
         self._stop_signal: int | None = None
         self._old_sigterm = None
         self._out_lock: OutputDirLock | None = None
+        self.selector = None  # training.selection: the best checkpoint by held-out loss (training/selection.py)
+        self._stopped_at: int | None = None  # early stop: the step at which selection's patience ran out
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -643,12 +645,14 @@ class LoraFinetuneRecipe:
                 if self.moe is not None:  # collective, at the same steps on every rank
                     self.moe.log_routing(step + 1, force=step + 1 == self.total_steps, every=spec.log_every)
                 prof.step()
+                if self._stopped_at:  # training.selection.patience: no improvement for N evaluations
+                    break
         seconds, self.cpu_seconds = time.perf_counter() - t_start, time.process_time() - cpu_start
         prof.finish()
         if stop < self.total_steps:
             return self._finish_rung(stop, seconds)
         self._before_final_checkpoint()
-        self.save_checkpoint(self.total_steps, reason="final")
+        self.save_checkpoint(self._stopped_at or self.total_steps, reason="final")
         return self._finish(seconds)
 
     def _finish_rung(self, stop: int, seconds: float) -> dict:
@@ -671,10 +675,10 @@ class LoraFinetuneRecipe:
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def evaluate(self) -> float | None:
+    def evaluate(self, rows: list[list[int]] | None = None) -> float | None:
         """Mean token cross-entropy on the first ``eval_rows`` rows of the validation split (the training
-        rows when there is none), in eval mode (no dropout)."""
-        mine = self.eval_rows[self.rank]
+        rows when there is none), in eval mode (no dropout); ``rows``: other rows of it, per rank."""
+        mine = (self.eval_rows if rows is None else rows)[self.rank]
         if not mine:
             return None
         self.model.eval()
@@ -694,6 +698,37 @@ class LoraFinetuneRecipe:
         every = self.spec.checkpoint.every_steps
         if every and completed % every == 0 and completed < self.total_steps:
             self.save_checkpoint(completed, reason="step")
+        self._select(completed)
+
+    def _select(self, completed: int) -> None:
+        """``training.selection``: held-out task and replay loss every ``every_steps``; the best checkpoint's adapter
+        is copied to ``<out>/best_adapter`` (the rule: training/selection.py)."""
+        sel = self.spec.selection
+        if sel.rule != "best_heldout_loss" or (completed % sel.every_steps and completed != self.total_steps):
+            return
+        if self.selector is None:
+            import pyarrow.parquet as pq
+
+            self.selector = selection.Selector(sel.replay_weight, sel.min_delta, sel.patience)
+            src = self.job.validation_path if self.eval_source == "validation" else self.job.dataset_path
+            ids = [x for f in data.parquet_files(src) for x in pq.read_table(f, columns=["example_ids"])
+                   .column("example_ids").to_pylist()]
+            split = selection.split_rows(ids)
+            self.selection_rows = {}
+            for kind, idx in split.items():
+                per_rank = min(self.spec.eval_rows, len(idx)) // self.world
+                self.selection_rows[kind] = [idx[r * per_rank:(r + 1) * per_rank] for r in range(self.world)]
+        task, replay = self.evaluate(self.selection_rows["task"]), self.evaluate(self.selection_rows["replay"])
+        self.save_checkpoint(completed, reason="selection")
+        if self.selector.observe(completed, task, replay) and self.is_main:
+            best = self.out / "best_adapter"
+            shutil.rmtree(best, ignore_errors=True)
+            shutil.copytree(self.store.path(completed), best)
+        if self.is_main:
+            self.report.log(f"step {completed}: held-out loss task {_r4(task)}, replay {_r4(replay)}; kept step "
+                            f"{self.selector.best.step if self.selector.best else None}")
+        if self.selector.should_stop:
+            self._stopped_at = completed
 
     def _trainer_state(self, step: int) -> dict:
         return {"step": step, "skipped_steps": self.skipped, "rows_per_step": self.plan.rows_per_step,
@@ -745,7 +780,9 @@ class LoraFinetuneRecipe:
         adapter_dir = self.out / "adapter"
         if not self.is_main:
             return {}
-        ckpt = self.store.path(self.total_steps)
+        last = self._stopped_at or self.total_steps
+        # training.selection: the kept checkpoint, not the last
+        ckpt = self.out / "best_adapter" if self.selector is not None and self.selector.best else self.store.path(last)
         shutil.rmtree(adapter_dir, ignore_errors=True)
         adapter_dir.mkdir(parents=True)
         for name in ("adapter_config.json", "adapter_model.safetensors"):
@@ -760,6 +797,8 @@ class LoraFinetuneRecipe:
 
             merged = export_merged(self.job.base_model_path, adapter_dir, self.out / "merged", self.compute_dtype)
         summary = run_summary(self, seconds, eval_loss, adapter_dir, ckpt, merged)
+        if self.selector is not None:
+            summary["selection"] = self.selector.summary(last)
         if moe_report is not None:
             summary["moe"] = moe_report
         summary |= self._summary_extras()

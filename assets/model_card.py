@@ -1,0 +1,58 @@
+"""The promoted adapter's ``README.md`` model card (Hugging Face format): the inputs gathered from the campaign's
+stage manifests, rendered by :func:`evaluation.model_card.render_card`. No asset of its own: ``promoted_model``
+calls :func:`write_model_card`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from campaigns.spec import CampaignSpec
+
+COST_STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")
+
+
+def _latest(storage, campaign: str, stage: str) -> dict:
+    p = storage.campaign_dir(campaign) / stage / "LATEST.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def card_info(spec: CampaignSpec, storage, evaluation: dict, adapter: dict) -> dict:
+    from evaluation.model_card import teacher_intervals
+
+    m = {st: _latest(storage, spec.name, st) for st in ("prompts", "teacher_generations", "distillation_set")}
+    m["student_adapter"], m["evaluation"] = adapter, evaluation
+    base_card = Path(adapter["base_model_path"]) / "model_card.json"
+    t, tr, sm = spec.teacher, spec.training, adapter.get("summary") or {}
+    dist = m["distillation_set"]
+    gate = json.loads(Path(evaluation["gate_path"]).read_text())
+    st = spec.evaluation.statistics
+    items = evaluation.get("items_path")
+    stages = {s: float(sum(x.get("usd") or 0.0 for x in (m.get(s) or {}).get("cost_lines") or []))
+              for s in COST_STAGES if s in m or s == "tokenized_dataset"}
+    return {
+        "campaign": spec.name, "description": spec.description, "candidate_key": adapter["key"],
+        "base_model": spec.student.base_model,
+        "base_model_card": json.loads(base_card.read_text()) if base_card.exists() else None,
+        "lineage": {"prompts": {"source": spec.data.source, "train": m["prompts"].get("train_rows"),
+                                "heldout": m["prompts"].get("heldout_rows")},
+                    "teacher": {"backend": t.backend, "model": t.model, "base_url": t.base_url,
+                                "generations": m["teacher_generations"].get("rows")},
+                    "filters": {k: v for k, v in (dist.get("filter_counts") or {}).items() if v},
+                    "rows": dist.get("rows"), "replay": dist.get("replay"),
+                    "decontamination": dist.get("decontamination")},
+        "recipe": {"lora": spec.student.lora.model_dump(include={"r", "alpha", "target_modules"}),
+                   "steps": sm.get("steps"), "learning_rate": tr.learning_rate, "effective_batch": tr.effective_batch,
+                   "max_seq_len": tr.max_seq_len, "loss": tr.distillation.loss, "selection": sm.get("selection")},
+        "gate": gate,
+        "teacher_intervals": teacher_intervals(items, st.confidence, st.resamples, st.seed) if items else {},
+        "cost": {"stages": stages, "total_usd": sum(stages.values())},
+    }
+
+
+def write_model_card(spec: CampaignSpec, storage, evaluation: dict, adapter: dict, adapter_dir: Path) -> Path:
+    from evaluation.model_card import render_card
+
+    path = Path(adapter_dir) / "README.md"
+    path.write_text(render_card(card_info(spec, storage, evaluation, adapter)))
+    return path
