@@ -38,10 +38,10 @@ def _execution(replicas: int, cpus: float, shard: int) -> SimpleNamespace:
 
 
 def _ray_stage(rows, recipe, ident, sampling, ex, pool):
+    from campaign_orchestrator.generation.requests import namespace
     from campaign_orchestrator.generation.runner import run_generation
     from campaign_orchestrator.generation.scaleout.stage import RayExecutor
     from campaign_orchestrator.generation.scaleout.worker import CacheConfig
-    from campaign_orchestrator.generation.requests import namespace
 
     d = tempfile.mkdtemp(prefix="raybench-")
     cfg = CacheConfig(d + "/store", namespace(ident, sampling), d + "/spool")
