@@ -38,14 +38,17 @@ def _execution(replicas: int, cpus: float, shard: int) -> SimpleNamespace:
 
 
 def _ray_stage(rows, recipe, ident, sampling, ex, pool):
-    from campaign_orchestrator.generation.scaleout.stage import run_generation_ray
-    from campaign_orchestrator.generation.scaleout.worker import CacheConfig
     from campaign_orchestrator.generation.requests import namespace
+    from campaign_orchestrator.generation.runner import run_generation
+    from campaign_orchestrator.generation.scaleout.stage import RayExecutor
+    from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 
     d = tempfile.mkdtemp(prefix="raybench-")
     cfg = CacheConfig(d + "/store", namespace(ident, sampling), d + "/spool")
     t0 = time.perf_counter()
-    res, run = run_generation_ray(rows, recipe, ident, sampling, cfg.open(), cfg, ex, pool=pool)
+    executor = RayExecutor(recipe, ident, cfg, ex, pool=pool)
+    res = run_generation(rows, executor, sampling, cfg.open())
+    run = executor.run
     wall = time.perf_counter() - t0
     assert res.stats.generated == len(rows) and res.stats.failed == 0, res.stats
     return wall, run, res

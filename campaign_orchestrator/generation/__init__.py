@@ -12,9 +12,10 @@ through this package.
   endpoint. :mod:`.backends` puts them behind one interface (``transformers``, ``vllm``, ``openai``) and
   :mod:`.recipes` rebuilds one from a picklable recipe.
 - :mod:`.cache`: the content-addressed generation cache, shards on local disk or S3 (:mod:`.blobstore`).
-- :mod:`.runner`: the loop (cache lookup, generate what is missing, rows in prompt order), here; its opening and
-  closing (:func:`~.runner.open_requests`, :func:`~.runner.assemble_rows`) are shared with the Ray executor,
-  :mod:`.scaleout` (the same stage's missing requests as shards on an actor pool, resumable per shard).
+- :mod:`.runner`: :func:`~.runner.run_generation`, the one loop (cache lookup, generate what is missing, rows in
+  prompt order) with an executor plugged in: :class:`~.runner.LocalExecutor` (a backend in this process) or
+  :class:`~.scaleout.stage.RayExecutor` (:mod:`.scaleout`: the missing requests as shards on an actor pool,
+  resumable per shard).
 
 Only the local engines import torch (lazily: import them inside the steps that use them); nothing here imports
 Dagster. :mod:`campaign_orchestrator.teacher` sits above this package: the teacher's server, its scoring of given

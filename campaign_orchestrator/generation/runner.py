@@ -1,18 +1,22 @@
 """The generation loop: prompts in, one row per (prompt, sample) out, nothing paid for twice.
 
+:func:`run_generation` is the one entry point, whatever runs the requests:
+
 1. Build the requests (``n`` per prompt) and their content-addressed keys.
-2. Seal spools left by a killed run, then look every key up in the cache.
-3. Send only the missing, distinct requests to the backend; each finished generation goes to
-   the cache writer at once (see :mod:`campaign_orchestrator.generation.cache`), failures are counted and not cached.
+2. Seal spools left by a killed run (the executor's own too), then look every key up in the cache.
+3. Hand the missing, distinct requests to the **executor**: :class:`LocalExecutor` (a backend in this process)
+   or the Ray executor (:class:`campaign_orchestrator.generation.scaleout.stage.RayExecutor`: shards on an actor
+   pool). Each finished generation goes to the cache as it finishes (see
+   :mod:`campaign_orchestrator.generation.cache`); failures are counted and not cached.
 4. Assemble the rows in prompt order from cache hits and new results.
 
 Money: a cache hit costs nothing. ``progress`` sees every row (hits too: it is a display); the
 ``budget`` (a :class:`campaign_orchestrator.costs.budget.BudgetGuard`) sees only the requests this
 run pays for: first the planner's estimate for the share of requests the cache lacks
 (``check_planned``), then each new generation's usage as it finishes (``charge``: the tokens the
-response reports, and the seconds spent generating since the first paid request started).
+response reports, and the seconds spent generating; on Ray, every worker's as the driver polls it).
 
-If the backend stops with an error (a rejected key, an unreachable endpoint, Ctrl-C), what
+If the executor stops with an error (a rejected key, an unreachable endpoint, a budget stop, Ctrl-C), what
 finished is sealed into the cache before the error propagates: the next run continues there.
 """
 
@@ -22,6 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 from campaign_orchestrator.generation.backends import Backend
 from campaign_orchestrator.generation.cache import GenerationCache
@@ -87,8 +92,7 @@ def _cache_row(req: GenRequest, c: Completion, backend: Backend) -> dict:
 def open_requests(prompts: Sequence[dict], identity: str, sampling: Sampling, cache: GenerationCache, *,
                   chat: bool = False, context: Sequence[dict] = (), context_categories: Sequence[str] | None = None,
                   log: Callable[[str], None] = lambda _m: None, recover: Callable[[], int] | None = None):
-    """The opening every executor shares (here, :func:`run_generation`; on Ray,
-    :func:`campaign_orchestrator.generation.scaleout.stage.run_generation_ray`): the requests (``n`` per prompt)
+    """:func:`run_generation`'s opening, whatever the executor: the requests (``n`` per prompt)
     and their keys, spools a killed run left sealed (``recover``: an executor's own spools too), the cache
     compacted and every distinct key looked up. Returns ``(stats, requests per prompt, key counts, cache hits)``."""
     if not prompts:
@@ -110,8 +114,9 @@ def open_requests(prompts: Sequence[dict], identity: str, sampling: Sampling, ca
 
 def assemble_rows(prompts: Sequence[dict], reqs, results: dict[str, dict], from_cache: Callable[[str], bool],
                   sampling: Sampling, st: GenerationStats) -> list[dict]:
-    """The closing every executor shares: one row per (prompt, sample) in prompt order from ``results`` (cache
-    rows by key; errors carry ``error``), with the stats' token totals, retries and finish reasons."""
+    """:func:`run_generation`'s closing, whatever the executor: one row per (prompt, sample) in prompt order from
+    ``results`` (cache rows by key; errors carry ``error``), with the stats' token totals, retries and finish
+    reasons."""
     shash = sampling_hash(sampling)
     rows = []
     finish: Counter[str] = Counter()
@@ -135,81 +140,154 @@ def assemble_rows(prompts: Sequence[dict], reqs, results: dict[str, dict], from_
     return rows
 
 
-def run_generation(prompts: Sequence[dict], backend: Backend, sampling: Sampling, cache: GenerationCache, *,
-                   chat: bool = False, context: Sequence[dict] = (), context_categories: Sequence[str] | None = None,
-                   progress: Callable[[int], None] | None = None,
+@dataclass
+class GenerationWork:
+    """One run's requests as :func:`run_generation` hands them to its executor, after the shared opening:
+    ``reqs`` (``n`` per prompt), ``per_key`` (rows per distinct key), ``found`` (cache hits: key -> cache row),
+    ``missing`` (the distinct requests the cache lacks, in request order) and the stats so far. An executor
+    that finds rows in the cache meanwhile (a killed run's spool a worker sealed) adds them to ``found``: they
+    are cache hits ($0), the rest of what it answered was paid for in this run."""
+
+    prompts: Sequence[dict]
+    reqs: list
+    per_key: Counter
+    found: dict[str, dict]
+    missing: dict[str, GenRequest]
+    sampling: Sampling
+    cache: GenerationCache
+    stats: GenerationStats
+    log: Callable[[str], None]
+    progress: Callable[[int], None] | None = None
+    budget: object = None
+    started_at: float = 0.0  # wall clock (time.time()) when the run started: rows created since are this run's
+
+
+class Executor(Protocol):
+    """What runs a generation's missing requests: :class:`LocalExecutor` (a backend in this process) or
+    :class:`campaign_orchestrator.generation.scaleout.stage.RayExecutor` (shards on a Ray actor pool)."""
+
+    identity: str  # the engine's identity: every request key hashes it
+    answered_by: str  # who answers, as an error names it
+
+    def recover(self) -> int:
+        """Seal this executor's own spools a killed run left (besides the cache's own); their row count."""
+
+    def prepare(self, work: GenerationWork) -> str:
+        """Plan the work; the run log's line saying what is cached and what will be generated where."""
+
+    def execute(self, work: GenerationWork) -> dict[str, dict]:
+        """Generate ``work.missing`` into the cache, charging ``work.budget`` and telling ``work.progress`` as
+        answers finish, and fill the stats of what was generated; returns every key's cache row (errors carry
+        ``error``; a key left out is an error naming ``answered_by``)."""
+
+
+class LocalExecutor:
+    """A backend in this process: each finished generation goes to the cache writer at once, the budget is
+    charged per answer (its tokens, and the seconds since the first paid request started), ``progress`` sees
+    each answer's rows. If the backend stops with an error, what finished is sealed before the error propagates."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.identity = backend.identity
+        self.answered_by = f"backend {backend.name}"
+
+    def recover(self) -> int:
+        return 0
+
+    def prepare(self, work: GenerationWork) -> str:
+        st, b = work.stats, self.backend
+        return (f"{st.requests} requests ({st.distinct_requests} distinct): {st.cache_hits} cache hits ($0), "
+                f"{len(work.missing)} to generate with {b.name} {b.model}")
+
+    def execute(self, work: GenerationWork) -> dict[str, dict]:
+        backend, st, cache, missing = self.backend, work.stats, work.cache, work.missing
+        progress, budget = work.progress, work.budget
+        results = dict(work.found)
+        answered = 0
+        timed = 0.0  # generation seconds already charged
+
+        def on_done(req: GenRequest, c: Completion) -> None:
+            nonlocal answered, timed
+            row = _cache_row(req, c, backend)
+            if c.ok:
+                writer.add({k: v for k, v in row.items() if k != "error"})
+                st.generated += 1
+                st.new_prompt_tokens += c.prompt_tokens or 0
+                st.new_completion_tokens += c.completion_tokens or 0
+            else:
+                st.failed += 1
+            results[req.key] = row
+            answered += 1
+            if progress:
+                progress(work.per_key[req.key])
+            if budget is not None:  # what this answer cost: its tokens (an API), the time generating (local hardware)
+                elapsed = time.perf_counter() - t_gen
+                seconds, timed = max(0.0, elapsed - timed), max(timed, elapsed)
+                budget.charge(prompt_tokens=c.prompt_tokens or 0, completion_tokens=c.completion_tokens or 0,
+                              seconds=seconds, final=answered >= len(missing))
+
+        writer = cache.writer()
+        t_gen = time.perf_counter()
+        g0 = getattr(backend, "generate_s", None)
+        try:
+            if missing:
+                backend.run(list(missing.values()), work.sampling, on_done)
+        except BaseException:
+            try:
+                writer.close()
+                work.log(f"generation stopped; {st.generated} new generations finished and are kept in the cache "
+                         f"({cache.store.url}); a re-run continues from there")
+            except Exception as e:  # keep the original error; the spool still holds the rows
+                work.log(f"generation stopped, and sealing the cache failed too ({e})")
+            raise
+        if not missing:
+            st.generate_s = 0.0
+        elif g0 is not None:  # the backend's own clock: model time only (no loading, no cache lookups)
+            st.generate_s = backend.generate_s - g0
+        else:
+            st.generate_s = time.perf_counter() - t_gen
+        writer.close()
+        st.cache_shards_written = writer.shards_written
+        bstats = backend.stats()
+        st.http_requests = bstats.get("http_requests", 0)
+        st.retry_reasons = bstats.get("retry_reasons", {})
+        st.compute_dtype = bstats.get("compute_dtype")
+        return results
+
+
+def run_generation(prompts: Sequence[dict], executor: Executor | Backend, sampling: Sampling,
+                   cache: GenerationCache, *, chat: bool = False, context: Sequence[dict] = (),
+                   context_categories: Sequence[str] | None = None, progress: Callable[[int], None] | None = None,
                    log: Callable[[str], None] | None = None, budget=None) -> GenerationResult:
-    """``prompts`` are dicts with ``id`` and ``prompt``. Returns rows in ``GENERATION_SCHEMA``
-    (see :mod:`campaign_orchestrator.generation.rows`), ``n`` per prompt, in prompt order."""
+    """``prompts`` are dicts with ``id`` and ``prompt`` (and ``category``, for ``context_categories``). Returns
+    rows in ``GENERATION_SCHEMA`` (see :mod:`campaign_orchestrator.generation.rows`), ``n`` per prompt, in prompt
+    order. ``executor`` runs what the cache lacks: a :class:`LocalExecutor` (a bare backend is run by one) or the
+    Ray executor (:class:`campaign_orchestrator.generation.scaleout.stage.RayExecutor`); ``cache`` is this
+    process's view of the cache the executor writes. Whichever runs, the same requests give the same rows, the
+    same cache keys and the same usage charged to ``budget``."""
+    if not hasattr(executor, "execute"):
+        executor = LocalExecutor(executor)
     log = log or (lambda _m: None)
-    t_start = time.perf_counter()
-    st, reqs, per_key, results = open_requests(prompts, backend.identity, sampling, cache, chat=chat, context=context,
-                                               context_categories=context_categories, log=log)
+    t_start, t_wall0 = time.perf_counter(), time.time()
+    st, reqs, per_key, found = open_requests(prompts, executor.identity, sampling, cache, chat=chat, context=context,
+                                             context_categories=context_categories, log=log,
+                                             recover=executor.recover)
     missing: dict[str, GenRequest] = {}
     for rs in reqs:
         for r in rs:
-            if r.key not in results and r.key not in missing:
+            if r.key not in found and r.key not in missing:
                 missing[r.key] = r
-    log(f"{st.requests} requests ({st.distinct_requests} distinct): {st.cache_hits} cache hits ($0), "
-        f"{len(missing)} to generate with {backend.name} {backend.model}")
+    work = GenerationWork(prompts, reqs, per_key, found, missing, sampling, cache, st, log, progress, budget, t_wall0)
+    log(executor.prepare(work))
     if progress and st.cache_hits:
-        progress(sum(per_key[k] for k in results))  # shown as done; never charged
+        progress(sum(per_key[k] for k in found))  # shown as done; never charged
     if budget is not None and missing:
         budget.check_planned(len(missing) / st.distinct_requests)
-    answered = 0
-    timed = 0.0  # generation seconds already charged
-
-    def on_done(req: GenRequest, c: Completion) -> None:
-        nonlocal answered, timed
-        row = _cache_row(req, c, backend)
-        if c.ok:
-            writer.add({k: v for k, v in row.items() if k != "error"})
-            st.generated += 1
-            st.new_prompt_tokens += c.prompt_tokens or 0
-            st.new_completion_tokens += c.completion_tokens or 0
-        else:
-            st.failed += 1
-        results[req.key] = row
-        answered += 1
-        if progress:
-            progress(per_key[req.key])
-        if budget is not None:  # what this answer cost: its tokens (an API), the time generating (local hardware)
-            elapsed = time.perf_counter() - t_gen
-            seconds, timed = max(0.0, elapsed - timed), max(timed, elapsed)
-            budget.charge(prompt_tokens=c.prompt_tokens or 0, completion_tokens=c.completion_tokens or 0,
-                          seconds=seconds, final=answered >= len(missing))
-
-    writer = cache.writer()
-    t_gen = time.perf_counter()
-    g0 = getattr(backend, "generate_s", None)
-    try:
-        if missing:
-            backend.run(list(missing.values()), sampling, on_done)
-    except BaseException:
-        try:
-            writer.close()
-            log(f"generation stopped; {st.generated} new generations finished and are kept in the cache "
-                f"({cache.store.url}); a re-run continues from there")
-        except Exception as e:  # keep the original error; the spool still holds the rows
-            log(f"generation stopped, and sealing the cache failed too ({e})")
-        raise
-    if not missing:
-        st.generate_s = 0.0
-    elif g0 is not None:  # the backend's own clock: model time only (no loading, no cache lookups)
-        st.generate_s = backend.generate_s - g0
-    else:
-        st.generate_s = time.perf_counter() - t_gen
-    writer.close()
-    st.cache_shards_written = writer.shards_written
-    bstats = backend.stats()
-    st.http_requests = bstats.get("http_requests", 0)
-    st.retry_reasons = bstats.get("retry_reasons", {})
-    st.compute_dtype = bstats.get("compute_dtype")
-
-    unanswered = [k for k in missing if k not in results]
+    results = executor.execute(work)
+    unanswered = [k for k in per_key if k not in results]
     if unanswered:
-        raise GenerationError(f"backend {backend.name} returned no result for {len(unanswered)} requests")
-    rows = assemble_rows(prompts, reqs, results, lambda key: key not in missing, sampling, st)
+        raise GenerationError(f"{executor.answered_by} returned no result for {len(unanswered)} requests")
+    rows = assemble_rows(prompts, reqs, results, lambda key: key in work.found, sampling, st)
     st.wall_s = time.perf_counter() - t_start
     if st.failed and st.failed == len(missing) and not st.cache_hits:
         first = next(r["error"] for r in rows if r["error"])

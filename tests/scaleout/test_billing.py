@@ -15,7 +15,8 @@ import pytest
 from campaign_orchestrator.costs.catalog import PriceEntry, token_lines
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.generation.scaleout.pool import ShardPool
-from campaign_orchestrator.generation.scaleout.stage import run_generation_ray, shard_cost_lines
+from campaign_orchestrator.generation.runner import run_generation
+from campaign_orchestrator.generation.scaleout.stage import RayExecutor, shard_cost_lines
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaign_orchestrator.generation.recipes import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, namespace
@@ -27,6 +28,12 @@ pytestmark = pytest.mark.slow
 
 S = Sampling(max_new_tokens=8)
 API = PriceEntry(key="api", unit="million-tokens", input_usd=1.0, output_usd=2.0, as_of="2026-01-01")
+
+
+def _on_ray(prompts, recipe, ident, cfg, execution, budget=None, **executor):
+    """``run_generation`` with the Ray executor: ``(result, what the pool did)``."""
+    ex = RayExecutor(recipe, ident, cfg, execution, **executor)
+    return run_generation(prompts, ex, S, cfg.open(), budget=budget), ex.run
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +65,8 @@ def test_a_worker_killed_mid_shard_is_billed_for_what_it_was_answered_and_the_re
 
         def stage():
             try:
-                box["out"] = run_generation_ray(_prompts(48), recipe, ident, S, cfg.open(), cfg, ex, pool=pool,
-                                                price=price)
+                box["out"] = _on_ray(_prompts(48), recipe, ident, cfg, ex, pool=pool,
+                                     price=price)
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 box["error"] = e
 

@@ -14,7 +14,8 @@ import pytest
 
 from campaign_orchestrator.generation.scaleout.pool import ShardFailed, ShardPool
 from campaign_orchestrator.generation.scaleout.shards import make_shards
-from campaign_orchestrator.generation.scaleout.stage import run_generation_ray
+from campaign_orchestrator.generation.runner import run_generation
+from campaign_orchestrator.generation.scaleout.stage import RayExecutor
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaign_orchestrator.generation.recipes import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
@@ -26,6 +27,12 @@ pytestmark = pytest.mark.slow
 
 S = Sampling(max_new_tokens=8)
 CONCURRENCY = 2  # requests in flight per worker
+
+
+def _on_ray(prompts, recipe, ident, cfg, execution, budget=None, **executor):
+    """``run_generation`` with the Ray executor: ``(result, what the pool did)``."""
+    ex = RayExecutor(recipe, ident, cfg, execution, **executor)
+    return run_generation(prompts, ex, S, cfg.open(), budget=budget), ex.run
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +71,7 @@ def test_a_worker_killed_mid_shard_costs_only_its_in_flight_prompts(ray_cluster,
 
         def stage():
             try:
-                box["out"] = run_generation_ray(_prompts(48), recipe, ident, S, cfg.open(), cfg, ex, pool=pool)
+                box["out"] = _on_ray(_prompts(48), recipe, ident, cfg, ex, pool=pool)
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 box["error"] = e
 
@@ -116,7 +123,7 @@ def test_an_engine_that_cannot_start_names_the_shard_the_worker_and_the_reason(r
     with ServerThread(ServerConfig(latency_s=0.0)) as srv:
         recipe, ident, cfg = _setup(tmp_path, srv, api_key_env="NO_SUCH_KEY_ENV")
         with pytest.raises(ShardFailed) as err:
-            run_generation_ray(_prompts(6), recipe, ident, S, cfg.open(), cfg, _execution(replicas=1))
+            _on_ray(_prompts(6), recipe, ident, cfg, _execution(replicas=1))
         assert srv.stats.received == 0
     msg = str(err.value)
     assert err.value.shard in msg and "node " in msg and "actor " in msg and "pid " in msg
@@ -133,7 +140,7 @@ def test_the_rate_limits_are_one_set_of_buckets_for_every_worker(ray_cluster, tm
         real = ray_cluster.kill
         try:
             warm = [{"id": "w0", "prompt": "encode zz ="}, {"id": "w1", "prompt": "encode yy ="}]
-            run_generation_ray(warm, recipe, ident, S, cfg.open(), cfg, _execution(shard_prompts=1), pool=pool)
+            _on_ray(warm, recipe, ident, cfg, _execution(shard_prompts=1), pool=pool)
             wait_for(lambda: len(pool.workers) == 2 and all(ray_cluster.get(w.ready.remote(), timeout=60)
                                                              for w in pool.workers), 120, "both workers ready")
 
@@ -145,8 +152,8 @@ def test_the_rate_limits_are_one_set_of_buckets_for_every_worker(ray_cluster, tm
                 return real(actor, *a, **kw)
 
             ray_cluster.kill = keep_count
-            res, run = run_generation_ray(_prompts(30), recipe, ident, S, cfg.open(), cfg, _execution(),
-                                          rate_limits=(60_000, None), pool=pool)
+            res, run = _on_ray(_prompts(30), recipe, ident, cfg, _execution(),
+                               rate_limits=(60_000, None), pool=pool)
         finally:
             ray_cluster.kill = real
             pool.close()
@@ -186,7 +193,7 @@ def test_the_budget_sees_every_worker_and_stops_the_whole_job(ray_cluster, tmp_p
         guard = _StopAfter(10)
         pool = ShardPool(replicas=2, num_cpus=0.5, max_shard_retries=2, poll_s=0.1, log=print)
         with pytest.raises(BudgetExceeded):
-            run_generation_ray(_prompts(48), recipe, ident, S, cfg.open(), cfg, _execution(), budget=guard, pool=pool)
+            _on_ray(_prompts(48), recipe, ident, cfg, _execution(), budget=guard, pool=pool)
         stopped_at = srv.stats.received
         assert pool.workers == []  # every worker stopped, not only the one whose answer crossed the limit
         # within one chunk per worker of the limit: what each worker had in flight or finished since the last poll
@@ -196,7 +203,7 @@ def test_the_budget_sees_every_worker_and_stops_the_whole_job(ray_cluster, tmp_p
         # at least the answers the budget counted before it stopped the job
         wait_for(lambda: _sealed_answers(cfg) >= guard.limit, 60, "the stopped workers' answers in the cache")
         # raising the budget and running again resumes: what finished before the stop is not asked again
-        res, _run = run_generation_ray(_prompts(48), recipe, ident, S, cfg.open(), cfg, _execution())
+        res, _run = _on_ray(_prompts(48), recipe, ident, cfg, _execution())
         asked = srv.stats.as_dict()["received_by_prompt"]
     assert len(res.rows) == 48 and not any(r["error"] for r in res.rows) and res.stats.cache_hits >= 10
     assert len(asked) == 48 and sum(asked.values()) <= 48 + 2 * CONCURRENCY  # only the in-flight ones twice
@@ -235,3 +242,22 @@ def test_the_rayjob_entry_point_runs_a_job_file_on_the_cluster(ray_cluster, tmp_
     (tmp_path / "bad.json").write_text("{}")
     bad = subprocess.run([*cmd[:4], str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "missing field" in bad.stderr
+
+
+def test_the_ray_executor_gives_the_local_executor_s_rows_and_bill(ray_cluster, tmp_path):
+    """``run_generation`` with the Ray executor on the module's cluster (two workers) and with the local executor:
+    the same rows, cache keys, budget charges and billed tokens (``tests/teacher/test_runner_executors.py``)."""
+    from campaign_orchestrator.costs.catalog import token_lines
+    from tests.teacher.test_runner_executors import API, assert_same, run_both
+
+    pool = ShardPool(replicas=2, num_cpus=0.5, max_shard_retries=2, log=print)
+    price = lambda u: token_lines("teacher", API, u["prompt_tokens"], u["completion_tokens"])  # noqa: E731
+    try:
+        with ServerThread(ServerConfig(latency_s=0.0, context_length=64)) as srv:
+            out = run_both(srv, tmp_path, lambda recipe, ident, cfg: RayExecutor(
+                recipe, ident, cfg, _execution(shard_prompts=8), price=price, pool=pool))
+    finally:
+        pool.close()
+    assert_same(out)
+    run = out["ray"]["executor"].run  # every shard the cache lacked ran once on a Ray worker
+    assert all(s.attempts == 1 and "actor" in s.worker for s in run.shards if s.cached < s.requests)

@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from campaign_orchestrator.generation.scaleout.pool import ShardPool
-from campaign_orchestrator.generation.scaleout.stage import run_generation_ray
+from campaign_orchestrator.generation.runner import run_generation
+from campaign_orchestrator.generation.scaleout.stage import RayExecutor
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaign_orchestrator.generation.recipes import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, namespace
@@ -31,6 +32,12 @@ pytestmark = pytest.mark.slow
 S = Sampling(max_new_tokens=8)
 N = 64  # prompts: 8 shards of 8, about a second each (0.25 s latency, 2 in flight per worker)
 RAY = shutil.which("ray", path=os.path.dirname(sys.executable))
+
+
+def _on_ray(prompts, recipe, ident, cfg, execution, budget=None, **executor):
+    """``run_generation`` with the Ray executor: ``(result, what the pool did)``."""
+    ex = RayExecutor(recipe, ident, cfg, execution, **executor)
+    return run_generation(prompts, ex, S, cfg.open(), budget=budget), ex.run
 
 
 def _free_port() -> int:
@@ -116,8 +123,8 @@ def test_both_nodes_do_shards_and_a_lost_node_s_shards_are_redone(two_nodes, tmp
         pool = ShardPool(replicas=2, num_cpus=1.0, max_shard_retries=2, start_timeout_s=120, log=print)
         # both workers up first (one per node: one CPU each), so the stage below starts on both nodes at once
         warm = [{"id": "w0", "prompt": "encode zz ="}, {"id": "w1", "prompt": "encode yy ="}]
-        run_generation_ray(warm, recipe, ident, S, cfg.open(), cfg, SimpleNamespace(**(vars(ex) | {"shard_prompts": 1})),
-                           pool=pool)
+        _on_ray(warm, recipe, ident, cfg, SimpleNamespace(**(vars(ex) | {"shard_prompts": 1})),
+                pool=pool)
         assert {ray.get(w.ready.remote(), timeout=120)["node_id"] for w in pool.workers} == {
             n["NodeID"] for n in ray.nodes() if n["Alive"]}
         srv.stats.received_by_prompt.clear()
@@ -126,8 +133,8 @@ def test_both_nodes_do_shards_and_a_lost_node_s_shards_are_redone(two_nodes, tmp
 
         def stage():
             try:
-                box["out"] = run_generation_ray(prompts, recipe, ident, S, cfg.open(), cfg, ex, pool=pool,
-                                                on_shard=lambda rep, run: done_on.append(rep.worker))
+                box["out"] = _on_ray(prompts, recipe, ident, cfg, ex, pool=pool,
+                                     on_shard=lambda rep, run: done_on.append(rep.worker))
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 box["error"] = e
 

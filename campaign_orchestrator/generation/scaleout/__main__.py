@@ -69,8 +69,8 @@ class _Report:
 
 
 class _PipesBudget:
-    """The budget guard as :func:`run_generation_ray` sees it, inside the cluster: the guard itself is the Dagster
-    step's, so the planned share goes to it as a ``ray_plan`` message; usage is sent per finished shard
+    """The budget guard as ``run_generation`` sees it (with the Ray executor), inside the cluster: the guard itself
+    is the Dagster step's, so the planned share goes to it as a ``ray_plan`` message; usage is sent per finished shard
     (``ray_shard``, by ``on_shard``), not per worker poll, so ``charge`` sends nothing."""
 
     def __init__(self, report: _Report):

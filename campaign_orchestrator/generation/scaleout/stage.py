@@ -1,14 +1,18 @@
-"""A generation stage on Ray: :func:`run_generation_ray` is :func:`campaign_orchestrator.generation.runner.
-run_generation` with the backend replaced by a sharded actor pool; same rows, same statistics, same cache.
+"""A generation stage on Ray: :class:`RayExecutor` is :func:`campaign_orchestrator.generation.runner.run_generation`'s
+executor on a sharded actor pool (the local one is :class:`~campaign_orchestrator.generation.runner.LocalExecutor`);
+same rows, same statistics, same cache, same billed usage.
 
-1. Build the requests and their keys; seal spools a killed run left; look every key up in the cache.
-2. Cut *all* distinct requests into shards by content (:mod:`.shards`): the same prompts give the same shards,
-   whatever is cached. A shard whose keys are all cached is done ($0); the others go to the pool, which
-   asks only their missing keys.
+1. ``run_generation`` builds the requests and their keys, seals spools a killed run left (every worker's too)
+   and looks every key up in the cache.
+2. The executor cuts *all* distinct requests into shards by content (:mod:`.shards`): the same prompts give the
+   same shards, whatever is cached. A shard whose keys are all cached is done ($0); the others go to the pool,
+   which asks only their missing keys.
 3. Workers write each finished generation to the cache as it finishes (their own spools), one Parquet file
    per shard; the driver charges the budget guard with every worker's new usage as it is polled, and reports
    each finished shard (:class:`ShardReport`: id, worker, requests, tokens, seconds, dollars).
 4. The rows are read back from the cache in prompt order (errors, never cached, come from the workers).
+
+:func:`run_on_ray` runs it inside a :func:`ray_session`; :func:`run_job` is the same inside a KubeRay ``RayJob``.
 """
 
 from __future__ import annotations
@@ -18,13 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 from campaign_orchestrator.generation.requests import Sampling
-from campaign_orchestrator.generation.runner import (
-    GenerationError,
-    GenerationResult,
-    GenerationStats,
-    assemble_rows,
-    open_requests,
-)
+from campaign_orchestrator.generation.runner import GenerationResult, GenerationStats, run_generation
 from campaign_orchestrator.generation.scaleout.pool import ShardPool, describe_worker, ray_session
 from campaign_orchestrator.generation.scaleout.shards import make_shards
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig
@@ -101,90 +99,126 @@ def worth_a_line(rep: ShardReport, run: RayRun) -> bool:
     return not (run.done % every and run.done != total and rep.attempts < 2 and not rep.failed)
 
 
-def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling: Sampling, cache, cache_config:
-                       CacheConfig, execution, *, chat: bool = False, context: Sequence[dict] = (),
-                       context_categories: Sequence[str] | None = None, progress: Callable[[int], None] | None = None,
-                       log: Callable[[str], None] | None = None, budget=None,
-                       price: Callable[[dict], list | None] | None = None,
-                       on_shard: Callable[[ShardReport, RayRun], None] | None = None,
-                       rate_limits: tuple[float | None, float | None] = (None, None),
-                       pool: ShardPool | None = None) -> tuple[GenerationResult, RayRun]:
-    """``prompts``: dicts with ``id``, ``prompt`` (and ``category``); ``recipe`` builds the engine in each worker;
-    ``identity`` is the engine's identity (every request key hashes it); ``cache`` the driver's
-    :class:`GenerationCache` for ``cache_config``; ``execution`` the ``execution:`` section. ``price(usage)``
-    gives the cost lines of a shard's usage (``seconds``, ``prompt_tokens``, ``completion_tokens``; None: unknown). Needs a Ray
-    connection (:func:`ray_session`); ``pool``: reuse a running pool (else one is made and closed here)."""
-    log = log or (lambda _m: None)
-    t_start, t_wall0 = time.perf_counter(), time.time()
-    # the opening run_generation has too; no worker of this stage is writing yet: their spools are sealed as well
-    st, reqs, per_key, found = open_requests(prompts, identity, sampling, cache, chat=chat, context=context,
-                                             context_categories=context_categories, log=log,
-                                             recover=cache_config.recover)
-    shards = make_shards([r for rs in reqs for r in rs], execution.shard_prompts)
-    run = RayRun(shards=[ShardReport(s.id, s.index, len(s), cached=sum(k in found for k in s.keys)) for s in shards])
-    todo = [s for s, rep in zip(shards, run.shards, strict=True) if rep.cached < rep.requests]
-    missing = sum(r.requests - r.cached for r in run.shards)
-    log(f"{st.requests} requests ({st.distinct_requests} distinct) in {len(shards)} shards of up to "
-        f"{execution.shard_prompts}: {st.cache_hits} cache hits ($0), {len(shards) - len(todo)} shards complete, "
-        f"{missing} requests in {len(todo)} shards to generate on {min(execution.replicas, len(todo))} Ray workers")
-    if progress and st.cache_hits:
-        progress(sum(per_key[k] for k in found))
-    if budget is not None and missing:
-        budget.check_planned(missing / st.distinct_requests)
-    by_id = {r.id: r for r in run.shards}
-    new_rows = {s.id: sum(per_key[k] for k in s.keys if k not in found) for s in todo}  # progress per shard
-    answered = 0
-    t_gen = time.perf_counter()
+class RayExecutor:
+    """:func:`campaign_orchestrator.generation.runner.run_generation`'s executor on a Ray actor pool (needs a Ray
+    connection: :func:`ray_session`). ``recipe`` builds the engine in each worker; ``identity`` is the engine's
+    identity (every request key hashes it); ``cache_config`` the cache the workers write (the driver's
+    ``cache`` is ``cache_config.open()``); ``execution`` the ``execution:`` section. ``price(usage)`` gives the cost
+    lines of a shard's usage (``seconds``, ``prompt_tokens``, ``completion_tokens``; None: unknown); ``on_shard``
+    sees each finished shard; ``pool``: reuse a running pool (else the session's, or one made and closed here).
+    After a run, :attr:`run` is what the pool did (per-shard reports, lost workers, retries)."""
 
-    def on_usage(d: dict) -> None:
-        nonlocal answered
-        answered += d["generated"] + d["failed"]
-        if budget is not None:
-            budget.charge(items=d["generated"] + d["failed"], prompt_tokens=d["prompt_tokens"],
-                          completion_tokens=d["completion_tokens"], seconds=d["seconds"], final=answered >= missing)
+    answered_by = "the Ray workers"
 
-    def shard_done(summary: dict) -> None:
-        rep = by_id[summary["shard"]]
-        rep.generated, rep.failed = summary["generated"], summary["failed"]
-        rep.prompt_tokens, rep.completion_tokens = summary["prompt_tokens"], summary["completion_tokens"]
-        rep.seconds, rep.attempts = summary["seconds"], summary["attempt"]
-        rep.worker = describe_worker(summary["worker"])
-        w = summary["worker"]
-        node = f"{w.get('node_ip') or w.get('host', '?')} {(w.get('node_id') or '')[:8]}".strip()
-        run.nodes[node] = run.nodes.get(node, 0) + 1
-        price_shard(rep, price)
-        bs = summary.get("backend_stats") or {}
-        st.http_requests += bs.get("http_requests", 0)
-        for k, v in (bs.get("retry_reasons") or {}).items():
-            st.retry_reasons[k] = st.retry_reasons.get(k, 0) + v
-        st.compute_dtype = bs.get("compute_dtype") or st.compute_dtype
-        st.generate_s += rep.seconds
-        if progress:
-            progress(new_rows.pop(rep.id, 0))
-        if on_shard is not None:
-            on_shard(rep, run)
+    def __init__(self, recipe, identity: str, cache_config: CacheConfig, execution, *,
+                 price: Callable[[dict], list | None] | None = None,
+                 on_shard: Callable[[ShardReport, RayRun], None] | None = None,
+                 rate_limits: tuple[float | None, float | None] = (None, None), pool: ShardPool | None = None):
+        self.recipe, self.identity, self.cache_config, self.execution = recipe, identity, cache_config, execution
+        self.price, self.on_shard, self.rate_limits, self.pool = price, on_shard, rate_limits, pool
+        self.run = RayRun()
+        self._shards: list = []
 
-    failed_rows: dict[str, dict] = {}
-    if todo:
+    def recover(self) -> int:
+        """No worker of this run is writing yet: every worker's spool a killed run left is sealed too."""
+        return self.cache_config.recover()
+
+    def prepare(self, work) -> str:
+        """*All* distinct requests cut into shards by content (:mod:`.shards`): the same prompts give the same
+        shards, whatever is cached; a shard whose keys are all cached is done ($0)."""
+        st, ex = work.stats, self.execution
+        self._shards = make_shards([r for rs in work.reqs for r in rs], ex.shard_prompts)
+        self.run = RayRun(shards=[ShardReport(s.id, s.index, len(s), cached=sum(k in work.found for k in s.keys))
+                                  for s in self._shards])
+        todo = sum(1 for rep in self.run.shards if rep.cached < rep.requests)
+        return (f"{st.requests} requests ({st.distinct_requests} distinct) in {len(self._shards)} shards of up to "
+                f"{ex.shard_prompts}: {st.cache_hits} cache hits ($0), {len(self._shards) - todo} shards complete, "
+                f"{len(work.missing)} requests in {todo} shards to generate on {min(ex.replicas, todo)} Ray workers")
+
+    def execute(self, work) -> dict[str, dict]:
+        """The shards the cache lacks on the pool (which asks only their missing keys); the budget is charged with
+        every worker's new usage as it is polled, each finished shard priced and reported. The rows are read back
+        from the cache (errors, never cached, come from the workers)."""
+        run, st, cache, cfg, per_key, budget = self.run, work.stats, work.cache, self.cache_config, work.per_key, \
+            work.budget
+        todo = [s for s, rep in zip(self._shards, run.shards, strict=True) if rep.cached < rep.requests]
+        missing = len(work.missing)
+        by_id = {r.id: r for r in run.shards}
+        new_rows = {s.id: sum(per_key[k] for k in s.keys if k not in work.found) for s in todo}  # progress per shard
+        answered = 0
+        t_gen = time.perf_counter()
+
+        def on_usage(d: dict) -> None:
+            nonlocal answered
+            answered += d["generated"] + d["failed"]
+            if budget is not None:
+                budget.charge(items=d["generated"] + d["failed"], prompt_tokens=d["prompt_tokens"],
+                              completion_tokens=d["completion_tokens"], seconds=d["seconds"], final=answered >= missing)
+
+        def shard_done(summary: dict) -> None:
+            rep = by_id[summary["shard"]]
+            rep.generated, rep.failed = summary["generated"], summary["failed"]
+            rep.prompt_tokens, rep.completion_tokens = summary["prompt_tokens"], summary["completion_tokens"]
+            rep.seconds, rep.attempts = summary["seconds"], summary["attempt"]
+            rep.worker = describe_worker(summary["worker"])
+            w = summary["worker"]
+            node = f"{w.get('node_ip') or w.get('host', '?')} {(w.get('node_id') or '')[:8]}".strip()
+            run.nodes[node] = run.nodes.get(node, 0) + 1
+            price_shard(rep, self.price)
+            bs = summary.get("backend_stats") or {}
+            st.http_requests += bs.get("http_requests", 0)
+            for k, v in (bs.get("retry_reasons") or {}).items():
+                st.retry_reasons[k] = st.retry_reasons.get(k, 0) + v
+            st.compute_dtype = bs.get("compute_dtype") or st.compute_dtype
+            st.generate_s += rep.seconds
+            if work.progress:
+                work.progress(new_rows.pop(rep.id, 0))
+            if self.on_shard is not None:
+                self.on_shard(rep, run)
+
+        failed_rows = self._run_pool(todo, work, on_usage, shard_done) if todo else {}
+        run.wall_s = time.perf_counter() - t_gen
+        cfg.recover()  # every worker is done: seal what any of them left
+        results = cache.lookup(per_key)
+        results |= {k: v for k, v in failed_rows.items() if k not in results}
+        # paid in this run: what the cache lacked at the start and was answered since (a lost worker's finished part
+        # included); rows a killed earlier run left in a spool that a worker sealed meanwhile are cache hits ($0)
+        found = work.found
+        late = {k for k in per_key if k not in found and k in results
+                and (results[k].get("created_at") or work.started_at) < work.started_at}
+        st.cache_hits += len(late)
+        found.update({k: results[k] for k in late})
+        new = [results[k] for k in per_key if k not in found and k in results]
+        st.generated = sum(1 for c in new if not c.get("error"))
+        st.failed = sum(1 for c in new if c.get("error"))
+        st.new_prompt_tokens = sum(c["prompt_tokens"] or 0 for c in new if not c.get("error"))
+        st.new_completion_tokens = sum(c["completion_tokens"] or 0 for c in new if not c.get("error"))
+        return results
+
+    def _run_pool(self, todo: list, work, on_usage, shard_done) -> dict[str, dict]:
+        """The shards on the pool under the job's rate limits; on any stop (a budget stop, a failed shard) what the
+        stopped workers finished is sealed into the cache before the error propagates."""
         import uuid
 
         from campaign_orchestrator.generation.scaleout.pool import session_pool
         from campaign_orchestrator.generation.scaleout.ratelimit import start_limits
 
-        own = False
+        cfg, pool, own = self.cache_config, self.pool, False
         if pool is None:
-            pool, own = session_pool(execution, log)
+            pool, own = session_pool(self.execution, work.log)
         limits_id = uuid.uuid4().hex[:12]
-        limits = start_limits(limits_id, *rate_limits)
+        limits = start_limits(limits_id, *self.rate_limits)
         try:
-            failed_rows = pool.run(recipe, cache_config, todo, sampling, limits=limits_id if limits else None,
-                                   on_usage=on_usage, on_shard=shard_done, before_retry=lambda _s, w: cache_config.recover(w.get("spool") or None) if w.get("spool") else 0)
+            failed_rows = pool.run(self.recipe, cfg, todo, work.sampling, limits=limits_id if limits else None,
+                                   on_usage=on_usage, on_shard=shard_done,
+                                   before_retry=lambda _s, w: cfg.recover(w.get("spool") or None) if w.get("spool")
+                                   else 0)
         except BaseException:  # a budget stop, a failed shard: what the stopped workers finished goes to the cache
             try:
-                log(f"generation stopped; {cache_config.recover()} answers the stopped workers finished are sealed into the "
-                    f"cache ({cache.store.url}); a re-run continues from there")
+                work.log(f"generation stopped; {cfg.recover()} answers the stopped workers finished are sealed into "
+                         f"the cache ({work.cache.store.url}); a re-run continues from there")
             except Exception as e:  # noqa: BLE001 - keep the original error; the spools stay for the next run
-                log(f"generation stopped, and sealing the workers' spools failed too ({e})")
+                work.log(f"generation stopped, and sealing the workers' spools failed too ({e})")
             raise
         finally:
             if own:
@@ -193,36 +227,15 @@ def run_generation_ray(prompts: Sequence[dict], recipe, identity: str, sampling:
                 import ray
 
                 ray.kill(limits)
-        run.lost_workers, run.retried = pool.lost_workers, pool.retried
-    run.wall_s = time.perf_counter() - t_gen
-    cache_config.recover()  # every worker is done: seal what any of them left
-    results = cache.lookup(per_key)
-    results |= {k: v for k, v in failed_rows.items() if k not in results}
-    # paid in this run: what the cache lacked at the start and was answered since (a lost worker's finished part
-    # included); rows a killed earlier run left in a spool that a worker sealed meanwhile are cache hits ($0)
-    late = {k for k in per_key if k not in found and k in results and (results[k].get("created_at") or t_wall0) < t_wall0}
-    st.cache_hits += len(late)
-    found = {**found, **{k: results[k] for k in late}}
-    new = [results[k] for k in per_key if k not in found and k in results]
-    st.generated = sum(1 for c in new if not c.get("error"))
-    st.failed = sum(1 for c in new if c.get("error"))
-    st.new_prompt_tokens = sum(c["prompt_tokens"] or 0 for c in new if not c.get("error"))
-    st.new_completion_tokens = sum(c["completion_tokens"] or 0 for c in new if not c.get("error"))
-    unanswered = [k for k in per_key if k not in results]
-    if unanswered:
-        raise GenerationError(f"the Ray workers returned no result for {len(unanswered)} requests")
-    rows = assemble_rows(prompts, reqs, results, lambda key: key in found, sampling, st)
-    st.wall_s = time.perf_counter() - t_start
-    if st.failed and st.failed == missing and not st.cache_hits:
-        first = next(r["error"] for r in rows if r["error"])
-        raise GenerationError(f"every one of {st.failed} requests failed; first error: {first}")
-    return GenerationResult(rows, st), run
+        self.run.lost_workers, self.run.retried = pool.lost_workers, pool.retried
+        return failed_rows
 
 
 def run_job(job, log: Callable[[str], None] = print, on_shard=None, budget=None) -> tuple[GenerationResult, RayRun]:
     """Run a :class:`~campaign_orchestrator.generation.scaleout.job.Job` on the connected Ray cluster and write its
     rows to ``job.output`` (the entry point a KubeRay ``RayJob`` runs; the Dagster step runs the same code).
-    ``budget``: what :func:`run_generation_ray` asks of a guard (``check_planned``, ``charge``)."""
+    ``budget``: what :func:`~campaign_orchestrator.generation.runner.run_generation` asks of a guard
+    (``check_planned``, ``charge``)."""
     from types import SimpleNamespace
 
     from campaign_orchestrator.dataset.prompts import read_prompt_table
@@ -236,11 +249,11 @@ def run_job(job, log: Callable[[str], None] = print, on_shard=None, budget=None)
     spec = getattr(job.recipe, "spec", None)
     limits = (spec.requests_per_minute, spec.tokens_per_minute) if spec is not None and spec.backend == "openai" \
         else (None, None)
-    res, run = run_generation_ray(rows, job.recipe, job.identity, sampling, cache, cfg, execution, chat=job.chat,
-                                  context=job.context, context_categories=job.context_categories, log=log,
-                                  on_shard=on_shard, rate_limits=limits, budget=budget)
+    ex = RayExecutor(job.recipe, job.identity, cfg, execution, on_shard=on_shard, rate_limits=limits)
+    res = run_generation(rows, ex, sampling, cache, chat=job.chat, context=job.context,
+                         context_categories=job.context_categories, log=log, budget=budget)
     write_generations(res.rows, job.output)
-    return res, run
+    return res, ex.run
 
 
 def _usd(x: float | None) -> str:
@@ -264,15 +277,22 @@ def refuse_unlaunched_kuberay(execution) -> None:
 
 
 def run_on_ray(execution, prompts: Sequence[dict], recipe, identity: str, sampling: Sampling, cache_config: CacheConfig,
-               *, log: Callable[[str], None], label: str = "generations", **kwargs) -> tuple[GenerationResult, RayRun]:
-    """:func:`run_generation_ray` inside a :func:`ray_session` for ``execution`` (a local cluster the stage
-    starts and stops, or ``execution.ray_address``), logging each finished shard: shards done/total, the
-    worker, tokens/s and dollars so far (the stage's progress in the Dagster run log)."""
+               *, log: Callable[[str], None], label: str = "generations", chat: bool = False,
+               context: Sequence[dict] = (), context_categories: Sequence[str] | None = None,
+               progress: Callable[[int], None] | None = None, budget=None,
+               price: Callable[[dict], list | None] | None = None,
+               on_shard: Callable[[ShardReport, RayRun], None] | None = None,
+               rate_limits: tuple[float | None, float | None] = (None, None),
+               pool: ShardPool | None = None) -> tuple[GenerationResult, RayRun]:
+    """:func:`~campaign_orchestrator.generation.runner.run_generation` with a :class:`RayExecutor` inside a
+    :func:`ray_session` for ``execution`` (a local cluster the stage starts and stops, or ``execution.ray_address``),
+    logging each finished shard: shards done/total, the worker, tokens/s and dollars so far (the stage's progress
+    in the Dagster run log). Returns the result and what the pool did."""
     refuse_unlaunched_kuberay(execution)
     t0 = time.perf_counter()
-    user_on_shard = kwargs.pop("on_shard", None)
+    user_on_shard = on_shard
 
-    def on_shard(rep: ShardReport, run: RayRun) -> None:
+    def logged(rep: ShardReport, run: RayRun) -> None:
         if user_on_shard is not None:
             user_on_shard(rep, run)
         if not worth_a_line(rep, run):
@@ -285,9 +305,12 @@ def run_on_ray(execution, prompts: Sequence[dict], recipe, identity: str, sampli
             f"{rep.generated} generated, {rep.failed} failed, {rep.completion_tokens} tokens in {rep.seconds:.1f} s, "
             f"{_usd(rep.usd)}; so far {tokens / el:.1f} tokens/s, {_usd(usd)}")
 
+    ex = RayExecutor(recipe, identity, cache_config, execution, price=price, on_shard=logged,
+                     rate_limits=rate_limits, pool=pool)
     with ray_session(getattr(execution, "ray_address", None), log=log):
-        return run_generation_ray(prompts, recipe, identity, sampling, cache_config.open(), cache_config, execution,
-                                  log=log, on_shard=on_shard, **kwargs)
+        res = run_generation(prompts, ex, sampling, cache_config.open(), chat=chat, context=context,
+                             context_categories=context_categories, progress=progress, log=log, budget=budget)
+    return res, ex.run
 
 
 def shard_cost_lines(run: RayRun) -> list[dict] | None:
