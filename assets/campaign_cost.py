@@ -21,32 +21,61 @@ STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset", "stude
 TEACHER_STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset")
 
 # numeric report fields shown as metadata; Dagster plots them across materializations
-PLOTTED = ("total_usd", "teacher_usd", "training_usd", "evaluation_usd", "interrupted_usd", "spent_this_run_usd",
-           "campaign_spent_usd", "usd_per_million_teacher_tokens", "usd_per_1k_accepted_examples",
-           "usd_per_point_gained_lcb", "usd_per_point_gained", "gain_points", "gain_points_low", "gpu_hours",
-           "host_hours", "teacher_tokens", "accepted_examples", "teacher_tokens_per_s", "training_tokens_per_s",
-           "budget_remaining_usd", "budget_used_fraction", "plan_total_usd", "candidate_score", "base_score")
+PLOTTED = (
+    "total_usd",
+    "teacher_usd",
+    "training_usd",
+    "evaluation_usd",
+    "interrupted_usd",
+    "spent_this_run_usd",
+    "campaign_spent_usd",
+    "usd_per_million_teacher_tokens",
+    "usd_per_1k_accepted_examples",
+    "usd_per_point_gained_lcb",
+    "usd_per_point_gained",
+    "gain_points",
+    "gain_points_low",
+    "gpu_hours",
+    "host_hours",
+    "teacher_tokens",
+    "accepted_examples",
+    "teacher_tokens_per_s",
+    "training_tokens_per_s",
+    "budget_remaining_usd",
+    "budget_used_fraction",
+    "plan_total_usd",
+    "candidate_score",
+    "base_score",
+)
 
 
 def result_line(report: dict) -> str:
     """The result for people: verdict, score, cost and what this run spent, e.g. ``GO · cipher 90.0% (base 0.0%) ·
     result $0.012 · spent in this run $0.011``."""
+
     def pct(x):
         return "n/a" if x is None else f"{x:.1%}"
 
     unknown = " (+ unknown)" if report.get("unknown_costs") else ""
-    return (f"{report.get('verdict') or 'not evaluated'} · {report.get('primary_suite') or 'score'} "
-            f"{pct(report.get('candidate_score'))} (base {pct(report.get('base_score'))}) · result "
-            f"{dollars(report.get('total_usd'))}{unknown} · spent in this run "
-            f"{dollars(report.get('spent_this_run_usd'))}")
+    return (
+        f"{report.get('verdict') or 'not evaluated'} · {report.get('primary_suite') or 'score'} "
+        f"{pct(report.get('candidate_score'))} (base {pct(report.get('base_score'))}) · result "
+        f"{dollars(report.get('total_usd'))}{unknown} · spent in this run "
+        f"{dollars(report.get('spent_this_run_usd'))}"
+    )
 
 
 def report_metadata(report: dict, dashboard_url: str | None = None) -> dict:
     """The report as metadata: the plotted figures, the report in markdown, and the dashboards as links a browser
     opens from the UI (``dashboard_url``: where ``campaign dashboard --serve`` serves them)."""
     md = {"result": result_line(report)}
-    md |= for_people({k: float(report[k]) for k in PLOTTED
-                      if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))})
+    md |= for_people(
+        {
+            k: float(report[k])
+            for k in PLOTTED
+            if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))
+        }
+    )
     per_point, markdown = report_text(report)
     md["per_point_gained"] = per_point
     md["report"] = MetadataValue.md(markdown)
@@ -65,16 +94,23 @@ def build(spec: CampaignSpec):
     if spec.sweep is not None:  # the candidate came out of the sweep: its trials are part of the result's cost
         ins["hparam_sweep"] = AssetIn(key(spec, "hparam_sweep"))
 
-    @asset(key=key(spec, "campaign_cost"), group_name=spec.name, kinds={"duckdb"}, ins=ins,
-           description="Cost per result from the ledger: $/M teacher tokens, $/1k accepted examples, $/point "
-                       "gained (at the gain's lower 95% bound), planner estimate vs actual, and the cost "
-                       "dashboard.")
-    def campaign_cost(context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource,
-                      **manifests: dict) -> Output[dict]:
+    @asset(
+        key=key(spec, "campaign_cost"),
+        group_name=spec.name,
+        kinds={"duckdb"},
+        ins=ins,
+        description="Cost per result from the ledger: $/M teacher tokens, $/1k accepted examples, $/point "
+        "gained (at the gain's lower 95% bound), planner estimate vs actual, and the cost "
+        "dashboard.",
+    )
+    def campaign_cost(
+        context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource, **manifests: dict
+    ) -> Output[dict]:
         # one manifest per upstream stage in ``ins`` (a fully on-policy campaign has no teacher stages)
         r = cost_report(pricing, spec, storage.root_path(), context.run_id, manifests, log=context.log.warning)
         tag_run(context, verdict=r.get("verdict") or "not evaluated", cost=dollars(r.get("total_usd")))
-        return Output({"key": context.run_id, "path": r["report_path"], **r},
-                      metadata=report_metadata(r, pricing.dashboard_url))
+        return Output(
+            {"key": context.run_id, "path": r["report_path"], **r}, metadata=report_metadata(r, pricing.dashboard_url)
+        )
 
     return campaign_cost

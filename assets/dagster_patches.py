@@ -64,6 +64,7 @@ try:  # a Dagster that moved these modules is reported by check_internals, not b
     from dagster._core.errors import DagsterExecutionInterruptedError
     from dagster._core.execution.plan.active import ActiveExecution
     from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
+
     _IMPORT_ERROR: str | None = None
 except ImportError as _e:
     _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
@@ -86,6 +87,7 @@ EXPECTED_SOURCES = {
     "api.job_execution_iterator": "49ba219757f1e583",
 }
 
+
 def _resolve(get):
     try:
         return get()
@@ -94,8 +96,9 @@ def _resolve(get):
 
 
 _ORIGINALS = {
-    "InstanceConcurrencyContext.interval_to_next_pending_claim_check":
-        _resolve(lambda: InstanceConcurrencyContext.interval_to_next_pending_claim_check),
+    "InstanceConcurrencyContext.interval_to_next_pending_claim_check": _resolve(
+        lambda: InstanceConcurrencyContext.interval_to_next_pending_claim_check
+    ),
     "ActiveExecution.sleep_til_ready": _resolve(lambda: ActiveExecution.sleep_til_ready),
     "ActiveExecution.concurrency_event_iterator": _resolve(lambda: ActiveExecution.concurrency_event_iterator),
     "interrupts._replace_interrupt_signal": _resolve(lambda: _interrupts._replace_interrupt_signal),
@@ -143,14 +146,16 @@ _warned: list[str] = []  # where the override's warning was given (once per proc
 
 
 def untested_message(problems: list[str], where: str) -> str:
-    return (f"{where}: the installed Dagster is not the one assets/dagster_patches.py was tested against "
-            f"(tested: dagster {DAGSTER_VERSION}, installed: dagster {dagster.__version__}):\n"
-            + "".join(f"  - {p}\n" for p in problems)
-            + "The patches of Dagster internals that `campaign run` needs (a wait for a pool slot sleeps and says "
-              "who holds it; SIGTERM/Ctrl-C cancel the run) could be misapplied. Install the tested version "
-              f"(pip install dagster=={DAGSTER_VERSION}, as pinned in pyproject.toml), or read the changed "
-              "functions, adapt the patches and update DAGSTER_VERSION / EXPECTED_SOURCES in "
-              f"assets/dagster_patches.py; to run anyway at your own risk, set {OVERRIDE_ENV}=1.")
+    return (
+        f"{where}: the installed Dagster is not the one assets/dagster_patches.py was tested against "
+        f"(tested: dagster {DAGSTER_VERSION}, installed: dagster {dagster.__version__}):\n"
+        + "".join(f"  - {p}\n" for p in problems)
+        + "The patches of Dagster internals that `campaign run` needs (a wait for a pool slot sleeps and says "
+        "who holds it; SIGTERM/Ctrl-C cancel the run) could be misapplied. Install the tested version "
+        f"(pip install dagster=={DAGSTER_VERSION}, as pinned in pyproject.toml), or read the changed "
+        "functions, adapt the patches and update DAGSTER_VERSION / EXPECTED_SOURCES in "
+        f"assets/dagster_patches.py; to run anyway at your own risk, set {OVERRIDE_ENV}=1."
+    )
 
 
 def require_tested_dagster(where: str, environ=None) -> list[str]:
@@ -163,8 +168,9 @@ def require_tested_dagster(where: str, environ=None) -> list[str]:
     if (os.environ if environ is None else environ).get(OVERRIDE_ENV, "").strip() == "1":
         if not _warned:
             _warned.append(where)
-            warnings.warn(f"{msg} ({OVERRIDE_ENV}=1: running with the untested Dagster)", UntestedDagsterWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"{msg} ({OVERRIDE_ENV}=1: running with the untested Dagster)", UntestedDagsterWarning, stacklevel=2
+            )
         return problems
     raise UntestedDagsterError(msg)
 
@@ -222,8 +228,9 @@ def _report_canceling(signum: int) -> None:
     def work() -> None:
         run = instance.get_run_by_id(run_id)
         if run is not None and not run.is_finished:
-            instance.report_run_canceling(run, message=f"`campaign run` received {signal.Signals(signum).name}: "
-                                                       "canceling the run")
+            instance.report_run_canceling(
+                run, message=f"`campaign run` received {signal.Signals(signum).name}: canceling the run"
+            )
 
     t = threading.Thread(target=work, name="report-canceling", daemon=True)
     t.start()
@@ -263,8 +270,11 @@ def _concurrency_event_iterator(self: ActiveExecution, plan_context):
             if not pool:
                 continue
             reaped = reap_dead_runs(plan_context.instance, log=log.warning, pool=pool)
-            log.info(("reaped the dead run(s) " + ", ".join(reaped) + "; " if reaped else "")
-                     + "waiting for a slot of " + describe_holders(plan_context.instance, pool))
+            log.info(
+                ("reaped the dead run(s) " + ", ".join(reaped) + "; " if reaped else "")
+                + "waiting for a slot of "
+                + describe_holders(plan_context.instance, pool)
+            )
         except Exception as e:  # noqa: BLE001 - a log line must never break the run
             plan_context.log.warning(f"could not describe who holds the pool: {e!r}")
 

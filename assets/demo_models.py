@@ -11,16 +11,23 @@ materialization reports only the selected models.
 from dagster import AssetExecutionContext, AssetOut, MetadataValue, Output, asset, multi_asset
 
 from assets.common import DEMO_GROUP
-from resources.storage import ArtifactStore
 from campaign_orchestrator.demo.recipe import moe_recipe_hash, recipe_hash
+from resources.storage import ArtifactStore
 
 NAMES = ("teacher", "student")
 
 
 @multi_asset(
-    outs={name: AssetOut(key=[DEMO_GROUP, name], group_name=DEMO_GROUP, kinds={"pytorch"}, is_required=False,
-                         description=f"Demo {name} model (demo recipe), a real Llama checkpoint on disk.")
-          for name in NAMES},
+    outs={
+        name: AssetOut(
+            key=[DEMO_GROUP, name],
+            group_name=DEMO_GROUP,
+            kinds={"pytorch"},
+            is_required=False,
+            description=f"Demo {name} model (demo recipe), a real Llama checkpoint on disk.",
+        )
+        for name in NAMES
+    },
     code_version=recipe_hash(),
     can_subset=True,
 )
@@ -37,21 +44,43 @@ def demo_models(context: AssetExecutionContext, storage: ArtifactStore):
         if name not in context.op_execution_context.selected_output_names:
             continue
         r = report[name]
-        yield Output({"key": report["recipe_hash"], "path": str(root / name)}, output_name=name, metadata={
-            "path": MetadataValue.path(str(root / name)), "exact_match_on_task": r["exact_match"],
-            "parameters": r["parameters"], "train_seconds": r["train_seconds"], "cached": report["cached"],
-            "build_seconds": report["build_seconds"]})
+        yield Output(
+            {"key": report["recipe_hash"], "path": str(root / name)},
+            output_name=name,
+            metadata={
+                "path": MetadataValue.path(str(root / name)),
+                "exact_match_on_task": r["exact_match"],
+                "parameters": r["parameters"],
+                "train_seconds": r["train_seconds"],
+                "cached": report["cached"],
+                "build_seconds": report["build_seconds"],
+            },
+        )
 
 
-@asset(key=[DEMO_GROUP, "moe_student"], group_name=DEMO_GROUP, kinds={"pytorch"}, code_version=moe_recipe_hash(),
-       description="Demo mixture-of-experts student base (a real Qwen3-MoE checkpoint: 4 routed experts, top-2).")
+@asset(
+    key=[DEMO_GROUP, "moe_student"],
+    group_name=DEMO_GROUP,
+    kinds={"pytorch"},
+    code_version=moe_recipe_hash(),
+    description="Demo mixture-of-experts student base (a real Qwen3-MoE checkpoint: 4 routed experts, top-2).",
+)
 def demo_moe_student(context: AssetExecutionContext, storage: ArtifactStore):
     from campaign_orchestrator.demo.build import build_moe_student
     from campaign_orchestrator.demo.recipe import resolve
 
     r = build_moe_student(storage.root_path(), log=context.log.info)
     path = resolve("@demo/moe_student", storage.root_path())
-    return Output({"key": r["recipe_hash"], "path": str(path)}, metadata={
-        "path": MetadataValue.path(str(path)), "exact_match_on_task": r["exact_match"],
-        "copy_exact_match": r["copy_exact_match"], "parameters": r["parameters"], "num_experts": r["num_experts"],
-        "num_experts_per_tok": r["num_experts_per_tok"], "cached": r["cached"], "build_seconds": r["build_seconds"]})
+    return Output(
+        {"key": r["recipe_hash"], "path": str(path)},
+        metadata={
+            "path": MetadataValue.path(str(path)),
+            "exact_match_on_task": r["exact_match"],
+            "copy_exact_match": r["copy_exact_match"],
+            "parameters": r["parameters"],
+            "num_experts": r["num_experts"],
+            "num_experts_per_tok": r["num_experts_per_tok"],
+            "cached": r["cached"],
+            "build_seconds": r["build_seconds"],
+        },
+    )

@@ -26,14 +26,25 @@ def score_training_sample(spec: CampaignSpec, prompts: dict, models: dict, score
         from evaluation.suite import load_items
 
         cats = {it["category"] for it in load_items(primary.source, [], spec.project_dir)}
-    rows = [r for r in read_prompt_table(prompts["train_path"]) if r.get("reference") is not None
-            and (not cats or str(r.get("category") or "all") in cats)][:TRAIN_SAMPLE]
+    rows = [
+        r
+        for r in read_prompt_table(prompts["train_path"])
+        if r.get("reference") is not None and (not cats or str(r.get("category") or "all") in cats)
+    ][:TRAIN_SAMPLE]
     if not rows:
         return None
-    items = [{"id": str(r["id"]), "prompt": r["prompt"], "reference": str(r["reference"]),
-              "category": str(r.get("category") or "all")} for r in rows]
-    _res, answered = run_suite("train_sample", "candidate", items, models["candidate"](), scorers[primary.name],
-                               primary.max_new_tokens)
+    items = [
+        {
+            "id": str(r["id"]),
+            "prompt": r["prompt"],
+            "reference": str(r["reference"]),
+            "category": str(r.get("category") or "all"),
+        }
+        for r in rows
+    ]
+    _res, answered = run_suite(
+        "train_sample", "candidate", items, models["candidate"](), scorers[primary.name], primary.max_new_tokens
+    )
     log(f"diagnosis: the candidate answered {len(items)} of its training items for the memorisation check")
     return str(write_item_rows(answered, out / "train_sample.parquet"))
 

@@ -73,11 +73,12 @@ def promotion_data(storage: ArtifactStore, spec: CampaignSpec, promoted_at: str 
     return (keys, trained | held, held - trained) if keys else None
 
 
-def select_items(storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | None, files: list[Path],
-                 rows: list[dict]) -> tuple[list[dict], dict]:
+def select_items(
+    storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | None, files: list[Path], rows: list[dict]
+) -> tuple[list[dict], dict]:
     """The held-out rows to re-score the promoted model on, and the record of how they were chosen."""
-    from campaign_orchestrator.dataset import prompts as P
     from campaign_orchestrator.content import file_sha256
+    from campaign_orchestrator.dataset import prompts as P
 
     h, min_items = spec.data.heldout, spec.evaluation.gate.min_items
     newest = sorted(files, key=lambda f: (f.stat().st_mtime_ns, f.name), reverse=True)
@@ -85,40 +86,68 @@ def select_items(storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | 
     if seen is None:  # unknown: the current split (its held-out items were held out then too)
         _, items = P.split(rows, h.fraction, h.seed, h.max_items)
         fresh = earlier = new_ids = None
-        how = (f"what the promoted model saw is unknown (no prompts stage committed before its promoted_at "
-               f"{promoted_at!r}): {len(items)} item(s) of the current held-out split")
+        how = (
+            f"what the promoted model saw is unknown (no prompts stage committed before its promoted_at "
+            f"{promoted_at!r}): {len(items)} item(s) of the current held-out split"
+        )
     else:
-        fresh, earlier = P.fresh_heldout(rows, h.fraction, h.seed, seen[1], seen[2], [f.name for f in newest],
-                                         h.max_items, min_items)
+        fresh, earlier = P.fresh_heldout(
+            rows, h.fraction, h.seed, seen[1], seen[2], [f.name for f in newest], h.max_items, min_items
+        )
         items, new_ids = fresh + earlier, {r["id"] for r in rows if r["id"] not in seen[1]}
         used = sorted({r["source_file"] for r in fresh})
-        how = (f"{len(fresh)} fresh held-out item(s) (prompts the promoted model never saw) from "
-               f"{', '.join(used) or 'no file'}" + (f" + {len(earlier)} of its promotion-time held-out item(s) to "
-                                                     f"reach the gate's min_items {min_items}" if earlier else ""))
+        how = (
+            f"{len(fresh)} fresh held-out item(s) (prompts the promoted model never saw) from "
+            f"{', '.join(used) or 'no file'}"
+            + (
+                f" + {len(earlier)} of its promotion-time held-out item(s) to reach the gate's min_items {min_items}"
+                if earlier
+                else ""
+            )
+        )
 
     def per_file(part):
         return None if part is None else Counter(r["source_file"] for r in part)
 
-    counts = {"rows": per_file(rows), "new_rows": per_file(None if new_ids is None else
-                                                          [r for r in rows if r["id"] in new_ids]),
-              "items": per_file(items), "fresh_items": per_file(fresh), "earlier_items": per_file(earlier)}
-    record = {"summary": how, "promoted_at": promoted_at, "promotion_prompts": seen[0] if seen else None,
-              "items": len(items), "fresh_items": None if fresh is None else len(fresh),
-              "earlier_items": None if earlier is None else len(earlier),
-              "min_items": min_items, "max_items": h.max_items,
-              "files": [{"name": f.name, "sha256": file_sha256(f)}
-                        | {k: None if c is None else c[f.name] for k, c in counts.items()} for f in newest]}
+    counts = {
+        "rows": per_file(rows),
+        "new_rows": per_file(None if new_ids is None else [r for r in rows if r["id"] in new_ids]),
+        "items": per_file(items),
+        "fresh_items": per_file(fresh),
+        "earlier_items": per_file(earlier),
+    }
+    record = {
+        "summary": how,
+        "promoted_at": promoted_at,
+        "promotion_prompts": seen[0] if seen else None,
+        "items": len(items),
+        "fresh_items": None if fresh is None else len(fresh),
+        "earlier_items": None if earlier is None else len(earlier),
+        "min_items": min_items,
+        "max_items": h.max_items,
+        "files": [
+            {"name": f.name, "sha256": file_sha256(f)}
+            | {k: None if c is None else c[f.name] for k, c in counts.items()}
+            for f in newest
+        ],
+    }
     return items, record
 
 
 def build(spec: CampaignSpec):
-    @asset(key=drift_key(spec), group_name=spec.name, kinds={"pytorch", "parquet"}, deps=[key(spec, "promoted_model")],
-           description="The promoted adapter re-scored, through the campaign's evaluation backend and inside its "
-                       "budget, on held-out items of prompts it never saw (topped up to the gate's min_items with its "
-                       "own held-out items); DRIFTED when the interval of the change from its promotion-time score "
-                       "excludes every drop within the allowed one, or its fresh score is surely below the floor.")
-    def drift_evaluation(context: AssetExecutionContext, storage: ArtifactStore,
-                         pricing: PricingResource) -> MaterializeResult:
+    @asset(
+        key=drift_key(spec),
+        group_name=spec.name,
+        kinds={"pytorch", "parquet"},
+        deps=[key(spec, "promoted_model")],
+        description="The promoted adapter re-scored, through the campaign's evaluation backend and inside its "
+        "budget, on held-out items of prompts it never saw (topped up to the gate's min_items with its "
+        "own held-out items); DRIFTED when the interval of the change from its promotion-time score "
+        "excludes every drop within the allowed one, or its fresh score is surely below the floor.",
+    )
+    def drift_evaluation(
+        context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource
+    ) -> MaterializeResult:
         promoted = _current_promoted(spec, storage)
         m, cached = materialize(context, spec, storage, pricing, promoted)
         r = m["report"]
@@ -137,8 +166,10 @@ def _current_promoted(spec: CampaignSpec, storage: ArtifactStore):
     except DriftError as e:
         raise Failure(str(e)) from None
     if promoted is None:
-        raise Failure(f"campaign {spec.name} has no promoted model yet (no "
-                      f"{storage.campaign_dir(spec.name) / 'promoted_model' / 'CURRENT'}); run the campaign first")
+        raise Failure(
+            f"campaign {spec.name} has no promoted model yet (no "
+            f"{storage.campaign_dir(spec.name) / 'promoted_model' / 'CURRENT'}); run the campaign first"
+        )
     return promoted
 
 
@@ -156,15 +187,24 @@ def _drift_suites(context, spec: CampaignSpec, storage: ArtifactStore, promoted)
     held, selection = select_items(storage, spec, promoted.record.get("promoted_at"), files, rows)
     context.log.info(f"drift items: {selection['summary']}")
     item_suites = [s for s in ev.suites if s.kind == "items"]  # lm_eval suites are fixed documents: no drift
-    scorers = {s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir)
-               for s in item_suites}
-    suites = [{"name": s.name, "items": load_items(s.source, held, spec.project_dir, scorers[s.name]),
-               "scorer": scorers[s.name], "max_new_tokens": s.max_new_tokens} for s in item_suites]
+    scorers = {
+        s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir) for s in item_suites
+    }
+    suites = [
+        {
+            "name": s.name,
+            "items": load_items(s.source, held, spec.project_dir, scorers[s.name]),
+            "scorer": scorers[s.name],
+            "max_new_tokens": s.max_new_tokens,
+        }
+        for s in item_suites
+    ]
     return files, held, selection, item_suites, suites
 
 
-def materialize(context, spec: CampaignSpec, storage: ArtifactStore, pricing: PricingResource,
-                promoted) -> tuple[dict, bool]:
+def materialize(
+    context, spec: CampaignSpec, storage: ArtifactStore, pricing: PricingResource, promoted
+) -> tuple[dict, bool]:
     """The promoted model scored on fresh held-out items and the drift verdict, unless the stage's content key
     (promoted model, items, suites, thresholds, selection, endpoint) is complete: ``(manifest, cached)``."""
     from campaign_orchestrator.content import value_sha256
@@ -175,9 +215,18 @@ def materialize(context, spec: CampaignSpec, storage: ArtifactStore, pricing: Pr
     files, held, selection, item_suites, suites = _drift_suites(context, spec, storage, promoted)
     floor, drop, conf = ev.gate.min_score, max_drop(spec), ev.statistics.confidence
     served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.backend == "openai" else None
-    k = stage_key("drift/v2", promoted.key, value_sha256([s["items"] for s in suites]),
-                  [s.model_dump(exclude={"kind", "lm_eval"}) for s in item_suites], floor, drop, conf,
-                  ev.gate.min_items, selection, served)
+    k = stage_key(
+        "drift/v2",
+        promoted.key,
+        value_sha256([s["items"] for s in suites]),
+        [s.model_dump(exclude={"kind", "lm_eval"}) for s in item_suites],
+        floor,
+        drop,
+        conf,
+        ev.gate.min_items,
+        selection,
+        served,
+    )
     sd = storage.stage(spec.name, STAGE, k)
     cached = sd.is_complete()
     if not cached:
@@ -188,8 +237,9 @@ def materialize(context, spec: CampaignSpec, storage: ArtifactStore, pricing: Pr
         guard = pricing.guard(context, spec, sd, device=device)
         t0 = time.perf_counter()
         generate = _promoted_model(spec, storage, promoted, context)
-        scores, item_rows = score_promoted(generate, [SimpleNamespace(**s) for s in suites], log=context.log.info,
-                                           progress=guard.watch())
+        scores, item_rows = score_promoted(
+            generate, [SimpleNamespace(**s) for s in suites], log=context.log.info, progress=guard.watch()
+        )
         report = decide(scores, _promotion_scores(promoted, item_suites), floor, drop, ev.gate.min_items, conf)
         out = sd.ensure()
         write_item_rows(item_rows, out / "items.parquet")
@@ -197,10 +247,19 @@ def materialize(context, spec: CampaignSpec, storage: ArtifactStore, pricing: Pr
         wall = time.perf_counter() - t0
         bill = pricing.bill(spec, STAGE, {"seconds": wall, "device": device}) if device else None
         lines, note = (bill["lines"], bill["billing_note"]) if bill else ([], None)
-        sd.commit({"promoted_key": promoted.key, "report": report.as_dict(), "heldout_items": len(held),
-                   "item_selection": selection, "source_files": [f.name for f in files],
-                   "backend": ev.backend, "wall_seconds": wall, "cost_lines": lines,
-                   **({"billing_note": note} if note else {})})
+        sd.commit(
+            {
+                "promoted_key": promoted.key,
+                "report": report.as_dict(),
+                "heldout_items": len(held),
+                "item_selection": selection,
+                "source_files": [f.name for f in files],
+                "backend": ev.backend,
+                "wall_seconds": wall,
+                "cost_lines": lines,
+                **({"billing_note": note} if note else {}),
+            }
+        )
         _record_cost(pricing, storage, spec, context, sd.manifest())
     return sd.manifest(), cached
 
@@ -208,15 +267,25 @@ def materialize(context, spec: CampaignSpec, storage: ArtifactStore, pricing: Pr
 def drift_metadata(spec: CampaignSpec, m: dict, cached: bool) -> dict:
     """The drift stage's manifest as Dagster metadata: the verdict, its reasons, the scores per suite."""
     ev, r = spec.evaluation, m["report"]
-    md = {"verdict": r["verdict"], "drifted": r["verdict"] == "DRIFTED", "summary": r["summary"],
-          "reasons": MetadataValue.md("\n".join(f"- {x}" for x in r["reasons"]) or "- none"),
-          "promoted_key": m["promoted_key"], "drift_key": m["key"], "heldout_items": m["heldout_items"],
-          "fresh_items": m["item_selection"]["fresh_items"], "earlier_items": m["item_selection"]["earlier_items"],
-          "item_selection": MetadataValue.json(m["item_selection"]),
-          "floor": ev.gate.min_score, "max_drop": max_drop(spec), "confidence": ev.statistics.confidence,
-          "cached": cached, "backend": m["backend"],
-          "cost_usd": float(sum(x["usd"] for x in m["cost_lines"])),
-          "path": MetadataValue.path(m["path"])}
+    md = {
+        "verdict": r["verdict"],
+        "drifted": r["verdict"] == "DRIFTED",
+        "summary": r["summary"],
+        "reasons": MetadataValue.md("\n".join(f"- {x}" for x in r["reasons"]) or "- none"),
+        "promoted_key": m["promoted_key"],
+        "drift_key": m["key"],
+        "heldout_items": m["heldout_items"],
+        "fresh_items": m["item_selection"]["fresh_items"],
+        "earlier_items": m["item_selection"]["earlier_items"],
+        "item_selection": MetadataValue.json(m["item_selection"]),
+        "floor": ev.gate.min_score,
+        "max_drop": max_drop(spec),
+        "confidence": ev.statistics.confidence,
+        "cached": cached,
+        "backend": m["backend"],
+        "cost_usd": float(sum(x["usd"] for x in m["cost_lines"])),
+        "path": MetadataValue.path(m["path"]),
+    }
     for s in r["suites"]:
         md[f"{s['suite']}_fresh_score"] = s["score"] if s["score"] is not None else float("nan")
         if s["promoted_score"] is not None:
@@ -258,19 +327,30 @@ def _promoted_model(spec: CampaignSpec, storage: ArtifactStore, promoted, contex
         except AdapterNotVerified as err:
             raise Failure(str(err), allow_retries=False) from None
         context.log.info(f"scoring the promoted model through {e.base_url} as {name!r}")
-        return OpenAIEndpoint(e.base_url, name, api_key_env=e.api_key_env, max_concurrency=e.max_concurrency,
-                              timeout_s=e.timeout_s).generate
+        return OpenAIEndpoint(
+            e.base_url, name, api_key_env=e.api_key_env, max_concurrency=e.max_concurrency, timeout_s=e.timeout_s
+        ).generate
     from evaluation.drift import local_generate
 
     base = promoted.base_model_path()
     if base is None or not base.exists():
         base = storage.resolve_model(spec.student.base_model, spec.project_dir)
-    return local_generate(base, promoted.adapter_path, q.load_in_4bit, q.compute_dtype,
-                          max((s.batch_size for s in ev.suites if s.kind == "items"), default=64))
+    return local_generate(
+        base,
+        promoted.adapter_path,
+        q.load_in_4bit,
+        q.compute_dtype,
+        max((s.batch_size for s in ev.suites if s.kind == "items"), default=64),
+    )
 
 
 def _record_cost(pricing: PricingResource, storage: ArtifactStore, spec: CampaignSpec, context, manifest: dict) -> None:
     """The drift check's spend in the cost ledger (it has no IO manager output to record it)."""
     pricing.ledger_at(storage.root_path()).record_stage(
-        campaign=spec.name, asset=STAGE, run_id=context.run_id,
-        step_key=context.get_step_execution_context().step.key, manifest=manifest, attempt=context.retry_number)
+        campaign=spec.name,
+        asset=STAGE,
+        run_id=context.run_id,
+        step_key=context.get_step_execution_context().step.key,
+        manifest=manifest,
+        attempt=context.retry_number,
+    )

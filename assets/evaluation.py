@@ -31,23 +31,28 @@ from dagster import (
 from assets.common import base_metadata, for_people, key, model_deps, model_identity, stage_key, tag_run
 from assets.diagnosis import distillation_conflicts, score_training_sample
 from assets.harness import harness_identity, harness_models, harness_suites, is_harness
-from campaigns.spec import CampaignSpec, SuiteSpec
 from campaign_orchestrator.content import file_sha256
-from resources.k8s.kuberay_launcher import KubeRayJobLauncher
+from campaigns.spec import CampaignSpec, SuiteSpec
 from evaluation.judging import approve_hint, review_line, tally  # noqa: F401 - approve_hint, review_line: re-exported
+from resources.k8s.kuberay_launcher import KubeRayJobLauncher
 from resources.pricing import BudgetStop, PricingResource
 from resources.storage import ArtifactStore
 from resources.teacher import TeacherResource
 
 GATE_CHECK = "gate"
-GATE_DESCRIPTION = ("Promotion gate: floors, regression vs base on paired intervals, per-category regression, empty "
-                    "outputs, latency, serving errors.")
+GATE_DESCRIPTION = (
+    "Promotion gate: floors, regression vs base on paired intervals, per-category regression, empty "
+    "outputs, latency, serving errors."
+)
 
 
 def gate_check_result(report: dict, evaluation_key: str | None = None) -> AssetCheckResult:
     verdict = report["verdict"]
-    md = {"verdict": verdict, "candidate_key": report.get("candidate_key", ""),
-          "reasons": MetadataValue.md("\n".join(f"- {r}" for r in report["reasons"]) or "- every rule passes")}
+    md = {
+        "verdict": verdict,
+        "candidate_key": report.get("candidate_key", ""),
+        "reasons": MetadataValue.md("\n".join(f"- {r}" for r in report["reasons"]) or "- every rule passes"),
+    }
     if evaluation_key:
         md["evaluation_key"] = evaluation_key
     for s in report["suites"]:
@@ -58,8 +63,13 @@ def gate_check_result(report: dict, evaluation_key: str | None = None) -> AssetC
         md[f"{s['suite']}_delta_lo"] = o["delta"]["lo"]
         md[f"{s['suite']}_delta_hi"] = o["delta"]["hi"]
         md[f"{s['suite']}_verdict"] = s["verdict"]
-    return AssetCheckResult(check_name=GATE_CHECK, passed=verdict == "GO", severity=AssetCheckSeverity.ERROR,
-                            metadata=md, description=f"Gate verdict {verdict}")
+    return AssetCheckResult(
+        check_name=GATE_CHECK,
+        passed=verdict == "GO",
+        severity=AssetCheckSeverity.ERROR,
+        metadata=md,
+        description=f"Gate verdict {verdict}",
+    )
 
 
 def _suite_identity(spec: CampaignSpec, x: SuiteSpec, harness: list | None = None) -> dict:
@@ -76,8 +86,16 @@ def _suite_identity(spec: CampaignSpec, x: SuiteSpec, harness: list | None = Non
     return ident
 
 
-def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherResource, pricing: PricingResource,
-                   log, categories: dict[str, str] | None = None, launch=None, budget=None) -> tuple:
+def teacher_scorer(
+    spec: CampaignSpec,
+    storage: ArtifactStore,
+    teacher: TeacherResource,
+    pricing: PricingResource,
+    log,
+    categories: dict[str, str] | None = None,
+    launch=None,
+    budget=None,
+) -> tuple:
     """A ``generate(prompts, max_new_tokens)`` that asks the campaign's teacher, whatever its backend,
     through its generation cache (greedy, the suite's length: the settings every compared model answers
     with; a prompt it already answered so is never paid for again), with its ``teacher.context`` as it
@@ -106,15 +124,31 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
 
                 tpath = teacher_model_path(storage, spec)
                 res, ray_lines, ray_md = teacher_on_ray(
-                    spec, storage, pricing, rows, sampling, tpath,
-                    model_identity(tpath, t.revision) if tpath is not None else None, identity, "teacher_scoring", log,
+                    spec,
+                    storage,
+                    pricing,
+                    rows,
+                    sampling,
+                    tpath,
+                    model_identity(tpath, t.revision) if tpath is not None else None,
+                    identity,
+                    "teacher_scoring",
+                    log,
                     launch=launch and launch.at(f"teacher@{max_new_tokens}"),
-                    **({"budget": budget} if spec.execution.kuberay is not None else {}))
+                    **({"budget": budget} if spec.execution.kuberay is not None else {}),
+                )
                 spend.setdefault("ray", []).append(ray_md)
             else:
-                res = run_generation(rows, backend, sampling, cache, chat=t.chat,
-                                     context=[m.model_dump() for m in t.context],
-                                     context_categories=t.context_categories, log=log)
+                res = run_generation(
+                    rows,
+                    backend,
+                    sampling,
+                    cache,
+                    chat=t.chat,
+                    context=[m.model_dump() for m in t.context],
+                    context_categories=t.context_categories,
+                    log=log,
+                )
         except Exception as e:  # noqa: BLE001 - an unreachable teacher is an error on its items, not a failed gate
             if isinstance(e, BudgetStop):  # the stage's budget, not the teacher: the stage stops
                 raise
@@ -123,11 +157,18 @@ def teacher_scorer(spec: CampaignSpec, storage: ArtifactStore, teacher: TeacherR
         finally:
             spend["seconds"] += time.perf_counter() - t0
         st = res.stats
-        log(f"teacher on {len(prompts)} held-out prompts: {st.cache_hits} from the generation cache, {st.generated} "
-            f"generated")
+        log(
+            f"teacher on {len(prompts)} held-out prompts: {st.cache_hits} from the generation cache, {st.generated} "
+            f"generated"
+        )
         tally(spend, "answers", st)
-        lines = [] if not st.generated else ray_lines if spec.execution.engine == "ray" else pricing.bill(
-            spec, "teacher_scoring", teacher_usage(st))["lines"]  # cache hits cost nothing
+        lines = (
+            []
+            if not st.generated
+            else ray_lines
+            if spec.execution.engine == "ray"
+            else pricing.bill(spec, "teacher_scoring", teacher_usage(st))["lines"]
+        )  # cache hits cost nothing
         if lines is None:
             spend["unknown"] = True
         else:
@@ -143,29 +184,59 @@ def build(spec: CampaignSpec):
     refs = ([s.base_model] if local else []) + ([t.model] if ev.score_teacher and not t.api else [])
     where = "locally (transformers + PEFT)" if local else f"through the endpoint {ev.endpoint.base_url}"
 
-    @asset(key=key(spec, "evaluation"), group_name=spec.name, kinds={"pytorch", "parquet"},
-           ins={"prompts": AssetIn(key(spec, "prompts")), "adapter": AssetIn(key(spec, "student_adapter"))},
-           deps=model_deps(*refs),
-           description=f"Candidate and base answer the same items of {len(ev.suites)} suite(s) {where}; "
-                       "the blocking `gate` check decides promotion.")
-    def evaluation(context: AssetExecutionContext, prompts: dict, adapter: dict, storage: ArtifactStore,
-                   pricing: PricingResource, teacher: TeacherResource, kuberay: KubeRayJobLauncher):
+    @asset(
+        key=key(spec, "evaluation"),
+        group_name=spec.name,
+        kinds={"pytorch", "parquet"},
+        ins={"prompts": AssetIn(key(spec, "prompts")), "adapter": AssetIn(key(spec, "student_adapter"))},
+        deps=model_deps(*refs),
+        description=f"Candidate and base answer the same items of {len(ev.suites)} suite(s) {where}; "
+        "the blocking `gate` check decides promotion.",
+    )
+    def evaluation(
+        context: AssetExecutionContext,
+        prompts: dict,
+        adapter: dict,
+        storage: ArtifactStore,
+        pricing: PricingResource,
+        teacher: TeacherResource,
+        kuberay: KubeRayJobLauncher,
+    ):
         from evaluation.judging import judge_stage, judging_key
         from evaluation.scorers import build_scorer
 
-        scorers = {x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir)
-                   for x in ev.suites if not is_harness(x)}
+        scorers = {
+            x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir)
+            for x in ev.suites
+            if not is_harness(x)
+        }
         harness = harness_suites(spec, storage)  # lm_eval suites: their task directories, content-addressed
         base = storage.resolve_model(s.base_model, spec.project_dir) if local else None
         items_key = answers_key(spec, storage, prompts, adapter, base, harness)
         isd = storage.stage(spec.name, "evaluation_items", items_key)
         cached = isd.is_complete()
         if not cached:
-            answer_items(context, spec, isd, items_key, prompts, adapter, base, scorers, harness,
-                         (storage, pricing, teacher, kuberay))
-        m = judge_stage(spec, storage.stage(spec.name, "evaluation", judging_key(spec, items_key)), isd.manifest(),
-                        items_key, {n: sc.binary for n, sc in scorers.items()}, adapter["key"],
-                        conflicts=distillation_conflicts(spec, storage))
+            answer_items(
+                context,
+                spec,
+                isd,
+                items_key,
+                prompts,
+                adapter,
+                base,
+                scorers,
+                harness,
+                (storage, pricing, teacher, kuberay),
+            )
+        m = judge_stage(
+            spec,
+            storage.stage(spec.name, "evaluation", judging_key(spec, items_key)),
+            isd.manifest(),
+            items_key,
+            {n: sc.binary for n, sc in scorers.items()},
+            adapter["key"],
+            conflicts=distillation_conflicts(spec, storage),
+        )
         report = json.loads(open(m["gate_path"]).read())
         md = evaluation_metadata(m, report, cached)
         if spec.tracking.mlflow is not None and not cached:  # the training run's verdict (assets/tracking.py)
@@ -205,15 +276,31 @@ def answers_key(spec: CampaignSpec, storage: ArtifactStore, prompts: dict, adapt
         tpath = teacher_model_path(storage, spec)
         teacher_id = [spec_identity(t, tpath, model_identity(tpath, t.revision) if tpath else None), t.chat]
     served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.endpoint and not local else None
-    return stage_key("evaluation-items/v4", adapter["key"], prompts["heldout_sha256"],
-                     model_identity(base, s.revision) if base else None, teacher_id,
-                     [[m.model_dump() for m in t.context], t.context_categories] if ev.score_teacher else None,
-                     local_quantization_key(s.quantization) if local else None, served,
-                     [_suite_identity(spec, x, harness) for x in ev.suites])
+    return stage_key(
+        "evaluation-items/v4",
+        adapter["key"],
+        prompts["heldout_sha256"],
+        model_identity(base, s.revision) if base else None,
+        teacher_id,
+        [[m.model_dump() for m in t.context], t.context_categories] if ev.score_teacher else None,
+        local_quantization_key(s.quantization) if local else None,
+        served,
+        [_suite_identity(spec, x, harness) for x in ev.suites],
+    )
 
 
-def answer_items(context: AssetExecutionContext, spec: CampaignSpec, isd, items_key: str, prompts: dict,
-                 adapter: dict, base, scorers: dict, harness: list, resources: tuple) -> None:
+def answer_items(
+    context: AssetExecutionContext,
+    spec: CampaignSpec,
+    isd,
+    items_key: str,
+    prompts: dict,
+    adapter: dict,
+    base,
+    scorers: dict,
+    harness: list,
+    resources: tuple,
+) -> None:
     """Every model answers every item (the harness's suites first), under the stage's budget guard; the answers,
     their cost and counts committed to ``isd`` (``resources``: storage, pricing, teacher, kuberay)."""
     from campaign_orchestrator.dataset.prompts import read_prompt_table
@@ -230,8 +317,13 @@ def answer_items(context: AssetExecutionContext, spec: CampaignSpec, isd, items_
     guard = pricing.guard(context, spec, storage.stage(spec.name, "evaluation", items_key), device=device)
     t0 = time.perf_counter()
     held = read_prompt_table(prompts["heldout_path"])
-    runs = [SuiteRun(x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name],
-                     x.max_new_tokens) for x in ev.suites if not is_harness(x)]
+    runs = [
+        SuiteRun(
+            x.name, load_items(x.source, held, spec.project_dir, scorers[x.name]), scorers[x.name], x.max_new_tokens
+        )
+        for x in ev.suites
+        if not is_harness(x)
+    ]
     progress = guard.watch()
     harness_run = _run_harness(spec, harness, adapter, base, isd, context, progress)  # before any other model
     dtypes: dict[str, str] = {}
@@ -245,14 +337,28 @@ def answer_items(context: AssetExecutionContext, spec: CampaignSpec, isd, items_
     wall = time.perf_counter() - t0
     # local models' time on the hardware they ran on; the teacher at its own price (its seconds not twice)
     local_s = wall - (spend["seconds"] if spend and not spec.teacher.api else 0.0)
-    bill = pricing.bill(spec, "evaluation", {"seconds": local_s, "device": device, "parts": {
-        "lm_eval": harness_run.wall_seconds} if harness_run else {}}) if local else None
-    isd.commit(answers_manifest(out / "items.parquet", len(rows), adapter["key"], wall, bill, spend, dtypes,
-                                harness_run) | {"train_sample_path": sample})
+    bill = (
+        pricing.bill(
+            spec,
+            "evaluation",
+            {
+                "seconds": local_s,
+                "device": device,
+                "parts": {"lm_eval": harness_run.wall_seconds} if harness_run else {},
+            },
+        )
+        if local
+        else None
+    )
+    isd.commit(
+        answers_manifest(out / "items.parquet", len(rows), adapter["key"], wall, bill, spend, dtypes, harness_run)
+        | {"train_sample_path": sample}
+    )
 
 
-def _answerers(context, spec: CampaignSpec, isd, adapter: dict, base, runs: list, dtypes: dict, guard,
-               resources: tuple) -> tuple[dict, dict | None]:
+def _answerers(
+    context, spec: CampaignSpec, isd, adapter: dict, base, runs: list, dtypes: dict, guard, resources: tuple
+) -> tuple[dict, dict | None]:
     """role -> factory of the role's ``generate``, and the teacher's spend (None when it is not scored); the
     guard accrues the teacher's spend as well as the time."""
     from assets.ray_dispatch import KubeRayLaunch
@@ -263,8 +369,9 @@ def _answerers(context, spec: CampaignSpec, isd, adapter: dict, base, runs: list
     models = _models(spec, adapter, base, context, dtypes, storage, launch=launch, budget=guard)
     if not spec.evaluation.score_teacher:
         return models, None
-    ask_teacher, spend = teacher_scorer(spec, storage, teacher, pricing, context.log.info, categories,
-                                        launch=launch, budget=guard)
+    ask_teacher, spend = teacher_scorer(
+        spec, storage, teacher, pricing, context.log.info, categories, launch=launch, budget=guard
+    )
     models["teacher"] = lambda: ask_teacher
     local_lines = guard.line_fn  # the guard accrues the teacher's spend as well as the time
     guard.line_fn = lambda seconds, items: local_lines(seconds, items) + spend["lines"]
@@ -274,9 +381,13 @@ def _answerers(context, spec: CampaignSpec, isd, adapter: dict, base, runs: list
 def evaluation_metadata(m: dict, report: dict, cached: bool) -> dict:
     """The judgement's manifest and report as Dagster metadata."""
     md = base_metadata(m, cached) | {
-        "verdict": report["verdict"], "report": MetadataValue.md(report["markdown"]),
-        "items": MetadataValue.path(m["items_path"]), "candidate_key": m["candidate_key"],
-        "statistics": report["method"], "requires_human_review": m["requires_human_review"]}
+        "verdict": report["verdict"],
+        "report": MetadataValue.md(report["markdown"]),
+        "items": MetadataValue.path(m["items_path"]),
+        "candidate_key": m["candidate_key"],
+        "statistics": report["method"],
+        "requires_human_review": m["requires_human_review"],
+    }
     if report.get("diagnosis", {}).get("causes"):  # why, beside the verdict (evaluation/diagnosis.py)
         md["diagnosis"] = MetadataValue.md(report["diagnosis"]["markdown"])
     if m.get("compute_dtype"):
@@ -322,12 +433,14 @@ def _run_harness(spec: CampaignSpec, harness: list, adapter: dict, base, isd, co
     if not harness:
         return None
     if spec.evaluation.backend != "local":
-        raise ValueError("lm_eval suites run the models locally (transformers + PEFT); they need "
-                         "evaluation.backend: local")
+        raise ValueError(
+            "lm_eval suites run the models locally (transformers + PEFT); they need evaluation.backend: local"
+        )
     from evaluation.harness import evaluate_suites
 
-    return evaluate_suites(harness, harness_models(spec, adapter, base), isd.ensure() / "lm_eval",
-                           log=context.log.info, progress=progress)
+    return evaluate_suites(
+        harness, harness_models(spec, adapter, base), isd.ensure() / "lm_eval", log=context.log.info, progress=progress
+    )
 
 
 def ray_device(spec: CampaignSpec) -> str:
@@ -347,34 +460,63 @@ def _generation_engine(spec: CampaignSpec, log):
     return ray_session(spec.execution.ray_address, log=log)
 
 
-def _ray_answers(spec: CampaignSpec, storage: ArtifactStore, role: str, base, adapter: dict | None, four_bit: bool,
-                 bs: int, log, dtypes: dict | None, launch=None, budget=None):
+def _ray_answers(
+    spec: CampaignSpec,
+    storage: ArtifactStore,
+    role: str,
+    base,
+    adapter: dict | None,
+    four_bit: bool,
+    bs: int,
+    log,
+    dtypes: dict | None,
+    launch=None,
+    budget=None,
+):
     """A ``generate(prompts, max_new_tokens)`` answering on the stage's Ray actor pool, through the generation
     cache under the model's identity (base weights, adapter content, resolved quantization); a KubeRay RayJob per
     model and answer length through ``launch`` when the campaign sets ``execution.kuberay`` (``budget``: the stage's
     guard, checked while it runs)."""
     from assets.ray_dispatch import ray_runner
+    from campaign_orchestrator.generation.recipes import GeneratorRecipe
+    from campaign_orchestrator.generation.requests import namespace
     from campaign_orchestrator.generation.scaleout.job import AnswerRecipe
     from campaign_orchestrator.generation.scaleout.stage import answers_on_ray
     from campaign_orchestrator.generation.scaleout.worker import CacheConfig
-    from campaign_orchestrator.generation.recipes import GeneratorRecipe
-    from campaign_orchestrator.generation.requests import namespace
 
     s, q = spec.student, spec.student.quantization
     adapter_dir = adapter["adapter_path"] if adapter else None
     identity, _precision = answer_identity(spec, base, adapter)
-    recipe = AnswerRecipe(GeneratorRecipe(str(base), str(adapter_dir) if adapter_dir else None, four_bit,
-                                          q.compute_dtype, batch_size=bs), identity, model=f"{s.base_model} ({role})")
+    recipe = AnswerRecipe(
+        GeneratorRecipe(str(base), str(adapter_dir) if adapter_dir else None, four_bit, q.compute_dtype, batch_size=bs),
+        identity,
+        model=f"{s.base_model} ({role})",
+    )
 
     def cache_for(sampling):
-        return CacheConfig(storage.cache_store().url, namespace(identity, sampling), str(storage.spool_dir()),
-                           storage.s3_endpoint_url, storage.s3_region)
+        return CacheConfig(
+            storage.cache_store().url,
+            namespace(identity, sampling),
+            str(storage.spool_dir()),
+            storage.s3_endpoint_url,
+            storage.s3_region,
+        )
 
     def generate(prompts, max_new_tokens):
         kuberay = spec.execution.kuberay is not None
         run_on = ray_runner(spec, launch and launch.at(f"{role}@{max_new_tokens}"), "answers")
-        outs, run, st = answers_on_ray(spec.execution, prompts, recipe, identity, max_new_tokens, cache_for, log=log,
-                                       label=f"{role} answers", run=run_on, **({"budget": budget} if kuberay else {}))
+        outs, run, st = answers_on_ray(
+            spec.execution,
+            prompts,
+            recipe,
+            identity,
+            max_new_tokens,
+            cache_for,
+            log=log,
+            label=f"{role} answers",
+            run=run_on,
+            **({"budget": budget} if kuberay else {}),
+        )
         if dtypes is not None and st.compute_dtype:
             dtypes[role] = st.compute_dtype
         if dtypes is not None:  # answers generated/cached; shards done/total per model (the manifest's ray_shards)
@@ -385,8 +527,16 @@ def _ray_answers(spec: CampaignSpec, storage: ArtifactStore, role: str, base, ad
     return generate
 
 
-def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | None = None,
-            storage: ArtifactStore | None = None, launch=None, budget=None) -> dict:
+def _models(
+    spec: CampaignSpec,
+    adapter: dict,
+    base,
+    context,
+    dtypes: dict | None = None,
+    storage: ArtifactStore | None = None,
+    launch=None,
+    budget=None,
+) -> dict:
     """role -> factory of a ``generate(prompts, max_new_tokens)`` callable (loaded when called) for the
     candidate and the base (the teacher is asked through its backend: ``teacher_scorer``); ``dtypes``
     collects each local model's resolved compute dtype. With ``execution.engine: ray`` the local models answer
@@ -404,10 +554,14 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
     bs = max(x.batch_size for x in ev.suites)
     if spec.execution.engine == "ray" and storage is not None:
         log = context.log.info
-        return {"candidate": lambda: _ray_answers(spec, storage, "candidate", base, adapter, q.load_in_4bit, bs,
-                                                  log, dtypes, launch, budget),
-                "base": lambda: _ray_answers(spec, storage, "base", base, None, q.load_in_4bit, bs, log, dtypes,
-                                             launch, budget)}
+        return {
+            "candidate": lambda: _ray_answers(
+                spec, storage, "candidate", base, adapter, q.load_in_4bit, bs, log, dtypes, launch, budget
+            ),
+            "base": lambda: _ray_answers(
+                spec, storage, "base", base, None, q.load_in_4bit, bs, log, dtypes, launch, budget
+            ),
+        }
 
     def local(role, adapter_dir=None):
         """The model answers through the generation cache under its content identity (:func:`answer_identity`):
@@ -423,9 +577,16 @@ def _models(spec: CampaignSpec, adapter: dict, base, context, dtypes: dict | Non
             return GenerationCache(storage.cache_store(), namespace(identity, sampling), storage.spool_dir())
 
         def factory():  # the backend (and the model it loads) lives while its role answers, then goes
-            backend = TransformersBackend(base, f"{s.base_model} ({role})", identity, batch_size=bs,
-                                          compute_dtype=q.compute_dtype, precision=precision, adapter_dir=adapter_dir,
-                                          load_in_4bit=q.load_in_4bit)
+            backend = TransformersBackend(
+                base,
+                f"{s.base_model} ({role})",
+                identity,
+                batch_size=bs,
+                compute_dtype=q.compute_dtype,
+                precision=precision,
+                adapter_dir=adapter_dir,
+                load_in_4bit=q.load_in_4bit,
+            )
             return cached_answers(backend, cache_for, log=context.log.info, on_stats=on_stats)
 
         return factory
@@ -452,12 +613,17 @@ def _endpoint_models(spec: CampaignSpec, adapter: dict, context) -> dict:
         checked = ep.verify_adapter(cand_name, adapter["adapter_path"])
     except AdapterNotVerified as err:
         raise Failure(str(err), allow_retries=False) from None
-    context.log.info(f"{e.base_url} serves {cand_name!r} from {checked['root']}: the candidate's adapter "
-                     f"(content {checked['fingerprint'][:12]})")
+    context.log.info(
+        f"{e.base_url} serves {cand_name!r} from {checked['root']}: the candidate's adapter "
+        f"(content {checked['fingerprint'][:12]})"
+    )
 
     def endpoint(name):
-        return lambda: OpenAIEndpoint(e.base_url, name, api_key_env=e.api_key_env,
-                                      max_concurrency=e.max_concurrency, timeout_s=e.timeout_s).generate
+        return lambda: (
+            OpenAIEndpoint(
+                e.base_url, name, api_key_env=e.api_key_env, max_concurrency=e.max_concurrency, timeout_s=e.timeout_s
+            ).generate
+        )
 
     return {"candidate": endpoint(cand_name), "base": endpoint(e.base_model)}
 
@@ -471,6 +637,12 @@ def answer_identity(spec: CampaignSpec, base, adapter: dict | None) -> tuple[str
 
     s, q = spec.student, spec.student.quantization
     precision = local_quantization_key(q)["compute_dtype"]
-    return identity_of(s.base_model, base, s.revision, weights_id=model_identity(base, s.revision), precision=precision,
-                       adapter_id=adapter["key"] if adapter else None,
-                       quantization=q.model_dump() if q.load_in_4bit else None), precision
+    return identity_of(
+        s.base_model,
+        base,
+        s.revision,
+        weights_id=model_identity(base, s.revision),
+        precision=precision,
+        adapter_id=adapter["key"] if adapter else None,
+        quantization=q.model_dump() if q.load_in_4bit else None,
+    ), precision

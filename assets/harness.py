@@ -38,8 +38,9 @@ def harness_suites(spec: CampaignSpec, storage: ArtifactStore) -> list:
                 d, sha = task_dir(x.lm_eval.include_path, spec.project_dir, root)
             else:
                 d, sha = None, registry_sha256()
-            out.append(HarnessSuite(x.name, x.lm_eval.model_dump(), d, sha, x.batch_size,
-                                    registry_cache=root / "_registry"))
+            out.append(
+                HarnessSuite(x.name, x.lm_eval.model_dump(), d, sha, x.batch_size, registry_cache=root / "_registry")
+            )
     return out
 
 
@@ -58,8 +59,9 @@ def harness_models(spec: CampaignSpec, adapter: dict, base: Path) -> list:
     return [HarnessModel("base", **common), HarnessModel("candidate", adapter=adapter["adapter_path"], **common)]
 
 
-def gate_documents(spec: CampaignSpec, heldout_rows: list[dict], storage: ArtifactStore, workdir: Path,
-                   log=print) -> list:
+def gate_documents(
+    spec: CampaignSpec, heldout_rows: list[dict], storage: ArtifactStore, workdir: Path, log=print
+) -> list:
     """Every gate suite's documents as ``campaign_orchestrator.dataset.decontamination.SuiteDocs``
     (a harness suite: one entry per task, named ``<suite>/<task>``)."""
     from campaign_orchestrator.dataset.decontamination import SuiteDocs

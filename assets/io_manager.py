@@ -37,9 +37,14 @@ class ManifestIOManager(ConfigurableIOManager):
 
         key = list(context.asset_key.path)
         ledger = PricingResource(ledger=self.ledger).ledger_at(ArtifactStore(root=self.root).root_path())
-        res = ledger.record_stage(campaign=manifest.get("campaign", key[0]), asset=key[-1], run_id=context.run_id,
-                                  step_key=context.step_key, manifest=manifest,
-                                  attempt=context.step_context.previous_attempt_count)
+        res = ledger.record_stage(
+            campaign=manifest.get("campaign", key[0]),
+            asset=key[-1],
+            run_id=context.run_id,
+            step_key=context.step_key,
+            manifest=manifest,
+            attempt=context.step_context.previous_attempt_count,
+        )
         md = {"ledger_spent_this_run_usd": res["spent_usd"], "ledger_reused": res["reused"], "reused": res["reused"]}
         if res["reused"]:  # a cache hit: the output (and its cost) belong to the run that produced it
             md["reused_from_run"] = res["produced_by"]
@@ -49,5 +54,7 @@ class ManifestIOManager(ConfigurableIOManager):
         key = list(context.asset_key.path)
         p = self._pointer(key)
         if not p.exists():
-            raise FileNotFoundError(f"asset {'/'.join(key)} has not been materialized yet (no {p}); materialize it first")
+            raise FileNotFoundError(
+                f"asset {'/'.join(key)} has not been materialized yet (no {p}); materialize it first"
+            )
         return json.loads(p.read_text())

@@ -10,13 +10,26 @@ the stages' code versions come from ``assets/sensors.py`` and ``assets/versions.
 
 import logging
 
-from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job, DefaultScheduleStatus
+from dagster import AssetSelection, DefaultScheduleStatus, Definitions, ScheduleDefinition, define_asset_job
 
-from assets import (campaign_cost, cluster, demo_models, distillation_set, evaluation, hparam_sweep, invalid_campaigns,
-                    promoted_model, prompts, student_adapter, sweep_trial, teacher_generations, tokenized_dataset)
+from assets import (
+    campaign_cost,
+    cluster,
+    demo_models,
+    distillation_set,
+    evaluation,
+    hparam_sweep,
+    invalid_campaigns,
+    promoted_model,
+    prompts,
+    student_adapter,
+    sweep_trial,
+    teacher_generations,
+    tokenized_dataset,
+)
 from assets.drift_evaluation import drift_key
-from assets.run_recovery import reaper_sensor
 from assets.io_manager import ManifestIOManager
+from assets.run_recovery import reaper_sensor
 from assets.sensors import automation_tags, campaign_automation, trigger_tags
 from assets.versions import with_versions
 from campaigns.loader import load_campaigns
@@ -29,8 +42,16 @@ from resources.training_launcher import TrainingLauncher
 
 log = logging.getLogger(__name__)
 
-STAGE_BUILDERS = (prompts, teacher_generations, distillation_set, tokenized_dataset, student_adapter, evaluation, promoted_model,
-                  campaign_cost)
+STAGE_BUILDERS = (
+    prompts,
+    teacher_generations,
+    distillation_set,
+    tokenized_dataset,
+    student_adapter,
+    evaluation,
+    promoted_model,
+    campaign_cost,
+)
 
 
 def campaign_assets(spec: CampaignSpec) -> list:
@@ -59,8 +80,9 @@ def default_resources(artifact_root: str = "artifacts", ledger: str | None = Non
     }
 
 
-def build_definitions(campaign_files: list[str] | None = None, artifact_root: str = "artifacts",
-                      resources: dict | None = None) -> Definitions:
+def build_definitions(
+    campaign_files: list[str] | None = None, artifact_root: str = "artifacts", resources: dict | None = None
+) -> Definitions:
     loaded = load_campaigns(campaign_files)
     for err in loaded.errors:
         log.warning("invalid campaign file (other campaigns still load):\n%s", err.render())
@@ -68,24 +90,43 @@ def build_definitions(campaign_files: list[str] | None = None, artifact_root: st
     jobs, schedules, sensors = [cluster.job()], [], [reaper_sensor()]
     for name, spec in loaded.campaigns.items():
         assets += with_versions(campaign_assets(spec), spec)
-        job = define_asset_job(campaign_job_name(name),
-                               selection=(AssetSelection.groups(name).upstream() - AssetSelection.keys(drift_key(spec))
-                                          - AssetSelection.keys(*([sweep_trial.trial_key(spec)] if spec.sweep else []))),
-                               description=f"Run campaign {name} end to end ({loaded.sources[name]}).",
-                               tags={"campaign": name, "trigger": "manual"})  # sensors and schedules override it
+        job = define_asset_job(
+            campaign_job_name(name),
+            selection=(
+                AssetSelection.groups(name).upstream()
+                - AssetSelection.keys(drift_key(spec))
+                - AssetSelection.keys(*([sweep_trial.trial_key(spec)] if spec.sweep else []))
+            ),
+            description=f"Run campaign {name} end to end ({loaded.sources[name]}).",
+            tags={"campaign": name, "trigger": "manual"},
+        )  # sensors and schedules override it
         jobs += [job, promoted_model.approve_job(spec)]
         if spec.schedule is not None:
-            schedules.append(ScheduleDefinition(
-                name=f"{name}_schedule", job=job, cron_schedule=spec.schedule.cron,
-                metadata=automation_tags(spec, "schedule"),
-                execution_timezone=spec.schedule.timezone,
-                tags=trigger_tags(spec, "schedule", f"campaign schedule (cron '{spec.schedule.cron}' {spec.schedule.timezone})"),
-                default_status=DefaultScheduleStatus.RUNNING if spec.schedule.enabled else DefaultScheduleStatus.STOPPED))
+            schedules.append(
+                ScheduleDefinition(
+                    name=f"{name}_schedule",
+                    job=job,
+                    cron_schedule=spec.schedule.cron,
+                    metadata=automation_tags(spec, "schedule"),
+                    execution_timezone=spec.schedule.timezone,
+                    tags=trigger_tags(
+                        spec, "schedule", f"campaign schedule (cron '{spec.schedule.cron}' {spec.schedule.timezone})"
+                    ),
+                    default_status=DefaultScheduleStatus.RUNNING
+                    if spec.schedule.enabled
+                    else DefaultScheduleStatus.STOPPED,
+                )
+            )
         auto = campaign_automation(spec, campaign_job_name(name))
         assets += auto.assets
         jobs += auto.jobs
         schedules += auto.schedules
         sensors += auto.sensors
     assets += [invalid_campaigns.build(e) for e in loaded.errors]
-    return Definitions(assets=assets, jobs=jobs, schedules=schedules, sensors=sensors,
-                       resources=resources or default_resources(artifact_root))
+    return Definitions(
+        assets=assets,
+        jobs=jobs,
+        schedules=schedules,
+        sensors=sensors,
+        resources=resources or default_resources(artifact_root),
+    )

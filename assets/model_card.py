@@ -28,22 +28,43 @@ def card_info(spec: CampaignSpec, storage, evaluation: dict, adapter: dict) -> d
     gate = json.loads(Path(evaluation["gate_path"]).read_text())
     st = spec.evaluation.statistics
     items = evaluation.get("items_path")
-    stages = {s: float(sum(x.get("usd") or 0.0 for x in (m.get(s) or {}).get("cost_lines") or []))
-              for s in COST_STAGES if s in m or s == "tokenized_dataset"}
+    stages = {
+        s: float(sum(x.get("usd") or 0.0 for x in (m.get(s) or {}).get("cost_lines") or []))
+        for s in COST_STAGES
+        if s in m or s == "tokenized_dataset"
+    }
     return {
-        "campaign": spec.name, "description": spec.description, "candidate_key": adapter["key"],
+        "campaign": spec.name,
+        "description": spec.description,
+        "candidate_key": adapter["key"],
         "base_model": spec.student.base_model,
         "base_model_card": json.loads(base_card.read_text()) if base_card.exists() else None,
-        "lineage": {"prompts": {"source": spec.data.source, "train": m["prompts"].get("train_rows"),
-                                "heldout": m["prompts"].get("heldout_rows")},
-                    "teacher": {"backend": t.backend, "model": t.model, "base_url": t.base_url,
-                                "generations": m["teacher_generations"].get("rows")},
-                    "filters": {k: v for k, v in (dist.get("filter_counts") or {}).items() if v},
-                    "rows": dist.get("rows"), "replay": dist.get("replay"),
-                    "decontamination": dist.get("decontamination")},
-        "recipe": {"lora": spec.student.lora.model_dump(include={"r", "alpha", "target_modules"}),
-                   "steps": sm.get("steps"), "learning_rate": tr.learning_rate, "effective_batch": tr.effective_batch,
-                   "max_seq_len": tr.max_seq_len, "loss": tr.distillation.loss, "selection": sm.get("selection")},
+        "lineage": {
+            "prompts": {
+                "source": spec.data.source,
+                "train": m["prompts"].get("train_rows"),
+                "heldout": m["prompts"].get("heldout_rows"),
+            },
+            "teacher": {
+                "backend": t.backend,
+                "model": t.model,
+                "base_url": t.base_url,
+                "generations": m["teacher_generations"].get("rows"),
+            },
+            "filters": {k: v for k, v in (dist.get("filter_counts") or {}).items() if v},
+            "rows": dist.get("rows"),
+            "replay": dist.get("replay"),
+            "decontamination": dist.get("decontamination"),
+        },
+        "recipe": {
+            "lora": spec.student.lora.model_dump(include={"r", "alpha", "target_modules"}),
+            "steps": sm.get("steps"),
+            "learning_rate": tr.learning_rate,
+            "effective_batch": tr.effective_batch,
+            "max_seq_len": tr.max_seq_len,
+            "loss": tr.distillation.loss,
+            "selection": sm.get("selection"),
+        },
         "gate": gate,
         "teacher_intervals": teacher_intervals(items, st.confidence, st.resamples, st.seed) if items else {},
         "cost": {"stages": stages, "total_usd": sum(stages.values())},

@@ -34,8 +34,8 @@ from pydantic import Field
 from assets.common import key
 from assets.evaluation import GATE_CHECK, approve_hint
 from assets.model_card import write_model_card
-from evaluation.drift import PROMOTION_ITEMS
 from campaigns.spec import CampaignSpec
+from evaluation.drift import PROMOTION_ITEMS
 from resources.storage import ArtifactStore
 
 
@@ -43,33 +43,48 @@ def gate_refusal(instance: DagsterInstance, evaluation_key: AssetKey, evaluation
     """Why this candidate must not be promoted, or None."""
     cand = adapter["key"]
     if evaluation.get("candidate_key") != cand:
-        return (f"the latest evaluation scored candidate {evaluation.get('candidate_key')}, not the current adapter "
-                f"{cand}; materialize evaluation first")
+        return (
+            f"the latest evaluation scored candidate {evaluation.get('candidate_key')}, not the current adapter "
+            f"{cand}; materialize evaluation first"
+        )
     if evaluation.get("verdict") != "GO":
         why = "; ".join(evaluation.get("reasons", [])[:3])
-        return f"gate verdict for candidate {cand} is {evaluation.get('verdict')}: not promoting" + (f" ({why})" if why else "")
+        return f"gate verdict for candidate {cand} is {evaluation.get('verdict')}: not promoting" + (
+            f" ({why})" if why else ""
+        )
     record = instance.get_latest_asset_check_evaluation_record(AssetCheckKey(evaluation_key, GATE_CHECK))
     if record is None:
         return None
     if record.status.value != "SUCCEEDED":
-        return (f"the latest `{GATE_CHECK}` check of {evaluation_key.to_user_string()} (run {record.run_id}) is "
-                f"{record.status.value}, not passed: not promoting candidate {cand}")
+        return (
+            f"the latest `{GATE_CHECK}` check of {evaluation_key.to_user_string()} (run {record.run_id}) is "
+            f"{record.status.value}, not passed: not promoting candidate {cand}"
+        )
     data = record.event.dagster_event.event_specific_data if record.event and record.event.dagster_event else None
     checked = getattr(data, "metadata", {}).get("candidate_key") if data is not None else None
     checked = getattr(checked, "value", checked)
     if checked and checked != cand:
-        return (f"the latest `{GATE_CHECK}` check (run {record.run_id}) judged candidate {checked}, not {cand}: "
-                "materialize evaluation first")
+        return (
+            f"the latest `{GATE_CHECK}` check (run {record.run_id}) judged candidate {checked}, not {cand}: "
+            "materialize evaluation first"
+        )
     return None
 
 
 def approval_observation(spec: CampaignSpec, approval) -> AssetObservation:
     """The approval as an observation on the evaluation asset, so the UI shows who approved what, when."""
-    return AssetObservation(asset_key=key(spec, "evaluation"), description=f"Candidate approved by {approval.approved_by}",
-                            metadata={"approved_candidate": approval.candidate_key,
-                                      "approved_evaluation": approval.evaluation_key,
-                                      "approved_by": approval.approved_by, "approved_at": approval.approved_at,
-                                      "note": approval.note, "via": approval.via})
+    return AssetObservation(
+        asset_key=key(spec, "evaluation"),
+        description=f"Candidate approved by {approval.approved_by}",
+        metadata={
+            "approved_candidate": approval.candidate_key,
+            "approved_evaluation": approval.evaluation_key,
+            "approved_by": approval.approved_by,
+            "approved_at": approval.approved_at,
+            "note": approval.note,
+            "via": approval.via,
+        },
+    )
 
 
 def latest_evaluation(storage: ArtifactStore, campaign: str) -> dict:
@@ -93,10 +108,16 @@ def _keep_candidate_items(items_path: str, dest) -> None:
 def build(spec: CampaignSpec):
     review = spec.evaluation.requires_human_review
 
-    @asset(key=key(spec, "promoted_model"), group_name=spec.name, kinds={"pytorch"}, output_required=False,
-           ins={"evaluation": AssetIn(key(spec, "evaluation")), "adapter": AssetIn(key(spec, "student_adapter"))},
-           description="The adapter whose gate passed" + (" and a reviewer approved" if review else "")
-                       + ", copied to the campaign's promoted location.")
+    @asset(
+        key=key(spec, "promoted_model"),
+        group_name=spec.name,
+        kinds={"pytorch"},
+        output_required=False,
+        ins={"evaluation": AssetIn(key(spec, "evaluation")), "adapter": AssetIn(key(spec, "student_adapter"))},
+        description="The adapter whose gate passed"
+        + (" and a reviewer approved" if review else "")
+        + ", copied to the campaign's promoted location.",
+    )
     def promoted_model(context: AssetExecutionContext, evaluation: dict, adapter: dict, storage: ArtifactStore):
         from evaluation.approval import find_approval
 
@@ -107,12 +128,21 @@ def build(spec: CampaignSpec):
         if review:
             approval = find_approval(storage.campaign_dir(spec.name), adapter["key"], evaluation["key"])
             if approval is None:
-                msg = (f"candidate {adapter['key']} passed the gate and awaits human review; approve it with "
-                       f"{approve_hint(spec.name, adapter['key'])}, then materialize promoted_model")
+                msg = (
+                    f"candidate {adapter['key']} passed the gate and awaits human review; approve it with "
+                    f"{approve_hint(spec.name, adapter['key'])}, then materialize promoted_model"
+                )
                 context.log.warning(msg)
-                yield AssetObservation(asset_key=context.asset_key, description="Awaiting human review",
-                                       metadata={"status": "awaiting human review", "candidate_key": adapter["key"],
-                                                 "evaluation_key": evaluation["key"], "how_to_approve": msg})
+                yield AssetObservation(
+                    asset_key=context.asset_key,
+                    description="Awaiting human review",
+                    metadata={
+                        "status": "awaiting human review",
+                        "candidate_key": adapter["key"],
+                        "evaluation_key": evaluation["key"],
+                        "how_to_approve": msg,
+                    },
+                )
                 return
         dest = storage.campaign_dir(spec.name) / "promoted_model" / adapter["key"]
         if not (dest / "promotion.json").exists():
@@ -120,10 +150,17 @@ def build(spec: CampaignSpec):
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(adapter["adapter_path"], tmp / "adapter")
             _keep_candidate_items(evaluation["items_path"], tmp / PROMOTION_ITEMS)  # what drift compares with
-            record = {"candidate_key": adapter["key"], "base_model_path": adapter["base_model_path"],
-                      "evaluation_key": evaluation["key"], "verdict": evaluation["verdict"],
-                      "scores": evaluation["scores"], "items": PROMOTION_ITEMS, "approval": approval.as_dict() if approval else None,
-                      "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run_id": context.run_id}
+            record = {
+                "candidate_key": adapter["key"],
+                "base_model_path": adapter["base_model_path"],
+                "evaluation_key": evaluation["key"],
+                "verdict": evaluation["verdict"],
+                "scores": evaluation["scores"],
+                "items": PROMOTION_ITEMS,
+                "approval": approval.as_dict() if approval else None,
+                "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "run_id": context.run_id,
+            }
             (tmp / "promotion.json").write_text(json.dumps(record, indent=2))
             write_model_card(spec, storage, evaluation, adapter, tmp / "adapter")  # README.md, Hugging Face format
             shutil.rmtree(dest, ignore_errors=True)
@@ -132,8 +169,12 @@ def build(spec: CampaignSpec):
         current.write_text(adapter["key"])
         record = json.loads((dest / "promotion.json").read_text())
         manifest = {"key": adapter["key"], "path": str(dest), "adapter_path": str(dest / "adapter"), **record}
-        md = {"adapter": MetadataValue.path(str(dest / "adapter")), "candidate_key": adapter["key"],
-              "verdict": record["verdict"], "promoted_at": record["promoted_at"]}
+        md = {
+            "adapter": MetadataValue.path(str(dest / "adapter")),
+            "candidate_key": adapter["key"],
+            "verdict": record["verdict"],
+            "promoted_at": record["promoted_at"],
+        }
         if record.get("approval"):
             md |= {"approved_by": record["approval"]["approved_by"], "approved_at": record["approval"]["approved_at"]}
         yield Output(manifest, metadata=md)
@@ -142,7 +183,9 @@ def build(spec: CampaignSpec):
 
 
 class ApproveConfig(Config):
-    candidate_key: str = Field(description="The candidate key shown in the evaluation report (the adapter's content key).")
+    candidate_key: str = Field(
+        description="The candidate key shown in the evaluation report (the adapter's content key)."
+    )
     approved_by: str = Field(description="Who approves (recorded with the time).")
     note: str = Field("", description="Optional review note.")
 
@@ -159,22 +202,35 @@ def approve_job(spec: CampaignSpec):
         from evaluation.approval import ApprovalError, record_approval
 
         try:
-            approval, created = record_approval(spec.name, storage.campaign_dir(spec.name),
-                                                latest_evaluation(storage, spec.name), config.candidate_key,
-                                                config.approved_by, config.note, via=f"dagster run {context.run_id}")
+            approval, created = record_approval(
+                spec.name,
+                storage.campaign_dir(spec.name),
+                latest_evaluation(storage, spec.name),
+                config.candidate_key,
+                config.approved_by,
+                config.note,
+                via=f"dagster run {context.run_id}",
+            )
         except ApprovalError as e:
             raise Failure(str(e)) from None
         if created:
             context.log_event(approval_observation(spec, approval))
-            context.log.info(f"approved candidate {approval.candidate_key} for {spec.name}; materialize "
-                             f"{spec.name}/promoted_model to promote it")
+            context.log.info(
+                f"approved candidate {approval.candidate_key} for {spec.name}; materialize "
+                f"{spec.name}/promoted_model to promote it"
+            )
         else:
-            context.log.info(f"candidate {approval.candidate_key} was already approved by {approval.approved_by} "
-                             f"at {approval.approved_at}")
+            context.log.info(
+                f"candidate {approval.candidate_key} was already approved by {approval.approved_by} "
+                f"at {approval.approved_at}"
+            )
 
-    @job(name=approve_job_name(spec.name), tags={"campaign": spec.name},
-         description=f"Approve campaign {spec.name}'s latest candidate after reading its gate report "
-                     "(config: candidate_key, approved_by, note); then materialize promoted_model.")
+    @job(
+        name=approve_job_name(spec.name),
+        tags={"campaign": spec.name},
+        description=f"Approve campaign {spec.name}'s latest candidate after reading its gate report "
+        "(config: candidate_key, approved_by, note); then materialize promoted_model.",
+    )
     def approve():
         approve_candidate()
 

@@ -51,29 +51,59 @@ def ray_runner(spec, launch: KubeRayLaunch | None, kind: str) -> Callable:
     if launch is None:
         from campaign_orchestrator.generation.scaleout.stage import KubeRayNotLaunched
 
-        raise KubeRayNotLaunched(f"campaign {spec.name}: execution.kuberay is set but this stage was given no "
-                                 f"KubeRay launcher (the `kuberay` resource) to launch its RayJob with")
+        raise KubeRayNotLaunched(
+            f"campaign {spec.name}: execution.kuberay is set but this stage was given no "
+            f"KubeRay launcher (the `kuberay` resource) to launch its RayJob with"
+        )
 
-    def run(execution, prompts: Sequence[dict], recipe, identity: str, sampling, cache_config, *,
-            log: Callable[[str], None], label: str = "generations", **kwargs):
-        return run_on_kuberay(spec, launch, kind, prompts, recipe, identity, sampling, cache_config, log=log,
-                              label=label, **kwargs)
+    def run(
+        execution,
+        prompts: Sequence[dict],
+        recipe,
+        identity: str,
+        sampling,
+        cache_config,
+        *,
+        log: Callable[[str], None],
+        label: str = "generations",
+        **kwargs,
+    ):
+        return run_on_kuberay(
+            spec, launch, kind, prompts, recipe, identity, sampling, cache_config, log=log, label=label, **kwargs
+        )
 
     return run
 
 
-def run_on_kuberay(spec, launch: KubeRayLaunch, kind: str, prompts: Sequence[dict], recipe, identity: str, sampling,
-                   cache_config, *, log: Callable[[str], None], label: str, chat: bool = False,
-                   context: Sequence[dict] = (), context_categories: Sequence[str] | None = None, budget=None,
-                   price: Callable[[dict], list | None] | None = None, progress: Callable[[int], None] | None = None,
-                   on_shard=None, rate_limits=None, pool=None):
+def run_on_kuberay(
+    spec,
+    launch: KubeRayLaunch,
+    kind: str,
+    prompts: Sequence[dict],
+    recipe,
+    identity: str,
+    sampling,
+    cache_config,
+    *,
+    log: Callable[[str], None],
+    label: str,
+    chat: bool = False,
+    context: Sequence[dict] = (),
+    context_categories: Sequence[str] | None = None,
+    budget=None,
+    price: Callable[[dict], list | None] | None = None,
+    progress: Callable[[int], None] | None = None,
+    on_shard=None,
+    rate_limits=None,
+    pool=None,
+):
     """One stage's shards as a KubeRay RayJob: ``(GenerationResult, RayRun)`` as :func:`run_on_ray` returns them.
     (``rate_limits``: the driver takes them from the recipe's teacher section; ``pool``, ``on_shard``: local only.)"""
     from campaign_orchestrator.dataset.prompts import write_prompts
-    from campaign_orchestrator.generation.scaleout.job import Job
-    from campaign_orchestrator.generation.scaleout.stage import RayRun, price_shard, stats_from_dict
     from campaign_orchestrator.generation.rows import read_generations
     from campaign_orchestrator.generation.runner import GenerationError, GenerationResult
+    from campaign_orchestrator.generation.scaleout.job import Job
+    from campaign_orchestrator.generation.scaleout.stage import RayRun, price_shard, stats_from_dict
 
     if not prompts:
         raise GenerationError("no prompts to generate for: the prompt table is empty")
@@ -81,11 +111,22 @@ def run_on_kuberay(spec, launch: KubeRayLaunch, kind: str, prompts: Sequence[dic
     workdir.mkdir(parents=True, exist_ok=True)
     prompts_file, output = workdir / "prompts.parquet", workdir / "generations.parquet"
     output.unlink(missing_ok=True)  # an earlier attempt's rows are never read as this job's
-    write_prompts([{"id": str(p["id"]), "prompt": p["prompt"], "category": p.get("category")} for p in prompts],
-                  prompts_file)
-    job = Job(kind, recipe, identity, str(prompts_file), str(output), asdict(cache_config), sampling.as_dict(),
-              spec.execution.model_dump(mode="json"), chat=chat, context=[dict(m) for m in context],
-              context_categories=list(context_categories) if context_categories is not None else None)
+    write_prompts(
+        [{"id": str(p["id"]), "prompt": p["prompt"], "category": p.get("category")} for p in prompts], prompts_file
+    )
+    job = Job(
+        kind,
+        recipe,
+        identity,
+        str(prompts_file),
+        str(output),
+        asdict(cache_config),
+        sampling.as_dict(),
+        spec.execution.model_dump(mode="json"),
+        chat=chat,
+        context=[dict(m) for m in context],
+        context_categories=list(context_categories) if context_categories is not None else None,
+    )
     sent = 0
 
     def shard_progress(msg: dict) -> None:
@@ -96,8 +137,9 @@ def run_on_kuberay(spec, launch: KubeRayLaunch, kind: str, prompts: Sequence[dic
             progress(n)
 
     t0 = time.perf_counter()
-    out = launch.launcher.launch(launch.context, spec, launch.stage, json.loads(job.to_json()), workdir,
-                                 budget=budget, on_shard=shard_progress)
+    out = launch.launcher.launch(
+        launch.context, spec, launch.stage, json.loads(job.to_json()), workdir, budget=budget, on_shard=shard_progress
+    )
     summary = out["summary"]
     rows = read_generations(output)
     stats = stats_from_dict(summary["stats"])
@@ -108,11 +150,12 @@ def run_on_kuberay(spec, launch: KubeRayLaunch, kind: str, prompts: Sequence[dic
     if progress is not None and len(rows) > sent:  # cache hits, and rows of samples beyond the first
         progress(len(rows) - sent)
     paid = [r.usd for r in run.shards if r.attempts]
-    usd = "" if price is None else "; $ unknown (unpriced)" if any(u is None for u in paid) else \
-        f"; ${sum(paid):.6f}"
-    log(f"{label}: RayJob {out['ray_job']} finished in {time.perf_counter() - t0:.0f} s: {run.done}/{len(run.shards)} "
+    usd = "" if price is None else "; $ unknown (unpriced)" if any(u is None for u in paid) else f"; ${sum(paid):.6f}"
+    log(
+        f"{label}: RayJob {out['ray_job']} finished in {time.perf_counter() - t0:.0f} s: {run.done}/{len(run.shards)} "
         f"shards, {stats.generated} generated, {stats.cache_hits} cache hits, {stats.failed} failed, "
-        f"{len(run.lost_workers)} lost worker(s){usd}")
+        f"{len(run.lost_workers)} lost worker(s){usd}"
+    )
     for f in (prompts_file, output):  # the rows are the stage's output now; the job file, summary and log stay
         f.unlink(missing_ok=True)
     return GenerationResult(rows, stats), run

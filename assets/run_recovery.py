@@ -47,15 +47,26 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from dagster import (
+    DagsterInstance,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunsFilter,
+    SensorEvaluationContext,
+    SkipReason,
+    sensor,
+)
+
 from resources import run_owner
 from training import run_processes
 
-from dagster import (DagsterInstance, DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext,
-                     SkipReason, sensor)
-
 OWNER_TAG = run_owner.OWNER_TAG  # who owns the run and what it started (resources/run_owner.py)
-NOT_FINISHED = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
-                DagsterRunStatus.CANCELING]
+NOT_FINISHED = [
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
 FINISHED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 SENSOR_NAME = "reap_dead_campaign_runs"
 SENSOR_INTERVAL_S = 30
@@ -81,8 +92,13 @@ def lease_alive(run, now: float | None = None) -> bool | None:
 
 
 @contextmanager
-def hold_lease(instance: DagsterInstance, run_id: str, ttl_s: float = LEASE_S, every_s: float = LEASE_RENEW_S,
-               log: Callable[[str], None] = print) -> Iterator[None]:
+def hold_lease(
+    instance: DagsterInstance,
+    run_id: str,
+    ttl_s: float = LEASE_S,
+    every_s: float = LEASE_RENEW_S,
+    log: Callable[[str], None] = print,
+) -> Iterator[None]:
     """Renew ``run_id``'s lease every ``every_s`` from a daemon thread while the block runs (a run not created yet
     is skipped until it is). When this process dies, however it dies, the renewals stop and the lease expires."""
     stop = threading.Event()
@@ -107,9 +123,14 @@ def hold_lease(instance: DagsterInstance, run_id: str, ttl_s: float = LEASE_S, e
 def owner_tags(pid: int | None = None, start: float | None = None) -> dict[str, str]:
     """The tag naming the process that owns a run (this one by default), and the kernel boot and PID namespace
     its pid means something in."""
-    return run_owner.encode({"host": socket.gethostname(), "pid": os.getpid() if pid is None else pid,
-                             "start": round(time.time() if start is None else start, 3),
-                             **run_processes.identity()})
+    return run_owner.encode(
+        {
+            "host": socket.gethostname(),
+            "pid": os.getpid() if pid is None else pid,
+            "start": round(time.time() if start is None else start, 3),
+            **run_processes.identity(),
+        }
+    )
 
 
 def _owner(run) -> dict:
@@ -173,13 +194,18 @@ def reap_dead_runs(instance: DagsterInstance, log: Callable[[str], None] = print
             continue
         if not remove_leftovers(run, log):
             continue
-        gone = ("is gone (killed or crashed)" if can_judge(run) else
-                f"stopped renewing its lease (expired {_iso_ts(run.tags[LEASE_TAG])}: its container or machine died)")
+        gone = (
+            "is gone (killed or crashed)"
+            if can_judge(run)
+            else f"stopped renewing its lease (expired {_iso_ts(run.tags[LEASE_TAG])}: its container or machine died)"
+        )
         owner = _owner(run)
-        msg = (f"the `campaign run` process {owner['pid']} on {owner.get('host', '?')} that owned this run {gone}: "
-               "marked "
-               + ("canceled" if run.status == DagsterRunStatus.CANCELING else "failed")
-               + " and its pool slots freed")
+        msg = (
+            f"the `campaign run` process {owner['pid']} on {owner.get('host', '?')} that owned this run {gone}: "
+            "marked "
+            + ("canceled" if run.status == DagsterRunStatus.CANCELING else "failed")
+            + " and its pool slots freed"
+        )
         if run.status == DagsterRunStatus.CANCELING:
             instance.report_run_canceled(run, message=msg)
         else:
@@ -195,8 +221,10 @@ def reap_dead_runs(instance: DagsterInstance, log: Callable[[str], None] = print
         if holding:
             for rec in instance.get_run_records(RunsFilter(run_ids=sorted(holding), statuses=FINISHED)):
                 storage.free_concurrency_slots_for_run(rec.dagster_run.run_id)
-                log(f"freed the pool slots still held by finished run {rec.dagster_run.run_id} "
-                    f"({rec.dagster_run.status.value})")
+                log(
+                    f"freed the pool slots still held by finished run {rec.dagster_run.run_id} "
+                    f"({rec.dagster_run.status.value})"
+                )
     return reaped
 
 
@@ -215,8 +243,10 @@ def remove_leftovers(run, log: Callable[[str], None] = print) -> bool:
 
             deleted = delete_run_workloads(owner["k8s"], run.run_id)
         except Exception as e:  # noqa: BLE001 - the cluster unreachable, no permission: retry on a later reap
-            log(f"run {run.run_id}: could not delete its Kubernetes workloads ({type(e).__name__}: {e}); its pool "
-                f"slots stay held until they are deleted (the next `campaign run` or reaper tick tries again)")
+            log(
+                f"run {run.run_id}: could not delete its Kubernetes workloads ({type(e).__name__}: {e}); its pool "
+                f"slots stay held until they are deleted (the next `campaign run` or reaper tick tries again)"
+            )
             return False
         if deleted:
             log(f"run {run.run_id}: deleted its Kubernetes workloads {', '.join(deleted)}")
@@ -239,20 +269,25 @@ def describe_holders(instance: DagsterInstance, pool: str) -> str:
     claimed = {(s.run_id, s.step_key) for s in info.claimed_slots}
     since = {(p.run_id, p.step_key): p.assigned_timestamp for p in info.pending_steps}
     holders = [(k, "held") for k in sorted(claimed)] + [
-        ((p.run_id, p.step_key), "assigned (not yet claimed)") for p in info.pending_steps
-        if p.assigned_timestamp is not None and (p.run_id, p.step_key) not in claimed]
+        ((p.run_id, p.step_key), "assigned (not yet claimed)")
+        for p in info.pending_steps
+        if p.assigned_timestamp is not None and (p.run_id, p.step_key) not in claimed
+    ]
     parts = []
     for (run_id, step_key), how in holders:
         run = instance.get_run_by_id(run_id)
         who = _owner(run) if run is not None else {}
-        owner = (f"pid {who['pid']} on {who.get('host', '?')}" if "pid" in who else "not a `campaign run` process")
+        owner = f"pid {who['pid']} on {who.get('host', '?')}" if "pid" in who else "not a `campaign run` process"
         status = run.status.value if run is not None else "unknown run"
-        parts.append(f"{how} by run {run_id} step {step_key} ({status}, {owner}) since "
-                     f"{_iso(since.get((run_id, step_key)))}")
+        parts.append(
+            f"{how} by run {run_id} step {step_key} ({status}, {owner}) since {_iso(since.get((run_id, step_key)))}"
+        )
     waiting = [p for p in info.pending_steps if p.assigned_timestamp is None]
     if waiting:
-        parts.append("waiting: " + ", ".join(f"run {p.run_id} step {p.step_key} since {_iso(p.enqueued_timestamp)}"
-                                             for p in waiting))
+        parts.append(
+            "waiting: "
+            + ", ".join(f"run {p.run_id} step {p.step_key} since {_iso(p.enqueued_timestamp)}" for p in waiting)
+        )
     return f"pool {pool!r} ({info.limit} slot(s)): " + ("; ".join(parts) or "no holder recorded")
 
 
@@ -260,12 +295,17 @@ def reaper_sensor():
     """The daemon's reaper: every 30 s, the dead ``campaign run`` runs of this host are failed and
     their slots freed (the tick history says which)."""
 
-    @sensor(name=SENSOR_NAME, minimum_interval_seconds=SENSOR_INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,
-            description="Marks runs whose `campaign run` process is gone (SIGKILL, OOM, a closed laptop) as failed "
-                        "and frees the pool slots they hold, so no later run waits for them.")
+    @sensor(
+        name=SENSOR_NAME,
+        minimum_interval_seconds=SENSOR_INTERVAL_S,
+        default_status=DefaultSensorStatus.RUNNING,
+        description="Marks runs whose `campaign run` process is gone (SIGKILL, OOM, a closed laptop) as failed "
+        "and frees the pool slots they hold, so no later run waits for them.",
+    )
     def reap_dead_campaign_runs(context: SensorEvaluationContext):
         reaped = reap_dead_runs(context.instance, log=context.log.warning)
-        return SkipReason(f"reaped {len(reaped)} dead run(s): {', '.join(reaped)}" if reaped
-                          else "no dead `campaign run` runs")
+        return SkipReason(
+            f"reaped {len(reaped)} dead run(s): {', '.join(reaped)}" if reaped else "no dead `campaign run` runs"
+        )
 
     return reap_dead_campaign_runs

@@ -21,9 +21,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dagster import (AssetSelection, DagsterRunStatus, DefaultScheduleStatus, DefaultSensorStatus,
-                     EventLogEntry, RunRequest, ScheduleEvaluationContext, SensorEvaluationContext, SkipReason,
-                     asset_sensor, define_asset_job, schedule, sensor)
+from dagster import (
+    AssetSelection,
+    DagsterRunStatus,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    EventLogEntry,
+    RunRequest,
+    ScheduleEvaluationContext,
+    SensorEvaluationContext,
+    SkipReason,
+    asset_sensor,
+    define_asset_job,
+    schedule,
+    sensor,
+)
 
 from assets.common import STAGES, key
 from assets.drift_evaluation import drift_key
@@ -31,8 +43,13 @@ from campaigns.spec import CampaignSpec
 from resources.storage import ArtifactStore
 
 TRIGGER, REASON = "trigger", "trigger_reason"
-IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
-               DagsterRunStatus.CANCELING]
+IN_PROGRESS = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
 
 
 def trigger_tags(spec: CampaignSpec, trigger: str, reason: str, **extra: str) -> dict[str, str]:
@@ -57,12 +74,17 @@ def _sensor_status(on: bool) -> DefaultSensorStatus:
 def new_data_sensor(spec: CampaignSpec, job_name: str):
     nd = spec.automation.new_data
 
-    @sensor(name=f"{spec.name}_new_data", tags=automation_tags(spec, "new_data"), job_name=job_name,
-            minimum_interval_seconds=nd.interval_s,
-            default_status=_sensor_status(nd.enabled),
-            description=f"New files in `{spec.data.source}` (by content hash) re-run campaign {spec.name} from prompts "
-                        f"once {nd.min_new_rows}+ new rows"
-                        + (f" and +{nd.min_new_fraction:.0%}" if nd.min_new_fraction else "") + " are pending.")
+    @sensor(
+        name=f"{spec.name}_new_data",
+        tags=automation_tags(spec, "new_data"),
+        job_name=job_name,
+        minimum_interval_seconds=nd.interval_s,
+        default_status=_sensor_status(nd.enabled),
+        description=f"New files in `{spec.data.source}` (by content hash) re-run campaign {spec.name} from prompts "
+        f"once {nd.min_new_rows}+ new rows"
+        + (f" and +{nd.min_new_fraction:.0%}" if nd.min_new_fraction else "")
+        + " are pending.",
+    )
     def new_data(context: SensorEvaluationContext):
         from campaign_orchestrator.triggers.newdata import NewDataState, Threshold, observe
         from campaign_orchestrator.triggers.sources import SourceError, list_source
@@ -77,9 +99,17 @@ def new_data_sensor(spec: CampaignSpec, job_name: str):
         context.log.info(decision.reason)
         if not decision.request:
             return SkipReason(decision.reason)
-        return RunRequest(run_key=decision.run_key, asset_selection=stage_keys(spec),
-                          tags=trigger_tags(spec, "sensor", decision.reason, new_files=",".join(decision.new_files)[:500],
-                                            new_rows=str(decision.new_rows)))
+        return RunRequest(
+            run_key=decision.run_key,
+            asset_selection=stage_keys(spec),
+            tags=trigger_tags(
+                spec,
+                "sensor",
+                decision.reason,
+                new_files=",".join(decision.new_files)[:500],
+                new_rows=str(decision.new_rows),
+            ),
+        )
 
     return new_data
 
@@ -87,13 +117,17 @@ def new_data_sensor(spec: CampaignSpec, job_name: str):
 def model_change_sensor(spec: CampaignSpec, job_name: str):
     mc = spec.automation.model_change
 
-    @sensor(name=f"{spec.name}_model_change", tags=automation_tags(spec, "model_change"), job_name=job_name,
-            minimum_interval_seconds=mc.interval_s,
-            default_status=_sensor_status(mc.enabled),
-            description=f"Re-materializes the {spec.name} stages made with another teacher, student base or settings "
-                        f"(code version) or from an older upstream asset, and everything downstream of them.")
+    @sensor(
+        name=f"{spec.name}_model_change",
+        tags=automation_tags(spec, "model_change"),
+        job_name=job_name,
+        minimum_interval_seconds=mc.interval_s,
+        default_status=_sensor_status(mc.enabled),
+        description=f"Re-materializes the {spec.name} stages made with another teacher, student base or settings "
+        f"(code version) or from an older upstream asset, and everything downstream of them.",
+    )
     def model_change(context: SensorEvaluationContext):
-        from dagster import AssetKey, DagsterRunStatus, DataProvenance, RunsFilter
+        from dagster import AssetKey, DataProvenance, RunsFilter
 
         from assets.versions import COVERS, code_versions
         from campaign_orchestrator.triggers.staleness import Recorded, plan
@@ -106,7 +140,9 @@ def model_change_sensor(spec: CampaignSpec, job_name: str):
         keys = stage_keys(spec)
         order = [k.to_user_string() for k in keys]
         parents = {k.to_user_string(): [p.to_user_string() for p in graph.get(k).parent_keys] for k in keys}
-        current = {key(spec, st).to_user_string(): v for st, v in code_versions(spec).items()}  # fresh: sees new weights
+        current = {
+            key(spec, st).to_user_string(): v for st, v in code_versions(spec).items()
+        }  # fresh: sees new weights
         upstream = {p for ps in parents.values() for p in ps}
         latest, recorded = {}, {}
         for k in set(order) | upstream:
@@ -115,15 +151,31 @@ def model_change_sensor(spec: CampaignSpec, job_name: str):
             latest[k] = (tags or {}).get("dagster/data_version")
             if k in order:
                 prov = DataProvenance.from_tags(tags) if tags else None
-                recorded[k] = None if prov is None else Recorded(
-                    prov.code_version, {p.to_user_string(): v.value for p, v in prov.input_data_versions.items()})
-        p = plan(order, parents, current, recorded, latest,
-                 explain={key(spec, st).to_user_string(): c for st, c in COVERS.items()})
+                recorded[k] = (
+                    None
+                    if prov is None
+                    else Recorded(
+                        prov.code_version, {p.to_user_string(): v.value for p, v in prov.input_data_versions.items()}
+                    )
+                )
+        p = plan(
+            order,
+            parents,
+            current,
+            recorded,
+            latest,
+            explain={key(spec, st).to_user_string(): c for st, c in COVERS.items()},
+        )
         if not p.stale:
             made = sum(1 for r in recorded.values() if r is not None)
-            return SkipReason(f"no stale stage ({made}/{len(order)} materialized, all with their current code and inputs)")
-        return RunRequest(run_key=p.run_key, asset_selection=[AssetKey.from_user_string(k) for k in p.selection],
-                          tags=trigger_tags(spec, "model_change", f"stale: {p.reason()}"))
+            return SkipReason(
+                f"no stale stage ({made}/{len(order)} materialized, all with their current code and inputs)"
+            )
+        return RunRequest(
+            run_key=p.run_key,
+            asset_selection=[AssetKey.from_user_string(k) for k in p.selection],
+            tags=trigger_tags(spec, "model_change", f"stale: {p.reason()}"),
+        )
 
     return model_change
 
@@ -135,16 +187,26 @@ def drift_job_name(spec: CampaignSpec) -> str:
 def drift_schedule(spec: CampaignSpec, drift_job):
     dr = spec.automation.drift
 
-    @schedule(name=f"{spec.name}_drift", metadata=automation_tags(spec, "drift"), job=drift_job, cron_schedule=dr.cron,
-              execution_timezone=dr.timezone,
-              default_status=DefaultScheduleStatus.RUNNING if dr.enabled else DefaultScheduleStatus.STOPPED,
-              description=f"Re-score the promoted {spec.name} model on the freshest held-out data ({dr.cron} {dr.timezone}).")
+    @schedule(
+        name=f"{spec.name}_drift",
+        metadata=automation_tags(spec, "drift"),
+        job=drift_job,
+        cron_schedule=dr.cron,
+        execution_timezone=dr.timezone,
+        default_status=DefaultScheduleStatus.RUNNING if dr.enabled else DefaultScheduleStatus.STOPPED,
+        description=f"Re-score the promoted {spec.name} model on the freshest held-out data ({dr.cron} {dr.timezone}).",
+    )
     def drift(context: ScheduleEvaluationContext, storage: ArtifactStore):
         current = storage.campaign_dir(spec.name) / "promoted_model" / "CURRENT"
         if not current.exists():
             return SkipReason(f"campaign {spec.name} has no promoted model yet ({current} is missing)")
-        return RunRequest(tags=trigger_tags(spec, "schedule", f"drift re-evaluation of promoted model "
-                                                              f"{current.read_text().strip()} (cron '{dr.cron}' {dr.timezone})"))
+        return RunRequest(
+            tags=trigger_tags(
+                spec,
+                "schedule",
+                f"drift re-evaluation of promoted model {current.read_text().strip()} (cron '{dr.cron}' {dr.timezone})",
+            )
+        )
 
     return drift
 
@@ -152,10 +214,14 @@ def drift_schedule(spec: CampaignSpec, drift_job):
 def drift_retrain_sensor(spec: CampaignSpec, job_name: str):
     dr = spec.automation.drift
 
-    @asset_sensor(asset_key=drift_key(spec), name=f"{spec.name}_drift_retrain", tags=automation_tags(spec, "drift_retrain"),
-                  job_name=job_name,
-                  default_status=_sensor_status(dr.enabled),
-                  description=f"A DRIFTED {spec.name}/drift_evaluation requests a retraining run on the freshest data.")
+    @asset_sensor(
+        asset_key=drift_key(spec),
+        name=f"{spec.name}_drift_retrain",
+        tags=automation_tags(spec, "drift_retrain"),
+        job_name=job_name,
+        default_status=_sensor_status(dr.enabled),
+        description=f"A DRIFTED {spec.name}/drift_evaluation requests a retraining run on the freshest data.",
+    )
     def drift_retrain(context: SensorEvaluationContext, asset_event: EventLogEntry):
         mat = asset_event.asset_materialization
         md = {k: v.value for k, v in (mat.metadata if mat else {}).items()}
@@ -165,9 +231,13 @@ def drift_retrain_sensor(spec: CampaignSpec, job_name: str):
         reason = f"drift of promoted model {md['promoted_key']}: {md['summary']}"
         # One request per (promoted model, fresh data): a drift that persists on the same data
         # does not retrain again and again; new data gives a new key.
-        return RunRequest(run_key=f"drift-{md['drift_key']}", asset_selection=stage_keys(spec),
-                          tags=trigger_tags(spec, "drift", reason, drifted_model=str(md["promoted_key"]),
-                                            drift_run=asset_event.run_id))
+        return RunRequest(
+            run_key=f"drift-{md['drift_key']}",
+            asset_selection=stage_keys(spec),
+            tags=trigger_tags(
+                spec, "drift", reason, drifted_model=str(md["promoted_key"]), drift_run=asset_event.run_id
+            ),
+        )
 
     return drift_retrain
 
@@ -184,10 +254,19 @@ def campaign_automation(spec: CampaignSpec, campaign_job_name: str) -> CampaignA
     """The drift asset, its job and schedule, and the campaign's sensors."""
     from assets import drift_evaluation as drift
 
-    drift_job = define_asset_job(drift_job_name(spec), selection=AssetSelection.keys(drift_key(spec)),
-                                 tags={"campaign": spec.name},
-                                 description=f"Re-score the promoted {spec.name} model on the freshest held-out data.")
+    drift_job = define_asset_job(
+        drift_job_name(spec),
+        selection=AssetSelection.keys(drift_key(spec)),
+        tags={"campaign": spec.name},
+        description=f"Re-score the promoted {spec.name} model on the freshest held-out data.",
+    )
     return CampaignAutomation(
-        assets=[drift.build(spec)], jobs=[drift_job], schedules=[drift_schedule(spec, drift_job)],
-        sensors=[new_data_sensor(spec, campaign_job_name), model_change_sensor(spec, campaign_job_name),
-                 drift_retrain_sensor(spec, campaign_job_name)])
+        assets=[drift.build(spec)],
+        jobs=[drift_job],
+        schedules=[drift_schedule(spec, drift_job)],
+        sensors=[
+            new_data_sensor(spec, campaign_job_name),
+            model_change_sensor(spec, campaign_job_name),
+            drift_retrain_sensor(spec, campaign_job_name),
+        ],
+    )

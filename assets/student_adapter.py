@@ -10,10 +10,9 @@ from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 from assets.common import base_metadata, key, model_deps, model_identity, stage_key
 from assets.perf_metadata import profile_metadata
 from campaigns.spec import CampaignSpec
-from resources.training_launcher import TrainingLauncher
 from resources.pricing import PricingResource, refuse_student
 from resources.storage import ArtifactStore
-
+from resources.training_launcher import TrainingLauncher
 
 # Student fields added after adapters were first keyed: left out of the key at their defaults, so adding
 # them changed no existing adapter's key (nor its cache, nor the model-change sensor's versions).
@@ -42,10 +41,21 @@ def training_key_fields(spec: CampaignSpec, precision: str | None = None) -> dic
     student = student_key_fields(spec)
     if precision is not None:
         student["quantization"]["compute_dtype"] = precision
-    training = spec.training.model_dump(exclude={"launcher", "log_every", "hardware", "allow_cpu_fallback",
-                                                 "cpu_hardware", "checkpoint",
-                                                 "collective_timeout_s", "diagnostics", "distributed_env",
-                                                 "reshard_after_forward", "compile"})  # speed, not the adapter
+    training = spec.training.model_dump(
+        exclude={
+            "launcher",
+            "log_every",
+            "hardware",
+            "allow_cpu_fallback",
+            "cpu_hardware",
+            "checkpoint",
+            "collective_timeout_s",
+            "diagnostics",
+            "distributed_env",
+            "reshard_after_forward",
+            "compile",
+        }
+    )  # speed, not the adapter
     if spec.training.distillation.loss != "on_policy":  # added with on-policy distillation: keys no other adapter
         del training["distillation"]["on_policy"]
     if spec.training.selection.rule == "last":  # added with checkpoint selection: keys no other adapter
@@ -80,11 +90,13 @@ def check_precision(spec: CampaignSpec, summary: dict, keyed: str, where) -> Non
 
     ran = ran_precision(summary)
     if ran is not None and ran != keyed:
-        raise Failure(f"campaign {spec.name}: the adapter was trained in {ran} but its cache key was made for {keyed} "
-                      f"(student.quantization.compute_dtype {spec.student.quantization.compute_dtype}); it is not "
-                      f"stored under that key ({where}). Set student.quantization.compute_dtype to "
-                      f"{ran.split(':')[1]} explicitly, or run the trainer where it resolves as keyed",
-                      allow_retries=False)
+        raise Failure(
+            f"campaign {spec.name}: the adapter was trained in {ran} but its cache key was made for {keyed} "
+            f"(student.quantization.compute_dtype {spec.student.quantization.compute_dtype}); it is not "
+            f"stored under that key ({where}). Set student.quantization.compute_dtype to "
+            f"{ran.split(':')[1]} explicitly, or run the trainer where it resolves as keyed",
+            allow_retries=False,
+        )
 
 
 def teacher_tokenizer_path(spec: CampaignSpec, storage: ArtifactStore) -> str | None:
@@ -109,20 +121,30 @@ def on_policy_job(spec: CampaignSpec, storage: ArtifactStore, prompts: dict):
     model_path = teacher_model_path(storage, spec)
     weights_id = model_identity(model_path, t.revision) if model_path is not None else None
     compute_dtype = t.compute_dtype if t.compute_dtype != "auto" else spec.student.quantization.compute_dtype
-    return OnPolicyJob(prompts_path=prompts["train_path"], template=spec.dataset.template, teacher_backend=t.backend,
-                       teacher_model_path=str(model_path) if model_path is not None else None,
-                       teacher_compute_dtype=compute_dtype,
-                       teacher_identity=spec_identity(t, model_path, weights_id),
-                       teacher=t.model_dump(mode="json"), context=[m.model_dump() for m in t.context],
-                       context_categories=t.context_categories)
+    return OnPolicyJob(
+        prompts_path=prompts["train_path"],
+        template=spec.dataset.template,
+        teacher_backend=t.backend,
+        teacher_model_path=str(model_path) if model_path is not None else None,
+        teacher_compute_dtype=compute_dtype,
+        teacher_identity=spec_identity(t, model_path, weights_id),
+        teacher=t.model_dump(mode="json"),
+        context=[m.model_dump() for m in t.context],
+        context_categories=t.context_categories,
+    )
 
 
 def on_policy_key_fields(spec: CampaignSpec, job) -> dict | None:
     """What the samples and their scores depend on beyond the training settings: the prompts and the teacher."""
     if job is None:
         return None
-    return {"prompts": job.prompts_path and _file_sha(job.prompts_path), "teacher": job.teacher_identity,
-            "context": job.context, "context_categories": job.context_categories, "template": job.template}
+    return {
+        "prompts": job.prompts_path and _file_sha(job.prompts_path),
+        "teacher": job.teacher_identity,
+        "context": job.context,
+        "context_categories": job.context_categories,
+        "template": job.template,
+    }
 
 
 def _file_sha(path: str) -> str:
@@ -136,8 +158,10 @@ def refuse_before_launch(spec: CampaignSpec, base) -> None:
     below 1, targets that match nothing), before any process starts; the trainer checks them again."""
     problems = refuse_student(spec, base)
     if problems:
-        raise ValueError(f"campaign {spec.name}: student {spec.student.base_model} ({base}) refuses these settings, "
-                         "nothing was launched:\n  " + "\n  ".join(problems))
+        raise ValueError(
+            f"campaign {spec.name}: student {spec.student.base_model} ({base}) refuses these settings, "
+            "nothing was launched:\n  " + "\n  ".join(problems)
+        )
 
 
 def moe_metadata(moe: dict | None) -> dict:
@@ -147,12 +171,18 @@ def moe_metadata(moe: dict | None) -> dict:
         return {}
     t = moe["trainable_by_kind"]
     return {
-        "trainable_attention": t["attention"], "trainable_dense_mlp": t["dense_mlp"],
-        "trainable_routed_experts": t["routed_experts"], "trainable_router": t["router"],
+        "trainable_attention": t["attention"],
+        "trainable_dense_mlp": t["dense_mlp"],
+        "trainable_routed_experts": t["routed_experts"],
+        "trainable_router": t["router"],
         "trainable_breakdown": MetadataValue.json({"trainable": t, "parameters": moe["parameters_by_kind"]}),
-        "routed_experts_trained": moe["routed_experts_trained"], "experts_quantized": moe["experts_quantized"],
-        "num_experts": moe["num_experts"], "num_experts_per_tok": moe["num_experts_per_tok"],
-        "expert_rank": moe["expert_rank"], "router": moe["router"], "aux_loss_coef": moe["aux_loss_coef"],
+        "routed_experts_trained": moe["routed_experts_trained"],
+        "experts_quantized": moe["experts_quantized"],
+        "num_experts": moe["num_experts"],
+        "num_experts_per_tok": moe["num_experts_per_tok"],
+        "expert_rank": moe["expert_rank"],
+        "router": moe["router"],
+        "aux_loss_coef": moe["aux_loss_coef"],
         "expert_lora_b_nonzero": f"{moe['expert_lora_b_nonzero']}/{moe['expert_lora_b_slices']}",
         "routed_tokens_per_expert": MetadataValue.json(moe["routed_tokens_per_expert"]),
         "expert_grad_checks": MetadataValue.json(moe["expert_grad_checks"]),
@@ -167,15 +197,23 @@ def on_policy_metadata(op: dict | None, manifest: dict | None = None) -> dict:
     if not op:
         return {}
     m = manifest or {}
-    return {"teacher_scoring_usd": m.get("on_policy_scoring_usd"),
-            "teacher_scoring_note": m.get("on_policy_scoring_note"),
-            "teacher_scoring_usd_by_round": MetadataValue.json(m["on_policy_scoring_rounds_usd"])
-            if m.get("on_policy_scoring_rounds_usd") else None,
-            "on_policy_rounds": op["rounds"], "on_policy_steps": op["on_policy_steps"],
-            "off_policy_steps": op["off_policy_steps"], "student_samples": op["samples"],
-            "teacher_tokens_scored": op["teacher_prefill_tokens"], "sampled_tokens": op["sampled_tokens"],
-            "mean_reverse_kl": op.get("mean_reverse_kl"), "sampling_seconds": op["sampling_seconds"],
-            "scoring_seconds": op["scoring_seconds"], "rounds": MetadataValue.json(op["per_round"])}
+    return {
+        "teacher_scoring_usd": m.get("on_policy_scoring_usd"),
+        "teacher_scoring_note": m.get("on_policy_scoring_note"),
+        "teacher_scoring_usd_by_round": MetadataValue.json(m["on_policy_scoring_rounds_usd"])
+        if m.get("on_policy_scoring_rounds_usd")
+        else None,
+        "on_policy_rounds": op["rounds"],
+        "on_policy_steps": op["on_policy_steps"],
+        "off_policy_steps": op["off_policy_steps"],
+        "student_samples": op["samples"],
+        "teacher_tokens_scored": op["teacher_prefill_tokens"],
+        "sampled_tokens": op["sampled_tokens"],
+        "mean_reverse_kl": op.get("mean_reverse_kl"),
+        "sampling_seconds": op["sampling_seconds"],
+        "scoring_seconds": op["scoring_seconds"],
+        "rounds": MetadataValue.json(op["per_round"]),
+    }
 
 
 def adopt_trial(sweep: dict, out, precision: str | None = None) -> dict | None:
@@ -208,34 +246,70 @@ def build(spec: CampaignSpec):
     if spec.sweep is not None:
         ins["sweep"] = AssetIn(key(spec, "hparam_sweep"))
 
-    decorate = asset(key=key(spec, "student_adapter"), group_name=spec.name, kinds={"pytorch"},
-                     ins=ins, deps=model_deps(s.base_model), pool="gpu",
-                     description=(f"LoRA r={s.lora.r} on `{s.base_model}` ({'4-bit QLoRA' if s.quantization.load_in_4bit else 'bf16'}),"
-                                  f" {tr.nodes} node(s) × {tr.processes_per_node} process(es), sharding {tr.sharding}"
-                                  + ("; parameters from the sweep's best trial (hparam_sweep)." if spec.sweep else ".")))
+    decorate = asset(
+        key=key(spec, "student_adapter"),
+        group_name=spec.name,
+        kinds={"pytorch"},
+        ins=ins,
+        deps=model_deps(s.base_model),
+        pool="gpu",
+        description=(
+            f"LoRA r={s.lora.r} on `{s.base_model}` ({'4-bit QLoRA' if s.quantization.load_in_4bit else 'bf16'}),"
+            f" {tr.nodes} node(s) × {tr.processes_per_node} process(es), sharding {tr.sharding}"
+            + ("; parameters from the sweep's best trial (hparam_sweep)." if spec.sweep else ".")
+        ),
+    )
     if spec.sweep is None and "prompts" in ins:
+
         @decorate
-        def student_adapter(context: AssetExecutionContext, dataset: dict, prompts: dict, storage: ArtifactStore,
-                            launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
+        def student_adapter(
+            context: AssetExecutionContext,
+            dataset: dict,
+            prompts: dict,
+            storage: ArtifactStore,
+            launcher: TrainingLauncher,
+            pricing: PricingResource,
+        ) -> Output[dict]:
             return train_adapter(context, spec, dataset, storage, launcher, pricing, prompts=prompts)
     elif spec.sweep is None:
+
         @decorate
-        def student_adapter(context: AssetExecutionContext, dataset: dict, storage: ArtifactStore,
-                            launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
+        def student_adapter(
+            context: AssetExecutionContext,
+            dataset: dict,
+            storage: ArtifactStore,
+            launcher: TrainingLauncher,
+            pricing: PricingResource,
+        ) -> Output[dict]:
             return train_adapter(context, spec, dataset, storage, launcher, pricing)
     else:
+
         @decorate
-        def student_adapter(context: AssetExecutionContext, dataset: dict, sweep: dict, storage: ArtifactStore,
-                            launcher: TrainingLauncher, pricing: PricingResource) -> Output[dict]:
-            return train_adapter(context, spec.with_params(sweep["best_params"]), dataset, storage, launcher, pricing,
-                                 sweep)
+        def student_adapter(
+            context: AssetExecutionContext,
+            dataset: dict,
+            sweep: dict,
+            storage: ArtifactStore,
+            launcher: TrainingLauncher,
+            pricing: PricingResource,
+        ) -> Output[dict]:
+            return train_adapter(
+                context, spec.with_params(sweep["best_params"]), dataset, storage, launcher, pricing, sweep
+            )
 
     return student_adapter
 
 
-def train_adapter(context: AssetExecutionContext, spec: CampaignSpec, dataset: dict, storage: ArtifactStore,
-                  launcher: TrainingLauncher, pricing: PricingResource, sweep: dict | None = None,
-                  prompts: dict | None = None) -> Output[dict]:
+def train_adapter(
+    context: AssetExecutionContext,
+    spec: CampaignSpec,
+    dataset: dict,
+    storage: ArtifactStore,
+    launcher: TrainingLauncher,
+    pricing: PricingResource,
+    sweep: dict | None = None,
+    prompts: dict | None = None,
+) -> Output[dict]:
     """The stage's work for ``spec`` (the campaign, or the campaign with the sweep's best parameters). With
     ``teacher_generations: none`` ``dataset`` is the prompts stage's manifest (no tokenized dataset)."""
     s, tr = spec.student, spec.training
@@ -278,17 +352,30 @@ def _adopt_best_trial(context, spec: CampaignSpec, sd, base, sweep: dict, precis
     if summary is None:
         return None
     adopted = sweep["best_trial"]
-    context.log.info(f"student_adapter: the sweep's best trial {adopted} ({sweep['best_params']}) trained "
-                     f"the full {tr.max_steps} steps with these settings: its adapter is the candidate")
-    sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
-               "metrics_path": str(out / "metrics.parquet"), "logs": [], "wall_seconds": 0.0,
-               "cost_lines": [], "billed_hardware": tr.hardware, "from_sweep_trial": adopted,
-               "sweep_params": sweep["best_params"]})  # paid for in the sweep (ledger: hparam_sweep)
+    context.log.info(
+        f"student_adapter: the sweep's best trial {adopted} ({sweep['best_params']}) trained "
+        f"the full {tr.max_steps} steps with these settings: its adapter is the candidate"
+    )
+    sd.commit(
+        {
+            "adapter_path": str(out / "adapter"),
+            "base_model_path": str(base),
+            "summary": summary,
+            "metrics_path": str(out / "metrics.parquet"),
+            "logs": [],
+            "wall_seconds": 0.0,
+            "cost_lines": [],
+            "billed_hardware": tr.hardware,
+            "from_sweep_trial": adopted,
+            "sweep_params": sweep["best_params"],
+        }
+    )  # paid for in the sweep (ledger: hparam_sweep)
     return adopted
 
 
-def _train(context, spec: CampaignSpec, sd, k: str, base, dataset: dict, on_policy, precision: str,
-           resources: tuple) -> None:
+def _train(
+    context, spec: CampaignSpec, sd, k: str, base, dataset: dict, on_policy, precision: str, resources: tuple
+) -> None:
     """Launch the trainer into ``sd`` under the stage's budget guard, bill what it ran on and commit
     (``resources``: storage, launcher, pricing)."""
     from training.config import TrainJob
@@ -299,22 +386,36 @@ def _train(context, spec: CampaignSpec, sd, k: str, base, dataset: dict, on_poli
     out = sd.ensure()
     shutil.rmtree(out / "adapter", ignore_errors=True)
     remote = tr.checkpoint.remote_uri
-    job = TrainJob(campaign=spec.name, base_model_path=str(base),
-                   dataset_path="" if skips else dataset["dataset_path"],
-                   validation_path=None if skips else dataset.get("validation_path"), output_dir=str(out),
-                   student=s, training=tr, teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
-                   on_policy=on_policy,
-                   gpu_required=pricing.gpu_required(spec),
-                   checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None)
+    job = TrainJob(
+        campaign=spec.name,
+        base_model_path=str(base),
+        dataset_path="" if skips else dataset["dataset_path"],
+        validation_path=None if skips else dataset.get("validation_path"),
+        output_dir=str(out),
+        student=s,
+        training=tr,
+        teacher_tokenizer_path=teacher_tokenizer_path(spec, storage),
+        on_policy=on_policy,
+        gpu_required=pricing.gpu_required(spec),
+        checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None,
+    )
     t0 = time.perf_counter()
     cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
     launched = launcher.launch(context, job, out, budget=pricing.guard(context, spec, sd), **cluster)
     wall = time.perf_counter() - t0
     summary = json.loads((out / "summary.json").read_text())
     check_precision(spec, summary, precision, out)
-    sd.commit({"adapter_path": str(out / "adapter"), "base_model_path": str(base), "summary": summary,
-               "metrics_path": str(out / "metrics.parquet"), "logs": launched["logs"], "wall_seconds": wall}
-              | _training_cost(context, spec, pricing, summary, wall))
+    sd.commit(
+        {
+            "adapter_path": str(out / "adapter"),
+            "base_model_path": str(base),
+            "summary": summary,
+            "metrics_path": str(out / "metrics.parquet"),
+            "logs": launched["logs"],
+            "wall_seconds": wall,
+        }
+        | _training_cost(context, spec, pricing, summary, wall)
+    )
 
 
 def _training_cost(context, spec: CampaignSpec, pricing: PricingResource, summary: dict, wall: float) -> dict:
@@ -335,40 +436,74 @@ def _training_cost(context, spec: CampaignSpec, pricing: PricingResource, summar
             lines = lines + scoring["lines"]
         if scoring["billing_note"]:
             context.log.info(scoring["billing_note"])
-    return {"cost_lines": lines, "billed_hardware": billed,
-            **({"billing_note": note} if note else {}), **({"cost_unknown": unknown} if unknown else {}),
-            **({"on_policy_scoring_usd": scoring["usd"], "on_policy_scoring_rounds_usd": scoring["parts_usd"],
-                "on_policy_scoring_note": scoring["billing_note"]} if scoring is not None else {})}
+    return {
+        "cost_lines": lines,
+        "billed_hardware": billed,
+        **({"billing_note": note} if note else {}),
+        **({"cost_unknown": unknown} if unknown else {}),
+        **(
+            {
+                "on_policy_scoring_usd": scoring["usd"],
+                "on_policy_scoring_rounds_usd": scoring["parts_usd"],
+                "on_policy_scoring_note": scoring["billing_note"],
+            }
+            if scoring is not None
+            else {}
+        ),
+    }
 
 
 def adapter_metadata(m: dict, cached: bool, sweep: dict | None) -> dict:
     """The adapter stage's manifest as Dagster metadata (None values still in: the caller drops them)."""
     sm = m["summary"]
-    md = base_metadata(m, cached) | {
-        "adapter": MetadataValue.path(m["adapter_path"]), "metrics": MetadataValue.path(m["metrics_path"]),
-        "steps": sm["steps"], "first_loss": sm["first_loss"], "final_loss": sm["final_loss"],
-        "tokens": sm["tokens"], "tokens_per_s": sm["tokens_per_s"], "train_seconds": sm["train_seconds"],
-        "world_size": sm["world_size"], "effective_batch": sm["effective_batch"],
-        "trainable_parameters": sm["trainable_parameters"], "adapter_bytes": sm["adapter_bytes"],
-        "peak_memory_mb": sm["peak_memory_mb"],
-        "eval_loss_before": sm.get("eval_loss_before"), "eval_loss": sm.get("eval_loss"),
-        "skipped_steps": sm.get("skipped_steps", 0), "resumed_from_step": sm.get("resumed_from_step"),
-        "loss_kind": sm.get("loss", "sequence"), "sharding": sm.get("sharding"),
-        "gpu_hours": float(sum(line["quantity"] for line in m["cost_lines"] if line["unit"] == "gpu-hour")),
-        "device": sm.get("device"), "billed_hardware": m.get("billed_hardware"), "billing_note": m.get("billing_note"),
-        "compute_dtype": sm.get("compute_dtype"), "compute_dtype_reason": sm.get("compute_dtype_reason"),
-    } | on_policy_metadata(sm.get("on_policy"), m) | profile_metadata(m["path"])
+    md = (
+        base_metadata(m, cached)
+        | {
+            "adapter": MetadataValue.path(m["adapter_path"]),
+            "metrics": MetadataValue.path(m["metrics_path"]),
+            "steps": sm["steps"],
+            "first_loss": sm["first_loss"],
+            "final_loss": sm["final_loss"],
+            "tokens": sm["tokens"],
+            "tokens_per_s": sm["tokens_per_s"],
+            "train_seconds": sm["train_seconds"],
+            "world_size": sm["world_size"],
+            "effective_batch": sm["effective_batch"],
+            "trainable_parameters": sm["trainable_parameters"],
+            "adapter_bytes": sm["adapter_bytes"],
+            "peak_memory_mb": sm["peak_memory_mb"],
+            "eval_loss_before": sm.get("eval_loss_before"),
+            "eval_loss": sm.get("eval_loss"),
+            "skipped_steps": sm.get("skipped_steps", 0),
+            "resumed_from_step": sm.get("resumed_from_step"),
+            "loss_kind": sm.get("loss", "sequence"),
+            "sharding": sm.get("sharding"),
+            "gpu_hours": float(sum(line["quantity"] for line in m["cost_lines"] if line["unit"] == "gpu-hour")),
+            "device": sm.get("device"),
+            "billed_hardware": m.get("billed_hardware"),
+            "billing_note": m.get("billing_note"),
+            "compute_dtype": sm.get("compute_dtype"),
+            "compute_dtype_reason": sm.get("compute_dtype_reason"),
+        }
+        | on_policy_metadata(sm.get("on_policy"), m)
+        | profile_metadata(m["path"])
+    )
     if sm.get("selection"):  # training.selection: the kept checkpoint, not the last
-        md |= {"kept_step": sm["selection"]["kept_step"], "kept_because": sm["selection"]["reason"],
-               "selection": MetadataValue.json(sm["selection"])}
+        md |= {
+            "kept_step": sm["selection"]["kept_step"],
+            "kept_because": sm["selection"]["reason"],
+            "selection": MetadataValue.json(sm["selection"]),
+        }
     if sm.get("merged_dir"):
         md["merged_model"] = MetadataValue.path(sm["merged_dir"])
     md |= moe_metadata(sm.get("moe"))
     if m.get("cost_unknown"):  # never $0: an unpriced API teacher scored the student's samples
         md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
     if m.get("from_sweep_trial") is not None or sweep is not None:
-        md |= {"from_sweep_trial": m.get("from_sweep_trial"), "sweep_params": MetadataValue.json(sweep["best_params"])
-               if sweep else None}
+        md |= {
+            "from_sweep_trial": m.get("from_sweep_trial"),
+            "sweep_params": MetadataValue.json(sweep["best_params"]) if sweep else None,
+        }
     return md
 
 

@@ -24,7 +24,12 @@ def trial_partition(root: int) -> str:
 
 
 def build(spec: CampaignSpec) -> AssetSpec:
-    return AssetSpec(key=trial_key(spec), group_name=spec.name, partitions_def=trial_partitions(spec),
-                     deps=[key(spec, "tokenized_dataset")], kinds={"optuna"},
-                     description="One partition per sweep trial (reported by hparam_sweep after every rung): its "
-                                 "parameters, eval loss at each rung, cost, and PROMOTED / PRUNED / COMPLETE / STOPPED.")
+    return AssetSpec(
+        key=trial_key(spec),
+        group_name=spec.name,
+        partitions_def=trial_partitions(spec),
+        deps=[key(spec, "tokenized_dataset")],
+        kinds={"optuna"},
+        description="One partition per sweep trial (reported by hparam_sweep after every rung): its "
+        "parameters, eval loss at each rung, cost, and PROMOTED / PRUNED / COMPLETE / STOPPED.",
+    )

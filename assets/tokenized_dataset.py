@@ -19,10 +19,18 @@ def build_settings(spec: CampaignSpec):
     from campaign_orchestrator.dataset.tokenize import BuildSettings
 
     d = spec.dataset
-    return BuildSettings(max_seq_len=spec.training.max_seq_len, template=d.template, train_on_prompt=d.train_on_prompt,
-                         packing=d.packing, padding=d.padding, too_long=d.too_long,
-                         shard_size_bytes=int(d.shard_size_mb * (1 << 20)), validation_fraction=d.validation_fraction,
-                         split_seed=d.split_seed, num_proc=d.num_proc)
+    return BuildSettings(
+        max_seq_len=spec.training.max_seq_len,
+        template=d.template,
+        train_on_prompt=d.train_on_prompt,
+        packing=d.packing,
+        padding=d.padding,
+        too_long=d.too_long,
+        shard_size_bytes=int(d.shard_size_mb * (1 << 20)),
+        validation_fraction=d.validation_fraction,
+        split_seed=d.split_seed,
+        num_proc=d.num_proc,
+    )
 
 
 # The teacher columns' format (``campaign_orchestrator.dataset.topk``): part of the key of a campaign whose teacher stores
@@ -30,8 +38,9 @@ def build_settings(spec: CampaignSpec):
 TEACHER_TOPK_FORMAT = "teacher_topk/v1"
 
 
-def content_key(distillation_key: str, tokenizer: str, settings, extra_sources_hash: str | None,
-                teacher_topk: bool = False) -> str:
+def content_key(
+    distillation_key: str, tokenizer: str, settings, extra_sources_hash: str | None, teacher_topk: bool = False
+) -> str:
     """Same inputs and settings → same key (a no-op); a new tokenizer or max length → a new dataset."""
     parts = [STAGE_VERSION, distillation_key, tokenizer, settings.key_fields(), extra_sources_hash]
     return stage_key(*parts, TEACHER_TOPK_FORMAT) if teacher_topk else stage_key(*parts)
@@ -49,7 +58,8 @@ def check_teacher_topk(spec: CampaignSpec, manifest: dict) -> None:
             f"distribution (examples by teacher_status: {examples or 'no top_logprobs in the distillation set'}). "
             "no_token_ids: the teacher backend returns token text only (use a local transformers or vllm teacher); "
             "not_found: the re-tokenized completions are not the tokens the teacher generated (the student needs the "
-            "teacher's tokenizer and the plain template, or a chat template that keeps the answer verbatim)")
+            "teacher's tokenizer and the plain template, or a chat template that keeps the answer verbatim)"
+        )
 
 
 STOP_CHECK, VOCAB_CHECK = "stop_token_trained", "vocabularies_compatible"
@@ -66,19 +76,38 @@ def teacher_tokenizer_ref(spec: CampaignSpec) -> str | None:
 def build(spec: CampaignSpec):
     s, tr, d = spec.student, spec.training, spec.dataset
     logits = tr.distillation.loss == "logits"
-    checks = [AssetCheckSpec(STOP_CHECK, asset=key(spec, "tokenized_dataset"), blocking=True,
-                             description="Every example's loss mask ends on the stop token (EOS / end of turn), so the "
-                                         "student learns to stop; rows cut by too_long: truncate are counted apart.")]
+    checks = [
+        AssetCheckSpec(
+            STOP_CHECK,
+            asset=key(spec, "tokenized_dataset"),
+            blocking=True,
+            description="Every example's loss mask ends on the stop token (EOS / end of turn), so the "
+            "student learns to stop; rows cut by too_long: truncate are counted apart.",
+        )
+    ]
     if logits:
-        checks.append(AssetCheckSpec(VOCAB_CHECK, asset=key(spec, "tokenized_dataset"), blocking=True,
-                                     description="Teacher and student share one tokenizer and vocabulary size, so "
-                                                 "the teacher's top-k token ids mean what the student's do."))
+        checks.append(
+            AssetCheckSpec(
+                VOCAB_CHECK,
+                asset=key(spec, "tokenized_dataset"),
+                blocking=True,
+                description="Teacher and student share one tokenizer and vocabulary size, so "
+                "the teacher's top-k token ids mean what the student's do.",
+            )
+        )
 
-    @asset(key=key(spec, "tokenized_dataset"), group_name=spec.name, kinds={"python", "parquet"},
-           ins={"distillation": AssetIn(key(spec, "distillation_set"))}, deps=model_deps(s.base_model),
-           check_specs=checks,
-           description=(f"Pre-tokenized Parquet shards (input_ids, labels, position_ids), max {tr.max_seq_len} tokens, "
-                        f"{'packed' if d.packing else 'one example per row'}, padding {d.padding}."))
+    @asset(
+        key=key(spec, "tokenized_dataset"),
+        group_name=spec.name,
+        kinds={"python", "parquet"},
+        ins={"distillation": AssetIn(key(spec, "distillation_set"))},
+        deps=model_deps(s.base_model),
+        check_specs=checks,
+        description=(
+            f"Pre-tokenized Parquet shards (input_ids, labels, position_ids), max {tr.max_seq_len} tokens, "
+            f"{'packed' if d.packing else 'one example per row'}, padding {d.padding}."
+        ),
+    )
     def tokenized_dataset(context: AssetExecutionContext, distillation: dict, storage: ArtifactStore):
         m, cached, model_path = materialize(spec, distillation, storage, context.log.info)
         check_teacher_topk(spec, m)
@@ -100,18 +129,32 @@ def materialize(spec: CampaignSpec, distillation: dict, storage: ArtifactStore, 
     tok_hash = tokenizer_hash(model_path)
     settings = build_settings(spec)
     extra = source_hash([resolve_source(x, spec.project_dir) for x in d.extra_sources]) if d.extra_sources else None
-    k = content_key(distillation["key"], tok_hash, settings, extra,
-                    teacher_topk=spec.teacher.sampling.logprobs is not None)
+    k = content_key(
+        distillation["key"], tok_hash, settings, extra, teacher_topk=spec.teacher.sampling.logprobs is not None
+    )
     sd = storage.stage(spec.name, "tokenized_dataset", k)
     cached = sd.is_complete()
     if not cached:
         t0 = time.perf_counter()
         report = build_tokenized_dataset(
-            model_path, [distillation["distillation_path"], *d.extra_sources], sd.ensure(), settings,
-            base_dir=spec.project_dir, extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
-            log=log)
-        sd.commit(report | {"dataset_path": str(sd.path / "train"), "validation_path": str(sd.path / "validation"),
-                            "tokenizer_hash": tok_hash, "wall_seconds": time.perf_counter() - t0, "cost_lines": []})
+            model_path,
+            [distillation["distillation_path"], *d.extra_sources],
+            sd.ensure(),
+            settings,
+            base_dir=spec.project_dir,
+            extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
+            log=log,
+        )
+        sd.commit(
+            report
+            | {
+                "dataset_path": str(sd.path / "train"),
+                "validation_path": str(sd.path / "validation"),
+                "tokenizer_hash": tok_hash,
+                "wall_seconds": time.perf_counter() - t0,
+                "cost_lines": [],
+            }
+        )
     return sd.manifest(), cached, model_path
 
 
@@ -119,15 +162,23 @@ def dataset_metadata(m: dict, cached: bool) -> dict:
     """The tokenized dataset's manifest as Dagster metadata."""
     tsplit, vsplit = m["splits"]["train"], m["splits"]["validation"]
     md = base_metadata(m, cached) | {
-        "examples_in": m["examples_in"], "examples_out": m["examples_out"],
-        "dropped_total": m["dropped_total"], "truncated": m["truncated"],
-        "rows": m["rows"], "train_rows": tsplit["rows"], "validation_rows": vsplit["rows"],
+        "examples_in": m["examples_in"],
+        "examples_out": m["examples_out"],
+        "dropped_total": m["dropped_total"],
+        "truncated": m["truncated"],
+        "rows": m["rows"],
+        "train_rows": tsplit["rows"],
+        "validation_rows": vsplit["rows"],
         "validation_examples": vsplit["examples"],
-        "total_tokens": m["total_tokens"], "loss_tokens": m["loss_tokens"],
+        "total_tokens": m["total_tokens"],
+        "loss_tokens": m["loss_tokens"],
         "packing_efficiency": float(m["packing_efficiency"]),
         "unpacked_padded_efficiency": float(m["unpacked_padded_efficiency"]),
-        "shards": m["shards"], "bytes": m["bytes"], "template": m["template"],
-        "tokenizer_hash": m["tokenizer_hash"][:16], "source_hash": m["source_hash"][:16],
+        "shards": m["shards"],
+        "bytes": m["bytes"],
+        "template": m["template"],
+        "tokenizer_hash": m["tokenizer_hash"][:16],
+        "source_hash": m["source_hash"][:16],
         "drops": MetadataValue.json(m["dropped"]),
         "sequence_lengths": MetadataValue.md(m["length_histogram"]),
         "row_fill": MetadataValue.md(m["row_fill_histogram"]),
@@ -135,20 +186,30 @@ def dataset_metadata(m: dict, cached: bool) -> dict:
     }
     if m.get("teacher_topk"):
         t = m["teacher_topk"]
-        md |= {"teacher_topk_k": t["k"], "teacher_topk_positions": t["positions"],
-               "teacher_topk_examples": MetadataValue.json(t["examples"])}
+        md |= {
+            "teacher_topk_k": t["k"],
+            "teacher_topk_positions": t["positions"],
+            "teacher_topk_examples": MetadataValue.json(t["examples"]),
+        }
     stop = m["stop_token"]
-    md |= {"stop_token_ids": MetadataValue.json(stop["stop_token_ids"]), "stop_token_missing": stop["missing"],
-           "truncated_without_stop": stop["truncated_without_stop"]}
+    md |= {
+        "stop_token_ids": MetadataValue.json(stop["stop_token_ids"]),
+        "stop_token_missing": stop["missing"],
+        "truncated_without_stop": stop["truncated_without_stop"],
+    }
     return md
 
 
 def stop_check(stop: dict) -> AssetCheckResult:
     from campaign_orchestrator.dataset.checks import describe_stop_tokens
 
-    return AssetCheckResult(check_name=STOP_CHECK, passed=stop["passed"], description=describe_stop_tokens(stop),
-                            metadata={k: v for k, v in stop.items() if k != "missing_examples"}
-                            | {"missing_examples": MetadataValue.json(stop["missing_examples"])})
+    return AssetCheckResult(
+        check_name=STOP_CHECK,
+        passed=stop["passed"],
+        description=describe_stop_tokens(stop),
+        metadata={k: v for k, v in stop.items() if k != "missing_examples"}
+        | {"missing_examples": MetadataValue.json(stop["missing_examples"])},
+    )
 
 
 def vocabulary_check(spec: CampaignSpec, storage: ArtifactStore, model_path) -> AssetCheckResult:
@@ -157,13 +218,20 @@ def vocabulary_check(spec: CampaignSpec, storage: ArtifactStore, model_path) -> 
 
     ref = teacher_tokenizer_ref(spec)
     if ref is None:
-        return AssetCheckResult(check_name=VOCAB_CHECK, passed=False,
-                                description="logit distillation from an endpoint needs the teacher's tokenizer: "
-                                            "set training.distillation.teacher_tokenizer")
+        return AssetCheckResult(
+            check_name=VOCAB_CHECK,
+            passed=False,
+            description="logit distillation from an endpoint needs the teacher's tokenizer: "
+            "set training.distillation.teacher_tokenizer",
+        )
     v = vocabulary_report(storage.resolve_model(ref, spec.project_dir), model_path)
-    return AssetCheckResult(check_name=VOCAB_CHECK, passed=v["passed"],
-                            description="; ".join(v["reasons"]) or "same tokenizer and vocabulary size",
-                            metadata={k: v[k] for k in ("teacher_vocab_size", "student_vocab_size")
-                                      if v[k] is not None}
-                            | {"teacher_tokenizer_hash": v["teacher_tokenizer_hash"][:16],
-                               "student_tokenizer_hash": v["student_tokenizer_hash"][:16]})
+    return AssetCheckResult(
+        check_name=VOCAB_CHECK,
+        passed=v["passed"],
+        description="; ".join(v["reasons"]) or "same tokenizer and vocabulary size",
+        metadata={k: v[k] for k in ("teacher_vocab_size", "student_vocab_size") if v[k] is not None}
+        | {
+            "teacher_tokenizer_hash": v["teacher_tokenizer_hash"][:16],
+            "student_tokenizer_hash": v["student_tokenizer_hash"][:16],
+        },
+    )

@@ -44,17 +44,21 @@ def _flat(params: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def _log(client, run_id: str, params: dict[str, str], metrics: list[tuple[str, float, int]], tags: dict[str, str]) -> None:
+def _log(
+    client, run_id: str, params: dict[str, str], metrics: list[tuple[str, float, int]], tags: dict[str, str]
+) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     now = int(time.time() * 1000)
     ps = [Param(k, v) for k, v in params.items()]
-    ms = [Metric(k, float(v), now, int(s)) for k, v, s in metrics if v is not None and v == v and abs(v) != float("inf")]
+    ms = [
+        Metric(k, float(v), now, int(s)) for k, v, s in metrics if v is not None and v == v and abs(v) != float("inf")
+    ]
     client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     for i in range(0, len(ps), 100):  # MLflow's batch limits: 100 params, 1000 metrics
-        client.log_batch(run_id, params=ps[i:i + 100])
+        client.log_batch(run_id, params=ps[i : i + 100])
     for i in range(0, len(ms), 1000):
-        client.log_batch(run_id, metrics=ms[i:i + 1000])
+        client.log_batch(run_id, metrics=ms[i : i + 1000])
 
 
 def _step_losses(path: Path) -> list[tuple[str, float, int]]:
@@ -69,12 +73,21 @@ def _step_losses(path: Path) -> list[tuple[str, float, int]]:
 def log_trial(spec: CampaignSpec, artifact_root: Path, sweep_key: str, rec) -> str:
     """One MLflow run per trial (a retry of a killed trial is a run of its own, tagged with the original)."""
     client, exp = _client(spec, artifact_root)
-    run = client.create_run(exp, run_name=f"{spec.name} sweep trial {rec.number}",
-                            tags={"campaign": spec.name, "kind": "sweep_trial", "sweep": sweep_key,
-                                  "trial": str(rec.number), "trial_root": str(rec.root)})
+    run = client.create_run(
+        exp,
+        run_name=f"{spec.name} sweep trial {rec.number}",
+        tags={
+            "campaign": spec.name,
+            "kind": "sweep_trial",
+            "sweep": sweep_key,
+            "trial": str(rec.number),
+            "trial_root": str(rec.root),
+        },
+    )
     metrics = [("eval_loss", r["value"], s) for s, r in sorted(rec.rungs.items())]
-    metrics += _step_losses(Path(artifact_root) / spec.name / "hparam_sweep" / sweep_key / f"trial-{rec.root:03d}"
-                            / "metrics.parquet")
+    metrics += _step_losses(
+        Path(artifact_root) / spec.name / "hparam_sweep" / sweep_key / f"trial-{rec.root:03d}" / "metrics.parquet"
+    )
     metrics.append(("cost_usd", rec.usd, max(rec.rungs) if rec.rungs else 0))
     _log(client, run.info.run_id, {k: str(v) for k, v in rec.params.items()}, metrics, {"verdict": rec.state})
     client.set_terminated(run.info.run_id, status="FINISHED" if rec.state in ("COMPLETE", "PRUNED") else "KILLED")
@@ -84,21 +97,47 @@ def log_trial(spec: CampaignSpec, artifact_root: Path, sweep_key: str, rec) -> s
 def log_training(spec: CampaignSpec, artifact_root: Path, manifest: dict, dagster_run_id: str) -> str:
     """The student_adapter run: every training and LoRA setting, per-step loss, eval loss, cost."""
     client, exp = _client(spec, artifact_root)
-    run = client.create_run(exp, run_name=f"{spec.name} student_adapter {manifest['key'][:8]}",
-                            tags={"campaign": spec.name, "kind": "training", "adapter_key": manifest["key"],
-                                  "dagster_run_id": dagster_run_id,
-                                  **({"from_sweep_trial": str(manifest["from_sweep_trial"])}
-                                     if manifest.get("from_sweep_trial") is not None else {})})
-    params = _flat({"training": spec.training.model_dump(include={"learning_rate", "warmup_steps", "weight_decay",
-                                                                  "micro_batch_size", "gradient_accumulation_steps",
-                                                                  "max_steps", "max_seq_len", "seed"}),
-                    "lora": spec.student.lora.model_dump(include={"r", "alpha", "dropout"}),
-                    "distillation": spec.training.distillation.model_dump(include={"loss", "kl_weight"})})
+    run = client.create_run(
+        exp,
+        run_name=f"{spec.name} student_adapter {manifest['key'][:8]}",
+        tags={
+            "campaign": spec.name,
+            "kind": "training",
+            "adapter_key": manifest["key"],
+            "dagster_run_id": dagster_run_id,
+            **(
+                {"from_sweep_trial": str(manifest["from_sweep_trial"])}
+                if manifest.get("from_sweep_trial") is not None
+                else {}
+            ),
+        },
+    )
+    params = _flat(
+        {
+            "training": spec.training.model_dump(
+                include={
+                    "learning_rate",
+                    "warmup_steps",
+                    "weight_decay",
+                    "micro_batch_size",
+                    "gradient_accumulation_steps",
+                    "max_steps",
+                    "max_seq_len",
+                    "seed",
+                }
+            ),
+            "lora": spec.student.lora.model_dump(include={"r", "alpha", "dropout"}),
+            "distillation": spec.training.distillation.model_dump(include={"loss", "kl_weight"}),
+        }
+    )
     sm = manifest["summary"]
     usd = float(sum(x["usd"] for x in manifest.get("cost_lines", [])))
     metrics = _step_losses(Path(manifest["metrics_path"]))
-    metrics += [("eval_loss", sm.get("eval_loss"), sm["steps"]), ("eval_loss_before", sm.get("eval_loss_before"), 0),
-                ("cost_usd", usd, sm["steps"])]
+    metrics += [
+        ("eval_loss", sm.get("eval_loss"), sm["steps"]),
+        ("eval_loss_before", sm.get("eval_loss_before"), 0),
+        ("cost_usd", usd, sm["steps"]),
+    ]
     _log(client, run.info.run_id, params, metrics, {"verdict": "pending gate"})
     client.set_terminated(run.info.run_id)
     return run.info.run_id

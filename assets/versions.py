@@ -44,18 +44,24 @@ from pathlib import Path
 
 from dagster import AssetsDefinition
 
-from assets.student_adapter import training_key_fields
 from assets.common import model_identity
-from campaigns.spec import CampaignSpec
-from campaign_orchestrator.content import short, value_sha256
+from assets.student_adapter import training_key_fields
 from campaign_orchestrator import models
+from campaign_orchestrator.content import short, value_sha256
+from campaigns.spec import CampaignSpec
 
 log = logging.getLogger(__name__)
 
 # Bump a stage's logic version when its code changes what it produces.
 LOGIC_VERSIONS = {
-    "prompts": 1, "teacher_generations": 1, "distillation_set": 1, "tokenized_dataset": 1,
-    "student_adapter": 1, "evaluation": 1, "promoted_model": 1, "campaign_cost": 1,
+    "prompts": 1,
+    "teacher_generations": 1,
+    "distillation_set": 1,
+    "tokenized_dataset": 1,
+    "student_adapter": 1,
+    "evaluation": 1,
+    "promoted_model": 1,
+    "campaign_cost": 1,
 }
 
 
@@ -94,22 +100,29 @@ def stage_settings(spec: CampaignSpec) -> dict[str, dict]:
     return {
         "prompts": {"data": d.model_dump(exclude={"filters", "decontamination", "replay"})},
         "teacher_generations": {"teacher": teacher_identity(spec)},
-        "distillation_set": {"filters": d.filters.model_dump(), "decontamination": d.decontamination.model_dump(),
-                             "gate_suites": [x.model_dump(include={"name", "source", "kind", "lm_eval"})
-                                             for x in ev.suites]}
-                            | ({"replay": d.replay.model_dump(), "student": student} if d.replay else {}),
+        "distillation_set": {
+            "filters": d.filters.model_dump(),
+            "decontamination": d.decontamination.model_dump(),
+            "gate_suites": [x.model_dump(include={"name", "source", "kind", "lm_eval"}) for x in ev.suites],
+        }
+        | ({"replay": d.replay.model_dump(), "student": student} if d.replay else {}),
         "tokenized_dataset": {"student": student, "max_seq_len": tr.max_seq_len},
         "student_adapter": {"student": student, "training": training_key_fields(spec)},
-        "evaluation": {"evaluation": ev.model_dump(), "student": student,
-                       "teacher": teacher_identity(spec) if scores_teacher else None},
+        "evaluation": {
+            "evaluation": ev.model_dump(),
+            "student": student,
+            "teacher": teacher_identity(spec) if scores_teacher else None,
+        },
         "promoted_model": {},
         "campaign_cost": {"cost": spec.cost.model_dump()},
     }
 
 
 def code_versions(spec: CampaignSpec) -> dict[str, str]:
-    return {stage: f"v{LOGIC_VERSIONS[stage]}-{short(value_sha256(settings), 16)}"
-            for stage, settings in stage_settings(spec).items()}
+    return {
+        stage: f"v{LOGIC_VERSIONS[stage]}-{short(value_sha256(settings), 16)}"
+        for stage, settings in stage_settings(spec).items()
+    }
 
 
 # What each stage's code version covers, for run reasons and docs.

@@ -26,8 +26,10 @@ def demo_pairs(n: int, seed: int = 2024) -> list[dict]:
     """Prompt/completion pairs with the demo's length mix (cipher words of 3-8 letters)."""
     from campaign_orchestrator.demo import cipher
 
-    return [{"id": it["id"], "prompt": it["prompt"], "completion": " " + it["reference"]}
-            for it in cipher.items(n, seed=seed, id_prefix="b")]
+    return [
+        {"id": it["id"], "prompt": it["prompt"], "completion": " " + it["reference"]}
+        for it in cipher.items(n, seed=seed, id_prefix="b")
+    ]
 
 
 def write_jsonl(rows: list[dict], path: Path) -> Path:

@@ -26,8 +26,12 @@ DISTILLATION = REPO / "benchmarks" / "data" / "smollm2_distillation.jsonl"
 # What the speed benchmarks train, pinned here rather than read from the campaign (which tunes its LoRA
 # and loss for quality): LoRA r16 on every linear layer of the decoder, the cross-entropy loss TRL's
 # SFTTrainer also computes.
-BENCH_LORA = {"r": 16, "alpha": 32, "dropout": 0.0,
-              "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+BENCH_LORA = {
+    "r": 16,
+    "alpha": 32,
+    "dropout": 0.0,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
 
 
 def campaign():
@@ -56,9 +60,10 @@ def model_dir(spec=None) -> Path:
 
 def tokenized_dataset(out: Path, spec=None, num_proc: int | None = 1) -> dict:
     """Build the campaign's tokenized dataset from the frozen distillation set into ``out``; the stage's report."""
+    import dataclasses
+
     from assets.tokenized_dataset import build_settings
     from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset
-    import dataclasses
 
     spec = spec or campaign()
     settings = dataclasses.replace(build_settings(spec), num_proc=num_proc)

@@ -47,19 +47,30 @@ def trainer_tokens_per_s(model: Path, dataset: Path, work: Path, spec, steps: in
     from training.config import TrainJob
 
     tr = spec.training.model_copy(update={"max_steps": steps, "epochs": None, "log_every": 10_000})
-    job = TrainJob(campaign="bench", base_model_path=str(model), dataset_path=str(dataset),
-                   output_dir=str(work / "train"), student=spec.student, training=tr)
+    job = TrainJob(
+        campaign="bench",
+        base_model_path=str(model),
+        dataset_path=str(dataset),
+        output_dir=str(work / "train"),
+        student=spec.student,
+        training=tr,
+    )
     (work / "train").mkdir()
     cfg = job.write(work / "job.json")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "training", "--config", str(cfg)], cwd=REPO, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "training", "--config", str(cfg)], cwd=REPO, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise SystemExit(f"trainer failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     summary = json.loads((work / "train" / "summary.json").read_text())
-    return {"source": f"python -m training, {steps} steps", "tokens_per_s": summary["tokens_per_s"],
-            "tokens": summary["tokens"], "train_seconds": summary["train_seconds"],
-            "process_seconds": time.perf_counter() - t0}
+    return {
+        "source": f"python -m training, {steps} steps",
+        "tokens_per_s": summary["tokens_per_s"],
+        "tokens": summary["tokens"],
+        "train_seconds": summary["train_seconds"],
+        "process_seconds": time.perf_counter() - t0,
+    }
 
 
 def loader_tokens_per_s(dataset: Path, spec, seconds: float, workers: int) -> dict:
@@ -88,8 +99,16 @@ def loader_tokens_per_s(dataset: Path, spec, seconds: float, workers: int) -> di
                 tokens += sum(tdata.real_token_count(b) for b in batches)
             steps += per_pass
     dt = time.perf_counter() - t0
-    return {"workers": workers, "steps": steps, "tokens": tokens, "seconds": round(dt, 3),
-            "tokens_per_s": tokens / dt, "open_seconds": round(open_s, 3), "rows": len(ds), "padding": ds.padding}
+    return {
+        "workers": workers,
+        "steps": steps,
+        "tokens": tokens,
+        "seconds": round(dt, 3),
+        "tokens_per_s": tokens / dt,
+        "open_seconds": round(open_s, 3),
+        "rows": len(ds),
+        "padding": ds.padding,
+    }
 
 
 def main() -> int:
@@ -98,8 +117,12 @@ def main() -> int:
     ap.add_argument("--train-steps", type=int, default=20)
     ap.add_argument("--trainer-summary", type=Path, default=None, help="use this summary.json instead of a short run")
     ap.add_argument("--loader-seconds", type=float, default=3.0)
-    ap.add_argument("--reference-trainer-tokens-per-s", type=float, default=12_000,
-                    help="the demo trainer's rate on an idle machine, for a second ratio (informational)")
+    ap.add_argument(
+        "--reference-trainer-tokens-per-s",
+        type=float,
+        default=12_000,
+        help="the demo trainer's rate on an idle machine, for a second ratio (informational)",
+    )
     args = ap.parse_args()
 
     spec = demo_spec()
@@ -119,23 +142,28 @@ def main() -> int:
         load_after = load_average()
         shutil.rmtree(work, ignore_errors=True)
     ratio = inproc["tokens_per_s"] / trainer["tokens_per_s"]
-    return emit({
-        "benchmark": "dataset_loader",
-        "demo_batch": {"micro_batch_size": spec.training.micro_batch_size,
-                       "gradient_accumulation_steps": spec.training.gradient_accumulation_steps,
-                       "max_seq_len": spec.training.max_seq_len, "padding": spec.dataset.padding},
-        "trainer": {k: round(v, 2) if isinstance(v, float) else v for k, v in trainer.items()},
-        "loader_in_process": {k: round(v, 1) if isinstance(v, float) else v for k, v in inproc.items()},
-        "loader_2_workers": {k: round(v, 1) if isinstance(v, float) else v for k, v in pooled.items()},
-        "ratio_loader_to_trainer": round(ratio, 1),
-        "ratio_loader_to_idle_reference": round(inproc["tokens_per_s"] / args.reference_trainer_tokens_per_s, 1),
-        "note": "the trainer calls collate in process (loader_in_process); loader_2_workers is the DataLoader "
-                "path, whose figure includes starting the worker processes",
-        "target_ratio": 10.0,
-        "pass": ratio >= 10.0,
-        "load_average_before": load_before,
-        "load_average_after": load_after,
-    })
+    return emit(
+        {
+            "benchmark": "dataset_loader",
+            "demo_batch": {
+                "micro_batch_size": spec.training.micro_batch_size,
+                "gradient_accumulation_steps": spec.training.gradient_accumulation_steps,
+                "max_seq_len": spec.training.max_seq_len,
+                "padding": spec.dataset.padding,
+            },
+            "trainer": {k: round(v, 2) if isinstance(v, float) else v for k, v in trainer.items()},
+            "loader_in_process": {k: round(v, 1) if isinstance(v, float) else v for k, v in inproc.items()},
+            "loader_2_workers": {k: round(v, 1) if isinstance(v, float) else v for k, v in pooled.items()},
+            "ratio_loader_to_trainer": round(ratio, 1),
+            "ratio_loader_to_idle_reference": round(inproc["tokens_per_s"] / args.reference_trainer_tokens_per_s, 1),
+            "note": "the trainer calls collate in process (loader_in_process); loader_2_workers is the DataLoader "
+            "path, whose figure includes starting the worker processes",
+            "target_ratio": 10.0,
+            "pass": ratio >= 10.0,
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+        }
+    )
 
 
 if __name__ == "__main__":

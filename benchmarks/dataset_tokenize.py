@@ -68,9 +68,14 @@ def naive(model_dir: Path, src: Path, out: Path, max_seq_len: int) -> dict:
     t = pa.table({k: pa.array(v, pa.list_(pa.int32())) for k, v in cols.items()})
     pq.write_table(t, out)
     rows = t.num_rows
-    return {"seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - c0, "rows": rows,
-            "real_tokens": real, "dropped": dropped,
-            "efficiency": real / (rows * max_seq_len)}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "cpu_seconds": cpu_seconds() - c0,
+        "rows": rows,
+        "real_tokens": real,
+        "dropped": dropped,
+        "efficiency": real / (rows * max_seq_len),
+    }
 
 
 def packed(model_dir: Path, src: Path, out: Path, max_seq_len: int, num_proc: int | None) -> dict:
@@ -78,15 +83,23 @@ def packed(model_dir: Path, src: Path, out: Path, max_seq_len: int, num_proc: in
 
     t0, c0 = time.perf_counter(), cpu_seconds()
     rep = build_tokenized_dataset(model_dir, [src], out, BuildSettings(max_seq_len=max_seq_len, num_proc=num_proc))
-    return {"seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - c0, "rows": rep["rows"],
-            "real_tokens": rep["total_tokens"],
-            "examples_out": rep["examples_out"], "dropped": rep["dropped_total"],
-            "efficiency": rep["packing_efficiency"], "shards": rep["shards"], "bytes": rep["bytes"],
-            "phases": rep["timings"]}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "cpu_seconds": cpu_seconds() - c0,
+        "rows": rep["rows"],
+        "real_tokens": rep["total_tokens"],
+        "examples_out": rep["examples_out"],
+        "dropped": rep["dropped_total"],
+        "efficiency": rep["packing_efficiency"],
+        "shards": rep["shards"],
+        "bytes": rep["bytes"],
+        "phases": rep["timings"],
+    }
 
 
-def batched(model_dir: Path, src: Path, out: Path, max_seq_len: int, num_proc: int, work: Path,
-            write: bool = True) -> dict:
+def batched(
+    model_dir: Path, src: Path, out: Path, max_seq_len: int, num_proc: int, work: Path, write: bool = True
+) -> dict:
     """The baseline: ``Dataset.map(batched=True, num_proc)`` over the tokenizer's batched call, padded rows.
 
     ``write=False`` stops after tokenizing (no padding, no Parquet): the tokenizer alone, for the time split."""
@@ -102,9 +115,9 @@ def batched(model_dir: Path, src: Path, out: Path, max_seq_len: int, num_proc: i
         ps = tok(batch["prompt"])["input_ids"]
         cs = tok(batch["completion"], add_special_tokens=False)["input_ids"]
         if not write:
-            return {"n": [len(p) + len(c) + 1 for p, c in zip(ps, cs)]}
+            return {"n": [len(p) + len(c) + 1 for p, c in zip(ps, cs, strict=False)]}
         ids, labels, mask = [], [], []
-        for p, c in zip(ps, cs):
+        for p, c in zip(ps, cs, strict=False):
             c = c + [eos]
             n = len(p) + len(c)
             if n > max_seq_len:
@@ -115,8 +128,14 @@ def batched(model_dir: Path, src: Path, out: Path, max_seq_len: int, num_proc: i
             mask.append([1] * n + [0] * k)
         return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
-    enc = ds.map(encode, batched=True, batch_size=1000, num_proc=num_proc if num_proc > 1 else None,
-                 remove_columns=ds.column_names, desc="baseline tokenize")
+    enc = ds.map(
+        encode,
+        batched=True,
+        batch_size=1000,
+        num_proc=num_proc if num_proc > 1 else None,
+        remove_columns=ds.column_names,
+        desc="baseline tokenize",
+    )
     if write:
         enc.to_parquet(str(out))
     res: dict = {"seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - c0, "num_proc": num_proc}
@@ -126,8 +145,12 @@ def batched(model_dir: Path, src: Path, out: Path, max_seq_len: int, num_proc: i
 
         mask = pq.read_table(out, columns=["attention_mask"]).column(0)
         real = int(pc.sum(pc.list_flatten(mask)).as_py())
-        res |= {"rows": enc.num_rows, "real_tokens": real, "dropped": ds.num_rows - enc.num_rows,
-                "efficiency": real / (enc.num_rows * max_seq_len)}
+        res |= {
+            "rows": enc.num_rows,
+            "real_tokens": real,
+            "dropped": ds.num_rows - enc.num_rows,
+            "efficiency": real / (enc.num_rows * max_seq_len),
+        }
     return res
 
 
@@ -141,8 +164,8 @@ def tokenizer_call_only(model_dir: Path, src: Path) -> float:
     prompts, completions = [r["prompt"] for r in rows], [r["completion"] for r in rows]
     t0 = time.perf_counter()
     for i in range(0, len(rows), 1000):
-        tok(prompts[i:i + 1000])
-        tok(completions[i:i + 1000], add_special_tokens=False)
+        tok(prompts[i : i + 1000])
+        tok(completions[i : i + 1000], add_special_tokens=False)
     return time.perf_counter() - t0
 
 
@@ -163,7 +186,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=200_000)
     ap.add_argument("--max-seq-len", type=int, default=64, help="the demo's training.max_seq_len")
-    ap.add_argument("--efficiency-max-seq-len", type=int, default=512, help="where the >= 0.97 packing target is checked")
+    ap.add_argument(
+        "--efficiency-max-seq-len", type=int, default=512, help="where the >= 0.97 packing target is checked"
+    )
     ap.add_argument("--num-proc", type=int, default=None, help="default: what the stage picks for these inputs")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--per-row", action="store_true", help="also time the per-text loop in one process")
@@ -207,8 +232,10 @@ def main() -> int:
         "stage_tokenize_pack_shard": r4(ours),
         "speedup_vs_batched_baseline": round(speedup, 2),
         "cpu_time_ratio_vs_batched_baseline": round(base["cpu_seconds"] / ours["cpu_seconds"], 2),
-        "examples_per_s": {"batched_baseline": round(args.pairs / base["seconds"]),
-                           "stage": round(args.pairs / ours["seconds"])},
+        "examples_per_s": {
+            "batched_baseline": round(args.pairs / base["seconds"]),
+            "stage": round(args.pairs / ours["seconds"]),
+        },
         "where_the_time_goes": {
             "stage_phases_s": phases,
             "stage_tokenize_share": round(phases.get("tokenize_s", 0.0) / ours["seconds"], 3),
@@ -217,27 +244,36 @@ def main() -> int:
             "tokenizer_calls_alone_one_process_s": round(floor, 3),
             "tokenizer_floor_with_num_proc_s": round(floor / nproc, 3),
             "stage_over_tokenizer_floor": round(ours["seconds"] / (floor / nproc), 2),
-            "baseline_over_tokenizer_floor_max_possible_speedup":
-                round(base["seconds"] / (floor / nproc), 2),
+            "baseline_over_tokenizer_floor_max_possible_speedup": round(base["seconds"] / (floor / nproc), 2),
         },
-        "packing_efficiency_written": {str(args.max_seq_len): eff,
-                                       str(args.efficiency_max_seq_len): eff_target,
-                                       "padded_baseline": round(base["efficiency"], 4)},
-        "targets": {"speedup_vs_batched_baseline": {"target": ">= 3.0", "value": round(speedup, 2),
-                                                    "met": speedup >= 3.0},
-                    "packing_efficiency": {"target": ">= 0.97", "checked_at_max_seq_len": args.efficiency_max_seq_len,
-                                           "value": eff_target["efficiency"],
-                                           "met": eff_target["efficiency"] >= 0.97}},
-        "seconds_all_runs": {"batched_baseline": [round(r["seconds"], 3) for r in bases],
-                             "stage": [round(r["seconds"], 3) for r in oursl],
-                             "baseline_read_and_tokenize_only": [round(r["seconds"], 3) for r in toks]},
+        "packing_efficiency_written": {
+            str(args.max_seq_len): eff,
+            str(args.efficiency_max_seq_len): eff_target,
+            "padded_baseline": round(base["efficiency"], 4),
+        },
+        "targets": {
+            "speedup_vs_batched_baseline": {"target": ">= 3.0", "value": round(speedup, 2), "met": speedup >= 3.0},
+            "packing_efficiency": {
+                "target": ">= 0.97",
+                "checked_at_max_seq_len": args.efficiency_max_seq_len,
+                "value": eff_target["efficiency"],
+                "met": eff_target["efficiency"] >= 0.97,
+            },
+        },
+        "seconds_all_runs": {
+            "batched_baseline": [round(r["seconds"], 3) for r in bases],
+            "stage": [round(r["seconds"], 3) for r in oursl],
+            "baseline_read_and_tokenize_only": [round(r["seconds"], 3) for r in toks],
+        },
         "load_average_before": load_before,
         "load_average_after": load_after,
     }
     if per_row is not None:
         result["per_row_loop_one_process"] = r4(per_row)
         result["speedup_vs_per_row_loop"] = round(per_row["seconds"] / ours["seconds"], 2)
-    result["pass"] = result["targets"]["speedup_vs_batched_baseline"]["met"] and result["targets"]["packing_efficiency"]["met"]
+    result["pass"] = (
+        result["targets"]["speedup_vs_batched_baseline"]["met"] and result["targets"]["packing_efficiency"]["met"]
+    )
     return emit(result)
 
 

@@ -34,14 +34,14 @@ def main() -> None:
     args = ap.parse_args()
 
     from campaign_orchestrator.dataset.prompts import read_prompts, source_files, split
+    from campaign_orchestrator.demo.build import build_demo_models
+    from campaign_orchestrator.demo.recipe import resolve
+    from campaign_orchestrator.generation.local import LocalGenerator
     from evaluation.gate import GatePolicy, ItemResult, StatsPolicy
     from evaluation.report import build_report
     from evaluation.runner import SuiteGate, SuiteRun, answer_suites, judge
     from evaluation.scorers import build_scorer
     from evaluation.suite import load_items
-    from campaign_orchestrator.generation.local import LocalGenerator
-    from campaign_orchestrator.demo.build import build_demo_models
-    from campaign_orchestrator.demo.recipe import resolve
 
     root = Path(args.artifacts).resolve()
     build_demo_models(root, log=lambda _m: None, moe=False)
@@ -55,16 +55,28 @@ def main() -> None:
     gen = LocalGenerator.from_path(student, None, True, "bfloat16", batch_size=64)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    out = answer_suites([SuiteRun("cipher", items, scorer, 16)],
-                        {"candidate": lambda: gen.generate, "base": lambda: gen.generate}, log=lambda _m: None)
+    out = answer_suites(
+        [SuiteRun("cipher", items, scorer, 16)],
+        {"candidate": lambda: gen.generate, "base": lambda: gen.generate},
+        log=lambda _m: None,
+    )
     answer_s = (time.perf_counter() - t0) / 2  # one model's pass
 
     def results(rows_):
         res: dict = {}
         for r in rows_:
             res.setdefault(r["model"], {}).setdefault(r["suite"], []).append(
-                ItemResult(r["item_id"], r["category"], r["output"], r["score"], r["latency_s"], r["error"],
-                           r["prompt"], r["reference"]))
+                ItemResult(
+                    r["item_id"],
+                    r["category"],
+                    r["output"],
+                    r["score"],
+                    r["latency_s"],
+                    r["error"],
+                    r["prompt"],
+                    r["reference"],
+                )
+            )
         return res
 
     policy = GatePolicy(min_score=0.8, max_category_regression=0.05, min_items=50)
@@ -82,17 +94,38 @@ def main() -> None:
     rnd = random.Random(0)
     big = []
     for role, p in (("candidate", 0.8), ("base", 0.78)):
-        big += [{"model": role, "suite": "cipher", "item_id": str(i), "category": f"c{i % 8}", "output": "x",
-                 "score": float(rnd.random() < p), "latency_s": 0.1, "error": None, "prompt": "", "reference": ""}
-                for i in range(10_000)]
+        big += [
+            {
+                "model": role,
+                "suite": "cipher",
+                "item_id": str(i),
+                "category": f"c{i % 8}",
+                "output": "x",
+                "score": float(rnd.random() < p),
+                "latency_s": 0.1,
+                "error": None,
+                "prompt": "",
+                "reference": "",
+            }
+            for i in range(10_000)
+        ]
     judge_10k_s = min(judge_once(results(big)) for _ in range(2))
 
-    print(json.dumps({
-        "benchmark": "eval_gate", "items": len(items), "model_load_s": round(load_s, 3),
-        "answer_s": round(answer_s, 3), "judge_s": round(judge_s, 4), "judge_10k_items_s": round(judge_10k_s, 4),
-        "answer_over_judge": round(answer_s / judge_s, 1),
-        "note": "same-run ratio; absolute seconds vary with machine load",
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "eval_gate",
+                "items": len(items),
+                "model_load_s": round(load_s, 3),
+                "answer_s": round(answer_s, 3),
+                "judge_s": round(judge_s, 4),
+                "judge_10k_items_s": round(judge_10k_s, 4),
+                "answer_over_judge": round(answer_s / judge_s, 1),
+                "note": "same-run ratio; absolute seconds vary with machine load",
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -46,10 +46,23 @@ def shard_keys(j: int, shards: int, size: int, seed: int) -> list[str]:
 
 
 def fake_answer(key: str, now: float) -> dict:
-    return {"key": key, "input": f"encode {key[:16]} =", "sample_index": 0, "completion": f"answer {key[:24]}",
-            "finish_reason": "stop", "prompt_tokens": 12, "completion_tokens": 9, "latency_s": 0.001, "retries": 0,
-            "top_logprobs": None, "completion_token_ids": list(range(9)), "backend": "fake", "model": "fake",
-            "teacher_identity": "fake", "created_at": now}
+    return {
+        "key": key,
+        "input": f"encode {key[:16]} =",
+        "sample_index": 0,
+        "completion": f"answer {key[:24]}",
+        "finish_reason": "stop",
+        "prompt_tokens": 12,
+        "completion_tokens": 9,
+        "latency_s": 0.001,
+        "retries": 0,
+        "top_logprobs": None,
+        "completion_token_ids": list(range(9)),
+        "backend": "fake",
+        "model": "fake",
+        "teacher_identity": "fake",
+        "created_at": now,
+    }
 
 
 def _cpu_s(pid: int | None = None) -> float:
@@ -78,8 +91,9 @@ def run_one(n: int, store_url: str, endpoint: str | None, work: Path) -> dict:
     cpu0 = _cpu_s()
     shards = max(1, n // SHARD)
     per = n // shards
-    cache = GenerationCache(store, "bench", work / "spool", shard_rows=per + 1, shard_seconds=float("inf"),
-                            max_shards=4)
+    cache = GenerationCache(
+        store, "bench", work / "spool", shard_rows=per + 1, shard_seconds=float("inf"), max_shards=4
+    )
     t0 = time.perf_counter()
     hits_cold = 0
     for j in range(shards):  # cold: what a Ray worker does per shard
@@ -108,17 +122,30 @@ def run_one(n: int, store_url: str, endpoint: str | None, work: Path) -> dict:
         false_hits += sum(k in got for k in absent)
     t3 = time.perf_counter()
     total, cpu = t3 - t0, _cpu_s() - cpu0
-    return {"prompts": shards * per, "store": "s3" if store_url.startswith("s3://") else "local", "shards": shards,
-            "cold_s": round(t1 - t0, 3), "compact_s": round(t2 - t1, 3), "warm_s": round(t3 - t2, 3),
-            "us_per_prompt": round(total / (shards * per) * 1e6, 2),
-            "cpu_s": round(cpu, 3),
-            "cold_us_per_prompt": round((t1 - t0) / (shards * per) * 1e6, 2),
-            "warm_us_per_prompt": round((t3 - t2) / (shards * per) * 1e6, 2),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "baseline_rss_mb": round(base_rss, 1), "peak_rss_after_cold_mb": round(peak_cold, 1),
-            "peak_rss_after_compaction_mb": round(peak_compact, 1), "files_cold": files_cold, "files_merged": merged,
-            "files_after_compaction": files_run, "cold_hits": hits_cold, "asked": asked, "found": found,
-            "wrong": wrong, "false_hits": false_hits}
+    return {
+        "prompts": shards * per,
+        "store": "s3" if store_url.startswith("s3://") else "local",
+        "shards": shards,
+        "cold_s": round(t1 - t0, 3),
+        "compact_s": round(t2 - t1, 3),
+        "warm_s": round(t3 - t2, 3),
+        "us_per_prompt": round(total / (shards * per) * 1e6, 2),
+        "cpu_s": round(cpu, 3),
+        "cold_us_per_prompt": round((t1 - t0) / (shards * per) * 1e6, 2),
+        "warm_us_per_prompt": round((t3 - t2) / (shards * per) * 1e6, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "baseline_rss_mb": round(base_rss, 1),
+        "peak_rss_after_cold_mb": round(peak_cold, 1),
+        "peak_rss_after_compaction_mb": round(peak_compact, 1),
+        "files_cold": files_cold,
+        "files_merged": merged,
+        "files_after_compaction": files_run,
+        "cold_hits": hits_cold,
+        "asked": asked,
+        "found": found,
+        "wrong": wrong,
+        "false_hits": false_hits,
+    }
 
 
 def _free_port() -> int:
@@ -133,11 +160,15 @@ class MotoServer:
     def __enter__(self) -> str:
         import boto3
 
-        os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                           "AWS_DEFAULT_REGION": "us-east-1"})
+        os.environ.update(
+            {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+        )
         port = _free_port()
-        self.proc = subprocess.Popen([sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1",
-                                      "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while True:
@@ -154,8 +185,9 @@ class MotoServer:
         self.proc.wait(10)
 
 
-def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=print, repeat: int = 3,
-            wall: bool = False) -> dict:
+def measure(
+    sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=print, repeat: int = 3, wall: bool = False
+) -> dict:
     """Every size on every store, each in a fresh process; the ratios of the largest size to the smallest.
     Sizes below the largest run ``repeat`` times: the fastest counts, and the highest peak. Time per prompt is
     judged as CPU time (the stage's process plus the moto server's), wall time beside it (``wall``: judged on
@@ -173,34 +205,53 @@ def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=pri
                         import boto3
 
                         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
-                            Bucket=f"bench{i}")
+                            Bucket=f"bench{i}"
+                        )
                     url = f"s3://bench{i}/cache" if kind == "s3" else str(Path(d) / f"store{i}")
-                    cmd = [sys.executable, __file__, "--one", str(n), "--store-url", url,
-                           "--work", str(Path(d) / f"w{i}")]
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--one",
+                        str(n),
+                        "--store-url",
+                        url,
+                        "--work",
+                        str(Path(d) / f"w{i}"),
+                    ]
                     if endpoint:
                         cmd += ["--endpoint", endpoint]
                     server0 = _cpu_s(ctx.proc.pid) if ctx else 0.0
-                    out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {
-                        "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                    out = subprocess.run(
+                        cmd,
+                        capture_output=True,
+                        text=True,
+                        env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                    )
                     if out.returncode != 0:
                         raise RuntimeError(f"{kind} {n}: {out.stderr[-2000:]}")
                     r = json.loads(out.stdout.strip().splitlines()[-1])
                     r["server_cpu_s"] = round(_cpu_s(ctx.proc.pid) - server0, 3) if ctx else 0.0
                     r["cpu_us_per_prompt"] = round((r["cpu_s"] + r["server_cpu_s"]) / r["prompts"] * 1e6, 2)
                     runs_of.append(r)
-                    log(f"{r['store']:5} {r['prompts']:>9,} prompts: {r['us_per_prompt']:8.1f} us/prompt, CPU "
+                    log(
+                        f"{r['store']:5} {r['prompts']:>9,} prompts: {r['us_per_prompt']:8.1f} us/prompt, CPU "
                         f"{r['cpu_us_per_prompt']:.1f} us/prompt "
                         f"(cold {r['cold_us_per_prompt']:.1f}, compact {r['compact_s']:.1f} s, warm "
                         f"{r['warm_us_per_prompt']:.1f}), peak {r['peak_rss_mb']:.0f} MB, {r['files_cold']} files "
-                        f"-> {r['files_after_compaction']}")
+                        f"-> {r['files_after_compaction']}"
+                    )
                 for n in sizes:
                     same = [r for r in runs_of if r["prompts"] == (n // max(1, n // SHARD)) * max(1, n // SHARD)]
                     best = min(same, key=lambda r: r["us_per_prompt"]) | {
-                        "repeats": len(same), "peak_rss_mb": max(r["peak_rss_mb"] for r in same),
+                        "repeats": len(same),
+                        "peak_rss_mb": max(r["peak_rss_mb"] for r in same),
                         "us_per_prompt_all": [r["us_per_prompt"] for r in same],
-                        "cpu_us_per_prompt": min(r["cpu_us_per_prompt"] for r in same)}
-                    best["correct"] = all(r["found"] == r["asked"] and not r["wrong"] and not r["false_hits"]
-                                          and not r["cold_hits"] for r in same)
+                        "cpu_us_per_prompt": min(r["cpu_us_per_prompt"] for r in same),
+                    }
+                    best["correct"] = all(
+                        r["found"] == r["asked"] and not r["wrong"] and not r["false_hits"] and not r["cold_hits"]
+                        for r in same
+                    )
                     runs.append(best)
             finally:
                 if ctx:
@@ -209,15 +260,26 @@ def measure(sizes: list[int], stores: list[str], max_ratio: float = 1.5, log=pri
     for kind in stores:
         rs = sorted((r for r in runs if r["store"] == kind), key=lambda r: r["prompts"])
         lo, hi = rs[0], rs[-1]
-        ratios[kind] = {"from": lo["prompts"], "to": hi["prompts"],
-                        "cpu_time_per_prompt": round(hi["cpu_us_per_prompt"] / lo["cpu_us_per_prompt"], 3),
-                        "wall_time_per_prompt": round(hi["us_per_prompt"] / lo["us_per_prompt"], 3),
-                        "peak_rss": round(hi["peak_rss_mb"] / lo["peak_rss_mb"], 3)}
+        ratios[kind] = {
+            "from": lo["prompts"],
+            "to": hi["prompts"],
+            "cpu_time_per_prompt": round(hi["cpu_us_per_prompt"] / lo["cpu_us_per_prompt"], 3),
+            "wall_time_per_prompt": round(hi["us_per_prompt"] / lo["us_per_prompt"], 3),
+            "peak_rss": round(hi["peak_rss_mb"] / lo["peak_rss_mb"], 3),
+        }
         limit = ratios[kind]["wall_time_per_prompt" if wall else "cpu_time_per_prompt"]
         ok &= limit <= max_ratio and ratios[kind]["peak_rss"] <= max_ratio
     correct = all(r["correct"] for r in runs)
-    return {"benchmark": "generation_cache", "shard_prompts": SHARD, "max_ratio": max_ratio, "runs": runs,
-            "ratios": ratios, "correct": correct, "flat": ok, "ok": ok and correct}
+    return {
+        "benchmark": "generation_cache",
+        "shard_prompts": SHARD,
+        "max_ratio": max_ratio,
+        "runs": runs,
+        "ratios": ratios,
+        "correct": correct,
+        "flat": ok,
+        "ok": ok and correct,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,8 +300,14 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.enable()  # a crash inside a native library shows where it happened
         print(json.dumps(run_one(a.one, a.store_url, a.endpoint, Path(a.work))), flush=True)
         os._exit(0)  # measured and reported: no interpreter teardown of native thread pools
-    res = measure([int(x) for x in a.sizes.split(",")], a.stores.split(","), a.max_ratio,
-                  log=lambda m: print(m, file=sys.stderr), repeat=a.repeat, wall=a.wall)
+    res = measure(
+        [int(x) for x in a.sizes.split(",")],
+        a.stores.split(","),
+        a.max_ratio,
+        log=lambda m: print(m, file=sys.stderr),
+        repeat=a.repeat,
+        wall=a.wall,
+    )
     print(json.dumps(res, indent=2))
     return 0 if res["ok"] else 1
 

@@ -82,8 +82,12 @@ def workload(section: str, n: int | None, tiny: bool) -> list[dict]:
         items = [it["prompt"] for it in cipher.items(24, seed=7, id_prefix="b")]
         if section == "teacher":
             ps = [TINY_HEADER + p if i % 2 else p for i, p in enumerate(items)]
-            return [{"name": "teacher", "prompts": _subset(ps, n), "max_new_tokens": 16, "logprobs": 3, "batch_size": 8}]
-        return [{"name": "cipher", "prompts": _subset(items, n), "max_new_tokens": 8, "logprobs": None, "batch_size": 8}]
+            return [
+                {"name": "teacher", "prompts": _subset(ps, n), "max_new_tokens": 16, "logprobs": 3, "batch_size": 8}
+            ]
+        return [
+            {"name": "cipher", "prompts": _subset(items, n), "max_new_tokens": 8, "logprobs": None, "batch_size": 8}
+        ]
     import yaml
 
     from campaign_orchestrator.dataset.prompts import split
@@ -93,29 +97,55 @@ def workload(section: str, n: int | None, tiny: bool) -> list[dict]:
     data = REPO / "campaigns" / "data" / "smollm2"
     if section == "teacher":
         t = spec["teacher"]
-        rows = [json.loads(x) for f in sorted(data.glob("train-*.jsonl")) for x in f.read_text().splitlines() if x.strip()]
+        rows = [
+            json.loads(x) for f in sorted(data.glob("train-*.jsonl")) for x in f.read_text().splitlines() if x.strip()
+        ]
         ho = spec["data"]["heldout"]
         train, _ = split(rows, ho["fraction"], ho["seed"])
-        ps = [list(chat_messages(r["prompt"], t["context"])) if r.get("category") in t["context_categories"]
-              else r["prompt"] for r in train]
-        return [{"name": "teacher", "prompts": _subset(ps, n), "max_new_tokens": t["sampling"]["max_new_tokens"],
-                 "logprobs": t["sampling"]["logprobs"], "batch_size": t["batch_size"]}]
+        ps = [
+            list(chat_messages(r["prompt"], t["context"]))
+            if r.get("category") in t["context_categories"]
+            else r["prompt"]
+            for r in train
+        ]
+        return [
+            {
+                "name": "teacher",
+                "prompts": _subset(ps, n),
+                "max_new_tokens": t["sampling"]["max_new_tokens"],
+                "logprobs": t["sampling"]["logprobs"],
+                "batch_size": t["batch_size"],
+            }
+        ]
     t, suites = spec["teacher"], spec["evaluation"]["suites"]
     eval_batch = max(s["batch_size"] for s in suites)  # assets/evaluation.py: one generator for every suite
     out = []
     for role in ("candidate", "base", "teacher"):
         for s in suites:
             items = _subset([json.loads(x) for x in (REPO / s["source"]).read_text().splitlines() if x.strip()], n)
-            prompts = [list(chat_messages(it["prompt"], t["context"])) if role == "teacher" and it.get("category")
-                       in t["context_categories"] else it["prompt"] for it in items]
-            out.append({"name": f"{role}/{s['name']}", "role": role, "prompts": prompts,
-                        "max_new_tokens": s["max_new_tokens"], "logprobs": None,
-                        "batch_size": t["batch_size"] if role == "teacher" else eval_batch,
-                        # as the stage asks through the generation cache: the bare items, the teacher's context
-                        "rows": [{"id": str(i), "prompt": it["prompt"], "category": it.get("category")}
-                                 for i, it in enumerate(items)],
-                        "context": t["context"] if role == "teacher" else [],
-                        "context_categories": t["context_categories"] if role == "teacher" else None})
+            prompts = [
+                list(chat_messages(it["prompt"], t["context"]))
+                if role == "teacher" and it.get("category") in t["context_categories"]
+                else it["prompt"]
+                for it in items
+            ]
+            out.append(
+                {
+                    "name": f"{role}/{s['name']}",
+                    "role": role,
+                    "prompts": prompts,
+                    "max_new_tokens": s["max_new_tokens"],
+                    "logprobs": None,
+                    "batch_size": t["batch_size"] if role == "teacher" else eval_batch,
+                    # as the stage asks through the generation cache: the bare items, the teacher's context
+                    "rows": [
+                        {"id": str(i), "prompt": it["prompt"], "category": it.get("category")}
+                        for i, it in enumerate(items)
+                    ],
+                    "context": t["context"] if role == "teacher" else [],
+                    "context_categories": t["context_categories"] if role == "teacher" else None,
+                }
+            )
     return out
 
 
@@ -131,8 +161,8 @@ def worker(a) -> int:
     import torch
 
     torch.set_num_threads(a.threads)
-    from campaign_orchestrator.process_memory import peak_rss_mb
     from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.process_memory import peak_rss_mb
 
     lines: list[str] = []
     jobs = workload(a.section, a.prompts, a.tiny)
@@ -174,14 +204,28 @@ def worker(a) -> int:
         total_cpu += cpu
         toks = sum(c.completion_tokens or 0 for c in res)
         total_s, n_prompts, n_tokens = total_s + dt, n_prompts + len(res), n_tokens + toks
-        out["suites"][j["name"]] = {"prompts": len(res), "seconds": round(dt, 3), "cpu_seconds": round(cpu, 3),
-                                    "completion_tokens": toks, "from_cache": hits,
-                                    "errors": sum(not c.ok for c in res), "shared_prefix": gen.last_shared_prefix,
-                                    "token_ids": [c.token_ids for c in res]}
+        out["suites"][j["name"]] = {
+            "prompts": len(res),
+            "seconds": round(dt, 3),
+            "cpu_seconds": round(cpu, 3),
+            "completion_tokens": toks,
+            "from_cache": hits,
+            "errors": sum(not c.ok for c in res),
+            "shared_prefix": gen.last_shared_prefix,
+            "token_ids": [c.token_ids for c in res],
+        }
     peak = peak_rss_mb()  # the worker's own: ru_maxrss would start from this script's parent's peak
-    out.update(seconds=round(total_s, 3), cpu_seconds=round(total_cpu, 3), prompts=n_prompts, completion_tokens=n_tokens,
-               prompts_per_s=round(n_prompts / total_s, 3), tokens_per_s=round(n_tokens / total_s, 1),
-               peak_rss_mb=round(peak, 1), rss_before_mb=round(base, 1), log=lines[-3:])
+    out.update(
+        seconds=round(total_s, 3),
+        cpu_seconds=round(total_cpu, 3),
+        prompts=n_prompts,
+        completion_tokens=n_tokens,
+        prompts_per_s=round(n_prompts / total_s, 3),
+        tokens_per_s=round(n_tokens / total_s, 1),
+        peak_rss_mb=round(peak, 1),
+        rss_before_mb=round(base, 1),
+        log=lines[-3:],
+    )
     print(json.dumps(out))
     return 0
 
@@ -195,9 +239,9 @@ class _StageAnswers:
 
     def __init__(self, a, generator, root: Path):
         from campaign_orchestrator.content import HashCache, model_fingerprint
-        from campaign_orchestrator.hardware import key_precision
         from campaign_orchestrator.generation.backends import answer_identity, teacher_identity
         from campaign_orchestrator.generation.blobstore import open_store
+        from campaign_orchestrator.hardware import key_precision
         from campaigns import paths
 
         self.generator, self.root, self.store = generator, root, open_store(root / "cache")
@@ -207,12 +251,20 @@ class _StageAnswers:
         weights = f"{model_fingerprint(Path(a.model), hashes)}@"
         # the stand-in candidate (no --adapter) is still another model to the stage: never the base's answers
         adapter = model_fingerprint(Path(a.adapter), hashes)[:20] if a.adapter else "stand-in-candidate"
-        self.identity = {role: answer_identity(str(a.model), a.model, weights_id=weights, precision=precision,
-                                               adapter_id=adapter if role == "candidate" else None)
-                         for role in ("candidate", "base")}
+        self.identity = {
+            role: answer_identity(
+                str(a.model),
+                a.model,
+                weights_id=weights,
+                precision=precision,
+                adapter_id=adapter if role == "candidate" else None,
+            )
+            for role in ("candidate", "base")
+        }
         # the teacher keyed as teacher_setup keys a transformers teacher (spec_identity), not assumed to be the base
-        self.identity["teacher"] = teacher_identity("transformers", str(a.model), a.model, weights_id=weights,
-                                                    precision=precision)
+        self.identity["teacher"] = teacher_identity(
+            "transformers", str(a.model), a.model, weights_id=weights, precision=precision
+        )
         self.last_hits = 0
 
     def answer(self, job: dict) -> list:
@@ -228,16 +280,32 @@ class _StageAnswers:
         gen.batch_size = job["batch_size"]
         backend = TransformersBackend(self.model_path, f"benchmark ({role})", ident, generator=gen)
         sampling = Sampling(max_new_tokens=job["max_new_tokens"])
-        res = run_generation(job["rows"], backend, sampling, GenerationCache(self.store, namespace(ident, sampling),
-                                                                             self.root / "spool"),
-                             context=job["context"], context_categories=job["context_categories"])
+        res = run_generation(
+            job["rows"],
+            backend,
+            sampling,
+            GenerationCache(self.store, namespace(ident, sampling), self.root / "spool"),
+            context=job["context"],
+            context_categories=job["context_categories"],
+        )
         self.last_hits = res.stats.cache_hits
-        return [SimpleNamespace(token_ids=r["completion_token_ids"], completion_tokens=r["completion_tokens"],
-                                ok=r["error"] is None) for r in res.rows]
+        return [
+            SimpleNamespace(
+                token_ids=r["completion_token_ids"], completion_tokens=r["completion_tokens"], ok=r["error"] is None
+            )
+            for r in res.rows
+        ]
 
 
-LLAMA_1B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
-            "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048}
+LLAMA_1B = {
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+    "max_position_embeddings": 2048,
+}
 ENGINE_GOALS = {"auto_within_fastest": 0.95, "local_vs_hf_generate_1b": 1.5}
 
 
@@ -252,8 +320,9 @@ def _llama_1b(root: Path, tokenizer_dir: Path, dtype: str) -> Path:
         return out
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    cfg = LlamaConfig(**LLAMA_1B, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        **LLAMA_1B, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = LlamaForCausalLM(cfg).to(getattr(torch, dtype))
     model.save_pretrained(str(out))
@@ -276,12 +345,11 @@ def engines_worker(a) -> int:
 
     import torch
 
+    from campaign_orchestrator.demo.build import build_demo_models
+    from campaign_orchestrator.demo.recipe import resolve
     from campaign_orchestrator.generation.engines import ENGINE_MODULES
     from campaign_orchestrator.generation.engines.vllm_engine import vllm_importable
     from campaign_orchestrator.generation.local import LocalGenerator
-
-    from campaign_orchestrator.demo.build import build_demo_models
-    from campaign_orchestrator.demo.recipe import resolve
 
     build_demo_models(Path(a.artifacts), log=lambda _m: None, moe=False)  # a cache hit once built
     demo = Path(resolve("@demo/teacher", a.artifacts))
@@ -291,8 +359,9 @@ def engines_worker(a) -> int:
     shapes = []
     if not a.tiny:
         root = Path(tempfile.mkdtemp(prefix="genbench-1b-"))
-        shapes.append(("llama-1.1b", _llama_1b(root, demo, "bfloat16" if dev == "cuda" else "float32"),
-                       (256, 32, 256, 128, 128)))
+        shapes.append(
+            ("llama-1.1b", _llama_1b(root, demo, "bfloat16" if dev == "cuda" else "float32"), (256, 32, 256, 128, 128))
+        )
     shapes.append(("demo-teacher", demo, (a.prompts or 96, 0, 0, 16, 32)))
     out: dict = {"device": dev, "shapes": {}}
     for name, path, (n, lo, hi, new, batch) in shapes:
@@ -329,12 +398,18 @@ def engines_worker(a) -> int:
             toks = sum(c.completion_tokens or 0 for c in res)
             ids = [c.token_ids for c in res]
             ref = ids if eng == "hf_generate" else ref
-            rec["engines"][eng] = {"seconds": round(dt, 3), "new_tokens": toks, "tokens_per_s": round(toks / dt, 1),
-                                   "same_as_hf_generate": None if ref is None else round(
-                                       sum(x == y for x, y in zip(ids, ref, strict=True)) / len(ids), 4)}
+            rec["engines"][eng] = {
+                "seconds": round(dt, 3),
+                "new_tokens": toks,
+                "tokens_per_s": round(toks / dt, 1),
+                "same_as_hf_generate": None
+                if ref is None
+                else round(sum(x == y for x, y in zip(ids, ref, strict=True)) / len(ids), 4),
+            }
         lines: list[str] = []
-        auto = LocalGenerator(gen.model, gen.tok, batch, gen.precision, engine="auto", log=lines.append,
-                              source=gen.source)
+        auto = LocalGenerator(
+            gen.model, gen.tok, batch, gen.precision, engine="auto", log=lines.append, source=gen.source
+        )
         chosen = auto.engine  # the probe runs here (or the host cache answers)
         auto.engine_instance(chosen).generate(enc[:2], 2)
         sync()
@@ -344,8 +419,12 @@ def engines_worker(a) -> int:
         dt = time.perf_counter() - t0
         toks = sum(c.completion_tokens or 0 for c in res)
         ran = {e: r["tokens_per_s"] for e, r in rec["engines"].items() if "tokens_per_s" in r}
-        rec["auto"] = {"chosen": chosen, "why": auto.choice.get(False, {}).get("why", lines[-1:] or ""),
-                       "tokens_per_s": round(toks / dt, 1), "seconds": round(dt, 3)}
+        rec["auto"] = {
+            "chosen": chosen,
+            "why": auto.choice.get(False, {}).get("why", lines[-1:] or ""),
+            "tokens_per_s": round(toks / dt, 1),
+            "seconds": round(dt, 3),
+        }
         if ran:
             fastest = max(ran, key=ran.get)
             rec["fastest"] = fastest
@@ -371,22 +450,41 @@ def engines_section(a) -> dict:
     goals = {}
     for name, rec in r["shapes"].items():
         if "auto_vs_fastest" in rec:
-            goals[f"{name}: auto within 5% of the fastest ({rec['fastest']})"] = \
+            goals[f"{name}: auto within 5% of the fastest ({rec['fastest']})"] = (
                 rec["auto_vs_fastest"] >= ENGINE_GOALS["auto_within_fastest"]
+            )
         if name == "llama-1.1b" and "auto_vs_hf_generate" in rec:
-            goals["llama-1.1b: the local path >= 1.5x hf_generate's tokens/s"] = \
+            goals["llama-1.1b: the local path >= 1.5x hf_generate's tokens/s"] = (
                 rec["auto_vs_hf_generate"] >= ENGINE_GOALS["local_vs_hf_generate_1b"]
+            )
     r["goals_met"] = goals
     r["judged"] = a.device == "cuda"
     return r
 
 
 def _child(a, section: str, engine: str, dtype: str | None = None, engine_only: bool = False) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--section", section, "--engine", engine, "--model", str(a.model or ""),
-           "--dtype", dtype or a.dtype, "--threads", str(a.threads)] \
-        + (["--prompts", str(a.prompts)] if a.prompts else []) + (["--tiny"] if a.tiny else []) \
-        + (["--adapter", str(a.adapter)] if a.adapter else []) + (["--engine-only"] if a.engine_only or engine_only else []) \
+    cmd = (
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--section",
+            section,
+            "--engine",
+            engine,
+            "--model",
+            str(a.model or ""),
+            "--dtype",
+            dtype or a.dtype,
+            "--threads",
+            str(a.threads),
+        ]
+        + (["--prompts", str(a.prompts)] if a.prompts else [])
+        + (["--tiny"] if a.tiny else [])
+        + (["--adapter", str(a.adapter)] if a.adapter else [])
+        + (["--engine-only"] if a.engine_only or engine_only else [])
         + ["--device", a.device, "--artifacts", str(a.artifacts)]
+    )
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if p.returncode != 0:
@@ -401,13 +499,20 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tiny", action="store_true", help="the demo teacher on cipher prompts (speed goals not judged)")
     ap.add_argument("--sections", default=None, help="default: teacher,evaluation (cpu); engines (cuda)")
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                    help="where the engines section runs (teacher and evaluation always run on the CPU)")
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where the engines section runs (teacher and evaluation always run on the CPU)",
+    )
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--adapter", default=None, help="the candidate's adapter directory (default: the base stands in)")
-    ap.add_argument("--engine-only", action="store_true",
-                    help="evaluation: the new engine without the stage's generation cache (no shared answers)")
+    ap.add_argument(
+        "--engine-only",
+        action="store_true",
+        help="evaluation: the new engine without the stage's generation cache (no shared answers)",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="old/new pairs per section, alternating")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--section", help=argparse.SUPPRESS)
@@ -431,12 +536,21 @@ def main() -> int:
 
         a.model = _real_model.model_dir()
         if not (Path(a.model) / "config.json").exists():
-            raise SystemExit(f"the real model is not at {a.model}: run `.venv/bin/campaign fetch-model "
-                             "smollm2-135m-instruct` first")
-    report = {"benchmark": "generation_speed", "date": time.strftime("%Y-%m-%d"), "model": str(a.model),
-              "new_path": "the continuous engine" + ("" if a.engine_only or a.tiny else
-                                                     "; evaluation through the stage's generation cache"),
-              "tiny": a.tiny, "threads": a.threads, "prompts_option": a.prompts, "sections": {}, "failed": []}
+            raise SystemExit(
+                f"the real model is not at {a.model}: run `.venv/bin/campaign fetch-model smollm2-135m-instruct` first"
+            )
+    report = {
+        "benchmark": "generation_speed",
+        "date": time.strftime("%Y-%m-%d"),
+        "model": str(a.model),
+        "new_path": "the continuous engine"
+        + ("" if a.engine_only or a.tiny else "; evaluation through the stage's generation cache"),
+        "tiny": a.tiny,
+        "threads": a.threads,
+        "prompts_option": a.prompts,
+        "sections": {},
+        "failed": [],
+    }
     if a.adapter:
         report["candidate"] = f"the base with the adapter {a.adapter}"
     elif not a.tiny:
@@ -457,46 +571,83 @@ def main() -> int:
         old, new = pairs[0]
         report["dtype"] = new["dtype"]
         diff: dict[str, list[int]] = {}
-        for name, s in new["suites"].items():
-            diff[name] = sorted({i for o, nw in pairs for i, (x, y) in enumerate(
-                zip(nw["suites"][name]["token_ids"], o["suites"][name]["token_ids"], strict=True)) if x != y})
+        for name, _s in new["suites"].items():
+            diff[name] = sorted(
+                {
+                    i
+                    for o, nw in pairs
+                    for i, (x, y) in enumerate(
+                        zip(nw["suites"][name]["token_ids"], o["suites"][name]["token_ids"], strict=True)
+                    )
+                    if x != y
+                }
+            )
         n_diff = sum(len(v) for v in diff.values())
 
         def total(engine: int, key: str, name: str | None = None) -> float:
             return sum((p[engine]["suites"][name] if name else p[engine])[key] for p in pairs)
 
-        r = {"prompts": new["prompts"], "repeats": len(pairs), "load_average_1min": [round(x, 2) for x in loads],
-             "new": {k: v for k, v in new.items() if k != "suites"},
-             "old": {k: v for k, v in old.items() if k != "suites"},
-             "per_suite": {n: {"new_s": round(total(1, "seconds", n), 3), "old_s": round(total(0, "seconds", n), 3),
-                               "new_cpu_s": round(total(1, "cpu_seconds", n), 3),
-                               "old_cpu_s": round(total(0, "cpu_seconds", n), 3),
-                               "shared_prefix_new": s["shared_prefix"], "shared_prefix_old": old["suites"][n]["shared_prefix"],
-                               "completion_tokens_new": s["completion_tokens"], "from_cache_new": s.get("from_cache", 0),
-                               "completion_tokens_old": old["suites"][n]["completion_tokens"],
-                               "differing_prompts": diff[n]} for n, s in new["suites"].items()},
-             "prompts_per_s_ratio": round(total(0, "seconds") / total(1, "seconds"), 2),
-             "cpu_seconds_ratio": round(total(0, "cpu_seconds") / total(1, "cpu_seconds"), 2),  # load-robust
-             "prompts_per_s_ratio_per_repeat": [round(o["seconds"] / nw["seconds"], 2) for o, nw in pairs],
-             "peak_rss_ratio": round(max(p[1]["peak_rss_mb"] for p in pairs) / max(p[0]["peak_rss_mb"] for p in pairs), 3),
-             "generation_rss_growth_mb": {"new": round(new["peak_rss_mb"] - new["rss_before_mb"], 1),
-                                          "old": round(old["peak_rss_mb"] - old["rss_before_mb"], 1)},
-             "outputs_identical": n_diff == 0, "differing_prompts": n_diff}
+        r = {
+            "prompts": new["prompts"],
+            "repeats": len(pairs),
+            "load_average_1min": [round(x, 2) for x in loads],
+            "new": {k: v for k, v in new.items() if k != "suites"},
+            "old": {k: v for k, v in old.items() if k != "suites"},
+            "per_suite": {
+                n: {
+                    "new_s": round(total(1, "seconds", n), 3),
+                    "old_s": round(total(0, "seconds", n), 3),
+                    "new_cpu_s": round(total(1, "cpu_seconds", n), 3),
+                    "old_cpu_s": round(total(0, "cpu_seconds", n), 3),
+                    "shared_prefix_new": s["shared_prefix"],
+                    "shared_prefix_old": old["suites"][n]["shared_prefix"],
+                    "completion_tokens_new": s["completion_tokens"],
+                    "from_cache_new": s.get("from_cache", 0),
+                    "completion_tokens_old": old["suites"][n]["completion_tokens"],
+                    "differing_prompts": diff[n],
+                }
+                for n, s in new["suites"].items()
+            },
+            "prompts_per_s_ratio": round(total(0, "seconds") / total(1, "seconds"), 2),
+            "cpu_seconds_ratio": round(total(0, "cpu_seconds") / total(1, "cpu_seconds"), 2),  # load-robust
+            "prompts_per_s_ratio_per_repeat": [round(o["seconds"] / nw["seconds"], 2) for o, nw in pairs],
+            "peak_rss_ratio": round(
+                max(p[1]["peak_rss_mb"] for p in pairs) / max(p[0]["peak_rss_mb"] for p in pairs), 3
+            ),
+            "generation_rss_growth_mb": {
+                "new": round(new["peak_rss_mb"] - new["rss_before_mb"], 1),
+                "old": round(old["peak_rss_mb"] - old["rss_before_mb"], 1),
+            },
+            "outputs_identical": n_diff == 0,
+            "differing_prompts": n_diff,
+        }
         if n_diff and new["dtype"] == "bfloat16":
             # bf16: no batched path is token-identical to another (padding, batch mates); the model's own answer
             # is its fp32 one: the new engine fails when a sign test says it agrees with it less often than generate
             ref = _child(a, section, "continuous", dtype="float32", engine_only=True)["suites"]
-            agree_new = sum(new["suites"][name]["token_ids"][i] == ref[name]["token_ids"][i]
-                            for name, idx in diff.items() for i in idx)
-            agree_old = sum(old["suites"][name]["token_ids"][i] == ref[name]["token_ids"][i]
-                            for name, idx in diff.items() for i in idx)
+            agree_new = sum(
+                new["suites"][name]["token_ids"][i] == ref[name]["token_ids"][i]
+                for name, idx in diff.items()
+                for i in idx
+            )
+            agree_old = sum(
+                old["suites"][name]["token_ids"][i] == ref[name]["token_ids"][i]
+                for name, idx in diff.items()
+                for i in idx
+            )
             p = sign_test_p(agree_new, agree_old)
-            r["fp32_reference"] = {"new_agrees": agree_new, "old_agrees": agree_old, "of": n_diff,
-                                   "p_new_less_faithful": round(p, 4)}
+            r["fp32_reference"] = {
+                "new_agrees": agree_new,
+                "old_agrees": agree_old,
+                "of": n_diff,
+                "p_new_less_faithful": round(p, 4),
+            }
             if p < SIGN_TEST_ALPHA:
-                report["failed"].append(f"{section}: {n_diff} outputs differ from generate's and the new engine agrees "
-                                        f"with the fp32 answers less often ({agree_new}) than generate does "
-                                        f"({agree_old}), one-sided sign test p = {p:.4f} < {SIGN_TEST_ALPHA}")
+                report["failed"].append(
+                    f"{section}: {n_diff} outputs differ from generate's and the new engine agrees "
+                    f"with the fp32 answers less often ({agree_new}) than generate does "
+                    f"({agree_old}), one-sided sign test p = {p:.4f} < {SIGN_TEST_ALPHA}"
+                )
         elif n_diff:
             report["failed"].append(f"{section}: {n_diff} outputs differ from generate's")
         if not a.tiny:

@@ -57,14 +57,20 @@ ARMS = ("sequence", "logits", "on_policy")
 API_PRICE_KEY = "api-open-70b"
 
 # past_tense: regular verbs only (-ed, or -d after a final e), train and evaluation disjoint
-PAST_TRAIN = ("walk talk jump play cook clean paint call open watch help work look kick pull push wash climb listen "
-              "laugh fill visit answer start finish learn turn follow need want wait ask like move love smile dance "
-              "close bake hope live use rest count print mark park pick").split()
-PAST_EVAL = ("brush check crash dress fix kiss miss pass point pour rush sail shout spell test thank touch train trust "
-             "join lift melt pump hunt land paste share smell type wave").split()
+PAST_TRAIN = (
+    "walk talk jump play cook clean paint call open watch help work look kick pull push wash climb listen "
+    "laugh fill visit answer start finish learn turn follow need want wait ask like move love smile dance "
+    "close bake hope live use rest count print mark park pick"
+).split()
+PAST_EVAL = (
+    "brush check crash dress fix kiss miss pass point pour rush sail shout spell test thank touch train trust "
+    "join lift melt pump hunt land paste share smell type wave"
+).split()
 PAST_FEWSHOT = ("jump", "bake", "open", "smile", "cook", "dance")
-PAST_SYSTEM = ("If the user asks for the past tense of a verb, reply with only the past tense in lowercase. For any "
-               "other question, answer normally in one full sentence.")
+PAST_SYSTEM = (
+    "If the user asks for the past tense of a verb, reply with only the past tense in lowercase. For any "
+    "other question, answer normally in one full sentence."
+)
 
 
 def past(verb: str) -> str:
@@ -91,12 +97,16 @@ def task_data(task: str, n_task: int, n_general: int, n_eval: int) -> dict:
         context, category = base["teacher"]["context"], "plural"
     elif task == "past_tense":
         category = "past_tense"
-        train = [{"id": f"pt-tr-{i:03d}", "prompt": f"Past tense of {v}?", "reference": past(v), "category": category}
-                 for i, v in enumerate(v for v in PAST_TRAIN if v not in PAST_FEWSHOT)][:n_task]
-        suite = [{"id": f"pt-te-{i:03d}", "prompt": f"Past tense of {v}?", "reference": past(v), "category": category}
-                 for i, v in enumerate(PAST_EVAL)][:n_eval]
+        train = [
+            {"id": f"pt-tr-{i:03d}", "prompt": f"Past tense of {v}?", "reference": past(v), "category": category}
+            for i, v in enumerate(v for v in PAST_TRAIN if v not in PAST_FEWSHOT)
+        ][:n_task]
+        suite = [
+            {"id": f"pt-te-{i:03d}", "prompt": f"Past tense of {v}?", "reference": past(v), "category": category}
+            for i, v in enumerate(PAST_EVAL)
+        ][:n_eval]
         pairs = base["teacher"]["context"][1:]
-        general_pairs = [pairs[i:i + 2] for i in range(0, len(pairs), 2) if "Plural" not in pairs[i]["content"]]
+        general_pairs = [pairs[i : i + 2] for i in range(0, len(pairs), 2) if "Plural" not in pairs[i]["content"]]
         context = [{"role": "system", "content": PAST_SYSTEM}]
         for i, v in enumerate(PAST_FEWSHOT):  # interleaved as the plurals context: task turn, general turn
             context += [{"role": "user", "content": f"Past tense of {v}?"}, {"role": "assistant", "content": past(v)}]
@@ -105,8 +115,14 @@ def task_data(task: str, n_task: int, n_general: int, n_eval: int) -> dict:
             context = context[:-1]
     else:
         raise SystemExit(f"unknown task {task!r}: plurals or past_tense")
-    return {"train": train, "general_train": general_train, "suite": suite, "general_suite": general_suite,
-            "context": context, "category": category}
+    return {
+        "train": train,
+        "general_train": general_train,
+        "suite": suite,
+        "general_suite": general_suite,
+        "context": context,
+        "category": category,
+    }
 
 
 def campaign_yaml(task: str, arm: str, data: dict, steps: int, eval_items: int, seed: int) -> dict:
@@ -128,7 +144,7 @@ def campaign_yaml(task: str, arm: str, data: dict, steps: int, eval_items: int, 
         # 2 steps per round of 4 x 2 samples, as shipped
         op["samples_per_round"] = tr["micro_batch_size"] * tr["gradient_accumulation_steps"] * 2
     else:
-        tr["distillation"] = ({"loss": "sequence"} if arm == "sequence" else {"loss": "logits", "kl_weight": 0.8})
+        tr["distillation"] = {"loss": "sequence"} if arm == "sequence" else {"loss": "logits", "kl_weight": 0.8}
         c["teacher"]["sampling"]["logprobs"] = 20  # both off-policy arms: one teacher stage (the logit arm's)
     ev = c["evaluation"]
     ev["suites"][0]["source"] = "campaigns/data/suite-task.jsonl"
@@ -165,22 +181,45 @@ def _suite(gate: dict, name: str) -> dict:
     s = next(x for x in gate["suites"] if x["suite"] == name)
     o = s["overall"]
     d = o["delta"]
-    return {"candidate": o["candidate"]["estimate"], "base": o["base"]["estimate"], "delta": d["estimate"],
-            "delta_lo": d["lo"], "delta_hi": d["hi"], "items": o["n"], "verdict": s["verdict"]}
+    return {
+        "candidate": o["candidate"]["estimate"],
+        "base": o["base"]["estimate"],
+        "delta": d["estimate"],
+        "delta_lo": d["lo"],
+        "delta_hi": d["hi"],
+        "items": o["n"],
+        "verdict": s["verdict"],
+    }
 
 
 def run_arm(project: Path, artifacts: Path, yaml_file: Path, task: str, arm: str, catalog) -> dict:
     campaign = yaml_file.stem
     env = os.environ | {"CAMPAIGN_PROJECT_DIR": str(project), "PYTHONPATH": str(REPO)}
     t0 = time.perf_counter()
-    p = subprocess.run([str(REPO / ".venv" / "bin" / "campaign"), "run", str(yaml_file), "--artifacts", str(artifacts),
-                        "--log-level", "WARNING"], cwd=project, env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            str(REPO / ".venv" / "bin" / "campaign"),
+            "run",
+            str(yaml_file),
+            "--artifacts",
+            str(artifacts),
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     (artifacts / f"{campaign}.log").write_text(p.stdout + p.stderr)
     ev = _stage_manifest(artifacts, campaign, "evaluation")
     if ev is None:
-        return {"arm": arm, "error": f"campaign run exited {p.returncode} without an evaluation: "
-                                     f"{(p.stdout + p.stderr)[-1500:]}", "wall_s": wall}
+        return {
+            "arm": arm,
+            "error": f"campaign run exited {p.returncode} without an evaluation: {(p.stdout + p.stderr)[-1500:]}",
+            "wall_s": wall,
+        }
     gate = json.loads(Path(ev["gate_path"]).read_text())
     from campaign_orchestrator.costs.ledger import Ledger
 
@@ -196,31 +235,53 @@ def run_arm(project: Path, artifacts: Path, yaml_file: Path, task: str, arm: str
         prompt_t, completion_t = int(op.get("teacher_prefill_tokens", 0)), 0
         scored = int(op.get("samples", 0))
         api_usd = prompt_t / 1e6 * in_usd + scored / 1e6 * out_usd  # one generated token per scored sample (vLLM)
-        teacher = {"teacher_tokens": prompt_t, "teacher_prefill_tokens": prompt_t, "student_samples": scored,
-                   "rounds": op.get("rounds"), "sampling_s": op.get("sampling_seconds"),
-                   "scoring_s": op.get("scoring_seconds"), "first_round_reverse_kl": op.get("first_round_reverse_kl"),
-                   "last_round_reverse_kl": op.get("last_round_reverse_kl")}
+        teacher = {
+            "teacher_tokens": prompt_t,
+            "teacher_prefill_tokens": prompt_t,
+            "student_samples": scored,
+            "rounds": op.get("rounds"),
+            "sampling_s": op.get("sampling_seconds"),
+            "scoring_s": op.get("scoring_seconds"),
+            "first_round_reverse_kl": op.get("first_round_reverse_kl"),
+            "last_round_reverse_kl": op.get("last_round_reverse_kl"),
+        }
         teacher_host_usd = 0.0  # in process: its time is in the training line
     else:
         tg = _stage_manifest(artifacts, campaign, "teacher_generations") or {}
         prompt_t, completion_t = int(tg.get("prompt_tokens", 0)), int(tg.get("completion_tokens", 0))
         api_usd = prompt_t / 1e6 * in_usd + completion_t / 1e6 * out_usd
-        teacher = {"teacher_tokens": prompt_t + completion_t, "teacher_prompt_tokens": prompt_t,
-                   "teacher_completion_tokens": completion_t, "teacher_generations": tg.get("rows")}
+        teacher = {
+            "teacher_tokens": prompt_t + completion_t,
+            "teacher_prompt_tokens": prompt_t,
+            "teacher_completion_tokens": completion_t,
+            "teacher_generations": tg.get("rows"),
+        }
         teacher_host_usd = sum(float(x["usd"]) for x in tg.get("cost_lines") or [])
     task_s, general = _suite(gate, task), _suite(gate, "general")
     spent = sum(by_kind.values())
     # a cache hit pays nothing in the ledger: charge the arm the teacher stage it used, as if it ran alone
     full_usd = spent - by_kind.get("teacher", 0.0) + teacher_host_usd
     low_pts = task_s["delta_lo"] * 100
-    return {"arm": arm, "campaign": campaign, "exit_code": p.returncode, "verdict": gate["verdict"],
-            "task": task_s, "general": general, **teacher,
-            "teacher_usd_at_api_price": api_usd, "api_price": f"{API_PRICE_KEY}: ${in_usd}/M in, ${out_usd}/M out",
-            "wall_s": wall, "train_s": summary.get("train_seconds"), "steps": summary.get("steps"),
-            "ledger_usd_this_run": spent, "usd_with_its_teacher_stage": full_usd,
-            "usd_per_point_gained_lcb": full_usd / low_pts if low_pts > 0 else None,
-            "usd_per_point_gained_lcb_api_teacher": (full_usd - teacher_host_usd + api_usd) / low_pts
-            if low_pts > 0 else None}
+    return {
+        "arm": arm,
+        "campaign": campaign,
+        "exit_code": p.returncode,
+        "verdict": gate["verdict"],
+        "task": task_s,
+        "general": general,
+        **teacher,
+        "teacher_usd_at_api_price": api_usd,
+        "api_price": f"{API_PRICE_KEY}: ${in_usd}/M in, ${out_usd}/M out",
+        "wall_s": wall,
+        "train_s": summary.get("train_seconds"),
+        "steps": summary.get("steps"),
+        "ledger_usd_this_run": spent,
+        "usd_with_its_teacher_stage": full_usd,
+        "usd_per_point_gained_lcb": full_usd / low_pts if low_pts > 0 else None,
+        "usd_per_point_gained_lcb_api_teacher": (full_usd - teacher_host_usd + api_usd) / low_pts
+        if low_pts > 0
+        else None,
+    }
 
 
 def verdict(arms: dict) -> dict:
@@ -229,12 +290,19 @@ def verdict(arms: dict) -> dict:
     if not off or "task" not in on:
         return {"met": False, "why": "an arm did not finish"}
     best = max(off, key=lambda a: (a["task"]["candidate"], a["general"]["delta"]))
-    checks = {"task_score_at_least_best_off_policy": on["task"]["candidate"] >= best["task"]["candidate"],
-              "general_regression_no_larger": on["general"]["delta"] >= best["general"]["delta"],
-              "teacher_cost_at_most_half": on["teacher_usd_at_api_price"] <= best["teacher_usd_at_api_price"] / 2}
-    return {"best_off_policy": best["arm"], **checks, "met": all(checks.values()),
-            "teacher_cost_ratio_on_vs_best": on["teacher_usd_at_api_price"] / best["teacher_usd_at_api_price"]
-            if best["teacher_usd_at_api_price"] else None}
+    checks = {
+        "task_score_at_least_best_off_policy": on["task"]["candidate"] >= best["task"]["candidate"],
+        "general_regression_no_larger": on["general"]["delta"] >= best["general"]["delta"],
+        "teacher_cost_at_most_half": on["teacher_usd_at_api_price"] <= best["teacher_usd_at_api_price"] / 2,
+    }
+    return {
+        "best_off_policy": best["arm"],
+        **checks,
+        "met": all(checks.values()),
+        "teacher_cost_ratio_on_vs_best": on["teacher_usd_at_api_price"] / best["teacher_usd_at_api_price"]
+        if best["teacher_usd_at_api_price"]
+        else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,13 +322,23 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(a.workdir or tempfile.mkdtemp(prefix="on-policy-cmp-"))
     t_all = time.perf_counter()
     load0 = os.getloadavg()
-    report = {"benchmark": "on_policy_comparison", "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-              "runs_per_arm": 1, "seed": a.seed, "model": "@packaged/smollm2-135m-instruct (teacher with context, "
-              "LoRA student)", "shrunk": {"steps": a.steps, "task_prompts": a.task_prompts,
-                                         "general_prompts": a.general_prompts, "eval_items_per_suite": a.eval_items,
-                                         "teacher_evaluated": False},
-              "workdir": str(work), "tasks": {}}
+    report = {
+        "benchmark": "on_policy_comparison",
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "runs_per_arm": 1,
+        "seed": a.seed,
+        "model": "@packaged/smollm2-135m-instruct (teacher with context, LoRA student)",
+        "shrunk": {
+            "steps": a.steps,
+            "task_prompts": a.task_prompts,
+            "general_prompts": a.general_prompts,
+            "eval_items_per_suite": a.eval_items,
+            "teacher_evaluated": False,
+        },
+        "workdir": str(work),
+        "tasks": {},
+    }
     ok = True
     for task in a.tasks.split(","):
         project, artifacts = work / task / "project", work / task / "artifacts"
@@ -275,8 +353,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"task": task, **arms[arm]}, default=str), file=sys.stderr, flush=True)
         v = verdict(arms)
         ok = ok and v["met"]
-        report["tasks"][task] = {"train_prompts": len(data["train"]) + len(data["general_train"]),
-                                 "arms": arms, "goal": v}
+        report["tasks"][task] = {
+            "train_prompts": len(data["train"]) + len(data["general_train"]),
+            "arms": arms,
+            "goal": v,
+        }
     report["wall_s"] = time.perf_counter() - t_all
     report["load_average_1m"] = {"start": load0[0], "end": os.getloadavg()[0]}
     print(json.dumps(report, indent=2, default=str))

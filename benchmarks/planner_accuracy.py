@@ -28,8 +28,10 @@ TIME_RATIO = (0.5, 2.0)
 def latest_report(artifacts: Path, campaign: str) -> dict:
     reports = sorted((artifacts / campaign / "campaign_cost").glob("*.json"), key=lambda p: p.stat().st_mtime)
     if not reports:
-        raise SystemExit(f"no cost report for campaign {campaign!r} under {artifacts / campaign / 'campaign_cost'}: "
-                         f"run `campaign run {campaign}` first (a NO-GO run writes none)")
+        raise SystemExit(
+            f"no cost report for campaign {campaign!r} under {artifacts / campaign / 'campaign_cost'}: "
+            f"run `campaign run {campaign}` first (a NO-GO run writes none)"
+        )
     return json.loads(reports[-1].read_text())
 
 
@@ -41,17 +43,33 @@ def accuracy(report: dict) -> dict:
         est, act = p["estimated_seconds"], p["actual_seconds"]
         if est and act:
             est_total, act_total = est_total + est, act_total + act
-        stages.append({"stage": p["stage"], "estimated_s": est, "actual_s": act,
-                       "ratio": round(act / est, 3) if est and act else None})
+        stages.append(
+            {
+                "stage": p["stage"],
+                "estimated_s": est,
+                "actual_s": act,
+                "ratio": round(act / est, 3) if est and act else None,
+            }
+        )
     ratios = [s["ratio"] for s in stages if s["ratio"] is not None]
     total = round(act_total / est_total, 3) if est_total else None
-    return {"campaign": report["campaign"], "verdict": report.get("verdict"),
-            "memory": {"planned_gb": planned, "measured_peak_gb": measured,
-                       "error": None if mem_err is None else round(mem_err, 3),
-                       "within_30pct": mem_err is not None and abs(mem_err) <= MEMORY_TOLERANCE},
-            "time": {"stages": stages, "estimated_s": round(est_total, 1), "actual_s": round(act_total, 1),
-                     "ratio": total,
-                     "within_2x": bool(ratios) and all(TIME_RATIO[0] <= r <= TIME_RATIO[1] for r in [*ratios, total])}}
+    return {
+        "campaign": report["campaign"],
+        "verdict": report.get("verdict"),
+        "memory": {
+            "planned_gb": planned,
+            "measured_peak_gb": measured,
+            "error": None if mem_err is None else round(mem_err, 3),
+            "within_30pct": mem_err is not None and abs(mem_err) <= MEMORY_TOLERANCE,
+        },
+        "time": {
+            "stages": stages,
+            "estimated_s": round(est_total, 1),
+            "actual_s": round(act_total, 1),
+            "ratio": total,
+            "within_2x": bool(ratios) and all(TIME_RATIO[0] <= r <= TIME_RATIO[1] for r in [*ratios, total]),
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     rows = [accuracy(latest_report(Path(a.artifacts), c)) for c in a.campaigns]
     ok = all(r["memory"]["within_30pct"] and r["time"]["within_2x"] for r in rows)
-    print(json.dumps({"benchmark": "planner_accuracy", "load_average": os.getloadavg(), "campaigns": rows,
-                      "pass": ok}, indent=2))
+    print(
+        json.dumps(
+            {"benchmark": "planner_accuracy", "load_average": os.getloadavg(), "campaigns": rows, "pass": ok}, indent=2
+        )
+    )
     return 0 if ok else 1
 
 

@@ -52,8 +52,8 @@ def main() -> int:
     import torch
 
     from campaigns.spec import DiagnosticsSpec, ProfilingSpec, TrainingSpec
-    from training.triage import render, triage_files
     from training.profiling import RunProfiler
+    from training.triage import render, triage_files
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(256, 256), torch.nn.GELU())])
@@ -64,6 +64,7 @@ def main() -> int:
     on_spec = off_spec.model_copy(update={"profiling": ProfilingSpec(enabled=True)})
     times: dict[str, list[float]] = {"bare": [], "off": [], "on": []}
     with tempfile.TemporaryDirectory() as tmp:
+
         def run(kind: str, r: int) -> None:
             if kind == "bare":
                 times["bare"].append(_loop(model, opt, x, a.steps))
@@ -73,7 +74,7 @@ def main() -> int:
 
         order = ["bare", "off", "on"]
         for r in range(a.rounds):
-            for kind in order[r % 3:] + order[:r % 3]:  # rotate, so no variant always runs first
+            for kind in order[r % 3 :] + order[: r % 3]:  # rotate, so no variant always runs first
                 run(kind, r)
         traces = sorted(Path(tmp).glob("on*/profile/traces/*.pt.trace.json"))
         size = sum(p.stat().st_size for p in traces)
@@ -85,16 +86,19 @@ def main() -> int:
     med = {k: min(v) / a.steps * 1e3 for k, v in times.items()}
     out = {
         "benchmark": "profiling_overhead",
-        "steps_per_round": a.steps, "rounds": a.rounds,
+        "steps_per_round": a.steps,
+        "rounds": a.rounds,
         "step_ms": {k: round(v, 3) for k, v in med.items()},
         "ratio_off_vs_bare": round(med["off"] / med["bare"], 3),
         "ratio_on_vs_bare": round(med["on"] / med["bare"], 3),
-        "trace_files": len(traces), "trace_mb_total": round(size / 1e6, 2),
+        "trace_files": len(traces),
+        "trace_mb_total": round(size / 1e6, 2),
         "triage_mb_per_s": round(mb / parse_s, 1) if parse_s > 0 else None,
         "triage_verdict": result["verdict"],
         "recorded_step_ms": round(result["step_ms"], 3) if result.get("step_ms") else None,
         "recorded_vs_bare": round(result["step_ms"] / med["bare"], 2) if result.get("step_ms") else None,
-        "load_average": [round(v, 2) for v in os.getloadavg()], "cpu_count": os.cpu_count(),
+        "load_average": [round(v, 2) for v in os.getloadavg()],
+        "cpu_count": os.cpu_count(),
     }
     out["pass"] = out["ratio_off_vs_bare"] <= 1.10
     print(json.dumps(out, indent=2))

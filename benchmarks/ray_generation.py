@@ -33,8 +33,15 @@ from teacher_common import REPO, emit, load_average, prompts
 
 
 def _execution(replicas: int, cpus: float, shard: int) -> SimpleNamespace:
-    return SimpleNamespace(engine="ray", ray_address=None, replicas=replicas, num_cpus_per_replica=cpus,
-                           num_gpus_per_replica=0.0, shard_prompts=shard, max_shard_retries=1)
+    return SimpleNamespace(
+        engine="ray",
+        ray_address=None,
+        replicas=replicas,
+        num_cpus_per_replica=cpus,
+        num_gpus_per_replica=0.0,
+        shard_prompts=shard,
+        max_shard_retries=1,
+    )
 
 
 def _ray_stage(rows, recipe, ident, sampling, ex, pool):
@@ -55,9 +62,9 @@ def _ray_stage(rows, recipe, ident, sampling, ex, pool):
 
 
 def endpoint(a) -> dict:
-    from campaign_orchestrator.generation.scaleout.pool import ShardPool
     from campaign_orchestrator.generation.recipes import BackendRecipe
     from campaign_orchestrator.generation.requests import Sampling
+    from campaign_orchestrator.generation.scaleout.pool import ShardPool
     from campaigns.spec import TeacherSpec
     from tests.support.testserver import ServerProcess
 
@@ -65,21 +72,32 @@ def endpoint(a) -> dict:
     rows = prompts(a.endpoint_prompts)
     out: dict = {"latency_ms": a.latency_ms, "prompts": len(rows), "concurrency_per_worker": a.concurrency}
     with ServerProcess("--latency-ms", str(a.latency_ms)) as srv:
-        spec = TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced",
-                           max_concurrency=a.concurrency)
+        spec = TeacherSpec(
+            backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=a.concurrency
+        )
         recipe = BackendRecipe(spec)
         ident = recipe.build().identity
         for workers in (1, 4):
             ex = _execution(workers, 0.25, max(1, len(rows) // 16))
             pool = ShardPool(replicas=workers, num_cpus=0.25, max_shard_retries=1, log=lambda _m: None)
             try:  # warm-up on other prompts: every worker started, its client connected
-                _ray_stage(prompts(workers * a.concurrency * 2, seed=workers), recipe, ident, s,
-                           _execution(workers, 0.25, a.concurrency * 2), pool)
+                _ray_stage(
+                    prompts(workers * a.concurrency * 2, seed=workers),
+                    recipe,
+                    ident,
+                    s,
+                    _execution(workers, 0.25, a.concurrency * 2),
+                    pool,
+                )
                 wall, run, _res = _ray_stage(rows, recipe, ident, s, ex, pool)
             finally:
                 pool.close()
-            out[f"workers_{workers}"] = {"seconds": round(wall, 3), "prompts_per_s": round(len(rows) / wall, 2),
-                                         "shards": len(run.shards), "workers_used": len({x.worker for x in run.shards})}
+            out[f"workers_{workers}"] = {
+                "seconds": round(wall, 3),
+                "prompts_per_s": round(len(rows) / wall, 2),
+                "shards": len(run.shards),
+                "workers_used": len({x.worker for x in run.shards}),
+            }
     ratio = out["workers_4"]["prompts_per_s"] / out["workers_1"]["prompts_per_s"]
     out |= {"ratio_4_vs_1": round(ratio, 2), "target": 3.5, "pass": ratio >= 3.5}
     return out
@@ -89,24 +107,29 @@ def local(a) -> dict:
     import ray
 
     from campaign_orchestrator import models
-    from campaign_orchestrator.generation.scaleout.pool import ShardPool
-    from campaign_orchestrator.generation.blobstore import LocalStore
     from campaign_orchestrator.generation.backends import make_backend, spec_identity, weights_identity
+    from campaign_orchestrator.generation.blobstore import LocalStore
     from campaign_orchestrator.generation.cache import GenerationCache
     from campaign_orchestrator.generation.recipes import BackendRecipe
     from campaign_orchestrator.generation.requests import Sampling, namespace
     from campaign_orchestrator.generation.runner import run_generation
+    from campaign_orchestrator.generation.scaleout.pool import ShardPool
     from campaigns.spec import TeacherSpec
 
     root = os.environ.get("CAMPAIGN_TEST_MODELS_ROOT", str(REPO / "artifacts"))
     model = models.resolve("@packaged/smollm2-135m-instruct", root, base=REPO)
-    spec = TeacherSpec(backend="transformers", model=str(model), compute_dtype="float32", hardware="cpu-2vcpu",
-                       batch_size=64)
+    spec = TeacherSpec(
+        backend="transformers", model=str(model), compute_dtype="float32", hardware="cpu-2vcpu", batch_size=64
+    )
     s = Sampling(max_new_tokens=a.max_new_tokens)
     rows = prompts(a.local_prompts, seed=7)
     shard = a.local_shard
-    out: dict = {"model": "@packaged/smollm2-135m-instruct (fp32)", "prompts": len(rows),
-                 "max_new_tokens": a.max_new_tokens, "shard_prompts": shard}
+    out: dict = {
+        "model": "@packaged/smollm2-135m-instruct (fp32)",
+        "prompts": len(rows),
+        "max_new_tokens": a.max_new_tokens,
+        "shard_prompts": shard,
+    }
 
     # in process: 1 worker x 2 threads (the stage as engine: local runs it)
     import torch
@@ -132,14 +155,22 @@ def local(a) -> dict:
         t0 = time.perf_counter()
         run_generation(ref, backend, s, GenerationCache(LocalStore(d + "/store"), namespace(ident, s), d + "/spool"))
         ref_s = time.perf_counter() - t0
-        out["in_process_1_thread_reference"] = {"prompts": len(ref), "seconds": round(ref_s, 2),
-                                                "prompts_per_s": round(len(ref) / ref_s, 2)}
+        out["in_process_1_thread_reference"] = {
+            "prompts": len(ref),
+            "seconds": round(ref_s, 2),
+            "prompts_per_s": round(len(ref) / ref_s, 2),
+        }
     del backend, res
 
     # Ray: 2 workers x 1 thread on a local cluster of 2 CPUs
     t0 = time.perf_counter()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+    )
     init_s = time.perf_counter() - t0
     try:
         ex = _execution(2, 1.0, shard)
@@ -160,11 +191,18 @@ def local(a) -> dict:
     busiest = max(per_worker.values(), key=lambda w: w["generate_s"])
     overhead = max(0.0, ray_s - busiest["generate_s"])
     startup = init_s + max(0.0, ready_s - out["in_process_load_s"])
-    out["ray"] = {"workers": 2, "threads_per_worker": 1, "seconds": round(ray_s, 2),
-                  "prompts_per_s": round(len(rows) / ray_s, 2), "shards": len(run.shards),
-                  "ray_init_s": round(init_s, 2), "workers_ready_s (start + model load)": round(ready_s, 2),
-                  "per_worker": {k: {"shards": v["shards"], "generate_s": round(v["generate_s"], 2)}
-                                 for k, v in per_worker.items()}}
+    out["ray"] = {
+        "workers": 2,
+        "threads_per_worker": 1,
+        "seconds": round(ray_s, 2),
+        "prompts_per_s": round(len(rows) / ray_s, 2),
+        "shards": len(run.shards),
+        "ray_init_s": round(init_s, 2),
+        "workers_ready_s (start + model load)": round(ready_s, 2),
+        "per_worker": {
+            k: {"shards": v["shards"], "generate_s": round(v["generate_s"], 2)} for k, v in per_worker.items()
+        },
+    }
     out["ratio_ray_vs_in_process"] = round(in_s / ray_s, 3)
     out["overhead_per_shard_s"] = round(overhead / busiest["shards"], 3)
     out["ray_only_startup_s"] = round(startup, 2)
@@ -186,8 +224,12 @@ def main() -> int:
     ap.add_argument("--local-prompts", type=int, default=2000)
     ap.add_argument("--local-shard", type=int, default=100)
     ap.add_argument("--max-new-tokens", type=int, default=4)
-    ap.add_argument("--reference-1-thread", type=int, default=200,
-                    help="prompts the in-process stage also answers with 1 torch thread (0: skip)")
+    ap.add_argument(
+        "--reference-1-thread",
+        type=int,
+        default=200,
+        help="prompts the in-process stage also answers with 1 torch thread (0: skip)",
+    )
     ap.add_argument("--skip-local", action="store_true", help="the endpoint part only (seconds, no model)")
     a = ap.parse_args()
     import ray
@@ -195,8 +237,13 @@ def main() -> int:
     load0 = load_average()
     result: dict = {"benchmark": "ray_generation", "load_average_before": load0}
     t0 = time.perf_counter()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+    )
     result["ray_init_s"] = round(time.perf_counter() - t0, 2)
     try:
         result["endpoint"] = endpoint(a)

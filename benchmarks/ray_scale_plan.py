@@ -33,14 +33,30 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 # config.json figures of the two public model shapes (hidden, intermediate, layers, heads, kv heads, vocab)
-SHAPES = {"llama-3.1-8b": dict(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, head_dim=128,
-                               vocab=128256, tied=False),
-          "llama-3.1-70b": dict(hidden=8192, intermediate=28672, layers=80, heads=64, kv_heads=8, head_dim=128,
-                                vocab=128256, tied=False)}
-WORKLOAD = {"prompt_tokens": 200, "max_new_tokens": 256, "completion_fill": 0.5, "batch_size": 256,
-            "shard_prompts": 256, "dtype": "bfloat16", "generation_mfu": 0.5, "pricing_tier": "on_demand"}
-ENDPOINT = {"price": "api-open-70b", "max_concurrency_per_worker": 64, "requests_per_minute": 10_000,
-            "tokens_per_minute": 2_000_000}
+SHAPES = {
+    "llama-3.1-8b": dict(
+        hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256, tied=False
+    ),
+    "llama-3.1-70b": dict(
+        hidden=8192, intermediate=28672, layers=80, heads=64, kv_heads=8, head_dim=128, vocab=128256, tied=False
+    ),
+}
+WORKLOAD = {
+    "prompt_tokens": 200,
+    "max_new_tokens": 256,
+    "completion_fill": 0.5,
+    "batch_size": 256,
+    "shard_prompts": 256,
+    "dtype": "bfloat16",
+    "generation_mfu": 0.5,
+    "pricing_tier": "on_demand",
+}
+ENDPOINT = {
+    "price": "api-open-70b",
+    "max_concurrency_per_worker": 64,
+    "requests_per_minute": 10_000,
+    "tokens_per_minute": 2_000_000,
+}
 MIN_SPEEDUP_64_AT_10M = 32.0
 
 
@@ -59,56 +75,120 @@ def tables(replicas: list[int], prompts: list[int]) -> dict:
     for name, tp in (("llama-3.1-8b", 1), ("llama-3.1-70b", 4)):
         shape = ModelShape(**SHAPES[name])
         for n in prompts:
-            s = scale_self_hosted(requests=n, prompt_tokens=w["prompt_tokens"], new_tokens=new_tokens,
-                                  decode_tokens=w["max_new_tokens"], shard_prompts=w["shard_prompts"],
-                                  batch_size=w["batch_size"], params=shape.active_params,
-                                  weight_bytes=shape.params * 2, entry=h100, mfu=w["generation_mfu"], dtype=w["dtype"],
-                                  devices_per_replica=tp, tier=w["pricing_tier"], replicas=replicas, assume=assume)
+            s = scale_self_hosted(
+                requests=n,
+                prompt_tokens=w["prompt_tokens"],
+                new_tokens=new_tokens,
+                decode_tokens=w["max_new_tokens"],
+                shard_prompts=w["shard_prompts"],
+                batch_size=w["batch_size"],
+                params=shape.active_params,
+                weight_bytes=shape.params * 2,
+                entry=h100,
+                mfu=w["generation_mfu"],
+                dtype=w["dtype"],
+                devices_per_replica=tp,
+                tier=w["pricing_tier"],
+                replicas=replicas,
+                assume=assume,
+            )
             out.append(_summary(f"{name} self-hosted, {tp} x h100-sxm per replica", n, s))
     in_usd, out_usd = api.token_usd()
     for n in prompts:
-        s = scale_endpoint(requests=n, prompt_tokens=w["prompt_tokens"], new_tokens=new_tokens,
-                           max_new_tokens=w["max_new_tokens"], shard_prompts=w["shard_prompts"],
-                           max_concurrency=ENDPOINT["max_concurrency_per_worker"],
-                           requests_per_minute=ENDPOINT["requests_per_minute"],
-                           tokens_per_minute=ENDPOINT["tokens_per_minute"],
-                           usd=n * (w["prompt_tokens"] * in_usd + new_tokens * out_usd) / 1e6, replicas=replicas,
-                           assume=ScaleAssumptions(cluster_start_s=5.0),  # CPU workers start fast
-                           first_token_s=api.perf.get("first_token_s"),
-                           stream_tokens_per_s=api.perf.get("stream_tokens_per_s"))
+        s = scale_endpoint(
+            requests=n,
+            prompt_tokens=w["prompt_tokens"],
+            new_tokens=new_tokens,
+            max_new_tokens=w["max_new_tokens"],
+            shard_prompts=w["shard_prompts"],
+            max_concurrency=ENDPOINT["max_concurrency_per_worker"],
+            requests_per_minute=ENDPOINT["requests_per_minute"],
+            tokens_per_minute=ENDPOINT["tokens_per_minute"],
+            usd=n * (w["prompt_tokens"] * in_usd + new_tokens * out_usd) / 1e6,
+            replicas=replicas,
+            assume=ScaleAssumptions(cluster_start_s=5.0),  # CPU workers start fast
+            first_token_s=api.perf.get("first_token_s"),
+            stream_tokens_per_s=api.perf.get("stream_tokens_per_s"),
+        )
         out.append(_summary(f"endpoint {ENDPOINT['price']}", n, s))
-    prices = [{"key": e.key, "unit": e.unit, "usd": e.usd, "input_usd": e.input_usd, "output_usd": e.output_usd,
-               "as_of": e.as_of, "source": e.source} for e in (h100, api)]
+    prices = [
+        {
+            "key": e.key,
+            "unit": e.unit,
+            "usd": e.usd,
+            "input_usd": e.input_usd,
+            "output_usd": e.output_usd,
+            "as_of": e.as_of,
+            "source": e.source,
+        }
+        for e in (h100, api)
+    ]
     perf = {"h100-sxm": h100.perf}
-    return {"what": "simulated with the planner (campaign_orchestrator.costs.plan.scaleout), not measured",
-            "catalog": str(catalog_path.relative_to(REPO)), "catalog_version": catalog.version, "prices": prices,
-            "perf": perf, "workload": WORKLOAD, "model_shapes": SHAPES, "endpoint": ENDPOINT,
-            "assumptions": {"self_hosted": asdict(assume), "endpoint": asdict(ScaleAssumptions(cluster_start_s=5.0)),
-                            "billing": "every replica (its GPUs) billed for the whole stage, idle tail included"},
-            "tables": out}
+    return {
+        "what": "simulated with the planner (campaign_orchestrator.costs.plan.scaleout), not measured",
+        "catalog": str(catalog_path.relative_to(REPO)),
+        "catalog_version": catalog.version,
+        "prices": prices,
+        "perf": perf,
+        "workload": WORKLOAD,
+        "model_shapes": SHAPES,
+        "endpoint": ENDPOINT,
+        "assumptions": {
+            "self_hosted": asdict(assume),
+            "endpoint": asdict(ScaleAssumptions(cluster_start_s=5.0)),
+            "billing": "every replica (its GPUs) billed for the whole stage, idle tail included",
+        },
+        "tables": out,
+    }
 
 
 def _summary(teacher: str, prompts: int, s) -> dict:
-    rows = [{"replicas": r.replicas, "hours": round(r.seconds / 3600, 4), "usd": round(r.usd, 2),
-             "speedup": round(r.speedup, 2), "efficiency": round(r.efficiency, 3), "bound": r.bound}
-            for r in s.rows]
-    keep = ("shards", "shard_seconds", "model_load_seconds", "request_latency_s", "requests_per_s_per_replica",
-            "ceiling", "knee_replicas", "max_useful_replicas", "why_more_stop_helping")
-    return {"teacher": teacher, "prompts": prompts, "rows": rows, "_seconds": [r.seconds for r in s.rows],
-            **{k: getattr(s, k) for k in keep if getattr(s, k) is not None or k == "ceiling"}}
+    rows = [
+        {
+            "replicas": r.replicas,
+            "hours": round(r.seconds / 3600, 4),
+            "usd": round(r.usd, 2),
+            "speedup": round(r.speedup, 2),
+            "efficiency": round(r.efficiency, 3),
+            "bound": r.bound,
+        }
+        for r in s.rows
+    ]
+    keep = (
+        "shards",
+        "shard_seconds",
+        "model_load_seconds",
+        "request_latency_s",
+        "requests_per_s_per_replica",
+        "ceiling",
+        "knee_replicas",
+        "max_useful_replicas",
+        "why_more_stop_helping",
+    )
+    return {
+        "teacher": teacher,
+        "prompts": prompts,
+        "rows": rows,
+        "_seconds": [r.seconds for r in s.rows],
+        **{k: getattr(s, k) for k in keep if getattr(s, k) is not None or k == "ceiling"},
+    }
 
 
 def checks(result: dict, replicas: list[int]) -> dict:
-    out = {"time_never_grows_with_replicas": True, "ceiling_respected": True, "speedup_64_at_10m": None,
-           "knee_is_where_doubling_stops_paying": True}
+    out = {
+        "time_never_grows_with_replicas": True,
+        "ceiling_respected": True,
+        "speedup_64_at_10m": None,
+        "knee_is_where_doubling_stops_paying": True,
+    }
     for t in result["tables"]:
         secs = t.pop("_seconds")
-        if any(b > a * (1 + 1e-9) for a, b in zip(secs, secs[1:])):
+        if any(b > a * (1 + 1e-9) for a, b in zip(secs, secs[1:], strict=False)):
             out["time_never_grows_with_replicas"] = False
         if t.get("ceiling"):
             floor = t["ceiling"]["minimum_seconds"]
             out["ceiling_respected"] &= all(s >= floor for s in secs)
-        by_n = dict(zip(replicas, secs))
+        by_n = dict(zip(replicas, secs, strict=False))
         k = t["knee_replicas"]
         if 2 * k in by_n and k in by_n:  # on the grid: the knee's doubling gains < 10%
             out["knee_is_where_doubling_stops_paying"] &= by_n[2 * k] > 0.9 * by_n[k]
@@ -116,8 +196,15 @@ def checks(result: dict, replicas: list[int]) -> dict:
             sp = by_n[1] / by_n[64]
             out["speedup_64_at_10m"] = min(sp, out["speedup_64_at_10m"] or math.inf)
     out["speedup_64_at_10m_ok"] = out["speedup_64_at_10m"] is None or out["speedup_64_at_10m"] >= MIN_SPEEDUP_64_AT_10M
-    out["ok"] = all(out[k] for k in ("time_never_grows_with_replicas", "ceiling_respected",
-                                     "knee_is_where_doubling_stops_paying", "speedup_64_at_10m_ok"))
+    out["ok"] = all(
+        out[k]
+        for k in (
+            "time_never_grows_with_replicas",
+            "ceiling_respected",
+            "knee_is_where_doubling_stops_paying",
+            "speedup_64_at_10m_ok",
+        )
+    )
     return out
 
 

@@ -57,12 +57,23 @@ def main() -> None:
         state = NewDataState.from_cursor(state.to_cursor())
         one_new = _tick(state, source, root)
         cursor_bytes = len(state.to_cursor())
-    print(json.dumps({
-        "benchmark": "new_data_sensor_tick", "files": args.files, "mib_per_file": args.mib, "cpus": os.cpu_count(),
-        "cold_s": round(cold, 4), "warm_s": round(warm, 4), "one_new_file_s": round(one_new, 4),
-        "warm_speedup_vs_cold": round(cold / warm, 1), "one_new_speedup_vs_cold": round(cold / one_new, 1),
-        "cursor_bytes": cursor_bytes,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "new_data_sensor_tick",
+                "files": args.files,
+                "mib_per_file": args.mib,
+                "cpus": os.cpu_count(),
+                "cold_s": round(cold, 4),
+                "warm_s": round(warm, 4),
+                "one_new_file_s": round(one_new, 4),
+                "warm_speedup_vs_cold": round(cold / warm, 1),
+                "one_new_speedup_vs_cold": round(cold / one_new, 1),
+                "cursor_bytes": cursor_bytes,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ if str(REPO) not in sys.path:
 def prompts(n: int, seed: int = 2024) -> list[dict]:
     from campaign_orchestrator.demo import cipher
 
-    return [{"id": it["id"], "prompt": it["prompt"], "reference": it["reference"]}
-            for it in cipher.items(n, seed=seed, id_prefix="b")]
+    return [
+        {"id": it["id"], "prompt": it["prompt"], "reference": it["reference"]}
+        for it in cipher.items(n, seed=seed, id_prefix="b")
+    ]
 
 
 def load_average() -> list[float]:

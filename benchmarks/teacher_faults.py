@@ -32,16 +32,39 @@ def main() -> int:
 
     rows = prompts(a.prompts)
     load0 = load_average()
-    server_args = ["--latency-ms", "50", "--fail-429", "0.1", "--fail-500", "0.1", "--timeout-rate", "0.05",
-                   "--hang-s", str(3 * a.timeout_s), "--retry-after-s", "0.2", "--seed", "7"]
+    server_args = [
+        "--latency-ms",
+        "50",
+        "--fail-429",
+        "0.1",
+        "--fail-500",
+        "0.1",
+        "--timeout-rate",
+        "0.05",
+        "--hang-s",
+        str(3 * a.timeout_s),
+        "--retry-after-s",
+        "0.2",
+        "--seed",
+        "7",
+    ]
     with ServerProcess(*server_args) as srv:
-        client = OpenAICompatibleClient(srv.base_url, "teacher", max_concurrency=a.concurrency, timeout_s=a.timeout_s,
-                                        max_retries=10, backoff_initial_s=0.1, backoff_max_s=5.0)
+        client = OpenAICompatibleClient(
+            srv.base_url,
+            "teacher",
+            max_concurrency=a.concurrency,
+            timeout_s=a.timeout_s,
+            max_retries=10,
+            backoff_initial_s=0.1,
+            backoff_max_s=5.0,
+        )
         backend = OpenAIBackend(client)
         s = Sampling(max_new_tokens=16)
         d = tempfile.mkdtemp()
         t0 = time.perf_counter()
-        res = run_generation(rows, backend, s, GenerationCache(LocalStore(d), namespace(backend.identity, s), d + "/spool"))
+        res = run_generation(
+            rows, backend, s, GenerationCache(LocalStore(d), namespace(backend.identity, s), d + "/spool")
+        )
         wall = time.perf_counter() - t0
         time.sleep(3 * a.timeout_s + 0.5)  # let hung requests end server-side before counting
         server = srv.stats()
@@ -51,22 +74,38 @@ def main() -> int:
     failed_attempts = server["received"] - server["ok"]
     every_prompt_once = len(server["ok_by_prompt"]) == a.prompts and set(ok_counts) == {1}
     correct = sum(r["completion"] == " " + p["reference"] for r, p in zip(res.rows, rows, strict=True))
-    ok = (st.failed == 0 and st.generated == a.prompts and every_prompt_once and correct == a.prompts
-          and st.retries == failed_attempts)
-    return emit({
-        "benchmark": "teacher_faults",
-        "prompts": a.prompts, "concurrency": a.concurrency, "client_timeout_s": a.timeout_s,
-        "wall_s": round(wall, 2),
-        "server_received": server["received"], "server_answered_ok": server["ok"],
-        "server_429": status.get("429", 0), "server_500": status.get("500", 0),
-        "server_hung_past_timeout": status.get("504", 0),
-        "server_failed_attempts": failed_attempts,
-        "client_retries": st.retries, "client_retry_reasons": st.retry_reasons,
-        "completed": st.generated, "failed": st.failed, "correct_completions": correct,
-        "every_prompt_answered_exactly_once": every_prompt_once,
-        "retries_match_server_failures": st.retries == failed_attempts,
-        "pass": ok, "load_average_before": load0, "load_average_after": load_average(),
-    })
+    ok = (
+        st.failed == 0
+        and st.generated == a.prompts
+        and every_prompt_once
+        and correct == a.prompts
+        and st.retries == failed_attempts
+    )
+    return emit(
+        {
+            "benchmark": "teacher_faults",
+            "prompts": a.prompts,
+            "concurrency": a.concurrency,
+            "client_timeout_s": a.timeout_s,
+            "wall_s": round(wall, 2),
+            "server_received": server["received"],
+            "server_answered_ok": server["ok"],
+            "server_429": status.get("429", 0),
+            "server_500": status.get("500", 0),
+            "server_hung_past_timeout": status.get("504", 0),
+            "server_failed_attempts": failed_attempts,
+            "client_retries": st.retries,
+            "client_retry_reasons": st.retry_reasons,
+            "completed": st.generated,
+            "failed": st.failed,
+            "correct_completions": correct,
+            "every_prompt_answered_exactly_once": every_prompt_once,
+            "retries_match_server_failures": st.retries == failed_attempts,
+            "pass": ok,
+            "load_average_before": load0,
+            "load_average_after": load_average(),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -61,16 +61,26 @@ def main() -> int:
         seq_s, seq = run(srv.base_url, rows, 1, tempfile.mkdtemp())
     speedup = seq_s / conc_s
     ideal = min(a.concurrency, a.prompts)
-    return emit({
-        "benchmark": "teacher_openai_concurrency",
-        "prompts": a.prompts, "server_latency_ms": a.latency_ms, "concurrency": a.concurrency,
-        "concurrent_s": round(conc_s, 3), "concurrent_s_each": [round(x, 3) for x in conc_all],
-        "sequential_s": round(seq_s, 3),
-        "concurrent_rows_per_s": round(a.prompts / conc_s, 1), "sequential_rows_per_s": round(a.prompts / seq_s, 2),
-        "speedup": round(speedup, 2), "ideal_speedup": ideal, "server_max_in_flight": in_flight,
-        "target_speedup": 30.0, "pass": speedup >= 30.0,
-        "load_average_before": load0, "load_average_after": load_average(),
-    })
+    return emit(
+        {
+            "benchmark": "teacher_openai_concurrency",
+            "prompts": a.prompts,
+            "server_latency_ms": a.latency_ms,
+            "concurrency": a.concurrency,
+            "concurrent_s": round(conc_s, 3),
+            "concurrent_s_each": [round(x, 3) for x in conc_all],
+            "sequential_s": round(seq_s, 3),
+            "concurrent_rows_per_s": round(a.prompts / conc_s, 1),
+            "sequential_rows_per_s": round(a.prompts / seq_s, 2),
+            "speedup": round(speedup, 2),
+            "ideal_speedup": ideal,
+            "server_max_in_flight": in_flight,
+            "target_speedup": 30.0,
+            "pass": speedup >= 30.0,
+            "load_average_before": load0,
+            "load_average_after": load_average(),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ def main() -> int:
     a = ap.parse_args()
     import pyarrow.parquet as pq
 
-    from tests.support.testserver import ServerProcess
     from campaign_orchestrator.demo import cipher
+    from tests.support.testserver import ServerProcess
 
     work = Path(tempfile.mkdtemp(prefix="bench-resume-"))
     rows = prompts(a.prompts)
@@ -41,10 +41,23 @@ def main() -> int:
     env = os.environ | {"PYTHONPATH": str(REPO)}
     load0 = load_average()
     with ServerProcess("--latency-ms", "50") as srv:
-        teacher = json.dumps({"backend": "openai", "model": "teacher", "base_url": srv.base_url,
-                              "max_concurrency": a.concurrency})
-        cmd = [sys.executable, "-m", "campaign_orchestrator.teacher", "--prompts", str(src), "--teacher", teacher, "--out", str(out),
-               "--artifacts", str(work / "artifacts"), "--quiet"]
+        teacher = json.dumps(
+            {"backend": "openai", "model": "teacher", "base_url": srv.base_url, "max_concurrency": a.concurrency}
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "campaign_orchestrator.teacher",
+            "--prompts",
+            str(src),
+            "--teacher",
+            teacher,
+            "--out",
+            str(out),
+            "--artifacts",
+            str(work / "artifacts"),
+            "--quiet",
+        ]
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         while proc.poll() is None and srv.stats(summary=True)["ok"] < a.prompts // 2:
             time.sleep(0.01)
@@ -65,24 +78,36 @@ def main() -> int:
     exactly_once = sorted(ids) == sorted(r["id"] for r in rows)
     correct = sum(r["completion"] == " " + ref["reference"] for r, ref in zip(final, rows, strict=True))
     missing_after_kill = a.prompts - st["cache_hits"]
-    both_runs = {p: first["received_by_prompt"].get(p, 0) + second["received_by_prompt"].get(p, 0)
-                 for p in (r["prompt"] for r in rows)}
+    both_runs = {
+        p: first["received_by_prompt"].get(p, 0) + second["received_by_prompt"].get(p, 0)
+        for p in (r["prompt"] for r in rows)
+    }
     paid_twice = sum(1 for n in both_runs.values() if n > 1)
     ok = exactly_once and second["received"] == missing_after_kill == st["generated"] and correct == a.prompts
-    return emit({
-        "benchmark": "teacher_resume",
-        "prompts": a.prompts, "concurrency": a.concurrency,
-        "first_run_server_answered": first["ok"], "first_run_server_received": first["received"],
-        "cached_when_killed": st["cache_hits"], "recovered_from_spool": st["recovered_rows"],
-        "missing_after_kill": missing_after_kill,
-        "rerun_server_received": second["received"], "rerun_generated": st["generated"],
-        "rerun_s": round(rerun_s, 2),
-        "prompts_requested_in_both_runs": paid_twice,
-        "note": "prompts requested in both runs = requests in flight when the client was killed (the server "
-                "received them; the client never stored their answers); at most the concurrency",
-        "final_rows": len(final), "each_prompt_exactly_once": exactly_once, "correct_completions": correct,
-        "pass": ok, "load_average_before": load0, "load_average_after": load_average(),
-    })
+    return emit(
+        {
+            "benchmark": "teacher_resume",
+            "prompts": a.prompts,
+            "concurrency": a.concurrency,
+            "first_run_server_answered": first["ok"],
+            "first_run_server_received": first["received"],
+            "cached_when_killed": st["cache_hits"],
+            "recovered_from_spool": st["recovered_rows"],
+            "missing_after_kill": missing_after_kill,
+            "rerun_server_received": second["received"],
+            "rerun_generated": st["generated"],
+            "rerun_s": round(rerun_s, 2),
+            "prompts_requested_in_both_runs": paid_twice,
+            "note": "prompts requested in both runs = requests in flight when the client was killed (the server "
+            "received them; the client never stored their answers); at most the concurrency",
+            "final_rows": len(final),
+            "each_prompt_exactly_once": exactly_once,
+            "correct_completions": correct,
+            "pass": ok,
+            "load_average_before": load0,
+            "load_average_after": load_average(),
+        }
+    )
 
 
 if __name__ == "__main__":

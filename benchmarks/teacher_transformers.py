@@ -34,9 +34,15 @@ def run(model_dir, rows, batch_size: int, gen) -> dict:
     wall = time.perf_counter() - t0
     st = res.stats
     correct = sum(r["completion"] == " " + p["reference"] for r, p in zip(res.rows, rows, strict=True))
-    return {"batch_size": batch_size, "wall_s": round(wall, 3), "generate_s": round(st.generate_s, 3),
-            "completion_tokens": st.new_completion_tokens, "tokens_per_s": round(st.tokens_per_s, 1),
-            "rows_per_s": round(st.rows_per_s, 1), "correct": correct}
+    return {
+        "batch_size": batch_size,
+        "wall_s": round(wall, 3),
+        "generate_s": round(st.generate_s, 3),
+        "completion_tokens": st.new_completion_tokens,
+        "tokens_per_s": round(st.tokens_per_s, 1),
+        "rows_per_s": round(st.rows_per_s, 1),
+        "correct": correct,
+    }
 
 
 def main() -> int:
@@ -48,26 +54,36 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from campaign_orchestrator.generation.local import LocalGenerator
     from campaign_orchestrator.demo.recipe import resolve
+    from campaign_orchestrator.generation.local import LocalGenerator
 
     model_dir = resolve("@demo/teacher", a.artifacts)
     if not (model_dir / "config.json").exists():
-        raise SystemExit(f"demo teacher not built at {model_dir}: run `python -m campaign_orchestrator.demo --artifacts {a.artifacts}`")
+        raise SystemExit(
+            f"demo teacher not built at {model_dir}: run `python -m campaign_orchestrator.demo --artifacts {a.artifacts}`"
+        )
     gen = LocalGenerator.from_path(model_dir)
     rows = prompts(a.prompts)
     load0 = load_average()
     run(model_dir, prompts(16, seed=1), a.batch_size, gen)  # warm-up
     batched = run(model_dir, rows, a.batch_size, gen)
     single = run(model_dir, rows[: a.single_prompts], 1, gen)
-    return emit({
-        "benchmark": "teacher_transformers", "device": "cpu", "torch_threads": torch.get_num_threads(),
-        "prompts": a.prompts, "max_new_tokens": 16, "batched": batched, "one_at_a_time": single,
-        "tokens_per_s_speedup": round(batched["tokens_per_s"] / single["tokens_per_s"], 2),
-        "all_correct": batched["correct"] == a.prompts and single["correct"] == len(rows[: a.single_prompts]),
-        "vllm": "not measured: no GPU machine was available to this session",
-        "load_average_before": load0, "load_average_after": load_average(),
-    })
+    return emit(
+        {
+            "benchmark": "teacher_transformers",
+            "device": "cpu",
+            "torch_threads": torch.get_num_threads(),
+            "prompts": a.prompts,
+            "max_new_tokens": 16,
+            "batched": batched,
+            "one_at_a_time": single,
+            "tokens_per_s_speedup": round(batched["tokens_per_s"] / single["tokens_per_s"], 2),
+            "all_correct": batched["correct"] == a.prompts and single["correct"] == len(rows[: a.single_prompts]),
+            "vllm": "not measured: no GPU machine was available to this session",
+            "load_average_before": load0,
+            "load_average_after": load_average(),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -30,13 +30,20 @@ def run(job_file: Path, threads: int) -> dict:
     out = Path(json.loads(job_file.read_text())["output_dir"])
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    p = subprocess.run([sys.executable, "-m", "training", "--config", str(job_file)], cwd=REPO, env=env,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "training", "--config", str(job_file)], cwd=REPO, env=env, capture_output=True, text=True
+    )
     if p.returncode != 0:
         raise RuntimeError(p.stderr[-3000:])
     s = json.loads((out / "summary.json").read_text())
-    return {"tokens_per_s": s["tokens_per_s"], "seconds": s["train_seconds"], "tokens": s["tokens"],
-            "final_loss": s["final_loss"], "compute_dtype": s["compute_dtype"], "reason": s["compute_dtype_reason"]}
+    return {
+        "tokens_per_s": s["tokens_per_s"],
+        "seconds": s["train_seconds"],
+        "tokens": s["tokens"],
+        "final_loss": s["final_loss"],
+        "compute_dtype": s["compute_dtype"],
+        "reason": s["compute_dtype_reason"],
+    }
 
 
 def main() -> int:
@@ -63,9 +70,18 @@ def main() -> int:
         ds = write_cipher_dataset(work / "ds", student, 1024, seed=7)
         jobs = {}
         for dtype in ("auto", "bfloat16"):
-            job = make_job(work / dtype, student, ds, student={"quantization": {"compute_dtype": dtype}},
-                           max_steps=args.steps, micro_batch_size=tr.micro_batch_size, learning_rate=tr.learning_rate,
-                           warmup_steps=tr.warmup_steps, eval_rows=0, checkpoint={"every_steps": None, "every_minutes": None})
+            job = make_job(
+                work / dtype,
+                student,
+                ds,
+                student={"quantization": {"compute_dtype": dtype}},
+                max_steps=args.steps,
+                micro_batch_size=tr.micro_batch_size,
+                learning_rate=tr.learning_rate,
+                warmup_steps=tr.warmup_steps,
+                eval_rows=0,
+                checkpoint={"every_steps": None, "every_minutes": None},
+            )
             jobs[dtype] = job.write(work / f"{dtype}.json")
         runs = []
         for _ in range(args.repeats):
@@ -81,15 +97,23 @@ def main() -> int:
         "auto_resolved_to": next(r["compute_dtype"] for r in runs if r["setting"] == "auto"),
         "auto_reason": next(r["reason"] for r in runs if r["setting"] == "auto"),
         "cpu_capability": peak.capability,
-        "matmul_gflops": {"float32": peak.fp32_gflops, "bfloat16": peak.bf16_gflops, "n": hardware.MATMUL_N,
-                          "threads": peak.threads},
+        "matmul_gflops": {
+            "float32": peak.fp32_gflops,
+            "bfloat16": peak.bf16_gflops,
+            "n": hardware.MATMUL_N,
+            "threads": peak.threads,
+        },
         "auto_tokens_per_s": round(best["auto"], 1),
         "bf16_tokens_per_s": round(best["bfloat16"], 1),
         "ratio_auto_over_bf16": round(ratio, 2),
         "pass": ratio >= 0.95,
         "pass_rule": "auto is never meaningfully slower than forcing bf16 (>= 0.95x, best of alternating runs)",
-        "config": {"model": "demo student, 4-bit NF4 base (QLoRA), LoRA as the demo campaign", "steps": args.steps,
-                   "threads": args.threads, "micro_batch": tr.micro_batch_size},
+        "config": {
+            "model": "demo student, 4-bit NF4 base (QLoRA), LoRA as the demo campaign",
+            "steps": args.steps,
+            "threads": args.threads,
+            "micro_batch": tr.micro_batch_size,
+        },
         "runs": runs,
         "load_average": os.getloadavg(),
     }

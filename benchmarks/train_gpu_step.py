@@ -67,18 +67,39 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
 
-SECTIONS = ("lora", "lora_other_ce", "qlora_nf4", "fsdp2_lora", "qlora_fsdp2", "bare_loop", "planned", "trl",
-            "kernel_checks",
-            "vllm_teacher")
+SECTIONS = (
+    "lora",
+    "lora_other_ce",
+    "qlora_nf4",
+    "fsdp2_lora",
+    "qlora_fsdp2",
+    "bare_loop",
+    "planned",
+    "trl",
+    "kernel_checks",
+    "vllm_teacher",
+)
 SPEED_GOAL, MFU_GOAL, WORLD_OF_ONE_GOAL, QLORA_GOAL = 1.5, 0.35, 0.97, 0.75
 TINY_PLANNED_ROWS = 6  # --tiny: the memory policy aims at this many rows per micro-step (a fast suite run)
 PLAIN_ROPE: list = []  # transformers' Llama RoPE as imported, before any Liger patch (TRL's runs get it back)
 
 SHAPES = {
-    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-               num_key_value_heads=4, vocab_size=32000),
-    "tiny": dict(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512),
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        vocab_size=32000,
+    ),
+    "tiny": dict(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+    ),
 }
 
 
@@ -113,33 +134,55 @@ def build(work: Path, shape: dict, seq: int, rows: int):
 
     base = work / "base"
     vocab = {f"t{i}": i for i in range(shape["vocab_size"])}
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t3")),
-                                  pad_token="t0", bos_token="t1", eos_token="t2", unk_token="t3")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t3")),
+        pad_token="t0",
+        bos_token="t1",
+        eos_token="t2",
+        unk_token="t3",
+    )
     tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    cfg = LlamaConfig(max_position_embeddings=seq, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                      tie_word_embeddings=False, **shape)
+    cfg = LlamaConfig(
+        max_position_embeddings=seq, pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, **shape
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(base))
     tok.save_pretrained(str(base))
     rng = np.random.default_rng(0)
     ids = [rng.integers(4, shape["vocab_size"], seq).tolist() for _ in range(rows)]
-    labels = [[-100] * (seq // 2) + r[seq // 2:] for r in ids]
-    table = pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32())), "labels": pa.array(labels, pa.list_(pa.int32())),
-                      "position_ids": pa.array([list(range(seq))] * rows, pa.list_(pa.int32())),
-                      "num_tokens": pa.array([seq] * rows, pa.int32()),
-                      "num_loss_tokens": pa.array([seq - seq // 2] * rows, pa.int32()),
-                      "example_ids": pa.array([[f"r{i}"] for i in range(rows)], pa.list_(pa.string()))})
+    labels = [[-100] * (seq // 2) + r[seq // 2 :] for r in ids]
+    table = pa.table(
+        {
+            "input_ids": pa.array(ids, pa.list_(pa.int32())),
+            "labels": pa.array(labels, pa.list_(pa.int32())),
+            "position_ids": pa.array([list(range(seq))] * rows, pa.list_(pa.int32())),
+            "num_tokens": pa.array([seq] * rows, pa.int32()),
+            "num_loss_tokens": pa.array([seq - seq // 2] * rows, pa.int32()),
+            "example_ids": pa.array([[f"r{i}"] for i in range(rows)], pa.list_(pa.string())),
+        }
+    )
     (work / "ds").mkdir()
-    meta = {"campaign.tokenizer_hash": tokenizer_hash(base), "campaign.max_seq_len": str(seq),
-            "campaign.padding": "longest", "campaign.dataset_key": "gpu-bench", "campaign.split_name": "train"}
+    meta = {
+        "campaign.tokenizer_hash": tokenizer_hash(base),
+        "campaign.max_seq_len": str(seq),
+        "campaign.padding": "longest",
+        "campaign.dataset_key": "gpu-bench",
+        "campaign.split_name": "train",
+    }
     pq.write_table(table.replace_schema_metadata(meta), work / "ds" / "data-00000.parquet")
     return base, work / "ds"
 
 
 def student_spec(qlora: bool, dtype: str) -> dict:
-    return {"quantization": {"load_in_4bit": qlora, "compute_dtype": dtype},
-            "lora": {"r": 16, "alpha": 32, "dropout": 0.0,
-                     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}}
+    return {
+        "quantization": {"load_in_4bit": qlora, "compute_dtype": dtype},
+        "lora": {
+            "r": 16,
+            "alpha": 32,
+            "dropout": 0.0,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        },
+    }
 
 
 def _peak_mb(device) -> float:
@@ -163,9 +206,21 @@ def _reset_peak(device) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def run_one(work: Path, base: Path, ds: Path, name: str, qlora: bool, fsdp: bool, micro: int, steps: int, seq: int,
-            dtype: str, fused_loss: str | bool | None = None, training: dict | None = None,
-            dequant: bool = False) -> dict:
+def run_one(
+    work: Path,
+    base: Path,
+    ds: Path,
+    name: str,
+    qlora: bool,
+    fsdp: bool,
+    micro: int,
+    steps: int,
+    seq: int,
+    dtype: str,
+    fused_loss: str | bool | None = None,
+    training: dict | None = None,
+    dequant: bool = False,
+) -> dict:
     """``training.recipes.run`` on a job of these settings (``training``: more TrainingSpec fields); ``dequant``:
     also the NF4 dequantization's share of a step, measured on the trained recipe before its cleanup."""
     import torch
@@ -176,15 +231,27 @@ def run_one(work: Path, base: Path, ds: Path, name: str, qlora: bool, fsdp: bool
 
     student = student_spec(qlora, dtype)
     out = work / name
-    job = make_job(out, base, ds, student=student, max_steps=steps, micro_batch_size=micro, max_seq_len=seq,
-                   eval_rows=0, log_every=1, warmup_steps=1, checkpoint={"every_steps": None, "every_minutes": None},
-                   **(training or {}))
+    job = make_job(
+        out,
+        base,
+        ds,
+        student=student,
+        max_steps=steps,
+        micro_batch_size=micro,
+        max_seq_len=seq,
+        eval_rows=0,
+        log_every=1,
+        warmup_steps=1,
+        checkpoint={"every_steps": None, "every_minutes": None},
+        **(training or {}),
+    )
     out.mkdir(parents=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -232,12 +299,19 @@ def run_one(work: Path, base: Path, ds: Path, name: str, qlora: bool, fsdp: bool
     rows = pq.read_table(out / "metrics.parquet").to_pylist()
     m = [r for r in rows[1:] if not r.get("compiling")] or rows[-1:]
     tokens, secs = sum(r["tokens"] for r in m), sum(r["step_s"] for r in m)
-    res = {"tokens_per_s": tokens / secs, "steps_timed": len(m), "peak_memory_mb": summary["peak_memory_mb"],
-           "trainable": summary["trainable_parameters"], "final_loss": summary["final_loss"],
-           "attention": summary["attn_implementation"], "world": summary.get("world_size", 1),
-           "fsdp2_mesh": sharded[0] if sharded else None, "fused": seen,
-           "activation_policy": summary.get("activation_policy"),
-           "compiled": bool((summary.get("compile") or {}).get("enabled"))}
+    res = {
+        "tokens_per_s": tokens / secs,
+        "steps_timed": len(m),
+        "peak_memory_mb": summary["peak_memory_mb"],
+        "trainable": summary["trainable_parameters"],
+        "final_loss": summary["final_loss"],
+        "attention": summary["attn_implementation"],
+        "world": summary.get("world_size", 1),
+        "fsdp2_mesh": sharded[0] if sharded else None,
+        "fused": seen,
+        "activation_policy": summary.get("activation_policy"),
+        "compiled": bool((summary.get("compile") or {}).get("enabled")),
+    }
     if dequant:
         res["nf4_dequant"] = nf4 or {"error": "not measured (the run did not end cleanly)"}
     return res
@@ -252,21 +326,44 @@ def planned_policy(work: Path, shape: dict, seq: int, dtype: str, device, tiny: 
     from tests.support.train_support import make_job
     from training.model import device_memory_gb
 
-    job = make_job(work / "planned", work / "base", work / "ds", student=student_spec(False, dtype),
-                   micro_batch_size=micro or "auto", activation_checkpointing="auto", max_seq_len=seq)
+    job = make_job(
+        work / "planned",
+        work / "base",
+        work / "ds",
+        student=student_spec(False, dtype),
+        micro_batch_size=micro or "auto",
+        activation_checkpointing="auto",
+        max_seq_len=seq,
+    )
     return choose_memory_policy(
-        ModelShape.from_config(shape | {"tie_word_embeddings": False}), job.student, job.training,
-        device_memory_gb=device_memory_gb(device), seq_len=seq, device_type=device.type, compute_dtype=dtype,
-        attention="sdpa", recompute_cheap=not job.training.compiling(device.type),
-        target_tokens=TINY_PLANNED_ROWS * seq if tiny else None)
+        ModelShape.from_config(shape | {"tie_word_embeddings": False}),
+        job.student,
+        job.training,
+        device_memory_gb=device_memory_gb(device),
+        seq_len=seq,
+        device_type=device.type,
+        compute_dtype=dtype,
+        attention="sdpa",
+        recompute_cheap=not job.training.compiling(device.type),
+        target_tokens=TINY_PLANNED_ROWS * seq if tiny else None,
+    )
 
 
 def _job(work: Path, base: Path, ds: Path, name: str, micro: int, steps: int, seq: int, dtype: str, attention: str):
     from tests.support.train_support import make_job
 
     student = student_spec(False, dtype) | {"attn_implementation": attention}
-    return make_job(work / name, base, ds, student=student, max_steps=steps, micro_batch_size=micro, max_seq_len=seq,
-                    eval_rows=0, warmup_steps=1)
+    return make_job(
+        work / name,
+        base,
+        ds,
+        student=student,
+        max_steps=steps,
+        micro_batch_size=micro,
+        max_seq_len=seq,
+        eval_rows=0,
+        warmup_steps=1,
+    )
 
 
 def _rows(ds: Path, n: int) -> dict:
@@ -276,8 +373,9 @@ def _rows(ds: Path, n: int) -> dict:
     return {k: v[:n] for k, v in t.items()}
 
 
-def bare_loop(work: Path, base: Path, ds: Path, micro: int, steps: int, seq: int, dtype: str, attention: str,
-              device) -> dict:
+def bare_loop(
+    work: Path, base: Path, ds: Path, micro: int, steps: int, seq: int, dtype: str, attention: str, device
+) -> dict:
     """The same model, LoRA, kernels (attention, Liger, linear cross-entropy) and rows as ``lora`` in a plain loop:
     no process group, no FSDP import, no trainer: forward, loss, backward, clip, AdamW."""
     import torch
@@ -305,8 +403,12 @@ def bare_loop(work: Path, base: Path, ds: Path, micro: int, steps: int, seq: int
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         keep, scored = head.compact({"labels": batch["labels"]}, {"labels"})
-        inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False,
-                  "logits_to_keep": keep}
+        inputs = {
+            "input_ids": batch["input_ids"],
+            "position_ids": batch["position_ids"],
+            "use_cache": False,
+            "logits_to_keep": keep,
+        }
         if fused is not None:
             sums = losses.loss_sums_hidden(head.hidden_states(model, inputs), fused[1], scored, fused[0])
         else:
@@ -321,14 +423,29 @@ def bare_loop(work: Path, base: Path, ds: Path, micro: int, steps: int, seq: int
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
     tokens = micro * seq
-    return {"tokens_per_s": tokens * (steps - 1) / sum(times[1:]), "steps_timed": steps - 1,
-            "peak_memory_mb": _peak_mb(device), "final_loss": losses_seen[-1], "attention": attention,
-            "trainable": sum(p.numel() for p in params),
-            "fused": {"liger": applied, "cross_entropy": fused[0] if fused else "logits"}}
+    return {
+        "tokens_per_s": tokens * (steps - 1) / sum(times[1:]),
+        "steps_timed": steps - 1,
+        "peak_memory_mb": _peak_mb(device),
+        "final_loss": losses_seen[-1],
+        "attention": attention,
+        "trainable": sum(p.numel() for p in params),
+        "fused": {"liger": applied, "cross_entropy": fused[0] if fused else "logits"},
+    }
 
 
-def trl_run(work: Path, base: Path, ds: Path, micro: int, steps: int, seq: int, dtype: str, attention: str, device,
-            checkpointing: bool) -> dict:
+def trl_run(
+    work: Path,
+    base: Path,
+    ds: Path,
+    micro: int,
+    steps: int,
+    seq: int,
+    dtype: str,
+    attention: str,
+    device,
+    checkpointing: bool,
+) -> dict:
     """TRL's SFTTrainer on the same model (``load_student``: LoRA, dtype, attention kernel), rows and batch:
     ``completion_only_loss`` (the rows' labelled half), no packing, bf16 on a GPU; tokens/s over the steps after
     the first (a callback's clock at step begin/end, synchronized on CUDA)."""
@@ -353,11 +470,13 @@ def _trl_train(job, base, ds, micro, steps, seq, dtype, attention, device, check
 
     t = job.training
     torch.manual_seed(t.seed)
-    model = load_student(str(base), job.student, device, attn_implementation=attention, compute_dtype=dtype,
-                         recompute_cheap=False)
+    model = load_student(
+        str(base), job.student, device, attn_implementation=attention, compute_dtype=dtype, recompute_cheap=False
+    )
     rows = _rows(ds, micro * steps)
-    data = Dataset.from_dict({"input_ids": rows["input_ids"],
-                              "completion_mask": [[int(x != -100) for x in r] for r in rows["labels"]]})
+    data = Dataset.from_dict(
+        {"input_ids": rows["input_ids"], "completion_mask": [[int(x != -100) for x in r] for r in rows["labels"]]}
+    )
 
     class StepClock(TrainerCallback):
         def __init__(self):
@@ -379,21 +498,43 @@ def _trl_train(job, base, ds, micro, steps, seq, dtype, attention, device, check
     args = SFTConfig(
         output_dir=str(work / f"trl-out-{int(checkpointing)}-{time.monotonic_ns()}"),
         per_device_train_batch_size=micro,
-        gradient_accumulation_steps=1, max_steps=steps, learning_rate=t.learning_rate, lr_scheduler_type="cosine",
-        warmup_steps=1, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, seed=t.seed, max_length=seq,
-        packing=False, padding_free=False, completion_only_loss=True, gradient_checkpointing=checkpointing,
+        gradient_accumulation_steps=1,
+        max_steps=steps,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=1,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        seed=t.seed,
+        max_length=seq,
+        packing=False,
+        padding_free=False,
+        completion_only_loss=True,
+        gradient_checkpointing=checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if checkpointing else None,
-        bf16=dtype == "bfloat16", fp16=False, use_cpu=device.type != "cuda", report_to="none", save_strategy="no",
-        logging_steps=1, dataloader_num_workers=0, disable_tqdm=True, optim="adamw_torch")
+        bf16=dtype == "bfloat16",
+        fp16=False,
+        use_cpu=device.type != "cuda",
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        optim="adamw_torch",
+    )
     clock = StepClock()
     tok = AutoTokenizer.from_pretrained(str(base))
     tr = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok, callbacks=[clock])
     tr.train()
     losses_seen = [h["loss"] for h in tr.state.log_history if "loss" in h]
-    out = {"tokens_per_s": micro * seq * (len(clock.steps) - 1) / sum(clock.steps[1:]),
-           "steps_timed": len(clock.steps) - 1, "peak_memory_mb": _peak_mb(device),
-           "final_loss": losses_seen[-1] if losses_seen else None, "attention": attention,
-           "gradient_checkpointing": checkpointing}
+    out = {
+        "tokens_per_s": micro * seq * (len(clock.steps) - 1) / sum(clock.steps[1:]),
+        "steps_timed": len(clock.steps) - 1,
+        "peak_memory_mb": _peak_mb(device),
+        "final_loss": losses_seen[-1] if losses_seen else None,
+        "attention": attention,
+        "gradient_checkpointing": checkpointing,
+    }
     del tr, model
     return out
 
@@ -434,19 +575,30 @@ def vllm_teacher(artifacts: Path, prompts_n: int, work: Path) -> dict:
         build_demo_models(root, log=lambda _m: None, moe=False)
         model_dir, built = resolve("@demo/teacher", root), True
     rows = prompts(prompts_n)
-    backend = VLLMBackend(str(model_dir), "bench:vllm", engine_args={"gpu_memory_utilization": 0.3,
-                                                                      "enforce_eager": False})
+    backend = VLLMBackend(
+        str(model_dir), "bench:vllm", engine_args={"gpu_memory_utilization": 0.3, "enforce_eager": False}
+    )
     s = Sampling(max_new_tokens=16)
     t0 = time.perf_counter()
-    res = run_generation(rows, backend, s, GenerationCache(LocalStore(str(work / "gen")), namespace(backend.identity, s),
-                                                           str(work / "spool")))
+    res = run_generation(
+        rows,
+        backend,
+        s,
+        GenerationCache(LocalStore(str(work / "gen")), namespace(backend.identity, s), str(work / "spool")),
+    )
     wall = time.perf_counter() - t0
     st = res.stats
     correct = sum(r["completion"] == " " + p["reference"] for r, p in zip(res.rows, rows, strict=True))
-    return {"prompts": prompts_n, "wall_s_with_engine_start": round(wall, 2), "generate_s": round(st.generate_s, 3),
-            "completion_tokens": st.new_completion_tokens, "tokens_per_s": round(st.tokens_per_s, 1),
-            "rows_per_s": round(st.rows_per_s, 1), "exact_match": round(correct / prompts_n, 4),
-            "demo_teacher_built_in_run": built}
+    return {
+        "prompts": prompts_n,
+        "wall_s_with_engine_start": round(wall, 2),
+        "generate_s": round(st.generate_s, 3),
+        "completion_tokens": st.new_completion_tokens,
+        "tokens_per_s": round(st.tokens_per_s, 1),
+        "rows_per_s": round(st.rows_per_s, 1),
+        "exact_match": round(correct / prompts_n, 4),
+        "demo_teacher_built_in_run": built,
+    }
 
 
 def main() -> int:
@@ -455,19 +607,30 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--planned-micro-batch", type=int, default=None,
-                    help="the planned section's micro-batch (default: the memory policy's choice for this device; "
-                         "the MFU goal reads the section)")
+    ap.add_argument(
+        "--planned-micro-batch",
+        type=int,
+        default=None,
+        help="the planned section's micro-batch (default: the memory policy's choice for this device; "
+        "the MFU goal reads the section)",
+    )
     ap.add_argument("--repeats", type=int, default=None, help="rounds of lora / TRL alternation (default 2, --tiny 1)")
-    ap.add_argument("--sections", default=None,
-                    help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
+    ap.add_argument("--sections", default=None, help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     ap.add_argument("--vllm-prompts", type=int, default=2048)
     ap.add_argument("--artifacts", type=Path, default=REPO / "artifacts", help="where @demo/teacher is looked up")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="also write the JSON here (as each section starts, what is done so far, partial: true)")
-    ap.add_argument("--time-limit", type=float, default=None,
-                    help="seconds: sections that would start later are reported skipped (the run ends on its own, "
-                         "inside an outer timeout)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="also write the JSON here (as each section starts, what is done so far, partial: true)",
+    )
+    ap.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds: sections that would start later are reported skipped (the run ends on its own, "
+        "inside an outer timeout)",
+    )
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the first step is the warm-up, left out of the timing)")
@@ -513,9 +676,19 @@ def main() -> int:
     def snapshot() -> None:  # what is done so far, in --out: a run killed from outside still leaves it
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps({"benchmark": "train_gpu_step", "partial": True, "device": str(device),
-                                            "results": results, "failed": failed,
-                                            "wall_s": round(time.perf_counter() - t_start, 1)}, indent=2))
+            args.out.write_text(
+                json.dumps(
+                    {
+                        "benchmark": "train_gpu_step",
+                        "partial": True,
+                        "device": str(device),
+                        "results": results,
+                        "failed": failed,
+                        "wall_s": round(time.perf_counter() - t_start, 1),
+                    },
+                    indent=2,
+                )
+            )
 
     def timed(name: str, fn, *a, **kw) -> dict | None:
         snapshot()
@@ -570,8 +743,9 @@ def main() -> int:
             if qlora and why_not_4bit:
                 results[name] = {"skipped": why_not_4bit}
                 return
-            r = timed(name, run_one, work, base, ds, name, qlora, fsdp, args.micro, args.steps, seq, dtype,
-                      dequant=qlora)
+            r = timed(
+                name, run_one, work, base, ds, name, qlora, fsdp, args.micro, args.steps, seq, dtype, dequant=qlora
+            )
             if r is not None:
                 results[name] = r
                 if "error" in r.get("nf4_dequant", {}):
@@ -584,14 +758,29 @@ def main() -> int:
             if r is not None:
                 results["bare_loop"] = r
         if policy is not None:
-            r = timed("planned", run_one, work, base, ds, "planned", False, False, policy.micro_batch_size, args.steps,
-                      seq, dtype, training={"activation_checkpointing": policy.activation_policy})
+            r = timed(
+                "planned",
+                run_one,
+                work,
+                base,
+                ds,
+                "planned",
+                False,
+                False,
+                policy.micro_batch_size,
+                args.steps,
+                seq,
+                dtype,
+                training={"activation_checkpointing": policy.activation_policy},
+            )
             if r is not None:
                 results["planned"] = r | {
                     "micro_batch": policy.micro_batch_size,
-                    "source": "--planned-micro-batch (activations by the memory policy)" if args.planned_micro_batch
+                    "source": "--planned-micro-batch (activations by the memory policy)"
+                    if args.planned_micro_batch
                     else "memory policy" + (f" (--tiny: aimed at {TINY_PLANNED_ROWS} rows)" if args.tiny else ""),
-                    "memory_policy": policy.as_dict()}
+                    "memory_policy": policy.as_dict(),
+                }
         snapshot()
         if "kernel_checks" in wanted and not out_of_time("kernel_checks"):
             from training.kernels import checks
@@ -608,8 +797,21 @@ def main() -> int:
             # the trainer with the other cross-entropy path than lora's (plain logits <-> linear without logits):
             # the same loss (the CPU suite's check of the trainer's hook), and on a GPU what the fused loss pays
             fused_in_lora = results["lora"]["fused"]["cross_entropy"] != "logits"
-            r = timed("lora_other_ce", run_one, work, base, ds, "lora_other_ce", False, False, args.micro, args.steps,
-                      seq, dtype, fused_loss=not fused_in_lora)
+            r = timed(
+                "lora_other_ce",
+                run_one,
+                work,
+                base,
+                ds,
+                "lora_other_ce",
+                False,
+                False,
+                args.micro,
+                args.steps,
+                seq,
+                dtype,
+                fused_loss=not fused_in_lora,
+            )
             if r is not None:
                 results["lora_other_ce"] = r
         snapshot()
@@ -634,20 +836,39 @@ def main() -> int:
     ratios, goals = compare(results, big=not args.tiny)
     enforced = device.type == "cuda" and not args.tiny
     missed = [k for k, g in goals.items() if g["met"] is False]
-    return _emit({
-        "benchmark": "train_gpu_step", "date": time.strftime("%Y-%m-%d"),
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "model": "Llama " + ("tiny" if args.tiny else "1.1B (TinyLlama shape)"), "compute_dtype": dtype,
-        "seq": seq, "micro_batch": args.micro, "steps": args.steps,
-        "matmul_peak_tflops": {"dtype": dtype, "value": round(peak_flops / 1e12, 4),
-                               "source": "8192² matmul, this run" if device.type == "cuda"
-                               else "campaign_orchestrator.hardware.measure_cpu_peak"},
-        "time_limit_s": args.time_limit, "planned_micro_batch": policy.micro_batch_size if policy else None,
-        "planned_activation_policy": policy.activation_policy if policy else None, "repeats": repeats,
-        "results": results, "ratios": ratios, "goals": goals, "goals_enforced": enforced, "goals_missed": missed,
-        "failed": failed, "wall_s": round(time.perf_counter() - t_start, 1),
-        "versions": _versions(),
-    }, args.out, 1 if failed or (enforced and missed) else 0)
+    return _emit(
+        {
+            "benchmark": "train_gpu_step",
+            "date": time.strftime("%Y-%m-%d"),
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "model": "Llama " + ("tiny" if args.tiny else "1.1B (TinyLlama shape)"),
+            "compute_dtype": dtype,
+            "seq": seq,
+            "micro_batch": args.micro,
+            "steps": args.steps,
+            "matmul_peak_tflops": {
+                "dtype": dtype,
+                "value": round(peak_flops / 1e12, 4),
+                "source": "8192² matmul, this run"
+                if device.type == "cuda"
+                else "campaign_orchestrator.hardware.measure_cpu_peak",
+            },
+            "time_limit_s": args.time_limit,
+            "planned_micro_batch": policy.micro_batch_size if policy else None,
+            "planned_activation_policy": policy.activation_policy if policy else None,
+            "repeats": repeats,
+            "results": results,
+            "ratios": ratios,
+            "goals": goals,
+            "goals_enforced": enforced,
+            "goals_missed": missed,
+            "failed": failed,
+            "wall_s": round(time.perf_counter() - t_start, 1),
+            "versions": _versions(),
+        },
+        args.out,
+        1 if failed or (enforced and missed) else 0,
+    )
 
 
 def _versions() -> dict:
@@ -666,6 +887,7 @@ def _versions() -> dict:
 
 def compare(results: dict, big: bool) -> tuple[dict, dict]:
     """The ratios of one run and the issue's goals on them (``met`` None where a side did not run)."""
+
     def tps(name):
         return results.get(name, {}).get("tokens_per_s")
 
@@ -676,21 +898,27 @@ def compare(results: dict, big: bool) -> tuple[dict, dict]:
     trl_fast = max([x for x in (tps("trl_checkpointing_off"), tps("trl_checkpointing_on")) if x], default=None)
     ratios = {
         "speed_vs_trl_fastest": ours / trl_fast if ours and trl_fast else None,
-        "speed_vs_trl_checkpointing_off": ours / tps("trl_checkpointing_off") if ours and tps("trl_checkpointing_off")
+        "speed_vs_trl_checkpointing_off": ours / tps("trl_checkpointing_off")
+        if ours and tps("trl_checkpointing_off")
         else None,
-        "speed_vs_trl_checkpointing_on": ours / tps("trl_checkpointing_on") if ours and tps("trl_checkpointing_on")
+        "speed_vs_trl_checkpointing_on": ours / tps("trl_checkpointing_on")
+        if ours and tps("trl_checkpointing_on")
         else None,
         "peak_memory_vs_trl_leanest": peak("lora") / peak("trl_checkpointing_on")
-        if peak("lora") and peak("trl_checkpointing_on") else None,
+        if peak("lora") and peak("trl_checkpointing_on")
+        else None,
         "world_of_one_vs_bare_loop": ours / tps("bare_loop") if ours and tps("bare_loop") else None,
         "fsdp2_vs_world_of_one": tps("fsdp2_lora") / ours if ours and tps("fsdp2_lora") else None,
         "qlora_vs_lora": tps("qlora_nf4") / ours if ours and tps("qlora_nf4") else None,
-        "qlora_fsdp2_vs_qlora": tps("qlora_fsdp2") / tps("qlora_nf4") if tps("qlora_fsdp2") and tps("qlora_nf4")
+        "qlora_fsdp2_vs_qlora": tps("qlora_fsdp2") / tps("qlora_nf4")
+        if tps("qlora_fsdp2") and tps("qlora_nf4")
         else None,
         "planned_mfu": results.get("planned", {}).get("mfu"),
         "other_ce_vs_lora": tps("lora_other_ce") / ours if ours and tps("lora_other_ce") else None,
         "other_ce_final_loss_rel_diff": abs(results["lora_other_ce"]["final_loss"] - results["lora"]["final_loss"])
-        / abs(results["lora"]["final_loss"]) if "final_loss" in results.get("lora_other_ce", {}) and ours else None,
+        / abs(results["lora"]["final_loss"])
+        if "final_loss" in results.get("lora_other_ce", {}) and ours
+        else None,
     }
     ratios = {k: round(v, 4) if isinstance(v, float) else v for k, v in ratios.items()}
 
@@ -701,10 +929,12 @@ def compare(results: dict, big: bool) -> tuple[dict, dict]:
     goals = {
         "speed_vs_trl_fastest": goal(f">= {SPEED_GOAL}", speed, lambda v: v >= SPEED_GOAL),
         "peak_memory_vs_trl_leanest": goal("<= 1.0", mem, lambda v: v <= 1.0),
-        "planned_mfu": goal(f">= {MFU_GOAL} (1.1B shape)", ratios["planned_mfu"] if big else None,
-                            lambda v: v >= MFU_GOAL),
-        "world_of_one_vs_bare_loop": goal(f">= {WORLD_OF_ONE_GOAL}", ratios["world_of_one_vs_bare_loop"],
-                                          lambda v: v >= WORLD_OF_ONE_GOAL),
+        "planned_mfu": goal(
+            f">= {MFU_GOAL} (1.1B shape)", ratios["planned_mfu"] if big else None, lambda v: v >= MFU_GOAL
+        ),
+        "world_of_one_vs_bare_loop": goal(
+            f">= {WORLD_OF_ONE_GOAL}", ratios["world_of_one_vs_bare_loop"], lambda v: v >= WORLD_OF_ONE_GOAL
+        ),
         "qlora_vs_lora": goal(f">= {QLORA_GOAL}", ratios["qlora_vs_lora"], lambda v: v >= QLORA_GOAL),
     }
     return ratios, goals

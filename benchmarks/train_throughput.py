@@ -61,14 +61,30 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 SPEED_TARGET = 1.3
 MEMORY_TARGET = 0.7
 MFU_TARGET = 0.65
-KINDS = ("ours", "trl", "trl_eager", "trl_sdpa", "ours_full_head", "ours_eager", "ours_sdpa", "ours_glibc",
-         "trl_jemalloc", "ours_keep_all")
+KINDS = (
+    "ours",
+    "trl",
+    "trl_eager",
+    "trl_sdpa",
+    "ours_full_head",
+    "ours_eager",
+    "ours_sdpa",
+    "ours_glibc",
+    "trl_jemalloc",
+    "ours_keep_all",
+)
 
 
 def _env(threads: int) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
 
 
 def flops_per_token(base_model: Path, lora_params: int, mean_seq: float) -> float:
@@ -115,15 +131,27 @@ def ours_child(job_file: str, out_file: str, variant: str) -> None:
     m = pq.read_table(Path(job["output_dir"]) / "metrics.parquet").to_pylist()
     warm = int(os.environ.get("BENCH_WARMUP", "2"))
     steady = m[warm:]
-    Path(out_file).write_text(json.dumps({
-        "tokens_per_s": sum(r["tokens"] for r in steady) / sum(r["step_s"] for r in steady),
-        "tokens_per_s_best_step": max(r["tokens"] / r["step_s"] for r in steady),
-        "tokens_per_s_train_call": s["tokens"] / s["train_seconds"], "tokens": s["tokens"],
-        "steps": len(m), "loss_tokens": sum(r["loss_tokens"] for r in m), "train_seconds": s["train_seconds"],
-        "process_wall_s": wall, "first_loss": m[0]["loss"], "final_loss": s["final_loss"],
-        "peak_rss_mb": _peak_rss_mb(), "trainable": s["trainable_parameters"], "attention": s["attn_implementation"],
-        "allocator": __import__("campaign_orchestrator.allocator", fromlist=["in_use"]).in_use(),
-        "threads": torch.get_num_threads()}))
+    Path(out_file).write_text(
+        json.dumps(
+            {
+                "tokens_per_s": sum(r["tokens"] for r in steady) / sum(r["step_s"] for r in steady),
+                "tokens_per_s_best_step": max(r["tokens"] / r["step_s"] for r in steady),
+                "tokens_per_s_train_call": s["tokens"] / s["train_seconds"],
+                "tokens": s["tokens"],
+                "steps": len(m),
+                "loss_tokens": sum(r["loss_tokens"] for r in m),
+                "train_seconds": s["train_seconds"],
+                "process_wall_s": wall,
+                "first_loss": m[0]["loss"],
+                "final_loss": s["final_loss"],
+                "peak_rss_mb": _peak_rss_mb(),
+                "trainable": s["trainable_parameters"],
+                "attention": s["attn_implementation"],
+                "allocator": __import__("campaign_orchestrator.allocator", fromlist=["in_use"]).in_use(),
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 def trl_examples(dataset_dir: str) -> dict[str, list]:
@@ -137,14 +165,15 @@ def trl_examples(dataset_dir: str) -> dict[str, list]:
     ids_out, mask_out = [], []
     for f in tdata.parquet_files(dataset_dir):
         t = pq.read_table(f, columns=["input_ids", "labels", "position_ids"]).to_pydict()
-        for ids, labels, pos in zip(t["input_ids"], t["labels"], t["position_ids"]):
+        for ids, labels, pos in zip(t["input_ids"], t["labels"], t["position_ids"], strict=False):
             a, lab = np.asarray(ids), np.asarray(labels)
             starts = [*np.flatnonzero(np.asarray(pos) == 0).tolist(), len(a)]
-            for s, e in zip(starts, starts[1:]):
+            for s, e in zip(starts, starts[1:], strict=False):
                 m = lab[s:e] != -100
                 if not np.array_equal(lab[s:e][m], a[s:e][m]):
-                    raise ValueError(f"{f}: labels differ from input_ids where set; TRL's completion_mask cannot "
-                                     "express these rows")
+                    raise ValueError(
+                        f"{f}: labels differ from input_ids where set; TRL's completion_mask cannot express these rows"
+                    )
                 ids_out.append(a[s:e].tolist())
                 mask_out.append(m.astype(int).tolist())
     return {"input_ids": ids_out, "completion_mask": mask_out}
@@ -166,8 +195,9 @@ def trl_child(job_file: str, out_file: str, attention: str) -> None:
     torch.manual_seed(t.seed)
     dtype = resolve_compute_dtype(job.student.quantization.compute_dtype, "cpu").dtype
     kernel = attention
-    model = load_student(job.base_model_path, job.student, torch.device("cpu"), attn_implementation=kernel,
-                         compute_dtype=dtype)
+    model = load_student(
+        job.base_model_path, job.student, torch.device("cpu"), attn_implementation=kernel, compute_dtype=dtype
+    )
     tok = AutoTokenizer.from_pretrained(job.base_model_path)
     ds = Dataset.from_dict(trl_examples(job.dataset_path))
 
@@ -183,14 +213,32 @@ def trl_child(job_file: str, out_file: str, attention: str) -> None:
             self.steps.append((time.perf_counter() - self._t, state.num_input_tokens_seen - self._seen))
 
     args = SFTConfig(
-        output_dir=str(Path(out_file).parent / f"trl_out_{os.getpid()}"), per_device_train_batch_size=t.micro_batch_size,
-        gradient_accumulation_steps=t.gradient_accumulation_steps, max_steps=t.max_steps,
-        learning_rate=t.learning_rate, lr_scheduler_type="cosine", warmup_steps=t.warmup_steps,
-        weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, seed=t.seed, max_length=t.max_seq_len,
-        packing=True, packing_strategy="bfd", padding_free=True, completion_only_loss=True,
-        gradient_checkpointing=False, bf16=dtype == "bfloat16", fp16=False, use_cpu=True, report_to="none",
-        save_strategy="no", logging_steps=t.log_every, include_num_input_tokens_seen="non_padding",
-        dataloader_num_workers=0, disable_tqdm=True, optim="adamw_torch",
+        output_dir=str(Path(out_file).parent / f"trl_out_{os.getpid()}"),
+        per_device_train_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        max_steps=t.max_steps,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=t.warmup_steps,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        seed=t.seed,
+        max_length=t.max_seq_len,
+        packing=True,
+        packing_strategy="bfd",
+        padding_free=True,
+        completion_only_loss=True,
+        gradient_checkpointing=False,
+        bf16=dtype == "bfloat16",
+        fp16=False,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=t.log_every,
+        include_num_input_tokens_seen="non_padding",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        optim="adamw_torch",
     )
     clock = StepClock()
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=[clock])
@@ -200,26 +248,42 @@ def trl_child(job_file: str, out_file: str, attention: str) -> None:
     warm = int(os.environ.get("BENCH_WARMUP", "2"))
     steady = clock.steps[warm:]
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    Path(out_file).write_text(json.dumps({
-        "tokens_per_s": sum(n for _, n in steady) / sum(s for s, _ in steady),
-        "tokens_per_s_best_step": max(n / s for s, n in steady),
-        "tokens_per_s_train_call": trainer.state.num_input_tokens_seen / res.metrics["train_runtime"],
-        "tokens": trainer.state.num_input_tokens_seen, "steps": len(clock.steps),
-        "train_seconds": res.metrics["train_runtime"], "process_wall_s": wall,
-        "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
-        "peak_rss_mb": _peak_rss_mb(), "attention": kernel, "threads": torch.get_num_threads(),
-        "allocator": __import__("campaign_orchestrator.allocator", fromlist=["in_use"]).in_use(),
-        "packed_rows": len(trainer.train_dataset)}))
+    Path(out_file).write_text(
+        json.dumps(
+            {
+                "tokens_per_s": sum(n for _, n in steady) / sum(s for s, _ in steady),
+                "tokens_per_s_best_step": max(n / s for s, n in steady),
+                "tokens_per_s_train_call": trainer.state.num_input_tokens_seen / res.metrics["train_runtime"],
+                "tokens": trainer.state.num_input_tokens_seen,
+                "steps": len(clock.steps),
+                "train_seconds": res.metrics["train_runtime"],
+                "process_wall_s": wall,
+                "first_loss": losses[0] if losses else None,
+                "final_loss": losses[-1] if losses else None,
+                "peak_rss_mb": _peak_rss_mb(),
+                "attention": kernel,
+                "threads": torch.get_num_threads(),
+                "allocator": __import__("campaign_orchestrator.allocator", fromlist=["in_use"]).in_use(),
+                "packed_rows": len(trainer.train_dataset),
+            }
+        )
+    )
 
 
 def _child(kind: str, job_file: Path, threads: int, out_file: Path, warmup: int, kernel: str) -> dict:
     """One run of ``kind`` in its own process; ``kernel``: the attention kernel ``ours`` resolved to."""
-    mode = {"ours": ["--ours-child", "default"], "ours_full_head": ["--ours-child", "full_head"],
-            "ours_keep_all": ["--ours-child", "keep_all"],
-            "ours_sdpa": ["--ours-child", "default"], "ours_eager": ["--ours-child", "default"],
-            "ours_glibc": ["--ours-child", "default"], "trl_jemalloc": ["--trl-child", kernel],
-            "trl": ["--trl-child", kernel], "trl_eager": ["--trl-child", "eager"],
-            "trl_sdpa": ["--trl-child", "sdpa"]}[kind]
+    mode = {
+        "ours": ["--ours-child", "default"],
+        "ours_full_head": ["--ours-child", "full_head"],
+        "ours_keep_all": ["--ours-child", "keep_all"],
+        "ours_sdpa": ["--ours-child", "default"],
+        "ours_eager": ["--ours-child", "default"],
+        "ours_glibc": ["--ours-child", "default"],
+        "trl_jemalloc": ["--trl-child", kernel],
+        "trl": ["--trl-child", kernel],
+        "trl_eager": ["--trl-child", "eager"],
+        "trl_sdpa": ["--trl-child", "sdpa"],
+    }[kind]
     job = job_file
     if kind in ("ours_sdpa", "ours_eager"):
         data = json.loads(job_file.read_text())
@@ -255,8 +319,11 @@ def ablation_child(job_file: str, out_file: str, rounds: str) -> None:
     tr = LoraFinetuneRecipe(__import__("training.config", fromlist=["TrainJob"]).TrainJob.read(job_file))
     tr.setup()
     base = tr.model.get_base_model()
-    variants = {"auto": (True, tr.attn_implementation), "full_head": (False, tr.attn_implementation),
-                **{f"attention_{k}": (True, k) for k in attention.CANDIDATES if k != tr.attn_implementation}}
+    variants = {
+        "auto": (True, tr.attn_implementation),
+        "full_head": (False, tr.attn_implementation),
+        **{f"attention_{k}": (True, k) for k in attention.CANDIDATES if k != tr.attn_implementation},
+    }
     times: dict[str, list[float]] = {k: [] for k in variants}
     tokens = 0
     for r in range(int(rounds) + 1):
@@ -273,12 +340,19 @@ def ablation_child(job_file: str, out_file: str, rounds: str) -> None:
                 times[name].append(dt / counts[2])
     tr.cleanup()
     best = {k: min(v) for k, v in times.items()}
-    Path(out_file).write_text(json.dumps({
-        "auto_kernel": tr.attn_implementation, "tokens_per_micro_step": tokens,
-        "tokens_per_s_best_round": {k: round(1 / v, 1) for k, v in best.items()},
-        "tokens_per_s_median_round": {k: round(1 / statistics.median(v), 1) for k, v in times.items()},
-        "speedup_of_auto_over": {k: round(best[k] / best["auto"], 3) for k in best if k != "auto"},
-        "rounds": int(rounds), "peak_rss_mb": round(_peak_rss_mb())}))
+    Path(out_file).write_text(
+        json.dumps(
+            {
+                "auto_kernel": tr.attn_implementation,
+                "tokens_per_micro_step": tokens,
+                "tokens_per_s_best_round": {k: round(1 / v, 1) for k, v in best.items()},
+                "tokens_per_s_median_round": {k: round(1 / statistics.median(v), 1) for k, v in times.items()},
+                "speedup_of_auto_over": {k: round(best[k] / best["auto"], 3) for k in best if k != "auto"},
+                "rounds": int(rounds),
+                "peak_rss_mb": round(_peak_rss_mb()),
+            }
+        )
+    )
 
 
 # --------------------------------------------------------------------------- the comparison
@@ -289,12 +363,22 @@ def make_job(work: Path, dataset: Path, model: Path, spec, steps: int, micro: in
     from training.config import TrainJob
 
     tr = spec.training.model_dump() | {
-        "max_steps": steps, "epochs": None, "micro_batch_size": micro, "gradient_accumulation_steps": 1, "eval_rows": 0,
-        "log_every": 10, "checkpoint": spec.training.checkpoint.model_dump() | {"every_steps": None,
-                                                                               "every_minutes": None}}
-    return TrainJob(campaign="bench", base_model_path=str(model), dataset_path=str(dataset),
-                    output_dir=str(work / "ours"), student=spec.student,
-                    training=TrainingSpec.model_validate(tr)).write(work / "job.json")
+        "max_steps": steps,
+        "epochs": None,
+        "micro_batch_size": micro,
+        "gradient_accumulation_steps": 1,
+        "eval_rows": 0,
+        "log_every": 10,
+        "checkpoint": spec.training.checkpoint.model_dump() | {"every_steps": None, "every_minutes": None},
+    }
+    return TrainJob(
+        campaign="bench",
+        base_model_path=str(model),
+        dataset_path=str(dataset),
+        output_dir=str(work / "ours"),
+        student=spec.student,
+        training=TrainingSpec.model_validate(tr),
+    ).write(work / "job.json")
 
 
 def main() -> int:
@@ -304,10 +388,17 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--micro", type=int, default=4, help="packed rows (≤ 128 tokens) per micro-batch")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ablation-rounds", type=int, default=6,
-                    help="rounds of the in-process interleaved comparison of the trainer's choices (0: none)")
-    ap.add_argument("--kinds", default="ours,trl,ours_glibc,trl_jemalloc,trl_eager,ours_eager,ours_full_head",
-                    help=f"comma-separated, from {','.join(KINDS)}; ours and trl are always run")
+    ap.add_argument(
+        "--ablation-rounds",
+        type=int,
+        default=6,
+        help="rounds of the in-process interleaved comparison of the trainer's choices (0: none)",
+    )
+    ap.add_argument(
+        "--kinds",
+        default="ours,trl,ours_glibc,trl_jemalloc,trl_eager,ours_eager,ours_full_head",
+        help=f"comma-separated, from {','.join(KINDS)}; ours and trl are always run",
+    )
     args = ap.parse_args()
     kinds = list(dict.fromkeys(["ours", "trl", *[k for k in args.kinds.split(",") if k]]))
     bad = [k for k in kinds if k not in KINDS]
@@ -334,9 +425,20 @@ def main() -> int:
                 print(f"{k} #{i}: {r['tokens_per_s']:.1f} tok/s, peak RSS {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
         ablation = None
         if args.ablation_rounds:
-            p = subprocess.run([sys.executable, __file__, "--ablation-child", str(job_file), str(work / "abl.json"),
-                                str(args.ablation_rounds)], cwd=REPO, env=_env(args.threads), capture_output=True,
-                               text=True)
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--ablation-child",
+                    str(job_file),
+                    str(work / "abl.json"),
+                    str(args.ablation_rounds),
+                ],
+                cwd=REPO,
+                env=_env(args.threads),
+                capture_output=True,
+                text=True,
+            )
             if p.returncode != 0:
                 raise RuntimeError(f"ablation run failed:\n{p.stderr[-4000:]}")
             ablation = json.loads((work / "abl.json").read_text())
@@ -369,10 +471,16 @@ def report(args, kinds, runs, built, model: Path, load_before, spec, ablation=No
     speed = best["ours"]["tokens_per_s"] / max(best[k]["tokens_per_s"] for k in same_kernel_trl)
     memory = min_rss["ours"] / min(min_rss[k] for k in same_kernel_trl)
     targets = {
-        "speed_vs_trl_same_kernel": {"target": f">= {SPEED_TARGET}", "value": round(speed, 3),
-                                     "met": speed >= SPEED_TARGET},
-        "peak_memory_vs_trl": {"target": f"<= {MEMORY_TARGET}", "value": round(memory, 3),
-                               "met": memory <= MEMORY_TARGET},
+        "speed_vs_trl_same_kernel": {
+            "target": f">= {SPEED_TARGET}",
+            "value": round(speed, 3),
+            "met": speed >= SPEED_TARGET,
+        },
+        "peak_memory_vs_trl": {
+            "target": f"<= {MEMORY_TARGET}",
+            "value": round(memory, 3),
+            "met": memory <= MEMORY_TARGET,
+        },
         "mfu": {"target": f">= {MFU_TARGET}", "value": round(mfu["ours"], 4), "met": mfu["ours"] >= MFU_TARGET},
     }
     out = {
@@ -381,45 +489,71 @@ def report(args, kinds, runs, built, model: Path, load_before, spec, ablation=No
         "model": f"SmolLM2-135M-Instruct ({model.name}), LoRA r{spec.student.lora.r} on {','.join(spec.student.lora.target_modules)}, {dtype}",
         "tokens_per_s": {k: round(b["tokens_per_s"], 1) for k, b in best.items()},
         "tokens_per_s_whole_train_call": {k: round(b["tokens_per_s_train_call"], 1) for k, b in best.items()},
-        "tokens_per_s_best_single_step": {k: round(max(r.get("tokens_per_s_best_step", 0) for r in runs
-                                                       if r["kind"] == k), 1) for k in kinds},
+        "tokens_per_s_best_single_step": {
+            k: round(max(r.get("tokens_per_s_best_step", 0) for r in runs if r["kind"] == k), 1) for k in kinds
+        },
         "speedup_vs_trl_same_kernel_best_single_step": round(
             max(r.get("tokens_per_s_best_step", 0) for r in runs if r["kind"] == "ours")
-            / max(max(r.get("tokens_per_s_best_step", 0) for r in runs if r["kind"] == "trl"), 1e-9), 3),
+            / max(max(r.get("tokens_per_s_best_step", 0) for r in runs if r["kind"] == "trl"), 1e-9),
+            3,
+        ),
         "speedup_vs_trl_same_kernel": round(speed, 3),
-        "speedups_other_pairings": {f"ours_vs_{k}": round(best["ours"]["tokens_per_s"] / best[k]["tokens_per_s"], 3)
-                                    for k in kinds if k not in ("ours", "trl")},
+        "speedups_other_pairings": {
+            f"ours_vs_{k}": round(best["ours"]["tokens_per_s"] / best[k]["tokens_per_s"], 3)
+            for k in kinds
+            if k not in ("ours", "trl")
+        },
         "peak_rss_mb": {k: round(b["peak_rss_mb"]) for k, b in best.items()},
         "peak_rss_mb_min_over_runs": {k: round(v) for k, v in min_rss.items()},
         "peak_memory_ratio_vs_trl": round(memory, 3),
         "allocator": {k: best[k].get("allocator") for k in kinds},
-        "peak_memory_ratios_other_pairings": {f"{a}_vs_{b}": round(best[a]["peak_rss_mb"] / best[b]["peak_rss_mb"], 3)
-                                              for a in ("ours", "ours_glibc") for b in ("trl", "trl_jemalloc")
-                                              if a in best and b in best and (a, b) != ("ours", "trl")},
+        "peak_memory_ratios_other_pairings": {
+            f"{a}_vs_{b}": round(best[a]["peak_rss_mb"] / best[b]["peak_rss_mb"], 3)
+            for a in ("ours", "ours_glibc")
+            for b in ("trl", "trl_jemalloc")
+            if a in best and b in best and (a, b) != ("ours", "trl")
+        },
         "mfu": {k: round(v, 4) for k, v in mfu.items()},
-        "matmul_peak_gflops": {"dtype": dtype, "value": round(peak.gflops(dtype), 1), "threads": peak.threads,
-                               "source": "campaign_orchestrator.hardware.measure_cpu_peak (cached per host)"},
+        "matmul_peak_gflops": {
+            "dtype": dtype,
+            "value": round(peak.gflops(dtype), 1),
+            "threads": peak.threads,
+            "source": "campaign_orchestrator.hardware.measure_cpu_peak (cached per host)",
+        },
         "model_flops_per_token": round(fpt),
-        "data": {"source": "benchmarks/data/smollm2_distillation.jsonl through the tokenized_dataset stage's build",
-                 "train_rows": train["rows"], "examples": train["examples"], "tokens": train["total_tokens"],
-                 "loss_tokens": train["loss_tokens"], "labelled_token_fraction": round(labelled, 4),
-                 "packing_efficiency": round(built["packing_efficiency"], 4)},
+        "data": {
+            "source": "benchmarks/data/smollm2_distillation.jsonl through the tokenized_dataset stage's build",
+            "train_rows": train["rows"],
+            "examples": train["examples"],
+            "tokens": train["total_tokens"],
+            "loss_tokens": train["loss_tokens"],
+            "labelled_token_fraction": round(labelled, 4),
+            "packing_efficiency": round(built["packing_efficiency"], 4),
+        },
         "what_each_change_pays": ablation,
         # the recomputation is exact: with it and without it, the same losses (bit for bit)
-        "recompute_same_final_loss": (best["ours"]["final_loss"] == best["ours_keep_all"]["final_loss"]
-                                      if "ours_keep_all" in best else None),
+        "recompute_same_final_loss": (
+            best["ours"]["final_loss"] == best["ours_keep_all"]["final_loss"] if "ours_keep_all" in best else None
+        ),
         "targets": targets,
         "pass": speed >= 1.0 and memory <= MEMORY_TARGET,
         "pass_rule": "exit 1 when this trainer is slower than TRL (same kernel, steady-state wall clock, TRL's fastest "
-                     "run) or its lowest peak RSS is over 0.7x TRL's lowest (over TRL's runs on glibc and on "
-                     "jemalloc); every target's met/missed is listed in targets",
-        "config": {"micro_batch_packed_rows": args.micro, "max_seq_len": 128, "accumulation": 1, "world": 1,
-                   "steps": args.steps, "warmup_steps_excluded": args.warmup, "threads": args.threads,
-                   "repeats": args.repeats, "trl": "SFTTrainer packing=True packing_strategy=bfd padding_free=True "
-                                                   "completion_only_loss=True max_length=128 optim=adamw_torch",
-                   "attention": {k: best[k]["attention"] for k in kinds},
-                   "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                                "trl": trl.__version__}},
+        "run) or its lowest peak RSS is over 0.7x TRL's lowest (over TRL's runs on glibc and on "
+        "jemalloc); every target's met/missed is listed in targets",
+        "config": {
+            "micro_batch_packed_rows": args.micro,
+            "max_seq_len": 128,
+            "accumulation": 1,
+            "world": 1,
+            "steps": args.steps,
+            "warmup_steps_excluded": args.warmup,
+            "threads": args.threads,
+            "repeats": args.repeats,
+            "trl": "SFTTrainer packing=True packing_strategy=bfd padding_free=True "
+            "completion_only_loss=True max_length=128 optim=adamw_torch",
+            "attention": {k: best[k]["attention"] for k in kinds},
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
+        },
         "runs": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in runs],
         "load_average_before": load_before,
         "load_average_after": [round(x, 2) for x in os.getloadavg()],

@@ -31,5 +31,7 @@ def campaign_files_from_env(value: str | None) -> list[str] | None:
 
 
 require_tested_dagster("loading the code location campaign_app/definitions.py")
-defs = build_definitions(campaign_files=campaign_files_from_env(os.environ.get("CAMPAIGN_FILES")),
-                         artifact_root=os.environ.get("CAMPAIGN_ARTIFACTS") or "artifacts")
+defs = build_definitions(
+    campaign_files=campaign_files_from_env(os.environ.get("CAMPAIGN_FILES")),
+    artifact_root=os.environ.get("CAMPAIGN_ARTIFACTS") or "artifacts",
+)

@@ -61,9 +61,11 @@ def preload_env(env: Mapping[str, str] | None = None, candidates: tuple[str, ...
     path = jemalloc_path(candidates)
     if path is None:
         if want == "jemalloc":
-            raise AllocatorError(f"${ENV}=jemalloc but no jemalloc library was found (looked for "
-                                 f"{', '.join(candidates)}); install it (Debian/Ubuntu: apt-get install libjemalloc2) "
-                                 f"or set {ENV}=auto")
+            raise AllocatorError(
+                f"${ENV}=jemalloc but no jemalloc library was found (looked for "
+                f"{', '.join(candidates)}); install it (Debian/Ubuntu: apt-get install libjemalloc2) "
+                f"or set {ENV}=auto"
+            )
         return {}
     current = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != path]
     return {"LD_PRELOAD": ":".join([path, *current])}

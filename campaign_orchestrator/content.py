@@ -68,15 +68,18 @@ class HashCache:
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         con = sqlite3.connect(self.path, timeout=30)
-        con.execute("CREATE TABLE IF NOT EXISTS file_sha256 (path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, "
-                    "ctime_ns INTEGER, ino INTEGER, dev INTEGER, sha256 TEXT NOT NULL)")
+        con.execute(
+            "CREATE TABLE IF NOT EXISTS file_sha256 (path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, "
+            "ctime_ns INTEGER, ino INTEGER, dev INTEGER, sha256 TEXT NOT NULL)"
+        )
         return con
 
     def get(self, key: tuple) -> str | None:
         try:
             with closing(self._connect()) as con:
-                row = con.execute("SELECT size, mtime_ns, ctime_ns, ino, dev, sha256 FROM file_sha256 WHERE path = ?",
-                                  (key[0],)).fetchone()
+                row = con.execute(
+                    "SELECT size, mtime_ns, ctime_ns, ino, dev, sha256 FROM file_sha256 WHERE path = ?", (key[0],)
+                ).fetchone()
         except sqlite3.Error:
             return None  # an unreadable cache only costs a re-hash
         return row[5] if row is not None and tuple(row[:5]) == key[1:] else None

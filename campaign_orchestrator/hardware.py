@@ -30,8 +30,8 @@ from pathlib import Path
 AUTO = "auto"
 DTYPES = ("bfloat16", "float16", "float32")
 CACHE_ENV = "CAMPAIGN_CACHE_DIR"
-MATMUL_N = 512    # the fp32-against-bf16 comparison (a slow bf16 path still answers in well under a second)
-PEAK_N = 2048     # the faster dtype's peak, for the planner (compute bound; ~0.1 s per product at 150 GFLOP/s)
+MATMUL_N = 512  # the fp32-against-bf16 comparison (a slow bf16 path still answers in well under a second)
+PEAK_N = 2048  # the faster dtype's peak, for the planner (compute bound; ~0.1 s per product at 150 GFLOP/s)
 MIN_SECONDS = 0.05
 
 
@@ -173,8 +173,11 @@ def _bf16_native(cached: dict, key: dict) -> bool:
         fp32, bf16 = _time_matmul(torch.float32), _time_matmul(torch.bfloat16)
     finally:
         torch.set_num_threads(threads)
-    cached[k] = {"bf16_native": bf16 >= fp32, "fp32_gflops_1thread": round(fp32, 2),
-                 "bf16_gflops_1thread": round(bf16, 2)}
+    cached[k] = {
+        "bf16_native": bf16 >= fp32,
+        "fp32_gflops_1thread": round(fp32, 2),
+        "bf16_gflops_1thread": round(bf16, 2),
+    }
     return bf16 >= fp32
 
 
@@ -182,8 +185,12 @@ def measure_cpu_peak(refresh: bool = False) -> CpuPeak:
     """This host's fp32 and bf16 matmul GFLOP/s, measured once and cached per host."""
     import torch
 
-    key = {"host": socket.gethostname(), "capability": cpu_capability(), "threads": torch.get_num_threads(),
-           "torch": torch.__version__}
+    key = {
+        "host": socket.gethostname(),
+        "capability": cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
     path = _cache_file()
     cached = read_host_cache(path)
     k = "|".join(str(v) for v in key.values())
@@ -208,8 +215,12 @@ def measure_cpu_peak(refresh: bool = False) -> CpuPeak:
     peak = CpuPeak(**key, fp32_gflops=round(fp32, 2), bf16_gflops=round(bf16, 2), native=native)
     if k in cached:  # a refresh keeps the best figure this host has shown (load only ever slows a measurement)
         old = cached[k]
-        peak = CpuPeak(**key, fp32_gflops=max(peak.fp32_gflops, old["fp32_gflops"]),
-                       bf16_gflops=max(peak.bf16_gflops, old["bf16_gflops"]), native=native)
+        peak = CpuPeak(
+            **key,
+            fp32_gflops=max(peak.fp32_gflops, old["fp32_gflops"]),
+            bf16_gflops=max(peak.bf16_gflops, old["bf16_gflops"]),
+            native=native,
+        )
     cached[k] = asdict(peak)
     write_host_cache(path, cached)
     return peak
@@ -227,18 +238,26 @@ def resolve_compute_dtype(requested: str, device: str | None = None, peak: CpuPe
     if device.startswith("cuda"):
         bf16 = torch.cuda.is_bf16_supported()
         if requested == AUTO:
-            return Resolved(AUTO, "bfloat16" if bf16 else "float16", device,
-                            "GPU supports bf16" if bf16 else "GPU without bf16: fp16")
+            return Resolved(
+                AUTO,
+                "bfloat16" if bf16 else "float16",
+                device,
+                "GPU supports bf16" if bf16 else "GPU without bf16: fp16",
+            )
         return Resolved(requested, requested, device, "set in the campaign")
     peak = peak or measure_cpu_peak()
-    why = (f"CPU {peak.capability}: bf16 matmul {peak.bf16_gflops:.1f} GFLOP/s, fp32 {peak.fp32_gflops:.1f} "
-           f"(measured, {peak.threads} threads)")
+    why = (
+        f"CPU {peak.capability}: bf16 matmul {peak.bf16_gflops:.1f} GFLOP/s, fp32 {peak.fp32_gflops:.1f} "
+        f"(measured, {peak.threads} threads)"
+    )
     if requested == AUTO:
         return Resolved(AUTO, "bfloat16" if peak.bf16_native else "float32", device, why, peak.capability)
     warning = None
     if requested in ("bfloat16", "float16") and not peak.bf16_native:
-        warning = (f"compute_dtype {requested} on a CPU without native bf16 ({peak.capability}): bf16 matmul measured "
-                   f"{peak.bf16_slowdown:.1f}x slower than fp32 here; `compute_dtype: auto` picks float32")
+        warning = (
+            f"compute_dtype {requested} on a CPU without native bf16 ({peak.capability}): bf16 matmul measured "
+            f"{peak.bf16_slowdown:.1f}x slower than fp32 here; `compute_dtype: auto` picks float32"
+        )
     return Resolved(requested, requested, device, "set in the campaign; " + why, peak.capability, warning)
 
 
@@ -269,8 +288,16 @@ def library_versions() -> dict[str, str]:
     from importlib import metadata
 
     out = {"python": platform.python_version()}
-    for dist in ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "tokenizers", "safetensors",
-                 "campaign-orchestrator"):
+    for dist in (
+        "torch",
+        "transformers",
+        "peft",
+        "bitsandbytes",
+        "accelerate",
+        "tokenizers",
+        "safetensors",
+        "campaign-orchestrator",
+    ):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

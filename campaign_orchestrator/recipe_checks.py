@@ -79,51 +79,109 @@ def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
     per_step = tr.effective_batch * per_row
     if steps < MIN_STEPS:
         need = math.ceil(MIN_STEPS * tr.effective_batch / max(1.0, facts.rows))
-        out.append(Finding("optimizer_steps", steps, (
-            f"{steps} optimizer steps ({examples} examples, ~{per_row:.1f} per packed row, effective batch "
-            f"{tr.effective_batch} rows): too few to learn a new answer format (fewer than {MIN_STEPS}); raise "
-            f"training.epochs to >= {need}" + (" (or max_steps)" if tr.max_steps else "")
-            + " or lower the effective batch (micro_batch_size x gradient_accumulation_steps)")))
+        out.append(
+            Finding(
+                "optimizer_steps",
+                steps,
+                (
+                    f"{steps} optimizer steps ({examples} examples, ~{per_row:.1f} per packed row, effective batch "
+                    f"{tr.effective_batch} rows): too few to learn a new answer format (fewer than {MIN_STEPS}); raise "
+                    f"training.epochs to >= {need}"
+                    + (" (or max_steps)" if tr.max_steps else "")
+                    + " or lower the effective batch (micro_batch_size x gradient_accumulation_steps)"
+                ),
+            )
+        )
     if per_step < MIN_EXAMPLES_PER_STEP:
-        out.append(Finding("examples_per_step", round(per_step, 2), (
-            f"~{per_step:.1f} examples ({per_step * facts.tokens_per_row / max(1.0, per_row):.0f} tokens) per "
-            f"optimizer step: each step's gradient is one or two items' (fewer than {MIN_EXAMPLES_PER_STEP}); raise "
-            "micro_batch_size or gradient_accumulation_steps")))
+        out.append(
+            Finding(
+                "examples_per_step",
+                round(per_step, 2),
+                (
+                    f"~{per_step:.1f} examples ({per_step * facts.tokens_per_row / max(1.0, per_row):.0f} tokens) per "
+                    f"optimizer step: each step's gradient is one or two items' (fewer than {MIN_EXAMPLES_PER_STEP}); raise "
+                    "micro_batch_size or gradient_accumulation_steps"
+                ),
+            )
+        )
     epochs = steps * per_step / max(1, examples)  # the mix is shuffled: task and replay pass equally often
     if epochs > MAX_TASK_EPOCHS:
-        out.append(Finding("task_epochs", round(epochs, 1), (
-            f"{epochs:.1f} passes over the {facts.task_examples} task examples: the student memorises its training "
-            f"items instead of learning the task (more than {MAX_TASK_EPOCHS:g}); add task prompts, or lower "
-            "training.epochs / max_steps and keep the best checkpoint (training.selection)")))
+        out.append(
+            Finding(
+                "task_epochs",
+                round(epochs, 1),
+                (
+                    f"{epochs:.1f} passes over the {facts.task_examples} task examples: the student memorises its training "
+                    f"items instead of learning the task (more than {MAX_TASK_EPOCHS:g}); add task prompts, or lower "
+                    "training.epochs / max_steps and keep the best checkpoint (training.selection)"
+                ),
+            )
+        )
     guards = regression_suites(spec)
     rp = getattr(spec.data, "replay", None)
     if guards and rp is None and not teacher_is_base(spec):
-        out.append(Finding("replay", 0.0, (
-            f"no replay, and the gate guards general ability ({', '.join(guards)}) while the teacher "
-            f"({spec.teacher.model}) is not the student's base: trained on the task alone the student forgets what it "
-            "could do; add data.replay (general prompts answered by the base student, share 0.3-0.5)")))
+        out.append(
+            Finding(
+                "replay",
+                0.0,
+                (
+                    f"no replay, and the gate guards general ability ({', '.join(guards)}) while the teacher "
+                    f"({spec.teacher.model}) is not the student's base: trained on the task alone the student forgets what it "
+                    "could do; add data.replay (general prompts answered by the base student, share 0.3-0.5)"
+                ),
+            )
+        )
     elif rp is not None and examples and facts.replay_examples / examples < MIN_REPLAY_SHARE:
         share = facts.replay_examples / examples
-        out.append(Finding("replay", round(share, 3), (
-            f"replay is {share:.0%} of the training mix (fewer than {MIN_REPLAY_SHARE:.0%}): too little to keep the "
-            f"base's behaviour; raise data.replay.share or add prompts to {rp.source}")))
+        out.append(
+            Finding(
+                "replay",
+                round(share, 3),
+                (
+                    f"replay is {share:.0%} of the training mix (fewer than {MIN_REPLAY_SHARE:.0%}): too little to keep the "
+                    f"base's behaviour; raise data.replay.share or add prompts to {rp.source}"
+                ),
+            )
+        )
     lo = spec.student.lora
     scale = tr.learning_rate * lo.alpha / lo.r
     if scale < MIN_LORA_LR_SCALE or scale > MAX_LORA_LR_SCALE:
         low = scale < MIN_LORA_LR_SCALE
-        out.append(Finding("learning_rate", tr.learning_rate, (
-            f"learning_rate {tr.learning_rate:g} x lora.alpha/r ({lo.alpha:g}/{lo.r}) = {scale:.2g}: "
-            + (f"below {MIN_LORA_LR_SCALE:g}, the adapter barely moves (0 trains nothing); raise learning_rate"
-               if low else f"above {MAX_LORA_LR_SCALE:g}, LoRA updates this large overwrite what the base knew; "
-               f"lower learning_rate to <= {MAX_LORA_LR_SCALE * lo.r / lo.alpha:.2g}"))))
+        out.append(
+            Finding(
+                "learning_rate",
+                tr.learning_rate,
+                (
+                    f"learning_rate {tr.learning_rate:g} x lora.alpha/r ({lo.alpha:g}/{lo.r}) = {scale:.2g}: "
+                    + (
+                        f"below {MIN_LORA_LR_SCALE:g}, the adapter barely moves (0 trains nothing); raise learning_rate"
+                        if low
+                        else f"above {MAX_LORA_LR_SCALE:g}, LoRA updates this large overwrite what the base knew; "
+                        f"lower learning_rate to <= {MAX_LORA_LR_SCALE * lo.r / lo.alpha:.2g}"
+                    )
+                ),
+            )
+        )
     ev = spec.evaluation
     for s in ev.suites:
         n, need = facts.suite_items.get(s.name), ev.gate_for(s).min_items
         if n is not None and n < need:
-            out.append(Finding("heldout_size", n, (
-                f"suite {s.name!r} has {n} items, fewer than the gate's min_items {need}: the gate can only say "
-                "INCONCLUSIVE; " + ("raise data.heldout.fraction or max_items" if s.source == "heldout"
-                                    else f"add items to {s.source}") + " or lower evaluation.gate.min_items")))
+            out.append(
+                Finding(
+                    "heldout_size",
+                    n,
+                    (
+                        f"suite {s.name!r} has {n} items, fewer than the gate's min_items {need}: the gate can only say "
+                        "INCONCLUSIVE; "
+                        + (
+                            "raise data.heldout.fraction or max_items"
+                            if s.source == "heldout"
+                            else f"add items to {s.source}"
+                        )
+                        + " or lower evaluation.gate.min_items"
+                    ),
+                )
+            )
     return out
 
 
@@ -145,8 +203,9 @@ def facts_from_plan(spec, data, replay_available: int | None = None) -> RecipeFa
     n = task + replay
     packed = spec.dataset.packing and example < tr.max_seq_len * 0.9
     rows = max(1.0, math.ceil(n * example / (tr.max_seq_len * 0.9))) if packed else float(n)
-    return RecipeFacts(task, replay, rows, tr.max_seq_len * 0.9 if packed else example,
-                       {k: int(v[0]) for k, v in data.suites.items()})
+    return RecipeFacts(
+        task, replay, rows, tr.max_seq_len * 0.9 if packed else example, {k: int(v[0]) for k, v in data.suites.items()}
+    )
 
 
 def facts_from_dataset(spec, manifest: dict, replay_examples: int = 0) -> RecipeFacts:
@@ -154,12 +213,21 @@ def facts_from_dataset(spec, manifest: dict, replay_examples: int = 0) -> Recipe
     suite sizes are the plan's business (not known here: empty)."""
     t = manifest["splits"]["train"]
     rows = max(1, int(t["rows"]))
-    return RecipeFacts(int(t["examples"]) - replay_examples, replay_examples, float(rows),
-                       float(manifest.get("total_tokens", 0)) / rows, {})
+    return RecipeFacts(
+        int(t["examples"]) - replay_examples,
+        replay_examples,
+        float(rows),
+        float(manifest.get("total_tokens", 0)) / rows,
+        {},
+    )
 
 
 def render(findings: list[Finding]) -> str:
     if not findings:
         return "recipe checks: all pass"
-    return "recipe checks: " + str(len(findings)) + " to look at\n" + "\n".join(
-        f"  WARN  {f.check}: {f.message}" for f in findings)
+    return (
+        "recipe checks: "
+        + str(len(findings))
+        + " to look at\n"
+        + "\n".join(f"  WARN  {f.check}: {f.message}" for f in findings)
+    )

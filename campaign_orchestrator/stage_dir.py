@@ -46,8 +46,15 @@ class StageDir:
         ``production_id`` names this production of the output (a re-computation after the directory
         was removed is a new production): the cost ledger records a production's cost lines once."""
         self.ensure()
-        full = {"campaign": self.campaign, "stage": self.stage, "key": self.key, "path": str(self.path),
-                "production_id": uuid.uuid4().hex, "committed_at": dt.datetime.now(dt.UTC).isoformat(), **manifest}
+        full = {
+            "campaign": self.campaign,
+            "stage": self.stage,
+            "key": self.key,
+            "path": str(self.path),
+            "production_id": uuid.uuid4().hex,
+            "committed_at": dt.datetime.now(dt.UTC).isoformat(),
+            **manifest,
+        }
         tmp = self.path / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(full, indent=2, sort_keys=True, default=str))
         os.replace(tmp, self.path / MANIFEST)

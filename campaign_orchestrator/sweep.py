@@ -69,8 +69,14 @@ class TrialRecord:
         return float(sum(r["usd"] for r in self.rungs.values() if not r.get("replayed"))) + self.interrupted_usd
 
     def as_dict(self) -> dict:
-        return {"trial": self.number, "root": self.root, "params": self.params, "state": self.state,
-                "rungs": {str(k): v for k, v in sorted(self.rungs.items())}, "usd": self.usd}
+        return {
+            "trial": self.number,
+            "root": self.root,
+            "params": self.params,
+            "state": self.state,
+            "rungs": {str(k): v for k, v in sorted(self.rungs.items())},
+            "usd": self.usd,
+        }
 
 
 def suggest(trial, space: dict[str, ParamSpec]) -> dict[str, Any]:
@@ -109,9 +115,14 @@ def make_storage(url: str, sw: SweepSpec):
 
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     return optuna.storages.RDBStorage(
-        url, engine_kwargs=engine, heartbeat_interval=sw.heartbeat_s, grace_period=sw.grace_s,
+        url,
+        engine_kwargs=engine,
+        heartbeat_interval=sw.heartbeat_s,
+        grace_period=sw.grace_s,
         heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-            max_retry=sw.max_retries, inherit_intermediate_values=True))
+            max_retry=sw.max_retries, inherit_intermediate_values=True
+        ),
+    )
 
 
 def make_study(spec: CampaignSpec, storage, study_name: str):
@@ -119,12 +130,22 @@ def make_study(spec: CampaignSpec, storage, study_name: str):
     import optuna
 
     sw = spec.sweep
-    sampler = (optuna.samplers.TPESampler(seed=sw.seed, n_startup_trials=max(3, sw.trials // 2))
-               if sw.sampler == "tpe" else optuna.samplers.RandomSampler(seed=sw.seed))
-    pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=sw.rungs.min_steps,
-                                                    reduction_factor=sw.rungs.reduction_factor)
-    study = optuna.create_study(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner,
-                                direction="minimize", load_if_exists=True)
+    sampler = (
+        optuna.samplers.TPESampler(seed=sw.seed, n_startup_trials=max(3, sw.trials // 2))
+        if sw.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed=sw.seed)
+    )
+    pruner = optuna.pruners.SuccessiveHalvingPruner(
+        min_resource=sw.rungs.min_steps, reduction_factor=sw.rungs.reduction_factor
+    )
+    study = optuna.create_study(
+        study_name=study_name,
+        storage=storage,
+        sampler=sampler,
+        pruner=pruner,
+        direction="minimize",
+        load_if_exists=True,
+    )
     if not study.user_attrs.get("enqueued"):
         points = ([default_point(spec)] if sw.include_default else []) + [dict(p) for p in sw.enqueue]
         for p in points:
@@ -152,14 +173,23 @@ class Sweep:
     ``on_event(record)`` is called
     after every rung and state change (the asset turns it into a materialization)."""
 
-    def __init__(self, spec: CampaignSpec, workdir: Path, storage, study_name: str, *,
-                 run_rung: Callable[[TrialRecord, Path, int, int], RungOutcome],
-                 estimate_usd: Callable[[int, int], float], spent_usd: Callable[[], float],
-                 record_lines: Callable[[TrialRecord, int, list[dict]], None],
-                 on_event: Callable[[TrialRecord], None] = lambda r: None, log: Callable[[str], None] = print,
-                 full_run_seconds: Callable[[int], float] | None = None,
-                 limits: list[tuple[str, float, Callable[[], float]]] = (),
-                 make_guard: Callable[[TrialRecord, int, list], Any] | None = None):
+    def __init__(
+        self,
+        spec: CampaignSpec,
+        workdir: Path,
+        storage,
+        study_name: str,
+        *,
+        run_rung: Callable[[TrialRecord, Path, int, int], RungOutcome],
+        estimate_usd: Callable[[int, int], float],
+        spent_usd: Callable[[], float],
+        record_lines: Callable[[TrialRecord, int, list[dict]], None],
+        on_event: Callable[[TrialRecord], None] = lambda r: None,
+        log: Callable[[str], None] = print,
+        full_run_seconds: Callable[[int], float] | None = None,
+        limits: list[tuple[str, float, Callable[[], float]]] = (),
+        make_guard: Callable[[TrialRecord, int, list], Any] | None = None,
+    ):
         self.spec, self.sw = spec, spec.sweep
         self.workdir = Path(workdir)
         self.storage, self.study_name = storage, study_name
@@ -183,8 +213,9 @@ class Sweep:
     def _limits(self) -> list[tuple[str, float, Callable[[], float]]]:
         """(what, cap, spent so far): the sweep's cap on the sweep's spend, then ``limits`` (e.g. the campaign's
         budget on the campaign's spend)."""
-        return ([("sweep cap", self.sw.budget_usd, self.spent_usd)] if self.sw.budget_usd is not None else []) \
-            + self.limits
+        return (
+            [("sweep cap", self.sw.budget_usd, self.spent_usd)] if self.sw.budget_usd is not None else []
+        ) + self.limits
 
     def _accrued_elsewhere(self, number: int) -> float:
         """What the rungs running next to trial ``number``'s have accrued and not yet recorded."""
@@ -214,8 +245,10 @@ class Sweep:
             for what, cap, spent_fn in limits:
                 spent = spent_fn()
                 if spent + flying + need > cap:
-                    msg = (f"{what} ${cap:.6f}: spent ${spent:.6f}, in flight ${flying:.6f}, the next rung (trial "
-                           f"{number}, steps {prev}→{steps}) needs ~${need:.6f}: not launched")
+                    msg = (
+                        f"{what} ${cap:.6f}: spent ${spent:.6f}, in flight ${flying:.6f}, the next rung (trial "
+                        f"{number}, steps {prev}→{steps}) needs ~${need:.6f}: not launched"
+                    )
                     self.stopped_by_cap = self.stopped_by_cap or msg
                     raise CapReached(msg)
             self.in_flight[number] = need
@@ -269,8 +302,14 @@ class Sweep:
                     with self.lock:
                         self.in_flight.pop(trial.number, None)
                         self.guards.pop(trial.number, None)
-                r = {"steps": steps, "value": out.value, "seconds": out.seconds, "usd": usd,
-                     "trained_steps": out.trained_steps, "resumed_from": out.resumed_from}
+                r = {
+                    "steps": steps,
+                    "value": out.value,
+                    "seconds": out.seconds,
+                    "usd": usd,
+                    "trained_steps": out.trained_steps,
+                    "resumed_from": out.resumed_from,
+                }
                 tmp = done.with_suffix(".tmp")
                 tmp.write_text(json.dumps(r, indent=2))
                 os.replace(tmp, done)
@@ -298,8 +337,10 @@ class Sweep:
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         if not running:
             return 0
-        self.log(f"sweep: {len(running)} trial(s) left RUNNING by a dead process; waiting up to {self.sw.grace_s}s "
-                 "for their heartbeat to go stale")
+        self.log(
+            f"sweep: {len(running)} trial(s) left RUNNING by a dead process; waiting up to {self.sw.grace_s}s "
+            "for their heartbeat to go stale"
+        )
         deadline = time.monotonic() + self.sw.grace_s + 2 * self.sw.heartbeat_s
         while time.monotonic() < deadline:
             optuna.storages.fail_stale_trials(study)
@@ -343,10 +384,13 @@ class Sweep:
         remaining = self.sw.trials - len(done)
         t0 = time.perf_counter()
         if remaining > 0:
-            self.log(f"sweep {self.study_name}: {len(done)} trial(s) done, running {remaining} more "
-                     f"({self.sw.parallel} at once), rungs {self.ladder}")
-            study.optimize(self.objective, n_trials=remaining, n_jobs=self.sw.parallel, catch=(CapReached,),
-                           gc_after_trial=False)
+            self.log(
+                f"sweep {self.study_name}: {len(done)} trial(s) done, running {remaining} more "
+                f"({self.sw.parallel} at once), rungs {self.ladder}"
+            )
+            study.optimize(
+                self.objective, n_trials=remaining, n_jobs=self.sw.parallel, catch=(CapReached,), gc_after_trial=False
+            )
         wall = time.perf_counter() - t0
         return self.summary(study, wall, recovered)
 
@@ -357,12 +401,21 @@ class Sweep:
         per = []
         for t in trials:
             rungs = {int(k.removeprefix("rung_")): v for k, v in t.user_attrs.items() if k.startswith("rung_")}
-            state = ("STOPPED" if t.user_attrs.get("stopped") else t.state.name)
+            state = "STOPPED" if t.user_attrs.get("stopped") else t.state.name
             interrupted = float(t.user_attrs.get("interrupted_usd", 0.0))  # a rung the cap stopped inside
-            per.append({"trial": t.number, "root": t.system_attrs.get("failed_trial", t.number), "state": state,
-                        "params": t.params, "rungs": {str(s): rungs[s] for s in sorted(rungs)},
-                        "value": t.value, "last_step": max(rungs) if rungs else 0,
-                        "usd": float(sum(r["usd"] for r in rungs.values())) + interrupted, "interrupted_usd": interrupted})
+            per.append(
+                {
+                    "trial": t.number,
+                    "root": t.system_attrs.get("failed_trial", t.number),
+                    "state": state,
+                    "params": t.params,
+                    "rungs": {str(s): rungs[s] for s in sorted(rungs)},
+                    "value": t.value,
+                    "last_step": max(rungs) if rungs else 0,
+                    "usd": float(sum(r["usd"] for r in rungs.values())) + interrupted,
+                    "interrupted_usd": interrupted,
+                }
+            )
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
         top = self.ladder[-1]
         # the trials that ran (at least one rung), by original number: a retry stands for the trial it retried
@@ -393,20 +446,31 @@ class Sweep:
             else:
                 full += sum(r["seconds"] for r in p["rungs"].values()) / max(p["last_step"], 1) * top
         return {
-            "study": self.study_name, "rungs": self.ladder, "trials": per,
-            "trials_run": len(by_root), "trials_pruned": len(pruned),
+            "study": self.study_name,
+            "rungs": self.ladder,
+            "trials": per,
+            "trials_run": len(by_root),
+            "trials_pruned": len(pruned),
             "pruned_at_first_rung": sum(1 for p in pruned if p["last_step"] == first),
-            "trials_complete": len(complete), "trials_stopped_by_cap": sum(1 for p in per if p["state"] == "STOPPED"),
+            "trials_complete": len(complete),
+            "trials_stopped_by_cap": sum(1 for p in per if p["state"] == "STOPPED"),
             "recovered_trials": recovered,
-            "best_trial": best_number, "best_root": best_root, "best_params": best_params, "best_value": best_value,
+            "best_trial": best_number,
+            "best_root": best_root,
+            "best_params": best_params,
+            "best_value": best_value,
             "best_complete": bool(complete),
             "default_value": default["value"] if default and default["state"] == "COMPLETE" else None,
             "default_params": default_point(self.spec),
             # a trial's rungs once (a retry replays its original's), and every rung the cap stopped inside
-            "spent_usd": float(sum(p["usd"] - p["interrupted_usd"] for p in by_root.values())
-                               + sum(p["interrupted_usd"] for p in per)), "cap_usd": self.sw.budget_usd,
+            "spent_usd": float(
+                sum(p["usd"] - p["interrupted_usd"] for p in by_root.values()) + sum(p["interrupted_usd"] for p in per)
+            ),
+            "cap_usd": self.sw.budget_usd,
             "stopped_by_cap": self.stopped_by_cap,
-            "sweep_wall_seconds": wall, "trial_seconds": seconds, "every_trial_to_the_end_seconds": full,
+            "sweep_wall_seconds": wall,
+            "trial_seconds": seconds,
+            "every_trial_to_the_end_seconds": full,
             "time_saved_seconds": full - seconds,
             "steps_trained": sum(r["trained_steps"] for p in by_root.values() for r in p["rungs"].values()),
             "steps_if_every_trial_ran_to_the_end": len(by_root) * top,

@@ -130,9 +130,14 @@ def duplicate_keys(node: yaml.Node | None, loc: tuple[Any, ...] = ()) -> list[Fi
         for k, v in node.value:
             name, line = str(k.value), k.start_mark.line + 1
             if name in seen:
-                out.append(FieldProblem(_dotted((*loc, name)), line,
-                                        f"duplicate key: already set on line {seen[name]}; YAML would keep only this "
-                                        "later value: keep one of the two"))
+                out.append(
+                    FieldProblem(
+                        _dotted((*loc, name)),
+                        line,
+                        f"duplicate key: already set on line {seen[name]}; YAML would keep only this "
+                        "later value: keep one of the two",
+                    )
+                )
             else:
                 seen[name] = line
             out += duplicate_keys(v, (*loc, name))
@@ -164,8 +169,11 @@ def _matches(raw: str, project_dir: Path) -> bool:
 def _catalog_keys(data: dict, project_dir: Path) -> tuple[set[str] | None, str | None]:
     """The pricing catalog's entry keys (the campaign's ``cost.catalog`` or the shipped one), or why not."""
     configured = _get(data, "cost", "catalog")
-    path = (paths.resolve(configured, project_dir) if isinstance(configured, str)
-            else paths.shipped_campaigns_dir() / "pricing" / "catalog.yaml")
+    path = (
+        paths.resolve(configured, project_dir)
+        if isinstance(configured, str)
+        else paths.shipped_campaigns_dir() / "pricing" / "catalog.yaml"
+    )
     try:
         entries = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("entries") or {}
     except (OSError, yaml.YAMLError, AttributeError) as e:
@@ -173,8 +181,7 @@ def _catalog_keys(data: dict, project_dir: Path) -> tuple[set[str] | None, str |
     return set(entries), None
 
 
-CATALOG_FIELDS = (("teacher", "hardware"), ("teacher", "price"), ("training", "hardware"),
-                  ("training", "cpu_hardware"))
+CATALOG_FIELDS = (("teacher", "hardware"), ("teacher", "price"), ("training", "hardware"), ("training", "cpu_hardware"))
 
 
 def file_problems(data: dict, root: yaml.Node | None, project_dir: Path) -> list[FieldProblem]:
@@ -184,18 +191,29 @@ def file_problems(data: dict, root: yaml.Node | None, project_dir: Path) -> list
 
     def missing(loc: tuple[Any, ...], what: str) -> None:
         raw = _get(data, *loc)
-        if isinstance(raw, str) and not raw.startswith(("s3://", "gs://", "http://", "https://")) \
-                and not _matches(raw, project_dir):
-            out.append(FieldProblem(_dotted(loc), _line_of(root, loc),
-                                    f"{what} {raw!r} matches no file under {project_dir} (expected an existing file, "
-                                    "glob or directory, relative to the campaign's project or absolute)"))
+        if (
+            isinstance(raw, str)
+            and not raw.startswith(("s3://", "gs://", "http://", "https://"))
+            and not _matches(raw, project_dir)
+        ):
+            out.append(
+                FieldProblem(
+                    _dotted(loc),
+                    _line_of(root, loc),
+                    f"{what} {raw!r} matches no file under {project_dir} (expected an existing file, "
+                    "glob or directory, relative to the campaign's project or absolute)",
+                )
+            )
 
     missing(("data", "source"), "data source")
     for i, _ in enumerate(_get(data, "dataset", "extra_sources") or []):
         missing(("dataset", "extra_sources", i), "data source")
     for i, suite in enumerate(_get(data, "evaluation", "suites") or []):
-        if isinstance(suite, dict) and suite.get("kind", "items") == "items" \
-                and suite.get("source", "heldout") != "heldout":
+        if (
+            isinstance(suite, dict)
+            and suite.get("kind", "items") == "items"
+            and suite.get("source", "heldout") != "heldout"
+        ):
             missing(("evaluation", "suites", i, "source"), "suite file")
     keys, why = _catalog_keys(data, project_dir)
     if keys is None:
@@ -205,9 +223,14 @@ def file_problems(data: dict, root: yaml.Node | None, project_dir: Path) -> list
     named += [(("cost", "overrides", k), k) for k in (_get(data, "cost", "overrides") or {})]
     for loc, value in named:
         if isinstance(value, str) and value != "unpriced" and value not in keys:
-            out.append(FieldProblem(_dotted(loc), _line_of(root, loc),
-                                    f"no price entry {value!r} in the pricing catalog{did_you_mean(value, keys)}; "
-                                    f"expected one of: {', '.join(sorted(keys))}"))
+            out.append(
+                FieldProblem(
+                    _dotted(loc),
+                    _line_of(root, loc),
+                    f"no price entry {value!r} in the pricing catalog{did_you_mean(value, keys)}; "
+                    f"expected one of: {', '.join(sorted(keys))}",
+                )
+            )
     return out
 
 
@@ -249,7 +272,9 @@ def parse_campaign_text(text: str, path: str = "<string>", project_dir: Path | N
         raise CampaignError(CampaignFileError(shown, (FieldProblem("", line, f"not valid YAML: {e}"),))) from None
     if not isinstance(data, dict):
         raise CampaignError(
-            CampaignFileError(shown, (FieldProblem("", 1, f"expected a mapping of campaign fields, got {type(data).__name__}"),))
+            CampaignFileError(
+                shown, (FieldProblem("", 1, f"expected a mapping of campaign fields, got {type(data).__name__}"),)
+            )
         )
     problems = duplicate_keys(root)
     if project_dir is not None:
@@ -271,7 +296,9 @@ def load_campaign_file(path: str | os.PathLike, check_files: bool = False) -> Ca
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise CampaignError(CampaignFileError(_display(p), (FieldProblem("", None, f"cannot read file: {e}"),))) from None
+        raise CampaignError(
+            CampaignFileError(_display(p), (FieldProblem("", None, f"cannot read file: {e}"),))
+        ) from None
     spec = parse_campaign_text(text, str(p), paths.campaign_project_dir(p) if check_files else None)
     spec.set_project_dir(paths.campaign_project_dir(p))
     return spec
@@ -290,7 +317,11 @@ def load_campaigns(paths: list[str] | None = None, check_files: bool = False) ->
             result.errors.append(
                 CampaignFileError(
                     _display(path),
-                    (FieldProblem("name", None, f"campaign {spec.name!r} is already defined in {result.sources[spec.name]}"),),
+                    (
+                        FieldProblem(
+                            "name", None, f"campaign {spec.name!r} is already defined in {result.sources[spec.name]}"
+                        ),
+                    ),
                 )
             )
             continue

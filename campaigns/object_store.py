@@ -43,17 +43,31 @@ def parse_s3_url(url: str, what: str = "URL") -> S3Url:
     what a valid value looks like."""
     m = _S3_URL.match(str(url))
     if not m:
-        raise ValueError(f"{what} {url!r} is not an S3 URL: expected s3://bucket[/prefix], with a bucket name of "
-                         "3-63 lower-case letters, digits, dots or hyphens")
+        raise ValueError(
+            f"{what} {url!r} is not an S3 URL: expected s3://bucket[/prefix], with a bucket name of "
+            "3-63 lower-case letters, digits, dots or hyphens"
+        )
     return S3Url(m.group("bucket"), (m.group("key") or "").strip("/"))
 
 
-def s3_client(endpoint_url: str | None = None, region: str | None = None, max_attempts: int = 5,
-              connect_timeout: float = 10, read_timeout: float = 60):
+def s3_client(
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    max_attempts: int = 5,
+    connect_timeout: float = 10,
+    read_timeout: float = 60,
+):
     """A boto3 S3 client with standard retries (``max_attempts`` tries of a throttled or failed call)."""
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
-                        config=Config(retries={"max_attempts": max_attempts, "mode": "standard"},
-                                      connect_timeout=connect_timeout, read_timeout=read_timeout))
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name=region,
+        config=Config(
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        ),
+    )

@@ -43,8 +43,15 @@ def approval_path(campaign_dir: Path, candidate_key: str) -> Path:
     return approvals_dir(campaign_dir) / f"{candidate_key}.json"
 
 
-def record_approval(campaign: str, campaign_dir: Path, evaluation: dict, candidate_key: str, approved_by: str,
-                    note: str = "", via: str = "cli") -> tuple[Approval, bool]:
+def record_approval(
+    campaign: str,
+    campaign_dir: Path,
+    evaluation: dict,
+    candidate_key: str,
+    approved_by: str,
+    note: str = "",
+    via: str = "cli",
+) -> tuple[Approval, bool]:
     """Approve ``candidate_key``, which must be the latest evaluated candidate with a GO gate.
 
     ``evaluation`` is the evaluation asset's manifest. Returns (approval, created); approving an
@@ -53,16 +60,28 @@ def record_approval(campaign: str, campaign_dir: Path, evaluation: dict, candida
         raise ApprovalError("an approval needs the reviewer's name (`approved_by` / --by)")
     latest = evaluation.get("candidate_key")
     if candidate_key != latest:
-        raise ApprovalError(f"candidate {candidate_key!r} is not the latest evaluated candidate of campaign {campaign} "
-                            f"({latest!r}); review and approve that one, or evaluate yours first")
+        raise ApprovalError(
+            f"candidate {candidate_key!r} is not the latest evaluated candidate of campaign {campaign} "
+            f"({latest!r}); review and approve that one, or evaluate yours first"
+        )
     if evaluation.get("verdict") != "GO":
-        raise ApprovalError(f"candidate {candidate_key} has gate verdict {evaluation.get('verdict')}; only a candidate "
-                            "whose gate passed (GO) can be approved")
+        raise ApprovalError(
+            f"candidate {candidate_key} has gate verdict {evaluation.get('verdict')}; only a candidate "
+            "whose gate passed (GO) can be approved"
+        )
     existing = find_approval(campaign_dir, candidate_key, evaluation["key"])
     if existing is not None:
         return existing, False
-    a = Approval(campaign, candidate_key, evaluation["key"], evaluation["verdict"], approved_by.strip(),
-                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), note, via)
+    a = Approval(
+        campaign,
+        candidate_key,
+        evaluation["key"],
+        evaluation["verdict"],
+        approved_by.strip(),
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        note,
+        via,
+    )
     p = approval_path(campaign_dir, candidate_key)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")

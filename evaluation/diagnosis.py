@@ -86,35 +86,62 @@ def diagnose(task: SuiteItems, guards: Sequence[SuiteItems], train_sample: Seque
     held = _score(task.candidate)
     train = _score(train_sample) if train_sample else None
     if held is not None and train is not None and train >= LEARNED and train - held >= MEMORISED_GAP:
-        causes.append({"cause": "memorised", "evidence": (
-            f"{train:.0%} on {len(train_sample)} of its training items against {held:.0%} on the held-out "
-            f"{task.name} items"), "fix": "more distinct task prompts, fewer epochs, and keep the best checkpoint by "
-            "held-out loss (training.selection.rule: best_heldout_loss)"})
+        causes.append(
+            {
+                "cause": "memorised",
+                "evidence": (
+                    f"{train:.0%} on {len(train_sample)} of its training items against {held:.0%} on the held-out "
+                    f"{task.name} items"
+                ),
+                "fix": "more distinct task prompts, fewer epochs, and keep the best checkpoint by "
+                "held-out loss (training.selection.rule: best_heldout_loss)",
+            }
+        )
     elif held is not None and held < LEARNED and (train is None or train < LEARNED):
         fmt = mean([float(format_ok(i.output, i.reference)) for i in task.candidate])
         where = f"{held:.0%} held-out" + (f", {train:.0%} on its training items" if train is not None else "")
         if fmt is not None and fmt >= 0.5:
-            causes.append({"cause": "not learned: the right format, the wrong content", "evidence": (
-                f"{task.name}: {where}; {fmt:.0%} of the answers have the reference's format"),
-                "fix": "the format came without the knowledge: more task examples per fact, more epochs, or a "
-                       "student that already knows the facts"})
+            causes.append(
+                {
+                    "cause": "not learned: the right format, the wrong content",
+                    "evidence": (f"{task.name}: {where}; {fmt:.0%} of the answers have the reference's format"),
+                    "fix": "the format came without the knowledge: more task examples per fact, more epochs, or a "
+                    "student that already knows the facts",
+                }
+            )
         else:
-            causes.append({"cause": "not learned", "evidence": f"{task.name}: {where}; "
-                           f"{(fmt or 0):.0%} of the answers have the reference's format", "fix": (
-                "too little training to learn the answer format: raise training.epochs (see the recipe checks: "
-                "optimizer steps) or the learning rate")})
+            causes.append(
+                {
+                    "cause": "not learned",
+                    "evidence": f"{task.name}: {where}; {(fmt or 0):.0%} of the answers have the reference's format",
+                    "fix": (
+                        "too little training to learn the answer format: raise training.epochs (see the recipe checks: "
+                        "optimizer steps) or the learning rate"
+                    ),
+                }
+            )
     for s in [task, *guards]:
         ce = mean([float(not i.output.strip()) for i in s.candidate]) or 0.0
         be = mean([float(not i.output.strip()) for i in s.base]) or 0.0
         if ce - be >= EMPTY_DRIFT:
-            causes.append({"cause": "format drift", "evidence": f"{s.name}: {ce:.0%} empty answers against the "
-                           f"base's {be:.0%}", "fix": _drift_fix(ctx)})
+            causes.append(
+                {
+                    "cause": "format drift",
+                    "evidence": f"{s.name}: {ce:.0%} empty answers against the base's {be:.0%}",
+                    "fix": _drift_fix(ctx),
+                }
+            )
     for s in guards:
         cl = statistics.median([words(i.output) for i in s.candidate]) if s.candidate else 0
         bl = statistics.median([words(i.output) for i in s.base]) if s.base else 0
         if bl and (cl * LENGTH_DRIFT < bl or cl > bl * LENGTH_DRIFT):
-            causes.append({"cause": "format drift", "evidence": f"{s.name}: median answer {cl:g} words against the "
-                           f"base's {bl:g}", "fix": _drift_fix(ctx)})
+            causes.append(
+                {
+                    "cause": "format drift",
+                    "evidence": f"{s.name}: median answer {cl:g} words against the base's {bl:g}",
+                    "fix": _drift_fix(ctx),
+                }
+            )
     for s in guards:
         c, b = _score(s.candidate), _score(s.base)
         allowed = s.max_regression if s.max_regression is not None else FORGOT_DROP
@@ -123,25 +150,44 @@ def diagnose(task: SuiteItems, guards: Sequence[SuiteItems], train_sample: Seque
         by_cat = _category_drops(s)
         cats = ", ".join(f"{k} {v:+.0%}" for k, v in by_cat[:6] if v < 0)
         missing = not ctx.has_replay and not ctx.teacher_is_base
-        causes.append({"cause": "forgot" + (" (missing replay)" if missing else ""), "evidence": (
-            f"{s.name}: {c:.0%} against the base's {b:.0%} ({c - b:+.0%}, allowed -{allowed:.0%}); by category: "
-            f"{cats or 'spread evenly'}"), "by_category": dict(by_cat), "fix": (
-            "add data.replay: general prompts answered by the base student (answered_by: base, share 0.3-0.5), so "
-            "the student rehearses what it could do" if missing else
-            f"raise data.replay.share (now {ctx.replay_share:.0%})" if ctx.has_replay and ctx.replay_share is not None
-            and ctx.replay_share < 0.5 else
-            "fewer epochs or a lower learning rate, and keep the best checkpoint (training.selection)")})
+        causes.append(
+            {
+                "cause": "forgot" + (" (missing replay)" if missing else ""),
+                "evidence": (
+                    f"{s.name}: {c:.0%} against the base's {b:.0%} ({c - b:+.0%}, allowed -{allowed:.0%}); by category: "
+                    f"{cats or 'spread evenly'}"
+                ),
+                "by_category": dict(by_cat),
+                "fix": (
+                    "add data.replay: general prompts answered by the base student (answered_by: base, share 0.3-0.5), so "
+                    "the student rehearses what it could do"
+                    if missing
+                    else f"raise data.replay.share (now {ctx.replay_share:.0%})"
+                    if ctx.has_replay and ctx.replay_share is not None and ctx.replay_share < 0.5
+                    else "fewer epochs or a lower learning rate, and keep the best checkpoint (training.selection)"
+                ),
+            }
+        )
     for c in ctx.conflicts:
-        causes.append({"cause": "conflicting data", "evidence": (
-            f"prompts starting {c['shape']!r}: task answers ~{c['task_words']:g} words, replay answers "
-            f"~{c['replay_words']:g} words ({c['task_examples']} task, {c['replay_examples']} replay examples)"),
-            "fix": "drop or rephrase the replay prompts of that shape, or phrase the task its own way"})
+        causes.append(
+            {
+                "cause": "conflicting data",
+                "evidence": (
+                    f"prompts starting {c['shape']!r}: task answers ~{c['task_words']:g} words, replay answers "
+                    f"~{c['replay_words']:g} words ({c['task_examples']} task, {c['replay_examples']} replay examples)"
+                ),
+                "fix": "drop or rephrase the replay prompts of that shape, or phrase the task its own way",
+            }
+        )
     return {"causes": causes, "markdown": markdown(causes)}
 
 
 def _drift_fix(ctx: Context) -> str:
-    return ("add data.replay so the student keeps its answer style elsewhere" if not ctx.has_replay else
-            "fewer epochs or a lower learning rate; check that training rows end with the end-of-turn token")
+    return (
+        "add data.replay so the student keeps its answer style elsewhere"
+        if not ctx.has_replay
+        else "fewer epochs or a lower learning rate; check that training rows end with the end-of-turn token"
+    )
 
 
 def _category_drops(s: SuiteItems) -> list[tuple[str, float]]:
@@ -161,6 +207,7 @@ def shape(prompt: str) -> str:
 def conflicts(task: Sequence[tuple[str, str]], replay: Sequence[tuple[str, str]], min_examples: int = 3) -> list[dict]:
     """Prompt shapes (first two words) present in both the task and the replay rows (``(prompt, completion)``) whose
     answers' median word counts differ by ``CONFLICT_RATIO`` or more (at least ``min_examples`` on each side)."""
+
     def by_shape(rows):
         out: dict[str, list[int]] = defaultdict(list)
         for p, c in rows:
@@ -174,15 +221,23 @@ def conflicts(task: Sequence[tuple[str, str]], replay: Sequence[tuple[str, str]]
             continue
         tw, rw = statistics.median(t[k]), statistics.median(r[k])
         if max(tw, rw) >= CONFLICT_RATIO * min(tw, rw):
-            found.append({"shape": k, "task_words": tw, "replay_words": rw, "task_examples": len(t[k]),
-                          "replay_examples": len(r[k])})
+            found.append(
+                {
+                    "shape": k,
+                    "task_words": tw,
+                    "replay_words": rw,
+                    "task_examples": len(t[k]),
+                    "replay_examples": len(r[k]),
+                }
+            )
     return found
 
 
 def markdown(causes: list[dict]) -> str:
     if not causes:
-        return ("## Diagnosis\n\nNo failure pattern found (memorised, not learned, format drift, forgot, "
-                "conflicting data).")
+        return (
+            "## Diagnosis\n\nNo failure pattern found (memorised, not learned, format drift, forgot, conflicting data)."
+        )
     lines = ["## Diagnosis", ""]
     for c in causes:
         lines.append(f"- **{c['cause']}**: {c['evidence']}. *Fix:* {c['fix']}.")
@@ -203,14 +258,22 @@ def campaign_diagnosis(spec, res: dict, train_sample_path: str | None, found: li
     cand, base = res.get("candidate", {}), res.get("base", {})
 
     def items(name):
-        return SuiteItems(name, cand.get(name, []), base.get(name, []), ev.gate_for(
-            next(s for s in ev.suites if s.name == name)).max_regression_vs_base)
+        return SuiteItems(
+            name,
+            cand.get(name, []),
+            base.get(name, []),
+            ev.gate_for(next(s for s in ev.suites if s.name == name)).max_regression_vs_base,
+        )
 
     guards = [items(n) for n in regression_suites(spec) if n in cand]
     sample = None
     if train_sample_path and Path(train_sample_path).exists():
         sample = read_item_results(train_sample_path).get("candidate", {}).get("train_sample")
     rp = spec.data.replay
-    ctx = Context(has_replay=rp is not None, teacher_is_base=teacher_is_base(spec),
-                  replay_share=rp.share if rp is not None else None, conflicts=found or [])
+    ctx = Context(
+        has_replay=rp is not None,
+        teacher_is_base=teacher_is_base(spec),
+        replay_share=rp.share if rp is not None else None,
+        conflicts=found or [],
+    )
     return diagnose(items(ev.suites[0].name), guards, sample, ctx)

@@ -59,19 +59,36 @@ class DriftReport:
             return "; ".join(self.reasons)
         if self.verdict == INCONCLUSIVE:
             return "; ".join(f"{s.suite}: {s.inconclusive}" for s in self.suites if s.inconclusive)
-        return "; ".join(f"{s.suite}: {s.score:.3f} (promoted at "
-                         f"{'n/a' if s.promoted_score is None else f'{s.promoted_score:.3f}'}"
-                         + ("" if s.delta_lo is None else f"; change [{s.delta_lo:+.3f}, {s.delta_hi:+.3f}] at "
-                                                           f"{s.confidence:.0%}, allowed drop {s.max_drop:.3f}")
-                         + ")" for s in self.suites)
+        return "; ".join(
+            f"{s.suite}: {s.score:.3f} (promoted at "
+            f"{'n/a' if s.promoted_score is None else f'{s.promoted_score:.3f}'}"
+            + (
+                ""
+                if s.delta_lo is None
+                else f"; change [{s.delta_lo:+.3f}, {s.delta_hi:+.3f}] at "
+                f"{s.confidence:.0%}, allowed drop {s.max_drop:.3f}"
+            )
+            + ")"
+            for s in self.suites
+        )
 
     def as_dict(self) -> dict:
-        return {"verdict": self.verdict, "summary": self.summary(), "reasons": self.reasons,
-                "suites": [asdict(s) for s in self.suites]}
+        return {
+            "verdict": self.verdict,
+            "summary": self.summary(),
+            "reasons": self.reasons,
+            "suites": [asdict(s) for s in self.suites],
+        }
 
 
-def decide(fresh: dict[str, list[float]], promoted: dict[str, list[float] | None], floor: float, max_drop: float,
-           min_items: int, confidence: float = 0.95) -> DriftReport:
+def decide(
+    fresh: dict[str, list[float]],
+    promoted: dict[str, list[float] | None],
+    floor: float,
+    max_drop: float,
+    min_items: int,
+    confidence: float = 0.95,
+) -> DriftReport:
     """``fresh``: suite -> per-item scores on fresh items; ``promoted``: suite -> the same model's per-item
     scores at promotion (other items, so the comparison is unpaired; None: not scored then).
 
@@ -88,18 +105,31 @@ def decide(fresh: dict[str, list[float]], promoted: dict[str, list[float] | None
         n, nb = len(scores), len(before or [])
         mean = sum(scores) / n if n else None
         pmean = sum(before) / nb if nb else None
-        common = {"suite": suite, "score": mean, "promoted_score": pmean, "items": n, "floor": floor,
-                  "max_drop": max_drop, "promoted_items": nb, "confidence": confidence}
+        common = {
+            "suite": suite,
+            "score": mean,
+            "promoted_score": pmean,
+            "items": n,
+            "floor": floor,
+            "max_drop": max_drop,
+            "promoted_items": nb,
+            "confidence": confidence,
+        }
         if n < min_items:
-            suites.append(SuiteDrift(**common, inconclusive=f"{n} fresh scored item(s), fewer than the gate's "
-                                                             f"min_items {min_items}"))
+            suites.append(
+                SuiteDrift(
+                    **common, inconclusive=f"{n} fresh scored item(s), fewer than the gate's min_items {min_items}"
+                )
+            )
             continue
         sc = stats.score_ci(scores, confidence)
         common |= {"score_lo": sc.lo, "score_hi": sc.hi}
         reasons = []
         if sc.hi < floor:
-            reasons.append(f"{suite}: fresh score {mean:.3f} [{sc.lo:.3f}, {sc.hi:.3f}] is below the gate floor "
-                           f"{floor:.3f} ({n} items, {confidence:.0%})")
+            reasons.append(
+                f"{suite}: fresh score {mean:.3f} [{sc.lo:.3f}, {sc.hi:.3f}] is below the gate floor "
+                f"{floor:.3f} ({n} items, {confidence:.0%})"
+            )
         inconclusive = None
         if before is not None and nb < min_items:
             inconclusive = f"{nb} promotion-time scored item(s), fewer than the gate's min_items {min_items}"
@@ -107,10 +137,12 @@ def decide(fresh: dict[str, list[float]], promoted: dict[str, list[float] | None
             d = stats.unpaired_difference(scores, before, confidence)
             common |= {"delta": d.estimate, "delta_lo": d.lo, "delta_hi": d.hi, "method": d.method}
             if d.hi < -max_drop:
-                reasons.append(f"{suite}: fresh score {mean:.3f} dropped {pmean - mean:.3f} from its promotion-time "
-                               f"score {pmean:.3f}; the change is [{d.lo:+.3f}, {d.hi:+.3f}] at {confidence:.0%} "
-                               f"({d.method}, {n} fresh vs {nb} promotion-time items), beyond the allowed drop "
-                               f"{max_drop:.3f}")
+                reasons.append(
+                    f"{suite}: fresh score {mean:.3f} dropped {pmean - mean:.3f} from its promotion-time "
+                    f"score {pmean:.3f}; the change is [{d.lo:+.3f}, {d.hi:+.3f}] at {confidence:.0%} "
+                    f"({d.method}, {n} fresh vs {nb} promotion-time items), beyond the allowed drop "
+                    f"{max_drop:.3f}"
+                )
         suites.append(SuiteDrift(**common, reasons=tuple(reasons), inconclusive=None if reasons else inconclusive))
     if any(s.reasons for s in suites):
         verdict = DRIFTED
@@ -161,8 +193,9 @@ def current_promoted(campaign_dir: Path) -> Promoted | None:
     try:
         record = json.loads(record_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise DriftError(f"{pointer} points at {key!r} but {record_path} is unreadable ({e}); re-materialize "
-                         f"promoted_model") from None
+        raise DriftError(
+            f"{pointer} points at {key!r} but {record_path} is unreadable ({e}); re-materialize promoted_model"
+        ) from None
     if not (path / "adapter").is_dir():
         raise DriftError(f"promoted model {key!r} has no adapter directory at {path / 'adapter'}")
     return Promoted(key, path, path / "adapter", record)
@@ -175,8 +208,9 @@ def local_generate(base_model: Path, adapter: Path, load_in_4bit: bool, compute_
     return LocalGenerator.from_path(base_model, adapter, load_in_4bit, compute_dtype, batch_size=batch_size).generate
 
 
-def score_promoted(generate, suites: list, log: Callable[[str], None] = print,
-                   progress: Callable[[int], None] | None = None) -> tuple[dict[str, list[float]], list[dict]]:
+def score_promoted(
+    generate, suites: list, log: Callable[[str], None] = print, progress: Callable[[int], None] | None = None
+) -> tuple[dict[str, list[float]], list[dict]]:
     """Score every suite (objects with ``name``, ``items``, ``scorer``, ``max_new_tokens``) with the
     promoted model's ``generate`` (local, or the evaluation endpoint). Returns suite -> per-item scores
     (errors left out: never a wrong answer) and the per-item rows (``evaluation.suite`` schema);

@@ -37,8 +37,16 @@ class EndpointCompletion:
 
 
 class OpenAIEndpoint:
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, api_key_env: str | None = None,
-                 max_concurrency: int = 8, timeout_s: float = 60.0):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        max_concurrency: int = 8,
+        timeout_s: float = 60.0,
+    ):
         if api_key is None and api_key_env:
             api_key = os.environ.get(api_key_env)
             if not api_key:
@@ -72,6 +80,7 @@ class OpenAIEndpoint:
         sem = asyncio.Semaphore(self.max_concurrency)
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
         async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits, headers=self._headers) as client:
+
             async def one(prompt: str) -> EndpointCompletion:
                 async with sem:
                     return await self._complete(client, prompt, max_new_tokens)
@@ -101,8 +110,10 @@ class OpenAIEndpoint:
         adapter directory it was loaded from, and its ``parent``, the base model)."""
         r = httpx.get(f"{self.base_url}/models", headers=self._headers, timeout=self.timeout_s)
         if r.status_code >= 400:
-            raise AdapterNotVerified(f"{self.base_url}/models answered HTTP {r.status_code} {r.text[:200]}: cannot "
-                                     "check which adapter the server serves")
+            raise AdapterNotVerified(
+                f"{self.base_url}/models answered HTTP {r.status_code} {r.text[:200]}: cannot "
+                "check which adapter the server serves"
+            )
         try:
             return list(r.json()["data"])
         except (ValueError, KeyError, TypeError):
@@ -123,20 +134,29 @@ class OpenAIEndpoint:
                 f"cannot verify that {self.base_url} serves this candidate as {name!r}: its /v1/models entry gives "
                 + (f"root {root!r}, not an adapter directory visible here" if root else "no adapter root")
                 + "; set evaluation.endpoint.load_adapter: true (the candidate is loaded onto the server), or serve "
-                  "the adapter from a path this machine sees too")
+                "the adapter from a path this machine sees too"
+            )
         want, got = model_fingerprint(adapter_dir), model_fingerprint(root)
         if want != got:
-            raise AdapterNotVerified(f"{self.base_url} serves {name!r} from {root} (content {got[:12]}), not the "
-                                     f"candidate's adapter {adapter_dir} (content {want[:12]}): its score would be "
-                                     "credited to another adapter; serve this candidate or set load_adapter: true")
+            raise AdapterNotVerified(
+                f"{self.base_url} serves {name!r} from {root} (content {got[:12]}), not the "
+                f"candidate's adapter {adapter_dir} (content {want[:12]}): its score would be "
+                "credited to another adapter; serve this candidate or set load_adapter: true"
+            )
         return {"name": name, "root": str(root), "fingerprint": want, "parent": entry.get("parent")}
 
     def load_adapter(self, name: str, path: str) -> None:
         """Ask the server to serve the LoRA adapter at ``path`` as ``name`` (vLLM's runtime LoRA
         loading, ``POST /v1/load_lora_adapter``). A name the server already has is accepted."""
-        r = httpx.post(f"{self.base_url}/load_lora_adapter", json={"lora_name": name, "lora_path": path},
-                       headers=self._headers, timeout=self.timeout_s)
+        r = httpx.post(
+            f"{self.base_url}/load_lora_adapter",
+            json={"lora_name": name, "lora_path": path},
+            headers=self._headers,
+            timeout=self.timeout_s,
+        )
         if r.status_code >= 400 and "already" not in r.text.lower():
-            raise RuntimeError(f"{self.base_url}/load_lora_adapter refused adapter {name!r} at {path}: "
-                               f"HTTP {r.status_code} {r.text[:300]} (vLLM needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
-                               "and the path visible to the server)")
+            raise RuntimeError(
+                f"{self.base_url}/load_lora_adapter refused adapter {name!r} at {path}: "
+                f"HTTP {r.status_code} {r.text[:300]} (vLLM needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
+                "and the path visible to the server)"
+            )

@@ -72,9 +72,11 @@ class StatsPolicy:
             how = f"paired t intervals ({pct}) on per-item differences"
         else:
             how = f"paired bootstrap {pct} intervals (percentile, {self.resamples:,} resamples, seed {self.seed})"
-        return (f"candidate − base: {how}; scores: Wilson {pct} intervals for 0/1 scores, "
-                f"{'t' if self.method == stats.PAIRED_T else 'bootstrap'} otherwise; "
-                f"McNemar: exact binomial test on discordant items")
+        return (
+            f"candidate − base: {how}; scores: Wilson {pct} intervals for 0/1 scores, "
+            f"{'t' if self.method == stats.PAIRED_T else 'bootstrap'} otherwise; "
+            f"McNemar: exact binomial test on discordant items"
+        )
 
 
 @dataclass(frozen=True)
@@ -150,13 +152,24 @@ class GateReport:
 
     @property
     def reasons(self) -> list[str]:
-        return [f"{r.rule}: {r.status} — {r.detail}" + (" (advisory)" if r.tier == ADVISORY else "")
-                for r in self.rules if r.status != PASS]
+        return [
+            f"{r.rule}: {r.status} — {r.detail}" + (" (advisory)" if r.tier == ADVISORY else "")
+            for r in self.rules
+            if r.status != PASS
+        ]
 
     def as_dict(self) -> dict:
-        return {"suite": self.suite, "verdict": self.verdict, "tier": self.tier, "binary": self.binary,
-                "candidate": asdict(self.candidate), "base": asdict(self.base), "overall": self.overall.as_dict(),
-                "categories": [c.as_dict() for c in self.categories], "rules": [r.as_dict() for r in self.rules]}
+        return {
+            "suite": self.suite,
+            "verdict": self.verdict,
+            "tier": self.tier,
+            "binary": self.binary,
+            "candidate": asdict(self.candidate),
+            "base": asdict(self.base),
+            "overall": self.overall.as_dict(),
+            "categories": [c.as_dict() for c in self.categories],
+            "rules": [r.as_dict() for r in self.rules],
+        }
 
 
 def summarize(results: list[ItemResult]) -> ModelSummary:
@@ -165,7 +178,9 @@ def summarize(results: list[ItemResult]) -> ModelSummary:
     lat = [r.latency_s for r in answered]
     n = len(results)
     return ModelSummary(
-        items=n, answered=len(answered), errors=n - len(answered),
+        items=n,
+        answered=len(answered),
+        errors=n - len(answered),
         error_rate=(n - len(answered)) / n if n else 0.0,
         score=fmean(scored) if scored else None,
         empty_rate=(sum(1 for r in answered if not r.output.strip()) / len(answered)) if answered else 0.0,
@@ -179,8 +194,10 @@ def pair(candidate: list[ItemResult], base: list[ItemResult]) -> list[tuple[Item
     by_id = {r.item_id: r for r in base}
     missing = [r.item_id for r in candidate if r.item_id not in by_id]
     if missing or len(by_id) != len(candidate):
-        raise ValueError(f"candidate and base must answer the same items; {len(missing)} candidate items have no "
-                         f"base result (e.g. {missing[:3]}), {len(by_id)} base vs {len(candidate)} candidate items")
+        raise ValueError(
+            f"candidate and base must answer the same items; {len(missing)} candidate items have no "
+            f"base result (e.g. {missing[:3]}), {len(by_id)} base vs {len(candidate)} candidate items"
+        )
     out = []
     for c in candidate:
         b = by_id[c.item_id]
@@ -195,10 +212,14 @@ def compare(pairs: list[tuple[ItemResult, ItemResult]], category: str, binary: b
     kw = {"confidence": sp.confidence, "method": sp.method, "resamples": sp.resamples, "seed": sp.seed}
     wlt = stats.win_loss_tie(cs, bs)
     return Comparison(
-        category=category, n=len(pairs),
-        base=stats.score_ci(bs, **kw), candidate=stats.score_ci(cs, **kw),
+        category=category,
+        n=len(pairs),
+        base=stats.score_ci(bs, **kw),
+        candidate=stats.score_ci(cs, **kw),
         delta=stats.paired_difference(cs, bs, **kw),
-        wins=wlt.wins, losses=wlt.losses, ties=wlt.ties,
+        wins=wlt.wins,
+        losses=wlt.losses,
+        ties=wlt.ties,
         mcnemar_p=stats.mcnemar_exact(wlt.wins, wlt.losses) if binary else None,
     )
 
@@ -227,8 +248,15 @@ def _ci(iv: stats.Interval) -> str:
     return f"[{_pts(iv.lo)}, {_pts(iv.hi)}] pts" if iv.defined else "[undefined]"
 
 
-def decide(suite: str, candidate: list[ItemResult], base: list[ItemResult], policy: GatePolicy,
-           sp: StatsPolicy = StatsPolicy(), binary: bool | None = None, tier: str = BLOCKING) -> GateReport:
+def decide(
+    suite: str,
+    candidate: list[ItemResult],
+    base: list[ItemResult],
+    policy: GatePolicy,
+    sp: StatsPolicy = StatsPolicy(),
+    binary: bool | None = None,
+    tier: str = BLOCKING,
+) -> GateReport:
     """Judge one suite. ``binary`` (0/1 scores) is detected from the scores when not given."""
     c_sum, b_sum = summarize(candidate), summarize(base)
     pairs = pair(candidate, base)
@@ -252,24 +280,44 @@ def decide(suite: str, candidate: list[ItemResult], base: list[ItemResult], poli
         rules.append(RuleResult(rule, status, value, threshold, detail, tier_of(rule)))
 
     err = max(c_sum.error_rate, b_sum.error_rate)
-    add("max_error_rate", PASS if err <= policy.max_error_rate else NOT_ENOUGH, err, policy.max_error_rate,
+    add(
+        "max_error_rate",
+        PASS if err <= policy.max_error_rate else NOT_ENOUGH,
+        err,
+        policy.max_error_rate,
         f"serving errors (timeouts, crashes; not scored): candidate {c_sum.errors}/{c_sum.items}, "
-        f"base {b_sum.errors}/{b_sum.items}; allowed {policy.max_error_rate:.1%} per model")
-    add("min_items", PASS if overall.n >= policy.min_items else NOT_ENOUGH, float(overall.n), float(policy.min_items),
-        f"{overall.n} paired scored items, need at least {policy.min_items}")
+        f"base {b_sum.errors}/{b_sum.items}; allowed {policy.max_error_rate:.1%} per model",
+    )
+    add(
+        "min_items",
+        PASS if overall.n >= policy.min_items else NOT_ENOUGH,
+        float(overall.n),
+        float(policy.min_items),
+        f"{overall.n} paired scored items, need at least {policy.min_items}",
+    )
     if policy.min_score is not None:
         own = [r.score for r in candidate if r.error is None and r.score is not None]
         iv = stats.score_ci(own, sp.confidence, sp.method, sp.resamples, sp.seed)
         s = c_sum.score
         ok = s is not None and s >= policy.min_score
-        add("min_score", PASS if ok else (BREACH if s is not None else NOT_ENOUGH), s, policy.min_score,
+        add(
+            "min_score",
+            PASS if ok else (BREACH if s is not None else NOT_ENOUGH),
+            s,
+            policy.min_score,
             f"candidate {_pct(s)} [{_pct(iv.lo)}, {_pct(iv.hi)}] on {len(own)} answered items "
-            f"{'≥' if ok else '<'} floor {policy.min_score:.1%}")
+            f"{'≥' if ok else '<'} floor {policy.min_score:.1%}",
+        )
     if policy.max_regression_vs_base is not None:
         d = overall.delta
         status = interval_rule(d, policy.max_regression_vs_base)
-        add("max_regression_vs_base", status, d.estimate if overall.n else None, -policy.max_regression_vs_base,
-            f"candidate − base {_pts(d.estimate)} pts {_ci(d)}, allowed drop {policy.max_regression_vs_base * 100:.1f} pts")
+        add(
+            "max_regression_vs_base",
+            status,
+            d.estimate if overall.n else None,
+            -policy.max_regression_vs_base,
+            f"candidate − base {_pts(d.estimate)} pts {_ci(d)}, allowed drop {policy.max_regression_vs_base * 100:.1f} pts",
+        )
     if policy.max_category_regression is not None:
         allowed = policy.max_category_regression
         judged = [c for c in categories if c.n >= policy.min_category_items]
@@ -278,33 +326,54 @@ def decide(suite: str, candidate: list[ItemResult], base: list[ItemResult], poli
         statuses = set(per.values())
         status = BREACH if BREACH in statuses else NOT_ENOUGH if NOT_ENOUGH in statuses else PASS
         worst = min(judged, key=lambda c: c.delta.hi if c.delta.defined else math.inf, default=None)
-        parts = [f"{c.category} {_pts(c.delta.estimate)} {_ci(c.delta)} {per[c.category]}" for c in judged
-                 if per[c.category] != PASS] or ["every judged category within the allowed drop"]
+        parts = [
+            f"{c.category} {_pts(c.delta.estimate)} {_ci(c.delta)} {per[c.category]}"
+            for c in judged
+            if per[c.category] != PASS
+        ] or ["every judged category within the allowed drop"]
         if single_category is not None:
             parts = [f"one category ({single_category}): judged as the whole suite by max_regression_vs_base"]
         elif not judged:
             parts = ["no category has enough items to judge"]
         if small:
             parts.append(f"not judged (< {policy.min_category_items} items): {', '.join(small)}")
-        add("max_category_regression", status, worst.delta.estimate if worst else None, -allowed,
-            f"allowed drop {allowed * 100:.1f} pts per category; " + "; ".join(parts))
+        add(
+            "max_category_regression",
+            status,
+            worst.delta.estimate if worst else None,
+            -allowed,
+            f"allowed drop {allowed * 100:.1f} pts per category; " + "; ".join(parts),
+        )
     if policy.max_empty_output_rate is not None:
         e = c_sum.empty_rate
-        add("max_empty_output_rate", PASS if e <= policy.max_empty_output_rate else BREACH, e,
-            policy.max_empty_output_rate, f"empty candidate outputs {_pct(e)} (max {_pct(policy.max_empty_output_rate)})")
-    for rule, value, name in (("max_p95_latency_s", c_sum.p95_latency_s, "p95"),
-                              ("max_avg_latency_s", c_sum.avg_latency_s, "mean")):
+        add(
+            "max_empty_output_rate",
+            PASS if e <= policy.max_empty_output_rate else BREACH,
+            e,
+            policy.max_empty_output_rate,
+            f"empty candidate outputs {_pct(e)} (max {_pct(policy.max_empty_output_rate)})",
+        )
+    for rule, value, name in (
+        ("max_p95_latency_s", c_sum.p95_latency_s, "p95"),
+        ("max_avg_latency_s", c_sum.avg_latency_s, "mean"),
+    ):
         limit = getattr(policy, rule)
         if limit is None:
             continue
         if value is None:
             add(rule, NOT_ENOUGH, None, limit, "no answered items to time")
         else:
-            add(rule, PASS if value <= limit else BREACH, value, limit,
-                f"candidate {name} latency {value:.2f} s (max {limit:.1f} s)")
+            add(
+                rule,
+                PASS if value <= limit else BREACH,
+                value,
+                limit,
+                f"candidate {name} latency {value:.2f} s (max {limit:.1f} s)",
+            )
     # an advisory suite still gets the verdict its rules give; `combine` leaves it out
-    verdict = suite_verdict([r for r in rules if r.rule not in policy.advisory] if tier == ADVISORY else rules,
-                            every_tier=tier == ADVISORY)
+    verdict = suite_verdict(
+        [r for r in rules if r.rule not in policy.advisory] if tier == ADVISORY else rules, every_tier=tier == ADVISORY
+    )
     return GateReport(suite, verdict, c_sum, b_sum, overall, categories, rules, tier, binary)
 
 

@@ -87,6 +87,7 @@ def registry_sha256() -> str:
 
 # ---------------------------------------------------------------------------------------------- task files
 
+
 def tree_sha256(root: Path) -> str:
     """Content hash of a directory: every file's relative path and bytes (``__pycache__`` left out)."""
     h = hashlib.sha256()
@@ -110,12 +111,13 @@ def _fetch_s3_tree(uri: str, dest: Path, client=None) -> Path:
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             keys += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
     except Exception as e:  # botocore ClientError / EndpointConnectionError / NoCredentialsError
-        raise HarnessError(f"lm_eval.include_path {uri}: cannot list s3://{bucket}/{prefix}: "
-                           f"{type(e).__name__}: {e}") from None
+        raise HarnessError(
+            f"lm_eval.include_path {uri}: cannot list s3://{bucket}/{prefix}: {type(e).__name__}: {e}"
+        ) from None
     if not keys:
         raise HarnessError(f"lm_eval.include_path {uri}: no objects under s3://{bucket}/{prefix}")
     for k in keys:
-        out = dest / k[len(prefix):]
+        out = dest / k[len(prefix) :]
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(client.get_object(Bucket=bucket, Key=k)["Body"].read())
     return dest
@@ -133,8 +135,9 @@ def task_dir(include_path: str, project_dir: Path, cache_root: Path, client=None
         else:
             src = paths.resolve(include_path, project_dir)
             if not src.is_dir():
-                raise HarnessError(f"lm_eval.include_path {include_path!r}: {src} is not a directory of task "
-                                   "YAML files")
+                raise HarnessError(
+                    f"lm_eval.include_path {include_path!r}: {src} is not a directory of task YAML files"
+                )
             shutil.copytree(src, staged, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         sha = tree_sha256(staged)
         final = cache_root / sha
@@ -149,13 +152,16 @@ def task_dir(include_path: str, project_dir: Path, cache_root: Path, client=None
 
 # ---------------------------------------------------------------------------------------------- the worker
 
+
 def _job(mode: str, suites: list[HarnessSuite], models: list[HarnessModel], threads: int | None) -> dict:
-    return {"mode": mode, "threads": threads,
-            "batch_size": max((s.batch_size for s in suites), default=16),
-            "registry_cache": next((str(s.registry_cache) for s in suites if s.registry_cache), None),
-            "suites": [{**s.settings, "name": s.name, "dir": str(s.task_dir) if s.task_dir else None}
-                       for s in suites],
-            "models": [asdict(m) for m in models]}
+    return {
+        "mode": mode,
+        "threads": threads,
+        "batch_size": max((s.batch_size for s in suites), default=16),
+        "registry_cache": next((str(s.registry_cache) for s in suites if s.registry_cache), None),
+        "suites": [{**s.settings, "name": s.name, "dir": str(s.task_dir) if s.task_dir else None} for s in suites],
+        "models": [asdict(m) for m in models],
+    }
 
 
 def worker_env(offline: bool = True) -> dict[str, str]:
@@ -165,8 +171,13 @@ def worker_env(offline: bool = True) -> dict[str, str]:
     return env
 
 
-def run_worker(job: dict, workdir: Path, log: Callable[[str], None] = print,
-               on_event: Callable[[dict], None] | None = None, timeout_s: float | None = None) -> dict:
+def run_worker(
+    job: dict,
+    workdir: Path,
+    log: Callable[[str], None] = print,
+    on_event: Callable[[dict], None] | None = None,
+    timeout_s: float | None = None,
+) -> dict:
     """Run the harness process on ``job``; its result, or :class:`HarnessError` (refusal or crash).
     ``on_event`` sees each progress event; if it raises, the process is stopped and the error re-raised."""
     workdir = Path(workdir)
@@ -177,13 +188,19 @@ def run_worker(job: dict, workdir: Path, log: Callable[[str], None] = print,
     offline = all(s.get("offline", True) for s in job["suites"])
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with open(log_path, "w", encoding="utf-8") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "evaluation.harness_worker", str(job_path), str(out_path)],
-                                cwd=paths.project_dir(), env=worker_env(offline), stdout=subprocess.PIPE,
-                                stderr=logf, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "evaluation.harness_worker", str(job_path), str(out_path)],
+            cwd=paths.project_dir(),
+            env=worker_env(offline),
+            stdout=subprocess.PIPE,
+            stderr=logf,
+            text=True,
+            start_new_session=True,
+        )
         try:
             for line in proc.stdout:
                 if line.startswith(EVENT):
-                    ev = json.loads(line[len(EVENT):])
+                    ev = json.loads(line[len(EVENT) :])
                     log(f"lm_eval: {_describe(ev)}")
                     if on_event is not None:
                         on_event(ev)
@@ -201,11 +218,17 @@ def run_worker(job: dict, workdir: Path, log: Callable[[str], None] = print,
         raise HarnessError(f"the harness process exited {rc} without a result (log {log_path}):\n{tail}")
     out = json.loads(out_path.read_text())
     if out["status"] == "refused":
-        raise HarnessError("lm_eval suite refused before any model ran:\n- " + "\n- ".join(out["problems"]),
-                           out["problems"], out.get("models_loaded"))
+        raise HarnessError(
+            "lm_eval suite refused before any model ran:\n- " + "\n- ".join(out["problems"]),
+            out["problems"],
+            out.get("models_loaded"),
+        )
     if out["status"] != "ok":
-        raise HarnessError(f"the harness failed ({out.get('error_type')}: {out.get('error')}); log {log_path}\n"
-                           f"{out.get('traceback', '')[-3000:]}", models_loaded=out.get("models_loaded"))
+        raise HarnessError(
+            f"the harness failed ({out.get('error_type')}: {out.get('error')}); log {log_path}\n"
+            f"{out.get('traceback', '')[-3000:]}",
+            models_loaded=out.get("models_loaded"),
+        )
     return out
 
 
@@ -219,8 +242,9 @@ def _describe(ev: dict) -> str:
     return json.dumps(ev)
 
 
-def documents(suites: list[HarnessSuite], workdir: Path, log: Callable[[str], None] = print,
-              threads: int | None = 1) -> dict[str, dict[str, list[dict]]]:
+def documents(
+    suites: list[HarnessSuite], workdir: Path, log: Callable[[str], None] = print, threads: int | None = 1
+) -> dict[str, dict[str, list[dict]]]:
     """suite -> task -> documents ({doc_id, doc_hash, text, category}), through the harness's preflight
     (no model). ``text`` is the document's decontamination query (its rendered ``doc_to_text``)."""
     if not suites:
@@ -230,6 +254,7 @@ def documents(suites: list[HarnessSuite], workdir: Path, log: Callable[[str], No
 
 
 # ---------------------------------------------------------------------------------------------- join and check
+
 
 @dataclass
 class TaskAgreement:
@@ -263,9 +288,14 @@ class HarnessRun:
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"harness": HARNESS, "lm_eval_version": self.lm_eval_version, "tasks": self.tasks,
-                "seconds": self.seconds, "wall_seconds": self.wall_seconds,
-                "agreement": [asdict(a) | {"agrees": a.agrees} for a in self.agreement]}
+        return {
+            "harness": HARNESS,
+            "lm_eval_version": self.lm_eval_version,
+            "tasks": self.tasks,
+            "seconds": self.seconds,
+            "wall_seconds": self.wall_seconds,
+            "agreement": [asdict(a) | {"agrees": a.agrees} for a in self.agreement],
+        }
 
 
 def join_suite(name: str, entry: dict, roles: list[str]) -> tuple[dict[str, list[ItemResult]], list[TaskAgreement]]:
@@ -283,50 +313,85 @@ def join_suite(name: str, entry: dict, roles: list[str]) -> tuple[dict[str, list
             rows = {str(s["doc_id"]): s for s in runs[r]["samples"].get(task, [])}
             missing, extra = sorted(set(docs) - set(rows)), sorted(set(rows) - set(docs))
             if missing or extra:
-                problems.append(f"suite {name}: task {task!r}: the {r} run has {len(rows)} documents, the task "
-                                f"{len(docs)} (missing {missing[:3]}, unexpected {extra[:3]})")
+                problems.append(
+                    f"suite {name}: task {task!r}: the {r} run has {len(rows)} documents, the task "
+                    f"{len(docs)} (missing {missing[:3]}, unexpected {extra[:3]})"
+                )
                 continue
             bad_doc = [d for d in docs if rows[d]["doc_hash"] != docs[d]["doc_hash"]]
             if bad_doc:
-                problems.append(f"suite {name}: task {task!r}: the {r} run scored different documents than the task "
-                                f"holds (doc hash mismatch for {len(bad_doc)}, e.g. doc_id {bad_doc[0]})")
+                problems.append(
+                    f"suite {name}: task {task!r}: the {r} run scored different documents than the task "
+                    f"holds (doc hash mismatch for {len(bad_doc)}, e.g. doc_id {bad_doc[0]})"
+                )
             want = (entry.get("prompts") or {}).get(r, {}).get(task)
             if want is not None:
                 bad = [d for d in docs if rows[d]["prompt_hash"] != want.get(d)]
                 if bad:
-                    problems.append(f"suite {name}: task {task!r}: the {r} was asked prompts other than the preflight "
-                                    f"rendered for {len(bad)} documents (e.g. doc_id {bad[0]})")
+                    problems.append(
+                        f"suite {name}: task {task!r}: the {r} was asked prompts other than the preflight "
+                        f"rendered for {len(bad)} documents (e.g. doc_id {bad[0]})"
+                    )
             by_role[r] = rows
         if len(by_role) == len(roles) and len(roles) > 1:
             ref = roles[0]
             for r in roles[1:]:
                 bad = [d for d in docs if by_role[r][d]["prompt_hash"] != by_role[ref][d]["prompt_hash"]]
                 if bad:
-                    problems.append(f"suite {name}: task {task!r}: prompt hash mismatch between {ref} and {r} for "
-                                    f"{len(bad)} of {len(docs)} documents (e.g. doc_id {bad[0]}): the models were not "
-                                    "asked the same questions, so their scores cannot be paired")
+                    problems.append(
+                        f"suite {name}: task {task!r}: prompt hash mismatch between {ref} and {r} for "
+                        f"{len(bad)} of {len(docs)} documents (e.g. doc_id {bad[0]}): the models were not "
+                        "asked the same questions, so their scores cannot be paired"
+                    )
         for r, rows in by_role.items():
             for d, doc in docs.items():
                 s = rows[d]
-                out[r].append(ItemResult(item_id=f"{task}/{d}", category=doc["category"], output=s["output"] or "",
-                                         score=s["score"], latency_s=0.0, error=None, prompt=s["prompt"],
-                                         reference=s["reference"]))
+                out[r].append(
+                    ItemResult(
+                        item_id=f"{task}/{d}",
+                        category=doc["category"],
+                        output=s["output"] or "",
+                        score=s["score"],
+                        latency_s=0.0,
+                        error=None,
+                        prompt=s["prompt"],
+                        reference=s["reference"],
+                    )
+                )
             scores = [rows[d]["score"] for d in docs if rows[d]["score"] is not None]
-            agreement.append(TaskAgreement(name, task, r, meta["metric"], len(docs), runs[r]["aggregates"].get(task),
-                                           sum(scores) / len(scores) if scores else None))
+            agreement.append(
+                TaskAgreement(
+                    name,
+                    task,
+                    r,
+                    meta["metric"],
+                    len(docs),
+                    runs[r]["aggregates"].get(task),
+                    sum(scores) / len(scores) if scores else None,
+                )
+            )
     if problems:
         raise HarnessError("lm_eval results cannot be paired:\n- " + "\n- ".join(problems), problems)
     off = [a for a in agreement if not a.agrees]
     if off:
-        raise HarnessError("the harness's aggregate and the mean of its per-document scores disagree: " + "; ".join(
-            f"{a.suite}/{a.task} {a.role}: harness {a.harness} vs {a.project} over {a.documents} documents"
-            for a in off))
+        raise HarnessError(
+            "the harness's aggregate and the mean of its per-document scores disagree: "
+            + "; ".join(
+                f"{a.suite}/{a.task} {a.role}: harness {a.harness} vs {a.project} over {a.documents} documents"
+                for a in off
+            )
+        )
     return out, agreement
 
 
-def evaluate_suites(suites: list[HarnessSuite], models: list[HarnessModel], workdir: Path,
-                    log: Callable[[str], None] = print, progress: Callable[[int], None] | None = None,
-                    threads: int | None = 1) -> HarnessRun:
+def evaluate_suites(
+    suites: list[HarnessSuite],
+    models: list[HarnessModel],
+    workdir: Path,
+    log: Callable[[str], None] = print,
+    progress: Callable[[int], None] | None = None,
+    threads: int | None = 1,
+) -> HarnessRun:
     """Every model on every ``lm_eval`` suite through one harness process; the joined, checked item
     rows (items.parquet schema) and the agreement table. ``progress(docs)`` after each model's suite
     (a budget watch may raise there: the process is stopped). ``threads``: torch threads in the
@@ -353,24 +418,41 @@ def evaluate_suites(suites: list[HarnessSuite], models: list[HarnessModel], work
         for role in roles:
             per_doc = entry["runs"][role]["seconds"] / max(1, len(results[role]))  # the run's time, shared out
             for it in results[role]:
-                rows.append({"suite": s.name, "model": role, "item_id": it.item_id, "category": it.category,
-                             "prompt": it.prompt, "reference": it.reference, "output": it.output, "score": it.score,
-                             "latency_s": per_doc, "error": None})
+                rows.append(
+                    {
+                        "suite": s.name,
+                        "model": role,
+                        "item_id": it.item_id,
+                        "category": it.category,
+                        "prompt": it.prompt,
+                        "reference": it.reference,
+                        "output": it.output,
+                        "score": it.score,
+                        "latency_s": per_doc,
+                        "error": None,
+                    }
+                )
     return HarnessRun(rows, agreement, tasks, dict(seconds), time.perf_counter() - t0, out.get("lm_eval_version"))
 
 
 def agreement_markdown(doc: dict) -> str:
     """The harness's aggregates beside the project's means (for the gate report)."""
-    lines = [f"### lm-evaluation-harness suites ({doc.get('harness', HARNESS)})", "",
-             "Per task and model: the harness's own aggregate and the mean of its per-document scores that the gate "
-             "judged (they must agree).", "",
-             "| suite | task | model | metric | documents | harness | project mean | agrees |",
-             "|---|---|---|---|---:|---:|---:|---|"]
+    lines = [
+        f"### lm-evaluation-harness suites ({doc.get('harness', HARNESS)})",
+        "",
+        "Per task and model: the harness's own aggregate and the mean of its per-document scores that the gate "
+        "judged (they must agree).",
+        "",
+        "| suite | task | model | metric | documents | harness | project mean | agrees |",
+        "|---|---|---|---|---:|---:|---:|---|",
+    ]
     for a in doc["agreement"]:
         h = "—" if a["harness"] is None else f"{a['harness']:.4f}"
         p = "—" if a["project"] is None else f"{a['project']:.4f}"
-        lines.append(f"| {a['suite']} | {a['task']} | {a['role']} | {a['metric']} | {a['documents']} | {h} | {p} | "
-                     f"{'yes' if a['agrees'] else '**no**'} |")
+        lines.append(
+            f"| {a['suite']} | {a['task']} | {a['role']} | {a['metric']} | {a['documents']} | {h} | {p} | "
+            f"{'yes' if a['agrees'] else '**no**'} |"
+        )
     secs = ", ".join(f"{r} {s:.1f} s" for r, s in doc.get("seconds", {}).items())
     lines += ["", f"Harness time: {doc.get('wall_seconds', 0.0):.1f} s in all ({secs})."]
     return "\n".join(lines)

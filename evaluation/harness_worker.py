@@ -75,6 +75,7 @@ def _dump(obj: dict, path: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- preflight
 
+
 def _registries():
     import lm_eval.api.metrics  # noqa: F401  (fills the metric and aggregation registries)
     import lm_eval.filters  # noqa: F401  (fills the filter registry)
@@ -107,8 +108,12 @@ def _registry_key(root: Path) -> str:
 
     import lm_eval
 
-    stamp = [getattr(lm_eval, "__version__", "?"), str(root), root.stat().st_mtime_ns,
-             (root / "__init__.py").stat().st_mtime_ns if (root / "__init__.py").exists() else 0]
+    stamp = [
+        getattr(lm_eval, "__version__", "?"),
+        str(root),
+        root.stat().st_mtime_ns,
+        (root / "__init__.py").stat().st_mtime_ns if (root / "__init__.py").exists() else 0,
+    ]
     return hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]
 
 
@@ -129,8 +134,12 @@ def registry_index(cache_dir: str | None, root: Path | None = None) -> dict:
     index = TaskIndex.build([root])
     if path is not None:
         # a task's YAML is re-read from yaml_path when it is built, so only groups keep their config
-        slim = {k: Entry(e.name, e.kind, e.yaml_path, e.cfg if e.kind == Kind.GROUP or e.yaml_path is None else None,
-                         set(e.tags)) for k, e in index.items()}
+        slim = {
+            k: Entry(
+                e.name, e.kind, e.yaml_path, e.cfg if e.kind == Kind.GROUP or e.yaml_path is None else None, set(e.tags)
+            )
+            for k, e in index.items()
+        }
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_bytes(pickle.dumps(slim, protocol=pickle.HIGHEST_PROTOCOL))
@@ -201,16 +210,22 @@ def _hub_dataset_problem(cfg: dict, where: str) -> str | None:
         return None
     except Exception as e:  # noqa: BLE001 - ConnectionError (not cached), ValueError (config not cached), ...
         err = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-    call = f"datasets.load_dataset({path!r}" + (f", {name!r}" if name else "") + "".join(
-        f", {k}={v!r}" for k, v in kwargs.items()) + ")"
+    call = (
+        f"datasets.load_dataset({path!r}"
+        + (f", {name!r}" if name else "")
+        + "".join(f", {k}={v!r}" for k, v in kwargs.items())
+        + ")"
+    )
     cache = datasets.config.HF_DATASETS_CACHE
-    return (f"{where}: its dataset {path!r}" + (f" (config {name!r})" if name else "") + " is not in the local "
-            f"Hugging Face datasets cache ({cache}) and the harness runs offline (HF_DATASETS_OFFLINE=1), so the "
-            f"task cannot load ({err}). On a machine with network access, run `python -c \"import datasets; "
-            f"{call}\"` (it fills $HF_HOME/datasets, by default ~/.cache/huggingface/datasets) and copy that "
-            f"directory to {cache} here (or point HF_HOME at the copy); `huggingface-cli download --repo-type "
-            f"dataset {path}` alone is not enough: offline, datasets reads only its own cache. Or set "
-            f"`lm_eval.offline: false` where the hub is reachable.")
+    return (
+        f"{where}: its dataset {path!r}" + (f" (config {name!r})" if name else "") + " is not in the local "
+        f"Hugging Face datasets cache ({cache}) and the harness runs offline (HF_DATASETS_OFFLINE=1), so the "
+        f'task cannot load ({err}). On a machine with network access, run `python -c "import datasets; '
+        f'{call}"` (it fills $HF_HOME/datasets, by default ~/.cache/huggingface/datasets) and copy that '
+        f"directory to {cache} here (or point HF_HOME at the copy); `huggingface-cli download --repo-type "
+        f"dataset {path}` alone is not enough: offline, datasets reads only its own cache. Or set "
+        f"`lm_eval.offline: false` where the hub is reachable."
+    )
 
 
 def _leaf_configs(tm, name: str, where: str, problems: list[str], seen: set | None = None) -> list[tuple[str, dict]]:
@@ -230,8 +245,9 @@ def _leaf_configs(tm, name: str, where: str, problems: list[str], seen: set | No
         for m in members if isinstance(members, list) else [members]:
             if isinstance(m, str):
                 if tm.task_index.get(m) is None:
-                    problems.append(f"{where}: group {name!r} ({entry.yaml_path.name}) lists task {m!r}, which no "
-                                    "YAML file defines")
+                    problems.append(
+                        f"{where}: group {name!r} ({entry.yaml_path.name}) lists task {m!r}, which no YAML file defines"
+                    )
                 out += _leaf_configs(tm, m, where, problems, seen)
             elif isinstance(m, dict) and "task" in m:
                 out.append((str(m["task"]), m))
@@ -266,13 +282,17 @@ def _static_checks(task: str, cfg: dict, root: Path | None, suite: dict, problem
         if callable(m) or custom:
             pass  # a !function metric, or process_results: local code shipped with the task
         elif mc.get("hf_evaluate") is True:
-            problems.append(f"{where}: metric {name!r} has `hf_evaluate: true` (evaluate.load from the Hugging Face "
-                            "hub); only local metrics are allowed: a built-in one or a `!function` shipped with the "
-                            "task")
+            problems.append(
+                f"{where}: metric {name!r} has `hf_evaluate: true` (evaluate.load from the Hugging Face "
+                "hub); only local metrics are allowed: a built-in one or a `!function` shipped with the "
+                "task"
+            )
         elif name not in metric_registry:
-            problems.append(f"{where}: metric {name!r} is not a built-in lm_eval metric, so the harness would fetch it "
-                            f"with evaluate.load from the Hugging Face hub; only local metrics are allowed (built-in: "
-                            f"{', '.join(sorted(metric_registry)[:12])}, ...; or `metric: !function module.fn`)")
+            problems.append(
+                f"{where}: metric {name!r} is not a built-in lm_eval metric, so the harness would fetch it "
+                f"with evaluate.load from the Hugging Face hub; only local metrics are allowed (built-in: "
+                f"{', '.join(sorted(metric_registry)[:12])}, ...; or `metric: !function module.fn`)"
+            )
         agg = mc.get("aggregation")
         if isinstance(agg, str) and agg not in aggregation_registry:
             problems.append(f"{where}: metric {name!r}: unknown aggregation {agg!r}")
@@ -288,16 +308,20 @@ def _static_checks(task: str, cfg: dict, root: Path | None, suite: dict, problem
             agg = METRIC_AGGREGATION_REGISTRY.get(gated)
         agg_name = agg if isinstance(agg, str) else getattr(agg, "__name__", None)
         if agg_name != "mean":
-            problems.append(f"{where}: the gated metric {gated!r} aggregates by {agg_name!r}, not 'mean': the gate "
-                            "judges per-document scores whose mean is the suite's score (pick a per-document metric "
-                            "with `lm_eval.metric`)")
+            problems.append(
+                f"{where}: the gated metric {gated!r} aggregates by {agg_name!r}, not 'mean': the gate "
+                "judges per-document scores whose mean is the suite's score (pick a per-document metric "
+                "with `lm_eval.metric`)"
+            )
     filters = [fl.get("name") for fl in cfg.get("filter_list") or []] or ["none"]
     for fl in cfg.get("filter_list") or []:
         for fn in fl.get("filter", []):
             f = fn.get("function")
             if isinstance(f, str) and f not in filter_registry:
-                problems.append(f"{where}: filter {fl.get('name')!r} uses unknown function {f!r} (known: "
-                                f"{', '.join(sorted(filter_registry))})")
+                problems.append(
+                    f"{where}: filter {fl.get('name')!r} uses unknown function {f!r} (known: "
+                    f"{', '.join(sorted(filter_registry))})"
+                )
     if suite.get("filter") and suite["filter"] not in filters:
         problems.append(f"{where}: lm_eval.filter {suite['filter']!r} is not among the task's filters {filters}")
     if cfg.get("dataset_path") in _LOCAL_BUILDERS:
@@ -307,13 +331,20 @@ def _static_checks(task: str, cfg: dict, root: Path | None, suite: dict, problem
             for f in [fs] if isinstance(fs, str) else list(fs or []):
                 p = Path(f) if Path(f).is_absolute() else (root or Path.cwd()) / f
                 if not any(ch in str(f) for ch in "*?[") and not p.is_file():
-                    problems.append(f"{where}: data file for split {split!r} not found: {f} (looked for {p}; "
-                                    "relative paths are relative to the include_path)")
+                    problems.append(
+                        f"{where}: data file for split {split!r} not found: {f} (looked for {p}; "
+                        "relative paths are relative to the include_path)"
+                    )
         for k in ("test_split", "validation_split", "training_split", "fewshot_split"):
             if cfg.get(k) and split_files and cfg[k] not in split_files:
                 problems.append(f"{where}: {k} {cfg[k]!r} is not one of the data_files splits {sorted(split_files)}")
-    elif (suite.get("offline", True) and isinstance(cfg.get("dataset_path"), str) and "class" not in cfg
-          and not callable(cfg.get("custom_dataset")) and not Path(cfg["dataset_path"]).is_dir()):
+    elif (
+        suite.get("offline", True)
+        and isinstance(cfg.get("dataset_path"), str)
+        and "class" not in cfg
+        and not callable(cfg.get("custom_dataset"))
+        and not Path(cfg["dataset_path"]).is_dir()
+    ):
         problem = _hub_dataset_problem(cfg, where)  # a hub dataset: it must be in the local datasets cache
         if problem:
             problems.append(problem)
@@ -351,11 +382,17 @@ def _prompts(task, suite: dict, tokenizer) -> dict[int, str]:
     """doc_id -> the context of the document's first request, as the harness will build it."""
     task.set_fewshot_seed(seed=suite["seed"])  # the sampler's RNG restarts, as on a fresh load
     chat = bool(suite.get("apply_chat_template"))
-    task.build_all_requests(limit=suite.get("limit"), rank=0, world_size=1, cache_requests=False,
-                            system_instruction=suite.get("system_instruction"), apply_chat_template=chat,
-                            fewshot_as_multiturn=bool(suite.get("fewshot_as_multiturn")),
-                            chat_template=_chat_fn(tokenizer) if chat else None,
-                            tokenizer_name=tokenizer.name_or_path.replace("/", "__") if chat else "")
+    task.build_all_requests(
+        limit=suite.get("limit"),
+        rank=0,
+        world_size=1,
+        cache_requests=False,
+        system_instruction=suite.get("system_instruction"),
+        apply_chat_template=chat,
+        fewshot_as_multiturn=bool(suite.get("fewshot_as_multiturn")),
+        chat_template=_chat_fn(tokenizer) if chat else None,
+        tokenizer_name=tokenizer.name_or_path.replace("/", "__") if chat else "",
+    )
     first: dict[int, tuple[int, str]] = {}
     for inst in task.instances:
         if inst.doc_id not in first or inst.idx < first[inst.doc_id][0]:
@@ -405,8 +442,9 @@ def _preflight_suite(job: dict, suite: dict, tokenizers: dict) -> tuple[dict | N
     try:
         loaded = tm.load(list(suite["tasks"]))
     except Exception as e:
-        return None, [f"{where}: the harness could not build the tasks: {type(e).__name__}: "
-                      f"{' '.join(str(e).split())[:400]}"]
+        return None, [
+            f"{where}: the harness could not build the tasks: {type(e).__name__}: {' '.join(str(e).split())[:400]}"
+        ]
     groups = _group_members(loaded)
     tasks_out, docs_out = {}, {}
     for leaf, task in loaded["tasks"].items():
@@ -421,20 +459,34 @@ def _preflight_suite(job: dict, suite: dict, tokenizers: dict) -> tuple[dict | N
             cat = leaf
             if suite.get("category_field"):
                 if suite["category_field"] not in doc:
-                    problems.append(f"{where}: task {leaf!r} document {doc_id} has no field "
-                                    f"{suite['category_field']!r} (lm_eval.category_field); fields: {sorted(doc)}")
+                    problems.append(
+                        f"{where}: task {leaf!r} document {doc_id} has no field "
+                        f"{suite['category_field']!r} (lm_eval.category_field); fields: {sorted(doc)}"
+                    )
                     break
                 cat = str(doc[suite["category_field"]])
-            docs.append({"doc_id": doc_id, "doc_hash": hash_string(json.dumps(
-                doc, indent=2, default=handle_non_serializable, ensure_ascii=False)),
-                         "text": text if isinstance(text, str) else str(text), "category": cat})
-        tasks_out[leaf] = {"output_type": task.OUTPUT_TYPE, "metric": metric,
-                           "filter": suite.get("filter") or task._filters[0].name, "metrics": mnames,
-                           "filters": [f.name for f in task._filters],
-                           "group": next((g for g, subs in groups.items() if leaf in subs), None),
-                           "num_fewshot": task.get_config("num_fewshot"), "documents": len(docs),
-                           "version": (task.config.metadata or {}).get("version"),
-                           "config_source": str((task.config.metadata or {}).get("config_source") or "")}
+            docs.append(
+                {
+                    "doc_id": doc_id,
+                    "doc_hash": hash_string(
+                        json.dumps(doc, indent=2, default=handle_non_serializable, ensure_ascii=False)
+                    ),
+                    "text": text if isinstance(text, str) else str(text),
+                    "category": cat,
+                }
+            )
+        tasks_out[leaf] = {
+            "output_type": task.OUTPUT_TYPE,
+            "metric": metric,
+            "filter": suite.get("filter") or task._filters[0].name,
+            "metrics": mnames,
+            "filters": [f.name for f in task._filters],
+            "group": next((g for g, subs in groups.items() if leaf in subs), None),
+            "num_fewshot": task.get_config("num_fewshot"),
+            "documents": len(docs),
+            "version": (task.config.metadata or {}).get("version"),
+            "config_source": str((task.config.metadata or {}).get("config_source") or ""),
+        }
         docs_out[leaf] = docs
     entry = {"tasks": tasks_out, "docs": docs_out, "prompts": {}}
     if job["mode"] != "evaluate" or problems:
@@ -445,11 +497,14 @@ def _preflight_suite(job: dict, suite: dict, tokenizers: dict) -> tuple[dict | N
         d = _tokenizer_dir(m)
         tok = tokenizers.get(d) or tokenizers.setdefault(d, AutoTokenizer.from_pretrained(d))
         if suite.get("apply_chat_template") and not getattr(tok, "chat_template", None):
-            problems.append(f"{where}: apply_chat_template is on but the {m['role']}'s tokenizer ({d}) has no chat "
-                            "template")
+            problems.append(
+                f"{where}: apply_chat_template is on but the {m['role']}'s tokenizer ({d}) has no chat template"
+            )
             continue
-        entry["prompts"][m["role"]] = {leaf: {str(k): hash_string(v) for k, v in _prompts(task, suite, tok).items()}
-                                       for leaf, task in loaded["tasks"].items()}
+        entry["prompts"][m["role"]] = {
+            leaf: {str(k): hash_string(v) for k, v in _prompts(task, suite, tok).items()}
+            for leaf, task in loaded["tasks"].items()
+        }
     mismatch = prompt_mismatches(name, entry, job["models"])
     if mismatch:
         problems += _with_example_prompts(mismatch, loaded, suite, job["models"], tokenizers)
@@ -461,8 +516,9 @@ def _unknown_task(where: str, task: str, shown: str | None, root: Path | None, e
 
     import lm_eval
 
-    places = (f"any YAML file in include_path {shown} nor " if shown else "") + \
-        f"the harness's task registry (lm_eval {getattr(lm_eval, '__version__', '?')}, lm_eval/tasks)"
+    places = (
+        f"any YAML file in include_path {shown} nor " if shown else ""
+    ) + f"the harness's task registry (lm_eval {getattr(lm_eval, '__version__', '?')}, lm_eval/tasks)"
     msg = f"{where}: task {task!r} is not defined by {places}"
     if errors:
         msg += "; these YAML files did not load: " + "; ".join(f"{k}: {v}" for k, v in errors.items())
@@ -507,10 +563,12 @@ def prompt_mismatches(suite: str, entry: dict, models: list[dict]) -> list[str]:
             other = entry["prompts"][r].get(leaf, {})
             bad = [d for d in hashes if other.get(d) != hashes[d]]
             if bad:
-                out.append(f"suite {suite}: task {leaf!r}: the {r} would be asked different prompts than the {ref} for "
-                           f"{len(bad)} of {len(hashes)} documents (prompt hash mismatch, e.g. document {bad[0]}); "
-                           f"the two models' tokenizers render different chat templates, so their scores would not "
-                           f"be paired on the same question")
+                out.append(
+                    f"suite {suite}: task {leaf!r}: the {r} would be asked different prompts than the {ref} for "
+                    f"{len(bad)} of {len(hashes)} documents (prompt hash mismatch, e.g. document {bad[0]}); "
+                    f"the two models' tokenizers render different chat templates, so their scores would not "
+                    f"be paired on the same question"
+                )
     return out
 
 
@@ -533,30 +591,49 @@ def _with_example_prompts(problems, loaded, suite, models, tokenizers) -> list[s
 
 # ---------------------------------------------------------------------------------------------- evaluate
 
+
 def _load(model: dict):
     from campaign_orchestrator.generation.local import LocalGenerator
 
-    g = LocalGenerator.from_path(model["path"], model.get("adapter"), bool(model.get("load_in_4bit")),
-                                 model.get("compute_dtype") or "bfloat16", batch_size=1, device=model.get("device"))
+    g = LocalGenerator.from_path(
+        model["path"],
+        model.get("adapter"),
+        bool(model.get("load_in_4bit")),
+        model.get("compute_dtype") or "bfloat16",
+        batch_size=1,
+        device=model.get("device"),
+    )
     return g.model, g.tok
 
 
 def _sample_row(s: dict, task, metric: str, output_type: str) -> dict:
-    row = {"doc_id": s["doc_id"], "doc_hash": s["doc_hash"], "prompt_hash": s["prompt_hash"],
-           "prompt": s["arguments"][0][0], "score": None if s.get(metric) is None else float(s[metric])}
+    row = {
+        "doc_id": s["doc_id"],
+        "doc_hash": s["doc_hash"],
+        "prompt_hash": s["prompt_hash"],
+        "prompt": s["arguments"][0][0],
+        "score": None if s.get(metric) is None else float(s[metric]),
+    }
     fr = s["filtered_resps"]
     if output_type == "multiple_choice":
         lls = [float(x[0]) for x in fr]
         choices = task.doc_to_choice(s["doc"])
         best = max(range(len(lls)), key=lls.__getitem__)
         target = s["target"]
-        row |= {"loglikelihoods": lls, "choice": best, "output": str(choices[best]),
-                "reference": str(choices[target]) if isinstance(target, int) and 0 <= target < len(choices)
-                else str(target)}
+        row |= {
+            "loglikelihoods": lls,
+            "choice": best,
+            "output": str(choices[best]),
+            "reference": str(choices[target])
+            if isinstance(target, int) and 0 <= target < len(choices)
+            else str(target),
+        }
     else:
-        row |= {"output": fr if isinstance(fr, str) else str(fr[0] if isinstance(fr, list) and fr else fr),
-                "raw": s["resps"][0][0] if s.get("resps") and s["resps"][0] else None,
-                "reference": str(s["target"])}
+        row |= {
+            "output": fr if isinstance(fr, str) else str(fr[0] if isinstance(fr, list) and fr else fr),
+            "raw": s["resps"][0][0] if s.get("resps") and s["resps"][0] else None,
+            "reference": str(s["target"]),
+        }
     return row
 
 
@@ -587,26 +664,49 @@ def evaluate(job: dict, pre: dict) -> dict:
             np.random.seed(seed)
             torch.manual_seed(seed)
             res = lm_eval.simple_evaluate(
-                model=lm, tasks=list(suite["tasks"]), task_manager=tm, num_fewshot=suite.get("num_fewshot"),
-                limit=suite.get("limit"), gen_kwargs=dict(suite["gen_kwargs"]) if suite.get("gen_kwargs") else None,
+                model=lm,
+                tasks=list(suite["tasks"]),
+                task_manager=tm,
+                num_fewshot=suite.get("num_fewshot"),
+                limit=suite.get("limit"),
+                gen_kwargs=dict(suite["gen_kwargs"]) if suite.get("gen_kwargs") else None,
                 apply_chat_template=bool(suite.get("apply_chat_template")),
                 system_instruction=suite.get("system_instruction"),
-                fewshot_as_multiturn=bool(suite.get("fewshot_as_multiturn")), log_samples=True, bootstrap_iters=0,
-                random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+                fewshot_as_multiturn=bool(suite.get("fewshot_as_multiturn")),
+                log_samples=True,
+                bootstrap_iters=0,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+            )
             info = pre[suite["name"]]["tasks"]
             loaded = tm.load(list(info))  # for doc_to_choice only (documents are not re-run)
             samples, aggregates = {}, {}
             for leaf, meta in info.items():
                 key = f"{meta['metric']},{meta['filter']}"
                 aggregates[leaf] = res["results"].get(leaf, {}).get(key)
-                samples[leaf] = [_sample_row(s, loaded["tasks"][leaf], meta["metric"], meta["output_type"])
-                                 for s in res["samples"].get(leaf, []) if s["filter"] == meta["filter"]]
+                samples[leaf] = [
+                    _sample_row(s, loaded["tasks"][leaf], meta["metric"], meta["output_type"])
+                    for s in res["samples"].get(leaf, [])
+                    if s["filter"] == meta["filter"]
+                ]
             seconds = time.perf_counter() - t1
-            runs[suite["name"]][m["role"]] = {"seconds": seconds, "aggregates": aggregates, "samples": samples,
-                                              "n_samples": res.get("n-samples"), "versions": res.get("versions"),
-                                              "n_shot": res.get("n-shot")}
-            emit("suite_done", role=m["role"], suite=suite["name"], seconds=seconds,
-                 docs=sum(len(v) for v in samples.values()))
+            runs[suite["name"]][m["role"]] = {
+                "seconds": seconds,
+                "aggregates": aggregates,
+                "samples": samples,
+                "n_samples": res.get("n-samples"),
+                "versions": res.get("versions"),
+                "n_shot": res.get("n-shot"),
+            }
+            emit(
+                "suite_done",
+                role=m["role"],
+                suite=suite["name"],
+                seconds=seconds,
+                docs=sum(len(v) for v in samples.values()),
+            )
         del lm, model
     return runs
 
@@ -635,12 +735,29 @@ def main(argv: list[str]) -> int:
         _dump(out, out_path)
         return 0
     except Refused as e:
-        _dump({**base, "status": "refused", "stage": e.stage, "problems": e.problems,
-               "seconds": time.perf_counter() - t0}, out_path)
+        _dump(
+            {
+                **base,
+                "status": "refused",
+                "stage": e.stage,
+                "problems": e.problems,
+                "seconds": time.perf_counter() - t0,
+            },
+            out_path,
+        )
         return 2
     except BaseException as e:  # the parent reports it; the traceback goes with it
-        _dump({**base, "status": "error", "error_type": type(e).__name__, "error": str(e),
-               "traceback": traceback.format_exc(), "seconds": time.perf_counter() - t0}, out_path)
+        _dump(
+            {
+                **base,
+                "status": "error",
+                "error_type": type(e).__name__,
+                "error": str(e),
+                "traceback": traceback.format_exc(),
+                "seconds": time.perf_counter() - t0,
+            },
+            out_path,
+        )
         return 1
 
 

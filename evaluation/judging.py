@@ -18,8 +18,10 @@ DIAGNOSIS_VERSION = "diagnosis/v1"  # the judgement carries the diagnosis (evalu
 
 
 def approve_hint(campaign: str, candidate_key: str) -> str:
-    return (f"`campaign approve {campaign} --candidate {candidate_key} --by <you>`, or launch job "
-            f"`{campaign}_approve` from the Launchpad with `candidate_key: {candidate_key}`")
+    return (
+        f"`campaign approve {campaign} --candidate {candidate_key} --by <you>`, or launch job "
+        f"`{campaign}_approve` from the Launchpad with `candidate_key: {candidate_key}`"
+    )
 
 
 def review_line(spec: CampaignSpec, verdict: str, candidate_key: str) -> str | None:
@@ -27,8 +29,10 @@ def review_line(spec: CampaignSpec, verdict: str, candidate_key: str) -> str | N
         return None
     if verdict != "GO":
         return "**Human review required**, but the gate did not pass: there is nothing to approve."
-    return (f"**Human review required.** Promotion waits for an approval of this exact candidate: "
-            f"{approve_hint(spec.name, candidate_key)}.")
+    return (
+        f"**Human review required.** Promotion waits for an approval of this exact candidate: "
+        f"{approve_hint(spec.name, candidate_key)}."
+    )
 
 
 def _stage_key(*parts) -> str:
@@ -50,12 +54,20 @@ def judging_key(spec: CampaignSpec, items_key: str) -> str:
     """The judgement's content key: the answers' key, every suite's gate policy and tier, the statistics, review."""
     ev = spec.evaluation
     policies, _ = gate_policies(spec)
-    return _stage_key(JUDGING_VERSION, DIAGNOSIS_VERSION, items_key, {n: repr(p) for n, p in policies.items()},
-                      {x.name: x.tier for x in ev.suites}, ev.statistics.model_dump(), ev.requires_human_review)
+    return _stage_key(
+        JUDGING_VERSION,
+        DIAGNOSIS_VERSION,
+        items_key,
+        {n: repr(p) for n, p in policies.items()},
+        {x.name: x.tier for x in ev.suites},
+        ev.statistics.model_dump(),
+        ev.requires_human_review,
+    )
 
 
-def judge_answers(spec: CampaignSpec, items: dict, binary: dict[str, bool | None], candidate_key: str,
-                  conflicts: list | None = None) -> dict:
+def judge_answers(
+    spec: CampaignSpec, items: dict, binary: dict[str, bool | None], candidate_key: str, conflicts: list | None = None
+) -> dict:
     """The gate report of stored answers (``items``: the answers stage's manifest): per suite the paired
     comparison under its policy (``binary``: suite -> whether its scorer is binary, None for harness suites),
     the verdict, the Markdown, every role's scores, the diagnosis beside the verdict (``conflicts``: the
@@ -71,8 +83,9 @@ def judge_answers(spec: CampaignSpec, items: dict, binary: dict[str, bool | None
     res = read_item_results(items["items_path"])
     reports = judge(res, [SuiteGate(x.name, policies[x.name], binary.get(x.name), x.tier) for x in ev.suites], sp)
     pairs = {x.name: (res[CANDIDATE][x.name], res[BASE][x.name]) for x in ev.suites}
-    doc = build_report(reports, pairs, sp, candidate_key, res.get("teacher"),
-                       review_line(spec, combine(reports), candidate_key))
+    doc = build_report(
+        reports, pairs, sp, candidate_key, res.get("teacher"), review_line(spec, combine(reports), candidate_key)
+    )
     doc["scores"] = scores(res)
     doc["diagnosis"] = campaign_diagnosis(spec, res, items.get("train_sample_path"), conflicts)  # why
     if doc["verdict"] != "GO" or doc["diagnosis"]["causes"]:
@@ -92,28 +105,45 @@ def write_judgement(doc: dict, out: Path) -> tuple[Path, Path]:
     return out / "gate.json", out / "report.md"
 
 
-def judgement_manifest(spec: CampaignSpec, items: dict, items_key: str, candidate_key: str, doc: dict, gate: Path,
-                       report: Path) -> dict:
+def judgement_manifest(
+    spec: CampaignSpec, items: dict, items_key: str, candidate_key: str, doc: dict, gate: Path, report: Path
+) -> dict:
     """The judgement stage's manifest: the verdict and scores, with the answers' cost and provenance carried over
     (the answers' stage is where they were spent)."""
     from campaign_orchestrator.costs.report import student_teacher_ratio
 
     ev, im = spec.evaluation, items
-    return ({"items_path": im["items_path"], "items_key": items_key, "items_sha256": im["items_sha256"],
-             "gate_path": str(gate), "report_path": str(report),
-             "verdict": doc["verdict"], "reasons": doc["reasons"], "scores": doc["scores"],
-             "diagnosis": doc["diagnosis"]["causes"],
-             "candidate_key": candidate_key, "requires_human_review": ev.requires_human_review,
-             "wall_seconds": im["wall_seconds"], "cost_lines": im["cost_lines"],
-             **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
-             "student_teacher_ratio": {x.name: student_teacher_ratio(doc["scores"], x.name) for x in ev.suites},
-             "compute_dtype": im.get("compute_dtype", {}), "answers": im.get("answers", {}),
-             **({"ray_shards": im["ray_shards"]} if "ray_shards" in im else {})}
-            | {k: im[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in im})
+    return {
+        "items_path": im["items_path"],
+        "items_key": items_key,
+        "items_sha256": im["items_sha256"],
+        "gate_path": str(gate),
+        "report_path": str(report),
+        "verdict": doc["verdict"],
+        "reasons": doc["reasons"],
+        "scores": doc["scores"],
+        "diagnosis": doc["diagnosis"]["causes"],
+        "candidate_key": candidate_key,
+        "requires_human_review": ev.requires_human_review,
+        "wall_seconds": im["wall_seconds"],
+        "cost_lines": im["cost_lines"],
+        **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
+        "student_teacher_ratio": {x.name: student_teacher_ratio(doc["scores"], x.name) for x in ev.suites},
+        "compute_dtype": im.get("compute_dtype", {}),
+        "answers": im.get("answers", {}),
+        **({"ray_shards": im["ray_shards"]} if "ray_shards" in im else {}),
+    } | {k: im[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in im}
 
 
-def judge_stage(spec: CampaignSpec, sd, items: dict, items_key: str, binary: dict[str, bool | None],
-                candidate_key: str, conflicts: list | None = None) -> dict:
+def judge_stage(
+    spec: CampaignSpec,
+    sd,
+    items: dict,
+    items_key: str,
+    binary: dict[str, bool | None],
+    candidate_key: str,
+    conflicts: list | None = None,
+) -> dict:
     """Judge the stored answers of ``candidate_key`` into the stage directory ``sd`` (a ``StageDir``) unless it
     is complete; its manifest (``conflicts``: as :func:`judge_answers`)."""
     if not sd.is_complete():
@@ -144,8 +174,9 @@ def ray_manifest(dtypes: dict, spend: dict | None) -> dict:
     """``ray_shards``: shards done/total of each model's answers on Ray (none with engine local)."""
     if "_ray" not in dtypes and not (spend and spend.get("ray")):
         return {}
-    teacher = {f"teacher@{i}": f"{r['shards_done']}/{r['shards_total']}"
-               for i, r in enumerate((spend or {}).get("ray", []))}
+    teacher = {
+        f"teacher@{i}": f"{r['shards_done']}/{r['shards_total']}" for i, r in enumerate((spend or {}).get("ray", []))
+    }
     return {"ray_shards": dtypes.get("_ray", {}) | teacher}
 
 
@@ -158,8 +189,16 @@ def harness_manifest(run, bill: dict | None) -> dict:
     return {"lm_eval": run.as_dict(), "lm_eval_seconds": run.wall_seconds, "lm_eval_usd": usd}
 
 
-def answers_manifest(items_path: Path, rows: int, candidate_key: str, wall: float, bill: dict | None,
-                     spend: dict | None, dtypes: dict, harness_run) -> dict:
+def answers_manifest(
+    items_path: Path,
+    rows: int,
+    candidate_key: str,
+    wall: float,
+    bill: dict | None,
+    spend: dict | None,
+    dtypes: dict,
+    harness_run,
+) -> dict:
     """The answers stage's manifest: where the answers are, what they cost (the local models' ``bill`` at the
     hardware they ran on, None through an endpoint; the teacher's ``spend``), each role's compute dtype and
     answer counts, the Ray shards and the harness's share."""
@@ -168,8 +207,18 @@ def answers_manifest(items_path: Path, rows: int, candidate_key: str, wall: floa
     extra = {"billed_hardware": bill["billed_hardware"], **({"billing_note": note} if note else {})} if bill else {}
     if spend and spend["unknown"]:
         extra["cost_unknown"] = "unknown: scoring the teacher, whose teacher.price is `unpriced`"
-    return ({"items_path": str(items_path), "items_sha256": file_sha256(items_path),
-             "rows": rows, "candidate_key": candidate_key, "wall_seconds": wall, "cost_lines": lines,
-             **extra, "compute_dtype": {k: v for k, v in dtypes.items() if not k.startswith("_")},
-             "answers": answer_counts(dtypes, spend)}
-            | harness_manifest(harness_run, bill) | ray_manifest(dtypes, spend))
+    return (
+        {
+            "items_path": str(items_path),
+            "items_sha256": file_sha256(items_path),
+            "rows": rows,
+            "candidate_key": candidate_key,
+            "wall_seconds": wall,
+            "cost_lines": lines,
+            **extra,
+            "compute_dtype": {k: v for k, v in dtypes.items() if not k.startswith("_")},
+            "answers": answer_counts(dtypes, spend),
+        }
+        | harness_manifest(harness_run, bill)
+        | ray_manifest(dtypes, spend)
+    )

@@ -89,7 +89,9 @@ def _threshold(rule: str, x: float | None) -> str:
     return "≤ " + _value(rule, x)
 
 
-def disagreements(items: dict[str, tuple[list[ItemResult], list[ItemResult]]], limit: int = 10) -> tuple[list[dict], int]:
+def disagreements(
+    items: dict[str, tuple[list[ItemResult], list[ItemResult]]], limit: int = 10
+) -> tuple[list[dict], int]:
     """The ``limit`` most informative disagreements and how many there are in all.
 
     Losses (candidate worse than base) come before wins, larger score gaps first, and the picks
@@ -103,13 +105,25 @@ def disagreements(items: dict[str, tuple[list[ItemResult], list[ItemResult]]], l
             total += 1
             d = c.score - b.score
             groups[(0 if d < 0 else 1, suite, c.category)].append(
-                {"suite": suite, "category": c.category, "item_id": c.item_id, "prompt": c.prompt,
-                 "reference": c.reference, "base": b.output, "candidate": c.output, "base_score": b.score,
-                 "candidate_score": c.score, "delta": d, "kind": "loss" if d < 0 else "win"})
+                {
+                    "suite": suite,
+                    "category": c.category,
+                    "item_id": c.item_id,
+                    "prompt": c.prompt,
+                    "reference": c.reference,
+                    "base": b.output,
+                    "candidate": c.output,
+                    "base_score": b.score,
+                    "candidate_score": c.score,
+                    "delta": d,
+                    "kind": "loss" if d < 0 else "win",
+                }
+            )
     picked: list[dict] = []
     for kind in (0, 1):
-        lists = [sorted(v, key=lambda r: (-abs(r["delta"]), r["item_id"]))
-                 for k, v in sorted(groups.items()) if k[0] == kind]
+        lists = [
+            sorted(v, key=lambda r: (-abs(r["delta"]), r["item_id"])) for k, v in sorted(groups.items()) if k[0] == kind
+        ]
         for row in zip_longest(*lists):
             picked += [r for r in row if r is not None]
     return picked[:limit], total
@@ -124,33 +138,58 @@ def _by_category(results: list[ItemResult]) -> dict[str, float | None]:
     return {k: sum(v) / len(v) for k, v in acc.items()}
 
 
-def build_report(reports: list[GateReport], items: dict[str, tuple[list[ItemResult], list[ItemResult]]],
-                 sp: StatsPolicy, candidate_key: str, teacher: dict[str, list[ItemResult]] | None = None,
-                 review: str | None = None) -> dict:
+def build_report(
+    reports: list[GateReport],
+    items: dict[str, tuple[list[ItemResult], list[ItemResult]]],
+    sp: StatsPolicy,
+    candidate_key: str,
+    teacher: dict[str, list[ItemResult]] | None = None,
+    review: str | None = None,
+) -> dict:
     """The gate document: verdict, reasons, per-suite numbers and the markdown report. ``teacher``
     (suite -> item results) adds the teacher's scores as the ceiling column."""
     verdict = combine(reports)
     teacher_scores = {suite: _by_category(res) for suite, res in (teacher or {}).items()}
     shown, total = disagreements(items)
     reasons = [f"{r.suite}: {why}" for r in reports for why in r.reasons]
-    doc = {"verdict": verdict, "candidate_key": candidate_key, "method": sp.describe(),
-           "statistics": {"interval": sp.method, "confidence": sp.confidence, "resamples": sp.resamples, "seed": sp.seed},
-           "suites": [r.as_dict() for r in reports], "reasons": reasons,
-           "disagreements": shown, "disagreements_total": total}
+    doc = {
+        "verdict": verdict,
+        "candidate_key": candidate_key,
+        "method": sp.describe(),
+        "statistics": {"interval": sp.method, "confidence": sp.confidence, "resamples": sp.resamples, "seed": sp.seed},
+        "suites": [r.as_dict() for r in reports],
+        "reasons": reasons,
+        "disagreements": shown,
+        "disagreements_total": total,
+    }
     doc["markdown"] = markdown(reports, sp, candidate_key, shown, total, teacher_scores, review)
     return doc
 
 
-def markdown(reports: list[GateReport], sp: StatsPolicy, candidate_key: str, shown: list[dict], total: int,
-             teacher_scores: dict[str, dict[str, float | None]] | None = None, review: str | None = None) -> str:
+def markdown(
+    reports: list[GateReport],
+    sp: StatsPolicy,
+    candidate_key: str,
+    shown: list[dict],
+    total: int,
+    teacher_scores: dict[str, dict[str, float | None]] | None = None,
+    review: str | None = None,
+) -> str:
     verdict = combine(reports)
     sizes = ", ".join(f"{r.suite} {r.overall.n}" + (" (advisory)" if r.tier == ADVISORY else "") for r in reports)
-    lines = [f"## Gate: **{_VERDICT_MARK.get(verdict, verdict)}**", "",
-             f"Candidate `{candidate_key}` against its base on the same paired items ({sizes}). "
-             f"Intervals: {sp.describe()}.", ""]
-    why = [f"- **{r.suite}** ({r.verdict}): {reason}" for r in reports if r.verdict != "GO"
-           for reason, rule in zip(r.reasons, [x for x in r.rules if x.status != PASS], strict=True)
-           if rule.tier != ADVISORY]
+    lines = [
+        f"## Gate: **{_VERDICT_MARK.get(verdict, verdict)}**",
+        "",
+        f"Candidate `{candidate_key}` against its base on the same paired items ({sizes}). Intervals: {sp.describe()}.",
+        "",
+    ]
+    why = [
+        f"- **{r.suite}** ({r.verdict}): {reason}"
+        for r in reports
+        if r.verdict != "GO"
+        for reason, rule in zip(r.reasons, [x for x in r.rules if x.status != PASS], strict=True)
+        if rule.tier != ADVISORY
+    ]
     if why:
         lines += ["Why:", *why, ""]
     if review:
@@ -163,8 +202,10 @@ def markdown(reports: list[GateReport], sp: StatsPolicy, candidate_key: str, sho
     lines += [head, sep]
 
     def row(r: GateReport, c: Comparison, label: str) -> str:
-        line = (f"| {r.suite} | {label} | {c.n} | {_score(c.base)} | {_score(c.candidate)} | {_delta(c.delta)} | "
-                f"{c.wins} / {c.losses} / {c.ties} | {_p(c.mcnemar_p)} |")
+        line = (
+            f"| {r.suite} | {label} | {c.n} | {_score(c.base)} | {_score(c.candidate)} | {_delta(c.delta)} | "
+            f"{c.wins} / {c.losses} / {c.ties} | {_p(c.mcnemar_p)} |"
+        )
         if teacher:
             line += f" {_pct(teacher.get(r.suite, {}).get(c.category))} |"
         return line
@@ -172,28 +213,40 @@ def markdown(reports: list[GateReport], sp: StatsPolicy, candidate_key: str, sho
     for r in reports:
         lines.append(row(r, r.overall, "**all**"))
         lines += [row(r, c, c.category) for c in r.categories]
-    lines += ["", "| suite | verdict | rule | tier | result | value | threshold | detail |",
-              "|---|---|---|---|---|---:|---:|---|"]
+    lines += [
+        "",
+        "| suite | verdict | rule | tier | result | value | threshold | detail |",
+        "|---|---|---|---|---|---:|---:|---|",
+    ]
     for r in reports:
         v = f"**{_VERDICT_MARK.get(r.verdict, r.verdict)}**" + (" (advisory suite)" if r.tier == ADVISORY else "")
         rules = r.rules
         if r.tier == ADVISORY and all(x.status == PASS for x in rules):  # nothing to read: one line
-            lines.append(f"| {r.suite} | {v} | {', '.join(x.rule for x in rules)} | advisory | PASS | | | "
-                         "every rule passes (numbers in gate.json) |")
+            lines.append(
+                f"| {r.suite} | {v} | {', '.join(x.rule for x in rules)} | advisory | PASS | | | "
+                "every rule passes (numbers in gate.json) |"
+            )
             continue
         for i, rule in enumerate(rules):
-            lines.append(f"| {r.suite if i == 0 else ''} | {v if i == 0 else ''} | {rule.rule} | {rule.tier} | "
-                         f"{_MARK.get(rule.status, rule.status)} | {_value(rule.rule, rule.value)} | "
-                         f"{_threshold(rule.rule, rule.threshold)} | {rule.detail.replace('|', '/')} |")
+            lines.append(
+                f"| {r.suite if i == 0 else ''} | {v if i == 0 else ''} | {rule.rule} | {rule.tier} | "
+                f"{_MARK.get(rule.status, rule.status)} | {_value(rule.rule, rule.value)} | "
+                f"{_threshold(rule.rule, rule.threshold)} | {rule.detail.replace('|', '/')} |"
+            )
     lines += ["", f"### Most informative disagreements ({len(shown)} of {total})", ""]
     if not shown:
         lines.append("Candidate and base agree on every paired item.")
     else:
-        lines += ["| suite | category | item | prompt | reference | base | candidate | |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| suite | category | item | prompt | reference | base | candidate | |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for d in shown:
             tag = "candidate loses" if d["kind"] == "loss" else "candidate wins"
-            lines.append(f"| {d['suite']} | {d['category']} | {d['item_id']} | {_cell(d['prompt'])} | "
-                         f"{_cell(d['reference'])} | {_cell(d['base'])} | {_cell(d['candidate'])} | {tag} |")
+            lines.append(
+                f"| {d['suite']} | {d['category']} | {d['item_id']} | {_cell(d['prompt'])} | "
+                f"{_cell(d['reference'])} | {_cell(d['base'])} | {_cell(d['candidate'])} | {tag} |"
+            )
     return "\n".join(lines)
 
 

@@ -37,8 +37,12 @@ class SuiteGate:
     tier: str = BLOCKING
 
 
-def answer_suites(suites: list[SuiteRun], models: dict[str, Callable[[], Generate]],
-                  log: Callable[[str], None] = print, progress: Callable[[int], None] | None = None) -> list[dict]:
+def answer_suites(
+    suites: list[SuiteRun],
+    models: dict[str, Callable[[], Generate]],
+    log: Callable[[str], None] = print,
+    progress: Callable[[int], None] | None = None,
+) -> list[dict]:
     """Item rows of every model on every suite. ``models`` maps a role ("candidate", "base",
     optionally "teacher") to a factory of its generate function; each model is loaded once.
     ``progress(n)`` is called after each model's suite with its item count (a budget watch may
@@ -52,8 +56,10 @@ def answer_suites(suites: list[SuiteRun], models: dict[str, Callable[[], Generat
             res, r = run_suite(s.name, role, s.items, generate, s.scorer, s.max_new_tokens)
             rows += r
             sm = summarize(res)
-            log(f"{role} on {s.name}: score {sm.score if sm.score is None else round(sm.score, 4)}, "
-                f"{sm.errors} errors of {sm.items}")
+            log(
+                f"{role} on {s.name}: score {sm.score if sm.score is None else round(sm.score, 4)}, "
+                f"{sm.errors} errors of {sm.items}"
+            )
             if progress is not None:
                 progress(len(r))
     return rows
@@ -75,7 +81,9 @@ def _once_per_prompt(generate: Generate) -> Generate:
     return g
 
 
-def judge(results: dict[str, dict[str, list[ItemResult]]], suites: list[SuiteGate], sp: StatsPolicy) -> list[GateReport]:
+def judge(
+    results: dict[str, dict[str, list[ItemResult]]], suites: list[SuiteGate], sp: StatsPolicy
+) -> list[GateReport]:
     """One gate report per suite, candidate against base on the same items."""
     out = []
     for s in suites:
@@ -88,5 +96,6 @@ def judge(results: dict[str, dict[str, list[ItemResult]]], suites: list[SuiteGat
 
 def scores(results: dict[str, dict[str, list[ItemResult]]]) -> dict[str, dict[str, float | None]]:
     """role -> suite -> mean score over answered items."""
-    return {role: {suite: summarize(items).score for suite, items in by_suite.items()}
-            for role, by_suite in results.items()}
+    return {
+        role: {suite: summarize(items).score for suite, items in by_suite.items()} for role, by_suite in results.items()
+    }

@@ -19,8 +19,15 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
 _TOKEN = re.compile(r"[a-z0-9]+")
 
-SCORER_NAMES = ("exact_match", "normalized_exact_match", "contains_answer", "label_accuracy", "rouge_l", "regex",
-                "json_schema")
+SCORER_NAMES = (
+    "exact_match",
+    "normalized_exact_match",
+    "contains_answer",
+    "label_accuracy",
+    "rouge_l",
+    "regex",
+    "json_schema",
+)
 
 
 def exact_match(prediction: str, reference: str) -> float:
@@ -136,8 +143,13 @@ def _json_schema(schema: dict) -> Callable[[str, str], float]:
     return score
 
 
-def build_scorer(name: str, labels: list[str] | None = None, pattern: str | None = None,
-                 json_schema: dict | str | None = None, base_dir: str | Path = ".") -> Scorer:
+def build_scorer(
+    name: str,
+    labels: list[str] | None = None,
+    pattern: str | None = None,
+    json_schema: dict | str | None = None,
+    base_dir: str | Path = ".",
+) -> Scorer:
     """The scorer a suite asks for, with its settings checked (each error names the field)."""
     if name == "exact_match":
         return Scorer(name, exact_match, True)

@@ -80,12 +80,13 @@ def bootstrap_means(values: Sequence[float], resamples: int, seed: int) -> np.nd
     chunk = max(1, _MAX_CELLS // max(n, 1))
     for start in range(0, resamples, chunk):
         b = min(chunk, resamples - start)
-        out[start:start + b] = x[rng.integers(0, n, size=(b, n))].mean(axis=1)
+        out[start : start + b] = x[rng.integers(0, n, size=(b, n))].mean(axis=1)
     return out
 
 
-def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, resamples: int = 10_000, seed: int = 0,
-                 method: str = "bootstrap") -> Interval:
+def bootstrap_ci(
+    values: Sequence[float], confidence: float = 0.95, resamples: int = 10_000, seed: int = 0, method: str = "bootstrap"
+) -> Interval:
     """Percentile bootstrap interval of the mean of ``values``."""
     if len(values) == 0:
         return _nan(method, confidence)
@@ -109,8 +110,13 @@ def t_ci(values: Sequence[float], confidence: float = 0.95, method: str = "t") -
     return Interval(mean, mean - half, mean + half, method, confidence)
 
 
-def score_ci(values: Sequence[float], confidence: float = 0.95, method: str = PAIRED_BOOTSTRAP,
-             resamples: int = 10_000, seed: int = 0) -> Interval:
+def score_ci(
+    values: Sequence[float],
+    confidence: float = 0.95,
+    method: str = PAIRED_BOOTSTRAP,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> Interval:
     """Interval of one model's mean score: Wilson for 0/1 scores, else bootstrap or t."""
     if values and is_binary(values):
         return wilson(int(sum(values)), len(values), confidence)
@@ -119,8 +125,14 @@ def score_ci(values: Sequence[float], confidence: float = 0.95, method: str = PA
     return bootstrap_ci(values, confidence, resamples, seed)
 
 
-def paired_difference(candidate: Sequence[float], base: Sequence[float], confidence: float = 0.95,
-                      method: str = PAIRED_BOOTSTRAP, resamples: int = 10_000, seed: int = 0) -> Interval:
+def paired_difference(
+    candidate: Sequence[float],
+    base: Sequence[float],
+    confidence: float = 0.95,
+    method: str = PAIRED_BOOTSTRAP,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> Interval:
     """Interval of mean(candidate − base) over the same items, in the same order."""
     if len(candidate) != len(base):
         raise ValueError(f"paired scores need the same items: {len(candidate)} candidate vs {len(base)} base")

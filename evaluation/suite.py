@@ -54,20 +54,38 @@ def load_items(source: str, heldout_rows: list[dict], base_dir: str | Path, scor
 
     Every problem names the file and line (and, with ``scorer``, references it cannot score)."""
     if source == "heldout":
-        items = [{"id": str(r["id"]), "prompt": r["prompt"], "reference": str(r["reference"]),
-                  "category": str(r.get("category") or "all")} for r in heldout_rows if r.get("reference") is not None]
+        items = [
+            {
+                "id": str(r["id"]),
+                "prompt": r["prompt"],
+                "reference": str(r["reference"]),
+                "category": str(r.get("category") or "all"),
+            }
+            for r in heldout_rows
+            if r.get("reference") is not None
+        ]
         where = ["held-out split"] * len(items)
     else:
         p = Path(source) if Path(source).is_absolute() else Path(base_dir) / source
         if not p.exists():
-            raise SuiteSourceError(f"evaluation suite source {source!r} not found at {p}; give `heldout` or a JSONL file")
+            raise SuiteSourceError(
+                f"evaluation suite source {source!r} not found at {p}; give `heldout` or a JSONL file"
+            )
         items, where = [], []
         for n, obj in jsonl_objects(p.read_text(encoding="utf-8"), p, SuiteSourceError):
             if not isinstance(obj.get("prompt"), str) or "reference" not in obj:
-                raise SuiteSourceError(f"{p}:{n}: a suite item is an object with a string 'prompt' and a 'reference' "
-                                       "(optional 'id', 'category')")
-            items.append({"id": str(obj.get("id", n)), "prompt": obj["prompt"], "reference": str(obj["reference"]),
-                          "category": str(obj.get("category", "all"))})
+                raise SuiteSourceError(
+                    f"{p}:{n}: a suite item is an object with a string 'prompt' and a 'reference' "
+                    "(optional 'id', 'category')"
+                )
+            items.append(
+                {
+                    "id": str(obj.get("id", n)),
+                    "prompt": obj["prompt"],
+                    "reference": str(obj["reference"]),
+                    "category": str(obj.get("category", "all")),
+                }
+            )
             where.append(f"{p}:{n}")
     seen: dict[str, str] = {}
     for it, w in zip(items, where, strict=True):
@@ -82,8 +100,9 @@ def load_items(source: str, heldout_rows: list[dict], base_dir: str | Path, scor
     return items
 
 
-def run_suite(suite: str, model_name: str, items: list[dict], generate: Generate, scorer: Scorer | str,
-              max_new_tokens: int) -> tuple[list[ItemResult], list[dict[str, Any]]]:
+def run_suite(
+    suite: str, model_name: str, items: list[dict], generate: Generate, scorer: Scorer | str, max_new_tokens: int
+) -> tuple[list[ItemResult], list[dict[str, Any]]]:
     score_fn = build_scorer(scorer) if isinstance(scorer, str) else scorer
     outs = generate([it["prompt"] for it in items], max_new_tokens)
     if len(outs) != len(items):
@@ -92,11 +111,25 @@ def run_suite(suite: str, model_name: str, items: list[dict], generate: Generate
     for it, o in zip(items, outs, strict=True):
         text = o.text or ""
         score = None if o.error else score_fn(text, it["reference"])
-        results.append(ItemResult(it["id"], it["category"], text, score, float(o.latency_s), o.error,
-                                  it["prompt"], it["reference"]))
-        rows.append({"suite": suite, "model": model_name, "item_id": it["id"], "category": it["category"],
-                     "prompt": it["prompt"], "reference": it["reference"], "output": text, "score": score,
-                     "latency_s": float(o.latency_s), "error": o.error})
+        results.append(
+            ItemResult(
+                it["id"], it["category"], text, score, float(o.latency_s), o.error, it["prompt"], it["reference"]
+            )
+        )
+        rows.append(
+            {
+                "suite": suite,
+                "model": model_name,
+                "item_id": it["id"],
+                "category": it["category"],
+                "prompt": it["prompt"],
+                "reference": it["reference"],
+                "output": text,
+                "score": score,
+                "latency_s": float(o.latency_s),
+                "error": o.error,
+            }
+        )
     return results, rows
 
 
@@ -110,6 +143,15 @@ def read_item_results(path: str | Path) -> dict[str, dict[str, list[ItemResult]]
     out: dict[str, dict[str, list[ItemResult]]] = {}
     for r in pq.read_table(path).to_pylist():
         out.setdefault(r["model"], {}).setdefault(r["suite"], []).append(
-            ItemResult(r["item_id"], r["category"], r["output"] or "", r["score"], r["latency_s"], r["error"],
-                       r["prompt"], r["reference"]))
+            ItemResult(
+                r["item_id"],
+                r["category"],
+                r["output"] or "",
+                r["score"],
+                r["latency_s"],
+                r["error"],
+                r["prompt"],
+                r["reference"],
+            )
+        )
     return out

@@ -17,9 +17,13 @@ class ClusterValidation(ConfigurableResource):
     warmup: int = Field(3, ge=0, description="Untimed calls per message size before timing.")
     plateau_drop: float = Field(0.25, gt=0, description="Allowed relative drop of a bus-bandwidth plateau vs baseline.")
     latency_rise: float = Field(0.5, gt=0, description="Allowed relative rise of a latency floor vs baseline.")
-    throughput_drop: float = Field(0.3, gt=0, description="Allowed relative drop of tiny-training tokens/s vs baseline.")
+    throughput_drop: float = Field(
+        0.3, gt=0, description="Allowed relative drop of tiny-training tokens/s vs baseline."
+    )
     score_drop: float = Field(0.05, gt=0, description="Allowed relative drop of the eval score vs baseline.")
-    baseline_dir: str | None = Field(None, description="Where baselines live; default <artifact root>/cluster/baselines.")
+    baseline_dir: str | None = Field(
+        None, description="Where baselines live; default <artifact root>/cluster/baselines."
+    )
     rebaseline: bool = Field(False, description="Record this run as the new baseline (after an intended change).")
     train_steps: int = Field(150, ge=1, description="Optimizer steps of the tiny training run (the demo's recipe).")
     learning_rate: float = Field(5e-3, gt=0, description="Peak learning rate of the tiny training run.")
@@ -29,8 +33,10 @@ class ClusterValidation(ConfigurableResource):
     gate_min_score: float = Field(0.8, ge=0, le=1, description="The eval gate's score floor.")
     timeout_s: int = Field(1800, ge=10, description="Stop any rung's processes after this many seconds.")
     distributed_env: dict[str, str] = Field(
-        default_factory=dict, description="NCCL / torch.distributed variables for every rung (same names and "
-        "validation as a campaign's training.distributed_env).")
+        default_factory=dict,
+        description="NCCL / torch.distributed variables for every rung (same names and "
+        "validation as a campaign's training.distributed_env).",
+    )
 
     @field_validator("max_bytes")
     @classmethod

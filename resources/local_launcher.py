@@ -23,8 +23,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dagster import AssetObservation, ConfigurableResource, Failure, MetadataValue, PipesTempFileContextInjector, \
-    PipesTempFileMessageReader, open_pipes_session
+from dagster import (
+    AssetObservation,
+    ConfigurableResource,
+    Failure,
+    MetadataValue,
+    PipesTempFileContextInjector,
+    PipesTempFileMessageReader,
+    open_pipes_session,
+)
 from pydantic import Field
 
 from campaign_orchestrator import allocator
@@ -38,11 +45,9 @@ from training.net import free_port
 from training.trainer_guards import DIE_WITH_PARENT_ENV, RUN_ID_ENV, parent_death_preexec
 
 
-
-
-
-def torchrun_commands(job_file: Path, nodes: int, procs: int, python: str, port: int, run_id: str,
-                      host: str = "127.0.0.1") -> list[list[str]]:
+def torchrun_commands(
+    job_file: Path, nodes: int, procs: int, python: str, port: int, run_id: str, host: str = "127.0.0.1"
+) -> list[list[str]]:
     """One torchrun command per node (pure: unit-tested). No restarts inside torchrun: a failed
     rank fails the job, and the next launch resumes from the last complete checkpoint."""
     base = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--max-restarts", "0"]
@@ -50,8 +55,20 @@ def torchrun_commands(job_file: Path, nodes: int, procs: int, python: str, port:
     if nodes == 1:
         return [base + ["--standalone"] + tail]
     return [
-        base + ["--nnodes", str(nodes), "--node-rank", str(i), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", run_id] + tail
+        base
+        + [
+            "--nnodes",
+            str(nodes),
+            "--node-rank",
+            str(i),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{host}:{port}",
+            "--rdzv-id",
+            run_id,
+        ]
+        + tail
         for i in range(nodes)
     ]
 
@@ -84,8 +101,13 @@ def stop_all(procs: list[subprocess.Popen], grace_s: float = 20.0) -> None:
             p.wait()
 
 
-def supervise(procs: list[subprocess.Popen], logs: list[Path], deadline: float,
-              on_tick: Callable[[], None] | None = None, poll_s: float = 0.5) -> None:
+def supervise(
+    procs: list[subprocess.Popen],
+    logs: list[Path],
+    deadline: float,
+    on_tick: Callable[[], None] | None = None,
+    poll_s: float = 0.5,
+) -> None:
     """Wait for every node; the first non-zero exit (or the deadline) stops the rest and raises ``NodeFailed``."""
     try:
         while True:
@@ -146,7 +168,8 @@ class LocalTorchrunLauncher(ConfigurableResource):
     python: str | None = Field(None, description="Interpreter for torchrun; default: the one running Dagster.")
     timeout_s: int = Field(6 * 3600, description="Stop training after this many seconds.")
     threads_per_process: int = Field(
-        1, ge=1,
+        1,
+        ge=1,
         description="OpenMP threads per rank (torchrun's own default). Small models are bound by per-op overhead, "
         "where more threads only add synchronization (the demo trains 4-8x faster with 1 than with 2 on a busy "
         "2-core machine); raise it for CPU training of larger models.",
@@ -159,23 +182,45 @@ class LocalTorchrunLauncher(ConfigurableResource):
         workdir.mkdir(parents=True, exist_ok=True)
         job_file = job.write(workdir / "train_job.json")
         t = job.training
-        cmds = torchrun_commands(job_file, t.nodes, t.processes_per_node, self.python or sys.executable,
-                                 free_port(), f"{job.campaign}-{os.getpid()}-{int(time.time())}")
+        cmds = torchrun_commands(
+            job_file,
+            t.nodes,
+            t.processes_per_node,
+            self.python or sys.executable,
+            free_port(),
+            f"{job.campaign}-{os.getpid()}-{int(time.time())}",
+        )
         threads = self.threads_per_process
-        with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
-                                message_reader=PipesTempFileMessageReader(),
-                                extras={"campaign": job.campaign}) as session:
-            env = {**os.environ, **session.get_bootstrap_env_vars(), "OMP_NUM_THREADS": str(threads),
-                   "TOKENIZERS_PARALLELISM": "false", **distributed_env(job.training)}
+        with open_pipes_session(
+            context=context,
+            context_injector=PipesTempFileContextInjector(),
+            message_reader=PipesTempFileMessageReader(),
+            extras={"campaign": job.campaign},
+        ) as session:
+            env = {
+                **os.environ,
+                **session.get_bootstrap_env_vars(),
+                "OMP_NUM_THREADS": str(threads),
+                "TOKENIZERS_PARALLELISM": "false",
+                **distributed_env(job.training),
+            }
             env |= allocator.preload_env(env)  # jemalloc when the host has it (campaign_orchestrator.allocator)
             env |= {RUN_ID_ENV: context.run_id, DIE_WITH_PARENT_ENV: "1"}  # the trainers die with this process
             procs, logs = [], []
             for i, cmd in enumerate(cmds):
                 log = workdir / f"node-{i}.log"
                 logs.append(log)
-                procs.append(subprocess.Popen(cmd, cwd=paths.project_dir(), env=env, stdout=log.open("a"),
-                                              stderr=subprocess.STDOUT, start_new_session=True,
-                                              preexec_fn=parent_death_preexec()))
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        cwd=paths.project_dir(),
+                        env=env,
+                        stdout=log.open("a"),
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=parent_death_preexec(),
+                    )
+                )
             record_trainers(context, procs)
             context.log.info(f"launched {len(procs)} torchrun process(es): {' '.join(cmds[0])}")
             seen = 0
@@ -197,15 +242,22 @@ class LocalTorchrunLauncher(ConfigurableResource):
             results = list(session.get_results())
         summary_file = Path(job.output_dir) / "summary.json"
         if not summary_file.exists():
-            raise Failure(f"training exited 0 but wrote no {summary_file}", metadata={"log": MetadataValue.path(str(logs[0]))})
+            raise Failure(
+                f"training exited 0 but wrote no {summary_file}", metadata={"log": MetadataValue.path(str(logs[0]))}
+            )
         pipes_md = {}
         for r in results:
             pipes_md.update(getattr(r, "metadata", None) or {})
         return {"logs": [str(p) for p in logs], "pipes_metadata": pipes_md}
 
     @staticmethod
-    def _wait(procs: list[subprocess.Popen], logs: list[Path], deadline: float, budget=None,
-              on_tick: Callable[[], None] | None = None) -> None:
+    def _wait(
+        procs: list[subprocess.Popen],
+        logs: list[Path],
+        deadline: float,
+        budget=None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
         """Supervise the nodes (``supervise``); a failed node becomes a Dagster ``Failure``."""
         if on_tick is None and budget is not None:
             on_tick = budget.check
@@ -214,6 +266,8 @@ class LocalTorchrunLauncher(ConfigurableResource):
         except NodeFailed as e:
             raise Failure(
                 str(e) + ("" if e.timed_out else "; relaunching resumes from the last complete checkpoint"),
-                metadata={"log": MetadataValue.path(str(e.log)),
-                          "last_lines": MetadataValue.md(f"```\n{_tail(e.log)}\n```")},
+                metadata={
+                    "log": MetadataValue.path(str(e.log)),
+                    "last_lines": MetadataValue.md(f"```\n{_tail(e.log)}\n```"),
+                },
             ) from None

@@ -15,19 +15,33 @@ from pathlib import Path
 from dagster import ConfigurableResource, Failure
 from pydantic import Field
 
-from campaigns.spec import CampaignSpec
-from campaigns import paths
-from campaign_orchestrator.costs.catalog import Catalog, PricingError, billed_hardware
-from campaign_orchestrator.costs.catalog import bill_at, catalog_for, gpu_priced, stage_bill, teacher_entry
+from campaign_orchestrator.costs.catalog import (
+    Catalog,
+    PricingError,
+    bill_at,
+    billed_hardware,
+    catalog_for,
+    gpu_priced,
+    stage_bill,
+    teacher_entry,
+)
 from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
+
 # numbers for people (``$0.00052``, ``21.8 s``): the assets format metadata with these, through this one door
-from campaign_orchestrator.costs.report import dollars as dollars, seconds as seconds
+from campaign_orchestrator.costs.report import dollars as dollars
+from campaign_orchestrator.costs.report import seconds as seconds
+from campaigns import paths
+from campaigns.spec import CampaignSpec
 
 SHIPPED_CATALOG = "pricing/catalog.yaml"
 
 PLANNED = ("teacher_generations", "student_adapter", "evaluation")  # the stages `campaign plan` estimates
-STAGE_KIND = {"teacher_generations": "teacher", "student_adapter": "training", "evaluation": "evaluation",
-              "drift_evaluation": "evaluation"}  # the stages with a planner-checked guard (a sweep rung's is sized by it)
+STAGE_KIND = {
+    "teacher_generations": "teacher",
+    "student_adapter": "training",
+    "evaluation": "evaluation",
+    "drift_evaluation": "evaluation",
+}  # the stages with a planner-checked guard (a sweep rung's is sized by it)
 
 
 def ledger_path(artifact_root: str | Path, configured: str | None = None) -> Path:
@@ -53,10 +67,13 @@ class PricingResource(ConfigurableResource):
 
     catalog: str | None = Field(None, description="Pricing catalog replacing every campaign's `cost.catalog`.")
     ledger: str | None = Field(
-        None, description="DuckDB cost ledger file; default <artifact root>/cost_ledger.duckdb (relative: to the root).")
+        None, description="DuckDB cost ledger file; default <artifact root>/cost_ledger.duckdb (relative: to the root)."
+    )
     dashboard_url: str = Field(
-        "http://127.0.0.1:8765", description="Where `campaign dashboard --serve` (or any web server) serves "
-        "<artifact root>/dashboards/: the cost dashboards the UI links to.")
+        "http://127.0.0.1:8765",
+        description="Where `campaign dashboard --serve` (or any web server) serves "
+        "<artifact root>/dashboards/: the cost dashboards the UI links to.",
+    )
 
     # ------------------------------------------------------------------ prices
     def _catalog_path(self, spec: CampaignSpec) -> Path:
@@ -96,19 +113,29 @@ class PricingResource(ConfigurableResource):
     def plan(self, spec: CampaignSpec, artifact_root: str | Path):
         """The campaign's :class:`~campaign_orchestrator.costs.plan.campaign.Plan`, its models resolved under
         ``artifact_root``."""
+        from campaign_orchestrator import models
         from campaign_orchestrator.costs.plan.campaign import plan_campaign
 
-        from campaign_orchestrator import models
-
         t, s = spec.teacher, spec.student
-        return plan_campaign(spec, self.catalog_for(spec), spec.project_dir,
-                             models.resolve(t.model, artifact_root, spec.project_dir, t.revision)
-                             if t.backend != "openai" else None,
-                             models.resolve(s.base_model, artifact_root, spec.project_dir, s.revision))
+        return plan_campaign(
+            spec,
+            self.catalog_for(spec),
+            spec.project_dir,
+            models.resolve(t.model, artifact_root, spec.project_dir, t.revision) if t.backend != "openai" else None,
+            models.resolve(s.base_model, artifact_root, spec.project_dir, s.revision),
+        )
 
     # ------------------------------------------------------------------ budgets
-    def guard(self, context, spec: CampaignSpec, sd, clock=None, device: str | None = None,
-              limits: list[tuple] | None = None, part: str | None = None):
+    def guard(
+        self,
+        context,
+        spec: CampaignSpec,
+        sd,
+        clock=None,
+        device: str | None = None,
+        limits: list[tuple] | None = None,
+        part: str | None = None,
+    ):
         """The one budget guard factory: a :class:`campaign_orchestrator.costs.budget.BudgetGuard` for the stage
         directory ``sd`` about to be computed, accruing lines priced as ``bill`` prices them.
 
@@ -131,17 +158,33 @@ class PricingResource(ConfigurableResource):
         stage, c = sd.stage, spec.cost
         catalog = self.catalog_for(spec)
         ledger = self.ledger_at(sd.root)
-        step = {"ledger": ledger, "campaign": spec.name, "stage": stage, "run_id": context.run_id,
-                "step_key": context.get_step_execution_context().step.key, "attempt": context.retry_number,
-                "stage_key": sd.key}
+        step = {
+            "ledger": ledger,
+            "campaign": spec.name,
+            "stage": stage,
+            "run_id": context.run_id,
+            "step_key": context.get_step_execution_context().step.key,
+            "attempt": context.retry_number,
+            "stage_key": sd.key,
+        }
         if limits is not None:  # a sweep rung: stopped inside when what it accrues crosses what is left of a cap
-            return BudgetGuard(**step, limits=[Limit(what, cap, 0.0, spent_now=fn) for what, cap, fn in limits],
-                               line_fn=_line_fn(spec, stage, catalog, {"hardware": spec.training.hardware}),
-                               log=context.log.warning, part=part)
+            return BudgetGuard(
+                **step,
+                limits=[Limit(what, cap, 0.0, spent_now=fn) for what, cap, fn in limits],
+                line_fn=_line_fn(spec, stage, catalog, {"hardware": spec.training.hardware}),
+                log=context.log.warning,
+                part=part,
+            )
         if stage not in STAGE_KIND:
             raise ValueError(f"no budget guard for stage {stage!r}; stages that spend: {sorted(STAGE_KIND)}")
-        limits_ = limits_for(ledger, spec.name, stage, c.budget_usd, c.stage_budgets_usd.get(stage),
-                             context.run_id if c.budget_scope == "run" else None)
+        limits_ = limits_for(
+            ledger,
+            spec.name,
+            stage,
+            c.budget_usd,
+            c.stage_budgets_usd.get(stage),
+            context.run_id if c.budget_scope == "run" else None,
+        )
         teacher = stage == "teacher_generations"
         if teacher:
             teacher_entry(spec, catalog)  # refuses a wrong entry now
@@ -157,11 +200,22 @@ class PricingResource(ConfigurableResource):
         metered = {"metered": _teacher_meter(spec, catalog)} if teacher else {}
         if stage == "student_adapter" and spec.training.distillation.loss == "on_policy" and spec.teacher.api:
             metered = {"metered": _on_policy_meter(spec, catalog)}  # the teacher's prefills, charged per round
-        guard = BudgetGuard(**step, limits=limits_, log=context.log.info, on_exceeded=BudgetStop,
-                            **timed, **metered, **({"clock": clock} if clock is not None else {}))
+        guard = BudgetGuard(
+            **step,
+            limits=limits_,
+            log=context.log.info,
+            on_exceeded=BudgetStop,
+            **timed,
+            **metered,
+            **({"clock": clock} if clock is not None else {}),
+        )
         if limits_:
-            context.log.info("budget: " + "; ".join(f"{lim.scope} spent ${lim.spent_before_usd:.6f} of "
-                                                    f"${lim.budget_usd:.6f}" for lim in limits_))
+            context.log.info(
+                "budget: "
+                + "; ".join(
+                    f"{lim.scope} spent ${lim.spent_before_usd:.6f} of ${lim.budget_usd:.6f}" for lim in limits_
+                )
+            )
         estimate = None if plan is None else plan.stage_usd(stage)
         if estimate is not None and teacher:  # checked once the cache says how much is left to pay for
             guard.planned_usd = float(estimate)
@@ -169,20 +223,26 @@ class PricingResource(ConfigurableResource):
             guard.check_estimate(float(estimate), ledger.stage_spent(spec.name, stage, sd.key, status="interrupted"))
         if device is not None:  # billed at the hardware it will run on: refused now, before any work
             try:
-                billed_hardware(spec, catalog, device, what="training" if stage == "student_adapter" else
-                                "local evaluation")
+                billed_hardware(
+                    spec, catalog, device, what="training" if stage == "student_adapter" else "local evaluation"
+                )
             except PricingError as e:
                 raise Failure(str(e), allow_retries=False) from None
         return guard
 
 
-
 def _teacher_meter(spec: CampaignSpec, catalog: Catalog):
     """The teacher guard's lines for the usage its new generations reported: ``stage_bill``, the ledger's own
     pricing (an unpriced teacher accrues nothing: the spec refuses a budget over it)."""
-    return lambda u: stage_bill(spec, catalog, "teacher_generations",
-                                {"seconds": u.seconds, "prompt_tokens": u.prompt_tokens,
-                                 "completion_tokens": u.completion_tokens})["lines"] or []
+    return lambda u: (
+        stage_bill(
+            spec,
+            catalog,
+            "teacher_generations",
+            {"seconds": u.seconds, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens},
+        )["lines"]
+        or []
+    )
 
 
 def charge_round(guard, row: dict) -> None:
@@ -194,8 +254,11 @@ def charge_round(guard, row: dict) -> None:
     if guard.metered is None:
         guard.check()
         return
-    guard.charge(prompt_tokens=int(row.get("teacher_prefill_tokens", 0)), items=int(row.get("samples", 0)),
-                 completion_tokens=int(row.get("teacher_completion_tokens", 0)))
+    guard.charge(
+        prompt_tokens=int(row.get("teacher_prefill_tokens", 0)),
+        items=int(row.get("samples", 0)),
+        completion_tokens=int(row.get("teacher_completion_tokens", 0)),
+    )
 
 
 def charge_shard(guard, msg: dict) -> None:
@@ -208,15 +271,19 @@ def charge_shard(guard, msg: dict) -> None:
     if not hasattr(guard, "charge"):
         guard.check()
         return
-    guard.charge(items=int(msg.get("generated", 0)) + int(msg.get("failed", 0)),
-                 prompt_tokens=int(msg.get("prompt_tokens") or 0),
-                 completion_tokens=int(msg.get("completion_tokens") or 0),
-                 seconds=float(msg.get("seconds") or 0.0), final=bool(msg.get("final")))
+    guard.charge(
+        items=int(msg.get("generated", 0)) + int(msg.get("failed", 0)),
+        prompt_tokens=int(msg.get("prompt_tokens") or 0),
+        completion_tokens=int(msg.get("completion_tokens") or 0),
+        seconds=float(msg.get("seconds") or 0.0),
+        final=bool(msg.get("final")),
+    )
 
 
 def _on_policy_meter(spec: CampaignSpec, catalog: Catalog):
     """The on-policy guard's lines for the teacher prefills charged so far (``stage_bill`` of
     ``on_policy_scoring``, as the ledger prices them)."""
+
     def lines(u) -> list[dict]:
         usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
         return stage_bill(spec, catalog, "on_policy_scoring", usage)["lines"] or []
@@ -273,8 +340,14 @@ def latest_sweep(spec: CampaignSpec, artifact_root: str | Path) -> dict | None:
     return sweep_panel_data(json.loads(pointer.read_text()))
 
 
-def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str | Path, run_id: str,
-                manifests: dict[str, dict], log=None) -> dict:
+def cost_report(
+    pricing: PricingResource,
+    spec: CampaignSpec,
+    artifact_root: str | Path,
+    run_id: str,
+    manifests: dict[str, dict],
+    log=None,
+) -> dict:
     """Build a run's cost report from the ledger, store it in the ledger, write it as JSON next to the
     campaign's dashboard (refreshed), and return it with ``report_path`` and ``dashboard_path``.
     Used by the campaign_cost asset and by ``campaign run`` (which also covers gate-blocked runs)."""
@@ -291,16 +364,23 @@ def cost_report(pricing: PricingResource, spec: CampaignSpec, artifact_root: str
         plan = None
         if log:
             log(f"no planner estimate to compare with: {e}")
-    report = build_report(campaign=spec.name, run_id=run_id, ledger=ledger, manifests=manifests,
-                          primary_suite=spec.evaluation.suites[0].name, plan=plan and plan.as_dict(),
-                          budget_usd=spec.cost.budget_usd,
-                          budget_scope=spec.cost.budget_scope)
+    report = build_report(
+        campaign=spec.name,
+        run_id=run_id,
+        ledger=ledger,
+        manifests=manifests,
+        primary_suite=spec.evaluation.suites[0].name,
+        plan=plan and plan.as_dict(),
+        budget_usd=spec.cost.budget_usd,
+        budget_scope=spec.cost.budget_scope,
+    )
     ledger.record_report(spec.name, run_id, report)
     out = root / spec.name / "campaign_cost"
     out.mkdir(parents=True, exist_ok=True)
     report["report_path"] = str(out / f"{run_id}.json")
-    report["dashboard_path"] = str(write_dashboard(out / "dashboard.html", spec.name, ledger, spec.cost.budget_usd,
-                                                   sweep=latest_sweep(spec, root)))
+    report["dashboard_path"] = str(
+        write_dashboard(out / "dashboard.html", spec.name, ledger, spec.cost.budget_usd, sweep=latest_sweep(spec, root))
+    )
     report["team_dashboard_path"] = str(write_team_dashboard(root, ledger, {spec.name: Path(report["dashboard_path"])}))
     (out / f"{run_id}.json").write_text(json.dumps(report, indent=2, default=str))
     return report

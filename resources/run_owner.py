@@ -24,8 +24,13 @@ from training import run_processes
 
 OWNER_TAG = "campaign/owner"
 # the separate tags runs carried before OWNER_TAG (read, never written)
-LEGACY_TAGS = {"host": "campaign/host", "pid": "campaign/pid", "start": "campaign/start",
-               "boot_id": "campaign/boot-id", "pid_ns": "campaign/pid-ns"}
+LEGACY_TAGS = {
+    "host": "campaign/host",
+    "pid": "campaign/pid",
+    "start": "campaign/start",
+    "boot_id": "campaign/boot-id",
+    "pid_ns": "campaign/pid-ns",
+}
 LEGACY_TRAINERS_TAG, LEGACY_K8S_TAG = "campaign/trainers", "campaign/k8s"
 
 

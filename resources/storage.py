@@ -16,11 +16,10 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from campaign_orchestrator.stage_dir import StageDir
 from campaign_orchestrator import models
+from campaign_orchestrator.stage_dir import StageDir
 from campaigns import paths
 from campaigns.object_store import is_s3_url
-
 
 
 class ArtifactStore(ConfigurableResource):

@@ -35,8 +35,13 @@ class TeacherResource(ConfigurableResource):
             spec = spec.model_copy(update={"batch_size": self.vllm_chunk_size})
         return make_backend(spec, model_path, api_key=api_key, weights_id=weights_id)
 
-    def generate(self, spec: TeacherSpec, model_path: Path | None, prompts: list[str],
-                 progress: Callable[[int], None] | None = None) -> list:
+    def generate(
+        self,
+        spec: TeacherSpec,
+        model_path: Path | None,
+        prompts: list[str],
+        progress: Callable[[int], None] | None = None,
+    ) -> list:
         """One completion per prompt with the spec's sampling (sample 0, no cache): a plain
         call for callers that only want answers, e.g. scoring a served teacher."""
         from campaign_orchestrator.generation.requests import Sampling, build_requests

@@ -25,7 +25,9 @@ class TrainingLauncher(ConfigurableResource):
     def launch(self, context, job, workdir: Path, kubernetes: KubernetesSpec | None = None, budget=None) -> dict:
         if job.training.launcher == "k8s":
             if kubernetes is None:
-                raise Failure(f"campaign {job.campaign}: training.launcher is 'k8s' but no `kubernetes:` section "
-                              f"was passed to the launcher")
+                raise Failure(
+                    f"campaign {job.campaign}: training.launcher is 'k8s' but no `kubernetes:` section "
+                    f"was passed to the launcher"
+                )
             return self.k8s.launch(context, job, workdir, kubernetes, budget=budget)
         return self.local.launch(context, job, workdir, budget=budget)

@@ -17,8 +17,11 @@ MODEL_FIXTURES = frozenset({"demo_models_root", "demo_models", "artifact_root", 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("stage") is None \
-                and item.get_closest_marker("slow") is None:
+        if (
+            MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+            and item.get_closest_marker("stage") is None
+            and item.get_closest_marker("slow") is None
+        ):
             item.add_marker(pytest.mark.stage)
 
 
@@ -84,7 +87,7 @@ def run_job(monkeypatch, tmp_path):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        for k, v in zip(DIST_ENV, ("0", "0", "1", "1", "127.0.0.1", str(port))):
+        for k, v in zip(DIST_ENV, ("0", "0", "1", "1", "127.0.0.1", str(port)), strict=False):
             monkeypatch.setenv(k, v)
         Path(job.output_dir).mkdir(parents=True, exist_ok=True)
         return run(job.write(tmp_path / f"{name}.json"))
@@ -93,6 +96,7 @@ def run_job(monkeypatch, tmp_path):
 
 
 # ------------------------------------------------------------------ the demo student's tokenizer
+
 
 @pytest.fixture(scope="module")
 def tok(demo_models):
@@ -114,6 +118,7 @@ def chat_tok(demo_models):
 
 # ------------------------------------------------------------------ S3
 
+
 @pytest.fixture
 def s3(monkeypatch):
     """A local S3 endpoint (moto's threaded server on 127.0.0.1) with bucket ``ckpts``; boto3 finds it
@@ -128,8 +133,12 @@ def s3(monkeypatch):
         port = s.getsockname()[1]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-                 "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}",
+    }.items():
         monkeypatch.setenv(k, v)
     client = boto3.client("s3")
     client.create_bucket(Bucket="ckpts")
@@ -156,7 +165,10 @@ def _host_measurements_in_a_temp_dir(tmp_path_factory):
     """The compute-dtype measurement cache of a test session is its own (a loaded CI box must not leave
     a slow figure in the user's cache)."""
     os.environ.setdefault("CAMPAIGN_CACHE_DIR", str(tmp_path_factory.mktemp("host-cache")))
+
+
 # ------------------------------------------------------------------ PostgreSQL
+
 
 @pytest.fixture(scope="session")
 def pg_server():

@@ -27,8 +27,20 @@ def test_readme_is_short():
 
 
 def test_every_stage_has_a_page():
-    for page in ("teacher", "dataset", "training", "moe", "sweeps", "evaluation", "cost", "automation", "diagnosis",
-                 "kubernetes", "results", "campaign-fields"):
+    for page in (
+        "teacher",
+        "dataset",
+        "training",
+        "moe",
+        "sweeps",
+        "evaluation",
+        "cost",
+        "automation",
+        "diagnosis",
+        "kubernetes",
+        "results",
+        "campaign-fields",
+    ):
         assert (REPO_ROOT / "docs" / f"{page}.md").exists(), page
 
 
@@ -48,8 +60,20 @@ def test_links_resolve():
 
 
 # top-level folders whose files a doc may name in backticks (`assets/prompts.py`): each must exist
-REPO_FOLDERS = ("campaigns/", "campaign_orchestrator/", "campaign_app/", "assets/", "resources/", "training/",
-                "evaluation/", "tests/", "benchmarks/", "docs/", "deploy/", ".ci/")
+REPO_FOLDERS = (
+    "campaigns/",
+    "campaign_orchestrator/",
+    "campaign_app/",
+    "assets/",
+    "resources/",
+    "training/",
+    "evaluation/",
+    "tests/",
+    "benchmarks/",
+    "docs/",
+    "deploy/",
+    ".ci/",
+)
 
 
 def test_paths_named_in_docs_exist():
@@ -72,8 +96,11 @@ def _headings(page: Path) -> list[str]:
 
 
 def test_readme_and_docs_references_in_campaign_yaml_and_dagster_yaml_resolve():
-    files = [*sorted((REPO_ROOT / "campaigns").glob("*.yaml")), *sorted((REPO_ROOT / "campaigns" / "examples").glob(
-        "*.yaml")), REPO_ROOT / "campaign_app" / "dagster.yaml"]
+    files = [
+        *sorted((REPO_ROOT / "campaigns").glob("*.yaml")),
+        *sorted((REPO_ROOT / "campaigns" / "examples").glob("*.yaml")),
+        REPO_ROOT / "campaign_app" / "dagster.yaml",
+    ]
     broken, seen = [], 0
     for f in files:
         for n, line in enumerate(f.read_text().splitlines(), 1):
@@ -98,8 +125,16 @@ def test_docs_index_is_in_stage_order_and_reaches_every_page():
     assert pages <= linked, f"pages the index does not link: {sorted(pages - linked)}"
     assert "(docs/index.md)" in (REPO_ROOT / "README.md").read_text()
     concepts = (REPO_ROOT / "docs" / "concepts.md").read_text()  # the stages walked in pipeline order
-    order = ["**prompts**", "**teacher_generations**", "**distillation_set**", "**tokenized_dataset**",
-             "**student_adapter**", "**evaluation**", "**promoted_model**", "**campaign_cost**"]
+    order = [
+        "**prompts**",
+        "**teacher_generations**",
+        "**distillation_set**",
+        "**tokenized_dataset**",
+        "**student_adapter**",
+        "**evaluation**",
+        "**promoted_model**",
+        "**campaign_cost**",
+    ]
     assert [concepts.index(s) for s in order] == sorted(concepts.index(s) for s in order)
 
 
@@ -108,5 +143,5 @@ def test_readme_ui_section_names_every_group_the_code_location_builds():
 
     groups = {s.group_name for s in build_definitions().resolve_all_asset_specs()}
     text = (REPO_ROOT / "README.md").read_text()
-    ui = text[text.index("## The Dagster UI"):text.index("## The `campaign` CLI")]
+    ui = text[text.index("## The Dagster UI") : text.index("## The `campaign` CLI")]
     assert groups and not {g for g in groups if f"`{g}`" not in ui}, sorted(g for g in groups if f"`{g}`" not in ui)

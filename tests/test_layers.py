@@ -39,7 +39,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(edges.get(n, ())):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state and (cycle := visit(m)):
                 return cycle
         state[n] = 2
@@ -70,21 +70,29 @@ def test_find_cycle_reports_the_old_layouts_cycles():
     # campaign_orchestrator.dataset -> campaigns; campaign_orchestrator.cli -> assets -> campaign_orchestrator;
     # campaign_orchestrator.cluster -> training -> campaign_orchestrator
     below = {"campaigns", "campaign_orchestrator"}
-    old = {"campaigns": {"campaign_orchestrator"},
-           "campaign_orchestrator": {"campaigns", "assets", "resources", "training", "evaluation"},
-           "assets": below | {"resources", "training", "evaluation"}, "resources": below | {"training"},
-           "training": below, "evaluation": below}
+    old = {
+        "campaigns": {"campaign_orchestrator"},
+        "campaign_orchestrator": {"campaigns", "assets", "resources", "training", "evaluation"},
+        "assets": below | {"resources", "training", "evaluation"},
+        "resources": below | {"training"},
+        "training": below,
+        "evaluation": below,
+    }
     cycle = find_cycle(old)
     assert cycle is not None and cycle[0] == cycle[-1]
-    assert all(b in old[a] for a, b in zip(cycle, cycle[1:]))  # a real cycle of that graph
-    assert find_cycle({k: v - {"campaign_orchestrator"} for k, v in old.items() if k != "campaign_orchestrator"}) is None
+    assert all(b in old[a] for a, b in zip(cycle, cycle[1:], strict=False))  # a real cycle of that graph
+    assert (
+        find_cycle({k: v - {"campaign_orchestrator"} for k, v in old.items() if k != "campaign_orchestrator"}) is None
+    )
 
 
 def test_layers_contract_orders_every_installed_package():
     include = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
     installed = sorted(p.rstrip("*") for p in include)
     assert installed == sorted(ROOTS) and len(installed) <= 7
-    (top,) = [c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["type"] == "layers" and "containers" not in c]
+    (top,) = [
+        c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["type"] == "layers" and "containers" not in c
+    ]
     layered = [name.strip() for layer in top["layers"] for name in layer.split("|")]
     assert sorted(layered) == installed  # one layer list, over the top-level packages
     assert top["layers"][0] == "campaign_app"

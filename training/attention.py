@@ -48,12 +48,20 @@ def segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     if not starts or starts[0] != 0:
         starts = [0, *starts]
     bounds = [*starts, pos.numel()]
-    return [(s, e) for s, e in zip(bounds, bounds[1:]) if e > s]
+    return [(s, e) for s, e in zip(bounds, bounds[1:], strict=False) if e > s]
 
 
-def segment_eager_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
-                          position_ids: torch.Tensor | None = None, **kwargs):
+def segment_eager_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    position_ids: torch.Tensor | None = None,
+    **kwargs,
+):
     """Causal eager attention on each sequence of each row of a ``[B, H, T, D]`` query; ``([B, T, H, D], None)``.
 
     Sequences are read from ``position_ids`` (the model always passes them); ``attention_mask`` is not
@@ -72,8 +80,8 @@ def segment_eager_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
         outs = []
         for s, e in segments(position_ids[r if position_ids.size(0) > 1 else 0]):
             n = e - s
-            q = query[r:r + 1, :, s:e].reshape(1, kv, groups * n, d)
-            k, v = key[r:r + 1, :, s:e], value[r:r + 1, :, s:e]
+            q = query[r : r + 1, :, s:e].reshape(1, kv, groups * n, d)
+            k, v = key[r : r + 1, :, s:e], value[r : r + 1, :, s:e]
             w = torch.matmul(q, k.transpose(2, 3)) * scaling  # [1, kv, groups * n, n]
             if n > 1:
                 future = torch.ones(n, n, dtype=torch.bool, device=w.device).triu_(1).repeat(groups, 1)
@@ -143,8 +151,9 @@ class PackedLayout:
             def document_causal(b, h, q, k):
                 return (doc[q] == doc[k]) & (q >= k)
 
-            self._block_mask = create_block_mask(document_causal, None, None, self.tokens, self.tokens,
-                                                 device=doc.device)
+            self._block_mask = create_block_mask(
+                document_causal, None, None, self.tokens, self.tokens, device=doc.device
+            )
         return self._block_mask
 
 
@@ -206,16 +215,26 @@ def _flex_attention(q, k, v, block_mask, scaling: float, groups: int):
     return flex_attention(q, k, v, block_mask=block_mask, scale=scaling, enable_gqa=groups > 1)
 
 
-def varlen_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
-                   position_ids: torch.Tensor | None = None, backend: str | None = None, **kwargs):
+def varlen_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    position_ids: torch.Tensor | None = None,
+    backend: str | None = None,
+    **kwargs,
+):
     """Causal attention within each packed sequence of a ``[B, H, T, D]`` query in one variable-length kernel
     call (:func:`varlen_backend` says which; ``backend`` forces one); ``([B, T, H, D], None)``."""
     b, heads, t, d = query.shape
     backend = backend or varlen_backend(query.device, query.dtype)
     if backend == NAME or (dropout and module.training):  # neither fused kernel takes attention dropout
-        return segment_eager_forward(module, query, key, value, attention_mask, scaling, dropout,
-                                     position_ids=position_ids, **kwargs)
+        return segment_eager_forward(
+            module, query, key, value, attention_mask, scaling, dropout, position_ids=position_ids, **kwargs
+        )
     if position_ids is None:
         position_ids = torch.arange(t, device=query.device).expand(b, t)
     layout = packed_layout(position_ids, b)
@@ -270,8 +289,15 @@ def _block_masks(lengths: list[int], device):
     return allowed[None, None], additive[None, None]
 
 
-def time_kernels(heads: int, kv_heads: int, head_dim: int, lengths: list[int], device: torch.device,
-                 dtype: torch.dtype = torch.float32, rounds: int = 3) -> dict[str, float]:
+def time_kernels(
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    lengths: list[int],
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    rounds: int = 3,
+) -> dict[str, float]:
     """Seconds of one attention forward + backward per candidate kernel on a padding-free row of sequences
     of ``lengths`` (best of ``rounds`` after a warm-up; other processes only ever slow a round down)."""
     from transformers.models.llama.modeling_llama import eager_attention_forward
@@ -288,7 +314,7 @@ def time_kernels(heads: int, kv_heads: int, head_dim: int, lengths: list[int], d
     q0 = torch.randn(1, heads, t, head_dim, generator=g).to(device, dtype)
     k0 = torch.randn(1, kv_heads, t, head_dim, generator=g).to(device, dtype)
     v0 = torch.randn(1, kv_heads, t, head_dim, generator=g).to(device, dtype)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
 
     def step(kind: str) -> None:
         q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
@@ -299,9 +325,9 @@ def time_kernels(heads: int, kv_heads: int, head_dim: int, lengths: list[int], d
         elif kind == VARLEN:
             out, _ = varlen_forward(layer, q, k, v, None, scaling=scale, position_ids=pos)
         else:
-            out = nn.functional.scaled_dot_product_attention(q, _repeat_kv(k, heads // kv_heads),
-                                                             _repeat_kv(v, heads // kv_heads), attn_mask=allowed,
-                                                             scale=scale)
+            out = nn.functional.scaled_dot_product_attention(
+                q, _repeat_kv(k, heads // kv_heads), _repeat_kv(v, heads // kv_heads), attn_mask=allowed, scale=scale
+            )
         out.float().sum().backward()
 
     import time
@@ -315,8 +341,9 @@ def time_kernels(heads: int, kv_heads: int, head_dim: int, lengths: list[int], d
                 raise
             import warnings
 
-            warnings.warn(f"attention kernel {kind!r} left out of the measurement: {type(e).__name__}: {e}",
-                          stacklevel=2)
+            warnings.warn(
+                f"attention kernel {kind!r} left out of the measurement: {type(e).__name__}: {e}", stacklevel=2
+            )
             continue
         times = []
         for _ in range(rounds):
@@ -331,8 +358,14 @@ def time_kernels(heads: int, kv_heads: int, head_dim: int, lengths: list[int], d
     return best
 
 
-def choose_kernel(config, device: torch.device, row_tokens: int, seq_len: int, dtype: torch.dtype = torch.float32,
-                  cache_dir: str | None = None) -> tuple[str, dict]:
+def choose_kernel(
+    config,
+    device: torch.device,
+    row_tokens: int,
+    seq_len: int,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | None = None,
+) -> tuple[str, dict]:
     """The fastest attention kernel for a padding-free micro-batch of ``row_tokens`` tokens holding sequences of
     ``seq_len`` tokens, measured here once per host, torch version, threads, device, dtype and shape, then reused
     from the cache (``$CAMPAIGN_CACHE_DIR``, as ``campaign_orchestrator.hardware``), so every later run and every
@@ -349,16 +382,36 @@ def choose_kernel(config, device: torch.device, row_tokens: int, seq_len: int, d
     seq_len = max(1, min(seq_len, row_tokens))
     n, rest = divmod(row_tokens, seq_len)
     lengths = [seq_len] * n + ([rest] if rest else [])
-    key = "|".join(map(str, (socket.gethostname(), torch.__version__, torch.get_num_threads(), device.type,
-                             str(dtype).removeprefix("torch."), heads, kv, head_dim, row_tokens, seq_len,
-                             "+".join(candidates(device)))))
+    key = "|".join(
+        map(
+            str,
+            (
+                socket.gethostname(),
+                torch.__version__,
+                torch.get_num_threads(),
+                device.type,
+                str(dtype).removeprefix("torch."),
+                heads,
+                kv,
+                head_dim,
+                row_tokens,
+                seq_len,
+                "+".join(candidates(device)),
+            ),
+        )
+    )
     path = Path(cache_dir or host_cache_dir()) / CACHE_FILE
     cached = read_host_cache(path)
     if key in cached:
         return cached[key]["kernel"], cached[key]
     seconds = time_kernels(heads, kv, head_dim, lengths, device, dtype)
-    record = {"kernel": min(seconds, key=seconds.get), "seconds": {k: round(v, 6) for k, v in seconds.items()},
-              "row_tokens": row_tokens, "seq_len": seq_len, "varlen_backend": varlen_backend(device)}
+    record = {
+        "kernel": min(seconds, key=seconds.get),
+        "seconds": {k: round(v, 6) for k, v in seconds.items()},
+        "row_tokens": row_tokens,
+        "seq_len": seq_len,
+        "varlen_backend": varlen_backend(device),
+    }
     cached[key] = record
     write_host_cache(path, cached)
     return record["kernel"], record

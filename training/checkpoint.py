@@ -109,7 +109,7 @@ class CheckpointStore:
         steps = set()
         for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
             for obj in page.get("Contents", []):
-                parts = obj["Key"][len(base):].split("/")
+                parts = obj["Key"][len(base) :].split("/")
                 if len(parts) == 2 and parts[1] == MARKER and (m := _STEP_DIR.match(parts[0])):
                     steps.add(int(m.group(1)))
         return sorted(steps)
@@ -132,7 +132,7 @@ class CheckpointStore:
         base = self._key(step, "") + "/"
         for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
             for obj in page.get("Contents", []):
-                name = obj["Key"][len(base):]
+                name = obj["Key"][len(base) :]
                 if name and name != MARKER and "/" not in name:
                     self.s3.download_file(self.bucket, obj["Key"], str(tmp / name))
         return self.commit(tmp, step)
@@ -140,10 +140,13 @@ class CheckpointStore:
     def _delete_remote(self, step: int) -> None:
         self.s3.delete_object(Bucket=self.bucket, Key=self._key(step, MARKER))  # incomplete from here on
         base = self._key(step, "") + "/"
-        keys = [o["Key"] for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
-                for o in page.get("Contents", [])]
+        keys = [
+            o["Key"]
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
+            for o in page.get("Contents", [])
+        ]
         for i in range(0, len(keys), 1000):
-            self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
+            self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]]})
 
     # ------------------------------------------------------------------ choice and retention
     def latest(self) -> int | None:
@@ -155,7 +158,7 @@ class CheckpointStore:
         """Keep the newest ``keep_last`` complete checkpoints; drop older ones and stale temporaries."""
         removed = []
         local = self.local_steps()
-        for step in local[:-self.keep_last]:
+        for step in local[: -self.keep_last]:
             (self.path(step) / MARKER).unlink(missing_ok=True)  # incomplete first, then gone
             shutil.rmtree(self.path(step), ignore_errors=True)
             removed.append(step)
@@ -169,7 +172,7 @@ class CheckpointStore:
                     shutil.rmtree(d, ignore_errors=True)
         if self.remote_uri:
             remote = self.remote_steps()
-            for step in remote[:-self.keep_last]:
+            for step in remote[: -self.keep_last]:
                 self._delete_remote(step)
                 removed.append(step)
         return sorted(set(removed))
@@ -259,12 +262,24 @@ def write_peft_adapter(peft_config, weights: dict, directory: Path) -> None:
 
     directory.mkdir(parents=True, exist_ok=True)
     peft_config.save_pretrained(str(directory))
-    save_file({peft_key(k): v.contiguous() for k, v in weights.items()},
-              str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {peft_key(k): v.contiguous() for k, v in weights.items()},
+        str(directory / "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
 
 
-def save_training_state(store: CheckpointStore, step: int, peft_config, named_trainable, optimizer,
-                        trainer_state: dict, metrics: list[dict], is_main: bool, world: int) -> Path:
+def save_training_state(
+    store: CheckpointStore,
+    step: int,
+    peft_config,
+    named_trainable,
+    optimizer,
+    trainer_state: dict,
+    metrics: list[dict],
+    is_main: bool,
+    world: int,
+) -> Path:
     """Collective: gather full adapter and optimizer state on rank 0, write atomically, mirror, prune."""
     import torch
     import torch.distributed as dist
@@ -289,8 +304,16 @@ def save_training_state(store: CheckpointStore, step: int, peft_config, named_tr
     return store.path(step)
 
 
-def load_training_state(store: CheckpointStore, named_trainable, optimizer, scheduler, is_main: bool, rank: int,
-                        world: int, expect: dict[str, Any]) -> tuple[int, dict, list[dict]] | None:
+def load_training_state(
+    store: CheckpointStore,
+    named_trainable,
+    optimizer,
+    scheduler,
+    is_main: bool,
+    rank: int,
+    world: int,
+    expect: dict[str, Any],
+) -> tuple[int, dict, list[dict]] | None:
     """Collective: restore the newest complete checkpoint into the trainable parameters, optimizer,
     scheduler and RNG; ``(step, trainer state, metrics so far)`` (metrics on rank 0 only), or None.
 
@@ -361,16 +384,18 @@ def scatter_optimizer(optimizer, named_trainable, optim: dict | None, is_main: b
     dist.broadcast_object_list(box, src=0)
     names, groups = set(box[0][0]), box[0][1]
     if len(groups) != len(optimizer.param_groups):
-        raise TrainingError(f"checkpoint has {len(groups)} optimizer parameter groups, this run has "
-                            f"{len(optimizer.param_groups)}")
-    for group, saved in zip(optimizer.param_groups, groups):
+        raise TrainingError(
+            f"checkpoint has {len(groups)} optimizer parameter groups, this run has {len(optimizer.param_groups)}"
+        )
+    for group, saved in zip(optimizer.param_groups, groups, strict=False):
         group.update(saved)  # the current lr (the scheduler's state does not carry it), betas, decay
     for name, p in named_trainable:
         if name not in names:
             continue
         src = optim["state"][name] if is_main else None
-        meta: list = [{k: (v if not (torch.is_tensor(v) and v.dim() > 0) else None) for k, v in src.items()}
-                      if is_main else None]
+        meta: list = [
+            {k: (v if not (torch.is_tensor(v) and v.dim() > 0) else None) for k, v in src.items()} if is_main else None
+        ]
         dist.broadcast_object_list(meta, src=0)
         entry = {}
         for k, v in meta[0].items():

@@ -87,8 +87,9 @@ def parquet_files(path: str | Path) -> list[Path]:
         p = p / "train"
     files = sorted(p.glob("*.parquet")) if p.is_dir() else [p]
     if not files or not all(f.is_file() for f in files):
-        raise FileNotFoundError(f"no tokenized Parquet at {p} (expected *.parquet shards written by the "
-                                "tokenized_dataset stage)")
+        raise FileNotFoundError(
+            f"no tokenized Parquet at {p} (expected *.parquet shards written by the tokenized_dataset stage)"
+        )
     return files
 
 
@@ -104,8 +105,10 @@ def dataset_tokenizer_hash(path: str | Path) -> str | None:
 def check_tokenizer(dataset_hash: str | None, model_hash: str, dataset: str | Path, model: str | Path) -> None:
     """Raise DatasetMismatch unless the dataset was tokenized with the model's tokenizer."""
     if dataset_hash is None:
-        raise DatasetMismatch(f"dataset {dataset} records no tokenizer hash (campaign.tokenizer_hash); rebuild it "
-                              "with the tokenized_dataset stage")
+        raise DatasetMismatch(
+            f"dataset {dataset} records no tokenizer hash (campaign.tokenizer_hash); rebuild it "
+            "with the tokenized_dataset stage"
+        )
     if dataset_hash != model_hash:
         raise DatasetMismatch(
             f"dataset {dataset} was tokenized with tokenizer {dataset_hash[:12]} but the model {model} has tokenizer "
@@ -114,16 +117,24 @@ def check_tokenizer(dataset_hash: str | None, model_hash: str, dataset: str | Pa
         )
 
 
-_IDENTITY_KEYS = ("campaign.tokenizer_hash", "campaign.max_seq_len", "campaign.packing", "campaign.dataset_key",
-                  "campaign.source_hash", "campaign.split_name")
+_IDENTITY_KEYS = (
+    "campaign.tokenizer_hash",
+    "campaign.max_seq_len",
+    "campaign.packing",
+    "campaign.dataset_key",
+    "campaign.source_hash",
+    "campaign.split_name",
+)
 
 
 def _check_same_dataset(files: list[Path], metas: list[dict[str, str]]) -> None:
     for k in _IDENTITY_KEYS:
         values = {m.get(k) for m in metas}
         if len(values) > 1:
-            raise DatasetMismatch(f"shards of {files[0].parent} come from different datasets ({k} differs: "
-                                  f"{sorted(map(str, values))}); a directory must hold one build's shards only")
+            raise DatasetMismatch(
+                f"shards of {files[0].parent} come from different datasets ({k} differs: "
+                f"{sorted(map(str, values))}); a directory must hold one build's shards only"
+            )
 
 
 # --------------------------------------------------------------------------- memory-mapped rows
@@ -188,8 +199,13 @@ class TokenizedDataset(torch.utils.data.Dataset):
     """Map-style, memory-mapped view of one split's Parquet shards (``path``: shard, directory of
     shards, or dataset directory, whose ``train/`` split is used)."""
 
-    def __init__(self, path: str | Path, cache_dir: str | Path | None = None,
-                 expect_tokenizer_hash: str | None = None, model_dir: str | Path | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        cache_dir: str | Path | None = None,
+        expect_tokenizer_hash: str | None = None,
+        model_dir: str | Path | None = None,
+    ):
         self.path = Path(path)
         self._cache_arg = cache_dir
         self.files = parquet_files(path)
@@ -197,8 +213,9 @@ class TokenizedDataset(torch.utils.data.Dataset):
         _check_same_dataset(self.files, metas)
         self.metadata = metas[0]
         if expect_tokenizer_hash is not None:
-            check_tokenizer(self.metadata.get("campaign.tokenizer_hash"), expect_tokenizer_hash, path,
-                            model_dir or "(model)")
+            check_tokenizer(
+                self.metadata.get("campaign.tokenizer_hash"), expect_tokenizer_hash, path, model_dir or "(model)"
+            )
         self.padding = self.metadata.get("campaign.padding", "longest")
         if self.padding not in PADDING_MODES:
             raise DatasetMismatch(f"{self.files[0]}: unknown campaign.padding {self.padding!r}")
@@ -306,8 +323,10 @@ class BatchPlan:
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} outside world {self.world}")
         base = step * self.rows_per_step
-        return [self.positions(base + (a * self.world + rank) * self.micro_batch, self.micro_batch)
-                for a in range(self.accumulation)]
+        return [
+            self.positions(base + (a * self.world + rank) * self.micro_batch, self.micro_batch)
+            for a in range(self.accumulation)
+        ]
 
 
 def iter_steps(plan: BatchPlan, start: int, stop: int, rank: int) -> Iterator[tuple[int, list[list[int]]]]:
@@ -329,8 +348,9 @@ def _single_sequence(pos: np.ndarray) -> bool:
     return bool(pos.size == 0 or (pos[0] == 0 and np.all(np.diff(pos) == 1)))
 
 
-def collate(rows, idx: Sequence[int], pad_id: int, padding: str | None = None,
-            max_seq_len: int | None = None) -> dict[str, torch.Tensor]:
+def collate(
+    rows, idx: Sequence[int], pad_id: int, padding: str | None = None, max_seq_len: int | None = None
+) -> dict[str, torch.Tensor]:
     """Model inputs for rows ``idx``: ``input_ids``, ``position_ids`` (+ ``attention_mask`` for
     padded single-sequence rows), and for the trainer ``labels`` and ``real_tokens``.
 
@@ -344,8 +364,10 @@ def collate(rows, idx: Sequence[int], pad_id: int, padding: str | None = None,
         raise ValueError("collate needs at least one row")
     real = sum(len(s["input_ids"]) for s in seqs)
     if mode == "free":
-        out = {c: torch.from_numpy(np.concatenate([s[c] for s in seqs]).astype(np.int64)).unsqueeze(0)
-               for c in CORE_COLUMNS}
+        out = {
+            c: torch.from_numpy(np.concatenate([s[c] for s in seqs]).astype(np.int64)).unsqueeze(0)
+            for c in CORE_COLUMNS
+        }
         out["real_tokens"] = torch.tensor(real)
         out["use_cache"] = torch.tensor(False)
         return out
@@ -367,9 +389,13 @@ def collate(rows, idx: Sequence[int], pad_id: int, padding: str | None = None,
         pos[j, k:] = np.arange(width - k)  # pads: their own segment, never attended by real tokens
         mask[j, :k] = 1
         single = single and _single_sequence(s["position_ids"])
-    out = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
-           "position_ids": torch.from_numpy(pos), "real_tokens": torch.tensor(real),
-           "use_cache": torch.tensor(False)}
+    out = {
+        "input_ids": torch.from_numpy(ids),
+        "labels": torch.from_numpy(labels),
+        "position_ids": torch.from_numpy(pos),
+        "real_tokens": torch.tensor(real),
+        "use_cache": torch.tensor(False),
+    }
     if single:
         out["attention_mask"] = torch.from_numpy(mask)
     return out
@@ -387,8 +413,9 @@ class StepStream(torch.utils.data.IterableDataset):
     stream with ``start`` = the saved global step (``state_dict``/``load_state_dict`` carry it).
     """
 
-    def __init__(self, dataset, plan: BatchPlan, rank: int, start: int, stop: int, pad_id: int,
-                 padding: str | None = None):
+    def __init__(
+        self, dataset, plan: BatchPlan, rank: int, start: int, stop: int, pad_id: int, padding: str | None = None
+    ):
         super().__init__()
         self.dataset, self.plan, self.rank = dataset, plan, rank
         self.start, self.stop, self.pad_id, self.padding = start, stop, pad_id, padding
@@ -397,8 +424,10 @@ class StepStream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         for step in range(self.start + wid, self.stop, nw):
-            yield step, [collate(self.dataset, idx, self.pad_id, self.padding)
-                         for idx in self.plan.step_rows(step, self.rank)]
+            yield (
+                step,
+                [collate(self.dataset, idx, self.pad_id, self.padding) for idx in self.plan.step_rows(step, self.rank)],
+            )
 
     def state_dict(self) -> dict:
         return {"step": self.start, "plan": json.dumps(self.plan.__dict__, sort_keys=True)}
@@ -406,15 +435,30 @@ class StepStream(torch.utils.data.IterableDataset):
     def load_state_dict(self, state: dict, consumed_step: int | None = None) -> None:
         """Continue after ``consumed_step`` (or from ``state['step']``); the plan must match."""
         if state.get("plan") and state["plan"] != json.dumps(self.plan.__dict__, sort_keys=True):
-            raise DatasetMismatch(f"saved data position was for batch plan {state['plan']}, not "
-                                  f"{json.dumps(self.plan.__dict__, sort_keys=True)}; the dataset or batch "
-                                  "settings changed since the checkpoint")
+            raise DatasetMismatch(
+                f"saved data position was for batch plan {state['plan']}, not "
+                f"{json.dumps(self.plan.__dict__, sort_keys=True)}; the dataset or batch "
+                "settings changed since the checkpoint"
+            )
         self.start = consumed_step + 1 if consumed_step is not None else int(state["step"])
 
 
-def make_loader(dataset, plan: BatchPlan, rank: int, start: int, stop: int, pad_id: int,
-                num_workers: int = 0, padding: str | None = None) -> torch.utils.data.DataLoader:
+def make_loader(
+    dataset,
+    plan: BatchPlan,
+    rank: int,
+    start: int,
+    stop: int,
+    pad_id: int,
+    num_workers: int = 0,
+    padding: str | None = None,
+) -> torch.utils.data.DataLoader:
     """A DataLoader over ``StepStream`` (``num_workers`` background processes build batches)."""
     stream = StepStream(dataset, plan, rank, start, stop, pad_id, padding)
-    return torch.utils.data.DataLoader(stream, batch_size=None, num_workers=num_workers,
-                                       persistent_workers=False, prefetch_factor=4 if num_workers else None)
+    return torch.utils.data.DataLoader(
+        stream,
+        batch_size=None,
+        num_workers=num_workers,
+        persistent_workers=False,
+        prefetch_factor=4 if num_workers else None,
+    )

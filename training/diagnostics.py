@@ -29,9 +29,18 @@ from campaigns.spec import DiagnosticCommand, TrainingSpec
 
 # Variables whose values are recorded with the diagnostics (never anything else from the environment:
 # an environment may hold secrets).
-RECORDED_ENV = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME",
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "OMP_NUM_THREADS",
-                "CUDA_VISIBLE_DEVICES")
+RECORDED_ENV = (
+    "NCCL_DEBUG",
+    "NCCL_DEBUG_SUBSYS",
+    "NCCL_IB_HCA",
+    "NCCL_SOCKET_IFNAME",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+)
 MAX_OUTPUT_CHARS = 200_000
 
 
@@ -50,8 +59,16 @@ def node_identity() -> dict[str, Any]:
 
 
 def _run_one(cmd: DiagnosticCommand) -> dict[str, Any]:
-    row: dict[str, Any] = {"name": cmd.name, "command": " ".join(cmd.command), "timeout_s": cmd.timeout_s,
-                           "status": "ok", "returncode": None, "seconds": 0.0, "note": "", "output": ""}
+    row: dict[str, Any] = {
+        "name": cmd.name,
+        "command": " ".join(cmd.command),
+        "timeout_s": cmd.timeout_s,
+        "status": "ok",
+        "returncode": None,
+        "seconds": 0.0,
+        "note": "",
+        "output": "",
+    }
     exe = shutil.which(cmd.command[0])
     if exe is None:
         row["status"] = "missing"
@@ -59,10 +76,16 @@ def _run_one(cmd: DiagnosticCommand) -> dict[str, Any]:
         return row
     t0 = time.perf_counter()
     try:
-        done = subprocess.run([exe, *cmd.command[1:]], capture_output=True, text=True, errors="replace",
-                              timeout=cmd.timeout_s, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [exe, *cmd.command[1:]],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=cmd.timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
         row["returncode"] = done.returncode
-        row["output"] = (done.stdout + (f"\n--- stderr ---\n{done.stderr}" if done.stderr.strip() else ""))
+        row["output"] = done.stdout + (f"\n--- stderr ---\n{done.stderr}" if done.stderr.strip() else "")
         if done.returncode != 0:
             row["status"] = "failed"
             last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [""]
@@ -92,8 +115,7 @@ def collect(training: TrainingSpec) -> dict[str, Any]:
     """This node's diagnostics: identity, the recorded distributed settings, and every command's result."""
     spec = training.diagnostics
     results = run_commands(list(spec.commands)) if spec.enabled else []
-    return {**node_identity(), "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
-            "commands": results}
+    return {**node_identity(), "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ}, "commands": results}
 
 
 def write(nodes: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
@@ -107,8 +129,11 @@ def write(nodes: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
             row = {k: v for k, v in r.items() if k != "output"}
             if r["status"] != "missing":
                 f = d / f"{r['name']}.txt"
-                f.write_text(f"$ {r['command']}\n# status {r['status']}"
-                             + (f" ({r['note']})" if r["note"] else "") + f", {r['seconds']} s\n\n{r['output']}")
+                f.write_text(
+                    f"$ {r['command']}\n# status {r['status']}"
+                    + (f" ({r['note']})" if r["note"] else "")
+                    + f", {r['seconds']} s\n\n{r['output']}"
+                )
                 row["file"] = str(f)
             rows.append(row)
         index.append({k: v for k, v in node.items() if k != "commands"} | {"commands": rows})
@@ -122,6 +147,8 @@ def summary_line(index: list[dict[str, Any]]) -> str:
         by: dict[str, list[str]] = {}
         for r in node["commands"]:
             by.setdefault(r["status"], []).append(r["name"])
-        parts.append(f"node {node['node']} ({node['host']}): " + ", ".join(f"{k} {len(v)} [{', '.join(v)}]"
-                                                                          for k, v in sorted(by.items())))
+        parts.append(
+            f"node {node['node']} ({node['host']}): "
+            + ", ".join(f"{k} {len(v)} [{', '.join(v)}]" for k, v in sorted(by.items()))
+        )
     return "; ".join(parts) if parts else "no diagnostics"

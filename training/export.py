@@ -11,12 +11,20 @@ from pathlib import Path
 
 import torch
 
-
 # What a serving stack needs beside the weights: the tokenizer (with its chat template) and the generation
 # config (stop token ids). Copied from the base into every adapter and merged model, so evaluation and
 # serving use exactly what training used.
-SERVING_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                 "chat_template.json", "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+SERVING_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 def copy_serving_files(base_model_path: str | Path, out_dir: str | Path) -> list[str]:
@@ -32,8 +40,9 @@ def copy_serving_files(base_model_path: str | Path, out_dir: str | Path) -> list
     return copied
 
 
-def export_merged(base_model_path: str | Path, adapter_dir: str | Path, out_dir: str | Path,
-                  dtype: torch.dtype = torch.bfloat16) -> Path:
+def export_merged(
+    base_model_path: str | Path, adapter_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16
+) -> Path:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

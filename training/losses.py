@@ -59,7 +59,10 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch
 
 
 def topk_kl_sum(
-    logits: torch.Tensor, labels: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_logprobs: torch.Tensor,
     min_tail: float = 1e-12,
 ) -> tuple[torch.Tensor, int]:
     """Summed forward KL(teacher || student) over label positions that carry a teacher distribution.
@@ -101,7 +104,10 @@ def topk_kl_sum(
 
 
 def topk_buckets(
-    logits: torch.Tensor, labels: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_logprobs: torch.Tensor,
     min_tail: float = 1e-12,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Teacher and student log-probabilities over the teacher's top-k plus one tail bucket, at the label
@@ -161,7 +167,11 @@ def generalized_jsd(log_p: torch.Tensor, log_q: torch.Tensor, valid: torch.Tenso
 
 
 def generalized_jsd_sum(
-    logits: torch.Tensor, labels: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, beta: float,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_logprobs: torch.Tensor,
+    beta: float,
     min_tail: float = 1e-12,
 ) -> tuple[torch.Tensor, int]:
     """Summed generalized JSD (:func:`generalized_jsd`) over label positions that carry a teacher distribution,
@@ -181,8 +191,9 @@ def loss_sums(logits: torch.Tensor, batch: dict[str, torch.Tensor], distill: boo
     return out
 
 
-def loss_sums_hidden(hidden: torch.Tensor, weight: torch.Tensor, batch: dict[str, torch.Tensor], kind: str,
-                     chunk: int | None = None) -> dict[str, torch.Tensor | int]:
+def loss_sums_hidden(
+    hidden: torch.Tensor, weight: torch.Tensor, batch: dict[str, torch.Tensor], kind: str, chunk: int | None = None
+) -> dict[str, torch.Tensor | int]:
     """:func:`loss_sums` for cross-entropy alone, from the LM head's input ``hidden`` [B, T, D] and its ``weight``
     (``training.head.hidden_states``): the fused or chunked linear cross-entropy of ``training.kernels.linear_ce``
     (``kind``: ``liger`` or ``chunked``), which never materializes the ``[tokens × vocab]`` logits.
@@ -197,7 +208,9 @@ def loss_sums_hidden(hidden: torch.Tensor, weight: torch.Tensor, batch: dict[str
     return {"ce_sum": ce, "ce_tokens": n}
 
 
-def mix(ce_sum: torch.Tensor, ce_tokens: int, kl_sum: torch.Tensor | None, kl_tokens: int, kl_weight: float) -> torch.Tensor:
+def mix(
+    ce_sum: torch.Tensor, ce_tokens: int, kl_sum: torch.Tensor | None, kl_tokens: int, kl_weight: float
+) -> torch.Tensor:
     """(1 - w) * CE / ce_tokens + w * KL / kl_tokens, with global token counts; a term without tokens drops out."""
     loss = ce_sum * ((1.0 - kl_weight) / ce_tokens if ce_tokens else 0.0)
     if kl_sum is not None:
@@ -209,15 +222,17 @@ def mix(ce_sum: torch.Tensor, ce_tokens: int, kl_sum: torch.Tensor | None, kl_to
 
 
 def teacher_topk_tensors(
-    rows_ids: Sequence[Sequence[Sequence[int]]], rows_logprobs: Sequence[Sequence[Sequence[float]]], width: int,
+    rows_ids: Sequence[Sequence[Sequence[int]]],
+    rows_logprobs: Sequence[Sequence[Sequence[float]]],
+    width: int,
     k: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pad per-row, per-position top-k lists into ``[B, width, K]`` tensors (-1 / 0 where absent)."""
     k = k or max((len(p) for r in rows_ids for p in r), default=1) or 1
     ids = torch.full((len(rows_ids), width, k), -1, dtype=torch.long)
     lps = torch.zeros((len(rows_ids), width, k), dtype=torch.float32)
-    for b, (r_ids, r_lps) in enumerate(zip(rows_ids, rows_logprobs)):
-        for t, (p_ids, p_lps) in enumerate(zip(r_ids[:width], r_lps[:width])):
+    for b, (r_ids, r_lps) in enumerate(zip(rows_ids, rows_logprobs, strict=False)):
+        for t, (p_ids, p_lps) in enumerate(zip(r_ids[:width], r_lps[:width], strict=False)):
             if p_ids:
                 kk = min(k, len(p_ids))
                 ids[b, t, :kk] = torch.as_tensor(list(p_ids[:kk]), dtype=torch.long)

@@ -29,8 +29,9 @@ from torch import nn
 from campaigns.spec import StudentSpec, TrainingSpec
 
 
-def device_for(local_rank: int, gpu_required: bool = False, allow_cpu_fallback: bool = False,
-               hardware: str | None = None) -> torch.device:
+def device_for(
+    local_rank: int, gpu_required: bool = False, allow_cpu_fallback: bool = False, hardware: str | None = None
+) -> torch.device:
     """This rank's device: its GPU when torch sees one, else the CPU. ``gpu_required`` (the campaign is
     priced for a GPU): no GPU is an error, before anything is loaded, unless ``allow_cpu_fallback``."""
     if torch.cuda.is_available():
@@ -44,7 +45,8 @@ def device_for(local_rank: int, gpu_required: bool = False, allow_cpu_fallback: 
             f"(torch.cuda.is_available() is False; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, "
             f"torch {torch.__version__}, CUDA build {torch.version.cuda}): refusing to train on the CPU and bill it as "
             "GPU time. Run where the GPU is visible, set training.hardware to the CPU entry you train on, or set "
-            "training.allow_cpu_fallback: true with training.cpu_hardware to train on the CPU billed as CPU time")
+            "training.allow_cpu_fallback: true with training.cpu_hardware to train on the CPU billed as CPU time"
+        )
     return torch.device("cpu")
 
 
@@ -90,9 +92,15 @@ def attention_kernel(student: StudentSpec, device: torch.device, max_seq_len: in
     return "eager" if device.type == "cpu" and max_seq_len <= 512 else "sdpa"
 
 
-def load_student(base_model_path: str, student: StudentSpec, device: torch.device,
-                 activation_checkpointing: bool = False, attn_implementation: str = "sdpa",
-                 compute_dtype: str | None = None, recompute_cheap: bool = True):
+def load_student(
+    base_model_path: str,
+    student: StudentSpec,
+    device: torch.device,
+    activation_checkpointing: bool = False,
+    attn_implementation: str = "sdpa",
+    compute_dtype: str | None = None,
+    recompute_cheap: bool = True,
+):
     """The frozen base (4-bit or in ``compute_dtype``, the resolved dtype: never ``auto``) with LoRA adapters.
 
     ``recompute_cheap``: keep fewer activations for backward by recomputing the SwiGLU products, the
@@ -108,7 +116,9 @@ def load_student(base_model_path: str, student: StudentSpec, device: torch.devic
         register()  # attention per packed sequence (training/attention.py)
     name = compute_dtype or q.compute_dtype
     if name == "auto":
-        raise ValueError("load_student needs a resolved compute dtype (campaign_orchestrator.hardware.resolve_compute_dtype)")
+        raise ValueError(
+            "load_student needs a resolved compute dtype (campaign_orchestrator.hardware.resolve_compute_dtype)"
+        )
     dtype = getattr(torch, name)
     kwargs: dict = {"dtype": dtype, "attn_implementation": attn_implementation}
     if q.load_in_4bit:
@@ -175,7 +185,9 @@ def build_mesh(training: TrainingSpec, device: torch.device):
 
     kind = device.type
     if training.sharding == "hybrid":
-        return init_device_mesh(kind, (training.nodes, training.processes_per_node), mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(
+            kind, (training.nodes, training.processes_per_node), mesh_dim_names=("replicate", "shard")
+        )
     if training.sharding == "none":
         return init_device_mesh(kind, (training.world_size, 1), mesh_dim_names=("replicate", "shard"))
     return init_device_mesh(kind, (training.world_size,), mesh_dim_names=("shard",))
@@ -209,8 +221,11 @@ def shard(model: nn.Module, mesh, compute_dtype: torch.dtype, reshard_after_forw
         if loras:
             fully_shard(loras, mesh=mesh, mp_policy=lora_mp, reshard_after_forward=reshard_after_forward)
         fully_shard(layer, mesh=mesh, mp_policy=base_mp, reshard_after_forward=reshard_after_forward)
-    outside = [m for n, m in model.named_modules() if _is_lora_linear("." + n, m)
-               and not any(m is x for layer in layers for x in layer.modules())]
+    outside = [
+        m
+        for n, m in model.named_modules()
+        if _is_lora_linear("." + n, m) and not any(m is x for layer in layers for x in layer.modules())
+    ]
     if outside:  # LoRA on modules outside the decoder layers (e.g. lm_head)
         fully_shard(outside, mesh=mesh, mp_policy=lora_mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=base_mp, reshard_after_forward=reshard_after_forward)
@@ -234,7 +249,8 @@ def check_4bit_storage(model: nn.Module, compute_dtype: torch.dtype) -> int:
                     f"4-bit weight {name}.weight is stored as {stored} and computes in {compute}, but FSDP2 shards "
                     f"it as {compute_dtype}: quantize the base on load (a bf16/fp32 checkpoint, not a pre-quantized "
                     f"one) so bnb_4bit_quant_storage is the compute dtype, or set student.quantization.compute_dtype "
-                    f"to {stored}")
+                    f"to {stored}"
+                )
             n += 1
     return n
 
@@ -295,7 +311,9 @@ def load_full_into(dest: torch.Tensor, full: torch.Tensor) -> None:
 
     with torch.no_grad():
         if isinstance(dest, DTensor):
-            part = distribute_tensor(full.to(dest.device, dest.dtype), dest.device_mesh, dest.placements, src_data_rank=0)
+            part = distribute_tensor(
+                full.to(dest.device, dest.dtype), dest.device_mesh, dest.placements, src_data_rank=0
+            )
             dest.to_local().copy_(part.to_local())
         else:
             import torch.distributed as dist

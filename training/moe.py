@@ -47,9 +47,11 @@ ROUTER_NAMES = ("gate", "mlp.gate", "router", "mlp.router")
 MLP_NAMES = ("gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
 # PEFT 0.21 on transformers 5 (peft/utils/transformers_weight_conversion.py, for adapters trained on transformers 4)
 # rewrites these target_modules of a Qwen2/Qwen3-MoE or Mixtral model into target_parameters on the fused experts.
-MLP_NAMES_REFUSED = ("PEFT (on transformers 5) rewrites MLP projection names of a mixture of experts into targets on "
-                     "the fused expert tensors (gate_up_proj at rank 2r), so a dense MLP layer would get no LoRA and the "
-                     "experts a rank you did not ask for; an all-sparse model has no such module at all.")
+MLP_NAMES_REFUSED = (
+    "PEFT (on transformers 5) rewrites MLP projection names of a mixture of experts into targets on "
+    "the fused expert tensors (gate_up_proj at rank 2r), so a dense MLP layer would get no LoRA and the "
+    "experts a rank you did not ask for; an all-sparse model has no such module at all."
+)
 
 
 # --------------------------------------------------------------------------- architecture
@@ -104,8 +106,14 @@ def expert_rank(student: StudentSpec, arch: MoeArch) -> int:
 def lora_kwargs(student: StudentSpec, config) -> dict[str, Any]:
     """``LoraConfig`` keyword arguments for ``student`` on a model with ``config``."""
     lora, arch = student.lora, arch_of(config)
-    kw: dict[str, Any] = dict(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                              target_modules=list(lora.target_modules), use_dora=lora.use_dora, task_type="CAUSAL_LM")
+    kw: dict[str, Any] = dict(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        use_dora=lora.use_dora,
+        task_type="CAUSAL_LM",
+    )
     if lora.target_parameters:
         kw["target_parameters"] = list(lora.target_parameters)
         rank = expert_rank(student, arch)
@@ -198,10 +206,14 @@ def parameter_breakdown(model: nn.Module) -> dict[str, Any]:
             total[c] += k  # the base model's own parameters (the original of a modules_to_save copy)
             quantized[c] += k if getattr(p, "quant_state", None) is not None else 0
     arch = arch_of(getattr(model, "config", None))
-    return {"num_experts": arch.num_experts, "num_experts_per_tok": arch.top_k,
-            "parameters": total, "trainable": trainable,
-            "experts_quantized": quantized["routed_experts"] > 0,
-            "quantized_parameters": {c: v for c, v in quantized.items() if v}}
+    return {
+        "num_experts": arch.num_experts,
+        "num_experts_per_tok": arch.top_k,
+        "parameters": total,
+        "trainable": trainable,
+        "experts_quantized": quantized["routed_experts"] > 0,
+        "quantized_parameters": {c: v for c, v in quantized.items() if v},
+    }
 
 
 def refuse_frozen_experts(breakdown: dict[str, Any], student: StudentSpec, where: str) -> None:
@@ -242,8 +254,10 @@ def _load_balancing_fn(model: nn.Module):
         fn = getattr(importlib.import_module(cls.__module__), "load_balancing_loss_func", None)
         if fn is not None:
             return fn
-    raise TrainingError(f"{type(base).__name__} has no load_balancing_loss_func in its modeling module; set "
-                        "student.moe.aux_loss_coef: 0")
+    raise TrainingError(
+        f"{type(base).__name__} has no load_balancing_loss_func in its modeling module; set "
+        "student.moe.aux_loss_coef: 0"
+    )
 
 
 def _per_expert_abs(t: torch.Tensor, num_experts: int, kind: str) -> torch.Tensor:
@@ -293,8 +307,15 @@ class MoeMonitor:
         self.window = torch.zeros_like(self.counts)
 
     @classmethod
-    def attach(cls, model: nn.Module, student: StudentSpec, breakdown: dict[str, Any], log, world: int,
-               compute_dtype: torch.dtype) -> MoeMonitor | None:
+    def attach(
+        cls,
+        model: nn.Module,
+        student: StudentSpec,
+        breakdown: dict[str, Any],
+        log,
+        world: int,
+        compute_dtype: torch.dtype,
+    ) -> MoeMonitor | None:
         """Hook the routers of a (PEFT-wrapped, possibly sharded) MoE model; ``None`` for a dense model."""
         arch = arch_of(model.config)
         if not arch.is_moe:
@@ -302,39 +323,56 @@ class MoeMonitor:
         routers = [m for n, m in model.named_modules() if re.search(r"\.mlp\.(gate|router)$", n)]
         if not routers:
             raise TrainingError("the MoE model has no router modules named mlp.gate or mlp.router to monitor")
-        wrappers = {n: m for n, m in model.named_modules() if hasattr(m, "parameter_name") and hasattr(m, "num_experts")}
+        wrappers = {
+            n: m for n, m in model.named_modules() if hasattr(m, "parameter_name") and hasattr(m, "num_experts")
+        }
         loras = []
         for n, p in model.named_parameters():
             m = re.search(r"^(.*)\.lora_([AB])\.[^.]+\.weight$", n)
             if p.requires_grad and m and m.group(1) in wrappers and category(n) == "routed_experts":
                 w = wrappers[m.group(1)]
                 layer = re.search(r"\.layers\.(\d+)\.", n)
-                loras.append(_ExpertLora(n, p, int(layer.group(1)) if layer else -1, w.parameter_name, m.group(2),
-                                         int(w.num_experts)))
+                loras.append(
+                    _ExpertLora(
+                        n, p, int(layer.group(1)) if layer else -1, w.parameter_name, m.group(2), int(w.num_experts)
+                    )
+                )
         coef = student.moe.aux_loss_coef
-        mon = cls(student, arch, routers, loras, breakdown, log, world,
-                  aux_fn=_load_balancing_fn(model) if coef > 0 else None)
+        mon = cls(
+            student, arch, routers, loras, breakdown, log, world, aux_fn=_load_balancing_fn(model) if coef > 0 else None
+        )
         for i, r in enumerate(routers):
             mon._handles.append(r.register_forward_hook(mon._hook(i)))
         t = breakdown["trainable"]
-        log(f"MoE student: {arch.num_experts} routed experts, top-{arch.top_k}, {len(routers)} MoE layers; trainable "
+        log(
+            f"MoE student: {arch.num_experts} routed experts, top-{arch.top_k}, {len(routers)} MoE layers; trainable "
             + ", ".join(f"{c.replace('_', ' ')} {t[c]:,}" for c in CATEGORIES if c != "other" or t[c])
             + f"; router {student.moe.router}; load-balancing loss coefficient {coef:g}"
-            + ("; fused expert tensors in full precision (4-bit quantizes nn.Linear only)"
-               if breakdown["quantized_parameters"] and not breakdown["experts_quantized"] else ""))
+            + (
+                "; fused expert tensors in full precision (4-bit quantizes nn.Linear only)"
+                if breakdown["quantized_parameters"] and not breakdown["experts_quantized"]
+                else ""
+            )
+        )
         if loras and compute_dtype in (torch.bfloat16, torch.float16):
-            log(f"WARNING: expert LoRA is folded into the {str(compute_dtype).removeprefix('torch.')} expert weights at "
+            log(
+                f"WARNING: expert LoRA is folded into the {str(compute_dtype).removeprefix('torch.')} expert weights at "
                 "every forward (PEFT's ParamWrapper), which rounds small early updates; quantization.compute_dtype "
-                "float32 avoids it")
+                "float32 avoids it"
+            )
         return mon
 
     def _hook(self, layer: int):
         def hook(_module, _inputs, out):
             if self.active:
                 logits = out[0] if isinstance(out, tuple) else out
-                idx = out[2] if isinstance(out, tuple) and len(out) >= 3 else \
-                    torch.topk(logits.softmax(-1), self.arch.top_k, dim=-1).indices
+                idx = (
+                    out[2]
+                    if isinstance(out, tuple) and len(out) >= 3
+                    else torch.topk(logits.softmax(-1), self.arch.top_k, dim=-1).indices
+                )
                 self.captured.append((layer, logits, idx))
+
         return hook
 
     # ------------------------------------------------------------------ one micro-batch
@@ -354,12 +392,15 @@ class MoeMonitor:
         weights = flat.to(torch.float64).repeat_interleave(self.arch.top_k)
         for layer, _logits, idx in got:
             c = torch.zeros(self.arch.num_experts, dtype=torch.float64).scatter_add_(
-                0, idx.reshape(-1).cpu(), weights.cpu())
+                0, idx.reshape(-1).cpu(), weights.cpu()
+            )
             self.counts[layer] += c
             self.window[layer] += c
         if self.aux_fn is None:
             return None, 0.0
-        aux = self.aux_fn(tuple(lg for _, lg, _ in got), self.arch.num_experts, self.arch.top_k, mask.to(got[0][1].device))
+        aux = self.aux_fn(
+            tuple(lg for _, lg, _ in got), self.arch.num_experts, self.arch.top_k, mask.to(got[0][1].device)
+        )
         n = int(flat.sum())
         term = aux * (self.student.moe.aux_loss_coef * n / step_real_tokens) if step_real_tokens else aux * 0.0
         return term, float(aux.detach()) * n
@@ -372,20 +413,28 @@ class MoeMonitor:
         if trained_before >= 2 or not self.expert_loras:
             return
         kind = "B" if trained_before == 0 else "A"
-        per_expert = [_per_expert_abs(x.param.grad, x.num_experts, x.kind) if x.param.grad is not None
-                      else torch.zeros(x.num_experts) for x in self.expert_loras if x.kind == kind]
+        per_expert = [
+            _per_expert_abs(x.param.grad, x.num_experts, x.kind)
+            if x.param.grad is not None
+            else torch.zeros(x.num_experts)
+            for x in self.expert_loras
+            if x.kind == kind
+        ]
         nonzero = sum(int((v > 0).sum()) for v in per_expert)
         total = sum(len(v) for v in per_expert)
-        self.grad_checks.append({"step": trained_before + 1, "lora": kind, "expert_slices_nonzero": nonzero,
-                                 "expert_slices": total})
+        self.grad_checks.append(
+            {"step": trained_before + 1, "lora": kind, "expert_slices_nonzero": nonzero, "expert_slices": total}
+        )
         if nonzero == 0:
             raise TrainingError(
                 f"step {trained_before + 1}: every routed expert's lora_{kind} gradient is exactly zero "
                 f"({total} expert slices): the expert LoRA gets no gradient, so training would leave the experts "
                 f"unchanged. Check student.lora.target_parameters against the model, or set student.moe.experts: frozen"
             )
-        self.log(f"expert LoRA gradients at step {trained_before + 1}: lora_{kind} non-zero for {nonzero} of {total} "
-                 "(layer, tensor, expert) slices")
+        self.log(
+            f"expert LoRA gradients at step {trained_before + 1}: lora_{kind} non-zero for {nonzero} of {total} "
+            "(layer, tensor, expert) slices"
+        )
 
     def log_routing(self, step: int, force: bool = False, every: int = 1) -> None:
         """Collective at the same steps on every rank: warn when a layer's routing collapsed since the last look."""
@@ -402,9 +451,11 @@ class MoeMonitor:
             busiest = torch.topk(window[layer], min(k, e)).values.sum().item() / tot
             if busiest >= self.student.moe.collapse_share and k < e:
                 top = torch.topk(window[layer], min(k, e)).indices.tolist()
-                msg = (f"routing collapse in MoE layer {layer}, steps {self._window_start + 1}-{step}: experts {top} took "
-                       f"{busiest:.0%} of the routed tokens (uniform routing: {k / e:.0%}; warning at "
-                       f"student.moe.collapse_share {self.student.moe.collapse_share:.0%})")
+                msg = (
+                    f"routing collapse in MoE layer {layer}, steps {self._window_start + 1}-{step}: experts {top} took "
+                    f"{busiest:.0%} of the routed tokens (uniform routing: {k / e:.0%}; warning at "
+                    f"student.moe.collapse_share {self.student.moe.collapse_share:.0%})"
+                )
                 self.collapse_warnings.append(msg)
                 self.log(f"WARNING: {msg}")
         self._window_start = step
@@ -436,21 +487,29 @@ class MoeMonitor:
             b_nonzero += int((v > 0).sum())
             untrained += [f"layer {x.layer} {x.tensor} expert {e}" for e in range(len(v)) if v[e] == 0]
         if untrained:
-            self.log(f"WARNING: {len(untrained)} routed-expert LoRA slices are still zero after training (no token was "
-                     f"routed to them): {untrained[:8]}")
+            self.log(
+                f"WARNING: {len(untrained)} routed-expert LoRA slices are still zero after training (no token was "
+                f"routed to them): {untrained[:8]}"
+            )
         per_layer = {f"layer_{i}": [int(c) for c in row] for i, row in enumerate(counts.tolist())}
         return {
-            "num_experts": self.arch.num_experts, "num_experts_per_tok": self.arch.top_k,
+            "num_experts": self.arch.num_experts,
+            "num_experts_per_tok": self.arch.top_k,
             "moe_layers": len(self.routers),
-            "parameters_by_kind": self.breakdown["parameters"], "trainable_by_kind": self.breakdown["trainable"],
+            "parameters_by_kind": self.breakdown["parameters"],
+            "trainable_by_kind": self.breakdown["trainable"],
             "routed_experts_trained": self.breakdown["trainable"]["routed_experts"] > 0,
             "experts_frozen_on_purpose": self.student.moe.experts == "frozen",
             "experts_quantized": self.breakdown["experts_quantized"],
             "expert_rank": expert_rank(self.student, self.arch) if self.expert_loras else None,
-            "router": self.student.moe.router, "aux_loss_coef": self.student.moe.aux_loss_coef,
+            "router": self.student.moe.router,
+            "aux_loss_coef": self.student.moe.aux_loss_coef,
             "routed_tokens_per_expert": per_layer,
-            "expert_lora_b_nonzero": b_nonzero, "expert_lora_b_slices": b_total, "experts_untrained": untrained,
-            "expert_grad_checks": self.grad_checks, "routing_collapse_warnings": self.collapse_warnings,
+            "expert_lora_b_nonzero": b_nonzero,
+            "expert_lora_b_slices": b_total,
+            "experts_untrained": untrained,
+            "expert_grad_checks": self.grad_checks,
+            "routing_collapse_warnings": self.collapse_warnings,
         }
 
 

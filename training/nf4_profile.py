@@ -39,9 +39,14 @@ def dequant_share(step: Callable[[], object], device: torch.device, steps: int =
         total = sum(e.self_cpu_time_total for e in events)
         dequant = sum(e.self_cpu_time_total for e in events if e.key in DEQUANT_OPS)
     calls = sum(e.count for e in events if e.key == DEQUANT_OPS[0])
-    return {"dequant_share": dequant / total if total else 0.0, "dequant_ms_per_step": dequant / 1e3 / steps,
-            "step_ms_profiled": total / 1e3 / steps, "dequant_calls_per_step": calls / steps, "steps": steps,
-            "clock": "device" if cuda else "cpu"}
+    return {
+        "dequant_share": dequant / total if total else 0.0,
+        "dequant_ms_per_step": dequant / 1e3 / steps,
+        "step_ms_profiled": total / 1e3 / steps,
+        "dequant_calls_per_step": calls / steps,
+        "steps": steps,
+        "clock": "device" if cuda else "cpu",
+    }
 
 
 def recipe_dequant_share(recipe, steps: int = 3, warmup: int = 1) -> dict:

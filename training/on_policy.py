@@ -49,8 +49,16 @@ class RoundInterrupted(Exception):
 class Schedule:
     """Which steps are on-policy and which round and offset each belongs to (a pure function of the step)."""
 
-    def __init__(self, lambda_: float, warmup_steps: int, seed: int, steps_per_round: int, prompts: int,
-                 samples_per_rank: int, world: int):
+    def __init__(
+        self,
+        lambda_: float,
+        warmup_steps: int,
+        seed: int,
+        steps_per_round: int,
+        prompts: int,
+        samples_per_rank: int,
+        world: int,
+    ):
         self.lambda_, self.warmup_steps, self.seed = lambda_, warmup_steps, seed
         self.steps_per_round = steps_per_round
         self.prompt_plan = tdata.BatchPlan(prompts, samples_per_rank, world, 1, seed)
@@ -101,12 +109,12 @@ def decoding_attention(model):
     configs = [m.config for m in model.modules() if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")]
     saved = [c._attn_implementation for c in configs]
     try:
-        for c, impl in zip(configs, saved):
+        for c, impl in zip(configs, saved, strict=False):
             if impl not in ("eager", "sdpa"):
                 c._attn_implementation = "eager"
         yield
     finally:
-        for c, impl in zip(configs, saved):
+        for c, impl in zip(configs, saved, strict=False):
             c._attn_implementation = impl
 
 
@@ -125,9 +133,18 @@ def _returned_cache(out):
 
 
 @torch.no_grad()
-def sample(model, prompts: Sequence[list[int]], *, max_new_tokens: int, temperature: float, stop_ids: Sequence[int],
-           pad_id: int, generator: torch.Generator, device: torch.device,
-           all_done: Callable[[bool], bool] = lambda done: done) -> tuple[list[list[int]], int]:
+def sample(
+    model,
+    prompts: Sequence[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    generator: torch.Generator,
+    device: torch.device,
+    all_done: Callable[[bool], bool] = lambda done: done,
+) -> tuple[list[list[int]], int]:
     """One completion per prompt (token ids, the stop token included when one was sampled) and the number of
     decoding steps taken. Left-padded batch, key/value cache, ``temperature`` 0 greedy. ``all_done(local)``
     tells whether every rank's rows are done (an all-reduce under FSDP2): a rank whose rows all stopped keeps
@@ -140,12 +157,18 @@ def sample(model, prompts: Sequence[list[int]], *, max_new_tokens: int, temperat
     ids = torch.full((n, width), pad_id, dtype=torch.long)
     mask = torch.zeros((n, width), dtype=torch.long)
     for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.tensor(p)
-        mask[r, width - len(p):] = 1
+        ids[r, width - len(p) :] = torch.tensor(p)
+        mask[r, width - len(p) :] = 1
     ids, mask = ids.to(device), mask.to(device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                **{cache_kw: DynamicCache()})
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=pos,
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_kw: DynamicCache()},
+    )
     cache, pos = _returned_cache(out), pos[:, -1:]
     done = torch.zeros(n, dtype=torch.bool)
     stops = set(int(s) for s in stop_ids)
@@ -170,8 +193,7 @@ def sample(model, prompts: Sequence[list[int]], *, max_new_tokens: int, temperat
         feed = torch.where(done, torch.full_like(nxt, pad_id), nxt).to(device)
         mask = torch.cat([mask, mask.new_ones((n, 1))], dim=1)
         pos = pos + 1
-        out = model(input_ids=feed[:, None], attention_mask=mask, position_ids=pos, use_cache=True,
-                    **{cache_kw: cache})
+        out = model(input_ids=feed[:, None], attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kw: cache})
         cache = _returned_cache(out)
     return gen, steps
 
@@ -217,8 +239,14 @@ class RoundStats:
         return row | {"mean_reverse_kl": self.mean_reverse_kl}
 
 
-def score_samples(scorer, teacher_prompts: Sequence, prompt_index: Sequence[int], prompt_ids: Sequence[list[int]],
-                  completions: Sequence[list[int]], top_k: int) -> list[ScoredSample]:
+def score_samples(
+    scorer,
+    teacher_prompts: Sequence,
+    prompt_index: Sequence[int],
+    prompt_ids: Sequence[list[int]],
+    completions: Sequence[list[int]],
+    top_k: int,
+) -> list[ScoredSample]:
     """The teacher's top-k at every sampled position; a sample it could not score (too long for its context)
     is dropped, never trained on without a teacher."""
     scored = scorer.score(list(teacher_prompts), [list(c) for c in completions], top_k)
@@ -229,8 +257,9 @@ def score_samples(scorer, teacher_prompts: Sequence, prompt_index: Sequence[int]
             continue
         ids = [[t for t, _, _ in pos] for pos in s.top_logprobs]
         lps = [[float(lp) for _, _, lp in pos] for pos in s.top_logprobs]
-        out.append(ScoredSample(int(prompt_index[i]), list(prompt_ids[i]), list(c), ids, lps,
-                                int(s.prompt_tokens) + len(c)))
+        out.append(
+            ScoredSample(int(prompt_index[i]), list(prompt_ids[i]), list(c), ids, lps, int(s.prompt_tokens) + len(c))
+        )
     return out
 
 
@@ -248,8 +277,8 @@ def batch(samples: Sequence[ScoredSample], pad_id: int, max_seq_len: int) -> dic
         rows["input_ids"].append(ids)
         rows["labels"].append(labels)
         rows["position_ids"].append(list(range(len(ids))))
-        t_ids += ([[]] * p + s.topk_ids)[:len(ids)]
-        t_lps += ([[]] * p + s.topk_logprobs)[:len(ids)]
+        t_ids += ([[]] * p + s.topk_ids)[: len(ids)]
+        t_lps += ([[]] * p + s.topk_logprobs)[: len(ids)]
     out = tdata.collate(rows, list(range(len(samples))), pad_id, padding="free")
     width = out["input_ids"].shape[1]
     out[losses.TEACHER_IDS], out[losses.TEACHER_LOGPROBS] = losses.teacher_topk_tensors([t_ids], [t_lps], width)
@@ -314,8 +343,9 @@ class LocalScorer:
     def load(cls, model_path: str, compute_dtype: str, device: torch.device, identity: str, batch_size: int = 16):
         from campaign_orchestrator.generation.local import LocalGenerator
 
-        gen = LocalGenerator.from_path(model_path, compute_dtype=compute_dtype, batch_size=batch_size,
-                                       device=str(device))
+        gen = LocalGenerator.from_path(
+            model_path, compute_dtype=compute_dtype, batch_size=batch_size, device=str(device)
+        )
         return cls(gen, identity)
 
     def score(self, prompts, continuations, top_k: int):
@@ -324,24 +354,29 @@ class LocalScorer:
 
         gen = self.generator
         if len(prompts) != len(continuations):
-            raise ValueError(f"score() takes one continuation per prompt: got {len(prompts)} prompts and "
-                             f"{len(continuations)} continuations")
+            raise ValueError(
+                f"score() takes one continuation per prompt: got {len(prompts)} prompts and "
+                f"{len(continuations)} continuations"
+            )
         enc = [render_prompt_ids(gen.tok, p) for p in prompts]
         cont = [list(c) for c in continuations]
         out: list = [None] * len(prompts)
         groups = prefix_groups(enc, PREFIX_MIN_TOKENS) if self.prefix_caching else [(list(range(len(enc))), 0)]
         for idx, shared in groups:
-            fits = [i for i in idx if cont[i] and not (gen.context_length and len(enc[i]) + len(cont[i])
-                                                       > gen.context_length)]
+            fits = [
+                i
+                for i in idx
+                if cont[i] and not (gen.context_length and len(enc[i]) + len(cont[i]) > gen.context_length)
+            ]
             if shared >= PREFIX_MIN_TOKENS and len(fits) > 1:
                 group = self._score_group([enc[i] for i in fits], [cont[i] for i in fits], shared, top_k)
-                for i, scored in zip(fits, group or ()):
+                for i, scored in zip(fits, group or (), strict=False):
                     out[i] = scored
             rest = [i for i in idx if out[i] is None]
             if rest:
-                for i, scored in zip(rest, gen.score([prompts[i] for i in rest], [cont[i] for i in rest], top_k)):
+                for i, scored in zip(rest, gen.score([prompts[i] for i in rest], [cont[i] for i in rest], top_k), strict=False):
                     out[i] = scored
-        self.prefill_tokens += sum(s.prompt_tokens + len(c) for s, c in zip(out, cont) if not s.error)
+        self.prefill_tokens += sum(s.prompt_tokens + len(c) for s, c in zip(out, cont, strict=False) if not s.error)
         return out
 
     @torch.no_grad()
@@ -360,7 +395,7 @@ class LocalScorer:
         out: list = [None] * len(enc)
         order = sorted(range(len(enc)), key=lambda i: len(enc[i]) + len(cont[i]))
         for start in range(0, len(order), gen.batch_size):
-            idx = order[start:start + gen.batch_size]
+            idx = order[start : start + gen.batch_size]
             rows = [enc[i][shared:] + cont[i] for i in idx]
             width = max(len(r) for r in rows)
             ids, mask = gen._batch_inputs(rows, width, prefix)
@@ -368,17 +403,24 @@ class LocalScorer:
             batch_cache = copy.deepcopy(cache)
             batch_cache.batch_repeat_interleave(len(idx))
             n_c = max(len(cont[i]) for i in idx)
-            logits = gen.model(input_ids=ids[:, shared:], attention_mask=mask, position_ids=pos[:, shared:],
-                               use_cache=True, logits_to_keep=n_c + 1,
-                               **{_cache_keyword(gen.model): batch_cache}).logits.float()
+            logits = gen.model(
+                input_ids=ids[:, shared:],
+                attention_mask=mask,
+                position_ids=pos[:, shared:],
+                use_cache=True,
+                logits_to_keep=n_c + 1,
+                **{_cache_keyword(gen.model): batch_cache},
+            ).logits.float()
             lp = torch.log_softmax(logits[:, :-1], dim=-1)
             for row, i in enumerate(idx):
                 c = cont[i]
-                rows_lp = lp[row, n_c - len(c):]
+                rows_lp = lp[row, n_c - len(c) :]
                 vals = rows_lp.gather(-1, torch.tensor(c, device=rows_lp.device)[:, None])[:, 0].cpu().tolist()
                 tv, ti = rows_lp.topk(min(top_k, rows_lp.shape[-1]), dim=-1)
-                top = [[(t, None, v) for t, v in zip(a, b, strict=True)]
-                       for a, b in zip(ti.cpu().tolist(), tv.cpu().tolist(), strict=True)]
+                top = [
+                    [(t, None, v) for t, v in zip(a, b, strict=True)]
+                    for a, b in zip(ti.cpu().tolist(), tv.cpu().tolist(), strict=True)
+                ]
                 out[i] = Scored(list(c), vals, top, len(enc[i]))
         return out
 
@@ -392,18 +434,24 @@ def make_scorer(job, teacher_tokenizer: str | None, device: torch.device, log: C
             raise ValueError("an in-process teacher needs its directory (OnPolicyJob.teacher_model_path)")
         t0 = time.perf_counter()
         scorer = LocalScorer.load(job.teacher_model_path, job.teacher_compute_dtype, device, job.teacher_identity)
-        log(f"on-policy: teacher {job.teacher_model_path} loaded beside the student in {time.perf_counter() - t0:.1f}s "
-            f"({scorer.generator.precision.dtype if scorer.generator.precision else 'model dtype'})")
+        log(
+            f"on-policy: teacher {job.teacher_model_path} loaded beside the student in {time.perf_counter() - t0:.1f}s "
+            f"({scorer.generator.precision.dtype if scorer.generator.precision else 'model dtype'})"
+        )
         return scorer
     if job.teacher_backend == "openai":
         from campaign_orchestrator.teacher.scoring_http import HTTPTeacherScorer
         from campaigns.spec import TeacherSpec
 
         if not teacher_tokenizer:
-            raise ValueError("on-policy scoring by an `openai` teacher needs its tokenizer: set "
-                             "training.distillation.teacher_tokenizer to a directory holding it")
+            raise ValueError(
+                "on-policy scoring by an `openai` teacher needs its tokenizer: set "
+                "training.distillation.teacher_tokenizer to a directory holding it"
+            )
         scorer = HTTPTeacherScorer.from_spec(TeacherSpec.model_validate(job.teacher), teacher_tokenizer)
         log(f"on-policy: teacher {scorer!r} scores over HTTP (prompt_logprobs)")
         return scorer
-    raise ValueError(f"teacher.backend {job.teacher_backend!r} cannot score samples during training: use "
-                     "'transformers' (in process) or 'openai' (a server returning prompt_logprobs)")
+    raise ValueError(
+        f"teacher.backend {job.teacher_backend!r} cannot score samples during training: use "
+        "'transformers' (in process) or 'openai' (a server returning prompt_logprobs)"
+    )

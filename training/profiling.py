@@ -77,10 +77,14 @@ class RunProfiler:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
             self._prof = profile(
                 activities=activities,
-                schedule=schedule(skip_first=sc.skip_first, wait=sc.wait, warmup=sc.warmup, active=sc.active,
-                                  repeat=sc.repeat),
-                on_trace_ready=self._export, record_shapes=self.spec.record_shapes,
-                profile_memory=self.spec.profile_memory, with_stack=self.spec.with_stack)
+                schedule=schedule(
+                    skip_first=sc.skip_first, wait=sc.wait, warmup=sc.warmup, active=sc.active, repeat=sc.repeat
+                ),
+                on_trace_ready=self._export,
+                record_shapes=self.spec.record_shapes,
+                profile_memory=self.spec.profile_memory,
+                with_stack=self.spec.with_stack,
+            )
             self._prof.__enter__()
         return self
 
@@ -119,14 +123,24 @@ class RunProfiler:
     # ------------------------------------------------------------------ end of training
     def _context(self) -> dict[str, Any]:
         t = self.training
-        return {"nodes": t.nodes, "processes_per_node": t.processes_per_node, "sharding": t.sharding,
-                "world_size": self.world}
+        return {
+            "nodes": t.nodes,
+            "processes_per_node": t.processes_per_node,
+            "sharding": t.sharding,
+            "world_size": self.world,
+        }
 
     def _mine(self) -> dict[str, Any]:
         """This rank's contribution: its trace paths, its breakdown, its node's diagnostics."""
         ident = diagnostics.node_identity()
-        mine: dict[str, Any] = {"rank": self.rank, "node": ident["node"], "host": ident["host"],
-                                "traces": [str(p) for p in self._files], "breakdown": None, "notes": []}
+        mine: dict[str, Any] = {
+            "rank": self.rank,
+            "node": ident["node"],
+            "host": ident["host"],
+            "traces": [str(p) for p in self._files],
+            "breakdown": None,
+            "notes": [],
+        }
         if self._files:
             try:
                 from training.triage import analyze_files
@@ -137,8 +151,9 @@ class RunProfiler:
             except Exception as e:  # a broken trace must not break the collective that follows
                 mine["notes"].append(f"rank {self.rank}: could not triage {self._files}: {type(e).__name__}: {e}")
         elif self.spec.enabled:
-            mine["notes"].append(f"rank {self.rank}: no trace written (training ended before the profiler schedule "
-                                 f"recorded a step)")
+            mine["notes"].append(
+                f"rank {self.rank}: no trace written (training ended before the profiler schedule recorded a step)"
+            )
         mine["diagnostics"] = diagnostics.collect(self.training) if ident["local_rank"] == 0 else None
         if self.spec.upload_url and self._files:
             mine["upload_error"] = self._upload(self._files)
@@ -178,7 +193,9 @@ class RunProfiler:
         self.dir.mkdir(parents=True, exist_ok=True)
         nodes = [g["diagnostics"] for g in gathered if g.get("diagnostics")]
         index = diagnostics.write(nodes, self.dir / "diagnostics")
-        notes = [n for g in gathered for n in g["notes"]] + [g["upload_error"] for g in gathered if g.get("upload_error")]
+        notes = [n for g in gathered for n in g["notes"]] + [
+            g["upload_error"] for g in gathered if g.get("upload_error")
+        ]
         triage = None
         if self.spec.enabled:
             triage = decide([g["breakdown"] for g in gathered if g["breakdown"]], self._context())

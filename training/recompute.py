@@ -145,9 +145,10 @@ def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _is_swiglu_mlp(mod: nn.Module) -> bool:
-    return (all(isinstance(getattr(mod, n, None), nn.Module) for n in ("gate_proj", "up_proj", "down_proj"))
-            and (isinstance(getattr(mod, "act_fn", None), nn.SiLU)
-                 or type(getattr(mod, "act_fn", None)).__name__ == "SiLUActivation"))  # transformers' F.silu
+    return all(isinstance(getattr(mod, n, None), nn.Module) for n in ("gate_proj", "up_proj", "down_proj")) and (
+        isinstance(getattr(mod, "act_fn", None), nn.SiLU)
+        or type(getattr(mod, "act_fn", None)).__name__ == "SiLUActivation"
+    )  # transformers' F.silu
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -191,9 +192,12 @@ def _patch(mod: nn.Module, attr: str, fn) -> None:
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules()
-            if isinstance(getattr(m, "input_layernorm", None), nn.Module)
-            and isinstance(getattr(m, "post_attention_layernorm", None), nn.Module)]
+    return [
+        m
+        for m in model.modules()
+        if isinstance(getattr(m, "input_layernorm", None), nn.Module)
+        and isinstance(getattr(m, "post_attention_layernorm", None), nn.Module)
+    ]
 
 
 def apply(model: nn.Module) -> dict[str, int]:

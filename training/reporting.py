@@ -34,8 +34,12 @@ class Reporter:
 
     def materialization(self, metadata: dict[str, Any]) -> None:
         if self._pipes is not None:  # nested values (a MoE student's report) travel as JSON metadata
-            self._pipes.report_asset_materialization(metadata={
-                k: {"raw_value": v, "type": "json"} if isinstance(v, dict | list) else v for k, v in metadata.items()})
+            self._pipes.report_asset_materialization(
+                metadata={
+                    k: {"raw_value": v, "type": "json"} if isinstance(v, dict | list) else v
+                    for k, v in metadata.items()
+                }
+            )
 
     def close(self) -> None:
         if self._pipes is not None:

@@ -121,8 +121,9 @@ def run_processes(run_id: str, groups: list[dict]) -> list:
     return found
 
 
-def kill_run_processes(run_id: str, groups: list[dict], log: Callable[[str], None] = print,
-                       timeout_s: float = 10.0) -> list[int]:
+def kill_run_processes(
+    run_id: str, groups: list[dict], log: Callable[[str], None] = print, timeout_s: float = 10.0
+) -> list[int]:
     """SIGKILL every process of ``run_id`` (:func:`run_processes`) and wait until they are gone; the pids killed."""
     import psutil
 

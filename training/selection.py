@@ -68,8 +68,9 @@ class Selector:
     def observe(self, step: int, task_loss: float | None, replay_loss: float | None) -> bool:
         ev = Evaluation(step, task_loss, replay_loss, self.score(task_loss, replay_loss))
         self.history.append(ev)
-        if ev.score is not None and (self.best is None or self.best.score is None
-                                     or ev.score < self.best.score - self.min_delta):
+        if ev.score is not None and (
+            self.best is None or self.best.score is None or ev.score < self.best.score - self.min_delta
+        ):
             self.best, self.since_best = ev, 0
             return True
         self.since_best += 1
@@ -83,21 +84,33 @@ class Selector:
         if self.best is None:
             return "no held-out evaluation: the last step is kept"
         b = self.best
-        parts = [f"task {b.task_loss:.4f}" if b.task_loss is not None else None,
-                 f"replay {b.replay_loss:.4f}" if b.replay_loss is not None else None]
+        parts = [
+            f"task {b.task_loss:.4f}" if b.task_loss is not None else None,
+            f"replay {b.replay_loss:.4f}" if b.replay_loss is not None else None,
+        ]
         what = ", ".join(p for p in parts if p)
         later = [e for e in self.history if e.step > b.step]
-        text = (f"step {b.step} of {last_step}: lowest held-out loss {b.score:.4f} ({what}; weight of replay "
-                f"{self.replay_weight})")
+        text = (
+            f"step {b.step} of {last_step}: lowest held-out loss {b.score:.4f} ({what}; weight of replay "
+            f"{self.replay_weight})"
+        )
         if later:
-            text += (f"; the {len(later)} later evaluation(s) did not improve it by more than {self.min_delta} "
-                     f"(best later {min(e.score for e in later if e.score is not None):.4f})")
+            text += (
+                f"; the {len(later)} later evaluation(s) did not improve it by more than {self.min_delta} "
+                f"(best later {min(e.score for e in later if e.score is not None):.4f})"
+            )
         if self.should_stop:
             text += f"; stopped early after {self.patience} evaluations without improvement"
         return text
 
     def summary(self, last_step: int) -> dict:
-        return {"rule": "best_heldout_loss", "kept_step": self.best.step if self.best else last_step,
-                "reason": self.reason(last_step), "replay_weight": self.replay_weight, "min_delta": self.min_delta,
-                "patience": self.patience, "stopped_early": self.should_stop,
-                "evaluations": [asdict(e) for e in self.history]}
+        return {
+            "rule": "best_heldout_loss",
+            "kept_step": self.best.step if self.best else last_step,
+            "reason": self.reason(last_step),
+            "replay_weight": self.replay_weight,
+            "min_delta": self.min_delta,
+            "patience": self.patience,
+            "stopped_early": self.should_stop,
+            "evaluations": [asdict(e) for e in self.history],
+        }

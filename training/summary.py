@@ -15,8 +15,9 @@ from pathlib import Path
 REPRODUCIBILITY = "reproducibility.json"
 
 
-def run_summary(trainer, seconds: float, eval_loss: float | None, adapter_dir: Path, ckpt: Path,
-                merged: Path | None) -> dict:
+def run_summary(
+    trainer, seconds: float, eval_loss: float | None, adapter_dir: Path, ckpt: Path, merged: Path | None
+) -> dict:
     """The run's summary (global rank 0; ``trainer``: a finished :class:`training.recipes.LoraFinetuneRecipe`)."""
     m = trainer.metrics
     head = [r["loss"] for r in m[:10]]

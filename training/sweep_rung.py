@@ -82,12 +82,21 @@ class RungRunner:
         spec, tr = self.spec, self.spec.training
         tspec = spec.with_params(rec.params)
         remote = tr.checkpoint.remote_uri
-        return TrainJob(campaign=spec.name, base_model_path=str(self.base), dataset_path=self.dataset["dataset_path"],
-                        validation_path=self.dataset.get("validation_path"), output_dir=str(tdir),
-                        student=tspec.student, training=tspec.training, teacher_tokenizer_path=self.teacher_tokenizer,
-                        gpu_required=self.gpu_required, stop_at_step=steps if steps < tr.max_steps else None,
-                        checkpoint_uri=(f"{remote.rstrip('/')}/{spec.name}/{STAGE}/{self.key}/"
-                                        f"{self.partition(rec.root)}" if remote else None))
+        return TrainJob(
+            campaign=spec.name,
+            base_model_path=str(self.base),
+            dataset_path=self.dataset["dataset_path"],
+            validation_path=self.dataset.get("validation_path"),
+            output_dir=str(tdir),
+            student=tspec.student,
+            training=tspec.training,
+            teacher_tokenizer_path=self.teacher_tokenizer,
+            gpu_required=self.gpu_required,
+            stop_at_step=steps if steps < tr.max_steps else None,
+            checkpoint_uri=(
+                f"{remote.rstrip('/')}/{spec.name}/{STAGE}/{self.key}/{self.partition(rec.root)}" if remote else None
+            ),
+        )
 
     def run_rung(self, rec, tdir: Path, steps: int, prev: int, budget=None):
         """Train ``rec`` from ``prev`` to ``steps`` steps (``Sweep``'s ``run_rung``): its eval loss, wall time and
@@ -115,8 +124,15 @@ class RungRunner:
         trained = summary["trained_steps"] if summary.get("rung") else steps - (summary.get("resumed_from_step") or 0)
         self.measured.append((trained, wall))
         if summary.get("eval_loss") is None:
-            raise self.fail(f"sweep: trial {rec.number} has no eval loss (no validation rows: set "
-                            "dataset.validation_fraction or training.eval_rows)")
+            raise self.fail(
+                f"sweep: trial {rec.number} has no eval loss (no validation rows: set "
+                "dataset.validation_fraction or training.eval_rows)"
+            )
         lines = self.bill({"seconds": wall, "device": summary.get("device", "cpu")})
-        return RungOutcome(value=float(summary["eval_loss"]), seconds=wall, lines=lines,
-                           trained_steps=trained, resumed_from=summary.get("resumed_from_step"))
+        return RungOutcome(
+            value=float(summary["eval_loss"]),
+            seconds=wall,
+            lines=lines,
+            trained_steps=trained,
+            resumed_from=summary.get("resumed_from_step"),
+        )

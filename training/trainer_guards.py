@@ -83,8 +83,12 @@ def die_with_launcher() -> None:
     except Exception:  # noqa: BLE001 - gone, or not readable: judge by the run id we cannot see
         parent_run = None
     if run_id and parent_run != run_id:
-        print(f"training: the torchrun of run {run_id} that started this trainer is gone (parent is now pid "
-              f"{os.getppid()}); exiting", file=sys.stderr, flush=True)
+        print(
+            f"training: the torchrun of run {run_id} that started this trainer is gone (parent is now pid "
+            f"{os.getppid()}); exiting",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(1)
 
 
@@ -116,17 +120,25 @@ class OutputDirLock:
             os.close(fd)
             try:
                 h = json.loads(holder)
-                who = (f"pid {h.get('pid')} on {h.get('host')} (run {h.get('run_id')}, started "
-                       f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(h.get('start', 0)))})")
+                who = (
+                    f"pid {h.get('pid')} on {h.get('host')} (run {h.get('run_id')}, started "
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(h.get('start', 0)))})"
+                )
             except (ValueError, AttributeError):
                 who = holder or "an unknown process"
             raise OutputDirLocked(
                 f"output directory {self.path.parent} is being written by another trainer: {who} holds {self.path} "
                 f"(rank {self.rank}). "
                 "Two trainers must not write one output directory: wait for it to finish, or stop that process "
-                "(`campaign run` reaps the trainers of a dead run) and launch again") from None
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "run_id": os.environ.get(RUN_ID_ENV),
-                "rank": self.rank, "start": time.time()}
+                "(`campaign run` reaps the trainers of a dead run) and launch again"
+            ) from None
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "run_id": os.environ.get(RUN_ID_ENV),
+            "rank": self.rank,
+            "start": time.time(),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd

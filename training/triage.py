@@ -82,19 +82,25 @@ FIXES: dict[str, list[str]] = {
     ],
 }
 
-TOPOLOGY = ("Topology: fit the job on a single NVLink node first (every all-gather and reduce-scatter then runs at "
-            "NVLink speed); across nodes prefer hybrid sharding (shard inside a node, replicate across nodes) over "
-            "full sharding unless memory forces it.")
+TOPOLOGY = (
+    "Topology: fit the job on a single NVLink node first (every all-gather and reduce-scatter then runs at "
+    "NVLink speed); across nodes prefer hybrid sharding (shard inside a node, replicate across nodes) over "
+    "full sharding unless memory forces it."
+)
 
 # Host-side names of collective communication (CPU traces; GPU traces use the device kernels).
-COMM = re.compile(r"^(c10d::|c10d_functional::|_c10d_functional::|gloo:|nccl:|record_param_comms"
-                  r"|FSDP::all_gather(\s|$)|FSDP::post_backward_reduce|FSDP::post_backward_rs_wait|FSDP::.*wait"
-                  r"|DDP::.*(allreduce|reduce))")
+COMM = re.compile(
+    r"^(c10d::|c10d_functional::|_c10d_functional::|gloo:|nccl:|record_param_comms"
+    r"|FSDP::all_gather(\s|$)|FSDP::post_backward_reduce|FSDP::post_backward_rs_wait|FSDP::.*wait"
+    r"|DDP::.*(allreduce|reduce))"
+)
 # Collectives executing on a backend's own thread (gloo's pt_gloo_runloop).
 BACKEND_COLLECTIVE = re.compile(r"^(gloo:|nccl:)")
 DATA = re.compile(r"(enumerate\(DataLoader\)|DataLoader.*__next__|^data(_loading|_wait|loader)?$|^## data)", re.I)
-FORWARD = re.compile(r"^(FSDP::root_pre_forward|FSDP::pre_forward|DistributedDataParallel\.forward|nn\.Module: "
-                     r"|## forward|aten::embedding$)")
+FORWARD = re.compile(
+    r"^(FSDP::root_pre_forward|FSDP::pre_forward|DistributedDataParallel\.forward|nn\.Module: "
+    r"|## forward|aten::embedding$)"
+)
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 HOST_CATS = frozenset({"cpu_op", "user_annotation"})
 NCCL_KERNEL = re.compile(r"^nccl", re.I)
@@ -199,8 +205,7 @@ class RankBreakdown:
 
     def per_step(self) -> dict[str, Any]:
         n = max(1, self.steps)
-        out: dict[str, Any] = {"rank": self.rank, "mode": self.mode, "steps": self.steps,
-                               "step_ms": self.step_ms / n}
+        out: dict[str, Any] = {"rank": self.rank, "mode": self.mode, "steps": self.steps, "step_ms": self.step_ms / n}
         for p in PARTS:
             out[f"{p}_ms"] = getattr(self, f"{p}_ms") / n
             out[f"{p}_fraction"] = getattr(self, f"{p}_ms") / self.step_ms if self.step_ms else 0.0
@@ -248,7 +253,9 @@ def analyze_trace(trace: dict, rank: int | None = None) -> RankBreakdown:
         t0 = min(e["ts"] for e in everything)
         t1 = max(e["ts"] + e.get("dur", 0.0) for e in everything)
         steps = [{"name": "ProfilerStep#all", "ts": t0, "dur": t1 - t0}]
-        out.notes.append("no ProfilerStep markers (not recorded with a torch.profiler schedule): the whole trace is one step")
+        out.notes.append(
+            "no ProfilerStep markers (not recorded with a torch.profiler schedule): the whole trace is one step"
+        )
     main_ops = [e for e in host if (e.get("pid"), e.get("tid")) == main and not e["name"].startswith("ProfilerStep#")]
     backend = [e for e in host if (e.get("pid"), e.get("tid")) != main and BACKEND_COLLECTIVE.match(e["name"])]
     # The device runs behind the host: when the trace has the step markers on the device timeline
@@ -266,11 +273,14 @@ def analyze_trace(trace: dict, rank: int | None = None) -> RankBreakdown:
             data = [(s0, first)] if first > s0 else []
         else:
             fwd = [e["ts"] for e in inside if FORWARD.match(e["name"])]
-            data = _union(([(s0, min(fwd))] if fwd else [])
-                          + [_clip(e, s0, s1) for e in inside if DATA.search(e["name"])])
+            data = _union(
+                ([(s0, min(fwd))] if fwd else []) + [_clip(e, s0, s1) for e in inside if DATA.search(e["name"])]
+            )
         if out.mode == "host":
             busy = _union([_clip(e, s0, s1) for e in inside])
-            waits = _subtract(_union([_clip(e, s0, s1) for e in backend if e["ts"] < s1 and e["ts"] + e["dur"] > s0]), busy)
+            waits = _subtract(
+                _union([_clip(e, s0, s1) for e in backend if e["ts"] < s1 and e["ts"] + e["dur"] > s0]), busy
+            )
             comm = _union([_clip(e, s0, s1) for e in inside if COMM.match(e["name"])] + waits)
             parts = {"comm": comm, "h2d": [], "data": data, "compute": busy}
             order = ("comm", "h2d", "data", "compute")
@@ -328,9 +338,11 @@ def topology_advice(context: dict | None = None) -> str:
     if nodes is None:
         return TOPOLOGY
     if nodes > 1 and sharding == "full":
-        mine = (f" This run shards fully across {nodes} nodes: every all-gather and reduce-scatter crosses the "
-                f"inter-node fabric; try `sharding: hybrid` unless one node's memory cannot hold a replica of the "
-                f"sharded model state.")
+        mine = (
+            f" This run shards fully across {nodes} nodes: every all-gather and reduce-scatter crosses the "
+            f"inter-node fabric; try `sharding: hybrid` unless one node's memory cannot hold a replica of the "
+            f"sharded model state."
+        )
     elif nodes > 1:
         mine = f" This run spans {nodes} nodes with `sharding: {sharding}`: only gradient reductions cross nodes."
     else:
@@ -343,9 +355,11 @@ def fixes_for(verdict: str, context: dict | None = None) -> list[str]:
     fixes = list(FIXES[verdict])
     c = context or {}
     if verdict == "communication-bound" and c.get("nodes") == 1:
-        fixes[0] = ("one node: the collectives should ride NVLink: check the topology diagnostics (nvidia-smi topo -m, "
-                    "nvlink -s); with a frozen (4-bit) base and small adapters, `sharding: none` (replicate the base, "
-                    "all-reduce only adapter gradients) removes the per-layer all-gathers if memory allows")
+        fixes[0] = (
+            "one node: the collectives should ride NVLink: check the topology diagnostics (nvidia-smi topo -m, "
+            "nvlink -s); with a frozen (4-bit) base and small adapters, `sharding: none` (replicate the base, "
+            "all-reduce only adapter gradients) removes the per-layer all-gathers if memory allows"
+        )
     return fixes
 
 
@@ -353,9 +367,15 @@ def decide(ranks: list[dict], context: dict | None = None, t: Thresholds = Thres
     """The verdict for a run from its per-rank per-step breakdowns (:meth:`RankBreakdown.per_step`)."""
     ranks = [r for r in ranks if r["steps"] > 0]
     if not ranks:
-        return {"verdict": None, "reason": "no profiled step in any trace (training shorter than the profiler "
-                                           "schedule's skip_first + wait + warmup + 1?)", "ranks": [],
-                "fixes": [], "decision_path": [], "topology_advice": topology_advice(context)}
+        return {
+            "verdict": None,
+            "reason": "no profiled step in any trace (training shorter than the profiler "
+            "schedule's skip_first + wait + warmup + 1?)",
+            "ranks": [],
+            "fixes": [],
+            "decision_path": [],
+            "topology_advice": topology_advice(context),
+        }
     n = len(ranks)
     mean = {p: statistics.fmean(r[f"{p}_fraction"] for r in ranks) for p in PARTS}
     step_ms = statistics.fmean(r["step_ms"] for r in ranks)
@@ -367,37 +387,56 @@ def decide(ranks: list[dict], context: dict | None = None, t: Thresholds = Thres
 
     def rule(name: str, value: float, limit: float, what: str, fmt: str = "{:.0%}") -> bool:
         hit = value >= limit
-        path.append(f"{name}? {what} {fmt.format(value)} {'>=' if hit else '<'} {fmt.format(limit)}: "
-                    f"{'yes' if hit else 'no'}")
+        path.append(
+            f"{name}? {what} {fmt.format(value)} {'>=' if hit else '<'} {fmt.format(limit)}: {'yes' if hit else 'no'}"
+        )
         return hit
 
     if n > 1 and rule("straggler", spread, t.straggler_spread, "spread of non-communication time between ranks"):
         verdict = "straggler"
-        reason = (f"rank {slowest} spends {max(non_comm):.1f} ms per step outside collectives, the fastest rank "
-                  f"{min(non_comm):.1f} ms (spread {spread:.0%} of the {step_ms:.1f} ms step): the other ranks "
-                  f"wait for rank {slowest} at every collective")
+        reason = (
+            f"rank {slowest} spends {max(non_comm):.1f} ms per step outside collectives, the fastest rank "
+            f"{min(non_comm):.1f} ms (spread {spread:.0%} of the {step_ms:.1f} ms step): the other ranks "
+            f"wait for rank {slowest} at every collective"
+        )
     elif rule("data-starved", mean["data"], t.data_fraction, "input pipeline (before forward)"):
-        verdict, reason = "data-starved", f"the input pipeline takes {mean['data']:.0%} of the step before forward starts"
+        verdict, reason = (
+            "data-starved",
+            f"the input pipeline takes {mean['data']:.0%} of the step before forward starts",
+        )
     elif rule("communication-bound", mean["comm"], t.comm_fraction, "exposed collectives"):
         verdict, reason = "communication-bound", f"collectives take {mean['comm']:.0%} of the step"
     elif rule("host-copy-bound", mean["h2d"], t.h2d_fraction, "host-to-device copies"):
         verdict, reason = "host-copy-bound", f"host-to-device copies take {mean['h2d']:.0%} of the step"
-    elif (rule("launch-bound", mean["idle"], t.launch_idle_fraction, "idle gaps between ops")
-          and median_op <= t.tiny_op_us):
+    elif (
+        rule("launch-bound", mean["idle"], t.launch_idle_fraction, "idle gaps between ops")
+        and median_op <= t.tiny_op_us
+    ):
         path[-1] += f" and median op {median_op:.1f} µs <= {t.tiny_op_us:g} µs: yes"
         verdict = "launch-bound"
-        reason = (f"{mean['idle']:.0%} of the step is gaps between ops whose median lasts {median_op:.1f} µs "
-                  f"({statistics.fmean(r['ops_per_step'] for r in ranks):.0f} ops per step)")
+        reason = (
+            f"{mean['idle']:.0%} of the step is gaps between ops whose median lasts {median_op:.1f} µs "
+            f"({statistics.fmean(r['ops_per_step'] for r in ranks):.0f} ops per step)"
+        )
     else:
         if path[-1].endswith("yes"):
             path[-1] += f" but median op {median_op:.1f} µs > {t.tiny_op_us:g} µs: no"
         verdict = "compute-bound"
         reason = f"compute takes {mean['compute']:.0%} of the step; no other part crosses its threshold"
     return {
-        "verdict": verdict, "reason": reason, "fixes": fixes_for(verdict, context), "decision_path": path,
+        "verdict": verdict,
+        "reason": reason,
+        "fixes": fixes_for(verdict, context),
+        "decision_path": path,
         "topology_advice": topology_advice(context),
-        "step_ms": step_ms, "fractions": mean, "straggler_spread": spread, "slowest_rank": slowest,
-        "median_op_us": median_op, "world_size": n, "thresholds": asdict(t), "ranks": ranks,
+        "step_ms": step_ms,
+        "fractions": mean,
+        "straggler_spread": spread,
+        "slowest_rank": slowest,
+        "median_op_us": median_op,
+        "world_size": n,
+        "thresholds": asdict(t),
+        "ranks": ranks,
     }
 
 
@@ -409,12 +448,16 @@ def triage_files(paths: list[str | Path], context: dict | None = None, t: Thresh
 
 
 def markdown_table(result: dict) -> str:
-    lines = ["| rank | steps | step ms | compute | comm | data | h2d copy | idle | ops/step | median op µs |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| rank | steps | step ms | compute | comm | data | h2d copy | idle | ops/step | median op µs |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in result.get("ranks", []):
         cells = " | ".join(f"{r[f'{p}_ms']:.1f} ms ({r[f'{p}_fraction']:.0%})" for p in PARTS)
-        lines.append(f"| {r['rank']} | {r['steps']} | {r['step_ms']:.1f} | {cells} | {r['ops_per_step']:.0f} | "
-                     f"{r['median_op_us']:.1f} |")
+        lines.append(
+            f"| {r['rank']} | {r['steps']} | {r['step_ms']:.1f} | {cells} | {r['ops_per_step']:.0f} | "
+            f"{r['median_op_us']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -422,18 +465,22 @@ def render(result: dict) -> str:
     """Human-readable report: verdict, why, fixes, the decision path, per-rank table, topology advice."""
     if result.get("verdict") is None:
         return f"triage: no verdict: {result.get('reason')}\n{result.get('topology_advice', TOPOLOGY)}"
-    out = [f"verdict: {result['verdict']}: {result['reason']}",
-           f"straggler spread {result['straggler_spread']:.1%} (slowest rank {result['slowest_rank']}), "
-           f"mean step {result['step_ms']:.1f} ms over {result['world_size']} rank(s)",
-           "fixes:"] + [f"  - {f}" for f in result["fixes"]]
+    out = [
+        f"verdict: {result['verdict']}: {result['reason']}",
+        f"straggler spread {result['straggler_spread']:.1%} (slowest rank {result['slowest_rank']}), "
+        f"mean step {result['step_ms']:.1f} ms over {result['world_size']} rank(s)",
+        "fixes:",
+    ] + [f"  - {f}" for f in result["fixes"]]
     out += ["decision path:"] + [f"  {i + 1}. {p}" for i, p in enumerate(result["decision_path"])]
     out += ["per rank (per step):", markdown_table(result), result["topology_advice"]]
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m training.triage",
-                                 description="Triage torch.profiler Chrome traces: where each rank's step time goes.")
+    ap = argparse.ArgumentParser(
+        prog="python -m training.triage",
+        description="Triage torch.profiler Chrome traces: where each rank's step time goes.",
+    )
     ap.add_argument("paths", nargs="+", help="trace files or directories holding *.pt.trace.json")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--nodes", type=int)

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from campaigns.loader import default_campaign_files, load_campaigns
 from campaign_app.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
+from campaigns.loader import default_campaign_files, load_campaigns
 
 
 def price_problems(spec) -> list[str]:
@@ -16,9 +16,8 @@ def price_problems(spec) -> list[str]:
     found here, not as a traceback at `campaign run`."""
     from campaign_orchestrator.costs.catalog import PricingError
     from campaign_orchestrator.costs.catalog import price_problems as problems
-    from resources.pricing import PricingResource
-
     from campaign_orchestrator.costs.plan.stages import sweep_cap_problems
+    from resources.pricing import PricingResource
 
     try:
         catalog = PricingResource().catalog_for(spec)
@@ -37,7 +36,9 @@ def validate_command(args: argparse.Namespace) -> int:
         priced, model = price_problems(spec), student_model_problems(spec, args.artifacts)
         if priced or model:
             bad_names.add(name)
-            print(f"invalid  {src}  (campaign {name}" + (": its student model refuses these settings)" if model else ")"))
+            print(
+                f"invalid  {src}  (campaign {name}" + (": its student model refuses these settings)" if model else ")")
+            )
             for line in [*priced, *model]:
                 print(f"  {src}: {line}")
             continue
@@ -63,7 +64,11 @@ def student_model_problems(spec, artifacts: str | None) -> list[str]:
 
     ref = spec.student.base_model
     try:
-        d = recipe.resolve(ref, ArtifactStore(root=artifacts).root_path()) if recipe.is_demo_ref(ref) else spec.path(ref)
+        d = (
+            recipe.resolve(ref, ArtifactStore(root=artifacts).root_path())
+            if recipe.is_demo_ref(ref)
+            else spec.path(ref)
+        )
         shape = ModelShape.from_model_dir(d) if (d / "config.json").exists() else None
     except (ValueError, PlanError, OSError):
         return []  # an unknown or unreadable model is reported where it is loaded
@@ -109,8 +114,10 @@ def plan_command(args: argparse.Namespace) -> int:
 
     print(render(checks))
     if spent:
-        print(f"already spent on campaign {spec.name} (ledger): ${spent:.6f}"
-              + (f"; ${spec.cost.budget_usd - spent:.6f} of the budget remains" if spec.cost.budget_usd else ""))
+        print(
+            f"already spent on campaign {spec.name} (ledger): ${spent:.6f}"
+            + (f"; ${spec.cost.budget_usd - spent:.6f} of the budget remains" if spec.cost.budget_usd else "")
+        )
     return EXIT_OK
 
 
@@ -125,8 +132,10 @@ def scaleout_plan(spec, pricing, plan, replicas: str | None, assume: list[str] |
         pairs = dict(a.split("=", 1) for a in assume or [])
         assumptions = ScaleAssumptions().with_overrides({k.strip(): float(v) for k, v in pairs.items()})
     except ValueError:
-        raise PlanError(f"--replicas takes counts like 1,2,4,8 and --assume key=number (known: "
-                        f"{', '.join(ScaleAssumptions.__dataclass_fields__)}); got {replicas!r}, {assume!r}") from None
+        raise PlanError(
+            f"--replicas takes counts like 1,2,4,8 and --assume key=number (known: "
+            f"{', '.join(ScaleAssumptions.__dataclass_fields__)}); got {replicas!r}, {assume!r}"
+        ) from None
     return plan_scaleout(spec, pricing.catalog_for(spec), plan.data, plan.teacher, counts, assumptions)
 
 
@@ -137,8 +146,10 @@ def docs_command(args: argparse.Namespace) -> int:
         if fieldref.is_current():
             print(f"{fieldref.reference_path()} is current")
             return EXIT_OK
-        print(f"{fieldref.reference_path()} is out of date with campaigns/spec/: run `campaign docs` and commit it",
-              file=sys.stderr)
+        print(
+            f"{fieldref.reference_path()} is out of date with campaigns/spec/: run `campaign docs` and commit it",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     print(f"wrote {fieldref.write()}")
     return EXIT_OK
@@ -148,16 +159,25 @@ def add_parsers(sub) -> None:
     """Register this group's commands on the ``campaign`` parser."""
     v = sub.add_parser("validate", help="validate campaign files (default: campaigns/*.yaml)")
     v.add_argument("files", nargs="*")
-    v.add_argument("--artifacts", default="artifacts", help="artifact root holding the demo models (their configs are read)")
+    v.add_argument(
+        "--artifacts", default="artifacts", help="artifact root holding the demo models (their configs are read)"
+    )
     v.set_defaults(fn=validate_command)
     p = sub.add_parser("plan", help="before running: per-GPU memory, fit, teacher tokens, GPU-hours and $ per stage")
     p.add_argument("campaign", help="campaign name or YAML file")
     p.add_argument("--artifacts", default="artifacts", help="artifact root holding models and the ledger")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--replicas", help="estimate the teacher stage on these Ray replica counts, e.g. 1,2,4,8,16 "
-                                      "(default with execution.engine ray: 1..64 and execution.replicas)")
-    p.add_argument("--assume", action="append", metavar="KEY=VALUE",
-                   help="a scale-out assumption, e.g. cluster_start_s=5 (costs.plan.scaleout.ScaleAssumptions)")
+    p.add_argument(
+        "--replicas",
+        help="estimate the teacher stage on these Ray replica counts, e.g. 1,2,4,8,16 "
+        "(default with execution.engine ray: 1..64 and execution.replicas)",
+    )
+    p.add_argument(
+        "--assume",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a scale-out assumption, e.g. cluster_start_s=5 (costs.plan.scaleout.ScaleAssumptions)",
+    )
     p.set_defaults(fn=plan_command)
     ls = sub.add_parser("list", help="list campaigns")
     ls.set_defaults(fn=list_command)

@@ -11,7 +11,6 @@ from pathlib import Path
 from campaigns import paths
 from campaigns.loader import CampaignError, resolve_campaign
 
-
 EXIT_OK, EXIT_INVALID, EXIT_FAILED, EXIT_BLOCKED = 0, 1, 2, 3
 
 

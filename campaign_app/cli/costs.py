@@ -33,20 +33,28 @@ def costs_command(args: argparse.Namespace) -> int:
     for name in names:
         runs = ledger.runs(name)
         unknown = ledger.unknown(name)  # an unpriced teacher: its spend is unknown, never $0
-        total = (f"unknown ({'; '.join(f'{a} {why}' for a, why in unknown.items())}; priced stages "
-                 f"{money(ledger.spent(name))})" if unknown else money(ledger.spent(name)))
+        total = (
+            f"unknown ({'; '.join(f'{a} {why}' for a, why in unknown.items())}; priced stages "
+            f"{money(ledger.spent(name))})"
+            if unknown
+            else money(ledger.spent(name))
+        )
         print(f"\ncampaign {name}: {total} in {len(runs)} run(s)")
-        print(f"  {'run':36s} {'first record (UTC)':19s} {'spent':>11s} {'teacher':>11s} {'training':>11s} "
-              f"{'evaluation':>11s} {'stopped':>11s}")
+        print(
+            f"  {'run':36s} {'first record (UTC)':19s} {'spent':>11s} {'teacher':>11s} {'training':>11s} "
+            f"{'evaluation':>11s} {'stopped':>11s}"
+        )
         for r in runs:
             kinds = {STAGE_KIND.get(part.split(":")[0].strip(), "") for part in (r["unknown"] or "").split(";")}
 
             def col(key: str, kind: str | None = None, r=r, kinds=kinds) -> str:
                 return "unknown" if r["unknown"] and (kind is None or kind in kinds) else money(r[key])
 
-            print(f"  {r['run_id']:36s} {str(r['started_at'])[:19]:19s} {col('usd'):>11s} "
-                  f"{col('teacher_usd', 'teacher'):>11s} {col('training_usd', 'training'):>11s} {col('evaluation_usd', 'evaluation'):>11s} "
-                  f"{money(r['interrupted_usd']):>11s}")
+            print(
+                f"  {r['run_id']:36s} {str(r['started_at'])[:19]:19s} {col('usd'):>11s} "
+                f"{col('teacher_usd', 'teacher'):>11s} {col('training_usd', 'training'):>11s} {col('evaluation_usd', 'evaluation'):>11s} "
+                f"{money(r['interrupted_usd']):>11s}"
+            )
             if r["unknown"]:
                 print(f"    unknown: {r['unknown']} (priced stages {money(r['usd'])})")
     return EXIT_OK
@@ -67,8 +75,13 @@ def dashboard_command(args: argparse.Namespace) -> int:
         spec = resolve_spec(args.campaign)
         if spec is None:
             return EXIT_INVALID
-        pages[spec.name] = write_dashboard(root / spec.name / "campaign_cost" / "dashboard.html", spec.name, ledger,
-                                           spec.cost.budget_usd, sweep=latest_sweep(spec, root))
+        pages[spec.name] = write_dashboard(
+            root / spec.name / "campaign_cost" / "dashboard.html",
+            spec.name,
+            ledger,
+            spec.cost.budget_usd,
+            sweep=latest_sweep(spec, root),
+        )
     else:  # every campaign's latest page (written by its last campaign_cost or `campaign run`)
         pages = {n: root / n / "campaign_cost" / "dashboard.html" for n in ledger.campaigns()}
     team = write_team_dashboard(root, ledger, pages)
@@ -89,8 +102,9 @@ def serve(folder: Path, port: int, ready=None) -> None:
             pass
 
     with ThreadingHTTPServer(("127.0.0.1", port), functools.partial(Quiet, directory=str(folder))) as server:
-        print(f"serving the cost dashboards at http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)",
-              flush=True)
+        print(
+            f"serving the cost dashboards at http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)", flush=True
+        )
         if ready is not None:
             ready(server)
         try:
@@ -103,12 +117,18 @@ def add_parsers(sub) -> None:
     """Register this group's commands on the ``campaign`` parser."""
     c = sub.add_parser("costs", help="spend per run from the cost ledger, or any SQL query on it")
     c.add_argument("campaign", nargs="?", help="one campaign (default: every campaign in the ledger)")
-    c.add_argument("--sql", help="a query over the ledger's tables cost_lines, materializations and cost_reports, e.g. "
-                   "\"SELECT kind, SUM(usd) AS usd ... GROUP BY kind\" (the table after FROM)")
+    c.add_argument(
+        "--sql",
+        help="a query over the ledger's tables cost_lines, materializations and cost_reports, e.g. "
+        '"SELECT kind, SUM(usd) AS usd ... GROUP BY kind" (the table after FROM)',
+    )
     c.add_argument("--artifacts", default="artifacts")
     c.set_defaults(fn=costs_command)
-    d = sub.add_parser("dashboard", help="write the cost dashboards (HTML) from the ledger: the campaign's and the "
-                                         "team's across every campaign; --serve: serve them over HTTP")
+    d = sub.add_parser(
+        "dashboard",
+        help="write the cost dashboards (HTML) from the ledger: the campaign's and the "
+        "team's across every campaign; --serve: serve them over HTTP",
+    )
     d.add_argument("campaign", nargs="?", help="one campaign (default: only the team's page)")
     d.add_argument("--artifacts", default="artifacts")
     d.add_argument("--serve", action="store_true", help="serve <artifacts>/dashboards/ at http://127.0.0.1:PORT/")

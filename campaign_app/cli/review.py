@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from campaigns.loader import CampaignError, resolve_campaign
 from campaign_app.cli.common import EXIT_INVALID, EXIT_OK, dagster_home
+from campaigns.loader import CampaignError, resolve_campaign
 
 
 def approve_command(args: argparse.Namespace) -> int:
@@ -24,22 +24,32 @@ def approve_command(args: argparse.Namespace) -> int:
 
     storage = ArtifactStore(root=args.artifacts)
     try:
-        approval, created = record_approval(spec.name, storage.campaign_dir(spec.name),
-                                            latest_evaluation(storage, spec.name), args.candidate,
-                                            args.by or getpass.getuser(), args.note, via="cli")
+        approval, created = record_approval(
+            spec.name,
+            storage.campaign_dir(spec.name),
+            latest_evaluation(storage, spec.name),
+            args.candidate,
+            args.by or getpass.getuser(),
+            args.note,
+            via="cli",
+        )
     except (ApprovalError, FileNotFoundError) as e:
         print(f"not approved: {e}", file=sys.stderr)
         return EXIT_INVALID
     if not created:
-        print(f"candidate {approval.candidate_key} was already approved by {approval.approved_by} at {approval.approved_at}")
+        print(
+            f"candidate {approval.candidate_key} was already approved by {approval.approved_by} at {approval.approved_at}"
+        )
         return EXIT_OK
     dagster_home()
     from dagster import DagsterInstance
 
     with DagsterInstance.get() as instance:  # so the UI shows the approval on the evaluation asset
         instance.report_runless_asset_event(approval_observation(spec, approval))
-    print(f"approved candidate {approval.candidate_key} of campaign {spec.name} "
-          f"(by {approval.approved_by} at {approval.approved_at}); materialize {spec.name}/promoted_model to promote it")
+    print(
+        f"approved candidate {approval.candidate_key} of campaign {spec.name} "
+        f"(by {approval.approved_by} at {approval.approved_at}); materialize {spec.name}/promoted_model to promote it"
+    )
     return EXIT_OK
 
 

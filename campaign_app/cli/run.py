@@ -9,12 +9,26 @@ import sys
 import time
 from pathlib import Path
 
+from campaign_app.cli.common import (
+    EXIT_BLOCKED,
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    dagster_home,
+    latest_manifest,
+    resolve_with_source,
+)
 from campaigns import paths
-from campaign_app.cli.common import EXIT_BLOCKED, EXIT_FAILED, EXIT_INVALID, EXIT_OK, dagster_home, latest_manifest, resolve_with_source
 
 
-def campaign_summary(artifacts: Path, campaign: str, primary_suite: str, run_id: str | None = None,
-                     spec=None, attempted: set[str] = frozenset()) -> dict:
+def campaign_summary(
+    artifacts: Path,
+    campaign: str,
+    primary_suite: str,
+    run_id: str | None = None,
+    spec=None,
+    attempted: set[str] = frozenset(),
+) -> dict:
     """Scores and verdict of the campaign's latest materializations (from the manifests) and, given
     the ``spec`` and a ``run_id``, the run's cost: the full cost-per-result report from the ledger
     when the run evaluated a candidate (also when the gate blocked it, and campaign_cost was
@@ -35,8 +49,12 @@ def campaign_summary(artifacts: Path, campaign: str, primary_suite: str, run_id:
     report = Path(train["path"]) / "profile" / "report.json" if train else None
     if report is not None and report.exists() and (json.loads(report.read_text()).get("triage") or {}).get("verdict"):
         t = json.loads(report.read_text())["triage"]
-        out["triage"] = {"verdict": t["verdict"], "reason": t["reason"], "advice": t["topology_advice"],
-                         "traces": str(report.parent / "traces")}
+        out["triage"] = {
+            "verdict": t["verdict"],
+            "reason": t["reason"],
+            "advice": t["topology_advice"],
+            "traces": str(report.parent / "traces"),
+        }
     promoted = latest_manifest(artifacts, campaign, "promoted_model")
     if promoted and ev and promoted.get("key") == ev.get("candidate_key"):
         out["promoted"] = promoted["adapter_path"]
@@ -56,15 +74,22 @@ def run_costs(artifacts: Path, spec, run_id: str, attempted: set[str] = frozense
     pricing = PricingResource()
     ledger = pricing.ledger_at(artifacts)
     done = ledger.assets_materialized(spec.name, run_id)
-    out: dict = {"run_id": run_id, "spent_this_run_usd": ledger.spent(spec.name, run_id=run_id),
-                 "spent_by_stage": ledger.spent_by_asset(spec.name, run_id)}
+    out: dict = {
+        "run_id": run_id,
+        "spent_this_run_usd": ledger.spent(spec.name, run_id=run_id),
+        "spent_by_stage": ledger.spent_by_asset(spec.name, run_id),
+    }
     unknown = ledger.unknown(spec.name, run_id=run_id)
     if spec.teacher.unpriced and "teacher_generations" in attempted and "teacher_generations" not in done:
-        unknown["teacher_generations"] = ("unknown: teacher.price is `unpriced` (the stage stopped part-way; what "
-                                          "it was paid for is unknown)")
+        unknown["teacher_generations"] = (
+            "unknown: teacher.price is `unpriced` (the stage stopped part-way; what it was paid for is unknown)"
+        )
     if unknown:
-        out |= {"spent_known_usd": out["spent_this_run_usd"], "spent_this_run_usd": None,
-                "spent_unknown": [f"{a} {why}" for a, why in sorted(unknown.items())]}
+        out |= {
+            "spent_known_usd": out["spent_this_run_usd"],
+            "spent_this_run_usd": None,
+            "spent_unknown": [f"{a} {why}" for a, why in sorted(unknown.items())],
+        }
         out["spent_by_stage"] = dict(sorted((out["spent_by_stage"] | dict.fromkeys(unknown)).items()))
     if "evaluation" not in done:
         return out
@@ -75,8 +100,11 @@ def run_costs(artifacts: Path, spec, run_id: str, attempted: set[str] = frozense
         from campaign_orchestrator.stage_dir import StageDir
 
         used = ledger.run_outputs(spec.name, run_id)
-        manifests = {r["asset"]: StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).manifest() for r in used
-                     if r["stage_key"] and StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).is_complete()}
+        manifests = {
+            r["asset"]: StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).manifest()
+            for r in used
+            if r["stage_key"] and StageDir(artifacts, spec.name, r["asset"], r["stage_key"]).is_complete()
+        }
         out["cost"] = cost_report(pricing, spec, artifacts, run_id, manifests)
     return out
 
@@ -87,8 +115,11 @@ def stage_outcomes(events, campaign: str, spent_by_stage: dict[str, float] | Non
     Stages in materialization order; the run's other assets (demo models) are left out."""
     from dagster import DagsterEventType
 
-    seconds = {ev.step_key: ev.event_specific_data.duration_ms / 1000 for ev in events
-               if ev.event_type == DagsterEventType.STEP_SUCCESS and ev.event_specific_data is not None}
+    seconds = {
+        ev.step_key: ev.event_specific_data.duration_ms / 1000
+        for ev in events
+        if ev.event_type == DagsterEventType.STEP_SUCCESS and ev.event_specific_data is not None
+    }
     out: dict[str, dict] = {}
     for ev in events:
         if ev.event_type != DagsterEventType.ASSET_MATERIALIZATION or ev.asset_key is None:
@@ -98,11 +129,15 @@ def stage_outcomes(events, campaign: str, spent_by_stage: dict[str, float] | Non
             continue
         md = {k: v.value for k, v in ev.step_materialization_data.materialization.metadata.items()}
         reused = bool(md["reused"] if "reused" in md else md.get("cached", False))
-        out[path[1]] = {"stage": path[1], "reused": reused, "key": md.get("content_key"),
-                        "from_run": md.get("reused_from_run"),
-                        # a step a blocking check failed has no success event: its own time is in its metadata
-                        "seconds": seconds.get(ev.step_key, md.get("wall_seconds")),
-                        "usd": (spent_by_stage or {}).get(path[1], 0.0)}  # None: unknown (an unpriced teacher)
+        out[path[1]] = {
+            "stage": path[1],
+            "reused": reused,
+            "key": md.get("content_key"),
+            "from_run": md.get("reused_from_run"),
+            # a step a blocking check failed has no success event: its own time is in its metadata
+            "seconds": seconds.get(ev.step_key, md.get("wall_seconds")),
+            "usd": (spent_by_stage or {}).get(path[1], 0.0),
+        }  # None: unknown (an unpriced teacher)
     return list(out.values())
 
 
@@ -112,8 +147,10 @@ def run_tags(summary: dict) -> dict[str, str]:
 
     stages = [o for o in summary.get("stages", []) if o["stage"] not in REPORTS]
     spent = summary.get("spent_this_run_usd", (summary.get("cost") or {}).get("spent_this_run_usd"))
-    tags = {"verdict": summary.get("verdict") or "not evaluated",
-            "spent": "unknown" if spent is None and summary.get("spent_unknown") else dollars(spent)}
+    tags = {
+        "verdict": summary.get("verdict") or "not evaluated",
+        "spent": "unknown" if spent is None and summary.get("spent_unknown") else dollars(spent),
+    }
     if stages:
         tags["reused"] = f"{sum(o['reused'] for o in stages)} of {len(stages)} stages"
     return tags
@@ -134,17 +171,25 @@ def stage_lines(outcomes: list[dict]) -> list[str]:
             src = f", from run {str(o['from_run'])[:8]}" if o.get("from_run") else ""
             what = f"reused (key {o['key']}{src})"
         else:
-            what = f"ran {seconds(o['seconds'])}" + (", spent unknown (unpriced)" if o["usd"] is None
-                                                      else f", spent {dollars(o['usd'])}" if o["usd"] else "")
+            what = f"ran {seconds(o['seconds'])}" + (
+                ", spent unknown (unpriced)" if o["usd"] is None else f", spent {dollars(o['usd'])}" if o["usd"] else ""
+            )
         lines.append(f"  {o['stage']:20s} {what}")
     stages = [o for o in outcomes if o["stage"] not in REPORTS]
     reused = sum(o["reused"] for o in stages)
     ran = [o for o in stages if not o["reused"]]
     spent = None if any(o["usd"] is None for o in ran) else sum(o["usd"] for o in ran)
-    lines.append(f"{reused} of {len(stages)} stages reused"
-                 + (f"; ran {', '.join(o['stage'] for o in ran)}" if ran else "")
-                 + ("; spend unknown (an unpriced stage ran)" if spent is None
-                    else "; nothing spent" if spent == 0 else f"; spent {dollars(spent)}"))
+    lines.append(
+        f"{reused} of {len(stages)} stages reused"
+        + (f"; ran {', '.join(o['stage'] for o in ran)}" if ran else "")
+        + (
+            "; spend unknown (an unpriced stage ran)"
+            if spent is None
+            else "; nothing spent"
+            if spent == 0
+            else f"; spent {dollars(spent)}"
+        )
+    )
     return lines
 
 
@@ -170,14 +215,18 @@ def print_summary(s: dict, seconds: float) -> None:
         print(f"  diagnosis: {c['cause']}: {c['evidence']}; fix: {c['fix']}")
     if s.get("triage"):
         t = s["triage"]
-        print(f"profile triage: {t['verdict']}: {t['reason']} (traces: {t['traces']}; details: "
-              f"`campaign triage {s['campaign']}`)")
+        print(
+            f"profile triage: {t['verdict']}: {t['reason']} (traces: {t['traces']}; details: "
+            f"`campaign triage {s['campaign']}`)"
+        )
         print(f"  {t['advice']}")
     if s.get("promoted"):
         print(f"promoted adapter: {s['promoted']}")
     if s.get("awaiting_review"):
-        print(f"promotion awaits human review of candidate {s['awaiting_review']}: "
-              f"campaign approve {s['campaign']} --candidate {s['awaiting_review']} --by <you>")
+        print(
+            f"promotion awaits human review of candidate {s['awaiting_review']}: "
+            f"campaign approve {s['campaign']} --candidate {s['awaiting_review']} --by <you>"
+        )
     if s.get("stages"):
         print("--- stages ---")
         for line in stage_lines(s["stages"]):
@@ -193,10 +242,16 @@ def print_summary(s: dict, seconds: float) -> None:
         print(f"dashboard: {c['dashboard_path']}{team} (`campaign dashboard --serve` serves them over http)")
     elif "spent_this_run_usd" in s:
         parts = ", ".join(f"{k} {'unknown' if v is None else money(v)}" for k, v in s["spent_by_stage"].items())
-        spent = (f"unknown ({'; '.join(s['spent_unknown'])}; priced stages {money(s['spent_known_usd'])})"
-                 if s["spent_this_run_usd"] is None else money(s["spent_this_run_usd"]))
-        print(f"--- cost (from the ledger) ---\nspent in this run: {spent}"
-              + (f" ({parts})" if parts else "") + "; no candidate was evaluated, so no cost per result")
+        spent = (
+            f"unknown ({'; '.join(s['spent_unknown'])}; priced stages {money(s['spent_known_usd'])})"
+            if s["spent_this_run_usd"] is None
+            else money(s["spent_this_run_usd"])
+        )
+        print(
+            f"--- cost (from the ledger) ---\nspent in this run: {spent}"
+            + (f" ({parts})" if parts else "")
+            + "; no candidate was evaluated, so no cost per result"
+        )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -231,8 +286,7 @@ def _run(args: argparse.Namespace, spec, source) -> int:
     if dagster_patches.refuse_untested_dagster("campaign run"):  # before anything runs on an untested Dagster
         return EXIT_INVALID
     dagster_patches.install()  # a wait for a pool slot sleeps, says who holds it; SIGTERM/Ctrl-C cancel the run
-    defs = build_definitions([str(paths.resolve(source))],
-                             artifact_root=args.artifacts)
+    defs = build_definitions([str(paths.resolve(source))], artifact_root=args.artifacts)
     job = defs.resolve_job_def(campaign_job_name(spec.name))
     run_id = str(uuid.uuid4())
     t0 = time.perf_counter()
@@ -242,32 +296,43 @@ def _run(args: argparse.Namespace, spec, source) -> int:
         dagster_patches.bind(instance, run_id)
         with hold_lease(instance, run_id):  # how a reaper in another PID namespace knows this process lives
             result = job.execute_in_process(
-                instance=instance, raise_on_error=False, run_id=run_id,
+                instance=instance,
+                raise_on_error=False,
+                run_id=run_id,
                 run_config={"loggers": {"console": {"config": {"log_level": args.log_level}}}},
-                tags={"trigger": "manual", "campaign": spec.name, **owner_tags(), **lease_tags()})
+                tags={"trigger": "manual", "campaign": spec.name, **owner_tags(), **lease_tags()},
+            )
         status = instance.get_run_by_id(run_id).status
         if instance.event_log_storage.supports_global_concurrency_limits:
             instance.event_log_storage.free_concurrency_slots_for_run(run_id)  # finished: it holds nothing
     seconds = time.perf_counter() - t0
     if status == DagsterRunStatus.CANCELED:
         signum = dagster_patches.received_signal() or signal.SIGINT
-        print(f"campaign run: run {run_id} canceled by {signal.Signals(signum).name} after {seconds:.1f} s; "
-              "its pool slots are freed and finished work is kept (run the campaign again to continue)",
-              file=sys.stderr)
+        print(
+            f"campaign run: run {run_id} canceled by {signal.Signals(signum).name} after {seconds:.1f} s; "
+            "its pool slots are freed and finished work is kept (run the campaign again to continue)",
+            file=sys.stderr,
+        )
         return 128 + signum
     primary = spec.evaluation.suites[0]
     attempted = {ev.step_key.rsplit("__", 1)[-1] for ev in result.all_events if ev.is_step_start}
-    summary = campaign_summary(ArtifactStore(root=args.artifacts).root_path(), spec.name, primary.name,
-                               run_id=result.run_id, spec=spec, attempted=attempted) | {"suite": primary.name,
-                                                                                       "scorer": primary.scorer}
+    summary = campaign_summary(
+        ArtifactStore(root=args.artifacts).root_path(),
+        spec.name,
+        primary.name,
+        run_id=result.run_id,
+        spec=spec,
+        attempted=attempted,
+    ) | {"suite": primary.name, "scorer": primary.scorer}
     if not result.success:
         for ev in result.all_events:
             if ev.is_step_failure:
                 print(f"step {ev.step_key} failed: {ev.event_specific_data.error.message.strip()}", file=sys.stderr)
     blocked = bool(summary.get("verdict") and summary["verdict"] != "GO")
     if blocked:
-        summary.setdefault("reasons", []).append("promotion blocked by the gate (campaign_cost is skipped with it; "
-                                                 "the cost below comes from the ledger)")
+        summary.setdefault("reasons", []).append(
+            "promotion blocked by the gate (campaign_cost is skipped with it; the cost below comes from the ledger)"
+        )
     summary["run_status"] = "succeeded" if result.success else "failed"
     summary["stages"] = stage_outcomes(result.all_events, spec.name, summary.get("spent_by_stage"))
     with DagsterInstance.get() as instance:  # what a person scans the runs list for
@@ -283,6 +348,10 @@ def add_parsers(sub) -> None:
     r = sub.add_parser("run", help="materialize a campaign end to end through Dagster")
     r.add_argument("campaign", help="campaign name or YAML file")
     r.add_argument("--artifacts", default="artifacts", help="artifact root (default: ./artifacts)")
-    r.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   help="Dagster run log level on the console (default: INFO)")
+    r.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="Dagster run log level on the console (default: INFO)",
+    )
     r.set_defaults(fn=run_command)

@@ -46,8 +46,13 @@ class BudgetExceeded(RuntimeError):
         return max(0.0, self.budget_usd - self.spent_usd)
 
     def metadata(self) -> dict[str, Any]:
-        return {"budget_scope": self.scope, "budget_usd": self.budget_usd, "spent_usd": self.spent_usd,
-                "remaining_usd": self.remaining_usd, "needed_usd": self.needed_usd}
+        return {
+            "budget_scope": self.scope,
+            "budget_usd": self.budget_usd,
+            "spent_usd": self.spent_usd,
+            "remaining_usd": self.remaining_usd,
+            "needed_usd": self.needed_usd,
+        }
 
 
 @dataclass(frozen=True)
@@ -82,14 +87,29 @@ class BudgetGuard:
     count. ``part`` names the piece of work within the step (a sweep's trial and rung) when one step runs
     several guarded attempts."""
 
-    def __init__(self, *, ledger: Ledger, campaign: str, stage: str, run_id: str, step_key: str, attempt: int,
-                 stage_key: str | None, limits: list[Limit], line_fn: Callable[[float, int], list[dict]] | None = None,
-                 metered: Callable[[Usage], list[dict]] | None = None,
-                 log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
-                 on_exceeded: Callable[[BudgetExceeded], BaseException] = lambda e: e, part: str | None = None):
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        campaign: str,
+        stage: str,
+        run_id: str,
+        step_key: str,
+        attempt: int,
+        stage_key: str | None,
+        limits: list[Limit],
+        line_fn: Callable[[float, int], list[dict]] | None = None,
+        metered: Callable[[Usage], list[dict]] | None = None,
+        log: Callable[[str], None] = print,
+        clock: Callable[[], float] = time.monotonic,
+        on_exceeded: Callable[[BudgetExceeded], BaseException] = lambda e: e,
+        part: str | None = None,
+    ):
         if line_fn is None and metered is None:
-            raise ValueError("BudgetGuard needs line_fn (timed work), metered (reported usage), or both (timed work "
-                             "that also pays for reported usage: on-policy training's teacher prefills)")
+            raise ValueError(
+                "BudgetGuard needs line_fn (timed work), metered (reported usage), or both (timed work "
+                "that also pays for reported usage: on-policy training's teacher prefills)"
+            )
         self.ledger, self.campaign, self.stage = ledger, campaign, stage
         self.run_id, self.step_key, self.attempt, self.stage_key = run_id, step_key, attempt, stage_key
         self.limits, self.line_fn, self.metered, self.log, self.clock = limits, line_fn, metered, log, clock
@@ -113,12 +133,18 @@ class BudgetGuard:
         for lim in self.limits:
             before = lim.spent_elsewhere()
             if before + need > lim.budget_usd:
-                raise self.on_exceeded(BudgetExceeded(
-                    f"budget: not starting {self.stage}: {lim.scope} has spent ${before:.6f} of its "
-                    f"${lim.budget_usd:.6f} budget (${max(0.0, lim.budget_usd - before):.6f} remains) and "
-                    f"the planner estimates ${need:.6f} for this stage. Raise the budget (cost.budget_usd / "
-                    f"cost.stage_budgets_usd) or set cost.check_estimates: false, then materialize again.",
-                    scope=lim.scope, budget_usd=lim.budget_usd, spent_usd=before, needed_usd=need))
+                raise self.on_exceeded(
+                    BudgetExceeded(
+                        f"budget: not starting {self.stage}: {lim.scope} has spent ${before:.6f} of its "
+                        f"${lim.budget_usd:.6f} budget (${max(0.0, lim.budget_usd - before):.6f} remains) and "
+                        f"the planner estimates ${need:.6f} for this stage. Raise the budget (cost.budget_usd / "
+                        f"cost.stage_budgets_usd) or set cost.check_estimates: false, then materialize again.",
+                        scope=lim.scope,
+                        budget_usd=lim.budget_usd,
+                        spent_usd=before,
+                        needed_usd=need,
+                    )
+                )
 
     def check_planned(self, share: float = 1.0) -> None:
         """Check the deferred planner estimate (``planned_usd``, the whole stage) for the ``share`` of the
@@ -128,8 +154,15 @@ class BudgetGuard:
             self.check_estimate(self.planned_usd * max(0.0, min(1.0, share)))
 
     # ------------------------------------------------------------------ during
-    def charge(self, *, items: int = 1, prompt_tokens: int = 0, completion_tokens: int = 0, seconds: float = 0.0,
-               final: bool = False) -> None:
+    def charge(
+        self,
+        *,
+        items: int = 1,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        seconds: float = 0.0,
+        final: bool = False,
+    ) -> None:
         """Add what newly paid work used (tokens from a response, seconds of generation; never a cache hit),
         then check the budget (``final``: the paid work is complete)."""
         with self._lock:
@@ -168,17 +201,30 @@ class BudgetGuard:
             before = lim.spent_elsewhere()
             if before + now + step > lim.budget_usd:
                 self.stopped, self.interrupted_usd = True, now
-                self.ledger.record_interrupted(campaign=self.campaign, asset=self.stage, run_id=self.run_id,
-                                               step_key=self.step_key, attempt=self.attempt, stage_key=self.stage_key,
-                                               lines=lines, part=self.part)
+                self.ledger.record_interrupted(
+                    campaign=self.campaign,
+                    asset=self.stage,
+                    run_id=self.run_id,
+                    step_key=self.step_key,
+                    attempt=self.attempt,
+                    stage_key=self.stage_key,
+                    lines=lines,
+                    part=self.part,
+                )
                 spent = before + now
                 self.log(f"budget stop in {self.stage}: recorded ${now:.6f} of interrupted spend")
-                raise self.on_exceeded(BudgetExceeded(
-                    f"budget: stopped {self.stage} mid-way: {lim.scope} has spent ${spent:.6f} of its "
-                    f"${lim.budget_usd:.6f} budget (this attempt ${now:.6f}, recorded in the ledger as interrupted); "
-                    f"${max(0.0, lim.budget_usd - spent):.6f} remains and the next chunk would cost about ${step:.6f}. "
-                    f"Work finished so far is kept: raise the budget and materialize again to resume.",
-                    scope=lim.scope, budget_usd=lim.budget_usd, spent_usd=spent, needed_usd=step))
+                raise self.on_exceeded(
+                    BudgetExceeded(
+                        f"budget: stopped {self.stage} mid-way: {lim.scope} has spent ${spent:.6f} of its "
+                        f"${lim.budget_usd:.6f} budget (this attempt ${now:.6f}, recorded in the ledger as interrupted); "
+                        f"${max(0.0, lim.budget_usd - spent):.6f} remains and the next chunk would cost about ${step:.6f}. "
+                        f"Work finished so far is kept: raise the budget and materialize again to resume.",
+                        scope=lim.scope,
+                        budget_usd=lim.budget_usd,
+                        spent_usd=spent,
+                        needed_usd=step,
+                    )
+                )
 
     def watch(self, progress: Callable[[int], None] | None = None) -> _Watched:
         """Wrap a progress callback ``progress(n_new_items)``: each call also checks the budget."""
@@ -201,8 +247,14 @@ class _Watched:
         return getattr(self._inner, name)
 
 
-def limits_for(ledger: Ledger, campaign: str, stage: str, budget_usd: float | None,
-               stage_budget_usd: float | None, run_id: str | None = None) -> list[Limit]:
+def limits_for(
+    ledger: Ledger,
+    campaign: str,
+    stage: str,
+    budget_usd: float | None,
+    stage_budget_usd: float | None,
+    run_id: str | None = None,
+) -> list[Limit]:
     """The limits that apply to ``stage``, with the ledger's spend so far (``run_id``: this run only)."""
     out = []
     if budget_usd is not None:

@@ -32,9 +32,19 @@ import yaml
 
 UNITS = ("host-hour", "gpu-hour", "million-tokens")
 PRICE_FIELDS = ("usd", "spot_usd", "input_usd", "output_usd", "batch_discount")
-PERF_FIELDS = ("peak_tflops", "fp32_peak_tflops", "memory_bandwidth_gbps", "step_overhead_s", "decode_step_overhead_s",
-               "train_startup_s", "generate_startup_s", "runtime_gb", "host_measured_peak", "heap_retention",
-               "heap_retention_jemalloc")
+PERF_FIELDS = (
+    "peak_tflops",
+    "fp32_peak_tflops",
+    "memory_bandwidth_gbps",
+    "step_overhead_s",
+    "decode_step_overhead_s",
+    "train_startup_s",
+    "generate_startup_s",
+    "runtime_gb",
+    "host_measured_peak",
+    "heap_retention",
+    "heap_retention_jemalloc",
+)
 
 
 class PricingError(ValueError):
@@ -96,8 +106,9 @@ class Catalog:
         except KeyError:
             if key in self.undated:
                 raise PricingError(self.undated[key]) from None
-            raise PricingError(f"no price entry {key!r} in the pricing catalog {self.path} "
-                               f"(known: {', '.join(sorted(self.entries))})") from None
+            raise PricingError(
+                f"no price entry {key!r} in the pricing catalog {self.path} (known: {', '.join(sorted(self.entries))})"
+            ) from None
 
 
 def _num(p: Path, where: str, value: Any) -> float:
@@ -130,11 +141,18 @@ def _pick_price(p: Path, key: str, raw: dict, on: str) -> dict | None:
             raise PricingError(f"{p}: {where} must be a mapping with as_of, source and prices")
         unknown = set(d) - {*PRICE_FIELDS, "as_of", "source"}
         if unknown:
-            raise PricingError(f"{p}: {where}: unknown key(s) {sorted(unknown)}; expected {[*PRICE_FIELDS, 'as_of', 'source']}")
+            raise PricingError(
+                f"{p}: {where}: unknown key(s) {sorted(unknown)}; expected {[*PRICE_FIELDS, 'as_of', 'source']}"
+            )
         if "as_of" not in d or not d.get("source"):
             raise PricingError(f"{p}: {where} needs `as_of` (date) and `source` (where the price comes from)")
-        checked.append({**{k: _num(p, f"{where}.{k}", d[k]) for k in PRICE_FIELDS if k in d},
-                        "as_of": _date(p, f"{where}.as_of", d["as_of"]), "source": str(d["source"])})
+        checked.append(
+            {
+                **{k: _num(p, f"{where}.{k}", d[k]) for k in PRICE_FIELDS if k in d},
+                "as_of": _date(p, f"{where}.as_of", d["as_of"]),
+                "source": str(d["source"]),
+            }
+        )
     valid = [d for d in checked if d["as_of"] <= on]
     return max(valid, key=lambda d: d["as_of"]) if valid else None
 
@@ -148,15 +166,23 @@ def _override(base: PriceEntry, value: float | dict, path: Path) -> PriceEntry:
     if isinstance(value, dict):
         unknown = set(value) - {*PRICE_FIELDS, "source", "as_of"}
         if unknown:
-            raise PricingError(f"cost.overrides.{base.key}: unknown key(s) {sorted(unknown)}; expected {list(PRICE_FIELDS)}")
+            raise PricingError(
+                f"cost.overrides.{base.key}: unknown key(s) {sorted(unknown)}; expected {list(PRICE_FIELDS)}"
+            )
         fields = {k: _num(path, f"cost.overrides.{base.key}.{k}", v) for k, v in value.items() if k in PRICE_FIELDS}
         return replace(base, **fields, source=str(value.get("source", src)), as_of=str(value.get("as_of", base.as_of)))
-    raise PricingError(f"cost.overrides.{base.key}: expected a number (USD per {base.unit}) or a mapping of "
-                       f"{list(PRICE_FIELDS)}, got {value!r}")
+    raise PricingError(
+        f"cost.overrides.{base.key}: expected a number (USD per {base.unit}) or a mapping of "
+        f"{list(PRICE_FIELDS)}, got {value!r}"
+    )
 
 
-def read_catalog(path: str | Path, overrides: dict[str, float | dict] | None = None, on: str | None = None,
-                 expect_version: str | None = None) -> Catalog:
+def read_catalog(
+    path: str | Path,
+    overrides: dict[str, float | dict] | None = None,
+    on: str | None = None,
+    expect_version: str | None = None,
+) -> Catalog:
     """Read and validate a catalog; apply a campaign's overrides; pick each entry's price dated ``on``
     (default: today, UTC). ``expect_version`` pins the catalog version a campaign was planned with."""
     p = Path(path)
@@ -168,10 +194,12 @@ def read_catalog(path: str | Path, overrides: dict[str, float | dict] | None = N
         raise PricingError(f"{p}: expected a mapping with `version` and `entries`")
     version = str(raw.get("version", ""))
     if not version:
-        raise PricingError(f"{p}: `version` is required (e.g. \"2026-11-29\"); ledger lines record it")
+        raise PricingError(f'{p}: `version` is required (e.g. "2026-11-29"); ledger lines record it')
     if expect_version is not None and expect_version != version:
-        raise PricingError(f"{p} is catalog version {version!r} but the campaign pins cost.catalog_version "
-                           f"{expect_version!r}; update the pin after reviewing the new prices")
+        raise PricingError(
+            f"{p} is catalog version {version!r} but the campaign pins cost.catalog_version "
+            f"{expect_version!r}; update the pin after reviewing the new prices"
+        )
     on = on or dt.datetime.now(dt.UTC).date().isoformat()
     entries: dict[str, PriceEntry] = {}
     undated: dict[str, str] = {}
@@ -188,9 +216,13 @@ def read_catalog(path: str | Path, overrides: dict[str, float | dict] | None = N
         if not isinstance(perf, dict) or set(perf) - set(PERF_FIELDS):
             raise PricingError(f"{p}: entries.{key}.perf must be a mapping of {PERF_FIELDS}, got {perf!r}")
         entries[key] = PriceEntry(
-            key=key, unit=e["unit"], catalog_version=version,
+            key=key,
+            unit=e["unit"],
+            catalog_version=version,
             memory_gb=_num(p, f"entries.{key}.memory_gb", e["memory_gb"]) if "memory_gb" in e else None,
-            perf={k: _num(p, f"entries.{key}.perf.{k}", v) for k, v in perf.items()}, **price)
+            perf={k: _num(p, f"entries.{key}.perf.{k}", v) for k, v in perf.items()},
+            **price,
+        )
         if entries[key].hourly and entries[key].usd is None:
             raise PricingError(f"{p}: entries.{key} is per {e['unit']} and needs `usd` (on-demand)")
         if not entries[key].hourly and (entries[key].input_usd is None or entries[key].output_usd is None):
@@ -233,8 +265,9 @@ def _stamp(line: dict, entry: PriceEntry, tier: str) -> dict:
     return {**line, "as_of": entry.as_of, "tier": tier, "catalog_version": entry.catalog_version}
 
 
-def compute_line(kind: str, entry: PriceEntry, seconds: float, hosts: int = 1, devices: int = 1,
-                 tier: str = "on_demand") -> dict:
+def compute_line(
+    kind: str, entry: PriceEntry, seconds: float, hosts: int = 1, devices: int = 1, tier: str = "on_demand"
+) -> dict:
     """Cost of running ``seconds`` on hardware ``entry`` (host-hour × hosts, gpu-hour × devices)."""
     if tier not in TIERS:
         raise PricingError(f"pricing tier must be one of {TIERS}, got {tier!r}")
@@ -245,21 +278,52 @@ def compute_line(kind: str, entry: PriceEntry, seconds: float, hosts: int = 1, d
         qty = seconds / 3600 * devices
     else:
         raise PricingError(f"price entry {entry.key!r} is per {entry.unit}, not per hour")
-    return _stamp({"kind": kind, "price_key": entry.key, "quantity": qty, "unit": entry.unit, "unit_price": price,
-                   "usd": qty * price}, entry, tier)
+    return _stamp(
+        {
+            "kind": kind,
+            "price_key": entry.key,
+            "quantity": qty,
+            "unit": entry.unit,
+            "unit_price": price,
+            "usd": qty * price,
+        },
+        entry,
+        tier,
+    )
 
 
 def token_lines(kind: str, entry: PriceEntry, input_tokens: int, output_tokens: int, batch: bool = False) -> list[dict]:
     """Two lines (input, output) for an API priced per million tokens; ``batch`` applies its discount."""
     in_usd, out_usd = entry.token_usd(batch)
     tier = "batch" if batch else "on_demand"
-    return [_stamp({"kind": kind, "price_key": f"{entry.key}:{what}", "quantity": n / 1e6, "unit": "million-tokens",
-                    "unit_price": price, "usd": n / 1e6 * price}, entry, tier)
-            for what, n, price in (("input", input_tokens, in_usd), ("output", output_tokens, out_usd))]
+    return [
+        _stamp(
+            {
+                "kind": kind,
+                "price_key": f"{entry.key}:{what}",
+                "quantity": n / 1e6,
+                "unit": "million-tokens",
+                "unit_price": price,
+                "usd": n / 1e6 * price,
+            },
+            entry,
+            tier,
+        )
+        for what, n, price in (("input", input_tokens, in_usd), ("output", output_tokens, out_usd))
+    ]
 
 
-def usage_lines(kind: str, entry: PriceEntry, seconds: float, input_tokens: int = 0, output_tokens: int = 0,
-                hosts: int = 1, devices: int = 1, tier: str = "on_demand", batch: bool = False) -> list[dict]:
+def usage_lines(
+    kind: str,
+    entry: PriceEntry,
+    seconds: float,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    hosts: int = 1,
+    devices: int = 1,
+    tier: str = "on_demand",
+    batch: bool = False,
+) -> list[dict]:
     """Lines for a stage whatever its entry's unit: time for hardware, tokens for an API."""
     if entry.hourly:
         return [compute_line(kind, entry, seconds, hosts=hosts, devices=devices, tier=tier)]
@@ -284,16 +348,21 @@ def teacher_entry(spec, catalog) -> PriceEntry | None:
     api = spec.teacher.api
     field = "teacher.price" if api else "teacher.hardware"
     if api and entry.unit != "million-tokens":
-        raise PricingError(f"{field} {key!r} is priced per {entry.unit}; an API teacher needs an entry priced per "
-                           "million tokens (unit million-tokens, input_usd and output_usd)")
+        raise PricingError(
+            f"{field} {key!r} is priced per {entry.unit}; an API teacher needs an entry priced per "
+            "million tokens (unit million-tokens, input_usd and output_usd)"
+        )
     if not api and not entry.hourly:
-        raise PricingError(f"{field} {key!r} is priced per {entry.unit}; a self-hosted teacher runs on hardware "
-                           "priced per hour (unit gpu-hour or host-hour)")
+        raise PricingError(
+            f"{field} {key!r} is priced per {entry.unit}; a self-hosted teacher runs on hardware "
+            "priced per hour (unit gpu-hour or host-hour)"
+        )
     return entry
 
 
-def teacher_lines(spec, catalog, seconds: float, input_tokens: int, output_tokens: int, kind: str = "teacher"
-                  ) -> list[dict] | None:
+def teacher_lines(
+    spec, catalog, seconds: float, input_tokens: int, output_tokens: int, kind: str = "teacher"
+) -> list[dict] | None:
     """What the teacher's work cost: tokens x the API's prices, or seconds on its hardware (x GPUs for vLLM
     tensor parallelism); None when the teacher is unpriced (the spend is unknown, never $0)."""
     entry = teacher_entry(spec, catalog)
@@ -301,8 +370,16 @@ def teacher_lines(spec, catalog, seconds: float, input_tokens: int, output_token
         return None
     t, c = spec.teacher, spec.cost
     devices = t.tensor_parallel_size if t.backend == "vllm" else 1
-    return usage_lines(kind, entry, seconds, input_tokens, output_tokens, devices=devices, tier=c.pricing_tier,
-                       batch=c.teacher_batch_api)
+    return usage_lines(
+        kind,
+        entry,
+        seconds,
+        input_tokens,
+        output_tokens,
+        devices=devices,
+        tier=c.pricing_tier,
+        batch=c.teacher_batch_api,
+    )
 
 
 def price_problems(spec, catalog) -> list[str]:
@@ -312,8 +389,10 @@ def price_problems(spec, catalog) -> list[str]:
         teacher_entry(spec, catalog)
     except PricingError as e:
         problems.append(str(e))
-    for field, key in (("training.hardware", spec.training.hardware),
-                       ("training.cpu_hardware", getattr(spec.training, "cpu_hardware", None))):
+    for field, key in (
+        ("training.hardware", spec.training.hardware),
+        ("training.cpu_hardware", getattr(spec.training, "cpu_hardware", None)),
+    ):
         if key is None:
             continue
         try:
@@ -342,26 +421,37 @@ def billed_hardware(spec, catalog, device_type: str, what: str = "training") -> 
     if device_type == "cuda" or not gpu_priced(spec, catalog):
         return tr.hardware, None
     if not tr.allow_cpu_fallback:
-        raise PricingError(f"training.hardware {tr.hardware!r} is priced per GPU-hour but {what} found no GPU here "
-                           "(torch sees none): refusing to run on the CPU and bill it as GPU time; run where the GPU "
-                           "is visible, or set training.allow_cpu_fallback: true with training.cpu_hardware")
-    return tr.cpu_hardware, (f"{what} found no GPU and ran on the CPU (training.allow_cpu_fallback): billed as CPU "
-                             f"time at {tr.cpu_hardware}, not at {tr.hardware}")
+        raise PricingError(
+            f"training.hardware {tr.hardware!r} is priced per GPU-hour but {what} found no GPU here "
+            "(torch sees none): refusing to run on the CPU and bill it as GPU time; run where the GPU "
+            "is visible, or set training.allow_cpu_fallback: true with training.cpu_hardware"
+        )
+    return tr.cpu_hardware, (
+        f"{what} found no GPU and ran on the CPU (training.allow_cpu_fallback): billed as CPU "
+        f"time at {tr.cpu_hardware}, not at {tr.hardware}"
+    )
 
 
 # --------------------------------------------------------------------------- one stage's bill
 
 # stage -> what its money buys (a line's kind), and whether its hardware time counts hosts and devices
-STAGE_KIND = {"teacher_generations": "teacher", "teacher_scoring": "evaluation", "student_adapter": "training",
-              "hparam_sweep": "training", "evaluation": "evaluation", "drift_evaluation": "evaluation",
-              "on_policy_scoring": "teacher"}
+STAGE_KIND = {
+    "teacher_generations": "teacher",
+    "teacher_scoring": "evaluation",
+    "student_adapter": "training",
+    "hparam_sweep": "training",
+    "evaluation": "evaluation",
+    "drift_evaluation": "evaluation",
+    "on_policy_scoring": "teacher",
+}
 TEACHER_STAGES = ("teacher_generations", "teacher_scoring")
 ON_POLICY_SCORING = "on_policy_scoring"  # the teacher's prefills of the student's samples, inside student_adapter
 USAGE_FIELDS = ("seconds", "prompt_tokens", "completion_tokens", "device", "hardware", "parts", "rounds")
 
 
-def on_policy_scoring_lines(spec, catalog: Catalog, prefill_tokens: int, completion_tokens: int = 0
-                            ) -> tuple[list[dict] | None, str | None]:
+def on_policy_scoring_lines(
+    spec, catalog: Catalog, prefill_tokens: int, completion_tokens: int = 0
+) -> tuple[list[dict] | None, str | None]:
     """(lines, note) of the teacher scoring the student's samples (on-policy distillation): an API teacher
     (``teacher.price``) bills the prefills (prompt + sample) at its *input* price, and what it generated besides
     (the one token per request vLLM needs) at its output price; a self-hosted teacher scores in process on the
@@ -370,8 +460,10 @@ def on_policy_scoring_lines(spec, catalog: Catalog, prefill_tokens: int, complet
     if entry is None:
         return None, None
     if not spec.teacher.api:
-        return [], (f"the teacher scored the student's samples in process ({spec.teacher.backend}): its time is "
-                    "billed in the training line")
+        return [], (
+            f"the teacher scored the student's samples in process ({spec.teacher.backend}): its time is "
+            "billed in the training line"
+        )
     lines = token_lines("teacher", entry, prefill_tokens, completion_tokens, batch=spec.cost.teacher_batch_api)
     return [line for line in lines if line["quantity"] > 0 or line["price_key"].endswith(":input")], None
 
@@ -382,13 +474,19 @@ def _on_policy_bill(spec, catalog: Catalog, usage: dict) -> dict:
     stamped with its ``round`` (``parts_usd``: dollars per round); or ``prompt_tokens``/``completion_tokens``."""
     rounds = usage.get("rounds")
     if rounds is None:
-        rounds = [{"round": None, "teacher_prefill_tokens": int(usage.get("prompt_tokens", 0)),
-                   "teacher_completion_tokens": int(usage.get("completion_tokens", 0))}]
+        rounds = [
+            {
+                "round": None,
+                "teacher_prefill_tokens": int(usage.get("prompt_tokens", 0)),
+                "teacher_completion_tokens": int(usage.get("completion_tokens", 0)),
+            }
+        ]
     lines: list[dict] | None = []
     note, parts = None, {}
     for r in rounds:
-        got, note = on_policy_scoring_lines(spec, catalog, int(r.get("teacher_prefill_tokens", 0)),
-                                            int(r.get("teacher_completion_tokens", 0)))
+        got, note = on_policy_scoring_lines(
+            spec, catalog, int(r.get("teacher_prefill_tokens", 0)), int(r.get("teacher_completion_tokens", 0))
+        )
         if got is None:
             lines = None
             break
@@ -396,8 +494,13 @@ def _on_policy_bill(spec, catalog: Catalog, usage: dict) -> dict:
             got = [line | {"round": int(r["round"])} for line in got]
             parts[f"round {int(r['round'])}"] = total(got)
         lines += got
-    return {"lines": lines, "usd": None if lines is None else total(lines), "billed_hardware": None,
-            "billing_note": note, "parts_usd": parts if lines is not None else {}}
+    return {
+        "lines": lines,
+        "usd": None if lines is None else total(lines),
+        "billed_hardware": None,
+        "billing_note": note,
+        "parts_usd": parts if lines is not None else {},
+    }
 
 
 def catalog_for(spec, path: str | Path) -> Catalog:
@@ -433,21 +536,35 @@ def stage_bill(spec, catalog: Catalog, stage: str, usage: dict) -> dict:
     if stage == ON_POLICY_SCORING:
         return _on_policy_bill(spec, catalog, usage)
     if stage in TEACHER_STAGES:
-        lines = teacher_lines(spec, catalog, seconds, int(usage.get("prompt_tokens", 0)),
-                              int(usage.get("completion_tokens", 0)), kind=kind)
-        return {"lines": lines, "usd": None if lines is None else total(lines), "billed_hardware": None,
-                "billing_note": None, "parts_usd": {}}
+        lines = teacher_lines(
+            spec,
+            catalog,
+            seconds,
+            int(usage.get("prompt_tokens", 0)),
+            int(usage.get("completion_tokens", 0)),
+            kind=kind,
+        )
+        return {
+            "lines": lines,
+            "usd": None if lines is None else total(lines),
+            "billed_hardware": None,
+            "billing_note": None,
+            "parts_usd": {},
+        }
     tr, tier = spec.training, spec.cost.pricing_tier
     note = None
     if usage.get("hardware") is not None:
         billed = usage["hardware"]
     elif usage.get("device") is not None:
-        billed, note = billed_hardware(spec, catalog, usage["device"],
-                                       what="training" if kind == "training" else "local evaluation")
+        billed, note = billed_hardware(
+            spec, catalog, usage["device"], what="training" if kind == "training" else "local evaluation"
+        )
     else:
         billed = tr.hardware
     entry = catalog.get(billed)
     shape = {"hosts": tr.nodes, "devices": tr.world_size} if kind == "training" else {}
     lines = [compute_line(kind, entry, seconds, tier=tier, **shape)]
-    parts = {name: compute_line(kind, entry, s, tier=tier, **shape)["usd"] for name, s in (usage.get("parts") or {}).items()}
+    parts = {
+        name: compute_line(kind, entry, s, tier=tier, **shape)["usd"] for name, s in (usage.get("parts") or {}).items()
+    }
     return {"lines": lines, "usd": total(lines), "billed_hardware": billed, "billing_note": note, "parts_usd": parts}

@@ -18,8 +18,17 @@ from pathlib import Path
 
 from campaign_orchestrator.costs.report import dollars
 
-COLORS = {"teacher": "#6366f1", "training": "#f59e0b", "evaluation": "#10b981", "interrupted": "#ef4444",
-          "budget": "#dc2626", "line": "#2563eb", "GO": "#16a34a", "NO-GO": "#dc2626", "INCONCLUSIVE": "#a3a3a3"}
+COLORS = {
+    "teacher": "#6366f1",
+    "training": "#f59e0b",
+    "evaluation": "#10b981",
+    "interrupted": "#ef4444",
+    "budget": "#dc2626",
+    "line": "#2563eb",
+    "GO": "#16a34a",
+    "NO-GO": "#dc2626",
+    "INCONCLUSIVE": "#a3a3a3",
+}
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;background:#f6f7fb;color:#1f2937}
@@ -64,7 +73,7 @@ def _usd_axis(ticks: list[float]):
     """A formatter with as many decimals as the tick step needs: $0.005, $0.25, $5, $1,000."""
     step = (ticks[1] - ticks[0]) if len(ticks) > 1 else 1.0
     exp = math.floor(math.log10(step))
-    decimals = max(0, -exp + (1 if round(step / 10 ** exp, 6) == 2.5 else 0))
+    decimals = max(0, -exp + (1 if round(step / 10**exp, 6) == 2.5 else 0))
     if 0 < decimals < 2:
         decimals = 2
     return lambda v: "$0" if v == 0 else f"${v:,.{decimals}f}"
@@ -84,17 +93,27 @@ class _Plot:
         self.x0, self.x1, self.y0, self.y1 = self.xt[0], self.xt[-1], self.yt[0], self.yt[-1]
         for y in self.yt:
             py = self.py(y)
-            self.parts.append(f'<line x1="{self.l}" x2="{self.w - self.r}" y1="{py:.1f}" y2="{py:.1f}" stroke="#eef0f4"/>'
-                              f'<text x="{self.l - 6}" y="{py + 4:.1f}" text-anchor="end">{_e(yfmt(y))}</text>')
+            self.parts.append(
+                f'<line x1="{self.l}" x2="{self.w - self.r}" y1="{py:.1f}" y2="{py:.1f}" stroke="#eef0f4"/>'
+                f'<text x="{self.l - 6}" y="{py + 4:.1f}" text-anchor="end">{_e(yfmt(y))}</text>'
+            )
         for x in self.xt:
             px = self.px(x)
-            self.parts.append(f'<text x="{px:.1f}" y="{self.h - self.b + 16}" text-anchor="middle">{_e(xfmt(x))}</text>')
-        self.parts.append(f'<line x1="{self.l}" x2="{self.w - self.r}" y1="{self.h - self.b}" y2="{self.h - self.b}" stroke="#9ca3af"/>')
+            self.parts.append(
+                f'<text x="{px:.1f}" y="{self.h - self.b + 16}" text-anchor="middle">{_e(xfmt(x))}</text>'
+            )
+        self.parts.append(
+            f'<line x1="{self.l}" x2="{self.w - self.r}" y1="{self.h - self.b}" y2="{self.h - self.b}" stroke="#9ca3af"/>'
+        )
         if xlabel:
-            self.parts.append(f'<text x="{(self.l + self.w - self.r) / 2}" y="{self.h - 4}" text-anchor="middle">{_e(xlabel)}</text>')
+            self.parts.append(
+                f'<text x="{(self.l + self.w - self.r) / 2}" y="{self.h - 4}" text-anchor="middle">{_e(xlabel)}</text>'
+            )
         if ylabel:
-            self.parts.append(f'<text transform="translate(12,{(self.t + self.h - self.b) / 2}) rotate(-90)" '
-                              f'text-anchor="middle">{_e(ylabel)}</text>')
+            self.parts.append(
+                f'<text transform="translate(12,{(self.t + self.h - self.b) / 2}) rotate(-90)" '
+                f'text-anchor="middle">{_e(ylabel)}</text>'
+            )
 
     def px(self, x: float) -> float:
         return self.l + (x - self.x0) / ((self.x1 - self.x0) or 1) * (self.w - self.l - self.r)
@@ -103,8 +122,11 @@ class _Plot:
         return self.h - self.b - (y - self.y0) / ((self.y1 - self.y0) or 1) * (self.h - self.b - self.t)
 
     def svg(self, label: str) -> str:
-        return (f'<svg viewBox="0 0 {self.w} {self.h}" width="100%" role="img" aria-label="{_e(label)}">'
-                + "".join(self.parts) + "</svg>")
+        return (
+            f'<svg viewBox="0 0 {self.w} {self.h}" width="100%" role="img" aria-label="{_e(label)}">'
+            + "".join(self.parts)
+            + "</svg>"
+        )
 
 
 def _empty(msg: str) -> str:
@@ -125,22 +147,31 @@ def chart_spend_over_time(lines: list[dict], budget: float | None) -> str:
     p = _Plot()
     p.axes(0, max(xs[-1], 1e-3), 0, top, lambda v: f"{v:g}", "usd", "minutes since the first spend", "cumulative USD")
     if budget is not None and not on_scale:
-        p.parts.append(f'<text x="{p.w - p.r - 4}" y="{p.t + 12}" text-anchor="end" style="fill:{COLORS["budget"]}">'
-                       f'budget {_e(dollars(budget))} is off this scale ({cum / budget:.1%} used)</text>')
+        p.parts.append(
+            f'<text x="{p.w - p.r - 4}" y="{p.t + 12}" text-anchor="end" style="fill:{COLORS["budget"]}">'
+            f"budget {_e(dollars(budget))} is off this scale ({cum / budget:.1%} used)</text>"
+        )
     if on_scale:
         by = p.py(budget)
-        p.parts.append(f'<line x1="{p.l}" x2="{p.w - p.r}" y1="{by:.1f}" y2="{by:.1f}" stroke="{COLORS["budget"]}" '
-                       f'stroke-dasharray="6 4"><title>budget {dollars(budget)}</title></line>'
-                       f'<text x="{p.w - p.r - 4}" y="{by - 5:.1f}" text-anchor="end" style="fill:{COLORS["budget"]}">'
-                       f'budget {_e(dollars(budget))}</text>')
-    path = " ".join(f"{'M' if i == 0 else 'L'}{p.px(x):.1f},{p.py(y):.1f}" for i, (x, (_, y, _l)) in enumerate(zip(xs, pts, strict=True)))
+        p.parts.append(
+            f'<line x1="{p.l}" x2="{p.w - p.r}" y1="{by:.1f}" y2="{by:.1f}" stroke="{COLORS["budget"]}" '
+            f'stroke-dasharray="6 4"><title>budget {dollars(budget)}</title></line>'
+            f'<text x="{p.w - p.r - 4}" y="{by - 5:.1f}" text-anchor="end" style="fill:{COLORS["budget"]}">'
+            f"budget {_e(dollars(budget))}</text>"
+        )
+    path = " ".join(
+        f"{'M' if i == 0 else 'L'}{p.px(x):.1f},{p.py(y):.1f}"
+        for i, (x, (_, y, _l)) in enumerate(zip(xs, pts, strict=True))
+    )
     p.parts.append(f'<path d="{path}" fill="none" stroke="{COLORS["line"]}" stroke-width="2"/>')
     for x, (_, y, line) in zip(xs, pts, strict=True):
         color = COLORS["interrupted"] if line.get("status") == "interrupted" else COLORS.get(line["kind"], "#6b7280")
-        p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(y):.1f}" r="4" fill="{color}"><title>'
-                       f'{_e(line["asset"])} ({_e(line["status"])}) {_e(dollars(float(line["usd"])))} · run '
-                       f'{_e(str(line["run_id"])[:8])}'
-                       f' · cumulative {_e(dollars(y))}</title></circle>')
+        p.parts.append(
+            f'<circle cx="{p.px(x):.1f}" cy="{p.py(y):.1f}" r="4" fill="{color}"><title>'
+            f"{_e(line['asset'])} ({_e(line['status'])}) {_e(dollars(float(line['usd'])))} · run "
+            f"{_e(str(line['run_id'])[:8])}"
+            f" · cumulative {_e(dollars(y))}</title></circle>"
+        )
     return p.svg("cumulative spend over time")
 
 
@@ -157,47 +188,66 @@ def chart_runs_by_stage(runs: list[dict]) -> str:
     parts = []
     for t in ticks:
         x = left + t * scale
-        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="4" y2="{h - 24}" stroke="#eef0f4"/>'
-                     f'<text x="{x:.1f}" y="{h - 8}" text-anchor="middle">{_e(fmt(t))}</text>')
+        parts.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="4" y2="{h - 24}" stroke="#eef0f4"/>'
+            f'<text x="{x:.1f}" y="{h - 8}" text-anchor="middle">{_e(fmt(t))}</text>'
+        )
     for i, r in enumerate(runs):
         y, x = 8 + i * row_h, float(left)
         parts.append(f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{_e(str(r["run_id"])[:8])}</text>')
         # per-stage segments are completed spend; budget-stopped attempts get their own segment
-        segs = [(k, r[f"{k}_usd"]) for k in ("teacher", "training", "evaluation")] + [("interrupted", r["interrupted_usd"])]
+        segs = [(k, r[f"{k}_usd"]) for k in ("teacher", "training", "evaluation")] + [
+            ("interrupted", r["interrupted_usd"])
+        ]
         for k, v in segs:
             if v <= 0:
                 continue
-            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{max(v * scale, 1):.1f}" height="{row_h - 8}" fill="{COLORS[k]}">'
-                         f'<title>run {_e(r["run_id"])}: {k} {_e(dollars(v))}</title></rect>')
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{max(v * scale, 1):.1f}" height="{row_h - 8}" fill="{COLORS[k]}">'
+                f"<title>run {_e(r['run_id'])}: {k} {_e(dollars(v))}</title></rect>"
+            )
             x += v * scale
         parts.append(f'<text x="{x + 4:.1f}" y="{y + 14}">{_e(dollars(r["usd"]))}</text>')
-    legend = "".join(f'<span><i style="background:{COLORS[k]}"></i>{k}</span>'
-                     for k in ("teacher", "training", "evaluation", "interrupted"))
-    return (f'<div class="legend">{legend}</div><svg viewBox="0 0 {w} {h}" width="100%" role="img" '
-            f'aria-label="spend per run by stage">{"".join(parts)}</svg>')
+    legend = "".join(
+        f'<span><i style="background:{COLORS[k]}"></i>{k}</span>'
+        for k in ("teacher", "training", "evaluation", "interrupted")
+    )
+    return (
+        f'<div class="legend">{legend}</div><svg viewBox="0 0 {w} {h}" width="100%" role="img" '
+        f'aria-label="spend per run by stage">{"".join(parts)}</svg>'
+    )
 
 
 def chart_cost_vs_score(reports: list[dict]) -> str:
-    pts = [r["report"] for r in reports if r["report"].get("candidate_score") is not None
-           and r["report"].get("total_usd") is not None]  # a result of unknown cost has no place on the cost axis
+    pts = [
+        r["report"]
+        for r in reports
+        if r["report"].get("candidate_score") is not None and r["report"].get("total_usd") is not None
+    ]  # a result of unknown cost has no place on the cost axis
     if not pts:
         return _empty("no evaluated result yet")
     xs = [float(r["total_usd"]) for r in pts]
     p = _Plot()
-    p.axes(0, max(xs) * 1.1 or 1e-6, 0, 100, "usd", lambda v: f"{v:g}%", "cost of the result (USD)",
-           "candidate score")
+    p.axes(0, max(xs) * 1.1 or 1e-6, 0, 100, "usd", lambda v: f"{v:g}%", "cost of the result (USD)", "candidate score")
     base = [r["base_score"] for r in pts if r.get("base_score") is not None]
     if base:
         by = p.py(base[-1] * 100)
-        p.parts.append(f'<line x1="{p.l}" x2="{p.w - p.r}" y1="{by:.1f}" y2="{by:.1f}" stroke="#9ca3af" stroke-dasharray="3 3"/>'
-                       f'<text x="{p.l + 4}" y="{by - 4:.1f}">base {base[-1]:.0%}</text>')
+        p.parts.append(
+            f'<line x1="{p.l}" x2="{p.w - p.r}" y1="{by:.1f}" y2="{by:.1f}" stroke="#9ca3af" stroke-dasharray="3 3"/>'
+            f'<text x="{p.l + 4}" y="{by - 4:.1f}">base {base[-1]:.0%}</text>'
+        )
     for r, x in zip(pts, xs, strict=True):
         color = COLORS.get(r.get("verdict") or "", "#6b7280")
-        per = (dollars(r["usd_per_point_gained_lcb"]) + "/point (lower bound)" if r.get("usd_per_point_gained_lcb")
-               else "$/point not meaningful")
-        p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(r["candidate_score"] * 100):.1f}" r="6" fill="{color}" '
-                       f'fill-opacity=".85"><title>run {_e(str(r["run_id"])[:8])}: {_e(dollars(x))}, score '
-                       f'{r["candidate_score"]:.1%}, {_e(r.get("verdict"))}, {_e(per)}</title></circle>')
+        per = (
+            dollars(r["usd_per_point_gained_lcb"]) + "/point (lower bound)"
+            if r.get("usd_per_point_gained_lcb")
+            else "$/point not meaningful"
+        )
+        p.parts.append(
+            f'<circle cx="{p.px(x):.1f}" cy="{p.py(r["candidate_score"] * 100):.1f}" r="6" fill="{color}" '
+            f'fill-opacity=".85"><title>run {_e(str(r["run_id"])[:8])}: {_e(dollars(x))}, score '
+            f"{r['candidate_score']:.1%}, {_e(r.get('verdict'))}, {_e(per)}</title></circle>"
+        )
     return p.svg("result cost against candidate score")
 
 
@@ -208,12 +258,14 @@ def chart_budget(spent: float, budget: float | None) -> str:
     w = 560
     fill = min(frac, 1.0) * (w - 20)
     color = COLORS["budget"] if frac >= 0.9 else COLORS["line"]
-    return (f'<svg viewBox="0 0 {w} 56" width="100%" role="img" aria-label="budget burn">'
-            f'<rect x="10" y="8" width="{w - 20}" height="22" rx="4" fill="#eef0f4"/>'
-            f'<rect x="10" y="8" width="{fill:.1f}" height="22" rx="4" fill="{color}"><title>{_e(dollars(spent))} of '
-            f'{_e(dollars(budget))}</title></rect>'
-            f'<text x="10" y="48">{_e(dollars(spent))} spent of {_e(dollars(budget))} ({frac:.2%}); '
-            f'{_e(dollars(max(0.0, budget - spent)))} remains</text></svg>')
+    return (
+        f'<svg viewBox="0 0 {w} 56" width="100%" role="img" aria-label="budget burn">'
+        f'<rect x="10" y="8" width="{w - 20}" height="22" rx="4" fill="#eef0f4"/>'
+        f'<rect x="10" y="8" width="{fill:.1f}" height="22" rx="4" fill="{color}"><title>{_e(dollars(spent))} of '
+        f"{_e(dollars(budget))}</title></rect>"
+        f'<text x="10" y="48">{_e(dollars(spent))} spent of {_e(dollars(budget))} ({frac:.2%}); '
+        f"{_e(dollars(max(0.0, budget - spent)))} remains</text></svg>"
+    )
 
 
 def chart_plan_vs_actual(report: dict | None) -> str:
@@ -223,16 +275,26 @@ def chart_plan_vs_actual(report: dict | None) -> str:
     for p in report["plan_vs_actual"]:
         ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
         reused = f" (reused from run {str(p['reused_from_run'])[:8]})" if p.get("reused_from_run") else ""
-        rows += (f"<tr><td>{_e(p['stage'] + reused)}</td><td>{_e(dollars(p['estimated_usd']))}</td>"
-                 f"<td>{_e(dollars(p['actual_usd']))}</td>"
-                 f"<td>{ratio}</td><td>{_sec(p['estimated_seconds'])}</td><td>{_sec(p['actual_seconds'])}</td></tr>")
+        rows += (
+            f"<tr><td>{_e(p['stage'] + reused)}</td><td>{_e(dollars(p['estimated_usd']))}</td>"
+            f"<td>{_e(dollars(p['actual_usd']))}</td>"
+            f"<td>{ratio}</td><td>{_sec(p['estimated_seconds'])}</td><td>{_sec(p['actual_seconds'])}</td></tr>"
+        )
     mem = report.get("plan_memory_gb")
     act = report.get("actual_peak_memory_gb")
-    memrow = (f"<p style='font-size:13px'>Student memory per device: planned {mem:.4f} GB"
-              + (f", measured peak {act:.4f} GB (process RSS on CPU, allocator peak on GPU)" if act is not None else "")
-              + "</p>") if mem is not None else ""
-    return ("<table><tr><th>stage</th><th>estimate</th><th>actual</th><th>actual / estimate</th><th>est. time</th>"
-            f"<th>actual time</th></tr>{rows}</table>{memrow}")
+    memrow = (
+        (
+            f"<p style='font-size:13px'>Student memory per device: planned {mem:.4f} GB"
+            + (f", measured peak {act:.4f} GB (process RSS on CPU, allocator peak on GPU)" if act is not None else "")
+            + "</p>"
+        )
+        if mem is not None
+        else ""
+    )
+    return (
+        "<table><tr><th>stage</th><th>estimate</th><th>actual</th><th>actual / estimate</th><th>est. time</th>"
+        f"<th>actual time</th></tr>{rows}</table>{memrow}"
+    )
 
 
 def _sec(x) -> str:
@@ -246,21 +308,55 @@ def _ts(v) -> float:
 
 
 def _tile(label: str, value: str, sub: str = "", cls: str = "") -> str:
-    return (f'<div class="tile"><div class="label">{_e(label)}</div><div class="value {cls}">{_e(value)}</div>'
-            f'<div class="sub">{_e(sub)}</div></div>')
+    return (
+        f'<div class="tile"><div class="label">{_e(label)}</div><div class="value {cls}">{_e(value)}</div>'
+        f'<div class="sub">{_e(sub)}</div></div>'
+    )
 
 
-SWEEP_COLORS = ("#2563eb", "#f59e0b", "#10b981", "#8b5cf6", "#ec4899", "#14b8a6", "#f97316", "#64748b", "#84cc16",
-                "#06b6d4", "#a855f7", "#ef4444")
+SWEEP_COLORS = (
+    "#2563eb",
+    "#f59e0b",
+    "#10b981",
+    "#8b5cf6",
+    "#ec4899",
+    "#14b8a6",
+    "#f97316",
+    "#64748b",
+    "#84cc16",
+    "#06b6d4",
+    "#a855f7",
+    "#ef4444",
+)
 
 
 def sweep_panel_data(sweep: dict) -> dict:
     """What the sweep panel draws, from a sweep result (``campaign_orchestrator.sweep.Sweep.summary``)."""
-    keep = ("study", "rungs", "trials_run", "trials_pruned", "pruned_at_first_rung", "trials_complete",
-            "trials_stopped_by_cap", "best_trial", "best_params", "best_value", "default_value", "spent_usd", "cap_usd",
-            "stopped_by_cap", "time_saved_seconds", "trial_seconds", "every_trial_to_the_end_seconds", "key")
-    trials = [{k: t[k] for k in ("trial", "root", "state", "params", "rungs", "usd")} for t in sweep["trials"]
-              if t["state"] != "FAIL" or t["rungs"]]
+    keep = (
+        "study",
+        "rungs",
+        "trials_run",
+        "trials_pruned",
+        "pruned_at_first_rung",
+        "trials_complete",
+        "trials_stopped_by_cap",
+        "best_trial",
+        "best_params",
+        "best_value",
+        "default_value",
+        "spent_usd",
+        "cap_usd",
+        "stopped_by_cap",
+        "time_saved_seconds",
+        "trial_seconds",
+        "every_trial_to_the_end_seconds",
+        "key",
+    )
+    trials = [
+        {k: t[k] for k in ("trial", "root", "state", "params", "rungs", "usd")}
+        for t in sweep["trials"]
+        if t["state"] != "FAIL" or t["rungs"]
+    ]
     return {k: sweep.get(k) for k in keep} | {"trials": trials}
 
 
@@ -284,52 +380,83 @@ def chart_sweep(panel: dict, costs: dict[str, float]) -> str:
     lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
     ceiling = hi + 0.08 * ((hi - lo) or 1.0)  # diverged trials (loss inf) are drawn at the top edge
     p = _Plot(h=300)
-    p.axes(0, max(panel["rungs"]), max(0.0, lo - 0.05 * ((hi - lo) or 1.0)), ceiling, lambda v: f"{v:g}",
-           lambda v: f"{v:.2f}", "optimizer steps (rungs: " + ", ".join(str(r) for r in panel["rungs"]) + ")",
-           "eval loss")
+    p.axes(
+        0,
+        max(panel["rungs"]),
+        max(0.0, lo - 0.05 * ((hi - lo) or 1.0)),
+        ceiling,
+        lambda v: f"{v:g}",
+        lambda v: f"{v:.2f}",
+        "optimizer steps (rungs: " + ", ".join(str(r) for r in panel["rungs"]) + ")",
+        "eval loss",
+    )
     for r in panel["rungs"]:
         x = p.px(r)
-        p.parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{p.t}" y2="{p.h - p.b}" stroke="#e5e7eb" stroke-dasharray="3 3"/>')
-    for i, t in enumerate(sorted(trials, key=lambda t: t["trial"] == panel.get("best_trial"))):
+        p.parts.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{p.t}" y2="{p.h - p.b}" stroke="#e5e7eb" stroke-dasharray="3 3"/>'
+        )
+    for _i, t in enumerate(sorted(trials, key=lambda t: t["trial"] == panel.get("best_trial"))):
         color = SWEEP_COLORS[t["trial"] % len(SWEEP_COLORS)]
         best = t["trial"] == panel.get("best_trial")
-        pts = [(int(k), min(float(v["value"]), ceiling) if math.isfinite(float(v["value"])) else ceiling)
-               for k, v in sorted(t["rungs"].items(), key=lambda kv: int(kv[0]))]
+        pts = [
+            (int(k), min(float(v["value"]), ceiling) if math.isfinite(float(v["value"])) else ceiling)
+            for k, v in sorted(t["rungs"].items(), key=lambda kv: int(kv[0]))
+        ]
         path = " ".join(f"{'M' if j == 0 else 'L'}{p.px(x):.1f},{p.py(y):.1f}" for j, (x, y) in enumerate(pts))
         cost = costs.get(trial_pk(t), t["usd"])
-        tip = (f"trial {t['trial']} {t['state']} · " + ", ".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in t["params"].items())
-               + f" · {_e(dollars(cost))}")
-        p.parts.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="{4 if best else 2}" '
-                       f'opacity="{1 if best or t["state"] != "PRUNED" else 0.75}"><title>{_e(tip)}</title></path>')
+        tip = (
+            f"trial {t['trial']} {t['state']} · "
+            + ", ".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in t["params"].items())
+            + f" · {_e(dollars(cost))}"
+        )
+        p.parts.append(
+            f'<path d="{path}" fill="none" stroke="{color}" stroke-width="{4 if best else 2}" '
+            f'opacity="{1 if best or t["state"] != "PRUNED" else 0.75}"><title>{_e(tip)}</title></path>'
+        )
         for x, y in pts[:-1]:
             p.parts.append(f'<circle cx="{p.px(x):.1f}" cy="{p.py(y):.1f}" r="3" fill="{color}"/>')
         x, y = pts[-1]
         cx, cy = p.px(x), p.py(y)
         if t["state"] == "PRUNED":
-            p.parts.append(f'<path d="M{cx - 5:.1f},{cy - 5:.1f}L{cx + 5:.1f},{cy + 5:.1f}M{cx - 5:.1f},{cy + 5:.1f}'
-                           f'L{cx + 5:.1f},{cy - 5:.1f}" stroke="{color}" stroke-width="2.5"><title>{_e(tip)}</title></path>')
+            p.parts.append(
+                f'<path d="M{cx - 5:.1f},{cy - 5:.1f}L{cx + 5:.1f},{cy + 5:.1f}M{cx - 5:.1f},{cy + 5:.1f}'
+                f'L{cx + 5:.1f},{cy - 5:.1f}" stroke="{color}" stroke-width="2.5"><title>{_e(tip)}</title></path>'
+            )
         elif t["state"] == "STOPPED":
-            p.parts.append(f'<rect x="{cx - 5:.1f}" y="{cy - 5:.1f}" width="10" height="10" fill="{color}">'
-                           f'<title>{_e(tip)}</title></rect>')
+            p.parts.append(
+                f'<rect x="{cx - 5:.1f}" y="{cy - 5:.1f}" width="10" height="10" fill="{color}">'
+                f"<title>{_e(tip)}</title></rect>"
+            )
         else:
-            p.parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{7 if best else 5}" fill="{color}" stroke="#111827" '
-                           f'stroke-width="{2 if best else 0}"><title>{_e(tip)}</title></circle>')
+            p.parts.append(
+                f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{7 if best else 5}" fill="{color}" stroke="#111827" '
+                f'stroke-width="{2 if best else 0}"><title>{_e(tip)}</title></circle>'
+            )
         label = f"#{t['trial']}" + (" best" if best else "")
-        p.parts.append(f'<text x="{cx + 8:.1f}" y="{cy + 4:.1f}" style="fill:{color};font-weight:600">{_e(label)}</text>')
-    legend = ('<p class="legend"><span>● completed</span><span>✕ pruned</span><span>■ stopped by the cap</span>'
-              '<span>thick: the best trial (drives student_adapter)</span><span>top edge: diverged</span></p>')
+        p.parts.append(
+            f'<text x="{cx + 8:.1f}" y="{cy + 4:.1f}" style="fill:{color};font-weight:600">{_e(label)}</text>'
+        )
+    legend = (
+        '<p class="legend"><span>● completed</span><span>✕ pruned</span><span>■ stopped by the cap</span>'
+        "<span>thick: the best trial (drives student_adapter)</span><span>top edge: diverged</span></p>"
+    )
     rows = []
     for t in sorted(panel["trials"], key=lambda t: t["trial"]):
         last = max((int(k) for k in t["rungs"]), default=0)
         v = t["rungs"].get(str(last), {}).get("value") if last else None
-        rows.append(f"<tr><td>#{t['trial']}{' (best)' if t['trial'] == panel.get('best_trial') else ''}</td>"
-                    f"<td>{_e(t['state'])}</td><td>{_e(', '.join(f'{k}={_fmt(x)}' for k, x in t['params'].items()))}</td>"
-                    f"<td>{last}</td><td>{'—' if v is None else _e(_fmt(v))}</td>"
-                    f"<td>{_e(dollars(costs.get(trial_pk(t), t['usd'])))}</td></tr>")
-    table = ("<table><tr><th>trial</th><th>state</th><th>parameters</th><th>steps</th><th>eval loss</th>"
-             f"<th>cost (ledger)</th></tr>{''.join(rows)}</table>")
-    return ('<div style="max-width:900px">' + p.svg("sweep: eval loss against steps per trial") + "</div>" + legend
-            + table)
+        rows.append(
+            f"<tr><td>#{t['trial']}{' (best)' if t['trial'] == panel.get('best_trial') else ''}</td>"
+            f"<td>{_e(t['state'])}</td><td>{_e(', '.join(f'{k}={_fmt(x)}' for k, x in t['params'].items()))}</td>"
+            f"<td>{last}</td><td>{'—' if v is None else _e(_fmt(v))}</td>"
+            f"<td>{_e(dollars(costs.get(trial_pk(t), t['usd'])))}</td></tr>"
+        )
+    table = (
+        "<table><tr><th>trial</th><th>state</th><th>parameters</th><th>steps</th><th>eval loss</th>"
+        f"<th>cost (ledger)</th></tr>{''.join(rows)}</table>"
+    )
+    return (
+        '<div style="max-width:900px">' + p.svg("sweep: eval loss against steps per trial") + "</div>" + legend + table
+    )
 
 
 def trial_pk(t: dict) -> str:
@@ -349,26 +476,42 @@ def sweep_section(panel: dict | None, costs: dict[str, float]) -> str:
     spent = sum(costs.values()) if costs else panel.get("spent_usd") or 0.0
     saved, full = panel.get("time_saved_seconds") or 0.0, panel.get("every_trial_to_the_end_seconds") or 0.0
     tiles = [
-        _tile("sweep trials", f"{panel['trials_run']}", f"{panel['trials_pruned']} pruned "
-              f"({panel['pruned_at_first_rung']} at the first rung), {panel['trials_complete']} to the end"),
-        _tile("sweep spend", dollars(spent),
-              "no cap" if cap is None else f"of a {dollars(cap)} cap ({spent / cap:.0%})",
-              "warn" if cap is not None and spent > cap else ""),
-        _tile("time saved", f"{saved:.0f} s", f"vs {full:.0f} s had every trial run to the end "
-              f"({saved / full:.0%} less)" if full else ""),
-        _tile("best eval loss", "n/a" if panel.get("best_value") is None else f"{panel['best_value']:.4f}",
-              "campaign default " + ("n/a" if panel.get("default_value") is None else f"{panel['default_value']:.4f}")),
+        _tile(
+            "sweep trials",
+            f"{panel['trials_run']}",
+            f"{panel['trials_pruned']} pruned "
+            f"({panel['pruned_at_first_rung']} at the first rung), {panel['trials_complete']} to the end",
+        ),
+        _tile(
+            "sweep spend",
+            dollars(spent),
+            "no cap" if cap is None else f"of a {dollars(cap)} cap ({spent / cap:.0%})",
+            "warn" if cap is not None and spent > cap else "",
+        ),
+        _tile(
+            "time saved",
+            f"{saved:.0f} s",
+            f"vs {full:.0f} s had every trial run to the end ({saved / full:.0%} less)" if full else "",
+        ),
+        _tile(
+            "best eval loss",
+            "n/a" if panel.get("best_value") is None else f"{panel['best_value']:.4f}",
+            "campaign default " + ("n/a" if panel.get("default_value") is None else f"{panel['default_value']:.4f}"),
+        ),
     ]
     note = f'<p class="warn">{_e(panel["stopped_by_cap"])}</p>' if panel.get("stopped_by_cap") else ""
     best = ", ".join(f"{k} = {_fmt(v)}" for k, v in (panel.get("best_params") or {}).items())
-    return (f'<section class="card" id="sweep" style="margin-top:14px"><h2>Sweep · {_e(panel.get("study") or "")}</h2>'
-            f'<section class="tiles">{"".join(tiles)}</section>{note}'
-            f'<p>best configuration (trial #{_e(panel.get("best_trial"))}): <b>{_e(best)}</b></p>'
-            f"{chart_sweep(panel, costs)}</section>")
+    return (
+        f'<section class="card" id="sweep" style="margin-top:14px"><h2>Sweep · {_e(panel.get("study") or "")}</h2>'
+        f'<section class="tiles">{"".join(tiles)}</section>{note}'
+        f"<p>best configuration (trial #{_e(panel.get('best_trial'))}): <b>{_e(best)}</b></p>"
+        f"{chart_sweep(panel, costs)}</section>"
+    )
 
 
-def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now: dt.datetime | None = None,
-                     sweep: dict | None = None) -> str:
+def render_dashboard(
+    campaign: str, ledger, budget_usd: float | None = None, now: dt.datetime | None = None, sweep: dict | None = None
+) -> str:
     """The dashboard HTML of ``campaign`` from a :class:`campaign_orchestrator.costs.ledger.Ledger`; ``sweep``: the
     latest sweep's panel data (``sweep_panel_data``), drawn as the sweep panel."""
     lines, runs, reports = ledger.lines(campaign), ledger.runs(campaign), ledger.reports(campaign)
@@ -377,34 +520,67 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
     unknown = sorted({u for r in reports for u in r["report"].get("unknown_costs") or []})
     # runs that stopped before a report (no evaluation) but produced something at an unknown price
     unknown = unknown or sorted(f"{a} {why}" for a, why in ledger.unknown(campaign).items())
-    tiles = [_tile("campaign spend", f"{dollars(spent)} + unknown" if unknown else dollars(spent),
-                   f"{len(runs)} run(s) in the ledger" + (f"; unpriced: {'; '.join(unknown)}" if unknown else ""),
-                   "warn" if unknown else "")]
+    tiles = [
+        _tile(
+            "campaign spend",
+            f"{dollars(spent)} + unknown" if unknown else dollars(spent),
+            f"{len(runs)} run(s) in the ledger" + (f"; unpriced: {'; '.join(unknown)}" if unknown else ""),
+            "warn" if unknown else "",
+        )
+    ]
     if latest:
         lcb = latest.get("usd_per_point_gained_lcb")
-        lcb_text = _usd(latest, "usd_per_point_gained_lcb") if lcb is not None or latest.get("unknown_costs") \
+        lcb_text = (
+            _usd(latest, "usd_per_point_gained_lcb")
+            if lcb is not None or latest.get("unknown_costs")
             else "not meaningful"
+        )
         ratio = latest.get("student_teacher_ratio")
         tiles += [
-            _tile("latest result cost", _usd(latest, "total_usd"),
-                  f"run {str(latest['run_id'])[:8]} · {latest.get('verdict')}",
-                  "warn" if latest.get("unknown_costs") else ""),
-            _tile("$ / M teacher tokens", _usd(latest, "usd_per_million_teacher_tokens"),
-                  f"{latest['teacher_tokens']:,} tokens"),
-            _tile("$ / 1k accepted examples", _usd(latest, "usd_per_1k_accepted_examples"),
-                  f"{latest['accepted_examples']:,} accepted"),
-            _tile("$ / point gained", lcb_text,
-                  "at the gain's lower 95% bound" if lcb is not None else "lower bound of the gain ≤ 0",
-                  "" if lcb is not None else "warn"),
-            _tile("candidate score", "n/a" if latest.get("candidate_score") is None else f"{latest['candidate_score']:.1%}",
-                  "base " + ("n/a" if latest.get("base_score") is None else f"{latest['base_score']:.1%}")),
-            _tile("student ÷ teacher", "n/a" if ratio is None else f"{ratio:.1%}",
-                  "teacher " + ("not scored" if latest.get("teacher_score") is None else f"{latest['teacher_score']:.1%}")
-                  + f" on {latest.get('primary_suite') or 'the primary suite'}"),
+            _tile(
+                "latest result cost",
+                _usd(latest, "total_usd"),
+                f"run {str(latest['run_id'])[:8]} · {latest.get('verdict')}",
+                "warn" if latest.get("unknown_costs") else "",
+            ),
+            _tile(
+                "$ / M teacher tokens",
+                _usd(latest, "usd_per_million_teacher_tokens"),
+                f"{latest['teacher_tokens']:,} tokens",
+            ),
+            _tile(
+                "$ / 1k accepted examples",
+                _usd(latest, "usd_per_1k_accepted_examples"),
+                f"{latest['accepted_examples']:,} accepted",
+            ),
+            _tile(
+                "$ / point gained",
+                lcb_text,
+                "at the gain's lower 95% bound" if lcb is not None else "lower bound of the gain ≤ 0",
+                "" if lcb is not None else "warn",
+            ),
+            _tile(
+                "candidate score",
+                "n/a" if latest.get("candidate_score") is None else f"{latest['candidate_score']:.1%}",
+                "base " + ("n/a" if latest.get("base_score") is None else f"{latest['base_score']:.1%}"),
+            ),
+            _tile(
+                "student ÷ teacher",
+                "n/a" if ratio is None else f"{ratio:.1%}",
+                "teacher "
+                + ("not scored" if latest.get("teacher_score") is None else f"{latest['teacher_score']:.1%}")
+                + f" on {latest.get('primary_suite') or 'the primary suite'}",
+            ),
         ]
     if budget_usd is not None:
-        tiles.append(_tile("budget used", f"{spent / budget_usd:.1%}", f"of {dollars(budget_usd)}",
-                           "warn" if spent >= 0.9 * budget_usd else ""))
+        tiles.append(
+            _tile(
+                "budget used",
+                f"{spent / budget_usd:.1%}",
+                f"of {dollars(budget_usd)}",
+                "warn" if spent >= 0.9 * budget_usd else "",
+            )
+        )
     by_run = {r["run_id"]: r["report"] for r in reports}
     run_rows = "".join(
         f"<tr><td>{_e(str(r['run_id'])[:8])}</td><td>{_e(str(r['started_at'])[:19])}</td>"
@@ -412,16 +588,23 @@ def render_dashboard(campaign: str, ledger, budget_usd: float | None = None, now
         f"<td>{_e(dollars(r['interrupted_usd']))}</td>"
         f"<td>{_e((by_run.get(r['run_id']) or {}).get('verdict') or '—')}</td>"
         f"<td>{_score(by_run.get(r['run_id']))}</td><td>{_e(_per_point(by_run.get(r['run_id'])))}</td></tr>"
-        for r in reversed(runs))
-    data = {"campaign": campaign, "spent_usd": spent, "budget_usd": budget_usd, "runs": runs,
-            "reports": [r["report"] for r in reports], "sweep": sweep}
+        for r in reversed(runs)
+    )
+    data = {
+        "campaign": campaign,
+        "spent_usd": spent,
+        "budget_usd": budget_usd,
+        "runs": runs,
+        "reports": [r["report"] for r in reports],
+        "sweep": sweep,
+    }
     generated = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Cost dashboard · {_e(campaign)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
 <body><header><h1>Cost dashboard · campaign <span id="campaign">{_e(campaign)}</span></h1>
 <p>From the cost ledger ({_e(ledger.path.name)}) · generated {generated} · hover a mark for its numbers</p></header>
-<main><section class="tiles">{''.join(tiles)}</section>
+<main><section class="tiles">{"".join(tiles)}</section>
 <section class="grid">
 <div class="card"><h2>Spend over time and budget</h2>{chart_spend_over_time(lines, budget_usd)}{chart_budget(spent, budget_usd)}</div>
 <div class="card"><h2>Spend per run, by stage</h2>{chart_runs_by_stage(runs)}</div>
@@ -445,8 +628,9 @@ def _per_point(r: dict | None) -> str:
     return dollars(r["usd_per_point_gained_lcb"]) if r.get("usd_per_point_gained_lcb") is not None else "not meaningful"
 
 
-def write_dashboard(path: str | Path, campaign: str, ledger, budget_usd: float | None = None,
-                    sweep: dict | None = None) -> Path:
+def write_dashboard(
+    path: str | Path, campaign: str, ledger, budget_usd: float | None = None, sweep: dict | None = None
+) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")
@@ -510,36 +694,92 @@ def team_data(ledger) -> dict:
         spent = ledger.spent(name)
         budget = latest.get("budget_usd")
         name_runs = ledger.runs(name)
-        campaigns.append({"campaign": name, "usd": spent, "runs": len(name_runs), "budget_usd": budget,
-                          "budget_used": spent / budget if budget else None})
+        campaigns.append(
+            {
+                "campaign": name,
+                "usd": spent,
+                "runs": len(name_runs),
+                "budget_usd": budget,
+                "budget_used": spent / budget if budget else None,
+            }
+        )
         for r in name_runs:
             rep = reports.get(r["run_id"]) or {}
-            runs.append({"campaign": name, "run_id": r["run_id"], "started_at": str(r["started_at"]),
-                         "day": _day(r["started_at"]), "usd": float(r["usd"]), "verdict": rep.get("verdict"),
-                         "total_usd": rep.get("total_usd"), "primary_suite": rep.get("primary_suite"),
-                         "scores": rep.get("suite_scores") or ({rep["primary_suite"]: rep["candidate_score"]}
-                                                              if rep.get("candidate_score") is not None else {}),
-                         "base_scores": rep.get("base_suite_scores") or {},
-                         "gpu_hours": rep.get("gpu_hours"), "host_hours": rep.get("host_hours"),
-                         "reused_everything": r["run_id"] in reused_all and float(r["usd"]) == 0.0})
+            runs.append(
+                {
+                    "campaign": name,
+                    "run_id": r["run_id"],
+                    "started_at": str(r["started_at"]),
+                    "day": _day(r["started_at"]),
+                    "usd": float(r["usd"]),
+                    "verdict": rep.get("verdict"),
+                    "total_usd": rep.get("total_usd"),
+                    "primary_suite": rep.get("primary_suite"),
+                    "scores": rep.get("suite_scores")
+                    or (
+                        {rep["primary_suite"]: rep["candidate_score"]} if rep.get("candidate_score") is not None else {}
+                    ),
+                    "base_scores": rep.get("base_suite_scores") or {},
+                    "gpu_hours": rep.get("gpu_hours"),
+                    "host_hours": rep.get("host_hours"),
+                    "reused_everything": r["run_id"] in reused_all and float(r["usd"]) == 0.0,
+                }
+            )
         for run_id, rep in reports.items():
             for p in rep.get("plan_vs_actual") or []:
                 if p.get("estimated_usd") is None:
                     continue
-                plan.append({"campaign": name, "run_id": run_id, **{k: p.get(k) for k in (
-                    "stage", "estimated_usd", "actual_usd", "usd_ratio", "estimated_seconds", "actual_seconds",
-                    "reused_from_run")}, "miss": _miss(p.get("usd_ratio"))})
+                plan.append(
+                    {
+                        "campaign": name,
+                        "run_id": run_id,
+                        **{
+                            k: p.get(k)
+                            for k in (
+                                "stage",
+                                "estimated_usd",
+                                "actual_usd",
+                                "usd_ratio",
+                                "estimated_seconds",
+                                "actual_seconds",
+                                "reused_from_run",
+                            )
+                        },
+                        "miss": _miss(p.get("usd_ratio")),
+                    }
+                )
             mem, act = rep.get("plan_memory_gb"), rep.get("actual_peak_memory_gb")
             if mem and act is not None:
-                plan.append({"campaign": name, "run_id": run_id, "stage": "student memory (GB)",
-                             "estimated_usd": None, "actual_usd": None, "usd_ratio": None, "estimated_gb": mem,
-                             "actual_gb": act, "memory_ratio": act / mem, "miss": _miss(act / mem)})
-    rows = lambda acc: [{"period": p, "campaign": c, "stage": s, "usd": v}  # noqa: E731
-                        for (p, c, s), v in sorted(acc.items())]
-    return {"spend_by_day": rows(by_day), "spend_by_week": rows(by_week), "campaigns": campaigns,
-            "hardware": [{"campaign": c, "resource": r, "unit": u, "quantity": q, "usd": v}
-                         for (c, r, u), (q, v) in sorted(hw.items())],
-            "runs": sorted(runs, key=lambda r: r["started_at"]), "plan": plan}
+                plan.append(
+                    {
+                        "campaign": name,
+                        "run_id": run_id,
+                        "stage": "student memory (GB)",
+                        "estimated_usd": None,
+                        "actual_usd": None,
+                        "usd_ratio": None,
+                        "estimated_gb": mem,
+                        "actual_gb": act,
+                        "memory_ratio": act / mem,
+                        "miss": _miss(act / mem),
+                    }
+                )
+    def rows(acc):
+        return [
+            {"period": p, "campaign": c, "stage": s, "usd": v}  # noqa: E731
+            for (p, c, s), v in sorted(acc.items())
+        ]
+    return {
+        "spend_by_day": rows(by_day),
+        "spend_by_week": rows(by_week),
+        "campaigns": campaigns,
+        "hardware": [
+            {"campaign": c, "resource": r, "unit": u, "quantity": q, "usd": v}
+            for (c, r, u), (q, v) in sorted(hw.items())
+        ],
+        "runs": sorted(runs, key=lambda r: r["started_at"]),
+        "plan": plan,
+    }
 
 
 def chart_spend_by_period(rows: list[dict], campaigns: list[str], label: str) -> str:
@@ -556,26 +796,35 @@ def chart_spend_by_period(rows: list[dict], campaigns: list[str], label: str) ->
     parts = []
     for t in ticks:
         y = h - bottom - t * scale
-        parts.append(f'<line x1="{left}" x2="{w - 20}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eef0f4"/>'
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(dollars(t))}</text>')
+        parts.append(
+            f'<line x1="{left}" x2="{w - 20}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eef0f4"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(dollars(t))}</text>'
+        )
     for i, p in enumerate(periods):
         x, y = left + i * slot + slot * 0.15, float(h - bottom)
         for c in campaigns:
             v = sum(r["usd"] for r in rows if r["period"] == p and r["campaign"] == c)
             if v <= 0:
                 continue
-            stages = ", ".join(f"{r['stage']} {dollars(r['usd'])}" for r in rows
-                               if r["period"] == p and r["campaign"] == c)
-            parts.append(f'<rect class="spend" data-period="{_e(p)}" data-campaign="{_e(c)}" x="{x:.1f}" '
-                         f'y="{y - v * scale:.1f}" width="{slot * 0.7:.1f}" height="{max(v * scale, 1):.1f}" '
-                         f'fill="{color[c]}"><title>{_e(p)} · {_e(c)}: {_e(dollars(v))} ({_e(stages)})</title></rect>')
+            stages = ", ".join(
+                f"{r['stage']} {dollars(r['usd'])}" for r in rows if r["period"] == p and r["campaign"] == c
+            )
+            parts.append(
+                f'<rect class="spend" data-period="{_e(p)}" data-campaign="{_e(c)}" x="{x:.1f}" '
+                f'y="{y - v * scale:.1f}" width="{slot * 0.7:.1f}" height="{max(v * scale, 1):.1f}" '
+                f'fill="{color[c]}"><title>{_e(p)} · {_e(c)}: {_e(dollars(v))} ({_e(stages)})</title></rect>'
+            )
             y -= v * scale
-        parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{h - bottom + 16}" text-anchor="middle">{_e(p)}</text>'
-                     f'<text x="{x + slot * 0.35:.1f}" y="{y - 4:.1f}" text-anchor="middle">'
-                     f'{_e(dollars(totals[p]))}</text>')
+        parts.append(
+            f'<text x="{x + slot * 0.35:.1f}" y="{h - bottom + 16}" text-anchor="middle">{_e(p)}</text>'
+            f'<text x="{x + slot * 0.35:.1f}" y="{y - 4:.1f}" text-anchor="middle">'
+            f"{_e(dollars(totals[p]))}</text>"
+        )
     legend = "".join(f'<span><i style="background:{color[c]}"></i>{_e(c)}</span>' for c in campaigns)
-    return (f'<div class="legend">{legend}</div><svg viewBox="0 0 {w} {h}" width="100%" role="img" '
-            f'aria-label="{_e(label)}">{"".join(parts)}</svg>')
+    return (
+        f'<div class="legend">{legend}</div><svg viewBox="0 0 {w} {h}" width="100%" role="img" '
+        f'aria-label="{_e(label)}">{"".join(parts)}</svg>'
+    )
 
 
 def chart_team_cost_vs_score(runs: list[dict], campaigns: list[str]) -> str:
@@ -584,16 +833,26 @@ def chart_team_cost_vs_score(runs: list[dict], campaigns: list[str]) -> str:
         return _empty("no evaluated result yet")
     color = {c: CAMPAIGN_COLORS[i % len(CAMPAIGN_COLORS)] for i, c in enumerate(campaigns)}
     p = _Plot()
-    p.axes(0, max(r["total_usd"] for r in pts) * 1.1 or 1e-6, 0, 100, lambda v: dollars(v), lambda v: f"{v:g}%",
-           "cost of the result", "score (every suite)")
+    p.axes(
+        0,
+        max(r["total_usd"] for r in pts) * 1.1 or 1e-6,
+        0,
+        100,
+        lambda v: dollars(v),
+        lambda v: f"{v:g}%",
+        "cost of the result",
+        "score (every suite)",
+    )
     for r in pts:
         for suite, score in r["scores"].items():
             primary = suite == r.get("primary_suite")
-            p.parts.append(f'<circle cx="{p.px(r["total_usd"]):.1f}" cy="{p.py(score * 100):.1f}" '
-                           f'r="{6 if primary else 4}" '
-                           f'fill="{color[r["campaign"]]}" fill-opacity="{0.9 if primary else 0.45}"><title>'
-                           f'{_e(r["campaign"])} run {_e(r["run_id"][:8])} · {_e(suite)} {score:.1%} · '
-                           f'{_e(dollars(r["total_usd"]))} · {_e(r.get("verdict"))}</title></circle>')
+            p.parts.append(
+                f'<circle cx="{p.px(r["total_usd"]):.1f}" cy="{p.py(score * 100):.1f}" '
+                f'r="{6 if primary else 4}" '
+                f'fill="{color[r["campaign"]]}" fill-opacity="{0.9 if primary else 0.45}"><title>'
+                f"{_e(r['campaign'])} run {_e(r['run_id'][:8])} · {_e(suite)} {score:.1%} · "
+                f"{_e(dollars(r['total_usd']))} · {_e(r.get('verdict'))}</title></circle>"
+            )
     return p.svg("cost of each result against its scores, every campaign")
 
 
@@ -614,30 +873,55 @@ def render_team_dashboard(ledger, now: dt.datetime | None = None, links: dict[st
     host = sum(h["quantity"] for h in d["hardware"] if h["unit"] == "host-hour")
     misses = [p for p in d["plan"] if p["miss"]]
     reused = [r for r in d["runs"] if r["reused_everything"]]
-    tiles = [_tile("team spend", dollars(total), f"{len(names)} campaign(s), {len(d['runs'])} run(s)"),
-             _tile("days with spend", str(len(days)), f"{days[0]} to {days[-1]}" if days else ""),
-             _tile("GPU-hours", f"{gpu:,.2f}", f"host-hours {host:,.2f}"),
-             _tile("planner misses", str(len(misses)), f"actual outside {MISS_LOW:g}×–{MISS_HIGH:g}× of the estimate",
-                   "warn" if misses else ""),
-             _tile("runs that reused everything", str(len(reused)), "spent nothing")]
-    link = lambda c: (f'<a href="{_e(links[c])}">{_e(c)}</a>' if links and c in links else _e(c))  # noqa: E731
+    tiles = [
+        _tile("team spend", dollars(total), f"{len(names)} campaign(s), {len(d['runs'])} run(s)"),
+        _tile("days with spend", str(len(days)), f"{days[0]} to {days[-1]}" if days else ""),
+        _tile("GPU-hours", f"{gpu:,.2f}", f"host-hours {host:,.2f}"),
+        _tile(
+            "planner misses",
+            str(len(misses)),
+            f"actual outside {MISS_LOW:g}×–{MISS_HIGH:g}× of the estimate",
+            "warn" if misses else "",
+        ),
+        _tile("runs that reused everything", str(len(reused)), "spent nothing"),
+    ]
+    link = lambda c: f'<a href="{_e(links[c])}">{_e(c)}</a>' if links and c in links else _e(c)  # noqa: E731
     stage_rows = {}
     for r in d["spend_by_day"]:
         stage_rows[(r["campaign"], r["stage"])] = stage_rows.get((r["campaign"], r["stage"]), 0.0) + r["usd"]
-    by_stage = _table(["campaign", "stage", "spent"], [[link(c), _e(s), _e(dollars(v))]
-                                                       for (c, s), v in sorted(stage_rows.items())])
-    weeks = _table(["week", "campaign", "stage", "spent"], [[_e(r["period"]), _e(r["campaign"]), _e(r["stage"]),
-                                                             _e(dollars(r["usd"]))] for r in d["spend_by_week"]])
-    budget = _table(["campaign", "spent", "budget", "used", ""], [
-        [link(c["campaign"]), _e(dollars(c["usd"])), _e(dollars(c["budget_usd"]) if c["budget_usd"] else "none"),
-         _e("n/a" if c["budget_used"] is None else f"{c['budget_used']:.1%}"),
-         (f'<svg width="120" height="10" aria-label="budget burn"><rect width="120" height="10" fill="#eef0f4"/>'
-          f'<rect width="{min(c["budget_used"], 1) * 120:.1f}" height="10" fill="'
-          f'{COLORS["budget"] if c["budget_used"] >= 0.9 else COLORS["line"]}"/></svg>') if c["budget_used"] else ""]
-        for c in d["campaigns"]])
-    hardware = _table(["campaign", "hardware", "hours", "spent"], [
-        [_e(h["campaign"]), _e(h["resource"]), _e(f"{h['quantity']:,.4g} {h['unit']}s"), _e(dollars(h["usd"]))]
-        for h in d["hardware"]])
+    by_stage = _table(
+        ["campaign", "stage", "spent"], [[link(c), _e(s), _e(dollars(v))] for (c, s), v in sorted(stage_rows.items())]
+    )
+    weeks = _table(
+        ["week", "campaign", "stage", "spent"],
+        [[_e(r["period"]), _e(r["campaign"]), _e(r["stage"]), _e(dollars(r["usd"]))] for r in d["spend_by_week"]],
+    )
+    budget = _table(
+        ["campaign", "spent", "budget", "used", ""],
+        [
+            [
+                link(c["campaign"]),
+                _e(dollars(c["usd"])),
+                _e(dollars(c["budget_usd"]) if c["budget_usd"] else "none"),
+                _e("n/a" if c["budget_used"] is None else f"{c['budget_used']:.1%}"),
+                (
+                    f'<svg width="120" height="10" aria-label="budget burn"><rect width="120" height="10" fill="#eef0f4"/>'
+                    f'<rect width="{min(c["budget_used"], 1) * 120:.1f}" height="10" fill="'
+                    f'{COLORS["budget"] if c["budget_used"] >= 0.9 else COLORS["line"]}"/></svg>'
+                )
+                if c["budget_used"]
+                else "",
+            ]
+            for c in d["campaigns"]
+        ],
+    )
+    hardware = _table(
+        ["campaign", "hardware", "hours", "spent"],
+        [
+            [_e(h["campaign"]), _e(h["resource"]), _e(f"{h['quantity']:,.4g} {h['unit']}s"), _e(dollars(h["usd"]))]
+            for h in d["hardware"]
+        ],
+    )
     plan_rows = []
     for p in d["plan"]:
         if "memory_ratio" in p:
@@ -645,16 +929,35 @@ def render_team_dashboard(ledger, now: dt.datetime | None = None, links: dict[st
         else:
             est, act, ratio = dollars(p["estimated_usd"]), dollars(p["actual_usd"]), p["usd_ratio"]
         flag = '<span class="warn">MISS</span>' if p["miss"] else ("reused" if p.get("reused_from_run") else "")
-        plan_rows.append([_e(p["campaign"]), _e(p["run_id"][:8]), _e(p["stage"]), _e(est), _e(act),
-                          _e("n/a" if ratio is None else f"{ratio:.2f}×"), flag])
+        plan_rows.append(
+            [
+                _e(p["campaign"]),
+                _e(p["run_id"][:8]),
+                _e(p["stage"]),
+                _e(est),
+                _e(act),
+                _e("n/a" if ratio is None else f"{ratio:.2f}×"),
+                flag,
+            ]
+        )
     plan = _table(["campaign", "run", "stage", "estimate", "actual", "actual / estimate", ""], plan_rows)
-    run_rows = [[link(r["campaign"]), _e(r["run_id"][:8]), _e(r["started_at"][:16]), _e(dollars(r["usd"])),
-                 _e(dollars(r["total_usd"])), _e(r["verdict"] or "—"),
-                 _e(", ".join(f"{s} {v:.1%}" for s, v in r["scores"].items()) or "—"),
-                 '<span class="reused">reused everything</span>' if r["reused_everything"] else ""]
-                for r in reversed(d["runs"])]
-    runs = _table(["campaign", "run", "started (UTC)", "spent in run", "cost of result", "verdict",
-                   "scores (every suite)", ""], run_rows)
+    run_rows = [
+        [
+            link(r["campaign"]),
+            _e(r["run_id"][:8]),
+            _e(r["started_at"][:16]),
+            _e(dollars(r["usd"])),
+            _e(dollars(r["total_usd"])),
+            _e(r["verdict"] or "—"),
+            _e(", ".join(f"{s} {v:.1%}" for s, v in r["scores"].items()) or "—"),
+            '<span class="reused">reused everything</span>' if r["reused_everything"] else "",
+        ]
+        for r in reversed(d["runs"])
+    ]
+    runs = _table(
+        ["campaign", "run", "started (UTC)", "spent in run", "cost of result", "verdict", "scores (every suite)", ""],
+        run_rows,
+    )
     generated = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Team cost dashboard</title>
@@ -662,7 +965,7 @@ def render_team_dashboard(ledger, now: dt.datetime | None = None, links: dict[st
 .reused{{color:#047857;font-weight:600}}</style></head>
 <body><header><h1>Team cost dashboard · every campaign</h1>
 <p>From the cost ledger ({_e(ledger.path.name)}) · generated {generated} · hover a mark for its numbers</p></header>
-<main><section class="tiles">{''.join(tiles)}</section>
+<main><section class="tiles">{"".join(tiles)}</section>
 <section class="grid">
 <div class="card"><h2>Spend per day, by campaign</h2>
 {chart_spend_by_period(d["spend_by_day"], names, "spend per day")}</div>

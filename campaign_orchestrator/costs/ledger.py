@@ -45,9 +45,28 @@ import duckdb
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_exponential
 
 DEFAULT_NAME = "cost_ledger.duckdb"
-LINE_COLUMNS = ("line_id", "campaign", "asset", "run_id", "step_key", "attempt", "production_id", "stage_key",
-                "status", "kind", "resource", "quantity", "unit", "unit_price", "usd", "price_as_of",
-                "pricing_tier", "catalog_version", "recorded_at", "shard")
+LINE_COLUMNS = (
+    "line_id",
+    "campaign",
+    "asset",
+    "run_id",
+    "step_key",
+    "attempt",
+    "production_id",
+    "stage_key",
+    "status",
+    "kind",
+    "resource",
+    "quantity",
+    "unit",
+    "unit_price",
+    "usd",
+    "price_as_of",
+    "pricing_tier",
+    "catalog_version",
+    "recorded_at",
+    "shard",
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cost_lines (
@@ -104,11 +123,25 @@ _SCHEMA_READY: set[str] = set()
 def _insert_line(con, line_id: str, who: list, line: dict, now) -> None:
     """One cost line (idempotent on its id): ``who`` is (campaign, asset, run_id, step_key, attempt,
     production_id, stage_key, status), then the priced line's own fields."""
-    con.execute(f"INSERT INTO cost_lines ({', '.join(LINE_COLUMNS)}) VALUES ({', '.join('?' * len(LINE_COLUMNS))}) "
-                "ON CONFLICT DO NOTHING",
-                [line_id, *who, line["kind"], line["price_key"], float(line["quantity"]), line["unit"],
-                 float(line["unit_price"]), float(line["usd"]), line.get("as_of"), line.get("tier"),
-                 line.get("catalog_version"), now, line.get("shard")])
+    con.execute(
+        f"INSERT INTO cost_lines ({', '.join(LINE_COLUMNS)}) VALUES ({', '.join('?' * len(LINE_COLUMNS))}) "
+        "ON CONFLICT DO NOTHING",
+        [
+            line_id,
+            *who,
+            line["kind"],
+            line["price_key"],
+            float(line["quantity"]),
+            line["unit"],
+            float(line["unit_price"]),
+            float(line["usd"]),
+            line.get("as_of"),
+            line.get("tier"),
+            line.get("catalog_version"),
+            now,
+            line.get("shard"),
+        ],
+    )
 
 
 def _now() -> dt.datetime:
@@ -125,8 +158,13 @@ def production_id(manifest: dict) -> str:
     pid = manifest.get("production_id")
     if pid:
         return str(pid)
-    return "h-" + _sha(manifest.get("campaign"), manifest.get("stage"), manifest.get("key"),
-                       manifest.get("cost_lines", []), manifest.get("committed_at"))
+    return "h-" + _sha(
+        manifest.get("campaign"),
+        manifest.get("stage"),
+        manifest.get("key"),
+        manifest.get("cost_lines", []),
+        manifest.get("committed_at"),
+    )
 
 
 def _locked(e: BaseException) -> bool:
@@ -139,8 +177,12 @@ class Ledger:
     def __init__(self, path: str | Path):
         self.path = Path(path)
 
-    @retry(retry=retry_if_exception(_locked), wait=wait_random_exponential(0.05, 2), stop=stop_after_delay(120),
-           reraise=True)
+    @retry(
+        retry=retry_if_exception(_locked),
+        wait=wait_random_exponential(0.05, 2),
+        stop=stop_after_delay(120),
+        reraise=True,
+    )
     def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,8 +222,9 @@ class Ledger:
             con.close()
 
     # ------------------------------------------------------------------ writing
-    def record_stage(self, *, campaign: str, asset: str, run_id: str, step_key: str, manifest: dict,
-                     attempt: int = 0) -> dict:
+    def record_stage(
+        self, *, campaign: str, asset: str, run_id: str, step_key: str, manifest: dict, attempt: int = 0
+    ) -> dict:
         """Record a materialized stage output. Its cost lines are written once, by the first run
         that records its production; later runs (cache hits) and retried steps add nothing.
         Returns ``{"reused": bool, "spent_usd": float (spent by this run), "production_usd": float,
@@ -191,50 +234,105 @@ class Ledger:
         now = _now()
         with self.connect(write=True) as con:
             owner = con.execute("SELECT run_id FROM cost_lines WHERE production_id = ? LIMIT 1", [pid]).fetchone()
-            seen = con.execute("SELECT run_id FROM materializations WHERE production_id = ? ORDER BY recorded_at LIMIT 1",
-                               [pid]).fetchone()
+            seen = con.execute(
+                "SELECT run_id FROM materializations WHERE production_id = ? ORDER BY recorded_at LIMIT 1", [pid]
+            ).fetchone()
             producer = (owner or seen or (run_id,))[0]
             if producer == run_id and not owner:
                 for i, line in enumerate(lines):
-                    _insert_line(con, _sha(pid, i), [campaign, asset, run_id, step_key, attempt, pid, manifest.get("key"),
-                                                     "completed"], line, now)
+                    _insert_line(
+                        con,
+                        _sha(pid, i),
+                        [campaign, asset, run_id, step_key, attempt, pid, manifest.get("key"), "completed"],
+                        line,
+                        now,
+                    )
             usd = float(sum(float(x["usd"]) for x in lines))
-            con.execute("INSERT INTO materializations (run_id, step_key, campaign, asset, production_id, stage_key, "
-                        "reused, production_usd, recorded_at, cost_unknown) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                        "ON CONFLICT DO NOTHING", [run_id, step_key, campaign, asset, pid, manifest.get("key"),
-                                                   producer != run_id, usd, now, manifest.get("cost_unknown")])
-        return {"reused": producer != run_id, "spent_usd": 0.0 if producer != run_id else usd, "production_usd": usd,
-                "produced_by": producer}
+            con.execute(
+                "INSERT INTO materializations (run_id, step_key, campaign, asset, production_id, stage_key, "
+                "reused, production_usd, recorded_at, cost_unknown) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                [
+                    run_id,
+                    step_key,
+                    campaign,
+                    asset,
+                    pid,
+                    manifest.get("key"),
+                    producer != run_id,
+                    usd,
+                    now,
+                    manifest.get("cost_unknown"),
+                ],
+            )
+        return {
+            "reused": producer != run_id,
+            "spent_usd": 0.0 if producer != run_id else usd,
+            "production_usd": usd,
+            "produced_by": producer,
+        }
 
-    def record_interrupted(self, *, campaign: str, asset: str, run_id: str, step_key: str, attempt: int,
-                           stage_key: str | None, lines: list[dict], part: str | None = None) -> float:
+    def record_interrupted(
+        self,
+        *,
+        campaign: str,
+        asset: str,
+        run_id: str,
+        step_key: str,
+        attempt: int,
+        stage_key: str | None,
+        lines: list[dict],
+        part: str | None = None,
+    ) -> float:
         """Record the spend of a stage attempt that stopped before committing (budget stop).
         Idempotent per (run, step, attempt, ``part``: the piece of work within the step, e.g. a sweep's
         trial and rung, when one step runs several)."""
         now = _now()
         with self.connect(write=True) as con:
             for i, line in enumerate(lines):
-                _insert_line(con, _sha("interrupted", run_id, step_key, attempt, i, *([part] if part else [])),
-                             [campaign, asset, run_id, step_key, attempt, None, stage_key, "interrupted"], line, now)
+                _insert_line(
+                    con,
+                    _sha("interrupted", run_id, step_key, attempt, i, *([part] if part else [])),
+                    [campaign, asset, run_id, step_key, attempt, None, stage_key, "interrupted"],
+                    line,
+                    now,
+                )
         return float(sum(float(x["usd"]) for x in lines))
 
-    def record_lines(self, *, campaign: str, asset: str, run_id: str, step_key: str, attempt: int, production_id: str,
-                     stage_key: str | None, lines: list[dict]) -> float:
+    def record_lines(
+        self,
+        *,
+        campaign: str,
+        asset: str,
+        run_id: str,
+        step_key: str,
+        attempt: int,
+        production_id: str,
+        stage_key: str | None,
+        lines: list[dict],
+    ) -> float:
         """Record the lines of one piece of finished work that is not a stage output of its own (one rung of one
         sweep trial: ``production_id`` names the trial and rung, e.g. ``hparam_sweep:<key>:trial-003:rung-30``).
         Idempotent per production id."""
         now = _now()
         with self.connect(write=True) as con:
             for i, line in enumerate(lines):
-                _insert_line(con, _sha(production_id, i),
-                             [campaign, asset, run_id, step_key, attempt, production_id, stage_key, "completed"], line, now)
+                _insert_line(
+                    con,
+                    _sha(production_id, i),
+                    [campaign, asset, run_id, step_key, attempt, production_id, stage_key, "completed"],
+                    line,
+                    now,
+                )
         return float(sum(float(x["usd"]) for x in lines))
 
     def record_report(self, campaign: str, run_id: str, report: dict) -> None:
         """Store (or replace) the cost report of a run; reports are derived, lines are not."""
         with self.connect(write=True) as con:
-            con.execute("INSERT OR REPLACE INTO cost_reports VALUES (?, ?, ?, ?)",
-                        [campaign, run_id, _now(), json.dumps(report, default=str)])
+            con.execute(
+                "INSERT OR REPLACE INTO cost_reports VALUES (?, ?, ?, ?)",
+                [campaign, run_id, _now(), json.dumps(report, default=str)],
+            )
 
     # ------------------------------------------------------------------ reading
     def query(self, sql: str, params: list | None = None) -> list[dict]:
@@ -258,8 +356,10 @@ class Ledger:
 
     def production_spend(self, campaign: str, asset: str, stage_key: str) -> list[dict]:
         """``production_id`` and ``usd`` of every line of one stage output (e.g. a sweep's rungs), every run."""
-        return self.query("SELECT production_id, usd FROM cost_lines WHERE campaign = ? AND asset = ? AND stage_key = ?",
-                          [campaign, asset, stage_key])
+        return self.query(
+            "SELECT production_id, usd FROM cost_lines WHERE campaign = ? AND asset = ? AND stage_key = ?",
+            [campaign, asset, stage_key],
+        )
 
     def assets_materialized(self, campaign: str, run_id: str, produced_only: bool = False) -> set[str]:
         """The assets ``run_id`` materialized (``produced_only``: produced, not reused from the cache)."""
@@ -268,14 +368,22 @@ class Ledger:
 
     def spent_by_asset(self, campaign: str, run_id: str) -> dict[str, float]:
         """Asset -> dollars recorded in ``run_id``."""
-        return {r["asset"]: r["usd"] for r in self.query(
-            "SELECT asset, SUM(usd) AS usd FROM cost_lines WHERE campaign = ? AND run_id = ? GROUP BY asset "
-            "ORDER BY asset", [campaign, run_id])}
+        return {
+            r["asset"]: r["usd"]
+            for r in self.query(
+                "SELECT asset, SUM(usd) AS usd FROM cost_lines WHERE campaign = ? AND run_id = ? GROUP BY asset "
+                "ORDER BY asset",
+                [campaign, run_id],
+            )
+        }
 
     def run_outputs(self, campaign: str, run_id: str) -> list[dict]:
         """``asset`` and ``stage_key`` (its latest) of every stage output ``run_id`` materialized (own or reused)."""
-        return self.query("SELECT asset, arg_max(stage_key, recorded_at) AS stage_key FROM materializations "
-                          "WHERE campaign = ? AND run_id = ? GROUP BY asset", [campaign, run_id])
+        return self.query(
+            "SELECT asset, arg_max(stage_key, recorded_at) AS stage_key FROM materializations "
+            "WHERE campaign = ? AND run_id = ? GROUP BY asset",
+            [campaign, run_id],
+        )
 
     def spent(self, campaign: str, asset: str | None = None, run_id: str | None = None) -> float:
         """Dollars recorded for a campaign (optionally one asset and/or one run), completed + interrupted."""
@@ -289,8 +397,10 @@ class Ledger:
     def unknown(self, campaign: str, run_id: str | None = None) -> dict[str, str]:
         """Asset -> why its cost is unknown, for the stage outputs produced (not reused) in the campaign (or in
         ``run_id``) at a price nobody told us (an unpriced teacher): spend that includes them is unknown."""
-        sql = ("SELECT asset, min(cost_unknown) AS why FROM materializations WHERE campaign = ? AND NOT reused "
-               "AND cost_unknown IS NOT NULL")
+        sql = (
+            "SELECT asset, min(cost_unknown) AS why FROM materializations WHERE campaign = ? AND NOT reused "
+            "AND cost_unknown IS NOT NULL"
+        )
         params: list = [campaign]
         if run_id is not None:
             sql, params = sql + " AND run_id = ?", params + [run_id]
@@ -302,7 +412,11 @@ class Ledger:
             where, params = where + ["campaign = ?"], params + [campaign]
         if run_id is not None:
             where, params = where + ["run_id = ?"], params + [run_id]
-        sql = "SELECT * FROM cost_lines" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY recorded_at, line_id"
+        sql = (
+            "SELECT * FROM cost_lines"
+            + (f" WHERE {' AND '.join(where)}" if where else "")
+            + " ORDER BY recorded_at, line_id"
+        )
         return self.query(sql, params)
 
     def lineage_lines(self, campaign: str, outputs: dict[str, str]) -> list[dict]:
@@ -312,7 +426,9 @@ class Ledger:
             return []
         cond = " OR ".join("(asset = ? AND stage_key = ?)" for _ in outputs)
         params = [campaign] + [x for pair in outputs.items() for x in pair]
-        return self.query(f"SELECT * FROM cost_lines WHERE campaign = ? AND ({cond}) ORDER BY recorded_at, line_id", params)
+        return self.query(
+            f"SELECT * FROM cost_lines WHERE campaign = ? AND ({cond}) ORDER BY recorded_at, line_id", params
+        )
 
     def runs(self, campaign: str) -> list[dict]:
         """Per run: first/last record time, total spend, completed spend by kind and budget-stopped
@@ -336,11 +452,14 @@ class Ledger:
                    COALESCE(SUM(l.usd) FILTER (WHERE l.status = 'interrupted'), 0) AS interrupted_usd
             FROM r LEFT JOIN cost_lines l ON l.run_id = r.run_id AND l.campaign = $1 LEFT JOIN u ON u.run_id = r.run_id
             GROUP BY ALL ORDER BY r.started_at
-            """, [campaign])
+            """,
+            [campaign],
+        )
 
     def reports(self, campaign: str) -> list[dict]:
-        rows = self.query("SELECT run_id, recorded_at, report FROM cost_reports WHERE campaign = ? ORDER BY recorded_at",
-                          [campaign])
+        rows = self.query(
+            "SELECT run_id, recorded_at, report FROM cost_reports WHERE campaign = ? ORDER BY recorded_at", [campaign]
+        )
         return [{**r, "report": json.loads(r["report"]) if isinstance(r["report"], str) else r["report"]} for r in rows]
 
     def reused_from(self, campaign: str, run_id: str) -> dict[str, str]:
@@ -348,15 +467,23 @@ class Ledger:
         rows = self.query(
             "SELECT m.asset, min(p.run_id) AS producer FROM materializations m JOIN materializations p "
             "ON p.production_id = m.production_id AND NOT p.reused WHERE m.campaign = ? AND m.run_id = ? AND m.reused "
-            "GROUP BY m.asset", [campaign, run_id])
+            "GROUP BY m.asset",
+            [campaign, run_id],
+        )
         return {r["asset"]: r["producer"] for r in rows}
 
     def runs_reusing_everything(self) -> set[str]:
         """The runs whose every materialization was a cache hit (they produced nothing)."""
-        return {r["run_id"] for r in self.query(
-            "SELECT run_id FROM materializations GROUP BY run_id HAVING bool_and(reused)")}
+        return {
+            r["run_id"]
+            for r in self.query("SELECT run_id FROM materializations GROUP BY run_id HAVING bool_and(reused)")
+        }
 
     def campaigns(self) -> list[str]:
-        return [r["campaign"] for r in self.query(
-            "SELECT DISTINCT campaign FROM (SELECT campaign FROM cost_lines UNION SELECT campaign FROM materializations) "
-            "ORDER BY campaign")]
+        return [
+            r["campaign"]
+            for r in self.query(
+                "SELECT DISTINCT campaign FROM (SELECT campaign FROM cost_lines UNION SELECT campaign FROM materializations) "
+                "ORDER BY campaign"
+            )
+        ]

@@ -111,8 +111,12 @@ def moe_fields(cfg: dict) -> dict:
     layers, step = int(cfg["num_hidden_layers"]), int(cfg.get("decoder_sparse_step") or 1)
     dense = set(cfg.get("mlp_only_layers") or []) | set(range(int(cfg.get("first_k_dense_replace") or 0)))
     moe = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
-    return out | {"experts": experts, "experts_per_tok": int(cfg["num_experts_per_tok"]), "moe_layers": moe,
-                  "moe_intermediate": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])}
+    return out | {
+        "experts": experts,
+        "experts_per_tok": int(cfg["num_experts_per_tok"]),
+        "moe_layers": moe,
+        "moe_intermediate": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+    }
 
 
 @dataclass(frozen=True)
@@ -137,13 +141,22 @@ class ModelShape:
     def from_config(cls, cfg: dict, where: str = "config.json") -> ModelShape:
         try:
             h, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-            return cls(hidden=h, intermediate=int(cfg["intermediate_size"]), layers=int(cfg["num_hidden_layers"]),
-                       heads=heads, kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                       head_dim=int(cfg.get("head_dim") or h // heads), vocab=int(cfg["vocab_size"]),
-                       tied=bool(cfg.get("tie_word_embeddings", False)), **moe_fields(cfg))
+            return cls(
+                hidden=h,
+                intermediate=int(cfg["intermediate_size"]),
+                layers=int(cfg["num_hidden_layers"]),
+                heads=heads,
+                kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or h // heads),
+                vocab=int(cfg["vocab_size"]),
+                tied=bool(cfg.get("tie_word_embeddings", False)),
+                **moe_fields(cfg),
+            )
         except KeyError as e:
-            raise PlanError(f"{where}: missing {e.args[0]!r}; the planner reads Llama-style configs "
-                            "(hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size)") from None
+            raise PlanError(
+                f"{where}: missing {e.args[0]!r}; the planner reads Llama-style configs "
+                "(hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size)"
+            ) from None
 
     @classmethod
     def from_model_dir(cls, path: Path) -> ModelShape:
@@ -154,8 +167,15 @@ class ModelShape:
 
     def module_dims(self) -> dict[str, tuple[int, int]]:
         h, i, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     @property
     def dense_layers(self) -> int:
@@ -167,7 +187,8 @@ class ModelShape:
         every layer, the MLP in the dense layers (fused expert tensors are not nn.Linear)."""
         per = {n: a * b for n, (a, b) in self.module_dims().items()}
         return self.layers * sum(v for n, v in per.items() if n not in MLP_DIMS) + self.dense_layers * sum(
-            per[n] for n in MLP_DIMS)
+            per[n] for n in MLP_DIMS
+        )
 
     @property
     def expert_params(self) -> int:
@@ -182,8 +203,14 @@ class ModelShape:
     def other_params(self) -> int:
         """Everything kept in the compute dtype under 4-bit: embeddings, LM head (unless tied), norms and, in a
         mixture of experts, the fused expert tensors and the routers."""
-        return (self.vocab * self.hidden * (1 if self.tied else 2) + self.layers * 2 * self.hidden + self.hidden
-                + (self.layers * 2 * self.head_dim if self.qk_norm else 0) + self.expert_params + self.router_params)
+        return (
+            self.vocab * self.hidden * (1 if self.tied else 2)
+            + self.layers * 2 * self.hidden
+            + self.hidden
+            + (self.layers * 2 * self.head_dim if self.qk_norm else 0)
+            + self.expert_params
+            + self.router_params
+        )
 
     @property
     def params(self) -> int:
@@ -193,7 +220,10 @@ class ModelShape:
     @property
     def active_params(self) -> int:
         """Parameters one token passes through (k of E experts): what FLOPs and time are planned from."""
-        return self.params - self.moe_layers * (self.experts - self.experts_per_tok) * 3 * self.hidden * self.moe_intermediate
+        return (
+            self.params
+            - self.moe_layers * (self.experts - self.experts_per_tok) * 3 * self.hidden * self.moe_intermediate
+        )
 
     def layer_weight_params(self) -> int:
         return (self.linear_params + self.expert_params + self.router_params) // self.layers + 2 * self.hidden
@@ -204,7 +234,9 @@ class ModelShape:
         unknown = [t for t in targets if t not in dims]
         if unknown:
             raise PlanError(f"student.lora.target_modules: the planner knows {list(dims)}, not {unknown}")
-        return sum((self.dense_layers if t in MLP_DIMS else self.layers) * r * (dims[t][0] + dims[t][1]) for t in targets)
+        return sum(
+            (self.dense_layers if t in MLP_DIMS else self.layers) * r * (dims[t][0] + dims[t][1]) for t in targets
+        )
 
     def expert_lora_params(self, rank_per_expert: int, targets: list[str]) -> int:
         """LoRA on the fused expert tensors (PEFT ``target_parameters``): rank r per expert, so
@@ -213,8 +245,10 @@ class ModelShape:
         dims = {"gate_up_proj": h + 2 * i, "down_proj": i + h}  # in + out of each fused tensor
         unknown = [t for t in targets if t.rsplit(".", 1)[-1] not in dims]
         if unknown:
-            raise PlanError(f"student.lora.target_parameters: the planner knows the Qwen3-MoE expert tensors "
-                            f"{['mlp.experts.' + d for d in dims]}, not {unknown}")
+            raise PlanError(
+                f"student.lora.target_parameters: the planner knows the Qwen3-MoE expert tensors "
+                f"{['mlp.experts.' + d for d in dims]}, not {unknown}"
+            )
         return self.moe_layers * sum(rank_per_expert * self.experts * dims[t.rsplit(".", 1)[-1]] for t in targets)
 
 
@@ -224,9 +258,16 @@ class ModelShape:
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
-def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute_dtype: str = "bfloat16",
-                    runtime_gb: float = 0.0, attention: str = "sdpa", heap_retention: float = 0.0,
-                    micro_batch: int | None = None) -> dict:
+def training_memory(
+    shape: ModelShape,
+    spec: CampaignSpec,
+    seq_len: int,
+    compute_dtype: str = "bfloat16",
+    runtime_gb: float = 0.0,
+    attention: str = "sdpa",
+    heap_retention: float = 0.0,
+    micro_batch: int | None = None,
+) -> dict:
     """Per-device memory of the student's LoRA/QLoRA training under the campaign's topology.
 
     ``compute_dtype`` is the resolved dtype (never ``auto``): it sets the bytes of the unquantized
@@ -278,7 +319,8 @@ def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute
         "lora_gradients": 2 * lora / n,
         "optimizer_states": ADAM_K * lora / n,
         "allgather_buffer": (shape.layers if not tr.resharding_after_forward else 2) * (layer_bytes + 2 * lora_layer)
-        if n > 1 else 0.0,
+        if n > 1
+        else 0.0,
         "activations": act_full,
         "activations_checkpointed": act_ckpt,
         "logits": logits,
@@ -300,8 +342,10 @@ def training_memory(shape: ModelShape, spec: CampaignSpec, seq_len: int, compute
         "per_device_gb": {k: v / GB for k, v in parts.items()},
         "total_gb": (states + act_full + parts["heap_retained"]) / GB,
         "total_checkpointed_gb": (states + act_ckpt + parts["heap_retained_checkpointed"]) / GB,
-        "total_by_policy_gb": {k: (states + a + heap_retention * (a + logits)) / GB
-                               for k, a in (("none", act_none), ("recompute", act_recompute), ("full", act_ckpt))},
+        "total_by_policy_gb": {
+            k: (states + a + heap_retention * (a + logits)) / GB
+            for k, a in (("none", act_none), ("recompute", act_recompute), ("full", act_ckpt))
+        },
         "reshard_after_forward": tr.resharding_after_forward,
         "zero_full_finetune_gb": zero_table(shape.params, tr.world_size, tr.processes_per_node),
     }
@@ -316,9 +360,11 @@ def expert_rank(shape: ModelShape, student) -> int:
     if student.moe.expert_rank == "full" or not shape.experts:
         return r
     if r // shape.experts < 1:
-        raise PlanError(f"student.moe.expert_rank 'divided': student.lora.r // num_experts = {r} // {shape.experts} = "
-                        f"{r // shape.experts}, and a LoRA rank must be at least 1; raise student.lora.r to at least "
-                        f"{shape.experts} or use expert_rank: full")
+        raise PlanError(
+            f"student.moe.expert_rank 'divided': student.lora.r // num_experts = {r} // {shape.experts} = "
+            f"{r // shape.experts}, and a LoRA rank must be at least 1; raise student.lora.r to at least "
+            f"{shape.experts} or use expert_rank: full"
+        )
     return r // shape.experts
 
 
@@ -326,8 +372,11 @@ def moe_trainable_params(shape: ModelShape, student) -> int:
     """Trainable parameters beyond target_modules' LoRA: expert LoRA and a trained router (modules_to_save)."""
     if not shape.experts:
         return 0
-    n = shape.expert_lora_params(expert_rank(shape, student), student.lora.target_parameters) \
-        if student.lora.target_parameters else 0
+    n = (
+        shape.expert_lora_params(expert_rank(shape, student), student.lora.target_parameters)
+        if student.lora.target_parameters
+        else 0
+    )
     return n + (shape.router_params if student.moe.router == "trained" else 0)
 
 
@@ -338,7 +387,9 @@ def moe_activation_bytes(shape: ModelShape, student, tokens: int, dtype_bytes: f
     (``dtype_bytes``: the compute dtype's)."""
     if not shape.experts:
         return 0.0, 0.0
-    per_token = dtype_bytes * 4 * (shape.experts_per_tok * shape.moe_intermediate - shape.intermediate) + 4 * shape.experts
+    per_token = (
+        dtype_bytes * 4 * (shape.experts_per_tok * shape.moe_intermediate - shape.intermediate) + 4 * shape.experts
+    )
     folded = dtype_bytes * shape.expert_params / shape.moe_layers if student.lora.target_parameters else 0.0
     full = tokens * shape.moe_layers * per_token + shape.moe_layers * folded + folded  # + one layer's gradient of W'
     ckpt = tokens * per_token + 2 * folded  # one layer recomputed at a time: its W' and the gradient of W'
@@ -350,19 +401,27 @@ def moe_facts(shape: ModelShape, student, dtype_bytes: float = 2) -> dict:
     if not shape.experts:
         return {}
     rank = expert_rank(shape, student)
-    return {"moe": {
-        "experts": shape.experts, "experts_per_tok": shape.experts_per_tok, "moe_layers": shape.moe_layers,
-        "total_params": shape.params, "active_params": shape.active_params, "expert_params": shape.expert_params,
-        "router_params": shape.router_params,
-        "experts_quantized": False,  # fused 3-D tensors are not nn.Linear: bitsandbytes leaves them in the compute dtype
-        "expert_weights_gb": dtype_bytes * (shape.expert_params + shape.router_params) / GB,
-        "expert_rank": rank if student.lora.target_parameters else None,
-        "expert_lora_params": shape.expert_lora_params(rank, student.lora.target_parameters)
-        if student.lora.target_parameters else 0,
-        "router_trainable_params": shape.router_params if student.moe.router == "trained" else 0,
-        "folded_expert_layer_gb": dtype_bytes * shape.expert_params / shape.moe_layers / GB
-        if student.lora.target_parameters else 0.0,
-    }}
+    return {
+        "moe": {
+            "experts": shape.experts,
+            "experts_per_tok": shape.experts_per_tok,
+            "moe_layers": shape.moe_layers,
+            "total_params": shape.params,
+            "active_params": shape.active_params,
+            "expert_params": shape.expert_params,
+            "router_params": shape.router_params,
+            "experts_quantized": False,  # fused 3-D tensors are not nn.Linear: bitsandbytes leaves them in the compute dtype
+            "expert_weights_gb": dtype_bytes * (shape.expert_params + shape.router_params) / GB,
+            "expert_rank": rank if student.lora.target_parameters else None,
+            "expert_lora_params": shape.expert_lora_params(rank, student.lora.target_parameters)
+            if student.lora.target_parameters
+            else 0,
+            "router_trainable_params": shape.router_params if student.moe.router == "trained" else 0,
+            "folded_expert_layer_gb": dtype_bytes * shape.expert_params / shape.moe_layers / GB
+            if student.lora.target_parameters
+            else 0.0,
+        }
+    }
 
 
 def moe_problems(shape: ModelShape, student) -> list[str]:
@@ -371,27 +430,43 @@ def moe_problems(shape: ModelShape, student) -> list[str]:
     targets that match nothing in a mixture of experts, expert targets on a dense model."""
     lora, moe = student.lora, student.moe
     if not shape.experts:
-        return [f"student.lora.target_parameters {list(lora.target_parameters)}: the model is dense (no routed "
-                "experts); remove target_parameters"] if lora.target_parameters else []
+        return (
+            [
+                f"student.lora.target_parameters {list(lora.target_parameters)}: the model is dense (no routed "
+                "experts); remove target_parameters"
+            ]
+            if lora.target_parameters
+            else []
+        )
     out = []
     if not lora.target_parameters and moe.experts == "trained":
-        out.append(f"student.lora: the model has {shape.experts} routed experts in each of {shape.moe_layers} MoE layers "
-                   f"({shape.expert_params:,} parameters) and target_modules cannot reach them (fused tensors, not "
-                   "nn.Linear): set student.lora.target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj] to "
-                   "train them, or student.moe.experts: frozen to leave them frozen on purpose")
+        out.append(
+            f"student.lora: the model has {shape.experts} routed experts in each of {shape.moe_layers} MoE layers "
+            f"({shape.expert_params:,} parameters) and target_modules cannot reach them (fused tensors, not "
+            "nn.Linear): set student.lora.target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj] to "
+            "train them, or student.moe.experts: frozen to leave them frozen on purpose"
+        )
     if lora.target_parameters and moe.expert_rank == "divided" and lora.r // shape.experts < 1:
-        out.append(f"student.moe.expert_rank: 'divided' gives rank student.lora.r // num_experts = {lora.r} // "
-                   f"{shape.experts} = 0 per expert (PEFT needs at least 1); raise student.lora.r to at least "
-                   f"{shape.experts} or use expert_rank: full")
+        out.append(
+            f"student.moe.expert_rank: 'divided' gives rank student.lora.r // num_experts = {lora.r} // "
+            f"{shape.experts} = 0 per expert (PEFT needs at least 1); raise student.lora.r to at least "
+            f"{shape.experts} or use expert_rank: full"
+        )
     router = [t for t in lora.target_modules if t in ("gate", "mlp.gate", "router", "mlp.router")]
     if router:
-        out.append(f"student.lora.target_modules {router}: the router is not an nn.Linear (PEFT would silently turn it "
-                   "into a parameter target); use student.moe.router: trained")
+        out.append(
+            f"student.lora.target_modules {router}: the router is not an nn.Linear (PEFT would silently turn it "
+            "into a parameter target); use student.moe.router: trained"
+        )
     mlp = [t for t in lora.target_modules if t.rsplit(".", 1)[-1] in (*MLP_DIMS, "w1", "w2", "w3")]
     if mlp:
-        why = ("every layer's MLP is routed experts, so they match no module" if not shape.dense_layers else
-               "PEFT (on transformers 5) rewrites these names of a mixture of experts into targets on the fused expert "
-               "tensors, so the dense MLP layers would get no LoRA and gate_up_proj rank 2r")
-        out.append(f"student.lora.target_modules {mlp}: {why}; target the routed experts with "
-                   "student.lora.target_parameters")
+        why = (
+            "every layer's MLP is routed experts, so they match no module"
+            if not shape.dense_layers
+            else "PEFT (on transformers 5) rewrites these names of a mixture of experts into targets on the fused expert "
+            "tensors, so the dense MLP layers would get no LoRA and gate_up_proj rank 2r"
+        )
+        out.append(
+            f"student.lora.target_modules {mlp}: {why}; target the routed experts with student.lora.target_parameters"
+        )
     return out

@@ -76,15 +76,28 @@ def activation_policy_of(value: bool | str, recompute_cheap: bool = True) -> str
     if value is False:
         return "recompute" if recompute_cheap else "none"
     if value not in POLICIES:
-        raise ValueError(f"training.activation_checkpointing: expected auto, none, recompute, full, true or false, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"training.activation_checkpointing: expected auto, none, recompute, full, true or false, got {value!r}"
+        )
     return value
 
 
-def choose_memory_policy(shape: ModelShape, student, training, *, device_memory_gb: float, seq_len: int,
-                         device_type: str = "cuda", compute_dtype: str = "bfloat16", headroom: float = DEFAULT_HEADROOM,
-                         attention: str = "sdpa", runtime_gb: float = 0.0, heap_retention: float = 0.0,
-                         target_tokens: int | None = None, recompute_cheap: bool = True) -> MemoryPolicy:
+def choose_memory_policy(
+    shape: ModelShape,
+    student,
+    training,
+    *,
+    device_memory_gb: float,
+    seq_len: int,
+    device_type: str = "cuda",
+    compute_dtype: str = "bfloat16",
+    headroom: float = DEFAULT_HEADROOM,
+    attention: str = "sdpa",
+    runtime_gb: float = 0.0,
+    heap_retention: float = 0.0,
+    target_tokens: int | None = None,
+    recompute_cheap: bool = True,
+) -> MemoryPolicy:
     """The micro-batch and activation policy for ``student`` (a StudentSpec: LoRA or QLoRA, rank, targets) and
     ``training`` (a TrainingSpec: world, sharding, reshard_after_forward, and the two fields, each a value or
     ``auto``) on a device of ``device_memory_gb`` at rows of ``seq_len`` tokens. ``recompute_cheap`` False: the
@@ -113,8 +126,14 @@ def choose_memory_policy(shape: ModelShape, student, training, *, device_memory_
             key = (min(1.0, m * seq_len / target) / POLICY_COST[policy], -POLICIES.index(policy), -m)
             if best is None or key > best[0]:
                 best = (key, policy, m, gb)
-    chosen = tuple(f for f, auto in (("micro_batch_size", training.micro_batch_size == "auto"),
-                                     ("activation_checkpointing", fixed_policy is None)) if auto)
+    chosen = tuple(
+        f
+        for f, auto in (
+            ("micro_batch_size", training.micro_batch_size == "auto"),
+            ("activation_checkpointing", fixed_policy is None),
+        )
+        if auto
+    )
     if best is None:  # nothing fits: the leanest choice, flagged
         policy, m = policies[-1], micros[0]
         return MemoryPolicy(m, policy, peak(m, policy), usable, device_memory_gb, False, seq_len, target, chosen)
@@ -133,9 +152,19 @@ def resolved_training(training, policy: MemoryPolicy):
     return training.model_copy(update=update) if update else training
 
 
-def plan_memory_policy(spec, shape: ModelShape, *, device_memory_gb: float | None, seq_len: int, device_type: str,
-                       compute_dtype: str, headroom: float, attention: str, runtime_gb: float = 0.0,
-                       heap_retention: float = 0.0):
+def plan_memory_policy(
+    spec,
+    shape: ModelShape,
+    *,
+    device_memory_gb: float | None,
+    seq_len: int,
+    device_type: str,
+    compute_dtype: str,
+    headroom: float,
+    attention: str,
+    runtime_gb: float = 0.0,
+    heap_retention: float = 0.0,
+):
     """The planner's call: ``(spec, policy)`` with the campaign's ``auto`` fields resolved for its training
     hardware (``policy`` None where nothing is ``auto``). A device of unknown memory cannot size ``auto``."""
     tr = spec.training
@@ -144,10 +173,22 @@ def plan_memory_policy(spec, shape: ModelShape, *, device_memory_gb: float | Non
     if device_memory_gb is None:
         from campaign_orchestrator.costs.memory import PlanError
 
-        raise PlanError(f"training.micro_batch_size / activation_checkpointing 'auto' size the step from the device's "
-                        f"memory, but the pricing catalog's {tr.hardware!r} has no memory_gb: add it, or set both "
-                        "fields to values")
-    policy = choose_memory_policy(shape, spec.student, tr, device_memory_gb=device_memory_gb, seq_len=seq_len,
-                                  device_type=device_type, compute_dtype=compute_dtype, headroom=headroom,
-                                  attention=attention, runtime_gb=runtime_gb, heap_retention=heap_retention)
+        raise PlanError(
+            f"training.micro_batch_size / activation_checkpointing 'auto' size the step from the device's "
+            f"memory, but the pricing catalog's {tr.hardware!r} has no memory_gb: add it, or set both "
+            "fields to values"
+        )
+    policy = choose_memory_policy(
+        shape,
+        spec.student,
+        tr,
+        device_memory_gb=device_memory_gb,
+        seq_len=seq_len,
+        device_type=device_type,
+        compute_dtype=compute_dtype,
+        headroom=headroom,
+        attention=attention,
+        runtime_gb=runtime_gb,
+        heap_retention=heap_retention,
+    )
     return spec.model_copy(update={"training": resolved_training(tr, policy)}), policy

@@ -56,8 +56,13 @@ def paired_gain_interval(items_path: str | Path, suite: str, confidence: float =
         return {"n": n, "mean": mean, "low": None, "high": None, "method": "paired t (too few items)"}
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half,
-            "method": f"paired t, {confidence:.0%}, computed from items.parquet"}
+    return {
+        "n": n,
+        "mean": mean,
+        "low": mean - half,
+        "high": mean + half,
+        "method": f"paired t, {confidence:.0%}, computed from items.parquet",
+    }
 
 
 def _ci_pair(v) -> tuple[float, float] | None:
@@ -88,8 +93,13 @@ def gain_interval(evaluation: dict, suite: str) -> dict | None:
             if mean is None:
                 c, b = s.get("candidate", {}).get("score"), s.get("base", {}).get("score")
                 mean = c - b if c is not None and b is not None else (pair[0] + pair[1]) / 2
-            return {"n": s.get("n"), "mean": float(mean), "low": pair[0], "high": pair[1],
-                    "method": "delta_ci from the evaluation"}
+            return {
+                "n": s.get("n"),
+                "mean": float(mean),
+                "low": pair[0],
+                "high": pair[1],
+                "method": "delta_ci from the evaluation",
+            }
     items = evaluation.get("items_path")
     return paired_gain_interval(items, suite) if items and Path(items).exists() else None
 
@@ -101,9 +111,17 @@ def _div(a: float, b: float | None) -> float | None:
     return a / b if b else None
 
 
-def cost_per_result(lines: list[dict], *, accepted_examples: int, teacher_tokens: int, gain: dict | None,
-                    teacher_seconds: float | None = None, training_tokens: int | None = None,
-                    training_seconds: float | None = None, unknown: dict[str, str] | None = None) -> dict:
+def cost_per_result(
+    lines: list[dict],
+    *,
+    accepted_examples: int,
+    teacher_tokens: int,
+    gain: dict | None,
+    teacher_seconds: float | None = None,
+    training_tokens: int | None = None,
+    training_seconds: float | None = None,
+    unknown: dict[str, str] | None = None,
+) -> dict:
     """The cost-per-result figures from ledger lines (fields ``kind``, ``usd``, ``unit``,
     ``quantity``, ``status``) and the result's counts (see the module docstring). ``unknown``: spend
     kind -> why its cost is unknown (an unpriced teacher); every figure that depends on it is None,
@@ -138,15 +156,24 @@ def cost_per_result(lines: list[dict], *, accepted_examples: int, teacher_tokens
         "teacher_tokens_per_s": _div(teacher_tokens, teacher_seconds),
         "training_tokens_per_s": _div(training_tokens or 0, training_seconds),
     }
-    out["per_point_note"] = (NOT_MEANINGFUL if out["usd_per_point_gained_lcb"] is None and gain is not None
-                             else "no evaluation" if gain is None else "")
+    out["per_point_note"] = (
+        NOT_MEANINGFUL
+        if out["usd_per_point_gained_lcb"] is None and gain is not None
+        else "no evaluation"
+        if gain is None
+        else ""
+    )
     out["unknown_costs"] = [f"{k}: {why}" for k, why in sorted((unknown or {}).items())]
     if unknown:
         out["known_usd"] = total
         for k in unknown:
             out[f"{k}_usd"] = None
-        out |= {"total_usd": None, "usd_per_point_gained": None, "usd_per_point_gained_lcb": None,
-                "per_point_note": "unknown (" + "; ".join(out["unknown_costs"]) + ")"}
+        out |= {
+            "total_usd": None,
+            "usd_per_point_gained": None,
+            "usd_per_point_gained_lcb": None,
+            "per_point_note": "unknown (" + "; ".join(out["unknown_costs"]) + ")",
+        }
         if "teacher" in unknown:
             out |= {"usd_per_million_teacher_tokens": None, "usd_per_1k_accepted_examples": None}
     return out
@@ -168,8 +195,9 @@ def unknown_costs(manifests: dict[str, dict]) -> dict[str, str]:
     return out
 
 
-def plan_vs_actual(plan: dict | None, lines: list[dict], manifests: dict[str, dict],
-                   reused: dict[str, str] | None = None) -> list[dict]:
+def plan_vs_actual(
+    plan: dict | None, lines: list[dict], manifests: dict[str, dict], reused: dict[str, str] | None = None
+) -> list[dict]:
     """Per spending stage: the planner's estimate next to what the ledger and manifests recorded; ``reused``:
     stage -> the run that produced the output this run reused (its actuals are that run's, not this one's)."""
     rows = []
@@ -177,19 +205,41 @@ def plan_vs_actual(plan: dict | None, lines: list[dict], manifests: dict[str, di
         m = manifests.get(stage) or {}
         actual = None if m.get("cost_unknown") else float(sum(float(x["usd"]) for x in lines if x["asset"] == stage))
         est = (plan or {}).get("stages", {}).get(stage) or {}
-        tokens = (m.get("prompt_tokens", 0) + m.get("completion_tokens", 0) if stage == "teacher_generations"
-                  else (m.get("summary") or {}).get("tokens") if stage == "student_adapter" else None)
-        rows.append({"stage": stage, "kind": kind,
-                     "estimated_usd": est.get("usd"), "actual_usd": actual,
-                     "usd_ratio": actual / est["usd"] if est.get("usd") and actual is not None else None,
-                     "estimated_seconds": est.get("seconds"), "actual_seconds": m.get("wall_seconds"),
-                     "estimated_tokens": est.get("tokens"), "actual_tokens": tokens,
-                     "reused_from_run": (reused or {}).get(stage)})
+        tokens = (
+            m.get("prompt_tokens", 0) + m.get("completion_tokens", 0)
+            if stage == "teacher_generations"
+            else (m.get("summary") or {}).get("tokens")
+            if stage == "student_adapter"
+            else None
+        )
+        rows.append(
+            {
+                "stage": stage,
+                "kind": kind,
+                "estimated_usd": est.get("usd"),
+                "actual_usd": actual,
+                "usd_ratio": actual / est["usd"] if est.get("usd") and actual is not None else None,
+                "estimated_seconds": est.get("seconds"),
+                "actual_seconds": m.get("wall_seconds"),
+                "estimated_tokens": est.get("tokens"),
+                "actual_tokens": tokens,
+                "reused_from_run": (reused or {}).get(stage),
+            }
+        )
     return rows
 
 
-def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dict], primary_suite: str,
-                 plan: dict | None = None, budget_usd: float | None = None, budget_scope: str = "campaign") -> dict:
+def build_report(
+    *,
+    campaign: str,
+    run_id: str,
+    ledger,
+    manifests: dict[str, dict],
+    primary_suite: str,
+    plan: dict | None = None,
+    budget_usd: float | None = None,
+    budget_scope: str = "campaign",
+) -> dict:
     """The cost report of one campaign run, from the ledger and the stage manifests it used.
     ``manifests`` maps stage names to their manifests (missing stages are simply absent)."""
     outputs = {stage: m["key"] for stage, m in manifests.items() if m and "key" in m}
@@ -203,10 +253,15 @@ def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dic
     # on-policy training pays the teacher for prefills of the student's samples (its own ledger lines, per round)
     scored = int((adapter.get("on_policy") or {}).get("teacher_prefill_tokens", 0))
     figures = cost_per_result(
-        lines, accepted_examples=int(dist.get("rows", 0)),
-        teacher_tokens=int(gen.get("prompt_tokens", 0) + gen.get("completion_tokens", 0)) + scored, gain=gain,
-        teacher_seconds=gen.get("wall_seconds"), training_tokens=adapter.get("tokens"),
-        training_seconds=adapter.get("train_seconds"), unknown=unknown)
+        lines,
+        accepted_examples=int(dist.get("rows", 0)),
+        teacher_tokens=int(gen.get("prompt_tokens", 0) + gen.get("completion_tokens", 0)) + scored,
+        gain=gain,
+        teacher_seconds=gen.get("wall_seconds"),
+        training_tokens=adapter.get("tokens"),
+        training_seconds=adapter.get("train_seconds"),
+        unknown=unknown,
+    )
     spent_run = ledger.spent(campaign, run_id=run_id)
     spent_all = ledger.spent(campaign)
     if unknown:  # what an unpriced stage cost is unknown wherever it was paid: the campaign, and its producing run
@@ -217,17 +272,23 @@ def build_report(*, campaign: str, run_id: str, ledger, manifests: dict[str, dic
     spent_scope = spent_run if budget_scope == "run" else spent_all
     scores = (ev or {}).get("scores", {})
     report = {
-        "campaign": campaign, "run_id": run_id, **figures,
-        "spent_this_run_usd": spent_run, "campaign_spent_usd": spent_all,
-        "budget_usd": budget_usd, "budget_scope": budget_scope,
+        "campaign": campaign,
+        "run_id": run_id,
+        **figures,
+        "spent_this_run_usd": spent_run,
+        "campaign_spent_usd": spent_all,
+        "budget_usd": budget_usd,
+        "budget_scope": budget_scope,
         "budget_remaining_usd": None if budget_usd is None or spent_scope is None else budget_usd - spent_scope,
         "budget_used_fraction": None if budget_usd is None or spent_scope is None else spent_scope / budget_usd,
         "candidate_score": scores.get("candidate", {}).get(primary_suite),
-        "suite_scores": dict(scores.get("candidate", {})), "base_suite_scores": dict(scores.get("base", {})),
+        "suite_scores": dict(scores.get("candidate", {})),
+        "base_suite_scores": dict(scores.get("base", {})),
         "base_score": scores.get("base", {}).get(primary_suite),
         "teacher_score": scores.get("teacher", {}).get(primary_suite),
         "student_teacher_ratio": student_teacher_ratio(scores, primary_suite),
-        "verdict": (ev or {}).get("verdict"), "primary_suite": primary_suite,
+        "verdict": (ev or {}).get("verdict"),
+        "primary_suite": primary_suite,
         "stage_keys": outputs,
         "teacher_cache_hits": int((gen.get("stats") or {}).get("cache_hits", 0)),
         "teacher_generations": int(gen.get("rows", 0)),
@@ -294,44 +355,65 @@ def per_point_text(r: dict) -> str:
     if r.get("unknown_costs") and r.get("gain_points") is not None:
         return f"per point gained: unknown ({'; '.join(r['unknown_costs'])})"
     if r.get("usd_per_point_gained_lcb") is not None:
-        return (f"{money(r['usd_per_point_gained_lcb'])} per point gained over base at the gain's lower 95% bound "
-                f"({r['gain_points_low']:+.1f} points; point estimate {r['gain_points']:+.1f} → "
-                f"{money(r['usd_per_point_gained'])} per point)")
+        return (
+            f"{money(r['usd_per_point_gained_lcb'])} per point gained over base at the gain's lower 95% bound "
+            f"({r['gain_points_low']:+.1f} points; point estimate {r['gain_points']:+.1f} → "
+            f"{money(r['usd_per_point_gained'])} per point)"
+        )
     if r.get("gain_points") is None:
         return "per point gained: no evaluation in this result"
     low = r.get("gain_points_low")
-    return (f"per point gained: not meaningful (gain {r['gain_points']:+.1f} points, lower 95% bound "
-            f"{'n/a' if low is None else f'{low:+.1f}'} ≤ 0)")
+    return (
+        f"per point gained: not meaningful (gain {r['gain_points']:+.1f} points, lower 95% bound "
+        f"{'n/a' if low is None else f'{low:+.1f}'} ≤ 0)"
+    )
 
 
 def render_text(r: dict) -> list[str]:
     """The summary lines ``campaign run`` prints."""
-    out = [f"cost of this result: {usd(r, 'total_usd')} (teacher {usd(r, 'teacher_usd')}, training "
-           f"{usd(r, 'training_usd')}, evaluation {usd(r, 'evaluation_usd')})"
-           + (f", of which {money(r['interrupted_usd'])} in budget-stopped attempts" if r.get("interrupted_usd") else "")
-           + (f"; unknown: {'; '.join(r['unknown_costs'])} (priced stages {money(r.get('known_usd'))})"
-              if r.get("unknown_costs") else ""),
-           f"spent in this run: {usd(r, 'spent_this_run_usd')}"
-           + (f"; campaign total {usd(r, 'campaign_spent_usd')}" if r["campaign_spent_usd"] != r["spent_this_run_usd"] else ""),
-           f"cost per result: {usd(r, 'usd_per_million_teacher_tokens')} per M teacher tokens ({r['teacher_tokens']:,} "
-           f"tokens); {usd(r, 'usd_per_1k_accepted_examples')} per 1k accepted examples ({r['accepted_examples']:,})"]
+    out = [
+        f"cost of this result: {usd(r, 'total_usd')} (teacher {usd(r, 'teacher_usd')}, training "
+        f"{usd(r, 'training_usd')}, evaluation {usd(r, 'evaluation_usd')})"
+        + (f", of which {money(r['interrupted_usd'])} in budget-stopped attempts" if r.get("interrupted_usd") else "")
+        + (
+            f"; unknown: {'; '.join(r['unknown_costs'])} (priced stages {money(r.get('known_usd'))})"
+            if r.get("unknown_costs")
+            else ""
+        ),
+        f"spent in this run: {usd(r, 'spent_this_run_usd')}"
+        + (
+            f"; campaign total {usd(r, 'campaign_spent_usd')}"
+            if r["campaign_spent_usd"] != r["spent_this_run_usd"]
+            else ""
+        ),
+        f"cost per result: {usd(r, 'usd_per_million_teacher_tokens')} per M teacher tokens ({r['teacher_tokens']:,} "
+        f"tokens); {usd(r, 'usd_per_1k_accepted_examples')} per 1k accepted examples ({r['accepted_examples']:,})",
+    ]
     if r.get("teacher_cache_hits"):
-        out.append(f"  {r['teacher_cache_hits']:,} of {r.get('teacher_generations') or r['teacher_cache_hits']:,} teacher "
-                   "generations came from the content-addressed cache (paid for when first generated, not again)")
-    out += [f"  {per_point_text(r)}",
-           f"  {r['gpu_hours']:.6f} GPU-hours, {r['host_hours']:.6f} host-hours; teacher "
-           f"{_num(r.get('teacher_tokens_per_s'))} tokens/s, training {_num(r.get('training_tokens_per_s'))} tokens/s"]
+        out.append(
+            f"  {r['teacher_cache_hits']:,} of {r.get('teacher_generations') or r['teacher_cache_hits']:,} teacher "
+            "generations came from the content-addressed cache (paid for when first generated, not again)"
+        )
+    out += [
+        f"  {per_point_text(r)}",
+        f"  {r['gpu_hours']:.6f} GPU-hours, {r['host_hours']:.6f} host-hours; teacher "
+        f"{_num(r.get('teacher_tokens_per_s'))} tokens/s, training {_num(r.get('training_tokens_per_s'))} tokens/s",
+    ]
     if r.get("budget_usd") is not None and r.get("budget_used_fraction") is not None:
-        out.append(f"budget ({r['budget_scope']}): {money(r['budget_usd'], 2)}, used {r['budget_used_fraction']:.2%}, "
-                   f"{money(r['budget_remaining_usd'])} remains")
+        out.append(
+            f"budget ({r['budget_scope']}): {money(r['budget_usd'], 2)}, used {r['budget_used_fraction']:.2%}, "
+            f"{money(r['budget_remaining_usd'])} remains"
+        )
     if r.get("plan_total_usd") is not None:
         out.append("plan vs actual:  stage                 estimate      actual    ratio   est. s  actual s")
         for p in r["plan_vs_actual"]:
             ratio = "n/a" if p["usd_ratio"] is None else f"{p['usd_ratio']:.2f}×"
             src = p.get("reused_from_run")
-            out.append(f"                 {p['stage']:20s} {money(p['estimated_usd']):>11s} {money(p['actual_usd']):>11s} "
-                       f"{ratio:>7s} {_num(p['estimated_seconds']):>8s} {_num(p['actual_seconds']):>9s}"
-                       + (f"  reused (actuals of run {str(src)[:8]})" if src else ""))
+            out.append(
+                f"                 {p['stage']:20s} {money(p['estimated_usd']):>11s} {money(p['actual_usd']):>11s} "
+                f"{ratio:>7s} {_num(p['estimated_seconds']):>8s} {_num(p['actual_seconds']):>9s}"
+                + (f"  reused (actuals of run {str(src)[:8]})" if src else "")
+            )
     return out
 
 
@@ -340,16 +422,28 @@ def _num(x: float | None) -> str:
 
 
 def render_markdown(r: dict) -> str:
-    rows = [("total", usd(r, "total_usd")), ("teacher", usd(r, "teacher_usd")),
-            ("training", usd(r, "training_usd")), ("evaluation", usd(r, "evaluation_usd")),
-            ("spent in this run", usd(r, "spent_this_run_usd")),
-            ("$ / M teacher tokens", usd(r, "usd_per_million_teacher_tokens")),
-            ("$ / 1k accepted examples", usd(r, "usd_per_1k_accepted_examples")),
-            ("$ / point gained (lower bound)", usd(r, "usd_per_point_gained_lcb") if r["usd_per_point_gained_lcb"]
-             is not None or r.get("unknown_costs") else "not meaningful"),
-            ("gain over base (points, 95% CI)", "n/a" if r["gain_points"] is None else
-             f"{r['gain_points']:+.1f} [{_num(r['gain_points_low'])}, {_num(r['gain_points_high'])}]"),
-            ("GPU-hours / host-hours", f"{r['gpu_hours']:.6f} / {r['host_hours']:.6f}")]
+    rows = [
+        ("total", usd(r, "total_usd")),
+        ("teacher", usd(r, "teacher_usd")),
+        ("training", usd(r, "training_usd")),
+        ("evaluation", usd(r, "evaluation_usd")),
+        ("spent in this run", usd(r, "spent_this_run_usd")),
+        ("$ / M teacher tokens", usd(r, "usd_per_million_teacher_tokens")),
+        ("$ / 1k accepted examples", usd(r, "usd_per_1k_accepted_examples")),
+        (
+            "$ / point gained (lower bound)",
+            usd(r, "usd_per_point_gained_lcb")
+            if r["usd_per_point_gained_lcb"] is not None or r.get("unknown_costs")
+            else "not meaningful",
+        ),
+        (
+            "gain over base (points, 95% CI)",
+            "n/a"
+            if r["gain_points"] is None
+            else f"{r['gain_points']:+.1f} [{_num(r['gain_points_low'])}, {_num(r['gain_points_high'])}]",
+        ),
+        ("GPU-hours / host-hours", f"{r['gpu_hours']:.6f} / {r['host_hours']:.6f}"),
+    ]
     md = ["| figure | value |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
     if r.get("plan_total_usd") is not None:
         md += ["", "| stage | estimated | actual | ratio |", "|---|---:|---:|---:|"]

@@ -48,22 +48,31 @@ def stop_token_report(table: pa.Table, stop_ids: list[int], truncated_status: st
     truncated = np.asarray(pc.equal(table.column("status"), truncated_status).to_numpy(zero_copy_only=False))
     missing = ~ends & ~truncated
     ids = table.column("id").to_pylist()
-    return {"stop_token_ids": list(stop_ids), "examples": int(len(last)), "ends_on_stop_token": int(ends.sum()),
-            "missing": int(missing.sum()), "truncated_without_stop": int((~ends & truncated).sum()),
-            "missing_examples": [str(ids[i]) for i in np.flatnonzero(missing)[:5]],
-            "passed": bool(missing.sum() == 0)}
+    return {
+        "stop_token_ids": list(stop_ids),
+        "examples": int(len(last)),
+        "ends_on_stop_token": int(ends.sum()),
+        "missing": int(missing.sum()),
+        "truncated_without_stop": int((~ends & truncated).sum()),
+        "missing_examples": [str(ids[i]) for i in np.flatnonzero(missing)[:5]],
+        "passed": bool(missing.sum() == 0),
+    }
 
 
 def describe_stop_tokens(r: dict) -> str:
     if r["passed"]:
         text = f"all {r['ends_on_stop_token']:,} examples' loss ends on a stop token {r['stop_token_ids']}"
     else:
-        text = (f"{r['missing']:,} of {r['examples']:,} examples' loss does not end on a stop token {r['stop_token_ids']} "
-                f"(e.g. {', '.join(r['missing_examples'])}): the student would not learn to stop. Check the chat "
-                "template (the end-of-turn token must be inside the assistant turn) and that pad is not masked as EOS")
+        text = (
+            f"{r['missing']:,} of {r['examples']:,} examples' loss does not end on a stop token {r['stop_token_ids']} "
+            f"(e.g. {', '.join(r['missing_examples'])}): the student would not learn to stop. Check the chat "
+            "template (the end-of-turn token must be inside the assistant turn) and that pad is not masked as EOS"
+        )
     if r["truncated_without_stop"]:
-        text += (f"; {r['truncated_without_stop']:,} examples were cut by dataset.too_long: truncate and end without it "
-                 "(raise training.max_seq_len or use too_long: drop)")
+        text += (
+            f"; {r['truncated_without_stop']:,} examples were cut by dataset.too_long: truncate and end without it "
+            "(raise training.max_seq_len or use too_long: drop)"
+        )
     return text
 
 
@@ -84,9 +93,19 @@ def vocabulary_report(teacher_dir: str | Path, student_dir: str | Path) -> dict:
     tv, sv = _vocab(t), _vocab(s)
     reasons = []
     if th != sh:
-        reasons.append(f"the teacher's tokenizer ({t}, hash {th[:12]}) differs from the student's ({s}, hash {sh[:12]})")
+        reasons.append(
+            f"the teacher's tokenizer ({t}, hash {th[:12]}) differs from the student's ({s}, hash {sh[:12]})"
+        )
     if tv is not None and sv is not None and tv != sv:
-        reasons.append(f"vocabulary sizes differ: teacher {tv:,}, student {sv:,} (embeddings padded to another multiple "
-                       "misalign every top-k id); distil from a teacher with the same vocabulary size")
-    return {"teacher_tokenizer_hash": th, "student_tokenizer_hash": sh, "teacher_vocab_size": tv,
-            "student_vocab_size": sv, "passed": not reasons, "reasons": reasons}
+        reasons.append(
+            f"vocabulary sizes differ: teacher {tv:,}, student {sv:,} (embeddings padded to another multiple "
+            "misalign every top-k id); distil from a teacher with the same vocabulary size"
+        )
+    return {
+        "teacher_tokenizer_hash": th,
+        "student_tokenizer_hash": sh,
+        "teacher_vocab_size": tv,
+        "student_vocab_size": sv,
+        "passed": not reasons,
+        "reasons": reasons,
+    }

@@ -51,7 +51,7 @@ class NgramIndex:
         size = min(self.n, len(t))
         self.lengths.add(size)
         for i in range(len(t) - size + 1):
-            self.grams[tuple(t[i:i + size])].add((suite, doc_id))
+            self.grams[tuple(t[i : i + size])].add((suite, doc_id))
 
     def matches(self, text: str) -> set[tuple[str, str]]:
         """(suite, document id) of every suite document ``text`` overlaps."""
@@ -59,7 +59,7 @@ class NgramIndex:
         hit: set[tuple[str, str]] = set()
         for size in self.lengths:
             for i in range(len(t) - size + 1):
-                docs = self.grams.get(tuple(t[i:i + size]))
+                docs = self.grams.get(tuple(t[i : i + size]))
                 if docs:
                     hit |= docs
         return hit
@@ -95,18 +95,31 @@ class Contamination:
                 docs_hit[s].add(d)
         shown = sorted(self.rows)[:examples]
         suites = sorted(set(self.index.checked) | set(self.index.too_short))
-        return {"ngram": self.index.n, "min_doc_tokens": self.index.min_doc_tokens, "training_rows": total_rows,
-                "contaminated_rows": self.contaminated, "matched_by": dict(self.by_field),
-                "suites": {s: {"documents_checked": self.index.checked.get(s, 0),
-                               "documents_too_short": self.index.too_short.get(s, 0),
-                               "training_rows_overlapping": per_suite.get(s, 0),
-                               "documents_overlapped": len(docs_hit.get(s, ()))} for s in suites},
-                "examples": [{"row": ids[i] if ids else i,
-                              "overlaps": sorted(f"{s}:{d}" for s, d in self.rows[i])[:5]} for i in shown]}
+        return {
+            "ngram": self.index.n,
+            "min_doc_tokens": self.index.min_doc_tokens,
+            "training_rows": total_rows,
+            "contaminated_rows": self.contaminated,
+            "matched_by": dict(self.by_field),
+            "suites": {
+                s: {
+                    "documents_checked": self.index.checked.get(s, 0),
+                    "documents_too_short": self.index.too_short.get(s, 0),
+                    "training_rows_overlapping": per_suite.get(s, 0),
+                    "documents_overlapped": len(docs_hit.get(s, ())),
+                }
+                for s in suites
+            },
+            "examples": [
+                {"row": ids[i] if ids else i, "overlaps": sorted(f"{s}:{d}" for s, d in self.rows[i])[:5]}
+                for i in shown
+            ],
+        }
 
 
-def find_contamination(rows: list[dict], index: NgramIndex, text_fields: tuple[str, ...] = ("prompt", "completion")
-                       ) -> Contamination:
+def find_contamination(
+    rows: list[dict], index: NgramIndex, text_fields: tuple[str, ...] = ("prompt", "completion")
+) -> Contamination:
     """Rows (dicts with ``text_fields``) that overlap any indexed suite document."""
     hits: dict[int, set[tuple[str, str]]] = {}
     by_field: dict[str, int] = {f: 0 for f in text_fields}

@@ -36,15 +36,21 @@ class FilterRules:
     max_completion_tokens: int | None = None
 
 
-def filter_generations(rows: list[dict], rules: FilterRules, references: Mapping[str, str | None] | None = None,
-                       score_fn: Callable[[str, str], float] | None = None) -> tuple[list[dict], dict[str, int]]:
+def filter_generations(
+    rows: list[dict],
+    rules: FilterRules,
+    references: Mapping[str, str | None] | None = None,
+    score_fn: Callable[[str, str], float] | None = None,
+) -> tuple[list[dict], dict[str, int]]:
     """Keep rows that pass every rule, in input order; returns (kept, counts per rule + kept +
     input). ``references`` maps prompt id to its reference answer and ``score_fn`` is the scorer
     named by ``rules.scorer`` (``evaluation.scorers.get_scorer``; both needed by that rule)."""
     counts: Counter[str] = Counter()
     pattern = re.compile(rules.format_regex) if rules.format_regex else None
     if rules.scorer and score_fn is None:
-        raise ValueError(f"filter rule `scorer: {rules.scorer}` needs its score function (evaluation.scorers.get_scorer)")
+        raise ValueError(
+            f"filter rule `scorer: {rules.scorer}` needs its score function (evaluation.scorers.get_scorer)"
+        )
     if rules.scorer and references is None:
         raise ValueError("filter rule `scorer` needs the prompts' references")
     seen: set[tuple[str, str]] = set()
@@ -59,8 +65,11 @@ def filter_generations(rows: list[dict], rules: FilterRules, references: Mapping
             counts["empty"] += 1
         elif rules.drop_truncated and r.get("finish_reason") == "length":
             counts["truncated"] += 1
-        elif (len(text) < rules.min_chars or (rules.max_chars is not None and len(text) > rules.max_chars)
-              or (rules.max_completion_tokens is not None and ntok is not None and ntok > rules.max_completion_tokens)):
+        elif (
+            len(text) < rules.min_chars
+            or (rules.max_chars is not None and len(text) > rules.max_chars)
+            or (rules.max_completion_tokens is not None and ntok is not None and ntok > rules.max_completion_tokens)
+        ):
             counts["length"] += 1
         elif pattern is not None and not pattern.fullmatch(text):
             counts["format"] += 1

@@ -44,7 +44,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from campaign_orchestrator.dataset.topk import SOURCE_TOKEN_IDS, SOURCE_TOP_LOGPROBS, TEACHER_IDS, TEACHER_LOGPROBS, locate_teacher_topk
+from campaign_orchestrator.dataset.topk import (
+    SOURCE_TOKEN_IDS,
+    SOURCE_TOP_LOGPROBS,
+    TEACHER_IDS,
+    TEACHER_LOGPROBS,
+    locate_teacher_topk,
+)
 
 IGNORE = -100
 
@@ -53,12 +59,12 @@ OK, TRUNCATED = "ok", "truncated"
 STATUSES = (
     OK,
     TRUNCATED,
-    "too_long",          # longer than max_seq_len with too_long=drop
-    "no_loss_tokens",    # nothing to learn from (e.g. truncation cut the whole completion)
-    "missing_field",     # prompt/completion/messages absent or null
-    "not_a_string",      # a prompt, completion or message content that is not a string
+    "too_long",  # longer than max_seq_len with too_long=drop
+    "no_loss_tokens",  # nothing to learn from (e.g. truncation cut the whole completion)
+    "missing_field",  # prompt/completion/messages absent or null
+    "not_a_string",  # a prompt, completion or message content that is not a string
     "invalid_messages",  # messages not a list of {role, content}, no assistant turn, bad role
-    "template_error",    # the chat template failed or rendered prefixes inconsistently
+    "template_error",  # the chat template failed or rendered prefixes inconsistently
 )
 DROP_STATUSES = tuple(s for s in STATUSES if s not in (OK, TRUNCATED))
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -89,8 +95,9 @@ def resolve_template(tok, mode: str = "auto") -> Template:
         raise FormatError("the student tokenizer has no eos_token; set one so generation knows where to stop")
     has_chat = bool(getattr(tok, "chat_template", None))
     if mode == "chat" and not has_chat:
-        raise FormatError("dataset.template is 'chat' but the student tokenizer has no chat_template; "
-                          "use 'auto' or 'plain'")
+        raise FormatError(
+            "dataset.template is 'chat' but the student tokenizer has no chat_template; use 'auto' or 'plain'"
+        )
     if mode not in ("auto", "chat", "plain"):
         raise FormatError(f"dataset.template must be auto, chat or plain, got {mode!r}")
     if has_chat and mode != "plain":
@@ -133,15 +140,17 @@ def chat_segments(tok, messages: list[dict]) -> list[tuple[str, bool]]:
         prefix = _render(tok, messages[:i], True) if i else ""
         full = _render(tok, messages[: i + 1], False)
         if not prefix.startswith(done) or not full.startswith(prefix):
-            raise FormatError("the chat template does not render conversation prefixes consistently "
-                              "(it rewrites earlier turns), so assistant tokens cannot be located")
-        pieces += [(prefix[len(done):], False), (full[len(prefix):], True)]
+            raise FormatError(
+                "the chat template does not render conversation prefixes consistently "
+                "(it rewrites earlier turns), so assistant tokens cannot be located"
+            )
+        pieces += [(prefix[len(done) :], False), (full[len(prefix) :], True)]
         done = full
     if messages[-1]["role"] != "assistant":
         full = _render(tok, messages, False)
         if not full.startswith(done):
             raise FormatError("the chat template does not render conversation prefixes consistently")
-        pieces.append((full[len(done):], False))
+        pieces.append((full[len(done) :], False))
     return [(t, loss) for t, loss in pieces if t or loss]
 
 
@@ -164,8 +173,9 @@ class EncodeSettings:
     train_on_prompt: bool = False
 
 
-def concat_pieces(piece_ids: Sequence[Sequence[int]], flags: Sequence[bool], template: Template,
-                  train_on_prompt: bool = False) -> tuple[list[int], list[int], tuple[int, int]]:
+def concat_pieces(
+    piece_ids: Sequence[Sequence[int]], flags: Sequence[bool], template: Template, train_on_prompt: bool = False
+) -> tuple[list[int], list[int], tuple[int, int]]:
     """Concatenate tokenized pieces into the full (untruncated) ``(input_ids, labels)`` of an example,
     plus the ``[start, end)`` token span of its last loss piece (the answer, with the EOS appended to
     it). List concatenation only (no per-token Python loop): this runs once per example."""
@@ -207,8 +217,9 @@ def finish_row(ids: list[int], labels: list[int], settings: EncodeSettings) -> t
     return ids, labels, n_loss, status
 
 
-def assemble(piece_ids: Sequence[Sequence[int]], flags: Sequence[bool], template: Template,
-             settings: EncodeSettings) -> tuple[list[int], list[int], int, str]:
+def assemble(
+    piece_ids: Sequence[Sequence[int]], flags: Sequence[bool], template: Template, settings: EncodeSettings
+) -> tuple[list[int], list[int], int, str]:
     """Concatenate tokenized pieces into (input_ids, labels, loss token count, status)."""
     ids, labels, _answer = concat_pieces(piece_ids, flags, template, settings.train_on_prompt)
     return finish_row(ids, labels, settings)
@@ -259,8 +270,9 @@ def tokenize_texts(tok, texts: list[str]) -> list[list[int]]:
     return tok(texts, add_special_tokens=False)["input_ids"]
 
 
-def encode_batch(batch: dict[str, list], tok, template: Template, settings: EncodeSettings,
-                 teacher: bool | None = None) -> dict[str, list]:
+def encode_batch(
+    batch: dict[str, list], tok, template: Template, settings: EncodeSettings, teacher: bool | None = None
+) -> dict[str, list]:
     """``Dataset.map(batched=True)`` body: one fast-tokenizer call for every text piece of the batch.
 
     Input columns: ``id`` and either ``prompt``/``completion`` or ``messages``; optionally the
@@ -281,8 +293,14 @@ def encode_batch(batch: dict[str, list], tok, template: Template, settings: Enco
     per_row: list[tuple[list[tuple[str, bool]] | None, str | None]] = [_example_pieces(r, template, tok) for r in rows]
     texts = [t for pieces, _ in per_row if pieces for t, _flag in pieces]
     encoded = tokenize_texts(tok, texts)
-    out: dict[str, list] = {"id": [], "input_ids": [], "labels": [], "num_tokens": [], "num_loss_tokens": [],
-                            "status": []}
+    out: dict[str, list] = {
+        "id": [],
+        "input_ids": [],
+        "labels": [],
+        "num_tokens": [],
+        "num_loss_tokens": [],
+        "status": [],
+    }
     if teacher:
         out |= {TEACHER_IDS: [], TEACHER_LOGPROBS: [], "teacher_status": []}
     k = 0
@@ -294,12 +312,14 @@ def encode_batch(batch: dict[str, list], tok, template: Template, settings: Enco
         else:
             chunk = encoded[k : k + len(pieces)]
             k += len(pieces)
-            full_ids, full_labels, answer = concat_pieces(chunk, [f for _t, f in pieces], template,
-                                                          settings.train_on_prompt)
+            full_ids, full_labels, answer = concat_pieces(
+                chunk, [f for _t, f in pieces], template, settings.train_on_prompt
+            )
             ids, labels, n_loss, status = finish_row(full_ids, full_labels, settings)
             if teacher and ids:
-                t_ids, t_lps, t_status = locate_teacher_topk(full_ids, full_labels, answer, tops[i], gens[i],
-                                                             str(batch["id"][i]))
+                t_ids, t_lps, t_status = locate_teacher_topk(
+                    full_ids, full_labels, answer, tops[i], gens[i], str(batch["id"][i])
+                )
         out["id"].append(batch["id"][i])
         out["input_ids"].append(ids)
         out["labels"].append(labels)
@@ -400,7 +420,7 @@ def _plain_pairs_arrow(batch: dict[str, list], tok, template: Template, settings
     lp, lc, split = lens[:m], lens[m:], int(off[m])
     eos, nb = template.eos_id, int(template.bos_id is not None)
     eos_seen = np.concatenate(([0], np.cumsum(flat == eos)))
-    add_eos = (eos_seen[off[m + 1:]] - eos_seen[off[m:2 * m]]) == 0  # completion without EOS
+    add_eos = (eos_seen[off[m + 1 :]] - eos_seen[off[m : 2 * m]]) == 0  # completion without EOS
     row_len = nb + lp + lc + add_eos
     row_off = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(row_len, out=row_off[1:])
@@ -410,7 +430,7 @@ def _plain_pairs_arrow(batch: dict[str, list], tok, template: Template, settings
     if nb:
         ids[starts] = template.bos_id
     p_dst = np.repeat(starts + nb - off[:m], lp) + np.arange(split)
-    c_dst = np.repeat(starts + nb + lp - off[m:2 * m], lc) + np.arange(split, int(off[-1]))
+    c_dst = np.repeat(starts + nb + lp - off[m : 2 * m], lc) + np.arange(split, int(off[-1]))
     ids[p_dst] = flat[:split]
     ids[c_dst] = labels[c_dst] = flat[split:]
     eos_pos = row_off[1:][add_eos] - 1
@@ -436,14 +456,16 @@ def _plain_pairs_arrow(batch: dict[str, list], tok, template: Template, settings
         full_len[ok] = new_len
         loss[ok] = np.where(new_len > 0, n_loss, 0)
     offsets = pa.array(np.concatenate(([0], np.cumsum(full_len))).astype(np.int32))
-    return pa.table({
-        "id": ids_col,
-        "input_ids": pa.ListArray.from_arrays(offsets, pa.array(ids[keep].astype(np.int32))),
-        "labels": pa.ListArray.from_arrays(offsets, pa.array(labels[keep].astype(np.int32))),
-        "num_tokens": pa.array(full_len.astype(np.int32)),
-        "num_loss_tokens": pa.array(loss.astype(np.int32)),
-        "status": pa.array(status, pa.string()),
-    })
+    return pa.table(
+        {
+            "id": ids_col,
+            "input_ids": pa.ListArray.from_arrays(offsets, pa.array(ids[keep].astype(np.int32))),
+            "labels": pa.ListArray.from_arrays(offsets, pa.array(labels[keep].astype(np.int32))),
+            "num_tokens": pa.array(full_len.astype(np.int32)),
+            "num_loss_tokens": pa.array(loss.astype(np.int32)),
+            "status": pa.array(status, pa.string()),
+        }
+    )
 
 
 def encode_batch_arrow(batch, tok, template: Template, settings: EncodeSettings, teacher: bool | None = None):

@@ -111,7 +111,10 @@ def _flat(arr: pa.ChunkedArray | pa.Array) -> pa.ListArray:
     return arr
 
 
-TOKEN_ALIGNED = ("teacher_topk_ids", "teacher_topk_logprobs")  # one entry per input token (campaign_orchestrator.dataset.topk)
+TOKEN_ALIGNED = (
+    "teacher_topk_ids",
+    "teacher_topk_logprobs",
+)  # one entry per input token (campaign_orchestrator.dataset.topk)
 
 
 def pack_rows(examples: pa.Table, bins: list[list[int]]) -> pa.Table:
@@ -148,12 +151,14 @@ def pack_rows(examples: pa.Table, bins: list[list[int]]) -> pa.Table:
         if not np.array_equal(np.diff(col.offsets.to_numpy()), seq_lens):
             raise ValueError(f"column {c} does not have one entry per input token in every example")
         per_token[c] = pa.ListArray.from_arrays(offs, col.flatten())
-    return pa.table({
-        "input_ids": pa.ListArray.from_arrays(offs, id_values),
-        "labels": pa.ListArray.from_arrays(offs, label_values),
-        "position_ids": pa.ListArray.from_arrays(offs, pa.array(positions, type=pa.int32())),
-        "num_tokens": pa.array(np.diff(row_offsets).astype(np.int32), type=pa.int32()),
-        "num_loss_tokens": pa.array(loss_per_row.astype(np.int32), type=pa.int32()),
-        "example_ids": pa.ListArray.from_arrays(example_offsets, _flat(taken.column("id")).cast(pa.string())),
-        **per_token,
-    })
+    return pa.table(
+        {
+            "input_ids": pa.ListArray.from_arrays(offs, id_values),
+            "labels": pa.ListArray.from_arrays(offs, label_values),
+            "position_ids": pa.ListArray.from_arrays(offs, pa.array(positions, type=pa.int32())),
+            "num_tokens": pa.array(np.diff(row_offsets).astype(np.int32), type=pa.int32()),
+            "num_loss_tokens": pa.array(loss_per_row.astype(np.int32), type=pa.int32()),
+            "example_ids": pa.ListArray.from_arrays(example_offsets, _flat(taken.column("id")).cast(pa.string())),
+            **per_token,
+        }
+    )

@@ -105,9 +105,16 @@ def _hash_order(r: dict, seed: int) -> str:
     return hashlib.sha256(f"{seed}:{r['id']}".encode()).hexdigest()
 
 
-def fresh_heldout(rows: list[dict], fraction: float, seed: int, seen: set[str], seen_heldout: set[str],
-                  newest_first: list[str], max_items: int | None = None,
-                  min_items: int = 0) -> tuple[list[dict], list[dict]]:
+def fresh_heldout(
+    rows: list[dict],
+    fraction: float,
+    seed: int,
+    seen: set[str],
+    seen_heldout: set[str],
+    newest_first: list[str],
+    max_items: int | None = None,
+    min_items: int = 0,
+) -> tuple[list[dict], list[dict]]:
     """Held-out items for re-scoring a model whose data was the ids ``seen`` (for drift).
 
     ``split`` is not used: with ``max_items`` it keeps items in hash order over the whole source,
@@ -122,14 +129,16 @@ def fresh_heldout(rows: list[dict], fraction: float, seed: int, seen: set[str], 
     def order(r: dict) -> tuple[int, str]:
         return rank.get(r["source_file"], len(rank)), _hash_order(r, seed)
 
-    fresh = sorted((r for r in rows if r["id"] not in seen and r["reference"] is not None
-                    and is_heldout(r["id"], fraction, seed)), key=order)
+    fresh = sorted(
+        (r for r in rows if r["id"] not in seen and r["reference"] is not None and is_heldout(r["id"], fraction, seed)),
+        key=order,
+    )
     fresh = fresh[:max_items] if max_items is not None else fresh
     need = min_items if max_items is None else min(min_items, max_items)
     if len(fresh) >= need:
         return fresh, []
     earlier = sorted((r for r in rows if r["id"] in seen_heldout and r["reference"] is not None), key=order)
-    return fresh, earlier[:need - len(fresh)]
+    return fresh, earlier[: need - len(fresh)]
 
 
 def write_prompts(rows: list[dict], path: str | Path) -> Path:

@@ -44,10 +44,22 @@ def file_rows(prompts: Sequence[dict], answers_path: str | Path) -> list[dict]:
                 answers[r["prompt"]] = r["completion"]
     missing = [p["prompt"] for p in prompts if p["prompt"] not in answers]
     if missing:
-        raise ValueError(f"{answers_path}: no completion for {len(missing)} replay prompt(s), e.g. {missing[0]!r} "
-                         "(data.replay.answers must answer every prompt of data.replay.source)")
-    return [{"id": p["id"], "sample_index": 0, "prompt": p["prompt"], "completion": answers[p["prompt"]],
-             "finish_reason": "stop", "error": None, "completion_tokens": None} for p in prompts]
+        raise ValueError(
+            f"{answers_path}: no completion for {len(missing)} replay prompt(s), e.g. {missing[0]!r} "
+            "(data.replay.answers must answer every prompt of data.replay.source)"
+        )
+    return [
+        {
+            "id": p["id"],
+            "sample_index": 0,
+            "prompt": p["prompt"],
+            "completion": answers[p["prompt"]],
+            "finish_reason": "stop",
+            "error": None,
+            "completion_tokens": None,
+        }
+        for p in prompts
+    ]
 
 
 def label(rows: Sequence[dict]) -> list[dict]:

@@ -23,8 +23,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from campaign_orchestrator.dataset.topk import SOURCE_COLUMNS
 from campaign_orchestrator.content import dir_sha256, file_sha256
+from campaign_orchestrator.dataset.topk import SOURCE_COLUMNS
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -55,15 +55,19 @@ def resolve_source(path: str | Path, base_dir: str | Path | None = None) -> Sour
     else:
         files = [p]
     if not files:
-        raise SourceError(f"data source {raw!r}: no files found at {p} (expected .jsonl, .json, .parquet, .csv files, "
-                          "a glob of them, or a directory saved with Dataset.save_to_disk)")
+        raise SourceError(
+            f"data source {raw!r}: no files found at {p} (expected .jsonl, .json, .parquet, .csv files, "
+            "a glob of them, or a directory saved with Dataset.save_to_disk)"
+        )
     missing = [f for f in files if not f.is_file()]
     if missing:
         raise SourceError(f"data source {raw!r}: {missing[0]} does not exist")
     kinds = {BUILDERS.get(f.suffix) for f in files}
     if None in kinds or len(kinds) != 1:
-        raise SourceError(f"data source {raw!r}: files must all be one of {sorted(BUILDERS)}, got "
-                          f"{sorted({f.suffix or f.name for f in files})}")
+        raise SourceError(
+            f"data source {raw!r}: files must all be one of {sorted(BUILDERS)}, got "
+            f"{sorted({f.suffix or f.name for f in files})}"
+        )
     name = p.stem if len(files) == 1 else p.parent.name or p.name
     return Source(name, tuple(files), kinds.pop())
 
@@ -112,8 +116,15 @@ def _read_arrow(src: Source, files: list[Path], cache_dir: Path):
         table = pa.concat_tables(tables, promote_options="default")
     except (pa.ArrowException, ValueError, OSError):
         return None
-    flat = all(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
-               or pa.types.is_floating(t) or pa.types.is_null(t) or pa.types.is_boolean(t) for t in table.schema.types)
+    flat = all(
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_null(t)
+        or pa.types.is_boolean(t)
+        for t in table.schema.types
+    )
     if src.kind == "json" and not flat:  # JSON needs load_dataset's handling of nested and mixed values
         return None
     if b"huggingface" in (table.schema.metadata or {}):  # datasets' own features (images, class labels, ...)
@@ -140,27 +151,33 @@ def load_source(src: Source, cache_dir: str | Path):
             ds = datasets.load_from_disk(str(src.files[0]))
             if isinstance(ds, datasets.DatasetDict):
                 if "train" not in ds:
-                    raise SourceError(f"data source {src.files[0]}: a DatasetDict without a 'train' split "
-                                      f"(splits: {sorted(ds)})")
+                    raise SourceError(
+                        f"data source {src.files[0]}: a DatasetDict without a 'train' split (splits: {sorted(ds)})"
+                    )
                 ds = ds["train"]
         else:
             ds = _read_arrow(src, files, Path(cache_dir))
             if ds is None:
-                ds = datasets.load_dataset(src.kind, data_files=[str(f) for f in files], split="train",
-                                           cache_dir=str(cache_dir))
+                ds = datasets.load_dataset(
+                    src.kind, data_files=[str(f) for f in files], split="train", cache_dir=str(cache_dir)
+                )
     except SourceError:
         raise
     except Exception as e:  # noqa: BLE001 - name the file in the error users see
-        raise SourceError(f"data source {', '.join(map(str, src.files))}: could not be read as {src.kind}: "
-                          f"{type(e).__name__}: {str(e)[:300]}") from e
+        raise SourceError(
+            f"data source {', '.join(map(str, src.files))}: could not be read as {src.kind}: "
+            f"{type(e).__name__}: {str(e)[:300]}"
+        ) from e
     cols = set(ds.column_names)
     if "messages" in cols:
         keep = ["messages"]
     elif {"prompt", "completion"} <= cols:
         keep = ["prompt", "completion"]
     else:
-        raise SourceError(f"data source {', '.join(map(str, src.files))}: expected columns `prompt` and `completion` "
-                          f"(strings) or `messages` (list of {{role, content}}); found {sorted(cols)}")
+        raise SourceError(
+            f"data source {', '.join(map(str, src.files))}: expected columns `prompt` and `completion` "
+            f"(strings) or `messages` (list of {{role, content}}); found {sorted(cols)}"
+        )
     # the teacher's generated ids and top-k log-probabilities (logit distillation), when the source has them
     keep += [c for c in SOURCE_COLUMNS if c in cols]
     if "id" in cols:
@@ -169,7 +186,12 @@ def load_source(src: Source, cache_dir: str | Path):
             ds = ds.cast_column("id", datasets.Value("string"))
     else:
         name = src.name
-        ds = ds.select_columns(keep).map(lambda _b, idx: {"id": [f"{name}:{i}" for i in idx]}, batched=True,
-                                         with_indices=True, cache_file_name=None if src.kind != "saved" else
-                                         str(Path(cache_dir) / f"ids-{hashlib.sha1(name.encode()).hexdigest()}.arrow"))
+        ds = ds.select_columns(keep).map(
+            lambda _b, idx: {"id": [f"{name}:{i}" for i in idx]},
+            batched=True,
+            with_indices=True,
+            cache_file_name=None
+            if src.kind != "saved"
+            else str(Path(cache_dir) / f"ids-{hashlib.sha1(name.encode()).hexdigest()}.arrow"),
+        )
     return ds

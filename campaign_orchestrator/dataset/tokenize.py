@@ -44,13 +44,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from campaign_orchestrator.dataset.formatting import DROP_STATUSES, OK, STATUSES, TRUNCATED
-from campaign_orchestrator.dataset.topk import SOURCE_COLUMNS, SOURCE_TOP_LOGPROBS, TEACHER_IDS, TEACHER_LOGPROBS, TEACHER_STATUSES
 from campaign_orchestrator.content import file_sha256
+from campaign_orchestrator.dataset.formatting import DROP_STATUSES, OK, STATUSES, TRUNCATED
+from campaign_orchestrator.dataset.topk import (
+    SOURCE_COLUMNS,
+    SOURCE_TOP_LOGPROBS,
+    TEACHER_IDS,
+    TEACHER_LOGPROBS,
+    TEACHER_STATUSES,
+)
 
 FORMAT_VERSION = "2"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "tokenizer.model", "vocab.json", "merges.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
 SPLITS = ("train", "validation")
 
 ROW_SCHEMA = pa.schema(
@@ -64,8 +77,10 @@ ROW_SCHEMA = pa.schema(
     ]
 )
 # With teacher top-k log-probabilities in the sources (logit distillation, ``campaign_orchestrator.dataset.topk``).
-TEACHER_FIELDS = [pa.field(TEACHER_IDS, pa.list_(pa.list_(pa.int32()))),
-                  pa.field(TEACHER_LOGPROBS, pa.list_(pa.list_(pa.float32())))]
+TEACHER_FIELDS = [
+    pa.field(TEACHER_IDS, pa.list_(pa.list_(pa.int32()))),
+    pa.field(TEACHER_LOGPROBS, pa.list_(pa.list_(pa.float32()))),
+]
 TEACHER_ROW_SCHEMA = pa.schema([*ROW_SCHEMA, *TEACHER_FIELDS])
 TEACHER_FIELDS_NAMES = tuple(f.name for f in TEACHER_FIELDS)
 
@@ -135,13 +150,21 @@ def _encoded_features(teacher: bool = False):
     import datasets
 
     ints = datasets.List(datasets.Value("int32"))
-    features = {"id": datasets.Value("string"), "input_ids": ints, "labels": ints,
-                "num_tokens": datasets.Value("int32"), "num_loss_tokens": datasets.Value("int32"),
-                "status": datasets.Value("string")}
+    features = {
+        "id": datasets.Value("string"),
+        "input_ids": ints,
+        "labels": ints,
+        "num_tokens": datasets.Value("int32"),
+        "num_loss_tokens": datasets.Value("int32"),
+        "status": datasets.Value("string"),
+    }
     if teacher:
         floats = datasets.List(datasets.Value("float32"))
-        features |= {TEACHER_IDS: datasets.List(ints), TEACHER_LOGPROBS: datasets.List(floats),
-                     "teacher_status": datasets.Value("string")}
+        features |= {
+            TEACHER_IDS: datasets.List(ints),
+            TEACHER_LOGPROBS: datasets.List(floats),
+            "teacher_status": datasets.Value("string"),
+        }
     return datasets.Features(features)
 
 
@@ -169,8 +192,15 @@ def _encode_batch(batch, **kwargs):
             gc.enable()
 
 
-def encode_sources(sources, tok, template, settings: BuildSettings, work: Path, log: Callable[[str], None],
-                   timings: dict[str, float] | None = None) -> pa.Table:
+def encode_sources(
+    sources,
+    tok,
+    template,
+    settings: BuildSettings,
+    work: Path,
+    log: Callable[[str], None],
+    timings: dict[str, float] | None = None,
+) -> pa.Table:
     """Tokenize every source with ``Dataset.map(batched=True, num_proc=...)``; one Arrow table out.
 
     When any source carries teacher top-k log-probabilities, every example gets the teacher
@@ -194,18 +224,28 @@ def encode_sources(sources, tok, template, settings: BuildSettings, work: Path, 
         t1 = time.perf_counter()
         nproc = default_num_proc(len(ds), settings.num_proc)
         nproc = min(nproc, max(1, len(ds)))
-        log(f"tokenizing {len(ds):,} examples of {src.name} with {nproc} process(es)"
-            + (" (with the teacher's top-k log-probabilities)" if teacher else ""))
+        log(
+            f"tokenizing {len(ds):,} examples of {src.name} with {nproc} process(es)"
+            + (" (with the teacher's top-k log-probabilities)" if teacher else "")
+        )
         if len(ds) == 0:
             continue
         # Arrow batches in and out (no conversion of the rows to Python by datasets) where every column is a
         # plain string; other feature types (datasets' Json for mixed JSON values, ...) need its decoding
-        plain = all(isinstance(f, datasets.Value) and f.dtype in ("string", "large_string")
-                    for f in ds.features.values())
-        out = (ds.with_format("arrow") if plain else ds).map(_encode_batch, batched=True, batch_size=1000, num_proc=nproc if nproc > 1 else None,
-                     fn_kwargs={"tok": tok, "template": template, "settings": enc, "teacher": teacher},
-                     remove_columns=ds.column_names, features=features,
-                     cache_file_name=str(work / f"encoded-{i}.arrow"), desc=f"tokenize {src.name}")
+        plain = all(
+            isinstance(f, datasets.Value) and f.dtype in ("string", "large_string") for f in ds.features.values()
+        )
+        out = (ds.with_format("arrow") if plain else ds).map(
+            _encode_batch,
+            batched=True,
+            batch_size=1000,
+            num_proc=nproc if nproc > 1 else None,
+            fn_kwargs={"tok": tok, "template": template, "settings": enc, "teacher": teacher},
+            remove_columns=ds.column_names,
+            features=features,
+            cache_file_name=str(work / f"encoded-{i}.arrow"),
+            desc=f"tokenize {src.name}",
+        )
         tables.append(out.with_format("arrow")[:])
         if timings is not None:
             timings["tokenize_s"] = timings.get("tokenize_s", 0.0) + time.perf_counter() - t1
@@ -217,13 +257,17 @@ def encode_sources(sources, tok, template, settings: BuildSettings, work: Path, 
 def _check_ids(table: pa.Table, sources) -> None:
     ids = table.column("id")
     if ids.null_count:
-        raise TokenizationError(f"{ids.null_count} example(s) have a null `id` in {[s.name for s in sources]}; "
-                                "every example needs a unique string id (or omit the column to number rows)")
+        raise TokenizationError(
+            f"{ids.null_count} example(s) have a null `id` in {[s.name for s in sources]}; "
+            "every example needs a unique string id (or omit the column to number rows)"
+        )
     if pc.count_distinct(ids).as_py() != len(ids):
         vc = pc.value_counts(ids)
         dup = vc.filter(pc.greater(vc.field("counts"), 1))[0]["values"].as_py()
-        raise TokenizationError(f"example id {dup!r} appears more than once across the sources "
-                                f"{[s.name for s in sources]}; ids must be unique")
+        raise TokenizationError(
+            f"example id {dup!r} appears more than once across the sources "
+            f"{[s.name for s in sources]}; ids must be unique"
+        )
 
 
 def teacher_report(kept: pa.Table) -> dict | None:
@@ -236,16 +280,24 @@ def teacher_report(kept: pa.Table) -> dict | None:
     examples = {s: 0 for s in TEACHER_STATUSES}
     for item in pc.value_counts(kept.column("teacher_status")).to_pylist():
         examples[item["values"]] = item["counts"]
-    return {"k": int(pc.max(lens).as_py() or 0) if len(lens) else 0,
-            "positions": int(pc.sum(pc.greater(lens, 0)).as_py() or 0) if len(lens) else 0,
-            "examples": examples}
+    return {
+        "k": int(pc.max(lens).as_py() or 0) if len(lens) else 0,
+        "positions": int(pc.sum(pc.greater(lens, 0)).as_py() or 0) if len(lens) else 0,
+        "examples": examples,
+    }
 
 
 # --------------------------------------------------------------------------- writing
 
 
-def write_shards(rows: pa.Table, out_dir: Path, split: str, target_bytes: int, metadata: dict[str, str],
-                 row_group_rows: int | None = None) -> list[Path]:
+def write_shards(
+    rows: pa.Table,
+    out_dir: Path,
+    split: str,
+    target_bytes: int,
+    metadata: dict[str, str],
+    row_group_rows: int | None = None,
+) -> list[Path]:
     """Write ``rows`` as ``<split>-NNNNN-of-MMMMM.parquet`` files of about ``target_bytes`` each
     (a shard closes after the row group that reaches the target; row groups hold about
     min(8 MiB, target) of uncompressed rows)."""
@@ -360,8 +412,9 @@ def build_tokenized_dataset(
         t_split = time.perf_counter()
         examples_in = table.num_rows
         if examples_in == 0:
-            raise TokenizationError(f"the input is empty: {[str(s) for s in sources]} hold no examples "
-                                    "(check the upstream filter counts)")
+            raise TokenizationError(
+                f"the input is empty: {[str(s) for s in sources]} hold no examples (check the upstream filter counts)"
+            )
         _check_ids(table, resolved)
         status = table.column("status")
         counts = {s: 0 for s in STATUSES}
@@ -370,15 +423,23 @@ def build_tokenized_dataset(
         kept = table.filter(pc.is_in(status, pa.array([OK, TRUNCATED])))
         if kept.num_rows == 0:
             reasons = {k: v for k, v in counts.items() if v}
-            raise TokenizationError(f"every one of the {examples_in} examples was dropped ({reasons}); "
-                                    + ("raise training.max_seq_len or set dataset.too_long: truncate"
-                                       if counts["too_long"] else "check the source columns and types"))
+            raise TokenizationError(
+                f"every one of the {examples_in} examples was dropped ({reasons}); "
+                + (
+                    "raise training.max_seq_len or set dataset.too_long: truncate"
+                    if counts["too_long"]
+                    else "check the source columns and types"
+                )
+            )
         teacher = teacher_report(kept)
         stop = stop_token_report(kept, [template.eos_id])
         if settings.validation_fraction > 0:
             ids = kept.column("id").to_pylist()
-            is_val = np.fromiter((split_of(i, settings.validation_fraction, settings.split_seed) == "validation"
-                                  for i in ids), dtype=bool, count=len(ids))
+            is_val = np.fromiter(
+                (split_of(i, settings.validation_fraction, settings.split_seed) == "validation" for i in ids),
+                dtype=bool,
+                count=len(ids),
+            )
         else:
             is_val = np.zeros(kept.num_rows, dtype=bool)
         metadata = {
@@ -387,15 +448,26 @@ def build_tokenized_dataset(
             "campaign.template": template.describe(),
             "campaign.chat_template_sha256": hashlib.sha256((template.chat_template or "").encode()).hexdigest(),
             "campaign.max_seq_len": str(settings.max_seq_len),
-            "campaign.packing": json.dumps({"packing": "bfd" if settings.packing else "none",
-                                            "padding": settings.padding, "too_long": settings.too_long,
-                                            "train_on_prompt": settings.train_on_prompt}, sort_keys=True),
+            "campaign.packing": json.dumps(
+                {
+                    "packing": "bfd" if settings.packing else "none",
+                    "padding": settings.padding,
+                    "too_long": settings.too_long,
+                    "train_on_prompt": settings.train_on_prompt,
+                },
+                sort_keys=True,
+            ),
             "campaign.padding": settings.padding,
-            "campaign.split": json.dumps({"by": "example_id", "validation_fraction": settings.validation_fraction,
-                                          "seed": settings.split_seed}, sort_keys=True),
+            "campaign.split": json.dumps(
+                {"by": "example_id", "validation_fraction": settings.validation_fraction, "seed": settings.split_seed},
+                sort_keys=True,
+            ),
             "campaign.source_hash": src_hash,
-            **({"campaign.teacher_topk": json.dumps({"k": teacher["k"], "columns": list(TEACHER_FIELDS_NAMES)})}
-               if teacher else {}),
+            **(
+                {"campaign.teacher_topk": json.dumps({"k": teacher["k"], "columns": list(TEACHER_FIELDS_NAMES)})}
+                if teacher
+                else {}
+            ),
             **(extra_metadata or {}),
         }
         splits: dict[str, SplitStats] = {}
@@ -413,8 +485,9 @@ def build_tokenized_dataset(
             bins = pack_bfd(lengths, settings.max_seq_len) if settings.packing else [[i] for i in range(part.num_rows)]
             rows = pack_rows(part, bins)
             t1 = time.perf_counter()
-            files = write_shards(rows, out / split, split, settings.shard_size_bytes,
-                                 metadata | {"campaign.split_name": split})
+            files = write_shards(
+                rows, out / split, split, settings.shard_size_bytes, metadata | {"campaign.split_name": split}
+            )
             timings["pack_s"] += t1 - t0
             timings["write_s"] += time.perf_counter() - t1
             st.rows = rows.num_rows
@@ -425,8 +498,10 @@ def build_tokenized_dataset(
             if split == "train":
                 row_fill.append(rows.column("num_tokens").to_numpy())
         if splits["train"].rows == 0:
-            raise TokenizationError(f"the train split is empty: all {kept.num_rows} kept examples fell in validation "
-                                    f"(validation_fraction={settings.validation_fraction}); lower it")
+            raise TokenizationError(
+                f"the train split is empty: all {kept.num_rows} kept examples fell in validation "
+                f"(validation_fraction={settings.validation_fraction}); lower it"
+            )
         lengths_all = kept.column("num_tokens").to_numpy()
         total = sum(s.total_tokens for s in splits.values())
         rows_n = sum(s.rows for s in splits.values())

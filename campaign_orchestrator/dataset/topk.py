@@ -37,9 +37,9 @@ SOURCE_COLUMNS = (SOURCE_TOKEN_IDS, SOURCE_TOP_LOGPROBS)
 ALIGNED = "aligned"
 TEACHER_STATUSES = (
     ALIGNED,
-    "none",            # the example has no top-k lists (another source, or a row without logprobs)
-    "no_token_ids",    # top-k entries without token ids (HTTP teachers return token text only)
-    "not_found",       # the row does not hold the teacher's generated tokens where its answer is
+    "none",  # the example has no top-k lists (another source, or a row without logprobs)
+    "no_token_ids",  # top-k entries without token ids (HTTP teachers return token text only)
+    "not_found",  # the row does not hold the teacher's generated tokens where its answer is
     "count_mismatch",  # the numbers of generated ids, top-k lists and answer tokens disagree
 )
 
@@ -79,7 +79,7 @@ def align_top_logprobs(
     if generated_ids is not None:
         if len(generated_ids) != m:
             raise AlignmentError(f"{len(generated_ids)} generated ids but {m} top-k lists{where}")
-        for j, (pos, gid) in enumerate(zip(positions, generated_ids)):
+        for j, (pos, gid) in enumerate(zip(positions, generated_ids, strict=False)):
             if labels[pos] != gid:
                 raise AlignmentError(
                     f"completion token {j}{where} is {labels[pos]} in the tokenized row but the teacher generated "
@@ -88,7 +88,7 @@ def align_top_logprobs(
                 )
     ids: list[list[int]] = [[] for _ in labels]
     lps: list[list[float]] = [[] for _ in labels]
-    for pos, entries in zip(positions, top_logprobs):
+    for pos, entries in zip(positions, top_logprobs, strict=False):
         ids[pos] = [int(e["token_id"]) for e in entries]
         lps[pos] = [float(e["logprob"]) for e in entries]
     return ids, lps

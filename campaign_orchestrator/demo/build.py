@@ -21,7 +21,14 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from campaign_orchestrator.demo import cipher
-from campaign_orchestrator.demo.recipe import MOE_RECIPE, RECIPE, models_dir, moe_models_dir, moe_recipe_hash, recipe_hash
+from campaign_orchestrator.demo.recipe import (
+    MOE_RECIPE,
+    RECIPE,
+    models_dir,
+    moe_models_dir,
+    moe_recipe_hash,
+    recipe_hash,
+)
 
 Log = Callable[[str], None]
 
@@ -83,11 +90,18 @@ def _train(tok: PreTrainedTokenizerFast, spec: dict, log: Log) -> LlamaForCausal
 def moe_config(tok: PreTrainedTokenizerFast | None = None, vocab_size: int | None = None) -> Qwen3MoeConfig:
     """The MoE student's config (:data:`MOE_RECIPE`); ``tok`` gives the vocabulary and special ids."""
     spec = MOE_RECIPE["moe_student"]
-    ids = {} if tok is None else {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
-                                  "pad_token_id": tok.pad_token_id}
-    return Qwen3MoeConfig(vocab_size=len(tok) if tok is not None else vocab_size,
-                          max_position_embeddings=MOE_RECIPE["max_position_embeddings"], tie_word_embeddings=True,
-                          **ids, **spec["config"])
+    ids = (
+        {}
+        if tok is None
+        else {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    )
+    return Qwen3MoeConfig(
+        vocab_size=len(tok) if tok is not None else vocab_size,
+        max_position_embeddings=MOE_RECIPE["max_position_embeddings"],
+        tie_word_embeddings=True,
+        **ids,
+        **spec["config"],
+    )
 
 
 def _train_moe(tok: PreTrainedTokenizerFast, log: Log) -> Qwen3MoeForCausalLM:
@@ -118,15 +132,20 @@ def _fit(model, tok: PreTrainedTokenizerFast, spec: dict, log: Log, **forward):
 
 
 @torch.no_grad()
-def exact_match_on_task(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, n: int, seed: int = 12345,
-                        mapping: dict[str, str] = cipher.CIPHER) -> float:
+def exact_match_on_task(
+    model: LlamaForCausalLM,
+    tok: PreTrainedTokenizerFast,
+    n: int,
+    seed: int = 12345,
+    mapping: dict[str, str] = cipher.CIPHER,
+) -> float:
     """Greedy exact match on ``n`` fresh cipher items (``mapping``: the answers checked; the identity
     mapping checks the copy task the student bases learned)."""
     items = cipher.items(n, seed=seed, id_prefix="b")
     tok.padding_side = "left"
     enc = tok([it["prompt"] for it in items], return_tensors="pt", padding=True)
     out = model.generate(**enc, max_new_tokens=cipher.MAX_LEN + 3, do_sample=False, pad_token_id=tok.pad_token_id)
-    texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     refs = [cipher.encode(it["prompt"].split()[1], mapping) for it in items]
     return sum(t.strip() == ref for t, ref in zip(texts, refs, strict=True)) / n
 
@@ -156,8 +175,10 @@ def build_moe_student(artifact_root: str | Path, log: Log = print, force: bool =
     finally:
         torch.set_num_threads(threads)
     report["train_seconds"] = report["build_seconds"] = round(time.perf_counter() - t0, 2)
-    log(f"demo moe_student: exact match on the cipher task {report['exact_match']:.3f}, on the copy task "
-        f"{report['copy_exact_match']:.3f}")
+    log(
+        f"demo moe_student: exact match on the cipher task {report['exact_match']:.3f}, on the copy task "
+        f"{report['copy_exact_match']:.3f}"
+    )
     (tmp / "build_report.json").write_text(json.dumps(report, indent=2))
     (tmp / "_SUCCESS").write_text("")
     shutil.rmtree(final, ignore_errors=True)
@@ -168,15 +189,21 @@ def build_moe_student(artifact_root: str | Path, log: Log = print, force: bool =
 def _build_moe(tmp: Path, log: Log) -> dict:
     tok = build_tokenizer()
     spec = MOE_RECIPE["moe_student"]
-    log(f"training demo moe_student (Qwen3-MoE, {spec['config']['num_experts']} experts, top-"
-        f"{spec['config']['num_experts_per_tok']}, {spec['mapping']} mapping, {spec['steps']} steps)")
+    log(
+        f"training demo moe_student (Qwen3-MoE, {spec['config']['num_experts']} experts, top-"
+        f"{spec['config']['num_experts_per_tok']}, {spec['mapping']} mapping, {spec['steps']} steps)"
+    )
     model = _train_moe(tok, log)
     n = MOE_RECIPE["eval_items"]
-    report = {"recipe_hash": moe_recipe_hash(), "vocab_size": len(tok),
-              "exact_match": exact_match_on_task(model, tok, n),
-              "copy_exact_match": exact_match_on_task(model, tok, n, mapping=cipher.IDENTITY),
-              "parameters": sum(p.numel() for p in model.parameters()),
-              "num_experts": model.config.num_experts, "num_experts_per_tok": model.config.num_experts_per_tok}
+    report = {
+        "recipe_hash": moe_recipe_hash(),
+        "vocab_size": len(tok),
+        "exact_match": exact_match_on_task(model, tok, n),
+        "copy_exact_match": exact_match_on_task(model, tok, n, mapping=cipher.IDENTITY),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "num_experts": model.config.num_experts,
+        "num_experts_per_tok": model.config.num_experts_per_tok,
+    }
     model.save_pretrained(tmp / "moe_student")
     tok.save_pretrained(tmp / "moe_student")
     return report

@@ -63,7 +63,12 @@ def items(n: int, seed: int, id_prefix: str = "p") -> list[dict]:
             continue
         seen.add(w)
         out.append(
-            {"id": f"{id_prefix}{len(out):06d}", "prompt": prompt_for(w), "reference": encode(w), "category": category_of(w)}
+            {
+                "id": f"{id_prefix}{len(out):06d}",
+                "prompt": prompt_for(w),
+                "reference": encode(w),
+                "category": category_of(w),
+            }
         )
     return out
 

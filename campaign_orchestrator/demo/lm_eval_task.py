@@ -85,8 +85,10 @@ metadata:
 
 
 def gen_docs(n: int = ITEMS, seed: int = GEN_SEED) -> list[dict]:
-    return [{"id": f"g{i:03d}", "prompt": it["prompt"], "answer": it["reference"], "category": it["category"]}
-            for i, it in enumerate(cipher.items(n, seed))]
+    return [
+        {"id": f"g{i:03d}", "prompt": it["prompt"], "answer": it["reference"], "category": it["category"]}
+        for i, it in enumerate(cipher.items(n, seed))
+    ]
 
 
 def _other_word(rng: random.Random, length: int, avoid: str) -> str:
@@ -103,23 +105,35 @@ def mc_docs(n: int = ITEMS, seed: int = MC_SEED) -> list[dict]:
         word = it["prompt"].removeprefix("encode ").removesuffix(" =")
         right = it["reference"]
         pos = rng.randrange(len(right))
-        typo = right[:pos] + rng.choice([c for c in cipher.LETTERS if c != right[pos]]) + right[pos + 1:]
+        typo = right[:pos] + rng.choice([c for c in cipher.LETTERS if c != right[pos]]) + right[pos + 1 :]
         wrong = {word, cipher.encode(_other_word(rng, len(word), word)), typo} - {right}
         while len(wrong) < 3:  # the copy may coincide with another choice; top up with another encoding
             wrong.add(cipher.encode(_other_word(rng, len(word), word)))
             wrong.discard(right)
         choices = [right, *sorted(wrong)]
         rng.shuffle(choices)
-        out.append({"id": f"m{i:03d}", "prompt": it["prompt"], "choices": choices, "label": choices.index(right),
-                    "category": it["category"]})
+        out.append(
+            {
+                "id": f"m{i:03d}",
+                "prompt": it["prompt"],
+                "choices": choices,
+                "label": choices.index(right),
+                "category": it["category"],
+            }
+        )
     return out
 
 
 def files() -> dict[str, str]:
     """File name -> content of the task directory."""
-    return {"_cipher_common.yaml": COMMON, "cipher_gen.yaml": GEN, "cipher_mc.yaml": MC, "cipher.yaml": GROUP,
-            "cipher_gen.jsonl": "".join(json.dumps(d) + "\n" for d in gen_docs()),
-            "cipher_mc.jsonl": "".join(json.dumps(d) + "\n" for d in mc_docs())}
+    return {
+        "_cipher_common.yaml": COMMON,
+        "cipher_gen.yaml": GEN,
+        "cipher_mc.yaml": MC,
+        "cipher.yaml": GROUP,
+        "cipher_gen.jsonl": "".join(json.dumps(d) + "\n" for d in gen_docs()),
+        "cipher_mc.jsonl": "".join(json.dumps(d) + "\n" for d in mc_docs()),
+    }
 
 
 def write_task(directory: str | Path) -> Path:

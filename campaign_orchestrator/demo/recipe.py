@@ -15,7 +15,12 @@ from pathlib import Path
 
 RECIPE = {
     "version": 1,
-    "tokenizer": {"kind": "char-bpe", "special_tokens": ["<pad>", "<s>", "</s>", "<unk>"], "corpus_items": 4000, "seed": 11},
+    "tokenizer": {
+        "kind": "char-bpe",
+        "special_tokens": ["<pad>", "<s>", "</s>", "<unk>"],
+        "corpus_items": 4000,
+        "seed": 11,
+    },
     "teacher": {
         "mapping": "cipher",
         "config": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 3, "num_attention_heads": 4},
@@ -47,9 +52,18 @@ MOE_RECIPE = {
     "moe_student": {
         "mapping": "identity",
         "architecture": "qwen3_moe",
-        "config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-                   "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
-                   "intermediate_size": 192, "router_aux_loss_coef": 0.001},
+        "config": {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "intermediate_size": 192,
+            "router_aux_loss_coef": 0.001,
+        },
         "steps": 200,
         "batch_size": 64,
         "lr": 3e-3,
@@ -92,7 +106,7 @@ def is_demo_ref(ref: str) -> bool:
 
 def resolve(ref: str, artifact_root: str | Path) -> Path:
     """Filesystem path of a demo model reference; raises ValueError for an unknown name."""
-    name = ref[len(PREFIX):]
+    name = ref[len(PREFIX) :]
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown demo model {ref!r}; expected one of {[PREFIX + n for n in MODEL_NAMES]}")
     return (moe_models_dir(artifact_root) if name in MOE_NAMES else models_dir(artifact_root)) / name

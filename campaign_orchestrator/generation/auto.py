@@ -52,8 +52,18 @@ def model_shape(model) -> dict:
     cfg = model.config
     get = getattr(cfg, "get_text_config", None)
     cfg = get(decoder=True) if get else cfg
-    return {k: getattr(cfg, k, None) for k in ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
-                                                 "num_attention_heads", "num_key_value_heads", "vocab_size")}
+    return {
+        k: getattr(cfg, k, None)
+        for k in (
+            "model_type",
+            "num_hidden_layers",
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+        )
+    }
 
 
 def probe_key(device, dtype: str, shape: dict, names) -> str:
@@ -67,13 +77,21 @@ def probe_key(device, dtype: str, shape: dict, names) -> str:
             dev += ":" + torch.cuda.get_device_name(device)
         except Exception:  # noqa: BLE001 - a mocked or vanished device: keyed by its kind
             pass
-    parts = (socket.gethostname(), torch.__version__, torch.get_num_threads(), dev, dtype,
-             ",".join(f"{k}={v}" for k, v in sorted(shape.items())), "+".join(sorted(names)))
+    parts = (
+        socket.gethostname(),
+        torch.__version__,
+        torch.get_num_threads(),
+        dev,
+        dtype,
+        ",".join(f"{k}={v}" for k, v in sorted(shape.items())),
+        "+".join(sorted(names)),
+    )
     return "|".join(map(str, parts))
 
 
-def probe_prompts(vocab_size: int, special: set[int], n: int, context: int | None, new_tokens: int,
-                  device_type: str) -> list[list[int]]:
+def probe_prompts(
+    vocab_size: int, special: set[int], n: int, context: int | None, new_tokens: int, device_type: str
+) -> list[list[int]]:
     """``n`` deterministic synthetic prompts (ids outside ``special``), lengths spread from short to long."""
     import random
 
@@ -139,8 +157,14 @@ def _host_lock(path: Path):
         yield
 
 
-def choose(gen, engines: dict, needs_topk: bool = False, cache_dir: str | Path | None = None,
-           device=None, log: Callable[[str], None] | None = None) -> tuple[str | None, dict]:
+def choose(
+    gen,
+    engines: dict,
+    needs_topk: bool = False,
+    cache_dir: str | Path | None = None,
+    device=None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[str | None, dict]:
     """The engine ``auto`` runs for ``gen`` (a LocalGenerator) and a request (``needs_topk``), and the record:
     measured once per host, device, dtype and model shape (cached; the first process measures under a lock
     beside the cache file, so every process of a host runs the same engine), then read."""
@@ -151,8 +175,11 @@ def choose(gen, engines: dict, needs_topk: bool = False, cache_dir: str | Path |
 
     device = device if device is not None else gen.device
     cands, why_not = candidates(device.type, engines)
-    dtype = gen.precision.dtype if gen.precision is not None else str(getattr(gen.model, "dtype", "")).removeprefix(
-        "torch.")
+    dtype = (
+        gen.precision.dtype
+        if gen.precision is not None
+        else str(getattr(gen.model, "dtype", "")).removeprefix("torch.")
+    )
     key = probe_key(device, dtype, model_shape(gen.model), cands)
     path = Path(cache_dir or host_cache_dir()) / CACHE_FILE
     cached = read_host_cache(path)
@@ -164,16 +191,23 @@ def choose(gen, engines: dict, needs_topk: bool = False, cache_dir: str | Path |
                 measured = True
                 n, new = PROBE.get(device.type, PROBE["cuda"])
                 vocab = getattr(gen.model.config, "vocab_size", None) or len(gen.tok)
-                prompts = probe_prompts(vocab, set(gen.tok.all_special_ids) | set(gen.stop_ids), n,
-                                        gen.context_length, new, device.type)
+                prompts = probe_prompts(
+                    vocab, set(gen.tok.all_special_ids) | set(gen.stop_ids), n, gen.context_length, new, device.type
+                )
                 on_gpu = device.type == "cuda" and torch.cuda.is_available()  # (a mocked device: nothing to wait for)
                 sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None)
-                cached[key] = {"device": device.type, "dtype": dtype, "probe": {"prompts": n, "new_tokens": new},
-                               "engines": probe(cands, prompts, new, sync), "not_candidates": why_not}
+                cached[key] = {
+                    "device": device.type,
+                    "dtype": dtype,
+                    "probe": {"prompts": n, "new_tokens": new},
+                    "engines": probe(cands, prompts, new, sync),
+                    "not_candidates": why_not,
+                }
                 write_host_cache(path, cached)
     record = cached[key]
     name, why = pick(record["engines"], cands, needs_topk)
     record = record | {"chosen": name, "why": why, "measured_now": measured}
-    (log or _log.info)(f"generation engine auto -> {name} on {device.type} {dtype}: {why}"
-                       + ("" if measured else " (host cache)"))
+    (log or _log.info)(
+        f"generation engine auto -> {name} on {device.type} {dtype}: {why}" + ("" if measured else " (host cache)")
+    )
     return name, record

@@ -48,15 +48,22 @@ class Backend(Protocol):
 
 def weights_identity(path: str | Path, revision: str | None = None) -> str:
     """Content fingerprint of a checkpoint directory (every byte, each file version read once) + revision."""
-    from campaigns import paths
     from campaign_orchestrator.content import HashCache, model_fingerprint
+    from campaigns import paths
 
     return f"{model_fingerprint(Path(path), HashCache(paths.hash_cache_file()))}@{revision or ''}"
 
 
-def teacher_identity(backend: str, model: str, model_path: str | Path | None = None, revision: str | None = None,
-                     base_url: str | None = None, engine_args: dict | None = None, weights_id: str | None = None,
-                     precision: str | None = None) -> str:
+def teacher_identity(
+    backend: str,
+    model: str,
+    model_path: str | Path | None = None,
+    revision: str | None = None,
+    base_url: str | None = None,
+    engine_args: dict | None = None,
+    weights_id: str | None = None,
+    precision: str | None = None,
+) -> str:
     """What makes two teachers the same for the cache: backend + weights (+ numerics options).
 
     Local weights are identified by content (``weights_id``, computed when not given); a model
@@ -68,9 +75,13 @@ def teacher_identity(backend: str, model: str, model_path: str | Path | None = N
     if backend == "openai":
         return f"openai:{(base_url or '').rstrip('/')}|{model}@{revision or ''}"
     if precision is not None and (":" not in precision or "auto" in precision):
-        raise ValueError(f"teacher precision must be a resolved '<device>:<dtype>' (e.g. cpu:float32), got "
-                         f"{precision!r}; resolve it with campaign_orchestrator.hardware.key_precision")
-    wid = weights_id or (weights_identity(model_path, revision) if model_path is not None else f"name:{model}@{revision or ''}")
+        raise ValueError(
+            f"teacher precision must be a resolved '<device>:<dtype>' (e.g. cpu:float32), got "
+            f"{precision!r}; resolve it with campaign_orchestrator.hardware.key_precision"
+        )
+    wid = weights_id or (
+        weights_identity(model_path, revision) if model_path is not None else f"name:{model}@{revision or ''}"
+    )
     ident = f"{backend}:{wid}"
     if engine_args:
         ident += "|" + hashlib.sha256(json.dumps(engine_args, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -79,8 +90,16 @@ def teacher_identity(backend: str, model: str, model_path: str | Path | None = N
     return ident
 
 
-def answer_identity(model: str, model_path: str | Path, revision: str | None = None, *, weights_id: str | None = None,
-                    precision: str, adapter_id: str | None = None, quantization: dict | None = None) -> str:
+def answer_identity(
+    model: str,
+    model_path: str | Path,
+    revision: str | None = None,
+    *,
+    weights_id: str | None = None,
+    precision: str,
+    adapter_id: str | None = None,
+    quantization: dict | None = None,
+) -> str:
     """What makes a local model's greedy answers the same, for the generation cache: the
     ``transformers`` teacher identity of its weights and resolved ``precision`` (so a student's base
     model and a ``transformers`` teacher over the same weights, as in context distillation, share their
@@ -90,7 +109,9 @@ def answer_identity(model: str, model_path: str | Path, revision: str | None = N
     if adapter_id:
         ident += f"|adapter:{adapter_id}"
     if quantization:
-        ident += "|4bit:" + hashlib.sha256(json.dumps(quantization, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        ident += (
+            "|4bit:" + hashlib.sha256(json.dumps(quantization, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        )
     return ident
 
 
@@ -108,8 +129,10 @@ def read_api_key(env_name: str | None) -> str | None:
         return None
     value = os.environ.get(env_name)
     if not value:
-        raise BackendError(f"teacher.api_key_env names {env_name!r}, but that environment variable is not set "
-                           f"(export it in the environment of the Dagster code location / run worker)")
+        raise BackendError(
+            f"teacher.api_key_env names {env_name!r}, but that environment variable is not set "
+            f"(export it in the environment of the Dagster code location / run worker)"
+        )
     return value
 
 
@@ -119,17 +142,30 @@ def read_api_key(env_name: str | None) -> str | None:
 class TransformersBackend:
     name = "transformers"
 
-    def __init__(self, model_path: str | Path, model: str | None = None, identity: str | None = None,
-                 batch_size: int = 64, generator=None, revision: str | None = None, compute_dtype: str = "auto",
-                 precision: str | None = None, adapter_dir: str | Path | None = None, load_in_4bit: bool = False):
+    def __init__(
+        self,
+        model_path: str | Path,
+        model: str | None = None,
+        identity: str | None = None,
+        batch_size: int = 64,
+        generator=None,
+        revision: str | None = None,
+        compute_dtype: str = "auto",
+        precision: str | None = None,
+        adapter_dir: str | Path | None = None,
+        load_in_4bit: bool = False,
+    ):
         self.model = model or str(model_path)
         self.adapter_dir, self.load_in_4bit = adapter_dir, load_in_4bit  # a student: its LoRA adapter, 4-bit base
         self.compute_dtype = compute_dtype
         self.model_path = Path(model_path)
         # what the identity says it computes in: the model it loads must resolve to the same (``generator``)
-        self.precision_key = precision or (None if identity and generator is not None else local_precision(compute_dtype))
-        self.identity = identity or teacher_identity("transformers", self.model, model_path, revision,
-                                                     precision=self.precision_key)
+        self.precision_key = precision or (
+            None if identity and generator is not None else local_precision(compute_dtype)
+        )
+        self.identity = identity or teacher_identity(
+            "transformers", self.model, model_path, revision, precision=self.precision_key
+        )
         self.batch_size = batch_size
         self._gen = generator
         self.generate_s = 0.0
@@ -139,14 +175,17 @@ class TransformersBackend:
         if self._gen is None:
             from campaign_orchestrator.generation.local import LocalGenerator
 
-            gen = LocalGenerator.from_path(self.model_path, self.adapter_dir, self.load_in_4bit, self.compute_dtype,
-                                           batch_size=self.batch_size)
+            gen = LocalGenerator.from_path(
+                self.model_path, self.adapter_dir, self.load_in_4bit, self.compute_dtype, batch_size=self.batch_size
+            )
             p = gen.precision
             ran = f"{'cuda' if str(p.device).startswith('cuda') else 'cpu'}:{p.dtype}" if p is not None else None
             if self.precision_key and ran and ran != self.precision_key:
-                raise BackendError(f"teacher {self.model}: its generations are keyed for {self.precision_key} but the "
-                                   f"model loaded as {ran} (compute_dtype {self.compute_dtype}); set teacher."
-                                   f"compute_dtype to the dtype you want instead of auto, or re-run the stage")
+                raise BackendError(
+                    f"teacher {self.model}: its generations are keyed for {self.precision_key} but the "
+                    f"model loaded as {ran} (compute_dtype {self.compute_dtype}); set teacher."
+                    f"compute_dtype to the dtype you want instead of auto, or re-run the stage"
+                )
             self._gen = gen
         return self._gen
 
@@ -159,9 +198,15 @@ class TransformersBackend:
             by_sample.setdefault(r.sample_index, []).append(r)
         t0 = time.perf_counter()
         for s, reqs in sorted(by_sample.items()):
-            gen.generate([r.payload for r in reqs], sampling.max_new_tokens, sampling.temperature, sampling.top_p,
-                         sampling.sample_seed(s), logprobs=sampling.logprobs,
-                         on_result=lambda i, c, reqs=reqs: on_done(reqs[i], c))
+            gen.generate(
+                [r.payload for r in reqs],
+                sampling.max_new_tokens,
+                sampling.temperature,
+                sampling.top_p,
+                sampling.sample_seed(s),
+                logprobs=sampling.logprobs,
+                on_result=lambda i, c, reqs=reqs: on_done(reqs[i], c),
+            )
         self.generate_s += time.perf_counter() - t0
 
     def stats(self) -> dict:
@@ -169,8 +214,9 @@ class TransformersBackend:
         out = {"compute_dtype": p.dtype, "compute_dtype_reason": p.reason} if p is not None else {}
         engine = getattr(self._gen, "last_engine", None)
         if engine:  # which engine answered, and why auto chose it (generation/auto.py)
-            why = next((c.get("why") for c in getattr(self._gen, "choice", {}).values() if c.get("chosen") == engine),
-                       None)
+            why = next(
+                (c.get("why") for c in getattr(self._gen, "choice", {}).values() if c.get("chosen") == engine), None
+            )
             out |= {"engine": engine} | ({"engine_reason": why} if why else {})
         return out
 
@@ -201,11 +247,23 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, model: str, identity: str | None = None, revision: str | None = None, llm: Any = None,
-                 sampling_params: Callable[..., Any] | None = None, chunk_size: int = 1024,
-                 tensor_parallel_size: int = 1, engine_args: dict | None = None, seed: int = 0,
-                 dtype: str | None = None, top_k: int | None = None, adapter_dir: str | Path | None = None,
-                 llm_class: Callable[..., Any] | None = None, lora_request_class: Callable[..., Any] | None = None):
+    def __init__(
+        self,
+        model: str,
+        identity: str | None = None,
+        revision: str | None = None,
+        llm: Any = None,
+        sampling_params: Callable[..., Any] | None = None,
+        chunk_size: int = 1024,
+        tensor_parallel_size: int = 1,
+        engine_args: dict | None = None,
+        seed: int = 0,
+        dtype: str | None = None,
+        top_k: int | None = None,
+        adapter_dir: str | Path | None = None,
+        llm_class: Callable[..., Any] | None = None,
+        lora_request_class: Callable[..., Any] | None = None,
+    ):
         from campaign_orchestrator.generation.engines.vllm_engine import engine_args as vllm_args
         from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype
 
@@ -213,13 +271,17 @@ class VLLMBackend:
         extra = dict(engine_args or {})
         # the dtype vLLM computes in, resolved before it starts and passed to it, so the key names what runs
         self.dtype = resolve_dtype(model, extra.pop("dtype", None) or dtype or "auto")
-        self.identity = identity or teacher_identity("vllm", model, None, revision, engine_args=engine_args,
-                                                     precision=f"cuda:{self.dtype}")
+        self.identity = identity or teacher_identity(
+            "vllm", model, None, revision, engine_args=engine_args, precision=f"cuda:{self.dtype}"
+        )
         self.chunk_size = chunk_size
         self._llm, self._sp, self._llm_class = llm, sampling_params, llm_class
         self.adapter_dir, self._lora_class = adapter_dir, lora_request_class
-        self._engine = {"tensor_parallel_size": tensor_parallel_size, "seed": seed,
-                        **vllm_args(model, dtype=self.dtype, adapter_dir=adapter_dir, top_k=top_k, extra=extra)}
+        self._engine = {
+            "tensor_parallel_size": tensor_parallel_size,
+            "seed": seed,
+            **vllm_args(model, dtype=self.dtype, adapter_dir=adapter_dir, top_k=top_k, extra=extra),
+        }
         self._engine.pop("model")
         self.generate_s = 0.0
         self._tok = None
@@ -233,9 +295,11 @@ class VLLMBackend:
             try:
                 import vllm
             except ImportError as e:
-                raise BackendError("teacher backend 'vllm' needs the vllm package, which is not installed here; "
-                                   "install the `vllm` extra on a GPU image (pip install '.[vllm]') or use backend "
-                                   "'transformers' (local) or 'openai' (a served endpoint)") from e
+                raise BackendError(
+                    "teacher backend 'vllm' needs the vllm package, which is not installed here; "
+                    "install the `vllm` extra on a GPU image (pip install '.[vllm]') or use backend "
+                    "'transformers' (local) or 'openai' (a served endpoint)"
+                ) from e
             self._sp = self._sp or vllm.SamplingParams
             self._llm_class = self._llm_class or vllm.LLM
         if self._llm is None:
@@ -307,12 +371,20 @@ class VLLMBackend:
             plen = self._prompt_len(group[0]) if self._max_len else None
             if plen is not None and plen >= self._max_len:
                 for r in group:
-                    on_done(r, Completion.failed(f"prompt of {plen} tokens does not fit the teacher's context "
-                                                 f"(max_model_len {self._max_len})", plen))
+                    on_done(
+                        r,
+                        Completion.failed(
+                            f"prompt of {plen} tokens does not fit the teacher's context "
+                            f"(max_model_len {self._max_len})",
+                            plen,
+                        ),
+                    )
                 continue
             indexes = sorted(r.sample_index for r in group)
             if not sampling.greedy and len(group) > 1 and indexes == list(range(len(group))):
-                items.append((sorted(group, key=lambda r: r.sample_index), self._params(sampling, len(group), sampling.seed)))
+                items.append(
+                    (sorted(group, key=lambda r: r.sample_index), self._params(sampling, len(group), sampling.seed))
+                )
             else:
                 items += [([r], self._params(sampling, 1, r.seed)) for r in group]
         # same-kind inputs per call (vLLM's generate and chat take one or the other)
@@ -353,7 +425,9 @@ class OpenAIBackend:
     def __init__(self, client, identity: str | None = None, revision: str | None = None):
         self.client = client
         self.model = client.model
-        self.identity = identity or teacher_identity("openai", client.model, revision=revision, base_url=client.base_url)
+        self.identity = identity or teacher_identity(
+            "openai", client.model, revision=revision, base_url=client.base_url
+        )
         self.generate_s = 0.0
 
     def run(self, requests: Sequence[GenRequest], sampling: Sampling, on_done: OnDone) -> None:
@@ -370,8 +444,9 @@ class OpenAIBackend:
 # --------------------------------------------------------------------------- from a campaign spec
 
 
-def spec_identity(spec, model_path: str | Path | None = None, weights_id: str | None = None,
-                  precision: str | None = None) -> str:
+def spec_identity(
+    spec, model_path: str | Path | None = None, weights_id: str | None = None, precision: str | None = None
+) -> str:
     """:func:`teacher_identity` of a :class:`campaigns.spec.TeacherSpec` (cheap: no model load). A transformers
     teacher's ``compute_dtype`` enters it resolved for this host (``precision``, computed when not given:
     :func:`local_precision`), so a bf16 host and an fp32 host never share generations."""
@@ -382,14 +457,28 @@ def spec_identity(spec, model_path: str | Path | None = None, weights_id: str | 
 
         dtype = (spec.engine_args or {}).get("dtype") or spec.compute_dtype
         precision = f"cuda:{resolve_dtype(model_path or spec.model, dtype)}"
-    return teacher_identity(spec.backend, spec.model, model_path, spec.revision, base_url=spec.base_url,
-                            engine_args=spec.engine_args if spec.backend == "vllm" else None, weights_id=weights_id,
-                            precision=precision if spec.backend in ("transformers", "vllm") else None)
+    return teacher_identity(
+        spec.backend,
+        spec.model,
+        model_path,
+        spec.revision,
+        base_url=spec.base_url,
+        engine_args=spec.engine_args if spec.backend == "vllm" else None,
+        weights_id=weights_id,
+        precision=precision if spec.backend in ("transformers", "vllm") else None,
+    )
 
 
-def make_backend(spec, model_path: str | Path | None = None, *, api_key: str | None = None,
-                 weights_id: str | None = None, llm: Any = None, sampling_params: Any = None,
-                 llm_class: Any = None) -> Backend:
+def make_backend(
+    spec,
+    model_path: str | Path | None = None,
+    *,
+    api_key: str | None = None,
+    weights_id: str | None = None,
+    llm: Any = None,
+    sampling_params: Any = None,
+    llm_class: Any = None,
+) -> Backend:
     """The backend a :class:`campaigns.spec.TeacherSpec` asks for. ``model_path`` is the resolved
     local checkpoint (transformers; vllm when local); ``api_key`` the key read from
     ``spec.api_key_env`` by the caller; ``llm``/``sampling_params``/``llm_class`` inject a vLLM engine (or
@@ -399,21 +488,46 @@ def make_backend(spec, model_path: str | Path | None = None, *, api_key: str | N
     ident = spec_identity(spec, model_path, weights_id, precision)
     if spec.backend == "transformers":
         if model_path is None:
-            raise BackendError(f"backend 'transformers' needs a local checkpoint; {spec.model!r} did not resolve to one")
-        return TransformersBackend(model_path, spec.model, ident, batch_size=spec.batch_size,
-                                   compute_dtype=spec.compute_dtype, precision=precision)
+            raise BackendError(
+                f"backend 'transformers' needs a local checkpoint; {spec.model!r} did not resolve to one"
+            )
+        return TransformersBackend(
+            model_path,
+            spec.model,
+            ident,
+            batch_size=spec.batch_size,
+            compute_dtype=spec.compute_dtype,
+            precision=precision,
+        )
     if spec.backend == "vllm":
-        return VLLMBackend(str(model_path or spec.model), ident, spec.revision, llm=llm, sampling_params=sampling_params,
-                           chunk_size=spec.batch_size, tensor_parallel_size=spec.tensor_parallel_size,
-                           engine_args=spec.engine_args, seed=spec.sampling.seed, dtype=spec.compute_dtype,
-                           top_k=spec.sampling.logprobs, llm_class=llm_class)
+        return VLLMBackend(
+            str(model_path or spec.model),
+            ident,
+            spec.revision,
+            llm=llm,
+            sampling_params=sampling_params,
+            chunk_size=spec.batch_size,
+            tensor_parallel_size=spec.tensor_parallel_size,
+            engine_args=spec.engine_args,
+            seed=spec.sampling.seed,
+            dtype=spec.compute_dtype,
+            top_k=spec.sampling.logprobs,
+            llm_class=llm_class,
+        )
     if spec.backend == "openai":
         from campaign_orchestrator.generation.openai_client import OpenAICompatibleClient
 
-        client = OpenAICompatibleClient(spec.base_url, spec.model, api_key=api_key, api_key_env=spec.api_key_env,
-                                        chat=spec.chat, max_concurrency=spec.max_concurrency,
-                                        requests_per_minute=spec.requests_per_minute,
-                                        tokens_per_minute=spec.tokens_per_minute, timeout_s=spec.request_timeout_s,
-                                        max_retries=spec.max_retries)
+        client = OpenAICompatibleClient(
+            spec.base_url,
+            spec.model,
+            api_key=api_key,
+            api_key_env=spec.api_key_env,
+            chat=spec.chat,
+            max_concurrency=spec.max_concurrency,
+            requests_per_minute=spec.requests_per_minute,
+            tokens_per_minute=spec.tokens_per_minute,
+            timeout_s=spec.request_timeout_s,
+            max_retries=spec.max_retries,
+        )
         return OpenAIBackend(client, identity=ident)
     raise BackendError(f"unknown teacher backend {spec.backend!r}")

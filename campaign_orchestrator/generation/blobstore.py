@@ -68,8 +68,11 @@ class LocalStore:
         base = self._path(prefix.rstrip("/")) if prefix else self.root
         if not base.is_dir():
             return []
-        return sorted(str(p.relative_to(self.root)) for p in (base.rglob("*") if recursive else base.iterdir())
-                      if not p.name.startswith(".") and p.is_file())
+        return sorted(
+            str(p.relative_to(self.root))
+            for p in (base.rglob("*") if recursive else base.iterdir())
+            if not p.name.startswith(".") and p.is_file()
+        )
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -117,8 +120,9 @@ class S3Store:
     (environment, profile, instance role); ``endpoint_url`` points at any S3-compatible
     service (MinIO, R2, moto)."""
 
-    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None, region: str | None = None,
-                 client=None):
+    def __init__(
+        self, bucket: str, prefix: str = "", endpoint_url: str | None = None, region: str | None = None, client=None
+    ):
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
         if client is None:

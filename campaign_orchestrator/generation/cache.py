@@ -118,8 +118,10 @@ def _table_bytes(rows: list[dict]) -> bytes:
 # shard-<time>-<id>.parquet                                   written before files were sorted: read whole
 # <first>/<last>: hex of the first KEY_PREFIX_BYTES bytes of the file's smallest and largest key.
 
-_NAME = re.compile(r"^(?P<kind>shard|run)-(?P<time>\d{20})-(?P<id>[0-9a-f]{8})(?:-(?P<part>\d{4}))?"
-                   r"(?:-k(?P<lo>[0-9a-f]*)-(?P<hi>[0-9a-f]*)-n(?P<rows>\d+))?\.parquet$")
+_NAME = re.compile(
+    r"^(?P<kind>shard|run)-(?P<time>\d{20})-(?P<id>[0-9a-f]{8})(?:-(?P<part>\d{4}))?"
+    r"(?:-k(?P<lo>[0-9a-f]*)-(?P<hi>[0-9a-f]*)-n(?P<rows>\d+))?\.parquet$"
+)
 
 
 DIR_DEPTH = 4  # folder levels: a file lives under the hex digits its first and last key share, at most this many
@@ -147,8 +149,9 @@ def _unhex(h: str) -> str:
     return bytes.fromhex(h).decode("utf-8", "ignore")  # a character cut in two is dropped: still a prefix
 
 
-def shard_name(kind: str, first: str, last: str, rows: int, run: str | None = None, part: int = 0,
-               t_ns: int | None = None) -> str:
+def shard_name(
+    kind: str, first: str, last: str, rows: int, run: str | None = None, part: int = 0, t_ns: int | None = None
+) -> str:
     """A file name carrying its kind, time, key range and row count (:func:`parse_name` reads it)."""
     t = f"{(t_ns if t_ns is not None else time.time_ns()):020d}"
     ident = f"{run}-{part:04d}" if kind == "run" else uuid.uuid4().hex[:8]
@@ -172,7 +175,7 @@ class CacheFile:
         """The keys of sorted ``wanted`` this file can hold (by the key range in its name)."""
         if self.lo is None:
             return wanted
-        return wanted[bisect.bisect_left(wanted, self.lo):bisect.bisect_right(wanted, self.hi + _MAX_KEY)]
+        return wanted[bisect.bisect_left(wanted, self.lo) : bisect.bisect_right(wanted, self.hi + _MAX_KEY)]
 
 
 def parse_name(key: str) -> CacheFile | None:
@@ -181,9 +184,16 @@ def parse_name(key: str) -> CacheFile | None:
     if m is None:
         return None
     ranged = m["lo"] is not None
-    return CacheFile(key, name, m["kind"], int(m["time"]), m["id"] if m["kind"] == "run" else None,
-                     _unhex(m["lo"]) if ranged else None, _unhex(m["hi"]) if ranged else None,
-                     int(m["rows"]) if ranged else None)
+    return CacheFile(
+        key,
+        name,
+        m["kind"],
+        int(m["time"]),
+        m["id"] if m["kind"] == "run" else None,
+        _unhex(m["lo"]) if ranged else None,
+        _unhex(m["hi"]) if ranged else None,
+        int(m["rows"]) if ranged else None,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- reading parts
@@ -265,7 +275,7 @@ class _RangedFile(io.RawIOBase):
     def _cached(self, start: int, end: int) -> bytes | None:
         for s0, data in self.blocks:
             if s0 <= start and end <= s0 + len(data):
-                return data[start - s0:end - s0]
+                return data[start - s0 : end - s0]
         return None
 
     def readinto(self, b) -> int:
@@ -282,6 +292,7 @@ class _RangedFile(io.RawIOBase):
 
 
 # ---------------------------------------------------------------------------------------------- compaction
+
 
 def merge_files(cache: GenerationCache, inputs: list[CacheFile], run_bytes: int = RUN_BYTES) -> list[str]:
     """Merge ``inputs`` (oldest first) into one compacted run, streaming, with memory bounded by ``run_bytes``
@@ -347,9 +358,10 @@ def merge_files(cache: GenerationCache, inputs: list[CacheFile], run_bytes: int 
                 continue
             with pa.memory_map(str(spill[j])) as src:
                 t = ipc.open_file(src).read_all()
-                order = pc.sort_indices(t.select(["key", "created_at", "_src"]),
-                                        sort_keys=[("key", "ascending"), ("created_at", "ascending"),
-                                                   ("_src", "ascending")])
+                order = pc.sort_indices(
+                    t.select(["key", "created_at", "_src"]),
+                    sort_keys=[("key", "ascending"), ("created_at", "ascending"), ("_src", "ascending")],
+                )
                 keys = pc.take(t["key"], order).combine_chunks()
                 first = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).fill_null(True)
                 order = pc.filter(order, pa.concat_arrays([pa.array([True]), first]))  # one row per key
@@ -358,8 +370,9 @@ def merge_files(cache: GenerationCache, inputs: list[CacheFile], run_bytes: int 
             local_out = d / f"out-{j:04d}.parquet"
             _write(t, str(local_out))
             first, last = t["key"][0].as_py(), t["key"][-1].as_py()
-            name = _folder(_shared_hex(first, last)) + shard_name("run", first, last, len(t), run=run, part=j,
-                                                                  t_ns=t_ns)
+            name = _folder(_shared_hex(first, last)) + shard_name(
+                "run", first, last, len(t), run=run, part=j, t_ns=t_ns
+            )
             del t
             cache.store.upload(cache.prefix + name, local_out)
             local_out.unlink()
@@ -410,8 +423,17 @@ def _read_spool(path: Path) -> list[dict]:
 class GenerationCache:
     """One namespace of the cache on ``store``; spools live in ``spool_dir`` (local disk)."""
 
-    def __init__(self, store: BlobStore, namespace: str, spool_dir: str | Path, shard_rows: int = 256,
-                 shard_seconds: float = 15.0, max_shards: int = 64, max_runs: int = 8, run_bytes: int = RUN_BYTES):
+    def __init__(
+        self,
+        store: BlobStore,
+        namespace: str,
+        spool_dir: str | Path,
+        shard_rows: int = 256,
+        shard_seconds: float = 15.0,
+        max_shards: int = 64,
+        max_runs: int = 8,
+        run_bytes: int = RUN_BYTES,
+    ):
         self.store, self.namespace = store, namespace
         self.prefix = f"{PREFIX}/{namespace}/"
         self.spool_dir = Path(spool_dir) / namespace
@@ -443,8 +465,10 @@ class GenerationCache:
                 return self._lookup(wanted)
             except MissingObject:
                 continue  # a compaction replaced a listed file meanwhile: its rows are in the new run
-        raise CacheError(f"generation cache {self.store.url}/{self.prefix}: files kept vanishing while being read "
-                         "(a compaction running in a loop?); run again")
+        raise CacheError(
+            f"generation cache {self.store.url}/{self.prefix}: files kept vanishing while being read "
+            "(a compaction running in a loop?); run again"
+        )
 
     def _files_for(self, wanted: list[str]) -> list[CacheFile]:
         """The files that can hold keys in [``wanted[0]``, ``wanted[-1]``]: those in the folders of the digits the
@@ -506,8 +530,9 @@ class GenerationCache:
         except MissingObject:
             raise
         except (OSError, pa.ArrowInvalid) as e:
-            raise CacheError(f"generation cache file {self.store.url}/{f.key} is unreadable ({e}); delete it to "
-                             f"regenerate its rows") from e
+            raise CacheError(
+                f"generation cache file {self.store.url}/{f.key} is unreadable ({e}); delete it to regenerate its rows"
+            ) from e
 
     def __len__(self) -> int:
         """Distinct keys in the namespace (reads every key column: for tests and small caches)."""
@@ -681,9 +706,11 @@ class CacheWriter:
         self._pool.shutdown(wait=True)
         errors = [e for e in (p.exception() for p in self._pending) if e is not None]
         if errors:
-            raise CacheError(f"{len(errors)} cache shard(s) could not be written to {self.cache.store.url} "
-                             f"(first: {errors[0]}); their rows are kept in {self.cache.spool_dir} and are "
-                             f"written by the next run") from errors[0]
+            raise CacheError(
+                f"{len(errors)} cache shard(s) could not be written to {self.cache.store.url} "
+                f"(first: {errors[0]}); their rows are kept in {self.cache.spool_dir} and are "
+                f"written by the next run"
+            ) from errors[0]
 
     def __enter__(self) -> CacheWriter:
         return self

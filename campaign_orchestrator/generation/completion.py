@@ -23,7 +23,9 @@ class Completion:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def failed(cls, error: str, prompt_tokens: int | None = None, latency_s: float = 0.0, retries: int = 0) -> Completion:
+    def failed(
+        cls, error: str, prompt_tokens: int | None = None, latency_s: float = 0.0, retries: int = 0
+    ) -> Completion:
         return cls("", "error", prompt_tokens, 0, latency_s, error=error, retries=retries)
 
     @property

@@ -69,7 +69,6 @@ class Scored:
         return float(sum(self.logprobs))
 
 
-
 PREFIX_MIN_TOKENS = 32  # a shared prefix at least this long is prefilled once per call and reused by every batch
 ENGINES = ("auto", *ENGINE_MODULES)
 ENGINE_ENV = "CAMPAIGN_GENERATION_ENGINE"  # a measurement switch: what ``auto`` resolves to in every LocalGenerator
@@ -81,8 +80,10 @@ def forced_engine() -> str | None:
     if not forced:
         return None
     if forced not in ENGINES[1:]:
-        raise ValueError(f"${ENGINE_ENV}={forced!r} is unknown: set it to one of {', '.join(ENGINES[1:])}, or "
-                         "unset it (auto: the engine measured fastest here)")
+        raise ValueError(
+            f"${ENGINE_ENV}={forced!r} is unknown: set it to one of {', '.join(ENGINES[1:])}, or "
+            "unset it (auto: the engine measured fastest here)"
+        )
     return forced
 
 
@@ -91,9 +92,13 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-
-def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, load_in_4bit: bool = False,
-               compute_dtype: str = "auto", device: str | None = None):
+def load_model(
+    model_dir: str | Path,
+    adapter_dir: str | Path | None = None,
+    load_in_4bit: bool = False,
+    compute_dtype: str = "auto",
+    device: str | None = None,
+):
     """The model (on ``device``, default :func:`default_device`; eval mode, in the resolved compute
     dtype), its tokenizer (left padding; the adapter's when it carries one) and the dtype resolution.
     A 4-bit model is placed at load time (``device_map``), others are moved."""
@@ -123,7 +128,9 @@ def load_model(model_dir: str | Path, adapter_dir: str | Path | None = None, loa
         model.to(dev)
     model.eval()
     _contiguous_head_input(model)
-    tok_dir = adapter_dir if adapter_dir is not None and (Path(adapter_dir) / "tokenizer_config.json").exists() else model_dir
+    tok_dir = (
+        adapter_dir if adapter_dir is not None and (Path(adapter_dir) / "tokenizer_config.json").exists() else model_dir
+    )
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     tok.padding_side = "left"
     if tok.pad_token_id is None:
@@ -151,7 +158,6 @@ def stop_token_ids(model, tok) -> list[int]:
     return ids
 
 
-
 class LocalGenerator:
     """Generate completions for many prompts with one loaded model.
 
@@ -162,9 +168,18 @@ class LocalGenerator:
     return them (``generate_batch``): it runs on ``generate`` instead. ``source``: the checkpoint and adapter
     directories the model was loaded from (:meth:`from_path` sets it; the vLLM engine loads from them)."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, precision: Resolved | None = None,
-                 engine: str = "auto", max_batch_tokens: int | None = None,
-                 log: Callable[[str], None] | None = None, source: tuple | None = None, load_in_4bit: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 64,
+        precision: Resolved | None = None,
+        engine: str = "auto",
+        max_batch_tokens: int | None = None,
+        log: Callable[[str], None] | None = None,
+        source: tuple | None = None,
+        load_in_4bit: bool = False,
+    ):
         if engine not in ENGINES:
             raise ValueError(f"LocalGenerator engine {engine!r} is unknown: use one of {', '.join(ENGINES)}")
         self.model = model
@@ -185,12 +200,28 @@ class LocalGenerator:
         self.last_engine: str | None = None
 
     @classmethod
-    def from_path(cls, model_dir, adapter_dir=None, load_in_4bit=False, compute_dtype="auto", batch_size=64,
-                  device=None, engine: str = "auto", max_batch_tokens: int | None = None):
+    def from_path(
+        cls,
+        model_dir,
+        adapter_dir=None,
+        load_in_4bit=False,
+        compute_dtype="auto",
+        batch_size=64,
+        device=None,
+        engine: str = "auto",
+        max_batch_tokens: int | None = None,
+    ):
         model, tok, precision = load_model(model_dir, adapter_dir, load_in_4bit, compute_dtype, device)
-        return cls(model, tok, batch_size, precision, engine=engine, max_batch_tokens=max_batch_tokens,
-                   source=(str(model_dir), str(adapter_dir) if adapter_dir is not None else None),
-                   load_in_4bit=load_in_4bit)
+        return cls(
+            model,
+            tok,
+            batch_size,
+            precision,
+            engine=engine,
+            max_batch_tokens=max_batch_tokens,
+            source=(str(model_dir), str(adapter_dir) if adapter_dir is not None else None),
+            load_in_4bit=load_in_4bit,
+        )
 
     # ------------------------------------------------------------------ engines
 
@@ -253,8 +284,9 @@ class LocalGenerator:
         dev = getattr(self.model, "device", None)
         return dev if isinstance(dev, torch.device) else next(self.model.parameters()).device
 
-    def _batch_inputs(self, seqs: Sequence[list[int]], width: int, prefix: Sequence[int] = ()
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch_inputs(
+        self, seqs: Sequence[list[int]], width: int, prefix: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded input ids and attention mask for ``seqs``, on the model's device. With a shared
         ``prefix`` (removed from ``seqs``) each row is ``[prefix][pad][rest]``: the prefix's cached keys stay
         at positions 0..P-1, and positions come from the mask, so every row computes what it would alone."""
@@ -265,8 +297,8 @@ class LocalGenerator:
             ids[:, :p] = torch.tensor(list(prefix))
             mask[:, :p] = 1
         for row, s in enumerate(seqs):
-            ids[row, p + width - len(s):] = torch.tensor(s)
-            mask[row, p + width - len(s):] = 1
+            ids[row, p + width - len(s) :] = torch.tensor(s)
+            mask[row, p + width - len(s) :] = 1
         dev = self.device
         return ids.to(dev), mask.to(dev)  # built on the CPU, copied once
 
@@ -278,7 +310,6 @@ class LocalGenerator:
             out = self.model(input_ids=torch.tensor([prefix], device=self.device), use_cache=True)
         cache = out.past_key_values
         return cache if isinstance(cache, DynamicCache) and hasattr(cache, "batch_repeat_interleave") else None
-
 
     @torch.no_grad()
     def generate(
@@ -301,8 +332,8 @@ class LocalGenerator:
             if temperature > 0:
                 self.last_engine = "hf_generate"
                 return self.engine_instance("hf_generate").generate(
-                    enc, max_new_tokens, logprobs, progress, on_result, temperature=temperature, top_p=top_p,
-                    seed=seed)
+                    enc, max_new_tokens, logprobs, progress, on_result, temperature=temperature, top_p=top_p, seed=seed
+                )
             name = self.engine_for(bool(logprobs))
             self.last_engine = name
             return self.engine_instance(name).generate(enc, max_new_tokens, logprobs, progress, on_result)
@@ -312,48 +343,65 @@ class LocalGenerator:
     # ------------------------------------------------------------------ log-likelihood without generation
 
     @torch.no_grad()
-    def score(self, prompts: Sequence[str | Sequence[dict]], continuations: Sequence[str | Sequence[int]],
-              top_k: int | None = None) -> list[Scored]:
+    def score(
+        self,
+        prompts: Sequence[str | Sequence[dict]],
+        continuations: Sequence[str | Sequence[int]],
+        top_k: int | None = None,
+    ) -> list[Scored]:
         """Per-token log-probabilities of each continuation (text, appended to the rendered prompt, or token
         ids) given its prompt, from one forward pass per batch (length-sorted, left-padded, ``batch_size``
         rows); with ``top_k`` also the top-k of every position. Results in input order; a pair that does not
         fit the context is not scored (``error`` set)."""
         if len(prompts) != len(continuations):
-            raise ValueError(f"score() takes one continuation per prompt: got {len(prompts)} prompts and "
-                             f"{len(continuations)} continuations")
+            raise ValueError(
+                f"score() takes one continuation per prompt: got {len(prompts)} prompts and "
+                f"{len(continuations)} continuations"
+            )
         enc = [render_prompt_ids(self.tok, p) for p in prompts]
-        cont = [list(c) if not isinstance(c, str) else self.tok(c, add_special_tokens=False)["input_ids"]
-                for c in continuations]
+        cont = [
+            list(c) if not isinstance(c, str) else self.tok(c, add_special_tokens=False)["input_ids"]
+            for c in continuations
+        ]
         out: list[Scored | None] = [None] * len(prompts)
         todo = []
         for i, (e, c) in enumerate(zip(enc, cont, strict=True)):
             if self.context_length and len(e) + len(c) > self.context_length:
-                out[i] = Scored(c, [], None, len(e), f"prompt of {len(e)} tokens + continuation of {len(c)} tokens "
-                                                     f"exceeds the model's context of {self.context_length}")
+                out[i] = Scored(
+                    c,
+                    [],
+                    None,
+                    len(e),
+                    f"prompt of {len(e)} tokens + continuation of {len(c)} tokens "
+                    f"exceeds the model's context of {self.context_length}",
+                )
             elif not c:
                 out[i] = Scored([], [], [] if top_k else None, len(e))
             else:
                 todo.append(i)
         todo.sort(key=lambda i: len(enc[i]) + len(cont[i]))
         for start in range(0, len(todo), self.batch_size):
-            idx = todo[start:start + self.batch_size]
+            idx = todo[start : start + self.batch_size]
             full = [enc[i] + cont[i] for i in idx]
             width = max(len(f) for f in full)
             ids, mask = self._batch_inputs(full, width)
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
             n_c = max(len(cont[i]) for i in idx)
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                                logits_to_keep=n_c + 1).logits.float()  # the last n_c + 1 positions
+            logits = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=n_c + 1
+            ).logits.float()  # the last n_c + 1 positions
             lp = torch.log_softmax(logits[:, :-1], dim=-1)  # position t predicts token t + 1
             for row, i in enumerate(idx):
                 c = cont[i]
-                rows_lp = lp[row, n_c - len(c):]  # the continuation's predicting positions
+                rows_lp = lp[row, n_c - len(c) :]  # the continuation's predicting positions
                 tgt = torch.tensor(c, device=rows_lp.device)
                 vals = rows_lp.gather(-1, tgt[:, None])[:, 0].cpu().tolist()
                 top = None
                 if top_k:
                     tv, ti = rows_lp.topk(min(top_k, rows_lp.shape[-1]), dim=-1)
-                    top = [[(t, None, v) for t, v in zip(a, b, strict=True)]
-                           for a, b in zip(ti.cpu().tolist(), tv.cpu().tolist(), strict=True)]
+                    top = [
+                        [(t, None, v) for t, v in zip(a, b, strict=True)]
+                        for a, b in zip(ti.cpu().tolist(), tv.cpu().tolist(), strict=True)
+                    ]
                 out[i] = Scored(list(c), vals, top, len(enc[i]))
         return out  # type: ignore[return-value]

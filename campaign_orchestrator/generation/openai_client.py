@@ -100,7 +100,7 @@ def parse_retry_after(headers) -> float | None:
 
 
 def _transport_kind(e: BaseException) -> str:
-    """"connect" (nothing listening, DNS), "timeout" or "transport" (dropped mid-request)."""
+    """ "connect" (nothing listening, DNS), "timeout" or "transport" (dropped mid-request)."""
     if isinstance(e, aiohttp.ClientConnectorError | ConnectionRefusedError):
         return "connect"
     if isinstance(e, asyncio.TimeoutError | TimeoutError):  # includes aiohttp's Server/SocketTimeoutError
@@ -167,8 +167,13 @@ class ClientStats:
     retry_reasons: Counter = field(default_factory=Counter)  # "429", "500", "timeout", "connect", ...
 
     def as_dict(self) -> dict:
-        return {"http_requests": self.requests, "succeeded": self.succeeded, "retries": self.retries,
-                "failed": self.failed, "retry_reasons": dict(self.retry_reasons)}
+        return {
+            "http_requests": self.requests,
+            "succeeded": self.succeeded,
+            "retries": self.retries,
+            "failed": self.failed,
+            "retry_reasons": dict(self.retry_reasons),
+        }
 
 
 def _top_from_completions(lp: dict | None, k: int | None) -> list | None:
@@ -192,11 +197,25 @@ def _top_from_chat(lp: dict | None, k: int | None) -> list | None:
 
 
 class OpenAICompatibleClient:
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, api_key_env: str | None = None,
-                 chat: bool = False, max_concurrency: int = 16, requests_per_minute: float | None = None,
-                 tokens_per_minute: float | None = None, timeout_s: float = 60.0, connect_timeout_s: float = 10.0,
-                 max_retries: int = 6, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
-                 max_retry_after_s: float = 600.0, max_consecutive_failures: int | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        chat: bool = False,
+        max_concurrency: int = 16,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        timeout_s: float = 60.0,
+        connect_timeout_s: float = 10.0,
+        max_retries: int = 6,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        max_retry_after_s: float = 600.0,
+        max_consecutive_failures: int | None = None,
+    ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
@@ -233,12 +252,19 @@ class OpenAICompatibleClient:
     # ------------------------------------------------------------------ one request
 
     def _body(self, req: GenRequest, s: Sampling) -> dict:
-        body: dict = {"model": self.model, "max_tokens": s.max_new_tokens, "temperature": s.temperature,
-                      "top_p": s.top_p, "n": 1}
+        body: dict = {
+            "model": self.model,
+            "max_tokens": s.max_new_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "n": 1,
+        }
         if not s.greedy:
             body["seed"] = req.seed
         if self.chat:
-            body["messages"] = list(req.messages) if req.messages is not None else [{"role": "user", "content": req.prompt}]
+            body["messages"] = (
+                list(req.messages) if req.messages is not None else [{"role": "user", "content": req.prompt}]
+            )
             if s.logprobs:
                 body |= {"logprobs": True, "top_logprobs": s.logprobs}
         else:
@@ -271,21 +297,31 @@ class OpenAICompatibleClient:
                     try:
                         return json.loads(await r.read())
                     except ValueError:
-                        raise _Retryable(f"{self.base_url}{self.path} answered 200 with a body that is not JSON",
-                                         "bad_body") from None
+                        raise _Retryable(
+                            f"{self.base_url}{self.path} answered 200 with a body that is not JSON", "bad_body"
+                        ) from None
                 text, headers = await r.text(errors="replace"), r.headers
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
             kind = _transport_kind(e)
-            what = {"connect": f"cannot connect to {self.base_url}",
-                    "timeout": f"no answer within the timeout ({self.timeout_s} s)"}.get(kind, "connection dropped")
+            what = {
+                "connect": f"cannot connect to {self.base_url}",
+                "timeout": f"no answer within the timeout ({self.timeout_s} s)",
+            }.get(kind, "connection dropped")
             raise _Retryable(f"{what} ({type(e).__name__}: {self._redact(str(e))[:200]})", kind) from None
         if code in (401, 403):
-            how = (f"check the key in {self._key_source}" if self._api_key
-                   else "no API key was sent: set teacher.api_key_env to the name of the variable holding it")
-            raise AuthenticationError(f"{self.base_url} rejected the request with HTTP {code} ({self._detail(text)}); {how}")
+            how = (
+                f"check the key in {self._key_source}"
+                if self._api_key
+                else "no API key was sent: set teacher.api_key_env to the name of the variable holding it"
+            )
+            raise AuthenticationError(
+                f"{self.base_url} rejected the request with HTTP {code} ({self._detail(text)}); {how}"
+            )
         if code == 404:
-            raise EndpointError(f"{self.base_url}{self.path} answered 404 ({self._detail(text)}): check base_url "
-                                f"(it usually ends in /v1), the served model name {self.model!r}, and `chat`")
+            raise EndpointError(
+                f"{self.base_url}{self.path} answered 404 ({self._detail(text)}): check base_url "
+                f"(it usually ends in /v1), the served model name {self.model!r}, and `chat`"
+            )
         if code in RETRY_STATUS:
             raise _Retryable(f"HTTP {code}: {self._detail(text)}", str(code), parse_retry_after(headers))
         raise _Rejected(f"HTTP {code}: {self._detail(text)}")
@@ -295,15 +331,29 @@ class OpenAICompatibleClient:
             ch = data["choices"][0]
             text = ch["message"]["content"] if self.chat else ch["text"]
         except (KeyError, IndexError, TypeError):
-            return Completion.failed(f"unexpected response shape: {self._redact(json.dumps(data)[:200])}",
-                                     latency_s=latency, retries=retries)
+            return Completion.failed(
+                f"unexpected response shape: {self._redact(json.dumps(data)[:200])}", latency_s=latency, retries=retries
+            )
         usage = data.get("usage") or {}
         top = (_top_from_chat if self.chat else _top_from_completions)(ch.get("logprobs"), s.logprobs)
-        return Completion(text or "", ch.get("finish_reason") or "stop", usage.get("prompt_tokens"),
-                          usage.get("completion_tokens"), latency, top_logprobs=top, retries=retries)
+        return Completion(
+            text or "",
+            ch.get("finish_reason") or "stop",
+            usage.get("prompt_tokens"),
+            usage.get("completion_tokens"),
+            latency,
+            top_logprobs=top,
+            retries=retries,
+        )
 
-    async def complete(self, session: aiohttp.ClientSession, req: GenRequest, s: Sampling, rpm: TokenBucket | None,
-                       tpm: TokenBucket | None) -> Completion:
+    async def complete(
+        self,
+        session: aiohttp.ClientSession,
+        req: GenRequest,
+        s: Sampling,
+        rpm: TokenBucket | None,
+        tpm: TokenBucket | None,
+    ) -> Completion:
         body = self._body(req, s)
         est = self._estimate_tokens(req, s)
         attempts = 0
@@ -328,11 +378,15 @@ class OpenAICompatibleClient:
                 data = await attempt_once()  # the common case, without building a retry loop
             except _Retryable as first:
                 pending: _Retryable | None = first
-                retrying = AsyncRetrying(retry=retry_if_exception_type(_Retryable),
-                                         stop=stop_after_attempt(self.max_retries + 1),
-                                         wait=_wait_retry_after_or_backoff(self.backoff_initial_s, self.backoff_max_s,
-                                                                           self.max_retry_after_s),
-                                         before_sleep=count_retry, reraise=True)
+                retrying = AsyncRetrying(
+                    retry=retry_if_exception_type(_Retryable),
+                    stop=stop_after_attempt(self.max_retries + 1),
+                    wait=_wait_retry_after_or_backoff(
+                        self.backoff_initial_s, self.backoff_max_s, self.max_retry_after_s
+                    ),
+                    before_sleep=count_retry,
+                    reraise=True,
+                )
                 async for attempt in retrying:
                     with attempt:
                         if pending is not None:  # the first failure is tenacity's attempt 1: it waits, then retries
@@ -343,16 +397,22 @@ class OpenAICompatibleClient:
             self.stats.failed += 1
             self._consecutive_failures += 1
             if e.kind == "connect":
-                raise EndpointUnreachable(f"{e} (after {attempts} attempts); is the server running and base_url right?") from None
+                raise EndpointUnreachable(
+                    f"{e} (after {attempts} attempts); is the server running and base_url right?"
+                ) from None
             if self._consecutive_failures >= self.max_consecutive_failures:
-                raise EndpointError(f"{self._consecutive_failures} requests in a row failed after {attempts} attempts "
-                                    f"each (last: {e}); stopping instead of retrying forever") from None
-            return Completion.failed(f"gave up after {attempts} attempts: {e}", latency_s=time.perf_counter() - t0,
-                                     retries=attempts - 1)
+                raise EndpointError(
+                    f"{self._consecutive_failures} requests in a row failed after {attempts} attempts "
+                    f"each (last: {e}); stopping instead of retrying forever"
+                ) from None
+            return Completion.failed(
+                f"gave up after {attempts} attempts: {e}", latency_s=time.perf_counter() - t0, retries=attempts - 1
+            )
         except _Rejected as e:
             self.stats.failed += 1
-            return Completion.failed(f"the endpoint refused the request: {e}", latency_s=time.perf_counter() - t0,
-                                     retries=attempts - 1)
+            return Completion.failed(
+                f"the endpoint refused the request: {e}", latency_s=time.perf_counter() - t0, retries=attempts - 1
+            )
         self._consecutive_failures = 0
         self.stats.succeeded += 1
         out = self._parse(data, s, time.perf_counter() - t0, attempts - 1)
@@ -372,11 +432,17 @@ class OpenAICompatibleClient:
         connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=self.max_concurrency)
         timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=self.connect_timeout_s)
         # no cookie jar: an API client has no use for cookies, and the jar costs CPU on every request
-        return aiohttp.ClientSession(headers=headers, connector=connector, timeout=timeout, raise_for_status=False,
-                                     cookie_jar=aiohttp.DummyCookieJar())
+        return aiohttp.ClientSession(
+            headers=headers,
+            connector=connector,
+            timeout=timeout,
+            raise_for_status=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
 
-    async def arun(self, requests: Sequence[GenRequest], sampling: Sampling,
-                   on_done: Callable[[GenRequest, Completion], None]) -> None:
+    async def arun(
+        self, requests: Sequence[GenRequest], sampling: Sampling, on_done: Callable[[GenRequest, Completion], None]
+    ) -> None:
         """Answer every request with at most ``max_concurrency`` in flight; ``on_done`` is called
         as each finishes (in completion order). An :class:`EndpointError` stops the run: requests
         in flight are cancelled, those already finished have been handed to ``on_done``."""
@@ -387,6 +453,7 @@ class OpenAICompatibleClient:
         it = iter(requests)
 
         async with self._session() as session:
+
             async def worker() -> None:
                 for req in it:  # shared iterator: each request is taken by exactly one worker
                     on_done(req, await self.complete(session, req, sampling, rpm, tpm))
@@ -400,8 +467,13 @@ class OpenAICompatibleClient:
                 if t.exception() is not None:
                     raise t.exception()
 
-    def _run_loop(self, requests: Sequence[GenRequest], sampling: Sampling,
-                  on_done: Callable[[GenRequest, Completion], None], box: dict) -> None:
+    def _run_loop(
+        self,
+        requests: Sequence[GenRequest],
+        sampling: Sampling,
+        on_done: Callable[[GenRequest, Completion], None],
+        box: dict,
+    ) -> None:
         try:  # uvloop (installed with uvicorn[standard]) spends ~15-20% less CPU per request here
             import uvloop
 
@@ -416,8 +488,9 @@ class OpenAICompatibleClient:
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(main())
 
-    def run(self, requests: Sequence[GenRequest], sampling: Sampling,
-            on_done: Callable[[GenRequest, Completion], None]) -> None:
+    def run(
+        self, requests: Sequence[GenRequest], sampling: Sampling, on_done: Callable[[GenRequest, Completion], None]
+    ) -> None:
         """Synchronous :meth:`arun`, on its own event loop in a helper thread (``on_done`` is called
         there). The calling thread only waits, so a signal reaches it as usual (uvloop, run in the
         main thread, would take SIGINT/SIGTERM for itself and swallow what the handler raises: Ctrl-C
@@ -448,9 +521,16 @@ class OpenAICompatibleClient:
         if "error" in box:
             raise box["error"]
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int = 0, logprobs: int | None = None,
-                 progress: Callable[[int], None] | None = None) -> list[Completion]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        logprobs: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[Completion]:
         """One completion per prompt, in input order (the same call shape as
         :meth:`campaign_orchestrator.generation.local.LocalGenerator.generate`)."""
         s = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, logprobs=logprobs)

@@ -47,9 +47,16 @@ class GeneratorRecipe:
     def build(self):
         from campaign_orchestrator.generation.local import LocalGenerator
 
-        return LocalGenerator.from_path(self.model_dir, self.adapter_dir, self.load_in_4bit, self.compute_dtype,
-                                        batch_size=self.batch_size, device=self.device, engine=self.engine,
-                                        max_batch_tokens=self.max_batch_tokens)
+        return LocalGenerator.from_path(
+            self.model_dir,
+            self.adapter_dir,
+            self.load_in_4bit,
+            self.compute_dtype,
+            batch_size=self.batch_size,
+            device=self.device,
+            engine=self.engine,
+            max_batch_tokens=self.max_batch_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -66,5 +73,6 @@ class BackendRecipe:
         from campaign_orchestrator.generation.backends import make_backend, read_api_key
 
         api_key = read_api_key(self.spec.api_key_env) if self.spec.backend == "openai" else None
-        return make_backend(self.spec, Path(self.model_path) if self.model_path else None, api_key=api_key,
-                            weights_id=self.weights_id)
+        return make_backend(
+            self.spec, Path(self.model_path) if self.model_path else None, api_key=api_key, weights_id=self.weights_id
+        )

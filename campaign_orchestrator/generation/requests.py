@@ -73,8 +73,15 @@ def namespace(teacher_identity: str, sampling: Sampling) -> str:
 
 
 def request_key(teacher_identity: str, sampling: Sampling, payload: str | list[dict], sample_index: int) -> str:
-    return _sha({"v": KEY_VERSION, "teacher": teacher_identity, "sampling": sampling.key_fields(),
-                 "input": payload, "sample": sample_index})
+    return _sha(
+        {
+            "v": KEY_VERSION,
+            "teacher": teacher_identity,
+            "sampling": sampling.key_fields(),
+            "input": payload,
+            "sample": sample_index,
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -98,8 +105,14 @@ def chat_messages(prompt: str, context: Sequence[dict] = ()) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in context] + [{"role": "user", "content": prompt}]
 
 
-def build_requests(teacher_identity: str, sampling: Sampling, prompts: Sequence[str], chat: bool = False,
-                   context: Sequence[dict] = (), with_context: Sequence[bool] | None = None) -> list[list[GenRequest]]:
+def build_requests(
+    teacher_identity: str,
+    sampling: Sampling,
+    prompts: Sequence[str],
+    chat: bool = False,
+    context: Sequence[dict] = (),
+    with_context: Sequence[bool] | None = None,
+) -> list[list[GenRequest]]:
     """``result[i][s]`` is sample ``s`` of prompt ``i``. With ``context`` (``teacher.context``) a request is a
     chat request whose messages start with it; ``with_context[i]`` False asks prompt ``i`` without it."""
     out = []
@@ -107,6 +120,10 @@ def build_requests(teacher_identity: str, sampling: Sampling, prompts: Sequence[
         ctx = context if with_context is None or with_context[i] else ()
         msgs = tuple(chat_messages(p, ctx)) if chat or ctx else None
         payload: str | list[dict] = list(msgs) if msgs is not None else p
-        out.append([GenRequest(request_key(teacher_identity, sampling, payload, s), p, s, sampling.sample_seed(s), msgs)
-                    for s in range(sampling.n)])
+        out.append(
+            [
+                GenRequest(request_key(teacher_identity, sampling, payload, s), p, s, sampling.sample_seed(s), msgs)
+                for s in range(sampling.n)
+            ]
+        )
     return out

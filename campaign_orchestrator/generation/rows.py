@@ -67,8 +67,10 @@ def logprobs_to_arrow(top: list | None) -> list | None:
     """``[[(token_id, token, logprob), ...], ...]`` (the backends' form) as struct dicts."""
     if top is None:
         return None
-    return [[{"token_id": e[0], "token": e[1], "logprob": e[2]} if not isinstance(e, dict) else e for e in pos]
-            for pos in top]
+    return [
+        [{"token_id": e[0], "token": e[1], "logprob": e[2]} if not isinstance(e, dict) else e for e in pos]
+        for pos in top
+    ]
 
 
 def write_generations(rows: list[dict], path: str | Path) -> Path:

@@ -81,17 +81,38 @@ class GenerationResult:
 def _cache_row(req: GenRequest, c: Completion, backend: Backend) -> dict:
     import json
 
-    return {"key": req.key, "input": json.dumps(list(req.messages)) if req.messages is not None else req.prompt,
-            "sample_index": req.sample_index, "completion": c.text, "finish_reason": c.finish_reason,
-            "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "latency_s": c.latency_s,
-            "retries": c.retries, "top_logprobs": c.top_logprobs, "completion_token_ids": c.token_ids,
-            "backend": backend.name, "model": backend.model, "teacher_identity": backend.identity,
-            "created_at": time.time(), "error": c.error}
+    return {
+        "key": req.key,
+        "input": json.dumps(list(req.messages)) if req.messages is not None else req.prompt,
+        "sample_index": req.sample_index,
+        "completion": c.text,
+        "finish_reason": c.finish_reason,
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "latency_s": c.latency_s,
+        "retries": c.retries,
+        "top_logprobs": c.top_logprobs,
+        "completion_token_ids": c.token_ids,
+        "backend": backend.name,
+        "model": backend.model,
+        "teacher_identity": backend.identity,
+        "created_at": time.time(),
+        "error": c.error,
+    }
 
 
-def open_requests(prompts: Sequence[dict], identity: str, sampling: Sampling, cache: GenerationCache, *,
-                  chat: bool = False, context: Sequence[dict] = (), context_categories: Sequence[str] | None = None,
-                  log: Callable[[str], None] = lambda _m: None, recover: Callable[[], int] | None = None):
+def open_requests(
+    prompts: Sequence[dict],
+    identity: str,
+    sampling: Sampling,
+    cache: GenerationCache,
+    *,
+    chat: bool = False,
+    context: Sequence[dict] = (),
+    context_categories: Sequence[str] | None = None,
+    log: Callable[[str], None] = lambda _m: None,
+    recover: Callable[[], int] | None = None,
+):
     """:func:`run_generation`'s opening, whatever the executor: the requests (``n`` per prompt)
     and their keys, spools a killed run left sealed (``recover``: an executor's own spools too), the cache
     compacted and every distinct key looked up. Returns ``(stats, requests per prompt, key counts, cache hits)``."""
@@ -112,8 +133,14 @@ def open_requests(prompts: Sequence[dict], identity: str, sampling: Sampling, ca
     return st, reqs, per_key, found
 
 
-def assemble_rows(prompts: Sequence[dict], reqs, results: dict[str, dict], from_cache: Callable[[str], bool],
-                  sampling: Sampling, st: GenerationStats) -> list[dict]:
+def assemble_rows(
+    prompts: Sequence[dict],
+    reqs,
+    results: dict[str, dict],
+    from_cache: Callable[[str], bool],
+    sampling: Sampling,
+    st: GenerationStats,
+) -> list[dict]:
     """:func:`run_generation`'s closing, whatever the executor: one row per (prompt, sample) in prompt order from
     ``results`` (cache rows by key; errors carry ``error``), with the stats' token totals, retries and finish
     reasons."""
@@ -124,13 +151,27 @@ def assemble_rows(prompts: Sequence[dict], reqs, results: dict[str, dict], from_
         for r in rs:
             c = results[r.key]
             cached = from_cache(r.key)
-            rows.append({"id": p["id"], "sample_index": r.sample_index, "prompt": p["prompt"],
-                         "completion": c["completion"], "finish_reason": c["finish_reason"],
-                         "prompt_tokens": c["prompt_tokens"], "completion_tokens": c["completion_tokens"],
-                         "latency_s": c["latency_s"], "backend": c["backend"], "model": c["model"],
-                         "sampling_hash": shash, "request_key": r.key, "from_cache": cached,
-                         "retries": 0 if cached else c["retries"], "error": c.get("error"),
-                         "completion_token_ids": c["completion_token_ids"], "top_logprobs": c["top_logprobs"]})
+            rows.append(
+                {
+                    "id": p["id"],
+                    "sample_index": r.sample_index,
+                    "prompt": p["prompt"],
+                    "completion": c["completion"],
+                    "finish_reason": c["finish_reason"],
+                    "prompt_tokens": c["prompt_tokens"],
+                    "completion_tokens": c["completion_tokens"],
+                    "latency_s": c["latency_s"],
+                    "backend": c["backend"],
+                    "model": c["model"],
+                    "sampling_hash": shash,
+                    "request_key": r.key,
+                    "from_cache": cached,
+                    "retries": 0 if cached else c["retries"],
+                    "error": c.get("error"),
+                    "completion_token_ids": c["completion_token_ids"],
+                    "top_logprobs": c["top_logprobs"],
+                }
+            )
             finish[c["finish_reason"]] += 1
             st.prompt_tokens += c["prompt_tokens"] or 0
             st.completion_tokens += c["completion_tokens"] or 0
@@ -196,8 +237,10 @@ class LocalExecutor:
 
     def prepare(self, work: GenerationWork) -> str:
         st, b = work.stats, self.backend
-        return (f"{st.requests} requests ({st.distinct_requests} distinct): {st.cache_hits} cache hits ($0), "
-                f"{len(work.missing)} to generate with {b.name} {b.model}")
+        return (
+            f"{st.requests} requests ({st.distinct_requests} distinct): {st.cache_hits} cache hits ($0), "
+            f"{len(work.missing)} to generate with {b.name} {b.model}"
+        )
 
     def execute(self, work: GenerationWork) -> dict[str, dict]:
         backend, st, cache, missing = self.backend, work.stats, work.cache, work.missing
@@ -223,8 +266,12 @@ class LocalExecutor:
             if budget is not None:  # what this answer cost: its tokens (an API), the time generating (local hardware)
                 elapsed = time.perf_counter() - t_gen
                 seconds, timed = max(0.0, elapsed - timed), max(timed, elapsed)
-                budget.charge(prompt_tokens=c.prompt_tokens or 0, completion_tokens=c.completion_tokens or 0,
-                              seconds=seconds, final=answered >= len(missing))
+                budget.charge(
+                    prompt_tokens=c.prompt_tokens or 0,
+                    completion_tokens=c.completion_tokens or 0,
+                    seconds=seconds,
+                    final=answered >= len(missing),
+                )
 
         writer = cache.writer()
         t_gen = time.perf_counter()
@@ -235,8 +282,10 @@ class LocalExecutor:
         except BaseException:
             try:
                 writer.close()
-                work.log(f"generation stopped; {st.generated} new generations finished and are kept in the cache "
-                         f"({cache.store.url}); a re-run continues from there")
+                work.log(
+                    f"generation stopped; {st.generated} new generations finished and are kept in the cache "
+                    f"({cache.store.url}); a re-run continues from there"
+                )
             except Exception as e:  # keep the original error; the spool still holds the rows
                 work.log(f"generation stopped, and sealing the cache failed too ({e})")
             raise
@@ -255,10 +304,19 @@ class LocalExecutor:
         return results
 
 
-def run_generation(prompts: Sequence[dict], executor: Executor | Backend, sampling: Sampling,
-                   cache: GenerationCache, *, chat: bool = False, context: Sequence[dict] = (),
-                   context_categories: Sequence[str] | None = None, progress: Callable[[int], None] | None = None,
-                   log: Callable[[str], None] | None = None, budget=None) -> GenerationResult:
+def run_generation(
+    prompts: Sequence[dict],
+    executor: Executor | Backend,
+    sampling: Sampling,
+    cache: GenerationCache,
+    *,
+    chat: bool = False,
+    context: Sequence[dict] = (),
+    context_categories: Sequence[str] | None = None,
+    progress: Callable[[int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    budget=None,
+) -> GenerationResult:
     """``prompts`` are dicts with ``id`` and ``prompt`` (and ``category``, for ``context_categories``). Returns
     rows in ``GENERATION_SCHEMA`` (see :mod:`campaign_orchestrator.generation.rows`), ``n`` per prompt, in prompt
     order. ``executor`` runs what the cache lacks: a :class:`LocalExecutor` (a bare backend is run by one) or the
@@ -269,9 +327,17 @@ def run_generation(prompts: Sequence[dict], executor: Executor | Backend, sampli
         executor = LocalExecutor(executor)
     log = log or (lambda _m: None)
     t_start, t_wall0 = time.perf_counter(), time.time()
-    st, reqs, per_key, found = open_requests(prompts, executor.identity, sampling, cache, chat=chat, context=context,
-                                             context_categories=context_categories, log=log,
-                                             recover=executor.recover)
+    st, reqs, per_key, found = open_requests(
+        prompts,
+        executor.identity,
+        sampling,
+        cache,
+        chat=chat,
+        context=context,
+        context_categories=context_categories,
+        log=log,
+        recover=executor.recover,
+    )
     missing: dict[str, GenRequest] = {}
     for rs in reqs:
         for r in rs:
@@ -295,9 +361,12 @@ def run_generation(prompts: Sequence[dict], executor: Executor | Backend, sampli
     return GenerationResult(rows, st)
 
 
-def cached_answers(backend: Backend, cache_for: Callable[[Sampling], GenerationCache],
-                   log: Callable[[str], None] | None = None,
-                   on_stats: Callable[[GenerationStats], None] | None = None) -> Callable:
+def cached_answers(
+    backend: Backend,
+    cache_for: Callable[[Sampling], GenerationCache],
+    log: Callable[[str], None] | None = None,
+    on_stats: Callable[[GenerationStats], None] | None = None,
+) -> Callable:
     """``generate(prompts, max_new_tokens)`` as evaluation asks a local model (greedy, the suite's length),
     through the generation cache (``cache_for(sampling)``): each distinct request is generated once per
     ``backend.identity``, so a re-run, another candidate's evaluation (the base is answered once) or another
@@ -320,5 +389,7 @@ def answers(rows: Sequence[dict]) -> list:
     """Generation rows as evaluation reads a model's answers: ``text``, ``latency_s``, ``error`` per row."""
     from types import SimpleNamespace
 
-    return [SimpleNamespace(text=r["completion"] or "", latency_s=float(r["latency_s"] or 0.0), error=r["error"])
-            for r in rows]
+    return [
+        SimpleNamespace(text=r["completion"] or "", latency_s=float(r["latency_s"] or 0.0), error=r["error"])
+        for r in rows
+    ]

@@ -34,8 +34,11 @@ def _teacher_spec(text: str):
     from campaigns.spec import UNPRICED, TeacherSpec
 
     p = Path(text)
-    raw = yaml.safe_load(p.read_text(encoding="utf-8")) if p.suffix in (".yaml", ".yml", ".json") and p.exists() \
+    raw = (
+        yaml.safe_load(p.read_text(encoding="utf-8"))
+        if p.suffix in (".yaml", ".yml", ".json") and p.exists()
         else yaml.safe_load(text)
+    )
     if not isinstance(raw, dict):
         raise ValueError(f"--teacher: expected a YAML mapping or file with the campaign's teacher fields, got {text!r}")
     # this tool records no cost: a teacher given without its price field is unpriced here (a campaign must say)
@@ -43,8 +46,10 @@ def _teacher_spec(text: str):
     try:
         return TeacherSpec(**raw)
     except ValidationError as e:
-        lines = [f"  teacher.{'.'.join(map(str, err['loc']))}: {err['msg']}" if err["loc"] else f"  teacher: {err['msg']}"
-                 for err in e.errors()]
+        lines = [
+            f"  teacher.{'.'.join(map(str, err['loc']))}: {err['msg']}" if err["loc"] else f"  teacher: {err['msg']}"
+            for err in e.errors()
+        ]
         raise ValueError("--teacher is not a valid teacher spec:\n" + "\n".join(lines)) from None
 
 
@@ -99,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     sampling = Sampling.from_spec(spec.sampling)
     identity = spec_identity(spec, model_path)
     store = open_store(a.cache or artifacts / "cache", endpoint_url=a.s3_endpoint_url)
-    cache = GenerationCache(store, namespace(identity, sampling), artifacts / "cache" / "spool", shard_rows=a.shard_rows)
+    cache = GenerationCache(
+        store, namespace(identity, sampling), artifacts / "cache" / "spool", shard_rows=a.shard_rows
+    )
     progress = None
     bar = None
     if not a.quiet:
@@ -109,10 +116,17 @@ def main(argv: list[str] | None = None) -> int:
         progress = bar.update
     try:
         backend = make_backend(spec, model_path, api_key=api_key)
-        res = run_generation(rows, backend, sampling, cache, chat=spec.chat, context=[m.model_dump() for m in spec.context],
-                             context_categories=spec.context_categories,
-                             progress=progress,
-                             log=lambda m: print(m, file=sys.stderr, flush=True))
+        res = run_generation(
+            rows,
+            backend,
+            sampling,
+            cache,
+            chat=spec.chat,
+            context=[m.model_dump() for m in spec.context],
+            context_categories=spec.context_categories,
+            progress=progress,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )
     except (EndpointError, BackendError, GenerationError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

@@ -41,5 +41,6 @@ class TeacherScorer(Protocol):
     identity: str
     prefill_tokens: int
 
-    def score(self, prompts: Sequence[str | Sequence[dict]], continuations: Sequence[Sequence[int]],
-              top_k: int) -> list[Scored]: ...
+    def score(
+        self, prompts: Sequence[str | Sequence[dict]], continuations: Sequence[Sequence[int]], top_k: int
+    ) -> list[Scored]: ...

@@ -54,8 +54,14 @@ class _PromptLogprobsClient(OpenAICompatibleClient):
     def _body(self, req: GenRequest, s: Sampling) -> dict:
         assert isinstance(req, _ScoreRequest)
         seqs = [list(x) for x in req.sequences]
-        return {"model": self.model, "prompt": seqs if len(seqs) > 1 else seqs[0], "max_tokens": s.max_new_tokens,
-                "temperature": 0.0, "n": 1, "prompt_logprobs": self.top_k}
+        return {
+            "model": self.model,
+            "prompt": seqs if len(seqs) > 1 else seqs[0],
+            "max_tokens": s.max_new_tokens,
+            "temperature": 0.0,
+            "n": 1,
+            "prompt_logprobs": self.top_k,
+        }
 
     @staticmethod
     def _estimate_tokens(req: GenRequest, s: Sampling) -> int:
@@ -66,22 +72,47 @@ class _PromptLogprobsClient(OpenAICompatibleClient):
             choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
             plps = [c["prompt_logprobs"] for c in choices]
         except (KeyError, TypeError, AttributeError):
-            return Completion.failed("the endpoint answered without `prompt_logprobs` (it must be vLLM's "
-                                     "OpenAI-compatible server or `python -m campaign_orchestrator.teacher serve`): "
-                                     f"{self._redact(json.dumps(data)[:200])}", latency_s=latency, retries=retries)
+            return Completion.failed(
+                "the endpoint answered without `prompt_logprobs` (it must be vLLM's "
+                "OpenAI-compatible server or `python -m campaign_orchestrator.teacher serve`): "
+                f"{self._redact(json.dumps(data)[:200])}",
+                latency_s=latency,
+                retries=retries,
+            )
         usage = data.get("usage") or {}
-        return Completion("", "stop", usage.get("prompt_tokens"), usage.get("completion_tokens"), latency,
-                          retries=retries, extra={"prompt_logprobs": plps})
+        return Completion(
+            "",
+            "stop",
+            usage.get("prompt_tokens"),
+            usage.get("completion_tokens"),
+            latency,
+            retries=retries,
+            extra={"prompt_logprobs": plps},
+        )
 
 
 class HTTPTeacherScorer:
     """Score given token ids under the teacher's prompt through an OpenAI-compatible ``prompt_logprobs``
     server (see the module docstring). ``tokenizer``: the teacher's (a loaded tokenizer or its directory)."""
 
-    def __init__(self, base_url: str, model: str, tokenizer, *, api_key: str | None = None,
-                 api_key_env: str | None = None, revision: str | None = None, batch_size: int = 8,
-                 max_tokens: int = 1, max_concurrency: int = 4, timeout_s: float = 120.0, max_retries: int = 6,
-                 requests_per_minute: float | None = None, tokens_per_minute: float | None = None, **client_kw):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer,
+        *,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        revision: str | None = None,
+        batch_size: int = 8,
+        max_tokens: int = 1,
+        max_concurrency: int = 4,
+        timeout_s: float = 120.0,
+        max_retries: int = 6,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        **client_kw,
+    ):
         from campaign_orchestrator.generation.backends import teacher_identity
 
         if isinstance(tokenizer, str | Path):
@@ -91,9 +122,16 @@ class HTTPTeacherScorer:
         self.tok = tokenizer
         self.base_url, self.model = base_url.rstrip("/"), model
         self.batch_size, self.max_tokens = batch_size, max_tokens
-        self._client_args = dict(api_key=api_key, api_key_env=api_key_env, max_concurrency=max_concurrency,
-                                 timeout_s=timeout_s, max_retries=max_retries, requests_per_minute=requests_per_minute,
-                                 tokens_per_minute=tokens_per_minute, **client_kw)
+        self._client_args = dict(
+            api_key=api_key,
+            api_key_env=api_key_env,
+            max_concurrency=max_concurrency,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+            **client_kw,
+        )
         self.identity = teacher_identity("openai", model, base_url=base_url, revision=revision)
         self.prefill_tokens = 0
         self.completion_tokens = 0
@@ -111,34 +149,48 @@ class HTTPTeacherScorer:
 
         if not teacher.base_url:
             raise ValueError("teacher scoring over HTTP needs teacher.base_url (e.g. http://host:8000/v1)")
-        return cls(teacher.base_url, teacher.model, tokenizer, api_key=read_api_key(teacher.api_key_env),
-                   api_key_env=teacher.api_key_env, revision=teacher.revision, batch_size=batch_size,
-                   max_concurrency=teacher.max_concurrency, timeout_s=teacher.request_timeout_s,
-                   max_retries=teacher.max_retries, requests_per_minute=teacher.requests_per_minute,
-                   tokens_per_minute=teacher.tokens_per_minute)
+        return cls(
+            teacher.base_url,
+            teacher.model,
+            tokenizer,
+            api_key=read_api_key(teacher.api_key_env),
+            api_key_env=teacher.api_key_env,
+            revision=teacher.revision,
+            batch_size=batch_size,
+            max_concurrency=teacher.max_concurrency,
+            timeout_s=teacher.request_timeout_s,
+            max_retries=teacher.max_retries,
+            requests_per_minute=teacher.requests_per_minute,
+            tokens_per_minute=teacher.tokens_per_minute,
+        )
 
     # ------------------------------------------------------------------ scoring
 
     def _send(self, groups: list[list[int]], seqs: list[list[int]], top_k: int) -> dict[int, Completion]:
         """Send each group of pair indexes as one request; the completion that answered each request's first pair."""
         client = _PromptLogprobsClient(self.base_url, self.model, top_k=top_k, **self._client_args)
-        reqs = [_ScoreRequest(str(g), "", 0, 0, sequences=tuple(tuple(seqs[i]) for i in group))
-                for g, group in enumerate(groups)]
+        reqs = [
+            _ScoreRequest(str(g), "", 0, 0, sequences=tuple(tuple(seqs[i]) for i in group))
+            for g, group in enumerate(groups)
+        ]
         answers: dict[int, Completion] = {}
         client.run(reqs, Sampling(max_new_tokens=self.max_tokens), lambda r, c: answers.__setitem__(int(r.key), c))
         self.requests += len(reqs)
         return answers
 
-    def score(self, prompts: Sequence[str | Sequence[dict]], continuations: Sequence[Sequence[int]],
-              top_k: int) -> list:
+    def score(
+        self, prompts: Sequence[str | Sequence[dict]], continuations: Sequence[Sequence[int]], top_k: int
+    ) -> list:
         """The :class:`~campaign_orchestrator.teacher.scoring.TeacherScorer` contract: one
         :class:`~campaign_orchestrator.generation.local.Scored` per pair, in input order."""
         from campaign_orchestrator.dataset.formatting import render_prompt_ids
         from campaign_orchestrator.generation.local import Scored
 
         if len(prompts) != len(continuations):
-            raise ValueError(f"score() takes one continuation per prompt: got {len(prompts)} prompts and "
-                             f"{len(continuations)} continuations")
+            raise ValueError(
+                f"score() takes one continuation per prompt: got {len(prompts)} prompts and "
+                f"{len(continuations)} continuations"
+            )
         enc = [render_prompt_ids(self.tok, p) for p in prompts]
         cont = [list(c) for c in continuations]
         out: list[Scored | None] = [None] * len(prompts)
@@ -150,11 +202,15 @@ class HTTPTeacherScorer:
                 out[i] = Scored([], [], [] if top_k else None, len(e))
         todo.sort(key=lambda i: len(enc[i]) + len(cont[i]))
         seqs = [enc[i] + cont[i] for i in range(len(prompts))]
-        groups = [todo[s:s + self.batch_size] for s in range(0, len(todo), self.batch_size)]
+        groups = [todo[s : s + self.batch_size] for s in range(0, len(todo), self.batch_size)]
         answers = self._send(groups, seqs, top_k)
         # a refused batch is sent again pair by pair: only the pairs the server cannot take fail
-        alone = [[i] for g, group in enumerate(groups) if len(group) > 1 and not answers[g].ok
-                 and (answers[g].error or "").startswith(REFUSED) for i in group]
+        alone = [
+            [i]
+            for g, group in enumerate(groups)
+            if len(group) > 1 and not answers[g].ok and (answers[g].error or "").startswith(REFUSED)
+            for i in group
+        ]
         retried = self._send(alone, seqs, top_k) if alone else {}
         results: dict[int, tuple[Completion, int]] = {}
         for answered, grouping in ((answers, groups), (retried, alone)):
@@ -177,20 +233,35 @@ class HTTPTeacherScorer:
         n = len(prompt) + len(cont)
         if not isinstance(entries, list) or len(entries) != n:
             got = len(entries) if isinstance(entries, list) else entries
-            return Scored(cont, [], None, len(prompt), f"the endpoint's prompt_logprobs has {got} entries for a "
-                                                         f"sequence of {n} tokens")
+            return Scored(
+                cont,
+                [],
+                None,
+                len(prompt),
+                f"the endpoint's prompt_logprobs has {got} entries for a sequence of {n} tokens",
+            )
         logprobs, tops = [], []
         for t, tid in enumerate(cont):
             pos = entries[len(prompt) + t] or {}
             own = pos.get(str(tid)) or pos.get(tid)
             if own is None:
-                return Scored(cont, [], None, len(prompt), f"the endpoint's prompt_logprobs has no entry for token "
-                                                             f"{tid} at position {len(prompt) + t}")
+                return Scored(
+                    cont,
+                    [],
+                    None,
+                    len(prompt),
+                    f"the endpoint's prompt_logprobs has no entry for token {tid} at position {len(prompt) + t}",
+                )
             logprobs.append(float(own["logprob"]))
             if top_k:
-                ranked = sorted(((int(k), float(v["logprob"]), int(v.get("rank") or 0)) for k, v in pos.items()
-                                 if v.get("rank") is not None and int(v["rank"]) <= top_k),
-                                key=lambda e: (-e[1], e[2]))[:top_k]
+                ranked = sorted(
+                    (
+                        (int(k), float(v["logprob"]), int(v.get("rank") or 0))
+                        for k, v in pos.items()
+                        if v.get("rank") is not None and int(v["rank"]) <= top_k
+                    ),
+                    key=lambda e: (-e[1], e[2]),
+                )[:top_k]
                 tops.append([(tid_, None, lp) for tid_, lp, _r in ranked])
         self.prefill_tokens += n
         # what the server generated besides (max_tokens per pair); usage is per request, so count our own

@@ -62,8 +62,14 @@ class TeacherServer:
     """Answers completion requests with one loaded :class:`~campaign_orchestrator.generation.local.LocalGenerator`
     (its model, tokenizer, device, batch size and context length)."""
 
-    def __init__(self, generator, served_name: str, api_key: str | None = None, max_logprobs: int = MAX_LOGPROBS,
-                 max_batch_tokens: int = MAX_BATCH_TOKENS):
+    def __init__(
+        self,
+        generator,
+        served_name: str,
+        api_key: str | None = None,
+        max_logprobs: int = MAX_LOGPROBS,
+        max_batch_tokens: int = MAX_BATCH_TOKENS,
+    ):
         self.gen = generator
         self.max_batch_tokens = max_batch_tokens
         self.served_name = served_name
@@ -85,6 +91,7 @@ class TeacherServer:
 
     def _prompts(self, prompt, add_special_tokens: bool) -> list[list[int]]:
         """The request's prompts as token ids: text, ids, or a list of either."""
+
         def is_ids(x) -> bool:
             return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
@@ -135,20 +142,30 @@ class TeacherServer:
         ctx = self.gen.context_length
         for ids in prompts:
             if ctx and len(ids) + max_tokens > ctx:
-                raise RequestError(f"This model's maximum context length is {ctx} tokens. However, you requested "
-                                   f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} in the "
-                                   f"completion). Please reduce the length of the prompt or completion.")
+                raise RequestError(
+                    f"This model's maximum context length is {ctx} tokens. However, you requested "
+                    f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} in the "
+                    f"completion). Please reduce the length of the prompt or completion."
+                )
         with self.lock:
             scored = self.prompt_logprobs(prompts, k_prompt) if k_prompt is not None else [None] * len(prompts)
-            generated = [self.generate(ids, max_tokens, temperature, top_p, seed, k_gen) if max_tokens else None
-                         for ids in prompts]
+            generated = [
+                self.generate(ids, max_tokens, temperature, top_p, seed, k_gen) if max_tokens else None
+                for ids in prompts
+            ]
         choices = []
         n_out = 0
         for i, (ids, plp, g) in enumerate(zip(prompts, scored, generated, strict=True)):
-            toks, text, finish, lp = (g or ([], "", "length", None))
+            toks, text, finish, lp = g or ([], "", "length", None)
             n_out += len(toks)
-            choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": finish, "stop_reason": None,
-                      "prompt_logprobs": plp}
+            choice = {
+                "index": i,
+                "text": text,
+                "logprobs": lp,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "prompt_logprobs": plp,
+            }
             if body.get("return_token_ids"):
                 choice |= {"prompt_token_ids": ids, "token_ids": toks}
             choices.append(choice)
@@ -157,9 +174,14 @@ class TeacherServer:
         self.stats["prompts"] += len(prompts)
         self.stats["prompt_tokens"] += n_prompt
         self.stats["completion_tokens"] += n_out
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": self.served_name, "choices": choices,
-                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.served_name,
+            "choices": choices,
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
+        }
 
     def chat(self, body: dict) -> dict:
         """The response body of ``POST /v1/chat/completions``: ``messages`` rendered with the tokenizer's chat
@@ -175,13 +197,25 @@ class TeacherServer:
             ids = render_prompt_ids(self.gen.tok, [{"role": m["role"], "content": m.get("content", "")} for m in msgs])
         except FormatError as e:
             raise RequestError(f"{e}: use /v1/completions") from None
-        out = self.complete({k: v for k, v in body.items() if k not in ("messages", "logprobs", "top_logprobs")}
-                            | {"prompt": ids})
+        out = self.complete(
+            {k: v for k, v in body.items() if k not in ("messages", "logprobs", "top_logprobs")} | {"prompt": ids}
+        )
         ch = out["choices"][0]
-        return {"id": out["id"].replace("cmpl-", "chatcmpl-"), "object": "chat.completion", "created": out["created"],
-                "model": out["model"], "usage": out["usage"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": ch["text"]}, "logprobs": None,
-                             "finish_reason": ch["finish_reason"]}]}
+        return {
+            "id": out["id"].replace("cmpl-", "chatcmpl-"),
+            "object": "chat.completion",
+            "created": out["created"],
+            "model": out["model"],
+            "usage": out["usage"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": ch["text"]},
+                    "logprobs": None,
+                    "finish_reason": ch["finish_reason"],
+                }
+            ],
+        }
 
     # ------------------------------------------------------------------ the model
 
@@ -207,13 +241,14 @@ class TeacherServer:
             mask = torch.zeros((len(idx), width), dtype=torch.long)
             for row, i in enumerate(idx):
                 p = prompts[i]
-                ids[row, width - len(p):] = torch.tensor(p)
-                mask[row, width - len(p):] = 1
+                ids[row, width - len(p) :] = torch.tensor(p)
+                mask[row, width - len(p) :] = 1
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
             dev = gen.device
             with torch.no_grad():
-                logits = gen.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                                   use_cache=False).logits
+                logits = gen.model(
+                    input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), use_cache=False
+                ).logits
             self.stats["forward_passes"] += 1
             for row, i in enumerate(idx):
                 p = prompts[i]
@@ -221,7 +256,7 @@ class TeacherServer:
                     out[i] = [None]
                     continue
                 with torch.no_grad():  # position t predicts token t + 1
-                    lp = torch.log_softmax(logits[row, width - len(p):width - 1].float(), dim=-1)
+                    lp = torch.log_softmax(logits[row, width - len(p) : width - 1].float(), dim=-1)
                     tgt = torch.tensor(p[1:], device=lp.device)
                     own = lp.gather(-1, tgt[:, None])[:, 0]
                     rank = (lp > own[:, None]).sum(-1) + 1
@@ -251,8 +286,9 @@ class TeacherServer:
                 batches.append([i])
         return batches
 
-    def generate(self, ids: list[int], max_tokens: int, temperature: float, top_p: float, seed: int,
-                 k: int | None) -> tuple[list[int], str, str, dict | None]:
+    def generate(
+        self, ids: list[int], max_tokens: int, temperature: float, top_p: float, seed: int, k: int | None
+    ) -> tuple[list[int], str, str, dict | None]:
         """(token ids, text, finish reason, OpenAI completions ``logprobs`` or None) for one prompt, decoding
         ``max_tokens`` tokens at most (stopping at the model's stop ids)."""
         import torch
@@ -260,8 +296,14 @@ class TeacherServer:
         gen = self.gen
         dev = gen.device
         sample = temperature > 0
-        kw = {"do_sample": sample, "max_new_tokens": max_tokens, "eos_token_id": gen.stop_ids,
-              "pad_token_id": gen.tok.pad_token_id, "return_dict_in_generate": True, "output_logits": True}
+        kw = {
+            "do_sample": sample,
+            "max_new_tokens": max_tokens,
+            "eos_token_id": gen.stop_ids,
+            "pad_token_id": gen.tok.pad_token_id,
+            "return_dict_in_generate": True,
+            "output_logits": True,
+        }
         if sample:
             kw |= {"temperature": temperature, "top_p": top_p}
         else:  # greedy: no sampling warpers from the checkpoint's generation config
@@ -269,10 +311,13 @@ class TeacherServer:
         if sample:
             torch.manual_seed(seed)
         with torch.no_grad():
-            o = gen.model.generate(input_ids=torch.tensor([ids], device=dev),
-                                   attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=dev), **kw)
+            o = gen.model.generate(
+                input_ids=torch.tensor([ids], device=dev),
+                attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=dev),
+                **kw,
+            )
         self.stats["forward_passes"] += len(o.logits)
-        toks = o.sequences[0, len(ids):].cpu().tolist()
+        toks = o.sequences[0, len(ids) :].cpu().tolist()
         stopped = bool(toks) and toks[-1] in gen.stop_ids
         text = gen.tok.decode(toks[:-1] if stopped else toks, skip_special_tokens=True)
         lp = None
@@ -287,8 +332,9 @@ class TeacherServer:
                 at += len(s)
                 if k:
                     tv, ti = dist.topk(min(k, dist.shape[-1]))
-                    tops.append({self._decode(a): max(v, LOGPROB_FLOOR)
-                                 for a, v in zip(ti.tolist(), tv.tolist(), strict=True)})
+                    tops.append(
+                        {self._decode(a): max(v, LOGPROB_FLOOR) for a, v in zip(ti.tolist(), tv.tolist(), strict=True)}
+                    )
                 else:
                     tops.append(None)
             lp = {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
@@ -304,8 +350,9 @@ def build_app(server: TeacherServer):
 
     def error(status: int, message: str) -> JSONResponse:
         kind = {401: "AuthenticationError", 404: "NotFoundError"}.get(status, "BadRequestError")
-        return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
-                            status_code=status)
+        return JSONResponse(
+            {"error": {"message": message, "type": kind, "param": None, "code": status}}, status_code=status
+        )
 
     async def answer(request: Request, handler) -> JSONResponse:
         if not server.authorized(request.headers.get("authorization")):
@@ -330,26 +377,46 @@ def build_app(server: TeacherServer):
     async def models(request: Request) -> JSONResponse:
         if not server.authorized(request.headers.get("authorization")):
             return error(401, "Incorrect API key provided.")
-        return JSONResponse({"object": "list", "data": [
-            {"id": server.served_name, "object": "model", "created": 0, "owned_by": "campaign-orchestrator",
-             "max_model_len": server.gen.context_length}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": server.served_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "campaign-orchestrator",
+                        "max_model_len": server.gen.context_length,
+                    }
+                ],
+            }
+        )
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"ok": True, **server.stats})
 
-    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
-                             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-                             Route("/v1/models", models, methods=["GET"]),
-                             Route("/health", health, methods=["GET"])])
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ]
+    )
 
 
 def serve_main(argv: list[str] | None = None) -> int:
     """``python -m campaign_orchestrator.teacher serve``: load the model, then serve until interrupted."""
-    ap = argparse.ArgumentParser(prog="python -m campaign_orchestrator.teacher serve",
-                                 description="Serve a local teacher over the OpenAI-compatible completions API "
-                                             "with vLLM's prompt_logprobs.")
-    ap.add_argument("--model", required=True, help="a checkpoint directory or model reference (@packaged/..., "
-                                                   "@demo/..., .gguf), as a campaign's teacher.model")
+    ap = argparse.ArgumentParser(
+        prog="python -m campaign_orchestrator.teacher serve",
+        description="Serve a local teacher over the OpenAI-compatible completions API with vLLM's prompt_logprobs.",
+    )
+    ap.add_argument(
+        "--model",
+        required=True,
+        help="a checkpoint directory or model reference (@packaged/..., "
+        "@demo/..., .gguf), as a campaign's teacher.model",
+    )
     ap.add_argument("--served-name", help="the name clients send as `model` (default: --model as given)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
@@ -358,8 +425,11 @@ def serve_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compute-dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     ap.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
     ap.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS, help="largest prompt_logprobs / logprobs k")
-    ap.add_argument("--api-key-env", help="name of an environment variable holding the key clients must send "
-                                          "(Authorization: Bearer); never the key itself")
+    ap.add_argument(
+        "--api-key-env",
+        help="name of an environment variable holding the key clients must send "
+        "(Authorization: Bearer); never the key itself",
+    )
     a = ap.parse_args(argv)
 
     from campaign_orchestrator import models
@@ -368,8 +438,10 @@ def serve_main(argv: list[str] | None = None) -> int:
     if a.api_key_env:
         api_key = os.environ.get(a.api_key_env)
         if not api_key:
-            print(f"error: --api-key-env names {a.api_key_env!r}, but that environment variable is not set",
-                  file=sys.stderr)
+            print(
+                f"error: --api-key-env names {a.api_key_env!r}, but that environment variable is not set",
+                file=sys.stderr,
+            )
             return 1
     try:
         model_dir = models.resolve(a.model, Path(a.artifacts).resolve(), Path.cwd())
@@ -396,8 +468,11 @@ def serve_main(argv: list[str] | None = None) -> int:
             tmp.write_text(str(port))
             tmp.replace(a.port_file)
         precision = getattr(gen.precision, "dtype", None)
-        print(f"serving {server.served_name!r} ({model_dir}, {precision or 'model dtype'}) at "
-              f"http://{a.host}:{port}/v1", file=sys.stderr, flush=True)
+        print(
+            f"serving {server.served_name!r} ({model_dir}, {precision or 'model dtype'}) at http://{a.host}:{port}/v1",
+            file=sys.stderr,
+            flush=True,
+        )
 
     threading.Thread(target=announce, daemon=True).start()
     uv.run(sockets=[sock])

@@ -17,8 +17,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from campaign_orchestrator.triggers.sources import SourceFile
 from campaign_orchestrator.content import short, value_sha256
+from campaign_orchestrator.triggers.sources import SourceFile
 
 CURSOR_VERSION = 1
 
@@ -40,14 +40,21 @@ class NewDataState:
         try:
             raw = json.loads(cursor)
         except json.JSONDecodeError:
-            raise ValueError(f"new-data sensor cursor is not JSON: {cursor[:80]!r}; reset the cursor in the UI") from None
+            raise ValueError(
+                f"new-data sensor cursor is not JSON: {cursor[:80]!r}; reset the cursor in the UI"
+            ) from None
         if raw.get("v") != CURSOR_VERSION:
-            raise ValueError(f"new-data sensor cursor has version {raw.get('v')!r}, expected {CURSOR_VERSION}; reset it")
+            raise ValueError(
+                f"new-data sensor cursor has version {raw.get('v')!r}, expected {CURSOR_VERSION}; reset it"
+            )
         return cls(True, raw["seen"], raw.get("stat", {}), raw.get("names", {}))
 
     def to_cursor(self) -> str:
-        return json.dumps({"v": CURSOR_VERSION, "seen": self.seen, "stat": self.stat_cache, "names": self.latest_by_name},
-                          sort_keys=True, separators=(",", ":"))
+        return json.dumps(
+            {"v": CURSOR_VERSION, "seen": self.seen, "stat": self.stat_cache, "names": self.latest_by_name},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
 
     def rows(self, *statuses: str) -> int:
         return sum(int(v["new_rows"]) for v in self.seen.values() if v["status"] in statuses)
@@ -94,14 +101,23 @@ def observe(state: NewDataState, files: list[SourceFile], threshold: Threshold, 
             continue
         previous = state.seen.get(state.latest_by_name.get(f.name, ""))
         gained = f.rows if previous is None else max(0, f.rows - int(previous["rows"]))
-        state.seen[f.sha256] = {"name": f.name, "rows": f.rows, "new_rows": f.rows if first else gained,
-                                "status": "baseline" if first else "pending", "seen_at": round(now, 3)}
+        state.seen[f.sha256] = {
+            "name": f.name,
+            "rows": f.rows,
+            "new_rows": f.rows if first else gained,
+            "status": "baseline" if first else "pending",
+            "seen_at": round(now, 3),
+        }
         state.latest_by_name[f.name] = f.sha256
         fresh.append(f)
     state.initialized = True
     if first:
-        return Decision(False, f"recorded the baseline: {len(files)} file(s), {sum(f.rows for f in files)} rows already "
-                               f"there; files that appear from now on are new data", known_rows=state.rows("baseline"))
+        return Decision(
+            False,
+            f"recorded the baseline: {len(files)} file(s), {sum(f.rows for f in files)} rows already "
+            f"there; files that appear from now on are new data",
+            known_rows=state.rows("baseline"),
+        )
     pending = state.pending()
     new_rows = sum(int(v["new_rows"]) for v in pending.values())
     known = state.rows("baseline", "consumed")
@@ -109,13 +125,28 @@ def observe(state: NewDataState, files: list[SourceFile], threshold: Threshold, 
     if not pending:
         return Decision(False, f"no new data ({len(files)} file(s) known by content hash)", known_rows=known)
     frac = new_rows / known if known else float("inf")
-    ok = new_rows >= threshold.min_new_rows and (threshold.min_new_fraction is None or frac >= threshold.min_new_fraction)
-    summary = (f"{len(pending)} new file(s) ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}), "
-               f"{new_rows} new rows (+{frac:.1%} over {known})")
+    ok = new_rows >= threshold.min_new_rows and (
+        threshold.min_new_fraction is None or frac >= threshold.min_new_fraction
+    )
+    summary = (
+        f"{len(pending)} new file(s) ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}), "
+        f"{new_rows} new rows (+{frac:.1%} over {known})"
+    )
     if not ok:
-        return Decision(False, f"new data below the threshold: {summary}; waiting for {threshold.describe()}",
-                        new_files=names, new_rows=new_rows, known_rows=known)
+        return Decision(
+            False,
+            f"new data below the threshold: {summary}; waiting for {threshold.describe()}",
+            new_files=names,
+            new_rows=new_rows,
+            known_rows=known,
+        )
     for v in pending.values():
         v["status"] = "consumed"
-    return Decision(True, f"new data: {summary}", run_key=f"new-data-{short(value_sha256(sorted(pending)), 20)}",
-                    new_files=names, new_rows=new_rows, known_rows=known)
+    return Decision(
+        True,
+        f"new data: {summary}",
+        run_key=f"new-data-{short(value_sha256(sorted(pending)), 20)}",
+        new_files=names,
+        new_rows=new_rows,
+        known_rows=known,
+    )

@@ -117,7 +117,9 @@ def list_s3(source: str, cache: dict[str, list[str]] | None = None, client=None)
     except Exception as e:  # botocore raises ClientError / EndpointConnectionError / NoCredentialsError
         if isinstance(e, SourceError):
             raise
-        raise SourceError(f"data.source {source!r}: cannot list s3://{bucket}/{prefix}: {type(e).__name__}: {e}") from None
+        raise SourceError(
+            f"data.source {source!r}: cannot list s3://{bucket}/{prefix}: {type(e).__name__}: {e}"
+        ) from None
     return sorted(out, key=lambda f: f.uri)
 
 
@@ -128,14 +130,18 @@ def _hash_object(client, bucket: str, key: str, save_to: Path | None = None) -> 
     if save_to is None:
         return content_digest(chunks)
     with open(save_to, "wb") as f:
+
         def tee():
             for c in chunks:
                 f.write(c)
                 yield c
+
         return content_digest(tee())
 
 
-def list_source(source: str, base_dir: str | Path, cache: dict[str, list[str]] | None = None, client=None) -> list[SourceFile]:
+def list_source(
+    source: str, base_dir: str | Path, cache: dict[str, list[str]] | None = None, client=None
+) -> list[SourceFile]:
     """Every file of the source with its content hash and row count (cache: uri -> [stamp, sha, rows])."""
     if is_s3_url(source):
         return list_s3(source, cache, client)
@@ -160,7 +166,7 @@ def fetch_s3_source(source: str, dest: str | Path, client=None) -> list[Path]:
         if not local.exists():
             local.parent.mkdir(parents=True, exist_ok=True)
             tmp = local.with_name(local.name + ".tmp")
-            sha, _ = _hash_object(client, bucket, f.uri[len(f"s3://{bucket}/"):], save_to=tmp)
+            sha, _ = _hash_object(client, bucket, f.uri[len(f"s3://{bucket}/") :], save_to=tmp)
             if sha != f.sha256:  # replaced between listing and download: keep the bytes we got
                 local = dest / sha / f.name
                 local.parent.mkdir(parents=True, exist_ok=True)

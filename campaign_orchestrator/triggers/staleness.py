@@ -37,9 +37,14 @@ class StalePlan:
         return text if len(text) <= max_len else text[: max_len - 3] + "..."
 
 
-def plan(order: list[str], parents: dict[str, list[str]], current_code_versions: dict[str, str],
-         recorded: dict[str, Recorded | None], latest_data_versions: dict[str, str | None],
-         explain: dict[str, str] | None = None) -> StalePlan:
+def plan(
+    order: list[str],
+    parents: dict[str, list[str]],
+    current_code_versions: dict[str, str],
+    recorded: dict[str, Recorded | None],
+    latest_data_versions: dict[str, str | None],
+    explain: dict[str, str] | None = None,
+) -> StalePlan:
     """``order``: the stage keys in topological order; ``parents``: their upstream keys (any asset);
     ``recorded``: per stage, its latest materialization's provenance (None: never materialized);
     ``latest_data_versions``: current data version of every upstream key (None: never made)."""

@@ -18,93 +18,184 @@ from typing import Annotated
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from campaigns import paths
+from campaigns.spec.automation import (
+    AutomationSpec as AutomationSpec,
+)
+from campaigns.spec.automation import (
+    DriftSpec as DriftSpec,
+)
+from campaigns.spec.automation import (
+    ModelChangeSpec as ModelChangeSpec,
+)
+from campaigns.spec.automation import (
+    NewDataSpec as NewDataSpec,
+)
 
-from campaigns.spec.common import _Strict
 # Every section's models, importable from ``campaigns.spec`` as before the split (explicit re-exports).
 from campaigns.spec.common import (
     SLUG as SLUG,
+)
+from campaigns.spec.common import (
     S3Uri as S3Uri,
 )
-from campaigns.spec.teacher import (
-    UNPRICED as UNPRICED,
-    MessageSpec as MessageSpec,
-    SamplingSpec as SamplingSpec,
-    TeacherSpec as TeacherSpec,
+from campaigns.spec.common import _Strict
+from campaigns.spec.cost import (
+    CostSpec as CostSpec,
 )
-from campaigns.spec.student import (
-    LoraSpec as LoraSpec,
-    MoeSpec as MoeSpec,
-    PARAM_WRAPPER_REFUSES as PARAM_WRAPPER_REFUSES,
-    QuantizationSpec as QuantizationSpec,
-    StudentSpec as StudentSpec,
-)
-from campaigns.spec.data import (
-    HeldoutSpec as HeldoutSpec,
-    FilterSpec as FilterSpec,
-    DataSpec as DataSpec,
-    DatasetSpec as DatasetSpec,
-)
-from campaigns.spec.training import (
-    ProfilerScheduleSpec as ProfilerScheduleSpec,
-    ProfilingSpec as ProfilingSpec,
-    CheckpointSpec as CheckpointSpec,
-    DiagnosticCommand as DiagnosticCommand,
-    DiagnosticsSpec as DiagnosticsSpec,
-    DistributedEnvSpec as DistributedEnvSpec,
-    DistillationSpec as DistillationSpec,
-    OnPolicySpec as OnPolicySpec,
-    TrainingSpec as TrainingSpec,
-)
-from campaigns.spec.lm_eval import (
-    LmEvalSpec as LmEvalSpec,
-    DecontaminationSpec as DecontaminationSpec,
-)
-from campaigns.spec.evaluation import (
-    GateRule as GateRule,
-    GateSpec as GateSpec,
-    SuiteSpec as SuiteSpec,
-    StatisticsSpec as StatisticsSpec,
-    EndpointSpec as EndpointSpec,
-    EvaluationSpec as EvaluationSpec,
+from campaigns.spec.cost import (
+    PlannerSpec as PlannerSpec,
 )
 from campaigns.spec.cost import (
     PriceOverride as PriceOverride,
-    PlannerSpec as PlannerSpec,
-    CostSpec as CostSpec,
+)
+from campaigns.spec.cost import (
     ScheduleSpec as ScheduleSpec,
 )
-from campaigns.spec.kubernetes import (
-    K8S_NAME as K8S_NAME,
-    K8S_SUBDOMAIN as K8S_SUBDOMAIN,
-    K8S_QUANTITY as K8S_QUANTITY,
-    K8S_LABEL_VALUE as K8S_LABEL_VALUE,
-    K8S_LABEL_KEY as K8S_LABEL_KEY,
-    ENV_NAME as ENV_NAME,
-    SECRET_LIKE_ENV as SECRET_LIKE_ENV,
-    TolerationSpec as TolerationSpec,
-    SecretEnvSpec as SecretEnvSpec,
-    SecretVolumeSpec as SecretVolumeSpec,
-    VolumeClaimSpec as VolumeClaimSpec,
-    KubernetesSpec as KubernetesSpec,
+from campaigns.spec.data import (
+    DatasetSpec as DatasetSpec,
+)
+from campaigns.spec.data import (
+    DataSpec as DataSpec,
+)
+from campaigns.spec.data import (
+    FilterSpec as FilterSpec,
+)
+from campaigns.spec.data import (
+    HeldoutSpec as HeldoutSpec,
+)
+from campaigns.spec.evaluation import (
+    EndpointSpec as EndpointSpec,
+)
+from campaigns.spec.evaluation import (
+    EvaluationSpec as EvaluationSpec,
+)
+from campaigns.spec.evaluation import (
+    GateRule as GateRule,
+)
+from campaigns.spec.evaluation import (
+    GateSpec as GateSpec,
+)
+from campaigns.spec.evaluation import (
+    StatisticsSpec as StatisticsSpec,
+)
+from campaigns.spec.evaluation import (
+    SuiteSpec as SuiteSpec,
 )
 from campaigns.spec.execution import (
     ExecutionSpec as ExecutionSpec,
 )
+from campaigns.spec.kubernetes import (
+    ENV_NAME as ENV_NAME,
+)
+from campaigns.spec.kubernetes import (
+    K8S_LABEL_KEY as K8S_LABEL_KEY,
+)
+from campaigns.spec.kubernetes import (
+    K8S_LABEL_VALUE as K8S_LABEL_VALUE,
+)
+from campaigns.spec.kubernetes import (
+    K8S_NAME as K8S_NAME,
+)
+from campaigns.spec.kubernetes import (
+    K8S_QUANTITY as K8S_QUANTITY,
+)
+from campaigns.spec.kubernetes import (
+    K8S_SUBDOMAIN as K8S_SUBDOMAIN,
+)
+from campaigns.spec.kubernetes import (
+    SECRET_LIKE_ENV as SECRET_LIKE_ENV,
+)
+from campaigns.spec.kubernetes import (
+    KubernetesSpec as KubernetesSpec,
+)
+from campaigns.spec.kubernetes import (
+    SecretEnvSpec as SecretEnvSpec,
+)
+from campaigns.spec.kubernetes import (
+    SecretVolumeSpec as SecretVolumeSpec,
+)
+from campaigns.spec.kubernetes import (
+    TolerationSpec as TolerationSpec,
+)
+from campaigns.spec.kubernetes import (
+    VolumeClaimSpec as VolumeClaimSpec,
+)
+from campaigns.spec.lm_eval import (
+    DecontaminationSpec as DecontaminationSpec,
+)
+from campaigns.spec.lm_eval import (
+    LmEvalSpec as LmEvalSpec,
+)
+from campaigns.spec.student import (
+    PARAM_WRAPPER_REFUSES as PARAM_WRAPPER_REFUSES,
+)
+from campaigns.spec.student import (
+    LoraSpec as LoraSpec,
+)
+from campaigns.spec.student import (
+    MoeSpec as MoeSpec,
+)
+from campaigns.spec.student import (
+    QuantizationSpec as QuantizationSpec,
+)
+from campaigns.spec.student import (
+    StudentSpec as StudentSpec,
+)
 from campaigns.spec.sweep import (
     ParamSpec as ParamSpec,
+)
+from campaigns.spec.sweep import (
     RungSpec as RungSpec,
+)
+from campaigns.spec.sweep import (
     SweepSpec as SweepSpec,
+)
+from campaigns.spec.teacher import (
+    UNPRICED as UNPRICED,
+)
+from campaigns.spec.teacher import (
+    MessageSpec as MessageSpec,
+)
+from campaigns.spec.teacher import (
+    SamplingSpec as SamplingSpec,
+)
+from campaigns.spec.teacher import (
+    TeacherSpec as TeacherSpec,
 )
 from campaigns.spec.tracking import (
     MlflowSpec as MlflowSpec,
+)
+from campaigns.spec.tracking import (
     TrackingSpec as TrackingSpec,
 )
-from campaigns.spec.automation import (
-    NewDataSpec as NewDataSpec,
-    ModelChangeSpec as ModelChangeSpec,
-    DriftSpec as DriftSpec,
-    AutomationSpec as AutomationSpec,
+from campaigns.spec.training import (
+    CheckpointSpec as CheckpointSpec,
 )
+from campaigns.spec.training import (
+    DiagnosticCommand as DiagnosticCommand,
+)
+from campaigns.spec.training import (
+    DiagnosticsSpec as DiagnosticsSpec,
+)
+from campaigns.spec.training import (
+    DistillationSpec as DistillationSpec,
+)
+from campaigns.spec.training import (
+    DistributedEnvSpec as DistributedEnvSpec,
+)
+from campaigns.spec.training import (
+    OnPolicySpec as OnPolicySpec,
+)
+from campaigns.spec.training import (
+    ProfilerScheduleSpec as ProfilerScheduleSpec,
+)
+from campaigns.spec.training import (
+    ProfilingSpec as ProfilingSpec,
+)
+from campaigns.spec.training import (
+    TrainingSpec as TrainingSpec,
+)
+
 
 class CampaignSpec(_Strict):
     """One distillation / fine-tune campaign."""
@@ -120,17 +211,25 @@ class CampaignSpec(_Strict):
     cost: CostSpec = CostSpec()
     schedule: ScheduleSpec | None = None
     kubernetes: KubernetesSpec | None = Field(
-        None, description="Cluster settings for `training.launcher: k8s` (image, namespace, GPUs, volumes, secrets).")
+        None, description="Cluster settings for `training.launcher: k8s` (image, namespace, GPUs, volumes, secrets)."
+    )
     automation: AutomationSpec = Field(
-        default_factory=AutomationSpec, description="Sensors and automation that re-run the campaign (all off by default)."
+        default_factory=AutomationSpec,
+        description="Sensors and automation that re-run the campaign (all off by default).",
     )
     sweep: SweepSpec | None = Field(
-        None, description="A hyperparameter sweep before training (Optuna successive halving under a dollar cap; "
-        "docs/sweeps.md); its best configuration drives student_adapter.")
-    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment tracking (MLflow); off by default.")
+        None,
+        description="A hyperparameter sweep before training (Optuna successive halving under a dollar cap; "
+        "docs/sweeps.md); its best configuration drives student_adapter.",
+    )
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec, description="Experiment tracking (MLflow); off by default."
+    )
     execution: ExecutionSpec = Field(
-        default_factory=ExecutionSpec, description="Where the generation stages run: one process (default) or shards "
-        "on a Ray cluster (docs/scaleout.md).")
+        default_factory=ExecutionSpec,
+        description="Where the generation stages run: one process (default) or shards "
+        "on a Ray cluster (docs/scaleout.md).",
+    )
 
     _project_dir: Path | None = PrivateAttr(None)
 
@@ -177,15 +276,18 @@ class CampaignSpec(_Strict):
         if max_steps is None:
             raise ValueError("sweep needs training.max_steps (its top rung); `epochs` is not supported with a sweep")
         if sw.rungs.min_steps >= max_steps:
-            raise ValueError(f"sweep.rungs.min_steps ({sw.rungs.min_steps}) must be below training.max_steps "
-                             f"({max_steps}), the top rung: with no lower rung nothing is ever pruned")
+            raise ValueError(
+                f"sweep.rungs.min_steps ({sw.rungs.min_steps}) must be below training.max_steps "
+                f"({max_steps}), the top rung: with no lower rung nothing is ever pruned"
+            )
         sections = {"training": TrainingSpec, "training.distillation": DistillationSpec, "student.lora": LoraSpec}
-        for name, p in sw.space.items():
+        for name, _p in sw.space.items():
             section, _, field = name.rpartition(".")
             model = sections[section]
             if field not in model.model_fields:
-                raise ValueError(f"sweep.space.{name}: unknown field; {section} has "
-                                 f"{', '.join(sorted(model.model_fields))}")
+                raise ValueError(
+                    f"sweep.space.{name}: unknown field; {section} has {', '.join(sorted(model.model_fields))}"
+                )
         base = self.model_dump()
         points = [("sweep.space." + n, {n: v}) for n, p in sw.space.items() for v in p.values_to_check()]
         points += [(f"sweep.enqueue[{i}]", pt) for i, pt in enumerate(sw.enqueue)]
@@ -203,21 +305,27 @@ class CampaignSpec(_Strict):
     @model_validator(mode="after")
     def _training_hardware_is_named(self) -> CampaignSpec:
         if self.training.hardware is None:
-            raise ValueError("training.hardware is required: the pricing-catalog key of the device training runs on "
-                             "(e.g. cpu-2vcpu, h100-sxm); training and local evaluation are billed at it")
+            raise ValueError(
+                "training.hardware is required: the pricing-catalog key of the device training runs on "
+                "(e.g. cpu-2vcpu, h100-sxm); training and local evaluation are billed at it"
+            )
         return self
 
     @model_validator(mode="after")
     def _no_budget_over_unknown_spend(self) -> CampaignSpec:
         c = self.cost
         covered = [f"cost.budget_usd ({c.budget_usd})"] if c.budget_usd is not None else []
-        covered += [f"cost.stage_budgets_usd.{s}" for s in ("teacher_generations", "evaluation")
-                    if s in c.stage_budgets_usd and (s == "teacher_generations" or self.evaluation.score_teacher)]
+        covered += [
+            f"cost.stage_budgets_usd.{s}"
+            for s in ("teacher_generations", "evaluation")
+            if s in c.stage_budgets_usd and (s == "teacher_generations" or self.evaluation.score_teacher)
+        ]
         if self.teacher.unpriced and covered:
             raise ValueError(
                 f"teacher.price is `unpriced`, so its spend is unknown and {' and '.join(covered)} cannot be kept: "
                 "price the teacher (a catalog entry, or your own catalog with its real price, even 0 for a server you "
-                "already pay for) or remove the budget")
+                "already pay for) or remove the budget"
+            )
         return self
 
     @model_validator(mode="after")
@@ -238,11 +346,14 @@ class CampaignSpec(_Strict):
             raise ValueError(
                 "training.distillation.loss 'on_policy' needs a teacher that scores the student's samples during "
                 "training: teacher.backend 'transformers' (in process, beside the student) or 'openai' (a server that "
-                "returns prompt_logprobs, e.g. `vllm serve`); the offline 'vllm' backend only generates")
+                "returns prompt_logprobs, e.g. `vllm serve`); the offline 'vllm' backend only generates"
+            )
         if self.sweep is not None:
-            raise ValueError("training.distillation.loss 'on_policy' does not run under a `sweep` yet (its trials train "
-                             "on the tokenized dataset only, without the student's samples and the teacher's scores): "
-                             "remove `sweep`, or sweep with loss 'sequence' or 'logits'")
+            raise ValueError(
+                "training.distillation.loss 'on_policy' does not run under a `sweep` yet (its trials train "
+                "on the tokenized dataset only, without the student's samples and the teacher's scores): "
+                "remove `sweep`, or sweep with loss 'sequence' or 'logits'"
+            )
         return self
 
     @model_validator(mode="after")
@@ -251,7 +362,7 @@ class CampaignSpec(_Strict):
             raise ValueError(
                 f"student.lora.use_dora with training.nodes × processes_per_node = {self.training.world_size}: DoRA's "
                 f"weight norm reads the LoRA weights outside FSDP2's all-gather, and its backward fails (\"setStorage: "
-                f"... out of bounds for storage of size 0\", PEFT 0.21, torch 2.13); train DoRA in one process or use "
+                f'... out of bounds for storage of size 0", PEFT 0.21, torch 2.13); train DoRA in one process or use '
                 f"plain LoRA (use_dora: false)"
             )
         return self
@@ -271,7 +382,8 @@ class CampaignSpec(_Strict):
             raise ValueError(
                 "execution.kuberay runs the generation stages on Kubernetes but the campaign has no `kubernetes:` "
                 "section; add at least `kubernetes: {image: <image with the project and ray>, namespace: <namespace>}` "
-                "(its namespace, image, volumes and secrets are the Ray pods'; see docs/scaleout.md)")
+                "(its namespace, image, volumes and secrets are the Ray pods'; see docs/scaleout.md)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -279,7 +391,8 @@ class CampaignSpec(_Strict):
         if self.training.launcher == "k8s" and self.kubernetes is None:
             raise ValueError(
                 "training.launcher is 'k8s' but the campaign has no `kubernetes:` section; add at least"
-                " `kubernetes: {image: <trainer image>, namespace: <namespace>}` (see campaigns/examples/cluster.yaml)")
+                " `kubernetes: {image: <trainer image>, namespace: <namespace>}` (see campaigns/examples/cluster.yaml)"
+            )
         if self.kubernetes is not None:
             where = {n: "kubernetes.env" for n in self.kubernetes.env}
             where.update({x.name: "kubernetes.secret_env" for x in self.kubernetes.secret_env})
@@ -289,5 +402,6 @@ class CampaignSpec(_Strict):
                     "environment variables set twice: "
                     + ", ".join(f"{n} (training.distributed_env and {where[n]})" for n in clash)
                     + "; set each in one place: keep it under training.distributed_env (validated, exported to every"
-                    " rank by the local and the k8s launcher) and remove it from the kubernetes section")
+                    " rank by the local and the k8s launcher) and remove it from the kubernetes section"
+                )
         return self

@@ -6,6 +6,7 @@ from pydantic import Field
 
 from campaigns.spec.common import Cron, _Strict
 
+
 class NewDataSpec(_Strict):
     """New-data sensor ``<campaign>_new_data``: watches ``data.source`` (local glob or ``s3://`` prefix).
 
@@ -18,7 +19,9 @@ class NewDataSpec(_Strict):
     enabled: bool = Field(False, description="Start the sensor switched on (it can always be toggled in the UI).")
     min_new_rows: int = Field(1, ge=1, description="Request a run only once at least this many new rows are pending.")
     min_new_fraction: float | None = Field(
-        None, gt=0.0, description="And only once new rows / rows already used reach this fraction (e.g. 0.1); unset: no fraction rule."
+        None,
+        gt=0.0,
+        description="And only once new rows / rows already used reach this fraction (e.g. 0.1); unset: no fraction rule.",
     )
     interval_s: int = Field(60, ge=5, le=86_400, description="Seconds between two evaluations of the sensor.")
 
@@ -50,7 +53,9 @@ class DriftSpec(_Strict):
     cron: Cron = Field("0 4 * * *", description="Cron expression of the re-evaluation, e.g. '0 4 * * *'.")
     timezone: str = Field("UTC", description="IANA timezone of the cron expression.")
     max_drop: float | None = Field(
-        None, ge=0.0, le=1.0,
+        None,
+        ge=0.0,
+        le=1.0,
         description="Allowed drop below the promotion-time score; unset: `evaluation.gate.max_regression_vs_base`.",
     )
 
@@ -60,6 +65,7 @@ class AutomationSpec(_Strict):
 
     new_data: NewDataSpec = Field(default_factory=NewDataSpec, description="New prompt files trigger a run.")
     model_change: ModelChangeSpec = Field(
-        default_factory=ModelChangeSpec, description="A new teacher, student base or training setting re-runs what it affects."
+        default_factory=ModelChangeSpec,
+        description="A new teacher, student base or training setting re-runs what it affects.",
     )
     drift: DriftSpec = Field(default_factory=DriftSpec, description="Scheduled re-evaluation of the promoted model.")

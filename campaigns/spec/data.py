@@ -11,6 +11,7 @@ from campaigns.spec.common import _Strict
 from campaigns.spec.lm_eval import DecontaminationSpec
 from campaigns.spec.replay import ReplaySpec
 
+
 class HeldoutSpec(_Strict):
     """The prompts held out of training for evaluation, chosen by id hash."""
 
@@ -56,11 +57,15 @@ class DataSpec(_Strict):
     heldout: HeldoutSpec = HeldoutSpec()
     filters: FilterSpec = FilterSpec()
     decontamination: DecontaminationSpec = Field(
-        DecontaminationSpec(), description="N-gram overlap of the distillation set with every gate suite's documents "
-                                           "(blocking check on distillation_set): drop and count, or fail.")
+        DecontaminationSpec(),
+        description="N-gram overlap of the distillation set with every gate suite's documents "
+        "(blocking check on distillation_set): drop and count, or fail.",
+    )
     replay: ReplaySpec | None = Field(
-        None, description="General prompts answered by the base student (default), the teacher or a file, mixed into "
-        "training at `share`: keeps what the student could do before (self-replay, any teacher).")
+        None,
+        description="General prompts answered by the base student (default), the teacher or a file, mixed into "
+        "training at `share`: keeps what the student could do before (self-replay, any teacher).",
+    )
 
 
 class DatasetSpec(_Strict):
@@ -71,37 +76,48 @@ class DatasetSpec(_Strict):
     """
 
     template: Literal["auto", "chat", "plain"] = Field(
-        "auto", description="auto: the student tokenizer's chat template when it has one, else plain "
-        "`<bos> prompt completion <eos>`; chat: require the chat template; plain: never use it."
+        "auto",
+        description="auto: the student tokenizer's chat template when it has one, else plain "
+        "`<bos> prompt completion <eos>`; chat: require the chat template; plain: never use it.",
     )
     train_on_prompt: bool = Field(
         False, description="Loss on every token (prompt included) instead of the completion/assistant tokens only."
     )
     packing: bool = Field(
-        True, description="Best-fit-decreasing packing of several examples into rows of training.max_seq_len "
-        "(position_ids restart per example, so attention never crosses examples); false: one example per row."
+        True,
+        description="Best-fit-decreasing packing of several examples into rows of training.max_seq_len "
+        "(position_ids restart per example, so attention never crosses examples); false: one example per row.",
     )
     padding: Literal["free", "longest", "max_length"] = Field(
-        "free", description="How the trainer batches rows. free: a micro-batch's rows concatenated into one "
+        "free",
+        description="How the trainer batches rows. free: a micro-batch's rows concatenated into one "
         "sequence, no padding (right for every attention kernel, flash-attention included); longest: pad to the "
-        "longest row; max_length: pad every row to training.max_seq_len (static shapes)."
+        "longest row; max_length: pad every row to training.max_seq_len (static shapes).",
     )
     too_long: Literal["drop", "truncate"] = Field(
-        "drop", description="Examples longer than training.max_seq_len: drop them, or keep their first "
-        "max_seq_len tokens (dropped anyway if no completion token is left). Both are counted."
+        "drop",
+        description="Examples longer than training.max_seq_len: drop them, or keep their first "
+        "max_seq_len tokens (dropped anyway if no completion token is left). Both are counted.",
     )
     shard_size_mb: float = Field(256.0, gt=0, le=65536, description="Target size of one Parquet shard (MiB).")
     validation_fraction: float = Field(
-        0.02, ge=0.0, lt=1.0, description="Share of examples held out as a validation split, chosen by a seeded "
-        "hash of the example id (never by packed row), so an example keeps its side across rebuilds."
+        0.02,
+        ge=0.0,
+        lt=1.0,
+        description="Share of examples held out as a validation split, chosen by a seeded "
+        "hash of the example id (never by packed row), so an example keeps its side across rebuilds.",
     )
     split_seed: int = Field(0, ge=0, description="Seed of the train/validation id hash.")
     extra_sources: list[str] = Field(
-        default_factory=list, description="More prompt/completion (`prompt`, `completion`) or conversational "
+        default_factory=list,
+        description="More prompt/completion (`prompt`, `completion`) or conversational "
         "(`messages`) data added to the distillation set: JSONL/JSON/Parquet/CSV files, globs, or directories "
-        "saved with `Dataset.save_to_disk`; relative to the repository root. Optional `id` column."
+        "saved with `Dataset.save_to_disk`; relative to the repository root. Optional `id` column.",
     )
     num_proc: int | None = Field(
-        None, ge=1, le=512, description="Tokenizer processes (datasets `map` num_proc); default: every core, for "
-        "inputs large enough to pay for the process start-up."
+        None,
+        ge=1,
+        le=512,
+        description="Tokenizer processes (datasets `map` num_proc); default: every core, for "
+        "inputs large enough to pay for the process start-up.",
     )

@@ -26,10 +26,15 @@ from campaigns.spec.kubernetes import K8S_NAME, _quantity
 class RayPodSpec(_Strict):
     """CPU and memory of one Ray pod (requests equal limits; KubeRay gives Ray the pod's CPU limit as ``num-cpus``)."""
 
-    cpu: str | None = Field(None, description="CPU request and limit, e.g. '8' (head default '2'; worker default: "
-                                              "execution.num_cpus_per_replica rounded up).")
-    memory: str | None = Field(None, description="Memory request and limit, e.g. '64Gi' (head default '8Gi'; worker "
-                                                 "default: kubernetes.memory).")
+    cpu: str | None = Field(
+        None,
+        description="CPU request and limit, e.g. '8' (head default '2'; worker default: "
+        "execution.num_cpus_per_replica rounded up).",
+    )
+    memory: str | None = Field(
+        None,
+        description="Memory request and limit, e.g. '64Gi' (head default '8Gi'; worker default: kubernetes.memory).",
+    )
 
     @field_validator("cpu", "memory")
     @classmethod
@@ -47,25 +52,42 @@ class KubeRaySpec(_Strict):
     """
 
     ray_cluster: str | None = Field(
-        None, description="Name of a long-lived RayCluster (in kubernetes.namespace) to submit the job to instead of "
-                          "creating a cluster for it (RayJob `clusterSelector`); its own pods, image and sizes apply.")
+        None,
+        description="Name of a long-lived RayCluster (in kubernetes.namespace) to submit the job to instead of "
+        "creating a cluster for it (RayJob `clusterSelector`); its own pods, image and sizes apply.",
+    )
     image: str | None = Field(
-        None, description="Image of the Ray pods (default: kubernetes.image): the project installed on a Ray "
-                          "image whose `ray` is `ray_version`, with `wget` for KubeRay's probes (docs/scaleout.md).")
-    ray_version: str = Field("2.60.0", description="Ray version of the image (RayJob rayClusterSpec.rayVersion); "
-                                                   "must equal the `ray` the project pins.")
-    head: RayPodSpec | None = Field(None, description="Head pod size (default cpu '2', memory '8Gi'); the head runs "
-                                                      "the job's driver, no replica unless `head_runs_replicas`.")
+        None,
+        description="Image of the Ray pods (default: kubernetes.image): the project installed on a Ray "
+        "image whose `ray` is `ray_version`, with `wget` for KubeRay's probes (docs/scaleout.md).",
+    )
+    ray_version: str = Field(
+        "2.60.0",
+        description="Ray version of the image (RayJob rayClusterSpec.rayVersion); "
+        "must equal the `ray` the project pins.",
+    )
+    head: RayPodSpec | None = Field(
+        None,
+        description="Head pod size (default cpu '2', memory '8Gi'); the head runs "
+        "the job's driver, no replica unless `head_runs_replicas`.",
+    )
     worker: RayPodSpec | None = Field(None, description="Worker pod size (one replica per worker pod).")
-    head_runs_replicas: bool = Field(False, description="Let Ray place replicas on the head pod too (false: the head "
-                                                        "advertises 0 CPUs and only drives the job).")
+    head_runs_replicas: bool = Field(
+        False,
+        description="Let Ray place replicas on the head pod too (false: the head "
+        "advertises 0 CPUs and only drives the job).",
+    )
     shutdown_after_job_finishes: bool = Field(
-        True, description="Delete the job's Ray cluster when the job ends (RayJob shutdownAfterJobFinishes); the "
-                          "launcher also deletes the RayJob when the stage ends, fails or is cancelled.")
+        True,
+        description="Delete the job's Ray cluster when the job ends (RayJob shutdownAfterJobFinishes); the "
+        "launcher also deletes the RayJob when the stage ends, fails or is cancelled.",
+    )
     ttl_seconds_after_finished: int = Field(
-        600, ge=0, description="Seconds KubeRay keeps a finished job's cluster before deleting it (a backstop).")
+        600, ge=0, description="Seconds KubeRay keeps a finished job's cluster before deleting it (a backstop)."
+    )
     active_deadline_seconds: int | None = Field(
-        None, ge=1, description="KubeRay fails the job after this many seconds (RayJob activeDeadlineSeconds).")
+        None, ge=1, description="KubeRay fails the job after this many seconds (RayJob activeDeadlineSeconds)."
+    )
 
     @field_validator("ray_cluster")
     @classmethod
@@ -80,9 +102,11 @@ class KubeRaySpec(_Strict):
             own = [f for f in ("image", "head", "worker") if getattr(self, f) is not None]
             own += ["head_runs_replicas"] if self.head_runs_replicas else []
             if own:
-                raise ValueError(f"execution.kuberay.ray_cluster is set, so the job runs on the pods of RayCluster "
-                                 f"{self.ray_cluster}, which has its own image and sizes: remove "
-                                 f"{', '.join('execution.kuberay.' + f for f in own)}")
+                raise ValueError(
+                    f"execution.kuberay.ray_cluster is set, so the job runs on the pods of RayCluster "
+                    f"{self.ray_cluster}, which has its own image and sizes: remove "
+                    f"{', '.join('execution.kuberay.' + f for f in own)}"
+                )
         return self
 
 
@@ -90,24 +114,34 @@ class ExecutionSpec(_Strict):
     """Where the generation stages run: `local` (one process, the default) or `ray` (shards on an actor pool)."""
 
     engine: Literal["local", "ray"] = Field(
-        "local", description="local: each generation stage runs in its own process; ray: its prompts are split into "
-                             "shards run by `replicas` actors of a Ray cluster, each holding one model replica.")
+        "local",
+        description="local: each generation stage runs in its own process; ray: its prompts are split into "
+        "shards run by `replicas` actors of a Ray cluster, each holding one model replica.",
+    )
     ray_address: str | None = Field(
-        None, description="The Ray cluster to use (`auto`, `host:6379` or `ray://host:10001`); empty: the stage starts "
-                          "a local cluster with this machine's CPUs and stops it when done.")
-    replicas: int = Field(2, ge=1, description="Actors (model replicas) in the pool; more than the cluster can place "
-                                               "wait for room.")
-    num_cpus_per_replica: float = Field(1.0, gt=0, description="CPUs Ray reserves for each replica (and the torch "
-                                                               "threads it runs with).")
+        None,
+        description="The Ray cluster to use (`auto`, `host:6379` or `ray://host:10001`); empty: the stage starts "
+        "a local cluster with this machine's CPUs and stops it when done.",
+    )
+    replicas: int = Field(
+        2, ge=1, description="Actors (model replicas) in the pool; more than the cluster can place wait for room."
+    )
+    num_cpus_per_replica: float = Field(
+        1.0, gt=0, description="CPUs Ray reserves for each replica (and the torch threads it runs with)."
+    )
     num_gpus_per_replica: float = Field(0.0, ge=0, description="GPUs Ray reserves for each replica (0: CPU replicas).")
-    shard_prompts: int = Field(64, ge=1, description="Prompts per shard: the unit that is cached, retried and billed "
-                                                     "as one.")
-    max_shard_retries: int = Field(3, ge=0, description="Times a shard lost with its worker is run again before the "
-                                                        "stage fails.")
+    shard_prompts: int = Field(
+        64, ge=1, description="Prompts per shard: the unit that is cached, retried and billed as one."
+    )
+    max_shard_retries: int = Field(
+        3, ge=0, description="Times a shard lost with its worker is run again before the stage fails."
+    )
     kuberay: KubeRaySpec | None = Field(
-        None, description="Run the generation stages on Kubernetes as KubeRay RayJobs the stages launch, follow and "
-                          "delete (with the campaign's `kubernetes:` section; docs/scaleout.md). Rendered by "
-                          "`campaign k8s-render`. Empty: Ray runs where the stage runs.")
+        None,
+        description="Run the generation stages on Kubernetes as KubeRay RayJobs the stages launch, follow and "
+        "delete (with the campaign's `kubernetes:` section; docs/scaleout.md). Rendered by "
+        "`campaign k8s-render`. Empty: Ray runs where the stage runs.",
+    )
 
     @property
     def gpus_per_worker_pod(self) -> int:
@@ -117,10 +151,14 @@ class ExecutionSpec(_Strict):
     @model_validator(mode="after")
     def _kuberay_runs_ray(self) -> ExecutionSpec:
         if self.kuberay is not None and self.engine != "ray":
-            raise ValueError("execution.kuberay runs the generation stages on a KubeRay cluster, which needs "
-                             "execution.engine: ray; set it, or remove execution.kuberay")
+            raise ValueError(
+                "execution.kuberay runs the generation stages on a KubeRay cluster, which needs "
+                "execution.engine: ray; set it, or remove execution.kuberay"
+            )
         if self.kuberay is not None and self.ray_address:
-            raise ValueError("execution.kuberay and execution.ray_address both say where Ray runs: inside a RayJob the "
-                             "job connects to its own cluster; remove execution.ray_address (or execution.kuberay to "
-                             "use the cluster at that address from where the stage runs)")
+            raise ValueError(
+                "execution.kuberay and execution.ray_address both say where Ray runs: inside a RayJob the "
+                "job connects to its own cluster; remove execution.ray_address (or execution.kuberay to "
+                "use the cluster at that address from where the stage runs)"
+            )
         return self

@@ -21,7 +21,9 @@ SECRET_LIKE_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|
 
 def _k8s_name(v: str | None, what: str, pattern: re.Pattern = K8S_NAME, max_len: int = 63) -> str | None:
     if v is not None and (len(v) > max_len or not pattern.match(v)):
-        raise ValueError(f"{what} must be a Kubernetes name (lowercase letters, digits, '-'; at most {max_len}), got {v!r}")
+        raise ValueError(
+            f"{what} must be a Kubernetes name (lowercase letters, digits, '-'; at most {max_len}), got {v!r}"
+        )
     return v
 
 
@@ -47,7 +49,8 @@ class TolerationSpec(_Strict):
     operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal: match `value`; Exists: any value.")
     value: str | None = Field(None, description="Taint value (operator Equal).")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        None, description="Taint effect to tolerate; empty tolerates all effects.")
+        None, description="Taint effect to tolerate; empty tolerates all effects."
+    )
     toleration_seconds: int | None = Field(None, ge=0, description="NoExecute only: how long the pod stays bound.")
 
 
@@ -121,8 +124,10 @@ class KubernetesSpec(_Strict):
     """
 
     workload: Literal["indexed_job", "pytorchjob"] = Field(
-        "indexed_job", description="indexed_job: a batch/v1 Indexed Job + headless Service (no operator needed);"
-                                   " pytorchjob: a Kubeflow PyTorchJob (needs the training operator).")
+        "indexed_job",
+        description="indexed_job: a batch/v1 Indexed Job + headless Service (no operator needed);"
+        " pytorchjob: a Kubeflow PyTorchJob (needs the training operator).",
+    )
     namespace: str = Field("default", description="Namespace the training objects are created in.")
     image: str = Field(description="Trainer image (deploy/Dockerfile), ideally pinned by tag or digest.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
@@ -132,35 +137,53 @@ class KubernetesSpec(_Strict):
     service_account: str | None = Field(None, description="ServiceAccount of the training pods.")
     priority_class: str | None = Field(None, description="PriorityClass of the training pods (preemption order).")
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels the pods require, e.g. nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3.")
+        default_factory=dict,
+        description="Node labels the pods require, e.g. nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3.",
+    )
     tolerations: list[TolerationSpec] = Field(default_factory=list, description="Taints the pods tolerate.")
     affinity: dict[str, Any] | None = Field(
-        None, description="A Kubernetes Affinity object (nodeAffinity / podAffinity / podAntiAffinity), verbatim.")
+        None, description="A Kubernetes Affinity object (nodeAffinity / podAffinity / podAntiAffinity), verbatim."
+    )
     gpu_resource: str | None = Field(
-        "nvidia.com/gpu", description="Extended resource requested per process (`processes_per_node` of them per"
-                                      " pod); null runs CPU-only pods (gloo), e.g. on a test cluster.")
+        "nvidia.com/gpu",
+        description="Extended resource requested per process (`processes_per_node` of them per"
+        " pod); null runs CPU-only pods (gloo), e.g. on a test cluster.",
+    )
     cpu: str | None = Field(None, description="CPU request and limit per pod, e.g. '96'.")
     memory: str | None = Field(None, description="Memory request and limit per pod, e.g. '1600Gi'.")
-    shm_size: str = Field("64Gi", description="Size limit of the in-memory /dev/shm volume (NCCL, data loader workers).")
+    shm_size: str = Field(
+        "64Gi", description="Size limit of the in-memory /dev/shm volume (NCCL, data loader workers)."
+    )
     env: dict[str, str] = Field(
-        default_factory=dict, description="Plain environment variables, e.g. NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_DEBUG."
-                                          " Credentials go in `secret_env`.")
+        default_factory=dict,
+        description="Plain environment variables, e.g. NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_DEBUG."
+        " Credentials go in `secret_env`.",
+    )
     secret_env: list[SecretEnvSpec] = Field(default_factory=list, description="Environment variables from Secrets.")
     secret_volumes: list[SecretVolumeSpec] = Field(default_factory=list, description="Secrets mounted as files.")
     artifacts: VolumeClaimSpec = Field(
         default_factory=lambda: VolumeClaimSpec(claim="campaign-artifacts", mount_path="/app/artifacts"),
         description="The shared volume holding the artifact root, mounted at the same path in the Dagster run"
-                    " pod and the training pods (the trainer reads and writes the paths Dagster gives it).")
-    volumes: list[VolumeClaimSpec] = Field(default_factory=list, description="More claims, e.g. a read-only model cache.")
+        " pod and the training pods (the trainer reads and writes the paths Dagster gives it).",
+    )
+    volumes: list[VolumeClaimSpec] = Field(
+        default_factory=list, description="More claims, e.g. a read-only model cache."
+    )
     working_dir: str = Field("/app", description="Working directory of the trainer container (the image's code root).")
     rendezvous_port: int = Field(29500, ge=1024, le=65535, description="c10d rendezvous / master port on node 0.")
     backoff_limit: int = Field(0, ge=0, le=100, description="Job retries before it is marked failed.")
     active_deadline_seconds: int | None = Field(
-        None, ge=1, description="Kubernetes stops the job after this many seconds of running.")
+        None, ge=1, description="Kubernetes stops the job after this many seconds of running."
+    )
     ttl_seconds_after_finished: int | None = Field(
-        3600, ge=0, description="Kubernetes deletes a finished job after this long (a backstop: the launcher cleans up).")
+        3600,
+        ge=0,
+        description="Kubernetes deletes a finished job after this long (a backstop: the launcher cleans up).",
+    )
     termination_grace_period_seconds: int = Field(30, ge=0, description="Time a pod gets to exit after SIGTERM.")
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on every object (team, cost centre).")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels on every object (team, cost centre)."
+    )
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations on the pods.")
 
     @field_validator("namespace", "service_account")
@@ -207,13 +230,17 @@ class KubernetesSpec(_Strict):
             if SECRET_LIKE_ENV.search(name):
                 raise ValueError(
                     f"env {name} looks like a credential: store it in a Kubernetes Secret and list it under"
-                    f" `secret_env` (name: {name}, secret: <secret name>, key: <key>) instead of writing its value here")
+                    f" `secret_env` (name: {name}, secret: <secret name>, key: <key>) instead of writing its value here"
+                )
         return v
 
     @model_validator(mode="after")
     def _unique_mounts(self) -> KubernetesSpec:
-        paths = ["/dev/shm", self.artifacts.mount_path] + [v.mount_path for v in self.volumes] + \
-                [s.mount_path for s in self.secret_volumes]
+        paths = (
+            ["/dev/shm", self.artifacts.mount_path]
+            + [v.mount_path for v in self.volumes]
+            + [s.mount_path for s in self.secret_volumes]
+        )
         dup = sorted({p for p in paths if paths.count(p) > 1})
         if dup:
             raise ValueError(f"two volumes are mounted at the same path: {dup}")

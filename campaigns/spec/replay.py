@@ -21,11 +21,16 @@ class ReplaySpec(_Strict):
 
     source: str = Field(description="JSONL of general prompts (`id`, `prompt`), relative to the project or absolute.")
     answered_by: Literal["base", "teacher", "file"] = Field(
-        "base", description="Who answers the replay prompts: the student's base model, the teacher, or `answers`.")
+        "base", description="Who answers the replay prompts: the student's base model, the teacher, or `answers`."
+    )
     answers: str | None = Field(None, description="`answered_by: file`: JSONL of `prompt` and `completion`.")
     share: float = Field(
-        0.5, gt=0.0, lt=1.0, description="Replay examples as a share of the training mix: replay = share / (1 - share) "
-        "x task examples, capped at the replay prompts there are (the first in id order).")
+        0.5,
+        gt=0.0,
+        lt=1.0,
+        description="Replay examples as a share of the training mix: replay = share / (1 - share) "
+        "x task examples, capped at the replay prompts there are (the first in id order).",
+    )
     max_new_tokens: int = Field(64, ge=1, le=4096, description="Longest replay answer generated (base or teacher).")
 
     @model_validator(mode="after")

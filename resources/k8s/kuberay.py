@@ -112,20 +112,35 @@ def object_labels(w: RayWorkload) -> dict[str, str]:
 
 def object_annotations(w: RayWorkload) -> dict[str, str]:
     ex = w.spec.execution
-    ann = {"dagster/run-id": w.run_id, "campaign-orchestrator/ray-job-file": w.job_file,
-           "campaign-orchestrator/replicas": str(ex.replicas),
-           "campaign-orchestrator/shard-prompts": str(ex.shard_prompts)}
+    ann = {
+        "dagster/run-id": w.run_id,
+        "campaign-orchestrator/ray-job-file": w.job_file,
+        "campaign-orchestrator/replicas": str(ex.replicas),
+        "campaign-orchestrator/shard-prompts": str(ex.shard_prompts),
+    }
     if w.asset_key:
         ann["dagster/asset-key"] = w.asset_key
     return ann
 
 
 def _metadata(w: RayWorkload) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": w.name, "namespace": w.namespace, "labels": object_labels(w),
-                            "annotations": object_annotations(w)}
+    meta: dict[str, Any] = {
+        "name": w.name,
+        "namespace": w.namespace,
+        "labels": object_labels(w),
+        "annotations": object_annotations(w),
+    }
     if w.owner:
-        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": w.owner["name"], "uid": w.owner["uid"],
-                                    "blockOwnerDeletion": False, "controller": False}]
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": w.owner["name"],
+                "uid": w.owner["uid"],
+                "blockOwnerDeletion": False,
+                "controller": False,
+            }
+        ]
     return meta
 
 
@@ -146,8 +161,12 @@ def _resources(amounts: dict[str, str]) -> dict[str, dict[str, str]]:
 
 def head_resources(w: RayWorkload) -> dict[str, dict[str, str]]:
     head = w.spec.execution.kuberay.head
-    return _resources({"cpu": (head.cpu if head and head.cpu else HEAD_DEFAULTS["cpu"]),
-                       "memory": (head.memory if head and head.memory else HEAD_DEFAULTS["memory"])})
+    return _resources(
+        {
+            "cpu": (head.cpu if head and head.cpu else HEAD_DEFAULTS["cpu"]),
+            "memory": (head.memory if head and head.memory else HEAD_DEFAULTS["memory"]),
+        }
+    )
 
 
 def worker_resources(w: RayWorkload) -> dict[str, dict[str, str]]:
@@ -160,9 +179,11 @@ def worker_resources(w: RayWorkload) -> dict[str, dict[str, str]]:
     gpus = ex.gpus_per_worker_pod
     if gpus:
         if not c.gpu_resource:
-            raise ValueError(f"campaign {w.spec.name}: execution.num_gpus_per_replica is {ex.num_gpus_per_replica:g} "
-                             f"but kubernetes.gpu_resource is null; set it (e.g. nvidia.com/gpu) or use CPU replicas "
-                             f"(num_gpus_per_replica: 0)")
+            raise ValueError(
+                f"campaign {w.spec.name}: execution.num_gpus_per_replica is {ex.num_gpus_per_replica:g} "
+                f"but kubernetes.gpu_resource is null; set it (e.g. nvidia.com/gpu) or use CPU replicas "
+                f"(num_gpus_per_replica: 0)"
+            )
         amounts[c.gpu_resource] = str(gpus)
     amounts["cpu"] = worker.cpu if worker and worker.cpu else str(math.ceil(ex.num_cpus_per_replica))
     memory = worker.memory if worker and worker.memory else c.memory
@@ -173,8 +194,14 @@ def worker_resources(w: RayWorkload) -> dict[str, dict[str, str]]:
 
 def _container(w: RayWorkload, name: str, resources: dict, ports: list[tuple[str, int]]) -> dict[str, Any]:
     _, mounts = mf.cluster_volumes(w.cluster)
-    c: dict[str, Any] = {"name": name, "image": w.image, "imagePullPolicy": w.cluster.image_pull_policy,
-                         "workingDir": w.cluster.working_dir, "env": container_env(w), "volumeMounts": mounts}
+    c: dict[str, Any] = {
+        "name": name,
+        "image": w.image,
+        "imagePullPolicy": w.cluster.image_pull_policy,
+        "workingDir": w.cluster.working_dir,
+        "env": container_env(w),
+        "volumeMounts": mounts,
+    }
     if ports:
         c["ports"] = [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports]
     if resources:
@@ -184,9 +211,13 @@ def _container(w: RayWorkload, name: str, resources: dict, ports: list[tuple[str
 
 def pod_template(w: RayWorkload, container: dict[str, Any]) -> dict[str, Any]:
     volumes, _ = mf.cluster_volumes(w.cluster)
-    spec: dict[str, Any] = {"containers": [container], "volumes": volumes,
-                            "terminationGracePeriodSeconds": w.cluster.termination_grace_period_seconds,
-                            "enableServiceLinks": False, **mf.pod_placement(w.cluster)}
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": w.cluster.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+        **mf.pod_placement(w.cluster),
+    }
     meta: dict[str, Any] = {"labels": object_labels(w)}
     if w.cluster.annotations or w.asset_key:
         meta["annotations"] = {**w.cluster.annotations, **({"dagster/asset-key": w.asset_key} if w.asset_key else {})}
@@ -207,12 +238,16 @@ def ray_cluster_spec(w: RayWorkload) -> dict[str, Any]:
             "rayStartParams": head_params,
             "template": pod_template(w, _container(w, HEAD_CONTAINER, head_resources(w), HEAD_PORTS)),
         },
-        "workerGroupSpecs": [{
-            "groupName": WORKER_GROUP,
-            "replicas": ex.replicas, "minReplicas": ex.replicas, "maxReplicas": ex.replicas,
-            "rayStartParams": {},
-            "template": pod_template(w, _container(w, WORKER_CONTAINER, worker_resources(w), [])),
-        }],
+        "workerGroupSpecs": [
+            {
+                "groupName": WORKER_GROUP,
+                "replicas": ex.replicas,
+                "minReplicas": ex.replicas,
+                "maxReplicas": ex.replicas,
+                "rayStartParams": {},
+                "template": pod_template(w, _container(w, WORKER_CONTAINER, worker_resources(w), [])),
+            }
+        ],
     }
 
 
@@ -244,13 +279,20 @@ def ray_job(w: RayWorkload) -> dict[str, Any]:
     if k.ray_cluster:  # a long-lived cluster: never shut down by this job
         spec["clusterSelector"] = {RAY_CLUSTER_LABEL: k.ray_cluster}
     else:
-        spec |= {"shutdownAfterJobFinishes": k.shutdown_after_job_finishes,
-                 "ttlSecondsAfterFinished": k.ttl_seconds_after_finished, "rayClusterSpec": ray_cluster_spec(w)}
+        spec |= {
+            "shutdownAfterJobFinishes": k.shutdown_after_job_finishes,
+            "ttlSecondsAfterFinished": k.ttl_seconds_after_finished,
+            "rayClusterSpec": ray_cluster_spec(w),
+        }
     return {"apiVersion": f"{RAYJOB_GROUP}/{RAYJOB_VERSION}", "kind": "RayJob", "metadata": _metadata(w), "spec": spec}
 
 
-def campaign_ray_jobs(spec: CampaignSpec, run_id: str = "manual", salt: str = "00000",
-                      stages: tuple[str, ...] = ("teacher_generations", "evaluation")) -> list[dict[str, Any]]:
+def campaign_ray_jobs(
+    spec: CampaignSpec,
+    run_id: str = "manual",
+    salt: str = "00000",
+    stages: tuple[str, ...] = ("teacher_generations", "evaluation"),
+) -> list[dict[str, Any]]:
     """The RayJobs ``campaign k8s-render`` shows: one per generation stage, with a placeholder JOB.json path on the
     artifacts volume (the stage writes the real one under its content-addressed directory)."""
     if spec.execution.kuberay is None:
@@ -258,10 +300,19 @@ def campaign_ray_jobs(spec: CampaignSpec, run_id: str = "manual", salt: str = "0
     if spec.kubernetes is None:
         raise ValueError(f"campaign {spec.name}: execution.kuberay needs the campaign's `kubernetes:` section")
     root = spec.kubernetes.artifacts.mount_path.rstrip("/")
-    return [ray_job(RayWorkload(spec=spec, stage=stage, job_file=f"{root}/{spec.name}/{stage}/<stage-key>/ray_job.json",
-                                name=rayjob_name(spec.name, stage, run_id, salt), run_id=run_id,
-                                asset_key=f"{spec.name}/{stage}"))
-            for stage in stages]
+    return [
+        ray_job(
+            RayWorkload(
+                spec=spec,
+                stage=stage,
+                job_file=f"{root}/{spec.name}/{stage}/<stage-key>/ray_job.json",
+                name=rayjob_name(spec.name, stage, run_id, salt),
+                run_id=run_id,
+                asset_key=f"{spec.name}/{stage}",
+            )
+        )
+        for stage in stages
+    ]
 
 
 # --------------------------------------------------------------------------- status
@@ -277,8 +328,9 @@ def rayjob_state(obj: dict[str, Any]) -> tuple[str, str]:
     (``activeDeadlineSeconds`` passed, a spec the operator refused)."""
     st = obj.get("status") or {}
     job, deploy, msg = st.get("jobStatus") or "", st.get("jobDeploymentStatus") or "", st.get("message") or ""
-    why = "; ".join(x for x in (f"jobStatus {job}" if job else "", f"jobDeploymentStatus {deploy}" if deploy else "",
-                                msg) if x)
+    why = "; ".join(
+        x for x in (f"jobStatus {job}" if job else "", f"jobDeploymentStatus {deploy}" if deploy else "", msg) if x
+    )
     if job == "SUCCEEDED":
         return "succeeded", why
     if job in ("FAILED", "STOPPED") or deploy in FAILED_DEPLOYMENT:

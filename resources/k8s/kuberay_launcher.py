@@ -43,8 +43,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetObservation, ConfigurableResource, Failure, MetadataValue, PipesEnvContextInjector, \
-    open_pipes_session
+from dagster import (
+    AssetObservation,
+    ConfigurableResource,
+    Failure,
+    MetadataValue,
+    PipesEnvContextInjector,
+    open_pipes_session,
+)
 from pydantic import Field
 
 from campaigns.spec import CampaignSpec
@@ -58,8 +64,15 @@ from resources.pricing import charge_shard
 # paths inside JOB.json the Ray pods open (campaign_orchestrator/generation/scaleout/job.py): the prompts, the output, the
 # generation cache, and the model a worker loads (a backend recipe's checkpoint; an answering model's base and
 # adapter); s3:// URIs need no volume
-JOB_PATHS = (("prompts",), ("output",), ("cache", "store_url"), ("cache", "spool_dir"), ("recipe", "model_path"),
-             ("recipe", "generator", "model_dir"), ("recipe", "generator", "adapter_dir"))
+JOB_PATHS = (
+    ("prompts",),
+    ("output",),
+    ("cache", "store_url"),
+    ("cache", "spool_dir"),
+    ("recipe", "model_path"),
+    ("recipe", "generator", "model_dir"),
+    ("recipe", "generator", "adapter_dir"),
+)
 
 
 def job_paths(job: dict[str, Any]) -> dict[str, str]:
@@ -77,31 +90,41 @@ def job_paths(job: dict[str, Any]) -> dict[str, str]:
 class KubeRayJobLauncher(ConfigurableResource):
     """Runs one generation stage as a KubeRay RayJob (a Ray cluster for the job, or a long-lived RayCluster)."""
 
-    kubeconfig_file: str | None = Field(None, description="Kubeconfig to use; default: in-cluster config when running"
-                                                          " in a pod, else ~/.kube/config.")
+    kubeconfig_file: str | None = Field(
+        None, description="Kubeconfig to use; default: in-cluster config when running in a pod, else ~/.kube/config."
+    )
     kube_context: str | None = Field(None, description="Kubeconfig context; default: the current one.")
     in_cluster: bool | None = Field(None, description="Force (true) or forbid (false) in-cluster config; null: auto.")
     poll_interval_s: float = Field(2.0, gt=0, description="Seconds between two looks at the RayJob and its pods.")
     pending_timeout_s: float = Field(1800, gt=0, description="Fail when a pod stays unschedulable this long.")
-    image_pull_timeout_s: float = Field(600, gt=0, description="Fail when an image cannot be pulled for this long (Ray "
-                                                               "GPU images are large).")
+    image_pull_timeout_s: float = Field(
+        600, gt=0, description="Fail when an image cannot be pulled for this long (Ray GPU images are large)."
+    )
     timeout_s: float = Field(7 * 24 * 3600, gt=0, description="Stop the job after this many seconds.")
     log_tail_lines: int = Field(40, ge=1, description="Last log lines of a failed pod shown in the failure.")
     log_drain_timeout_s: float = Field(60, ge=0, description="Wait this long for the last log lines after success.")
     api_error_budget: int = Field(5, ge=0, description="Consecutive failed API reads tolerated before failing.")
     delete_on_success: bool = Field(True, description="Delete the RayJob (and so its cluster) when the stage succeeds.")
     echo_logs: bool = Field(True, description="Copy the submitter's log lines to the step's stdout.")
-    owned_by_run_pod: bool = Field(True, description="When the Dagster run pod is in the job's namespace, make it the "
-                                                     "owner of the RayJob (deleted with the run pod if it dies).")
+    owned_by_run_pod: bool = Field(
+        True,
+        description="When the Dagster run pod is in the job's namespace, make it the "
+        "owner of the RayJob (deleted with the run pod if it dies).",
+    )
 
     def _k8s(self) -> K8sTrainingLauncher:
         """The training launcher with the same connection settings: its API client, run-pod owner and run tag."""
-        return K8sTrainingLauncher(kubeconfig_file=self.kubeconfig_file, kube_context=self.kube_context,
-                                   in_cluster=self.in_cluster, owned_by_run_pod=self.owned_by_run_pod)
+        return K8sTrainingLauncher(
+            kubeconfig_file=self.kubeconfig_file,
+            kube_context=self.kube_context,
+            in_cluster=self.in_cluster,
+            owned_by_run_pod=self.owned_by_run_pod,
+        )
 
     # ------------------------------------------------------------------ launch
-    def launch(self, context, spec: CampaignSpec, stage: str, job: dict[str, Any], workdir: Path, budget=None,
-               on_shard=None) -> dict:
+    def launch(
+        self, context, spec: CampaignSpec, stage: str, job: dict[str, Any], workdir: Path, budget=None, on_shard=None
+    ) -> dict:
         """Run ``job`` (a JOB.json as a dict: ``campaign_orchestrator.generation.scaleout.job.Job``) as a RayJob for ``stage`` of
         ``spec``; return the job's summary (``ray_summary.json`` beside JOB.json: rows, tokens, shards, nodes, lost
         workers, as ``python -m campaign_orchestrator.generation.scaleout --summary`` writes it), the submitter's log, the
@@ -122,7 +145,8 @@ class KubeRayJobLauncher(ConfigurableResource):
                 f"the Ray pods cannot see {', '.join(bad)}: they mount only {mf.mount_roots(cluster)}. Put the "
                 f"artifact root on the shared volume (kubernetes.artifacts, mounted at the same path in the Dagster "
                 f"run pod), the generation cache on s3://, and models on that volume or on a volume of "
-                f"kubernetes.volumes")
+                f"kubernetes.volumes"
+            )
         workdir.mkdir(parents=True, exist_ok=True)
         job_file.write_text(json.dumps(job, indent=2))
         Path(kr.summary_path(str(job_file))).unlink(missing_ok=True)  # an earlier attempt's summary is not this job's
@@ -135,22 +159,43 @@ class KubeRayJobLauncher(ConfigurableResource):
         k8s._record_cluster(context, cluster.namespace)
         name = kr.rayjob_name(spec.name, stage, context.run_id, secrets.token_hex(3))
         asset_key = context.asset_key.to_user_string() if context.has_assets_def else ""
-        reader = PodLogsMessageReader(core, cluster.namespace, workdir, kr.SUBMITTER_CONTAINER,
-                                      tail_lines=self.log_tail_lines, reconnect_s=min(1.0, self.poll_interval_s),
-                                      echo=self.echo_logs)
+        reader = PodLogsMessageReader(
+            core,
+            cluster.namespace,
+            workdir,
+            kr.SUBMITTER_CONTAINER,
+            tail_lines=self.log_tail_lines,
+            reconnect_s=min(1.0, self.poll_interval_s),
+            echo=self.echo_logs,
+        )
         created = False
-        with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=reader,
-                                extras={"campaign": spec.name, "stage": stage, "ray_job": name}) as session:
-            w = kr.RayWorkload(spec=spec, stage=stage, job_file=str(job_file), name=name, run_id=context.run_id,
-                               asset_key=asset_key, pipes_env=dict(session.get_bootstrap_env_vars()),
-                               owner=k8s.run_pod_owner(core, cluster.namespace) if self.owned_by_run_pod else None)
+        with open_pipes_session(
+            context=context,
+            context_injector=PipesEnvContextInjector(),
+            message_reader=reader,
+            extras={"campaign": spec.name, "stage": stage, "ray_job": name},
+        ) as session:
+            w = kr.RayWorkload(
+                spec=spec,
+                stage=stage,
+                job_file=str(job_file),
+                name=name,
+                run_id=context.run_id,
+                asset_key=asset_key,
+                pipes_env=dict(session.get_bootstrap_env_vars()),
+                owner=k8s.run_pod_owner(core, cluster.namespace) if self.owned_by_run_pod else None,
+            )
             try:
-                custom.create_namespaced_custom_object(kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, cluster.namespace,
-                                                       kr.RAYJOB_PLURAL, kr.ray_job(w))
+                custom.create_namespaced_custom_object(
+                    kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, cluster.namespace, kr.RAYJOB_PLURAL, kr.ray_job(w)
+                )
                 created = True
                 ex, k = spec.execution, spec.execution.kuberay
-                where = (f"on RayCluster {k.ray_cluster}" if k.ray_cluster else
-                         f"on a new Ray cluster: {ex.replicas} worker pod(s) x {ex.gpus_per_worker_pod} GPU(s)")
+                where = (
+                    f"on RayCluster {k.ray_cluster}"
+                    if k.ray_cluster
+                    else f"on a new Ray cluster: {ex.replicas} worker pod(s) x {ex.gpus_per_worker_pod} GPU(s)"
+                )
                 context.log.info(f"created RayJob/{name} in namespace {cluster.namespace} {where}, image {w.image}")
                 self._follow(context, w, core, custom, reader, session, budget, on_shard)
                 if not reader.join(self.log_drain_timeout_s):
@@ -168,10 +213,18 @@ class KubeRayJobLauncher(ConfigurableResource):
             pipes_md.update(getattr(r, "metadata", None) or {})
         summary_file = Path(kr.summary_path(str(job_file)))
         if not summary_file.exists():
-            raise Failure(f"RayJob {name} succeeded but wrote no {summary_file}",
-                          metadata={"logs": MetadataValue.json([str(p) for p in reader.log_files()])})
-        return {"summary": json.loads(summary_file.read_text()), "logs": [str(p) for p in reader.log_files()],
-                "pipes_metadata": pipes_md, "ray_job": name, "k8s_workload": name, "k8s_namespace": cluster.namespace}
+            raise Failure(
+                f"RayJob {name} succeeded but wrote no {summary_file}",
+                metadata={"logs": MetadataValue.json([str(p) for p in reader.log_files()])},
+            )
+        return {
+            "summary": json.loads(summary_file.read_text()),
+            "logs": [str(p) for p in reader.log_files()],
+            "pipes_metadata": pipes_md,
+            "ray_job": name,
+            "k8s_workload": name,
+            "k8s_namespace": cluster.namespace,
+        }
 
     # ------------------------------------------------------------------ delete
     @staticmethod
@@ -179,25 +232,35 @@ class KubeRayJobLauncher(ConfigurableResource):
         from kubernetes.client import ApiException
 
         try:
-            custom.delete_namespaced_custom_object(kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, w.namespace, kr.RAYJOB_PLURAL,
-                                                   w.name, propagation_policy="Background")
+            custom.delete_namespaced_custom_object(
+                kr.RAYJOB_GROUP,
+                kr.RAYJOB_VERSION,
+                w.namespace,
+                kr.RAYJOB_PLURAL,
+                w.name,
+                propagation_policy="Background",
+            )
             context.log.info(f"deleted RayJob/{w.name} ({why}); KubeRay removes its cluster and submitter")
         except ApiException as e:
             if e.status != 404:
-                context.log.warning(f"could not delete RayJob/{w.name} ({e.status} {e.reason}); "
-                                    f"ttlSecondsAfterFinished will remove its cluster")
+                context.log.warning(
+                    f"could not delete RayJob/{w.name} ({e.status} {e.reason}); "
+                    f"ttlSecondsAfterFinished will remove its cluster"
+                )
         except Exception as e:  # never hide the original error behind a cleanup error
             context.log.warning(f"could not delete RayJob/{w.name}: {e}")
 
     # ------------------------------------------------------------------ follow
     @staticmethod
     def _list(core, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        resp = core.list_namespaced_pod(namespace, label_selector=",".join(f"{k}={v}" for k, v in selector.items()),
-                                        _preload_content=False)
+        resp = core.list_namespaced_pod(
+            namespace, label_selector=",".join(f"{k}={v}" for k, v in selector.items()), _preload_content=False
+        )
         pods = json.loads(resp.data).get("items", [])
         # the selector again, client-side: never act on a pod of another launch
-        return [p for p in pods if all((p.get("metadata", {}).get("labels") or {}).get(k) == v
-                                       for k, v in selector.items())]
+        return [
+            p for p in pods if all((p.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in selector.items())
+        ]
 
     def _pods(self, core, w: kr.RayWorkload) -> tuple[list[dict], list[dict]]:
         """(the submitter's pods, the job's Ray pods: head and workers; none with a long-lived cluster)."""
@@ -205,8 +268,17 @@ class KubeRayJobLauncher(ConfigurableResource):
         ray_pods = [] if w.spec.execution.kuberay.ray_cluster else self._list(core, w.namespace, kr.selector_labels(w))
         return submitters, ray_pods
 
-    def _follow(self, context, w: kr.RayWorkload, core, custom, reader: PodLogsMessageReader, session,
-                budget=None, on_shard=None) -> None:
+    def _follow(
+        self,
+        context,
+        w: kr.RayWorkload,
+        core,
+        custom,
+        reader: PodLogsMessageReader,
+        session,
+        budget=None,
+        on_shard=None,
+    ) -> None:
         start = time.monotonic()
         deadline = start + self.timeout_s
         slow_since: dict[tuple[str, str], float] = {}
@@ -214,8 +286,9 @@ class KubeRayJobLauncher(ConfigurableResource):
         n_custom, api_errors = 0, 0
         while True:
             try:
-                obj = custom.get_namespaced_custom_object(kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, w.namespace,
-                                                          kr.RAYJOB_PLURAL, w.name)
+                obj = custom.get_namespaced_custom_object(
+                    kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, w.namespace, kr.RAYJOB_PLURAL, w.name
+                )
                 submitters, ray_pods = self._pods(core, w)
                 api_errors = 0
             except Exception as e:
@@ -241,15 +314,19 @@ class KubeRayJobLauncher(ConfigurableResource):
                     key = (pod_name(pod), f"exit-{problem.exit_code}")
                     if key not in reported:  # Ray retries the worker's shards elsewhere; KubeRay replaces the pod
                         reported.add(key)
-                        context.log.warning(f"Ray worker {problem.describe()}; its shards are retried on the other "
-                                            f"workers")
+                        context.log.warning(
+                            f"Ray worker {problem.describe()}; its shards are retried on the other workers"
+                        )
                     continue
                 if problem.fatal:
                     raise self._pod_failure(w, core, reader, problem, role)
                 key = (pod_name(pod), problem.reason)
                 first = slow_since.setdefault(key, now)
-                limit = self.image_pull_timeout_s if problem.reason in ("ErrImagePull", "ImagePullBackOff") \
+                limit = (
+                    self.image_pull_timeout_s
+                    if problem.reason in ("ErrImagePull", "ImagePullBackOff")
                     else self.pending_timeout_s
+                )
                 if key not in reported:
                     reported.add(key)
                     context.log.warning(f"waiting: Ray {role} {problem.describe()}")
@@ -264,11 +341,15 @@ class KubeRayJobLauncher(ConfigurableResource):
                 self._stream_custom(context, w, session, n_custom, budget, on_shard)
                 return
             if state == "failed":
-                tail = "\n".join(reader.tail(pod_name(submitters[0]))[-self.log_tail_lines:]) if submitters else ""
-                raise Failure(f"RayJob {w.name} failed: {why}" + (f"\nlast log lines of the submitter:\n{tail}"
-                                                                  if tail else ""),
-                              metadata={"ray_job": w.name, "namespace": w.namespace,
-                                        "last_lines": MetadataValue.md(f"```\n{tail or '(no log lines)'}\n```")})
+                tail = "\n".join(reader.tail(pod_name(submitters[0]))[-self.log_tail_lines :]) if submitters else ""
+                raise Failure(
+                    f"RayJob {w.name} failed: {why}" + (f"\nlast log lines of the submitter:\n{tail}" if tail else ""),
+                    metadata={
+                        "ray_job": w.name,
+                        "namespace": w.namespace,
+                        "last_lines": MetadataValue.md(f"```\n{tail or '(no log lines)'}\n```"),
+                    },
+                )
             self._check_budget(context, w, budget)
             if now > deadline:
                 raise Failure(f"RayJob {w.name} exceeded the launcher timeout ({self.timeout_s:.0f}s); stopped")
@@ -290,8 +371,10 @@ class KubeRayJobLauncher(ConfigurableResource):
         try:
             (charge or budget.check)()
         except Exception:  # the budget stop (a Dagster Failure)
-            context.log.warning(f"budget: stopping RayJob {w.name} ({w.spec.execution.replicas} replica(s)); what the "
-                                f"workers finished is in the generation cache and is not paid again")
+            context.log.warning(
+                f"budget: stopping RayJob {w.name} ({w.spec.execution.replicas} replica(s)); what the "
+                f"workers finished is in the generation cache and is not paid again"
+            )
             raise
 
     @classmethod
@@ -314,22 +397,36 @@ class KubeRayJobLauncher(ConfigurableResource):
                 context.log_event(AssetObservation(asset_key=context.asset_key, metadata=md))
         return len(msgs)
 
-    def _pod_failure(self, w: kr.RayWorkload, core, reader: PodLogsMessageReader, problem: PodProblem, role: str,
-                     waited_s: float | None = None) -> Failure:
+    def _pod_failure(
+        self,
+        w: kr.RayWorkload,
+        core,
+        reader: PodLogsMessageReader,
+        problem: PodProblem,
+        role: str,
+        waited_s: float | None = None,
+    ) -> Failure:
         container = {"submitter": kr.SUBMITTER_CONTAINER, "head": kr.HEAD_CONTAINER}.get(role, kr.WORKER_CONTAINER)
         try:
-            text = core.read_namespaced_pod_log(problem.pod, w.namespace, container=container,
-                                                tail_lines=self.log_tail_lines, _preload_content=False).data
+            text = core.read_namespaced_pod_log(
+                problem.pod, w.namespace, container=container, tail_lines=self.log_tail_lines, _preload_content=False
+            ).data
             lines = text.decode("utf-8", errors="replace").splitlines()
         except Exception:
             lines = []
         lines = lines or reader.tail(problem.pod)
         waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
-        tail = "\n".join(lines[-self.log_tail_lines:]) or "(no log lines)"
+        tail = "\n".join(lines[-self.log_tail_lines :]) or "(no log lines)"
         return Failure(
             description=f"Ray {role} {problem.describe()}{waited}; stopped RayJob {w.name}"
-                        f"\nlast log lines of {problem.pod}:\n{tail}",
-            metadata={"pod": problem.pod, "role": role, "reason": problem.reason,
-                      "exit_code": problem.exit_code if problem.exit_code is not None else -1,
-                      "ray_job": w.name, "namespace": w.namespace, "last_lines": MetadataValue.md(f"```\n{tail}\n```")},
+            f"\nlast log lines of {problem.pod}:\n{tail}",
+            metadata={
+                "pod": problem.pod,
+                "role": role,
+                "reason": problem.reason,
+                "exit_code": problem.exit_code if problem.exit_code is not None else -1,
+                "ray_job": w.name,
+                "namespace": w.namespace,
+                "last_lines": MetadataValue.md(f"```\n{tail}\n```"),
+            },
         )

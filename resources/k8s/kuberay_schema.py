@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from typing import Any
 
-SOURCE = ("ray-project/kuberay ray-operator/config/crd/bases/ray.io_rayjobs.yaml @ "
-          "007412988d067642eeb67f8b80c373fc9ab401dd (KubeRay v1.1 API, ray.io/v1; Apache-2.0)")
+SOURCE = (
+    "ray-project/kuberay ray-operator/config/crd/bases/ray.io_rayjobs.yaml @ "
+    "007412988d067642eeb67f8b80c373fc9ab401dd (KubeRay v1.1 API, ray.io/v1; Apache-2.0)"
+)
 
-_INT32 = {"type": "integer", "format": "int32", "minimum": -(2 ** 31), "maximum": 2 ** 31 - 1}
+_INT32 = {"type": "integer", "format": "int32", "minimum": -(2**31), "maximum": 2**31 - 1}
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _OBJECT = {"type": "object"}  # a subtree checked elsewhere (pod templates) or never written here
 
@@ -53,8 +55,11 @@ _WORKER_GROUP = {
         "numOfHosts": {**_INT32, "default": 1},
         "rayStartParams": _STRING_MAP,
         "replicas": {**_INT32, "default": 0},
-        "scaleStrategy": {"type": "object", "additionalProperties": False,
-                          "properties": {"workersToDelete": {"type": "array", "items": {"type": "string"}}}},
+        "scaleStrategy": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"workersToDelete": {"type": "array", "items": {"type": "string"}}},
+        },
         "template": _OBJECT,
     },
 }

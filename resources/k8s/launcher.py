@@ -36,19 +36,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetObservation, ConfigurableResource, Failure, MetadataValue, PipesEnvContextInjector, \
-    open_pipes_session
+from dagster import (
+    AssetObservation,
+    ConfigurableResource,
+    Failure,
+    MetadataValue,
+    PipesEnvContextInjector,
+    open_pipes_session,
+)
 from pydantic import Field
 
 from campaigns.spec import KubernetesSpec
-from resources.k8s import manifests as mf
 from resources import run_owner
-from resources.pricing import charge_round
+from resources.k8s import manifests as mf
 from resources.k8s.logs import PodLogsMessageReader
-from resources.k8s.status import PodProblem, pod_finished, pod_name, pod_node_index, pod_problem, pod_started, \
-    workload_state
-
-
+from resources.k8s.status import (
+    PodProblem,
+    pod_finished,
+    pod_name,
+    pod_node_index,
+    pod_problem,
+    pod_started,
+    workload_state,
+)
+from resources.pricing import charge_round
 
 
 def delete_run_workloads(where: dict[str, Any], run_id: str) -> list[str]:
@@ -58,8 +69,11 @@ def delete_run_workloads(where: dict[str, Any], run_id: str) -> list[str]:
     from kubernetes import client
     from kubernetes.client import ApiException
 
-    launcher = K8sTrainingLauncher(kubeconfig_file=where.get("kubeconfig_file"), kube_context=where.get("kube_context"),
-                                   in_cluster=where.get("in_cluster"))
+    launcher = K8sTrainingLauncher(
+        kubeconfig_file=where.get("kubeconfig_file"),
+        kube_context=where.get("kube_context"),
+        in_cluster=where.get("in_cluster"),
+    )
     api = launcher.api_client()
     core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
     ns, label = where["namespace"], mf.label_value(run_id)
@@ -75,16 +89,23 @@ def delete_run_workloads(where: dict[str, Any], run_id: str) -> list[str]:
             batch.delete_namespaced_job(j["metadata"]["name"], ns, propagation_policy="Background")
             deleted.append(f"Job/{j['metadata']['name']}")
     try:
-        pts = custom.list_namespaced_custom_object(mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, ns, mf.PYTORCHJOB_PLURAL,
-                                                   label_selector=selector)
+        pts = custom.list_namespaced_custom_object(
+            mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, ns, mf.PYTORCHJOB_PLURAL, label_selector=selector
+        )
     except ApiException as e:
         if e.status != 404:  # 404: no training operator in this cluster
             raise
         pts = {}
     for j in pts.get("items", []):
         if mine(j["metadata"]):
-            custom.delete_namespaced_custom_object(mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, ns, mf.PYTORCHJOB_PLURAL,
-                                                   j["metadata"]["name"], propagation_policy="Background")
+            custom.delete_namespaced_custom_object(
+                mf.PYTORCHJOB_GROUP,
+                mf.PYTORCHJOB_VERSION,
+                ns,
+                mf.PYTORCHJOB_PLURAL,
+                j["metadata"]["name"],
+                propagation_policy="Background",
+            )
             deleted.append(f"PyTorchJob/{j['metadata']['name']}")
     deleted += _delete_run_rayjobs(custom, ns, selector, mine)
     svcs = json.loads(core.list_namespaced_service(ns, label_selector=selector, _preload_content=False).data)
@@ -103,8 +124,9 @@ def _delete_run_rayjobs(custom, ns: str, selector: str, mine) -> list[str]:
     from resources.k8s.kuberay import RAYJOB_GROUP, RAYJOB_PLURAL, RAYJOB_VERSION
 
     try:
-        jobs = custom.list_namespaced_custom_object(RAYJOB_GROUP, RAYJOB_VERSION, ns, RAYJOB_PLURAL,
-                                                    label_selector=selector)
+        jobs = custom.list_namespaced_custom_object(
+            RAYJOB_GROUP, RAYJOB_VERSION, ns, RAYJOB_PLURAL, label_selector=selector
+        )
     except ApiException as e:
         if e.status != 404:
             raise
@@ -112,8 +134,9 @@ def _delete_run_rayjobs(custom, ns: str, selector: str, mine) -> list[str]:
     deleted = []
     for j in jobs.get("items", []):
         if mine(j["metadata"]):
-            custom.delete_namespaced_custom_object(RAYJOB_GROUP, RAYJOB_VERSION, ns, RAYJOB_PLURAL,
-                                                   j["metadata"]["name"], propagation_policy="Background")
+            custom.delete_namespaced_custom_object(
+                RAYJOB_GROUP, RAYJOB_VERSION, ns, RAYJOB_PLURAL, j["metadata"]["name"], propagation_policy="Background"
+            )
             deleted.append(f"RayJob/{j['metadata']['name']}")
     return deleted
 
@@ -121,8 +144,9 @@ def _delete_run_rayjobs(custom, ns: str, selector: str, mine) -> list[str]:
 class K8sTrainingLauncher(ConfigurableResource):
     """Runs training as an Indexed Job + headless Service (or a Kubeflow PyTorchJob) on Kubernetes."""
 
-    kubeconfig_file: str | None = Field(None, description="Kubeconfig to use; default: in-cluster config when running"
-                                                          " in a pod, else ~/.kube/config.")
+    kubeconfig_file: str | None = Field(
+        None, description="Kubeconfig to use; default: in-cluster config when running in a pod, else ~/.kube/config."
+    )
     kube_context: str | None = Field(None, description="Kubeconfig context; default: the current one.")
     in_cluster: bool | None = Field(None, description="Force (true) or forbid (false) in-cluster config; null: auto.")
     poll_interval_s: float = Field(2.0, gt=0, description="Seconds between two looks at the job and its pods.")
@@ -134,15 +158,20 @@ class K8sTrainingLauncher(ConfigurableResource):
     api_error_budget: int = Field(5, ge=0, description="Consecutive failed API reads tolerated before failing.")
     delete_on_success: bool = Field(True, description="Delete Job and Service when training succeeds.")
     echo_logs: bool = Field(True, description="Copy pod log lines to the step's stdout (captured by Dagster).")
-    owned_by_run_pod: bool = Field(True, description="When the Dagster run pod is in the training namespace, make it"
-                                                     " the owner of the Job and Service, so Kubernetes deletes them"
-                                                     " if the run pod dies without cleaning up.")
+    owned_by_run_pod: bool = Field(
+        True,
+        description="When the Dagster run pod is in the training namespace, make it"
+        " the owner of the Job and Service, so Kubernetes deletes them"
+        " if the run pod dies without cleaning up.",
+    )
 
     # ------------------------------------------------------------------ API
     def api_client(self):
         from kubernetes import client, config
 
-        auto_in_cluster = self.in_cluster is None and not self.kubeconfig_file and os.environ.get("KUBERNETES_SERVICE_HOST")
+        auto_in_cluster = (
+            self.in_cluster is None and not self.kubeconfig_file and os.environ.get("KUBERNETES_SERVICE_HOST")
+        )
         if self.in_cluster or auto_in_cluster:
             cfg = client.Configuration()
             config.load_incluster_config(client_configuration=cfg)
@@ -173,13 +202,21 @@ class K8sTrainingLauncher(ConfigurableResource):
         if env_problem:
             raise Failure(f"campaign {job.campaign}: {env_problem}")
         job_file = Path(workdir) / "train_job.json"
-        bad = mf.unreachable_paths({"base_model_path": job.base_model_path, "dataset_path": job.dataset_path,
-                                    "output_dir": job.output_dir, "train_job_file": str(job_file)}, cluster)
+        bad = mf.unreachable_paths(
+            {
+                "base_model_path": job.base_model_path,
+                "dataset_path": job.dataset_path,
+                "output_dir": job.output_dir,
+                "train_job_file": str(job_file),
+            },
+            cluster,
+        )
         if bad:
             raise Failure(
                 f"the training pods cannot see {', '.join(bad)}: they mount only {mf.mount_roots(cluster)}. Put the "
                 f"artifact root on the shared volume (kubernetes.artifacts, mounted at the same path in the Dagster "
-                f"run pod) or mount the model's volume under kubernetes.volumes")
+                f"run pod) or mount the model's volume under kubernetes.volumes"
+            )
         workdir.mkdir(parents=True, exist_ok=True)
         job.write(job_file)
 
@@ -191,25 +228,46 @@ class K8sTrainingLauncher(ConfigurableResource):
         name = mf.workload_name(job.campaign, context.run_id, secrets.token_hex(3))
         asset_key = context.asset_key.to_user_string() if context.has_assets_def else ""
         container = mf.PYTORCHJOB_CONTAINER if cluster.workload == "pytorchjob" else mf.CONTAINER
-        reader = PodLogsMessageReader(core, cluster.namespace, workdir, container, tail_lines=self.log_tail_lines,
-                                      reconnect_s=min(1.0, self.poll_interval_s), echo=self.echo_logs)
+        reader = PodLogsMessageReader(
+            core,
+            cluster.namespace,
+            workdir,
+            container,
+            tail_lines=self.log_tail_lines,
+            reconnect_s=min(1.0, self.poll_interval_s),
+            echo=self.echo_logs,
+        )
         created: list[dict[str, Any]] = []
-        with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=reader,
-                                extras={"campaign": job.campaign, "workload": name}) as session:
-            w = mf.Workload(campaign=job.campaign, training=job.training, cluster=cluster, job_file=str(job_file),
-                            name=name, run_id=context.run_id, asset_key=asset_key,
-                            pipes_env=dict(session.get_bootstrap_env_vars()),
-                            owner=self.run_pod_owner(core, cluster.namespace))
+        with open_pipes_session(
+            context=context,
+            context_injector=PipesEnvContextInjector(),
+            message_reader=reader,
+            extras={"campaign": job.campaign, "workload": name},
+        ) as session:
+            w = mf.Workload(
+                campaign=job.campaign,
+                training=job.training,
+                cluster=cluster,
+                job_file=str(job_file),
+                name=name,
+                run_id=context.run_id,
+                asset_key=asset_key,
+                pipes_env=dict(session.get_bootstrap_env_vars()),
+                owner=self.run_pod_owner(core, cluster.namespace),
+            )
             try:
                 for m in mf.build_manifests(w):
                     self._create(core, batch, custom, m)
                     created.append(m)
                 context.log.info(
                     f"created {', '.join(m['kind'] + '/' + name for m in created)} in namespace {cluster.namespace}: "
-                    f"{w.nodes} node(s) x {w.gpus} process(es), sharding {job.training.sharding}, image {cluster.image}")
+                    f"{w.nodes} node(s) x {w.gpus} process(es), sharding {job.training.sharding}, image {cluster.image}"
+                )
                 self._follow(context, w, core, batch, custom, reader, session, budget)
                 if not reader.join(self.log_drain_timeout_s):
-                    context.log.warning("some pod logs were still streaming when the job finished; node logs may be cut")
+                    context.log.warning(
+                        "some pod logs were still streaming when the job finished; node logs may be cut"
+                    )
             except BaseException as exc:  # failure, timeout, or the Dagster run was cancelled (interrupt)
                 reader.stop()
                 self._delete(context, core, batch, custom, w, created, why=type(exc).__name__)
@@ -220,8 +278,10 @@ class K8sTrainingLauncher(ConfigurableResource):
         summary_file = Path(job.output_dir) / "summary.json"
         logs = [str(p) for p in reader.log_files()]
         if not summary_file.exists():
-            raise Failure(f"training job {name} succeeded but wrote no {summary_file}",
-                          metadata={"logs": MetadataValue.json(logs)})
+            raise Failure(
+                f"training job {name} succeeded but wrote no {summary_file}",
+                metadata={"logs": MetadataValue.json(logs)},
+            )
         pipes_md: dict[str, Any] = {}
         for r in results:
             pipes_md.update(getattr(r, "metadata", None) or {})
@@ -230,8 +290,12 @@ class K8sTrainingLauncher(ConfigurableResource):
     def _record_cluster(self, context, namespace: str) -> None:
         """Name the cluster in the run's owner record (``resources/run_owner.py``: ``k8s``) before anything is
         created: the reaper deletes the run's workloads there if this process dies without cleaning up."""
-        where = {"namespace": namespace, "kubeconfig_file": self.kubeconfig_file, "kube_context": self.kube_context,
-                 "in_cluster": self.in_cluster}
+        where = {
+            "namespace": namespace,
+            "kubeconfig_file": self.kubeconfig_file,
+            "kube_context": self.kube_context,
+            "in_cluster": self.in_cluster,
+        }
         try:
             tags = context.instance.get_run_by_id(context.run_id).tags
             context.instance.add_run_tags(context.run_id, run_owner.updated(tags, k8s=where))
@@ -247,8 +311,9 @@ class K8sTrainingLauncher(ConfigurableResource):
         elif m["kind"] == "Job":
             batch.create_namespaced_job(ns, m)
         else:
-            custom.create_namespaced_custom_object(mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, ns,
-                                                   mf.PYTORCHJOB_PLURAL, m)
+            custom.create_namespaced_custom_object(
+                mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, ns, mf.PYTORCHJOB_PLURAL, m
+            )
 
     @staticmethod
     def _delete(context, core, batch, custom, w: mf.Workload, created: list[dict[str, Any]], why: str) -> None:
@@ -263,13 +328,21 @@ class K8sTrainingLauncher(ConfigurableResource):
                 elif kind == "Service":
                     core.delete_namespaced_service(w.name, ns)
                 else:
-                    custom.delete_namespaced_custom_object(mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, ns,
-                                                           mf.PYTORCHJOB_PLURAL, w.name, propagation_policy="Background")
+                    custom.delete_namespaced_custom_object(
+                        mf.PYTORCHJOB_GROUP,
+                        mf.PYTORCHJOB_VERSION,
+                        ns,
+                        mf.PYTORCHJOB_PLURAL,
+                        w.name,
+                        propagation_policy="Background",
+                    )
                 deleted.append(f"{kind}/{w.name}")
             except ApiException as e:
                 if e.status != 404:
-                    context.log.warning(f"could not delete {kind}/{w.name} ({e.status} {e.reason}); "
-                                        f"ttlSecondsAfterFinished will remove it")
+                    context.log.warning(
+                        f"could not delete {kind}/{w.name} ({e.status} {e.reason}); "
+                        f"ttlSecondsAfterFinished will remove it"
+                    )
             except Exception as e:  # never hide the original error behind a cleanup error
                 context.log.warning(f"could not delete {kind}/{w.name}: {e}")
         if deleted:
@@ -278,21 +351,24 @@ class K8sTrainingLauncher(ConfigurableResource):
     # ------------------------------------------------------------------ follow
     def _read_workload(self, batch, custom, w: mf.Workload) -> dict[str, Any]:
         if w.cluster.workload == "pytorchjob":
-            return custom.get_namespaced_custom_object(mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, w.namespace,
-                                                       mf.PYTORCHJOB_PLURAL, w.name)
+            return custom.get_namespaced_custom_object(
+                mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, w.namespace, mf.PYTORCHJOB_PLURAL, w.name
+            )
         return json.loads(batch.read_namespaced_job(w.name, w.namespace, _preload_content=False).data)
 
     @staticmethod
     def _list_pods(core, w: mf.Workload) -> list[dict[str, Any]]:
         sel = mf.selector_labels(w)
-        resp = core.list_namespaced_pod(w.namespace, label_selector=",".join(f"{k}={v}" for k, v in sel.items()),
-                                        _preload_content=False)
+        resp = core.list_namespaced_pod(
+            w.namespace, label_selector=",".join(f"{k}={v}" for k, v in sel.items()), _preload_content=False
+        )
         pods = json.loads(resp.data).get("items", [])
         # the selector again, client-side: never act on a pod of another launch
         return [p for p in pods if all((p.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in sel.items())]
 
-    def _follow(self, context, w: mf.Workload, core, batch, custom, reader: PodLogsMessageReader, session,
-                budget=None) -> None:
+    def _follow(
+        self, context, w: mf.Workload, core, batch, custom, reader: PodLogsMessageReader, session, budget=None
+    ) -> None:
         start = time.monotonic()
         deadline = start + self.timeout_s
         slow_since: dict[tuple[str, str], float] = {}
@@ -325,8 +401,11 @@ class K8sTrainingLauncher(ConfigurableResource):
                     raise self._pod_failure(w, core, reader, problem)
                 key = (name, problem.reason)
                 first = slow_since.setdefault(key, now)
-                limit = self.pending_timeout_s if problem.reason not in ("ErrImagePull", "ImagePullBackOff") \
+                limit = (
+                    self.pending_timeout_s
+                    if problem.reason not in ("ErrImagePull", "ImagePullBackOff")
                     else self.image_pull_timeout_s
+                )
                 if key not in reported:
                     reported.add(key)
                     context.log.warning(f"waiting: {problem.describe()}")
@@ -341,9 +420,11 @@ class K8sTrainingLauncher(ConfigurableResource):
                 self._stream_metrics(context, session, n_custom, budget)
                 return
             if state == "failed":
-                raise Failure(f"{obj.get('kind', 'workload')} {w.name} failed: {why}; no failed pod was found to "
-                              f"blame (deadline, backoff limit or deleted pods)",
-                              metadata={"k8s_workload": w.name, "namespace": w.namespace})
+                raise Failure(
+                    f"{obj.get('kind', 'workload')} {w.name} failed: {why}; no failed pod was found to "
+                    f"blame (deadline, backoff limit or deleted pods)",
+                    metadata={"k8s_workload": w.name, "namespace": w.namespace},
+                )
             self._check_budget(context, w, budget)
             if now > deadline:
                 raise Failure(f"training job {w.name} exceeded the launcher timeout ({self.timeout_s:.0f}s); stopped")
@@ -360,7 +441,8 @@ class K8sTrainingLauncher(ConfigurableResource):
         except Exception:  # the budget stop (a Dagster Failure); an interrupt is not the budget's
             context.log.warning(
                 f"budget: stopping {w.name} ({w.nodes} node(s) x {w.gpus} process(es)); its pods get SIGTERM and "
-                f"{w.cluster.termination_grace_period_seconds}s to write a checkpoint the next launch resumes from")
+                f"{w.cluster.termination_grace_period_seconds}s to write a checkpoint the next launch resumes from"
+            )
             raise
 
     @staticmethod
@@ -372,29 +454,43 @@ class K8sTrainingLauncher(ConfigurableResource):
             if isinstance(msg, dict) and msg.get("kind") == "on_policy_round" and budget is not None:
                 charge_round(budget, msg)
             if isinstance(msg, dict) and msg.get("kind") == "train_metrics" and context.has_assets_def:
-                md = {k: v for k, v in msg.items()
-                      if k != "kind" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                md = {
+                    k: v
+                    for k, v in msg.items()
+                    if k != "kind" and isinstance(v, (int, float)) and not isinstance(v, bool)
+                }
                 context.log_event(AssetObservation(asset_key=context.asset_key, metadata=md))
         return len(msgs)
 
-    def _pod_failure(self, w: mf.Workload, core, reader: PodLogsMessageReader, problem: PodProblem,
-                     waited_s: float | None = None) -> Failure:
+    def _pod_failure(
+        self, w: mf.Workload, core, reader: PodLogsMessageReader, problem: PodProblem, waited_s: float | None = None
+    ) -> Failure:
         # The failed container's log is complete: ask the API for its end (the follower thread may not have
         # read the last lines yet); fall back to what the follower has when the API cannot answer.
         try:
-            text = core.read_namespaced_pod_log(problem.pod, w.namespace, container=reader.container,
-                                                tail_lines=self.log_tail_lines, _preload_content=False).data
+            text = core.read_namespaced_pod_log(
+                problem.pod,
+                w.namespace,
+                container=reader.container,
+                tail_lines=self.log_tail_lines,
+                _preload_content=False,
+            ).data
             lines = text.decode("utf-8", errors="replace").splitlines()
         except Exception:
             lines = []
         lines = lines or reader.tail(problem.pod)
         waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
-        tail = "\n".join(lines[-self.log_tail_lines:]) or "(no log lines)"
+        tail = "\n".join(lines[-self.log_tail_lines :]) or "(no log lines)"
         return Failure(
             description=f"training {problem.describe()}{waited}; stopped job {w.name} (all {w.nodes} node(s))"
-                        f"\nlast log lines of {problem.pod}:\n{tail}",
-            metadata={"pod": problem.pod, "node": problem.node if problem.node is not None else -1,
-                      "reason": problem.reason, "exit_code": problem.exit_code if problem.exit_code is not None else -1,
-                      "k8s_workload": w.name, "namespace": w.namespace,
-                      "last_lines": MetadataValue.md(f"```\n{tail}\n```")},
+            f"\nlast log lines of {problem.pod}:\n{tail}",
+            metadata={
+                "pod": problem.pod,
+                "node": problem.node if problem.node is not None else -1,
+                "reason": problem.reason,
+                "exit_code": problem.exit_code if problem.exit_code is not None else -1,
+                "k8s_workload": w.name,
+                "namespace": w.namespace,
+                "last_lines": MetadataValue.md(f"```\n{tail}\n```"),
+            },
         )

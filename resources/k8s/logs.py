@@ -54,11 +54,24 @@ class _PodLog:
 class PodLogsMessageReader(PipesMessageReader):
     """Reads Pipes messages and logs from the logs of all pods of one training launch."""
 
-    def __init__(self, core_api: Any, namespace: str, log_dir: Path, container: str, tail_lines: int = 40,
-                 reconnect_s: float = 1.0, request_timeout_s: float = 300.0, echo: bool = True):
+    def __init__(
+        self,
+        core_api: Any,
+        namespace: str,
+        log_dir: Path,
+        container: str,
+        tail_lines: int = 40,
+        reconnect_s: float = 1.0,
+        request_timeout_s: float = 300.0,
+        echo: bool = True,
+    ):
         self.core, self.namespace, self.log_dir, self.container = core_api, namespace, Path(log_dir), container
-        self.tail_lines, self.reconnect_s, self.request_timeout_s, self.echo = tail_lines, reconnect_s, \
-            request_timeout_s, echo
+        self.tail_lines, self.reconnect_s, self.request_timeout_s, self.echo = (
+            tail_lines,
+            reconnect_s,
+            request_timeout_s,
+            echo,
+        )
         self._handler = None
         self._pods: dict[str, _PodLog] = {}
         self._stop = threading.Event()
@@ -75,8 +88,10 @@ class PodLogsMessageReader(PipesMessageReader):
             self._handler = None
 
     def no_messages_debug_text(self) -> str:
-        return ("Attempted to read Pipes messages from the logs of every training pod; only global rank 0 writes "
-                "them (to stderr). Check the node logs for a trainer that failed before opening Pipes.")
+        return (
+            "Attempted to read Pipes messages from the logs of every training pod; only global rank 0 writes "
+            "them (to stderr). Check the node logs for a trainer that failed before opening Pipes."
+        )
 
     # ------------------------------------------------------------------ pods
     def follow(self, pod: str, node: int | None) -> None:
@@ -132,8 +147,13 @@ class PodLogsMessageReader(PipesMessageReader):
                     return
 
     def _read_stream(self, p: _PodLog, out) -> bool:
-        kwargs: dict[str, Any] = {"container": self.container, "follow": True, "timestamps": True,
-                                  "_preload_content": False, "_request_timeout": (10, self.request_timeout_s)}
+        kwargs: dict[str, Any] = {
+            "container": self.container,
+            "follow": True,
+            "timestamps": True,
+            "_preload_content": False,
+            "_request_timeout": (10, self.request_timeout_s),
+        }
         if p.last_ts is not None:
             kwargs["since_seconds"] = max(1, int(time.time() - p.last_ts[0]) + 2)
         try:

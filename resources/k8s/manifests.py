@@ -115,9 +115,12 @@ def object_labels(w: Workload) -> dict[str, str]:
 
 
 def object_annotations(w: Workload) -> dict[str, str]:
-    ann = {"dagster/run-id": w.run_id, "campaign-orchestrator/train-job-file": w.job_file,
-           "campaign-orchestrator/world-size": str(w.training.world_size),
-           "campaign-orchestrator/sharding": w.training.sharding}
+    ann = {
+        "dagster/run-id": w.run_id,
+        "campaign-orchestrator/train-job-file": w.job_file,
+        "campaign-orchestrator/world-size": str(w.training.world_size),
+        "campaign-orchestrator/sharding": w.training.sharding,
+    }
     if w.asset_key:
         ann["dagster/asset-key"] = w.asset_key
     return ann
@@ -127,13 +130,25 @@ def owner_references(w: Workload) -> list[dict[str, Any]]:
     """The run pod owns the objects: if it dies hard (node loss, SIGKILL), Kubernetes garbage-collects them."""
     if not w.owner:
         return []
-    return [{"apiVersion": "v1", "kind": "Pod", "name": w.owner["name"], "uid": w.owner["uid"],
-             "blockOwnerDeletion": False, "controller": False}]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": w.owner["name"],
+            "uid": w.owner["uid"],
+            "blockOwnerDeletion": False,
+            "controller": False,
+        }
+    ]
 
 
 def _metadata(w: Workload, extra_annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": w.name, "namespace": w.namespace, "labels": object_labels(w),
-                            "annotations": {**object_annotations(w), **(extra_annotations or {})}}
+    meta: dict[str, Any] = {
+        "name": w.name,
+        "namespace": w.namespace,
+        "labels": object_labels(w),
+        "annotations": {**object_annotations(w), **(extra_annotations or {})},
+    }
     if w.owner:
         meta["ownerReferences"] = owner_references(w)
     return meta
@@ -151,8 +166,18 @@ def torchrun_args(w: Workload, *, pytorchjob: bool = False) -> list[str]:
     if pytorchjob:  # static rendezvous on the Master the operator names in MASTER_ADDR / MASTER_PORT
         rdzv = ["--node-rank", "$(RANK)", "--master-addr", "$(MASTER_ADDR)", "--master-port", "$(MASTER_PORT)"]
     else:
-        rdzv = ["--node-rank", "$(NODE_RANK)", "--rdzv-backend", "c10d", "--rdzv-endpoint", w.rendezvous_endpoint,
-                "--rdzv-id", w.name, "--max-restarts", "0"]
+        rdzv = [
+            "--node-rank",
+            "$(NODE_RANK)",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            w.rendezvous_endpoint,
+            "--rdzv-id",
+            w.name,
+            "--max-restarts",
+            "0",
+        ]
     return [*head, *rdzv, *tail]
 
 
@@ -167,9 +192,11 @@ def env_conflicts(training: TrainingSpec, cluster: KubernetesSpec) -> str | None
     if not clash:
         return None
     both = ", ".join(f"{n} (training.distributed_env and {where[n]})" for n in clash)
-    return (f"environment variables set twice: {both}. Set each in one place: keep it under training.distributed_env"
-            f" (validated, exported to every rank by both the local and the k8s launcher) and remove it from"
-            f" {' / '.join(sorted({where[n] for n in clash}))}")
+    return (
+        f"environment variables set twice: {both}. Set each in one place: keep it under training.distributed_env"
+        f" (validated, exported to every rank by both the local and the k8s launcher) and remove it from"
+        f" {' / '.join(sorted({where[n] for n in clash}))}"
+    )
 
 
 def container_env(w: Workload, *, pytorchjob: bool = False) -> list[dict[str, Any]]:
@@ -180,8 +207,12 @@ def container_env(w: Workload, *, pytorchjob: bool = False) -> list[dict[str, An
         raise ValueError(f"campaign {w.campaign}: {problem}")
     env: list[dict[str, Any]] = []
     if not pytorchjob:
-        env.append({"name": "NODE_RANK", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
+        env.append(
+            {
+                "name": "NODE_RANK",
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}},
+            }
+        )
     env += [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "TOKENIZERS_PARALLELISM", "value": "false"}]
     env += [{"name": k, "value": v} for k, v in sorted(w.cluster.env.items())]
     env += [{"name": k, "value": v} for k, v in sorted(distributed_env(w.training).items())]
@@ -245,8 +276,13 @@ def container(w: Workload, *, pytorchjob: bool = False) -> dict[str, Any]:
         "command": torchrun_args(w, pytorchjob=pytorchjob),
         "workingDir": w.cluster.working_dir,
         "env": container_env(w, pytorchjob=pytorchjob),
-        "ports": [{"name": "pytorchjob-port" if pytorchjob else "rendezvous",
-                   "containerPort": w.cluster.rendezvous_port, "protocol": "TCP"}],
+        "ports": [
+            {
+                "name": "pytorchjob-port" if pytorchjob else "rendezvous",
+                "containerPort": w.cluster.rendezvous_port,
+                "protocol": "TCP",
+            }
+        ],
         "volumeMounts": mounts,
     }
     res = container_resources(w)
@@ -291,7 +327,12 @@ def pod_placement(c: KubernetesSpec) -> dict[str, Any]:
 
 def _toleration(t) -> dict[str, Any]:
     out: dict[str, Any] = {"operator": t.operator}
-    for src, dst in (("key", "key"), ("value", "value"), ("effect", "effect"), ("toleration_seconds", "tolerationSeconds")):
+    for src, dst in (
+        ("key", "key"),
+        ("value", "value"),
+        ("effect", "effect"),
+        ("toleration_seconds", "tolerationSeconds"),
+    ):
         v = getattr(t, src)
         if v is not None:
             out[dst] = v
@@ -318,8 +359,11 @@ def indexed_job(w: Workload) -> dict[str, Any]:
         "backoffLimit": c.backoff_limit,
         # A trainer that exits non-zero (a bug, OOMKilled = 137) fails the whole job at once instead of
         # waiting for the other ranks to hit the NCCL timeout; only disruptions count against backoffLimit.
-        "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
-            "containerName": CONTAINER, "operator": "NotIn", "values": [0]}}]},
+        "podFailurePolicy": {
+            "rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}}
+            ]
+        },
         "template": pod_template(w),
     }
     if c.active_deadline_seconds is not None:
@@ -335,14 +379,21 @@ def headless_service(w: Workload) -> dict[str, Any]:
     if w.owner:
         meta["ownerReferences"] = owner_references(w)
     return {
-        "apiVersion": "v1", "kind": "Service",
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": meta,
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": selector_labels(w),
-            "ports": [{"name": "rendezvous", "port": w.cluster.rendezvous_port,
-                       "targetPort": w.cluster.rendezvous_port, "protocol": "TCP"}],
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": w.cluster.rendezvous_port,
+                    "targetPort": w.cluster.rendezvous_port,
+                    "protocol": "TCP",
+                }
+            ],
         },
     }
 
@@ -357,10 +408,17 @@ def pytorch_job(w: Workload) -> dict[str, Any]:
         run_policy["ttlSecondsAfterFinished"] = c.ttl_seconds_after_finished
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": pod_template(w, pytorchjob=True)}}
     if w.nodes > 1:
-        replicas["Worker"] = {"replicas": w.nodes - 1, "restartPolicy": "Never",
-                              "template": pod_template(w, pytorchjob=True)}
-    return {"apiVersion": f"{PYTORCHJOB_GROUP}/{PYTORCHJOB_VERSION}", "kind": "PyTorchJob", "metadata": _metadata(w),
-            "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replicas}}
+        replicas["Worker"] = {
+            "replicas": w.nodes - 1,
+            "restartPolicy": "Never",
+            "template": pod_template(w, pytorchjob=True),
+        }
+    return {
+        "apiVersion": f"{PYTORCHJOB_GROUP}/{PYTORCHJOB_VERSION}",
+        "kind": "PyTorchJob",
+        "metadata": _metadata(w),
+        "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replicas},
+    }
 
 
 def build_manifests(w: Workload) -> list[dict[str, Any]]:

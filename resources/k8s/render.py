@@ -16,15 +16,22 @@ from campaigns.spec import CampaignSpec
 from resources.k8s.manifests import Workload, build_manifests, workload_name
 
 
-def campaign_manifests(spec: CampaignSpec, run_id: str = "manual", salt: str = "00000",
-                       pipes_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def campaign_manifests(
+    spec: CampaignSpec, run_id: str = "manual", salt: str = "00000", pipes_env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     if spec.kubernetes is None:
         raise ValueError(f"campaign {spec.name} has no `kubernetes:` section; nothing to render")
     root = spec.kubernetes.artifacts.mount_path.rstrip("/")
-    w = Workload(campaign=spec.name, training=spec.training, cluster=spec.kubernetes,
-                 job_file=f"{root}/{spec.name}/student_adapter/<stage-key>/train_job.json",
-                 name=workload_name(spec.name, run_id, salt), run_id=run_id,
-                 asset_key=f"{spec.name}/student_adapter", pipes_env=pipes_env or {})
+    w = Workload(
+        campaign=spec.name,
+        training=spec.training,
+        cluster=spec.kubernetes,
+        job_file=f"{root}/{spec.name}/student_adapter/<stage-key>/train_job.json",
+        name=workload_name(spec.name, run_id, salt),
+        run_id=run_id,
+        asset_key=f"{spec.name}/student_adapter",
+        pipes_env=pipes_env or {},
+    )
     return build_manifests(w)
 
 
@@ -60,8 +67,9 @@ def render_command(args) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("k8s-render", help="print the Kubernetes manifests of a campaign's training launch (and its "
-                                          "KubeRay RayJobs)")
+    p = sub.add_parser(
+        "k8s-render", help="print the Kubernetes manifests of a campaign's training launch (and its KubeRay RayJobs)"
+    )
     p.add_argument("campaign", help="campaign name or YAML file (e.g. campaigns/examples/cluster.yaml)")
     p.add_argument("--k8s-version", action="append", help="schema version(s) to validate against, e.g. 1.30")
     p.add_argument("--no-validate", action="store_true", help="skip the offline schema check")

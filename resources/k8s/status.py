@@ -8,14 +8,20 @@ cannot be pulled, a Secret that does not exist, Unschedulable) or ``None`` when 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from resources.k8s.manifests import COMPLETION_INDEX_ANNOTATION
 
 # Waiting reasons that never resolve by themselves: fail at once.
-FATAL_WAITING = {"CreateContainerConfigError", "CreateContainerError", "InvalidImageName", "ErrImageNeverPull",
-                 "CrashLoopBackOff", "RunContainerError"}
+FATAL_WAITING = {
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CrashLoopBackOff",
+    "RunContainerError",
+}
 # Waiting reasons that may be transient (registry hiccup): fail only when they last.
 SLOW_WAITING = {"ErrImagePull", "ImagePullBackOff"}
 
@@ -81,14 +87,16 @@ def pod_finished(pod: dict[str, Any]) -> bool:
 
 def pod_problem(pod: dict[str, Any]) -> PodProblem | None:
     name, node = pod_name(pod), pod_node_index(pod)
-    statuses = (_get(pod, "status", "initContainerStatuses", default=[]) or []) + \
-               (_get(pod, "status", "containerStatuses", default=[]) or [])
+    statuses = (_get(pod, "status", "initContainerStatuses", default=[]) or []) + (
+        _get(pod, "status", "containerStatuses", default=[]) or []
+    )
     for cs in statuses:
         state = cs.get("state") or {}
         term = state.get("terminated") or (_get(cs, "lastState", "terminated") if cs.get("restartCount") else None)
         if term and term.get("exitCode", 0) != 0:
-            return PodProblem(name, node, term.get("reason") or "Error", term.get("message") or "",
-                              exit_code=term.get("exitCode"))
+            return PodProblem(
+                name, node, term.get("reason") or "Error", term.get("message") or "", exit_code=term.get("exitCode")
+            )
         waiting = state.get("waiting") or {}
         reason = waiting.get("reason")
         if reason in FATAL_WAITING:
@@ -97,20 +105,23 @@ def pod_problem(pod: dict[str, Any]) -> PodProblem | None:
             return PodProblem(name, node, reason, waiting.get("message") or "", fatal=False)
     phase = pod_phase(pod)
     if phase == "Failed":
-        return PodProblem(name, node, _get(pod, "status", "reason", default="Failed"),
-                          _get(pod, "status", "message", default=""))
+        return PodProblem(
+            name, node, _get(pod, "status", "reason", default="Failed"), _get(pod, "status", "message", default="")
+        )
     if phase == "Pending":
         for cond in _get(pod, "status", "conditions", default=[]) or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-                return PodProblem(name, node, cond.get("reason") or "Unschedulable", cond.get("message") or "",
-                                  fatal=False)
+                return PodProblem(
+                    name, node, cond.get("reason") or "Unschedulable", cond.get("message") or "", fatal=False
+                )
     return None
 
 
 def workload_state(obj: dict[str, Any]) -> tuple[str, str]:
     """(``running`` | ``succeeded`` | ``failed``, reason and message) of a Job or PyTorchJob."""
-    conds = {c.get("type"): c for c in _get(obj, "status", "conditions", default=[]) or []
-             if str(c.get("status")) == "True"}
+    conds = {
+        c.get("type"): c for c in _get(obj, "status", "conditions", default=[]) or [] if str(c.get("status")) == "True"
+    }
     for ok in ("Complete", "Succeeded"):
         if ok in conds:
             return "succeeded", conds[ok].get("reason") or ok
@@ -133,7 +144,7 @@ def parse_log_timestamp(ts: str) -> tuple[float, int] | None:
     try:
         base, _, frac = ts.rstrip("Z").partition(".")
         frac = (frac.split("+")[0].split("-")[0] + "000000000")[:9]
-        secs = datetime.fromisoformat(base).replace(tzinfo=timezone.utc).timestamp()
+        secs = datetime.fromisoformat(base).replace(tzinfo=UTC).timestamp()
         return secs, int(frac)
     except ValueError:
         return None

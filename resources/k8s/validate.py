@@ -92,13 +92,18 @@ def validate_manifest(manifest: dict[str, Any], version: str = DEFAULT_VERSIONS[
         # metadata is a standard ObjectMeta: check it strictly by wrapping it in a ConfigMap
         validate_manifest({"apiVersion": "v1", "kind": "ConfigMap", "metadata": manifest["metadata"]}, version)
         for role, replica in manifest["spec"]["pytorchReplicaSpecs"].items():
-            tpl = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"{name}-{role}".lower().replace("/", "-")},
-                   "template": replica["template"]}
+            tpl = {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": f"{name}-{role}".lower().replace("/", "-")},
+                "template": replica["template"],
+            }
             try:
                 kubernetes_validate.validate(tpl, version, strict=True)
             except kubernetes_validate.ValidationError as e:
-                raise ManifestError(f"{name}: spec/pytorchReplicaSpecs/{role}/{_where(e)}: {e.message}"
-                                    f" (Kubernetes {e.version}, strict)") from e
+                raise ManifestError(
+                    f"{name}: spec/pytorchReplicaSpecs/{role}/{_where(e)}: {e.message} (Kubernetes {e.version}, strict)"
+                ) from e
         return
     try:
         kubernetes_validate.validate(manifest, version, strict=True)
@@ -121,13 +126,18 @@ def validate_rayjob(manifest: dict[str, Any], version: str = DEFAULT_VERSIONS[-1
         raise ManifestError(f"{name}: {_where(e)}: {e.message} (KubeRay CRD schema: {SOURCE})") from e
     validate_manifest({"apiVersion": "v1", "kind": "ConfigMap", "metadata": manifest["metadata"]}, version)
     for where, template in pod_templates(manifest):
-        tpl = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "ray-pod-template"},
-               "template": template}
+        tpl = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": "ray-pod-template"},
+            "template": template,
+        }
         try:
             kubernetes_validate.validate(tpl, version, strict=True)
         except kubernetes_validate.ValidationError as e:
-            raise ManifestError(f"{name}: {where}/{_where(e).removeprefix('template/')}: {e.message}"
-                                f" (Kubernetes {e.version}, strict)") from e
+            raise ManifestError(
+                f"{name}: {where}/{_where(e).removeprefix('template/')}: {e.message} (Kubernetes {e.version}, strict)"
+            ) from e
 
 
 def validate_manifests(manifests: list[dict[str, Any]], versions: tuple[str, ...] = DEFAULT_VERSIONS) -> list[str]:

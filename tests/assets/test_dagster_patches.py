@@ -42,8 +42,11 @@ def fresh_install(monkeypatch):
     import dagster._utils.interrupts as interrupts
 
     originals = dagster_patches._ORIGINALS
-    monkeypatch.setattr(InstanceConcurrencyContext, "interval_to_next_pending_claim_check",
-                        originals["InstanceConcurrencyContext.interval_to_next_pending_claim_check"])
+    monkeypatch.setattr(
+        InstanceConcurrencyContext,
+        "interval_to_next_pending_claim_check",
+        originals["InstanceConcurrencyContext.interval_to_next_pending_claim_check"],
+    )
     for name in ("sleep_til_ready", "concurrency_event_iterator"):
         monkeypatch.setattr(ActiveExecution, name, originals[f"ActiveExecution.{name}"])
     monkeypatch.setattr(interrupts, "_replace_interrupt_signal", interrupts._replace_interrupt_signal)
@@ -91,8 +94,11 @@ def test_a_changed_patched_function_is_named(untested):
         return None
 
     before = ActiveExecution.sleep_til_ready
-    untested.setattr(dagster_patches, "_ORIGINALS",
-                     {**dagster_patches._ORIGINALS, "ActiveExecution.sleep_til_ready": sleep_til_ready})
+    untested.setattr(
+        dagster_patches,
+        "_ORIGINALS",
+        {**dagster_patches._ORIGINALS, "ActiveExecution.sleep_til_ready": sleep_til_ready},
+    )
     untested.setattr(dagster_patches, "_installed", False)
     with pytest.raises(UntestedDagsterError) as e:
         dagster_patches.install()
@@ -122,7 +128,8 @@ def test_the_override_turns_the_refusal_into_one_warning(untested, capsys):
     untested.setattr(dagster, "__version__", "1.14.0")
     with pytest.warns(UntestedDagsterWarning, match=r"(?s)installed: dagster 1\.14\.0.*running with the untested"):
         assert dagster_patches.require_tested_dagster("loading the code location") == [
-            "dagster is 1.14.0, the patches were tested against 1.13.27"]
+            "dagster is 1.14.0, the patches were tested against 1.13.27"
+        ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process: a second check does not warn again
         assert dagster_patches.require_tested_dagster("campaign run")

@@ -12,8 +12,8 @@ from dagster import materialize
 
 from assets import distillation_set, prompts, teacher_generations, tokenized_dataset
 from assets.location import default_resources
-from campaigns.loader import parse_campaign_text
 from campaign_orchestrator.demo import cipher
+from campaigns.loader import parse_campaign_text
 from tests.support.harness_support import TASKS, task_docs
 
 pytestmark = pytest.mark.stage
@@ -37,15 +37,25 @@ evaluation:
 
 
 def _run(spec, root: Path):
-    return materialize([prompts.build(spec), teacher_generations.build(spec), distillation_set.build(spec),
-                        tokenized_dataset.build(spec)], resources=default_resources(str(root)), raise_on_error=False)
+    return materialize(
+        [
+            prompts.build(spec),
+            teacher_generations.build(spec),
+            distillation_set.build(spec),
+            tokenized_dataset.build(spec),
+        ],
+        resources=default_resources(str(root)),
+        raise_on_error=False,
+    )
 
 
 def test_training_data_overlapping_gate_documents_is_dropped_or_blocks(tmp_path, artifact_root):
     leaked = [d["prompt"] for d in task_docs("cipher_gen")[:6]] + [d["prompt"] for d in task_docs("cipher_mc")[:4]]
     rows = cipher.items(80, seed=31)
-    rows += [{"id": f"leak{i}", "prompt": p, "reference": cipher.encode(p.split()[1]), "category": "short"}
-             for i, p in enumerate(leaked)]
+    rows += [
+        {"id": f"leak{i}", "prompt": p, "reference": cipher.encode(p.split()[1]), "category": "short"}
+        for i, p in enumerate(leaked)
+    ]
     src = cipher.write_jsonl(rows, tmp_path / "prompts.jsonl")
 
     spec = parse_campaign_text(_campaign(src, "fail"), str(tmp_path / "decon_fail.yaml"))
@@ -82,5 +92,6 @@ def test_training_data_overlapping_gate_documents_is_dropped_or_blocks(tmp_path,
     assert dmeta["dropped_contaminated"] == len(expected)
     kept = pq.read_table(Path(dmeta["path"]) / "distillation.parquet").to_pylist()
     assert not {r["prompt"] for r in kept} & gate
-    assert len(kept) == dmeta["input_rows"] - sum(v for k, v in dmeta.items() if k.startswith("dropped_")
-                                                  and k != "dropped_contaminated") - len(expected)
+    assert len(kept) == dmeta["input_rows"] - sum(
+        v for k, v in dmeta.items() if k.startswith("dropped_") and k != "dropped_contaminated"
+    ) - len(expected)

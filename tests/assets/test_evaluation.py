@@ -10,7 +10,6 @@ import shutil
 import pytest
 import yaml
 from dagster import AssetCheckEvaluation, AssetCheckKey, AssetCheckSeverity, DagsterInstance, materialize
-from tests.support.eval_support import REPO_ROOT, heldout_rows, make_zero_adapter, seed_upstream
 
 from assets import demo_models
 from assets.common import key
@@ -18,6 +17,7 @@ from assets.location import campaign_assets, default_resources
 from assets.promoted_model import approve_job
 from campaign_app.cli import main as cli_main
 from campaigns.loader import load_campaign_file
+from tests.support.eval_support import REPO_ROOT, heldout_rows, make_zero_adapter, seed_upstream
 
 NAME = "gated"
 
@@ -30,7 +30,8 @@ def write_spec(tmp_path, min_score: float, review: bool):
         "suites": [{"name": "cipher", "source": "heldout", "scorer": "exact_match", "max_new_tokens": 8}],
         "gate": {"min_score": min_score, "max_regression_vs_base": 0.03, "min_items": 20},
         "statistics": {"resamples": 2000},
-        "evaluate_teacher": False, "requires_human_review": review,
+        "evaluate_teacher": False,
+        "requires_human_review": review,
     }
     p = tmp_path / f"{NAME}-{min_score}-{review}.yaml"
     p.write_text(yaml.safe_dump(d, allow_unicode=True))
@@ -38,8 +39,13 @@ def write_spec(tmp_path, min_score: float, review: bool):
 
 
 def run(spec, root, instance, *stages):
-    return materialize(campaign_assets(spec) + [demo_models.demo_models], selection=[key(spec, s) for s in stages],
-                       resources=default_resources(str(root)), instance=instance, raise_on_error=False)
+    return materialize(
+        campaign_assets(spec) + [demo_models.demo_models],
+        selection=[key(spec, s) for s in stages],
+        resources=default_resources(str(root)),
+        instance=instance,
+        raise_on_error=False,
+    )
 
 
 def latest(root, stage):
@@ -96,16 +102,23 @@ def test_blocking_gate_stops_promotion_in_the_run_and_across_runs(seeded, tmp_pa
     assert latest(root, "promoted_model")["candidate_key"] == cand["key"]
 
     # the instance's latest gate check failing (e.g. re-run elsewhere) blocks promotion across runs
-    instance.report_runless_asset_event(AssetCheckEvaluation(
-        asset_key=key(go, "evaluation"), check_name="gate", passed=False, severity=AssetCheckSeverity.ERROR,
-        metadata={"candidate_key": cand["key"], "verdict": "NO-GO"}))
+    instance.report_runless_asset_event(
+        AssetCheckEvaluation(
+            asset_key=key(go, "evaluation"),
+            check_name="gate",
+            passed=False,
+            severity=AssetCheckSeverity.ERROR,
+            metadata={"candidate_key": cand["key"], "verdict": "NO-GO"},
+        )
+    )
     refused = run(go, root, instance, "promoted_model")
     assert not refused.success and "latest `gate` check" in failure_message(refused)
     assert instance.get_latest_asset_check_evaluation_record(AssetCheckKey(key(go, "evaluation"), "gate")) is not None
 
 
-def test_human_review_waits_for_an_approval_of_that_exact_candidate(seeded, tmp_path, demo_models, adapters,
-                                                                    monkeypatch):
+def test_human_review_waits_for_an_approval_of_that_exact_candidate(
+    seeded, tmp_path, demo_models, adapters, monkeypatch
+):
     root, cand_a = seeded
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     instance = DagsterInstance.ephemeral()
@@ -122,13 +135,25 @@ def test_human_review_waits_for_an_approval_of_that_exact_candidate(seeded, tmp_
 
     approve = approve_job(spec)
     wrong = approve.execute_in_process(
-        run_config={"ops": {f"{NAME}_approve_candidate": {"config": {"candidate_key": "not-it", "approved_by": "alice"}}}},
-        instance=instance, resources=resources, raise_on_error=False)
+        run_config={
+            "ops": {f"{NAME}_approve_candidate": {"config": {"candidate_key": "not-it", "approved_by": "alice"}}}
+        },
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
     assert not wrong.success and "not the latest evaluated candidate" in failure_message(wrong)
     given = approve.execute_in_process(
-        run_config={"ops": {f"{NAME}_approve_candidate": {"config": {"candidate_key": cand_a["key"],
-                                                                      "approved_by": "alice", "note": "read it"}}}},
-        instance=instance, resources=resources)
+        run_config={
+            "ops": {
+                f"{NAME}_approve_candidate": {
+                    "config": {"candidate_key": cand_a["key"], "approved_by": "alice", "note": "read it"}
+                }
+            }
+        },
+        instance=instance,
+        resources=resources,
+    )
     assert given.success
     seen = last_observation(instance, key(spec, "evaluation"))
     assert seen.metadata["approved_by"].value == "alice" and seen.metadata["approved_candidate"].value == cand_a["key"]
@@ -151,10 +176,14 @@ def test_human_review_waits_for_an_approval_of_that_exact_candidate(seeded, tmp_
 
     # approved from the CLI (who and when stored), then promoted
     (approvals / f"{cand_b['key']}.json").unlink()
-    assert cli_main(["approve", str(spec_file), "--candidate", cand_a["key"], "--by", "bob",
-                     "--artifacts", str(root)]) == 1  # not the latest candidate any more
-    assert cli_main(["approve", str(spec_file), "--candidate", cand_b["key"], "--by", "bob",
-                     "--artifacts", str(root)]) == 0
+    assert (
+        cli_main(["approve", str(spec_file), "--candidate", cand_a["key"], "--by", "bob", "--artifacts", str(root)])
+        == 1
+    )  # not the latest candidate any more
+    assert (
+        cli_main(["approve", str(spec_file), "--candidate", cand_b["key"], "--by", "bob", "--artifacts", str(root)])
+        == 0
+    )
     stored = json.loads((approvals / f"{cand_b['key']}.json").read_text())
     assert stored["approved_by"] == "bob" and stored["via"] == "cli" and stored["approved_at"]
     final = run(spec, root, instance, "promoted_model")

@@ -8,13 +8,14 @@ from dagster import AssetKey
 
 from assets.common import STAGES
 from assets.location import build_definitions, campaign_job_name
-
 from tests.support import REPO_ROOT as REPO
 
 
 def test_location_import_does_not_load_torch():
-    code = ("import sys, json, campaign_app.definitions; print(json.dumps([m for m in ('torch', 'transformers', "
-            "'datasets', 'peft', 'ray') if m in sys.modules]))")
+    code = (
+        "import sys, json, campaign_app.definitions; print(json.dumps([m for m in ('torch', 'transformers', "
+        "'datasets', 'peft', 'ray') if m in sys.modules]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
@@ -67,12 +68,18 @@ def test_cli_validate_reports_file_and_field(tmp_path):
     demo = (REPO / "campaigns" / "demo.yaml").read_text()
     bad = tmp_path / "bad.yaml"
     bad.write_text(demo.replace("  r: 16", "  r: sixteen"))
-    run = subprocess.run([sys.executable, "-m", "campaign_app.cli", "validate", str(REPO / "campaigns" / "demo.yaml"),
-                          str(bad)], cwd=REPO, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "campaign_app.cli", "validate", str(REPO / "campaigns" / "demo.yaml"), str(bad)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 1
     assert "ok       campaigns/demo.yaml" in run.stdout
     assert f"{bad}:" in run.stdout and "student.lora.r" in run.stdout and "'sixteen'" in run.stdout
-    ok = subprocess.run([sys.executable, "-m", "campaign_app.cli", "validate"], cwd=REPO, capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "campaign_app.cli", "validate"], cwd=REPO, capture_output=True, text=True
+    )
     assert ok.returncode == 0, ok.stdout
 
 

@@ -33,18 +33,32 @@ def test_settings_the_moe_student_refuses_stop_the_stage_before_launch(tmp_path)
     path.parent.mkdir()
     path.write_text(yaml.safe_dump(data))
     spec = load_campaign_file(path)
-    with pytest.raises(ValueError, match=r"refuses these settings, nothing was launched:\n  student.lora: the model "
-                                         r"has 4 routed experts"):
+    with pytest.raises(
+        ValueError,
+        match=r"refuses these settings, nothing was launched:\n  student.lora: the model "
+        r"has 4 routed experts",
+    ):
         refuse_before_launch(spec, tmp_path / "moe")
     refuse_before_launch(load_campaign_file(REPO / "campaigns" / "demo_moe.yaml"), tmp_path / "moe")
 
 
 def test_moe_summary_becomes_metadata_by_kind():
-    moe = {"trainable_by_kind": {"attention": 8192, "dense_mlp": 0, "routed_experts": 17408, "router": 512, "other": 0},
-           "parameters_by_kind": {"attention": 32832}, "routed_experts_trained": True, "experts_quantized": False,
-           "num_experts": 4, "num_experts_per_tok": 2, "expert_rank": 8, "router": "trained", "aux_loss_coef": 0.001,
-           "expert_lora_b_nonzero": 16, "expert_lora_b_slices": 16, "routed_tokens_per_expert": {"layer_0": [1, 2, 3, 4]},
-           "expert_grad_checks": [], "routing_collapse_warnings": []}
+    moe = {
+        "trainable_by_kind": {"attention": 8192, "dense_mlp": 0, "routed_experts": 17408, "router": 512, "other": 0},
+        "parameters_by_kind": {"attention": 32832},
+        "routed_experts_trained": True,
+        "experts_quantized": False,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "expert_rank": 8,
+        "router": "trained",
+        "aux_loss_coef": 0.001,
+        "expert_lora_b_nonzero": 16,
+        "expert_lora_b_slices": 16,
+        "routed_tokens_per_expert": {"layer_0": [1, 2, 3, 4]},
+        "expert_grad_checks": [],
+        "routing_collapse_warnings": [],
+    }
     md = moe_metadata(moe)
     assert (md["trainable_routed_experts"], md["trainable_attention"], md["trainable_router"]) == (17408, 8192, 512)
     assert md["expert_lora_b_nonzero"] == "16/16" and md["routed_experts_trained"] is True

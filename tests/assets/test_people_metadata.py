@@ -31,8 +31,21 @@ def test_a_materialized_stage_shows_rounded_unit_bearing_numbers_and_what_it_reu
 
 
 def test_for_people_rounds_by_what_the_number_is():
-    md = for_people({"wall_seconds": 21.82805738099978, "cost_usd": 0.0005164750059162165,
-                     "cipher_candidate_score": 0.8083333333333333, "budget_used_fraction": 0.025712345,
-                     "tokens": 123456, "verdict": "GO"})
-    assert md == {"wall_seconds": 21.8, "cost_usd": 0.0005165, "cipher_candidate_score": 0.8083,
-                  "budget_used_fraction": 0.0257, "tokens": 123456, "verdict": "GO"}
+    md = for_people(
+        {
+            "wall_seconds": 21.82805738099978,
+            "cost_usd": 0.0005164750059162165,
+            "cipher_candidate_score": 0.8083333333333333,
+            "budget_used_fraction": 0.025712345,
+            "tokens": 123456,
+            "verdict": "GO",
+        }
+    )
+    assert md == {
+        "wall_seconds": 21.8,
+        "cost_usd": 0.0005165,
+        "cipher_candidate_score": 0.8083,
+        "budget_used_fraction": 0.0257,
+        "tokens": 123456,
+        "verdict": "GO",
+    }

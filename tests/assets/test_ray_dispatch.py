@@ -14,11 +14,11 @@ import yaml
 
 from assets.ray_dispatch import KubeRayLaunch
 from campaign_orchestrator.dataset.prompts import read_prompt_table
-from campaign_orchestrator.generation.scaleout.job import Job
-from campaign_orchestrator.generation.scaleout.stage import RayRun, ShardReport
 from campaign_orchestrator.generation.requests import Sampling
 from campaign_orchestrator.generation.rows import write_generations
 from campaign_orchestrator.generation.runner import GenerationStats
+from campaign_orchestrator.generation.scaleout.job import Job
+from campaign_orchestrator.generation.scaleout.stage import RayRun, ShardReport
 from campaigns.loader import parse_campaign_text
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
@@ -36,25 +36,73 @@ class FakeLauncher:
         self.calls.append((stage, job, Path(workdir)))
         parsed = Job.from_json(json.dumps(job))  # what `python -m campaign_orchestrator.generation.scaleout` would run
         prompts = read_prompt_table(parsed.prompts)
-        rows = [{"id": p["id"], "sample_index": 0, "prompt": p["prompt"], "completion": p["prompt"].upper(),
-                 "finish_reason": "stop", "prompt_tokens": 5, "completion_tokens": 3, "latency_s": 0.1,
-                 "from_cache": False, "retries": 0} for p in prompts]
+        rows = [
+            {
+                "id": p["id"],
+                "sample_index": 0,
+                "prompt": p["prompt"],
+                "completion": p["prompt"].upper(),
+                "finish_reason": "stop",
+                "prompt_tokens": 5,
+                "completion_tokens": 3,
+                "latency_s": 0.1,
+                "from_cache": False,
+                "retries": 0,
+            }
+            for p in prompts
+        ]
         write_generations(rows, parsed.output)
         half = len(rows) // 2
-        shards = [ShardReport("s-one", 0, half, generated=half, prompt_tokens=5 * half, completion_tokens=3 * half,
-                              seconds=10.0, worker="pod-a", attempts=1),
-                  ShardReport("s-two", 1, len(rows) - half, generated=len(rows) - half, seconds=20.0,
-                              prompt_tokens=5 * (len(rows) - half), completion_tokens=3 * (len(rows) - half),
-                              worker="pod-b", attempts=1)]
+        shards = [
+            ShardReport(
+                "s-one",
+                0,
+                half,
+                generated=half,
+                prompt_tokens=5 * half,
+                completion_tokens=3 * half,
+                seconds=10.0,
+                worker="pod-a",
+                attempts=1,
+            ),
+            ShardReport(
+                "s-two",
+                1,
+                len(rows) - half,
+                generated=len(rows) - half,
+                seconds=20.0,
+                prompt_tokens=5 * (len(rows) - half),
+                completion_tokens=3 * (len(rows) - half),
+                worker="pod-b",
+                attempts=1,
+            ),
+        ]
         run = RayRun(shards=shards, nodes={"10.0.0.1 n1": 1, "10.0.0.2 n2": 1}, wall_s=20.0)
         for i, s in enumerate(shards):
-            on_shard({"kind": "ray_shard", "shard": s.id, "generated": s.generated, "failed": 0,
-                      "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-                      "seconds": s.seconds, "final": i == 1})
-        stats = GenerationStats(prompts=len(rows), requests=len(rows), distinct_requests=len(rows),
-                                generated=len(rows), prompt_tokens=5 * len(rows), completion_tokens=3 * len(rows),
-                                new_prompt_tokens=5 * len(rows), new_completion_tokens=3 * len(rows), generate_s=30.0,
-                                compute_dtype="bfloat16")
+            on_shard(
+                {
+                    "kind": "ray_shard",
+                    "shard": s.id,
+                    "generated": s.generated,
+                    "failed": 0,
+                    "prompt_tokens": s.prompt_tokens,
+                    "completion_tokens": s.completion_tokens,
+                    "seconds": s.seconds,
+                    "final": i == 1,
+                }
+            )
+        stats = GenerationStats(
+            prompts=len(rows),
+            requests=len(rows),
+            distinct_requests=len(rows),
+            generated=len(rows),
+            prompt_tokens=5 * len(rows),
+            completion_tokens=3 * len(rows),
+            new_prompt_tokens=5 * len(rows),
+            new_completion_tokens=3 * len(rows),
+            generate_s=30.0,
+            compute_dtype="bfloat16",
+        )
         summary = {"stats": stats.as_dict(), "ray": run.as_dict()}
         (Path(workdir) / "ray_summary.json").write_text(json.dumps(summary))
         return {"summary": summary, "ray_job": "ray-cluster-ray-dist-gen-x", "logs": [], "pipes_metadata": {}}
@@ -74,24 +122,42 @@ def test_the_teacher_stage_gets_the_jobs_rows_and_prices_each_shard(spec, tmp_pa
     rows = [{"id": f"p{i}", "prompt": f"encode w{i} =", "category": "short"} for i in range(6)]
     done: list[int] = []
     workdir = tmp_path / "artifacts" / spec.name / "teacher_generations" / "k1" / "ray"
-    res, lines, ray_md = teacher_on_ray(spec, storage, PricingResource(), rows, Sampling(max_new_tokens=16),
-                                        "/app/artifacts/models/teacher", "w1", "vllm:teacher@w1", "teacher_generations",
-                                        print, launch=KubeRayLaunch(None, launcher, "teacher_generations", workdir),
-                                        progress=done.append)
+    res, lines, ray_md = teacher_on_ray(
+        spec,
+        storage,
+        PricingResource(),
+        rows,
+        Sampling(max_new_tokens=16),
+        "/app/artifacts/models/teacher",
+        "w1",
+        "vllm:teacher@w1",
+        "teacher_generations",
+        print,
+        launch=KubeRayLaunch(None, launcher, "teacher_generations", workdir),
+        progress=done.append,
+    )
     ((stage, job, where),) = launcher.calls
-    assert (stage, where, job["kind"], job["identity"]) == ("teacher_generations", workdir, "teacher_generations",
-                                                            "vllm:teacher@w1")
+    assert (stage, where, job["kind"], job["identity"]) == (
+        "teacher_generations",
+        workdir,
+        "teacher_generations",
+        "vllm:teacher@w1",
+    )
     assert job["recipe"]["model_path"] == "/app/artifacts/models/teacher" and job["sampling"]["max_new_tokens"] == 16
     assert job["execution"]["kuberay"]["ray_version"] == "2.60.0" and job["cache"]["spool_dir"].startswith(
-        str(tmp_path / "artifacts"))
+        str(tmp_path / "artifacts")
+    )
     assert [r["completion"] for r in res.rows] == [r["prompt"].upper() for r in rows] and res.stats.generated == 6
     assert done == [3, 3]  # progress from each shard's message
     # each shard priced here with the stage's price (vLLM on h100-sxm: its seconds), tagged with its id
     assert {x["shard"] for x in lines} == {"s-one", "s-two"} and all(x["usd"] > 0 for x in lines)
     by_shard = {s["id"]: s["usd"] for s in ray_md["shards"]}
     assert by_shard["s-two"] == pytest.approx(2 * by_shard["s-one"])  # 20 s against 10 s
-    assert (ray_md["shards_total"], ray_md["shards_done"], ray_md["nodes"]) == (2, 2, {"10.0.0.1 n1": 1,
-                                                                                       "10.0.0.2 n2": 1})
+    assert (ray_md["shards_total"], ray_md["shards_done"], ray_md["nodes"]) == (
+        2,
+        2,
+        {"10.0.0.1 n1": 1, "10.0.0.2 n2": 1},
+    )
     # the rows are the stage's now: the job's prompts and output are removed, its summary stays
     assert sorted(p.name for p in workdir.iterdir()) == ["ray_summary.json"]
 
@@ -106,15 +172,28 @@ def test_evaluation_answers_launch_one_job_per_model_and_length(spec, tmp_path, 
     adapter = {"key": "a1", "adapter_path": str(tmp_path / "artifacts" / spec.name / "student_adapter" / "a1")}
     storage, launcher, dtypes = ArtifactStore(root=str(tmp_path / "artifacts")), FakeLauncher(), {}
     items = tmp_path / "artifacts" / spec.name / "evaluation_items" / "k1" / "ray"
-    generate = ev._ray_answers(spec, storage, "candidate", base, adapter, False, 8, print, dtypes,
-                               KubeRayLaunch(None, launcher, "evaluation", items))
+    generate = ev._ray_answers(
+        spec,
+        storage,
+        "candidate",
+        base,
+        adapter,
+        False,
+        8,
+        print,
+        dtypes,
+        KubeRayLaunch(None, launcher, "evaluation", items),
+    )
     outs = generate(["encode ab =", "encode cd ="], 16)
     assert [o.text for o in outs] == ["ENCODE AB =", "ENCODE CD ="] and not any(o.error for o in outs)
     ((stage, job, where),) = launcher.calls
     assert (stage, where, job["kind"]) == ("evaluation", items / "candidate@16", "answers")
     assert job["recipe"]["generator"]["model_dir"] == str(base)
     assert job["recipe"]["generator"]["adapter_dir"] == adapter["adapter_path"]
-    assert dtypes == {"candidate": "bfloat16", "_ray": {"candidate@16": "2/2"},
-                      "_answers": {"candidate": {"generated": 2, "from_cache": 0}}}
+    assert dtypes == {
+        "candidate": "bfloat16",
+        "_ray": {"candidate@16": "2/2"},
+        "_answers": {"candidate": {"generated": 2, "from_cache": 0}},
+    }
     with pytest.raises(Exception, match="no KubeRay launcher"):  # a kuberay stage never falls back to a local cluster
         ev._ray_answers(spec, storage, "base", base, None, False, 8, print, dtypes)(["x"], 16)

@@ -55,8 +55,10 @@ def test_replay_rows_are_the_base_students_cached_answers(tmp_path, artifact_roo
     rsrc.write_text("".join(json.dumps(r) + "\n" for r in general))
 
     spec = parse_campaign_text(_campaign("replay_a", src, rsrc, True), str(tmp_path / "replay_a.yaml"))
-    res = materialize([prompts.build(spec), teacher_generations.build(spec), distillation_set.build(spec)],
-                      resources=default_resources(str(artifact_root)))
+    res = materialize(
+        [prompts.build(spec), teacher_generations.build(spec), distillation_set.build(spec)],
+        resources=default_resources(str(artifact_root)),
+    )
     md = _meta(res, "distillation_set")
     r = md["replay"]
     task = md["input_rows"] - sum(v for k, v in md.items() if k.startswith("dropped_") and k != "dropped_contaminated")
@@ -90,13 +92,19 @@ def test_replay_rows_are_the_base_students_cached_answers(tmp_path, artifact_roo
             return {}
 
     s = Sampling(max_new_tokens=8)
-    again = run_generation([{"id": k, "prompt": v["prompt"]} for k, v in replay.items()], Refuses(), s,
-                           GenerationCache(storage.cache_store(), namespace(ident, s), storage.spool_dir()))
+    again = run_generation(
+        [{"id": k, "prompt": v["prompt"]} for k, v in replay.items()],
+        Refuses(),
+        s,
+        GenerationCache(storage.cache_store(), namespace(ident, s), storage.spool_dir()),
+    )
     assert [x["completion"] for x in again.rows] == [v["completion"] for v in replay.values()]
 
     # a rerun (here: another filter setting, so a new distillation set) asks nothing
     spec = parse_campaign_text(_campaign("replay_a", src, rsrc, False), str(tmp_path / "replay_a.yaml"))
-    res = materialize([prompts.build(spec), teacher_generations.build(spec), distillation_set.build(spec)],
-                      resources=default_resources(str(artifact_root)))
+    res = materialize(
+        [prompts.build(spec), teacher_generations.build(spec), distillation_set.build(spec)],
+        resources=default_resources(str(artifact_root)),
+    )
     r2 = _meta(res, "distillation_set")["replay"]
     assert r2["generated"] == 0 and r2["cache_hits"] == asked and r2["usd"] == 0

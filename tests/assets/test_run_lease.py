@@ -56,18 +56,28 @@ def _old_style_other_namespace_owner() -> dict[str, str]:
     """The same, as the separate tags of a run recorded before ``campaign/owner``."""
     import socket
 
-    return {"campaign/host": socket.gethostname(), "campaign/pid": "1", "campaign/start": f"{time.time() - 60:.3f}",
-            "campaign/pid-ns": OTHER_NS}
+    return {
+        "campaign/host": socket.gethostname(),
+        "campaign/pid": "1",
+        "campaign/start": f"{time.time() - 60:.3f}",
+        "campaign/pid-ns": OTHER_NS,
+    }
 
 
 def test_another_namespaces_run_is_reaped_when_its_lease_expires(instance):
     from assets.run_recovery import lease_tags, reap_dead_runs
 
     new, old = _other_namespace_owner(), _old_style_other_namespace_owner()
-    runs = {name: instance.create_run_for_job(_tiny_job(), tags=owner | extra, status=DagsterRunStatus.STARTED).run_id
-            for name, owner, extra in [("expired", new, lease_tags(ttl_s=-1)), ("held", new, lease_tags(ttl_s=60)),
-                                       ("no lease", new, {}), ("old expired", old, lease_tags(ttl_s=-1)),
-                                       ("old held", old, lease_tags(ttl_s=60))]}
+    runs = {
+        name: instance.create_run_for_job(_tiny_job(), tags=owner | extra, status=DagsterRunStatus.STARTED).run_id
+        for name, owner, extra in [
+            ("expired", new, lease_tags(ttl_s=-1)),
+            ("held", new, lease_tags(ttl_s=60)),
+            ("no lease", new, {}),
+            ("old expired", old, lease_tags(ttl_s=-1)),
+            ("old held", old, lease_tags(ttl_s=60)),
+        ]
+    }
     assert instance.event_log_storage.claim_concurrency_slot(POOL, runs["expired"], "noop").is_claimed
     said: list[str] = []
     assert sorted(reap_dead_runs(instance, log=said.append)) == sorted([runs["expired"], runs["old expired"]])
@@ -75,7 +85,8 @@ def test_another_namespaces_run_is_reaped_when_its_lease_expires(instance):
     assert instance.get_run_by_id(runs["expired"]).status == DagsterRunStatus.FAILURE
     assert not instance.event_log_storage.get_concurrency_run_ids()  # its pool slot is free
     assert {instance.get_run_by_id(runs[k]).status for k in ("held", "no lease", "old held")} == {
-        DagsterRunStatus.STARTED}
+        DagsterRunStatus.STARTED
+    }
 
 
 # the owner: creates its run as `campaign run` does (owner tags said to be of another PID namespace, a lease)
@@ -108,8 +119,9 @@ def test_a_renewed_lease_keeps_the_run_and_its_owners_death_ends_it(instance):
     from assets.run_recovery import reap_dead_runs
 
     home = os.environ["DAGSTER_HOME"]
-    owner = subprocess.Popen([sys.executable, "-c", _OWNER, OTHER_NS], cwd=REPO_ROOT, env=cli_env(home),
-                             stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, OTHER_NS], cwd=REPO_ROOT, env=cli_env(home), stdout=subprocess.PIPE, text=True
+    )
     try:
         run_id = json.loads(owner.stdout.readline())
         time.sleep(3)  # twice the lease: only the renewals keep it

@@ -16,7 +16,7 @@ from dagster import DagsterInstance, DagsterRunStatus
 
 from tests.support import REPO_ROOT
 from tests.support.campaign_support import cli_env, instance_home
-from tests.support.processes import sleeping_node, wait_for
+from tests.support.processes import sleeping_node
 
 POOL = "gpu"
 
@@ -69,8 +69,12 @@ def _legacy_tags(pid: int, start: float, **where: str) -> dict[str, str]:
     import socket
 
     names = {"boot_id": "campaign/boot-id", "pid_ns": "campaign/pid-ns", "trainers": "campaign/trainers"}
-    return {"campaign/host": socket.gethostname(), "campaign/pid": str(pid), "campaign/start": f"{start:.3f}",
-            **{names[k]: v for k, v in where.items()}}
+    return {
+        "campaign/host": socket.gethostname(),
+        "campaign/pid": str(pid),
+        "campaign/start": f"{start:.3f}",
+        **{names[k]: v for k, v in where.items()},
+    }
 
 
 def _ctx(instance: DagsterInstance, run_id: str):
@@ -84,10 +88,17 @@ def test_output_dir_lock_refuses_a_second_trainer_and_names_the_holder(tmp_path)
     from training.trainer_guards import OutputDirLock, OutputDirLocked
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from training.trainer_guards import OutputDirLock; "
-         f"OutputDirLock({str(tmp_path)!r}).acquire(); print('ready', flush=True); time.sleep(60)"],
-        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "CAMPAIGN_RUN_ID": "run-holding"},
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from training.trainer_guards import OutputDirLock; "
+            f"OutputDirLock({str(tmp_path)!r}).acquire(); print('ready', flush=True); time.sleep(60)",
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "CAMPAIGN_RUN_ID": "run-holding"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "ready"
         with pytest.raises(OutputDirLocked) as e:
@@ -113,8 +124,13 @@ def test_reaper_kills_a_dead_runs_trainers_before_freeing_its_slot(instance, tmp
     run_id = _started_run(instance, _dead_owner_tags())
     torchrun = sleeping_node(tmp_path / "torchrun.log")
     env = {**os.environ, "CAMPAIGN_RUN_ID": run_id}
-    worker = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
-                              env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     bystander = sleeping_node(tmp_path / "bystander.log")  # another run's trainer: left alone
     try:
         assert worker.stdout.readline().strip() == "ready"
@@ -162,8 +178,12 @@ def test_a_run_shows_one_ownership_tag_holding_its_owner_trainers_and_cluster(in
     owner = json.loads(tags["campaign/owner"])
     assert owner["pid"] == os.getpid() and owner["pid_ns"] == str(os.stat("/proc/self/ns/pid").st_ino)
     assert [g["pgid"] for g in owner["trainers"]] == [trainer.pid, trainer.pid]
-    assert owner["k8s"] == {"namespace": "team-a", "kubeconfig_file": "/nowhere", "kube_context": None,
-                            "in_cluster": None}
+    assert owner["k8s"] == {
+        "namespace": "team-a",
+        "kubeconfig_file": "/nowhere",
+        "kube_context": None,
+        "in_cluster": None,
+    }
 
 
 def test_an_old_style_run_is_still_judged_and_its_trainers_killed(instance, tmp_path):
@@ -178,8 +198,9 @@ def test_an_old_style_run_is_still_judged_and_its_trainers_killed(instance, tmp_
         groups = run_processes.encode_groups([run_processes.group_record(trainer.pid, 0)])
         dead = _started_run(instance, _legacy_tags(*_dead_pid(), **ident, trainers=groups))
         live = _started_run(instance, _legacy_tags(os.getpid(), time.time(), **ident), claim=False)
-        other_ns = _started_run(instance, _legacy_tags(*_dead_pid(), boot_id=ident["boot_id"], pid_ns="4026599999"),
-                                claim=False)
+        other_ns = _started_run(
+            instance, _legacy_tags(*_dead_pid(), boot_id=ident["boot_id"], pid_ns="4026599999"), claim=False
+        )
         assert [can_judge(instance.get_run_by_id(r)) for r in (dead, live, other_ns)] == [True, True, False]
         assert reap_dead_runs(instance, log=lambda m: None) == [dead]
         trainer.wait(10)  # killed from the old tag's record (TimeoutExpired otherwise: it sleeps for a minute)
@@ -190,16 +211,26 @@ def test_an_old_style_run_is_still_judged_and_its_trainers_killed(instance, tmp_
         trainer.wait(10)
 
 
-_OWNER = ("import time; from assets.run_recovery import owner_tags; print(owner_tags()['campaign/owner'], flush=True); "
-          "time.sleep(120)")
-_REAPER = ("import json; from dagster import DagsterInstance; from assets.run_recovery import reap_dead_runs; "
-           "inst = DagsterInstance.get(); print('REAPED ' + json.dumps(reap_dead_runs(inst, log=lambda m: None)))")
+_OWNER = (
+    "import time; from assets.run_recovery import owner_tags; print(owner_tags()['campaign/owner'], flush=True); "
+    "time.sleep(120)"
+)
+_REAPER = (
+    "import json; from dagster import DagsterInstance; from assets.run_recovery import reap_dead_runs; "
+    "inst = DagsterInstance.get(); print('REAPED ' + json.dumps(reap_dead_runs(inst, log=lambda m: None)))"
+)
 
 
 def _container(code: str, home: Path, **kw) -> subprocess.Popen:
     """A process in a PID namespace of its own, with its own /proc (a container sharing the host name)."""
-    return subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code], cwd=REPO_ROOT,
-                            env=cli_env(home), stdout=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=cli_env(home),
+        stdout=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def _unshare_works() -> bool:
@@ -225,8 +256,14 @@ def test_containers_on_one_storage_never_reap_each_others_live_runs(instance, tm
         owner["start"] -= 60  # a run a minute old: B started later
         live = _started_run(instance, run_owner.encode(owner))
         legacy = _started_run(instance, _legacy_tags(1, owner["start"]), claim=False)
-        out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", _REAPER],
-                             cwd=REPO_ROOT, env=cli_env(home), capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", _REAPER],
+            cwd=REPO_ROOT,
+            env=cli_env(home),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         reaped = json.loads(out.stdout.split("REAPED ", 1)[1]) if "REAPED " in out.stdout else out.stderr[-3000:]
         assert a.poll() is None
         assert reaped == [legacy], reaped  # the old tags are misjudged across namespaces; the new ones are not
@@ -245,8 +282,9 @@ def test_a_run_of_another_pid_namespace_is_not_judged_by_pid(instance, monkeypat
 
     dead = _dead_owner_tags()
     other_ns = _started_run(instance, run_owner.updated(dead, pid_ns="4026599999"))
-    other_boot = _started_run(instance, run_owner.updated(dead, boot_id="00000000-0000-0000-0000-000000000000"),
-                              claim=False)
+    other_boot = _started_run(
+        instance, run_owner.updated(dead, boot_id="00000000-0000-0000-0000-000000000000"), claim=False
+    )
     mine = _started_run(instance, dead, claim=False)
     assert reap_dead_runs(instance, log=lambda m: None) == [mine]
     assert {instance.get_run_by_id(r).status for r in (other_ns, other_boot)} == {DagsterRunStatus.STARTED}

@@ -16,14 +16,16 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import materialize
 
-from assets import distillation_set as distillation, teacher_generations as generations, prompts
+from assets import distillation_set as distillation
+from assets import prompts
+from assets import teacher_generations as generations
 from assets.location import default_resources
-from campaigns.loader import parse_campaign_text
-from campaign_orchestrator.teacher import __main__ as gen_cli
-from tests.support.testserver import ServerConfig, ServerThread
 from campaign_orchestrator.demo import cipher
-
+from campaign_orchestrator.teacher import __main__ as gen_cli
+from campaigns.loader import parse_campaign_text
 from tests.support import REPO_ROOT as REPO
+from tests.support.testserver import ServerConfig, ServerThread
+
 SECRET = "sk-campaign-secret-4242424242"
 
 
@@ -53,8 +55,11 @@ def _write_prompts(path: Path, n: int) -> Path:
 
 
 def _materialize(spec, root: Path):
-    return materialize([prompts.build(spec), generations.build(spec), distillation.build(spec)],
-                       resources=default_resources(str(root)), raise_on_error=True)
+    return materialize(
+        [prompts.build(spec), generations.build(spec), distillation.build(spec)],
+        resources=default_resources(str(root)),
+        raise_on_error=True,
+    )
 
 
 def _metadata(result, stage: str) -> dict:
@@ -115,8 +120,19 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
     assert "needs `base_url`" in capsys.readouterr().err
     good = _write_prompts(tmp_path / "good.jsonl", 3)
     t0 = time.perf_counter()  # nothing listens on port 9: an error after the retries, not a hang
-    rc = gen_cli.main(["--prompts", str(good), "--teacher", teacher[:-1] + ", max_retries: 1}", "--out", "x",
-                       "--artifacts", str(tmp_path / "a"), "--quiet"])
+    rc = gen_cli.main(
+        [
+            "--prompts",
+            str(good),
+            "--teacher",
+            teacher[:-1] + ", max_retries: 1}",
+            "--out",
+            "x",
+            "--artifacts",
+            str(tmp_path / "a"),
+            "--quiet",
+        ]
+    )
     assert rc == 2 and "cannot connect" in capsys.readouterr().err and time.perf_counter() - t0 < 30
 
 
@@ -126,8 +142,20 @@ def test_sigkill_mid_run_then_rerun_asks_only_what_is_missing(tmp_path):
     out = tmp_path / "gens.parquet"
     with ServerThread(ServerConfig(latency_s=0.03)) as srv:
         teacher = json.dumps({"backend": "openai", "model": "teacher", "base_url": srv.base_url, "max_concurrency": 8})
-        cmd = [sys.executable, "-m", "campaign_orchestrator.teacher", "--prompts", str(src), "--teacher", teacher, "--out", str(out),
-               "--artifacts", str(tmp_path / "art"), "--quiet"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "campaign_orchestrator.teacher",
+            "--prompts",
+            str(src),
+            "--teacher",
+            teacher,
+            "--out",
+            str(out),
+            "--artifacts",
+            str(tmp_path / "art"),
+            "--quiet",
+        ]
         env = os.environ | {"PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
@@ -159,5 +187,8 @@ def test_spec_refuses_a_key_in_api_key_env_without_echoing_it(tmp_path):
         parse_campaign_text(text)
     assert "*name* of an environment variable" in str(e.value) and SECRET not in str(e.value)
     with pytest.raises(CampaignError, match="chat: true"):
-        parse_campaign_text(_campaign("gen_chat", tmp_path / "p.jsonl", "h").replace(
-            "backend: openai", "backend: transformers\n  chat: true"))
+        parse_campaign_text(
+            _campaign("gen_chat", tmp_path / "p.jsonl", "h").replace(
+                "backend: openai", "backend: transformers\n  chat: true"
+            )
+        )

@@ -20,14 +20,31 @@ def test_tiny_compares_both_engines_and_reports_identical_outputs(tmp_path, demo
     import torch
 
     gpu = torch.cuda.is_available()  # without one, the cuda section must be skipped with its reason, exit 0
-    p = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--sections", "teacher" if gpu else "teacher,engines",
-                        "--prompts", "12", "--out", str(tmp_path / "r.json")] + ([] if gpu else ["--device", "cuda"]),
-                       cwd=REPO_ROOT, env=child_env(threads=1), capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--tiny",
+            "--sections",
+            "teacher" if gpu else "teacher,engines",
+            "--prompts",
+            "12",
+            "--out",
+            str(tmp_path / "r.json"),
+        ]
+        + ([] if gpu else ["--device", "cuda"]),
+        cwd=REPO_ROOT,
+        env=child_env(threads=1),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     out = json.loads((tmp_path / "r.json").read_text())
     if not gpu:
-        assert out["sections"]["engines"] == {"skipped": "no CUDA device on this host (torch sees none): the cuda "
-                                                         "sections did not run"}
+        assert out["sections"]["engines"] == {
+            "skipped": "no CUDA device on this host (torch sees none): the cuda sections did not run"
+        }
     r = out["sections"]["teacher"]
     assert out["failed"] == [] and r["outputs_identical"] and r["differing_prompts"] == 0
     assert r["new"]["engine"] == "continuous" and r["old"]["engine"] == "hf_generate" and r["prompts"] == 12

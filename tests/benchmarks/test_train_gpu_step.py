@@ -17,8 +17,14 @@ SCRIPT = REPO_ROOT / "benchmarks" / "train_gpu_step.py"
 
 
 def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO_ROOT, env=child_env(threads=1),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=REPO_ROOT,
+        env=child_env(threads=1),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _script_module():
@@ -48,8 +54,7 @@ def test_the_planned_section_takes_the_memory_policy_and_an_override_fixes_only_
     # the 1.1B shape at 1024 tokens: a large GPU keeps every activation, a 24 GB one recomputes the layers
     big = mod.planned_policy(tmp_path, mod.SHAPES["1b"], 1024, "bfloat16", torch.device("cuda"), tiny=False, micro=16)
     monkeypatch.setattr(model, "device_memory_gb", lambda _device: 24.0)
-    small = mod.planned_policy(tmp_path, mod.SHAPES["1b"], 1024, "bfloat16", torch.device("cuda"), tiny=False,
-                               micro=16)
+    small = mod.planned_policy(tmp_path, mod.SHAPES["1b"], 1024, "bfloat16", torch.device("cuda"), tiny=False, micro=16)
     assert (big.activation_policy, small.activation_policy) == ("none", "full") and big.fits and small.fits
 
 
@@ -69,8 +74,17 @@ def test_without_cuda_it_skips_cleanly_and_refuses_a_run_without_a_timed_step(tm
 
 @pytest.mark.stage
 def test_a_time_limit_skips_the_sections_that_would_start_after_it(tmp_path):
-    p = _run("--tiny", "--steps", "2", "--time-limit", "0.001", "--sections", "lora,planned,kernel_checks",
-             "--out", str(tmp_path / "r.json"))
+    p = _run(
+        "--tiny",
+        "--steps",
+        "2",
+        "--time-limit",
+        "0.001",
+        "--sections",
+        "lora,planned,kernel_checks",
+        "--out",
+        str(tmp_path / "r.json"),
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     out = json.loads((tmp_path / "r.json").read_text())
     assert "partial" not in out and out["failed"] == [] and out["time_limit_s"] == 0.001
@@ -85,10 +99,30 @@ def test_tiny_runs_every_section_with_trl_and_reports_ratios_and_goals(tmp_path)
     out = json.loads((tmp_path / "tiny.json").read_text())
     assert out["failed"] == [] and out["matmul_peak_tflops"]["value"] > 0
     r = out["results"]
-    timed = [k for k in ("lora", "lora_other_ce", "qlora_nf4", "fsdp2_lora", "qlora_fsdp2", "bare_loop", "planned",
-                         "trl_checkpointing_off", "trl_checkpointing_on") if "tokens_per_s" in r[k]]
-    assert {"lora", "lora_other_ce", "fsdp2_lora", "bare_loop", "planned", "trl_checkpointing_off",
-            "trl_checkpointing_on"} <= set(timed)
+    timed = [
+        k
+        for k in (
+            "lora",
+            "lora_other_ce",
+            "qlora_nf4",
+            "fsdp2_lora",
+            "qlora_fsdp2",
+            "bare_loop",
+            "planned",
+            "trl_checkpointing_off",
+            "trl_checkpointing_on",
+        )
+        if "tokens_per_s" in r[k]
+    ]
+    assert {
+        "lora",
+        "lora_other_ce",
+        "fsdp2_lora",
+        "bare_loop",
+        "planned",
+        "trl_checkpointing_off",
+        "trl_checkpointing_on",
+    } <= set(timed)
     for k in ("qlora_nf4", "qlora_fsdp2"):
         assert "tokens_per_s" in r[k] or "bitsandbytes" in r[k]["skipped"]
         if "tokens_per_s" in r[k]:  # the NF4 dequantization's share, profiled on the trained recipe
@@ -120,12 +154,21 @@ def test_tiny_runs_every_section_with_trl_and_reports_ratios_and_goals(tmp_path)
     assert checks["linear_cross_entropy"]["chunked"]["ok"] and "skipped" in checks["liger"]["rms_norm"]
     # ratios and goals reported; on a CPU (--tiny) never enforced, and the 1.1B MFU goal not read
     ratios = out["ratios"]
-    for k in ("speed_vs_trl_fastest", "peak_memory_vs_trl_leanest", "world_of_one_vs_bare_loop",
-              "fsdp2_vs_world_of_one"):
+    for k in (
+        "speed_vs_trl_fastest",
+        "peak_memory_vs_trl_leanest",
+        "world_of_one_vs_bare_loop",
+        "fsdp2_vs_world_of_one",
+    ):
         assert ratios[k] > 0, k
     assert out["goals_enforced"] is False and out["goals"]["planned_mfu"]["met"] is None
-    assert set(out["goals"]) == {"speed_vs_trl_fastest", "peak_memory_vs_trl_leanest", "planned_mfu",
-                                 "world_of_one_vs_bare_loop", "qlora_vs_lora"}
+    assert set(out["goals"]) == {
+        "speed_vs_trl_fastest",
+        "peak_memory_vs_trl_leanest",
+        "planned_mfu",
+        "world_of_one_vs_bare_loop",
+        "qlora_vs_lora",
+    }
     assert "skipped" in r["vllm_teacher"]
 
 
@@ -138,8 +181,14 @@ def test_the_gpu_check_script_runs_each_step_and_leaves_its_files(tmp_path):
         pytest.skip("a CUDA device is visible: the real check is not a unit test")
     out = tmp_path / "out"
     env = child_env(threads=1) | {"OUT": str(out), "PYTHON": sys.executable, "GPU_CHECK_SECONDS": "200"}
-    p = subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "gpu_check.sh")], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        ["bash", str(REPO_ROOT / "benchmarks" / "gpu_check.sh")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     summary = (out / "gpu_check.txt").read_text()
     assert "train_gpu_step: exit 0" in summary and "generation_speed: " in summary and "total: " in summary

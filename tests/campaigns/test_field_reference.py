@@ -21,7 +21,9 @@ def test_reference_lists_every_field_of_every_section():
 
 def test_every_field_is_described():
     undocumented = [line for line in fieldref.render().splitlines() if line.startswith("| `") and line.endswith("|  |")]
-    assert not undocumented, "fields without a description (add `description=` where they are declared):\n" + "\n".join(undocumented)
+    assert not undocumented, "fields without a description (add `description=` where they are declared):\n" + "\n".join(
+        undocumented
+    )
 
 
 def test_stale_reference_is_detected(tmp_path):

@@ -34,17 +34,22 @@ def test_the_demo_gates_on_a_harness_suite_and_decontaminates():
     assert next(x for x in spec.evaluation.suites if x.kind == "items").lm_eval is None
 
 
-@pytest.mark.parametrize("mutate, expected", [
-    (lambda s: s.pop("lm_eval"), "kind 'lm_eval' needs `lm_eval`"),
-    (lambda s: s.update(scorer="exact_match", max_new_tokens=8),
-     "['max_new_tokens', 'scorer'] are not used by kind 'lm_eval'"),
-    (lambda s: s.update(kind="items"), "`lm_eval` is set but kind is 'items'"),
-    (lambda s: s["lm_eval"].update(tasks=[]), "tasks"),
-    (lambda s: s["lm_eval"].update(tasks=["cipher", "cipher"]), "task names must be unique"),
-    (lambda s: s["lm_eval"].update(include_path="s3://"), "expected s3://bucket"),
-    (lambda s: s["lm_eval"].update(limit=0), "limit"),
-    (lambda s: s["lm_eval"].update(num_fewshots=5), "num_fewshots"),
-])
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda s: s.pop("lm_eval"), "kind 'lm_eval' needs `lm_eval`"),
+        (
+            lambda s: s.update(scorer="exact_match", max_new_tokens=8),
+            "['max_new_tokens', 'scorer'] are not used by kind 'lm_eval'",
+        ),
+        (lambda s: s.update(kind="items"), "`lm_eval` is set but kind is 'items'"),
+        (lambda s: s["lm_eval"].update(tasks=[]), "tasks"),
+        (lambda s: s["lm_eval"].update(tasks=["cipher", "cipher"]), "task names must be unique"),
+        (lambda s: s["lm_eval"].update(include_path="s3://"), "expected s3://bucket"),
+        (lambda s: s["lm_eval"].update(limit=0), "limit"),
+        (lambda s: s["lm_eval"].update(num_fewshots=5), "num_fewshots"),
+    ],
+)
 def test_bad_lm_eval_suites_are_named(mutate, expected):
     msg = _problems(_with(lambda d: mutate(_harness(d))))
     assert expected in msg, msg

@@ -52,10 +52,15 @@ def test_dora_on_more_than_one_process_is_refused():
     assert "student.lora.use_dora with training.nodes × processes_per_node = 2" in msg and "FSDP2" in msg
 
 
-@pytest.mark.parametrize("moe,needle", [({"experts": "sometimes"}, "student.moe.experts"),
-                                        ({"expert_rank": 2}, "student.moe.expert_rank"),
-                                        ({"aux_loss_coef": -1}, "student.moe.aux_loss_coef"),
-                                        ({"colapse_share": 0.5}, "unknown key; expected one of: experts, expert_rank")])
+@pytest.mark.parametrize(
+    "moe,needle",
+    [
+        ({"experts": "sometimes"}, "student.moe.experts"),
+        ({"expert_rank": 2}, "student.moe.expert_rank"),
+        ({"aux_loss_coef": -1}, "student.moe.aux_loss_coef"),
+        ({"colapse_share": 0.5}, "unknown key; expected one of: experts, expert_rank"),
+    ],
+)
 def test_bad_moe_fields_name_the_field(moe, needle):
     data = yaml.safe_load(MOE)
     data["student"]["moe"] = moe

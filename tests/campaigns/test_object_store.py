@@ -13,13 +13,16 @@ from tests.support import REPO_ROOT
 LIBRARY = ("campaigns", "assets", "resources", "training", "evaluation", "campaign_orchestrator", "campaign_app")
 
 
-@pytest.mark.parametrize("url, expected", [
-    ("s3://ckpts/runs/demo/abc", ("ckpts", "runs/demo/abc")),
-    ("s3://ckpts/runs/demo/abc/", ("ckpts", "runs/demo/abc")),
-    ("s3://ckpts", ("ckpts", "")),
-    ("s3://my.bucket-1/", ("my.bucket-1", "")),
-    ("s3://drops/cipher/*.jsonl", ("drops", "cipher/*.jsonl")),
-])
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("s3://ckpts/runs/demo/abc", ("ckpts", "runs/demo/abc")),
+        ("s3://ckpts/runs/demo/abc/", ("ckpts", "runs/demo/abc")),
+        ("s3://ckpts", ("ckpts", "")),
+        ("s3://my.bucket-1/", ("my.bucket-1", "")),
+        ("s3://drops/cipher/*.jsonl", ("drops", "cipher/*.jsonl")),
+    ],
+)
 def test_parse_s3_url(url, expected):
     assert parse_s3_url(url) == expected
     assert str(S3Url(*expected)) == url.rstrip("/")
@@ -40,7 +43,13 @@ def test_join_and_is_s3_url():
 def test_no_other_module_parses_s3_urls():
     """A hand-written split of ``s3://`` (a regex, ``urlparse``, slicing off the scheme) outside the one parser."""
     by_hand = re.compile(r"""re\.(match|compile|fullmatch)\(r?["']\^?s3://|urlparse\(|len\(["']s3://["']\)""")
-    found = [f"{f.relative_to(REPO_ROOT)}: {line.strip()}"
-             for pkg in LIBRARY for f in sorted((REPO_ROOT / pkg).rglob("*.py")) if f.name != "object_store.py"
-             if "s3://" in (text := f.read_text()) for line in text.splitlines() if by_hand.search(line)]
+    found = [
+        f"{f.relative_to(REPO_ROOT)}: {line.strip()}"
+        for pkg in LIBRARY
+        for f in sorted((REPO_ROOT / pkg).rglob("*.py"))
+        if f.name != "object_store.py"
+        if "s3://" in (text := f.read_text())
+        for line in text.splitlines()
+        if by_hand.search(line)
+    ]
     assert found == []

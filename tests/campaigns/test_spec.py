@@ -7,8 +7,8 @@ import yaml
 
 from campaigns.loader import CampaignError, default_campaign_files, load_campaigns, parse_campaign_text
 from campaigns.spec import CampaignSpec
-
 from tests.support import REPO_ROOT as REPO
+
 DEMO = (REPO / "campaigns" / "demo.yaml").read_text()
 
 

@@ -5,7 +5,6 @@ import yaml
 
 from campaign_app import cli
 from campaigns.loader import CampaignError, parse_campaign_text
-
 from tests.support import REPO_ROOT as REPO
 
 SWEEP = (REPO / "campaigns" / "demo_sweep.yaml").read_text()
@@ -33,24 +32,40 @@ def test_shipped_sweep_campaign_is_valid_and_its_ladder_ends_at_max_steps():
     assert spec.training.learning_rate == 1e-2  # with_params returns a copy
 
 
-@pytest.mark.parametrize("mutate, says", [
-    (lambda d: d["sweep"]["space"].update({"training.learnin_rate": {"type": "uniform", "low": 0, "high": 1}}),
-     "sweep.space.training.learnin_rate: unknown field"),
-    (lambda d: d["sweep"]["space"].update({"teacher.model": {"type": "categorical", "choices": ["a"]}}),
-     "sweep.space.teacher.model: unknown field"),
-    (lambda d: d["sweep"]["space"].update({"training.max_steps": {"type": "int", "low": 10, "high": 20}}),
-     "sweep.space.training.max_steps: not sweepable"),
-    (lambda d: d["sweep"]["rungs"].update({"min_steps": 300}),
-     "sweep.rungs.min_steps (300) must be below training.max_steps (270)"),
-    (lambda d: d["sweep"]["space"]["training.learning_rate"].update({"high": 5.0}),
-     "sweep.space.training.learning_rate: the campaign refuses {'training.learning_rate': 5.0}"),
-    (lambda d: d["sweep"]["space"]["training.learning_rate"].update({"low": 0.0}),
-     "a log-scale parameter needs low > 0"),
-    (lambda d: d["sweep"]["space"].update({"student.lora.r": {"type": "categorical"}}),
-     "a categorical parameter takes `choices`"),
-    (lambda d: d["sweep"]["enqueue"].append({"student.lora.alpha": 4}),
-     "not in sweep.space"),
-])
+@pytest.mark.parametrize(
+    "mutate, says",
+    [
+        (
+            lambda d: d["sweep"]["space"].update({"training.learnin_rate": {"type": "uniform", "low": 0, "high": 1}}),
+            "sweep.space.training.learnin_rate: unknown field",
+        ),
+        (
+            lambda d: d["sweep"]["space"].update({"teacher.model": {"type": "categorical", "choices": ["a"]}}),
+            "sweep.space.teacher.model: unknown field",
+        ),
+        (
+            lambda d: d["sweep"]["space"].update({"training.max_steps": {"type": "int", "low": 10, "high": 20}}),
+            "sweep.space.training.max_steps: not sweepable",
+        ),
+        (
+            lambda d: d["sweep"]["rungs"].update({"min_steps": 300}),
+            "sweep.rungs.min_steps (300) must be below training.max_steps (270)",
+        ),
+        (
+            lambda d: d["sweep"]["space"]["training.learning_rate"].update({"high": 5.0}),
+            "sweep.space.training.learning_rate: the campaign refuses {'training.learning_rate': 5.0}",
+        ),
+        (
+            lambda d: d["sweep"]["space"]["training.learning_rate"].update({"low": 0.0}),
+            "a log-scale parameter needs low > 0",
+        ),
+        (
+            lambda d: d["sweep"]["space"].update({"student.lora.r": {"type": "categorical"}}),
+            "a categorical parameter takes `choices`",
+        ),
+        (lambda d: d["sweep"]["enqueue"].append({"student.lora.alpha": 4}), "not in sweep.space"),
+    ],
+)
 def test_invalid_sweeps_name_the_field(mutate, says):
     msg = _problems(_with(mutate))
     assert "campaigns/bad.yaml" in msg and says in msg, msg

@@ -9,11 +9,15 @@ def _planted(tmp_path):
     """The demo campaign with four mistakes: a misspelled key, a duplicate key, a data source that matches no
     file and a hardware key the pricing catalog does not have."""
     text = (REPO / "campaigns" / "demo.yaml").read_text()
-    for old, new in (("  learning_rate: 5.0e-3", "  learnin_rate: 5.0e-3"),
-                     ("  warmup_steps: 5", "  warmup_steps: 5\n  max_steps: 10"),
-                     ("source: campaigns/data/demo/*.jsonl", "source: campaigns/data/nowhere/*.jsonl"),
-                     ("  launcher: local                # local | k8s\n  hardware: cpu-2vcpu",
-                      "  launcher: local                # local | k8s\n  hardware: cpu-2vpcu")):
+    for old, new in (
+        ("  learning_rate: 5.0e-3", "  learnin_rate: 5.0e-3"),
+        ("  warmup_steps: 5", "  warmup_steps: 5\n  max_steps: 10"),
+        ("source: campaigns/data/demo/*.jsonl", "source: campaigns/data/nowhere/*.jsonl"),
+        (
+            "  launcher: local                # local | k8s\n  hardware: cpu-2vcpu",
+            "  launcher: local                # local | k8s\n  hardware: cpu-2vpcu",
+        ),
+    ):
         assert old in text, old
         text = text.replace(old, new, 1)
     f = tmp_path / "campaigns" / "planted.yaml"
@@ -50,8 +54,9 @@ def test_a_missing_suite_file_and_an_unknown_teacher_key_are_found_at_validation
     f, _ = _planted(tmp_path)
     text = (REPO / "campaigns" / "demo.yaml").read_text()
     text = text.replace("  hardware: cpu-2vcpu\n", "  hardware: cpu-2vcpuu\n", 1)
-    text = text.replace("      source: heldout\n      scorer: regex",
-                        "      source: suites/gone.jsonl\n      scorer: regex")
+    text = text.replace(
+        "      source: heldout\n      scorer: regex", "      source: suites/gone.jsonl\n      scorer: regex"
+    )
     f.write_text(text)
     assert main(["validate", str(f)]) == 1
     out = capsys.readouterr().out

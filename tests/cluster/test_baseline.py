@@ -6,15 +6,26 @@ import json
 from training.cluster import ladder
 from training.cluster.baseline import BaselineStore, Rule, compare
 
-SWEEP = {"summary": {"all_reduce": {"plateau_busbw_gbps": 40.0, "latency_floor_us": 20.0, "wrong": 0},
-                     "all_gather": {"plateau_busbw_gbps": 35.0, "latency_floor_us": 15.0, "wrong": 0}}}
+SWEEP = {
+    "summary": {
+        "all_reduce": {"plateau_busbw_gbps": 40.0, "latency_floor_us": 20.0, "wrong": 0},
+        "all_gather": {"plateau_busbw_gbps": 35.0, "latency_floor_us": 15.0, "wrong": 0},
+    }
+}
 ENV = {"version:torch": "2.13.0", "driver_version": "550.54", "devices": "NVIDIA H100"}
 
 
 def _sweep(scale_bw=1.0, scale_lat=1.0):
-    return {"summary": {op: {"plateau_busbw_gbps": s["plateau_busbw_gbps"] * scale_bw,
-                             "latency_floor_us": s["latency_floor_us"] * scale_lat, "wrong": 0}
-                        for op, s in SWEEP["summary"].items()}}
+    return {
+        "summary": {
+            op: {
+                "plateau_busbw_gbps": s["plateau_busbw_gbps"] * scale_bw,
+                "latency_floor_us": s["latency_floor_us"] * scale_lat,
+                "wrong": 0,
+            }
+            for op, s in SWEEP["summary"].items()
+        }
+    }
 
 
 def test_first_run_records_then_a_bandwidth_drop_fails_naming_the_change(tmp_path):
@@ -27,8 +38,9 @@ def test_first_run_records_then_a_bandwidth_drop_fails_naming_the_change(tmp_pat
     assert ok.passed and not ok.recorded
 
     new_env = ENV | {"driver_version": "560.28"}
-    bad = store.check("collective_bandwidth", "nccl-h100-2x8", ladder.bandwidth_metrics(_sweep(0.5, 1.0)), new_env,
-                      rules)
+    bad = store.check(
+        "collective_bandwidth", "nccl-h100-2x8", ladder.bandwidth_metrics(_sweep(0.5, 1.0)), new_env, rules
+    )
     assert not bad.passed
     assert sorted(c.metric for c in bad.changes) == ["all_gather.plateau_busbw_gbps", "all_reduce.plateau_busbw_gbps"]
     text = bad.summary()
@@ -58,7 +70,10 @@ def test_compare_respects_direction_and_shapes_are_separate(tmp_path):
     assert compare({"tokens_per_s": 200.0}, {"tokens_per_s": 100.0}, rules) == []  # faster is never a failure
     assert compare({"tokens_per_s": 60.0}, {"tokens_per_s": 100.0}, rules)[0].relative == -0.4
     assert ladder.shape({"backend": "gloo", "devices": []}, 1, 2) == "gloo-cpu-1x2"
-    assert ladder.shape({"backend": "nccl", "devices": ["NVIDIA H100 80GB HBM3"]}, 2, 8) == "nccl-nvidia_h100_80gb_hbm3-2x8"
+    assert (
+        ladder.shape({"backend": "nccl", "devices": ["NVIDIA H100 80GB HBM3"]}, 2, 8)
+        == "nccl-nvidia_h100_80gb_hbm3-2x8"
+    )
     store = BaselineStore(tmp_path)
     store.check("t", "gloo-cpu-1x2", {"tokens_per_s": 100.0}, ENV, rules)
     assert store.check("t", "gloo-cpu-2x2", {"tokens_per_s": 10.0}, ENV, rules).recorded  # another shape

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from training.cluster import collectives
-from training.cluster.torchrun import run_torchrun
 from training.cluster.smoke import gradients_equal
+from training.cluster.torchrun import run_torchrun
 
 
 @pytest.mark.parametrize("n,ar,ag", [(1, 0.0, 0.0), (2, 1.0, 0.5), (4, 1.5, 0.75), (8, 1.75, 0.875)])
@@ -37,8 +37,13 @@ def test_sizes_and_parsing():
 @pytest.mark.slow
 def test_allreduce_smoke_across_two_nodes(tmp_path):
     out = tmp_path / "grads.json"
-    run_torchrun(["-m", "training.cluster.smoke", "allreduce", "--out", str(out)], nodes=2, procs=1, log_dir=tmp_path,
-                 timeout_s=300)
+    run_torchrun(
+        ["-m", "training.cluster.smoke", "allreduce", "--out", str(out)],
+        nodes=2,
+        procs=1,
+        log_dir=tmp_path,
+        timeout_s=300,
+    )
     result = json.loads(out.read_text())
     ok, why = gradients_equal(result)
     assert ok, why

@@ -11,16 +11,20 @@ from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, materialize
 
 from assets import cluster
 from assets.location import build_definitions, default_resources
+from resources.cluster import ClusterValidation
 from training.cluster import ladder
 from training.cluster.baseline import BaselineStore
-from resources.cluster import ClusterValidation
 
 ENV = {"version:torch": "2.13.0", "driver_version": "550.54", "devices": "NVIDIA H100"}
 
 
 def _sweep(wrong: int = 0, bw: float = 40.0, lat: float = 20.0) -> dict:
-    return {"summary": {"all_reduce": {"plateau_busbw_gbps": bw, "latency_floor_us": lat, "wrong": wrong},
-                        "all_gather": {"plateau_busbw_gbps": bw / 2, "latency_floor_us": lat, "wrong": 0}}}
+    return {
+        "summary": {
+            "all_reduce": {"plateau_busbw_gbps": bw, "latency_floor_us": lat, "wrong": wrong},
+            "all_gather": {"plateau_busbw_gbps": bw / 2, "latency_floor_us": lat, "wrong": 0},
+        }
+    }
 
 
 def test_a_sweep_with_wrong_results_never_becomes_the_bandwidth_baseline(tmp_path):
@@ -39,20 +43,31 @@ def test_a_sweep_with_wrong_results_never_becomes_the_bandwidth_baseline(tmp_pat
 
 def test_allreduce_smoke_baseline_is_recorded_when_correct_and_names_a_change(tmp_path):
     store = BaselineStore(tmp_path)
-    result = {"world_size": 2, "backend": "gloo", "sum_max_abs_diff": 2.4e-7, "avg_max_abs_diff": 2.4e-7,
-              "avg_error": None, "ranks_agree": True}
+    result = {
+        "world_size": 2,
+        "backend": "gloo",
+        "sum_max_abs_diff": 2.4e-7,
+        "avg_max_abs_diff": 2.4e-7,
+        "avg_error": None,
+        "ranks_agree": True,
+    }
     wrong = result | {"sum_max_abs_diff": 0.5}
     assert not ladder.check_allreduce(store, "s", wrong, ENV, correct=False, wall_seconds=5.0).recorded
     assert store.load("allreduce_smoke", "s") is None
     first = ladder.check_allreduce(store, "s", result, ENV, correct=True, wall_seconds=5.0)
     assert first.passed and first.recorded
     assert store.load("allreduce_smoke", "s")["metrics"] == {
-        "world_size": 2.0, "sum_max_abs_diff": 2.4e-7, "avg_max_abs_diff": 2.4e-7, "wall_seconds": 5.0}
+        "world_size": 2.0,
+        "sum_max_abs_diff": 2.4e-7,
+        "avg_max_abs_diff": 2.4e-7,
+        "wall_seconds": 5.0,
+    }
     # The same numbers (slower start-up) pass; a reduction that lost precision, still within
     # tolerance, fails naming it; one that became exact passes with a warning.
     assert ladder.check_allreduce(store, "s", result, ENV, correct=True, wall_seconds=50.0).passed
-    coarser = ladder.check_allreduce(store, "s", result | {"sum_max_abs_diff": 9.6e-7}, ENV | {"driver_version": "560"},
-                                     correct=True)
+    coarser = ladder.check_allreduce(
+        store, "s", result | {"sum_max_abs_diff": 9.6e-7}, ENV | {"driver_version": "560"}, correct=True
+    )
     assert not coarser.passed and not coarser.recorded
     assert "sum_max_abs_diff rose 300%: 2.4e-07 → 9.6e-07 (allowed: +50%)" in coarser.summary()
     assert "driver_version: 550.54 → 560" in coarser.summary()
@@ -69,8 +84,11 @@ def test_an_improvement_beyond_the_threshold_is_a_warning_to_rebaseline(tmp_path
     faster = ladder.check_bandwidth(store, "s", _sweep(bw=100.0, lat=8.0), ENV, 0.25, 0.5)
     assert faster.passed and faster.warning and not faster.changes
     assert sorted(c.metric for c in faster.improvements) == [
-        "all_gather.latency_floor_us", "all_gather.plateau_busbw_gbps", "all_reduce.latency_floor_us",
-        "all_reduce.plateau_busbw_gbps"]
+        "all_gather.latency_floor_us",
+        "all_gather.plateau_busbw_gbps",
+        "all_reduce.latency_floor_us",
+        "all_reduce.plateau_busbw_gbps",
+    ]
     text = faster.summary()
     assert "all_reduce.plateau_busbw_gbps improved 150%: rebaseline if intended (campaign ladder --rebaseline)" in text
     assert "all_reduce.latency_floor_us improved 60%: rebaseline if intended" in text
@@ -98,14 +116,20 @@ def test_cluster_group_checks_and_job_are_registered():
     for rung in rungs:
         assert graph.get(AssetKey(["cluster", rung])).group_name == "cluster"
     checks = {(c.asset_key.path[-1], c.name) for c in graph.asset_check_keys if c.asset_key.path[0] == "cluster"}
-    assert {("environment", "devices_visible"), ("allreduce_smoke", "gradient_equality"),
-            ("allreduce_smoke", "allreduce_vs_baseline"), ("collective_bandwidth", "bandwidth_vs_baseline"),
-            ("tiny_training", "throughput_vs_baseline"),
-            ("eval_gate", "gate")} <= checks
+    assert {
+        ("environment", "devices_visible"),
+        ("allreduce_smoke", "gradient_equality"),
+        ("allreduce_smoke", "allreduce_vs_baseline"),
+        ("collective_bandwidth", "bandwidth_vs_baseline"),
+        ("tiny_training", "throughput_vs_baseline"),
+        ("eval_gate", "gate"),
+    } <= checks
     job = defs.resolve_job_def(cluster.JOB)
     assert {n.name for n in job.nodes} >= {"cluster__" + r for r in rungs}
     # each rung stands on the one below it
-    assert AssetKey(["cluster", "allreduce_smoke"]) in graph.get(AssetKey(["cluster", "collective_bandwidth"])).parent_keys
+    assert (
+        AssetKey(["cluster", "allreduce_smoke"]) in graph.get(AssetKey(["cluster", "collective_bandwidth"])).parent_keys
+    )
     assert AssetKey(["cluster", "tiny_training"]) in graph.get(AssetKey(["cluster", "eval_gate"])).parent_keys
 
 
@@ -116,10 +140,14 @@ def _checks(result) -> dict:
 @pytest.mark.slow
 def test_bandwidth_rung_records_a_baseline_then_names_a_drop(artifact_root):
     resources = default_resources(str(artifact_root)) | {
-        "cluster": ClusterValidation(max_bytes="1K", iters=3, warmup=1, plateau_drop=0.25, latency_rise=100.0)}
+        "cluster": ClusterValidation(max_bytes="1K", iters=3, warmup=1, plateau_drop=0.25, latency_rise=100.0)
+    }
     instance = DagsterInstance.ephemeral()
-    first = materialize([cluster.environment, cluster.allreduce_smoke, cluster.collective_bandwidth],
-                        resources=resources, instance=instance)
+    first = materialize(
+        [cluster.environment, cluster.allreduce_smoke, cluster.collective_bandwidth],
+        resources=resources,
+        instance=instance,
+    )
     assert first.success
     c = _checks(first)
     assert c["devices_visible"].passed and c["gradient_equality"].passed and c["collectives_correct"].passed
@@ -149,13 +177,19 @@ def test_bandwidth_rung_records_a_baseline_then_names_a_drop(artifact_root):
     base = json.loads(base_file.read_text())
     base["metrics"] = {k: v * 10 if k.endswith("plateau_busbw_gbps") else v for k, v in base["metrics"].items()}
     base_file.write_text(json.dumps(base))
-    second = materialize([cluster.environment, cluster.collective_bandwidth], resources=resources, instance=instance,
-                         raise_on_error=False)
+    second = materialize(
+        [cluster.environment, cluster.collective_bandwidth],
+        resources=resources,
+        instance=instance,
+        raise_on_error=False,
+    )
     check = _checks(second)["bandwidth_vs_baseline"]
     assert not check.passed
     assert "all_reduce.plateau_busbw_gbps dropped" in check.description and "allowed: -25%" in check.description
-    assert check.metadata["baseline"].value["all_reduce.plateau_busbw_gbps"] == base["metrics"][
-        "all_reduce.plateau_busbw_gbps"]
+    assert (
+        check.metadata["baseline"].value["all_reduce.plateau_busbw_gbps"]
+        == base["metrics"]["all_reduce.plateau_busbw_gbps"]
+    )
 
 
 @pytest.mark.slow
@@ -167,10 +201,16 @@ def test_training_and_gate_rungs_run_through_the_real_gate(artifact_root):
 
     assert "NCCL_DEBUG" not in os.environ  # what the rank sees can only come from the spec
     resources = default_resources(str(artifact_root)) | {
-        "cluster": ClusterValidation(train_steps=60, train_items=600, eval_items=40, gate_min_score=0.5,
-                                     distributed_env={"NCCL_DEBUG": "INFO"})}
-    result = materialize([cluster.environment, cluster.tiny_training, cluster.eval_gate], resources=resources,
-                         instance=DagsterInstance.ephemeral(), raise_on_error=False)
+        "cluster": ClusterValidation(
+            train_steps=60, train_items=600, eval_items=40, gate_min_score=0.5, distributed_env={"NCCL_DEBUG": "INFO"}
+        )
+    }
+    result = materialize(
+        [cluster.environment, cluster.tiny_training, cluster.eval_gate],
+        resources=resources,
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
     c = _checks(result)
     assert c["loss_decreased"].passed
     # os.environ of local rank 0, recorded by the trainer's diagnostics inside the torchrun process
@@ -189,8 +229,9 @@ def test_ladder_command_reports_warn_checks_without_failing():
     from campaign_app.cli.common import check_status
 
     def ev(passed, severity):
-        return AssetCheckEvaluation(asset_key=AssetKey(["cluster", "x"]), check_name="c", passed=passed,
-                                    severity=severity)
+        return AssetCheckEvaluation(
+            asset_key=AssetKey(["cluster", "x"]), check_name="c", passed=passed, severity=severity
+        )
 
     assert check_status(ev(True, AssetCheckSeverity.ERROR)) == "PASS"
     assert check_status(ev(False, AssetCheckSeverity.WARN)) == "WARN"

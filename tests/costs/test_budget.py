@@ -13,9 +13,9 @@ import pytest
 from dagster import AssetKey, DagsterInstance, Output, asset, materialize
 
 from assets.io_manager import ManifestIOManager
-from campaigns.loader import parse_campaign_text
 from campaign_orchestrator.costs.budget import BudgetExceeded, BudgetGuard, Limit
 from campaign_orchestrator.costs.ledger import Ledger
+from campaigns.loader import parse_campaign_text
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
 from tests.support import REPO_ROOT
@@ -74,8 +74,11 @@ def _stage(spec, computed: list[int]):
 
 
 def _run(spec, root, computed, instance):
-    resources = {"storage": ArtifactStore(root=str(root)), "pricing": PricingResource(),
-                 "io_manager": ManifestIOManager(root=str(root))}
+    resources = {
+        "storage": ArtifactStore(root=str(root)),
+        "pricing": PricingResource(),
+        "io_manager": ManifestIOManager(root=str(root)),
+    }
     return materialize([_stage(spec, computed)], instance=instance, resources=resources, raise_on_error=False)
 
 
@@ -123,12 +126,20 @@ def test_the_planner_estimate_refuses_a_stage_that_cannot_fit(artifact_root):
 def test_guard_stage_budget_and_the_last_chunk(tmp_path):
     """A stage budget applies next to the campaign's; the final chunk is not charged for a next one."""
     clock = _Clock()
-    guard = BudgetGuard(ledger=Ledger(tmp_path / "l.duckdb"), campaign="c", stage="evaluation", run_id="r",
-                        step_key="s", attempt=0, stage_key="k",
-                        limits=[Limit("campaign c", 10.0, 0.0), Limit("stage evaluation", 0.5, 0.2)],
-                        line_fn=lambda s, n: [{"kind": "evaluation", "price_key": "x", "quantity": s, "unit": "host-hour",
-                                               "unit_price": 1.0, "usd": s}],
-                        clock=clock)
+    guard = BudgetGuard(
+        ledger=Ledger(tmp_path / "l.duckdb"),
+        campaign="c",
+        stage="evaluation",
+        run_id="r",
+        step_key="s",
+        attempt=0,
+        stage_key="k",
+        limits=[Limit("campaign c", 10.0, 0.0), Limit("stage evaluation", 0.5, 0.2)],
+        line_fn=lambda s, n: [
+            {"kind": "evaluation", "price_key": "x", "quantity": s, "unit": "host-hour", "unit_price": 1.0, "usd": s}
+        ],
+        clock=clock,
+    )
     progress = guard.watch(_Progress(3))
     clock.t = 0.1
     progress(1)
@@ -155,19 +166,30 @@ def test_the_teacher_stage_stops_midway_on_its_budget(artifact_root):
     the server stops being asked."""
     import yaml
 
-    from assets import teacher_generations as generations, prompts
+    from assets import prompts
+    from assets import teacher_generations as generations
     from assets.location import default_resources
     from tests.support.testserver import ServerConfig, ServerThread
 
     d = yaml.safe_load((REPO_ROOT / "campaigns/demo.yaml").read_text())
     with ServerThread(ServerConfig(latency_s=0.02)) as srv:
-        d["teacher"] = {"backend": "openai", "model": "teacher", "base_url": srv.base_url, "price": "api-open-70b",
-                        "max_concurrency": 2, "sampling": {"max_new_tokens": 16}}
+        d["teacher"] = {
+            "backend": "openai",
+            "model": "teacher",
+            "base_url": srv.base_url,
+            "price": "api-open-70b",
+            "max_concurrency": 2,
+            "sampling": {"max_new_tokens": 16},
+        }
         d["cost"] = {"budget_usd": 0.004, "check_estimates": False}
         spec = parse_campaign_text(yaml.safe_dump(d))
         with DagsterInstance.ephemeral() as instance:
-            result = materialize([prompts.build(spec), generations.build(spec)], instance=instance,
-                                 raise_on_error=False, resources=default_resources(str(artifact_root)))
+            result = materialize(
+                [prompts.build(spec), generations.build(spec)],
+                instance=instance,
+                raise_on_error=False,
+                resources=default_resources(str(artifact_root)),
+            )
         asked = srv.stats.received
     assert not result.success
     msg = _failure(result)
@@ -186,8 +208,6 @@ def test_the_teacher_stage_stops_midway_on_its_budget(artifact_root):
 
 def test_training_launcher_stops_every_process_when_the_budget_says_so(tmp_path):
     """The launcher polls the guard while torchrun runs; a budget stop terminates all nodes."""
-    import subprocess
-    import sys
     import time
 
     from resources.local_launcher import LocalTorchrunLauncher
@@ -195,11 +215,20 @@ def test_training_launcher_stops_every_process_when_the_budget_says_so(tmp_path)
 
     procs = [sleeping_node(tmp_path / f"node{i}.out") for i in range(2)]
     clock = _Clock()
-    guard = BudgetGuard(ledger=Ledger(tmp_path / "l.duckdb"), campaign="c", stage="student_adapter", run_id="r",
-                        step_key="s", attempt=0, stage_key="k", limits=[Limit("campaign c", 1.0, 0.0)],
-                        line_fn=lambda s, n: [{"kind": "training", "price_key": "x", "quantity": s, "unit": "gpu-hour",
-                                               "unit_price": 1.0, "usd": s}],
-                        clock=lambda: clock.t)
+    guard = BudgetGuard(
+        ledger=Ledger(tmp_path / "l.duckdb"),
+        campaign="c",
+        stage="student_adapter",
+        run_id="r",
+        step_key="s",
+        attempt=0,
+        stage_key="k",
+        limits=[Limit("campaign c", 1.0, 0.0)],
+        line_fn=lambda s, n: [
+            {"kind": "training", "price_key": "x", "quantity": s, "unit": "gpu-hour", "unit_price": 1.0, "usd": s}
+        ],
+        clock=lambda: clock.t,
+    )
 
     def tick():
         clock.t += 0.3  # each poll: 0.3 device-seconds at $1/s
@@ -207,8 +236,12 @@ def test_training_launcher_stops_every_process_when_the_budget_says_so(tmp_path)
 
     t0 = time.monotonic()
     with pytest.raises(BudgetExceeded, match="stopped student_adapter mid-way"):
-        LocalTorchrunLauncher._wait(procs, [tmp_path / "a.log", tmp_path / "b.log"], time.monotonic() + 60,
-                                    type("B", (), {"check": staticmethod(tick)})())
+        LocalTorchrunLauncher._wait(
+            procs,
+            [tmp_path / "a.log", tmp_path / "b.log"],
+            time.monotonic() + 60,
+            type("B", (), {"check": staticmethod(tick)})(),
+        )
     assert time.monotonic() - t0 < 30 and all(p.poll() is not None for p in procs)
     assert Ledger(tmp_path / "l.duckdb").spent("c") == pytest.approx(0.9)  # stopped after 3 polls: a 4th passes $1
 
@@ -216,9 +249,9 @@ def test_training_launcher_stops_every_process_when_the_budget_says_so(tmp_path)
 def test_evaluation_stops_between_models_when_its_spend_passes_the_budget(tmp_path):
     """The evaluation stage's guard watches answer_suites: after the candidate's suite has cost $0.30 of a
     $0.50 budget, one more like it would pass the budget, so the base model is never run."""
+    from campaign_orchestrator.demo import cipher
     from evaluation.runner import SuiteRun, answer_suites
     from evaluation.scorers import build_scorer
-    from campaign_orchestrator.demo import cipher
 
     @dataclass
     class Answer:
@@ -227,11 +260,20 @@ def test_evaluation_stops_between_models_when_its_spend_passes_the_budget(tmp_pa
         error: str | None = None
 
     clock = _Clock()
-    guard = BudgetGuard(ledger=Ledger(tmp_path / "l.duckdb"), campaign="c", stage="evaluation", run_id="r",
-                        step_key="s", attempt=0, stage_key="k", limits=[Limit("campaign c", 0.5, 0.0)],
-                        line_fn=lambda s, n: [{"kind": "evaluation", "price_key": "x", "quantity": s, "unit": "host-hour",
-                                               "unit_price": 1.0, "usd": s}],
-                        clock=clock)
+    guard = BudgetGuard(
+        ledger=Ledger(tmp_path / "l.duckdb"),
+        campaign="c",
+        stage="evaluation",
+        run_id="r",
+        step_key="s",
+        attempt=0,
+        stage_key="k",
+        limits=[Limit("campaign c", 0.5, 0.0)],
+        line_fn=lambda s, n: [
+            {"kind": "evaluation", "price_key": "x", "quantity": s, "unit": "host-hour", "unit_price": 1.0, "usd": s}
+        ],
+        clock=clock,
+    )
     answered = []
 
     def model(name):  # the cipher itself answers (what the teacher learned); each model costs 0.3 s of clock
@@ -239,12 +281,18 @@ def test_evaluation_stops_between_models_when_its_spend_passes_the_budget(tmp_pa
             answered.append(name)
             clock.t += 0.3
             return [Answer(cipher.encode(p.split()[1]), 0.0) for p in prompts]
+
         return lambda: generate
 
-    items = [{"id": f"i{k}", "prompt": f"encode {w} =", "reference": cipher.encode(w), "category": "all"}
-             for k, w in enumerate(["abc", "hello", "zebra"])]
+    items = [
+        {"id": f"i{k}", "prompt": f"encode {w} =", "reference": cipher.encode(w), "category": "all"}
+        for k, w in enumerate(["abc", "hello", "zebra"])
+    ]
     with pytest.raises(BudgetExceeded, match="campaign c"):
-        answer_suites([SuiteRun("cipher", items, build_scorer("exact_match"), 8)],
-                      {"candidate": model("candidate"), "base": model("base")}, log=lambda m: None,
-                      progress=guard.watch())
+        answer_suites(
+            [SuiteRun("cipher", items, build_scorer("exact_match"), 8)],
+            {"candidate": model("candidate"), "base": model("base")},
+            log=lambda m: None,
+            progress=guard.watch(),
+        )
     assert answered == ["candidate"] and guard.stopped

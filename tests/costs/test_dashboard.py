@@ -14,42 +14,84 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import AssetKey, AssetSpec, DagsterInstance, Definitions, define_asset_job
 
-from campaigns.loader import resolve_campaign
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.stage_dir import StageDir
+from campaigns.loader import resolve_campaign
 
 RUN_2 = str(uuid.uuid4())
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def _hours(kind, usd, price=0.0893):
-    return [{"kind": kind, "price_key": "cpu-2vcpu", "quantity": usd / price, "unit": "host-hour", "unit_price": price,
-             "usd": usd, "as_of": "2025-06-01", "tier": "on_demand", "catalog_version": "2026-11-29"}]
+    return [
+        {
+            "kind": kind,
+            "price_key": "cpu-2vcpu",
+            "quantity": usd / price,
+            "unit": "host-hour",
+            "unit_price": price,
+            "usd": usd,
+            "as_of": "2025-06-01",
+            "tier": "on_demand",
+            "catalog_version": "2026-11-29",
+        }
+    ]
 
 
 def _record(root: Path, run_id: str, stage: str, key: str, manifest: dict) -> dict:
     """Commit a stage output as the stage would, point LATEST.json at it, record it as the IO manager does."""
     m = StageDir(root, "demo", stage, key).commit(manifest)
     (root / "demo" / stage / "LATEST.json").write_text(json.dumps(m))
-    Ledger(root / "cost_ledger.duckdb").record_stage(campaign="demo", asset=stage, run_id=run_id, step_key=stage, manifest=m)
+    Ledger(root / "cost_ledger.duckdb").record_stage(
+        campaign="demo", asset=stage, run_id=run_id, step_key=stage, manifest=m
+    )
     return m
 
 
 def _evaluation(root: Path, run_id: str, key: str, cand: list[int], verdict: str, usd: float) -> dict:
     d = root / "demo" / "evaluation" / key
     d.mkdir(parents=True)
-    rows = [{"suite": "cipher", "model": m, "item_id": f"i{i}", "score": float(v)}
-            for m, scores in (("candidate", cand), ("base", [0] * len(cand))) for i, v in enumerate(scores)]
+    rows = [
+        {"suite": "cipher", "model": m, "item_id": f"i{i}", "score": float(v)}
+        for m, scores in (("candidate", cand), ("base", [0] * len(cand)))
+        for i, v in enumerate(scores)
+    ]
     pq.write_table(pa.Table.from_pylist(rows), d / "items.parquet")
-    (d / "gate.json").write_text(json.dumps({"verdict": verdict, "reasons": [] if verdict == "GO" else ["cipher: floor"],
-                                             "markdown": "| gate |", "suites": [{"suite": "cipher"}]}))
+    (d / "gate.json").write_text(
+        json.dumps(
+            {
+                "verdict": verdict,
+                "reasons": [] if verdict == "GO" else ["cipher: floor"],
+                "markdown": "| gate |",
+                "suites": [{"suite": "cipher"}],
+            }
+        )
+    )
     score = sum(cand) / len(cand)
-    return _record(root, run_id, "evaluation", key, {
-        "items_path": str(d / "items.parquet"), "gate_path": str(d / "gate.json"), "verdict": verdict,
-        "scores": {"candidate": {"cipher": score}, "base": {"cipher": 0.0}}, "candidate_key": key,
-        "wall_seconds": 50.0, "cost_lines": _hours("evaluation", usd)})
+    return _record(
+        root,
+        run_id,
+        "evaluation",
+        key,
+        {
+            "items_path": str(d / "items.parquet"),
+            "gate_path": str(d / "gate.json"),
+            "verdict": verdict,
+            "scores": {"candidate": {"cipher": score}, "base": {"cipher": 0.0}},
+            "candidate_key": key,
+            "wall_seconds": 50.0,
+            "cost_lines": _hours("evaluation", usd),
+        },
+    )
 
 
 @pytest.fixture
@@ -57,21 +99,54 @@ def campaign(artifact_root):
     """Two runs of the demo campaign in the ledger: run-1 produced everything and was blocked
     (candidate 4%); run-2 reused the teacher's output, trained again and passed (candidate 90%)."""
     root = artifact_root
-    _record(root, "run-1", "teacher_generations", "g1", {"prompt_tokens": 30_000, "completion_tokens": 20_000,
-                                                         "rows": 2000, "wall_seconds": 40.0, "cost_lines": _hours("teacher", 0.0010)})
+    _record(
+        root,
+        "run-1",
+        "teacher_generations",
+        "g1",
+        {
+            "prompt_tokens": 30_000,
+            "completion_tokens": 20_000,
+            "rows": 2000,
+            "wall_seconds": 40.0,
+            "cost_lines": _hours("teacher", 0.0010),
+        },
+    )
     _record(root, "run-1", "distillation_set", "d1", {"rows": 1600, "cost_lines": []})
     _record(root, "run-1", "tokenized_dataset", "t1", {"rows": 1600, "cost_lines": []})
-    _record(root, "run-1", "student_adapter", "a1", {"summary": {"tokens": 100_000, "train_seconds": 500.0},
-                                                     "wall_seconds": 520.0, "cost_lines": _hours("training", 0.0120)})
+    _record(
+        root,
+        "run-1",
+        "student_adapter",
+        "a1",
+        {
+            "summary": {"tokens": 100_000, "train_seconds": 500.0},
+            "wall_seconds": 520.0,
+            "cost_lines": _hours("training", 0.0120),
+        },
+    )
     _evaluation(root, "run-1", "e1", [1] * 2 + [0] * 48, "NO-GO", 0.0015)
     ledger = Ledger(root / "cost_ledger.duckdb")
     gen = json.loads((root / "demo/teacher_generations/LATEST.json").read_text())
     for stage in ("teacher_generations", "distillation_set", "tokenized_dataset"):  # cache hits in run-2
-        ledger.record_stage(campaign="demo", asset=stage, run_id=RUN_2, step_key=stage,
-                            manifest=json.loads((root / "demo" / stage / "LATEST.json").read_text()))
-    _record(root, RUN_2, "student_adapter", "a2", {"summary": {"tokens": 100_000, "train_seconds": 400.0,
-                                                                 "peak_memory_mb": 600.0},
-                                                     "wall_seconds": 420.0, "cost_lines": _hours("training", 0.0100)})
+        ledger.record_stage(
+            campaign="demo",
+            asset=stage,
+            run_id=RUN_2,
+            step_key=stage,
+            manifest=json.loads((root / "demo" / stage / "LATEST.json").read_text()),
+        )
+    _record(
+        root,
+        RUN_2,
+        "student_adapter",
+        "a2",
+        {
+            "summary": {"tokens": 100_000, "train_seconds": 400.0, "peak_memory_mb": 600.0},
+            "wall_seconds": 420.0,
+            "cost_lines": _hours("training", 0.0100),
+        },
+    )
     _evaluation(root, RUN_2, "e2", [1] * 45 + [0] * 5, "GO", 0.0012)
     return root, gen
 
@@ -91,9 +166,11 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
     assert blocked["cost"]["usd_per_point_gained_lcb"] is None  # 4% vs 0% on 50 items: lower bound < 0
 
     # run-2 materializes campaign_cost itself (upstream manifests come through the IO manager)
-    defs = Definitions(assets=[cost.build(spec), *[AssetSpec(AssetKey(["demo", s])) for s in cost.STAGES]],
-                       jobs=[define_asset_job("cost_only", selection=[AssetKey(["demo", "campaign_cost"])])],
-                       resources=default_resources(str(root)))
+    defs = Definitions(
+        assets=[cost.build(spec), *[AssetSpec(AssetKey(["demo", s])) for s in cost.STAGES]],
+        jobs=[define_asset_job("cost_only", selection=[AssetKey(["demo", "campaign_cost"])])],
+        resources=default_resources(str(root)),
+    )
     with DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("cost_only").execute_in_process(instance=instance, run_id=RUN_2)
         tags = instance.get_run_by_id(RUN_2).tags
@@ -110,7 +187,9 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
     # for people: the result in one line, numbers rounded (the report file keeps the raw values)
     assert md["result"].value == "GO · cipher 90.0% (base 0.0%) · result $0.012 · spent in this run $0.011"
     assert md["budget_used_fraction"].value == 0.0257 and len(repr(md["gain_points_low"].value)) <= 8
-    assert md["plan_total_usd"].value > 0 and md["budget_used_fraction"].value == pytest.approx(0.0257)  # all spend of both runs
+    assert md["plan_total_usd"].value > 0 and md["budget_used_fraction"].value == pytest.approx(
+        0.0257
+    )  # all spend of both runs
     # the UI links pages a browser opens from a web page (served by `campaign dashboard --serve`), never file://
     assert md["dashboard"].value == "http://127.0.0.1:8765/demo.html"
     assert md["team_dashboard"].value == "http://127.0.0.1:8765/index.html"
@@ -130,10 +209,24 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
     assert main(["costs", "demo", "--artifacts", str(root)]) == 0
     out = capsys.readouterr().out
     assert "campaign demo: $0.025700 in 2 run(s)" in out and "run-1" in out
-    assert main(["costs", "--artifacts", str(root), "--sql",
-                 "SELECT kind, round(SUM(usd), 6) AS usd FROM cost_lines GROUP BY kind ORDER BY kind"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["kind\tusd", "evaluation\t0.0027", "teacher\t0.001",
-                                                    "training\t0.022"]
+    assert (
+        main(
+            [
+                "costs",
+                "--artifacts",
+                str(root),
+                "--sql",
+                "SELECT kind, round(SUM(usd), 6) AS usd FROM cost_lines GROUP BY kind ORDER BY kind",
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.splitlines() == [
+        "kind\tusd",
+        "evaluation\t0.0027",
+        "teacher\t0.001",
+        "training\t0.022",
+    ]
     assert main(["dashboard", "demo", "--artifacts", str(root)]) == 0
     assert capsys.readouterr().out.strip() == str(dash)
 
@@ -152,11 +245,16 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
             box = page.locator("svg").first.bounding_box()
         finally:
             browser.close()
-    for needle in ("Cost dashboard · campaign demo", "$0.012",  # latest result cost, in dollars for people
-                   "$0.02",  # $/M teacher tokens
-                   "not meaningful",  # run-1's $/point
-                   "$0.026 spent of $1.00",  # budget burn: all spend in the ledger
-                   "run-1"[:8], "NO-GO", "GO"):
+    for needle in (
+        "Cost dashboard · campaign demo",
+        "$0.012",  # latest result cost, in dollars for people
+        "$0.02",  # $/M teacher tokens
+        "not meaningful",  # run-1's $/point
+        "$0.026 spent of $1.00",  # budget burn: all spend in the ledger
+        "run-1"[:8],
+        "NO-GO",
+        "GO",
+    ):
         assert needle in text, needle
     assert marks >= 6 and bars >= 4 and box["width"] > 300 and box["height"] > 100
     pixels = _png_pixels(shot)
@@ -169,9 +267,9 @@ def _png_pixels(path: Path) -> bytes:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     i, idat = 8, b""
     while i < len(data):
-        (n,) = struct.unpack(">I", data[i:i + 4])
-        kind = data[i + 4:i + 8]
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        kind = data[i + 4 : i + 8]
         if kind == b"IDAT":
-            idat += data[i + 8:i + 8 + n]
+            idat += data[i + 8 : i + 8 + n]
         i += 12 + n
     return zlib.decompress(idat)

@@ -9,8 +9,17 @@ from assets.io_manager import ManifestIOManager
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.stage_dir import StageDir
 
-LINE = {"kind": "teacher", "price_key": "cpu-2vcpu", "quantity": 0.5, "unit": "host-hour", "unit_price": 0.1,
-        "usd": 0.05, "as_of": "2025-06-01", "tier": "on_demand", "catalog_version": "v1"}
+LINE = {
+    "kind": "teacher",
+    "price_key": "cpu-2vcpu",
+    "quantity": 0.5,
+    "unit": "host-hour",
+    "unit_price": 0.1,
+    "usd": 0.05,
+    "as_of": "2025-06-01",
+    "tier": "on_demand",
+    "catalog_version": "v1",
+}
 
 
 def _commit(root, key="k1", lines=(LINE,)):
@@ -35,8 +44,9 @@ def test_a_production_is_paid_once_retries_and_reuse_add_nothing(tmp_path):
     # the output deleted and computed again is a new production: it is paid again
     again = _commit(tmp_path)
     assert again["production_id"] != m["production_id"]
-    assert ledger.record_stage(run_id="r3", step_key="s", campaign="camp", asset="teacher_generations",
-                               manifest=again)["spent_usd"] == pytest.approx(0.05)
+    assert ledger.record_stage(run_id="r3", step_key="s", campaign="camp", asset="teacher_generations", manifest=again)[
+        "spent_usd"
+    ] == pytest.approx(0.05)
     assert ledger.spent("camp") == pytest.approx(0.10)
     # lineage: the lines paid for the output a result used (any run)
     assert [x["run_id"] for x in ledger.lineage_lines("camp", {"teacher_generations": "k1"})] == ["r1", "r3"]
@@ -44,13 +54,22 @@ def test_a_production_is_paid_once_retries_and_reuse_add_nothing(tmp_path):
 
 def test_interrupted_spend_is_idempotent_per_run_step_and_attempt(tmp_path):
     ledger = Ledger(tmp_path / "ledger.duckdb")
-    kw = {"campaign": "camp", "asset": "teacher_generations", "run_id": "r1", "step_key": "s", "stage_key": "k1",
-          "lines": [LINE]}
+    kw = {
+        "campaign": "camp",
+        "asset": "teacher_generations",
+        "run_id": "r1",
+        "step_key": "s",
+        "stage_key": "k1",
+        "lines": [LINE],
+    }
     ledger.record_interrupted(attempt=0, **kw)
     ledger.record_interrupted(attempt=0, **kw)
     ledger.record_interrupted(attempt=1, **kw)
     rows = ledger.query("SELECT status, attempt, usd FROM cost_lines ORDER BY attempt")
-    assert rows == [{"status": "interrupted", "attempt": 0, "usd": 0.05}, {"status": "interrupted", "attempt": 1, "usd": 0.05}]
+    assert rows == [
+        {"status": "interrupted", "attempt": 0, "usd": 0.05},
+        {"status": "interrupted", "attempt": 1, "usd": 0.05},
+    ]
     runs = ledger.runs("camp")
     assert runs[0]["interrupted_usd"] == pytest.approx(0.10) and runs[0]["teacher_usd"] == 0.0
 
@@ -77,8 +96,12 @@ def test_a_dagster_step_retried_after_its_output_was_recorded_does_not_double_co
             raise RuntimeError("crash after the output was handled (e.g. a lost heartbeat)")
 
     with DagsterInstance.ephemeral() as instance:
-        result = materialize([teacher_generations], instance=instance, raise_on_error=False,
-                             resources={"io_manager": ManifestIOManager(root=str(root))})
+        result = materialize(
+            [teacher_generations],
+            instance=instance,
+            raise_on_error=False,
+            resources={"io_manager": ManifestIOManager(root=str(root))},
+        )
     assert result.success and attempts == [0, 1]
     ledger = Ledger(root / "cost_ledger.duckdb")
     assert len(ledger.lines("camp")) == 1 and ledger.spent("camp", run_id=result.run_id) == pytest.approx(0.05)
@@ -99,18 +122,36 @@ def test_lines_keep_their_ray_shard_and_an_older_ledger_gains_the_column_without
     assert "shard" not in old_schema.split("CREATE TABLE IF NOT EXISTS materializations")[0]
     con = duckdb.connect(str(path))
     con.execute(old_schema)  # the ledger as it was before lines named their shard
-    con.execute("INSERT INTO cost_lines VALUES ('old-1', 'camp', 'teacher_generations', 'r0', 's', 0, 'p0', 'k0', "
-                "'completed', 'teacher', 'cpu-2vcpu', 0.5, 'host-hour', 0.1, 0.05, NULL, NULL, NULL, now())")
+    con.execute(
+        "INSERT INTO cost_lines VALUES ('old-1', 'camp', 'teacher_generations', 'r0', 's', 0, 'p0', 'k0', "
+        "'completed', 'teacher', 'cpu-2vcpu', 0.5, 'host-hour', 0.1, 0.05, NULL, NULL, NULL, now())"
+    )
     con.close()
     ledger = Ledger(path)
     shards = [LINE | {"shard": "a1b2c3"}, LINE | {"shard": "d4e5f6"}, LINE]
-    ledger.record_stage(campaign="camp", asset="teacher_generations", run_id="r1", step_key="s",
-                        manifest=_commit(tmp_path, key="k1", lines=shards))
+    ledger.record_stage(
+        campaign="camp",
+        asset="teacher_generations",
+        run_id="r1",
+        step_key="s",
+        manifest=_commit(tmp_path, key="k1", lines=shards),
+    )
     rows = ledger.query("SELECT run_id, shard, usd FROM cost_lines ORDER BY run_id, shard NULLS LAST")
-    assert rows == [{"run_id": "r0", "shard": None, "usd": 0.05}, {"run_id": "r1", "shard": "a1b2c3", "usd": 0.05},
-                    {"run_id": "r1", "shard": "d4e5f6", "usd": 0.05}, {"run_id": "r1", "shard": None, "usd": 0.05}]
+    assert rows == [
+        {"run_id": "r0", "shard": None, "usd": 0.05},
+        {"run_id": "r1", "shard": "a1b2c3", "usd": 0.05},
+        {"run_id": "r1", "shard": "d4e5f6", "usd": 0.05},
+        {"run_id": "r1", "shard": None, "usd": 0.05},
+    ]
     assert ledger.spent("camp") == pytest.approx(0.20) and len(ledger.lines("camp")) == 4
     fresh = Ledger(tmp_path / "new.duckdb")  # a new file has the column from the start
-    fresh.record_interrupted(campaign="camp", asset="teacher_generations", run_id="r2", step_key="s", attempt=0,
-                             stage_key="k2", lines=[LINE | {"shard": "0f0f0f"}])
+    fresh.record_interrupted(
+        campaign="camp",
+        asset="teacher_generations",
+        run_id="r2",
+        step_key="s",
+        attempt=0,
+        stage_key="k2",
+        lines=[LINE | {"shard": "0f0f0f"}],
+    )
     assert fresh.query("SELECT shard FROM cost_lines") == [{"shard": "0f0f0f"}]

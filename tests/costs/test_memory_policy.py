@@ -10,19 +10,26 @@ from campaign_orchestrator.costs.memory_policy import choose_memory_policy, plan
 from campaigns.spec import StudentSpec, TrainingSpec
 
 # TinyLlama-1.1B's shape (benchmarks/train_gpu_step.py's model), LoRA r16 on all seven projections
-TINYLLAMA = ModelShape(hidden=2048, intermediate=5632, layers=22, heads=32, kv_heads=4, head_dim=64, vocab=32000,
-                       tied=False)
+TINYLLAMA = ModelShape(
+    hidden=2048, intermediate=5632, layers=22, heads=32, kv_heads=4, head_dim=64, vocab=32000, tied=False
+)
 ALL7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def student(load_in_4bit: bool = False) -> StudentSpec:
-    return StudentSpec.model_validate({"base_model": "tinyllama", "lora": {"r": 16, "target_modules": ALL7},
-                                       "quantization": {"load_in_4bit": load_in_4bit, "compute_dtype": "bfloat16"}})
+    return StudentSpec.model_validate(
+        {
+            "base_model": "tinyllama",
+            "lora": {"r": 16, "target_modules": ALL7},
+            "quantization": {"load_in_4bit": load_in_4bit, "compute_dtype": "bfloat16"},
+        }
+    )
 
 
 def training(**kw) -> TrainingSpec:
-    return TrainingSpec.model_validate({"max_steps": 10, "micro_batch_size": "auto",
-                                        "activation_checkpointing": "auto"} | kw)
+    return TrainingSpec.model_validate(
+        {"max_steps": 10, "micro_batch_size": "auto", "activation_checkpointing": "auto"} | kw
+    )
 
 
 def test_an_80gb_and_a_24gb_device_pick_differently():
@@ -42,15 +49,16 @@ def test_an_80gb_and_a_24gb_device_pick_differently():
 
 
 def test_qlora_needs_less_than_lora_and_a_set_field_is_kept():
-    lora = choose_memory_policy(TINYLLAMA, student(), training(micro_batch_size=8), device_memory_gb=12.5,
-                                seq_len=1024)
-    qlora = choose_memory_policy(TINYLLAMA, student(True), training(micro_batch_size=8), device_memory_gb=12.5,
-                                 seq_len=1024)
+    lora = choose_memory_policy(TINYLLAMA, student(), training(micro_batch_size=8), device_memory_gb=12.5, seq_len=1024)
+    qlora = choose_memory_policy(
+        TINYLLAMA, student(True), training(micro_batch_size=8), device_memory_gb=12.5, seq_len=1024
+    )
     assert lora.micro_batch_size == qlora.micro_batch_size == 8 and lora.chosen == ("activation_checkpointing",)
     # the 4-bit base leaves room to keep more: LoRA must checkpoint where QLoRA only recomputes the cheap part
     assert (lora.activation_policy, qlora.activation_policy) == ("full", "recompute")
-    fixed = choose_memory_policy(TINYLLAMA, student(), training(activation_checkpointing=True), device_memory_gb=24,
-                                 seq_len=1024)
+    fixed = choose_memory_policy(
+        TINYLLAMA, student(), training(activation_checkpointing=True), device_memory_gb=24, seq_len=1024
+    )
     assert fixed.activation_policy == "full" and fixed.chosen == ("micro_batch_size",)
     resolved = resolved_training(training(activation_checkpointing=True), fixed)
     assert resolved.micro_batch_size == fixed.micro_batch_size and resolved.activation_checkpointing is True
@@ -62,8 +70,7 @@ def test_nothing_fits_gives_the_leanest_choice_flagged():
 
 
 def test_without_the_exact_recompute_auto_chooses_between_none_and_full():
-    p = choose_memory_policy(TINYLLAMA, student(), training(), device_memory_gb=24, seq_len=1024,
-                             recompute_cheap=False)
+    p = choose_memory_policy(TINYLLAMA, student(), training(), device_memory_gb=24, seq_len=1024, recompute_cheap=False)
     assert p.activation_policy in ("none", "full")
 
 
@@ -76,8 +83,9 @@ def _spec(st, tr):
 def test_reshard_after_forward_follows_the_topology_and_the_estimate_follows_it():
     one_node = training(micro_batch_size=4, activation_checkpointing=False, nodes=1, processes_per_node=8)
     two_nodes = training(micro_batch_size=4, activation_checkpointing=False, nodes=2, processes_per_node=4)
-    forced = training(micro_batch_size=4, activation_checkpointing=False, nodes=1, processes_per_node=8,
-                      reshard_after_forward=True)
+    forced = training(
+        micro_batch_size=4, activation_checkpointing=False, nodes=1, processes_per_node=8, reshard_after_forward=True
+    )
     assert one_node.resharding_after_forward is False and two_nodes.resharding_after_forward is True
     assert forced.resharding_after_forward is True
     gathered = training_memory(TINYLLAMA, _spec(student(), one_node), 1024)

@@ -12,10 +12,20 @@ from tests.support.moe_support import ATTENTION, EXPERT_TENSORS, moe_student, pe
 
 # Qwen3-30B-A3B's published config.json (the fields that size it).
 QWEN3_30B_A3B = {
-    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
-    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
-    "tie_word_embeddings": False, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
-    "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
 }
 
 
@@ -62,12 +72,23 @@ def test_parameter_counts_match_the_real_tensors_of_the_tiny_moe(config, expert_
 def _spec(student, training: str = "") -> object:
     import yaml
 
-    return parse_campaign_text(yaml.safe_dump({
-        "name": "m", "teacher": {"model": "@demo/teacher", "hardware": "cpu-2vcpu"}, "student": student.model_dump(),
-        "data": {"source": "campaigns/data/demo/*.jsonl"},
-        "training": {"max_steps": 10, "micro_batch_size": 4, "hardware": "cpu-2vcpu",
-                     **yaml.safe_load("{" + training + "}")},
-        "evaluation": {"suites": [{"name": "s"}]}}))
+    return parse_campaign_text(
+        yaml.safe_dump(
+            {
+                "name": "m",
+                "teacher": {"model": "@demo/teacher", "hardware": "cpu-2vcpu"},
+                "student": student.model_dump(),
+                "data": {"source": "campaigns/data/demo/*.jsonl"},
+                "training": {
+                    "max_steps": 10,
+                    "micro_batch_size": 4,
+                    "hardware": "cpu-2vcpu",
+                    **yaml.safe_load("{" + training + "}"),
+                },
+                "evaluation": {"suites": [{"name": "s"}]},
+            }
+        )
+    )
 
 
 def test_memory_follows_total_parameters_and_4bit_leaves_the_experts_in_the_compute_dtype():
@@ -83,11 +104,14 @@ def test_memory_follows_total_parameters_and_4bit_leaves_the_experts_in_the_comp
     assert facts["expert_lora_params"] == 2 * 4 * 4 * (128 + 144)
     # the folded expert stack W + s·B·A of every MoE layer is kept for backward (one layer with checkpointing)
     with_lora = training_memory(shape, _spec(moe_student()), seq_len=16)["per_device_gb"]
-    without = training_memory(shape, _spec(moe_student(lora={"target_parameters": []}, moe={"experts": "frozen"})),
-                              seq_len=16)["per_device_gb"]
+    without = training_memory(
+        shape, _spec(moe_student(lora={"target_parameters": []}, moe={"experts": "frozen"})), seq_len=16
+    )["per_device_gb"]
     folded = 2 * shape.expert_params / 2  # bytes of one layer's stack in a 16-bit compute dtype
     assert with_lora["activations"] - without["activations"] == pytest.approx(3 * folded / 1e9)
-    assert with_lora["activations_checkpointed"] - without["activations_checkpointed"] == pytest.approx(2 * folded / 1e9)
+    assert with_lora["activations_checkpointed"] - without["activations_checkpointed"] == pytest.approx(
+        2 * folded / 1e9
+    )
 
 
 def test_training_flops_and_generation_time_follow_the_active_parameters(tmp_path):
@@ -100,8 +124,15 @@ def test_training_flops_and_generation_time_follow_the_active_parameters(tmp_pat
     moe = ModelShape.from_config(QWEN3_30B_A3B)
     spec = _spec(moe_student(), training="hardware: h100-sxm, nodes: 1, processes_per_node: 8")
     catalog = read_catalog(shipped_campaigns_dir() / "pricing/catalog.yaml")
-    facts = DataFacts(train_prompts=1000, heldout_items=100, prompt_tokens_teacher=10.0, prompt_tokens_student=10.0,
-                      heldout_prompt_tokens_student=10.0, heldout_prompt_tokens_teacher=10.0, suites={"s": (100, 10.0)})
+    facts = DataFacts(
+        train_prompts=1000,
+        heldout_items=100,
+        prompt_tokens_teacher=10.0,
+        prompt_tokens_student=10.0,
+        heldout_prompt_tokens_student=10.0,
+        heldout_prompt_tokens_teacher=10.0,
+        suites={"s": (100, 10.0)},
+    )
     st = plan_stages(spec, catalog, facts, moe, moe)["student_adapter"]
     head = moe.vocab * moe.hidden
     body = moe.active_params - head * (1 if moe.tied else 2)
@@ -115,13 +146,17 @@ def test_training_flops_and_generation_time_follow_the_active_parameters(tmp_pat
 
 def test_qwen3_30b_a3b_memory_on_eight_gpus_from_the_total():
     shape = ModelShape.from_config(QWEN3_30B_A3B)
-    spec = _spec(moe_student(lora={"r": 8}, quantization={"load_in_4bit": True}),
-                 training="nodes: 1, processes_per_node: 8, sharding: full, micro_batch_size: 1")
+    spec = _spec(
+        moe_student(lora={"r": 8}, quantization={"load_in_4bit": True}),
+        training="nodes: 1, processes_per_node: 8, sharding: full, micro_batch_size: 1",
+    )
     m = training_memory(shape, spec, seq_len=2048)
     gb = m["per_device_gb"]
     # 4-bit packs only the attention (~0.9B); ~29B expert parameters stay in bf16, sharded over 8 ranks
     assert shape.linear_params == 48 * 18_874_368
-    assert gb["base_weights"] == pytest.approx((shape.linear_params * (0.5 + 4 / 64) + shape.other_params * 2) / 8 / 1e9)
+    assert gb["base_weights"] == pytest.approx(
+        (shape.linear_params * (0.5 + 4 / 64) + shape.other_params * 2) / 8 / 1e9
+    )
     assert 7.0 < gb["base_weights"] < 8.0
     assert m["lora_params"] == 314_572_800 + 6_684_672
     assert gb["optimizer_states"] == pytest.approx(12 * m["lora_params"] / 8 / 1e9)
@@ -132,8 +167,15 @@ def test_qwen3_30b_a3b_memory_on_eight_gpus_from_the_total():
 
 def test_moe_settings_the_model_refuses_are_named_before_anything_runs():
     shape = ModelShape.from_config(tiny_moe().config.to_dict())
-    dense = ModelShape.from_config({"hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
-                                    "num_attention_heads": 4, "vocab_size": 32})
+    dense = ModelShape.from_config(
+        {
+            "hidden_size": 64,
+            "intermediate_size": 192,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "vocab_size": 32,
+        }
+    )
     assert moe_problems(shape, moe_student()) == []
     [untrained] = moe_problems(shape, moe_student(lora={"target_parameters": []}))
     assert "4 routed experts" in untrained and "student.lora.target_parameters" in untrained
@@ -167,11 +209,18 @@ def test_campaign_validate_refuses_what_the_moe_student_cannot_train(tmp_path, c
 
     write_moe_config(tmp_path / "moe")  # the config is all validate reads
     assert ModelShape.from_model_dir(tmp_path / "moe") == ModelShape.from_config(tiny_moe().config.to_dict())
-    spec = {"name": "bad_moe", "teacher": {"model": "@demo/teacher", "hardware": "cpu-2vcpu"},
-            "student": {"base_model": str(tmp_path / "moe"), "lora": {"r": 2, "target_modules": ATTENTION},
-                        "quantization": {"load_in_4bit": False}},
-            "data": {"source": "campaigns/data/demo/*.jsonl"}, "training": {"max_steps": 1, "hardware": "cpu-2vcpu"},
-            "evaluation": {"suites": [{"name": "s"}]}}
+    spec = {
+        "name": "bad_moe",
+        "teacher": {"model": "@demo/teacher", "hardware": "cpu-2vcpu"},
+        "student": {
+            "base_model": str(tmp_path / "moe"),
+            "lora": {"r": 2, "target_modules": ATTENTION},
+            "quantization": {"load_in_4bit": False},
+        },
+        "data": {"source": "campaigns/data/demo/*.jsonl"},
+        "training": {"max_steps": 1, "hardware": "cpu-2vcpu"},
+        "evaluation": {"suites": [{"name": "s"}]},
+    }
     bad = tmp_path / "bad_moe.yaml"
     bad.write_text(yaml.safe_dump(spec))
     assert main(["validate", str(bad), "--artifacts", str(tmp_path / "artifacts")]) == 1

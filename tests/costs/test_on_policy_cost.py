@@ -7,23 +7,24 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from campaigns.loader import parse_campaign_text
 from campaign_orchestrator.costs.budget import BudgetExceeded, BudgetGuard, Limit
 from campaign_orchestrator.costs.catalog import read_catalog, stage_bill
 from campaign_orchestrator.costs.ledger import Ledger
+from campaigns.loader import parse_campaign_text
 from tests.support import REPO_ROOT
 
 CATALOG = REPO_ROOT / "campaigns" / "pricing" / "catalog.yaml"
-ROUNDS = [{"round": 0, "samples": 16, "teacher_prefill_tokens": 2400},
-          {"round": 1, "samples": 16, "teacher_prefill_tokens": 2600, "teacher_completion_tokens": 16}]
+ROUNDS = [
+    {"round": 0, "samples": 16, "teacher_prefill_tokens": 2400},
+    {"round": 1, "samples": 16, "teacher_prefill_tokens": 2600, "teacher_completion_tokens": 16},
+]
 
 
 def on_policy_spec(api: bool = True, price: str = "api-open-70b", batch: bool = False):
     """campaigns/smollm2_on_policy.yaml, its teacher behind an endpoint (api) or in process (as shipped)."""
     data = yaml.safe_load((REPO_ROOT / "campaigns" / "smollm2_on_policy.yaml").read_text())
     if api:
-        data["teacher"] = {"backend": "openai", "model": "teacher", "base_url": "http://127.0.0.1:9/v1",
-                           "price": price}
+        data["teacher"] = {"backend": "openai", "model": "teacher", "base_url": "http://127.0.0.1:9/v1", "price": price}
         data["training"]["distillation"]["teacher_tokenizer"] = "."
     data.setdefault("cost", {})["teacher_batch_api"] = batch
     if price == "unpriced":
@@ -46,15 +47,19 @@ def test_api_teacher_prefills_are_billed_per_round_at_the_input_price(catalog):
     bill = PricingResource().bill(spec, "on_policy_scoring", {"rounds": ROUNDS})
     lines = bill["lines"]
     assert [(x["round"], x["price_key"], x["kind"]) for x in lines] == [
-        (0, "api-open-70b:input", "teacher"), (1, "api-open-70b:input", "teacher"),
-        (1, "api-open-70b:output", "teacher")]
+        (0, "api-open-70b:input", "teacher"),
+        (1, "api-open-70b:input", "teacher"),
+        (1, "api-open-70b:output", "teacher"),
+    ]
     assert [x["quantity"] for x in lines] == pytest.approx([2400 / 1e6, 2600 / 1e6, 16 / 1e6])
     assert bill["usd"] == pytest.approx((2400 + 2600) / 1e6 * in_usd + 16 / 1e6 * out_usd)
-    assert bill["parts_usd"] == pytest.approx({"round 0": 2400 / 1e6 * in_usd,
-                                               "round 1": 2600 / 1e6 * in_usd + 16 / 1e6 * out_usd})
+    assert bill["parts_usd"] == pytest.approx(
+        {"round 0": 2400 / 1e6 * in_usd, "round 1": 2600 / 1e6 * in_usd + 16 / 1e6 * out_usd}
+    )
     # the campaign's batch price applies, and a total without rounds prices the same tokens
-    batch = stage_bill(on_policy_spec(batch=True), catalog, "on_policy_scoring",
-                       {"prompt_tokens": 5000, "completion_tokens": 16})
+    batch = stage_bill(
+        on_policy_spec(batch=True), catalog, "on_policy_scoring", {"prompt_tokens": 5000, "completion_tokens": 16}
+    )
     assert batch["usd"] == pytest.approx(bill["usd"] * 0.5)
 
 
@@ -66,8 +71,9 @@ def test_the_lines_reach_the_ledger_as_teacher_spend_of_the_training_stage(tmp_p
     manifest = {"key": "k1", "production_id": "p1", "cost_lines": training["lines"] + scoring["lines"]}
     rec = ledger.record_stage(campaign=spec.name, asset="student_adapter", run_id="r1", step_key="s", manifest=manifest)
     assert rec["spent_usd"] == pytest.approx(training["usd"] + scoring["usd"])
-    by_kind = {row["kind"]: row["usd"] for row in ledger.query(
-        "SELECT kind, SUM(usd) AS usd FROM cost_lines GROUP BY kind")}
+    by_kind = {
+        row["kind"]: row["usd"] for row in ledger.query("SELECT kind, SUM(usd) AS usd FROM cost_lines GROUP BY kind")
+    }
     assert by_kind == pytest.approx({"training": training["usd"], "teacher": scoring["usd"]})
     assert len(ledger.lines(spec.name)) == 1 + 3  # one training line, one teacher line per round (and its output)
 
@@ -87,10 +93,20 @@ def test_the_training_guard_counts_time_and_the_rounds_teacher_prefills(tmp_path
     spec = on_policy_spec()
     now = [0.0]
     ledger = Ledger(tmp_path / "ledger.duckdb")
-    guard = BudgetGuard(ledger=ledger, campaign=spec.name, stage="student_adapter", run_id="r", step_key="s",
-                        attempt=0, stage_key="k", limits=[Limit("campaign x", 0.02, 0.0)],
-                        line_fn=_line_fn(spec, "student_adapter", catalog, {}), metered=_on_policy_meter(spec, catalog),
-                        clock=lambda: now[0], log=lambda _m: None)
+    guard = BudgetGuard(
+        ledger=ledger,
+        campaign=spec.name,
+        stage="student_adapter",
+        run_id="r",
+        step_key="s",
+        attempt=0,
+        stage_key="k",
+        limits=[Limit("campaign x", 0.02, 0.0)],
+        line_fn=_line_fn(spec, "student_adapter", catalog, {}),
+        metered=_on_policy_meter(spec, catalog),
+        clock=lambda: now[0],
+        log=lambda _m: None,
+    )
     in_usd = catalog.get("api-open-70b").token_usd()[0]
     now[0] = 36.0
     charge_round(guard, {"round": 0, "samples": 16, "teacher_prefill_tokens": 5000})
@@ -109,20 +125,26 @@ def test_the_plan_of_an_on_policy_campaign(demo_models):
     """`campaign plan` on a fully on-policy campaign: no teacher stage; student_adapter's estimate holds the
     student's sampling time and the teacher's prefill tokens, priced at the API's input price (an API teacher)
     or as training-host time (in process)."""
-    from resources.pricing import PricingResource
     from campaign_orchestrator.costs.plan.render import render_plan
     from campaign_orchestrator.costs.plan.stages import plan_on_policy
+    from resources.pricing import PricingResource
 
     specs = {}
     for api in (True, False):
         data = yaml.safe_load((REPO_ROOT / "campaigns" / "demo.yaml").read_text())
         if api:
-            data["teacher"] = {"backend": "openai", "model": "teacher", "base_url": "http://127.0.0.1:9/v1",
-                               "price": "api-open-70b"}
+            data["teacher"] = {
+                "backend": "openai",
+                "model": "teacher",
+                "base_url": "http://127.0.0.1:9/v1",
+                "price": "api-open-70b",
+            }
         data["student"]["quantization"]["load_in_4bit"] = False
-        data["training"]["distillation"] = {"loss": "on_policy", "teacher_tokenizer": str(demo_models["teacher"]),
-                                            "on_policy": {"samples_per_round": 24, "max_new_tokens": 16,
-                                                          "teacher_generations": "none"}}
+        data["training"]["distillation"] = {
+            "loss": "on_policy",
+            "teacher_tokenizer": str(demo_models["teacher"]),
+            "on_policy": {"samples_per_round": 24, "max_new_tokens": 16, "teacher_generations": "none"},
+        }
         data["training"]["max_steps"] = 10
         data["data"].pop("decontamination", None)
         data["data"].pop("filters", None)
@@ -141,8 +163,9 @@ def test_the_plan_of_an_on_policy_campaign(demo_models):
     assert sa.usd == pytest.approx(op.training_host_usd + op.teacher_usd)
     # the teacher in process: the same samples and tokens, no teacher dollars, its prefills as training-host time
     student = plan.student
-    local = plan_on_policy(specs[False], catalog, plan.data, student, student, catalog.get("cpu-2vcpu"), 10, 12,
-                           sa.compute_dtype)
+    local = plan_on_policy(
+        specs[False], catalog, plan.data, student, student, catalog.get("cpu-2vcpu"), 10, 12, sa.compute_dtype
+    )
     assert (local.samples, local.teacher_prefill_tokens) == (op.samples, op.teacher_prefill_tokens)
     assert local.teacher_usd == 0.0 and local.scoring_seconds_in_process > 0
 
@@ -158,12 +181,24 @@ def test_launchers_charge_each_finished_round_as_its_message_arrives(tmp_path, c
     from resources.pricing import _line_fn, _on_policy_meter
 
     spec = on_policy_spec()
-    guard = BudgetGuard(ledger=Ledger(tmp_path / "ledger.duckdb"), campaign=spec.name, stage="student_adapter",
-                        run_id="r", step_key="s", attempt=0, stage_key="k", limits=[Limit("campaign x", 0.02, 0.0)],
-                        line_fn=_line_fn(spec, "student_adapter", catalog, {}),
-                        metered=_on_policy_meter(spec, catalog), clock=lambda: 0.0, log=lambda _m: None)
-    msgs = [{"kind": "train_metrics", "step": 1, "loss": 1.0},
-            {"kind": "on_policy_round", "round": 0, "samples": 16, "teacher_prefill_tokens": 5000}]
+    guard = BudgetGuard(
+        ledger=Ledger(tmp_path / "ledger.duckdb"),
+        campaign=spec.name,
+        stage="student_adapter",
+        run_id="r",
+        step_key="s",
+        attempt=0,
+        stage_key="k",
+        limits=[Limit("campaign x", 0.02, 0.0)],
+        line_fn=_line_fn(spec, "student_adapter", catalog, {}),
+        metered=_on_policy_meter(spec, catalog),
+        clock=lambda: 0.0,
+        log=lambda _m: None,
+    )
+    msgs = [
+        {"kind": "train_metrics", "step": 1, "loss": 1.0},
+        {"kind": "on_policy_round", "round": 0, "samples": 16, "teacher_prefill_tokens": 5000},
+    ]
     assert round_messages(msgs, 0) == [msgs[1]] and round_messages(msgs, 2) == []
     session = SimpleNamespace(get_custom_messages=lambda: msgs)
     context = SimpleNamespace(has_assets_def=False)

@@ -18,8 +18,10 @@ from tests.support import REPO_ROOT
 PACKAGES = ("assets", "resources", "campaign_orchestrator", "campaign_app", "campaigns", "training", "evaluation")
 LEDGER = REPO_ROOT / "campaign_orchestrator" / "costs" / "ledger.py"
 # the project writes SQL keywords in capitals (prose such as "turns events into materializations" is not SQL)
-LEDGER_SQL = re.compile(r"\b(FROM|INTO|JOIN|UPDATE|TABLE(\s+IF\s+NOT\s+EXISTS)?)\s+(cost_lines|materializations|"
-                        r"cost_reports)\b")
+LEDGER_SQL = re.compile(
+    r"\b(FROM|INTO|JOIN|UPDATE|TABLE(\s+IF\s+NOT\s+EXISTS)?)\s+(cost_lines|materializations|"
+    r"cost_reports)\b"
+)
 MAX_FILES, MAX_RETURNS = 6, 6
 
 
@@ -33,31 +35,47 @@ def cost_imports(path: Path) -> list[str]:
             mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         else:
             continue
-        found += [f"{node.lineno}: {m}" for m in mods
-                  if m == "campaign_orchestrator.costs" or m.startswith("campaign_orchestrator.costs.")][:1]
+        found += [
+            f"{node.lineno}: {m}"
+            for m in mods
+            if m == "campaign_orchestrator.costs" or m.startswith("campaign_orchestrator.costs.")
+        ][:1]
     return sorted(found, key=lambda x: int(x.split(":")[0]))
 
 
 def test_assets_import_no_cost_module_only_the_pricing_resource(tmp_path):
     offenders = {p.name: cost_imports(p) for p in sorted((REPO_ROOT / "assets").glob("*.py"))}
     offenders = {k: v for k, v in offenders.items() if v}
-    assert not offenders, (f"assets import campaign_orchestrator.costs directly: {offenders}; price and guard through "
-                           "resources/pricing.py (PricingResource.bill / .guard) instead")
+    assert not offenders, (
+        f"assets import campaign_orchestrator.costs directly: {offenders}; price and guard through "
+        "resources/pricing.py (PricingResource.bill / .guard) instead"
+    )
     # the walk sees lazy imports and `from campaign_orchestrator import costs` alike (it can fail)
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from campaign_orchestrator.costs.catalog import compute_line\n"
-                   "from campaign_orchestrator.costs import budget\nimport campaign_orchestrator.costs.ledger\n")
-    assert cost_imports(bad) == ["2: campaign_orchestrator.costs.catalog", "3: campaign_orchestrator.costs",
-                                 "4: campaign_orchestrator.costs.ledger"]
+    bad.write_text(
+        "def f():\n    from campaign_orchestrator.costs.catalog import compute_line\n"
+        "from campaign_orchestrator.costs import budget\nimport campaign_orchestrator.costs.ledger\n"
+    )
+    assert cost_imports(bad) == [
+        "2: campaign_orchestrator.costs.catalog",
+        "3: campaign_orchestrator.costs",
+        "4: campaign_orchestrator.costs.ledger",
+    ]
 
 
 def test_no_ledger_sql_outside_the_ledger_module():
     assert LEDGER_SQL.search(LEDGER.read_text())  # the pattern finds the ledger's own SQL (it can fail)
-    offenders = [f"{p.relative_to(REPO_ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {m.group(0)}"
-                 for pkg in PACKAGES for p in sorted((REPO_ROOT / pkg).rglob("*.py")) if p != LEDGER
-                 for text in [p.read_text()] for m in LEDGER_SQL.finditer(text)]
-    assert not offenders, (f"ledger SQL outside {LEDGER.relative_to(REPO_ROOT)}: {offenders}; add a Ledger method "
-                           "there and call it")
+    offenders = [
+        f"{p.relative_to(REPO_ROOT)}:{text[: m.start()].count(chr(10)) + 1}: {m.group(0)}"
+        for pkg in PACKAGES
+        for p in sorted((REPO_ROOT / pkg).rglob("*.py"))
+        if p != LEDGER
+        for text in [p.read_text()]
+        for m in LEDGER_SQL.finditer(text)
+    ]
+    assert not offenders, (
+        f"ledger SQL outside {LEDGER.relative_to(REPO_ROOT)}: {offenders}; add a Ledger method there and call it"
+    )
 
 
 # --------------------------------------------------------------------------- the walk from a billing call
@@ -109,10 +127,13 @@ def walk(fn, *args, **kwargs):
     return out, files, returns
 
 
-@pytest.mark.parametrize("stage, usage, kind", [
-    ("student_adapter", {"seconds": 90.0, "device": "cpu"}, "training"),
-    ("teacher_generations", {"seconds": 12.0, "prompt_tokens": 1000, "completion_tokens": 500}, "teacher"),
-])
+@pytest.mark.parametrize(
+    "stage, usage, kind",
+    [
+        ("student_adapter", {"seconds": 90.0, "device": "cpu"}, "training"),
+        ("teacher_generations", {"seconds": 12.0, "prompt_tokens": 1000, "completion_tokens": 500}, "teacher"),
+    ],
+)
 def test_a_stage_billing_call_reaches_its_ledger_line_in_a_short_walk(stage, usage, kind):
     """The demo campaign's billing call as its asset makes it (pricing.bill), traced to the line it returns."""
     from resources.pricing import PricingResource

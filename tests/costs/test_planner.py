@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from campaigns.loader import parse_campaign_text
-from campaign_orchestrator.costs.catalog import PricingError, read_catalog
-from campaign_orchestrator.costs.catalog import compute_line, token_lines, usage_lines
+from campaign_orchestrator.costs.catalog import PricingError, compute_line, read_catalog, token_lines, usage_lines
 from campaign_orchestrator.costs.memory import ModelShape, training_memory, zero_model_state_bytes, zero_table
 from campaign_orchestrator.costs.plan.roofline import generation_seconds
+from campaigns.loader import parse_campaign_text
 
 CATALOG = """
 version: "2026-02-01"
@@ -47,7 +46,9 @@ def test_dated_prices_pick_the_latest_on_or_before_the_date(catalog_file):
 
 
 def test_overrides_version_pin_and_bad_entries(catalog_file, tmp_path):
-    c = read_catalog(catalog_file, {"gpu-x": 9.0, "api-x": {"output_usd": 2.0, "source": "our contract"}}, on="2026-06-30")
+    c = read_catalog(
+        catalog_file, {"gpu-x": 9.0, "api-x": {"output_usd": 2.0, "source": "our contract"}}, on="2026-06-30"
+    )
     assert c.get("gpu-x").usd == 9.0 and c.get("api-x").output_usd == 2.0 and c.get("api-x").input_usd == 1.0
     assert c.get("api-x").source == "our contract"
     with pytest.raises(PricingError, match="no such entry"):
@@ -89,8 +90,16 @@ def test_zero_formulas_reproduce_the_reference_numbers():
     assert t["zero3_fsdp_full"] == pytest.approx(1.875) and t["fsdp_hybrid"] == pytest.approx(15.0)
 
 
-DEMO_STUDENT = {"hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "num_key_value_heads": 4, "head_dim": 16, "vocab_size": 32, "tie_word_embeddings": True}
+DEMO_STUDENT = {
+    "hidden_size": 64,
+    "intermediate_size": 192,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "vocab_size": 32,
+    "tie_word_embeddings": True,
+}
 
 
 def _spec(training: str = "", student: str = "") -> object:
@@ -131,12 +140,18 @@ def test_cpu_heap_retention_is_a_fraction_of_activations_and_logits_in_the_total
     assert gb["heap_retained"] == pytest.approx(0.75 * (gb["activations"] + gb["logits"]))
     assert kept["total_gb"] == pytest.approx(none["total_gb"] + gb["heap_retained"])
     assert kept["total_checkpointed_gb"] == pytest.approx(
-        none["total_checkpointed_gb"] + 0.75 * (gb["activations_checkpointed"] + gb["logits"]))
+        none["total_checkpointed_gb"] + 0.75 * (gb["activations_checkpointed"] + gb["logits"])
+    )
 
 
 def test_sharding_divides_the_states_by_the_shard_group():
-    llama7b = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-               "vocab_size": 32000}
+    llama7b = {
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "vocab_size": 32000,
+    }
     shape = ModelShape.from_config(llama7b)
     one = training_memory(shape, _spec(", processes_per_node: 1, sharding: none"), 2048)["per_device_gb"]
     full = training_memory(shape, _spec(", nodes: 2, processes_per_node: 8, sharding: full"), 2048)["per_device_gb"]
@@ -163,8 +178,18 @@ def test_campaign_plan_prints_memory_fit_and_costs(artifact_root, capsys):
 
     assert main(["plan", "demo", "--artifacts", str(artifact_root)]) == 0
     out = capsys.readouterr().out
-    for needle in ("base weights", "optimizer states (Adam, K=12)", "activations, checkpointed", "fits",
-                   "ZeRO-1", "teacher_generations", "student_adapter", "evaluation", "host-hour", "within budget"):
+    for needle in (
+        "base weights",
+        "optimizer states (Adam, K=12)",
+        "activations, checkpointed",
+        "fits",
+        "ZeRO-1",
+        "teacher_generations",
+        "student_adapter",
+        "evaluation",
+        "host-hour",
+        "within budget",
+    ):
         assert needle in out, needle
     assert "108,864 parameters" in out and "LoRA 40,960 trainable" in out
 
@@ -212,8 +237,13 @@ def test_a_teacher_over_the_base_weights_is_planned_only_for_its_context_items()
     assert suite_context_shares(spec, [], suite_file_rows(spec)) == {"plurals": 1.0, "general": 0.0}
     other = spec.model_copy(update={"teacher": spec.teacher.model_copy(update={"compute_dtype": "float32"})})
     assert not teacher_answers_as_base(other)  # another dtype: another key, its own answers
-    qlora = spec.model_copy(update={"student": spec.student.model_copy(update={
-        "quantization": spec.student.quantization.model_copy(update={"load_in_4bit": True})})})
+    qlora = spec.model_copy(
+        update={
+            "student": spec.student.model_copy(
+                update={"quantization": spec.student.quantization.model_copy(update={"load_in_4bit": True})}
+            )
+        }
+    )
     assert not teacher_answers_as_base(qlora)  # a 4-bit base answers under its own key
 
 
@@ -233,9 +263,13 @@ def test_the_plan_is_typed_and_its_json_is_the_same_plan(artifact_root, capsys):
     assert isinstance(plan.data, DataFacts) and plan.data.train_prompts > 0
     st = plan.stages
     assert [type(st[k]) for k in ("teacher_generations", "student_adapter", "evaluation")] == [
-        TeacherEstimate, TrainingEstimate, EvaluationEstimate]
+        TeacherEstimate,
+        TrainingEstimate,
+        EvaluationEstimate,
+    ]
     assert st["evaluation"].models == ["candidate", "base", "teacher"] and plan.total_usd == pytest.approx(
-        sum(plan.stage_usd(k) for k in st))
+        sum(plan.stage_usd(k) for k in st)
+    )
     assert main(["plan", "demo", "--artifacts", str(artifact_root), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["stages"]["student_adapter"]["steps"] == st["student_adapter"].steps

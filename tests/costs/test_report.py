@@ -10,7 +10,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from campaign_orchestrator.costs.ledger import Ledger
-from campaign_orchestrator.costs.report import build_report, cost_per_result, gain_interval, paired_gain_interval, per_point_text, render_text
+from campaign_orchestrator.costs.report import (
+    build_report,
+    cost_per_result,
+    gain_interval,
+    paired_gain_interval,
+    per_point_text,
+    render_text,
+)
 from campaign_orchestrator.stage_dir import StageDir
 
 
@@ -19,11 +26,21 @@ def _line(kind, usd, qty, unit, status="completed", asset="x"):
 
 
 def test_cost_per_result_by_hand():
-    lines = [_line("teacher", 0.60, 2.0, "host-hour"), _line("teacher", 0.10, 0.5, "host-hour", "interrupted"),
-             _line("training", 3.00, 1.5, "gpu-hour"), _line("evaluation", 0.40, 0.2, "gpu-hour")]
-    r = cost_per_result(lines, accepted_examples=700, teacher_tokens=1_400_000,
-                        gain={"mean": 0.25, "low": 0.10, "high": 0.40, "n": 200, "method": "m"},
-                        teacher_seconds=700.0, training_tokens=90_000, training_seconds=30.0)
+    lines = [
+        _line("teacher", 0.60, 2.0, "host-hour"),
+        _line("teacher", 0.10, 0.5, "host-hour", "interrupted"),
+        _line("training", 3.00, 1.5, "gpu-hour"),
+        _line("evaluation", 0.40, 0.2, "gpu-hour"),
+    ]
+    r = cost_per_result(
+        lines,
+        accepted_examples=700,
+        teacher_tokens=1_400_000,
+        gain={"mean": 0.25, "low": 0.10, "high": 0.40, "n": 200, "method": "m"},
+        teacher_seconds=700.0,
+        training_tokens=90_000,
+        training_seconds=30.0,
+    )
     assert r["total_usd"] == pytest.approx(4.10)
     assert (r["teacher_usd"], r["training_usd"], r["evaluation_usd"]) == pytest.approx((0.70, 3.00, 0.40))
     assert r["interrupted_usd"] == pytest.approx(0.10)
@@ -36,26 +53,39 @@ def test_cost_per_result_by_hand():
 
 
 def test_per_point_is_not_meaningful_when_the_lower_bound_is_not_positive():
-    r = cost_per_result([_line("training", 1.0, 1.0, "gpu-hour")], accepted_examples=0, teacher_tokens=0,
-                        gain={"mean": 0.05, "low": -0.01, "high": 0.11, "n": 50, "method": "m"})
+    r = cost_per_result(
+        [_line("training", 1.0, 1.0, "gpu-hour")],
+        accepted_examples=0,
+        teacher_tokens=0,
+        gain={"mean": 0.05, "low": -0.01, "high": 0.11, "n": 50, "method": "m"},
+    )
     assert r["usd_per_point_gained_lcb"] is None and r["usd_per_point_gained"] == pytest.approx(1.0 / 5)
     assert r["usd_per_1k_accepted_examples"] is None and r["usd_per_million_teacher_tokens"] is None
     assert "not meaningful" in r["per_point_note"] and "not meaningful" in per_point_text(r)
 
 
 def _items(path, cand, base, extra=()):
-    rows = [{"suite": "s", "model": m, "item_id": f"i{i}", "score": float(v)}
-            for m, scores in (("candidate", cand), ("base", base)) for i, v in enumerate(scores)]
+    rows = [
+        {"suite": "s", "model": m, "item_id": f"i{i}", "score": float(v)}
+        for m, scores in (("candidate", cand), ("base", base))
+        for i, v in enumerate(scores)
+    ]
     pq.write_table(pa.Table.from_pylist(rows + list(extra)), path)
     return path
 
 
 def test_paired_interval_by_hand(tmp_path):
     # diffs 1,0,1,0,1: mean 0.6, sd sqrt(0.3); t(0.975, 4) = 2.776445 → half-width 0.680093
-    p = _items(tmp_path / "a.parquet", [1, 1, 1, 0, 1], [0, 1, 0, 0, 0],
-               extra=[{"suite": "s", "model": "candidate", "item_id": "only-cand", "score": 1.0},
-                      {"suite": "s", "model": "base", "item_id": "i9", "score": None},
-                      {"suite": "other", "model": "base", "item_id": "i0", "score": 1.0}])
+    p = _items(
+        tmp_path / "a.parquet",
+        [1, 1, 1, 0, 1],
+        [0, 1, 0, 0, 0],
+        extra=[
+            {"suite": "s", "model": "candidate", "item_id": "only-cand", "score": 1.0},
+            {"suite": "s", "model": "base", "item_id": "i9", "score": None},
+            {"suite": "other", "model": "base", "item_id": "i0", "score": 1.0},
+        ],
+    )
     g = paired_gain_interval(p, "s")
     assert g["n"] == 5 and g["mean"] == pytest.approx(0.6)
     assert (g["low"], g["high"]) == pytest.approx((0.6 - 0.680093, 0.6 + 0.680093), abs=1e-5)
@@ -79,8 +109,10 @@ def test_report_counts_reused_outputs_in_the_result_but_not_in_the_run(tmp_path)
 
     def stage(name, key, usd, kind, run):
         lines = [{"kind": kind, "price_key": "h", "quantity": usd, "unit": "gpu-hour", "unit_price": 1.0, "usd": usd}]
-        extra = {"teacher_generations": {"prompt_tokens": 600_000, "completion_tokens": 400_000, "wall_seconds": 100.0},
-                 "distillation_set": {"rows": 500}}.get(name, {})
+        extra = {
+            "teacher_generations": {"prompt_tokens": 600_000, "completion_tokens": 400_000, "wall_seconds": 100.0},
+            "distillation_set": {"rows": 500},
+        }.get(name, {})
         m = StageDir(tmp_path, "camp", name, key).commit({"cost_lines": lines if usd else [], **extra})
         ledger.record_stage(campaign="camp", asset=name, run_id=run, step_key=name, manifest=m)
         return m
@@ -90,20 +122,37 @@ def test_report_counts_reused_outputs_in_the_result_but_not_in_the_run(tmp_path)
     dist = stage("distillation_set", "d1", 0.0, "-", "r1")
     ledger.record_stage(campaign="camp", asset="teacher_generations", run_id="r2", step_key="g", manifest=gen)  # reused
     adapter = stage("student_adapter", "a1", 3.0, "training", "r2")
-    r = build_report(campaign="camp", run_id="r2", ledger=ledger, primary_suite="s", budget_usd=20.0,
-                     manifests={"teacher_generations": gen, "distillation_set": dist, "student_adapter": adapter})
+    r = build_report(
+        campaign="camp",
+        run_id="r2",
+        ledger=ledger,
+        primary_suite="s",
+        budget_usd=20.0,
+        manifests={"teacher_generations": gen, "distillation_set": dist, "student_adapter": adapter},
+    )
     assert r["total_usd"] == pytest.approx(5.0) and r["teacher_usd"] == pytest.approx(2.0)
     assert r["spent_this_run_usd"] == pytest.approx(3.0) and r["campaign_spent_usd"] == pytest.approx(10.0)
     assert r["budget_remaining_usd"] == pytest.approx(10.0) and r["budget_used_fraction"] == pytest.approx(0.5)
-    assert r["usd_per_million_teacher_tokens"] == pytest.approx(2.0) and r["usd_per_1k_accepted_examples"] == pytest.approx(4.0)
+    assert r["usd_per_million_teacher_tokens"] == pytest.approx(2.0) and r[
+        "usd_per_1k_accepted_examples"
+    ] == pytest.approx(4.0)
     assert r["gain_points"] is None
     text = "\n".join(render_text(r))
     assert "cost of this result: $5.000000" in text and "spent in this run: $3.000000" in text
     # plan vs actual marks what this run reused: the teacher's actuals are r1's, the adapter's its own
-    plan = {"total_usd": 6.0, "memory": {"total_gb": 1.0}, "stages": {"teacher_generations": {"usd": 2.0},
-                                                                        "student_adapter": {"usd": 3.0}}}
-    r = build_report(campaign="camp", run_id="r2", ledger=ledger, primary_suite="s", plan=plan,
-                     manifests={"teacher_generations": gen, "distillation_set": dist, "student_adapter": adapter})
+    plan = {
+        "total_usd": 6.0,
+        "memory": {"total_gb": 1.0},
+        "stages": {"teacher_generations": {"usd": 2.0}, "student_adapter": {"usd": 3.0}},
+    }
+    r = build_report(
+        campaign="camp",
+        run_id="r2",
+        ledger=ledger,
+        primary_suite="s",
+        plan=plan,
+        manifests={"teacher_generations": gen, "distillation_set": dist, "student_adapter": adapter},
+    )
     rows = {p["stage"]: p["reused_from_run"] for p in r["plan_vs_actual"]}
     assert rows == {"teacher_generations": "r1", "student_adapter": None, "evaluation": None}
     text = "\n".join(render_text(r))
@@ -113,13 +162,22 @@ def test_report_counts_reused_outputs_in_the_result_but_not_in_the_run(tmp_path)
 def test_report_says_when_teacher_generations_came_from_the_cache(tmp_path):
     ledger = Ledger(tmp_path / "ledger.duckdb")
     gen = StageDir(tmp_path, "camp", "teacher_generations", "g").commit(
-        {"cost_lines": [], "rows": 300, "prompt_tokens": 100, "completion_tokens": 50,
-         "stats": {"cache_hits": 200, "generated": 100}})
+        {
+            "cost_lines": [],
+            "rows": 300,
+            "prompt_tokens": 100,
+            "completion_tokens": 50,
+            "stats": {"cache_hits": 200, "generated": 100},
+        }
+    )
     ledger.record_stage(campaign="camp", asset="teacher_generations", run_id="r", step_key="g", manifest=gen)
-    r = build_report(campaign="camp", run_id="r", ledger=ledger, primary_suite="s", manifests={"teacher_generations": gen})
+    r = build_report(
+        campaign="camp", run_id="r", ledger=ledger, primary_suite="s", manifests={"teacher_generations": gen}
+    )
     assert (r["teacher_cache_hits"], r["teacher_generations"]) == (200, 300)
     assert "200 of 300 teacher generations came from the content-addressed cache" in "\n".join(render_text(r))
     gen_fresh = {**gen, "stats": {"cache_hits": 0, "generated": 300}}
-    r = build_report(campaign="camp", run_id="r", ledger=ledger, primary_suite="s",
-                     manifests={"teacher_generations": gen_fresh})
+    r = build_report(
+        campaign="camp", run_id="r", ledger=ledger, primary_suite="s", manifests={"teacher_generations": gen_fresh}
+    )
     assert "content-addressed cache" not in "\n".join(render_text(r))

@@ -17,17 +17,23 @@ from campaign_orchestrator.costs.plan.facts import DataFacts
 from campaign_orchestrator.costs.plan.render import render_scaleout
 from campaign_orchestrator.costs.plan.roofline import generation_seconds
 from campaign_orchestrator.costs.plan.scaleout import (
-    ScaleAssumptions, cluster_start_for, plan_scaleout, scale_endpoint, scale_self_hosted,
+    ScaleAssumptions,
+    cluster_start_for,
+    plan_scaleout,
+    scale_endpoint,
+    scale_self_hosted,
 )
 from campaigns.loader import load_campaign_file, parse_campaign_text
 from tests.support import REPO_ROOT
 
 CATALOG = REPO_ROOT / "campaigns/pricing/catalog.yaml"
 # Llama-3.1-8B's shape (config.json figures): a teacher that fits one H100
-LLAMA_8B = ModelShape(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256,
-                      tied=False)
-FACTS = DataFacts(train_prompts=10_000, prompt_tokens_teacher=200.0, shared_prefix_tokens=0.0,
-                  tokenizer="model tokenizer")
+LLAMA_8B = ModelShape(
+    hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256, tied=False
+)
+FACTS = DataFacts(
+    train_prompts=10_000, prompt_tokens_teacher=200.0, shared_prefix_tokens=0.0, tokenizer="model tokenizer"
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,25 +44,42 @@ def gpu_spec():
 @pytest.fixture(scope="module")
 def endpoint_spec():
     raw = yaml.safe_load((REPO_ROOT / "campaigns/examples/cluster.yaml").read_text())
-    raw["teacher"].update(requests_per_minute=600, tokens_per_minute=60_000, max_concurrency=2,
-                          sampling={"max_new_tokens": 100})
+    raw["teacher"].update(
+        requests_per_minute=600, tokens_per_minute=60_000, max_concurrency=2, sampling={"max_new_tokens": 100}
+    )
     raw["execution"] = {"engine": "ray", "replicas": 4, "shard_prompts": 100}
     return parse_campaign_text(yaml.safe_dump(raw), "cluster.yaml")
 
 
 def _self_hosted(spec, replicas, assume=ScaleAssumptions(cluster_start_s=60.0), requests=10_000, devices=1):
     entry = catalog_for(spec, CATALOG).get("h100-sxm")
-    return scale_self_hosted(requests=requests, prompt_tokens=200, new_tokens=128, decode_tokens=256,
-                             shard_prompts=256, batch_size=256, params=LLAMA_8B.active_params,
-                             weight_bytes=LLAMA_8B.params * 2, entry=entry, mfu=0.5, dtype="bfloat16",
-                             devices_per_replica=devices, tier="on_demand", replicas=replicas, assume=assume)
+    return scale_self_hosted(
+        requests=requests,
+        prompt_tokens=200,
+        new_tokens=128,
+        decode_tokens=256,
+        shard_prompts=256,
+        batch_size=256,
+        params=LLAMA_8B.active_params,
+        weight_bytes=LLAMA_8B.params * 2,
+        entry=entry,
+        mfu=0.5,
+        dtype="bfloat16",
+        devices_per_replica=devices,
+        tier="on_demand",
+        replicas=replicas,
+        assume=assume,
+    )
 
 
 def test_self_hosted_time_is_startup_plus_rounds_of_shards_and_every_replica_is_billed(gpu_spec):
     s = _self_hosted(gpu_spec, [1, 2, 4, 8, 16, 32, 40, 64])
     entry = catalog_for(gpu_spec, CATALOG).get("h100-sxm")
-    shard = generation_seconds(LLAMA_8B.active_params, LLAMA_8B.params * 2, 256, 200, 128, 256, entry, 0.5,
-                               "bfloat16", 256) - entry.perf["generate_startup_s"] + 0.5
+    shard = (
+        generation_seconds(LLAMA_8B.active_params, LLAMA_8B.params * 2, 256, 200, 128, 256, entry, 0.5, "bfloat16", 256)
+        - entry.perf["generate_startup_s"]
+        + 0.5
+    )
     assert s.shards == 40 and s.shard_seconds == pytest.approx(shard)
     rows = {r.replicas: r for r in s.rows}
     for n, r in rows.items():
@@ -77,13 +100,28 @@ def test_self_hosted_time_is_startup_plus_rounds_of_shards_and_every_replica_is_
 def test_cpu_replicas_on_one_host_share_it_and_it_is_billed_once(gpu_spec):
     """A local cluster's CPU replicas: each gets 1/slots of the host's peak, at most `slots` run at once."""
     one_each = _self_hosted(gpu_spec, [1, 2, 4], ScaleAssumptions(cluster_start_s=0.0, shard_overhead_s=0.0))
-    shared = scale_self_hosted(**(dict(requests=10_000, prompt_tokens=200, new_tokens=128, decode_tokens=256,
-                                       shard_prompts=256, batch_size=256, params=LLAMA_8B.active_params,
-                                       weight_bytes=LLAMA_8B.params * 2, entry=catalog_for(gpu_spec, CATALOG).get(
-                                           "h100-sxm"), mfu=0.5, dtype="bfloat16", devices_per_replica=1,
-                                       tier="on_demand", replicas=[1, 2, 4],
-                                       assume=ScaleAssumptions(cluster_start_s=0.0, shard_overhead_s=0.0))),
-                               one_host_slots=2)
+    shared = scale_self_hosted(
+        **(
+            dict(
+                requests=10_000,
+                prompt_tokens=200,
+                new_tokens=128,
+                decode_tokens=256,
+                shard_prompts=256,
+                batch_size=256,
+                params=LLAMA_8B.active_params,
+                weight_bytes=LLAMA_8B.params * 2,
+                entry=catalog_for(gpu_spec, CATALOG).get("h100-sxm"),
+                mfu=0.5,
+                dtype="bfloat16",
+                devices_per_replica=1,
+                tier="on_demand",
+                replicas=[1, 2, 4],
+                assume=ScaleAssumptions(cluster_start_s=0.0, shard_overhead_s=0.0),
+            )
+        ),
+        one_host_slots=2,
+    )
     assert shared.shard_seconds == pytest.approx(2 * one_each.shard_seconds)  # half the host each
     rows = {r.replicas: r for r in shared.rows}
     assert rows[4].seconds == rows[2].seconds and rows[4].bound == "this host (2 replica(s) at once)"
@@ -104,8 +142,12 @@ def test_knee_is_where_a_doubling_stops_cutting_the_time_by_ten_percent(gpu_spec
     assert all(wall(min(2 * n, 40)) <= 0.9 * wall(n) for n in range(1, k))  # before the knee, doubling pays
     # a longer start-up moves the knee down; no start-up moves it out to the shard count
     assert _self_hosted(gpu_spec, [1], ScaleAssumptions(cluster_start_s=600.0)).knee_replicas < k
-    assert _self_hosted(gpu_spec, [1], ScaleAssumptions(cluster_start_s=0.0, shard_overhead_s=0.0),
-                        requests=1_000_000).knee_replicas > 64
+    assert (
+        _self_hosted(
+            gpu_spec, [1], ScaleAssumptions(cluster_start_s=0.0, shard_overhead_s=0.0), requests=1_000_000
+        ).knee_replicas
+        > 64
+    )
 
 
 def test_endpoint_ceiling_from_the_rate_limits_and_the_knee_where_it_binds(endpoint_spec):
@@ -132,9 +174,19 @@ def test_endpoint_ceiling_from_the_rate_limits_and_the_knee_where_it_binds(endpo
 
 
 def test_endpoint_without_limits_scales_to_the_shard_count():
-    s = scale_endpoint(requests=1000, prompt_tokens=100, new_tokens=50, max_new_tokens=50, shard_prompts=100,
-                       max_concurrency=4, requests_per_minute=None, tokens_per_minute=None, usd=1.0,
-                       replicas=[1, 10, 20], assume=ScaleAssumptions(cluster_start_s=0.0, shard_overhead_s=0.0))
+    s = scale_endpoint(
+        requests=1000,
+        prompt_tokens=100,
+        new_tokens=50,
+        max_new_tokens=50,
+        shard_prompts=100,
+        max_concurrency=4,
+        requests_per_minute=None,
+        tokens_per_minute=None,
+        usd=1.0,
+        replicas=[1, 10, 20],
+        assume=ScaleAssumptions(cluster_start_s=0.0, shard_overhead_s=0.0),
+    )
     assert s.ceiling is None and s.max_useful_replicas == 10
     rows = {r.replicas: r for r in s.rows}
     assert rows[10].speedup == pytest.approx(10) and rows[20].bound.startswith("shards")

@@ -32,23 +32,44 @@ def _campaign(tmp_path, teacher: dict, cost: dict | None = None, name: str = "pr
 
 
 def _api(price=None, **kw) -> dict:
-    t = {"backend": "openai", "model": "teacher", "base_url": "http://127.0.0.1:9/v1",
-         "sampling": {"max_new_tokens": 16}, **kw}
+    t = {
+        "backend": "openai",
+        "model": "teacher",
+        "base_url": "http://127.0.0.1:9/v1",
+        "sampling": {"max_new_tokens": 16},
+        **kw,
+    }
     return t | ({"price": price} if price is not None else {})
 
 
-@pytest.mark.parametrize("teacher,cost,says", [
-    (_api(), None, "teacher: an API teacher (backend 'openai') is priced by `price`"),
-    (_api("api-open-70b", hardware="cpu-2vcpu"), None, "an API teacher (backend 'openai') is priced by `price` alone"),
-    (_api("h100-sxm"), None, "teacher.price 'h100-sxm' is priced per gpu-hour; an API teacher needs an entry priced "
-                             "per million tokens"),
-    (_api("no-such-entry"), None, "no price entry 'no-such-entry' in the pricing catalog"),
-    ({"model": "@demo/teacher", "hardware": "api-open-70b"}, None, "teacher.hardware 'api-open-70b' is priced per "
-                                                                    "million-tokens; a self-hosted teacher runs on"),
-    ({"model": "@demo/teacher"}, None, "a self-hosted teacher (backend 'transformers') is priced by `hardware`"),
-    (_api("unpriced"), {"budget_usd": 5.0}, "teacher.price is `unpriced`, so its spend is unknown and "
-                                            "cost.budget_usd (5.0) cannot be kept"),
-])
+@pytest.mark.parametrize(
+    "teacher,cost,says",
+    [
+        (_api(), None, "teacher: an API teacher (backend 'openai') is priced by `price`"),
+        (
+            _api("api-open-70b", hardware="cpu-2vcpu"),
+            None,
+            "an API teacher (backend 'openai') is priced by `price` alone",
+        ),
+        (
+            _api("h100-sxm"),
+            None,
+            "teacher.price 'h100-sxm' is priced per gpu-hour; an API teacher needs an entry priced per million tokens",
+        ),
+        (_api("no-such-entry"), None, "no price entry 'no-such-entry' in the pricing catalog"),
+        (
+            {"model": "@demo/teacher", "hardware": "api-open-70b"},
+            None,
+            "teacher.hardware 'api-open-70b' is priced per million-tokens; a self-hosted teacher runs on",
+        ),
+        ({"model": "@demo/teacher"}, None, "a self-hosted teacher (backend 'transformers') is priced by `hardware`"),
+        (
+            _api("unpriced"),
+            {"budget_usd": 5.0},
+            "teacher.price is `unpriced`, so its spend is unknown and cost.budget_usd (5.0) cannot be kept",
+        ),
+    ],
+)
 def test_validate_refuses_a_teacher_it_cannot_price(tmp_path, capsys, teacher, cost, says):
     path = _campaign(tmp_path, teacher, cost)
     assert cli.main(["validate", str(path)]) == cli.EXIT_INVALID
@@ -59,10 +80,10 @@ def test_validate_refuses_a_teacher_it_cannot_price(tmp_path, capsys, teacher, c
 def test_planner_guard_and_ledger_read_the_same_price(tmp_path, artifact_root):
     """The README's openai example: before, the planner read `teacher.hardware` (cpu-2vcpu, hourly) and
     failed for want of a local model to size; now all three price its tokens at `teacher.price`."""
-    from campaign_orchestrator.costs.catalog import teacher_entry
-    from campaign_orchestrator.generation.runner import GenerationStats
     from assets.teacher_generations import teacher_usage
     from campaign_orchestrator.costs.budget import Usage
+    from campaign_orchestrator.costs.catalog import teacher_entry
+    from campaign_orchestrator.generation.runner import GenerationStats
     from resources.pricing import PricingResource, _teacher_meter
 
     spec = load_campaign_file(_campaign(tmp_path, _api("api-open-70b"), {"overrides": OVERRIDE}))
@@ -76,13 +97,17 @@ def test_planner_guard_and_ledger_read_the_same_price(tmp_path, artifact_root):
     assert t.price_key == "api-open-70b" and t.unit == "million-tokens"
     assert t.usd == pytest.approx(t.prompt_tokens * 2e-6 + t.completion_tokens * 4e-6)
 
-    ledger = pricing.bill(spec, "teacher_generations", teacher_usage(GenerationStats(
-        new_prompt_tokens=1_000_000, new_completion_tokens=500_000)))["lines"]
+    ledger = pricing.bill(
+        spec,
+        "teacher_generations",
+        teacher_usage(GenerationStats(new_prompt_tokens=1_000_000, new_completion_tokens=500_000)),
+    )["lines"]
     assert {x["price_key"]: x["usd"] for x in ledger} == {"api-open-70b:input": 2.0, "api-open-70b:output": 2.0}
 
     # the guard is charged the tokens the new generations reported, priced as the ledger prices them
-    guard_lines = _teacher_meter(spec, catalog)(Usage(items=7, prompt_tokens=1_000_000, completion_tokens=500_000,
-                                                      seconds=12.0))
+    guard_lines = _teacher_meter(spec, catalog)(
+        Usage(items=7, prompt_tokens=1_000_000, completion_tokens=500_000, seconds=12.0)
+    )
     assert guard_lines == ledger and {x["unit_price"] for x in guard_lines} == {2.0, 4.0}
 
 
@@ -104,8 +129,11 @@ def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact
         assert cli.main(["validate", str(path)]) == cli.EXIT_OK
         spec = load_campaign_file(path)
         with DagsterInstance.ephemeral() as instance:
-            result = materialize([prompts.build(spec), teacher_generations.build(spec)], instance=instance,
-                                 resources=default_resources(str(artifact_root)))
+            result = materialize(
+                [prompts.build(spec), teacher_generations.build(spec)],
+                instance=instance,
+                resources=default_resources(str(artifact_root)),
+            )
     assert result.success
     (mat,) = result.asset_materializations_for_node("unpriced__teacher_generations")
     md = {k: v.value for k, v in mat.metadata.items()}
@@ -119,8 +147,14 @@ def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact
     # the run stopped before evaluation: `campaign run`'s summary of what it spent, `campaign costs`, the dashboard
     from campaign_app.cli.run import campaign_summary, print_summary, run_costs
 
-    summary = campaign_summary(artifact_root, spec.name, "cipher", run_id=result.run_id, spec=spec,
-                               attempted={"prompts", "teacher_generations"})
+    summary = campaign_summary(
+        artifact_root,
+        spec.name,
+        "cipher",
+        run_id=result.run_id,
+        spec=spec,
+        attempted={"prompts", "teacher_generations"},
+    )
     assert summary["spent_this_run_usd"] is None and summary["spent_by_stage"]["teacher_generations"] is None
     capsys.readouterr()
     print_summary(summary, 1.0)
@@ -138,10 +172,21 @@ def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact
     assert run_costs(artifact_root, spec, "r-failed", {"prompts", "teacher_generations"})["spent_this_run_usd"] is None
     assert run_costs(artifact_root, spec, "r-early", {"prompts"})["spent_this_run_usd"] == 0.0
 
-    report = build_report(campaign=spec.name, run_id=result.run_id, ledger=ledger, primary_suite="cipher",
-                          manifests={"teacher_generations": gen, "distillation_set": {"key": "d", "rows": 40}})
-    for figure in ("total_usd", "teacher_usd", "usd_per_million_teacher_tokens", "usd_per_1k_accepted_examples",
-                   "spent_this_run_usd", "campaign_spent_usd"):
+    report = build_report(
+        campaign=spec.name,
+        run_id=result.run_id,
+        ledger=ledger,
+        primary_suite="cipher",
+        manifests={"teacher_generations": gen, "distillation_set": {"key": "d", "rows": 40}},
+    )
+    for figure in (
+        "total_usd",
+        "teacher_usd",
+        "usd_per_million_teacher_tokens",
+        "usd_per_1k_accepted_examples",
+        "spent_this_run_usd",
+        "campaign_spent_usd",
+    ):
         assert report[figure] is None, figure
     assert report["unknown_costs"] == ["teacher: teacher_generations unknown: teacher.price is `unpriced`"]
     text = "\n".join(render_text(report))

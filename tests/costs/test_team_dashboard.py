@@ -18,22 +18,55 @@ DAY1, DAY2 = dt.datetime(2026, 11, 30, 9, 0), dt.datetime(2026, 12, 1, 14, 0)
 
 
 def _line(kind: str, usd: float, key: str = "cpu-2vcpu", unit: str = "host-hour", price: float = 0.0893) -> dict:
-    return {"kind": kind, "price_key": key, "quantity": usd / price, "unit": unit, "unit_price": price, "usd": usd,
-            "as_of": "2025-06-01", "tier": "on_demand", "catalog_version": "2026-11-29"}
+    return {
+        "kind": kind,
+        "price_key": key,
+        "quantity": usd / price,
+        "unit": unit,
+        "unit_price": price,
+        "usd": usd,
+        "as_of": "2025-06-01",
+        "tier": "on_demand",
+        "catalog_version": "2026-11-29",
+    }
 
 
 def _stage(ledger: Ledger, campaign: str, run: str, asset: str, pid: str, lines: list[dict]) -> None:
-    ledger.record_stage(campaign=campaign, asset=asset, run_id=run, step_key=asset,
-                        manifest={"production_id": pid, "key": pid[-6:], "cost_lines": lines})
+    ledger.record_stage(
+        campaign=campaign,
+        asset=asset,
+        run_id=run,
+        step_key=asset,
+        manifest={"production_id": pid, "key": pid[-6:], "cost_lines": lines},
+    )
 
 
 def _report(campaign: str, run: str, total: float, scores: dict, ratio: float, budget: float | None) -> dict:
-    return {"campaign": campaign, "run_id": run, "total_usd": total, "verdict": "GO", "primary_suite": "cipher",
-            "candidate_score": scores["cipher"], "suite_scores": scores, "base_suite_scores": {"cipher": 0.0},
-            "budget_usd": budget, "gpu_hours": 0.0, "host_hours": 0.1,
-            "plan_vs_actual": [{"stage": "student_adapter", "estimated_usd": total / ratio, "actual_usd": total,
-                                "usd_ratio": ratio, "estimated_seconds": 10.0, "actual_seconds": 10.0 * ratio}],
-            "plan_memory_gb": 1.0, "actual_peak_memory_gb": 2.1}
+    return {
+        "campaign": campaign,
+        "run_id": run,
+        "total_usd": total,
+        "verdict": "GO",
+        "primary_suite": "cipher",
+        "candidate_score": scores["cipher"],
+        "suite_scores": scores,
+        "base_suite_scores": {"cipher": 0.0},
+        "budget_usd": budget,
+        "gpu_hours": 0.0,
+        "host_hours": 0.1,
+        "plan_vs_actual": [
+            {
+                "stage": "student_adapter",
+                "estimated_usd": total / ratio,
+                "actual_usd": total,
+                "usd_ratio": ratio,
+                "estimated_seconds": 10.0,
+                "actual_seconds": 10.0 * ratio,
+            }
+        ],
+        "plan_memory_gb": 1.0,
+        "actual_peak_memory_gb": 2.1,
+    }
 
 
 @pytest.fixture
@@ -50,8 +83,14 @@ def ledger(tmp_path, monkeypatch):
     clock["now"] = DAY2
     for asset, pid in (("teacher_generations", "alpha-gen-000001"), ("student_adapter", "alpha-train-0001")):
         _stage(lg, "alpha", "a2", asset, pid, [])  # the unchanged rerun: cache hits, no lines
-    _stage(lg, "beta", "b2", "student_adapter", "beta-train-00001",
-           [_line("training", 1234.0, "h100-sxm", "gpu-hour", 2.99)])
+    _stage(
+        lg,
+        "beta",
+        "b2",
+        "student_adapter",
+        "beta-train-00001",
+        [_line("training", 1234.0, "h100-sxm", "gpu-hour", 2.99)],
+    )
     lg.record_report("beta", "b2", _report("beta", "b2", 1234.5, {"cipher": 0.7, "general": 0.4}, 3.0, 2000.0))
     _stage(lg, "gamma", "g1", "evaluation", "gamma-eval-00001", [_line("evaluation", 0.25)])
     return lg
@@ -61,18 +100,27 @@ def test_team_series_come_from_the_ledger_rows(ledger):
     from campaign_orchestrator.costs.dashboard import team_data
 
     d = team_data(ledger)
-    expected = {(r["day"], r["campaign"]): r["usd"] for r in ledger.query(
-        "SELECT strftime(recorded_at, '%Y-%m-%d') AS day, campaign, SUM(usd) AS usd FROM cost_lines GROUP BY ALL")}
+    expected = {
+        (r["day"], r["campaign"]): r["usd"]
+        for r in ledger.query(
+            "SELECT strftime(recorded_at, '%Y-%m-%d') AS day, campaign, SUM(usd) AS usd FROM cost_lines GROUP BY ALL"
+        )
+    }
     got: dict = {}
     for r in d["spend_by_day"]:
         got[(r["period"], r["campaign"])] = got.get((r["period"], r["campaign"]), 0.0) + r["usd"]
-    assert got.keys() == expected.keys() == {("2026-11-30", "alpha"), ("2026-11-30", "beta"), ("2026-12-01", "beta"),
-                                             ("2026-12-01", "gamma")}
+    assert (
+        got.keys()
+        == expected.keys()
+        == {("2026-11-30", "alpha"), ("2026-11-30", "beta"), ("2026-12-01", "beta"), ("2026-12-01", "gamma")}
+    )
     assert all(got[k] == pytest.approx(v) for k, v in expected.items())
     assert {r["period"] for r in d["spend_by_week"]} == {"2026-W49"}  # Monday 30 Nov and Tuesday 1 Dec: one ISO week
     assert [c["campaign"] for c in d["campaigns"]] == ["alpha", "beta", "gamma"]
-    assert {(r["campaign"], r["stage"]) for r in d["spend_by_day"]} >= {("beta", "student_adapter"),
-                                                                       ("alpha", "teacher_generations")}
+    assert {(r["campaign"], r["stage"]) for r in d["spend_by_day"]} >= {
+        ("beta", "student_adapter"),
+        ("alpha", "teacher_generations"),
+    }
     gpu = [h for h in d["hardware"] if h["unit"] == "gpu-hour"]
     assert [(h["campaign"], h["resource"]) for h in gpu] == [("beta", "h100-sxm")]
     assert gpu[0]["quantity"] == pytest.approx(1234.0 / 2.99)
@@ -86,7 +134,16 @@ def test_team_series_come_from_the_ledger_rows(ledger):
 
 def test_dollars_for_people():
     assert [dollars(x) for x in (0.0005164750059162165, 0.0122, 0.001, 0.25, 3.5, 1234.5, 2.5e6, 0, None)] == [
-        "$0.00052", "$0.012", "$0.001", "$0.25", "$3.50", "$1.2k", "$2.5M", "$0", "n/a"]
+        "$0.00052",
+        "$0.012",
+        "$0.001",
+        "$0.25",
+        "$3.50",
+        "$1.2k",
+        "$2.5M",
+        "$0",
+        "n/a",
+    ]
 
 
 def test_the_served_team_dashboard_in_chromium(ledger, tmp_path, capsys):
@@ -115,17 +172,36 @@ def test_the_served_team_dashboard_in_chromium(ledger, tmp_path, capsys):
                 assert tab.goto(url).ok
                 text = tab.inner_text("body")
                 data = json.loads(tab.inner_text("#team-data"))
-                bars = [(b.get_attribute("data-period"), b.get_attribute("data-campaign"))
-                        for b in tab.locator("rect.spend").all()]
+                bars = [
+                    (b.get_attribute("data-period"), b.get_attribute("data-campaign"))
+                    for b in tab.locator("rect.spend").all()
+                ]
                 tab.screenshot(path=str(shot), full_page=True)
             finally:
                 browser.close()
     finally:
         servers[0].shutdown()
-    assert sorted(bars) == [("2026-11-30", "alpha"), ("2026-11-30", "beta"), ("2026-12-01", "beta"),
-                            ("2026-12-01", "gamma")]  # one stacked segment per day and campaign that spent
-    for needle in ("Team cost dashboard", "2026-11-30", "2026-12-01", "2026-W49", "alpha", "beta", "gamma",
-                   "$1.2k", "$0.013", "h100-sxm", "MISS", "reused everything", "cipher 70.0%, general 40.0%"):
+    assert sorted(bars) == [
+        ("2026-11-30", "alpha"),
+        ("2026-11-30", "beta"),
+        ("2026-12-01", "beta"),
+        ("2026-12-01", "gamma"),
+    ]  # one stacked segment per day and campaign that spent
+    for needle in (
+        "Team cost dashboard",
+        "2026-11-30",
+        "2026-12-01",
+        "2026-W49",
+        "alpha",
+        "beta",
+        "gamma",
+        "$1.2k",
+        "$0.013",
+        "h100-sxm",
+        "MISS",
+        "reused everything",
+        "cipher 70.0%, general 40.0%",
+    ):
         assert needle in text, needle
     assert data["spend_by_day"] and {r["campaign"] for r in data["runs"]} == {"alpha", "beta", "gamma"}
     assert len(set(_png_pixels(shot)[::7])) > 30  # a real picture, not a blank page

@@ -15,8 +15,9 @@ EOS = 2
 
 
 def table(rows):
-    return pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.string()), ("labels", pa.list_(pa.int32())),
-                                                        ("status", pa.string())]))
+    return pa.Table.from_pylist(
+        rows, schema=pa.schema([("id", pa.string()), ("labels", pa.list_(pa.int32())), ("status", pa.string())])
+    )
 
 
 def test_last_labelled_token_of_every_row():
@@ -47,10 +48,15 @@ def _materialize(spec, artifact_root, tmp_path, rows, dist_key="dist-1"):
     pointer = artifact_root / spec.name / "distillation_set" / "LATEST.json"
     pointer.parent.mkdir(parents=True, exist_ok=True)
     pointer.write_text(json.dumps({"key": dist_key, "distillation_path": str(src)}))
-    res = materialize([AssetSpec(key(spec, "distillation_set")), tokenized.build(spec)], raise_on_error=False,
-                      resources={"storage": ArtifactStore(root=str(artifact_root)),
-                                 "io_manager": ManifestIOManager(root=str(artifact_root))},
-                      selection=[key(spec, "tokenized_dataset")])
+    res = materialize(
+        [AssetSpec(key(spec, "distillation_set")), tokenized.build(spec)],
+        raise_on_error=False,
+        resources={
+            "storage": ArtifactStore(root=str(artifact_root)),
+            "io_manager": ManifestIOManager(root=str(artifact_root)),
+        },
+        selection=[key(spec, "tokenized_dataset")],
+    )
     return {e.check_name: e for e in res.get_asset_check_evaluations()}
 
 
@@ -66,8 +72,10 @@ def test_the_asset_check_blocks_a_dataset_whose_mask_ends_before_the_stop_token(
 
     def eos_masked(batch, tok, template, settings, teacher=None):  # the classic bug: pad == EOS, masked with it
         out = real(batch, tok, template, settings, teacher)
-        labels = [[formatting.IGNORE if i == template.eos_id else lab for i, lab in zip(ids, labs)]
-                  for ids, labs in zip(out.column("input_ids").to_pylist(), out.column("labels").to_pylist())]
+        labels = [
+            [formatting.IGNORE if i == template.eos_id else lab for i, lab in zip(ids, labs, strict=False)]
+            for ids, labs in zip(out.column("input_ids").to_pylist(), out.column("labels").to_pylist(), strict=False)
+        ]
         return out.set_column(out.schema.get_field_index("labels"), "labels", pa.array(labels, pa.list_(pa.int32())))
 
     monkeypatch.setattr(formatting, "encode_batch_arrow", eos_masked)
@@ -93,5 +101,3 @@ def test_vocabularies(demo_models, tmp_path):
     (padded / "config.json").write_text(json.dumps(cfg))
     r = vocabulary_report(padded, demo_models["student"])
     assert not r["passed"] and f"teacher {cfg['vocab_size']:,}, student {n:,}" in r["reasons"][0]
-
-

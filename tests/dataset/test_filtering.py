@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.scorers import get_scorer
 from campaign_orchestrator.dataset.filtering import RULES, FilterRules, filter_generations
+from evaluation.scorers import get_scorer
 
 
-def _r(i: str, completion: str, finish: str = "stop", error: str | None = None, prompt: str | None = None,
-       tokens: int | None = None) -> dict:
-    return {"id": i, "prompt": prompt or f"encode {i} =", "completion": completion, "finish_reason": finish,
-            "error": error, "completion_tokens": tokens if tokens is not None else len(completion)}
+def _r(
+    i: str,
+    completion: str,
+    finish: str = "stop",
+    error: str | None = None,
+    prompt: str | None = None,
+    tokens: int | None = None,
+) -> dict:
+    return {
+        "id": i,
+        "prompt": prompt or f"encode {i} =",
+        "completion": completion,
+        "finish_reason": finish,
+        "error": error,
+        "completion_tokens": tokens if tokens is not None else len(completion),
+    }
 
 
 ROWS = [
@@ -33,8 +45,18 @@ def test_every_rule_is_counted_once_in_order():
     rules = FilterRules(format_regex="[a-z]+", max_chars=30, scorer="exact_match", max_completion_tokens=20)
     kept, counts = filter_generations(ROWS, rules, REFS, score_fn=get_scorer("exact_match"))
     assert [r["id"] for r in kept] == ["a"]
-    assert counts == {"error": 1, "empty": 1, "truncated": 1, "length": 2, "format": 1, "scorer": 1,
-                      "no_reference": 1, "duplicate": 1, "kept": 1, "input": 10}
+    assert counts == {
+        "error": 1,
+        "empty": 1,
+        "truncated": 1,
+        "length": 2,
+        "format": 1,
+        "scorer": 1,
+        "no_reference": 1,
+        "duplicate": 1,
+        "kept": 1,
+        "input": 10,
+    }
     assert set(RULES) <= set(counts)
 
 
@@ -51,8 +73,9 @@ def test_scorer_threshold_and_custom_score_function():
     share = lambda pred, ref: sum(p == q for p, q in zip(pred.strip(), ref, strict=False)) / len(ref)  # noqa: E731
     kept, counts = filter_generations(rows, FilterRules(scorer="exact_match", min_score=0.5), refs, score_fn=share)
     assert [r["id"] for r in kept] == ["a", "b"] and counts["scorer"] == 0
-    kept, counts = filter_generations(rows, FilterRules(scorer="exact_match", min_score=1.0), refs,
-                                      score_fn=get_scorer("exact_match"))
+    kept, counts = filter_generations(
+        rows, FilterRules(scorer="exact_match", min_score=1.0), refs, score_fn=get_scorer("exact_match")
+    )
     assert [r["id"] for r in kept] == ["a"] and counts["scorer"] == 1
     with pytest.raises(ValueError, match="references"):
         filter_generations(rows, FilterRules(scorer="exact_match"), score_fn=share)

@@ -13,7 +13,6 @@ from campaign_orchestrator.dataset.formatting import (
     prompt_token_ids,
     resolve_template,
 )
-
 from tests.support.dataprep_support import chars
 
 
@@ -48,8 +47,12 @@ def test_eos_is_not_doubled_and_first_token_never_has_a_label(tok):
 
 
 def test_chat_template_masks_assistant_turns_only(chat_tok):
-    msgs = [{"role": "user", "content": "encode ab ="}, {"role": "assistant", "content": " qz"},
-            {"role": "user", "content": "encode c ="}, {"role": "assistant", "content": " w"}]
+    msgs = [
+        {"role": "user", "content": "encode ab ="},
+        {"role": "assistant", "content": " qz"},
+        {"role": "user", "content": "encode c ="},
+        {"role": "assistant", "content": " w"},
+    ]
     out = run(chat_tok, [{"id": "m", "messages": msgs}], max_seq_len=128)
     text = lambda s: chars(chat_tok, s)  # noqa: E731
     eos = chat_tok.eos_token_id
@@ -59,8 +62,9 @@ def test_chat_template_masks_assistant_turns_only(chat_tok):
     a2, a4 = text(" qz") + [eos], text(" w") + [eos]
     sep = text(" ")
     assert out["input_ids"][0] == p1 + a2 + sep + p3 + a4 + sep
-    assert out["labels"][0] == ([IGNORE] * len(p1) + a2 + [IGNORE] * (len(sep) + len(p3)) + a4
-                                + [IGNORE] * len(sep))  # EOS counted once, not appended
+    assert out["labels"][0] == (
+        [IGNORE] * len(p1) + a2 + [IGNORE] * (len(sep) + len(p3)) + a4 + [IGNORE] * len(sep)
+    )  # EOS counted once, not appended
     # a pair goes through the same template as [user, assistant]
     pair = run(chat_tok, [{"id": "p", "prompt": "encode ab =", "completion": " qz"}])
     assert pair["input_ids"][0] == p1 + a2 + sep and pair["labels"][0] == [IGNORE] * len(p1) + a2 + [IGNORE] * len(sep)
@@ -98,12 +102,24 @@ def test_bad_rows_are_counted_not_kept(tok):
         {"id": "m2", "messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]},
         {"id": "m3", "messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "y"}]},
         {"id": "m4", "messages": "not a list"},
-        {"id": "m5", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                                  {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]},
+        {
+            "id": "m5",
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"},
+                {"role": "assistant", "content": "d"},
+            ],
+        },
     ]
     out = run(tok, bad_msgs)  # plain template: multi-turn cannot be expressed
-    assert out["status"] == ["invalid_messages", "invalid_messages", "not_a_string", "invalid_messages",
-                             "invalid_messages"]
+    assert out["status"] == [
+        "invalid_messages",
+        "invalid_messages",
+        "not_a_string",
+        "invalid_messages",
+        "invalid_messages",
+    ]
 
 
 def test_prompt_token_ids_match_the_training_prefix(tok, chat_tok):
@@ -123,13 +139,23 @@ def test_arrow_pair_path_equals_the_general_path(tok):
 
     from campaign_orchestrator.dataset.formatting import encode_batch_arrow
 
-    rows = [{"id": f"r{i}", "prompt": f"encode {w} =", "completion": f" {w[::-1]}"}
-            for i, w in enumerate(["ab", "abcdefgh", "qqq", "z" * 40, "k" * 25, "abcdefghij"])]
-    rows += [{"id": "eos", "prompt": "", "completion": " ab</s>"}, {"id": "none", "prompt": None, "completion": "x"},
-             {"id": "int", "prompt": "a", "completion": 3}]
+    rows = [
+        {"id": f"r{i}", "prompt": f"encode {w} =", "completion": f" {w[::-1]}"}
+        for i, w in enumerate(["ab", "abcdefgh", "qqq", "z" * 40, "k" * 25, "abcdefghij"])
+    ]
+    rows += [
+        {"id": "eos", "prompt": "", "completion": " ab</s>"},
+        {"id": "none", "prompt": None, "completion": "x"},
+        {"id": "int", "prompt": "a", "completion": 3},
+    ]
     batch = {k: [r[k] for r in rows] for k in ("id", "prompt", "completion")}
     for template in (resolve_template(tok), Template("plain", None, tok.eos_token_id)):
-        for kw in ({}, {"train_on_prompt": True}, {"too_long": "truncate"}, {"too_long": "truncate", "train_on_prompt": True}):
+        for kw in (
+            {},
+            {"train_on_prompt": True},
+            {"too_long": "truncate"},
+            {"too_long": "truncate", "train_on_prompt": True},
+        ):
             settings = EncodeSettings(30, **kw)
             want = encode_batch(batch, tok, template, settings)
             got = encode_batch_arrow(batch, tok, template, settings)
@@ -143,10 +169,17 @@ def test_arrow_pair_path_equals_the_general_path(tok):
     for kw in ({}, {"too_long": "truncate"}):
         settings = EncodeSettings(30, **kw)
         assert encode_batch_arrow(strings, tok, resolve_template(tok), settings).equals(
-            encode_batch_arrow(as_lists, tok, resolve_template(tok), settings))
+            encode_batch_arrow(as_lists, tok, resolve_template(tok), settings)
+        )
     # and the general path for pairs is the same as for a one-exchange conversation
-    msgs = {"id": batch["id"][:6], "messages": [[{"role": "user", "content": r["prompt"]},
-                                                 {"role": "assistant", "content": r["completion"]}] for r in rows[:6]]}
+    msgs = {
+        "id": batch["id"][:6],
+        "messages": [
+            [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["completion"]}]
+            for r in rows[:6]
+        ],
+    }
     pairs5 = {k: v[:6] for k, v in batch.items()}
-    assert encode_batch(msgs, tok, resolve_template(tok), EncodeSettings(30)) == \
-        encode_batch(pairs5, tok, resolve_template(tok), EncodeSettings(30))
+    assert encode_batch(msgs, tok, resolve_template(tok), EncodeSettings(30)) == encode_batch(
+        pairs5, tok, resolve_template(tok), EncodeSettings(30)
+    )

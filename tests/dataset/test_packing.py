@@ -11,8 +11,10 @@ import pytest
 from campaign_orchestrator.dataset.packing import pack_bfd, pack_bfd_reference, pack_rows
 
 
-@pytest.mark.parametrize("seed,capacity,lo,hi,n", [(0, 64, 18, 29, 300), (1, 16, 1, 16, 200), (2, 512, 5, 400, 150),
-                                                   (3, 10, 3, 3, 25), (4, 7, 1, 7, 1)])
+@pytest.mark.parametrize(
+    "seed,capacity,lo,hi,n",
+    [(0, 64, 18, 29, 300), (1, 16, 1, 16, 200), (2, 512, 5, 400, 150), (3, 10, 3, 3, 25), (4, 7, 1, 7, 1)],
+)
 def test_bulk_bfd_matches_one_at_a_time_bfd(seed, capacity, lo, hi, n):
     rng = random.Random(seed)
     lengths = [rng.randint(lo, hi) for _ in range(n)]
@@ -36,9 +38,13 @@ def test_packed_rows_reproduce_every_sequence_and_restart_positions():
     rng = random.Random(5)
     seqs = [[rng.randint(0, 99) for _ in range(rng.randint(1, 12))] for _ in range(40)]
     labels = [[-100] + s[1:] for s in seqs]
-    examples = pa.table({"id": [f"e{i}" for i in range(40)],
-                         "input_ids": pa.array(seqs, pa.list_(pa.int32())),
-                         "labels": pa.array(labels, pa.list_(pa.int32()))})
+    examples = pa.table(
+        {
+            "id": [f"e{i}" for i in range(40)],
+            "input_ids": pa.array(seqs, pa.list_(pa.int32())),
+            "labels": pa.array(labels, pa.list_(pa.int32())),
+        }
+    )
     bins = pack_bfd([len(s) for s in seqs], 16)
     rows = pack_rows(examples, bins).to_pylist()
     assert len(rows) == len(bins)

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from campaign_orchestrator.dataset.prompts import PromptSourceError, read_prompts, source_files, split
 from campaign_orchestrator.content import dir_sha256, value_sha256
-from campaign_orchestrator.stage_dir import StageDir
+from campaign_orchestrator.dataset.prompts import PromptSourceError, read_prompts, source_files, split
 from campaign_orchestrator.demo import cipher
+from campaign_orchestrator.stage_dir import StageDir
 
 
 def _write(path, rows):

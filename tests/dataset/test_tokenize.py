@@ -24,8 +24,10 @@ from campaign_orchestrator.demo import cipher
 
 
 def pairs(n: int, prefix: str = "e", seed: int = 0) -> list[dict]:
-    return [{"id": f"{prefix}{i}", "prompt": it["prompt"], "completion": " " + it["reference"]}
-            for i, it in enumerate(cipher.items(n, seed=seed))]
+    return [
+        {"id": f"{prefix}{i}", "prompt": it["prompt"], "completion": " " + it["reference"]}
+        for i, it in enumerate(cipher.items(n, seed=seed))
+    ]
 
 
 def write_jsonl(path, rows) -> str:
@@ -41,7 +43,7 @@ def sequences(out_dir, split: str = "train") -> dict[str, list[int]]:
             pos = np.array(row["position_ids"])
             starts = [*np.flatnonzero(pos == 0).tolist(), len(pos)]
             for k, ex in enumerate(row["example_ids"]):
-                got[ex] = row["input_ids"][starts[k]:starts[k + 1]]
+                got[ex] = row["input_ids"][starts[k] : starts[k + 1]]
     return got
 
 
@@ -59,12 +61,28 @@ def test_every_source_format_gives_the_same_tokens(student, tmp_path):
     pq.write_table(pa_table, tmp_path / "b.parquet")
     pacsv.write_csv(pa.Table.from_pylist([r | {"id": "c" + r["id"]} for r in rows]), tmp_path / "c.csv")
     datasets.Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows]).save_to_disk(
-        str(tmp_path / "saved"))
-    m = write_jsonl(tmp_path / "m.jsonl", [{"id": "m" + r["id"], "messages": [
-        {"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["completion"]}]} for r in rows])
+        str(tmp_path / "saved")
+    )
+    m = write_jsonl(
+        tmp_path / "m.jsonl",
+        [
+            {
+                "id": "m" + r["id"],
+                "messages": [
+                    {"role": "user", "content": r["prompt"]},
+                    {"role": "assistant", "content": r["completion"]},
+                ],
+            }
+            for r in rows
+        ],
+    )
     out = tmp_path / "out"
-    report = build_tokenized_dataset(student, [j, tmp_path / "b.parquet", tmp_path / "c.csv", tmp_path / "saved", m],
-                                     out, BuildSettings(max_seq_len=64))
+    report = build_tokenized_dataset(
+        student,
+        [j, tmp_path / "b.parquet", tmp_path / "c.csv", tmp_path / "saved", m],
+        out,
+        BuildSettings(max_seq_len=64),
+    )
     assert report["examples_in"] == report["examples_out"] == 150 and report["dropped_total"] == 0
     seqs = sequences(out)
     assert len(seqs) == 150
@@ -94,8 +112,9 @@ def test_schema_metadata_split_and_shards(student, tmp_path):
     assert val == {r["id"] for r in pairs(400) if split_of(r["id"], 0.2, 7) == "validation"}
     assert 40 < len(val) < 120 and not val & set(sequences(out))
     unpacked = tmp_path / "unpacked"
-    r2 = build_tokenized_dataset(student, [src], unpacked,
-                                 BuildSettings(max_seq_len=48, packing=False, validation_fraction=0.2, split_seed=7))
+    r2 = build_tokenized_dataset(
+        student, [src], unpacked, BuildSettings(max_seq_len=48, packing=False, validation_fraction=0.2, split_seed=7)
+    )
     assert set(sequences(unpacked, "validation")) == val
     assert r2["rows"] == r2["examples_out"] == 400 and report["rows"] < 400
     assert report["packing_efficiency"] > r2["packing_efficiency"]
@@ -112,9 +131,9 @@ def test_multiprocess_map_matches_one_process(student, tmp_path):
 
 def test_bad_rows_are_counted_drops(student, tmp_path):
     rows = pairs(5) + [
-        {"id": "missing", "prompt": "encode ab ="},                          # no completion
+        {"id": "missing", "prompt": "encode ab ="},  # no completion
         {"id": "null", "prompt": None, "completion": " q"},
-        {"id": "number", "prompt": 12, "completion": " q"},                   # non-string content
+        {"id": "number", "prompt": 12, "completion": " q"},  # non-string content
         {"id": "long", "prompt": "encode " + "a" * 80 + " =", "completion": " b"},
     ]
     src = write_jsonl(tmp_path / "bad.jsonl", rows)
@@ -138,7 +157,9 @@ def test_bad_input_is_a_clear_error(student, tmp_path):
     with pytest.raises(SourceError, match=r"wrong.jsonl.*expected columns `prompt` and `completion`"):
         build_tokenized_dataset(student, [wrong], tmp_path / "o2", BuildSettings(max_seq_len=64))
     with pytest.raises(SourceError, match="no files found"):
-        build_tokenized_dataset(student, [tmp_path / "nope" / "*.jsonl"], tmp_path / "o3", BuildSettings(max_seq_len=64))
+        build_tokenized_dataset(
+            student, [tmp_path / "nope" / "*.jsonl"], tmp_path / "o3", BuildSettings(max_seq_len=64)
+        )
     too_long = write_jsonl(tmp_path / "long.jsonl", pairs(3))
     with pytest.raises(TokenizationError, match="raise training.max_seq_len"):
         build_tokenized_dataset(student, [too_long], tmp_path / "o4", BuildSettings(max_seq_len=8))
@@ -165,18 +186,28 @@ def test_asset_is_keyed_by_content_and_consumed_by_the_loader(artifact_root, tmp
     pointer = artifact_root / "demo" / "distillation_set" / "LATEST.json"
     pointer.parent.mkdir(parents=True)
     pointer.write_text(json.dumps({"key": "dist-1", "distillation_path": str(src)}))
-    resources = {"storage": ArtifactStore(root=str(artifact_root)), "io_manager": ManifestIOManager(root=str(artifact_root))}
+    resources = {
+        "storage": ArtifactStore(root=str(artifact_root)),
+        "io_manager": ManifestIOManager(root=str(artifact_root)),
+    }
 
     def run(s):
-        res = materialize([AssetSpec(key(s, "distillation_set")), tokenized.build(s)], resources=resources,
-                          selection=[key(s, "tokenized_dataset")])
+        res = materialize(
+            [AssetSpec(key(s, "distillation_set")), tokenized.build(s)],
+            resources=resources,
+            selection=[key(s, "tokenized_dataset")],
+        )
         assert res.success
         mat = res.asset_materializations_for_node("demo__tokenized_dataset")[0]
         return {k: v.value for k, v in mat.metadata.items()}
 
     first = run(spec)
     assert not first["cached"] and first["examples_in"] == 120 and first["rows"] < 120
-    assert 0 < first["packing_efficiency"] <= 1 and first["shards"] >= 1 and "| example tokens |" in first["sequence_lengths"]
+    assert (
+        0 < first["packing_efficiency"] <= 1
+        and first["shards"] >= 1
+        and "| example tokens |" in first["sequence_lengths"]
+    )
     again = run(spec)
     assert again["cached"] and again["content_key"] == first["content_key"]
     longer = spec.model_copy(update={"training": spec.training.model_copy(update={"max_seq_len": 48})})
@@ -185,8 +216,9 @@ def test_asset_is_keyed_by_content_and_consumed_by_the_loader(artifact_root, tmp
     settings = tokenized.build_settings(spec)  # a new tokenizer is a new dataset too
     assert tokenized.content_key("d", "tok-a", settings, None) != tokenized.content_key("d", "tok-b", settings, None)
     manifest = json.loads((artifact_root / "demo" / "tokenized_dataset" / "LATEST.json").read_text())
-    ds = TokenizedDataset(manifest["dataset_path"], cache_dir=tmp_path / "cache",
-                          expect_tokenizer_hash=manifest["tokenizer_hash"])
+    ds = TokenizedDataset(
+        manifest["dataset_path"], cache_dir=tmp_path / "cache", expect_tokenizer_hash=manifest["tokenizer_hash"]
+    )
     assert len(ds) == manifest["splits"]["train"]["rows"] and ds.max_seq_len == 48
     with pytest.raises(DatasetMismatch, match="Rebuild the tokenized dataset"):
         TokenizedDataset(manifest["dataset_path"], cache_dir=tmp_path / "cache", expect_tokenizer_hash="0" * 64)

@@ -10,10 +10,15 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 import pytest
 
-from campaign_orchestrator.dataset.formatting import IGNORE, EncodeSettings, encode_batch, encode_batch_arrow, resolve_template
+from campaign_orchestrator.dataset.formatting import (
+    IGNORE,
+    EncodeSettings,
+    encode_batch,
+    encode_batch_arrow,
+    resolve_template,
+)
 from campaign_orchestrator.dataset.packing import pack_bfd, pack_rows
 from campaign_orchestrator.dataset.topk import TEACHER_IDS, TEACHER_LOGPROBS
-
 from tests.support.dataprep_support import chars
 
 
@@ -22,8 +27,13 @@ def generation(tok, completion: str, stopped: bool = True, k: int = 3, salt: int
     when it stopped) and one top-k list per generated token, the generated token first. Log-probs
     encode (salt, position) so a list that lands on the wrong token is caught."""
     gen = chars(tok, completion) + ([tok.eos_token_id] if stopped else [])
-    top = [[{"token_id": t if j == 0 else 100 + j, "token": None, "logprob": -(salt * 100 + pos + j / 10) / 1000}
-            for j in range(k)] for pos, t in enumerate(gen)]
+    top = [
+        [
+            {"token_id": t if j == 0 else 100 + j, "token": None, "logprob": -(salt * 100 + pos + j / 10) / 1000}
+            for j in range(k)
+        ]
+        for pos, t in enumerate(gen)
+    ]
     return {"completion_token_ids": gen, "top_logprobs": top}
 
 
@@ -32,8 +42,9 @@ def run(tok, rows: list[dict], max_seq_len: int = 64, **kw) -> dict:
     return encode_batch(batch, tok, resolve_template(tok), EncodeSettings(max_seq_len, **kw))
 
 
-def check_lines_up(ids: list[int], labels: list[int], t_ids: list[list[int]], t_lps: list[list[float]],
-                   answer: list[int]) -> None:
+def check_lines_up(
+    ids: list[int], labels: list[int], t_ids: list[list[int]], t_lps: list[list[float]], answer: list[int]
+) -> None:
     """One list per token; lists exactly on the answer's label positions, each headed by its own token."""
     assert len(t_ids) == len(t_lps) == len(ids) == len(labels)
     placed = [i for i, lst in enumerate(t_ids) if lst]
@@ -54,8 +65,9 @@ def test_plain_template_puts_each_list_on_its_completion_token_and_eos(tok):
     assert out["teacher_status"] == ["aligned"] and out["status"] == ["ok"]
     # stopped on max_new_tokens: no list for the appended EOS
     cut = run(tok, [{"id": "b", "prompt": "encode ab =", "completion": " qz"} | generation(tok, " qz", stopped=False)])
-    check_lines_up(cut["input_ids"][0], cut["labels"][0], cut[TEACHER_IDS][0], cut[TEACHER_LOGPROBS][0],
-                   chars(tok, " qz"))
+    check_lines_up(
+        cut["input_ids"][0], cut["labels"][0], cut[TEACHER_IDS][0], cut[TEACHER_LOGPROBS][0], chars(tok, " qz")
+    )
 
 
 def test_chat_template_finds_the_completion_inside_the_assistant_turn(chat_tok):
@@ -64,10 +76,12 @@ def test_chat_template_finds_the_completion_inside_the_assistant_turn(chat_tok):
     ids, labels = out["input_ids"][0], out["labels"][0]
     # the turn is " qz</s> ": the teacher's EOS lands on the template's EOS; the trailing " " (the template's
     # separator after the end of turn) is not learnt at all: the loss ends on the EOS
-    assert ids == chars(chat_tok, "user =encode ab = assistant =") + chars(chat_tok, " qz") + [chat_tok.eos_token_id] \
-        + chars(chat_tok, " ")
-    check_lines_up(ids, labels, out[TEACHER_IDS][0], out[TEACHER_LOGPROBS][0],
-                   chars(chat_tok, " qz") + [chat_tok.eos_token_id])
+    assert ids == chars(chat_tok, "user =encode ab = assistant =") + chars(chat_tok, " qz") + [
+        chat_tok.eos_token_id
+    ] + chars(chat_tok, " ")
+    check_lines_up(
+        ids, labels, out[TEACHER_IDS][0], out[TEACHER_LOGPROBS][0], chars(chat_tok, " qz") + [chat_tok.eos_token_id]
+    )
     assert labels[-1] == IGNORE and labels[-2] == chat_tok.eos_token_id and out[TEACHER_IDS][0][-1] == []
     assert out["teacher_status"] == ["aligned"]
 
@@ -78,10 +92,12 @@ def test_rows_whose_tokens_are_not_the_teachers_keep_ce_but_get_no_lists(tok):
     no_ids["top_logprobs"] = [[e | {"token_id": None, "token": "q"} for e in pos] for pos in no_ids["top_logprobs"]]
     short = generation(tok, " qz")
     short["top_logprobs"] = short["top_logprobs"][:1]
-    rows = [{"id": "x", "prompt": "encode ab =", "completion": " qz"} | other,
-            {"id": "y", "prompt": "encode ab =", "completion": " qz"} | no_ids,
-            {"id": "z", "prompt": "encode ab =", "completion": " qz"} | short,
-            {"id": "n", "prompt": "encode ab =", "completion": " qz", "top_logprobs": None}]
+    rows = [
+        {"id": "x", "prompt": "encode ab =", "completion": " qz"} | other,
+        {"id": "y", "prompt": "encode ab =", "completion": " qz"} | no_ids,
+        {"id": "z", "prompt": "encode ab =", "completion": " qz"} | short,
+        {"id": "n", "prompt": "encode ab =", "completion": " qz", "top_logprobs": None},
+    ]
     out = run(tok, rows)
     assert out["teacher_status"] == ["not_found", "no_token_ids", "count_mismatch", "none"]
     assert out["status"] == ["ok"] * 4 and all(n > 0 for n in out["num_loss_tokens"])
@@ -96,16 +112,24 @@ def test_truncation_cuts_the_lists_with_the_row_and_drops_drop_them(tok):
     cut = run(tok, [row], max_seq_len=n - 4, too_long="truncate")
     assert cut["status"] == ["truncated"] and len(cut["input_ids"][0]) == n - 4
     assert cut[TEACHER_IDS][0] == full[TEACHER_IDS][0][: n - 4]
-    check_lines_up(cut["input_ids"][0], cut["labels"][0], cut[TEACHER_IDS][0], cut[TEACHER_LOGPROBS][0],
-                   chars(tok, " abcdefgh")[:-3])
+    check_lines_up(
+        cut["input_ids"][0],
+        cut["labels"][0],
+        cut[TEACHER_IDS][0],
+        cut[TEACHER_LOGPROBS][0],
+        chars(tok, " abcdefgh")[:-3],
+    )
     dropped = run(tok, [row], max_seq_len=n - 1)
     assert dropped["status"] == ["too_long"] and dropped[TEACHER_IDS] == [[]]
 
 
 def test_packed_rows_keep_every_teacher_list_on_its_token(tok):
     words = ["ab", "abcdefgh", "qqq", "xyzw", "k", "mnopq", "abcdefghijklmnopqrstuvwxyzabcd", "r"]
-    rows = [{"id": f"r{i}", "prompt": f"encode {w} =", "completion": f" {w[::-1]}"}
-            | generation(tok, f" {w[::-1]}", stopped=i % 3 != 0, salt=i) for i, w in enumerate(words)]
+    rows = [
+        {"id": f"r{i}", "prompt": f"encode {w} =", "completion": f" {w[::-1]}"}
+        | generation(tok, f" {w[::-1]}", stopped=i % 3 != 0, salt=i)
+        for i, w in enumerate(words)
+    ]
     rows.append({"id": "plain", "prompt": "encode zz =", "completion": " zz", "top_logprobs": None})
     cols = ("id", "prompt", "completion", "completion_token_ids", "top_logprobs")
     batch = {k: [r.get(k) for r in rows] for k in cols}
@@ -142,13 +166,21 @@ def test_packed_rows_keep_every_teacher_list_on_its_token(tok):
 
 def test_build_writes_teacher_columns_in_both_splits_only_when_the_source_has_them(tmp_path, demo_models, tok):
     from assets.distillation_set import distill_schema
-    from campaign_orchestrator.dataset.tokenize import (ROW_SCHEMA, TEACHER_ROW_SCHEMA, BuildSettings, build_tokenized_dataset,
-                                   dataset_metadata)
+    from campaign_orchestrator.dataset.tokenize import (
+        ROW_SCHEMA,
+        TEACHER_ROW_SCHEMA,
+        BuildSettings,
+        build_tokenized_dataset,
+        dataset_metadata,
+    )
     from campaign_orchestrator.demo import cipher
 
     items = cipher.items(60, seed=3)
-    rows = [{"id": f"e{i}", "prompt": it["prompt"], "completion": " " + it["reference"]}
-            | generation(tok, " " + it["reference"], salt=i) for i, it in enumerate(items)]
+    rows = [
+        {"id": f"e{i}", "prompt": it["prompt"], "completion": " " + it["reference"]}
+        | generation(tok, " " + it["reference"], salt=i)
+        for i, it in enumerate(items)
+    ]
     rows[0]["completion"] = " mismatch"  # a completion that is not what the teacher generated
     src = tmp_path / "distillation.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=distill_schema()), src)
@@ -168,14 +200,21 @@ def test_build_writes_teacher_columns_in_both_splits_only_when_the_source_has_th
             assert all(row[TEACHER_IDS][p][0] == row["input_ids"][p] == row["labels"][p] for p in placed)
     # the same distillation set without logprobs (null columns): the classic schema, no teacher metadata
     plain = tmp_path / "plain.parquet"
-    pq.write_table(pa.Table.from_pylist([r | {"completion_token_ids": None, "top_logprobs": None} for r in rows],
-                                        schema=distill_schema()), plain)
+    pq.write_table(
+        pa.Table.from_pylist(
+            [r | {"completion_token_ids": None, "top_logprobs": None} for r in rows], schema=distill_schema()
+        ),
+        plain,
+    )
     r2 = build_tokenized_dataset(demo_models["student"], [plain], tmp_path / "plain", settings)
     assert r2["teacher_topk"] is None
     f = sorted((tmp_path / "plain" / "train").glob("*.parquet"))[0]
     assert pq.read_schema(f).remove_metadata().equals(ROW_SCHEMA) and "campaign.teacher_topk" not in dataset_metadata(f)
-    assert pq.read_table(f).column("input_ids").equals(
-        pq.read_table(sorted((tmp_path / "out" / "train").glob("*.parquet"))[0]).column("input_ids"))
+    assert (
+        pq.read_table(f)
+        .column("input_ids")
+        .equals(pq.read_table(sorted((tmp_path / "out" / "train").glob("*.parquet"))[0]).column("input_ids"))
+    )
 
 
 def test_asset_key_and_the_logits_guard():
@@ -185,11 +224,13 @@ def test_asset_key_and_the_logits_guard():
 
     from assets import tokenized_dataset as tokenized
     from assets.common import stage_key
-    from campaigns.spec import CampaignSpec
     from campaign_orchestrator.dataset.tokenize import BuildSettings
+    from campaigns.spec import CampaignSpec
 
     s = BuildSettings(max_seq_len=64)
-    assert tokenized.content_key("d", "t", s, None) == stage_key(tokenized.STAGE_VERSION, "d", "t", s.key_fields(), None)
+    assert tokenized.content_key("d", "t", s, None) == stage_key(
+        tokenized.STAGE_VERSION, "d", "t", s.key_fields(), None
+    )
     assert tokenized.content_key("d", "t", s, None, teacher_topk=True) != tokenized.content_key("d", "t", s, None)
     raw = yaml.safe_load(open("campaigns/demo.yaml").read())
     tokenized.check_teacher_topk(CampaignSpec.model_validate(raw), {"teacher_topk": None})  # loss `sequence`
@@ -198,7 +239,8 @@ def test_asset_key_and_the_logits_guard():
     spec = CampaignSpec.model_validate(raw)
     tokenized.check_teacher_topk(spec, {"teacher_topk": {"k": 4, "positions": 10, "examples": {"aligned": 2}}})
     with pytest.raises(ValueError, match=r"no token .* teacher top-k.*no_token_ids': 5"):
-        tokenized.check_teacher_topk(spec, {"teacher_topk": {"k": 0, "positions": 0,
-                                                              "examples": {"aligned": 0, "no_token_ids": 5}}})
+        tokenized.check_teacher_topk(
+            spec, {"teacher_topk": {"k": 0, "positions": 0, "examples": {"aligned": 0, "no_token_ids": 5}}}
+        )
     with pytest.raises(ValueError, match="no top_logprobs in the distillation set"):
         tokenized.check_teacher_topk(spec, {"teacher_topk": None})

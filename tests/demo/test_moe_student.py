@@ -24,9 +24,16 @@ def test_the_moe_student_is_a_qwen3_moe_with_the_demo_tokenizer(moe_student, dem
     from transformers import AutoConfig, AutoTokenizer
 
     cfg = AutoConfig.from_pretrained(str(moe_student))
-    assert (cfg.model_type, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == ("qwen3_moe", 4, 2, 48)
-    assert AutoTokenizer.from_pretrained(str(moe_student)).get_vocab() == \
-        AutoTokenizer.from_pretrained(str(demo_models["teacher"])).get_vocab()
+    assert (cfg.model_type, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (
+        "qwen3_moe",
+        4,
+        2,
+        48,
+    )
+    assert (
+        AutoTokenizer.from_pretrained(str(moe_student)).get_vocab()
+        == AutoTokenizer.from_pretrained(str(demo_models["teacher"])).get_vocab()
+    )
     report = json.loads((moe_student.parent / "build_report.json").read_text())
     assert report["copy_exact_match"] >= 0.95 and report["exact_match"] <= 0.05  # it copies; it cannot encode yet
     assert report["parameters"] == 109_440 and (moe_student.parent / "_SUCCESS").exists()

@@ -9,7 +9,6 @@ from dagster import AssetCheckKey, AssetKey, DagsterEventType, DagsterInstance
 
 from assets.location import build_definitions, campaign_job_name
 from campaign_orchestrator.demo import cipher
-
 from tests.support import REPO_ROOT as REPO
 
 pytestmark = pytest.mark.slow
@@ -76,7 +75,14 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
     # An unchanged campaign is a no-op: every stage reports its cached result.
     again = job.execute_in_process(instance=instance, raise_on_error=False)
     assert again.success
-    for stage in ("prompts", "teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation"):
+    for stage in (
+        "prompts",
+        "teacher_generations",
+        "distillation_set",
+        "tokenized_dataset",
+        "student_adapter",
+        "evaluation",
+    ):
         assert _metadata(again, AssetKey(["mini", stage]))["cached"] is True, stage
 
 
@@ -87,8 +93,9 @@ def _gate_follows_its_materialization(instance: DagsterInstance, run_id: str, as
     rec = instance.event_log_storage.get_asset_check_execution_history(AssetCheckKey(asset, "gate"), limit=1)[0]
     assert rec.run_id == mat.event_log_entry.run_id == run_id and rec.event.timestamp > mat.timestamp
     assert rec.evaluation.target_materialization_data.storage_id == mat.storage_id
-    step_start = next(e for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)
-                      if e.step_key == rec.event.step_key)
+    step_start = next(
+        e for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START) if e.step_key == rec.event.step_key
+    )
     assert step_start.timestamp > mat.timestamp, (rec.event.step_key, step_start.timestamp, mat.timestamp)
 
 
@@ -97,7 +104,8 @@ def test_broken_campaign_is_blocked_by_the_gate(tmp_path, artifact_root):
     defs = build_definitions([str(path)], artifact_root=str(artifact_root))
     instance = DagsterInstance.ephemeral()
     result = defs.resolve_job_def(campaign_job_name("mini_broken")).execute_in_process(
-        instance=instance, raise_on_error=False)
+        instance=instance, raise_on_error=False
+    )
     assert not result.success
     # the blocking check is its own step, after the materialization it judges: only that step fails
     assert [e.step_key for e in result.all_events if e.is_step_failure] == ["mini_broken__evaluation_gate"]
@@ -121,10 +129,16 @@ def test_campaign_run_command_prints_scores_verdict_reason_and_cost(tmp_path, ar
     rc = cli.main(["run", str(path), "--artifacts", str(artifact_root), "--log-level", "WARNING"])
     out = capsys.readouterr().out
     assert rc == cli.EXIT_BLOCKED, out
-    for line in ("teacher   cipher (exact_match): 100.0%", "base      cipher (exact_match): 0.0%",
-                 "student   cipher (exact_match): 0.0%", "student ÷ teacher: 0.0%",
-                 "gate verdict: NO-GO", "cipher: min_score: BREACH", "--- cost (from the ledger) ---",
-                 "spent in this run: $"):
+    for line in (
+        "teacher   cipher (exact_match): 100.0%",
+        "base      cipher (exact_match): 0.0%",
+        "student   cipher (exact_match): 0.0%",
+        "student ÷ teacher: 0.0%",
+        "gate verdict: NO-GO",
+        "cipher: min_score: BREACH",
+        "--- cost (from the ledger) ---",
+        "spent in this run: $",
+    ):
         assert line in out, (line, out)
     assert not (artifact_root / "mini_cli" / "promoted_model").exists()
     first_run = out.split("dagster run id: ")[1].split()[0]
@@ -133,8 +147,14 @@ def test_campaign_run_command_prints_scores_verdict_reason_and_cost(tmp_path, ar
     # unchanged: every stage says where it came from, and the run spent nothing
     assert cli.main(["run", str(path), "--artifacts", str(artifact_root), "--log-level", "WARNING"]) == cli.EXIT_BLOCKED
     out = capsys.readouterr().out
-    for stage in ("prompts", "teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter",
-                  "evaluation"):
+    for stage in (
+        "prompts",
+        "teacher_generations",
+        "distillation_set",
+        "tokenized_dataset",
+        "student_adapter",
+        "evaluation",
+    ):
         assert f"  {stage:20s} reused (key " in out and f", from run {first_run[:8]})" in out, (stage, out)
     assert "6 of 6 stages reused; nothing spent" in out and "spent in this run: $0.000000" in out, out
 

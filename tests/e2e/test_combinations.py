@@ -47,11 +47,13 @@ def _teacher(backend: str, base_url: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend,student", COMBINATIONS)
-def test_every_teacher_and_student_combination_builds_and_runs(backend, student, tmp_path, artifact_root,
-                                                              demo_models, capsys, request):
+def test_every_teacher_and_student_combination_builds_and_runs(
+    backend, student, tmp_path, artifact_root, demo_models, capsys, request
+):
+    from dagster._core.execution.api import create_execution_plan
+
     from assets.location import build_definitions, campaign_job_name
     from campaign_app import cli
-    from dagster._core.execution.api import create_execution_plan
 
     project = tmp_path / "project"
     if student == "dir":
@@ -69,17 +71,24 @@ def test_every_teacher_and_student_combination_builds_and_runs(backend, student,
         plan = create_execution_plan(job)
         demo_selected = {k.path[-1] for k in job.asset_layer.executable_asset_keys if k.path[0] == "demo_models"}
         assert demo_selected == ({"teacher"} if backend != "openai" else set()) | (
-            {"student"} if student == "@demo/student" else set())
+            {"student"} if student == "@demo/student" else set()
+        )
         assert f"{name}__evaluation" in {s.key for s in plan.steps}
         if (backend, student) != ("openai", "models/student"):
             return  # run end to end by the tests named in the module docstring
         log = tmp_path / "run.log"
-        proc = start_cli(["run", str(path), "--artifacts", str(artifact_root)], project,
-                         instance_home(tmp_path / "dagster_home"), log)
+        proc = start_cli(
+            ["run", str(path), "--artifacts", str(artifact_root)],
+            project,
+            instance_home(tmp_path / "dagster_home"),
+            log,
+        )
         rc = proc.wait(600)
     out = log.read_text()
     assert rc in (0, 3), out[-4000:]  # 0 promoted, 3 blocked by the gate (two training steps): it ran
     assert f"=== campaign {name}" in out and "gate verdict:" in out and "--- cost (from the ledger) ---" in out
     failed = [line for line in out.splitlines() if line.startswith("step ") and " failed: " in line]
-    assert all(line.startswith(f"step {name}__evaluation_gate failed: ") and "blocking asset check failed" in line
-               for line in failed), failed  # at most the gate (its own step) blocks; no stage dies
+    assert all(
+        line.startswith(f"step {name}__evaluation_gate failed: ") and "blocking asset check failed" in line
+        for line in failed
+    ), failed  # at most the gate (its own step) blocks; no stage dies

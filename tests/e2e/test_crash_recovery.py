@@ -32,10 +32,14 @@ def _wait(pred, timeout: float, what: str, proc=None, log: Path | None = None, e
         if v:
             return v
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}:\n"
-                                 + (log.read_text()[-3000:] if log else ""))
+            raise AssertionError(
+                f"process exited ({proc.returncode}) while waiting for {what}:\n"
+                + (log.read_text()[-3000:] if log else "")
+            )
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f":\n{log.read_text()[-3000:]}" if log else ""))
+    raise AssertionError(
+        f"timed out after {timeout} s waiting for {what}" + (f":\n{log.read_text()[-3000:]}" if log else "")
+    )
 
 
 def _instance(home: Path, monkeypatch) -> DagsterInstance:
@@ -84,16 +88,19 @@ def home(request, tmp_path):
     return instance_home(tmp_path / "dagster_home", db.dagster_storage_yaml())
 
 
-def test_waiting_step_names_the_holder_sleeps_and_signals_cancel_it(home, tmp_path, artifact_root, monkeypatch,
-                                                                   started):
+def test_waiting_step_names_the_holder_sleeps_and_signals_cancel_it(
+    home, tmp_path, artifact_root, monkeypatch, started
+):
     """A holds the teacher slot; B waits for it: B's log names A's run, process and since when, and B
     does not spin. SIGTERM on a waiting run (C) cancels it within seconds. SIGKILL of A leaves its
     run STARTED with the slot held, until the daemon's reaper sensor fails it and frees the slot; B
     then gets it and runs; Ctrl-C (SIGINT) on B inside its step cancels it and frees the slot."""
     project = tmp_path / "project"
     with ServerProcess("--latency-ms", "700") as srv:  # slow: A's teacher stage lasts minutes
-        paths = {n: write_campaign(project, n, openai_teacher(srv.base_url, max_concurrency=1), seed=s)
-                 for n, s in (("hold_a", 1), ("wait_b", 2), ("wait_c", 3))}
+        paths = {
+            n: write_campaign(project, n, openai_teacher(srv.base_url, max_concurrency=1), seed=s)
+            for n, s in (("hold_a", 1), ("wait_b", 2), ("wait_c", 3))
+        }
         logs = {n: tmp_path / f"{n}.log" for n in paths}
         procs = {}
 
@@ -103,18 +110,26 @@ def test_waiting_step_names_the_holder_sleeps_and_signals_cancel_it(home, tmp_pa
 
         start("hold_a")
         instance = _instance(home, monkeypatch)
-        _wait(lambda: srv.stats(summary=True)["received"] >= 1, 120, "A's first teacher request", procs["hold_a"],
-              logs["hold_a"])
+        _wait(
+            lambda: srv.stats(summary=True)["received"] >= 1,
+            120,
+            "A's first teacher request",
+            procs["hold_a"],
+            logs["hold_a"],
+        )
         a = _run_of(instance, "hold_a")
         assert _holders(instance) == {a.run_id} and json.loads(a.tags["campaign/owner"])["pid"] == procs["hold_a"].pid
         start("wait_b")
         start("wait_c")
-        pat = re.compile(rf"waiting for a slot of pool .teacher. \(1 slot\(s\)\): held by run {a.run_id} step "
-                         rf"hold_a__teacher_generations \(STARTED, pid {procs['hold_a'].pid} on \S+\) since "
-                         r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+        pat = re.compile(
+            rf"waiting for a slot of pool .teacher. \(1 slot\(s\)\): held by run {a.run_id} step "
+            rf"hold_a__teacher_generations \(STARTED, pid {procs['hold_a'].pid} on \S+\) since "
+            r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d"
+        )
         for n in ("wait_b", "wait_c"):
-            _wait(lambda n=n: pat.search(logs[n].read_text()), 120, f"{n}'s log line naming the holder", procs[n],
-                  logs[n])
+            _wait(
+                lambda n=n: pat.search(logs[n].read_text()), 120, f"{n}'s log line naming the holder", procs[n], logs[n]
+            )
 
         # the waiter sleeps: under 10% of a core while it waits (the unpatched loop takes ~100%)
         pb = psutil.Process(procs["wait_b"].pid)
@@ -141,7 +156,8 @@ def test_waiting_step_names_the_holder_sleeps_and_signals_cancel_it(home, tmp_pa
         from assets.location import build_definitions
 
         sensor = build_definitions([str(paths["hold_a"])], artifact_root=str(artifact_root)).resolve_sensor_def(
-            "reap_dead_campaign_runs")
+            "reap_dead_campaign_runs"
+        )
         received_before = srv.stats(summary=True)["received"]
         t0 = time.monotonic()
         tick = sensor.evaluate_tick(build_sensor_context(instance=instance))
@@ -150,8 +166,13 @@ def test_waiting_step_names_the_holder_sleeps_and_signals_cancel_it(home, tmp_pa
         assert "that owned this run is gone (killed or crashed)" in _failure_message(instance, a.run_id)
         assert a.run_id not in _holders(instance) | _pending(instance)
         b = _run_of(instance, "wait_b")
-        _wait(lambda: srv.stats(summary=True)["received"] > received_before, 60, "B's first teacher request",
-              procs["wait_b"], logs["wait_b"])
+        _wait(
+            lambda: srv.stats(summary=True)["received"] > received_before,
+            60,
+            "B's first teacher request",
+            procs["wait_b"],
+            logs["wait_b"],
+        )
         b_started_after_reap_s = time.monotonic() - t0
         assert _holders(instance) == {b.run_id}
 
@@ -163,9 +184,11 @@ def test_waiting_step_names_the_holder_sleeps_and_signals_cancel_it(home, tmp_pa
         assert instance.get_run_by_id(b.run_id).status == DagsterRunStatus.CANCELED
         assert not _holders(instance) and not _pending(instance)
         instance.dispose()
-    print(f"\nmeasured: waiting run {waiting_cpu:.1%} of a core; SIGTERM while waiting -> CANCELED in "
-          f"{sigterm_waiting_s:.1f} s; waiter running {b_started_after_reap_s:.1f} s after the reap; SIGINT in a step "
-          f"-> CANCELED in {sigint_running_s:.1f} s")
+    print(
+        f"\nmeasured: waiting run {waiting_cpu:.1%} of a core; SIGTERM while waiting -> CANCELED in "
+        f"{sigterm_waiting_s:.1f} s; waiter running {b_started_after_reap_s:.1f} s after the reap; SIGINT in a step "
+        f"-> CANCELED in {sigint_running_s:.1f} s"
+    )
     assert sigterm_waiting_s < 10 and sigint_running_s < 15
 
 
@@ -176,21 +199,30 @@ def test_sigkill_mid_teacher_then_rerun_resumes_and_finishes(tmp_path, artifact_
     project, home = tmp_path / "project", instance_home(tmp_path / "dagster_home")
     concurrency = 4
     with ServerProcess("--latency-ms", "150") as srv:
-        path = write_campaign(project, "crashy", openai_teacher(srv.base_url, max_concurrency=concurrency),
-                              prompts=160)
+        path = write_campaign(project, "crashy", openai_teacher(srv.base_url, max_concurrency=concurrency), prompts=160)
         args = ["run", str(path), "--artifacts", str(artifact_root)]
         first = start_cli(args, project, home, tmp_path / "first.log")
         started.append(first)
-        _wait(lambda: srv.stats(summary=True)["ok"] >= 40, 120, "40 answered teacher requests", first,
-              tmp_path / "first.log", every=0.05)
+        _wait(
+            lambda: srv.stats(summary=True)["ok"] >= 40,
+            120,
+            "40 answered teacher requests",
+            first,
+            tmp_path / "first.log",
+            every=0.05,
+        )
         first.kill()
         first.wait(10)
         at_kill = srv.stats(summary=True)
         instance = _instance(home, monkeypatch)
         dead = _run_of(instance, "crashy")
         assert dead.status == DagsterRunStatus.STARTED and _holders(instance) == {dead.run_id}
-        _wait(lambda: srv.stats(summary=True)["in_flight"] == 0, 30, "the requests in flight at the kill to finish "
-              "server-side", every=0.05)
+        _wait(
+            lambda: srv.stats(summary=True)["in_flight"] == 0,
+            30,
+            "the requests in flight at the kill to finish server-side",
+            every=0.05,
+        )
         train_prompts = len(srv.stats()["received_by_prompt"])
 
         t0 = time.monotonic()
@@ -212,5 +244,7 @@ def test_sigkill_mid_teacher_then_rerun_resumes_and_finishes(tmp_path, artifact_
     assert len(twice) <= concurrency, twice  # only the requests in flight at the kill are asked again
     assert at_kill["ok"] >= 40 and len(asked) >= train_prompts
     instance.dispose()
-    print(f"\nmeasured: killed after {at_kill['ok']} answers; rerun finished in {rerun_s:.0f} s; "
-          f"{len(twice)} prompt(s) asked twice (in flight at the kill, at most {concurrency})")
+    print(
+        f"\nmeasured: killed after {at_kill['ok']} answers; rerun finished in {rerun_s:.0f} s; "
+        f"{len(twice)} prompt(s) asked twice (in flight at the kill, at most {concurrency})"
+    )

@@ -31,18 +31,44 @@ def installed(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("venv")
     venv.EnvBuilder(with_pip=False).create(root)
     py = root / "bin" / "python"
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (site / "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(REPO_ROOT)], check=True, cwd=root)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(REPO_ROOT),
+        ],
+        check=True,
+        cwd=root,
+    )
     return root
 
 
 def test_installs_only_the_seven_top_level_names(installed):
     py = installed / "bin" / "python"
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (record,) = site.glob("campaign_orchestrator-*.dist-info/RECORD")
     tops = {line.split(",")[0].split("/")[0] for line in record.read_text().splitlines()}
     tops = {t.removesuffix(".py") for t in tops if not t.endswith(".dist-info") and t not in ("..", "bin")}
@@ -51,8 +77,12 @@ def test_installs_only_the_seven_top_level_names(installed):
     out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=True, cwd=installed).stdout
     assert str(REPO_ROOT) not in out and str(site) in out  # the installed copy, not the checkout
     tasks = site / "campaigns" / "lm_eval_tasks" / "cipher"  # the shipped harness tasks are package data
-    assert {p.name for p in tasks.iterdir()} >= {"cipher.yaml", "cipher_gen.yaml", "cipher_gen.jsonl",
-                                                 "cipher_mc.jsonl"}
+    assert {p.name for p in tasks.iterdir()} >= {
+        "cipher.yaml",
+        "cipher_gen.yaml",
+        "cipher_gen.jsonl",
+        "cipher_mc.jsonl",
+    }
 
 
 def test_validate_and_run_a_campaign_outside_the_checkout(installed, tmp_path, artifact_root):
@@ -75,12 +105,20 @@ def test_validate_and_run_a_campaign_outside_the_checkout(installed, tmp_path, a
 
     shipped = subprocess.run([*cli, "validate"], cwd=tmp_path, env=env, capture_output=True, text=True)
     n_shipped = len(list((REPO_ROOT / "campaigns").glob("*.yaml")))
-    assert shipped.returncode == 0 and f"{n_shipped} valid, 0 invalid" in shipped.stdout, shipped.stdout + shipped.stderr
+    assert shipped.returncode == 0 and f"{n_shipped} valid, 0 invalid" in shipped.stdout, (
+        shipped.stdout + shipped.stderr
+    )
     mine = subprocess.run([*cli, "validate"], cwd=project, env=env, capture_output=True, text=True)
     assert mine.returncode == 0 and "campaigns/outside.yaml" in mine.stdout and "1 valid" in mine.stdout, mine.stdout
 
-    run = subprocess.run([*cli, "run", "outside", "--artifacts", str(artifact_root), "--log-level", "WARNING"],
-                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [*cli, "run", "outside", "--artifacts", str(artifact_root), "--log-level", "WARNING"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:]
     assert "gate verdict: GO" in run.stdout
     latest = json.loads((artifact_root / "outside" / "evaluation" / "LATEST.json").read_text())

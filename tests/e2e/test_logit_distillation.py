@@ -14,7 +14,6 @@ from dagster import AssetKey, DagsterInstance
 
 from assets.location import build_definitions, campaign_job_name
 from campaign_orchestrator.demo import cipher
-
 from tests.support import REPO_ROOT as REPO
 
 pytestmark = pytest.mark.slow
@@ -39,15 +38,25 @@ def test_logit_distillation_trains_on_the_teachers_top_k(tmp_path, artifact_root
     spec["data"]["heldout"] = {"fraction": 0.1, "seed": 0}
     spec["teacher"]["sampling"]["logprobs"] = 4
     spec["evaluation"]["suites"] = [x for x in spec["evaluation"]["suites"] if x.get("kind") != "lm_eval"]
-    spec["training"].update({"max_steps": 30, "log_every": 10, "micro_batch_size": 8, "eval_rows": 16,
-                             "distillation": {"loss": "logits", "kl_weight": 0.5}})
+    spec["training"].update(
+        {
+            "max_steps": 30,
+            "log_every": 10,
+            "micro_batch_size": 8,
+            "eval_rows": 16,
+            "distillation": {"loss": "logits", "kl_weight": 0.5},
+        }
+    )
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
 
     defs = build_definitions([str(path)], artifact_root=str(artifact_root))
     job = defs.resolve_job_def(campaign_job_name(name))
-    result = job.execute_in_process(instance=DagsterInstance.ephemeral(), raise_on_error=False,
-                                    asset_selection=[AssetKey([name, s]) for s in STAGES])
+    result = job.execute_in_process(
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=False,
+        asset_selection=[AssetKey([name, s]) for s in STAGES],
+    )
     assert result.success
 
     tok = _metadata(result, AssetKey([name, "tokenized_dataset"]))

@@ -2,7 +2,6 @@
 into the MoE student (LoRA on attention and routed experts, router trained) beats the MoE base at the
 gate, and the student_adapter metadata shows the routed experts trained, by kind and by expert."""
 
-
 import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance
@@ -34,7 +33,8 @@ def test_moe_campaign_trains_the_routed_experts_and_beats_the_moe_base(tmp_path,
 
     defs = build_definitions([str(path)], artifact_root=str(artifact_root))
     result = defs.resolve_job_def(campaign_job_name("mini_moe")).execute_in_process(
-        instance=DagsterInstance.ephemeral(), raise_on_error=False)
+        instance=DagsterInstance.ephemeral(), raise_on_error=False
+    )
     assert result.success
     ev = _metadata(result, AssetKey(["mini_moe", "evaluation"]))
     assert ev["verdict"] == "GO"
@@ -52,5 +52,8 @@ def test_moe_campaign_trains_the_routed_experts_and_beats_the_moe_base(tmp_path,
     assert sum(routed["layer_0"]) == 2 * train["tokens"]  # every real token, top-2
     assert [c["lora"] for c in train["expert_grad_checks"]] == ["B", "A"]
     assert train["final_loss"] < train["first_loss"] / 5
-    print("mini_moe:", {k: ev[k] for k in ("cipher_base_score", "cipher_candidate_score", "verdict")},
-          {k: train[k] for k in ("trainable_breakdown", "routed_tokens_per_expert", "first_loss", "final_loss")})
+    print(
+        "mini_moe:",
+        {k: ev[k] for k in ("cipher_base_score", "cipher_candidate_score", "verdict")},
+        {k: train[k] for k in ("trainable_breakdown", "routed_tokens_per_expert", "first_loss", "final_loss")},
+    )

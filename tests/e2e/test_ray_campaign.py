@@ -33,7 +33,8 @@ def _metadata(result, key: AssetKey) -> dict:
 def _run(path, root):
     defs = build_definitions([str(path)], artifact_root=str(root))
     result = defs.resolve_job_def(campaign_job_name("mini")).execute_in_process(
-        instance=DagsterInstance.ephemeral(), raise_on_error=False)
+        instance=DagsterInstance.ephemeral(), raise_on_error=False
+    )
     # (a few training steps: the gate may block the candidate; the two runs must agree on it)
     teacher = _metadata(result, AssetKey(["mini", "teacher_generations"]))
     ev = _metadata(result, AssetKey(["mini", "evaluation"]))
@@ -80,8 +81,9 @@ def test_demo_on_ray_reaches_the_in_process_answers_and_verdict(tmp_path, artifa
     assert [(g["id"], g["completion"]) for g in r_gens] == [(g["id"], g["completion"]) for g in l_gens]
     assert _metadata(r_result, AssetKey(["mini", "student_adapter"]))["cached"] is True
     key = lambda r: (r["model"], r["suite"], r["item_id"])  # noqa: E731
-    assert sorted((key(r), r["output"], r["score"]) for r in r_items) == \
-        sorted((key(r), r["output"], r["score"]) for r in l_items)
+    assert sorted((key(r), r["output"], r["score"]) for r in r_items) == sorted(
+        (key(r), r["output"], r["score"]) for r in l_items
+    )
     assert {r["model"] for r in r_items} == {"candidate", "base", "teacher"}
     assert r_ev["verdict"] == l_ev["verdict"]
     for role in ("candidate", "base", "teacher"):

@@ -61,7 +61,8 @@ def _campaign(tmp_path: Path, name: str, lr_factor: float = 1.0, general_only: b
 def _run(path: Path, name: str, artifact_root: Path):
     defs = build_definitions([str(path)], artifact_root=str(artifact_root))
     result = defs.resolve_job_def(campaign_job_name(name)).execute_in_process(
-        instance=DagsterInstance.ephemeral(), raise_on_error=False)
+        instance=DagsterInstance.ephemeral(), raise_on_error=False
+    )
     failed = [e.step_key for e in result.all_events if e.is_step_failure]
     assert set(failed) <= {f"{name}__evaluation_gate"}, failed  # a NO-GO fails the gate check's step, nothing else
     mats = result.asset_materializations_for_node(AssetKey([name, "evaluation"]).to_python_identifier())
@@ -91,24 +92,36 @@ def expected_verdicts(gate: dict) -> dict[str, str]:
     return out
 
 
-def test_real_model_campaign_runs_end_to_end_and_a_hundred_times_its_learning_rate_is_no_go(smollm2, tmp_path,
-                                                                                       artifact_root):
+def test_real_model_campaign_runs_end_to_end_and_a_hundred_times_its_learning_rate_is_no_go(
+    smollm2, tmp_path, artifact_root
+):
     ev, result = _run(_campaign(tmp_path, "smol_mini"), "smol_mini", artifact_root)
     gate = _gate(result)
     want = expected_verdicts(gate)  # from the scores against base and the campaign's thresholds
-    assert (ev["verdict"], gate["plurals_verdict"], gate["general_verdict"]) == \
-        (want["overall"], want["plurals"], want["general"]), (want, ev["report"])
+    assert (ev["verdict"], gate["plurals_verdict"], gate["general_verdict"]) == (
+        want["overall"],
+        want["plurals"],
+        want["general"],
+    ), (want, ev["report"])
     assert ev["plurals_base_score"] <= 0.1 and ev["plurals_teacher_score"] >= 0.6
     assert ev["plurals_candidate_score"] > ev["plurals_base_score"] + 0.1  # it learned from the teacher
     # The suite holds only what the base answers, fixed before training on an fp32 host; where `auto` is bf16
     # (a CPU with AVX512-BF16) the base misses one or two of these 60.
     assert ev["general_base_score"] >= 0.95
-    train = {k: v.value for k, v in result.asset_materializations_for_node(
-        AssetKey(["smol_mini", "student_adapter"]).to_python_identifier())[-1].metadata.items()}
+    train = {
+        k: v.value
+        for k, v in result.asset_materializations_for_node(
+            AssetKey(["smol_mini", "student_adapter"]).to_python_identifier()
+        )[-1].metadata.items()
+    }
     assert train["final_loss"] < train["first_loss"]
     assert train["compute_dtype"] == resolve_compute_dtype("auto", "cpu").dtype  # fp32 on AVX2, bf16 on AVX512-BF16
-    tok = {k: v.value for k, v in result.asset_materializations_for_node(
-        AssetKey(["smol_mini", "tokenized_dataset"]).to_python_identifier())[-1].metadata.items()}
+    tok = {
+        k: v.value
+        for k, v in result.asset_materializations_for_node(
+            AssetKey(["smol_mini", "tokenized_dataset"]).to_python_identifier()
+        )[-1].metadata.items()
+    }
     assert tok["template"] == "chat"
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks["stop_token_trained"] and checks["vocabularies_compatible"]

@@ -20,7 +20,6 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 from assets.location import build_definitions, campaign_job_name
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.demo import cipher
-
 from tests.support import REPO_ROOT as REPO
 from tests.support.sweep_run import run_sweep
 
@@ -43,8 +42,9 @@ def root(tmp_path_factory, demo_models_root) -> Path:
     return r
 
 
-def _campaign(root: Path, name: str, *, sweep: dict | None = None, learning_rate: float | None = None,
-              **sections) -> Path:
+def _campaign(
+    root: Path, name: str, *, sweep: dict | None = None, learning_rate: float | None = None, **sections
+) -> Path:
     spec = yaml.safe_load((REPO / "campaigns" / "demo_sweep.yaml").read_text())
     if learning_rate is not None:
         spec["training"]["learning_rate"] = learning_rate
@@ -74,7 +74,9 @@ def _metadata(result, key: AssetKey) -> dict:
 def _sweep_rows(root: Path, name: str) -> list[dict]:
     return Ledger(root / "cost_ledger.duckdb").query(
         "SELECT production_id, run_id, usd FROM cost_lines WHERE campaign = ? AND asset = 'hparam_sweep' "
-        "ORDER BY recorded_at", [name])
+        "ORDER BY recorded_at",
+        [name],
+    )
 
 
 def test_sweep_prunes_bad_rates_early_and_its_best_trial_reaches_the_gate(root):
@@ -83,9 +85,19 @@ def test_sweep_prunes_bad_rates_early_and_its_best_trial_reaches_the_gate(root):
     # get a third, the demo's 1e-2: then a better configuration than trial 0 is always in reach. (With the
     # shipped 1e-2 as trial 0, whether one of the two sampled trials beats it depends on the host's float
     # rounding: on one CPU none did, and trial 0 was the only one left at the last rung.)
-    path = _campaign(root, name, tracking={"mlflow": {}}, learning_rate=LR_DEFAULT,
-                     sweep={"enqueue": [{"training.learning_rate": LR_HIGH}, {"training.learning_rate": LR_LOW},
-                                        {"training.learning_rate": 1e-2}]})
+    path = _campaign(
+        root,
+        name,
+        tracking={"mlflow": {}},
+        learning_rate=LR_DEFAULT,
+        sweep={
+            "enqueue": [
+                {"training.learning_rate": LR_HIGH},
+                {"training.learning_rate": LR_LOW},
+                {"training.learning_rate": 1e-2},
+            ]
+        },
+    )
     defs = build_definitions([str(path)], artifact_root=str(root))
     instance = DagsterInstance.ephemeral()
     t0 = time.monotonic()
@@ -109,8 +121,11 @@ def test_sweep_prunes_bad_rates_early_and_its_best_trial_reaches_the_gate(root):
     prompts = json.loads((root / name / "prompts" / "LATEST.json").read_text())
     heldout = set(pq.read_table(prompts["heldout_path"], columns=["id"]).column("id").to_pylist())
     ds = json.loads((root / name / "tokenized_dataset" / "LATEST.json").read_text())
-    val = {i for row in pq.read_table(ds["validation_path"], columns=["example_ids"]).column("example_ids").to_pylist()
-           for i in row}
+    val = {
+        i
+        for row in pq.read_table(ds["validation_path"], columns=["example_ids"]).column("example_ids").to_pylist()
+        for i in row
+    }
     assert len(val) >= 20 and len(heldout) >= 40 and not (val & heldout)
 
     # the chosen parameters reach student_adapter (the best trial's full-length adapter), and the gate judges it
@@ -127,8 +142,9 @@ def test_sweep_prunes_bad_rates_early_and_its_best_trial_reaches_the_gate(root):
     parts = instance.get_dynamic_partitions(f"{name}_sweep_trials")
     assert sorted(parts) == sorted(f"trial-{t['root']:03d}" for t in trials)
     for t in trials:
-        recs = instance.fetch_materializations(AssetRecordsFilter(asset_key=trial_key,
-                                                                  asset_partitions=[f"trial-{t['root']:03d}"]), limit=10)
+        recs = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=trial_key, asset_partitions=[f"trial-{t['root']:03d}"]), limit=10
+        )
         mats = [r.asset_materialization for r in recs.records]
         assert len(mats) == len(t["rungs"])  # one per rung, latest first
         latest = {k: v.value for k, v in mats[0].metadata.items()}
@@ -164,11 +180,13 @@ def test_sweep_prunes_bad_rates_early_and_its_best_trial_reaches_the_gate(root):
     (train,) = [r for r in runs if r.data.tags["kind"] == "training"]
     assert train.data.tags["verdict"] == "GO" and train.data.tags["from_sweep_trial"] == str(m["best_trial"])
 
-    print(f"\nmeasured: {m['trials_run']} trials, {m['trials_pruned']} pruned ({m['pruned_at_first_rung']} at the first "
-          f"rung), spent ${m['spent_usd']:.6f} of a ${m['cap_usd']:g} cap; trials took {m['trial_seconds']:.0f} s against "
-          f"{m['every_trial_to_the_end_seconds']:.0f} s had every trial run to the end (saved "
-          f"{m['time_saved_seconds']:.0f} s); best {m['best_params']} eval loss {m['best_value']:.4f} vs default "
-          f"{m['default_value']:.4f}; whole campaign {wall:.0f} s")
+    print(
+        f"\nmeasured: {m['trials_run']} trials, {m['trials_pruned']} pruned ({m['pruned_at_first_rung']} at the first "
+        f"rung), spent ${m['spent_usd']:.6f} of a ${m['cap_usd']:g} cap; trials took {m['trial_seconds']:.0f} s against "
+        f"{m['every_trial_to_the_end_seconds']:.0f} s had every trial run to the end (saved "
+        f"{m['time_saved_seconds']:.0f} s); best {m['best_params']} eval loss {m['best_value']:.4f} vs default "
+        f"{m['default_value']:.4f}; whole campaign {wall:.0f} s"
+    )
 
 
 def _kill_tree(pid: int) -> None:
@@ -193,9 +211,14 @@ def test_sigkill_mid_rung_then_rerun_trains_no_finished_rung_again_and_the_cap_s
     # no start points: the retry of the killed trial is then the only queued trial, and runs first
     path = _campaign(root, name, sweep={"budget_usd": 0.02, "enqueue": []})
     log = tmp_path / "first.log"
-    first = subprocess.Popen([sys.executable, "-m", "tests.support.sweep_run", str(path), str(root)], cwd=REPO,
-                             env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-                             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.sweep_run", str(path), str(root)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     sweep_dir = root / name / "hparam_sweep"
     deadline = time.monotonic() + 400
     node_log = None
@@ -253,6 +276,8 @@ def test_sigkill_mid_rung_then_rerun_trains_no_finished_rung_again_and_the_cap_s
         files = {int(f.stem.split("-")[1]) for f in (study_dir / f"trial-{r:03d}").glob("rung-*.json")}
         assert files == rungs, (r, files, rungs)
     assert len(done) == sum(len(x) for x in by_root.values())  # ... and each is in the ledger once
-    print(f"\nmeasured: killed mid-rung (trial 0, steps 30→90); rerun replayed rung 30 and resumed from its checkpoint; "
-          f"cap ${cap}: spent ${m['spent_usd']:.6f} over {len(rows)} rung(s), {m['trials_run']} trial(s) run, "
-          f"stopped: {m['stopped_by_cap']}")
+    print(
+        f"\nmeasured: killed mid-rung (trial 0, steps 30→90); rerun replayed rung 30 and resumed from its checkpoint; "
+        f"cap ${cap}: spent ${m['spent_usd']:.6f} over {len(rows)} rung(s), {m['trials_run']} trial(s) run, "
+        f"stopped: {m['stopped_by_cap']}"
+    )

@@ -33,9 +33,9 @@ import pytest
 import yaml
 
 from campaign_orchestrator.demo import cipher
+from tests.support import REPO_ROOT as REPO
 from training.net import free_port
 
-from tests.support import REPO_ROOT as REPO
 CHROMIUM = "/usr/bin/chromium"
 LOCATION = "campaigns"  # workspace.yaml location_name
 REPO_PATH = f"__repository__@{LOCATION}"
@@ -60,7 +60,6 @@ query Run($runId: ID!) {
 LOCATION_STATUS = """
 query { workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
   locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
-
 
 
 def _shrunk_demo(root: Path) -> Path:
@@ -93,8 +92,12 @@ class Dagster:
         self.log = open(log, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)],
-            cwd=REPO, env={**env, "DAGSTER_HOME": str(home)}, stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            cwd=REPO,
+            env={**env, "DAGSTER_HOME": str(home)},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.client = httpx.Client(base_url=self.url, timeout=30)
 
     def gql(self, query: str, **variables) -> dict:
@@ -187,18 +190,32 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "campaign_app" / "dagster.yaml", home / "dagster.yaml")
-    env = {**os.environ, "CAMPAIGN_FILES": str(tmp_path / "campaigns" / "*.yaml"), "CAMPAIGN_ARTIFACTS": str(artifact_root),
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "CAMPAIGN_FILES": str(tmp_path / "campaigns" / "*.yaml"),
+        "CAMPAIGN_ARTIFACTS": str(artifact_root),
+        "PYTHONUNBUFFERED": "1",
+    }
     env.pop("DAGSTER_HOME", None)
     dagster = Dagster(home, env, tmp_path / "dagster-dev.log")
     try:
         dagster.wait("the webserver", lambda: dagster.client.get("/server_info").status_code == 200, 180)
-        entries = dagster.wait("the code location", lambda: [
-            e for e in dagster.gql(LOCATION_STATUS)["workspaceOrError"]["locationEntries"]
-            if e["name"] == LOCATION and e["loadStatus"] == "LOADED"], 180)
+        entries = dagster.wait(
+            "the code location",
+            lambda: [
+                e
+                for e in dagster.gql(LOCATION_STATUS)["workspaceOrError"]["locationEntries"]
+                if e["name"] == LOCATION and e["loadStatus"] == "LOADED"
+            ],
+            180,
+        )
         assert entries[0]["locationOrLoadError"]["__typename"] == "RepositoryLocation", entries
         timings["ui_up_s"] = time.monotonic() - t0
-        selector = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__", "sensorName": "demo_new_data"}
+        selector = {
+            "repositoryLocationName": LOCATION,
+            "repositoryName": "__repository__",
+            "sensorName": "demo_new_data",
+        }
 
         def ticks():
             state = dagster.gql(SENSOR_TICKS, selector=selector)["sensorOrError"]["sensorState"]
@@ -213,8 +230,11 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
         cipher.write_jsonl(cipher.items(20, seed=8, id_prefix="b"), source / "prompts-0002.jsonl")
         shutil.copy(source / "prompts-0001.jsonl", source / "prompts-0001-copy.jsonl")
         dropped = time.monotonic()
-        tick = dagster.wait("a tick that requests a run", lambda: next(
-            (t for t in ticks() if t["status"] == "SUCCESS" and t["runIds"]), None), 240)
+        tick = dagster.wait(
+            "a tick that requests a run",
+            lambda: next((t for t in ticks() if t["status"] == "SUCCESS" and t["runIds"]), None),
+            240,
+        )
         run_id = tick["runIds"][0]
         timings["sensor_reacted_s"] = time.monotonic() - dropped
 
@@ -243,9 +263,18 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
         assert dagster.gql("mutation SetNuxSeen { setNuxSeen }")["setNuxSeen"] is not None
         assert dagster.gql("query ShouldShowNux { shouldShowNux }")["shouldShowNux"] is False
         with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run"])
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM,
+                args=[
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--no-first-run",
+                ],
+            )
             try:
                 page = browser.new_page(viewport={"width": 1600, "height": 1000})
                 try:
@@ -253,8 +282,17 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
                     page.get_by_text("promoted_model", exact=True).first.wait_for(timeout=120_000)
                     dismiss_dialogs(page)
                     # Every stage node of the campaign's graph (long names are shortened in the middle).
-                    for stage in ("prompts", re.compile(r"^teach.*generations$"), "distillation_set", "tokenized_dataset",
-                                  "student_adapter", "evaluation", "promoted_model", "campaign_cost", "drift_evaluation"):
+                    for stage in (
+                        "prompts",
+                        re.compile(r"^teach.*generations$"),
+                        "distillation_set",
+                        "tokenized_dataset",
+                        "student_adapter",
+                        "evaluation",
+                        "promoted_model",
+                        "campaign_cost",
+                        "drift_evaluation",
+                    ):
                         page.get_by_text(stage, exact=True).first.wait_for(timeout=30_000)
                     page.screenshot(path=str(screenshots / "asset-graph.png"))
 
@@ -265,8 +303,9 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
                     page.get_by_role("button", name="View tags and config").click()
                     tags_dialog = page.get_by_role("dialog")
                     tags_dialog.get_by_text("trigger: sensor", exact=True).wait_for(timeout=30_000)
-                    tags_dialog.get_by_text(re.compile(r"^trigger_reason: new data: 1 new file\(s\) \(prompts-0002\.jsonl\)")) \
-                        .wait_for(timeout=30_000)
+                    tags_dialog.get_by_text(
+                        re.compile(r"^trigger_reason: new data: 1 new file\(s\) \(prompts-0002\.jsonl\)")
+                    ).wait_for(timeout=30_000)
                     page.wait_for_timeout(600)  # let the dialog's fade-in finish before the screenshot
                     page.screenshot(path=str(screenshots / "run-tags.png"))
                 except Exception:
@@ -275,7 +314,9 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
             finally:
                 browser.close()
         timings["total_s"] = time.monotonic() - t0
-        print(f"\nUI e2e timings (s): {json.dumps({k: round(v, 1) for k, v in timings.items()})}; screenshots in {screenshots}")
+        print(
+            f"\nUI e2e timings (s): {json.dumps({k: round(v, 1) for k, v in timings.items()})}; screenshots in {screenshots}"
+        )
     finally:
         pgid = dagster.proc.pid
         dagster.stop()

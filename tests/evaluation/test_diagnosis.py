@@ -9,8 +9,10 @@ from evaluation.gate import ItemResult
 
 def items(outputs, refs, scores, cats=None):
     cats = cats or ["all"] * len(outputs)
-    return [ItemResult(str(i), c, o, s, 0.1, None, f"q{i}", r)
-            for i, (o, r, s, c) in enumerate(zip(outputs, refs, scores, cats, strict=True))]
+    return [
+        ItemResult(str(i), c, o, s, 0.1, None, f"q{i}", r)
+        for i, (o, r, s, c) in enumerate(zip(outputs, refs, scores, cats, strict=True))
+    ]
 
 
 REFS = ["cats", "dogs", "boxes", "hats", "cups", "pens", "keys", "cars"]
@@ -20,8 +22,12 @@ CATS = ["capital", "arithmetic", "color", "opposite"] * 2
 
 
 def general(candidate_outputs, candidate_scores):
-    return SuiteItems("general", items(candidate_outputs, GENERAL_REFS, candidate_scores, CATS),
-                      items(GENERAL_BASE, GENERAL_REFS, [1.0] * 8, CATS), max_regression=0.1)
+    return SuiteItems(
+        "general",
+        items(candidate_outputs, GENERAL_REFS, candidate_scores, CATS),
+        items(GENERAL_BASE, GENERAL_REFS, [1.0] * 8, CATS),
+        max_regression=0.1,
+    )
 
 
 def causes(d):
@@ -33,8 +39,11 @@ def healthy_general():
 
 
 def test_memorised():
-    task = SuiteItems("plurals", items(["cat", "dog", "box", "hat", "cup", "pen", "key", "car"], REFS, [0.0] * 8),
-                      items(["x"] * 8, REFS, [0.0] * 8))
+    task = SuiteItems(
+        "plurals",
+        items(["cat", "dog", "box", "hat", "cup", "pen", "key", "car"], REFS, [0.0] * 8),
+        items(["x"] * 8, REFS, [0.0] * 8),
+    )
     train = items(REFS, REFS, [1.0] * 7 + [0.0])
     d = diagnose(task, [healthy_general()], train, Context(has_replay=True))
     assert causes(d) == ["memorised"]
@@ -59,8 +68,9 @@ def test_not_learned_at_all_points_at_the_steps():
 def test_format_drift_empty_outputs_and_shorter_answers():
     task = SuiteItems("plurals", items(REFS, REFS, [1.0] * 8), items(["x"] * 8, REFS, [0.0] * 8))
     clipped = ["", "", "Paris", "4", "blue", "cold", "Rome", "6"]  # empty, and one word where the base wrote six
-    d = diagnose(task, [general(clipped, [0.0, 0.0] + [1.0] * 6)], items(REFS, REFS, [1.0] * 8),
-                 Context(has_replay=False))
+    d = diagnose(
+        task, [general(clipped, [0.0, 0.0] + [1.0] * 6)], items(REFS, REFS, [1.0] * 8), Context(has_replay=False)
+    )
     assert causes(d)[:2] == ["format drift", "format drift"]
     assert "25% empty answers" in d["causes"][0]["evidence"] and "median answer 1 words" in d["causes"][1]["evidence"]
     assert "data.replay" in d["causes"][0]["fix"]
@@ -69,8 +79,12 @@ def test_format_drift_empty_outputs_and_shorter_answers():
 def test_forgot_by_category_names_the_missing_replay():
     task = SuiteItems("plurals", items(REFS, REFS, [1.0] * 8), items(["x"] * 8, REFS, [0.0] * 8))
     forgot = [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0]  # arithmetic lost
-    d = diagnose(task, [general(GENERAL_BASE, forgot)], items(REFS, REFS, [1.0] * 8),
-                 Context(has_replay=False, teacher_is_base=False))
+    d = diagnose(
+        task,
+        [general(GENERAL_BASE, forgot)],
+        items(REFS, REFS, [1.0] * 8),
+        Context(has_replay=False, teacher_is_base=False),
+    )
     assert causes(d) == ["forgot (missing replay)"]
     c = d["causes"][0]
     assert c["by_category"]["arithmetic"] == -1.0 and "arithmetic -100%" in c["evidence"]
@@ -92,6 +106,10 @@ def test_conflicting_data_same_prompt_shape_different_answer_formats():
     replay += [("Who wrote Hamlet?", "Shakespeare wrote Hamlet.")] * 3
     found = conflicts(task, replay)
     assert [f["shape"] for f in found] == ["what is"] and found[0]["task_words"] == 1
-    d = diagnose(SuiteItems("t", items(REFS, REFS, [1.0] * 8), items(REFS, REFS, [1.0] * 8)), [], None,
-                 Context(has_replay=True, conflicts=found))
+    d = diagnose(
+        SuiteItems("t", items(REFS, REFS, [1.0] * 8), items(REFS, REFS, [1.0] * 8)),
+        [],
+        None,
+        Context(has_replay=True, conflicts=found),
+    )
     assert causes(d) == ["conflicting data"]

@@ -2,19 +2,22 @@
 answers with the demo models (teacher as the candidate, student base as the base)."""
 
 import pytest
-from tests.support.eval_support import ModelServer, heldout_rows, make_zero_adapter
 
 from evaluation.endpoint import OpenAIEndpoint
 from evaluation.gate import GO, GatePolicy, StatsPolicy
 from evaluation.runner import SuiteGate, SuiteRun, answer_suites, judge
 from evaluation.scorers import build_scorer
 from evaluation.suite import load_items
+from tests.support.eval_support import ModelServer, heldout_rows, make_zero_adapter
 
 
 @pytest.fixture(scope="module")
 def server(demo_models, tmp_path_factory):
-    with ModelServer({"teacher": demo_models["teacher"], "student": demo_models["student"]},
-                     lora_base=demo_models["student"], hang_s=30.0) as s:
+    with ModelServer(
+        {"teacher": demo_models["teacher"], "student": demo_models["student"]},
+        lora_base=demo_models["student"],
+        hang_s=30.0,
+    ) as s:
         yield s
 
 
@@ -24,7 +27,8 @@ def by_role(rows):
     out = {}
     for r in rows:
         out.setdefault(r["model"], {}).setdefault(r["suite"], []).append(
-            ItemResult(r["item_id"], r["category"], r["output"], r["score"], r["latency_s"], r["error"]))
+            ItemResult(r["item_id"], r["category"], r["output"], r["score"], r["latency_s"], r["error"])
+        )
     return out
 
 
@@ -32,8 +36,10 @@ def by_role(rows):
 def test_suite_scored_through_the_endpoint_with_errors_recorded(server):
     rows = heldout_rows(16)
     items = load_items("heldout", rows, ".")
-    items += [{"id": "crash", "prompt": "encode CRASH =", "reference": "x", "category": "short"},
-              {"id": "hang", "prompt": "encode HANG =", "reference": "x", "category": "short"}]
+    items += [
+        {"id": "crash", "prompt": "encode CRASH =", "reference": "x", "category": "short"},
+        {"id": "hang", "prompt": "encode HANG =", "reference": "x", "category": "short"},
+    ]
     ep = lambda name: lambda: OpenAIEndpoint(server.base_url, name, max_concurrency=3, timeout_s=4.0).generate  # noqa: E731
     suite = SuiteRun("cipher", items, build_scorer("exact_match"), 12)
     out = answer_suites([suite], {"candidate": ep("teacher"), "base": ep("student")}, log=lambda m: None)
@@ -45,13 +51,15 @@ def test_suite_scored_through_the_endpoint_with_errors_recorded(server):
     assert 1 < server.max_in_flight <= 3  # bounded concurrency, really concurrent
 
     res = by_role(out)
-    report = judge(res, [SuiteGate("cipher", GatePolicy(min_score=0.8, min_items=12, max_error_rate=0.15), True)],
-                   StatsPolicy())[0]
+    report = judge(
+        res, [SuiteGate("cipher", GatePolicy(min_score=0.8, min_items=12, max_error_rate=0.15), True)], StatsPolicy()
+    )[0]
     assert report.candidate.score == 1.0 and report.base.score == 0.0  # the teacher knows the cipher; the base copies
     assert report.candidate.errors == 2 and report.overall.n == 16
     assert report.verdict == GO
-    strict = judge(res, [SuiteGate("cipher", GatePolicy(min_score=0.8, min_items=12, max_error_rate=0.05), True)],
-                   StatsPolicy())[0]
+    strict = judge(
+        res, [SuiteGate("cipher", GatePolicy(min_score=0.8, min_items=12, max_error_rate=0.05), True)], StatsPolicy()
+    )[0]
     assert strict.verdict == "INCONCLUSIVE"  # 2 of 18 errored: too many to decide, and not a NO-GO
 
 
@@ -85,26 +93,39 @@ def test_evaluation_asset_scores_the_served_candidate(server, demo_models, artif
     (as vLLM's runtime LoRA loading does) and gates what the server answers."""
     import yaml
     from dagster import DagsterInstance, materialize
-    from tests.support.eval_support import REPO_ROOT, seed_upstream
 
     from assets import demo_models as demo_models_asset
     from assets.common import key
     from assets.location import campaign_assets, default_resources
     from campaigns.loader import load_campaign_file
+    from tests.support.eval_support import REPO_ROOT, seed_upstream
 
     d = yaml.safe_load((REPO_ROOT / "campaigns/demo.yaml").read_text())
     d["name"] = "served"
-    d["evaluation"] = {"suites": [{"name": "cipher", "source": "heldout", "max_new_tokens": 8}],
-                       "gate": {"min_score": 0.0, "min_items": 12}, "statistics": {"resamples": 1000},
-                       "backend": "openai", "evaluate_teacher": False,
-                       "endpoint": {"base_url": server.base_url, "base_model": "student", "load_adapter": True,
-                                    "max_concurrency": 4, "timeout_s": 30}}
+    d["evaluation"] = {
+        "suites": [{"name": "cipher", "source": "heldout", "max_new_tokens": 8}],
+        "gate": {"min_score": 0.0, "min_items": 12},
+        "statistics": {"resamples": 1000},
+        "backend": "openai",
+        "evaluate_teacher": False,
+        "endpoint": {
+            "base_url": server.base_url,
+            "base_model": "student",
+            "load_adapter": True,
+            "max_concurrency": 4,
+            "timeout_s": 30,
+        },
+    }
     (tmp_path / "served.yaml").write_text(yaml.safe_dump(d, allow_unicode=True))
     spec = load_campaign_file(tmp_path / "served.yaml")
     adapter = make_zero_adapter(demo_models["student"], tmp_path / "adapter")
     cand = seed_upstream(artifact_root, "served", heldout_rows(12), adapter, demo_models["student"])
-    result = materialize(campaign_assets(spec) + [demo_models_asset.demo_models], selection=[key(spec, "evaluation")],
-                         resources=default_resources(str(artifact_root)), instance=DagsterInstance.ephemeral())
+    result = materialize(
+        campaign_assets(spec) + [demo_models_asset.demo_models],
+        selection=[key(spec, "evaluation")],
+        resources=default_resources(str(artifact_root)),
+        instance=DagsterInstance.ephemeral(),
+    )
     assert result.success
     assert server.loaded[f"served-{cand['key']}"] == str(adapter)  # the exact candidate was served
     check = result.get_asset_check_evaluations()[0]
@@ -113,8 +134,9 @@ def test_evaluation_asset_scores_the_served_candidate(server, demo_models, artif
 
 
 @pytest.mark.stage
-def test_a_fixed_served_name_is_credited_only_when_it_serves_this_candidate(server, demo_models, artifact_root,
-                                                                           tmp_path):
+def test_a_fixed_served_name_is_credited_only_when_it_serves_this_candidate(
+    server, demo_models, artifact_root, tmp_path
+):
     """`candidate_model: NAME` (the server started with `--lora-modules NAME=PATH`): the evaluation checks,
     through /v1/models, that NAME is this candidate's adapter, byte for byte, before crediting its score;
     another adapter under that name fails the evaluation with the reason."""
@@ -122,30 +144,43 @@ def test_a_fixed_served_name_is_credited_only_when_it_serves_this_candidate(serv
 
     import yaml
     from dagster import DagsterInstance, materialize
-    from tests.support.eval_support import REPO_ROOT, seed_upstream
 
     from assets import demo_models as demo_models_asset
     from assets.common import key
     from assets.location import campaign_assets, default_resources
     from campaigns.loader import load_campaign_file
+    from tests.support.eval_support import REPO_ROOT, seed_upstream
 
     served = make_zero_adapter(demo_models["student"], tmp_path / "served", r=4)
     assert server.load_lora("fixed-cand", str(served))[0] == 200  # what --lora-modules fixed-cand=PATH does
     d = yaml.safe_load((REPO_ROOT / "campaigns/demo.yaml").read_text())
     d["name"] = "fixed"
-    d["evaluation"] = {"suites": [{"name": "cipher", "source": "heldout", "max_new_tokens": 8}],
-                       "gate": {"min_score": 0.0, "min_items": 12}, "statistics": {"resamples": 500},
-                       "backend": "openai", "score_teacher": False,
-                       "endpoint": {"base_url": server.base_url, "base_model": "student", "candidate_model": "fixed-cand",
-                                    "max_concurrency": 4, "timeout_s": 30}}
+    d["evaluation"] = {
+        "suites": [{"name": "cipher", "source": "heldout", "max_new_tokens": 8}],
+        "gate": {"min_score": 0.0, "min_items": 12},
+        "statistics": {"resamples": 500},
+        "backend": "openai",
+        "score_teacher": False,
+        "endpoint": {
+            "base_url": server.base_url,
+            "base_model": "student",
+            "candidate_model": "fixed-cand",
+            "max_concurrency": 4,
+            "timeout_s": 30,
+        },
+    }
     (tmp_path / "fixed.yaml").write_text(yaml.safe_dump(d, allow_unicode=True))
     spec = load_campaign_file(tmp_path / "fixed.yaml")
 
     def evaluate(adapter_dir):
         seed_upstream(artifact_root, "fixed", heldout_rows(12), adapter_dir, demo_models["student"])
-        return materialize(campaign_assets(spec) + [demo_models_asset.demo_models], selection=[key(spec, "evaluation")],
-                           resources=default_resources(str(artifact_root)), instance=DagsterInstance.ephemeral(),
-                           raise_on_error=False)
+        return materialize(
+            campaign_assets(spec) + [demo_models_asset.demo_models],
+            selection=[key(spec, "evaluation")],
+            resources=default_resources(str(artifact_root)),
+            instance=DagsterInstance.ephemeral(),
+            raise_on_error=False,
+        )
 
     same = shutil.copytree(served, tmp_path / "candidate-same")  # the candidate's own copy of the served bytes
     assert evaluate(same).success
@@ -167,23 +202,32 @@ def test_drift_scores_the_promoted_adapter_through_the_endpoint(server, demo_mod
 
     import yaml
     from dagster import DagsterInstance
-    from tests.support.eval_support import REPO_ROOT
 
     from assets.location import build_definitions
     from campaign_orchestrator.demo import cipher
     from evaluation.drift import PROMOTION_ITEMS
     from evaluation.scorers import build_scorer
     from evaluation.suite import run_suite, write_item_rows
+    from tests.support.eval_support import REPO_ROOT
 
     d = yaml.safe_load((REPO_ROOT / "campaigns/demo.yaml").read_text())
     d["name"] = "servedrift"
     cipher.write_jsonl(cipher.items(80, seed=5), tmp_path / "drops" / "a.jsonl")
     d["data"]["source"] = str(tmp_path / "drops" / "*.jsonl")
     d["data"]["heldout"] = {"fraction": 0.25, "seed": 0}
-    d["evaluation"] = {"suites": [{"name": "cipher", "source": "heldout", "max_new_tokens": 8}],
-                       "gate": {"min_score": 0.0, "min_items": 12}, "backend": "openai", "score_teacher": False,
-                       "endpoint": {"base_url": server.base_url, "base_model": "student", "load_adapter": True,
-                                    "max_concurrency": 4, "timeout_s": 30}}
+    d["evaluation"] = {
+        "suites": [{"name": "cipher", "source": "heldout", "max_new_tokens": 8}],
+        "gate": {"min_score": 0.0, "min_items": 12},
+        "backend": "openai",
+        "score_teacher": False,
+        "endpoint": {
+            "base_url": server.base_url,
+            "base_model": "student",
+            "load_adapter": True,
+            "max_concurrency": 4,
+            "timeout_s": 30,
+        },
+    }
     d["automation"] = {"drift": {"max_drop": 0.1}}
     (tmp_path / "servedrift.yaml").write_text(yaml.safe_dump(d))
 
@@ -191,15 +235,31 @@ def test_drift_scores_the_promoted_adapter_through_the_endpoint(server, demo_mod
     dest = artifact_root / "servedrift" / "promoted_model" / key
     make_zero_adapter(demo_models["student"], dest / "adapter")
     OpenAIEndpoint(server.base_url, "x").load_adapter(f"promo-{key}", str(dest / "adapter"))
-    promo = [{"id": f"h{i}", "prompt": r["prompt"], "reference": r["reference"], "category": "all"}
-             for i, r in enumerate(heldout_rows(40)[20:])]
-    _, rows = run_suite("cipher", "candidate", promo, OpenAIEndpoint(server.base_url, f"promo-{key}").generate,
-                        build_scorer("exact_match"), 8)
+    promo = [
+        {"id": f"h{i}", "prompt": r["prompt"], "reference": r["reference"], "category": "all"}
+        for i, r in enumerate(heldout_rows(40)[20:])
+    ]
+    _, rows = run_suite(
+        "cipher",
+        "candidate",
+        promo,
+        OpenAIEndpoint(server.base_url, f"promo-{key}").generate,
+        build_scorer("exact_match"),
+        8,
+    )
     write_item_rows(rows, dest / PROMOTION_ITEMS)
-    (dest / "promotion.json").write_text(json.dumps({
-        "candidate_key": key, "base_model_path": str(demo_models["student"]), "verdict": "GO",
-        "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "items": PROMOTION_ITEMS,
-        "scores": {"candidate": {"cipher": 0.0}}}))
+    (dest / "promotion.json").write_text(
+        json.dumps(
+            {
+                "candidate_key": key,
+                "base_model_path": str(demo_models["student"]),
+                "verdict": "GO",
+                "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "items": PROMOTION_ITEMS,
+                "scores": {"candidate": {"cipher": 0.0}},
+            }
+        )
+    )
     (dest.parent / "CURRENT").write_text(key)
 
     defs = build_definitions([str(tmp_path / "servedrift.yaml")], artifact_root=str(artifact_root))

@@ -1,6 +1,5 @@
 """The gate on constructed item-level data: PASS, BREACH, INSUFFICIENT_EVIDENCE, errors, tiers."""
 
-
 import pytest
 
 from campaigns.loader import load_campaign_file
@@ -23,10 +22,19 @@ from tests.support import REPO_ROOT
 
 
 def items(scores, category="c", errors=(), latency=0.5, prefix="i"):
-    return [ItemResult(f"{prefix}{n}", category if isinstance(category, str) else category[n],
-                       "" if n in errors else f"out{s}", None if n in errors else float(s), latency,
-                       "timeout after 60 s" if n in errors else None, f"prompt {n}", "ref")
-            for n, s in enumerate(scores)]
+    return [
+        ItemResult(
+            f"{prefix}{n}",
+            category if isinstance(category, str) else category[n],
+            "" if n in errors else f"out{s}",
+            None if n in errors else float(s),
+            latency,
+            "timeout after 60 s" if n in errors else None,
+            f"prompt {n}",
+            "ref",
+        )
+        for n, s in enumerate(scores)
+    ]
 
 
 def rule(report, name):
@@ -44,7 +52,7 @@ def test_regression_rule_passes_when_the_whole_interval_is_within_the_allowed_dr
     assert reg.status == PASS and r.overall.delta.lo >= -0.03
     assert r.verdict == GO
     assert (r.overall.wins, r.overall.losses, r.overall.ties) == (10, 0, 190)
-    assert r.overall.mcnemar_p == pytest.approx(2 * 0.5 ** 10)
+    assert r.overall.mcnemar_p == pytest.approx(2 * 0.5**10)
 
 
 def test_regression_rule_breaches_when_the_whole_interval_is_beyond_the_allowed_drop():
@@ -75,7 +83,11 @@ def test_serving_errors_make_a_suite_inconclusive_not_no_go():
     cand = [1] * 70 + [0] * 30
     errs = set(range(70, 100))  # the 30 "wrong" items are serving errors (timeouts)
     r = decide("s", items(cand, errors=errs), items(base), POLICY)
-    assert (r.candidate.errors, r.candidate.answered, r.candidate.score) == (30, 70, 1.0)  # errors are not wrong answers
+    assert (r.candidate.errors, r.candidate.answered, r.candidate.score) == (
+        30,
+        70,
+        1.0,
+    )  # errors are not wrong answers
     assert r.overall.n == 70
     assert rule(r, "max_error_rate").status == NOT_ENOUGH
     assert r.verdict == INCONCLUSIVE
@@ -114,12 +126,18 @@ def test_per_category_non_regression_catches_a_gain_that_hides_a_loss():
     # too few items in a category: reported, not judged
     small = GatePolicy(min_score=0.5, max_category_regression=0.05, min_category_items=500, min_items=20)
     s = decide("s", items(cand, cats), items(base, cats), small)
-    assert rule(s, "max_category_regression").status == PASS and "not judged" in rule(s, "max_category_regression").detail
+    assert (
+        rule(s, "max_category_regression").status == PASS and "not judged" in rule(s, "max_category_regression").detail
+    )
 
 
 def test_advisory_rules_and_suites_never_block():
-    slow = decide("s", items([1] * 40, latency=12.0), items([1] * 40),
-                  GatePolicy(min_score=0.5, min_items=20, max_p95_latency_s=10.0, advisory=("max_p95_latency_s",)))
+    slow = decide(
+        "s",
+        items([1] * 40, latency=12.0),
+        items([1] * 40),
+        GatePolicy(min_score=0.5, min_items=20, max_p95_latency_s=10.0, advisory=("max_p95_latency_s",)),
+    )
     assert rule(slow, "max_p95_latency_s").status == BREACH and slow.verdict == GO
     assert any("(advisory)" in why for why in slow.reasons)
     bad = decide("t", items([0] * 40), items([1] * 40), POLICY, tier="advisory")
@@ -187,4 +205,6 @@ def test_gate_policy_defaults_are_the_campaign_specs():
 
     spec, policy = GateSpec(), GatePolicy()
     for f in fields(GatePolicy):
-        assert getattr(policy, f.name) == (tuple(spec.advisory) if f.name == "advisory" else getattr(spec, f.name)), f.name
+        assert getattr(policy, f.name) == (tuple(spec.advisory) if f.name == "advisory" else getattr(spec, f.name)), (
+            f.name
+        )

@@ -21,8 +21,7 @@ import pytest
 
 from campaigns.spec import LmEvalSpec
 from evaluation.harness import HarnessError, HarnessModel, HarnessSuite, evaluate_suites, task_dir
-from tests.support.harness_support import (TASKS, independent_choice_scores, project_generation_scores,
-                                           train_adapter)
+from tests.support.harness_support import TASKS, independent_choice_scores, project_generation_scores, train_adapter
 
 pytestmark = pytest.mark.stage
 
@@ -41,20 +40,29 @@ def adapters(tmp_path_factory, demo_models):
 
     root = tmp_path_factory.mktemp("adapters")
     base = demo_models["student"]
-    return {"good": train_adapter(root / "good", base, steps=80),
-            "broken": train_adapter(root / "broken", base, steps=40, examples=600, mapping=cipher.cipher_map(seed=8))}
+    return {
+        "good": train_adapter(root / "good", base, steps=80),
+        "broken": train_adapter(root / "broken", base, steps=40, examples=600, mapping=cipher.cipher_map(seed=8)),
+    }
 
 
 @pytest.fixture(scope="module")
 def harness_run(tmp_path_factory, demo_models, adapters):
     tmp = tmp_path_factory.mktemp("harness")
     base = str(demo_models["student"])
-    models = [HarnessModel("base", base, None, True, "bfloat16"),
-              HarnessModel("candidate", base, str(adapters["good"]), True, "bfloat16"),
-              HarnessModel("broken", base, str(adapters["broken"]), True, "bfloat16")]
+    models = [
+        HarnessModel("base", base, None, True, "bfloat16"),
+        HarnessModel("candidate", base, str(adapters["good"]), True, "bfloat16"),
+        HarnessModel("broken", base, str(adapters["broken"]), True, "bfloat16"),
+    ]
     events = []
-    run = evaluate_suites([_suite(tmp, "harness_cipher", TASKS)], models, tmp / "work", log=events.append,
-                          progress=lambda n: events.append(n))
+    run = evaluate_suites(
+        [_suite(tmp, "harness_cipher", TASKS)],
+        models,
+        tmp / "work",
+        log=events.append,
+        progress=lambda n: events.append(n),
+    )
     raw = json.loads((tmp / "work" / "harness_out.json").read_text())["suites"]["harness_cipher"]
     return run, raw, events
 
@@ -81,8 +89,10 @@ def test_harness_scores_equal_the_projects_own_item_by_item(harness_run, demo_mo
         assert {k: s["choice"] for k, s in samples.items()} == {k: v[1] for k, v in mc.items()}, role
         gap = max(abs(a - b) for k, v in mc.items() for a, b in zip(v[2], samples[k]["loglikelihoods"], strict=True))
         assert gap < 0.5, gap  # bf16 compute, other batching: the same numbers to a fraction of a nat
-        figures[role] = {"cipher_gen": sum(s for s, _ in gen.values()) / 60,
-                         "cipher_mc": sum(v[0] for v in mc.values()) / 60}
+        figures[role] = {
+            "cipher_gen": sum(s for s, _ in gen.values()) / 60,
+            "cipher_mc": sum(v[0] for v in mc.values()) / 60,
+        }
 
     # the harness's aggregate is shown beside the project's mean, and they agree
     table = {(a.task, a.role): a for a in run.agreement}
@@ -97,7 +107,7 @@ def test_harness_scores_equal_the_projects_own_item_by_item(harness_run, demo_mo
 
 
 def test_gate_judges_harness_suites_paired(harness_run):
-    from evaluation.gate import GO, NO_GO, BREACH, GatePolicy, StatsPolicy, decide
+    from evaluation.gate import BREACH, GO, NO_GO, GatePolicy, StatsPolicy, decide
 
     run, _, _ = harness_run
     by = {}
@@ -105,10 +115,25 @@ def test_gate_judges_harness_suites_paired(harness_run):
         by.setdefault(r["model"], []).append(r)
     from evaluation.gate import ItemResult
 
-    items = {role: [ItemResult(r["item_id"], r["category"], r["output"], r["score"], r["latency_s"], r["error"],
-                               r["prompt"], r["reference"]) for r in rows] for role, rows in by.items()}
-    policy = GatePolicy(min_score=0.8, max_regression_vs_base=0.03, max_category_regression=0.05,
-                        min_category_items=20, min_items=50)
+    items = {
+        role: [
+            ItemResult(
+                r["item_id"],
+                r["category"],
+                r["output"],
+                r["score"],
+                r["latency_s"],
+                r["error"],
+                r["prompt"],
+                r["reference"],
+            )
+            for r in rows
+        ]
+        for role, rows in by.items()
+    }
+    policy = GatePolicy(
+        min_score=0.8, max_regression_vs_base=0.03, max_category_regression=0.05, min_category_items=20, min_items=50
+    )
     sp = StatsPolicy(resamples=2000)
     good = decide("harness_cipher", items["candidate"], items["base"], policy, sp)
     bad = decide("harness_cipher", items["broken"], items["base"], policy, sp)
@@ -128,19 +153,30 @@ def test_gate_judges_harness_suites_paired(harness_run):
     assert bad.verdict == NO_GO
     rules = {r.rule: r for r in bad.rules}
     assert rules["min_score"].status == BREACH and rules["min_score"].value < 0.1, rules["min_score"]
-    print("gate:", {name: {"verdict": r.verdict, "delta": round(r.overall.delta.estimate, 4),
-                           "ci": [round(r.overall.delta.lo, 4), round(r.overall.delta.hi, 4)],
-                           "candidate": round(r.candidate.score, 4), "mcnemar_p": r.overall.mcnemar_p,
-                           "categories": {c.category: round(c.delta.estimate, 4) for c in r.categories}}
-                    for name, r in (("good", good), ("broken", bad))})
+    print(
+        "gate:",
+        {
+            name: {
+                "verdict": r.verdict,
+                "delta": round(r.overall.delta.estimate, 4),
+                "ci": [round(r.overall.delta.lo, 4), round(r.overall.delta.hi, 4)],
+                "candidate": round(r.candidate.score, 4),
+                "mcnemar_p": r.overall.mcnemar_p,
+                "categories": {c.category: round(c.delta.estimate, 4) for c in r.categories},
+            }
+            for name, r in (("good", good), ("broken", bad))
+        },
+    )
 
 
-def test_preflight_refuses_hub_metrics_missing_task_files_and_prompt_mismatches(tmp_path, demo_models,
-                                                                               demo_models_root):
+def test_preflight_refuses_hub_metrics_missing_task_files_and_prompt_mismatches(
+    tmp_path, demo_models, demo_models_root
+):
     """Three broken suites in one harness call: every problem is reported, no model is loaded."""
+    from transformers import AutoTokenizer
+
     from tests.support.dataprep_support import CHAT
     from tests.support.eval_support import make_zero_adapter
-    from transformers import AutoTokenizer
 
     hub = tmp_path / "hub"
     shutil.copytree(TASKS, hub)
@@ -169,8 +205,11 @@ def test_preflight_refuses_hub_metrics_missing_task_files_and_prompt_mismatches(
 
     # cipher_gen is then not in its include_path, so it is looked up in the harness's task library too
     registry = demo_models_root / "_lm_eval_tasks" / "_registry"
-    suites = [_suite(tmp_path, "hub_metric", hub), _suite(tmp_path, "no_file", missing, registry, tasks=["cipher_gen"]),
-              _suite(tmp_path, "chat", TASKS, tasks=["cipher_mc"], apply_chat_template=True)]
+    suites = [
+        _suite(tmp_path, "hub_metric", hub),
+        _suite(tmp_path, "no_file", missing, registry, tasks=["cipher_gen"]),
+        _suite(tmp_path, "chat", TASKS, tasks=["cipher_mc"], apply_chat_template=True),
+    ]
     models = [HarnessModel("base", str(base_dir)), HarnessModel("candidate", str(base_dir), str(adapter))]
     with pytest.raises(HarnessError) as e:
         evaluate_suites(suites, models, tmp_path / "work")
@@ -179,8 +218,10 @@ def test_preflight_refuses_hub_metrics_missing_task_files_and_prompt_mismatches(
     text = str(err)
     assert text.startswith("lm_eval suite refused before any model ran")
     p = {s: [x for x in err.problems if x.startswith(f"suite {s}:")] for s in ("hub_metric", "no_file", "chat")}
-    assert any("metric 'bertscore' is not a built-in lm_eval metric" in x and "hub" in x and "cipher_gen" in x
-               for x in p["hub_metric"]), p
+    assert any(
+        "metric 'bertscore' is not a built-in lm_eval metric" in x and "hub" in x and "cipher_gen" in x
+        for x in p["hub_metric"]
+    ), p
     assert any("metric 'acc' has `hf_evaluate: true`" in x and "cipher_mc" in x for x in p["hub_metric"]), p
     assert len(p["no_file"]) == 1 and "task 'cipher_gen' is not defined by any YAML file" in p["no_file"][0]
     assert "nor the harness's task registry (lm_eval 0.4.13" in p["no_file"][0]
@@ -201,8 +242,12 @@ def test_a_budget_stop_while_the_harness_runs_stops_its_process(tmp_path, demo_m
         if ev["event"] == "model_loaded":
             raise BudgetStop("budget exceeded")
 
-    job = _job("evaluate", [_suite(tmp_path, "s", TASKS, tasks=["cipher_gen"], limit=5)],
-               [HarnessModel("base", str(demo_models["student"]))], threads=1)
+    job = _job(
+        "evaluate",
+        [_suite(tmp_path, "s", TASKS, tasks=["cipher_gen"], limit=5)],
+        [HarnessModel("base", str(demo_models["student"]))],
+        threads=1,
+    )
     with pytest.raises(BudgetStop):
         run_worker(job, tmp_path / "work", log=lambda _m: None, on_event=watch)
     assert not (tmp_path / "work" / "harness_out.json").exists()

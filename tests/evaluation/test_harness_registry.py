@@ -27,19 +27,23 @@ pytestmark = pytest.mark.stage
 
 ARC = {  # (question, choices, answer key): the ARC schema (id, question, choices {text, label}, answerKey)
     "train": [("Which is a metal?", ["wood", "iron", "glass", "paper"], "B")],
-    "test": [("What do plants need to grow?", ["light", "sand", "noise", "plastic"], "A"),
-             ("Which is the closest star to Earth?", ["Sirius", "Vega", "the Sun", "Polaris"], "C"),
-             ("What state is ice?", ["gas", "liquid", "plasma", "solid"], "D"),
-             ("Which animal lays eggs?", ["hen", "cow", "horse", "dog"], "A"),
-             ("What melts snow?", ["cold", "heat", "wind", "night"], "B"),
-             ("Which tool measures temperature?", ["ruler", "scale", "thermometer", "clock"], "C")],
+    "test": [
+        ("What do plants need to grow?", ["light", "sand", "noise", "plastic"], "A"),
+        ("Which is the closest star to Earth?", ["Sirius", "Vega", "the Sun", "Polaris"], "C"),
+        ("What state is ice?", ["gas", "liquid", "plasma", "solid"], "D"),
+        ("Which animal lays eggs?", ["hen", "cow", "horse", "dog"], "A"),
+        ("What melts snow?", ["cold", "heat", "wind", "night"], "B"),
+        ("Which tool measures temperature?", ["ruler", "scale", "thermometer", "clock"], "C"),
+    ],
 }
 ARC["validation"] = ARC["test"][:2]
 
 
 def arc_rows(split: str) -> list[dict]:
-    return [{"id": f"{split}-{i}", "question": q, "choices": {"text": c, "label": ["A", "B", "C", "D"]},
-             "answerKey": k} for i, (q, c, k) in enumerate(ARC[split])]
+    return [
+        {"id": f"{split}-{i}", "question": q, "choices": {"text": c, "label": ["A", "B", "C", "D"]}, "answerKey": k}
+        for i, (q, c, k) in enumerate(ARC[split])
+    ]
 
 
 def write_cached_dataset(hf_home: Path, repo_id: str, config: str, splits: dict[str, list[dict]]) -> Path:
@@ -89,8 +93,9 @@ def _registry_suite(name: str, registry_cache: Path, **settings) -> HarnessSuite
 def test_a_registry_task_runs_offline_from_the_local_datasets_cache(tmp_path, hf_home, demo_models, registry_cache):
     write_cached_dataset(hf_home, "allenai/ai2_arc", "ARC-Easy", {s: arc_rows(s) for s in ARC})
     suite = _registry_suite("arc", registry_cache, tasks=["arc_easy"])
-    run = evaluate_suites([suite], [HarnessModel("base", str(demo_models["student"]))], tmp_path / "work",
-                          log=lambda _m: None)
+    run = evaluate_suites(
+        [suite], [HarnessModel("base", str(demo_models["student"]))], tmp_path / "work", log=lambda _m: None
+    )
 
     meta = run.tasks["arc"]["arc_easy"]
     assert meta["config_source"].endswith("lm_eval/tasks/arc/arc_easy.yaml")  # the library's own YAML
@@ -110,14 +115,17 @@ def test_a_registry_task_runs_offline_from_the_local_datasets_cache(tmp_path, hf
     assert list(registry_cache.glob("registry-*.pickle"))  # the index is kept for the next process
 
 
-def test_a_registry_task_without_its_cached_dataset_is_refused_before_any_model(tmp_path, hf_home, demo_models,
-                                                                                registry_cache):
+def test_a_registry_task_without_its_cached_dataset_is_refused_before_any_model(
+    tmp_path, hf_home, demo_models, registry_cache
+):
     """No dataset in the local cache (offline): refused in the preflight, naming each dataset and how to
     fetch it; a suite with an include_path resolves its own tasks and the library's side by side."""
     mixed = LmEvalSpec(tasks=["cipher_mc", "arc_easy"], include_path=str(TASKS))
     d, sha = task_dir(mixed.include_path, TASKS.parent, tmp_path / "tasks")
-    suites = [_registry_suite("library", registry_cache, tasks=["arc_challenge", "hellaswag"]),
-              HarnessSuite("mixed", mixed.model_dump(), d, sha, 16, registry_cache)]
+    suites = [
+        _registry_suite("library", registry_cache, tasks=["arc_challenge", "hellaswag"]),
+        HarnessSuite("mixed", mixed.model_dump(), d, sha, 16, registry_cache),
+    ]
     with pytest.raises(HarnessError) as e:
         evaluate_suites(suites, [HarnessModel("base", str(demo_models["student"]))], tmp_path / "work")
     err = e.value
@@ -125,9 +133,11 @@ def test_a_registry_task_without_its_cached_dataset_is_refused_before_any_model(
     by_task = {t: [p for p in err.problems if f"task {t!r}" in p] for t in ("arc_challenge", "hellaswag", "arc_easy")}
     assert len(err.problems) == 3 and all(len(v) == 1 for v in by_task.values()), err.problems
     arc = by_task["arc_challenge"][0]
-    assert arc.startswith("suite library: task 'arc_challenge' (lm_eval/tasks/arc/arc_challenge.yaml): its dataset "
-                          "'allenai/ai2_arc' (config 'ARC-Challenge') is not in the local Hugging Face datasets cache "
-                          f"({hf_home / 'datasets'})"), arc
+    assert arc.startswith(
+        "suite library: task 'arc_challenge' (lm_eval/tasks/arc/arc_challenge.yaml): its dataset "
+        "'allenai/ai2_arc' (config 'ARC-Challenge') is not in the local Hugging Face datasets cache "
+        f"({hf_home / 'datasets'})"
+    ), arc
     assert "datasets.load_dataset('allenai/ai2_arc', 'ARC-Challenge')" in arc and "copy that directory" in arc
     assert "huggingface-cli download --repo-type dataset allenai/ai2_arc" in arc
     assert "datasets.load_dataset('Rowan/hellaswag')" in by_task["hellaswag"][0]
@@ -148,8 +158,9 @@ def test_the_cached_registry_index_is_lm_evals(tmp_path, monkeypatch):
     built = registry_index(str(tmp_path / "cache"), library)  # no cache yet: built by lm_eval's TaskIndex
     (cached,) = (tmp_path / "cache").glob("registry-*.pickle")
     again = registry_index(str(tmp_path / "cache"), library)  # read back
-    assert {k: (e.kind, e.yaml_path, e.tags) for k, e in again.items()} == \
-        {k: (e.kind, e.yaml_path, e.tags) for k, e in built.items()}
+    assert {k: (e.kind, e.yaml_path, e.tags) for k, e in again.items()} == {
+        k: (e.kind, e.yaml_path, e.tags) for k, e in built.items()
+    }
     assert {"arc_easy", "arc_challenge", "hellaswag", "ai2_arc"} <= set(again)
     assert again["ai2_arc"].tags >= {"arc_easy", "arc_challenge"}
     cached.write_bytes(b"torn")  # a damaged cache is rebuilt, not trusted

@@ -13,17 +13,36 @@ ITEMS = 60
 
 
 def _rows(suite: str, model: str, right: int) -> list[dict]:
-    return [{"suite": suite, "model": model, "item_id": f"{suite}-{i}", "category": "c", "prompt": f"p{i}",
-             "reference": "abc", "output": "abc" if i < right else "xyz", "score": 1.0 if i < right else 0.0,
-             "latency_s": 0.01, "error": None} for i in range(ITEMS)]
+    return [
+        {
+            "suite": suite,
+            "model": model,
+            "item_id": f"{suite}-{i}",
+            "category": "c",
+            "prompt": f"p{i}",
+            "reference": "abc",
+            "output": "abc" if i < right else "xyz",
+            "score": 1.0 if i < right else 0.0,
+            "latency_s": 0.01,
+            "error": None,
+        }
+        for i in range(ITEMS)
+    ]
 
 
 def _spec(min_score: float = 0.8):
     spec = load_campaign_file(shipped_campaigns_dir() / "demo.yaml")
     ev = spec.evaluation
-    return spec.model_copy(update={"evaluation": ev.model_copy(update={
-        "gate": ev.gate.model_copy(update={"min_score": min_score}),
-        "statistics": ev.statistics.model_copy(update={"resamples": 500})})})
+    return spec.model_copy(
+        update={
+            "evaluation": ev.model_copy(
+                update={
+                    "gate": ev.gate.model_copy(update={"min_score": min_score}),
+                    "statistics": ev.statistics.model_copy(update={"resamples": 500}),
+                }
+            )
+        }
+    )
 
 
 def _answers(spec, tmp_path) -> dict:

@@ -40,12 +40,18 @@ def test_scorers_by_name_with_their_settings():
 
 def test_suite_items_from_a_file_name_file_and_line_on_bad_input(tmp_path):
     f = tmp_path / "items.jsonl"
-    f.write_text(json.dumps({"id": "a", "prompt": "p", "reference": "positive", "category": "x"}) + "\n"
-                 + json.dumps({"id": "b", "prompt": "q", "reference": "negative"}) + "\n")
+    f.write_text(
+        json.dumps({"id": "a", "prompt": "p", "reference": "positive", "category": "x"})
+        + "\n"
+        + json.dumps({"id": "b", "prompt": "q", "reference": "negative"})
+        + "\n"
+    )
     items = load_items(str(f), [], tmp_path, build_scorer("label_accuracy", labels=["positive", "negative"]))
     assert [(i["id"], i["category"]) for i in items] == [("a", "x"), ("b", "all")]
     f.write_text(json.dumps({"id": "a", "prompt": "p", "reference": "neutral"}) + "\n")
-    with pytest.raises(SuiteSourceError, match=r"items.jsonl:1: item 'a': reference 'neutral' is not one of the labels"):
+    with pytest.raises(
+        SuiteSourceError, match=r"items.jsonl:1: item 'a': reference 'neutral' is not one of the labels"
+    ):
         load_items(str(f), [], tmp_path, build_scorer("label_accuracy", labels=["positive", "negative"]))
     f.write_text('{"prompt": "p"}\n')
     with pytest.raises(SuiteSourceError, match=r"items.jsonl:1: a suite item is an object"):

@@ -14,7 +14,7 @@ def test_wilson_matches_hand_computed_interval():
     assert iv.lo == pytest.approx(0.4902, abs=1e-4)
     assert iv.hi == pytest.approx(0.9433, abs=1e-4)
     # 0 of n: the upper bound is z² / (n + z²) exactly
-    z2 = 1.959963984540054 ** 2
+    z2 = 1.959963984540054**2
     none = stats.wilson(0, 200)
     assert (none.lo, none.hi) == (0.0, pytest.approx(z2 / (200 + z2)))
     assert stats.wilson(200, 200).hi == 1.0

@@ -33,10 +33,12 @@ def test_asking_for_a_missing_jemalloc_or_an_unknown_allocator_says_what_to_do(t
 def test_a_process_started_with_the_preload_runs_on_jemalloc():
     code = "import sys; sys.path.insert(0, '.'); from campaign_orchestrator import allocator; print(allocator.in_use())"
     env = {"PATH": "/usr/bin:/bin"}
-    with_it = subprocess.run([sys.executable, "-c", code], env=env | allocator.preload_env({}), capture_output=True,
-                             text=True, check=True).stdout.strip()
-    without = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                             check=True).stdout.strip()
+    with_it = subprocess.run(
+        [sys.executable, "-c", code], env=env | allocator.preload_env({}), capture_output=True, text=True, check=True
+    ).stdout.strip()
+    without = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert (with_it, without) == ("jemalloc", "glibc")
 
 
@@ -54,10 +56,22 @@ freed = rss(); trimmed = allocator.trim(); print(trimmed, round(freed - rss()))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc_trim: Linux")
 def test_trim_gives_freed_heap_pages_back_under_glibc_and_leaves_jemalloc_alone():
     env = {"PATH": "/usr/bin:/bin", allocator.ENV: "glibc"}
-    out = subprocess.run([sys.executable, "-c", TRIM_PROBE], env=env, capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2]).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", TRIM_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    ).stdout.split()
     assert out[0] == "True" and int(out[1]) > 100, out  # ~125 MiB freed but resident until trimmed
     if allocator.jemalloc_path() is not None:
-        out = subprocess.run([sys.executable, "-c", TRIM_PROBE], env=env | allocator.preload_env({}),
-                             capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2]).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", TRIM_PROBE],
+            env=env | allocator.preload_env({}),
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],
+        ).stdout
         assert out.split()[0] == "False"

@@ -11,16 +11,17 @@ import pytest
 import torch
 from dagster import Failure, materialize
 
-from assets import prompts as prompts_asset, teacher_generations as generations
+from assets import prompts as prompts_asset
+from assets import teacher_generations as generations
 from assets.evaluation import local_quantization_key
 from assets.location import default_resources
 from assets.student_adapter import adapter_precision, adopt_trial, check_precision, training_key_fields
 from campaign_orchestrator import hardware
 from campaign_orchestrator.content import value_sha256
 from campaign_orchestrator.demo import cipher
-from campaign_orchestrator.hardware import CpuPeak, key_precision
 from campaign_orchestrator.generation.backends import spec_identity, teacher_identity
 from campaign_orchestrator.generation.requests import Sampling, namespace
+from campaign_orchestrator.hardware import CpuPeak, key_precision
 from campaigns.loader import parse_campaign_text
 
 BF16_NATIVE = CpuPeak(host="h", capability="AVX512", threads=2, torch="x", fp32_gflops=150.0, bf16_gflops=300.0)
@@ -80,8 +81,12 @@ def test_the_four_keys_differ_between_a_bf16_and_an_fp32_host_and_hold_no_auto(h
         host(kind)
         ident = spec_identity(spec.teacher, weights_id="w@")
         adapter = training_key_fields(spec, adapter_precision(spec))
-        got[kind] = {"teacher": ident, "namespace": namespace(ident, sampling), "adapter": value_sha256(adapter),
-                     "evaluation": value_sha256(local_quantization_key(spec.student.quantization))}
+        got[kind] = {
+            "teacher": ident,
+            "namespace": namespace(ident, sampling),
+            "adapter": value_sha256(adapter),
+            "evaluation": value_sha256(local_quantization_key(spec.student.quantization)),
+        }
         assert ident.endswith(f"|cpu:{'bfloat16' if kind == 'bf16' else 'float32'}") and "auto" not in ident
         assert adapter["student"]["quantization"]["compute_dtype"] == key_precision("auto")
         assert local_quantization_key(spec.student.quantization)["compute_dtype"] == key_precision("auto")
@@ -95,7 +100,8 @@ def test_the_four_keys_differ_between_a_bf16_and_an_fp32_host_and_hold_no_auto(h
     assert keys[0] == keys[1]
     # endpoints are not keyed by this host's dtype; a precision of `auto` is refused
     openai = parse_campaign_text(_spec().model_dump_json()).teacher.model_copy(
-        update={"backend": "openai", "base_url": "http://h/v1", "model": "m"})
+        update={"backend": "openai", "base_url": "http://h/v1", "model": "m"}
+    )
     assert spec_identity(openai) == "openai:http://h/v1|m@"
     with pytest.raises(ValueError, match="resolved"):
         teacher_identity("transformers", "m", weights_id="w", precision="cpu:auto")
@@ -121,8 +127,11 @@ def test_a_kubernetes_adapter_is_keyed_for_the_clusters_gpus_and_a_mismatch_is_n
 
 
 def _generations(spec, root: Path) -> dict:
-    res = materialize([prompts_asset.build(spec), generations.build(spec)], resources=default_resources(str(root)),
-                      raise_on_error=True)
+    res = materialize(
+        [prompts_asset.build(spec), generations.build(spec)],
+        resources=default_resources(str(root)),
+        raise_on_error=True,
+    )
     mat = res.asset_materializations_for_node("dtkeys__teacher_generations")[-1]
     return {k: v.value for k, v in mat.metadata.items()}
 

@@ -62,8 +62,13 @@ def test_a_contended_many_thread_peak_is_floored_at_the_one_thread_peak(tmp_path
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     threads = []
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
-    monkeypatch.setattr(hardware, "_time_matmul", lambda dtype, n=hardware.MATMUL_N, rounds=5:
-                        (69.0 if threads and threads[-1] == 1 else 22.5) if dtype == torch.float32 else 0.5)
+    monkeypatch.setattr(
+        hardware,
+        "_time_matmul",
+        lambda dtype, n=hardware.MATMUL_N, rounds=5: (
+            (69.0 if threads and threads[-1] == 1 else 22.5) if dtype == torch.float32 else 0.5
+        ),
+    )
     peak = hardware.measure_cpu_peak()
     assert peak.fp32_gflops == 69.0 and peak.threads == 2
     assert threads == [1, 2, 1, 2]  # the one-thread verdict, then the one-thread floor: restored to 2 after each
@@ -108,4 +113,6 @@ def test_one_verdict_per_host_whatever_the_thread_count(tmp_path, monkeypatch):
         torch.set_num_threads(threads)
     assert two.threads == 2 and one.threads == 1
     assert two.bf16_native and one.bf16_native  # one host, one verdict (the 2-thread figures alone would say fp32)
-    assert resolve_compute_dtype("auto", "cpu", two).dtype == resolve_compute_dtype("auto", "cpu", one).dtype == "bfloat16"
+    assert (
+        resolve_compute_dtype("auto", "cpu", two).dtype == resolve_compute_dtype("auto", "cpu", one).dtype == "bfloat16"
+    )

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from campaign_orchestrator import models
 from campaign_app.cli.models import fetch_model_command
+from campaign_orchestrator import models
 from campaign_orchestrator.content import file_sha256
 from campaign_orchestrator.hardware import Resolved
 from training.summary import REPRODUCIBILITY, write_reproducibility_card
@@ -48,9 +48,16 @@ def test_the_card_records_the_package_file_sha256_and_that_q4_1_was_dequantized_
     out.mkdir()
     card = models.write_model_card(out, packaged_q4)
     assert models.read_model_card(out) == card and [p.name for p in tmp_path.iterdir() if "card" in p.name] == []
-    assert card["source"] == {"kind": "packaged", "ref": "@packaged/tiny", "package": "llm-tiny==0.0.1",
-                              "index": "PyPI", "file": "llm_tiny/Tiny.Q4_1.gguf", "license": "Apache-2.0", "about": "Tiny (test)",
-                              "sha256": file_sha256(packaged_q4)}
+    assert card["source"] == {
+        "kind": "packaged",
+        "ref": "@packaged/tiny",
+        "package": "llm-tiny==0.0.1",
+        "index": "PyPI",
+        "file": "llm_tiny/Tiny.Q4_1.gguf",
+        "license": "Apache-2.0",
+        "about": "Tiny (test)",
+        "sha256": file_sha256(packaged_q4),
+    }
     assert card["quantization"] == "Q4_1" and card["gguf_file_type"] == "MOSTLY_Q4_1"
     assert card["conversion"]["dtype"] == "float32" and card["conversion"]["dequantized"] is True
     assert "Q4_1 weights were dequantized to float32" in card["conversion"]["note"]
@@ -68,11 +75,13 @@ def test_an_unpackaged_fp32_gguf_is_named_by_its_file_and_not_dequantized(tmp_pa
     assert models.model_card(junk)["quantization"] is None  # unreadable: says what is known, never raises
 
 
-def test_a_cached_conversion_without_a_card_gets_one_and_fetch_model_prints_it(packaged_q4, tmp_path, monkeypatch,
-                                                                               capsys):
+def test_a_cached_conversion_without_a_card_gets_one_and_fetch_model_prints_it(
+    packaged_q4, tmp_path, monkeypatch, capsys
+):
     cache = tmp_path / "gguf"
-    key = models.short(models.value_sha256({"gguf": file_sha256(packaged_q4), "converter": models.CONVERTER_VERSION}),
-                       16)
+    key = models.short(
+        models.value_sha256({"gguf": file_sha256(packaged_q4), "converter": models.CONVERTER_VERSION}), 16
+    )
     (cache / key).mkdir(parents=True)
     (cache / key / models.COMPLETE).write_text("")  # converted before model cards existed
     assert models.convert_gguf(packaged_q4, cache) == cache / key  # no re-conversion (torch never loads here)
@@ -91,11 +100,19 @@ def test_the_adapters_reproducibility_card_includes_the_base_models_card(package
     base = tmp_path / "base"
     base.mkdir()
     models.write_model_card(base, packaged_q4)
-    spec = SimpleNamespace(seed=0, nodes=1, processes_per_node=1, sharding="none", micro_batch_size=1,
-                           gradient_accumulation_steps=1)
-    trainer = SimpleNamespace(spec=spec, precision=Resolved("auto", "float32", "cpu", "test"),
-                              attn_implementation="eager", allocator="system", device=torch.device("cpu"), world=1, total_steps=1,
-                              job=SimpleNamespace(base_model_path=str(base), dataset_path="d"))
+    spec = SimpleNamespace(
+        seed=0, nodes=1, processes_per_node=1, sharding="none", micro_batch_size=1, gradient_accumulation_steps=1
+    )
+    trainer = SimpleNamespace(
+        spec=spec,
+        precision=Resolved("auto", "float32", "cpu", "test"),
+        attn_implementation="eager",
+        allocator="system",
+        device=torch.device("cpu"),
+        world=1,
+        total_steps=1,
+        job=SimpleNamespace(base_model_path=str(base), dataset_path="d"),
+    )
     card = write_reproducibility_card(trainer, tmp_path)
     assert json.loads((tmp_path / REPRODUCIBILITY).read_text())["base_model_card"] == card["base_model_card"]
     assert card["base_model_card"]["source"]["package"] == "llm-tiny==0.0.1"

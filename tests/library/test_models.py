@@ -71,4 +71,8 @@ def test_identity_never_downloads_and_hashes_a_gguf_file(tmp_path):
     f.write_bytes(b"GGUF" + bytes(100))
     ident = models.identity("m.gguf", base=tmp_path)
     assert ident["kind"] == "gguf" and len(ident["gguf_sha256"]) == 64
-    assert models.identity("org/name", base=tmp_path, revision="r1") == {"ref": "org/name", "revision": "r1", "kind": "hub"}
+    assert models.identity("org/name", base=tmp_path, revision="r1") == {
+        "ref": "org/name",
+        "revision": "r1",
+        "kind": "hub",
+    }

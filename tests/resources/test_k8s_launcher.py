@@ -23,12 +23,12 @@ from assets import student_adapter as adapter
 from campaigns.loader import parse_campaign_text
 from resources.k8s import K8sTrainingLauncher
 from resources.local_launcher import LocalTorchrunLauncher
-from resources.training_launcher import TrainingLauncher
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
+from resources.training_launcher import TrainingLauncher
+from tests.support import REPO_ROOT
 from tests.support.k8s_fake_cluster import NS, EmulatedApiServer, FakeKubelet, python_program, scripted_program
 
-from tests.support import REPO_ROOT
 PLANTED = "hf_PLANTED_SECRET_value_7f3a9c"  # lives only in a Kubernetes Secret and the Dagster process env
 
 # Rank 0's stand-in for `python -m training`: the real training.reporting.Reporter over the pod's env.
@@ -88,9 +88,15 @@ def cluster_spec(artifact_root):
 def _plant_secret(server: EmulatedApiServer) -> None:
     from kubernetes import client
 
-    client.CoreV1Api(server.api()).create_namespaced_secret(NS, {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "huggingface", "namespace": NS},
-        "data": {"token": base64.b64encode(PLANTED.encode()).decode()}})
+    client.CoreV1Api(server.api()).create_namespaced_secret(
+        NS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "huggingface", "namespace": NS},
+            "data": {"token": base64.b64encode(PLANTED.encode()).decode()},
+        },
+    )
 
 
 def _run_adapter(spec, artifact_root: Path, server: EmulatedApiServer, tmp_path: Path, monkeypatch, **launcher_kw):
@@ -104,16 +110,27 @@ def _run_adapter(spec, artifact_root: Path, server: EmulatedApiServer, tmp_path:
         return {"dataset_path": str(data), "key": "stub-dataset", "path": str(data)}
 
     adapter_asset: AssetsDefinition = adapter.build(spec)
-    k8s = K8sTrainingLauncher(kubeconfig_file=str(server.write_kubeconfig(tmp_path / "kubeconfig")),
-                              poll_interval_s=0.1, log_drain_timeout_s=10, **launcher_kw)
+    k8s = K8sTrainingLauncher(
+        kubeconfig_file=str(server.write_kubeconfig(tmp_path / "kubeconfig")),
+        poll_interval_s=0.1,
+        log_drain_timeout_s=10,
+        **launcher_kw,
+    )
     from assets.io_manager import ManifestIOManager
 
     instance = DagsterInstance.ephemeral()
     t0 = time.monotonic()
     result = materialize(
-        [tokenized_dataset, adapter_asset], instance=instance, raise_on_error=False,
-        resources={"storage": ArtifactStore(root=str(artifact_root)), "io_manager": ManifestIOManager(root=str(artifact_root)),
-                   "launcher": TrainingLauncher(local=LocalTorchrunLauncher(), k8s=k8s), "pricing": PricingResource()})
+        [tokenized_dataset, adapter_asset],
+        instance=instance,
+        raise_on_error=False,
+        resources={
+            "storage": ArtifactStore(root=str(artifact_root)),
+            "io_manager": ManifestIOManager(root=str(artifact_root)),
+            "launcher": TrainingLauncher(local=LocalTorchrunLauncher(), k8s=k8s),
+            "pricing": PricingResource(),
+        },
+    )
     return result, instance, time.monotonic() - t0
 
 
@@ -145,10 +162,13 @@ def _trainer_programs(failing: dict[int, object] | None = None):
         if failing and index in failing:
             return failing[index]
         return python_program(TRAINER)
+
     return programs
 
 
-def test_success_streams_rank0_messages_cleans_up_and_leaks_no_secret(api_server, cluster_spec, artifact_root, tmp_path, monkeypatch):
+def test_success_streams_rank0_messages_cleans_up_and_leaks_no_secret(
+    api_server, cluster_spec, artifact_root, tmp_path, monkeypatch
+):
     _plant_secret(api_server)
     with FakeKubelet(api_server, _trainer_programs()) as kubelet:
         result, instance, _ = _run_adapter(cluster_spec, artifact_root, api_server, tmp_path, monkeypatch)
@@ -161,14 +181,24 @@ def test_success_streams_rank0_messages_cleans_up_and_leaks_no_secret(api_server
     assert json.loads(instance.get_run_by_id(result.run_id).tags["campaign/owner"])["k8s"]["namespace"] == NS
     assert job["metadata"]["labels"]["dagster/asset-key"] == "cluster_distill.student_adapter"
     cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert cmd[:5] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8"] and cmd[-4:-1] == ["-m", "training", "--config"]
-    assert {"DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES"} <= {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert cmd[:5] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8"] and cmd[-4:-1] == [
+        "-m",
+        "training",
+        "--config",
+    ]
+    assert {"DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES"} <= {
+        e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
     # everything deleted after success (Job, Service; the pods garbage-collected with the Job)
     assert _live(api_server, "jobs") == [] and _live(api_server, "services") == [] and _live(api_server, "pods") == []
     # rank 0's Pipes messages streamed into the asset: logs, one observation per metrics message, materialization
     logs = [r.user_message for r in instance.all_logs(result.run_id)]
     assert any("step 3/3 loss 0.6667" in m for m in logs)
-    obs = [e.asset_observation_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    obs = [
+        e.asset_observation_data.asset_observation
+        for e in result.all_events
+        if e.event_type_value == "ASSET_OBSERVATION"
+    ]
     assert [o.metadata["step"].value for o in obs] == [1, 2, 3]  # only rank 0 reported, once per step
     assert obs[-1].asset_key == AssetKey(["cluster_distill", "student_adapter"])
     mat = result.asset_materializations_for_node("cluster_distill__student_adapter")[0]
@@ -186,8 +216,9 @@ def _assert_secret_never_leaked(api_server, kubelet, instance, result, artifact_
     object or request body sent to the API, the event log (messages and metadata), the node logs or job files."""
     haystacks = {
         "workload objects": json.dumps(kubelet.created),
-        "api requests": "\n".join(r.body.decode(errors="replace") for r in api_server.handler._requests
-                                  if "/secrets" not in r.url.path),
+        "api requests": "\n".join(
+            r.body.decode(errors="replace") for r in api_server.handler._requests if "/secrets" not in r.url.path
+        ),
         "event log": "\n".join(str(e) for e in instance.all_logs(result.run_id)),
         "files": "\n".join(p.read_text(errors="replace") for p in artifact_root.rglob("*") if p.is_file()),
     }
@@ -198,10 +229,16 @@ def _assert_secret_never_leaked(api_server, kubelet, instance, result, artifact_
         assert PLANTED not in text, f"secret value leaked into {where}"
 
 
-def test_failed_pod_fails_fast_with_reason_and_last_lines(api_server, cluster_spec, artifact_root, tmp_path, monkeypatch):
+def test_failed_pod_fails_fast_with_reason_and_last_lines(
+    api_server, cluster_spec, artifact_root, tmp_path, monkeypatch
+):
     _plant_secret(api_server)
-    oom = scripted_program(["loading shard 3/8", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"],
-                           exit_code=137, reason="OOMKilled", delay_s=0.05)
+    oom = scripted_program(
+        ["loading shard 3/8", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"],
+        exit_code=137,
+        reason="OOMKilled",
+        delay_s=0.05,
+    )
     monkeypatch.setitem(cluster_spec.kubernetes.env, "FAKE_STEPS", "400")  # rank 0 would run ~20 s
     with FakeKubelet(api_server, _trainer_programs({1: oom})) as kubelet:
         result, _, seconds = _run_adapter(cluster_spec, artifact_root, api_server, tmp_path, monkeypatch)
@@ -234,12 +271,24 @@ def test_missing_secret_fails_without_waiting(api_server, cluster_spec, artifact
 
 def test_unschedulable_pod_times_out(api_server, cluster_spec, artifact_root, tmp_path, monkeypatch):
     _plant_secret(api_server)
-    stuck = {1: {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                                     "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]}}
+    stuck = {
+        1: {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+                }
+            ],
+        }
+    }
     monkeypatch.setitem(cluster_spec.kubernetes.env, "FAKE_STEPS", "400")
     with FakeKubelet(api_server, _trainer_programs(), pending=stuck):
-        result, _, seconds = _run_adapter(cluster_spec, artifact_root, api_server, tmp_path, monkeypatch,
-                                          pending_timeout_s=1.0)
+        result, _, seconds = _run_adapter(
+            cluster_spec, artifact_root, api_server, tmp_path, monkeypatch, pending_timeout_s=1.0
+        )
     data, _ = _failure(result)
     assert data.metadata["reason"].value == "Unschedulable" and "Insufficient nvidia.com/gpu" in data.description
     assert "(waited 1s)" in data.description or "(waited 2s)" in data.description
@@ -257,14 +306,18 @@ def test_cancelled_run_deletes_job_and_service(api_server, cluster_spec, artifac
 
         def run(p):
             if index == 0:  # once rank 0 is training, the run is cancelled (Dagster turns SIGTERM into an interrupt)
+
                 def cancel():
                     while not any("step 2/" in line for line in api_server.logs.get(p.pod, [])):
                         time.sleep(0.02)
                     cancelled["at"] = time.monotonic()
                     _thread.interrupt_main()
+
                 import threading
+
                 threading.Thread(target=cancel, daemon=True).start()
             return inner(p)
+
         return run
 
     with FakeKubelet(api_server, programs) as kubelet:
@@ -280,8 +333,9 @@ def test_cancelled_run_deletes_job_and_service(api_server, cluster_spec, artifac
 
 def test_pytorchjob_lifecycle(api_server, cluster_spec, artifact_root, tmp_path, monkeypatch):
     _plant_secret(api_server)
-    spec = cluster_spec.model_copy(update={"kubernetes": cluster_spec.kubernetes.model_copy(
-        update={"workload": "pytorchjob"})})
+    spec = cluster_spec.model_copy(
+        update={"kubernetes": cluster_spec.kubernetes.model_copy(update={"workload": "pytorchjob"})}
+    )
 
     def programs(index, n):
         # under the operator, NODE_RANK is not set by us: map the operator's RANK for the stand-in
@@ -294,8 +348,12 @@ def test_pytorchjob_lifecycle(api_server, cluster_spec, artifact_root, tmp_path,
     assert result.success, [e.message for e in result.all_events if e.is_failure]
     from kubernetes import client
 
-    assert client.CustomObjectsApi(api_server.api()).list_namespaced_custom_object(
-        "kubeflow.org", "v1", NS, "pytorchjobs")["items"] == []
+    assert (
+        client.CustomObjectsApi(api_server.api()).list_namespaced_custom_object(
+            "kubeflow.org", "v1", NS, "pytorchjobs"
+        )["items"]
+        == []
+    )
 
 
 def _reparsed(spec, mutate):
@@ -350,8 +408,9 @@ def test_budget_stops_a_running_job_and_deletes_it(api_server, cluster_spec, art
 def test_env_set_twice_fails_before_creating_anything(api_server, cluster_spec, artifact_root, tmp_path, monkeypatch):
     # kubernetes.env of the example sets NCCL_SOCKET_IFNAME; the campaign sets it under distributed_env too. A
     # campaign file with that is refused when it loads; a spec built in code is caught again by the launcher.
-    tr = cluster_spec.training.model_copy(update={"distributed_env": type(cluster_spec.training.distributed_env)(
-        NCCL_SOCKET_IFNAME="ib0")})
+    tr = cluster_spec.training.model_copy(
+        update={"distributed_env": type(cluster_spec.training.distributed_env)(NCCL_SOCKET_IFNAME="ib0")}
+    )
     spec = cluster_spec.model_copy(update={"training": tr})
     with FakeKubelet(api_server, _trainer_programs()) as kubelet:
         result, _, _ = _run_adapter(spec, artifact_root, api_server, tmp_path, monkeypatch)
@@ -361,8 +420,9 @@ def test_env_set_twice_fails_before_creating_anything(api_server, cluster_spec, 
     assert kubelet.created == [] and _live(api_server, "services") == []
 
 
-def test_reaper_deletes_a_dead_runs_workloads_by_run_label_before_freeing_its_slot(api_server, cluster_spec, tmp_path,
-                                                                                   monkeypatch):
+def test_reaper_deletes_a_dead_runs_workloads_by_run_label_before_freeing_its_slot(
+    api_server, cluster_spec, tmp_path, monkeypatch
+):
     """The `campaign run` that launched on the cluster died without cleaning up (SIGKILL): its Job and Service still run.
     The reaper finds the cluster in the run's owner tag (``campaign/owner``: ``k8s``, what the launcher records) and
     deletes the Job and Service labelled with the dead run's id (the pods go with the Job), then frees the slot; another run's Job stays."""
@@ -395,20 +455,35 @@ def test_reaper_deletes_a_dead_runs_workloads_by_run_label_before_freeing_its_sl
     with DagsterInstance.get() as instance:
         instance.event_log_storage.set_concurrency_slots("gpu", 1)
         where = K8sTrainingLauncher(kubeconfig_file=str(kubeconfig))
-        dead = instance.create_run_for_job(owned, status=DagsterRunStatus.STARTED,
-                                           tags=owner_tags(pid=owner.pid, start=start))
+        dead = instance.create_run_for_job(
+            owned, status=DagsterRunStatus.STARTED, tags=owner_tags(pid=owner.pid, start=start)
+        )
         live = instance.create_run_for_job(owned, status=DagsterRunStatus.STARTED, tags=owner_tags())
         from kubernetes import client
 
         for run in (dead, live):
-            w = mf.Workload(campaign=cluster_spec.name, training=cluster_spec.training, cluster=cluster_spec.kubernetes,
-                            job_file="/x/train_job.json", name=mf.workload_name(cluster_spec.name, run.run_id, "abc"),
-                            run_id=run.run_id, asset_key="cluster_distill.student_adapter", pipes_env={})
+            w = mf.Workload(
+                campaign=cluster_spec.name,
+                training=cluster_spec.training,
+                cluster=cluster_spec.kubernetes,
+                job_file="/x/train_job.json",
+                name=mf.workload_name(cluster_spec.name, run.run_id, "abc"),
+                run_id=run.run_id,
+                asset_key="cluster_distill.student_adapter",
+                pipes_env={},
+            )
             for m in mf.build_manifests(w):
-                where._create(client.CoreV1Api(api_server.api()), client.BatchV1Api(api_server.api()),
-                              client.CustomObjectsApi(api_server.api()), m)
-            ctx = type("Ctx", (), {"instance": instance, "run_id": run.run_id,
-                                   "log": type("L", (), {"debug": staticmethod(print)})()})()
+                where._create(
+                    client.CoreV1Api(api_server.api()),
+                    client.BatchV1Api(api_server.api()),
+                    client.CustomObjectsApi(api_server.api()),
+                    m,
+                )
+            ctx = type(
+                "Ctx",
+                (),
+                {"instance": instance, "run_id": run.run_id, "log": type("L", (), {"debug": staticmethod(print)})()},
+            )()
             where._record_cluster(ctx, NS)
         assert instance.event_log_storage.claim_concurrency_slot("gpu", dead.run_id, "noop").is_claimed
         assert len(_live(api_server, "jobs")) == 2 and len(_live(api_server, "services")) == 2

@@ -81,39 +81,55 @@ def _job(spec, tmp_path, shards=3, shard_s=0.05, prompts=5, **extra) -> dict:
 
     root = Path(spec.kubernetes.artifacts.mount_path)
     root.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"id": [f"p{i}" for i in range(prompts)], "prompt": ["q"] * prompts}),
-                   root / "prompts.parquet")
-    return {"kind": "teacher_generations", "prompts": str(root / "prompts.parquet"),
-            "output": str(root / "out" / "rows.parquet"),
-            "cache": {"store_url": str(root / "cache"), "spool_dir": str(root / "spool")},
-            "execution": {"replicas": spec.execution.replicas, "fake_shards": shards, "fake_shard_s": shard_s, **extra}}
+    pq.write_table(
+        pa.table({"id": [f"p{i}" for i in range(prompts)], "prompt": ["q"] * prompts}), root / "prompts.parquet"
+    )
+    return {
+        "kind": "teacher_generations",
+        "prompts": str(root / "prompts.parquet"),
+        "output": str(root / "out" / "rows.parquet"),
+        "cache": {"store_url": str(root / "cache"), "spool_dir": str(root / "spool")},
+        "execution": {"replicas": spec.execution.replicas, "fake_shards": shards, "fake_shard_s": shard_s, **extra},
+    }
 
 
 def _plant_secret(server):
     from kubernetes import client
 
-    client.CoreV1Api(server.api()).create_namespaced_secret(NS, {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "huggingface", "namespace": NS},
-        "data": {"token": base64.b64encode(PLANTED.encode()).decode()}})
+    client.CoreV1Api(server.api()).create_namespaced_secret(
+        NS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "huggingface", "namespace": NS},
+            "data": {"token": base64.b64encode(PLANTED.encode()).decode()},
+        },
+    )
 
 
 def _run(spec, job, server, tmp_path, monkeypatch, budget=None, **launcher_kw):
     """Materialize a teacher_generations asset whose body is the launch (as the stage's Ray branch calls it)."""
     monkeypatch.setenv("HF_TOKEN", PLANTED)  # in the Dagster process too: it must not leak from there either
-    launcher = KubeRayJobLauncher(kubeconfig_file=str(server.write_kubeconfig(tmp_path / "kubeconfig")),
-                                  poll_interval_s=0.1, log_drain_timeout_s=10, **launcher_kw)
+    launcher = KubeRayJobLauncher(
+        kubeconfig_file=str(server.write_kubeconfig(tmp_path / "kubeconfig")),
+        poll_interval_s=0.1,
+        log_drain_timeout_s=10,
+        **launcher_kw,
+    )
     workdir = Path(spec.kubernetes.artifacts.mount_path) / spec.name / "teacher_generations" / "k1"
 
     @asset(key=AssetKey([spec.name, "teacher_generations"]))
     def teacher_generations(context, kuberay: KubeRayJobLauncher) -> MaterializeResult:
         out = kuberay.launch(context, spec, "teacher_generations", job, workdir, budget=budget)
-        return MaterializeResult(metadata={**out["pipes_metadata"], "ray_job": out["ray_job"],
-                                           "summary_rows": out["summary"]["rows"]})
+        return MaterializeResult(
+            metadata={**out["pipes_metadata"], "ray_job": out["ray_job"], "summary_rows": out["summary"]["rows"]}
+        )
 
     instance = DagsterInstance.ephemeral()
     t0 = time.monotonic()
-    result = materialize([teacher_generations], instance=instance, raise_on_error=False,
-                         resources={"kuberay": launcher})
+    result = materialize(
+        [teacher_generations], instance=instance, raise_on_error=False, resources={"kuberay": launcher}
+    )
     return result, instance, time.monotonic() - t0
 
 
@@ -135,8 +151,9 @@ def _pods(server) -> list[str]:
     return [p.metadata.name for p in client.CoreV1Api(server.api()).list_namespaced_pod(NS).items]
 
 
-def test_success_streams_the_drivers_messages_deletes_the_rayjob_and_leaks_no_secret(api_server, spec, tmp_path,
-                                                                                     monkeypatch):
+def test_success_streams_the_drivers_messages_deletes_the_rayjob_and_leaks_no_secret(
+    api_server, spec, tmp_path, monkeypatch
+):
     _plant_secret(api_server)
     # shards of 0.5 s: the job outlasts worker 1's crash (0.3 s after it starts) by several polls, so the launcher
     # sees the crashed pod before the job ends (with 0.05 s shards a fast driver could finish first)
@@ -148,16 +165,22 @@ def test_success_streams_the_drivers_messages_deletes_the_rayjob_and_leaks_no_se
     (rj,) = operator.created
     assert rj["kind"] == "RayJob" and rj["metadata"]["labels"]["dagster/run-id"] == result.run_id
     assert rj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 3
-    assert json.loads(instance.get_run_by_id(result.run_id).tags["campaign/owner"])["k8s"]["namespace"] == NS  # reaper's
+    assert (
+        json.loads(instance.get_run_by_id(result.run_id).tags["campaign/owner"])["k8s"]["namespace"] == NS
+    )  # reaper's
     # the driver's Pipes messages: log lines at once, progress as observations, the result as the materialization
     logs = [r.user_message for r in instance.all_logs(result.run_id)]
     assert any("shard 3/3 done" in m for m in logs)
     # the crashed worker (exit 137) is named once, by its pod, and does not fail the stage: Ray owns its shards
     (crashed,) = [pod for pod, lines in api_server.logs.items() if any("worker 1: OOM" in x for x in lines)]
-    assert [m for m in logs if crashed in m] == [m for m in logs if "OOMKilled" in m] and \
-        len([m for m in logs if crashed in m and "exit code 137" in m]) == 1
-    obs = [e.asset_observation_data.asset_observation for e in result.all_events
-           if e.event_type_value == "ASSET_OBSERVATION"]
+    assert [m for m in logs if crashed in m] == [m for m in logs if "OOMKilled" in m] and len(
+        [m for m in logs if crashed in m and "exit code 137" in m]
+    ) == 1
+    obs = [
+        e.asset_observation_data.asset_observation
+        for e in result.all_events
+        if e.event_type_value == "ASSET_OBSERVATION"
+    ]
     assert [o.metadata["shards_done"].value for o in obs] == [1, 2, 3]
     mat = result.asset_materializations_for_node("cluster_ray_distill__teacher_generations")[0]
     # the driver's own figures (it counted the job's 23 prompts), through Pipes and through the summary file on the
@@ -171,10 +194,14 @@ def test_success_streams_the_drivers_messages_deletes_the_rayjob_and_leaks_no_se
     assert "driver: exiting" in log_file.read_text() and "__dagster_pipes_version" not in log_file.read_text()
     # everything deleted: the RayJob by the launcher, its pods with it
     assert gone and _rayjobs(api_server) == [] and _pods(api_server) == []
-    haystacks = {"rayjob": json.dumps(operator.created), "event log": "\n".join(map(str, instance.all_logs(
-        result.run_id))), "files": "\n".join(p.read_text(errors="replace") for p in workdir.rglob("*") if p.is_file()),
-        "api requests": "\n".join(r.body.decode(errors="replace") for r in api_server.handler._requests
-                                  if "/secrets" not in r.url.path)}
+    haystacks = {
+        "rayjob": json.dumps(operator.created),
+        "event log": "\n".join(map(str, instance.all_logs(result.run_id))),
+        "files": "\n".join(p.read_text(errors="replace") for p in workdir.rglob("*") if p.is_file()),
+        "api requests": "\n".join(
+            r.body.decode(errors="replace") for r in api_server.handler._requests if "/secrets" not in r.url.path
+        ),
+    }
     assert "huggingface" in haystacks["rayjob"] and "shard 1/3" in haystacks["event log"]  # real haystacks
     for where, text in haystacks.items():
         assert PLANTED not in text, f"secret value leaked into {where}"
@@ -204,12 +231,23 @@ def test_missing_secret_fails_at_once_naming_the_head(api_server, spec, tmp_path
 
 def test_unschedulable_worker_times_out(api_server, spec, tmp_path, monkeypatch):
     _plant_secret(api_server)
-    stuck = {"worker-2": {"phase": "Pending", "conditions": [{
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-        "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]}}
+    stuck = {
+        "worker-2": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+                }
+            ],
+        }
+    }
     with FakeKubeRayOperator(api_server, driver_program(DRIVER), pending=stuck) as operator:
-        result, _, seconds = _run(spec, _job(spec, tmp_path, shards=400), api_server, tmp_path, monkeypatch,
-                                  pending_timeout_s=1.0)
+        result, _, seconds = _run(
+            spec, _job(spec, tmp_path, shards=400), api_server, tmp_path, monkeypatch, pending_timeout_s=1.0
+        )
         gone = operator.wait_all_deleted()
     data = _failure(result)
     assert data.metadata["reason"].value == "Unschedulable" and "Insufficient nvidia.com/gpu" in data.description
@@ -253,18 +291,21 @@ def test_budget_stop_deletes_the_rayjob(api_server, spec, tmp_path, monkeypatch)
                 raise Failure("budget: stopped teacher_generations mid-way")
 
     with FakeKubeRayOperator(api_server, driver_program(DRIVER)) as operator:
-        result, instance, seconds = _run(spec, _job(spec, tmp_path, shards=400), api_server, tmp_path, monkeypatch,
-                                         budget=Budget())
+        result, instance, seconds = _run(
+            spec, _job(spec, tmp_path, shards=400), api_server, tmp_path, monkeypatch, budget=Budget()
+        )
         gone = operator.wait_all_deleted()
     assert "budget: stopped teacher_generations mid-way" in _failure(result).description and seconds < 20
-    assert any("budget: stopping RayJob ray-cluster-ray-dist-gen-" in r.user_message
-               for r in instance.all_logs(result.run_id))
+    assert any(
+        "budget: stopping RayJob ray-cluster-ray-dist-gen-" in r.user_message for r in instance.all_logs(result.run_id)
+    )
     assert gone and _rayjobs(api_server) == [] and _pods(api_server) == []
 
 
 @pytest.mark.parametrize("planned_usd", [0.1, 5.0])
-def test_each_finished_shard_is_charged_to_the_guard_and_a_budget_stop_deletes_the_rayjob(api_server, spec, tmp_path,
-                                                                                          monkeypatch, planned_usd):
+def test_each_finished_shard_is_charged_to_the_guard_and_a_budget_stop_deletes_the_rayjob(
+    api_server, spec, tmp_path, monkeypatch, planned_usd
+):
     """The driver's ``ray_shard`` messages (one per finished shard: tokens, seconds) are charged to the stage's real
     budget guard as they arrive: once the next shard would cross the budget the RayJob is deleted mid-stage and the
     spend so far is in the ledger as interrupted. Its ``ray_plan`` message (the uncached share, once the cache is
@@ -277,21 +318,41 @@ def test_each_finished_shard_is_charged_to_the_guard_and_a_budget_stop_deletes_t
     ledger = Ledger(tmp_path / "ledger.duckdb")
 
     def priced(u):  # $1 per 1000 completion tokens: each fake shard (50 tokens) costs $0.05
-        return [{"kind": "teacher", "price_key": "api:output", "quantity": u.completion_tokens, "unit": "token",
-                 "unit_price": 0.001, "usd": u.completion_tokens * 0.001}]
+        return [
+            {
+                "kind": "teacher",
+                "price_key": "api:output",
+                "quantity": u.completion_tokens,
+                "unit": "token",
+                "unit_price": 0.001,
+                "usd": u.completion_tokens * 0.001,
+            }
+        ]
 
-    guard = BudgetGuard(ledger=ledger, campaign=spec.name, stage="teacher_generations", run_id="r1", step_key="s",
-                        attempt=0, stage_key="k1", limits=[Limit(f"campaign {spec.name}", 0.475, 0.0)], metered=priced,
-                        on_exceeded=BudgetStop, log=print)
+    guard = BudgetGuard(
+        ledger=ledger,
+        campaign=spec.name,
+        stage="teacher_generations",
+        run_id="r1",
+        step_key="s",
+        attempt=0,
+        stage_key="k1",
+        limits=[Limit(f"campaign {spec.name}", 0.475, 0.0)],
+        metered=priced,
+        on_exceeded=BudgetStop,
+        log=print,
+    )
     guard.planned_usd = planned_usd
     with FakeKubeRayOperator(api_server, driver_program(DRIVER)) as operator:
-        result, instance, seconds = _run(spec, _job(spec, tmp_path, shards=400, fake_usage=True), api_server, tmp_path,
-                                         monkeypatch, budget=guard)
+        result, instance, seconds = _run(
+            spec, _job(spec, tmp_path, shards=400, fake_usage=True), api_server, tmp_path, monkeypatch, budget=guard
+        )
         gone = operator.wait_all_deleted()
     why = _failure(result).description
     assert seconds < 20 and gone and _rayjobs(api_server) == [] and _pods(api_server) == []
-    assert any("budget: stopping RayJob ray-cluster-ray-dist-gen-" in r.user_message
-               for r in instance.all_logs(result.run_id))
+    assert any(
+        "budget: stopping RayJob ray-cluster-ray-dist-gen-" in r.user_message for r in instance.all_logs(result.run_id)
+    )
     if planned_usd > 0.475:
         assert "not starting teacher_generations" in why and guard.usage.items == 0
         return
@@ -317,8 +378,11 @@ def test_long_lived_cluster_runs_only_a_submitter(api_server, spec, tmp_path, mo
 def test_paths_off_the_shared_volume_fail_before_creating_anything(api_server, spec, tmp_path, monkeypatch):
     job = _job(spec, tmp_path) | {"prompts": "/elsewhere/prompts.parquet"}
     job["cache"] = {"store_url": "s3://bucket/cache", "spool_dir": str(tmp_path / "artifacts" / "spool")}
-    assert job_paths(job) == {"prompts": "/elsewhere/prompts.parquet", "output": job["output"],
-                              "cache.spool_dir": job["cache"]["spool_dir"]}  # an s3:// store needs no volume
+    assert job_paths(job) == {
+        "prompts": "/elsewhere/prompts.parquet",
+        "output": job["output"],
+        "cache.spool_dir": job["cache"]["spool_dir"],
+    }  # an s3:// store needs no volume
     with FakeKubeRayOperator(api_server, driver_program(DRIVER)) as operator:
         result, _, _ = _run(spec, job, api_server, tmp_path, monkeypatch)
     assert "the Ray pods cannot see prompts=/elsewhere/prompts.parquet" in _failure(result).description
@@ -328,18 +392,21 @@ def test_paths_off_the_shared_volume_fail_before_creating_anything(api_server, s
 def test_the_models_a_job_loads_must_lie_on_a_volume_the_pods_mount(spec):
     """A worker loads the teacher checkpoint (a backend recipe's ``model_path``) or an answering model's base and
     adapter (``generator.model_dir`` / ``adapter_dir``): they are checked like the job's other paths."""
-    from campaign_orchestrator.generation.scaleout.job import AnswerRecipe, recipe_to_json
     from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
+    from campaign_orchestrator.generation.scaleout.job import AnswerRecipe, recipe_to_json
     from resources.k8s import manifests as mf
 
     root = spec.kubernetes.artifacts.mount_path
     teacher = recipe_to_json(BackendRecipe(spec.teacher, "/models/teacher", "w1"))
     answer = recipe_to_json(AnswerRecipe(GeneratorRecipe(f"{root}/models/base", "/tmp/adapter"), "id"))
     assert job_paths({"recipe": teacher}) == {"recipe.model_path": "/models/teacher"}
-    assert job_paths({"recipe": answer}) == {"recipe.generator.model_dir": f"{root}/models/base",
-                                             "recipe.generator.adapter_dir": "/tmp/adapter"}
+    assert job_paths({"recipe": answer}) == {
+        "recipe.generator.model_dir": f"{root}/models/base",
+        "recipe.generator.adapter_dir": "/tmp/adapter",
+    }
     assert mf.unreachable_paths(job_paths({"recipe": answer}), spec.kubernetes) == [
-        "recipe.generator.adapter_dir=/tmp/adapter"]
+        "recipe.generator.adapter_dir=/tmp/adapter"
+    ]
     hub = recipe_to_json(BackendRecipe(spec.teacher, None, None))  # a hub id vLLM downloads itself: no path
     assert job_paths({"recipe": hub}) == {}
 
@@ -354,8 +421,13 @@ def test_reaper_deletes_a_dead_runs_rayjob_by_its_run_label(api_server, spec, tm
 
     custom = client.CustomObjectsApi(api_server.api())
     for run in ("dead-run-0001", "live-run-0002"):
-        w = kr.RayWorkload(spec=spec, stage="teacher_generations", job_file="/x/ray_job.json",
-                           name=kr.rayjob_name(spec.name, "teacher_generations", run, "abcde"), run_id=run)
+        w = kr.RayWorkload(
+            spec=spec,
+            stage="teacher_generations",
+            job_file="/x/ray_job.json",
+            name=kr.rayjob_name(spec.name, "teacher_generations", run, "abcde"),
+            run_id=run,
+        )
         custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, kr.ray_job(w))
     where = {"namespace": NS, "kubeconfig_file": str(api_server.write_kubeconfig(tmp_path / "kubeconfig"))}
     assert delete_run_workloads(where, "dead-run-0001") == ["RayJob/ray-cluster-ray-dist-gen-deadrun0-abcde"]

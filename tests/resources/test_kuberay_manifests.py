@@ -14,7 +14,6 @@ from campaigns.loader import CampaignError, load_campaign_file, parse_campaign_t
 from resources.k8s import kuberay as kr
 from resources.k8s.render import render_command
 from resources.k8s.validate import ManifestError, validate_manifest, validate_manifests
-
 from tests.support import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "campaigns/examples/cluster_ray.yaml"
@@ -33,11 +32,19 @@ def _reparsed(spec, mutate):
 
 
 def _job(spec, **over) -> dict:
-    w = kr.RayWorkload(spec=spec, stage="teacher_generations", job_file="/app/artifacts/x/ray_job.json",
-                       name=kr.rayjob_name(spec.name, "teacher_generations", RUN_ID, "a1b2c"), run_id=RUN_ID,
-                       asset_key=f"{spec.name}/teacher_generations",
-                       pipes_env={"DAGSTER_PIPES_CONTEXT": "eJzLSM3JyQcABiwCFQ==",
-                                  "DAGSTER_PIPES_MESSAGES": "eJyrVgrJzC0oSg0uKcpMUbKqBgBFlQbY"}, **over)
+    w = kr.RayWorkload(
+        spec=spec,
+        stage="teacher_generations",
+        job_file="/app/artifacts/x/ray_job.json",
+        name=kr.rayjob_name(spec.name, "teacher_generations", RUN_ID, "a1b2c"),
+        run_id=RUN_ID,
+        asset_key=f"{spec.name}/teacher_generations",
+        pipes_env={
+            "DAGSTER_PIPES_CONTEXT": "eJzLSM3JyQcABiwCFQ==",
+            "DAGSTER_PIPES_MESSAGES": "eJyrVgrJzC0oSg0uKcpMUbKqBgBFlQbY",
+        },
+        **over,
+    )
     return kr.ray_job(w)
 
 
@@ -46,17 +53,25 @@ def test_example_renders_a_valid_rayjob_with_gpu_replicas(example):
     assert validate_manifests([job], ("1.29", "1.37")) == ["1.29", "1.37"]
     assert (job["apiVersion"], job["kind"], job["metadata"]["namespace"]) == ("ray.io/v1", "RayJob", "training")
     spec = job["spec"]
-    assert spec["entrypoint"] == ("python -m campaign_orchestrator.generation.scaleout --job /app/artifacts/x/ray_job.json "
-                                  "--summary /app/artifacts/x/ray_summary.json")
-    assert (spec["submissionMode"], spec["shutdownAfterJobFinishes"], spec["ttlSecondsAfterFinished"],
-            spec["activeDeadlineSeconds"]) == ("K8sJobMode", True, 600, 86400)
+    assert spec["entrypoint"] == (
+        "python -m campaign_orchestrator.generation.scaleout --job /app/artifacts/x/ray_job.json "
+        "--summary /app/artifacts/x/ray_summary.json"
+    )
+    assert (
+        spec["submissionMode"],
+        spec["shutdownAfterJobFinishes"],
+        spec["ttlSecondsAfterFinished"],
+        spec["activeDeadlineSeconds"],
+    ) == ("K8sJobMode", True, 600, 86400)
     rc = spec["rayClusterSpec"]
     assert rc["rayVersion"] == "2.60.0" and rc["enableInTreeAutoscaling"] is False
     (group,) = rc["workerGroupSpecs"]
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (8, 8, 8)  # execution.replicas
     worker = group["template"]["spec"]["containers"][0]
-    assert worker["resources"] == {"requests": {"nvidia.com/gpu": "1", "cpu": "8", "memory": "120Gi"},
-                                   "limits": {"nvidia.com/gpu": "1", "cpu": "8", "memory": "120Gi"}}
+    assert worker["resources"] == {
+        "requests": {"nvidia.com/gpu": "1", "cpu": "8", "memory": "120Gi"},
+        "limits": {"nvidia.com/gpu": "1", "cpu": "8", "memory": "120Gi"},
+    }
     head = rc["headGroupSpec"]
     assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-cpus": "0"}  # the head only drives the job
     head_c = head["template"]["spec"]["containers"][0]
@@ -70,8 +85,10 @@ def test_example_renders_a_valid_rayjob_with_gpu_replicas(example):
         assert {"name": "artifacts", "mountPath": "/app/artifacts"} in pod["containers"][0]["volumeMounts"]
         assert pod["containers"][0]["image"] == "ghcr.io/example/campaign-orchestrator:0.1.0-cu128"
         env = {e["name"]: e for e in pod["containers"][0]["env"]}
-        assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": "huggingface", "key": "token", "optional": True}}}
+        assert env["HF_TOKEN"] == {
+            "name": "HF_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "huggingface", "key": "token", "optional": True}},
+        }
         assert "DAGSTER_PIPES_CONTEXT" not in env  # Pipes goes to the driver only, through the runtime env
         assert tpl["metadata"]["labels"]["dagster/run-id"] == RUN_ID[:63]
     assert yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"]["DAGSTER_PIPES_CONTEXT"] == "eJzLSM3JyQcABiwCFQ=="
@@ -84,8 +101,11 @@ def test_entrypoint_is_what_the_scaleout_module_parses(example):
     words = _job(example)["spec"]["entrypoint"].split()
     assert words[:3] == ["python", "-m", "campaign_orchestrator.generation.scaleout"]
     args = parse_args(words[3:])
-    assert (args.job, args.summary, args.address) == ("/app/artifacts/x/ray_job.json",
-                                                      "/app/artifacts/x/ray_summary.json", "auto")
+    assert (args.job, args.summary, args.address) == (
+        "/app/artifacts/x/ray_job.json",
+        "/app/artifacts/x/ray_summary.json",
+        "auto",
+    )
 
 
 def test_labels_carry_the_run_stage_and_asset(example):
@@ -95,8 +115,16 @@ def test_labels_carry_the_run_stage_and_asset(example):
     assert meta["labels"]["campaign-orchestrator/stage"] == "teacher_generations"
     assert meta["labels"]["team"] == "ml-platform"  # kubernetes.labels
     owned = _job(example, owner={"name": "dagster-run-abc", "uid": "u-1"})["metadata"]["ownerReferences"]
-    assert owned == [{"apiVersion": "v1", "kind": "Pod", "name": "dagster-run-abc", "uid": "u-1",
-                      "blockOwnerDeletion": False, "controller": False}]
+    assert owned == [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": "dagster-run-abc",
+            "uid": "u-1",
+            "blockOwnerDeletion": False,
+            "controller": False,
+        }
+    ]
 
 
 def test_schema_check_fails_on_a_wrong_field(example):
@@ -116,17 +144,23 @@ def test_schema_check_fails_on_a_wrong_field(example):
     msg = broken(lambda m: m["spec"]["rayClusterSpec"]["workerGroupSpecs"][0].update(replica=8))
     assert "spec/rayClusterSpec/workerGroupSpecs/0" in msg and "replica" in msg
     assert "'8' is not of type 'integer'" in broken(
-        lambda m: m["spec"]["rayClusterSpec"]["workerGroupSpecs"][0].update(replicas="8"))
+        lambda m: m["spec"]["rayClusterSpec"]["workerGroupSpecs"][0].update(replicas="8")
+    )
     assert "'rayStartParams' is a required property" in broken(
-        lambda m: m["spec"]["rayClusterSpec"]["headGroupSpec"].pop("rayStartParams"))
+        lambda m: m["spec"]["rayClusterSpec"]["headGroupSpec"].pop("rayStartParams")
+    )
     assert "'entrypoint' is a required property" in broken(lambda m: m["spec"].pop("entrypoint"))
-    assert "2147483648" in broken(lambda m: m["spec"].update(ttlSecondsAfterFinished=2 ** 31))  # int32
+    assert "2147483648" in broken(lambda m: m["spec"].update(ttlSecondsAfterFinished=2**31))  # int32
     # the pod templates: checked as core PodTemplates, strict
-    msg = broken(lambda m: m["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"].update(
-        nodeSelecter={"a": "b"}))
+    msg = broken(
+        lambda m: m["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"].update(nodeSelecter={"a": "b"})
+    )
     assert "spec/rayClusterSpec/workerGroupSpecs/0/template" in msg and "nodeSelecter" in msg
-    msg = broken(lambda m: m["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0].update(
-        volumeMount=[]))  # the field is volumeMounts
+    msg = broken(
+        lambda m: m["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0].update(
+            volumeMount=[]
+        )
+    )  # the field is volumeMounts
     assert "headGroupSpec/template" in msg and "volumeMount" in msg
     assert "annotation" in broken(lambda m: m["metadata"].update(annotation={}))  # metadata: a strict ObjectMeta
 
@@ -152,10 +186,16 @@ def test_cpu_replicas_and_sizes(example):
     assert group["replicas"] == 3 and c["resources"]["limits"] == {"cpu": "2"} and c["image"] == "example/ray-cpu:1"
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]
     assert "num-cpus" not in head["rayStartParams"] and head["template"]["spec"]["containers"][0]["resources"] == {
-        "requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
+        "requests": {"cpu": "2", "memory": "8Gi"},
+        "limits": {"cpu": "2", "memory": "8Gi"},
+    }
     two = _job(_reparsed(example, lambda raw: raw["execution"].update(num_gpus_per_replica=1.5)))
-    assert two["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0][
-        "resources"]["limits"]["nvidia.com/gpu"] == "2"  # rounded up to whole devices
+    assert (
+        two["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"][
+            "limits"
+        ]["nvidia.com/gpu"]
+        == "2"
+    )  # rounded up to whole devices
     no_gpu_resource = _reparsed(example, lambda raw: raw["kubernetes"].update(gpu_resource=None))
     with pytest.raises(ValueError, match="kubernetes.gpu_resource is null"):
         _job(no_gpu_resource)
@@ -213,6 +253,12 @@ def test_render_cli_shows_the_rayjobs_and_checks_them(capsys):
     assert kinds == ["Service", "Job", "RayJob", "RayJob"]  # training, then one RayJob per generation stage
     assert "KubeRay RayJob CRD" in err
     # a campaign without execution.kuberay renders training only, as before
-    assert render_command(argparse.Namespace(campaign=str(REPO_ROOT / "campaigns/examples/cluster.yaml"),
-                                             no_validate=True, k8s_version=None)) == 0
+    assert (
+        render_command(
+            argparse.Namespace(
+                campaign=str(REPO_ROOT / "campaigns/examples/cluster.yaml"), no_validate=True, k8s_version=None
+            )
+        )
+        == 0
+    )
     assert [m["kind"] for m in yaml.safe_load_all(capsys.readouterr()[0])] == ["Service", "Job"]

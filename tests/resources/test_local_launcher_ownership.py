@@ -44,9 +44,13 @@ class Census(threading.Thread):
 
 
 def _parent(workdir: Path, home: Path, run_id: str, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.support.launch_parent", str(workdir / "job.json"),
-                             str(workdir), run_id], cwd=REPO_ROOT, env=cli_env(home), stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.launch_parent", str(workdir / "job.json"), str(workdir), run_id],
+        cwd=REPO_ROOT,
+        env=cli_env(home),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _complete_steps(ckpts: Path) -> list[int]:
@@ -62,8 +66,16 @@ def test_sigkill_of_the_parent_alone_kills_its_trainers_and_rerun_resumes(tmp_pa
     ds = write_cipher_dataset(tmp_path / "ds", demo_models["student"], 96, seed=5)
     out, workdir = tmp_path / "out", tmp_path / "work"
     workdir.mkdir()
-    job = make_job(out, demo_models["student"], ds, max_steps=40, micro_batch_size=4, eval_rows=0, log_every=1,
-                   checkpoint={"every_steps": 2, "every_minutes": None, "keep_last": 50})
+    job = make_job(
+        out,
+        demo_models["student"],
+        ds,
+        max_steps=40,
+        micro_batch_size=4,
+        eval_rows=0,
+        log_every=1,
+        checkpoint={"every_steps": 2, "every_minutes": None, "keep_last": 50},
+    )
     job.write(workdir / "job.json")
     job_file = workdir / "train_job.json"  # what the launcher writes and torchrun's workers are started with
     census = Census(job_file)
@@ -103,15 +115,20 @@ def test_sigkill_of_the_parent_alone_kills_its_trainers_and_rerun_resumes(tmp_pa
         second_id = str(uuid.uuid4())
         t0 = time.monotonic()
         second = _parent(workdir, home, second_id, tmp_path / "second.log")
-        assert second.wait(300) == 0, (tmp_path / "second.log").read_text()[-3000:] + (workdir / "node-0.log").read_text()[-3000:]
+        assert second.wait(300) == 0, (tmp_path / "second.log").read_text()[-3000:] + (
+            workdir / "node-0.log"
+        ).read_text()[-3000:]
         rerun_s = time.monotonic() - t0
     finally:
         census.stop()
     log = (workdir / "node-0.log").read_text()
-    assert f"resumed from checkpoint {ckpts / f'step-{done_at_kill[-1]:08d}'} (step {done_at_kill[-1]} of 40)" in log, \
+    assert f"resumed from checkpoint {ckpts / f'step-{done_at_kill[-1]:08d}'} (step {done_at_kill[-1]} of 40)" in log, (
         log[-3000:]
+    )
     assert (out / "summary.json").exists()
     assert census.samples > 20 and census.most == 1, (census.most, census.samples)
-    print(f"\nmeasured: trainers gone {died_s:.2f} s after the parent's SIGKILL (checkpoint {done_at_kill[-1]}); "
-          f"rerun resumed and finished in {rerun_s:.0f} s; at most {census.most} trainer alive over "
-          f"{census.samples} samples")
+    print(
+        f"\nmeasured: trainers gone {died_s:.2f} s after the parent's SIGKILL (checkpoint {done_at_kill[-1]}); "
+        f"rerun resumed and finished in {rerun_s:.0f} s; at most {census.most} trainer alive over "
+        f"{census.samples} samples"
+    )

@@ -14,12 +14,12 @@ import pytest
 
 from campaign_orchestrator.costs.catalog import PriceEntry, token_lines
 from campaign_orchestrator.costs.ledger import Ledger
-from campaign_orchestrator.generation.scaleout.pool import ShardPool
-from campaign_orchestrator.generation.runner import run_generation
-from campaign_orchestrator.generation.scaleout.stage import RayExecutor, shard_cost_lines
-from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaign_orchestrator.generation.recipes import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, namespace
+from campaign_orchestrator.generation.runner import run_generation
+from campaign_orchestrator.generation.scaleout.pool import ShardPool
+from campaign_orchestrator.generation.scaleout.stage import RayExecutor, shard_cost_lines
+from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaigns.spec import TeacherSpec
 from tests.support.processes import wait_for
 from tests.support.testserver import ServerConfig, ServerThread
@@ -39,8 +39,13 @@ def _on_ray(prompts, recipe, ident, cfg, execution, budget=None, **executor):
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}},
+    )
     yield ray
     ray.shutdown()
 
@@ -52,27 +57,34 @@ def _prompts(n: int) -> list[dict]:
 def test_a_worker_killed_mid_shard_is_billed_for_what_it_was_answered_and_the_retry_is_not(ray_cluster, tmp_path):
     hold = threading.Event()
     with ServerThread(ServerConfig(latency_s=0.1, hold=hold)) as srv:
-        spec = TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced",
-                           max_concurrency=2)
+        spec = TeacherSpec(
+            backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=2
+        )
         recipe = BackendRecipe(spec)
         ident = recipe.build().identity
         cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))
-        ex = SimpleNamespace(replicas=2, num_cpus_per_replica=0.5, num_gpus_per_replica=0.0, shard_prompts=12,
-                             max_shard_retries=2, ray_address=None)
+        ex = SimpleNamespace(
+            replicas=2,
+            num_cpus_per_replica=0.5,
+            num_gpus_per_replica=0.0,
+            shard_prompts=12,
+            max_shard_retries=2,
+            ray_address=None,
+        )
         pool = ShardPool(replicas=2, num_cpus=0.5, max_shard_retries=2, log=print)
         price = lambda u: token_lines("teacher", API, u["prompt_tokens"], u["completion_tokens"])  # noqa: E731
         box: dict = {}
 
         def stage():
             try:
-                box["out"] = _on_ray(_prompts(48), recipe, ident, cfg, ex, pool=pool,
-                                     price=price)
+                box["out"] = _on_ray(_prompts(48), recipe, ident, cfg, ex, pool=pool, price=price)
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 box["error"] = e
 
         th = threading.Thread(target=stage)
         th.start()
         try:
+
             def busy_worker():  # a worker part-way through a shard: some answers finished, some not yet
                 for w in list(pool.workers):
                     try:
@@ -104,10 +116,19 @@ def test_a_worker_killed_mid_shard_is_billed_for_what_it_was_answered_and_the_re
     assert len(run.lost_workers) == 1 and len(run.retried) == 1  # the kill happened mid-shard, and was retried
     assert len(res.rows) == 48 and not any(r["error"] for r in res.rows)
     ledger = Ledger(tmp_path / "ledger.duckdb")
-    ledger.record_stage(campaign="c", asset="teacher_generations", run_id="r1", step_key="s",
-                        manifest={"production_id": "p1", "key": "k", "cost_lines": shard_cost_lines(run)})
-    billed = {r["price_key"]: round(r["tokens"]) for r in ledger.query(
-        "SELECT resource AS price_key, SUM(quantity) * 1e6 AS tokens FROM cost_lines GROUP BY resource")}
+    ledger.record_stage(
+        campaign="c",
+        asset="teacher_generations",
+        run_id="r1",
+        step_key="s",
+        manifest={"production_id": "p1", "key": "k", "cost_lines": shard_cost_lines(run)},
+    )
+    billed = {
+        r["price_key"]: round(r["tokens"])
+        for r in ledger.query(
+            "SELECT resource AS price_key, SUM(quantity) * 1e6 AS tokens FROM cost_lines GROUP BY resource"
+        )
+    }
     assert billed == {"api:input": served["served_prompt_tokens"], "api:output": served["served_completion_tokens"]}
     # the stage's own statistics agree: every row generated in this run, once
     assert res.stats.new_prompt_tokens == served["served_prompt_tokens"]

@@ -47,8 +47,10 @@ RAY = shutil.which("ray", path=os.path.dirname(sys.executable))
 def driver(address: str) -> str:
     """The submitter's command: ``python -m campaign_orchestrator.generation.scaleout`` in the head's environment (the Ray
     address, and the token auth the head was started with)."""
-    return (f"import os, runpy\nos.environ.update(RAY_ADDRESS={address!r}, RAY_AUTH_MODE='token')\n"
-            "runpy.run_module('campaign_orchestrator.generation.scaleout', run_name='__main__', alter_sys=True)\n")
+    return (
+        f"import os, runpy\nos.environ.update(RAY_ADDRESS={address!r}, RAY_AUTH_MODE='token')\n"
+        "runpy.run_module('campaign_orchestrator.generation.scaleout', run_name='__main__', alter_sys=True)\n"
+    )
 
 
 SEEN: list[dict] = []  # the driver's ray_shard messages as the launcher handed them to the stage
@@ -79,9 +81,23 @@ def ray_head(tmp_path):
     short = Path(tempfile.mkdtemp(prefix="rk", dir="/tmp"))  # Ray's socket paths must stay under 107 bytes
     log = tmp_path / "ray_head.log"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "RAY_AUTH_MODE": "token", "RAY_worker_niceness": "0"}
-    head = subprocess.Popen([RAY, "start", "--head", "--port", str(port), "--num-cpus", "2", "--block",
-                             "--include-dashboard=false", f"--temp-dir={short}"], env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
+    head = subprocess.Popen(
+        [
+            RAY,
+            "start",
+            "--head",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "2",
+            "--block",
+            "--include-dashboard=false",
+            f"--temp-dir={short}",
+        ],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
 
     def ready() -> str:
         wait_for(lambda: "Ray runtime started" in log.read_text() or head.poll() is not None, 180, "the Ray head")
@@ -109,30 +125,48 @@ def _spec(tmp_path, root, kuberay: bool):
     sections = {"cost": {"budget_usd": 100.0, "check_estimates": False}}  # a metered guard, charged per shard
     if kuberay:
         sections |= {
-            "execution": {"engine": "ray", "replicas": 1, "num_cpus_per_replica": 1, "shard_prompts": 8,
-                          "kuberay": {"ray_version": "2.60.0"}},
-            "kubernetes": {"namespace": NS, "image": "example/campaign-orchestrator:test",
-                           "artifacts": {"claim": "campaign-artifacts", "mount_path": str(root)},
-                           "labels": {"team": "ml-platform"},
-                           "secret_env": [{"name": "HF_TOKEN", "secret": "huggingface", "key": "token"}]}}
-    path = write_campaign(tmp_path / ("kuberay" if kuberay else "local"), "kr", demo_teacher(), prompts=30,
-                          **sections)
+            "execution": {
+                "engine": "ray",
+                "replicas": 1,
+                "num_cpus_per_replica": 1,
+                "shard_prompts": 8,
+                "kuberay": {"ray_version": "2.60.0"},
+            },
+            "kubernetes": {
+                "namespace": NS,
+                "image": "example/campaign-orchestrator:test",
+                "artifacts": {"claim": "campaign-artifacts", "mount_path": str(root)},
+                "labels": {"team": "ml-platform"},
+                "secret_env": [{"name": "HF_TOKEN", "secret": "huggingface", "key": "token"}],
+            },
+        }
+    path = write_campaign(tmp_path / ("kuberay" if kuberay else "local"), "kr", demo_teacher(), prompts=30, **sections)
     return load_campaign_file(path)
 
 
 def _materialize(spec, root, **resources):
     instance = DagsterInstance.ephemeral()
-    result = materialize([prompts_asset.build(spec), generations.build(spec)], instance=instance,
-                         resources=default_resources(str(root)) | resources, raise_on_error=False)
+    result = materialize(
+        [prompts_asset.build(spec), generations.build(spec)],
+        instance=instance,
+        resources=default_resources(str(root)) | resources,
+        raise_on_error=False,
+    )
     return result, instance
 
 
 def _plant_secret(server):
     from kubernetes import client
 
-    client.CoreV1Api(server.api()).create_namespaced_secret(NS, {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "huggingface", "namespace": NS},
-        "data": {"token": base64.b64encode(PLANTED.encode()).decode()}})
+    client.CoreV1Api(server.api()).create_namespaced_secret(
+        NS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "huggingface", "namespace": NS},
+            "data": {"token": base64.b64encode(PLANTED.encode()).decode()},
+        },
+    )
 
 
 def _metadata(result) -> dict:
@@ -162,8 +196,11 @@ def _run_both(tmp_path, artifact_root, head):
     SEEN.clear()
     with EmulatedApiServer() as server:
         _plant_secret(server)
-        launcher = RecordingLauncher(kubeconfig_file=str(server.write_kubeconfig(tmp_path / "kubeconfig")),
-                                     poll_interval_s=0.5, log_drain_timeout_s=20)
+        launcher = RecordingLauncher(
+            kubeconfig_file=str(server.write_kubeconfig(tmp_path / "kubeconfig")),
+            poll_interval_s=0.5,
+            log_drain_timeout_s=20,
+        )
         with FakeKubeRayOperator(server, driver_program(driver(head()), timeout_s=240)) as operator:
             operator.reconcile_s = 0.2  # the CPUs are for Ray and the model here
             result, instance = _materialize(spec, artifact_root, kuberay=launcher)
@@ -178,8 +215,9 @@ def _run_both(tmp_path, artifact_root, head):
     assert k_dir == l_dir  # the same stage output (its key does not depend on where it ran)
     k_rows = pq.read_table(k_dir / "generations.parquet").to_pylist()
     assert len(k_rows) == len(l_rows) >= 20
-    assert [(r["id"], r["sample_index"], r["completion"]) for r in k_rows] == \
-        [(r["id"], r["sample_index"], r["completion"]) for r in l_rows]
+    assert [(r["id"], r["sample_index"], r["completion"]) for r in k_rows] == [
+        (r["id"], r["sample_index"], r["completion"]) for r in l_rows
+    ]
     assert not any(r["from_cache"] for r in k_rows)
 
     # one RayJob, the campaign's labels, created by this run and deleted at its end (its pods with it)
@@ -206,17 +244,24 @@ def _run_both(tmp_path, artifact_root, head):
     assert all(x["usd"] > 0 and x["kind"] == "teacher" for x in man["cost_lines"])
     ledger = Ledger(artifact_root / "cost_ledger.duckdb").query(
         "SELECT shard, usd FROM cost_lines WHERE campaign = 'kr' AND asset = 'teacher_generations' AND run_id = ?",
-        [result.run_id])
+        [result.run_id],
+    )
     assert {r["shard"] for r in ledger} == shard_ids
     assert sum(r["usd"] for r in ledger) == pytest.approx(sum(x["usd"] for x in man["cost_lines"]))
 
     # the job's files on the shared volume: its JOB.json and summary, the submitter's log; the secret nowhere
     (log_file,) = (k_dir / "ray").glob("*.log")
     logs = [r.user_message for r in instance.all_logs(result.run_id)]
-    haystacks = {"rayjob": json.dumps(operator.created), "event log": "\n".join(logs),
-                 "metadata": json.dumps(md, default=str),
-                 "files": "\n".join(p.read_text(errors="replace") for p in (artifact_root / "kr").rglob("*")
-                                    if p.is_file() and p.suffix in (".json", ".log", ".txt"))}
+    haystacks = {
+        "rayjob": json.dumps(operator.created),
+        "event log": "\n".join(logs),
+        "metadata": json.dumps(md, default=str),
+        "files": "\n".join(
+            p.read_text(errors="replace")
+            for p in (artifact_root / "kr").rglob("*")
+            if p.is_file() and p.suffix in (".json", ".log", ".txt")
+        ),
+    }
     assert "huggingface" in haystacks["rayjob"] and "shard" in log_file.read_text()  # real haystacks
     assert any(f"RayJob {rj['metadata']['name']} finished" in m for m in logs)
     for where, text in haystacks.items():

@@ -12,13 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from campaign_orchestrator.generation.scaleout.pool import ShardFailed, ShardPool
-from campaign_orchestrator.generation.scaleout.shards import make_shards
-from campaign_orchestrator.generation.runner import run_generation
-from campaign_orchestrator.generation.scaleout.stage import RayExecutor
-from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaign_orchestrator.generation.recipes import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
+from campaign_orchestrator.generation.runner import run_generation
+from campaign_orchestrator.generation.scaleout.pool import ShardFailed, ShardPool
+from campaign_orchestrator.generation.scaleout.shards import make_shards
+from campaign_orchestrator.generation.scaleout.stage import RayExecutor
+from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaigns.spec import TeacherSpec
 from tests.support.processes import wait_for
 from tests.support.testserver import ServerConfig, ServerThread
@@ -38,20 +38,42 @@ def _on_ray(prompts, recipe, ident, cfg, execution, budget=None, **executor):
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}},
+    )
     yield ray
     ray.shutdown()
 
 
 def _execution(**kw):
-    return SimpleNamespace(**({"replicas": 2, "num_cpus_per_replica": 0.5, "num_gpus_per_replica": 0.0,
-                               "shard_prompts": 12, "max_shard_retries": 2, "ray_address": None} | kw))
+    return SimpleNamespace(
+        **(
+            {
+                "replicas": 2,
+                "num_cpus_per_replica": 0.5,
+                "num_gpus_per_replica": 0.0,
+                "shard_prompts": 12,
+                "max_shard_retries": 2,
+                "ray_address": None,
+            }
+            | kw
+        )
+    )
 
 
 def _setup(tmp_path, srv, **teacher):
-    spec = TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced",
-                       max_concurrency=CONCURRENCY, **teacher)
+    spec = TeacherSpec(
+        backend="openai",
+        model="teacher",
+        base_url=srv.base_url,
+        price="unpriced",
+        max_concurrency=CONCURRENCY,
+        **teacher,
+    )
     recipe = BackendRecipe(spec)
     ident = recipe.build().identity if not teacher.get("api_key_env") else "openai:keyed"
     cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))
@@ -78,6 +100,7 @@ def test_a_worker_killed_mid_shard_costs_only_its_in_flight_prompts(ray_cluster,
         th = threading.Thread(target=stage)
         th.start()
         try:
+
             def busy_worker():  # a worker part-way through a shard: some answers finished, some not yet
                 for w in list(pool.workers):
                     try:
@@ -112,8 +135,13 @@ def test_a_worker_killed_mid_shard_costs_only_its_in_flight_prompts(ray_cluster,
     assert len(asked) == 48 and all(n >= 1 for n in asked.values())
     twice = {p for p, n in asked.items() if n > 1}
     assert len(twice) <= CONCURRENCY + 1, twice  # in flight when killed (+1: one finished but not yet spooled)
-    shard = next(s for s in make_shards([r for rs in build_requests(ident, S, [p["prompt"] for p in _prompts(48)])
-                                         for r in rs], 12) if s.id == before["shard"])
+    shard = next(
+        s
+        for s in make_shards(
+            [r for rs in build_requests(ident, S, [p["prompt"] for p in _prompts(48)]) for r in rs], 12
+        )
+        if s.id == before["shard"]
+    )
     assert twice <= {r.prompt for r in shard.requests}  # all of them from the killed worker's shard
     assert stats["received"] == 48 + len(twice)
 
@@ -141,8 +169,13 @@ def test_the_rate_limits_are_one_set_of_buckets_for_every_worker(ray_cluster, tm
         try:
             warm = [{"id": "w0", "prompt": "encode zz ="}, {"id": "w1", "prompt": "encode yy ="}]
             _on_ray(warm, recipe, ident, cfg, _execution(shard_prompts=1), pool=pool)
-            wait_for(lambda: len(pool.workers) == 2 and all(ray_cluster.get(w.ready.remote(), timeout=60)
-                                                             for w in pool.workers), 120, "both workers ready")
+            wait_for(
+                lambda: (
+                    len(pool.workers) == 2 and all(ray_cluster.get(w.ready.remote(), timeout=60) for w in pool.workers)
+                ),
+                120,
+                "both workers ready",
+            )
 
             def keep_count(actor, *a, **kw):  # read the job's bucket actor before the stage stops it
                 try:
@@ -152,8 +185,7 @@ def test_the_rate_limits_are_one_set_of_buckets_for_every_worker(ray_cluster, tm
                 return real(actor, *a, **kw)
 
             ray_cluster.kill = keep_count
-            res, run = _on_ray(_prompts(30), recipe, ident, cfg, _execution(),
-                               rate_limits=(60_000, None), pool=pool)
+            res, run = _on_ray(_prompts(30), recipe, ident, cfg, _execution(), rate_limits=(60_000, None), pool=pool)
         finally:
             ray_cluster.kill = real
             pool.close()
@@ -224,14 +256,32 @@ def test_the_rayjob_entry_point_runs_a_job_file_on_the_cluster(ray_cluster, tmp_
     with ServerThread(ServerConfig(latency_s=0.0)) as srv:
         recipe, ident, cfg = _setup(tmp_path, srv)
         pq.write_table(pa.Table.from_pylist(_prompts(20)), tmp_path / "prompts.parquet")
-        job = Job("teacher_generations", recipe, ident, str(tmp_path / "prompts.parquet"), str(tmp_path / "out.parquet"),
-                  vars(cfg), S.as_dict(), vars(_execution(shard_prompts=8)))
+        job = Job(
+            "teacher_generations",
+            recipe,
+            ident,
+            str(tmp_path / "prompts.parquet"),
+            str(tmp_path / "out.parquet"),
+            vars(cfg),
+            S.as_dict(),
+            vars(_execution(shard_prompts=8)),
+        )
         (tmp_path / "job.json").write_text(job.to_json())
         address = ray_cluster.get_runtime_context().gcs_address
-        cmd = [sys.executable, "-m", "campaign_orchestrator.generation.scaleout", "--job", str(tmp_path / "job.json"),
-               "--address", address, "--summary", str(tmp_path / "summary.json")]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ,
-                             "PYTHONPATH": os.getcwd()})
+        cmd = [
+            sys.executable,
+            "-m",
+            "campaign_orchestrator.generation.scaleout",
+            "--job",
+            str(tmp_path / "job.json"),
+            "--address",
+            address,
+            "--summary",
+            str(tmp_path / "summary.json"),
+        ]
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": os.getcwd()}
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         assert srv.stats.received == 20
     summary = json.loads(out.stdout.strip().splitlines()[-1])
@@ -254,8 +304,13 @@ def test_the_ray_executor_gives_the_local_executor_s_rows_and_bill(ray_cluster, 
     price = lambda u: token_lines("teacher", API, u["prompt_tokens"], u["completion_tokens"])  # noqa: E731
     try:
         with ServerThread(ServerConfig(latency_s=0.0, context_length=64)) as srv:
-            out = run_both(srv, tmp_path, lambda recipe, ident, cfg: RayExecutor(
-                recipe, ident, cfg, _execution(shard_prompts=8), price=price, pool=pool))
+            out = run_both(
+                srv,
+                tmp_path,
+                lambda recipe, ident, cfg: RayExecutor(
+                    recipe, ident, cfg, _execution(shard_prompts=8), price=price, pool=pool
+                ),
+            )
     finally:
         pool.close()
     assert_same(out)

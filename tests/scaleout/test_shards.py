@@ -8,12 +8,12 @@ import random
 
 import pytest
 
+from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
+from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
 from campaign_orchestrator.generation.scaleout.job import AnswerRecipe, Job
 from campaign_orchestrator.generation.scaleout.ratelimit import BucketState
 from campaign_orchestrator.generation.scaleout.shards import make_shards, shard_id
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig, GenerationWorker, _stats_delta
-from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
-from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
 from campaigns.spec import TeacherSpec
 from tests.support.testserver import ServerConfig, ServerThread
 
@@ -53,15 +53,27 @@ def test_a_shared_bucket_serves_reservations_in_order_at_the_rate():
 def test_stats_delta_is_one_shards_share():
     before = {"http_requests": 10, "retry_reasons": {"429": 1}, "compute_dtype": "float32"}
     after = {"http_requests": 25, "retry_reasons": {"429": 3, "500": 1}, "compute_dtype": "float32"}
-    assert _stats_delta(before, after) == {"http_requests": 15, "retry_reasons": {"429": 2, "500": 1},
-                                           "compute_dtype": "float32"}
+    assert _stats_delta(before, after) == {
+        "http_requests": 15,
+        "retry_reasons": {"429": 2, "500": 1},
+        "compute_dtype": "float32",
+    }
 
 
 def test_job_file_round_trips_and_names_what_is_wrong(tmp_path):
-    spec = TeacherSpec(backend="openai", model="teacher", base_url="http://127.0.0.1:1/v1", price="unpriced",
-                       api_key_env="MY_KEY")
-    job = Job("teacher_generations", BackendRecipe(spec), "openai:x", "p.parquet", "out.parquet",
-              {"store_url": "/c", "namespace": "n", "spool_dir": "/s"}, S.as_dict(), {"replicas": 2})
+    spec = TeacherSpec(
+        backend="openai", model="teacher", base_url="http://127.0.0.1:1/v1", price="unpriced", api_key_env="MY_KEY"
+    )
+    job = Job(
+        "teacher_generations",
+        BackendRecipe(spec),
+        "openai:x",
+        "p.parquet",
+        "out.parquet",
+        {"store_url": "/c", "namespace": "n", "spool_dir": "/s"},
+        S.as_dict(),
+        {"replicas": 2},
+    )
     text = job.to_json()
     assert "MY_KEY" in text and "sk-" not in text  # the variable's name travels, never a key
     back = Job.from_json(text)
@@ -76,8 +88,9 @@ def test_job_file_round_trips_and_names_what_is_wrong(tmp_path):
 
 def test_a_worker_answers_what_the_cache_lacks_and_its_spool_outlives_it(tmp_path):
     with ServerThread(ServerConfig(latency_s=0.0)) as srv:
-        spec = TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced",
-                           max_concurrency=2)
+        spec = TeacherSpec(
+            backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=2
+        )
         recipe = BackendRecipe(spec)
         ident = recipe.build().identity
         cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))
@@ -101,8 +114,13 @@ def test_a_worker_answers_what_the_cache_lacks_and_its_spool_outlives_it(tmp_pat
         from campaign_orchestrator.generation.completion import Completion
         from campaign_orchestrator.generation.runner import _cache_row
 
-        w.add({k: v for k, v in _cache_row(more[0], Completion(" xx", "stop", 3, 2, 0.0), recipe.build()).items()
-               if k != "error"})
+        w.add(
+            {
+                k: v
+                for k, v in _cache_row(more[0], Completion(" xx", "stop", 3, 2, 0.0), recipe.build()).items()
+                if k != "error"
+            }
+        )
         w._file.close()  # the process "died": its lock is gone, the spool stays
         assert cfg.recover("dead-1") == 1
         last = worker.run_shard(recipe, cfg, "s3", 1, more, S)
@@ -135,22 +153,43 @@ def test_a_job_summary_gives_back_the_stats_and_shard_reports_priced_on_the_dags
     GenerationStats and RayRun, each shard priced with the stage's price callback (lines tagged with the shard id)."""
     from dataclasses import asdict
 
-    from campaign_orchestrator.generation.scaleout.__main__ import shard_message
-    from campaign_orchestrator.generation.scaleout.stage import (RayRun, ShardReport, price_shard, shard_cost_lines,
-                                                     stats_from_dict)
     from campaign_orchestrator.generation.runner import GenerationStats
+    from campaign_orchestrator.generation.scaleout.__main__ import shard_message
+    from campaign_orchestrator.generation.scaleout.stage import (
+        RayRun,
+        ShardReport,
+        price_shard,
+        shard_cost_lines,
+        stats_from_dict,
+    )
 
     st = GenerationStats(prompts=3, requests=3, generated=2, cache_hits=1, new_completion_tokens=9, generate_s=1.5)
-    run = RayRun(shards=[ShardReport("aa", 0, 2, generated=2, prompt_tokens=10, completion_tokens=9, seconds=1.5,
-                                     worker="w1", attempts=1), ShardReport("bb", 1, 1, cached=1)],
-                 nodes={"10.0.0.1 abcd": 1}, wall_s=2.0)
+    run = RayRun(
+        shards=[
+            ShardReport(
+                "aa", 0, 2, generated=2, prompt_tokens=10, completion_tokens=9, seconds=1.5, worker="w1", attempts=1
+            ),
+            ShardReport("bb", 1, 1, cached=1),
+        ],
+        nodes={"10.0.0.1 abcd": 1},
+        wall_s=2.0,
+    )
     summary = json.loads(json.dumps({"stats": st.as_dict(), "ray": run.as_dict()}))  # as the file holds it
     back = RayRun.from_dict(summary["ray"])
     assert stats_from_dict(summary["stats"]) == st
     assert [asdict(s) for s in back.shards] == [asdict(s) for s in run.shards] and back.done == 2
     assert shard_message(back.shards[0], back) == {
-        "kind": "ray_shard", "shard": "aa", "generated": 2, "failed": 0, "prompt_tokens": 10, "completion_tokens": 9,
-        "seconds": 1.5, "shards_done": 2, "shards_total": 2, "final": True}
+        "kind": "ray_shard",
+        "shard": "aa",
+        "generated": 2,
+        "failed": 0,
+        "prompt_tokens": 10,
+        "completion_tokens": 9,
+        "seconds": 1.5,
+        "shards_done": 2,
+        "shards_total": 2,
+        "final": True,
+    }
     for rep in back.shards:
         price_shard(rep, lambda u: [{"kind": "teacher", "usd": u["completion_tokens"] * 0.01}])
     assert back.shards[0].usd == pytest.approx(0.09) and back.shards[1].lines is None  # cached: $0, no line

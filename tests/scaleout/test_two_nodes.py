@@ -17,12 +17,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from campaign_orchestrator.generation.scaleout.pool import ShardPool
-from campaign_orchestrator.generation.runner import run_generation
-from campaign_orchestrator.generation.scaleout.stage import RayExecutor
-from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaign_orchestrator.generation.recipes import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, namespace
+from campaign_orchestrator.generation.runner import run_generation
+from campaign_orchestrator.generation.scaleout.pool import ShardPool
+from campaign_orchestrator.generation.scaleout.stage import RayExecutor
+from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaigns.spec import TeacherSpec
 from tests.support.processes import wait_for
 from tests.support.testserver import ServerConfig, ServerThread
@@ -78,26 +78,54 @@ def two_nodes(tmp_path, monkeypatch):
     if RAY is None:
         pytest.skip("the ray command is not installed beside this python")
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAY_health_check_period_ms": "500",
-           "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.getcwd(),
+        "RAY_health_check_period_ms": "500",
+        "RAY_health_check_failure_threshold": "3",
+        "RAY_health_check_initial_delay_ms": "0",
+    }
     nodes = []
     short = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # Ray's socket paths must stay under 107 bytes
     try:
-        head = subprocess.Popen([RAY, "start", "--head", "--port", str(port), "--num-cpus", "1", "--block",
-                                 "--include-dashboard=false", f"--temp-dir={short / 'h'}"],
-                                env=env, stdout=(tmp_path / "head.log").open("w"), stderr=subprocess.STDOUT)
+        head = subprocess.Popen(
+            [
+                RAY,
+                "start",
+                "--head",
+                "--port",
+                str(port),
+                "--num-cpus",
+                "1",
+                "--block",
+                "--include-dashboard=false",
+                f"--temp-dir={short / 'h'}",
+            ],
+            env=env,
+            stdout=(tmp_path / "head.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
         nodes.append(head)
         address = f"127.0.0.1:{port}"
-        wait_for(lambda: "Ray runtime started" in (tmp_path / "head.log").read_text() or head.poll() is not None,
-                 120, "the head node")
+        wait_for(
+            lambda: "Ray runtime started" in (tmp_path / "head.log").read_text() or head.poll() is not None,
+            120,
+            "the head node",
+        )
         assert head.poll() is None, (tmp_path / "head.log").read_text()
-        second = subprocess.Popen([RAY, "start", "--address", address, "--num-cpus", "1", "--block",
-                                   f"--temp-dir={short / 'w'}"],
-                                  env=env, stdout=(tmp_path / "second.log").open("w"), stderr=subprocess.STDOUT)
+        second = subprocess.Popen(
+            [RAY, "start", "--address", address, "--num-cpus", "1", "--block", f"--temp-dir={short / 'w'}"],
+            env=env,
+            stdout=(tmp_path / "second.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
         nodes.append(second)
         ray.init(address=address, log_to_driver=False)
-        wait_for(lambda: sum(n["Alive"] for n in ray.nodes()) == 2 or second.poll() is not None, 120,
-                 "the second node to join")
+        wait_for(
+            lambda: sum(n["Alive"] for n in ray.nodes()) == 2 or second.poll() is not None,
+            120,
+            "the second node to join",
+        )
         assert second.poll() is None, (tmp_path / "second.log").read_text()
         yield ray, head, second
     finally:
@@ -110,37 +138,50 @@ def two_nodes(tmp_path, monkeypatch):
 
 def test_both_nodes_do_shards_and_a_lost_node_s_shards_are_redone(two_nodes, tmp_path):
     ray, head, second = two_nodes
-    second_node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerPort"] and
-                       n["NodeID"] != ray.get_runtime_context().get_node_id())
+    second_node = next(
+        n["NodeID"]
+        for n in ray.nodes()
+        if n["Alive"] and n["NodeManagerPort"] and n["NodeID"] != ray.get_runtime_context().get_node_id()
+    )
     prompts = [{"id": str(i), "prompt": f"encode w{chr(97 + i % 26)}{chr(97 + i // 26)} ="} for i in range(N)]
     with ServerThread(ServerConfig(latency_s=0.25)) as srv:
-        spec = TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=2)
+        spec = TeacherSpec(
+            backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=2
+        )
         recipe = BackendRecipe(spec)
         ident = recipe.build().identity
         cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))
-        ex = SimpleNamespace(replicas=2, num_cpus_per_replica=1.0, num_gpus_per_replica=0.0, shard_prompts=8,
-                             max_shard_retries=2, ray_address=None)
+        ex = SimpleNamespace(
+            replicas=2,
+            num_cpus_per_replica=1.0,
+            num_gpus_per_replica=0.0,
+            shard_prompts=8,
+            max_shard_retries=2,
+            ray_address=None,
+        )
         pool = ShardPool(replicas=2, num_cpus=1.0, max_shard_retries=2, start_timeout_s=120, log=print)
         # both workers up first (one per node: one CPU each), so the stage below starts on both nodes at once
         warm = [{"id": "w0", "prompt": "encode zz ="}, {"id": "w1", "prompt": "encode yy ="}]
-        _on_ray(warm, recipe, ident, cfg, SimpleNamespace(**(vars(ex) | {"shard_prompts": 1})),
-                pool=pool)
+        _on_ray(warm, recipe, ident, cfg, SimpleNamespace(**(vars(ex) | {"shard_prompts": 1})), pool=pool)
         assert {ray.get(w.ready.remote(), timeout=120)["node_id"] for w in pool.workers} == {
-            n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            n["NodeID"] for n in ray.nodes() if n["Alive"]
+        }
         srv.stats.received_by_prompt.clear()
         done_on: list[str] = []
         box: dict = {}
 
         def stage():
             try:
-                box["out"] = _on_ray(prompts, recipe, ident, cfg, ex, pool=pool,
-                                     on_shard=lambda rep, run: done_on.append(rep.worker))
+                box["out"] = _on_ray(
+                    prompts, recipe, ident, cfg, ex, pool=pool, on_shard=lambda rep, run: done_on.append(rep.worker)
+                )
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 box["error"] = e
 
         th = threading.Thread(target=stage)
         th.start()
         try:
+
             def second_mid_shard():  # the second node finished a shard and is part-way through another
                 for w, where in list(pool.where.items()):
                     if where.get("node_id") != second_node or not any(where["actor_id"][:8] in d for d in done_on):

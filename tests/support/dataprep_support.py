@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 # A chat template in the demo vocabulary: "user =<text> assistant =<text></s> ".
-CHAT = ("{% for m in messages %}{{ m['role'] }} ={{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}"
-        "{% endif %} {% endfor %}{% if add_generation_prompt %}assistant ={% endif %}")
+CHAT = (
+    "{% for m in messages %}{{ m['role'] }} ={{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}"
+    "{% endif %} {% endfor %}{% if add_generation_prompt %}assistant ={% endif %}"
+)
 
 
 def chars(tok, text: str) -> list[int]:

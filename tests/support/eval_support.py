@@ -19,8 +19,14 @@ class ModelServer:
     their ``root`` and ``parent`` as vLLM does. Fault injection for client tests: a prompt containing ``crash_marker`` gets
     HTTP 500, one containing ``hang_marker`` is answered only after ``hang_s`` seconds."""
 
-    def __init__(self, models: dict[str, Path], lora_base: Path | None = None, crash_marker: str = "CRASH",
-                 hang_marker: str = "HANG", hang_s: float = 3.0):
+    def __init__(
+        self,
+        models: dict[str, Path],
+        lora_base: Path | None = None,
+        crash_marker: str = "CRASH",
+        hang_marker: str = "HANG",
+        hang_s: float = 3.0,
+    ):
         from campaign_orchestrator.generation.local import LocalGenerator
 
         self.generators = {name: LocalGenerator.from_path(path, batch_size=1) for name, path in models.items()}
@@ -110,9 +116,13 @@ class ModelServer:
         gen = self.generators[model]
         with self.gen_lock:  # one generation at a time per server: the models are not thread-safe
             c = gen.generate([prompt], int(req.get("max_tokens", 16)))[0]
-        return 200, {"id": "cmpl-test", "object": "text_completion", "model": model,
-                     "choices": [{"index": 0, "text": c.text, "finish_reason": c.finish_reason}],
-                     "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens}}
+        return 200, {
+            "id": "cmpl-test",
+            "object": "text_completion",
+            "model": model,
+            "choices": [{"index": 0, "text": c.text, "finish_reason": c.finish_reason}],
+            "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens},
+        }
 
     def __enter__(self) -> ModelServer:
         self.thread.start()
@@ -130,7 +140,8 @@ def make_zero_adapter(base_model: Path, out_dir: Path, r: int = 4) -> Path:
 
     model = AutoModelForCausalLM.from_pretrained(str(base_model))
     get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "v_proj"])).save_pretrained(
-        str(out_dir))
+        str(out_dir)
+    )
     return out_dir
 
 
@@ -150,15 +161,23 @@ def write_latest(root: Path, campaign: str, stage: str, manifest: dict) -> None:
 
 def seed_upstream(root: Path, campaign: str, rows: list[dict], adapter_dir: Path, base_model: Path) -> dict:
     """Prompts and student_adapter manifests for ``campaign`` (the stages before evaluation)."""
-    from campaign_orchestrator.dataset.prompts import write_prompts
     from campaign_orchestrator.content import dir_sha256, file_sha256
+    from campaign_orchestrator.dataset.prompts import write_prompts
 
     d = root / "_seed" / campaign
     d.mkdir(parents=True, exist_ok=True)
     held = write_prompts(rows, d / "heldout.parquet")
-    write_latest(root, campaign, "prompts", {"key": "seeded", "path": str(d), "heldout_path": str(held),
-                                             "heldout_sha256": file_sha256(held)})
-    adapter = {"key": dir_sha256(adapter_dir)[:20], "path": str(adapter_dir), "adapter_path": str(adapter_dir),
-               "base_model_path": str(base_model)}
+    write_latest(
+        root,
+        campaign,
+        "prompts",
+        {"key": "seeded", "path": str(d), "heldout_path": str(held), "heldout_sha256": file_sha256(held)},
+    )
+    adapter = {
+        "key": dir_sha256(adapter_dir)[:20],
+        "path": str(adapter_dir),
+        "adapter_path": str(adapter_dir),
+        "base_model_path": str(base_model),
+    }
     write_latest(root, campaign, "student_adapter", adapter)
     return adapter

@@ -34,23 +34,27 @@ def task_docs(name: str) -> list[dict]:
     return [json.loads(x) for x in (TASKS / f"{name}.jsonl").read_text().splitlines() if x.strip()]
 
 
-def project_generation_scores(base: Path, adapter: Path | None, load_in_4bit: bool = True,
-                              compute_dtype: str = "bfloat16") -> dict[str, tuple[float, str]]:
+def project_generation_scores(
+    base: Path, adapter: Path | None, load_in_4bit: bool = True, compute_dtype: str = "bfloat16"
+) -> dict[str, tuple[float, str]]:
     """cipher_gen through the project's evaluator (LocalGenerator + exact_match scorer): item id
     ``cipher_gen/<doc_id>`` -> (score, output)."""
     from campaign_orchestrator.generation.local import LocalGenerator
     from evaluation.suite import run_suite
 
-    items = [{"id": f"cipher_gen/{i}", "prompt": d["prompt"], "reference": d["answer"], "category": d["category"]}
-             for i, d in enumerate(task_docs("cipher_gen"))]
+    items = [
+        {"id": f"cipher_gen/{i}", "prompt": d["prompt"], "reference": d["answer"], "category": d["category"]}
+        for i, d in enumerate(task_docs("cipher_gen"))
+    ]
     with one_thread():
         g = LocalGenerator.from_path(base, adapter, load_in_4bit, compute_dtype, batch_size=16, device="cpu")
         results, _ = run_suite("cipher_gen", "m", items, g.generate, "exact_match", 16)
     return {r.item_id: (r.score, r.output) for r in results}
 
 
-def independent_choice_scores(base: Path, adapter: Path | None, load_in_4bit: bool = True,
-                              compute_dtype: str = "bfloat16") -> dict[str, tuple[float, int, list[float]]]:
+def independent_choice_scores(
+    base: Path, adapter: Path | None, load_in_4bit: bool = True, compute_dtype: str = "bfloat16"
+) -> dict[str, tuple[float, int, list[float]]]:
     """cipher_mc scored without the harness: each choice's summed log-probability of ``" " + choice``
     after the prompt, read off one forward pass over the prompt and choice (a document's choices in one
     right-padded batch), with the model the project's loader gives; item id -> (1.0 if the argmax is
@@ -66,7 +70,7 @@ def independent_choice_scores(base: Path, adapter: Path | None, load_in_4bit: bo
         for i, d in enumerate(task_docs("cipher_mc")):
             ctx = tok(d["prompt"])["input_ids"]
             seqs = [tok(d["prompt"] + " " + c)["input_ids"] for c in d["choices"]]
-            assert all(s[:len(ctx)] == ctx for s in seqs), d
+            assert all(s[: len(ctx)] == ctx for s in seqs), d
             width = max(map(len, seqs))
             ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])
             mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
@@ -77,8 +81,9 @@ def independent_choice_scores(base: Path, adapter: Path | None, load_in_4bit: bo
     return out
 
 
-def train_adapter(out: Path, base: Path, steps: int, examples: int = 2000, mapping: dict | None = None,
-                  seed: int = 5) -> Path:
+def train_adapter(
+    out: Path, base: Path, steps: int, examples: int = 2000, mapping: dict | None = None, seed: int = 5
+) -> Path:
     """A LoRA adapter trained by the project's trainer (in this process, a world of one) on cipher pairs
     (``mapping``: another substitution for a deliberately wrong adapter); returns the adapter directory."""
     from campaign_orchestrator.demo import cipher
@@ -91,17 +96,29 @@ def train_adapter(out: Path, base: Path, steps: int, examples: int = 2000, mappi
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(zip(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"),
-                   ("0", "0", "1", "1", "127.0.0.1", str(port)), strict=True))
+    env = dict(
+        zip(
+            ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"),
+            ("0", "0", "1", "1", "127.0.0.1", str(port)),
+            strict=True,
+        )
+    )
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         # fp32 on every host (`auto` is bf16 where the CPU computes it natively): the tests read how well an
         # adapter of so many steps answers (most right, not all), and bf16 training gets there sooner
         fp32 = demo_spec().student.quantization.model_dump() | {"compute_dtype": "float32"}
-        job = make_job(out / "train", base, ds, max_steps=steps, micro_batch_size=12, eval_rows=0,
-                       checkpoint={"every_steps": None},
-                       student={"quantization": fp32})
+        job = make_job(
+            out / "train",
+            base,
+            ds,
+            max_steps=steps,
+            micro_batch_size=12,
+            eval_rows=0,
+            checkpoint={"every_steps": None},
+            student={"quantization": fp32},
+        )
         (out / "train").mkdir(parents=True, exist_ok=True)
         with one_thread():
             run(job.write(out / "job.json"))

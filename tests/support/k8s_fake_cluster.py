@@ -22,18 +22,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import kmock
 import yaml
 
 from tests.support import REPO_ROOT
+
 NS = "training"
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EmulatedApiServer:
@@ -62,7 +63,7 @@ class EmulatedApiServer:
         if req.params.get("timestamps", "").lower() != "true":
             lines = [ln.split(" ", 1)[1] for ln in lines]
         if req.params.get("tailLines"):
-            lines = lines[-int(req.params["tailLines"]):]
+            lines = lines[-int(req.params["tailLines"]) :]
         return "".join(ln + "\n" for ln in lines).encode()
 
     # --------------------------------------------------------------- server
@@ -75,8 +76,14 @@ class EmulatedApiServer:
 
     async def _main(self) -> None:
         async with kmock.KubernetesEmulator() as k, kmock.Server(k) as srv:
-            for res in ("v1/pods", "v1/services", "v1/secrets", "batch/v1/jobs", "kubeflow.org/v1/pytorchjobs",
-                        "ray.io/v1/rayjobs"):
+            for res in (
+                "v1/pods",
+                "v1/services",
+                "v1/secrets",
+                "batch/v1/jobs",
+                "kubeflow.org/v1/pytorchjobs",
+                "ray.io/v1/rayjobs",
+            ):
                 k.resources[res] = {}
             k[kmock.resource("v1/pods"), kmock.subresource("log")] << self._serve_log
             self.handler, self.url = k, str(srv.url).rstrip("/")
@@ -89,12 +96,18 @@ class EmulatedApiServer:
         self._thread.join(10)
 
     def write_kubeconfig(self, path: Path) -> Path:
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-            "users": [{"name": "kmock", "user": {"token": "not-a-real-token"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": NS}}],
-        }))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "kmock",
+                    "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+                    "users": [{"name": "kmock", "user": {"token": "not-a-real-token"}}],
+                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": NS}}],
+                }
+            )
+        )
         return path
 
     def api(self):
@@ -136,8 +149,14 @@ def python_program(source: str, timeout_s: float = 60) -> Program:
 
     def run(p: PodRun) -> tuple[int, str]:
         env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO_ROOT), **p.env}
-        proc = subprocess.Popen([sys.executable, "-c", source, p.config_file], env=env, cwd=REPO_ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", source, p.config_file],
+            env=env,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
         def pump():
             for line in proc.stdout:
@@ -159,8 +178,9 @@ def python_program(source: str, timeout_s: float = 60) -> Program:
     return run
 
 
-def scripted_program(lines: list[str], exit_code: int = 0, reason: str | None = None, delay_s: float = 0.0,
-                     run_s: float = 0.0) -> Program:
+def scripted_program(
+    lines: list[str], exit_code: int = 0, reason: str | None = None, delay_s: float = 0.0, run_s: float = 0.0
+) -> Program:
     """Emit ``lines``, stay up ``run_s`` seconds (or until stopped), then exit."""
 
     def run(p: PodRun) -> tuple[int, str]:
@@ -178,8 +198,14 @@ def scripted_program(lines: list[str], exit_code: int = 0, reason: str | None = 
 class FakeKubelet:
     """Job / PyTorchJob controller and kubelet for one namespace, over the emulated API."""
 
-    def __init__(self, server: EmulatedApiServer, programs: Callable[[int, int], Program], namespace: str = NS,
-                 start_delay_s: float = 0.05, pending: dict[int, dict] | None = None):
+    def __init__(
+        self,
+        server: EmulatedApiServer,
+        programs: Callable[[int, int], Program],
+        namespace: str = NS,
+        start_delay_s: float = 0.05,
+        pending: dict[int, dict] | None = None,
+    ):
         from kubernetes import client
 
         self.server, self.programs, self.ns = server, programs, namespace
@@ -284,17 +310,35 @@ class FakeKubelet:
         """(node index, pod template, extra labels) per pod to create."""
         if obj["kind"] == "Job":
             n = obj["spec"]["completions"]
-            return [(i, obj["spec"]["template"], {"batch.kubernetes.io/job-completion-index": str(i),
-                                                   "batch.kubernetes.io/job-name": obj["metadata"]["name"]})
-                    for i in range(n)]
+            return [
+                (
+                    i,
+                    obj["spec"]["template"],
+                    {
+                        "batch.kubernetes.io/job-completion-index": str(i),
+                        "batch.kubernetes.io/job-name": obj["metadata"]["name"],
+                    },
+                )
+                for i in range(n)
+            ]
         out = []
         reps = obj["spec"]["pytorchReplicaSpecs"]
         for i in range(reps["Master"]["replicas"]):
-            out.append((0, reps["Master"]["template"], {"training.kubeflow.org/replica-type": "master",
-                                                        "training.kubeflow.org/replica-index": str(i)}))
+            out.append(
+                (
+                    0,
+                    reps["Master"]["template"],
+                    {"training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": str(i)},
+                )
+            )
         for i in range(reps.get("Worker", {}).get("replicas", 0)):
-            out.append((i + 1, reps["Worker"]["template"], {"training.kubeflow.org/replica-type": "worker",
-                                                            "training.kubeflow.org/replica-index": str(i)}))
+            out.append(
+                (
+                    i + 1,
+                    reps["Worker"]["template"],
+                    {"training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": str(i)},
+                )
+            )
         return out
 
     def _start(self, obj: dict) -> None:
@@ -310,16 +354,28 @@ class FakeKubelet:
             if obj["kind"] == "Job":
                 ann["batch.kubernetes.io/job-completion-index"] = str(index)
             else:  # the training operator injects the rendezvous variables into every replica
-                port = next(p["containerPort"] for p in spec["containers"][0].get("ports", [])
-                            if p["name"] == "pytorchjob-port")
+                port = next(
+                    p["containerPort"] for p in spec["containers"][0].get("ports", []) if p["name"] == "pytorchjob-port"
+                )
                 spec["containers"][0]["env"] = spec["containers"][0].get("env", []) + [
-                    {"name": "MASTER_ADDR", "value": f"{name}-master-0"}, {"name": "MASTER_PORT", "value": str(port)},
-                    {"name": "WORLD_SIZE", "value": str(len(templates))}, {"name": "RANK", "value": str(index)}]
-            self.core.create_namespaced_pod(self.ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-                "name": pod_name, "namespace": self.ns, "labels": labels, "annotations": ann}, "spec": spec})
+                    {"name": "MASTER_ADDR", "value": f"{name}-master-0"},
+                    {"name": "MASTER_PORT", "value": str(port)},
+                    {"name": "WORLD_SIZE", "value": str(len(templates))},
+                    {"name": "RANK", "value": str(index)},
+                ]
+            self.core.create_namespaced_pod(
+                self.ns,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": pod_name, "namespace": self.ns, "labels": labels, "annotations": ann},
+                    "spec": spec,
+                },
+            )
             pods.append(pod_name)
-            threading.Thread(target=self._run_pod, args=(name, index, pod_name, {"spec": spec}, ann),
-                             daemon=True).start()
+            threading.Thread(
+                target=self._run_pod, args=(name, index, pod_name, {"spec": spec}, ann), daemon=True
+            ).start()
 
     def _run_pod(self, job: str, index: int, pod: str, tpl: dict, ann: dict) -> None:
         time.sleep(self.start_delay_s)
@@ -330,23 +386,69 @@ class FakeKubelet:
         try:
             env = self._resolve_env(c, ann)
         except LookupError as e:
-            self._patch_pod(pod, {"phase": "Pending", "containerStatuses": [{
-                "name": c["name"], "ready": False, "restartCount": 0, "image": c["image"], "imageID": "",
-                "state": {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}}]})
+            self._patch_pod(
+                pod,
+                {
+                    "phase": "Pending",
+                    "containerStatuses": [
+                        {
+                            "name": c["name"],
+                            "ready": False,
+                            "restartCount": 0,
+                            "image": c["image"],
+                            "imageID": "",
+                            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}},
+                        }
+                    ],
+                },
+            )
             return
         run = PodRun(self.server, pod, index, env, c["command"])
         self.jobs[job]["runs"].append(run)
-        self._patch_pod(pod, {"phase": "Running", "startTime": _now(), "containerStatuses": [{
-            "name": c["name"], "ready": True, "restartCount": 0, "image": c["image"], "imageID": "",
-            "state": {"running": {"startedAt": _now()}}}]})
+        self._patch_pod(
+            pod,
+            {
+                "phase": "Running",
+                "startTime": _now(),
+                "containerStatuses": [
+                    {
+                        "name": c["name"],
+                        "ready": True,
+                        "restartCount": 0,
+                        "image": c["image"],
+                        "imageID": "",
+                        "state": {"running": {"startedAt": _now()}},
+                    }
+                ],
+            },
+        )
         code, reason = self.programs(index, self.jobs[job]["n"])(run)
         if self.jobs[job].get("gone"):
             return
         try:
-            self._patch_pod(pod, {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [{
-                "name": c["name"], "ready": False, "restartCount": 0, "image": c["image"], "imageID": "",
-                "state": {"terminated": {"exitCode": code, "reason": reason, "startedAt": _now(),
-                                         "finishedAt": _now()}}}]})
+            self._patch_pod(
+                pod,
+                {
+                    "phase": "Succeeded" if code == 0 else "Failed",
+                    "containerStatuses": [
+                        {
+                            "name": c["name"],
+                            "ready": False,
+                            "restartCount": 0,
+                            "image": c["image"],
+                            "imageID": "",
+                            "state": {
+                                "terminated": {
+                                    "exitCode": code,
+                                    "reason": reason,
+                                    "startedAt": _now(),
+                                    "finishedAt": _now(),
+                                }
+                            },
+                        }
+                    ],
+                },
+            )
         except Exception:
             return
         self.jobs[job]["results"][index] = code
@@ -359,18 +461,35 @@ class FakeKubelet:
         if failed:
             j["done"] = True
             time.sleep(0.2)  # the real controller reacts after the pod status, not with it
-            cond = {"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
-                    "message": f"Container trainer for pod {name}-{failed[0]} failed with exit code {res[failed[0]]}"}
+            cond = {
+                "type": "Failed",
+                "status": "True",
+                "reason": "PodFailurePolicy",
+                "message": f"Container trainer for pod {name}-{failed[0]} failed with exit code {res[failed[0]]}",
+            }
             self._set_status(j["kind"], name, {"failed": len(failed), "conditions": [cond]})
         elif len(res) == j["n"]:
             j["done"] = True
             ok = "Complete" if j["kind"] == "Job" else "Succeeded"
-            self._set_status(j["kind"], name, {"succeeded": j["n"], "conditions": [
-                {"type": ok, "status": "True", "reason": "CompletionsReached" if ok == "Complete" else "JobSucceeded"}]})
+            self._set_status(
+                j["kind"],
+                name,
+                {
+                    "succeeded": j["n"],
+                    "conditions": [
+                        {
+                            "type": ok,
+                            "status": "True",
+                            "reason": "CompletionsReached" if ok == "Complete" else "JobSucceeded",
+                        }
+                    ],
+                },
+            )
 
     def _set_status(self, kind: str, name: str, status: dict) -> None:
         if kind == "Job":
             self.batch.patch_namespaced_job_status(name, self.ns, {"status": status})
         else:
-            self.custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", self.ns, "pytorchjobs", name,
-                                                              {"status": status})
+            self.custom.patch_namespaced_custom_object_status(
+                "kubeflow.org", "v1", self.ns, "pytorchjobs", name, {"status": status}
+            )

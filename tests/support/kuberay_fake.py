@@ -34,10 +34,16 @@ def driver_program(source: str, timeout_s: float = 60) -> Program:
     output is the submitter pod's log."""
 
     def run(p: PodRun) -> tuple[int, str]:
-        args = p.command[p.command.index("--job"):]
+        args = p.command[p.command.index("--job") :]
         env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO_ROOT), **p.env}
-        proc = subprocess.Popen([sys.executable, "-c", source, *args], env=env, cwd=REPO_ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", source, *args],
+            env=env,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
         def pump():
             for line in proc.stdout:
@@ -62,8 +68,14 @@ def driver_program(source: str, timeout_s: float = 60) -> Program:
 class FakeKubeRayOperator(FakeKubelet):
     """KubeRay's RayJob controller plus the kubelet of the pods it creates, for one namespace."""
 
-    def __init__(self, server, driver: Program, namespace: str = NS, pending: dict[str, dict] | None = None,
-                 crash_workers: dict[int, str] | None = None):
+    def __init__(
+        self,
+        server,
+        driver: Program,
+        namespace: str = NS,
+        pending: dict[str, dict] | None = None,
+        crash_workers: dict[int, str] | None = None,
+    ):
         super().__init__(server, programs=lambda index, n: driver, namespace=namespace)
         self.driver = driver
         self.ray_pending = pending or {}  # "head" | "worker-<i>" -> a pod status to keep instead of running
@@ -72,8 +84,10 @@ class FakeKubeRayOperator(FakeKubelet):
 
     # --------------------------------------------------------------- controller loop
     def _reconcile(self) -> None:
-        live = {o["metadata"]["name"]: o for o in
-                self.custom.list_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL).get("items", [])}
+        live = {
+            o["metadata"]["name"]: o
+            for o in self.custom.list_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL).get("items", [])
+        }
         for name, obj in live.items():
             if name not in self.jobs:
                 self.created.append(obj)
@@ -116,14 +130,33 @@ class FakeKubeRayOperator(FakeKubelet):
             ready.set()
             threading.Thread(target=self._submit, args=(name, spec, ready, head_env), daemon=True).start()
 
-    def _ray_pod(self, job: str, cluster: str, role: str, tpl: dict, ready: threading.Event | None,
-                 env_out: dict | None, group: str = "headgroup") -> None:
+    def _ray_pod(
+        self,
+        job: str,
+        cluster: str,
+        role: str,
+        tpl: dict,
+        ready: threading.Event | None,
+        env_out: dict | None,
+        group: str = "headgroup",
+    ) -> None:
         node_type = "head" if role == "head" else "worker"
         pod = f"{cluster}-{'head' if role == 'head' else group + '-worker'}-{os.urandom(3).hex()[:5]}"
-        labels = {**tpl["metadata"].get("labels", {}), "ray.io/cluster": cluster, "ray.io/node-type": node_type,
-                  "ray.io/group": group}
-        self.core.create_namespaced_pod(self.ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": pod, "namespace": self.ns, "labels": labels}, "spec": tpl["spec"]})
+        labels = {
+            **tpl["metadata"].get("labels", {}),
+            "ray.io/cluster": cluster,
+            "ray.io/node-type": node_type,
+            "ray.io/group": group,
+        }
+        self.core.create_namespaced_pod(
+            self.ns,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": pod, "namespace": self.ns, "labels": labels},
+                "spec": tpl["spec"],
+            },
+        )
         self.jobs[job]["pods"].append(pod)
         self.jobs[job]["ray_pods"].append(pod)
         threading.Thread(target=self._run_ray_pod, args=(job, role, pod, tpl, ready, env_out), daemon=True).start()
@@ -137,13 +170,40 @@ class FakeKubeRayOperator(FakeKubelet):
         try:
             env = self._resolve_env(c, {})
         except LookupError as e:
-            self._patch_pod(pod, {"phase": "Pending", "containerStatuses": [{
-                "name": c["name"], "ready": False, "restartCount": 0, "image": c["image"], "imageID": "",
-                "state": {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}}]})
+            self._patch_pod(
+                pod,
+                {
+                    "phase": "Pending",
+                    "containerStatuses": [
+                        {
+                            "name": c["name"],
+                            "ready": False,
+                            "restartCount": 0,
+                            "image": c["image"],
+                            "imageID": "",
+                            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}},
+                        }
+                    ],
+                },
+            )
             return
-        self._patch_pod(pod, {"phase": "Running", "startTime": _now(), "containerStatuses": [{
-            "name": c["name"], "ready": True, "restartCount": 0, "image": c["image"], "imageID": "",
-            "state": {"running": {"startedAt": _now()}}}]})
+        self._patch_pod(
+            pod,
+            {
+                "phase": "Running",
+                "startTime": _now(),
+                "containerStatuses": [
+                    {
+                        "name": c["name"],
+                        "ready": True,
+                        "restartCount": 0,
+                        "image": c["image"],
+                        "imageID": "",
+                        "state": {"running": {"startedAt": _now()}},
+                    }
+                ],
+            },
+        )
         if env_out is not None:
             env_out.update(env)
         if ready is not None:
@@ -152,10 +212,29 @@ class FakeKubeRayOperator(FakeKubelet):
         if index in self.crash_workers:  # the worker dies mid-stage; Ray retries its shards on the others
             time.sleep(0.3)
             self.server.append_log(pod, self.crash_workers[index])
-            self._patch_pod(pod, {"phase": "Failed", "containerStatuses": [{
-                "name": c["name"], "ready": False, "restartCount": 0, "image": c["image"], "imageID": "",
-                "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": _now(),
-                                         "finishedAt": _now()}}}]})
+            self._patch_pod(
+                pod,
+                {
+                    "phase": "Failed",
+                    "containerStatuses": [
+                        {
+                            "name": c["name"],
+                            "ready": False,
+                            "restartCount": 0,
+                            "image": c["image"],
+                            "imageID": "",
+                            "state": {
+                                "terminated": {
+                                    "exitCode": 137,
+                                    "reason": "OOMKilled",
+                                    "startedAt": _now(),
+                                    "finishedAt": _now(),
+                                }
+                            },
+                        }
+                    ],
+                },
+            )
 
     def _submit(self, name: str, spec: dict, head_ready: threading.Event, head_env: dict) -> None:
         while not head_ready.wait(0.02):  # KubeRay creates the submitter once the head is ready
@@ -166,9 +245,15 @@ class FakeKubeRayOperator(FakeKubelet):
         pod = f"{name}-{os.urandom(3).hex()[:5]}"
         labels = {"batch.kubernetes.io/job-name": name, "job-name": name}
         image = "the head's image"
-        self.core.create_namespaced_pod(self.ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": pod, "namespace": self.ns, "labels": labels}, "spec": {"containers": [
-                {"name": "ray-job-submitter", "image": image}], "restartPolicy": "Never"}})
+        self.core.create_namespaced_pod(
+            self.ns,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": pod, "namespace": self.ns, "labels": labels},
+                "spec": {"containers": [{"name": "ray-job-submitter", "image": image}], "restartPolicy": "Never"},
+            },
+        )
         self.jobs[name]["pods"].append(pod)
         self._status(name, {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})
         runtime_env = yaml.safe_load(spec.get("runtimeEnvYAML") or "{}") or {}
@@ -176,20 +261,48 @@ class FakeKubeRayOperator(FakeKubelet):
         run = PodRun(self.server, pod, 0, env, spec["entrypoint"].split())
         self.jobs[name]["runs"].append(run)
         status = {"name": "ray-job-submitter", "ready": True, "restartCount": 0, "image": image, "imageID": ""}
-        self._patch_pod(pod, {"phase": "Running", "startTime": _now(),
-                              "containerStatuses": [status | {"state": {"running": {"startedAt": _now()}}}]})
+        self._patch_pod(
+            pod,
+            {
+                "phase": "Running",
+                "startTime": _now(),
+                "containerStatuses": [status | {"state": {"running": {"startedAt": _now()}}}],
+            },
+        )
         code, reason = self.driver(run)
         if self.jobs[name].get("gone"):
             return
         self.jobs[name]["results"][0] = code
         try:
-            self._patch_pod(pod, {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [
-                status | {"ready": False, "state": {"terminated": {"exitCode": code, "reason": reason,
-                                                                   "startedAt": _now(), "finishedAt": _now()}}}]})
+            self._patch_pod(
+                pod,
+                {
+                    "phase": "Succeeded" if code == 0 else "Failed",
+                    "containerStatuses": [
+                        status
+                        | {
+                            "ready": False,
+                            "state": {
+                                "terminated": {
+                                    "exitCode": code,
+                                    "reason": reason,
+                                    "startedAt": _now(),
+                                    "finishedAt": _now(),
+                                }
+                            },
+                        }
+                    ],
+                },
+            )
             ok = code == 0
-            self._status(name, {"jobDeploymentStatus": "Complete" if ok else "Failed",
-                                "jobStatus": "SUCCEEDED" if ok else "FAILED",
-                                "message": "" if ok else f"Job failed: the driver exited with code {code}"})
+            self._status(
+                name,
+                {
+                    "jobDeploymentStatus": "Complete" if ok else "Failed",
+                    "jobStatus": "SUCCEEDED" if ok else "FAILED",
+                    "message": "" if ok else f"Job failed: the driver exited with code {code}",
+                },
+            )
         except Exception:
             return
         if spec.get("shutdownAfterJobFinishes"):

@@ -21,17 +21,23 @@ def words(n: int, letters: str, seed: int, exclude: set[str] = frozenset()) -> l
 
 
 def items(ws: list[str], id_prefix: str) -> list[dict]:
-    return [{"id": f"{id_prefix}{i:05d}", "prompt": cipher.prompt_for(w), "reference": cipher.encode(w),
-             "category": cipher.category_of(w)} for i, w in enumerate(ws)]
+    return [
+        {
+            "id": f"{id_prefix}{i:05d}",
+            "prompt": cipher.prompt_for(w),
+            "reference": cipher.encode(w),
+            "category": cipher.category_of(w),
+        }
+        for i, w in enumerate(ws)
+    ]
 
 
-def train_cipher_adapter(student: Path, out: Path, train_words: list[str], steps: int = 400, batch: int = 32,
-                         lr: float = 5e-3, seed: int = 0) -> Path:
+def train_cipher_adapter(
+    student: Path, out: Path, train_words: list[str], steps: int = 400, batch: int = 32, lr: float = 5e-3, seed: int = 0
+) -> Path:
     """LoRA (r 16, every projection) on ``student``, trained to answer ``encode <w> =`` with the cipher of
     ``w`` for the given words; saved to ``out`` like the trainer saves an adapter."""
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small is bound by per-op overhead: more threads only contend
@@ -48,10 +54,14 @@ def _train(student, out, train_words, steps, batch, lr, seed) -> Path:
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(str(student))
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(student), dtype=torch.float32,
-                                                        attn_implementation="eager"),
-                           LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                                                           "gate_proj", "up_proj", "down_proj"]))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(str(student), dtype=torch.float32, attn_implementation="eager"),
+        LoraConfig(
+            r=16,
+            lora_alpha=32,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        ),
+    )
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     rng = random.Random(seed)
     model.train()

@@ -32,9 +32,15 @@ def write_moe_config(directory: Path) -> Path:
     from campaign_orchestrator.demo.recipe import MOE_RECIPE
 
     directory.mkdir(parents=True, exist_ok=True)
-    cfg = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 32,
-           "tie_word_embeddings": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
-           **MOE_RECIPE["moe_student"]["config"]}
+    cfg = {
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "vocab_size": 32,
+        "tie_word_embeddings": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        **MOE_RECIPE["moe_student"]["config"],
+    }
     (directory / "config.json").write_text(json.dumps(cfg))
     return directory
 
@@ -49,12 +55,22 @@ def moe_student(lora: dict | None = None, moe: dict | None = None, quantization:
     """A ``StudentSpec`` with LoRA on the attention and the expert tensors (fp32, no 4-bit) unless overridden."""
     from campaigns.spec import StudentSpec
 
-    return StudentSpec.model_validate({
-        "base_model": "@demo/moe_student",
-        "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ATTENTION, "target_parameters": EXPERT_TENSORS,
-                 **(lora or {})},
-        "moe": moe or {}, "quantization": {"load_in_4bit": False, "compute_dtype": "float32", **(quantization or {})},
-        **kw})
+    return StudentSpec.model_validate(
+        {
+            "base_model": "@demo/moe_student",
+            "lora": {
+                "r": 4,
+                "alpha": 8,
+                "dropout": 0.0,
+                "target_modules": ATTENTION,
+                "target_parameters": EXPERT_TENSORS,
+                **(lora or {}),
+            },
+            "moe": moe or {},
+            "quantization": {"load_in_4bit": False, "compute_dtype": "float32", **(quantization or {})},
+            **kw,
+        }
+    )
 
 
 def peft_moe(student, model=None):

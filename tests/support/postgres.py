@@ -61,21 +61,29 @@ def ensure_installed() -> Path:
     if bin_dir:
         return bin_dir
     if os.environ.get(NO_APT_ENV) == "1":
-        raise PostgresUnavailable(f"PostgreSQL is not installed and {NO_APT_ENV}=1: run `apt-get install -y postgresql`")
+        raise PostgresUnavailable(
+            f"PostgreSQL is not installed and {NO_APT_ENV}=1: run `apt-get install -y postgresql`"
+        )
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise PostgresUnavailable("PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/pg_ctl) and cannot be "
-                                  "installed here (" + ("not root" if os.geteuid() != 0 else "no apt-get")
-                                  + "): run `apt-get install -y postgresql` or `make system-deps` as root")
+        raise PostgresUnavailable(
+            "PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/pg_ctl) and cannot be "
+            "installed here ("
+            + ("not root" if os.geteuid() != 0 else "no apt-get")
+            + "): run `apt-get install -y postgresql` or `make system-deps` as root"
+        )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-qq"],
-                ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"]):
+    for cmd in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"],
+    ):
         try:
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=APT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise PostgresUnavailable(f"`{' '.join(cmd)}` timed out after {APT_TIMEOUT_S} s") from None
         if r.returncode != 0:
-            raise PostgresUnavailable(f"`{' '.join(cmd)}` failed (exit {r.returncode}): "
-                                      f"{(r.stderr or r.stdout).strip()[-500:]}")
+            raise PostgresUnavailable(
+                f"`{' '.join(cmd)}` failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[-500:]}"
+            )
     bin_dir = _bin_dir()
     if not bin_dir:
         raise PostgresUnavailable("apt-get installed postgresql but no /usr/lib/postgresql/*/bin/pg_ctl is there")
@@ -114,9 +122,14 @@ class PgServer:
         return f"postgresql://{self.user}:{self.password}@{self.host}:{self.port}/{db}"
 
     def _client(self, tool: str, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.bin_dir / tool), "-h", self.host, "-p", str(self.port), "-U", self.user, *args],
-                              env=dict(os.environ, PGPASSWORD=self.password), capture_output=True, text=True,
-                              timeout=60, check=True)
+        return subprocess.run(
+            [str(self.bin_dir / tool), "-h", self.host, "-p", str(self.port), "-U", self.user, *args],
+            env=dict(os.environ, PGPASSWORD=self.password),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
 
     def create_database(self, name: str | None = None) -> PgDatabase:
         name = name or f"t_{uuid.uuid4().hex[:12]}"
@@ -125,8 +138,9 @@ class PgServer:
 
     def drop_database(self, name: str) -> None:
         # a Dagster instance may still hold pooled connections: force them out (PostgreSQL >= 13)
-        self._client("psql", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c",
-                     f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self._client(
+            "psql", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
+        )
 
 
 @dataclasses.dataclass
@@ -146,9 +160,11 @@ class PgDatabase:
         """The ``storage:`` section of a dagster.yaml for this database (dagster-postgres), with
         ``scheme: postgresql+psycopg2`` (SQLAlchemy 2.1's default driver for ``postgresql`` is psycopg 3)."""
         s = self.server
-        return (f"storage:\n  postgres:\n    postgres_db:\n      hostname: {s.host}\n      port: {s.port}\n"
-                f"      username: {s.user}\n      password: {s.password}\n      db_name: {self.name}\n"
-                f"      scheme: {SCHEME}\n")
+        return (
+            f"storage:\n  postgres:\n    postgres_db:\n      hostname: {s.host}\n      port: {s.port}\n"
+            f"      username: {s.user}\n      password: {s.password}\n      db_name: {self.name}\n"
+            f"      scheme: {SCHEME}\n"
+        )
 
 
 def start_server() -> tuple[PgServer, Callable[[], None]]:
@@ -163,28 +179,67 @@ def start_server() -> tuple[PgServer, Callable[[], None]]:
         for p in (root, sock, pwfile):
             shutil.chown(p, "postgres", "postgres")
     t = time.perf_counter()
-    r = subprocess.run(_as_server_user([str(bin_dir / "initdb"), "-D", str(data), "-U", USER, f"--pwfile={pwfile}",
-                                        "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"]),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        _as_server_user(
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                USER,
+                f"--pwfile={pwfile}",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     timings["initdb_s"] = round(time.perf_counter() - t, 2)
     if r.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         raise PostgresUnavailable(f"initdb failed: {(r.stderr or r.stdout).strip()[-800:]}")
 
     def stop() -> None:
-        subprocess.run(_as_server_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            _as_server_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(root, ignore_errors=True)
 
     last = ""
     for _attempt in range(3):  # a free port can be taken between probing and binding
         port = _free_port()
-        opts = (f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={sock} -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        opts = (
+            f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={sock} -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
         t = time.perf_counter()
-        r = subprocess.run(_as_server_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts,
-                                            "-w", "-t", str(START_TIMEOUT_S), "start"]),
-                           capture_output=True, text=True, timeout=START_TIMEOUT_S + 30)
+        r = subprocess.run(
+            _as_server_user(
+                [
+                    str(bin_dir / "pg_ctl"),
+                    "-D",
+                    str(data),
+                    "-l",
+                    str(log),
+                    "-o",
+                    opts,
+                    "-w",
+                    "-t",
+                    str(START_TIMEOUT_S),
+                    "start",
+                ]
+            ),
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S + 30,
+        )
         timings["start_s"] = round(time.perf_counter() - t, 2)
         if r.returncode == 0:
             return PgServer("127.0.0.1", port, USER, PASSWORD, bin_dir, root, timings), stop

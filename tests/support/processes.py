@@ -9,8 +9,10 @@ from pathlib import Path
 
 # The trainer installs its own SIGTERM handler at start-up (LoraFinetuneRecipe.setup, training/recipes), whatever
 # disposition or mask it inherited; the stand-in does the same (default action: exit), then says it is up.
-_NODE = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_DFL); "
-         "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM]); print('ready', flush=True); time.sleep(60)")
+_NODE = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_DFL); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM]); print('ready', flush=True); time.sleep(60)"
+)
 
 
 def sleeping_node(log: Path, timeout_s: float = 60.0) -> subprocess.Popen:
@@ -58,7 +60,11 @@ def trainer_workers(job_file: Path) -> list[int]:
     out = []
     for p in psutil.process_iter(["cmdline", "status"]):
         cmd = p.info["cmdline"] or []
-        if (p.info["status"] != psutil.STATUS_ZOMBIE and str(job_file) in cmd and "training" in cmd
-                and not any("torch.distributed.run" in c or "torchrun" in c for c in cmd)):
+        if (
+            p.info["status"] != psutil.STATUS_ZOMBIE
+            and str(job_file) in cmd
+            and "training" in cmd
+            and not any("torch.distributed.run" in c or "torchrun" in c for c in cmd)
+        ):
             out.append(p.pid)
     return out

@@ -19,8 +19,9 @@ def run_sweep(path: str, root: str, instance: DagsterInstance | None = None):
     from dagster import Definitions
 
     full = Definitions.merge(defs, Definitions(jobs=[job]))
-    return full.resolve_job_def("sweep_only").execute_in_process(instance=instance or DagsterInstance.ephemeral(),
-                                                                 raise_on_error=False)
+    return full.resolve_job_def("sweep_only").execute_in_process(
+        instance=instance or DagsterInstance.ephemeral(), raise_on_error=False
+    )
 
 
 if __name__ == "__main__":

@@ -67,11 +67,18 @@ class ServerStats:
     served_completion_tokens: int = 0
 
     def as_dict(self) -> dict:
-        return {"received": self.received, "ok": self.ok, "by_status": {str(k): v for k, v in self.by_status.items()},
-                "received_by_prompt": dict(self.received_by_prompt), "ok_by_prompt": dict(self.ok_by_prompt),
-                "in_flight": self.in_flight, "max_in_flight": self.max_in_flight, "held": self.held,
-                "served_prompt_tokens": self.served_prompt_tokens,
-                "served_completion_tokens": self.served_completion_tokens}
+        return {
+            "received": self.received,
+            "ok": self.ok,
+            "by_status": {str(k): v for k, v in self.by_status.items()},
+            "received_by_prompt": dict(self.received_by_prompt),
+            "ok_by_prompt": dict(self.ok_by_prompt),
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "held": self.held,
+            "served_prompt_tokens": self.served_prompt_tokens,
+            "served_completion_tokens": self.served_completion_tokens,
+        }
 
 
 def rule_answer(prompt: str) -> str:
@@ -107,8 +114,11 @@ def build_app(cfg: ServerConfig) -> tuple[Starlette, ServerStats]:
 
     def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
         stats.by_status[status] += 1
-        return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": status}},
-                            status_code=status, headers=headers)
+        return JSONResponse(
+            {"error": {"message": message, "type": "invalid_request_error", "code": status}},
+            status_code=status,
+            headers=headers,
+        )
 
     async def answer(request: Request, chat: bool) -> JSONResponse:
         stats.received += 1
@@ -136,8 +146,11 @@ def build_app(cfg: ServerConfig) -> tuple[Starlette, ServerStats]:
         stats.received_by_prompt[prompt] += 1
         max_tokens = int(body.get("max_tokens") or 16)
         if cfg.context_length is not None and len(prompt.split()) + max_tokens > cfg.context_length:
-            return error(400, f"This model's maximum context length is {cfg.context_length} tokens; the prompt "
-                              f"has {len(prompt.split())} plus {max_tokens} requested.")
+            return error(
+                400,
+                f"This model's maximum context length is {cfg.context_length} tokens; the prompt "
+                f"has {len(prompt.split())} plus {max_tokens} requested.",
+            )
         roll = rng.random()
         if roll < cfg.timeout_rate:
             await asyncio.sleep(cfg.hang_s)
@@ -162,18 +175,28 @@ def build_app(cfg: ServerConfig) -> tuple[Starlette, ServerStats]:
         k = body.get("top_logprobs") if chat else body.get("logprobs")
         k = int(k) if k and not isinstance(k, bool) else None
         if generator is not None:
+
             def run():
                 with gen_lock:
-                    return generator.generate([prompt], max_tokens, float(body.get("temperature") or 0.0),
-                                              float(body.get("top_p") or 1.0), int(body.get("seed") or 0),
-                                              logprobs=k)[0]
+                    return generator.generate(
+                        [prompt],
+                        max_tokens,
+                        float(body.get("temperature") or 0.0),
+                        float(body.get("top_p") or 1.0),
+                        int(body.get("seed") or 0),
+                        logprobs=k,
+                    )[0]
+
             c = await asyncio.to_thread(run)
             if c.error:
                 return error(400, c.error)
             text, finish, n_prompt, n_out = c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens
             toks = [generator.tok.convert_ids_to_tokens(i) for i in (c.token_ids or [])]
-            top = ([{generator.tok.convert_ids_to_tokens(e[0]): e[2] for e in pos} for pos in c.top_logprobs]
-                   if c.top_logprobs else None)
+            top = (
+                [{generator.tok.convert_ids_to_tokens(e[0]): e[2] for e in pos} for pos in c.top_logprobs]
+                if c.top_logprobs
+                else None
+            )
         else:
             full = rule_answer(prompt)
             text = full[:max_tokens]
@@ -186,21 +209,38 @@ def build_app(cfg: ServerConfig) -> tuple[Starlette, ServerStats]:
         if chat:
             choice: dict = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
             if top is not None:
-                choice["logprobs"] = {"content": [
-                    {"token": t, "logprob": pos.get(t, max(pos.values())),
-                     "top_logprobs": [{"token": a, "logprob": v} for a, v in pos.items()]}
-                    for t, pos in zip(toks, top, strict=False)]}
+                choice["logprobs"] = {
+                    "content": [
+                        {
+                            "token": t,
+                            "logprob": pos.get(t, max(pos.values())),
+                            "top_logprobs": [{"token": a, "logprob": v} for a, v in pos.items()],
+                        }
+                        for t, pos in zip(toks, top, strict=False)
+                    ]
+                }
         else:
-            choice = {"index": 0, "text": text, "finish_reason": finish,
-                      "logprobs": None if top is None else {"tokens": toks, "top_logprobs": top}}
+            choice = {
+                "index": 0,
+                "text": text,
+                "finish_reason": finish,
+                "logprobs": None if top is None else {"tokens": toks, "top_logprobs": top},
+            }
         stats.ok += 1
         stats.served_prompt_tokens += n_prompt
         stats.served_completion_tokens += n_out
         stats.by_status[200] += 1
         stats.ok_by_prompt[prompt] += 1
-        return JSONResponse({"id": f"cmpl-{stats.received}", "object": "chat.completion" if chat else "text_completion",
-                             "created": int(time.time()), "model": cfg.served_name, "choices": [choice],
-                             "usage": usage})
+        return JSONResponse(
+            {
+                "id": f"cmpl-{stats.received}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": cfg.served_name,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
 
     async def completions(request: Request) -> JSONResponse:
         return await answer(request, chat=False)
@@ -223,13 +263,15 @@ def build_app(cfg: ServerConfig) -> tuple[Starlette, ServerStats]:
             setattr(stats, name, getattr(fresh, name))
         return JSONResponse({"reset": True})
 
-    app = Starlette(routes=[
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/stats", get_stats, methods=["GET"]),
-        Route("/stats/reset", reset_stats, methods=["POST"]),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/stats", get_stats, methods=["GET"]),
+            Route("/stats/reset", reset_stats, methods=["POST"]),
+        ]
+    )
     return app, stats
 
 
@@ -245,8 +287,9 @@ class ServerThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", port))
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
-                                                    timeout_graceful_shutdown=1, backlog=2048))
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_graceful_shutdown=1, backlog=2048)
+        )
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property
@@ -281,8 +324,16 @@ class ServerProcess:
         self._port_file = Path(self._dir) / "port"
         repo = Path(__file__).resolve().parents[2]
         env = os.environ | {"PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self._cmd = [sys.executable, "-m", "tests.support.testserver", "--port", "0", "--port-file", str(self._port_file),
-                     *args]
+        self._cmd = [
+            sys.executable,
+            "-m",
+            "tests.support.testserver",
+            "--port",
+            "0",
+            "--port-file",
+            str(self._port_file),
+            *args,
+        ]
         self._popen = lambda: subprocess.Popen(self._cmd, cwd=cwd or repo, env=env)
         self.proc = None
         self.port = 0
@@ -301,8 +352,9 @@ class ServerProcess:
     def reset(self) -> None:
         import urllib.request
 
-        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{self.port}/stats/reset", method="POST"),
-                               timeout=30).read()
+        urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{self.port}/stats/reset", method="POST"), timeout=30
+        ).read()
 
     def __enter__(self) -> ServerProcess:
         self.proc = self._popen()
@@ -344,10 +396,20 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import uvicorn
 
-    cfg = ServerConfig(latency_s=a.latency_ms / 1000, served_name=a.served_name,
-                       responder="model" if a.model else "cipher", model_dir=a.model, api_key=a.api_key,
-                       context_length=a.context_length, fail_429=a.fail_429, fail_500=a.fail_500,
-                       timeout_rate=a.timeout_rate, hang_s=a.hang_s, retry_after_s=a.retry_after_s, seed=a.seed)
+    cfg = ServerConfig(
+        latency_s=a.latency_ms / 1000,
+        served_name=a.served_name,
+        responder="model" if a.model else "cipher",
+        model_dir=a.model,
+        api_key=a.api_key,
+        context_length=a.context_length,
+        fail_429=a.fail_429,
+        fail_500=a.fail_500,
+        timeout_rate=a.timeout_rate,
+        hang_s=a.hang_s,
+        retry_after_s=a.retry_after_s,
+        seed=a.seed,
+    )
     app, _ = build_app(cfg)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -19,8 +19,14 @@ def demo_spec():
     return CampaignSpec.model_validate(yaml.safe_load((REPO_ROOT / "campaigns" / "demo.yaml").read_text()))
 
 
-def write_rows(out_dir: Path, tokenizer_dir: Path, pairs: list[tuple[str, str]], masked: set[int] = frozenset(),
-               max_seq_len: int = 64, padding: str = "longest") -> Path:
+def write_rows(
+    out_dir: Path,
+    tokenizer_dir: Path,
+    pairs: list[tuple[str, str]],
+    masked: set[int] = frozenset(),
+    max_seq_len: int = 64,
+    padding: str = "longest",
+) -> Path:
     """A tokenized dataset in the tokenized_dataset stage's layout, written directly (independent of how
     dataprep builds one): ``<bos> prompt completion <eos>``, labels on the completion and EOS; rows in
     ``masked`` carry no loss token. ``padding`` is the collation the rows ask for (``longest``: classic
@@ -32,8 +38,9 @@ def write_rows(out_dir: Path, tokenizer_dir: Path, pairs: list[tuple[str, str]],
     from campaign_orchestrator.dataset.tokenize import tokenizer_hash
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    cols: dict[str, list] = {k: [] for k in ("input_ids", "labels", "position_ids", "num_tokens", "num_loss_tokens",
-                                             "example_ids")}
+    cols: dict[str, list] = {
+        k: [] for k in ("input_ids", "labels", "position_ids", "num_tokens", "num_loss_tokens", "example_ids")
+    }
     for i, (prompt, completion) in enumerate(pairs):
         p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
         c_ids = tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -49,19 +56,35 @@ def write_rows(out_dir: Path, tokenizer_dir: Path, pairs: list[tuple[str, str]],
         cols["num_tokens"].append(len(ids))
         cols["num_loss_tokens"].append(sum(x != -100 for x in labels))
         cols["example_ids"].append([f"r{i}"])
-    meta = {"campaign.tokenizer_hash": tokenizer_hash(tokenizer_dir), "campaign.max_seq_len": str(max_seq_len),
-            "campaign.padding": padding, "campaign.packing": "none", "campaign.dataset_key": "test",
-            "campaign.split_name": "train", "campaign.template": "plain: <bos> prompt completion <eos>"}
-    table = pa.table({k: (pa.array(v, pa.list_(pa.int32())) if k in ("input_ids", "labels", "position_ids")
-                          else pa.array(v, pa.list_(pa.string())) if k == "example_ids" else pa.array(v, pa.int32()))
-                      for k, v in cols.items()})
+    meta = {
+        "campaign.tokenizer_hash": tokenizer_hash(tokenizer_dir),
+        "campaign.max_seq_len": str(max_seq_len),
+        "campaign.padding": padding,
+        "campaign.packing": "none",
+        "campaign.dataset_key": "test",
+        "campaign.split_name": "train",
+        "campaign.template": "plain: <bos> prompt completion <eos>",
+    }
+    table = pa.table(
+        {
+            k: (
+                pa.array(v, pa.list_(pa.int32()))
+                if k in ("input_ids", "labels", "position_ids")
+                else pa.array(v, pa.list_(pa.string()))
+                if k == "example_ids"
+                else pa.array(v, pa.int32())
+            )
+            for k, v in cols.items()
+        }
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     pq.write_table(table.replace_schema_metadata(meta), out_dir / "data-00000.parquet")
     return out_dir
 
 
-def write_cipher_dataset(out_dir: Path, tokenizer_dir: Path, n: int, seed: int = 0, masked_rows: int = 0,
-                         long_every: int = 0) -> Path:
+def write_cipher_dataset(
+    out_dir: Path, tokenizer_dir: Path, n: int, seed: int = 0, masked_rows: int = 0, long_every: int = 0
+) -> Path:
     """A tokenized dataset of ``n`` cipher pairs (the teacher's answers, known by construction).
 
     ``masked_rows`` extra rows have no loss token at all; ``long_every`` > 0 makes every k-th
@@ -94,31 +117,53 @@ def make_job(out: Path, base: Path, dataset: Path, student: dict | None = None, 
             tr_fields[k] = tr_fields[k] | v
         else:
             tr_fields[k] = v
-    return TrainJob(campaign="test", base_model_path=str(base), dataset_path=str(dataset), output_dir=str(out),
-                    student=st, training=TrainingSpec.model_validate(tr_fields))
+    return TrainJob(
+        campaign="test",
+        base_model_path=str(base),
+        dataset_path=str(dataset),
+        output_dir=str(out),
+        student=st,
+        training=TrainingSpec.model_validate(tr_fields),
+    )
 
 
 def child_env(threads: int = 1) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
 
 
 def start_nodes(cmds: list[list[str]], logdir: Path, env: dict | None = None) -> list[subprocess.Popen]:
     """One process group per node command, output to ``logdir/node-<i>.log``."""
     logdir.mkdir(parents=True, exist_ok=True)
-    return [subprocess.Popen(cmd, cwd=REPO_ROOT, env=env or child_env(), stdout=(logdir / f"node-{i}.log").open("w"),
-                             stderr=subprocess.STDOUT, start_new_session=True) for i, cmd in enumerate(cmds)]
+    return [
+        subprocess.Popen(
+            cmd,
+            cwd=REPO_ROOT,
+            env=env or child_env(),
+            stdout=(logdir / f"node-{i}.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for i, cmd in enumerate(cmds)
+    ]
 
 
 def node_logs(logdir: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(logdir.glob("node-*.log")))
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(logdir.glob("node-*.log"))
+    )
 
 
 PYTHON = sys.executable
 
 
-def write_pairs_dataset(out_dir: Path, tokenizer_dir: Path, pairs: list[tuple[str, str]],
-                        masked: set[int] = frozenset()) -> Path:
+def write_pairs_dataset(
+    out_dir: Path, tokenizer_dir: Path, pairs: list[tuple[str, str]], masked: set[int] = frozenset()
+) -> Path:
     return write_rows(out_dir, tokenizer_dir, pairs, masked=masked)
 
 
@@ -144,7 +189,7 @@ def add_teacher_topk(ds_dir: Path, teacher_dir: Path, k: int = 4) -> Path:
         top = []
         for pos in positions:  # the distribution that produced token `pos` comes from position pos - 1
             v, i = lp[pos - 1].topk(k)
-            top.append([{"token_id": int(a), "logprob": float(b)} for a, b in zip(i, v)])
+            top.append([{"token_id": int(a), "logprob": float(b)} for a, b in zip(i, v, strict=False)])
         ids, lps = align_top_logprobs(row["labels"], top, generated_ids=[row["labels"][p] for p in positions])
         ids_col.append(ids)
         lps_col.append(lps)

@@ -13,7 +13,6 @@ from campaign_orchestrator.costs.budget import BudgetGuard, Limit
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.sweep import RungOutcome, Sweep, default_storage, make_storage
 from campaigns.loader import load_campaigns
-
 from tests.support import REPO_ROOT as REPO
 
 pytestmark = pytest.mark.stage
@@ -33,8 +32,16 @@ def _spec(tmp_path, cap: float):
 
 
 def _line(seconds: float) -> list[dict]:
-    return [{"kind": "training", "price_key": "stand-in", "quantity": seconds / 3600, "unit": "host-hour",
-             "unit_price": USD_PER_S * 3600, "usd": seconds * USD_PER_S}]
+    return [
+        {
+            "kind": "training",
+            "price_key": "stand-in",
+            "quantity": seconds / 3600,
+            "unit": "host-hour",
+            "unit_price": USD_PER_S * 3600,
+            "usd": seconds * USD_PER_S,
+        }
+    ]
 
 
 def test_a_rung_is_stopped_inside_when_the_cap_is_reached_and_spend_stays_within_it(tmp_path):
@@ -48,10 +55,20 @@ def test_a_rung_is_stopped_inside_when_the_cap_is_reached_and_spend_stays_within
 
     def make_guard(rec, steps, limits):
         clock = {"t": 0.0}
-        g = BudgetGuard(ledger=ledger, campaign="demo_sweep", stage="hparam_sweep", run_id="r", step_key="sweep",
-                        attempt=0, stage_key="k", limits=[Limit(w, cap, 0.0, spent_now=fn) for w, cap, fn in limits],
-                        line_fn=lambda s, _n: _line(s),
-                        clock=lambda: clock["t"], log=lambda m: None, part=f"trial-{rec.root:03d}:rung-{steps}")
+        g = BudgetGuard(
+            ledger=ledger,
+            campaign="demo_sweep",
+            stage="hparam_sweep",
+            run_id="r",
+            step_key="sweep",
+            attempt=0,
+            stage_key="k",
+            limits=[Limit(w, cap, 0.0, spent_now=fn) for w, cap, fn in limits],
+            line_fn=lambda s, _n: _line(s),
+            clock=lambda: clock["t"],
+            log=lambda m: None,
+            part=f"trial-{rec.root:03d}:rung-{steps}",
+        )
         g.sim = clock
         return g
 
@@ -64,18 +81,35 @@ def test_a_rung_is_stopped_inside_when_the_cap_is_reached_and_spend_stays_within
         finally:
             ran.append((rec.number, steps, budget.sim["t"]))
         lr = rec.params["training.learning_rate"]
-        return RungOutcome(value=abs(lr - 1e-2) + 1.0 / steps, seconds=need, lines=_line(need),
-                           trained_steps=steps - prev)
+        return RungOutcome(
+            value=abs(lr - 1e-2) + 1.0 / steps, seconds=need, lines=_line(need), trained_steps=steps - prev
+        )
 
     def record_lines(rec, steps, lines):
-        ledger.record_lines(campaign="demo_sweep", asset="hparam_sweep", run_id="r", step_key="sweep", attempt=0,
-                            production_id=f"hparam_sweep:k:trial-{rec.root:03d}:rung-{steps}", stage_key="k",
-                            lines=lines)
+        ledger.record_lines(
+            campaign="demo_sweep",
+            asset="hparam_sweep",
+            run_id="r",
+            step_key="sweep",
+            attempt=0,
+            production_id=f"hparam_sweep:k:trial-{rec.root:03d}:rung-{steps}",
+            stage_key="k",
+            lines=lines,
+        )
 
     url = default_storage(tmp_path, "demo_sweep")
-    sweep = Sweep(spec, tmp_path / "work", make_storage(url, spec.sweep), "demo_sweep-k", run_rung=run_rung,
-                  estimate_usd=lambda steps, _n: 0.0001, spent_usd=spent, record_lines=record_lines,
-                  log=lambda m: None, make_guard=make_guard)
+    sweep = Sweep(
+        spec,
+        tmp_path / "work",
+        make_storage(url, spec.sweep),
+        "demo_sweep-k",
+        run_rung=run_rung,
+        estimate_usd=lambda steps, _n: 0.0001,
+        spent_usd=spent,
+        record_lines=record_lines,
+        log=lambda m: None,
+        make_guard=make_guard,
+    )
     result = sweep.run()
 
     total = spent()
@@ -114,7 +148,12 @@ def test_a_failed_plan_under_a_cap_is_an_error_not_a_free_rung(tmp_path, artifac
 
     spec = _spec(tmp_path, 0.02)
     asset_def = hparam_sweep.build(spec)
-    with build_asset_context(resources={"storage": ArtifactStore(root=str(artifact_root)), "launcher": NoLaunch(),
-                                        "pricing": BrokenPlanner()}) as ctx:
+    with build_asset_context(
+        resources={
+            "storage": ArtifactStore(root=str(artifact_root)),
+            "launcher": NoLaunch(),
+            "pricing": BrokenPlanner(),
+        }
+    ) as ctx:
         with pytest.raises(Failure, match=r"could not estimate a rung.*teacher model directory missing.*campaign plan"):
             asset_def(context=ctx, dataset={"key": "d1", "dataset_path": "x", "validation_path": "y"})

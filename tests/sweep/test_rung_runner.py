@@ -31,10 +31,22 @@ def _runner(tmp_path, summaries: list, planned=(2.0, 0.5)):
         bills.append(usage)
         return [{"usd": 0.001, "seconds": usage["seconds"]}]
 
-    runner = RungRunner(spec, "k1", tmp_path / "base", {"dataset_path": "/d/train", "validation_path": "/d/val"},
-                        None, False, launch=launch, diverged=lambda e: isinstance(e, Diverged), bill=bill,
-                        partition=lambda root: f"trial-{root:03d}", planned=planned, log=lambda m: None,
-                        warn=lambda m: None, fail=ValueError)
+    runner = RungRunner(
+        spec,
+        "k1",
+        tmp_path / "base",
+        {"dataset_path": "/d/train", "validation_path": "/d/val"},
+        None,
+        False,
+        launch=launch,
+        diverged=lambda e: isinstance(e, Diverged),
+        bill=bill,
+        partition=lambda root: f"trial-{root:03d}",
+        planned=planned,
+        log=lambda m: None,
+        warn=lambda m: None,
+        fail=ValueError,
+    )
     return runner, jobs, bills
 
 
@@ -55,8 +67,10 @@ def test_a_rung_launches_the_trials_job_to_its_step_and_reads_its_eval_loss(tmp_
 
 
 def test_a_diverged_launch_is_worth_inf_and_any_other_failure_or_a_missing_eval_loss_is_an_error(tmp_path):
-    runner, _, bills = _runner(tmp_path, [Diverged("non-finite loss"), RuntimeError("pod lost"),
-                                          {"rung": True, "trained_steps": 30, "eval_loss": None}])
+    runner, _, bills = _runner(
+        tmp_path,
+        [Diverged("non-finite loss"), RuntimeError("pod lost"), {"rung": True, "trained_steps": 30, "eval_loss": None}],
+    )
     rec = SimpleNamespace(number=0, root=0, params={"training.learning_rate": 1.0})
     out = runner.run_rung(rec, tmp_path, 30, 0)
     assert out.value == float("inf") and out.trained_steps == 30 and "hardware" in bills[0]

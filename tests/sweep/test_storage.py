@@ -12,7 +12,6 @@ import yaml
 
 from campaign_orchestrator.sweep import Sweep, make_storage, make_study
 from campaigns.loader import load_campaigns
-
 from tests.support import REPO_ROOT as REPO
 
 pytestmark = pytest.mark.stage
@@ -28,8 +27,13 @@ def _campaign(tmp_path, url: str):
 
 
 def _worker(path, study: str, mode: str, log):
-    return subprocess.Popen([sys.executable, "-m", "tests.support.sweep_worker", str(path), study, mode], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.sweep_worker", str(path), study, mode],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _wait_until(cond, proc, log, what: str, timeout_s: float = 60.0):
@@ -51,8 +55,9 @@ def _heartbeats(url: str, trial_id: int) -> int:
     engine = sqlalchemy.create_engine(url)
     try:
         with engine.connect() as con:
-            return con.execute(sqlalchemy.text("SELECT count(*) FROM trial_heartbeats WHERE trial_id = :t"),
-                               {"t": trial_id}).scalar_one()
+            return con.execute(
+                sqlalchemy.text("SELECT count(*) FROM trial_heartbeats WHERE trial_id = :t"), {"t": trial_id}
+            ).scalar_one()
     finally:
         engine.dispose()
 
@@ -71,17 +76,31 @@ def test_two_processes_share_a_postgres_study_and_a_killed_trial_is_retried(tmp_
 
     hung = _worker(path, name, "hang", tmp_path / "hang.log")
     # the hung trial is RUNNING and its heartbeat is in the database (what makes it detectably stale once killed)
-    running = _wait_until(lambda: study.get_trials(states=(TrialState.RUNNING,)), hung, tmp_path / "hang.log",
-                          "a RUNNING trial")
+    running = _wait_until(
+        lambda: study.get_trials(states=(TrialState.RUNNING,)), hung, tmp_path / "hang.log", "a RUNNING trial"
+    )
     killed = running[0].number
-    _wait_until(lambda: _heartbeats(pg_database.sqlalchemy_url, running[0]._trial_id), hung, tmp_path / "hang.log",
-                f"a heartbeat of trial {killed}")
+    _wait_until(
+        lambda: _heartbeats(pg_database.sqlalchemy_url, running[0]._trial_id),
+        hung,
+        tmp_path / "hang.log",
+        f"a heartbeat of trial {killed}",
+    )
     os.kill(hung.pid, signal.SIGKILL)
     hung.wait()
     assert [t.number for t in study.get_trials(states=(TrialState.RUNNING,))] == [killed]
 
-    sweep = Sweep(spec, tmp_path / "work", study._storage, name, run_rung=None, estimate_usd=lambda s, n: 0.0,
-                  spent_usd=lambda: 0.0, record_lines=lambda *a: None, log=lambda m: None)
+    sweep = Sweep(
+        spec,
+        tmp_path / "work",
+        study._storage,
+        name,
+        run_rung=None,
+        estimate_usd=lambda s, n: 0.0,
+        spent_usd=lambda: 0.0,
+        record_lines=lambda *a: None,
+        log=lambda m: None,
+    )
     assert sweep._wait_for_stale(study) == 1
     trials = study.get_trials()
     assert not [t for t in trials if t.state == TrialState.RUNNING]

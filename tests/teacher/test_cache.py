@@ -15,11 +15,23 @@ from campaign_orchestrator.generation.requests import Sampling, build_requests, 
 
 
 def _row(key: str, text: str = "x") -> dict:
-    return {"key": key, "input": "p", "sample_index": 0, "completion": text, "finish_reason": "stop",
-            "prompt_tokens": 3, "completion_tokens": 2, "latency_s": 0.1, "retries": 0,
-            "top_logprobs": [[(5, None, -0.5), (6, None, -2.5)], [(2, None, -0.25), (7, None, -4.0)]],
-            "completion_token_ids": [5, 2], "backend": "t", "model": "m", "teacher_identity": "id",
-            "created_at": 0.0}
+    return {
+        "key": key,
+        "input": "p",
+        "sample_index": 0,
+        "completion": text,
+        "finish_reason": "stop",
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "latency_s": 0.1,
+        "retries": 0,
+        "top_logprobs": [[(5, None, -0.5), (6, None, -2.5)], [(2, None, -0.25), (7, None, -4.0)]],
+        "completion_token_ids": [5, 2],
+        "backend": "t",
+        "model": "m",
+        "teacher_identity": "id",
+        "created_at": 0.0,
+    }
 
 
 def test_request_keys_are_content_addressed():
@@ -35,7 +47,9 @@ def test_request_keys_are_content_addressed():
     # greedy decoding: seed and top_p cannot change the output, n only adds samples
     assert k == request_key("teacher@rev1", Sampling(max_new_tokens=16, seed=9, top_p=0.5, n=4), "encode abc =", 0)
     hot = Sampling(max_new_tokens=16, temperature=0.7)
-    assert request_key("t", hot, "p", 0) != request_key("t", Sampling(max_new_tokens=16, temperature=0.7, seed=1), "p", 0)
+    assert request_key("t", hot, "p", 0) != request_key(
+        "t", Sampling(max_new_tokens=16, temperature=0.7, seed=1), "p", 0
+    )
     reqs = build_requests("t", Sampling(n=3, temperature=1.0, seed=10), ["a", "b"])
     assert [[r.sample_index for r in rs] for rs in reqs] == [[0, 1, 2], [0, 1, 2]]
     assert [r.seed for r in reqs[0]] == [10, 11, 12]
@@ -49,8 +63,10 @@ def test_writer_seals_shards_and_lookup_finds_rows(tmp_path):
     assert len(cache.shards()) == 3  # 3 + 3 + 1
     found = cache.lookup(["k1", "k6", "nope"])
     assert sorted(found) == ["k1", "k6"] and found["k6"]["completion"] == "t6"
-    assert found["k1"]["top_logprobs"][0] == [{"token_id": 5, "token": None, "logprob": -0.5},
-                                              {"token_id": 6, "token": None, "logprob": -2.5}]
+    assert found["k1"]["top_logprobs"][0] == [
+        {"token_id": 5, "token": None, "logprob": -0.5},
+        {"token_id": 6, "token": None, "logprob": -2.5},
+    ]
     assert not list((tmp_path / "spool" / "ns").glob("*.jsonl"))  # spools removed once sealed
 
 
@@ -147,7 +163,9 @@ def test_s3_store_over_http(tmp_path, s3_endpoint):
     # a second machine (fresh spool dir) sees the same cache
     other = GenerationCache(open_store("s3://gens/team/cache", endpoint_url=s3_endpoint), "ns", tmp_path / "spool2")
     assert sorted(other.lookup([f"k{i}" for i in range(9)])) == [f"k{i}" for i in range(5)]
-    raw = boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(Bucket="gens", Prefix="team/cache/generations/ns/")
+    raw = boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(
+        Bucket="gens", Prefix="team/cache/generations/ns/"
+    )
     assert len(raw["Contents"]) == 3
     assert store.exists(cache.shards()[0]) and not store.exists("generations/ns/nope.parquet")
     assert other.compact() == 0
@@ -175,14 +193,21 @@ def test_generation_through_the_storage_resource_on_s3(tmp_path, s3_endpoint):
     from campaign_orchestrator.generation.openai_client import OpenAICompatibleClient
     from campaign_orchestrator.generation.requests import namespace
     from campaign_orchestrator.generation.runner import run_generation
-    from tests.support.testserver import ServerConfig, ServerThread
     from resources.storage import ArtifactStore
+    from tests.support.testserver import ServerConfig, ServerThread
 
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket="team-cache")
     rows = [{"id": f"p{i}", "prompt": f"encode {w} ="} for i, w in enumerate(["abc", "hello", "world", "zebra"])]
     s = Sampling(max_new_tokens=16)
-    stores = [ArtifactStore(root=str(tmp_path / f"machine{m}"), cache_url="s3://team-cache/gens",
-                            s3_endpoint_url=s3_endpoint, s3_region="us-east-1") for m in (1, 2)]
+    stores = [
+        ArtifactStore(
+            root=str(tmp_path / f"machine{m}"),
+            cache_url="s3://team-cache/gens",
+            s3_endpoint_url=s3_endpoint,
+            s3_region="us-east-1",
+        )
+        for m in (1, 2)
+    ]
     with ServerThread(ServerConfig(latency_s=0.0)) as srv:
         results = []
         for st in stores:  # two machines, each with its own local root, sharing the S3 cache
@@ -231,6 +256,7 @@ def test_an_unnamed_spool_is_removed_only_when_stale(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- at scale
+
 
 def _hex_keys(j: int, shards: int, n: int) -> list[str]:
     """``n`` sorted hex keys in shard ``j``'s slice of the key space (as make_shards cuts a stage's requests)."""
@@ -301,8 +327,9 @@ def test_a_lookup_reads_only_the_files_and_row_groups_that_can_hold_its_keys(tmp
 
 
 def test_compaction_streams_into_key_range_files_and_keeps_the_first_written_row(tmp_path):
-    cache = GenerationCache(LocalStore(tmp_path / "c"), "ns", tmp_path / "spool", shard_rows=50, max_shards=2,
-                            run_bytes=6_000)
+    cache = GenerationCache(
+        LocalStore(tmp_path / "c"), "ns", tmp_path / "spool", shard_rows=50, max_shards=2, run_bytes=6_000
+    )
     keys = [k for j in range(8) for k in _hex_keys(j, 8, 25)]
     with cache.writer() as w:
         for i, k in enumerate(keys):

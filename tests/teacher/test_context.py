@@ -7,8 +7,11 @@ import pytest
 from campaign_orchestrator.generation.requests import Sampling, build_requests
 from campaigns.spec import TeacherSpec
 
-CTX = [{"role": "system", "content": "Reply in lowercase."}, {"role": "user", "content": "Plural of desk?"},
-       {"role": "assistant", "content": "desks"}]
+CTX = [
+    {"role": "system", "content": "Reply in lowercase."},
+    {"role": "user", "content": "Plural of desk?"},
+    {"role": "assistant", "content": "desks"},
+]
 
 
 def test_context_makes_chat_requests_and_is_part_of_the_key():

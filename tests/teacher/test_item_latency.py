@@ -14,8 +14,12 @@ def test_local_generation_times_each_item_to_its_last_token(demo_models):
     from campaign_orchestrator.generation.local import LocalGenerator
 
     gen = LocalGenerator.from_path(demo_models["teacher"], batch_size=8, device="cpu")
-    prompts = [cipher.prompt_for("ab"), cipher.prompt_for("abcdefgh"), cipher.prompt_for("xy"),
-               cipher.prompt_for("qrstuvwx")]
+    prompts = [
+        cipher.prompt_for("ab"),
+        cipher.prompt_for("abcdefgh"),
+        cipher.prompt_for("xy"),
+        cipher.prompt_for("qrstuvwx"),
+    ]
     t = __import__("time").perf_counter()
     outs = gen.generate(prompts, max_new_tokens=16)
     batch_s = __import__("time").perf_counter() - t

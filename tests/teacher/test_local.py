@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from campaign_orchestrator.demo import cipher
 from campaign_orchestrator.generation.backends import BackendError, TransformersBackend, VLLMBackend, teacher_identity
 from campaign_orchestrator.generation.blobstore import LocalStore
 from campaign_orchestrator.generation.cache import GenerationCache
 from campaign_orchestrator.generation.requests import GenRequest, Sampling, namespace
 from campaign_orchestrator.generation.runner import run_generation
-from campaign_orchestrator.demo import cipher
 
 ITEMS = cipher.items(12, seed=123, id_prefix="t")
 PROMPTS = [{"id": it["id"], "prompt": it["prompt"]} for it in ITEMS]
@@ -83,7 +83,9 @@ def test_inputs_go_to_the_model_device(monkeypatch, demo_models, teacher_gen):
     monkeypatch.setattr(teacher_gen, "setting", "continuous")
     fwd = []
     hook = teacher_gen.model.register_forward_pre_hook(
-        lambda m, a, kw: fwd.append({k: v.device for k, v in kw.items() if isinstance(v, torch.Tensor)}), with_kwargs=True)
+        lambda m, a, kw: fwd.append({k: v.device for k, v in kw.items() if isinstance(v, torch.Tensor)}),
+        with_kwargs=True,
+    )
     try:
         out = teacher_gen.generate([p["prompt"] for p in PROMPTS[:3]], 8, logprobs=2)
     finally:
@@ -196,7 +198,7 @@ class FakeLLM:
             flat = [prompts[i] for i in idx for _ in range(sp.n)]
             res = self.gen.generate(flat, sp.max_tokens, sp.temperature, sp.top_p, sp.seed or 0, logprobs=sp.logprobs)
             for j, i in enumerate(idx):
-                comps[i] = res[j * sp.n:(j + 1) * sp.n]
+                comps[i] = res[j * sp.n : (j + 1) * sp.n]
         out = []
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
             outputs = []
@@ -208,8 +210,11 @@ class FakeLLM:
                         d = {e[0]: Logprob(e[2], r + 1, self.gen.tok.decode([e[0]])) for r, e in enumerate(pos)}
                         d.setdefault(tid, Logprob(-30.0, 999, "?"))  # vLLM adds the sampled token when outside top-k
                         lps.append(d)
-                outputs.append(SimpleNamespace(index=j, text=c.text, token_ids=tuple(c.token_ids),
-                                               finish_reason=c.finish_reason, logprobs=lps))
+                outputs.append(
+                    SimpleNamespace(
+                        index=j, text=c.text, token_ids=tuple(c.token_ids), finish_reason=c.finish_reason, logprobs=lps
+                    )
+                )
             out.append(SimpleNamespace(prompt=p, prompt_token_ids=self.gen.tok(p)["input_ids"], outputs=outputs))
         return out
 
@@ -261,4 +266,6 @@ def test_identity_tracks_weights_and_revision(demo_models):
     assert a == teacher_identity("transformers", "elsewhere", demo_models["teacher"], "r1")  # content, not name
     assert a != teacher_identity("transformers", "@demo/teacher", demo_models["teacher"], "r2")
     assert a != teacher_identity("transformers", "@demo/student", demo_models["student"], "r1")
-    assert teacher_identity("openai", "m", base_url="http://h/v1/") == teacher_identity("openai", "m", base_url="http://h/v1")
+    assert teacher_identity("openai", "m", base_url="http://h/v1/") == teacher_identity(
+        "openai", "m", base_url="http://h/v1"
+    )

@@ -35,11 +35,23 @@ class FakeEngine:
 
 
 def _fake_gen(device="cpu"):
-    cfg = SimpleNamespace(model_type="llama", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-                          num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
-    return SimpleNamespace(device=torch.device(device), precision=SimpleNamespace(dtype="float32"),
-                           model=SimpleNamespace(config=cfg), tok=SimpleNamespace(all_special_ids=[0, 1]),
-                           stop_ids=[1], context_length=128)
+    cfg = SimpleNamespace(
+        model_type="llama",
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+    )
+    return SimpleNamespace(
+        device=torch.device(device),
+        precision=SimpleNamespace(dtype="float32"),
+        model=SimpleNamespace(config=cfg),
+        tok=SimpleNamespace(all_special_ids=[0, 1]),
+        stop_ids=[1],
+        context_length=128,
+    )
 
 
 def test_auto_follows_measured_speed_and_never_picks_a_slow_engine(tmp_path):
@@ -70,10 +82,17 @@ def test_a_cuda_device_gets_a_probe_not_a_default(tmp_path):
     from campaign_orchestrator.generation.auto import choose
 
     cpu_only = FakeEngine("continuous", 0.0, devices=("cpu",))
-    a, b = FakeEngine("generate_batch", 0.002, top_logprobs=False, devices=("cpu", "cuda")), \
-        FakeEngine("hf_generate", 0.0, devices=("cpu", "cuda"))
-    name, rec = choose(_fake_gen(), {"continuous": cpu_only, "generate_batch": a, "hf_generate": b},
-                       cache_dir=tmp_path, device=torch.device("cuda"), log=lambda _m: None)
+    a, b = (
+        FakeEngine("generate_batch", 0.002, top_logprobs=False, devices=("cpu", "cuda")),
+        FakeEngine("hf_generate", 0.0, devices=("cpu", "cuda")),
+    )
+    name, rec = choose(
+        _fake_gen(),
+        {"continuous": cpu_only, "generate_batch": a, "hf_generate": b},
+        cache_dir=tmp_path,
+        device=torch.device("cuda"),
+        log=lambda _m: None,
+    )
     assert name == "hf_generate" and rec["device"] == "cuda" and rec["measured_now"]
     assert a.calls == 2 and b.calls == 2 and cpu_only.calls == 0
     assert "not a candidate on cuda" in rec["not_candidates"]["continuous"]
@@ -110,8 +129,9 @@ def test_engines_return_equal_greedy_answers_on_the_demo_teacher(demo_models):
     ref = answers["hf_generate"]
     assert ref[-1].finish_reason == "error" and all(c.ok for c in ref[:-1])
     for name, got in answers.items():
-        assert [(c.text, c.token_ids, c.finish_reason, c.completion_tokens, c.prompt_tokens) for c in got] == \
-            [(c.text, c.token_ids, c.finish_reason, c.completion_tokens, c.prompt_tokens) for c in ref], name
+        assert [(c.text, c.token_ids, c.finish_reason, c.completion_tokens, c.prompt_tokens) for c in got] == [
+            (c.text, c.token_ids, c.finish_reason, c.completion_tokens, c.prompt_tokens) for c in ref
+        ], name
     # top-k: generate_batch cannot return it, so such a request runs on an engine that can, with the same answer
     gen.engine = "generate_batch"
     top = gen.generate(prompts[:3], 16, logprobs=2)

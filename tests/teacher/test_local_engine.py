@@ -45,16 +45,26 @@ def test_continuous_engine_is_token_identical_to_generate(demo_models, dtype):
     old = gen.generate(prompts, 16, logprobs=3)
     assert st["prefills"] > 3 and st["prompts"] == len(prompts) - 1  # refilled many times; the long one skipped
     assert new[-1].finish_reason == "error" and "exceeds the teacher's context" in new[-1].error
-    assert sum(c.ok for c in new[len(WORDS):]) == 6  # the header group fits
+    assert sum(c.ok for c in new[len(WORDS) :]) == 6  # the header group fits
     for a, b in zip(new, old, strict=True):  # input order, same tokens, same reasons, same top-k
-        assert (a.text, a.token_ids, a.finish_reason, a.completion_tokens, a.prompt_tokens) == \
-            (b.text, b.token_ids, b.finish_reason, b.completion_tokens, b.prompt_tokens)
+        assert (a.text, a.token_ids, a.finish_reason, a.completion_tokens, a.prompt_tokens) == (
+            b.text,
+            b.token_ids,
+            b.finish_reason,
+            b.completion_tokens,
+            b.prompt_tokens,
+        )
         if a.ok:
             k = 3 if dtype == "float32" else 1  # bf16: near-tied runners-up may swap places in the last bits
-            assert [[e[0] for e in pos[:k]] for pos in a.top_logprobs] == [[e[0] for e in pos[:k]] for pos in b.top_logprobs]
+            assert [[e[0] for e in pos[:k]] for pos in a.top_logprobs] == [
+                [e[0] for e in pos[:k]] for pos in b.top_logprobs
+            ]
             tol = 1e-4 if dtype == "float32" else 5e-2
-            assert all(abs(x[2] - y[2]) <= tol for p, q in zip(a.top_logprobs, b.top_logprobs, strict=True)
-                       for x, y in zip(p[:k], q[:k], strict=True))
+            assert all(
+                abs(x[2] - y[2]) <= tol
+                for p, q in zip(a.top_logprobs, b.top_logprobs, strict=True)
+                for x, y in zip(p[:k], q[:k], strict=True)
+            )
             assert 0 < a.latency_s
     assert {c.finish_reason for c in new[:-1]} >= {"stop"}
 
@@ -66,7 +76,8 @@ def test_finished_rows_are_not_decoded_and_progress_is_reported(demo_models):
     gen._supports_continuous()  # its one-token probe forward is not a decoding step
     rows_per_step = []
     hook = gen.model.register_forward_pre_hook(
-        lambda m, a, kw: rows_per_step.append(kw["input_ids"].shape) if "input_ids" in kw else None, with_kwargs=True)
+        lambda m, a, kw: rows_per_step.append(kw["input_ids"].shape) if "input_ids" in kw else None, with_kwargs=True
+    )
     try:
         outs = gen.generate([cipher.prompt_for(w) for w in WORDS], 16, progress=done.append)
     finally:
@@ -87,8 +98,10 @@ def test_prefix_groups_share_what_all_their_members_share():
     assert sorted((sorted(g), p) for g, p in groups) == [([0, 2, 3], 9), ([1, 4], 0)]
     assert groups[-1] == ([1, 4], 0)  # the ungrouped come back together, last
     # a neighbour sharing fewer than min_tokens starts a group of its own: 3 leaves, 0 and 2 share 10
-    assert sorted((sorted(g), p) for g, p in prefix_groups([a + [1], a + [2, 3], a[:9] + [5]], min_tokens=10)) == \
-        [([0, 1], 10), ([2], 0)]
+    assert sorted((sorted(g), p) for g, p in prefix_groups([a + [1], a + [2, 3], a[:9] + [5]], min_tokens=10)) == [
+        ([0, 1], 10),
+        ([2], 0),
+    ]
 
 
 def test_engine_choice(demo_models, monkeypatch):
@@ -108,8 +121,9 @@ def test_engine_choice(demo_models, monkeypatch):
 
 def test_sampling_stays_on_generate(demo_models, monkeypatch):
     gen = _gen(demo_models, "float32", batch_size=4)
-    monkeypatch.setattr(gen.engine_instance("continuous"), "generate",
-                        lambda *a, **k: pytest.fail("sampling went to the greedy engine"))
+    monkeypatch.setattr(
+        gen.engine_instance("continuous"), "generate", lambda *a, **k: pytest.fail("sampling went to the greedy engine")
+    )
     outs = gen.generate([cipher.prompt_for(w) for w in WORDS[:3]], 8, temperature=1.0, seed=3)
     again = gen.generate([cipher.prompt_for(w) for w in WORDS[:3]], 8, temperature=1.0, seed=3)
     assert [c.token_ids for c in outs] == [c.token_ids for c in again]
@@ -149,12 +163,16 @@ def test_shards_on_two_workers_give_the_tokens_of_one_call(demo_models):
     whole = one.generate(prompts, 16, logprobs=2)
     worker_a = _gen(demo_models, "float32", batch_size=2, max_batch_tokens=2 * 40)
     worker_b = _gen(demo_models, "float32", batch_size=3, max_batch_tokens=3 * 40)
-    shard_a, shard_b = worker_a.generate(prompts[0::2], 16, logprobs=2), worker_b.generate(prompts[1::2], 16, logprobs=2)
+    shard_a, shard_b = (
+        worker_a.generate(prompts[0::2], 16, logprobs=2),
+        worker_b.generate(prompts[1::2], 16, logprobs=2),
+    )
     assert worker_a.last_stats["prefills"] > 2 and worker_b.last_stats["prefills"] > 2  # rows left and joined
     merged = [None] * len(prompts)
     merged[0::2], merged[1::2] = shard_a, shard_b
     assert [c.token_ids for c in merged] == [c.token_ids for c in whole]
     assert [(c.text, c.finish_reason) for c in merged] == [(c.text, c.finish_reason) for c in whole]
-    assert [[[e[0] for e in pos] for pos in c.top_logprobs] for c in merged] == \
-        [[[e[0] for e in pos] for pos in c.top_logprobs] for c in whole]
+    assert [[[e[0] for e in pos] for pos in c.top_logprobs] for c in merged] == [
+        [[e[0] for e in pos] for pos in c.top_logprobs] for c in whole
+    ]
     assert {c.finish_reason for c in whole} >= {"stop"} and sum(len(c.token_ids) for c in whole) > len(prompts)

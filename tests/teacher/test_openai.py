@@ -8,16 +8,22 @@ import time
 
 import pytest
 
+from campaign_orchestrator.demo import cipher
 from campaign_orchestrator.generation.backends import OpenAIBackend
 from campaign_orchestrator.generation.blobstore import LocalStore
 from campaign_orchestrator.generation.cache import GenerationCache
-from campaign_orchestrator.generation.openai_client import (AuthenticationError, EndpointError, EndpointUnreachable,
-                                      OpenAICompatibleClient, TokenBucket, _wait_retry_after_or_backoff,
-                                      parse_retry_after)
+from campaign_orchestrator.generation.openai_client import (
+    AuthenticationError,
+    EndpointError,
+    EndpointUnreachable,
+    OpenAICompatibleClient,
+    TokenBucket,
+    _wait_retry_after_or_backoff,
+    parse_retry_after,
+)
 from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaign_orchestrator.generation.runner import run_generation
 from tests.support.testserver import ServerConfig, ServerThread, rule_answer
-from campaign_orchestrator.demo import cipher
 
 WORDS = [cipher.random_word(__import__("random").Random(i)) + "x" * (i % 3) for i in range(200)]
 PROMPTS = [{"id": f"p{i}", "prompt": cipher.prompt_for(w)} for i, w in enumerate(WORDS)]
@@ -53,8 +59,15 @@ def test_chat_endpoint_and_truncation():
 def test_faults_are_retried_until_every_prompt_completes_once(tmp_path):
     cfg = ServerConfig(latency_s=0.01, fail_429=0.1, fail_500=0.1, timeout_rate=0.05, hang_s=3.0, retry_after_s=0.05)
     with ServerThread(cfg) as srv:
-        client = OpenAICompatibleClient(srv.base_url, "teacher", max_concurrency=32, timeout_s=0.5,
-                                        backoff_initial_s=0.02, backoff_max_s=0.5, max_retries=10)
+        client = OpenAICompatibleClient(
+            srv.base_url,
+            "teacher",
+            max_concurrency=32,
+            timeout_s=0.5,
+            backoff_initial_s=0.02,
+            backoff_max_s=0.5,
+            max_retries=10,
+        )
         backend = OpenAIBackend(client)
         s = Sampling(max_new_tokens=16)
         res = run_generation(PROMPTS, backend, s, _cache(tmp_path, backend, s))
@@ -79,8 +92,9 @@ def test_retry_after_header_is_honored():
     assert parse_retry_after(CIMultiDict()) is None
     # backoff_max_s caps the client's own backoff, not the wait the server asks for
     with ServerThread(ServerConfig(latency_s=0.0, fail_429=1.0, retry_after_s=0.3)) as srv:
-        client = OpenAICompatibleClient(srv.base_url, "teacher", max_retries=2, backoff_initial_s=0.05,
-                                        backoff_max_s=0.05)
+        client = OpenAICompatibleClient(
+            srv.base_url, "teacher", max_retries=2, backoff_initial_s=0.05, backoff_max_s=0.05
+        )
         t0 = time.perf_counter()
         out = client.generate(["encode abc ="], 8)[0]
         wall = time.perf_counter() - t0

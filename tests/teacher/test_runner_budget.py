@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from campaigns import paths
 from campaign_orchestrator.costs.budget import BudgetExceeded, BudgetGuard, Limit
-from campaign_orchestrator.costs.catalog import read_catalog
+from campaign_orchestrator.costs.catalog import read_catalog, token_lines, total
 from campaign_orchestrator.costs.ledger import Ledger
-from campaign_orchestrator.costs.catalog import token_lines, total
 from campaign_orchestrator.demo import cipher
 from campaign_orchestrator.generation.backends import OpenAIBackend
 from campaign_orchestrator.generation.blobstore import LocalStore
@@ -18,6 +16,7 @@ from campaign_orchestrator.generation.cache import GenerationCache
 from campaign_orchestrator.generation.openai_client import OpenAICompatibleClient
 from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaign_orchestrator.generation.runner import run_generation
+from campaigns import paths
 from tests.support.testserver import ServerConfig, ServerThread
 
 
@@ -47,9 +46,18 @@ def _cache(root, backend) -> GenerationCache:
 
 
 def _guard(ledger: Ledger, budget_usd: float, planned_usd: float | None = None) -> BudgetGuard:
-    g = BudgetGuard(ledger=ledger, campaign="c", stage="teacher_generations", run_id="r", step_key="s", attempt=0,
-                    stage_key="k", limits=[Limit("campaign c", budget_usd, 0.0)], log=lambda m: None,
-                    metered=lambda u: token_lines("teacher", ENTRY, u.prompt_tokens, u.completion_tokens))
+    g = BudgetGuard(
+        ledger=ledger,
+        campaign="c",
+        stage="teacher_generations",
+        run_id="r",
+        step_key="s",
+        attempt=0,
+        stage_key="k",
+        limits=[Limit("campaign c", budget_usd, 0.0)],
+        log=lambda m: None,
+        metered=lambda u: token_lines("teacher", ENTRY, u.prompt_tokens, u.completion_tokens),
+    )
     g.planned_usd = planned_usd
     return g
 
@@ -62,8 +70,9 @@ def test_cache_hits_cost_nothing_and_the_guard_stops_within_one_answer(tmp_path)
     with ServerThread(ServerConfig(latency_s=0.0)) as srv:
         # what the 40 uncached requests and the 60 cached ones cost, measured on a throwaway cache
         ref = run_generation(PROMPTS, _backend(srv), SAMPLING, _cache(tmp_path / "ref", _backend(srv)))
-        rest_usd = _usd(run_generation(PROMPTS[60:], _backend(srv), SAMPLING, _cache(tmp_path / "ref2", _backend(srv)))
-                        .stats)
+        rest_usd = _usd(
+            run_generation(PROMPTS[60:], _backend(srv), SAMPLING, _cache(tmp_path / "ref2", _backend(srv))).stats
+        )
         all_usd = _usd(ref.stats)
         assert 0 < rest_usd < 0.5 * all_usd  # the cached 60 alone would pass a budget sized for the 40
         run_generation(CACHED, _backend(srv), SAMPLING, _cache(tmp_path / "a", _backend(srv)))
@@ -75,8 +84,15 @@ def test_cache_hits_cost_nothing_and_the_guard_stops_within_one_answer(tmp_path)
         srv.stats.received = 0
         logs: list[str] = []
         shown: list[int] = []
-        res = run_generation(PROMPTS, _backend(srv), SAMPLING, _cache(tmp_path / "a", _backend(srv)),
-                             progress=shown.append, budget=guard, log=logs.append)
+        res = run_generation(
+            PROMPTS,
+            _backend(srv),
+            SAMPLING,
+            _cache(tmp_path / "a", _backend(srv)),
+            progress=shown.append,
+            budget=guard,
+            log=logs.append,
+        )
         assert srv.stats.received == 40 and res.stats.cache_hits == 60 and res.stats.generated == 40
         assert guard.usage.items == 40 and guard.accrued_usd() == pytest.approx(rest_usd) == _usd(res.stats)
         assert not guard.stopped and ledger.spent("c") == 0.0
@@ -87,8 +103,9 @@ def test_cache_hits_cost_nothing_and_the_guard_stops_within_one_answer(tmp_path)
         guard = _guard(ledger, rest_usd * 0.5)
         srv.stats.received = 0
         with pytest.raises(BudgetExceeded, match="stopped teacher_generations mid-way") as e:
-            run_generation(PROMPTS, _backend(srv, concurrency=1), SAMPLING, _cache(tmp_path / "b", _backend(srv)),
-                           budget=guard)
+            run_generation(
+                PROMPTS, _backend(srv, concurrency=1), SAMPLING, _cache(tmp_path / "b", _backend(srv)), budget=guard
+            )
         paid = guard.usage.items
         spent = ledger.spent("c")
         assert 0 < paid < 40 and srv.stats.received == paid  # one request at a time: nothing sent after the stop
@@ -110,9 +127,19 @@ def test_the_planner_estimate_is_checked_for_the_uncached_share_only(tmp_path):
         run_generation(CACHED, _backend(srv), SAMPLING, _cache(tmp_path, _backend(srv)))
         srv.stats.received = 0
         with pytest.raises(BudgetExceeded, match=r"the planner estimates \$0\.400000"):
-            run_generation(PROMPTS, _backend(srv), SAMPLING, _cache(tmp_path, _backend(srv)),
-                           budget=_guard(Ledger(tmp_path / "l.duckdb"), 0.39, planned_usd=1.0))
+            run_generation(
+                PROMPTS,
+                _backend(srv),
+                SAMPLING,
+                _cache(tmp_path, _backend(srv)),
+                budget=_guard(Ledger(tmp_path / "l.duckdb"), 0.39, planned_usd=1.0),
+            )
         assert srv.stats.received == 0 and Ledger(tmp_path / "l.duckdb").spent("c") == 0.0
-        res = run_generation(PROMPTS, _backend(srv), SAMPLING, _cache(tmp_path, _backend(srv)),
-                             budget=_guard(Ledger(tmp_path / "l.duckdb"), 0.41, planned_usd=1.0))
+        res = run_generation(
+            PROMPTS,
+            _backend(srv),
+            SAMPLING,
+            _cache(tmp_path, _backend(srv)),
+            budget=_guard(Ledger(tmp_path / "l.duckdb"), 0.41, planned_usd=1.0),
+        )
         assert res.stats.generated == 40 and srv.stats.received == 40

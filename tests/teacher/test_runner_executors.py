@@ -29,9 +29,23 @@ from tests.support.testserver import ServerConfig, ServerThread
 S = Sampling(max_new_tokens=8)
 API = PriceEntry(key="api", unit="million-tokens", input_usd=1.0, output_usd=2.0, as_of="2026-01-01")
 # what a row is, whoever answered it (latency and retries are the run's, not the answer's)
-SAME = ("id", "sample_index", "prompt", "completion", "finish_reason", "prompt_tokens", "completion_tokens",
-        "backend", "model", "sampling_hash", "request_key", "from_cache", "error", "completion_token_ids",
-        "top_logprobs")
+SAME = (
+    "id",
+    "sample_index",
+    "prompt",
+    "completion",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "backend",
+    "model",
+    "sampling_hash",
+    "request_key",
+    "from_cache",
+    "error",
+    "completion_token_ids",
+    "top_logprobs",
+)
 
 
 def prompts() -> list[dict]:
@@ -51,10 +65,18 @@ class Recorder:
     def check_planned(self, share: float = 1.0) -> None:
         self.planned.append(round(share, 9))
 
-    def charge(self, *, items: int = 1, prompt_tokens: int = 0, completion_tokens: int = 0, seconds: float = 0.0,
-               final: bool = False) -> None:
-        self.charged.update(items=items, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                            final=int(final))
+    def charge(
+        self,
+        *,
+        items: int = 1,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        seconds: float = 0.0,
+        final: bool = False,
+    ) -> None:
+        self.charged.update(
+            items=items, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, final=int(final)
+        )
 
 
 class InProcessPool:
@@ -74,8 +96,9 @@ class InProcessPool:
             summary = self.worker.run_shard(recipe, cache, s.id, 1, s.requests, sampling, limits)
             self.shards_run += 1
             if on_usage is not None:
-                on_usage({k: summary[k] for k in ("generated", "failed", "prompt_tokens", "completion_tokens",
-                                                  "seconds")})
+                on_usage(
+                    {k: summary[k] for k in ("generated", "failed", "prompt_tokens", "completion_tokens", "seconds")}
+                )
             failed.update(summary.pop("failed_rows", {}) or {})
             where = {"pid": os.getpid(), "host": os.uname().nodename, "spool": self.worker.spool}  # no Ray here
             on_shard(summary | {"worker": where, "requests": len(s)})
@@ -84,8 +107,9 @@ class InProcessPool:
 
 def setup(srv, root) -> tuple:
     """The teacher's recipe and identity, and the cache config under ``root`` (the first 10 prompts cached)."""
-    recipe = BackendRecipe(TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced",
-                                       max_concurrency=2))
+    recipe = BackendRecipe(
+        TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=2)
+    )
     ident = recipe.build().identity
     cfg = CacheConfig(str(root / "store"), namespace(ident, S), str(root / "spool"))
     run_generation(prompts()[:10], LocalExecutor(recipe.build()), S, cfg.open())
@@ -103,17 +127,38 @@ def run_both(srv, tmp_path, ray_executor) -> dict:
         before = srv.stats.received
         res = run_generation(prompts(), ex, S, cfg.open(), progress=shown.append, budget=guard)
         st = res.stats
-        lines = token_lines("teacher", API, st.new_prompt_tokens, st.new_completion_tokens) if name == "local" \
+        lines = (
+            token_lines("teacher", API, st.new_prompt_tokens, st.new_completion_tokens)
+            if name == "local"
             else shard_cost_lines(ex.run)
+        )
         billed = Counter()
         for x in lines:
             billed[x["price_key"]] += x["quantity"]
-        out[name] = {"rows": [{k: r[k] for k in SAME} for r in res.rows], "guard": guard, "progress": sum(shown),
-                     "billed": {k: round(v * 1e6) for k, v in billed.items()}, "asked": srv.stats.received - before,
-                     "stats": {k: getattr(st, k) for k in ("requests", "distinct_requests", "cache_hits", "generated",
-                                                           "failed", "new_prompt_tokens", "new_completion_tokens",
-                                                           "prompt_tokens", "completion_tokens", "finish_reasons")},
-                     "cached_after": len(cfg.open()), "executor": ex}
+        out[name] = {
+            "rows": [{k: r[k] for k in SAME} for r in res.rows],
+            "guard": guard,
+            "progress": sum(shown),
+            "billed": {k: round(v * 1e6) for k, v in billed.items()},
+            "asked": srv.stats.received - before,
+            "stats": {
+                k: getattr(st, k)
+                for k in (
+                    "requests",
+                    "distinct_requests",
+                    "cache_hits",
+                    "generated",
+                    "failed",
+                    "new_prompt_tokens",
+                    "new_completion_tokens",
+                    "prompt_tokens",
+                    "completion_tokens",
+                    "finish_reasons",
+                )
+            },
+            "cached_after": len(cfg.open()),
+            "executor": ex,
+        }
     return out
 
 
@@ -127,19 +172,29 @@ def assert_same(out: dict) -> None:
     assert ray["guard"].planned == local["guard"].planned == [pytest.approx(16 / 26)]
     assert ray["guard"].charged == local["guard"].charged  # items, tokens, and one final charge each
     assert local["guard"].charged["items"] == 16 and local["guard"].charged["final"] == 1
-    assert ray["billed"] == local["billed"] == {"api:input": local["stats"]["new_prompt_tokens"],
-                                                "api:output": local["stats"]["new_completion_tokens"]}
+    assert (
+        ray["billed"]
+        == local["billed"]
+        == {"api:input": local["stats"]["new_prompt_tokens"], "api:output": local["stats"]["new_completion_tokens"]}
+    )
     assert ray["progress"] == local["progress"] == 30
 
 
 def test_the_local_and_the_ray_executor_give_equal_rows_and_equal_billed_usage(tmp_path):
     pool = InProcessPool()
-    execution = SimpleNamespace(replicas=1, num_cpus_per_replica=1.0, num_gpus_per_replica=0.0, shard_prompts=8,
-                                max_shard_retries=0, ray_address=None)
+    execution = SimpleNamespace(
+        replicas=1,
+        num_cpus_per_replica=1.0,
+        num_gpus_per_replica=0.0,
+        shard_prompts=8,
+        max_shard_retries=0,
+        ray_address=None,
+    )
     price = lambda u: token_lines("teacher", API, u["prompt_tokens"], u["completion_tokens"])  # noqa: E731
     with ServerThread(ServerConfig(latency_s=0.0, context_length=64)) as srv:
-        out = run_both(srv, tmp_path, lambda recipe, ident, cfg: RayExecutor(recipe, ident, cfg, execution,
-                                                                               price=price, pool=pool))
+        out = run_both(
+            srv, tmp_path, lambda recipe, ident, cfg: RayExecutor(recipe, ident, cfg, execution, price=price, pool=pool)
+        )
     assert_same(out)
     run = out["ray"]["executor"].run  # 4 shards of the 26 distinct requests; only those the cache lacks are run
     assert len(run.shards) == 4 and pool.shards_run == sum(1 for s in run.shards if s.cached < s.requests) >= 1

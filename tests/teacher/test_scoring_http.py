@@ -45,10 +45,32 @@ def server_proc(demo_models):
     d = Path(tempfile.mkdtemp(prefix="teacher-serve-"))
     port_file = d / "port"
     env = os.environ | {KEY_ENV: KEY, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "campaign_orchestrator.teacher", "serve", "--model",
-                             str(demo_models["teacher"]), "--served-name", NAME, "--port", "0", "--port-file",
-                             str(port_file), "--api-key-env", KEY_ENV, "--batch-size", "3", "--compute-dtype", "float32"],
-                            cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "campaign_orchestrator.teacher",
+            "serve",
+            "--model",
+            str(demo_models["teacher"]),
+            "--served-name",
+            NAME,
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--api-key-env",
+            KEY_ENV,
+            "--batch-size",
+            "3",
+            "--compute-dtype",
+            "float32",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         yield proc, port_file
     finally:
@@ -76,8 +98,11 @@ def server_url(server_proc, gen):
 
 def test_http_scores_equal_the_in_process_scores(server_url, gen):
     scorer = HTTPTeacherScorer(server_url, NAME, gen.tok, api_key=KEY, api_key_env=KEY_ENV, batch_size=2)
-    chat = [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "bc"},
-            {"role": "user", "content": "cd"}]
+    chat = [
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": "bc"},
+        {"role": "user", "content": "cd"},
+    ]
     prompts = ["encode abc =", chat, "encode hello =", "encode xy =", "encode longerword =", LONG]
     conts = [gen.tok(" bcd", add_special_tokens=False)["input_ids"], [10, 11, 12], [5, 6, 7, 8, 9], [], [4], [5, 6]]
     http = scorer.score(prompts, conts, top_k=3)
@@ -87,8 +112,9 @@ def test_http_scores_equal_the_in_process_scores(server_url, gen):
         assert h.error is None and h.token_ids == conts[i] and h.prompt_tokens == lo.prompt_tokens
         assert h.logprobs == pytest.approx(lo.logprobs, abs=1e-4)
         assert [[e[0] for e in pos] for pos in h.top_logprobs] == [[e[0] for e in pos] for pos in lo.top_logprobs]
-        assert [e[2] for pos in h.top_logprobs for e in pos] == \
-            pytest.approx([e[2] for pos in lo.top_logprobs for e in pos], abs=1e-4)
+        assert [e[2] for pos in h.top_logprobs for e in pos] == pytest.approx(
+            [e[2] for pos in lo.top_logprobs for e in pos], abs=1e-4
+        )
     assert http[3].logprobs == [] and http[3].top_logprobs == [] and http[3].error is None  # nothing to score
     assert http[5].error and "maximum context length" in http[5].error and http[5].logprobs == []  # alone
     scored = (0, 1, 2, 4)
@@ -132,8 +158,13 @@ def test_the_clients_retries_carry_scoring_through_server_errors(gen):
         if scope["type"] == "http" and scope["path"] == "/v1/completions":
             calls["n"] += 1
             if calls["n"] % 2:
-                await send({"type": "http.response.start", "status": 503,
-                            "headers": [(b"content-type", b"application/json"), (b"retry-after", b"0")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 503,
+                        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"0")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": b'{"error": {"message": "busy"}}'})
                 return
         await inner(scope, receive, send)

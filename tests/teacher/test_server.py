@@ -53,8 +53,9 @@ def test_prompt_logprobs_have_vllms_shape_and_the_models_values(client, gen):
     # the values are the model's: LocalGenerator.score of the last tokens given the first ones
     cut = 4
     scored = gen.score([gen.tok.decode(ids[1:cut])], [ids[cut:]], top_k=3)[0]
-    assert [pos[str(t)]["logprob"] for pos, t in zip(plp[cut:], ids[cut:], strict=True)] == \
-        pytest.approx(scored.logprobs, abs=1e-5)
+    assert [pos[str(t)]["logprob"] for pos, t in zip(plp[cut:], ids[cut:], strict=True)] == pytest.approx(
+        scored.logprobs, abs=1e-5
+    )
 
 
 def test_generation_with_max_tokens_zero_one_and_more(client, gen):
@@ -71,8 +72,12 @@ def test_generation_with_max_tokens_zero_one_and_more(client, gen):
     c1 = one["choices"][0]
     assert c1["token_ids"] == expected.token_ids[:1] and c1["finish_reason"] == "length"
     assert one["usage"]["completion_tokens"] == 1 and len(c1["prompt_logprobs"]) == one["usage"]["prompt_tokens"]
-    sampled = [post(client, prompt=prompt, max_tokens=4, temperature=1.5, seed=s, return_token_ids=True)[1]
-               ["choices"][0]["token_ids"] for s in (1, 1, 2)]
+    sampled = [
+        post(client, prompt=prompt, max_tokens=4, temperature=1.5, seed=s, return_token_ids=True)[1]["choices"][0][
+            "token_ids"
+        ]
+        for s in (1, 1, 2)
+    ]
     assert sampled[0] == sampled[1]  # a seed fixes the sample
 
 
@@ -113,6 +118,9 @@ def test_an_api_key_is_required_when_set_and_never_echoed(gen):
         r = keyed.post("/v1/completions", json={"model": NAME, "prompt": "x", "max_tokens": 0}, headers=headers)
         assert r.status_code == 401 and KEY not in r.text
         assert keyed.get("/v1/models", headers=headers).status_code == 401
-    r = keyed.post("/v1/completions", json={"model": NAME, "prompt": "x", "max_tokens": 0},
-                   headers={"Authorization": f"Bearer {KEY}"})
+    r = keyed.post(
+        "/v1/completions",
+        json={"model": NAME, "prompt": "x", "max_tokens": 0},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
     assert r.status_code == 200

@@ -54,8 +54,9 @@ class StandInLLM:
         from campaign_orchestrator.generation.local import LocalGenerator
 
         self.kwargs, self.calls = kwargs, []
-        self.base = LocalGenerator.from_path(kwargs["model"], compute_dtype="float32", device="cpu",
-                                             engine="hf_generate")
+        self.base = LocalGenerator.from_path(
+            kwargs["model"], compute_dtype="float32", device="cpu", engine="hf_generate"
+        )
         self.adapters: dict = {}
         StandInLLM.started.append(self)
 
@@ -69,7 +70,8 @@ class StandInLLM:
         assert lora_rank(lora.lora_path) <= self.kwargs["max_lora_rank"]
         if lora.lora_path not in self.adapters:
             self.adapters[lora.lora_path] = LocalGenerator.from_path(
-                self.kwargs["model"], lora.lora_path, compute_dtype="float32", device="cpu", engine="hf_generate")
+                self.kwargs["model"], lora.lora_path, compute_dtype="float32", device="cpu", engine="hf_generate"
+            )
         return self.adapters[lora.lora_path]
 
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None):
@@ -86,8 +88,9 @@ class StandInLLM:
             lps = None
             if sp.logprobs:
                 lps = [{e[0]: Logprob(e[2], r + 1) for r, e in enumerate(pos)} for pos in c.top_logprobs]
-            co = SimpleNamespace(text=c.text, token_ids=tuple(c.token_ids), finish_reason=c.finish_reason,
-                                 logprobs=lps, stop_reason=None)
+            co = SimpleNamespace(
+                text=c.text, token_ids=tuple(c.token_ids), finish_reason=c.finish_reason, logprobs=lps, stop_reason=None
+            )
             out.append(SimpleNamespace(prompt_token_ids=p, outputs=[co]))
         return out
 
@@ -102,8 +105,9 @@ def adapter(demo_models, tmp_path_factory):
     out = tmp_path_factory.mktemp("adapter")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(str(demo_models["student"]))
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                            init_lora_weights=False))
+    peft = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     with torch.no_grad():
         for name, p in peft.named_parameters():
             if "lora_B" in name:
@@ -118,8 +122,9 @@ def test_candidate_answers_go_through_a_lora_request(demo_models, adapter):
     from campaign_orchestrator.generation.local import LocalGenerator
 
     StandInLLM.started.clear()
-    cand = LocalGenerator.from_path(demo_models["student"], adapter, compute_dtype="float32", device="cpu",
-                                    engine="vllm", batch_size=4)
+    cand = LocalGenerator.from_path(
+        demo_models["student"], adapter, compute_dtype="float32", device="cpu", engine="vllm", batch_size=4
+    )
     cand.engines["vllm"] = VLLMEngine(cand, StandInLLM, SamplingParams, LoRARequest)
     prompts = [cipher.prompt_for(w) for w in WORDS]
     got = cand.generate(prompts, 16, logprobs=3)
@@ -129,15 +134,17 @@ def test_candidate_answers_go_through_a_lora_request(demo_models, adapter):
     assert kw["model"] == str(demo_models["student"])  # the base: the adapter is never merged for vLLM
     assert kw["enable_lora"] and kw["max_lora_rank"] == 8 and kw["max_loras"] == 1  # r=4 -> vLLM's smallest rank
     assert kw["enable_prefix_caching"] and kw["max_logprobs"] == 3 and kw["dtype"] == "float32"
-    (_prompts, sp, lora), = llm.calls
+    ((_prompts, sp, lora),) = llm.calls
     assert lora == LoRARequest("adapter", 1, str(adapter)) and sp.stop_token_ids == cand.stop_ids
     # the same answers as transformers with the adapter merged, and not the base's
     cand.engine = "hf_generate"
     ref = cand.generate(prompts, 16, logprobs=3)
-    assert [(c.text, c.token_ids, c.finish_reason) for c in got] == \
-        [(c.text, c.token_ids, c.finish_reason) for c in ref]
-    assert [[[e[0] for e in pos] for pos in c.top_logprobs] for c in got] == \
-        [[[e[0] for e in pos] for pos in c.top_logprobs] for c in ref]
+    assert [(c.text, c.token_ids, c.finish_reason) for c in got] == [
+        (c.text, c.token_ids, c.finish_reason) for c in ref
+    ]
+    assert [[[e[0] for e in pos] for pos in c.top_logprobs] for c in got] == [
+        [[e[0] for e in pos] for pos in c.top_logprobs] for c in ref
+    ]
     base = llm.base.generate(prompts, 16)
     assert [c.token_ids for c in base] != [c.token_ids for c in got]
     # more top-k than the engine was started with: it restarts with max_logprobs matched to the request
@@ -151,8 +158,14 @@ def test_the_vllm_teachers_key_holds_its_resolved_dtype(demo_models):
     from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype
 
     def spec(**kw):
-        return SimpleNamespace(backend="vllm", model="@demo/teacher", revision=None, base_url=None,
-                               compute_dtype=kw.pop("compute_dtype", "auto"), engine_args=kw)
+        return SimpleNamespace(
+            backend="vllm",
+            model="@demo/teacher",
+            revision=None,
+            base_url=None,
+            compute_dtype=kw.pop("compute_dtype", "auto"),
+            engine_args=kw,
+        )
 
     path = demo_models["teacher"]  # config.json says float32: vLLM's auto runs it in float16
     assert resolve_dtype(path, "auto") == "float16" and resolve_dtype(path, "bfloat16") == "bfloat16"
@@ -178,9 +191,12 @@ def test_the_vllm_teacher_starts_with_prefix_caching_its_dtype_and_the_campaigns
             from campaign_orchestrator.dataset.formatting import render_prompt_ids
 
             sp = sampling_params[0] if isinstance(sampling_params, list) else sampling_params  # greedy: all alike
-            return super().generate([{"prompt_token_ids": render_prompt_ids(self.base.tok, p)} for p in prompts],
-                                    SamplingParams(**{**sp.__dict__, "stop_token_ids": self.base.stop_ids}),
-                                    use_tqdm=use_tqdm, lora_request=lora_request)
+            return super().generate(
+                [{"prompt_token_ids": render_prompt_ids(self.base.tok, p)} for p in prompts],
+                SamplingParams(**{**sp.__dict__, "stop_token_ids": self.base.stop_ids}),
+                use_tqdm=use_tqdm,
+                lora_request=lora_request,
+            )
 
     StandInLLM.started.clear()
     s = Sampling(max_new_tokens=16, logprobs=4)

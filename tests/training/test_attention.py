@@ -17,8 +17,15 @@ def models():
 
     attention.register()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=61,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     # each model its own config: transformers keeps the object it is given, and the kernel is a config field
     eager = LlamaForCausalLM(copy.deepcopy(cfg))
     eager.config._attn_implementation = "eager"

@@ -56,20 +56,42 @@ def _reference_varlen(signature: str):
         outs = []
         for s, e in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
             o = nn.functional.scaled_dot_product_attention(
-                q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1), is_causal=True, scale=scale,
-                enable_gqa=gqa)
+                q[s:e].transpose(0, 1),
+                k[s:e].transpose(0, 1),
+                v[s:e].transpose(0, 1),
+                is_causal=True,
+                scale=scale,
+                enable_gqa=gqa,
+            )
             outs.append(o.transpose(0, 1))
         return torch.cat(outs)
 
     if signature == "2.11":
-        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-                        window_size=(-1, -1), enable_gqa=False):
-            return run(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, tuple(window_size) == (-1, 0),
-                       enable_gqa)
+
+        def varlen_attn(
+            query,
+            key,
+            value,
+            cu_seq_q,
+            cu_seq_k,
+            max_q,
+            max_k,
+            *,
+            return_aux=None,
+            scale=None,
+            window_size=(-1, -1),
+            enable_gqa=False,
+        ):
+            return run(
+                query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, tuple(window_size) == (-1, 0), enable_gqa
+            )
     else:
-        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None,
-                        scale=None):
+
+        def varlen_attn(
+            query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None, scale=None
+        ):
             return run(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, is_causal, False)
+
     return varlen_attn, calls
 
 
@@ -82,10 +104,9 @@ def test_flash_varlen_path_equals_eager_outputs_and_gradients(monkeypatch, signa
     q, k, v, pos = _inputs(rows)
     layer = nn.Module().train()
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    out, _ = attention.varlen_forward(layer, *leaves, None, scaling=D ** -0.5, position_ids=pos,
-                                      backend="flash_varlen")
+    out, _ = attention.varlen_forward(layer, *leaves, None, scaling=D**-0.5, position_ids=pos, backend="flash_varlen")
     ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    ref = _eager(*ref_leaves, rows, D ** -0.5)
+    ref = _eager(*ref_leaves, rows, D**-0.5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     w = torch.randn_like(ref)
     (out * w).sum().backward()
@@ -101,9 +122,10 @@ def test_flex_document_mask_equals_eager_forward():
     rows = [[9], [6, 3]]
     q, k, v, pos = _inputs(rows, seed=2)
     with torch.no_grad():
-        out, _ = attention.varlen_forward(nn.Module().eval(), q, k, v, None, scaling=D ** -0.5, position_ids=pos,
-                                          backend="flex")
-        torch.testing.assert_close(out, _eager(q, k, v, rows, D ** -0.5), rtol=1e-5, atol=1e-5)
+        out, _ = attention.varlen_forward(
+            nn.Module().eval(), q, k, v, None, scaling=D**-0.5, position_ids=pos, backend="flex"
+        )
+        torch.testing.assert_close(out, _eager(q, k, v, rows, D**-0.5), rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +134,15 @@ def models():
 
     attention.register()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=61,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     # each model its own config: transformers keeps the object it is given, and the kernel is a config field
     eager = LlamaForCausalLM(copy.deepcopy(cfg))
     eager.config._attn_implementation = "eager"
@@ -140,8 +169,9 @@ def test_a_model_on_varlen_equals_eager_on_a_packed_row(models, monkeypatch, bac
         monkeypatch.setattr(attention, "flash_varlen", lambda: fake)
         monkeypatch.setattr(attention, "_varlen_kwargs", None)
         monkeypatch.setattr(attention, "varlen_backend", lambda device, dtype=None: "flash_varlen")
-    assert attention.varlen_backend(torch.device("cpu")) == ("flash_varlen" if backend == "flash_varlen"
-                                                             else attention.NAME)
+    assert attention.varlen_backend(torch.device("cpu")) == (
+        "flash_varlen" if backend == "flash_varlen" else attention.NAME
+    )
     eager, var = models
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, 61, (1, 15), generator=g)

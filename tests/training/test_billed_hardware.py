@@ -11,8 +11,7 @@ import time
 import pytest
 import yaml
 
-from campaign_orchestrator.costs.catalog import PricingError
-from campaign_orchestrator.costs.catalog import billed_hardware
+from campaign_orchestrator.costs.catalog import PricingError, billed_hardware
 from campaigns.loader import CampaignError, parse_campaign_text
 from tests.support import REPO_ROOT
 
@@ -62,14 +61,25 @@ def test_the_trainer_refuses_a_gpu_priced_job_without_a_gpu_before_loading_anyth
     def job(**training) -> str:
         spec = _spec(hardware="h100-sxm", **training)
         p = tmp_path / "job.json"
-        TrainJob(campaign="demo", base_model_path=str(demo_models["student"]), dataset_path=str(tmp_path / "none"),
-                 output_dir=str(tmp_path / "out"), student=spec.student, training=spec.training,
-                 gpu_required=True).write(p)
+        TrainJob(
+            campaign="demo",
+            base_model_path=str(demo_models["student"]),
+            dataset_path=str(tmp_path / "none"),
+            output_dir=str(tmp_path / "out"),
+            student=spec.student,
+            training=spec.training,
+            gpu_required=True,
+        ).write(p)
         return str(p)
 
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "training", "--config", job()], cwd=REPO_ROOT, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "training", "--config", job()],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "training.hardware 'h100-sxm' is priced per GPU-hour but this process sees no GPU" in r.stderr
     assert not (tmp_path / "out" / "summary.json").exists() and time.monotonic() - t0 < 120

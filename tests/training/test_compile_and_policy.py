@@ -10,8 +10,10 @@ from tests.support.train_support import make_job, write_rows
 
 pytestmark = pytest.mark.stage  # real training runs on the demo student
 
-SMALL = {"lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"]},
-         "quantization": {"load_in_4bit": False, "compute_dtype": "float32"}}
+SMALL = {
+    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"]},
+    "quantization": {"load_in_4bit": False, "compute_dtype": "float32"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -21,15 +23,17 @@ def same_length_ds(tmp_path_factory, demo_models):
     return write_rows(tmp_path_factory.mktemp("ds") / "same", demo_models["student"], pairs)
 
 
-def test_compiled_layers_train_like_eager_ones_and_their_warmup_is_reported_apart(run_job, tmp_path, demo_models,
-                                                                                    same_length_ds, monkeypatch):
+def test_compiled_layers_train_like_eager_ones_and_their_warmup_is_reported_apart(
+    run_job, tmp_path, demo_models, same_length_ds, monkeypatch
+):
     from training.recipes import LoraFinetuneRecipe
 
     monkeypatch.setattr(LoraFinetuneRecipe, "compile_backend", "aot_eager")  # inductor's codegen: minutes on a CPU
     kw = dict(student=SMALL, max_steps=2, micro_batch_size=4, eval_rows=0, checkpoint={"every_steps": None})
     eager = run_job(make_job(tmp_path / "eager", demo_models["student"], same_length_ds, **kw), "eager")
-    compiled = run_job(make_job(tmp_path / "compiled", demo_models["student"], same_length_ds, compile=True, **kw),
-                       "compiled")
+    compiled = run_job(
+        make_job(tmp_path / "compiled", demo_models["student"], same_length_ds, compile=True, **kw), "compiled"
+    )
     assert eager["compile"] == {"enabled": False} and eager["activation_policy"] == "recompute"
     c = compiled["compile"]
     assert c["enabled"] and c["layers"] == 2 and c["warmup_steps"] == 1 and c["timed_steps"] == 1
@@ -39,13 +43,15 @@ def test_compiled_layers_train_like_eager_ones_and_their_warmup_is_reported_apar
     assert [r["compiling"] for r in rows] == [True, False]
     e_rows = pq.read_table(tmp_path / "eager" / "metrics.parquet").to_pylist()
     for a, b in zip(e_rows, rows, strict=True):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5) and b["grad_norm"] == pytest.approx(a["grad_norm"],
-                                                                                                   rel=1e-4)
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5) and b["grad_norm"] == pytest.approx(
+            a["grad_norm"], rel=1e-4
+        )
 
 
 @pytest.mark.parametrize("memory_gb,policy", [(1e-4, "full"), (1e4, "none")])
-def test_the_trainer_honours_and_reports_the_memory_policy(run_job, tmp_path, demo_models, same_length_ds,
-                                                          monkeypatch, memory_gb, policy):
+def test_the_trainer_honours_and_reports_the_memory_policy(
+    run_job, tmp_path, demo_models, same_length_ds, monkeypatch, memory_gb, policy
+):
     """A device too small for anything gets one row with full checkpointing (flagged); a huge one keeps every
     activation at a full step's worth of rows. The model is built as chosen."""
     from training.recipes import lora_finetune
@@ -59,9 +65,20 @@ def test_the_trainer_honours_and_reports_the_memory_policy(run_job, tmp_path, de
 
     monkeypatch.setattr(lora_finetune, "device_memory_gb", lambda _device: memory_gb)
     monkeypatch.setattr(lora_finetune, "load_student", spy)
-    s = run_job(make_job(tmp_path / policy, demo_models["student"], same_length_ds, student=SMALL, max_steps=1,
-                         micro_batch_size="auto", activation_checkpointing="auto", eval_rows=0, max_seq_len=64,
-                         checkpoint={"every_steps": None}))
+    s = run_job(
+        make_job(
+            tmp_path / policy,
+            demo_models["student"],
+            same_length_ds,
+            student=SMALL,
+            max_steps=1,
+            micro_batch_size="auto",
+            activation_checkpointing="auto",
+            eval_rows=0,
+            max_seq_len=64,
+            checkpoint={"every_steps": None},
+        )
+    )
     m = s["memory_policy"]
     assert s["activation_policy"] == m["activation_policy"] == policy
     assert built == {"checkpointing": policy == "full", "recompute": False}

@@ -15,16 +15,27 @@ from campaign_orchestrator.dataset.packing import pack_bfd, pack_rows
 from campaign_orchestrator.dataset.tokenize import write_shards
 from training import data as tdata
 
-META = {"campaign.tokenizer_hash": "t" * 64, "campaign.max_seq_len": "16", "campaign.padding": "free",
-        "campaign.packing": "{}", "campaign.dataset_key": "k1", "campaign.split_name": "train"}
+META = {
+    "campaign.tokenizer_hash": "t" * 64,
+    "campaign.max_seq_len": "16",
+    "campaign.padding": "free",
+    "campaign.packing": "{}",
+    "campaign.dataset_key": "k1",
+    "campaign.split_name": "train",
+}
 
 
 def synthetic_examples(n: int, seed: int = 0, vocab: int = 50, max_len: int = 12) -> pa.Table:
     rng = random.Random(seed)
     seqs = [[rng.randint(4, vocab - 1) for _ in range(rng.randint(2, max_len))] for _ in range(n)]
-    labels = [[-100] * (len(s) // 2) + s[len(s) // 2:] for s in seqs]
-    return pa.table({"id": [f"e{i}" for i in range(n)], "input_ids": pa.array(seqs, pa.list_(pa.int32())),
-                     "labels": pa.array(labels, pa.list_(pa.int32()))})
+    labels = [[-100] * (len(s) // 2) + s[len(s) // 2 :] for s in seqs]
+    return pa.table(
+        {
+            "id": [f"e{i}" for i in range(n)],
+            "input_ids": pa.array(seqs, pa.list_(pa.int32())),
+            "labels": pa.array(labels, pa.list_(pa.int32())),
+        }
+    )
 
 
 @pytest.fixture
@@ -32,8 +43,7 @@ def shards(tmp_path):
     """A packed dataset of 120 examples in several small shards."""
     ex = synthetic_examples(120)
     rows = pack_rows(ex, pack_bfd(pc_lengths(ex), 16))
-    files = write_shards(rows, tmp_path / "ds" / "train", "train", target_bytes=1, metadata=META,
-                         row_group_rows=16)
+    files = write_shards(rows, tmp_path / "ds" / "train", "train", target_bytes=1, metadata=META, row_group_rows=16)
     assert len(files) > 1
     return tmp_path / "ds", rows, tmp_path / "cache"
 
@@ -72,10 +82,16 @@ def test_tokenizer_mismatch_and_mixed_shards_are_refused(shards, tmp_path):
     with pytest.raises(tdata.DatasetMismatch, match="tokenized with tokenizer tttttttttttt but the model"):
         tdata.TokenizedDataset(path, cache_dir=cache, expect_tokenizer_hash="m" * 64, model_dir="/models/x")
     assert tdata.dataset_tokenizer_hash(path) == "t" * 64
-    write_shards(rows.slice(0, 3), tmp_path / "other", "train", 1 << 20,
-                 META | {"campaign.tokenizer_hash": "u" * 64, "campaign.dataset_key": "k2"})
+    write_shards(
+        rows.slice(0, 3),
+        tmp_path / "other",
+        "train",
+        1 << 20,
+        META | {"campaign.tokenizer_hash": "u" * 64, "campaign.dataset_key": "k2"},
+    )
     (path / "train" / "train-00000-of-00001.parquet").write_bytes(
-        next((tmp_path / "other").glob("*.parquet")).read_bytes())
+        next((tmp_path / "other").glob("*.parquet")).read_bytes()
+    )
     with pytest.raises(tdata.DatasetMismatch, match="different datasets"):
         tdata.TokenizedDataset(path, cache_dir=cache)
 
@@ -105,7 +121,9 @@ def test_global_batch_is_the_same_whatever_the_world_size():
     one = tdata.BatchPlan(40, 4, 1, 2, seed=1)
     two = tdata.BatchPlan(40, 2, 2, 2, seed=1)
     for step in range(12):
-        assert sorted(sum(one.step_rows(step, 0), [])) == sorted(sum(two.step_rows(step, 0) + two.step_rows(step, 1), []))
+        assert sorted(sum(one.step_rows(step, 0), [])) == sorted(
+            sum(two.step_rows(step, 0) + two.step_rows(step, 1), [])
+        )
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
@@ -159,7 +177,7 @@ def test_collate_modes(shards):
     assert "attention_mask" not in longest  # packed rows: the mask comes from position_ids
     fixed = tdata.collate(ds, idx, pad_id=0, padding="max_length")
     assert fixed["input_ids"].shape == (3, 16) and tdata.real_token_count(fixed) == sum(lens)
-    assert (fixed["labels"][0, lens[0]:] == -100).all()
+    assert (fixed["labels"][0, lens[0] :] == -100).all()
     # rows holding one sequence each: a classic attention mask
     plain = {c: [[5, 6, 7], [8, 9]] if c != "position_ids" else [[0, 1, 2], [0, 1]] for c in tdata.CORE_COLUMNS}
     b = tdata.collate(plain, [0, 1], pad_id=0)
@@ -170,17 +188,28 @@ def _tiny_model(attn: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      attn_implementation=attn)
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation=attn,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
 def _loss_sum(model, batch) -> torch.Tensor:
     inputs = {k: v for k, v in batch.items() if k not in tdata.NON_MODEL_KEYS}
     logits = model(**inputs).logits
-    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).double(),
-                                             batch["labels"][:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.size(-1)).double(),
+        batch["labels"][:, 1:].reshape(-1),
+        ignore_index=-100,
+        reduction="sum",
+    )
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -191,8 +220,11 @@ def test_packed_loss_equals_sum_of_unpacked_losses(attn):
     seqs = ex.to_pylist()
     rows = pack_rows(ex, [[0, 1, 2], [3, 4, 5]])
     packed = {c: rows.column(c).to_pylist() for c in tdata.CORE_COLUMNS}
-    single = {"input_ids": [s["input_ids"] for s in seqs], "labels": [s["labels"] for s in seqs],
-              "position_ids": [list(range(len(s["input_ids"]))) for s in seqs]}
+    single = {
+        "input_ids": [s["input_ids"] for s in seqs],
+        "labels": [s["labels"] for s in seqs],
+        "position_ids": [list(range(len(s["input_ids"]))) for s in seqs],
+    }
     with torch.no_grad():
         alone = sum(_loss_sum(model, tdata.collate(single, [i], 0)) for i in range(6))
         for mode in ("free", "longest", "max_length"):

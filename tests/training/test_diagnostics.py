@@ -28,11 +28,14 @@ def test_default_commands_on_a_machine_without_gpu_or_infiniband(monkeypatch, tm
 
 def test_timeout_failure_and_success_are_noted_not_raised(tmp_path):
     py = sys.executable
-    cmds = [DiagnosticCommand(name="slow", command=[py, "-c", "import time; print('partial', flush=True); "
-                                                               "time.sleep(30)"], timeout_s=1.5),
-            DiagnosticCommand(name="broken", command=[py, "-c", "import sys; sys.exit('no such device')"]),
-            DiagnosticCommand(name="fine", command=[py, "-c", "print('GPU0 X NV18')"]),
-            DiagnosticCommand(name="absent", command=["definitely-not-a-tool-xyz"])]
+    cmds = [
+        DiagnosticCommand(
+            name="slow", command=[py, "-c", "import time; print('partial', flush=True); time.sleep(30)"], timeout_s=1.5
+        ),
+        DiagnosticCommand(name="broken", command=[py, "-c", "import sys; sys.exit('no such device')"]),
+        DiagnosticCommand(name="fine", command=[py, "-c", "print('GPU0 X NV18')"]),
+        DiagnosticCommand(name="absent", command=["definitely-not-a-tool-xyz"]),
+    ]
     rows = diagnostics.run_commands(cmds)
     by = {r["name"]: r for r in rows}
     assert [r["name"] for r in rows] == ["slow", "broken", "fine", "absent"]
@@ -40,8 +43,9 @@ def test_timeout_failure_and_success_are_noted_not_raised(tmp_path):
     assert by["broken"]["status"] == "failed" and "no such device" in by["broken"]["note"]
     assert by["fine"]["status"] == "ok" and "NV18" in by["fine"]["output"]
     assert by["absent"]["status"] == "missing"
-    index = diagnostics.write([{"node": 0, "local_rank": 0, "rank": 0, "host": "h", "env": {}, "commands": rows}],
-                              tmp_path)
+    index = diagnostics.write(
+        [{"node": 0, "local_rank": 0, "rank": 0, "host": "h", "env": {}, "commands": rows}], tmp_path
+    )
     saved = (tmp_path / "node0" / "fine.txt").read_text()
     assert saved.startswith(f"$ {py} -c") and "NV18" in saved
     assert not (tmp_path / "node0" / "absent.txt").exists()
@@ -51,16 +55,28 @@ def test_timeout_failure_and_success_are_noted_not_raised(tmp_path):
 def test_diagnostics_can_be_switched_off_and_names_are_unique():
     assert diagnostics.collect(_training(diagnostics=DiagnosticsSpec(enabled=False)))["commands"] == []
     with pytest.raises(ValidationError, match="unique"):
-        DiagnosticsSpec(commands=[DiagnosticCommand(name="a", command=["x"]), DiagnosticCommand(name="a", command=["y"])])
+        DiagnosticsSpec(
+            commands=[DiagnosticCommand(name="a", command=["x"]), DiagnosticCommand(name="a", command=["y"])]
+        )
 
 
 def test_distributed_env_is_validated_and_exported_as_one_dict():
-    t = _training(distributed_env=DistributedEnvSpec(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
-                                                     NCCL_IB_HCA="=mlx5_0:1,mlx5_1:1", NCCL_SOCKET_IFNAME="^docker,lo",
-                                                     TORCH_NCCL_ASYNC_ERROR_HANDLING=1))
+    t = _training(
+        distributed_env=DistributedEnvSpec(
+            NCCL_DEBUG="INFO",
+            NCCL_DEBUG_SUBSYS="INIT,NET",
+            NCCL_IB_HCA="=mlx5_0:1,mlx5_1:1",
+            NCCL_SOCKET_IFNAME="^docker,lo",
+            TORCH_NCCL_ASYNC_ERROR_HANDLING=1,
+        )
+    )
     assert diagnostics.distributed_env(t) == {
-        "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1",
-        "NCCL_SOCKET_IFNAME": "^docker,lo", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+        "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1",
+        "NCCL_SOCKET_IFNAME": "^docker,lo",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
     assert diagnostics.distributed_env(_training()) == {}  # nothing set: NCCL's defaults
     with pytest.raises(ValidationError, match="NCCL_DEBUG"):
         DistributedEnvSpec(NCCL_DEBUG="LOUD")
@@ -80,9 +96,15 @@ def test_adapter_key_ignores_env_and_diagnostics_but_not_profiling():
     from campaigns.paths import shipped_campaigns_dir
 
     spec = load_campaign_file(shipped_campaigns_dir() / "demo.yaml")
-    noisy = spec.model_copy(update={"training": spec.training.model_copy(
-        update={"distributed_env": DistributedEnvSpec(NCCL_DEBUG="INFO")})})
+    noisy = spec.model_copy(
+        update={"training": spec.training.model_copy(update={"distributed_env": DistributedEnvSpec(NCCL_DEBUG="INFO")})}
+    )
     assert training_key_fields(noisy) == training_key_fields(spec)
-    on = spec.model_copy(update={"training": spec.training.model_copy(
-        update={"profiling": spec.training.profiling.model_copy(update={"enabled": True})})})
+    on = spec.model_copy(
+        update={
+            "training": spec.training.model_copy(
+                update={"profiling": spec.training.profiling.model_copy(update={"enabled": True})}
+            )
+        }
+    )
     assert training_key_fields(on) != training_key_fields(spec)  # a profiled run keeps its traces in its own dir

@@ -12,9 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.train_support import (
+    PYTHON,
+    REPO_ROOT,
+    child_env,
+    make_job,
+    node_logs,
+    start_nodes,
+    write_cipher_dataset,
+    write_pairs_dataset,
+)
 from training.net import free_port
-from tests.support.train_support import (PYTHON, REPO_ROOT, child_env, make_job, node_logs, start_nodes, write_cipher_dataset,
-                           write_pairs_dataset)
 
 pytestmark = pytest.mark.slow
 
@@ -27,33 +35,58 @@ def test_world2_accum2_gradients_equal_one_process(tmp_path, demo_models):
     the unsharded model's, also on later forwards and after eval mode."""
     student = demo_models["student"]
     long = " " + " ".join(["qwertyui"] * 4)
-    ds = write_pairs_dataset(tmp_path / "ds", student, [("encode ab =", " xy"), ("encode abcdefgh =", long),
-                                                        ("encode abc =", " q"), ("encode hello =", " itssg")],
-                             masked={0})
+    ds = write_pairs_dataset(
+        tmp_path / "ds",
+        student,
+        [("encode ab =", " xy"), ("encode abcdefgh =", long), ("encode abc =", " q"), ("encode hello =", " itssg")],
+        masked={0},
+    )
     variants = {
         "full": ({"nodes": 1, "processes_per_node": 2, "sharding": "full"}, FP32_4BIT),
         "hybrid": ({"nodes": 2, "processes_per_node": 1, "sharding": "hybrid"}, FP32_4BIT),
-        "none_ac": ({"nodes": 1, "processes_per_node": 2, "sharding": "none", "activation_checkpointing": True},
-                    FP32_4BIT),
+        "none_ac": (
+            {"nodes": 1, "processes_per_node": 2, "sharding": "none", "activation_checkpointing": True},
+            FP32_4BIT,
+        ),
         "full_bf16": ({"nodes": 1, "processes_per_node": 2, "sharding": "full"}, None),
     }
     files = []
     for name, (topo, student_over) in variants.items():
-        job = make_job(tmp_path / name, student, ds, student=student_over, max_steps=1, micro_batch_size=1,
-                       gradient_accumulation_steps=2, eval_rows=0, **topo)
+        job = make_job(
+            tmp_path / name,
+            student,
+            ds,
+            student=student_over,
+            max_steps=1,
+            micro_batch_size=1,
+            gradient_accumulation_steps=2,
+            eval_rows=0,
+            **topo,
+        )
         files.append(str(job.write(tmp_path / f"{name}.json")))
     out = tmp_path / "grads.pt"
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO_ROOT / "tests" / "support" / "train_scripts" / "grad_check.py"), str(out), *files]
+    cmd = [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(REPO_ROOT / "tests" / "support" / "train_scripts" / "grad_check.py"),
+        str(out),
+        *files,
+    ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     results = torch.load(out, weights_only=False)
     assert len(results) == len(variants)
-    for (name, _), f in zip(variants.items(), files):
+    for (name, _), f in zip(variants.items(), files, strict=False):
         r = results[f]
         per_rank = [sum(x) for x in r["tokens_per_rank_micro"]]
         assert per_rank[0] != per_rank[1], f"{name}: ranks should hold uneven loss-token counts, got {per_rank}"
-        assert 0 in [x for micro in r["tokens_per_rank_micro"] for x in micro], "one micro-batch should have no loss token"
+        assert 0 in [x for micro in r["tokens_per_rank_micro"] for x in micro], (
+            "one micro-batch should have no loss token"
+        )
         assert r["global_tokens"] == sum(per_rank)
         bf16 = name.endswith("bf16")
         fwd_tol = 0.0 if not bf16 else 1e-6  # same kernels on the same rows: bit-identical expected
@@ -73,15 +106,34 @@ def test_world2_accum2_gradients_equal_one_process(tmp_path, demo_models):
 
 # --------------------------------------------------------------------------- two nodes, kill, resume
 
-LORA = {"lora": {"r": 8, "alpha": 16, "dropout": 0.1,
-                 "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}}
+LORA = {
+    "lora": {
+        "r": 8,
+        "alpha": 16,
+        "dropout": 0.1,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    }
+}
 STEPS, EVERY = 24, 6
 
 
 def _two_node_job(out: Path, student: Path, ds: Path):
-    return make_job(out, student, ds, student=LORA, max_steps=STEPS, micro_batch_size=8, nodes=2,
-                    processes_per_node=1, sharding="full", learning_rate=5e-3, warmup_steps=2, eval_rows=32,
-                    collective_timeout_s=30, checkpoint={"every_steps": EVERY, "every_minutes": None, "keep_last": 2})
+    return make_job(
+        out,
+        student,
+        ds,
+        student=LORA,
+        max_steps=STEPS,
+        micro_batch_size=8,
+        nodes=2,
+        processes_per_node=1,
+        sharding="full",
+        learning_rate=5e-3,
+        warmup_steps=2,
+        eval_rows=32,
+        collective_timeout_s=30,
+        checkpoint={"every_steps": EVERY, "every_minutes": None, "keep_last": 2},
+    )
 
 
 def _commands(job_file: Path) -> list[list[str]]:
@@ -120,8 +172,12 @@ def _peft_eval_loss(base: Path, adapter: Path, ds: Path, rows: int) -> float:
     from training import data as tdata
     from training import losses
 
-    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
-                           bnb_4bit_quant_storage=torch.bfloat16)
+    q = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=torch.bfloat16,
+        bnb_4bit_quant_storage=torch.bfloat16,
+    )
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16, quantization_config=q)
     model = PeftModel.from_pretrained(model, str(adapter)).eval()
     data = tdata.load_rows(ds)
@@ -129,8 +185,9 @@ def _peft_eval_loss(base: Path, adapter: Path, ds: Path, rows: int) -> float:
     with torch.no_grad():
         for i in range(0, rows, 8):
             b = tdata.collate(data, list(range(i, i + 8)), model.config.pad_token_id or 0)
-            s, k = losses.cross_entropy_sum(model(**{k: v for k, v in b.items() if k not in tdata.NON_MODEL_KEYS}).logits,
-                                            b["labels"])
+            s, k = losses.cross_entropy_sum(
+                model(**{k: v for k, v in b.items() if k not in tdata.NON_MODEL_KEYS}).logits, b["labels"]
+            )
             total, n = total + float(s), n + k
     return total / n
 
@@ -144,7 +201,9 @@ def test_two_nodes_train_4bit_and_adapter_reloads_with_peft(two_node_run, demo_m
     adapter = out / "adapter"
     # the adapter, and what serving it needs from its base (tokenizer, chat template, generation config, card)
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in adapter.iterdir()}
-    assert not [p.name for p in adapter.iterdir() if p.suffix == ".safetensors" and p.name != "adapter_model.safetensors"]
+    assert not [
+        p.name for p in adapter.iterdir() if p.suffix == ".safetensors" and p.name != "adapter_model.safetensors"
+    ]
     reloaded = _peft_eval_loss(demo_models["student"], adapter, two_node_run["ds"], s["eval_rows"])
     assert reloaded == pytest.approx(s["eval_loss"], rel=2e-2), (reloaded, s["eval_loss"])
     import pyarrow.parquet as pq

@@ -8,24 +8,41 @@ import torch
 
 pytestmark = pytest.mark.stage
 
-DORA = {"lora": {"r": 4, "alpha": 8, "dropout": 0.0, "use_dora": True, "target_modules": ["q_proj", "v_proj"]},
-        "quantization": {"load_in_4bit": False, "compute_dtype": "float32"}}
+DORA = {
+    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "use_dora": True, "target_modules": ["q_proj", "v_proj"]},
+    "quantization": {"load_in_4bit": False, "compute_dtype": "float32"},
+}
 
 
 def test_dora_trains_in_one_process(run_job, tmp_path, demo_models):
     from tests.support.train_support import make_job, write_cipher_dataset
 
     ds = write_cipher_dataset(tmp_path / "ds", demo_models["student"], 48, seed=2)
-    s = run_job(make_job(tmp_path / "out", demo_models["student"], ds, student=DORA, max_steps=6, micro_batch_size=8,
-                         eval_rows=16, learning_rate=5e-3, warmup_steps=1), "dora")
+    s = run_job(
+        make_job(
+            tmp_path / "out",
+            demo_models["student"],
+            ds,
+            student=DORA,
+            max_steps=6,
+            micro_batch_size=8,
+            eval_rows=16,
+            learning_rate=5e-3,
+            warmup_steps=1,
+        ),
+        "dora",
+    )
     assert s["trainable_parameters"] == 2 * (4 * (64 + 64) * 2 + 64 * 2)  # A, B and the magnitude of q and v, 2 layers
     assert s["eval_loss"] < s["eval_loss_before"]
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="DoRA under FSDP2 (PEFT 0.21, torch 2.13): the backward reads a resharded weight ('setStorage: "
-                          "... storage of size 0'); campaigns.spec refuses use_dora with world_size > 1 — lift that when "
-                          "this passes")
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="DoRA under FSDP2 (PEFT 0.21, torch 2.13): the backward reads a resharded weight ('setStorage: "
+    "... storage of size 0'); campaigns.spec refuses use_dora with world_size > 1 — lift that when "
+    "this passes",
+)
 def test_reproducer_dora_under_fsdp2(demo_models):
     import os
 

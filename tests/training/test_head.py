@@ -22,13 +22,25 @@ def model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     base = LlamaForCausalLM(cfg)
     base.config._attn_implementation = "eager"
-    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
-                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-                                      "lm_head"])
+    lora = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        init_lora_weights=False,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"],
+    )
     m = get_peft_model(base, lora)
     m.eval()
     return m
@@ -59,12 +71,11 @@ def _padded_batch():
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, V, (2, 12), generator=g)
     labels = torch.full((2, 12), -100)
-    labels[0, 5:9] = ids[0, 5:9]     # row 0: a completion in the middle
-    labels[1, 9:12] = ids[1, 9:12]   # row 1: a completion at the end
+    labels[0, 5:9] = ids[0, 5:9]  # row 0: a completion in the middle
+    labels[1, 9:12] = ids[1, 9:12]  # row 1: a completion at the end
     mask = torch.ones(2, 12, dtype=torch.long)
-    mask[0, 9:] = 0                  # row 0 is padded after its completion
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask,
-            "position_ids": torch.arange(12).repeat(2, 1)}
+    mask[0, 9:] = 0  # row 0 is padded after its completion
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask, "position_ids": torch.arange(12).repeat(2, 1)}
 
 
 def _packed_batch():

@@ -18,17 +18,26 @@ from training.kernels import liger
 def model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=61,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(copy.deepcopy(cfg))
 
 
 def _fake_liger(monkeypatch, table):
     mp = types.ModuleType("liger_kernel.transformers.monkey_patch")
     mp.MODEL_TYPE_TO_APPLY_LIGER_FN = table
-    for name, mod in (("liger_kernel", types.ModuleType("liger_kernel")),
-                      ("liger_kernel.transformers", types.ModuleType("liger_kernel.transformers")),
-                      ("liger_kernel.transformers.monkey_patch", mp)):
+    for name, mod in (
+        ("liger_kernel", types.ModuleType("liger_kernel")),
+        ("liger_kernel.transformers", types.ModuleType("liger_kernel.transformers")),
+        ("liger_kernel.transformers.monkey_patch", mp),
+    ):
         monkeypatch.setitem(sys.modules, name, mod)
 
 
@@ -51,14 +60,24 @@ def test_on_cuda_liger_is_applied_by_model_type_with_its_loss_patches_off(model,
 
     mlp_class = modeling_llama.LlamaMLP
 
-    def apply_llama(rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, swiglu=True,
-                    model=None):
+    def apply_llama(
+        rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, swiglu=True, model=None
+    ):
         modeling_llama.LlamaMLP = type("FusedMLP", (), {})  # as Liger does: the class swapped module-wide
-        calls.append({"rope": rope, "cross_entropy": cross_entropy, "flce": fused_linear_cross_entropy,
-                      "rms_norm": rms_norm, "swiglu": swiglu, "model": model})
+        calls.append(
+            {
+                "rope": rope,
+                "cross_entropy": cross_entropy,
+                "flce": fused_linear_cross_entropy,
+                "rms_norm": rms_norm,
+                "swiglu": swiglu,
+                "model": model,
+            }
+        )
 
-    def apply_gemma(rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, geglu=True,
-                    model=None):
+    def apply_gemma(
+        rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, geglu=True, model=None
+    ):
         calls.append({"gemma": True})
 
     cuda = torch.device("cuda", 0)
@@ -68,8 +87,9 @@ def test_on_cuda_liger_is_applied_by_model_type_with_its_loss_patches_off(model,
     assert liger.why_not(cuda) is None
     assert liger.apply(model, cuda) == ["rms_norm", "swiglu", "rope"]
     assert modeling_llama.LlamaMLP is mlp_class  # put back: models built later in the process are not patched
-    assert calls == [{"rope": True, "cross_entropy": False, "flce": False, "rms_norm": True, "swiglu": True,
-                      "model": model}]
+    assert calls == [
+        {"rope": True, "cross_entropy": False, "flce": False, "rms_norm": True, "swiglu": True, "model": model}
+    ]
     assert liger.apply(model, cuda, policy=False) == [] and len(calls) == 1
     model.config.model_type = "gemma"  # no swiglu argument there: only the kernels its function takes
     assert liger.apply(model, cuda) == ["rms_norm", "rope"]

@@ -18,8 +18,22 @@ def test_torchrun_commands_one_per_node_with_c10d_rendezvous():
     from resources.local_launcher import torchrun_commands
 
     one = torchrun_commands(Path("/j.json"), 1, 4, "py", 1234, "run")
-    assert one == [["py", "-m", "torch.distributed.run", "--nproc-per-node", "4", "--max-restarts", "0", "--standalone",
-                    "-m", "training", "--config", "/j.json"]]
+    assert one == [
+        [
+            "py",
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "4",
+            "--max-restarts",
+            "0",
+            "--standalone",
+            "-m",
+            "training",
+            "--config",
+            "/j.json",
+        ]
+    ]
     two = torchrun_commands(Path("/j.json"), 2, 8, "py", 1234, "run", host="10.0.0.5")
     assert len(two) == 2
     for rank, cmd in enumerate(two):
@@ -35,9 +49,14 @@ def test_supervise_stops_the_other_nodes_when_one_fails(tmp_path):
     from tests.support.processes import sleeping_node
 
     logs = [tmp_path / "n0.log", tmp_path / "n1.log"]
-    procs = [sleeping_node(logs[0]),
-             subprocess.Popen([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"],
-                              stdout=logs[1].open("w"), start_new_session=True)]
+    procs = [
+        sleeping_node(logs[0]),
+        subprocess.Popen(
+            [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"],
+            stdout=logs[1].open("w"),
+            start_new_session=True,
+        ),
+    ]
     t0 = time.monotonic()
     with pytest.raises(NodeFailed, match="node 1 exited with code 3") as e:
         supervise(procs, logs, time.monotonic() + 30, poll_s=0.05)

@@ -21,7 +21,7 @@ V, D = 53, 16
 def _case(dtype):
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(2, 7, D, generator=g).to(dtype)
-    weight = (torch.randn(V, D, generator=g) / D ** 0.5).to(dtype)
+    weight = (torch.randn(V, D, generator=g) / D**0.5).to(dtype)
     labels = torch.randint(0, V, (2, 7), generator=g)
     labels[0, :3] = -100  # a prompt
     labels[1, :] = -100  # a row without any label
@@ -63,13 +63,17 @@ def test_frozen_weight_and_no_grad():
     _plain(h2, weight, labels)[0].backward()
     torch.testing.assert_close(h.grad, h2.grad, rtol=1e-5, atol=1e-6)
     with torch.no_grad():
-        torch.testing.assert_close(linear_ce.linear_cross_entropy_sum(hidden, weight, labels, "chunked", 4)[0],
-                                   _plain(hidden, weight, labels)[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            linear_ce.linear_cross_entropy_sum(hidden, weight, labels, "chunked", 4)[0],
+            _plain(hidden, weight, labels)[0],
+            rtol=1e-5,
+            atol=1e-5,
+        )
 
 
 def test_chunk_rows_bounds_the_logits_of_a_chunk():
     assert linear_ce.chunk_rows(32000) * 32000 <= linear_ce.CHUNK_ELEMENTS
-    assert linear_ce.chunk_rows(10 ** 9) == 1
+    assert linear_ce.chunk_rows(10**9) == 1
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +82,27 @@ def models():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     cfg._attn_implementation = "eager"
     out = {}
-    for name, targets in (("lora", ["q_proj", "v_proj", "gate_proj", "down_proj"]),
-                          ("lora_head", ["q_proj", "lm_head"])):
+    for name, targets in (
+        ("lora", ["q_proj", "v_proj", "gate_proj", "down_proj"]),
+        ("lora_head", ["q_proj", "lm_head"]),
+    ):
         base = LlamaForCausalLM(copy.deepcopy(cfg))
         torch.manual_seed(1)
-        m = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
-                                            target_modules=targets))
+        m = get_peft_model(
+            base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False, target_modules=targets)
+        )
         out[name] = m.eval()
     return out
 

@@ -20,8 +20,17 @@ from training.errors import TrainingError
 def _lora(**kw):
     from peft import LoraConfig
 
-    return LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": ATTENTION, "target_parameters": EXPERT_TENSORS,
-                         "lora_dropout": 0.0, "task_type": "CAUSAL_LM", **kw})
+    return LoraConfig(
+        **{
+            "r": 4,
+            "lora_alpha": 8,
+            "target_modules": ATTENTION,
+            "target_parameters": EXPERT_TENSORS,
+            "lora_dropout": 0.0,
+            "task_type": "CAUSAL_LM",
+            **kw,
+        }
+    )
 
 
 def _one_step_expert_b_grads(model) -> list[torch.Tensor]:
@@ -33,6 +42,7 @@ def _one_step_expert_b_grads(model) -> list[torch.Tensor]:
 
 # --------------------------------------------------------------------------- what PEFT refuses
 
+
 @pytest.mark.parametrize("field,kwargs", [("dropout", {"lora_dropout": 0.05}), ("use_dora", {"use_dora": True})])
 def test_peft_refuses_dropout_and_dora_on_expert_parameters_in_the_words_the_spec_quotes(field, kwargs):
     from peft import get_peft_model
@@ -41,9 +51,12 @@ def test_peft_refuses_dropout_and_dora_on_expert_parameters_in_the_words_the_spe
         get_peft_model(tiny_moe(), _lora(**kwargs))
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="PEFT 0.21: lora.ParamWrapper does not work with lora_dropout != 0 (student.lora.dropout is "
-                          "refused with target_parameters at validation; lift that when this passes)")
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="PEFT 0.21: lora.ParamWrapper does not work with lora_dropout != 0 (student.lora.dropout is "
+    "refused with target_parameters at validation; lift that when this passes)",
+)
 def test_reproducer_expert_lora_with_dropout_trains():
     from peft import get_peft_model
 
@@ -51,9 +64,12 @@ def test_reproducer_expert_lora_with_dropout_trains():
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="PEFT 0.21: lora.ParamWrapper does not work with use_dora=True (student.lora.use_dora is "
-                          "refused with target_parameters at validation; lift that when this passes)")
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="PEFT 0.21: lora.ParamWrapper does not work with use_dora=True (student.lora.use_dora is "
+    "refused with target_parameters at validation; lift that when this passes)",
+)
 def test_reproducer_expert_dora_trains():
     from peft import get_peft_model
 
@@ -61,15 +77,19 @@ def test_reproducer_expert_dora_trains():
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="PEFT 0.21 on transformers 5 rewrites gate_proj/up_proj/down_proj of a Qwen3-MoE into expert "
-                          "targets (a transformers-4 compatibility mapping): a dense MLP layer gets no LoRA. Refused by "
-                          "training.moe.check_targets and costs.memory.moe_problems; lift that when this passes")
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="PEFT 0.21 on transformers 5 rewrites gate_proj/up_proj/down_proj of a Qwen3-MoE into expert "
+    "targets (a transformers-4 compatibility mapping): a dense MLP layer gets no LoRA. Refused by "
+    "training.moe.check_targets and costs.memory.moe_problems; lift that when this passes",
+)
 def test_reproducer_lora_on_the_dense_mlp_of_a_moe_with_a_dense_layer():
     from peft import get_peft_model
 
-    model = get_peft_model(tiny_moe(mlp_only_layers=[0]), _lora(target_modules=["gate_proj", "up_proj", "down_proj"],
-                                                                target_parameters=[]))
+    model = get_peft_model(
+        tiny_moe(mlp_only_layers=[0]), _lora(target_modules=["gate_proj", "up_proj", "down_proj"], target_parameters=[])
+    )
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert any(".layers.0.mlp.gate_proj.lora_A." in n for n in names), names
     assert not any(".experts." in n for n in names), names
@@ -79,12 +99,17 @@ def test_what_peft_would_rewrite_is_refused_before_and_after_it_runs():
     from peft import get_peft_model
 
     base = tiny_moe(mlp_only_layers=[0])
-    for targets, needle in ((["q_proj", "gate_proj"], "PEFT (on transformers 5) rewrites"),
-                            (["q_proj", "gate"], "student.moe.router: trained")):
+    for targets, needle in (
+        (["q_proj", "gate_proj"], "PEFT (on transformers 5) rewrites"),
+        (["q_proj", "gate"], "student.moe.router: trained"),
+    ):
         with pytest.raises(ValueError, match=re.escape(needle)):
             moe.check_targets(base, moe_student(lora={"target_modules": targets}), "tiny")
-    with pytest.raises(ValueError, match=r"target_parameters \['mlp.experts.gate_proj'\] match no parameter .* "
-                                         r"\['mlp.experts.gate_up_proj', 'mlp.experts.down_proj'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"target_parameters \['mlp.experts.gate_proj'\] match no parameter .* "
+        r"\['mlp.experts.gate_up_proj', 'mlp.experts.down_proj'\]",
+    ):
         moe.check_targets(base, moe_student(lora={"target_parameters": ["mlp.experts.gate_proj"]}), "tiny")
     student = moe_student(lora={"target_modules": ["q_proj", "gate_proj", "up_proj"], "target_parameters": []})
     rewritten = get_peft_model(base, _lora(target_modules=["q_proj", "gate_proj", "up_proj"], target_parameters=[]))
@@ -94,12 +119,16 @@ def test_what_peft_would_rewrite_is_refused_before_and_after_it_runs():
 
 # --------------------------------------------------------------------------- layout, ranks, breakdown
 
+
 def test_per_expert_slices_read_the_layout_peft_folds():
     """Our per-expert sums pick, for expert e, exactly the lora_A rows and lora_B columns PEFT's own
     get_delta_weight uses for that expert."""
     model = peft_moe(moe_student())
-    wrappers = [m for n, m in model.named_modules() if n.endswith("layers.0.mlp.experts") or
-                n.endswith("layers.0.mlp.experts.base_layer")]
+    wrappers = [
+        m
+        for n, m in model.named_modules()
+        if n.endswith("layers.0.mlp.experts") or n.endswith("layers.0.mlp.experts.base_layer")
+    ]
     assert len(wrappers) == 2 and {w.parameter_name for w in wrappers} == {"gate_up_proj", "down_proj"}
     e_n = 4
     for w in wrappers:
@@ -115,7 +144,7 @@ def test_per_expert_slices_read_the_layout_peft_folds():
             with torch.no_grad():
                 b.copy_(torch.randn_like(b))
                 a.zero_()
-                a[e * 4:(e + 1) * 4] = torch.randn_like(a[e * 4:(e + 1) * 4])  # expert e's rows
+                a[e * 4 : (e + 1) * 4] = torch.randn_like(a[e * 4 : (e + 1) * 4])  # expert e's rows
             delta = w.get_delta_weight("default")
             assert [bool(delta[x].abs().sum() > 0) for x in range(e_n)] == [x == e for x in range(e_n)]
             assert [bool(v > 0) for v in moe._per_expert_abs(a.detach(), e_n, "A")] == [x == e for x in range(e_n)]
@@ -137,21 +166,35 @@ def test_breakdown_by_kind_and_the_refusal_of_frozen_routed_experts():
 
     attn_only = moe_student(lora={"target_parameters": []})
     b = moe.parameter_breakdown(peft_moe(attn_only))
-    assert b["trainable"] == {"attention": 2 * 4 * 4 * 128, "dense_mlp": 0, "routed_experts": 0, "router": 0, "other": 0}
+    assert b["trainable"] == {
+        "attention": 2 * 4 * 4 * 128,
+        "dense_mlp": 0,
+        "routed_experts": 0,
+        "router": 0,
+        "other": 0,
+    }
     assert b["parameters"]["routed_experts"] == 2 * 4 * 3 * 64 * 48 and b["parameters"]["router"] == 2 * 4 * 64
     with pytest.raises(TrainingError) as e:
         moe.refuse_frozen_experts(b, attn_only, "tiny-moe")
-    for needle in ("4 routed experts", "73,728 parameters", "student.lora.target_parameters", "student.moe.experts: frozen"):
+    for needle in (
+        "4 routed experts",
+        "73,728 parameters",
+        "student.lora.target_parameters",
+        "student.moe.experts: frozen",
+    ):
         assert needle in str(e.value)
     moe.refuse_frozen_experts(b, moe_student(lora={"target_parameters": []}, moe={"experts": "frozen"}), "tiny-moe")
     full = moe.parameter_breakdown(peft_moe(moe_student(moe={"router": "trained"})))
     assert full["trainable"]["routed_experts"] == 2 * 4 * 4 * (128 + 144) and full["trainable"]["router"] == 512
     assert full["parameters"] == b["parameters"]  # a modules_to_save copy is not counted as a base parameter
     moe.refuse_frozen_experts(full, moe_student(), "tiny-moe")
-    dense = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2))
+    dense = LlamaForCausalLM(
+        LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    )
     d = moe.parameter_breakdown(dense)
-    assert d["num_experts"] == 0 and d["parameters"]["routed_experts"] == 0 and d["parameters"]["dense_mlp"] == 3 * 32 * 64
+    assert (
+        d["num_experts"] == 0 and d["parameters"]["routed_experts"] == 0 and d["parameters"]["dense_mlp"] == 3 * 32 * 64
+    )
     moe.refuse_frozen_experts(d, moe_student(lora={"target_parameters": []}), "dense")
 
 
@@ -197,14 +240,18 @@ def test_4bit_quantizes_the_attention_and_leaves_the_fused_experts_in_the_comput
     b = moe.parameter_breakdown(model)
     assert b["experts_quantized"] is False and set(b["quantized_parameters"]) == {"attention"}
     assert b["quantized_parameters"]["attention"] == 2 * 4 * 64 * 64 == b["parameters"]["attention"] - 2 * 2 * 16
-    experts = [p for n, p in model.named_parameters() if n.endswith(("experts.base_layer.base_layer.gate_up_proj",
-                                                                     "experts.base_layer.base_layer.down_proj"))]
+    experts = [
+        p
+        for n, p in model.named_parameters()
+        if n.endswith(("experts.base_layer.base_layer.gate_up_proj", "experts.base_layer.base_layer.down_proj"))
+    ]
     assert len(experts) == 4 and all(not isinstance(p, bnb.nn.Params4bit) and p.dtype == torch.float32 for p in experts)
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
     assert all(g is not None and g.abs().sum() > 0 for g in _one_step_expert_b_grads(model))
 
 
 # --------------------------------------------------------------------------- the trainer, one process
+
 
 @pytest.mark.stage
 def test_trainer_on_the_demo_moe_student(run_job, tmp_path, moe_student):
@@ -220,16 +267,32 @@ def test_trainer_on_the_demo_moe_student(run_job, tmp_path, moe_student):
 
     ds = write_cipher_dataset(tmp_path / "ds", moe_student, 64, seed=5)
     st = student_spec(moe={"router": "trained"}).model_dump(exclude={"base_model"})
-    job = make_job(tmp_path / "out", moe_student, ds, student=st, max_steps=6, micro_batch_size=8, eval_rows=16,
-                   learning_rate=5e-3, warmup_steps=1, log_every=3)
+    job = make_job(
+        tmp_path / "out",
+        moe_student,
+        ds,
+        student=st,
+        max_steps=6,
+        micro_batch_size=8,
+        eval_rows=16,
+        learning_rate=5e-3,
+        warmup_steps=1,
+        log_every=3,
+    )
     s = run_job(job)
     m = s["moe"]
-    assert m["trainable_by_kind"] == {"attention": 2 * 4 * 4 * 128, "dense_mlp": 0, "routed_experts": 8704,
-                                      "router": 512, "other": 0}
+    assert m["trainable_by_kind"] == {
+        "attention": 2 * 4 * 4 * 128,
+        "dense_mlp": 0,
+        "routed_experts": 8704,
+        "router": 512,
+        "other": 0,
+    }
     assert s["trainable_parameters"] == sum(m["trainable_by_kind"].values())
     assert m["routed_experts_trained"] and not m["experts_quantized"] and m["expert_rank"] == 4
-    assert [(c["step"], c["lora"], c["expert_slices_nonzero"], c["expert_slices"]) for c in m["expert_grad_checks"]] \
-        == [(1, "B", 16, 16), (2, "A", 16, 16)]
+    assert [
+        (c["step"], c["lora"], c["expert_slices_nonzero"], c["expert_slices"]) for c in m["expert_grad_checks"]
+    ] == [(1, "B", 16, 16), (2, "A", 16, 16)]
     assert (m["expert_lora_b_nonzero"], m["expert_lora_b_slices"], m["experts_untrained"]) == (16, 16, [])
     metrics = pq.read_table(tmp_path / "out" / "metrics.parquet").to_pylist()
     real = sum(r["tokens"] for r in metrics)
@@ -270,8 +333,18 @@ def test_activation_checkpointing_neither_double_counts_routing_nor_drops_the_au
 
     ds = write_cipher_dataset(tmp_path / "ds", moe_student, 24, seed=3)
     st = student_spec(moe={"router": "trained", "aux_loss_coef": 0.01}).model_dump(exclude={"base_model"})
-    s = run_job(make_job(tmp_path / "out", moe_student, ds, student=st, max_steps=3, micro_batch_size=8, eval_rows=8,
-                         activation_checkpointing=True))
+    s = run_job(
+        make_job(
+            tmp_path / "out",
+            moe_student,
+            ds,
+            student=st,
+            max_steps=3,
+            micro_batch_size=8,
+            eval_rows=8,
+            activation_checkpointing=True,
+        )
+    )
     metrics = pq.read_table(tmp_path / "out" / "metrics.parquet").to_pylist()
     real = sum(r["tokens"] for r in metrics)
     assert [sum(v) for v in s["moe"]["routed_tokens_per_expert"].values()] == [2 * real, 2 * real]
@@ -287,12 +360,19 @@ def test_trainer_refuses_routed_experts_left_frozen_unless_on_purpose(tmp_path, 
     ds = write_cipher_dataset(tmp_path / "ds", moe_student, 16, seed=1)
     frozen = student_spec(lora={"target_parameters": []}).model_dump(exclude={"base_model"})
     t = LoraFinetuneRecipe(make_job(tmp_path / "a", moe_student, ds, student=frozen, max_steps=1, micro_batch_size=4))
-    with pytest.raises(TrainingError, match=r"has 4 routed experts .* none of them would be trained: .* Set "
-                                            r"student.lora.target_parameters .* or student.moe.experts: frozen"):
+    with pytest.raises(
+        TrainingError,
+        match=r"has 4 routed experts .* none of them would be trained: .* Set "
+        r"student.lora.target_parameters .* or student.moe.experts: frozen",
+    ):
         t.setup()
     t.cleanup(False)
-    on_purpose = student_spec(lora={"target_parameters": []}, moe={"experts": "frozen"}).model_dump(exclude={"base_model"})
-    t = LoraFinetuneRecipe(make_job(tmp_path / "b", moe_student, ds, student=on_purpose, max_steps=1, micro_batch_size=4))
+    on_purpose = student_spec(lora={"target_parameters": []}, moe={"experts": "frozen"}).model_dump(
+        exclude={"base_model"}
+    )
+    t = LoraFinetuneRecipe(
+        make_job(tmp_path / "b", moe_student, ds, student=on_purpose, max_steps=1, micro_batch_size=4)
+    )
     try:
         t.setup()
         assert t.param_breakdown["trainable"]["routed_experts"] == 0 and t.moe is not None

@@ -13,35 +13,63 @@ from tests.support.train_support import PYTHON, REPO_ROOT, child_env, make_job, 
 
 pytestmark = pytest.mark.slow
 
-PAIRS = [("encode ab =", " xy"), ("encode abcdefgh =", " qwertyui qwertyui"), ("encode abc =", " q"),
-         ("encode hello =", " itssg"), ("encode zz =", " mm"), ("encode word =", " vgkr"), ("encode abcd =", " qwer"),
-         ("encode x =", " b")]
+PAIRS = [
+    ("encode ab =", " xy"),
+    ("encode abcdefgh =", " qwertyui qwertyui"),
+    ("encode abc =", " q"),
+    ("encode hello =", " itssg"),
+    ("encode zz =", " mm"),
+    ("encode word =", " vgkr"),
+    ("encode abcd =", " qwer"),
+    ("encode x =", " b"),
+]
 
 
 def test_world2_moe_gradients_equal_one_process(tmp_path, moe_student):
     ds = write_pairs_dataset(tmp_path / "ds", moe_student, PAIRS)
     variants = {
         # fp32 base: expert LoRA + trained router + attention LoRA, aux loss weighted by each micro-batch's tokens
-        "full_aux": ({"nodes": 1, "processes_per_node": 2, "sharding": "full"},
-                     student_spec(moe={"router": "trained", "aux_loss_coef": 0.05})),
+        "full_aux": (
+            {"nodes": 1, "processes_per_node": 2, "sharding": "full"},
+            student_spec(moe={"router": "trained", "aux_loss_coef": 0.05}),
+        ),
         # QLoRA: 4-bit attention (the fused experts stay fp32), no aux loss: plain cross-entropy, hybrid mesh
-        "qlora_hybrid": ({"nodes": 2, "processes_per_node": 1, "sharding": "hybrid"},
-                         student_spec(moe={"aux_loss_coef": 0.0},
-                                      quantization={"load_in_4bit": True, "compute_dtype": "float32"})),
+        "qlora_hybrid": (
+            {"nodes": 2, "processes_per_node": 1, "sharding": "hybrid"},
+            student_spec(moe={"aux_loss_coef": 0.0}, quantization={"load_in_4bit": True, "compute_dtype": "float32"}),
+        ),
     }
     files = []
     for name, (topo, st) in variants.items():
-        job = make_job(tmp_path / name, moe_student, ds, student=st.model_dump(exclude={"base_model"}), max_steps=1,
-                       micro_batch_size=2, gradient_accumulation_steps=2, eval_rows=0, **topo)
+        job = make_job(
+            tmp_path / name,
+            moe_student,
+            ds,
+            student=st.model_dump(exclude={"base_model"}),
+            max_steps=1,
+            micro_batch_size=2,
+            gradient_accumulation_steps=2,
+            eval_rows=0,
+            **topo,
+        )
         files.append(str(job.write(tmp_path / f"{name}.json")))
     out = tmp_path / "grads.pt"
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO_ROOT / "tests" / "support" / "train_scripts" / "moe_grad_check.py"), str(out), *files]
+    cmd = [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(REPO_ROOT / "tests" / "support" / "train_scripts" / "moe_grad_check.py"),
+        str(out),
+        *files,
+    ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     results = torch.load(out, weights_only=False)
     figures = {}
-    for (name, (_, st)), f in zip(variants.items(), files):
+    for (name, (_, st)), f in zip(variants.items(), files, strict=False):
         r = results[f]
         g, ref = r["grads"], r["reference_grads"]
         assert set(g) == set(ref)

@@ -44,14 +44,14 @@ def _direct(student, labels, ids, lps, beta: float) -> tuple[float, int]:
             if labels[b, t] == -100:
                 continue
             q_all = torch.softmax(student[b, t - 1].double(), -1).tolist()
-            top = [(int(i), math.exp(float(v))) for i, v in zip(ids[b, t], lps[b, t]) if i >= 0]
+            top = [(int(i), math.exp(float(v))) for i, v in zip(ids[b, t], lps[b, t], strict=False) if i >= 0]
             p = [pi for _, pi in top] + [max(1 - sum(pi for _, pi in top), 1e-12)]
             q = [q_all[i] for i, _ in top] + [sum(x for j, x in enumerate(q_all) if j not in {i for i, _ in top})]
 
             def kl(a, c):
-                return sum(x * (math.log(x) - math.log(y)) for x, y in zip(a, c) if x > 0)
+                return sum(x * (math.log(x) - math.log(y)) for x, y in zip(a, c, strict=False) if x > 0)
 
-            m = [beta * x + (1 - beta) * y for x, y in zip(p, q)]
+            m = [beta * x + (1 - beta) * y for x, y in zip(p, q, strict=False)]
             d = kl(p, q) if beta == 0 else kl(q, p) if beta == 1 else beta * kl(p, m) + (1 - beta) * kl(q, m)
             total, n = total + d, n + 1
     return total, n

@@ -27,13 +27,16 @@ def _check_prefix_cached_scoring(demo_models):
     context = "encode abc = nop encode hello = itssg encode "  # > 32 shared tokens (a character tokenizer)
     prompts = [context + w + " =" for w in ("cat", "dog", "parrots", "a", "hello")] + ["encode zebra ="]
     tok = gen.tok
-    conts = [tok(" " + w, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-             for w in ("eqz", "rgu", "xy", "qwertyuiop", "itssg", "mtwjq")]
+    conts = [
+        tok(" " + w, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        for w in ("eqz", "rgu", "xy", "qwertyuiop", "itssg", "mtwjq")
+    ]
     cached = LocalScorer(gen, "demo")
     groups = []
     score_group = cached._score_group
-    cached._score_group = lambda enc, cont, shared, k: (groups.append((len(enc), shared))
-                                                        or score_group(enc, cont, shared, k))
+    cached._score_group = lambda enc, cont, shared, k: (
+        groups.append((len(enc), shared)) or score_group(enc, cont, shared, k)
+    )
     got = cached.score(prompts, conts, top_k=5)
     assert len(groups) == 1 and groups[0][0] == 5 and groups[0][1] >= 32, groups  # the context went through its cache
     plain = LocalScorer(gen, "demo", prefix_caching=False)
@@ -42,7 +45,10 @@ def _check_prefix_cached_scoring(demo_models):
         assert g.error is None and g.token_ids == w.token_ids and g.prompt_tokens == w.prompt_tokens
         assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
         assert [[t for t, _, _ in pos] for pos in g.top_logprobs] == [[t for t, _, _ in pos] for pos in w.top_logprobs]
-        assert torch.allclose(torch.tensor([[v for _, _, v in p] for p in g.top_logprobs]),
-                              torch.tensor([[v for _, _, v in p] for p in w.top_logprobs]), atol=1e-4)
+        assert torch.allclose(
+            torch.tensor([[v for _, _, v in p] for p in g.top_logprobs]),
+            torch.tensor([[v for _, _, v in p] for p in w.top_logprobs]),
+            atol=1e-4,
+        )
     # metered like an API bills a prompt_logprobs request: every prompt token and every scored token
-    assert cached.prefill_tokens == plain.prefill_tokens == sum(w.prompt_tokens + len(c) for w, c in zip(want, conts))
+    assert cached.prefill_tokens == plain.prefill_tokens == sum(w.prompt_tokens + len(c) for w, c in zip(want, conts, strict=False))

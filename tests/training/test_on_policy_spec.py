@@ -42,24 +42,49 @@ def _op(doc) -> dict:
     return doc["training"]["distillation"]["on_policy"]
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda d: _op(d).update({"lambda": 0.5}),
-     ["c.yaml", "training.distillation.on_policy", "teacher_generations: generate", "lambda 0.5"]),
-    (lambda d: _op(d).update({"teacher_generations": "generate", "warmup": "sequence_kd"}),
-     ["warmup: sequence_kd", "warmup_steps"]),
-    (lambda d: _op(d).update({"warmup_steps": 3}), ["warmup: sequence_kd", "remove warmup_steps"]),
-    (lambda d: _op(d).update({"samples_per_round": 30}), ["samples_per_round (30)", "multiple", "= 8", "e.g. 24"]),
-    (lambda d: d["training"].update({"max_steps": 40}) or _op(d).update(
-        {"teacher_generations": "generate", "warmup": "sequence_kd", "warmup_steps": 40}),
-     ["warmup_steps (40)", "max_steps 40"]),
-    (lambda d: d["teacher"].update({"backend": "vllm"}),
-     ["on_policy", "'transformers'", "'openai'", "prompt_logprobs"]),
-    (lambda d: _op(d).update({"lambda": 1.5}), ["training.distillation.on_policy.lambda", "less than or equal to 1"]),
-    (lambda d: d.update({"sweep": {"space": {"training.learning_rate": {"type": "log_uniform", "low": 1e-4,
-                                                                        "high": 1e-3}},
-                                   "trials": 2, "rungs": {"min_steps": 10}, "budget_usd": 0.1}}),
-     ["'on_policy' does not run under a `sweep`", "remove `sweep`"]),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (
+            lambda d: _op(d).update({"lambda": 0.5}),
+            ["c.yaml", "training.distillation.on_policy", "teacher_generations: generate", "lambda 0.5"],
+        ),
+        (
+            lambda d: _op(d).update({"teacher_generations": "generate", "warmup": "sequence_kd"}),
+            ["warmup: sequence_kd", "warmup_steps"],
+        ),
+        (lambda d: _op(d).update({"warmup_steps": 3}), ["warmup: sequence_kd", "remove warmup_steps"]),
+        (lambda d: _op(d).update({"samples_per_round": 30}), ["samples_per_round (30)", "multiple", "= 8", "e.g. 24"]),
+        (
+            lambda d: (
+                d["training"].update({"max_steps": 40})
+                or _op(d).update({"teacher_generations": "generate", "warmup": "sequence_kd", "warmup_steps": 40})
+            ),
+            ["warmup_steps (40)", "max_steps 40"],
+        ),
+        (
+            lambda d: d["teacher"].update({"backend": "vllm"}),
+            ["on_policy", "'transformers'", "'openai'", "prompt_logprobs"],
+        ),
+        (
+            lambda d: _op(d).update({"lambda": 1.5}),
+            ["training.distillation.on_policy.lambda", "less than or equal to 1"],
+        ),
+        (
+            lambda d: d.update(
+                {
+                    "sweep": {
+                        "space": {"training.learning_rate": {"type": "log_uniform", "low": 1e-4, "high": 1e-3}},
+                        "trials": 2,
+                        "rungs": {"min_steps": 10},
+                        "budget_usd": 0.1,
+                    }
+                }
+            ),
+            ["'on_policy' does not run under a `sweep`", "remove `sweep`"],
+        ),
+    ],
+)
 def test_contradictions_name_the_file_field_and_what_to_write(tmp_path, edit, words):
     msg = _error(tmp_path, edit)
     for w in words:
@@ -81,8 +106,16 @@ def test_no_teacher_stage_in_the_graph_when_fully_on_policy(tmp_path):
     assert not {"teacher_generations", "distillation_set", "tokenized_dataset"} & set(skipped)
     assert "prompts" in skipped["student_adapter"] and "tokenized_dataset" not in skipped["student_adapter"]
     assert "tokenized_dataset" not in skipped["campaign_cost"] and "student_adapter" in skipped["campaign_cost"]
-    with_teacher = stages(load_campaign_file(_write(tmp_path, lambda d: _op(d).update(
-        {"teacher_generations": "generate", "warmup": "sequence_kd", "warmup_steps": 8}))))
+    with_teacher = stages(
+        load_campaign_file(
+            _write(
+                tmp_path,
+                lambda d: _op(d).update(
+                    {"teacher_generations": "generate", "warmup": "sequence_kd", "warmup_steps": 8}
+                ),
+            )
+        )
+    )
     assert {"teacher_generations", "distillation_set", "tokenized_dataset"} <= set(with_teacher)
     assert {"tokenized_dataset", "prompts"} <= with_teacher["student_adapter"]
     assert "teacher_generations" in with_teacher["campaign_cost"]
@@ -135,7 +168,9 @@ def test_teacher_prompt_gets_the_context_of_its_categories_only():
 
     ctx = [{"role": "system", "content": "Be brief."}]
     assert teacher_prompt("Plural of cat?", "plural", ctx, ["plural"], chat=False) == [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Plural of cat?"}]
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Plural of cat?"},
+    ]
     assert teacher_prompt("Capital of France?", "fact", ctx, ["plural"], chat=False) == "Capital of France?"
     assert teacher_prompt("x", None, (), None, chat=True) == [{"role": "user", "content": "x"}]
 

@@ -22,8 +22,9 @@ SCRIPTS = REPO_ROOT / "tests" / "support" / "train_scripts"
 
 def _train(args: list[str], log: Path, timeout: int = 300) -> int:
     with log.open("w") as f:
-        return subprocess.run([PYTHON, *args], cwd=REPO_ROOT, env=child_env(), stdout=f, stderr=subprocess.STDOUT,
-                              timeout=timeout).returncode
+        return subprocess.run(
+            [PYTHON, *args], cwd=REPO_ROOT, env=child_env(), stdout=f, stderr=subprocess.STDOUT, timeout=timeout
+        ).returncode
 
 
 def _adapter(out: Path) -> dict:
@@ -40,8 +41,10 @@ def test_kill_mid_round_and_resume_ends_as_uninterrupted(tmp_path, demo_models, 
     one thread like the killed process.)"""
     prompts = write_cipher_prompts(tmp_path / "prompts.parquet", 40)
     every_step = {"every_steps": 1, "every_minutes": None, "keep_last": 2}
-    jobs = {name: on_policy_job(tmp_path / name, demo_models, prompts, max_steps=12, checkpoint=every_step)
-            for name in ("whole", "killed")}
+    jobs = {
+        name: on_policy_job(tmp_path / name, demo_models, prompts, max_steps=12, checkpoint=every_step)
+        for name in ("whole", "killed")
+    }
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -52,8 +55,10 @@ def test_kill_mid_round_and_resume_ends_as_uninterrupted(tmp_path, demo_models, 
         assert code == -9, (tmp_path / "killed-1.log").read_text()[-3000:]
         killed = Path(jobs["killed"].output_dir)
         assert not (killed / "summary.json").exists()
-        assert sorted(p.name for p in (killed / "rounds").iterdir()) == ["round-00000-rank000.pt",
-                                                                        "round-00001-rank000.pt"]
+        assert sorted(p.name for p in (killed / "rounds").iterdir()) == [
+            "round-00000-rank000.pt",
+            "round-00001-rank000.pt",
+        ]
         capfd.readouterr()
         run_job(jobs["killed"], "relaunch")
     finally:
@@ -74,13 +79,14 @@ def test_kill_mid_round_and_resume_ends_as_uninterrupted(tmp_path, demo_models, 
     losses_k = [(m["step"], m["loss"], m["round"]) for m in pq.read_table(killed / "metrics.parquet").to_pylist()]
     assert [s for s, _, _ in losses_k] == list(range(1, 13))
     assert [r for _, _, r in losses_k] == [1] * 4 + [2] * 4 + [3] * 4
-    for (s, lw, _), (_, lk, _) in zip(losses_w, losses_k):
+    for (s, lw, _), (_, lk, _) in zip(losses_w, losses_k, strict=False):
         assert lk == pytest.approx(lw, rel=1e-6, abs=1e-7), s
     op_w, op_k = sw["on_policy"], sk["on_policy"]
     assert op_k["rounds"] == op_w["rounds"] == 3 and op_k["samples"] == 24
-    for rw, rk in zip(op_w["per_round"], op_k["per_round"]):
-        assert {k: rk[k] for k in ("samples", "sampled_tokens", "teacher_prefill_tokens", "kl_tokens")} == \
-               {k: rw[k] for k in ("samples", "sampled_tokens", "teacher_prefill_tokens", "kl_tokens")}
+    for rw, rk in zip(op_w["per_round"], op_k["per_round"], strict=False):
+        assert {k: rk[k] for k in ("samples", "sampled_tokens", "teacher_prefill_tokens", "kl_tokens")} == {
+            k: rw[k] for k in ("samples", "sampled_tokens", "teacher_prefill_tokens", "kl_tokens")
+        }
         assert rk["mean_reverse_kl"] == pytest.approx(rw["mean_reverse_kl"], rel=1e-6)
     assert op_w["teacher_prefill_tokens"] > op_w["sampled_tokens"] > 0
 
@@ -90,14 +96,30 @@ def test_two_ranks_sample_score_and_train_like_one_process(tmp_path, demo_models
     rank whose rows are done keeps stepping until the other's are); the step's loss and gradients equal one
     process's on the same samples."""
     prompts = write_cipher_prompts(tmp_path / "prompts.parquet", 40, seed=7)  # rank 1 gets shorter words
-    job = on_policy_job(tmp_path / "run", demo_models, prompts, max_steps=4, processes_per_node=2,
-                        sharding="full", micro_batch_size=2, gradient_accumulation_steps=1,
-                        on_policy={"samples_per_round": 8, "beta": 0.5, "max_new_tokens": 12})
+    job = on_policy_job(
+        tmp_path / "run",
+        demo_models,
+        prompts,
+        max_steps=4,
+        processes_per_node=2,
+        sharding="full",
+        micro_batch_size=2,
+        gradient_accumulation_steps=1,
+        on_policy={"samples_per_round": 8, "beta": 0.5, "max_new_tokens": 12},
+    )
     Path(job.output_dir).mkdir(parents=True)
     jf = job.write(tmp_path / "job.json")
     out = tmp_path / "grads.pt"
-    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(SCRIPTS / "on_policy_grad_check.py"), str(out), str(jf)]
+    cmd = [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "on_policy_grad_check.py"),
+        str(out),
+        str(jf),
+    ]
     assert _train(cmd, tmp_path / "run.log", timeout=400) == 0, (tmp_path / "run.log").read_text()[-5000:]
     r = torch.load(out, weights_only=False)
     assert r["world"] == 2
@@ -106,8 +128,9 @@ def test_two_ranks_sample_score_and_train_like_one_process(tmp_path, demo_models
     lengths = [x["lengths"] for x in ranks]
     assert max(max(x) for x in lengths) == r["decode_steps"]  # both ranks stepped until the longest sample
     assert max(lengths[0]) != max(lengths[1]), f"ranks should finish at different steps: {lengths}"
-    assert {tuple(s["prompt_ids"]) for s in ranks[0]["samples"]}.isdisjoint(tuple(s["prompt_ids"])
-                                                                          for s in ranks[1]["samples"])
+    assert {tuple(s["prompt_ids"]) for s in ranks[0]["samples"]}.isdisjoint(
+        tuple(s["prompt_ids"]) for s in ranks[1]["samples"]
+    )
     assert r["kl_tokens"] == r["reference_tokens"] > 0
     assert r["loss"] == pytest.approx(r["reference_loss"], rel=1e-5)
     g, ref = r["grads"], r["reference_grads"]
@@ -127,11 +150,29 @@ def test_a_teacher_server_is_a_drop_in_for_the_in_process_teacher(tmp_path, demo
 
     prompts = write_cipher_prompts(tmp_path / "prompts.parquet", 24, seed=3)
     port_file = tmp_path / "port"
-    server = subprocess.Popen([sys.executable, "-m", "campaign_orchestrator.teacher", "serve", "--model",
-                               str(demo_models["teacher"]), "--served-name", "demo-teacher", "--port", "0",
-                               "--port-file", str(port_file), "--compute-dtype", "float32"],
-                              cwd=REPO_ROOT, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "campaign_orchestrator.teacher",
+            "serve",
+            "--model",
+            str(demo_models["teacher"]),
+            "--served-name",
+            "demo-teacher",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--compute-dtype",
+            "float32",
+        ],
+        cwd=REPO_ROOT,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -141,10 +182,19 @@ def test_a_teacher_server_is_a_drop_in_for_the_in_process_teacher(tmp_path, demo
             assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()[-2000:]
             time.sleep(0.05)
         job = on_policy_job(tmp_path / "http", demo_models, prompts, max_steps=8)
-        teacher = {"backend": "openai", "model": "demo-teacher", "price": "unpriced",
-                   "base_url": f"http://127.0.0.1:{port_file.read_text()}/v1"}
-        job = job.model_copy(update={"on_policy": job.on_policy.model_copy(
-            update={"teacher_backend": "openai", "teacher": teacher, "teacher_model_path": None})})
+        teacher = {
+            "backend": "openai",
+            "model": "demo-teacher",
+            "price": "unpriced",
+            "base_url": f"http://127.0.0.1:{port_file.read_text()}/v1",
+        }
+        job = job.model_copy(
+            update={
+                "on_policy": job.on_policy.model_copy(
+                    update={"teacher_backend": "openai", "teacher": teacher, "teacher_model_path": None}
+                )
+            }
+        )
         http = run_job(job, "http")
     finally:
         torch.set_num_threads(threads)

@@ -24,8 +24,15 @@ def _one_thread():
 def test_sequence_kd_warmup_then_mixed_steps(tmp_path, demo_models, run_job):
     prompts = write_cipher_prompts(tmp_path / "prompts.parquet", 24)
     ds = write_cipher_dataset(tmp_path / "ds", demo_models["student"], 48, seed=2)
-    job = on_policy_job(tmp_path / "run", demo_models, prompts, dataset=ds, max_steps=10, eval_rows=8,
-                        on_policy={"warmup": "sequence_kd", "warmup_steps": 3, "lambda": 0.5, "samples_per_round": 4})
+    job = on_policy_job(
+        tmp_path / "run",
+        demo_models,
+        prompts,
+        dataset=ds,
+        max_steps=10,
+        eval_rows=8,
+        on_policy={"warmup": "sequence_kd", "warmup_steps": 3, "lambda": 0.5, "samples_per_round": 4},
+    )
     summary = run_job(job)
     rows = pq.read_table(tmp_path / "run" / "metrics.parquet").to_pylist()
     kinds = [r["kind"] for r in rows]
@@ -50,14 +57,19 @@ def test_a_teacher_with_another_vocabulary_is_refused_before_training(tmp_path, 
 
     prompts = write_cipher_prompts(tmp_path / "prompts.parquet", 8)
     job = on_policy_job(tmp_path / "run", demo_models, prompts).model_copy(
-        update={"teacher_tokenizer_path": str(smollm2)})
-    with pytest.raises(TrainingError, match="on_policy distillation needs a teacher that shares the student's "
-                                            "tokenizer.*49152 tokens.*use training.distillation.loss 'sequence'"):
+        update={"teacher_tokenizer_path": str(smollm2)}
+    )
+    with pytest.raises(
+        TrainingError,
+        match="on_policy distillation needs a teacher that shares the student's "
+        "tokenizer.*49152 tokens.*use training.distillation.loss 'sequence'",
+    ):
         recipe_for(job)(job)._check_teacher_tokenizer()
 
 
-def test_sigterm_while_a_round_samples_stops_and_the_relaunch_samples_it_again(tmp_path, demo_models, run_job,
-                                                                                monkeypatch):
+def test_sigterm_while_a_round_samples_stops_and_the_relaunch_samples_it_again(
+    tmp_path, demo_models, run_job, monkeypatch
+):
     """A stop (SIGTERM: preemption) that arrives while a round samples ends the run at once with a checkpoint of
     the state before the round; no round file is written, and the relaunch samples the round again with the same
     weights and seed: it ends where an uninterrupted run ends."""

@@ -17,8 +17,15 @@ from training.net import free_port
 
 def _rank1(job_file, port: int, run_id: str) -> dict[str, str]:
     """Rank 1 of a 2-process job whose rank 0 never comes (nobody listens on ``port``)."""
-    return child_env() | {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
-                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "CAMPAIGN_RUN_ID": run_id}
+    return child_env() | {
+        "RANK": "1",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "CAMPAIGN_RUN_ID": run_id,
+    }
 
 
 @pytest.mark.slow
@@ -27,8 +34,13 @@ def test_a_second_jobs_rank_is_refused_with_the_holder_before_the_process_group(
     job = make_job(out, tmp_path / "base", tmp_path / "data", collective_timeout_s=300)
     cfg = job.write(tmp_path / "job.json")
     cmd = [sys.executable, "-m", "training", "--config", str(cfg)]
-    first = subprocess.Popen(cmd, env=_rank1(cfg, free_port(), "job-a"), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+    first = subprocess.Popen(
+        cmd,
+        env=_rank1(cfg, free_port(), "job-a"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         # the first job's rank 1 holds its lock while it waits for its rank 0 in the rendezvous
         deadline, held = time.monotonic() + 90, None
@@ -39,8 +51,7 @@ def test_a_second_jobs_rank_is_refused_with_the_holder_before_the_process_group(
         assert json.loads(held.read_text())["rank"] == 1
 
         t0 = time.monotonic()
-        second = subprocess.run(cmd, env=_rank1(cfg, free_port(), "job-b"), capture_output=True, text=True,
-                                timeout=120)
+        second = subprocess.run(cmd, env=_rank1(cfg, free_port(), "job-b"), capture_output=True, text=True, timeout=120)
         took = time.monotonic() - t0
     finally:
         first.kill()

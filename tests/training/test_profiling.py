@@ -45,8 +45,12 @@ def test_in_process_trace_export_triage_and_s3_upload(tmp_path, monkeypatch, cap
     from moto import mock_aws
 
     out = tmp_path / "demo" / "student_adapter" / "k123"
-    spec = ProfilingSpec(enabled=True, schedule=ProfilerScheduleSpec(wait=1, warmup=1, active=2, repeat=1),
-                         record_shapes=True, upload_url="s3://traces-bucket/runs")
+    spec = ProfilingSpec(
+        enabled=True,
+        schedule=ProfilerScheduleSpec(wait=1, warmup=1, active=2, repeat=1),
+        record_shapes=True,
+        upload_url="s3://traces-bucket/runs",
+    )
     t = _training(profiling=spec, diagnostics=DiagnosticsSpec(commands=[]))
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -79,21 +83,34 @@ def test_in_process_trace_export_triage_and_s3_upload(tmp_path, monkeypatch, cap
 def test_real_two_rank_demo_trainer_trace_is_triaged(tmp_path, demo_models):
     """The demo trainer (4-bit QLoRA, FSDP2, gloo) on two ranks, profiled: real CPU traces, triaged."""
     from assets.perf_metadata import profile_metadata
-    from training.cluster import ladder
     from training import triage
+    from training.cluster import ladder
     from training.cluster.torchrun import run_torchrun
     from training.config import TrainJob
 
     train, _ = ladder.tiny_task(64, 1)
     dataset = ladder.tokenize_tiny(demo_models["student"], train, tmp_path / "data")
     out = tmp_path / "camp" / "student_adapter" / "key"
-    t = TrainingSpec(max_steps=4, micro_batch_size=8, max_seq_len=64, processes_per_node=2, log_every=1,
-                     profiling=ProfilingSpec(enabled=True, schedule=ProfilerScheduleSpec(wait=1, warmup=1, active=2)))
-    job = TrainJob(campaign="camp", base_model_path=str(demo_models["student"]), dataset_path=str(dataset),
-                   output_dir=str(out), student=StudentSpec(base_model="@demo/student"), training=t)
+    t = TrainingSpec(
+        max_steps=4,
+        micro_batch_size=8,
+        max_seq_len=64,
+        processes_per_node=2,
+        log_every=1,
+        profiling=ProfilingSpec(enabled=True, schedule=ProfilerScheduleSpec(wait=1, warmup=1, active=2)),
+    )
+    job = TrainJob(
+        campaign="camp",
+        base_model_path=str(demo_models["student"]),
+        dataset_path=str(dataset),
+        output_dir=str(out),
+        student=StudentSpec(base_model="@demo/student"),
+        training=t,
+    )
     job.write(tmp_path / "job.json")
-    logs = run_torchrun(["-m", "training", "--config", str(tmp_path / "job.json")], nodes=1, procs=2,
-                        log_dir=tmp_path, timeout_s=600)
+    logs = run_torchrun(
+        ["-m", "training", "--config", str(tmp_path / "job.json")], nodes=1, procs=2, log_dir=tmp_path, timeout_s=600
+    )
     report = read_report(out)
     assert report is not None, logs[0].read_text()[-3000:]
     traces = sorted((out / "profile" / "traces").glob("*.pt.trace.json"))
@@ -125,8 +142,10 @@ def test_real_two_rank_demo_trainer_trace_is_triaged(tmp_path, demo_models):
             expected = "timeout" if c["returncode"] is None else "ok" if c["returncode"] == 0 else "failed"
             assert c["status"] == expected and (out / "profile" / "diagnostics" / "node0" / f"{name}.txt").exists()
     if shutil.which("nvidia-smi") is None and shutil.which("ibstat") is None:  # this machine: all five skipped
-        assert report["diagnostics_summary"] == (f"node 0 ({node['host']}): missing 5 [gpu_topology, nvlink_status, "
-                                                 f"gpu_performance, gpu_utilization, infiniband]")
+        assert report["diagnostics_summary"] == (
+            f"node 0 ({node['host']}): missing 5 [gpu_topology, nvlink_status, "
+            f"gpu_performance, gpu_utilization, infiniband]"
+        )
     log = logs[0].read_text()
     assert "profile triage:" in log and f"verdict: {tri['verdict']}" in log
     md = profile_metadata(out)

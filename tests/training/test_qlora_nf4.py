@@ -15,8 +15,13 @@ def _student(path, load_in_4bit: bool):
     from campaigns.spec import StudentSpec
     from training.model import load_student
 
-    st = StudentSpec.model_validate({"base_model": str(path), "lora": LORA, "quantization": {
-        "load_in_4bit": load_in_4bit, "compute_dtype": "float32"}})
+    st = StudentSpec.model_validate(
+        {
+            "base_model": str(path),
+            "lora": LORA,
+            "quantization": {"load_in_4bit": load_in_4bit, "compute_dtype": "float32"},
+        }
+    )
     torch.manual_seed(0)
     return load_student(str(path), st, torch.device("cpu"), attn_implementation="sdpa", compute_dtype="float32")
 
@@ -26,8 +31,11 @@ def test_packed_weights_are_stored_in_the_compute_dtype_and_a_mismatch_is_refuse
 
     model = _student(demo_models["student"], True)
     assert check_4bit_storage(model, torch.float32) == 2 * 7  # every projection of both layers is 4-bit
-    with pytest.raises(ValueError, match=r"4-bit weight .*q_proj.* stored as torch.float32 .* shards it as "
-                                         r"torch.bfloat16.*bnb_4bit_quant_storage"):
+    with pytest.raises(
+        ValueError,
+        match=r"4-bit weight .*q_proj.* stored as torch.float32 .* shards it as "
+        r"torch.bfloat16.*bnb_4bit_quant_storage",
+    ):
         check_4bit_storage(model, torch.bfloat16)
 
 

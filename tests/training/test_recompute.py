@@ -18,15 +18,29 @@ def _model(patched: bool, dropout: float = 0.0, attn: str = "eager", dtype: torc
     from training import recompute
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      attn_implementation=attn)
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        attn_implementation=attn,
+    )
     model = LlamaForCausalLM(cfg).to(dtype)
     for p in model.parameters():
         p.requires_grad_(False)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, init_lora_weights=False,
-                                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                                             "gate_proj", "up_proj", "down_proj"]))  # fp32 adapters
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            lora_dropout=dropout,
+            init_lora_weights=False,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        ),
+    )  # fp32 adapters
     counts = recompute.apply(model) if patched else None
     return model.train(), counts
 

@@ -38,9 +38,18 @@ def _datasets(tmp_path, tok_dir):
 
 def test_the_kept_checkpoint_is_the_best_not_the_last(run_job, tmp_path, demo_models):
     ds, val = _datasets(tmp_path, demo_models["student"])
-    job = make_job(tmp_path / "out", demo_models["student"], ds, student=SMALL, max_steps=8, learning_rate=5e-2,
-                   micro_batch_size=4, warmup_steps=0, eval_rows=8,
-                   selection={"rule": "best_heldout_loss", "every_steps": 2})
+    job = make_job(
+        tmp_path / "out",
+        demo_models["student"],
+        ds,
+        student=SMALL,
+        max_steps=8,
+        learning_rate=5e-2,
+        micro_batch_size=4,
+        warmup_steps=0,
+        eval_rows=8,
+        selection={"rule": "best_heldout_loss", "every_steps": 2},
+    )
     job.validation_path = str(val)
     s = run_job(job)
     sel = s["selection"]
@@ -58,9 +67,18 @@ def test_the_kept_checkpoint_is_the_best_not_the_last(run_job, tmp_path, demo_mo
 
 def test_patience_stops_training_early(run_job, tmp_path, demo_models):
     ds, val = _datasets(tmp_path, demo_models["student"])
-    job = make_job(tmp_path / "out", demo_models["student"], ds, student=SMALL, max_steps=12, learning_rate=5e-2,
-                   micro_batch_size=4, warmup_steps=0, eval_rows=8,
-                   selection={"rule": "best_heldout_loss", "every_steps": 2, "patience": 1})
+    job = make_job(
+        tmp_path / "out",
+        demo_models["student"],
+        ds,
+        student=SMALL,
+        max_steps=12,
+        learning_rate=5e-2,
+        micro_batch_size=4,
+        warmup_steps=0,
+        eval_rows=8,
+        selection={"rule": "best_heldout_loss", "every_steps": 2, "patience": 1},
+    )
     job.validation_path = str(val)
     s = run_job(job)
     sel = s["selection"]

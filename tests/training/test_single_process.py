@@ -34,8 +34,14 @@ def test_interrupted_run_resumes_to_the_same_adapter(run_job, tmp_path, demo_mod
     and ends with the adapter of an uninterrupted run; the non-finite guard stops before the update."""
     from training.recipes import LoraFinetuneRecipe, TrainingError
 
-    kw = dict(student=SMALL, max_steps=8, micro_batch_size=8, eval_rows=16, warmup_steps=2,
-              checkpoint={"every_steps": 3, "every_minutes": None, "keep_last": 5})
+    kw = dict(
+        student=SMALL,
+        max_steps=8,
+        micro_batch_size=8,
+        eval_rows=16,
+        warmup_steps=2,
+        checkpoint={"every_steps": 3, "every_minutes": None, "keep_last": 5},
+    )
     straight = run_job(make_job(tmp_path / "a", demo_models["student"], cipher_ds, **kw), "a")
     assert straight["resumed_from_step"] is None and straight["trained_steps"] == 8
 
@@ -72,8 +78,18 @@ def test_all_masked_steps_are_counted_and_skipped(run_job, tmp_path, demo_models
     import pyarrow.parquet as pq
 
     ds = write_cipher_dataset(tmp_path / "ds", demo_models["student"], 6, seed=1, masked_rows=6)
-    s = run_job(make_job(tmp_path / "out", demo_models["student"], ds, student=SMALL, max_steps=12,
-                         micro_batch_size=1, eval_rows=0, checkpoint={"every_steps": None}))
+    s = run_job(
+        make_job(
+            tmp_path / "out",
+            demo_models["student"],
+            ds,
+            student=SMALL,
+            max_steps=12,
+            micro_batch_size=1,
+            eval_rows=0,
+            checkpoint={"every_steps": None},
+        )
+    )
     assert s["skipped_steps"] == 6 and s["trained_steps"] == 6
     metrics = pq.read_table(tmp_path / "out" / "metrics.parquet").to_pylist()
     assert len(metrics) == 6 and all(m["loss"] > 0 and m["loss_tokens"] > 0 for m in metrics)
@@ -87,19 +103,44 @@ def test_adapter_only_checkpoint_is_a_small_share_of_the_base(run_job, tmp_path,
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(str(demo_models["student"]))
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
-                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     base = tmp_path / "base"
     LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(base))
     tok.save_pretrained(str(base))
     ds = write_cipher_dataset(tmp_path / "ds", base, 8, seed=2)
-    lora = {"lora": {"r": 4, "alpha": 8, "dropout": 0.0,
-                     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}}
-    s = run_job(make_job(tmp_path / "out", base, ds, student=lora, max_steps=2, micro_batch_size=4, eval_rows=0,
-                         checkpoint={"every_steps": 1}))
+    lora = {
+        "lora": {
+            "r": 4,
+            "alpha": 8,
+            "dropout": 0.0,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        }
+    }
+    s = run_job(
+        make_job(
+            tmp_path / "out",
+            base,
+            ds,
+            student=lora,
+            max_steps=2,
+            micro_batch_size=4,
+            eval_rows=0,
+            checkpoint={"every_steps": 1},
+        )
+    )
     ckpt = tmp_path / "out" / "checkpoints" / "step-00000002"
     from safetensors import safe_open
 
@@ -115,8 +156,19 @@ def test_merged_export_matches_the_adapter(run_job, tmp_path, demo_models, ciphe
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    s = run_job(make_job(tmp_path / "out", demo_models["student"], cipher_ds, student=SMALL, max_steps=3,
-                         micro_batch_size=8, eval_rows=0, export_merged=True, checkpoint={"every_steps": None}))
+    s = run_job(
+        make_job(
+            tmp_path / "out",
+            demo_models["student"],
+            cipher_ds,
+            student=SMALL,
+            max_steps=3,
+            micro_batch_size=8,
+            eval_rows=0,
+            export_merged=True,
+            checkpoint={"every_steps": None},
+        )
+    )
     merged = AutoModelForCausalLM.from_pretrained(s["merged_dir"], dtype=torch.float32).eval()
     base = AutoModelForCausalLM.from_pretrained(str(demo_models["student"]), dtype=torch.float32)
     peft = PeftModel.from_pretrained(base, s["adapter_dir"]).eval()
@@ -135,11 +187,22 @@ def test_logit_distillation_trains_and_refuses_a_foreign_tokenizer(run_job, tmp_
     from tests.support.train_support import add_teacher_topk
     from training.recipes import TrainingError
 
-    ds = add_teacher_topk(write_cipher_dataset(tmp_path / "ds", demo_models["student"], 48, seed=4),
-                          demo_models["teacher"], k=4)
+    ds = add_teacher_topk(
+        write_cipher_dataset(tmp_path / "ds", demo_models["student"], 48, seed=4), demo_models["teacher"], k=4
+    )
     kd = {"loss": "logits", "kl_weight": 0.7}
-    job = make_job(tmp_path / "out", demo_models["student"], ds, student=SMALL, max_steps=20, micro_batch_size=8,
-                   learning_rate=1e-2, eval_rows=16, distillation=kd, checkpoint={"every_steps": None})
+    job = make_job(
+        tmp_path / "out",
+        demo_models["student"],
+        ds,
+        student=SMALL,
+        max_steps=20,
+        micro_batch_size=8,
+        learning_rate=1e-2,
+        eval_rows=16,
+        distillation=kd,
+        checkpoint={"every_steps": None},
+    )
     s = run_job(job.model_copy(update={"teacher_tokenizer_path": str(demo_models["teacher"])}), "kd")
     import pyarrow.parquet as pq
 
@@ -156,17 +219,24 @@ def test_logit_distillation_trains_and_refuses_a_foreign_tokenizer(run_job, tmp_
     other = AutoTokenizer.from_pretrained(str(demo_models["teacher"]))
     other.add_tokens(["<tool>"])
     other.save_pretrained(str(tmp_path / "other_tok"))
-    bad = make_job(tmp_path / "bad", demo_models["student"], ds, student=SMALL, max_steps=2, micro_batch_size=8,
-                   distillation=kd).model_copy(update={"teacher_tokenizer_path": str(tmp_path / "other_tok")})
+    bad = make_job(
+        tmp_path / "bad", demo_models["student"], ds, student=SMALL, max_steps=2, micro_batch_size=8, distillation=kd
+    ).model_copy(update={"teacher_tokenizer_path": str(tmp_path / "other_tok")})
     n = len(other)
     with pytest.raises(TrainingError, match=rf"shares the student.s tokenizer.*{n} tokens.*{n - 1} tokens.*<tool>"):
         run_job(bad, "bad")
     assert not (tmp_path / "bad" / "checkpoints").exists()
     # and a dataset without the teacher's top-k columns is refused with the column names
     plain = write_cipher_dataset(tmp_path / "plain", demo_models["student"], 16)
-    nocols = make_job(tmp_path / "nocols", demo_models["student"], plain, student=SMALL, max_steps=2,
-                      micro_batch_size=8, distillation=kd).model_copy(
-        update={"teacher_tokenizer_path": str(demo_models["teacher"])})
+    nocols = make_job(
+        tmp_path / "nocols",
+        demo_models["student"],
+        plain,
+        student=SMALL,
+        max_steps=2,
+        micro_batch_size=8,
+        distillation=kd,
+    ).model_copy(update={"teacher_tokenizer_path": str(demo_models["teacher"])})
     with pytest.raises(TrainingError, match="teacher_topk_ids"):
         run_job(nocols, "nocols")
 
@@ -176,10 +246,17 @@ def test_fresh_disk_resumes_from_the_s3_mirror(run_job, tmp_path, demo_models, c
     newest one and resumes from it."""
     import shutil
 
-    kw = dict(student=SMALL, max_steps=4, micro_batch_size=8, eval_rows=0,
-              checkpoint={"every_steps": 2, "every_minutes": None, "keep_last": 1})
+    kw = dict(
+        student=SMALL,
+        max_steps=4,
+        micro_batch_size=8,
+        eval_rows=0,
+        checkpoint={"every_steps": 2, "every_minutes": None, "keep_last": 1},
+    )
     uri = "s3://ckpts/demo/student_adapter/k1"
-    job = make_job(tmp_path / "node", demo_models["student"], cipher_ds, **kw).model_copy(update={"checkpoint_uri": uri})
+    job = make_job(tmp_path / "node", demo_models["student"], cipher_ds, **kw).model_copy(
+        update={"checkpoint_uri": uri}
+    )
     first = run_job(job, "first")
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpts")["Contents"])
     assert "demo/student_adapter/k1/step-00000004/_SUCCESS" in keys
@@ -207,16 +284,26 @@ def test_sigterm_and_time_based_checkpoints(run_job, tmp_path, demo_models, ciph
         return real_prepare(self, step, control)
 
     monkeypatch.setattr(LoraFinetuneRecipe, "prepare", prepare)
-    job = make_job(tmp_path / "pre", demo_models["student"], cipher_ds,
-                   checkpoint={"every_steps": None, "every_minutes": None}, **kw)
+    job = make_job(
+        tmp_path / "pre",
+        demo_models["student"],
+        cipher_ds,
+        checkpoint={"every_steps": None, "every_minutes": None},
+        **kw,
+    )
     with pytest.raises(TrainingError, match="stopped by SIGTERM before step 5; checkpoint .*step-00000004"):
         run_job(job, "pre")
     monkeypatch.setattr(LoraFinetuneRecipe, "prepare", real_prepare)
     assert (tmp_path / "pre" / "checkpoints" / "step-00000004" / "_SUCCESS").exists()
     assert run_job(job, "pre2")["resumed_from_step"] == 4
 
-    clock = make_job(tmp_path / "clock", demo_models["student"], cipher_ds,
-                     checkpoint={"every_steps": None, "every_minutes": 1e-6, "keep_last": 10}, **kw)
+    clock = make_job(
+        tmp_path / "clock",
+        demo_models["student"],
+        cipher_ds,
+        checkpoint={"every_steps": None, "every_minutes": 1e-6, "keep_last": 10},
+        **kw,
+    )
     run_job(clock, "clock")
     steps = sorted(d.name for d in (tmp_path / "clock" / "checkpoints").glob("step-*"))
     assert len(steps) >= 5, steps  # one before (almost) every step, plus the final one
@@ -229,16 +316,21 @@ def _base_loss(base: Path, ds: Path, rows: int) -> float:
     from training import data as tdata
     from training import losses
 
-    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
-                           bnb_4bit_quant_storage=torch.bfloat16)
+    q = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=torch.bfloat16,
+        bnb_4bit_quant_storage=torch.bfloat16,
+    )
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16, quantization_config=q).eval()
     data = tdata.load_rows(ds)
     total = n = 0.0
     with torch.no_grad():
         for i in range(0, rows, 8):
             b = tdata.collate(data, list(range(i, min(i + 8, rows))), model.config.pad_token_id or 0)
-            s, k = losses.cross_entropy_sum(model(**{k: v for k, v in b.items() if k not in tdata.NON_MODEL_KEYS}).logits,
-                                            b["labels"])
+            s, k = losses.cross_entropy_sum(
+                model(**{k: v for k, v in b.items() if k not in tdata.NON_MODEL_KEYS}).logits, b["labels"]
+            )
             total, n = total + float(s), n + k
     return total / n
 
@@ -251,14 +343,19 @@ def test_eval_loss_is_measured_on_the_validation_split(run_job, tmp_path, demo_m
     val = write_cipher_dataset(tmp_path / "val", demo_models["student"], 16, seed=11, long_every=2)
     kw = dict(student=SMALL, max_steps=2, micro_batch_size=8, eval_rows=64)
     job = make_job(tmp_path / "v", demo_models["student"], cipher_ds, **kw).model_copy(
-        update={"validation_path": str(val)})
+        update={"validation_path": str(val)}
+    )
     s = run_job(job, "v")
     assert (s["eval_source"], s["eval_rows"]) == ("validation", 16)
     on_val, on_train = _base_loss(demo_models["student"], val, 16), _base_loss(demo_models["student"], cipher_ds, 16)
     assert abs(on_val - on_train) > 0.05, (on_val, on_train)  # the two sets are told apart
     assert s["eval_loss_before"] == pytest.approx(on_val, rel=2e-2), (s["eval_loss_before"], on_val, on_train)
-    s = run_job(make_job(tmp_path / "t", demo_models["student"], cipher_ds, **kw).model_copy(
-        update={"validation_path": str(tmp_path / "empty")}), "t")
+    s = run_job(
+        make_job(tmp_path / "t", demo_models["student"], cipher_ds, **kw).model_copy(
+            update={"validation_path": str(tmp_path / "empty")}
+        ),
+        "t",
+    )
     assert s["eval_source"].startswith("train") and s["eval_rows"] == 64
 
     import pyarrow.parquet as pq
@@ -267,8 +364,10 @@ def test_eval_loss_is_measured_on_the_validation_split(run_job, tmp_path, demo_m
     t = pq.read_table(f)
     anon = tmp_path / "anon"
     anon.mkdir()
-    pq.write_table(t.replace_schema_metadata({k: v for k, v in t.schema.metadata.items()
-                                              if k != b"campaign.tokenizer_hash"}), anon / f.name)
+    pq.write_table(
+        t.replace_schema_metadata({k: v for k, v in t.schema.metadata.items() if k != b"campaign.tokenizer_hash"}),
+        anon / f.name,
+    )
     with pytest.raises(TrainingError, match="records no tokenizer hash"):
         run_job(make_job(tmp_path / "n", demo_models["student"], anon, **kw), "n")
 
@@ -277,8 +376,14 @@ def test_sweep_rungs_stop_and_continue_to_the_adapter_of_one_run(run_job, tmp_pa
     """``stop_at_step`` (a sweep rung) checkpoints, measures the eval loss and exits; relaunching with a later
     stop and then none resumes each time from the rung's checkpoint, under the full run's LR schedule, and ends
     with exactly the adapter of an uninterrupted run (what lets student_adapter adopt a sweep's best trial)."""
-    kw = dict(student=SMALL, max_steps=8, micro_batch_size=8, eval_rows=16, warmup_steps=2,
-              checkpoint={"every_steps": None, "every_minutes": None, "keep_last": 2})
+    kw = dict(
+        student=SMALL,
+        max_steps=8,
+        micro_batch_size=8,
+        eval_rows=16,
+        warmup_steps=2,
+        checkpoint={"every_steps": None, "every_minutes": None, "keep_last": 2},
+    )
     straight = run_job(make_job(tmp_path / "a", demo_models["student"], cipher_ds, **kw), "a")
     out = tmp_path / "b"
     rungs = []

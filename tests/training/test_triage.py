@@ -25,8 +25,11 @@ def _trace(rank, world, steps, step_us=10_000.0):
         t0 = 1_000_000.0 + i * step_us
         events.append(_x(f"ProfilerStep#{i + 2}", t0, step_us, cat="user_annotation"))
         events += steps(i, t0)
-    return {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world},
-            "traceEvents": events + [{"ph": "M", "name": "thread_name", "pid": PID, "tid": MAIN, "args": {}}]}
+    return {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world},
+        "traceEvents": events + [{"ph": "M", "name": "thread_name", "pid": PID, "tid": MAIN, "args": {}}],
+    }
 
 
 def _host_step(t0, data_us=200.0, comm_us=1000.0, compute_us=8000.0):
@@ -61,6 +64,7 @@ def test_data_starved_when_the_step_waits_before_forward():
     def step(i, t0):
         dl = [_x("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t0 + 100, 3500, cat="user_annotation")]
         return dl + _host_step(t0 + 3800, data_us=200, compute_us=5000)
+
     r = _decide([_trace(0, 1, step)])
     assert r["verdict"] == "data-starved"
     assert r["fractions"]["data"] > 0.35
@@ -73,6 +77,7 @@ def test_communication_bound_counts_gloo_waits_on_its_own_thread():
         # a synchronous all_reduce: the step thread waits (no op recorded there) while gloo works
         ev.append(_x("gloo:all_reduce", t0 + 5300, 4000, cat="user_annotation", tid=GLOO))
         return ev
+
     r = _decide([_trace(0, 2, step), _trace(1, 2, step)], {"nodes": 2, "processes_per_node": 8, "sharding": "full"})
     assert r["verdict"] == "communication-bound"
     assert r["ranks"][0]["comm_ms"] == pytest.approx(5.0, abs=0.05)
@@ -86,12 +91,16 @@ def _device_trace(rank, kernels, step_us=10_000.0):
         for name, off, dur, cat in kernels:
             ev.append(_x(name, t0 + off, dur, cat=cat, tid=STREAM, pid=0))
         return ev
+
     return _trace(rank, 1, step, step_us)
 
 
 def test_host_copy_bound_device_trace():
-    kernels = [("Memcpy HtoD (Pageable -> Device)", 40, 2000, "gpu_memcpy"),
-               ("ampere_bf16_gemm", 2100, 7000, "kernel"), ("ncclDevKernel_AllGather_RING_LL", 9200, 300, "kernel")]
+    kernels = [
+        ("Memcpy HtoD (Pageable -> Device)", 40, 2000, "gpu_memcpy"),
+        ("ampere_bf16_gemm", 2100, 7000, "kernel"),
+        ("ncclDevKernel_AllGather_RING_LL", 9200, 300, "kernel"),
+    ]
     r = _decide([_device_trace(0, kernels)])
     assert r["ranks"][0]["mode"] == "device"
     assert r["verdict"] == "host-copy-bound"
@@ -109,12 +118,14 @@ def test_launch_bound_many_tiny_kernels_with_gaps():
 def test_device_step_markers_decide_when_the_gpu_runs_behind_the_host():
     """The host finished queuing long ago; on the device each step starts with 4 ms of nothing
     (waiting for the next batch) before its kernels."""
+
     def step(i, t0):
         ev = [_x("FSDP::root_pre_forward", t0 + 20, 10, cat="user_annotation")]  # host window: all busy on device
         d0 = t0 + 3000  # the device's own step window, later than the host's
         ev.append(_x(f"ProfilerStep#{i + 2}", d0, 10_000, cat="gpu_user_annotation", tid=STREAM, pid=0))
         ev.append(_x("ampere_bf16_gemm", d0 + 4000, 5800, cat="kernel", tid=STREAM, pid=0))
         return ev
+
     r = _decide([_trace(0, 1, step)])
     assert r["verdict"] == "data-starved"
     assert r["fractions"]["data"] == pytest.approx(0.4, abs=0.01)
@@ -141,7 +152,8 @@ def test_straggler_one_rank_makes_the_others_wait():
 def test_files_cli_and_rendering(tmp_path, capsys):
     for rank in (0, 1):
         (tmp_path / f"rank{rank}.cycle1.pt.trace.json").write_text(
-            json.dumps(_trace(rank, 2, lambda i, t0: _host_step(t0, comm_us=6000, compute_us=3000))))
+            json.dumps(_trace(rank, 2, lambda i, t0: _host_step(t0, comm_us=6000, compute_us=3000)))
+        )
     assert triage.main([str(tmp_path), "--nodes", "1", "--processes-per-node", "2", "--sharding", "full"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("verdict: communication-bound")

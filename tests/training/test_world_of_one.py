@@ -13,8 +13,10 @@ from tests.support.train_support import make_job, write_cipher_dataset
 
 pytestmark = pytest.mark.stage  # real recipes on the demo student
 
-SMALL = {"lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"]},
-         "quantization": {"load_in_4bit": False, "compute_dtype": "float32"}}
+SMALL = {
+    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"]},
+    "quantization": {"load_in_4bit": False, "compute_dtype": "float32"},
+}
 
 
 @pytest.fixture
@@ -25,6 +27,7 @@ def world_of_one(monkeypatch):
             port = s.getsockname()[1]
         for k, v in zip(DIST_ENV, ("0", "0", "1", "1", "127.0.0.1", str(port)), strict=True):
             monkeypatch.setenv(k, v)
+
     return env
 
 
@@ -44,8 +47,10 @@ def _first_step(job, world_of_one, wrap: bool, probe=None) -> tuple[dict, dict]:
         seen = probe(r) if probe is not None else None
         batches, counts, _ = r.prepare(0)
         res = r.accumulate(batches, counts)
-        grads = {n.replace("._checkpoint_wrapped_module", ""): full_tensor(p.grad).detach().clone()
-                 for n, p in r.named_trainable}
+        grads = {
+            n.replace("._checkpoint_wrapped_module", ""): full_tensor(p.grad).detach().clone()
+            for n, p in r.named_trainable
+        }
         return {"loss": res.loss, "seen": seen}, grads
     finally:
         r.cleanup()
@@ -55,8 +60,17 @@ def test_a_world_of_one_trains_unwrapped_with_the_losses_and_gradients_of_fsdp2(
     ds = write_cipher_dataset(tmp_path / "ds", demo_models["student"], 16, seed=3)
 
     def job(name, **kw):
-        return make_job(tmp_path / name, demo_models["student"], ds, student=SMALL, max_steps=1, micro_batch_size=4,
-                        gradient_accumulation_steps=2, eval_rows=0, **kw)
+        return make_job(
+            tmp_path / name,
+            demo_models["student"],
+            ds,
+            student=SMALL,
+            max_steps=1,
+            micro_batch_size=4,
+            gradient_accumulation_steps=2,
+            eval_rows=0,
+            **kw,
+        )
 
     def gathered_after_forward(r) -> bool:
         """Whether the first layer's parameters stay unsharded (gathered) after a forward, before backward."""
@@ -73,10 +87,12 @@ def test_a_world_of_one_trains_unwrapped_with_the_losses_and_gradients_of_fsdp2(
         return gathered
 
     plain, g_plain = _first_step(job("plain"), world_of_one, wrap=False)
-    kept, g_kept = _first_step(job("kept", reshard_after_forward=False), world_of_one, wrap=True,
-                               probe=gathered_after_forward)
-    freed, g_freed = _first_step(job("freed", reshard_after_forward=True), world_of_one, wrap=True,
-                                 probe=gathered_after_forward)
+    kept, g_kept = _first_step(
+        job("kept", reshard_after_forward=False), world_of_one, wrap=True, probe=gathered_after_forward
+    )
+    freed, g_freed = _first_step(
+        job("freed", reshard_after_forward=True), world_of_one, wrap=True, probe=gathered_after_forward
+    )
     assert kept["seen"] is True and freed["seen"] is False  # reshard_after_forward reaches fully_shard
     assert len(g_plain) == 12 and set(g_plain) == set(g_kept) == set(g_freed)
     for other, grads in ((kept, g_kept), (freed, g_freed)):

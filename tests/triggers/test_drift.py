@@ -29,12 +29,11 @@ from dagster import (
 from assets import prompts
 from assets.common import STAGES
 from assets.location import build_definitions, default_resources
-from evaluation.drift import DRIFTED, INCONCLUSIVE, STABLE, decide
-from campaigns.loader import load_campaign_file
 from campaign_orchestrator.dataset import prompts as P
-from resources.storage import ArtifactStore
 from campaign_orchestrator.demo import cipher
-
+from campaigns.loader import load_campaign_file
+from evaluation.drift import DRIFTED, INCONCLUSIVE, STABLE, decide
+from resources.storage import ArtifactStore
 from tests.support import REPO_ROOT as REPO
 
 
@@ -56,8 +55,9 @@ def test_decide_judges_intervals_not_point_estimates():
     thin = decide({"s": ones(40, 40)}, {"s": ones(5, 5)}, floor=0.8, max_drop=0.05, min_items=20)
     assert thin.verdict == INCONCLUSIVE and "promotion-time scored item(s)" in thin.summary()
     # continuous scores: Welch's interval
-    w = decide({"s": [0.9, 0.8, 0.85, 0.95] * 10}, {"s": [0.9, 0.85, 0.8, 0.95] * 10}, floor=0.5, max_drop=0.05,
-               min_items=20)
+    w = decide(
+        {"s": [0.9, 0.8, 0.85, 0.95] * 10}, {"s": [0.9, 0.85, 0.8, 0.95] * 10}, floor=0.5, max_drop=0.05, min_items=20
+    )
     assert w.verdict == STABLE and w.suites[0].method.startswith("welch")
     # no promotion-time scores for a suite: only the floor applies
     assert decide({"new": ones(38, 40)}, {}, floor=0.8, max_drop=0.0, min_items=20).verdict == STABLE
@@ -116,8 +116,9 @@ def trained(demo_models, tmp_path_factory) -> tuple[Path, list[str]]:
     from tests.support.lora_support import train_cipher_adapter, words
 
     train = words(300, AM, seed=1)
-    return train_cipher_adapter(demo_models["student"], tmp_path_factory.mktemp("lora") / "adapter", train,
-                                steps=100), train
+    return train_cipher_adapter(
+        demo_models["student"], tmp_path_factory.mktemp("lora") / "adapter", train, steps=100
+    ), train
 
 
 def _promote(artifact_root: Path, adapter: Path, student: Path, heldout: list[dict]) -> str:
@@ -133,30 +134,44 @@ def _promote(artifact_root: Path, adapter: Path, student: Path, heldout: list[di
     dest = artifact_root / "drifty" / "promoted_model" / key
     shutil.copytree(adapter, dest / "adapter")
     gen = local_generate(student, dest / "adapter", False, "float32", 64)
-    results, rows = run_suite("cipher", "candidate", load_items("heldout", heldout, "."), gen,
-                              build_scorer("exact_match"), 16)
+    results, rows = run_suite(
+        "cipher", "candidate", load_items("heldout", heldout, "."), gen, build_scorer("exact_match"), 16
+    )
     write_item_rows(rows, dest / PROMOTION_ITEMS)
     score = sum(r.score for r in results) / len(results)
-    (dest / "promotion.json").write_text(json.dumps({
-        "candidate_key": key, "base_model_path": str(student), "verdict": "GO",
-        "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "items": PROMOTION_ITEMS,
-        "scores": {"candidate": {"cipher": score}, "base": {"cipher": 0.0}}}))
+    (dest / "promotion.json").write_text(
+        json.dumps(
+            {
+                "candidate_key": key,
+                "base_model_path": str(student),
+                "verdict": "GO",
+                "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "items": PROMOTION_ITEMS,
+                "scores": {"candidate": {"cipher": score}, "base": {"cipher": 0.0}},
+            }
+        )
+    )
     (dest.parent / "CURRENT").write_text(key)
     return key
 
 
 def _drift(defs, instance, **kw) -> dict:
-    result = defs.resolve_job_def("drifty_drift_check").execute_in_process(instance=instance, raise_on_error=False, **kw)
+    result = defs.resolve_job_def("drifty_drift_check").execute_in_process(
+        instance=instance, raise_on_error=False, **kw
+    )
     if not result.success:
-        return {"failure": " ".join(e.event_specific_data.error.message for e in result.all_events
-                                    if e.is_step_failure), "result": result}
+        return {
+            "failure": " ".join(e.event_specific_data.error.message for e in result.all_events if e.is_step_failure),
+            "result": result,
+        }
     (mat,) = result.asset_materializations_for_node("drifty__drift_evaluation")
     return {k: v.value for k, v in mat.metadata.items()} | {"result": result}
 
 
 @pytest.mark.slow
-def test_a_trained_adapter_is_stable_on_its_distribution_and_drifts_off_it(tmp_path, artifact_root, demo_models,
-                                                                           trained):
+def test_a_trained_adapter_is_stable_on_its_distribution_and_drifts_off_it(
+    tmp_path, artifact_root, demo_models, trained
+):
     from campaign_orchestrator.costs.ledger import Ledger
     from tests.support.lora_support import items, words
 
@@ -172,9 +187,16 @@ def test_a_trained_adapter_is_stable_on_its_distribution_and_drifts_off_it(tmp_p
 
     with DagsterInstance.ephemeral() as instance:
         # inside the campaign's budget: with $0.000001 left, the check stops after its first suite
-        tight = build_definitions([str(_campaign(tmp_path, max_items=40, first=items(train_words, "a"),
-                                                 budget_usd=1e-6, check_estimates=False))],
-                                  artifact_root=str(artifact_root))
+        tight = build_definitions(
+            [
+                str(
+                    _campaign(
+                        tmp_path, max_items=40, first=items(train_words, "a"), budget_usd=1e-6, check_estimates=False
+                    )
+                )
+            ],
+            artifact_root=str(artifact_root),
+        )
         stopped = _drift(tight, instance)
         assert "budget: stopped drift_evaluation mid-way" in stopped["failure"]
 
@@ -185,8 +207,12 @@ def test_a_trained_adapter_is_stable_on_its_distribution_and_drifts_off_it(tmp_p
         assert stable["cipher_change_lo"] <= 0 <= stable["cipher_change_hi"] + 1e-9  # no drift shown
         assert stable["cost_usd"] > 0 and stable["backend"] == "local"
         ledger = Ledger(artifact_root / "cost_ledger.duckdb")
-        spent = {r["status"]: r["usd"] for r in ledger.query(
-            "SELECT status, SUM(usd) AS usd FROM cost_lines WHERE asset = 'drift_evaluation' GROUP BY status")}
+        spent = {
+            r["status"]: r["usd"]
+            for r in ledger.query(
+                "SELECT status, SUM(usd) AS usd FROM cost_lines WHERE asset = 'drift_evaluation' GROUP BY status"
+            )
+        }
         assert spent["completed"] == pytest.approx(stable["cost_usd"]) and spent["interrupted"] > 0
 
         fresh.unlink()  # the world moves on: new prompts are words over the other letters
@@ -234,15 +260,20 @@ def test_drift_below_the_floor_requests_a_retraining_run(tmp_path, artifact_root
         assert req.run_key == f"drift-{md['drift_key']}"
 
         # A STABLE re-evaluation requests nothing.
-        instance.report_runless_asset_event(AssetMaterialization(
-            AssetKey(["drifty", "drift_evaluation"]), metadata={"verdict": "STABLE", "promoted_key": key, "summary": "ok"}))
+        instance.report_runless_asset_event(
+            AssetMaterialization(
+                AssetKey(["drifty", "drift_evaluation"]),
+                metadata={"verdict": "STABLE", "promoted_key": key, "summary": "ok"},
+            )
+        )
         stable = sensor.evaluate_tick(build_sensor_context(instance=instance, definitions=defs, cursor=data.cursor))
         assert not stable.run_requests and "STABLE" in stable.skip_message
 
 
 @pytest.mark.slow
-def test_drift_scores_the_held_out_items_of_prompts_added_after_the_promotion(tmp_path, artifact_root, demo_models,
-                                                                             trained):
+def test_drift_scores_the_held_out_items_of_prompts_added_after_the_promotion(
+    tmp_path, artifact_root, demo_models, trained
+):
     path = _campaign(tmp_path, max_items=30)
     spec, resources = load_campaign_file(path), default_resources(str(artifact_root))
     # The promoted model's data: a.jsonl, split by the real prompts asset before the promotion.
@@ -274,7 +305,14 @@ def test_drift_scores_the_held_out_items_of_prompts_added_after_the_promotion(tm
     assert sel["fresh_items"] == md["fresh_items"] == 30 and sel["earlier_items"] == md["earlier_items"] == 0
     assert sel["promotion_prompts"] == [before["key"]] and "from b.jsonl" in sel["summary"]
     files = {f["name"]: f for f in sel["files"]}
-    assert files["b.jsonl"] | {"sha256": None} == {"name": "b.jsonl", "sha256": None, "rows": 200, "new_rows": 200,
-                                                   "items": 30, "fresh_items": 30, "earlier_items": 0}
+    assert files["b.jsonl"] | {"sha256": None} == {
+        "name": "b.jsonl",
+        "sha256": None,
+        "rows": 200,
+        "new_rows": 200,
+        "items": 30,
+        "fresh_items": 30,
+        "earlier_items": 0,
+    }
     assert files["a.jsonl"]["new_rows"] == 0 and files["a.jsonl"]["items"] == 0
     assert sel == json.loads((Path(md["path"]) / "drift.json").read_text())["item_selection"]

@@ -16,15 +16,23 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import (AssetKey, AssetMaterialization, DagsterInstance, DefaultScheduleStatus, DefaultSensorStatus,
-                     RunRequest, SkipReason, build_schedule_context, build_sensor_context)
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    DagsterInstance,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    SkipReason,
+    build_schedule_context,
+    build_sensor_context,
+)
 
 from assets.common import STAGES
 from assets.location import build_definitions
+from campaign_orchestrator.demo import cipher
 from campaign_orchestrator.triggers.newdata import NewDataState, Threshold, observe
 from campaign_orchestrator.triggers.sources import content_digest, list_source
-from campaign_orchestrator.demo import cipher
-
 from tests.support import REPO_ROOT as REPO
 
 
@@ -58,7 +66,7 @@ class Sensor:
 
 
 def test_content_digest_counts_rows_across_chunks():
-    data = [b'{"a": 1}\n{"a"', b': 2}\n\n', b'{"a": 3}']
+    data = [b'{"a": 1}\n{"a"', b": 2}\n\n", b'{"a": 3}']
     sha, rows = content_digest(iter(data))
     import hashlib
 
@@ -114,8 +122,10 @@ def test_cursor_is_the_whole_memory_and_survives_a_restart(tmp_path):
 
 def test_threshold_accumulates_pending_rows(tmp_path):
     drop(tmp_path, "base.jsonl", 100, seed=1)
-    sensor = Sensor(write_campaign(tmp_path, new_data={"enabled": True, "min_new_rows": 20, "min_new_fraction": 0.3}),
-                    DagsterInstance.ephemeral())
+    sensor = Sensor(
+        write_campaign(tmp_path, new_data={"enabled": True, "min_new_rows": 20, "min_new_fraction": 0.3}),
+        DagsterInstance.ephemeral(),
+    )
     sensor.tick()
     drop(tmp_path, "d1.jsonl", 15, seed=2)
     below = sensor.tick()
@@ -151,16 +161,22 @@ def test_new_data_from_an_s3_prefix(tmp_path, monkeypatch):
     server.start()
     try:
         host, port = server.get_host_and_port()
-        for k, v in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test",
-                     "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        for k, v in {
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
             monkeypatch.setenv(k, v)
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket="drops")
         a = drop(tmp_path, "a.jsonl", 30, seed=1)
         s3.upload_file(str(a), "drops", "cipher/a.jsonl")
         s3.put_object(Bucket="drops", Key="cipher/notes.txt", Body=b"not a prompt file")
-        sensor = Sensor(write_campaign(tmp_path, source="s3://drops/cipher/*.jsonl", new_data={"enabled": True}),
-                        DagsterInstance.ephemeral())
+        sensor = Sensor(
+            write_campaign(tmp_path, source="s3://drops/cipher/*.jsonl", new_data={"enabled": True}),
+            DagsterInstance.ephemeral(),
+        )
         assert "1 file(s), 30 rows" in sensor.tick().skip_message
         b = drop(tmp_path, "b.jsonl", 12, seed=2)
         s3.upload_file(str(b), "drops", "cipher/b.jsonl")
@@ -184,15 +200,25 @@ def record(instance: DagsterInstance, defs, only: set[str] | None = None) -> Non
     asset's current code version, a new data version, and the latest data version of each
     upstream asset."""
     graph = defs.resolve_asset_graph()
-    keys = [k for k in graph.toposorted_asset_keys if k.path[0] in ("mc", "demo_models")
-            and k.path[-1] != "drift_evaluation" and (only is None or k.to_user_string() in only)]
+    keys = [
+        k
+        for k in graph.toposorted_asset_keys
+        if k.path[0] in ("mc", "demo_models")
+        and k.path[-1] != "drift_evaluation"
+        and (only is None or k.to_user_string() in only)
+    ]
     for k in keys:
         node = graph.get(k)
-        tags = {"dagster/code_version": node.code_version or "none", "dagster/data_version": f"{k.to_user_string()}@{time.time_ns()}"}
+        tags = {
+            "dagster/code_version": node.code_version or "none",
+            "dagster/data_version": f"{k.to_user_string()}@{time.time_ns()}",
+        }
         for parent in node.parent_keys:
             ev = instance.get_latest_materialization_event(parent)
             if ev is not None:
-                tags[f"dagster/input_data_version/{parent.to_user_string()}"] = ev.asset_materialization.tags["dagster/data_version"]
+                tags[f"dagster/input_data_version/{parent.to_user_string()}"] = ev.asset_materialization.tags[
+                    "dagster/data_version"
+                ]
         instance.report_runless_asset_event(AssetMaterialization(k, tags=tags))
 
 
@@ -218,8 +244,11 @@ def test_model_changes_rematerialize_exactly_their_downstream(tmp_path, demo_mod
     record(instance, defs)
     assert "no stale stage" in tick()[0].skip_message
 
-    after = {"teacher_generations": {f"mc/{s}" for s in STAGES[1:]}, "tokenized_dataset": {f"mc/{s}" for s in STAGES[3:]},
-             "student_adapter": {f"mc/{s}" for s in STAGES[4:]}}
+    after = {
+        "teacher_generations": {f"mc/{s}" for s in STAGES[1:]},
+        "tokenized_dataset": {f"mc/{s}" for s in STAGES[3:]},
+        "student_adapter": {f"mc/{s}" for s in STAGES[4:]},
+    }
 
     def requested(req):
         assert isinstance(req, RunRequest), getattr(req, "skip_message", req)
@@ -229,7 +258,10 @@ def test_model_changes_rematerialize_exactly_their_downstream(tmp_path, demo_mod
     # A new teacher revision: generations and everything downstream, not the prompts.
     req, defs = tick(teacher={"revision": "v2"})
     assert requested(req) == after["teacher_generations"]
-    assert "mc/teacher_generations: code version" in req.tags["trigger_reason"] and "teacher:" in req.tags["trigger_reason"]
+    assert (
+        "mc/teacher_generations: code version" in req.tags["trigger_reason"]
+        and "teacher:" in req.tags["trigger_reason"]
+    )
     record(instance, defs, only=after["teacher_generations"])
     assert "no stale stage" in tick()[0].skip_message  # done: not requested again
 
@@ -252,8 +284,9 @@ def test_model_changes_rematerialize_exactly_their_downstream(tmp_path, demo_mod
     record(instance, defs)
 
     # A rebuilt demo model (a new data version upstream) makes its consumers stale too.
-    instance.report_runless_asset_event(AssetMaterialization(AssetKey(["demo_models", "student"]),
-                                                             tags={"dagster/data_version": "rebuilt"}))
+    instance.report_runless_asset_event(
+        AssetMaterialization(AssetKey(["demo_models", "student"]), tags={"dagster/data_version": "rebuilt"})
+    )
     req, _ = tick()
     assert requested(req) == after["tokenized_dataset"]
     assert "upstream demo_models/student changed" in req.tags["trigger_reason"]
@@ -261,7 +294,9 @@ def test_model_changes_rematerialize_exactly_their_downstream(tmp_path, demo_mod
     # While a campaign run is in progress the sensor waits.
     from dagster._core.test_utils import create_run_for_test
 
-    create_run_for_test(instance, job_name="mc_campaign", tags={"campaign": "mc"}, status=__import__("dagster").DagsterRunStatus.STARTED)
+    create_run_for_test(
+        instance, job_name="mc_campaign", tags={"campaign": "mc"}, status=__import__("dagster").DagsterRunStatus.STARTED
+    )
     assert "in progress" in tick()[0].skip_message
 
 
@@ -273,9 +308,15 @@ def test_sensor_and_schedule_defaults_follow_the_spec(tmp_path):
     assert off.resolve_schedule_def("quiet_drift").default_status == DefaultScheduleStatus.STOPPED
     assert off.resolve_schedule_def("quiet_schedule").default_status == DefaultScheduleStatus.STOPPED
 
-    spec = yaml.safe_load(write_campaign(tmp_path, "busy", new_data={"enabled": True, "interval_s": 15},
-                                         model_change={"enabled": True},
-                                         drift={"enabled": True, "cron": "30 5 * * 1", "timezone": "Europe/Paris"}).read_text())
+    spec = yaml.safe_load(
+        write_campaign(
+            tmp_path,
+            "busy",
+            new_data={"enabled": True, "interval_s": 15},
+            model_change={"enabled": True},
+            drift={"enabled": True, "cron": "30 5 * * 1", "timezone": "Europe/Paris"},
+        ).read_text()
+    )
     spec["schedule"] = {"cron": "0 2 * * *", "timezone": "UTC", "enabled": True}
     (tmp_path / "busy.yaml").write_text(yaml.safe_dump(spec))
     on = build_definitions([str(tmp_path / "busy.yaml")])
@@ -323,11 +364,16 @@ def test_definitions_read_campaign_files_and_artifacts_from_the_environment(tmp_
 
     drop(tmp_path, "a.jsonl", 5, seed=1)
     write_campaign(tmp_path, "elsewhere")
-    code = ("import campaign_app.definitions as definitions; d = definitions.defs; "
-            "print(sorted({k.path[0] for k in d.resolve_all_asset_keys()})); "
-            "print(d.resources['storage'].root)")
-    env = {**os.environ, "CAMPAIGN_FILES": f"{tmp_path}/*.yaml{os.pathsep}{tmp_path}/none.yaml",
-           "CAMPAIGN_ARTIFACTS": str(tmp_path / "art")}
+    code = (
+        "import campaign_app.definitions as definitions; d = definitions.defs; "
+        "print(sorted({k.path[0] for k in d.resolve_all_asset_keys()})); "
+        "print(d.resources['storage'].root)"
+    )
+    env = {
+        **os.environ,
+        "CAMPAIGN_FILES": f"{tmp_path}/*.yaml{os.pathsep}{tmp_path}/none.yaml",
+        "CAMPAIGN_ARTIFACTS": str(tmp_path / "art"),
+    }
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     groups, root = out.stdout.strip().splitlines()[-2:]
     assert "elsewhere" in groups and "'demo'" not in groups and "invalid_campaigns" in groups  # none.yaml reported

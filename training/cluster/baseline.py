@@ -45,11 +45,15 @@ class Change:
 
     def message(self) -> str:
         if self.improved:
-            return (f"{self.metric} improved {abs(self.relative):.0%}: rebaseline if intended (campaign ladder "
-                    f"--rebaseline); {self.baseline:.6g} → {self.current:.6g} (threshold {self.threshold:.0%})")
+            return (
+                f"{self.metric} improved {abs(self.relative):.0%}: rebaseline if intended (campaign ladder "
+                f"--rebaseline); {self.baseline:.6g} → {self.current:.6g} (threshold {self.threshold:.0%})"
+            )
         word = "dropped" if self.relative < 0 else "rose"
-        return (f"{self.metric} {word} {abs(self.relative):.0%}: {self.baseline:.6g} → {self.current:.6g} "
-                f"(allowed: {'-' if self.higher_is_better else '+'}{self.threshold:.0%})")
+        return (
+            f"{self.metric} {word} {abs(self.relative):.0%}: {self.baseline:.6g} → {self.current:.6g} "
+            f"(allowed: {'-' if self.higher_is_better else '+'}{self.threshold:.0%})"
+        )
 
 
 def _moves(current: dict[str, float], baseline: dict[str, float], rules: dict[str, Rule], better: bool) -> list[Change]:
@@ -80,8 +84,11 @@ def improvements(current: dict[str, float], baseline: dict[str, float], rules: d
 
 
 def environment_changes(current: dict[str, str], baseline: dict[str, str]) -> list[str]:
-    return [f"{k}: {baseline.get(k)} → {current.get(k)}" for k in sorted(set(current) | set(baseline))
-            if current.get(k) != baseline.get(k)]
+    return [
+        f"{k}: {baseline.get(k)} → {current.get(k)}"
+        for k in sorted(set(current) | set(baseline))
+        if current.get(k) != baseline.get(k)
+    ]
 
 
 @dataclass
@@ -105,7 +112,8 @@ class Verdict:
             return "the rung failed, so this run was not recorded as a baseline (and there is none to compare with)"
         if self.passed and not self.improvements:
             return "within thresholds of the baseline" + (
-                f" (environment changed: {'; '.join(self.environment_changes)})" if self.environment_changes else "")
+                f" (environment changed: {'; '.join(self.environment_changes)})" if self.environment_changes else ""
+            )
         out = "; ".join(c.message() for c in self.changes + self.improvements)
         if self.environment_changes:
             out += f". Environment changes since the baseline: {'; '.join(self.environment_changes)}"
@@ -125,25 +133,49 @@ class BaselineStore:
 
     def save(self, rung: str, shape: str, metrics: dict[str, float], env: dict[str, str]) -> dict[str, Any]:
         self.root.mkdir(parents=True, exist_ok=True)
-        record = {"rung": rung, "shape": shape, "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  "metrics": metrics, "environment": env}
+        record = {
+            "rung": rung,
+            "shape": shape,
+            "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "metrics": metrics,
+            "environment": env,
+        }
         p = self.path(rung, shape)
         tmp = p.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
         os.replace(tmp, p)
         return record
 
-    def append_history(self, rung: str, shape: str, metrics: dict[str, float], env: dict[str, str],
-                       verdict: Verdict) -> None:
+    def append_history(
+        self, rung: str, shape: str, metrics: dict[str, float], env: dict[str, str], verdict: Verdict
+    ) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         with (self.root / f"{rung}-{shape}.history.jsonl").open("a") as f:
-            f.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "metrics": metrics,
-                                "environment": env, "passed": verdict.passed,
-                                "changes": [c.message() for c in verdict.changes],
-                                "improvements": [c.message() for c in verdict.improvements]}, sort_keys=True) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        "metrics": metrics,
+                        "environment": env,
+                        "passed": verdict.passed,
+                        "changes": [c.message() for c in verdict.changes],
+                        "improvements": [c.message() for c in verdict.improvements],
+                    },
+                    sort_keys=True,
+                )
+                + "\n"
+            )
 
-    def check(self, rung: str, shape: str, metrics: dict[str, float], env: dict[str, str], rules: dict[str, Rule],
-              rebaseline: bool = False, record: bool = True) -> Verdict:
+    def check(
+        self,
+        rung: str,
+        shape: str,
+        metrics: dict[str, float],
+        env: dict[str, str],
+        rules: dict[str, Rule],
+        rebaseline: bool = False,
+        record: bool = True,
+    ) -> Verdict:
         """Compare with the stored baseline (recording this run when there is none, or when asked).
 
         ``record=False`` (the rung itself failed) never makes this run a baseline: with no baseline
@@ -156,7 +188,13 @@ class BaselineStore:
             verdict = Verdict(True, True, [], [], None)
         else:
             changes = compare(metrics, base["metrics"], rules)
-            verdict = Verdict(not changes, False, changes, environment_changes(env, base.get("environment", {})), base,
-                              improvements(metrics, base["metrics"], rules))
+            verdict = Verdict(
+                not changes,
+                False,
+                changes,
+                environment_changes(env, base.get("environment", {})),
+                base,
+                improvements(metrics, base["metrics"], rules),
+            )
         self.append_history(rung, shape, metrics, env, verdict)
         return verdict

@@ -72,8 +72,13 @@ def per_rank_elements(op: str, size: int, n: int) -> int:
 
 def row_for(op: str, size_bytes: int, seconds: float, n: int) -> dict[str, Any]:
     algbw = size_bytes / seconds / 1e9 if seconds > 0 else 0.0
-    return {"op": op, "bytes": size_bytes, "time_us": seconds * 1e6, "algbw_gbps": algbw,
-            "busbw_gbps": algbw * bus_factor(op, n)}
+    return {
+        "op": op,
+        "bytes": size_bytes,
+        "time_us": seconds * 1e6,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * bus_factor(op, n),
+    }
 
 
 def _setup(op: str, size: int, n: int, rank: int, device):
@@ -103,8 +108,9 @@ def _expected(op: str, n: int, per: int, device):
     return torch.full((per,), float(n * (n + 1) / 2), device=device)
 
 
-def sweep(ops: tuple[str, ...] = OPS, max_bytes: int = 1 << 24, min_bytes: int = 8, iters: int = 10,
-          warmup: int = 3) -> dict[str, Any]:
+def sweep(
+    ops: tuple[str, ...] = OPS, max_bytes: int = 1 << 24, min_bytes: int = 8, iters: int = 10, warmup: int = 3
+) -> dict[str, Any]:
     """Inside an initialized process group: every op × size; identical result on every rank."""
     import torch
     import torch.distributed as dist
@@ -137,9 +143,17 @@ def sweep(ops: tuple[str, ...] = OPS, max_bytes: int = 1 << 24, min_bytes: int =
             row = row_for(op, nbytes, float(elapsed[0]), n)
             row["wrong"] = int(elapsed[1])
             rows.append(row)
-    return {"world_size": n, "backend": dist.get_backend(), "device": device.type, "iters": iters,
-            "warmup": warmup, "min_bytes": min_bytes, "max_bytes": max_bytes, "rows": rows,
-            "summary": summarize(rows)}
+    return {
+        "world_size": n,
+        "backend": dist.get_backend(),
+        "device": device.type,
+        "iters": iters,
+        "warmup": warmup,
+        "min_bytes": min_bytes,
+        "max_bytes": max_bytes,
+        "rows": rows,
+        "summary": summarize(rows),
+    }
 
 
 def summarize(rows: list[dict[str, Any]], edge: int = 3) -> dict[str, dict[str, float]]:
@@ -148,9 +162,11 @@ def summarize(rows: list[dict[str, Any]], edge: int = 3) -> dict[str, dict[str, 
     out = {}
     for op in dict.fromkeys(r["op"] for r in rows):
         mine = sorted((r for r in rows if r["op"] == op), key=lambda r: r["bytes"])
-        out[op] = {"plateau_busbw_gbps": statistics.median(r["busbw_gbps"] for r in mine[-edge:]),
-                   "latency_floor_us": statistics.median(r["time_us"] for r in mine[:edge]),
-                   "wrong": sum(r.get("wrong", 0) for r in mine)}
+        out[op] = {
+            "plateau_busbw_gbps": statistics.median(r["busbw_gbps"] for r in mine[-edge:]),
+            "latency_floor_us": statistics.median(r["time_us"] for r in mine[:edge]),
+            "wrong": sum(r.get("wrong", 0) for r in mine),
+        }
     return out
 
 
@@ -162,20 +178,27 @@ def _human(b: int) -> str:
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [f"# {result['backend']} on {result['device']}, {result['world_size']} ranks, "
-             f"{result['iters']} iterations (busbw: all_reduce x2(n-1)/n, all_gather/reduce_scatter x(n-1)/n)",
-             f"{'op':>15} {'size':>8} {'time us':>11} {'algbw GB/s':>11} {'busbw GB/s':>11} {'wrong':>6}"]
+    lines = [
+        f"# {result['backend']} on {result['device']}, {result['world_size']} ranks, "
+        f"{result['iters']} iterations (busbw: all_reduce x2(n-1)/n, all_gather/reduce_scatter x(n-1)/n)",
+        f"{'op':>15} {'size':>8} {'time us':>11} {'algbw GB/s':>11} {'busbw GB/s':>11} {'wrong':>6}",
+    ]
     for r in result["rows"]:
-        lines.append(f"{r['op']:>15} {_human(r['bytes']):>8} {r['time_us']:11.1f} {r['algbw_gbps']:11.4f} "
-                     f"{r['busbw_gbps']:11.4f} {r.get('wrong', 0):6d}")
+        lines.append(
+            f"{r['op']:>15} {_human(r['bytes']):>8} {r['time_us']:11.1f} {r['algbw_gbps']:11.4f} "
+            f"{r['busbw_gbps']:11.4f} {r.get('wrong', 0):6d}"
+        )
     for op, s in result["summary"].items():
-        lines.append(f"# {op}: plateau busbw {s['plateau_busbw_gbps']:.4f} GB/s, latency floor "
-                     f"{s['latency_floor_us']:.1f} us")
+        lines.append(
+            f"# {op}: plateau busbw {s['plateau_busbw_gbps']:.4f} GB/s, latency floor {s['latency_floor_us']:.1f} us"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m training.cluster.collectives", description="Collective bandwidth sweep (torchrun).")
+    ap = argparse.ArgumentParser(
+        prog="python -m training.cluster.collectives", description="Collective bandwidth sweep (torchrun)."
+    )
     ap.add_argument("--max-bytes", default="16M", help="largest message (e.g. 64K, 16M, 8G); default 16M")
     ap.add_argument("--min-bytes", default="8")
     ap.add_argument("--iters", type=int, default=10)

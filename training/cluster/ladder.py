@@ -54,15 +54,31 @@ def allreduce_metrics(result: dict[str, Any], wall_seconds: float | None = None)
 def allreduce_rules(diff_change: float = ALLREDUCE_DIFF_CHANGE) -> dict[str, Rule]:
     """Rules on the gradient differences only: the world size is fixed by the shape, and the wall
     time (kept for reference) is process start-up and imports, not the collective."""
-    return {"sum_max_abs_diff": Rule(higher_is_better=False, threshold=diff_change),
-            "avg_max_abs_diff": Rule(higher_is_better=False, threshold=diff_change)}
+    return {
+        "sum_max_abs_diff": Rule(higher_is_better=False, threshold=diff_change),
+        "avg_max_abs_diff": Rule(higher_is_better=False, threshold=diff_change),
+    }
 
 
-def check_allreduce(store: BaselineStore, shape: str, result: dict[str, Any], fingerprint: dict[str, str],
-                    correct: bool, rebaseline: bool = False, wall_seconds: float | None = None) -> Verdict:
+def check_allreduce(
+    store: BaselineStore,
+    shape: str,
+    result: dict[str, Any],
+    fingerprint: dict[str, str],
+    correct: bool,
+    rebaseline: bool = False,
+    wall_seconds: float | None = None,
+) -> Verdict:
     """The all-reduce rung against its baseline; recorded only when the gradients were ``correct``."""
-    return store.check("allreduce_smoke", shape, allreduce_metrics(result, wall_seconds), fingerprint,
-                       allreduce_rules(), rebaseline, record=correct)
+    return store.check(
+        "allreduce_smoke",
+        shape,
+        allreduce_metrics(result, wall_seconds),
+        fingerprint,
+        allreduce_rules(),
+        rebaseline,
+        record=correct,
+    )
 
 
 def bandwidth_rules(plateau_drop: float, latency_rise: float, ops: list[str]) -> dict[str, Rule]:
@@ -86,13 +102,26 @@ def sweep_wrong(sweep: dict[str, Any]) -> dict[str, int]:
     return {op: int(s["wrong"]) for op, s in sweep["summary"].items()}
 
 
-def check_bandwidth(store: BaselineStore, shape: str, sweep: dict[str, Any], fingerprint: dict[str, str],
-                    plateau_drop: float, latency_rise: float, rebaseline: bool = False) -> Verdict:
+def check_bandwidth(
+    store: BaselineStore,
+    shape: str,
+    sweep: dict[str, Any],
+    fingerprint: dict[str, str],
+    plateau_drop: float,
+    latency_rise: float,
+    rebaseline: bool = False,
+) -> Verdict:
     """The bandwidth rung against its baseline; a sweep with any wrong result is never recorded
     (not as the first baseline, not on ``rebaseline``): its numbers timed a broken collective."""
-    return store.check("collective_bandwidth", shape, bandwidth_metrics(sweep), fingerprint,
-                       bandwidth_rules(plateau_drop, latency_rise, list(sweep["summary"])), rebaseline,
-                       record=not any(sweep_wrong(sweep).values()))
+    return store.check(
+        "collective_bandwidth",
+        shape,
+        bandwidth_metrics(sweep),
+        fingerprint,
+        bandwidth_rules(plateau_drop, latency_rise, list(sweep["summary"])),
+        rebaseline,
+        record=not any(sweep_wrong(sweep).values()),
+    )
 
 
 def bandwidth_markdown(sweep: dict[str, Any]) -> str:
@@ -101,8 +130,10 @@ def bandwidth_markdown(sweep: dict[str, Any]) -> str:
     ops = list(sweep["summary"])
     sizes = sorted({r["bytes"] for r in sweep["rows"]})
     by = {(r["op"], r["bytes"]): r for r in sweep["rows"]}
-    lines = ["| size | " + " | ".join(f"{op} time µs | {op} busbw GB/s" for op in ops) + " |",
-             "|---:|" + "---:|---:|" * len(ops)]
+    lines = [
+        "| size | " + " | ".join(f"{op} time µs | {op} busbw GB/s" for op in ops) + " |",
+        "|---:|" + "---:|---:|" * len(ops),
+    ]
     for s in sizes:
         cells = []
         for op in ops:
@@ -128,8 +159,9 @@ def tiny_task(train_items: int, eval_items: int, seed: int = 4242) -> tuple[list
     from campaign_orchestrator.demo import cipher
 
     items = cipher.items(train_items + eval_items, seed=seed, id_prefix="c")
-    train = [{"id": it["id"], "prompt": it["prompt"], "completion": " " + it["reference"]}
-             for it in items[:train_items]]
+    train = [
+        {"id": it["id"], "prompt": it["prompt"], "completion": " " + it["reference"]} for it in items[:train_items]
+    ]
     return train, items[train_items:]
 
 

@@ -42,8 +42,9 @@ def _driver_version() -> str | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            [exe, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -81,8 +82,16 @@ def environment() -> dict[str, Any]:
 def fingerprint(env: dict[str, Any]) -> dict[str, str]:
     """What, when it changes between two runs, explains their numbers moving (flat, comparable strings)."""
     flat = {f"version:{k}": str(v) for k, v in env["versions"].items()}
-    for k in ("python", "cuda_version", "driver_version", "nccl_version", "backend", "device_count", "cpu_count",
-              "usable_cpus"):
+    for k in (
+        "python",
+        "cuda_version",
+        "driver_version",
+        "nccl_version",
+        "backend",
+        "device_count",
+        "cpu_count",
+        "usable_cpus",
+    ):
         flat[k] = str(env.get(k))
     flat["devices"] = ",".join(env.get("devices") or []) or "none"
     return flat
@@ -138,12 +147,21 @@ def gradient_equality(per_rank: int = 4) -> dict[str, Any]:
     except (RuntimeError, ValueError) as e:  # a backend without AVG is a finding, not a crash
         avg_error = f"{type(e).__name__}: {e}"
     # The worst rank decides, and every rank must hold the same reduced gradient.
-    stats = torch.tensor([sum_diff, avg_diff, float(summed.double().sum()), -float(summed.double().sum())],
-                         dtype=torch.float64, device=device)
+    stats = torch.tensor(
+        [sum_diff, avg_diff, float(summed.double().sum()), -float(summed.double().sum())],
+        dtype=torch.float64,
+        device=device,
+    )
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-    return {"world_size": world, "backend": dist.get_backend(), "parameters": int(reference.numel()),
-            "sum_max_abs_diff": float(stats[0]), "avg_max_abs_diff": None if avg_error else float(stats[1]),
-            "avg_error": avg_error, "ranks_agree": bool(float(stats[2]) == -float(stats[3]))}
+    return {
+        "world_size": world,
+        "backend": dist.get_backend(),
+        "parameters": int(reference.numel()),
+        "sum_max_abs_diff": float(stats[0]),
+        "avg_max_abs_diff": None if avg_error else float(stats[1]),
+        "avg_error": avg_error,
+        "ranks_agree": bool(float(stats[2]) == -float(stats[3])),
+    }
 
 
 def gradients_equal(result: dict[str, Any], tolerance: float = 1e-5) -> tuple[bool, str]:
@@ -159,8 +177,10 @@ def gradients_equal(result: dict[str, Any], tolerance: float = 1e-5) -> tuple[bo
         problems.append("ranks hold different reduced gradients")
     if problems:
         return False, "; ".join(problems)
-    return True, (f"{result['world_size']} ranks ({result['backend']}): SUM and AVG all-reduce match the single-process "
-                  f"gradient within {tolerance:g} (max diff {max(result['sum_max_abs_diff'], avg):.2g})")
+    return True, (
+        f"{result['world_size']} ranks ({result['backend']}): SUM and AVG all-reduce match the single-process "
+        f"gradient within {tolerance:g} (max diff {max(result['sum_max_abs_diff'], avg):.2g})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

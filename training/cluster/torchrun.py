@@ -17,19 +17,34 @@ from campaigns import paths
 from training.net import free_port
 
 
-
 class LaunchError(RuntimeError):
     pass
 
 
-
-def torchrun_commands(target: list[str], nodes: int, procs: int, python: str, port: int, run_id: str) -> list[list[str]]:
+def torchrun_commands(
+    target: list[str], nodes: int, procs: int, python: str, port: int, run_id: str
+) -> list[list[str]]:
     """One torchrun command per node; ``target`` is what follows (e.g. ``["-m", "training.cluster.collectives", ...]``)."""
     base = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(procs)]
     if nodes == 1:
         return [base + ["--standalone"] + target]
-    return [base + ["--nnodes", str(nodes), "--node-rank", str(i), "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id] + target for i in range(nodes)]
+    return [
+        base
+        + [
+            "--nnodes",
+            str(nodes),
+            "--node-rank",
+            str(i),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            run_id,
+        ]
+        + target
+        for i in range(nodes)
+    ]
 
 
 def _tail(path: Path, n: int = 25) -> str:
@@ -39,17 +54,32 @@ def _tail(path: Path, n: int = 25) -> str:
         return ""
 
 
-def run_torchrun(target: list[str], nodes: int, procs: int, log_dir: Path, env: dict[str, str] | None = None,
-                 timeout_s: float = 900, python: str | None = None) -> list[Path]:
+def run_torchrun(
+    target: list[str],
+    nodes: int,
+    procs: int,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 900,
+    python: str | None = None,
+) -> list[Path]:
     """Run to completion; on a failure or timeout stop every node and raise :class:`LaunchError` with the log tail."""
     log_dir.mkdir(parents=True, exist_ok=True)
     cmds = torchrun_commands(target, nodes, procs, python or sys.executable, free_port(), uuid.uuid4().hex[:12])
     threads = max(1, (os.cpu_count() or 1) // (nodes * procs))
-    full_env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-                **(env or {})}
+    full_env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     logs = [log_dir / f"node-{i}.log" for i in range(len(cmds))]
-    procs_ = [subprocess.Popen(c, cwd=paths.project_dir(), env=full_env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                               start_new_session=True) for c, log in zip(cmds, logs, strict=True)]
+    procs_ = [
+        subprocess.Popen(
+            c,
+            cwd=paths.project_dir(),
+            env=full_env,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for c, log in zip(cmds, logs, strict=True)
+    ]
 
     def stop_all() -> None:
         for p in procs_:
@@ -69,14 +99,16 @@ def run_torchrun(target: list[str], nodes: int, procs: int, log_dir: Path, env: 
             if bad:
                 stop_all()
                 i = bad[0]
-                raise LaunchError(f"`{' '.join(target)}` failed on node {i} (exit code {codes[i]}); log {logs[i]}:\n"
-                                  f"{_tail(logs[i])}")
+                raise LaunchError(
+                    f"`{' '.join(target)}` failed on node {i} (exit code {codes[i]}); log {logs[i]}:\n{_tail(logs[i])}"
+                )
             if all(c == 0 for c in codes):
                 return logs
             if time.monotonic() > deadline:
                 stop_all()
-                raise LaunchError(f"`{' '.join(target)}` did not finish within {timeout_s:g} s; log {logs[0]}:\n"
-                                  f"{_tail(logs[0])}")
+                raise LaunchError(
+                    f"`{' '.join(target)}` did not finish within {timeout_s:g} s; log {logs[0]}:\n{_tail(logs[0])}"
+                )
             time.sleep(0.2)
     except BaseException:
         stop_all()

@@ -48,7 +48,7 @@ def varlen(device: torch.device, dtype: torch.dtype) -> dict:
     layer = _Layer().train()
     masks = torch.stack([attention._block_masks(row, device)[1][0] for row in lengths]).to(dtype)
     ref_leaves = _leaves(q, k, v)
-    ref = eager_attention_forward(layer, *ref_leaves, masks, scaling=d ** -0.5)[0]
+    ref = eager_attention_forward(layer, *ref_leaves, masks, scaling=d**-0.5)[0]
     w = torch.randn(ref.shape, generator=g).to(device, dtype)
     (ref.float() * w.float()).sum().backward()
     out: dict = {}
@@ -59,8 +59,7 @@ def varlen(device: torch.device, dtype: torch.dtype) -> dict:
             continue
         try:
             leaves = _leaves(q, k, v)
-            got = attention.varlen_forward(layer, *leaves, None, scaling=d ** -0.5, position_ids=pos,
-                                           backend=name)[0]
+            got = attention.varlen_forward(layer, *leaves, None, scaling=d**-0.5, position_ids=pos, backend=name)[0]
             (got.float() * w.float()).sum().backward()
             grads = [(a.grad, r.grad) for a, r in zip(leaves, ref_leaves, strict=True)]
             out[name] = _compare([(got, ref), *grads], dtype)
@@ -76,7 +75,7 @@ def linear_cross_entropy(device: torch.device, dtype: torch.dtype) -> dict:
     n, d, vocab = (4096, 2048, 32000) if device.type == "cuda" else (64, 32, 97)
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(1, n, d, generator=g).to(device, dtype)
-    weight = (torch.randn(vocab, d, generator=g) / d ** 0.5).to(device, dtype)
+    weight = (torch.randn(vocab, d, generator=g) / d**0.5).to(device, dtype)
     labels = torch.randint(0, vocab, (1, n), generator=g).to(device)
     labels[0, : n // 2] = -100
     h0, w0 = _leaves(hidden, weight)
@@ -155,9 +154,16 @@ def liger_modules(device: torch.device, dtype: torch.dtype) -> dict:
 
 def run(device: torch.device, dtype: torch.dtype) -> dict:
     """Every check on ``device`` in ``dtype``; ``failed``: the names of those that ran and differ."""
-    res = {"varlen_attention": varlen(device, dtype), "linear_cross_entropy": linear_cross_entropy(device, dtype),
-           "liger": liger_modules(device, dtype)}
-    res["failed"] = [f"{group}.{name}" for group, r in res.items() if isinstance(r, dict)
-                     for name, v in r.items() if isinstance(v, dict) and v.get("ok") is False] + \
-                    [f"{group}.error" for group, r in res.items() if isinstance(r, dict) and "error" in r]
+    res = {
+        "varlen_attention": varlen(device, dtype),
+        "linear_cross_entropy": linear_cross_entropy(device, dtype),
+        "liger": liger_modules(device, dtype),
+    }
+    res["failed"] = [
+        f"{group}.{name}"
+        for group, r in res.items()
+        if isinstance(r, dict)
+        for name, v in r.items()
+        if isinstance(v, dict) and v.get("ok") is False
+    ] + [f"{group}.error" for group, r in res.items() if isinstance(r, dict) and "error" in r]
     return res

@@ -62,8 +62,11 @@ def apply(model, device: torch.device, policy: str | bool = "auto") -> list[str]
     except Exception as e:  # noqa: BLE001 - a Liger release that does not fit this transformers: plain modules
         import warnings
 
-        warnings.warn(f"Liger Kernel could not patch this {inner.config.model_type} model ({type(e).__name__}: {e}); "
-                      "training with the plain modules", stacklevel=2)
+        warnings.warn(
+            f"Liger Kernel could not patch this {inner.config.model_type} model ({type(e).__name__}: {e}); "
+            "training with the plain modules",
+            stacklevel=2,
+        )
         return []
     # Liger also swaps the modeling module's norm and MLP classes, which would reach every model built later in
     # this process (a comparison's other trainer): this instance is patched, so the classes are put back. Its

@@ -36,7 +36,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         for s in range(0, hidden.size(0), chunk):
-            h, t = hidden[s:s + chunk], targets[s:s + chunk]
+            h, t = hidden[s : s + chunk], targets[s : s + chunk]
             valid = t != IGNORE
             safe = t.clamp(min=0)
             logits = (h @ weight.t()).float()  # what the head and the plain loss compute, chunk by chunk
@@ -49,7 +49,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 g.mul_(valid[:, None])
                 g = g.to(hidden.dtype)
                 if need_h:
-                    grad_h[s:s + chunk] = g @ weight
+                    grad_h[s : s + chunk] = g @ weight
                 if need_w:
                     grad_w += (g.t() @ h).float()
         ctx.save_for_backward(*(x for x in (grad_h, grad_w) if x is not None))
@@ -66,8 +66,9 @@ class _ChunkedLinearCE(torch.autograd.Function):
         return gh, gw, None, None
 
 
-def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                                 chunk: int | None = None) -> torch.Tensor:
+def chunked_linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int | None = None
+) -> torch.Tensor:
     """Summed cross-entropy of ``hidden [N, D] @ weight [V, D]ᵀ`` against ``targets [N]`` (-100: skipped),
     ``chunk`` tokens at a time (default :func:`chunk_rows`)."""
     chunk = chunk or chunk_rows(weight.size(0))
@@ -116,8 +117,9 @@ def liger_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     return getattr(out, "loss", out).float()
 
 
-def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                             kind: str = "chunked", chunk: int | None = None) -> tuple[torch.Tensor, int]:
+def linear_cross_entropy_sum(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, kind: str = "chunked", chunk: int | None = None
+) -> tuple[torch.Tensor, int]:
     """``training.losses.cross_entropy_sum`` from the hidden states ``[B, T, D]`` before the LM head ``weight``:
     the summed next-token cross-entropy over labels not -100 (shifted by one inside, as there) and their count."""
     h = hidden[:, :-1].reshape(-1, hidden.size(-1))
@@ -136,8 +138,9 @@ def head_weight(model) -> torch.Tensor | None:
 
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     cfg = getattr(inner, "config", None)
-    if cfg is not None and (getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None)
-                            not in (None, 1, 1.0)):
+    if cfg is not None and (
+        getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0)
+    ):
         return None
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if type(head) is not nn.Linear or head.bias is not None:

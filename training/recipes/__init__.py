@@ -15,12 +15,19 @@ from pathlib import Path
 
 from training.config import TrainJob
 from training.errors import TrainingError
-from training.trainer_guards import die_with_launcher
 from training.recipes.lora_finetune import LABEL_ALIGNED, LoraFinetuneRecipe, StepResult
 from training.recipes.on_policy_distillation import OnPolicyDistillationRecipe
+from training.trainer_guards import die_with_launcher
 
-__all__ = ["LABEL_ALIGNED", "LoraFinetuneRecipe", "OnPolicyDistillationRecipe", "StepResult", "TrainingError",
-           "recipe_for", "run"]
+__all__ = [
+    "LABEL_ALIGNED",
+    "LoraFinetuneRecipe",
+    "OnPolicyDistillationRecipe",
+    "StepResult",
+    "TrainingError",
+    "recipe_for",
+    "run",
+]
 
 
 def recipe_for(job: TrainJob) -> type[LoraFinetuneRecipe]:

@@ -80,11 +80,11 @@ from training.model import (
     verify_sharded_4bit,
 )
 from training.net import free_port
-from training.trainer_guards import OutputDirLock, OutputDirLocked
 from training.profiling import RunProfiler
 from training.reporting import Reporter
 from training.schedule import cosine_with_warmup
 from training.summary import run_summary, write_reproducibility_card
+from training.trainer_guards import OutputDirLock, OutputDirLocked
 
 # Batch tensors aligned with ``labels`` position by position (gathered with them by ``head.compact``).
 LABEL_ALIGNED = frozenset({"labels", *losses.TEACHER_KEYS})
@@ -94,12 +94,17 @@ def _r4(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-
 def _ensure_dist_env() -> None:
     """Allow ``python -m training`` without torchrun: a world of one."""
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        os.environ.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+        )
 
 
 def _peak_memory_mb(device: torch.device) -> float:
@@ -179,11 +184,15 @@ class LoraFinetuneRecipe:
             self._out_lock = OutputDirLock(self.out, self.rank).acquire()
         except OutputDirLocked as e:
             raise TrainingError(str(e)) from None
-        self.device = device_for(self.local_rank, self.job.gpu_required, self.spec.allow_cpu_fallback,
-                                 self.spec.hardware)
+        self.device = device_for(
+            self.local_rank, self.job.gpu_required, self.spec.allow_cpu_fallback, self.spec.hardware
+        )
         if self.job.gpu_required and self.device.type == "cpu":
-            print(f"training.hardware {self.spec.hardware!r} is a GPU but none is visible: training on the CPU "
-                  f"(training.allow_cpu_fallback), billed as CPU time at {self.spec.cpu_hardware!r}", flush=True)
+            print(
+                f"training.hardware {self.spec.hardware!r} is a GPU but none is visible: training on the CPU "
+                f"(training.allow_cpu_fallback), billed as CPU time at {self.spec.cpu_hardware!r}",
+                flush=True,
+            )
         if not dist.is_initialized():
             # On GPUs, NCCL moves the model's tensors and gloo the small CPU ones (token counts, flags,
             # checkpoint metadata); every collective carries the timeout, so a dead peer fails the job.
@@ -224,19 +233,30 @@ class LoraFinetuneRecipe:
 
             dtype = resolve_compute_dtype(self.job.student.quantization.compute_dtype, self.device.type).dtype
             attention = "eager" if self.job.student.attn_implementation == "eager" else "sdpa"
-            choice = [choose_memory_policy(
-                ModelShape.from_model_dir(Path(self.job.base_model_path)), self.job.student, self.spec,
-                device_memory_gb=device_memory_gb(self.device), seq_len=self.spec.max_seq_len,
-                device_type=self.device.type, compute_dtype=dtype, attention=attention, recompute_cheap=recompute)]
+            choice = [
+                choose_memory_policy(
+                    ModelShape.from_model_dir(Path(self.job.base_model_path)),
+                    self.job.student,
+                    self.spec,
+                    device_memory_gb=device_memory_gb(self.device),
+                    seq_len=self.spec.max_seq_len,
+                    device_type=self.device.type,
+                    compute_dtype=dtype,
+                    attention=attention,
+                    recompute_cheap=recompute,
+                )
+            ]
             if self.world > 1:
                 dist.broadcast_object_list(choice, src=0)
             self.memory_policy = choice[0]
             self.spec = resolved_training(self.spec, self.memory_policy)
             m = self.memory_policy
-            self.report.log(f"memory policy: micro-batch {m.micro_batch_size}, activations {m.activation_policy} "
-                            f"(chosen: {', '.join(m.chosen)}), estimated peak {m.estimated_peak_gb:.1f} GB of "
-                            f"{m.usable_gb:.1f} GB usable on {m.device_memory_gb:.1f} GB"
-                            + ("" if m.fits else "; nothing fits the estimate: the leanest choice is tried"))
+            self.report.log(
+                f"memory policy: micro-batch {m.micro_batch_size}, activations {m.activation_policy} "
+                f"(chosen: {', '.join(m.chosen)}), estimated peak {m.estimated_peak_gb:.1f} GB of "
+                f"{m.usable_gb:.1f} GB usable on {m.device_memory_gb:.1f} GB"
+                + ("" if m.fits else "; nothing fits the estimate: the leanest choice is tried")
+            )
         self.activation_policy = activation_policy_of(self.spec.activation_checkpointing, recompute)
         if self.activation_policy == "recompute" and not recompute:
             self.activation_policy = "none"
@@ -249,8 +269,12 @@ class LoraFinetuneRecipe:
 
         model_hash = tokenizer_hash(self.job.base_model_path)
         try:
-            data.check_tokenizer(data.dataset_tokenizer_hash(self.job.dataset_path), model_hash,
-                                  self.job.dataset_path, self.job.base_model_path)
+            data.check_tokenizer(
+                data.dataset_tokenizer_hash(self.job.dataset_path),
+                model_hash,
+                self.job.dataset_path,
+                self.job.base_model_path,
+            )
         except data.DatasetMismatch as e:
             raise TrainingError(str(e)) from e
         self.rows = data.load_rows(self.job.dataset_path)
@@ -259,8 +283,9 @@ class LoraFinetuneRecipe:
         if self.distill:
             self.teacher = self._load_teacher_topk()
         self._fit_auto_micro_batch(n)
-        self.plan = data.BatchPlan(n, self.spec.micro_batch_size, self.world, self.spec.gradient_accumulation_steps,
-                                    self.spec.seed)
+        self.plan = data.BatchPlan(
+            n, self.spec.micro_batch_size, self.world, self.spec.gradient_accumulation_steps, self.spec.seed
+        )
         if n < self.plan.rows_per_step:
             raise TrainingError(
                 f"{n} training rows but one optimizer step needs micro_batch_size × world × accumulation = "
@@ -284,8 +309,9 @@ class LoraFinetuneRecipe:
             return
         cap = max(1, rows // (self.world * self.spec.gradient_accumulation_steps))
         if self.spec.micro_batch_size > cap:
-            self.report.log(f"memory policy: micro-batch {self.spec.micro_batch_size} lowered to {cap}, what {rows} "
-                            "rows fill")
+            self.report.log(
+                f"memory policy: micro-batch {self.spec.micro_batch_size} lowered to {cap}, what {rows} rows fill"
+            )
             self.memory_policy = dataclasses.replace(m, micro_batch_size=cap)
             self.spec = self.spec.model_copy(update={"micro_batch_size": cap})
 
@@ -363,10 +389,15 @@ class LoraFinetuneRecipe:
         if self.precision.warning:
             self.report.log(f"WARNING: {self.precision.warning}")
         self.attn_implementation = self._attention_kernel()
-        model = load_student(self.job.base_model_path, self.job.student, self.device,
-                             activation_checkpointing=self.activation_policy == "full",
-                             attn_implementation=self.attn_implementation, compute_dtype=self.precision.dtype,
-                             recompute_cheap=self.activation_policy == "recompute")
+        model = load_student(
+            self.job.base_model_path,
+            self.job.student,
+            self.device,
+            activation_checkpointing=self.activation_policy == "full",
+            attn_implementation=self.attn_implementation,
+            compute_dtype=self.precision.dtype,
+            recompute_cheap=self.activation_policy == "recompute",
+        )
         self.liger_applied = liger.apply(model, self.device, self.liger_kernels)  # before sharding: patches modules
         self.compiled_layers = compile_layers(model, self.compile_backend) if self.compiled else 0
         self.trainable = sum(p.numel() for p in trainable_parameters(model))
@@ -394,11 +425,14 @@ class LoraFinetuneRecipe:
             self.mesh, self.model = None, model
         self.model.train()
         self.fused_ce = linear_ce.plan(self.model, self.device, self.distill, self.fused_loss)  # (kind, head weight)
-        self.report.log(f"fused kernels: {', '.join(self.liger_applied) or 'none'} (Liger); cross-entropy "
-                        f"{self.fused_ce[0] + ' linear' if self.fused_ce else 'on logits'}")
+        self.report.log(
+            f"fused kernels: {', '.join(self.liger_applied) or 'none'} (Liger); cross-entropy "
+            f"{self.fused_ce[0] + ' linear' if self.fused_ce else 'on logits'}"
+        )
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        self.moe = moe.MoeMonitor.attach(self.model, self.job.student, self.param_breakdown, self.report.log,
-                                          self.world, self.compute_dtype)
+        self.moe = moe.MoeMonitor.attach(
+            self.model, self.job.student, self.param_breakdown, self.report.log, self.world, self.compute_dtype
+        )
         torch.manual_seed(self.spec.seed + 1 + self.rank)  # dropout differs per rank
         random.seed(self.spec.seed + 1 + self.rank)
 
@@ -412,8 +446,12 @@ class LoraFinetuneRecipe:
             from training.attention import batch_shape
 
             row_tokens, seq_len = batch_shape(self.rows, self.spec.micro_batch_size)
-            shape = {"config": AutoConfig.from_pretrained(self.job.base_model_path), "row_tokens": row_tokens,
-                     "seq_len": seq_len, "dtype": self.compute_dtype}
+            shape = {
+                "config": AutoConfig.from_pretrained(self.job.base_model_path),
+                "row_tokens": row_tokens,
+                "seq_len": seq_len,
+                "dtype": self.compute_dtype,
+            }
         kernel = [attention_kernel(self.job.student, self.device, self.spec.max_seq_len, shape)]
         if self.world > 1:
             dist.broadcast_object_list(kernel, src=0)
@@ -422,10 +460,12 @@ class LoraFinetuneRecipe:
     def _setup_optimizer(self) -> None:
         params = [p for _, p in self.named_trainable]
         # foreach: one multi-tensor kernel per Adam op instead of one per parameter (CPU included).
-        self.optimizer = torch.optim.AdamW(params, lr=self.spec.learning_rate, weight_decay=self.spec.weight_decay,
-                                           foreach=True)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=self.spec.learning_rate, weight_decay=self.spec.weight_decay, foreach=True
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, cosine_with_warmup(self.spec.warmup_steps, self.total_steps))
+            self.optimizer, cosine_with_warmup(self.spec.warmup_steps, self.total_steps)
+        )
 
     # ------------------------------------------------------------------ batches and steps
     def _batch(self, idx: list[int]) -> dict[str, torch.Tensor]:
@@ -465,8 +505,9 @@ class LoraFinetuneRecipe:
             return head.hidden_states(self.model, inputs)
         return self.model(**inputs).logits
 
-    def _loss_step(self, batch: dict[str, torch.Tensor], ce_tokens: int, kl_tokens: int,
-                   real_tokens: int = 0) -> tuple[float, float, float]:
+    def _loss_step(
+        self, batch: dict[str, torch.Tensor], ce_tokens: int, kl_tokens: int, real_tokens: int = 0
+    ) -> tuple[float, float, float]:
         """Forward + backward of one micro-batch against global token counts; returns its (CE, KL) sums and,
         for a MoE, its load-balancing loss times its real tokens (``real_tokens``: the step's, global)."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
@@ -504,9 +545,15 @@ class LoraFinetuneRecipe:
         (checkpoint due, stop requested), whose global sums come back as the third result.
         """
         batches = [self._batch(idx) for idx in self.plan.step_rows(step, self.rank)]
-        counts = torch.tensor([sum(data.loss_token_count(b) for b in batches),
-                               sum(self._kl_token_count(b) for b in batches),
-                               sum(data.real_token_count(b) for b in batches), *control], dtype=torch.float64)
+        counts = torch.tensor(
+            [
+                sum(data.loss_token_count(b) for b in batches),
+                sum(self._kl_token_count(b) for b in batches),
+                sum(data.real_token_count(b) for b in batches),
+                *control,
+            ],
+            dtype=torch.float64,
+        )
         self._all_reduce(counts)
         return batches, [int(c) for c in counts[:3].tolist()], counts[3:].tolist()
 
@@ -536,21 +583,31 @@ class LoraFinetuneRecipe:
             if self.moe.aux_fn is not None:
                 aux = float(sums[2]) / real_tokens
                 loss = (loss or 0.0) + self.job.student.moe.aux_loss_coef * aux
-        return StepResult(loss=loss, ce=ce, kl=kl, grad_norm=float("nan"), loss_tokens=ce_tokens,
-                          kl_tokens=kl_tokens, real_tokens=real_tokens, aux=aux)
+        return StepResult(
+            loss=loss,
+            ce=ce,
+            kl=kl,
+            grad_norm=float("nan"),
+            loss_tokens=ce_tokens,
+            kl_tokens=kl_tokens,
+            real_tokens=real_tokens,
+            aux=aux,
+        )
 
     def _clip(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.named_trainable], self.spec.max_grad_norm)
         return float(full_tensor(norm))
 
     def _describe_step_rows(self, step: int) -> str:
-        rows = [i for a in range(self.plan.accumulation) for r in range(self.world)
-                for i in self.plan.step_rows(step, r)[a]]
+        rows = [
+            i for a in range(self.plan.accumulation) for r in range(self.world) for i in self.plan.step_rows(step, r)[a]
+        ]
         return f"dataset rows {rows[:16]}{' …' if len(rows) > 16 else ''}"
 
     # ------------------------------------------------------------------ the step's parts (a recipe overrides them)
-    def _prepare_step(self, step: int, control: tuple[float, ...], t0: float
-                      ) -> tuple[list[dict], list[int], list[float], float]:
+    def _prepare_step(
+        self, step: int, control: tuple[float, ...], t0: float
+    ) -> tuple[list[dict], list[int], list[float], float]:
         """This rank's micro-batches of ``step``, the step's global counts and control sums (:meth:`prepare`), and
         when the step's own time starts (``t0`` unless the batches took work that is not training)."""
         return *self.prepare(step, control), t0
@@ -606,8 +663,10 @@ class LoraFinetuneRecipe:
                 result = self._accumulate_step(step, batches, counts)
                 if result is None:
                     self.skipped += 1
-                    self.report.log(f"step {step + 1}: no loss token in any micro-batch on any rank "
-                                    f"({self._describe_step_rows(step)}); skipped, not logged as loss 0")
+                    self.report.log(
+                        f"step {step + 1}: no loss token in any micro-batch on any rank "
+                        f"({self._describe_step_rows(step)}); skipped, not logged as loss 0"
+                    )
                     self.scheduler.step()
                     self._end_step(step)
                     self._maybe_checkpoint(step + 1)
@@ -627,18 +686,30 @@ class LoraFinetuneRecipe:
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 dt = time.perf_counter() - t0
-                row = {"step": step + 1, "loss": result.loss, "ce_loss": result.ce, "kl_loss": result.kl, "lr": lr,
-                       "grad_norm": result.grad_norm, "loss_tokens": result.loss_tokens, "tokens": result.real_tokens,
-                       "tokens_per_s": result.real_tokens / dt, "step_s": dt,
-                       "peak_memory_mb": _peak_memory_mb(self.device)} | self._step_metrics(step, result)
+                row = {
+                    "step": step + 1,
+                    "loss": result.loss,
+                    "ce_loss": result.ce,
+                    "kl_loss": result.kl,
+                    "lr": lr,
+                    "grad_norm": result.grad_norm,
+                    "loss_tokens": result.loss_tokens,
+                    "tokens": result.real_tokens,
+                    "tokens_per_s": result.real_tokens / dt,
+                    "step_s": dt,
+                    "peak_memory_mb": _peak_memory_mb(self.device),
+                } | self._step_metrics(step, result)
                 if self.compiled:  # a step that compiled graphs is warm-up, reported apart from the timed steps
                     row["compiling"] = compile_count() > compiled_before
                 self.metrics.append(row)
-                if self.is_main and ((step + 1) % spec.log_every == 0 or step == self.start_step
-                                     or step + 1 == self.total_steps):
-                    self.report.log(f"step {step + 1}/{self.total_steps} loss {result.loss:.4f} lr {lr:.2e} "
-                                    f"grad_norm {result.grad_norm:.3f} tokens/s {row['tokens_per_s']:.0f}"
-                                    + self._step_note(step, result))
+                if self.is_main and (
+                    (step + 1) % spec.log_every == 0 or step == self.start_step or step + 1 == self.total_steps
+                ):
+                    self.report.log(
+                        f"step {step + 1}/{self.total_steps} loss {result.loss:.4f} lr {lr:.2e} "
+                        f"grad_norm {result.grad_norm:.3f} tokens/s {row['tokens_per_s']:.0f}"
+                        + self._step_note(step, result)
+                    )
                     self.report.metrics(row)
                 self._end_step(step)
                 self._maybe_checkpoint(step + 1)
@@ -663,14 +734,26 @@ class LoraFinetuneRecipe:
             return {}
         new = [r for r in self.metrics if self.resumed_from is None or r["step"] > self.resumed_from]
         checkpoint.write_metrics(self.metrics, self.out / "metrics.parquet")
-        summary = {"rung": True, "steps": stop, "total_steps": self.total_steps, "trained_steps": len(new),
-                   "resumed_from_step": self.resumed_from, "eval_loss_before": self.eval_loss_before,
-                   "eval_loss": eval_loss, "eval_source": self.eval_source, "train_seconds": seconds,
-                   "final_loss": self.metrics[-1]["loss"] if self.metrics else None,
-                   "tokens": sum(r["tokens"] for r in new), "device": self.device.type, "world_size": self.world}
+        summary = {
+            "rung": True,
+            "steps": stop,
+            "total_steps": self.total_steps,
+            "trained_steps": len(new),
+            "resumed_from_step": self.resumed_from,
+            "eval_loss_before": self.eval_loss_before,
+            "eval_loss": eval_loss,
+            "eval_source": self.eval_source,
+            "train_seconds": seconds,
+            "final_loss": self.metrics[-1]["loss"] if self.metrics else None,
+            "tokens": sum(r["tokens"] for r in new),
+            "device": self.device.type,
+            "world_size": self.world,
+        }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        self.report.log(f"rung done at step {stop}/{self.total_steps} ({len(new)} steps trained here, resumed from "
-                        f"{self.resumed_from}): eval loss ({self.eval_source}) {_r4(eval_loss)}")
+        self.report.log(
+            f"rung done at step {stop}/{self.total_steps} ({len(new)} steps trained here, resumed from "
+            f"{self.resumed_from}): eval loss ({self.eval_source}) {_r4(eval_loss)}"
+        )
         return summary
 
     # ------------------------------------------------------------------ evaluation
@@ -685,7 +768,9 @@ class LoraFinetuneRecipe:
         total = torch.zeros(2, dtype=torch.float64)
         bs = self.spec.micro_batch_size
         for i in range(0, len(mine), bs):
-            batch = {k: v.to(self.device) for k, v in data.collate(self.eval_data, mine[i:i + bs], self.pad_id).items()}
+            batch = {
+                k: v.to(self.device) for k, v in data.collate(self.eval_data, mine[i : i + bs], self.pad_id).items()
+            }
             batch = self._scored(batch)
             s, n = losses.cross_entropy_sum(self._forward(batch), batch["labels"])
             total += torch.tensor([float(s), n], dtype=torch.float64)
@@ -711,13 +796,16 @@ class LoraFinetuneRecipe:
 
             self.selector = selection.Selector(sel.replay_weight, sel.min_delta, sel.patience)
             src = self.job.validation_path if self.eval_source == "validation" else self.job.dataset_path
-            ids = [x for f in data.parquet_files(src) for x in pq.read_table(f, columns=["example_ids"])
-                   .column("example_ids").to_pylist()]
+            ids = [
+                x
+                for f in data.parquet_files(src)
+                for x in pq.read_table(f, columns=["example_ids"]).column("example_ids").to_pylist()
+            ]
             split = selection.split_rows(ids)
             self.selection_rows = {}
             for kind, idx in split.items():
                 per_rank = min(self.spec.eval_rows, len(idx)) // self.world
-                self.selection_rows[kind] = [idx[r * per_rank:(r + 1) * per_rank] for r in range(self.world)]
+                self.selection_rows[kind] = [idx[r * per_rank : (r + 1) * per_rank] for r in range(self.world)]
         task, replay = self.evaluate(self.selection_rows["task"]), self.evaluate(self.selection_rows["replay"])
         self.save_checkpoint(completed, reason="selection")
         if self.selector.observe(completed, task, replay) and self.is_main:
@@ -725,37 +813,64 @@ class LoraFinetuneRecipe:
             shutil.rmtree(best, ignore_errors=True)
             shutil.copytree(self.store.path(completed), best)
         if self.is_main:
-            self.report.log(f"step {completed}: held-out loss task {_r4(task)}, replay {_r4(replay)}; kept step "
-                            f"{self.selector.best.step if self.selector.best else None}")
+            self.report.log(
+                f"step {completed}: held-out loss task {_r4(task)}, replay {_r4(replay)}; kept step "
+                f"{self.selector.best.step if self.selector.best else None}"
+            )
         if self.selector.should_stop:
             self._stopped_at = completed
 
     def _trainer_state(self, step: int) -> dict:
-        return {"step": step, "skipped_steps": self.skipped, "rows_per_step": self.plan.rows_per_step,
-                "dataset_rows": self.plan.rows, "seed": self.spec.seed, "world_size": self.world,
-                "total_steps": self.total_steps, "eval_loss_before": self.eval_loss_before,
-                "scheduler": self.scheduler.state_dict(), "saved_at": time.time(),
-                "moe": self.moe.state() if self.moe is not None else None,  # collective: routed-token counts so far
-                "on_policy": None}
+        return {
+            "step": step,
+            "skipped_steps": self.skipped,
+            "rows_per_step": self.plan.rows_per_step,
+            "dataset_rows": self.plan.rows,
+            "seed": self.spec.seed,
+            "world_size": self.world,
+            "total_steps": self.total_steps,
+            "eval_loss_before": self.eval_loss_before,
+            "scheduler": self.scheduler.state_dict(),
+            "saved_at": time.time(),
+            "moe": self.moe.state() if self.moe is not None else None,  # collective: routed-token counts so far
+            "on_policy": None,
+        }
 
     def save_checkpoint(self, step: int, reason: str) -> None:
         """Collective: gather full adapter and optimizer state on rank 0, write atomically, mirror, prune."""
         if step == self._last_saved_step:
             return
         saved = checkpoint.save_training_state(
-            self.store, step, self.model.peft_config["default"], self.named_trainable, self.optimizer,
-            self._trainer_state(step), self.metrics, self.is_main, self.world)
+            self.store,
+            step,
+            self.model.peft_config["default"],
+            self.named_trainable,
+            self.optimizer,
+            self._trainer_state(step),
+            self.metrics,
+            self.is_main,
+            self.world,
+        )
         if self.is_main:
-            self.report.log(f"checkpoint {step} ({reason}) at {saved}"
-                            + (f", mirrored to {self.store.remote_uri}" if self.store.remote_uri else ""))
+            self.report.log(
+                f"checkpoint {step} ({reason}) at {saved}"
+                + (f", mirrored to {self.store.remote_uri}" if self.store.remote_uri else "")
+            )
         self._last_saved_step = step
         self._last_save_time = time.monotonic()
 
     def load_checkpoint(self) -> None:
         """Resume from the newest complete checkpoint, if any (every start is a resume)."""
         restored = checkpoint.load_training_state(
-            self.store, self.named_trainable, self.optimizer, self.scheduler, self.is_main, self.rank, self.world,
-            expect={"rows_per_step": self.plan.rows_per_step, "dataset_rows": self.plan.rows, "seed": self.spec.seed})
+            self.store,
+            self.named_trainable,
+            self.optimizer,
+            self.scheduler,
+            self.is_main,
+            self.rank,
+            self.world,
+            expect={"rows_per_step": self.plan.rows_per_step, "dataset_rows": self.plan.rows, "seed": self.spec.seed},
+        )
         if restored is None:
             return
         step, state, metrics = restored
@@ -808,16 +923,19 @@ class LoraFinetuneRecipe:
             f"done: {len(self.metrics)} steps ({self.skipped} skipped) in {seconds:.1f}s, loss "
             f"{summary['first_loss'] if summary['first_loss'] is None else round(summary['first_loss'], 4)} → "
             f"{summary['final_loss'] if summary['final_loss'] is None else round(summary['final_loss'], 4)}, "
-            f"eval loss ({self.eval_source}) {_r4(self.eval_loss_before)} → {_r4(eval_loss)}, adapter at {adapter_dir}")
+            f"eval loss ({self.eval_source}) {_r4(self.eval_loss_before)} → {_r4(eval_loss)}, adapter at {adapter_dir}"
+        )
         return summary
 
     def _summary_extras(self) -> dict:
         """Sections of ``summary.json`` beyond training/summary.py's (global rank 0): the activation policy and
         memory policy used, FSDP2's resharding, and torch.compile's warm-up apart from the timed steps."""
-        return {"activation_policy": self.activation_policy,
-                "memory_policy": self.memory_policy.as_dict() if self.memory_policy is not None else None,
-                "reshard_after_forward": self.spec.resharding_after_forward if self.mesh is not None else None,
-                "compile": self._compile_report()}
+        return {
+            "activation_policy": self.activation_policy,
+            "memory_policy": self.memory_policy.as_dict() if self.memory_policy is not None else None,
+            "reshard_after_forward": self.spec.resharding_after_forward if self.mesh is not None else None,
+            "compile": self._compile_report(),
+        }
 
     def _compile_report(self) -> dict:
         if not self.compiled:
@@ -826,10 +944,15 @@ class LoraFinetuneRecipe:
         warm = [r for r in new if r.get("compiling")]
         timed = [r for r in new if not r.get("compiling")]
         seconds = sum(r["step_s"] for r in timed)
-        return {"enabled": True, "layers": self.compiled_layers, "warmup_steps": len(warm),
-                "warmup_seconds": sum(r["step_s"] for r in warm), "timed_steps": len(timed),
-                "timed_seconds": seconds,
-                "timed_tokens_per_s": sum(r["tokens"] for r in timed) / seconds if seconds > 0 else None}
+        return {
+            "enabled": True,
+            "layers": self.compiled_layers,
+            "warmup_steps": len(warm),
+            "warmup_seconds": sum(r["step_s"] for r in warm),
+            "timed_steps": len(timed),
+            "timed_seconds": seconds,
+            "timed_tokens_per_s": sum(r["tokens"] for r in timed) / seconds if seconds > 0 else None,
+        }
 
     def cleanup(self, ok: bool = True) -> None:
         self.report.close()

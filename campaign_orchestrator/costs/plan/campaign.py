@@ -45,23 +45,37 @@ class Plan:
         return None if est is None else est.usd
 
 
-def plan_campaign(spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher_dir: Path | None,
-                  student_dir: Path) -> Plan:
+def plan_campaign(
+    spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher_dir: Path | None, student_dir: Path
+) -> Plan:
     """The whole plan: data facts, per-device memory and fit, and per-stage estimates."""
     student = ModelShape.from_model_dir(student_dir)
-    teacher = (ModelShape.from_model_dir(teacher_dir)
-               if teacher_dir is not None and (Path(teacher_dir) / "config.json").exists() else None)
+    teacher = (
+        ModelShape.from_model_dir(teacher_dir)
+        if teacher_dir is not None and (Path(teacher_dir) / "config.json").exists()
+        else None
+    )
     facts = data_facts(spec, repo_root, teacher_dir, student_dir)
     spec, mem = memory_fit(spec, catalog, facts, student)  # `auto` micro-batch and policy resolved
     stages = plan_stages(spec, catalog, facts, teacher, student)
     unknown = [f"{name}: {s.unknown}" for name, s in stages.items() if s.usd is None]
     total = None if unknown else sum(s.usd for s in stages.values())  # never a silent $0 for what is unpriced
     budget = spec.cost.budget_usd
-    plan = Plan(campaign=spec.name, catalog=catalog.path, catalog_version=catalog.version,
-                pricing_tier=spec.cost.pricing_tier, data=facts, student=student, teacher=teacher, memory=mem,
-                stages=stages, total_usd=total, unknown=unknown, budget_usd=budget,
-                within_budget=None if budget is None or total is None else total <= budget)
+    plan = Plan(
+        campaign=spec.name,
+        catalog=catalog.path,
+        catalog_version=catalog.version,
+        pricing_tier=spec.cost.pricing_tier,
+        data=facts,
+        student=student,
+        teacher=teacher,
+        memory=mem,
+        stages=stages,
+        total_usd=total,
+        unknown=unknown,
+        budget_usd=budget,
+        within_budget=None if budget is None or total is None else total <= budget,
+    )
     if spec.execution.engine == "ray" and "teacher_generations" in stages:  # the teacher stage on 1..64 replicas
         plan.scaleout = plan_scaleout(spec, catalog, facts, teacher)
     return plan
-

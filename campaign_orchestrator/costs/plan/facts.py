@@ -85,8 +85,9 @@ def suite_file_rows(spec: CampaignSpec) -> dict[str, list[dict]]:
     return out
 
 
-def suite_sizes(spec: CampaignSpec, files: dict[str, list[dict]], tok, held: int, held_tokens: float,
-                overhead: float) -> dict[str, tuple[int, float]]:
+def suite_sizes(
+    spec: CampaignSpec, files: dict[str, list[dict]], tok, held: int, held_tokens: float, overhead: float
+) -> dict[str, tuple[int, float]]:
     """Per suite: (items, mean prompt tokens as the student sees them): the held-out split, or the suite's file
     (``files``: :func:`suite_file_rows`)."""
     out = {}
@@ -124,8 +125,13 @@ def teacher_answers_as_base(spec: CampaignSpec) -> bool:
     planned as two models, an over-estimate."""
     t, s = spec.teacher, spec.student
     q = s.quantization
-    return (t.backend == "transformers" and t.model == s.base_model and t.revision == s.revision
-            and t.compute_dtype == q.compute_dtype and not q.load_in_4bit)
+    return (
+        t.backend == "transformers"
+        and t.model == s.base_model
+        and t.revision == s.revision
+        and t.compute_dtype == q.compute_dtype
+        and not q.load_in_4bit
+    )
 
 
 def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, student_dir: Path | None) -> DataFacts:
@@ -133,8 +139,10 @@ def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, st
     from campaign_orchestrator.dataset import prompts as P
 
     d = spec.data
-    rows = P.read_prompts(P.source_files(d.source, repo_root),
-                          P.SourceFields(d.id_field, d.prompt_field, d.reference_field, d.category_field))
+    rows = P.read_prompts(
+        P.source_files(d.source, repo_root),
+        P.SourceFields(d.id_field, d.prompt_field, d.reference_field, d.category_field),
+    )
     train, held = P.split(rows, d.heldout.fraction, d.heldout.seed, d.heldout.max_items)
     sample = [r["prompt"] for r in train[:TOKEN_SAMPLE]]
     held_sample = [r["prompt"] for r in held[:TOKEN_SAMPLE]]
@@ -145,15 +153,21 @@ def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, st
     s_over = template_overhead(student_dir, first)
     files = suite_file_rows(spec)
     return DataFacts(
-        train_prompts=len(train), heldout_items=len(held),
+        train_prompts=len(train),
+        heldout_items=len(held),
         prompt_tokens_teacher=_mean_tokens(t_tok, sample) + t_over,
         prompt_tokens_student=_mean_tokens(s_tok, sample) + s_over,
         heldout_prompt_tokens_student=_mean_tokens(s_tok, held_sample) + s_over,
         heldout_prompt_tokens_teacher=_mean_tokens(t_tok, held_sample) + t_over,
-        template_tokens_teacher=t_over, template_tokens_student=s_over,
-        context_share=(sum(r.get("category") in spec.teacher.context_categories for r in train) / len(train)
-                       if spec.teacher.context_categories is not None and train else 1.0),
+        template_tokens_teacher=t_over,
+        template_tokens_student=s_over,
+        context_share=(
+            sum(r.get("category") in spec.teacher.context_categories for r in train) / len(train)
+            if spec.teacher.context_categories is not None and train
+            else 1.0
+        ),
         shared_prefix_tokens=max(0.0, t_over - s_over),
         suites=suite_sizes(spec, files, s_tok, len(held), _mean_tokens(s_tok, held_sample) + s_over, s_over),
         suite_context_share=suite_context_shares(spec, held, files),
-        tokenizer="model tokenizer" if t_tok is not None else "~4 characters per token")
+        tokenizer="model tokenizer" if t_tok is not None else "~4 characters per token",
+    )

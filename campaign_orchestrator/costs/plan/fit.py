@@ -29,15 +29,21 @@ def heap_retention(entry: PriceEntry, spec: CampaignSpec) -> tuple[float, str]:
     return float(entry.perf.get("heap_retention", 0.0)), "glibc"
 
 
-def memory_fit(spec: CampaignSpec, catalog: Catalog, facts: DataFacts,
-               student: ModelShape) -> tuple[CampaignSpec, dict]:
+def memory_fit(
+    spec: CampaignSpec, catalog: Catalog, facts: DataFacts, student: ModelShape
+) -> tuple[CampaignSpec, dict]:
     """The campaign with its ``auto`` micro-batch and activation policy resolved for the device's memory (as the
     trainer resolves them: ``costs.memory_policy``), and the student's training memory per device
     (``costs.memory.training_memory``'s table, with the allocator, the MoE facts, the memory policy and, where the
     device's memory is known, whether it fits under ``planner.memory_headroom``)."""
     pl = spec.cost.planner
-    seq = int(math.ceil(packed_rows(spec, facts.prompt_tokens_student,
-                                    spec.teacher.sampling.max_new_tokens * pl.completion_fill, 1)[0]))
+    seq = int(
+        math.ceil(
+            packed_rows(
+                spec, facts.prompt_tokens_student, spec.teacher.sampling.max_new_tokens * pl.completion_fill, 1
+            )[0]
+        )
+    )
     if spec.dataset.packing:
         seq = spec.training.max_seq_len  # the longest packed row sets the peak
     device = catalog.get(spec.training.hardware)
@@ -46,10 +52,18 @@ def memory_fit(spec: CampaignSpec, catalog: Catalog, facts: DataFacts,
         attention = "eager" if device.perf.get("host_measured_peak") and spec.training.max_seq_len <= 512 else "sdpa"
     sdt = compute_dtype_on(spec.student.quantization.compute_dtype, device)
     retention, alloc = heap_retention(device, spec)
-    spec, policy = plan_memory_policy(spec, student, device_memory_gb=device.memory_gb, seq_len=seq,
-                                      device_type="cpu" if device.perf.get("host_measured_peak") else "cuda",
-                                      compute_dtype=sdt, headroom=pl.memory_headroom, attention=attention,
-                                      runtime_gb=float(device.perf.get("runtime_gb", 0.0)), heap_retention=retention)
+    spec, policy = plan_memory_policy(
+        spec,
+        student,
+        device_memory_gb=device.memory_gb,
+        seq_len=seq,
+        device_type="cpu" if device.perf.get("host_measured_peak") else "cuda",
+        compute_dtype=sdt,
+        headroom=pl.memory_headroom,
+        attention=attention,
+        runtime_gb=float(device.perf.get("runtime_gb", 0.0)),
+        heap_retention=retention,
+    )
     mem = training_memory(student, spec, seq, sdt, float(device.perf.get("runtime_gb", 0.0)), attention, retention)
     mem["allocator"] = alloc
     mem |= moe_facts(student, spec.student, DTYPE_BYTES[sdt])  # MoE: total vs active parameters, expert tensors
@@ -58,8 +72,12 @@ def memory_fit(spec: CampaignSpec, catalog: Catalog, facts: DataFacts,
         mem["memory_policy"] = policy.as_dict()
     if device.memory_gb is not None:
         usable = device.memory_gb * pl.memory_headroom
-        mem |= {"device": device.key, "device_memory_gb": device.memory_gb, "usable_gb": usable,
-                "activation_checkpointing": ckpt,
-                "fits": (mem["total_checkpointed_gb"] if ckpt else mem["total_gb"]) <= usable,
-                "fits_with_checkpointing": mem["total_checkpointed_gb"] <= usable}
+        mem |= {
+            "device": device.key,
+            "device_memory_gb": device.memory_gb,
+            "usable_gb": usable,
+            "activation_checkpointing": ckpt,
+            "fits": (mem["total_checkpointed_gb"] if ckpt else mem["total_gb"]) <= usable,
+            "fits_with_checkpointing": mem["total_checkpointed_gb"] <= usable,
+        }
     return spec, mem

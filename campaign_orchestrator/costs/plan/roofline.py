@@ -39,13 +39,23 @@ def perf(entry: PriceEntry, key: str) -> float:
     try:
         return float(entry.perf[key])
     except KeyError:
-        raise PlanError(f"pricing catalog entry {entry.key!r} has no perf.{key}; add it to plan stages on this "
-                        "hardware") from None
+        raise PlanError(
+            f"pricing catalog entry {entry.key!r} has no perf.{key}; add it to plan stages on this hardware"
+        ) from None
 
 
-def generation_seconds(params: int, weight_bytes: float, prompts: int, prompt_tokens: float, new_tokens: float,
-                       batch_size: int, entry: PriceEntry, mfu: float, dtype: str = "bfloat16",
-                       decode_tokens: float | None = None) -> float:
+def generation_seconds(
+    params: int,
+    weight_bytes: float,
+    prompts: int,
+    prompt_tokens: float,
+    new_tokens: float,
+    batch_size: int,
+    entry: PriceEntry,
+    mfu: float,
+    dtype: str = "bfloat16",
+    decode_tokens: float | None = None,
+) -> float:
     """Roofline time to answer ``prompts`` prompts on one device (see the package docstring): ``new_tokens`` is
     the mean answer's length, ``decode_tokens`` (default: the same) the length a batch decodes to, which its
     longest answer sets on ``generate`` (every row of the batch computes until the last one stops: see
@@ -58,8 +68,9 @@ def generation_seconds(params: int, weight_bytes: float, prompts: int, prompt_to
     compute = flops / (peak_flops(entry, dtype) * mfu)
     decode_steps = batches * decoded
     memory = decode_steps * weight_bytes / (perf(entry, "memory_bandwidth_gbps") * 1e9)
-    return (max(compute, memory) + decode_steps * perf(entry, "decode_step_overhead_s")
-            + perf(entry, "generate_startup_s"))
+    return (
+        max(compute, memory) + decode_steps * perf(entry, "decode_step_overhead_s") + perf(entry, "generate_startup_s")
+    )
 
 
 def decode_length(backend: str, temperature: float, max_new_tokens: int) -> int | None:

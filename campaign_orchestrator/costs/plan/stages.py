@@ -105,8 +105,9 @@ class EvaluationEstimate(StageEstimate):
     teacher_items_from_base: int | None = None  # the teacher's bare-prompt answers that are the base's
 
 
-def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teacher: ModelShape | None,
-                student: ModelShape) -> dict[str, StageEstimate]:
+def plan_stages(
+    spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teacher: ModelShape | None, student: ModelShape
+) -> dict[str, StageEstimate]:
     """Every stage's estimate, in the graph's order (no ``teacher_generations`` when on-policy skips it)."""
     t, pl = spec.teacher, spec.cost.planner
     out: dict[str, StageEstimate] = {}
@@ -116,10 +117,17 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teacher:
     new_tok = t.sampling.max_new_tokens * pl.completion_fill
     if not spec.training.distillation.skips_teacher:  # else no teacher stage in the graph
         # local generation prefills a prefix every prompt shares (the teacher's context) once per call
-        out["teacher_generations"] = teacher_estimate(spec, catalog, teacher, n_req, facts.prompt_tokens_teacher,
-                                                      new_tok, t.batch_size, facts.shared_prefix_tokens,
-                                                      decode_length(t.backend, t.sampling.temperature,
-                                                                    t.sampling.max_new_tokens))
+        out["teacher_generations"] = teacher_estimate(
+            spec,
+            catalog,
+            teacher,
+            n_req,
+            facts.prompt_tokens_teacher,
+            new_tok,
+            t.batch_size,
+            facts.shared_prefix_tokens,
+            decode_length(t.backend, t.sampling.temperature, t.sampling.max_new_tokens),
+        )
     training = plan_training(spec, catalog, facts, teacher, student, n_req, new_tok)
     out["student_adapter"] = training
     # hparam_sweep: every rung's surviving trials × that rung's new steps (trials continue from their checkpoints),
@@ -132,8 +140,15 @@ def plan_stages(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teacher:
     return out
 
 
-def plan_training(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teacher: ModelShape | None,
-                  student: ModelShape, n_req: int, new_tok: float) -> TrainingEstimate:
+def plan_training(
+    spec: CampaignSpec,
+    catalog: Catalog,
+    facts: DataFacts,
+    teacher: ModelShape | None,
+    student: ModelShape,
+    n_req: int,
+    new_tok: float,
+) -> TrainingEstimate:
     """``student_adapter``: every generation accepted (an upper bound), packed into rows, trained for
     ``max_steps`` (or ``epochs``) on ``training.hardware``; on-policy distillation's sampling and scoring added."""
     c, tr, pl = spec.cost, spec.training, spec.cost.planner
@@ -152,17 +167,32 @@ def plan_training(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teache
     if not entry.hourly:
         raise PlanError(f"training.hardware {tr.hardware!r} is priced per {entry.unit}; training needs hourly hardware")
     sdt = compute_dtype_on(spec.student.quantization.compute_dtype, entry)
-    seconds = (flops / (tr.world_size * peak_flops(entry, sdt) * pl.mfu)
-               + steps * perf(entry, "step_overhead_s") + perf(entry, "train_startup_s"))
+    seconds = (
+        flops / (tr.world_size * peak_flops(entry, sdt) * pl.mfu)
+        + steps * perf(entry, "step_overhead_s")
+        + perf(entry, "train_startup_s")
+    )
     on_policy = None
     if tr.distillation.loss == "on_policy":  # the student samples, the teacher scores: time and money of their own
         on_policy = plan_on_policy(spec, catalog, facts, teacher, student, entry, steps, rows_per_step, sdt)
         seconds += on_policy.sampling_seconds + (on_policy.scoring_seconds_in_process or 0.0)
     qty, usd = hours_usd(entry, seconds, tr.nodes, tr.world_size, c.pricing_tier)
-    est = TrainingEstimate(steps=steps, sequences=steps * rows_per_step, tokens=tokens, labelled_tokens=labelled,
-                           flops=flops, seconds=seconds, price_key=entry.key, unit=entry.unit, quantity=qty, usd=usd,
-                           compute_dtype=sdt, peak_gflops=peak_flops(entry, sdt) / 1e9,
-                           startup_s=perf(entry, "train_startup_s"), on_policy=on_policy)
+    est = TrainingEstimate(
+        steps=steps,
+        sequences=steps * rows_per_step,
+        tokens=tokens,
+        labelled_tokens=labelled,
+        flops=flops,
+        seconds=seconds,
+        price_key=entry.key,
+        unit=entry.unit,
+        quantity=qty,
+        usd=usd,
+        compute_dtype=sdt,
+        peak_gflops=peak_flops(entry, sdt) / 1e9,
+        startup_s=perf(entry, "train_startup_s"),
+        on_policy=on_policy,
+    )
     if on_policy is not None:
         on_policy.training_host_usd = usd
         if on_policy.teacher_usd is None:
@@ -172,8 +202,9 @@ def plan_training(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teache
     return est
 
 
-def plan_evaluation(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teacher: ModelShape | None,
-                    student: ModelShape, sdt: str) -> EvaluationEstimate:
+def plan_evaluation(
+    spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teacher: ModelShape | None, student: ModelShape, sdt: str
+) -> EvaluationEstimate:
     """``evaluation``: candidate and base (and the teacher, whatever its backend) answer every held-out item once
     per suite; local models on the training hardware, the teacher at its own price."""
     c, t, pl, ev = spec.cost, spec.teacher, spec.cost.planner, spec.evaluation
@@ -183,13 +214,28 @@ def plan_evaluation(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teac
     for _role in roles:
         for suite in ev.suites:
             n_items, p_tok = facts.suites[suite.name]
-            seconds += generation_seconds(student.active_params, student.params * DTYPE_BYTES[sdt], n_items, p_tok,
-                                          suite.max_new_tokens * pl.completion_fill, suite.batch_size, entry,
-                                          pl.generation_mfu, sdt, decode_length("transformers", 0.0,
-                                                                                suite.max_new_tokens))
+            seconds += generation_seconds(
+                student.active_params,
+                student.params * DTYPE_BYTES[sdt],
+                n_items,
+                p_tok,
+                suite.max_new_tokens * pl.completion_fill,
+                suite.batch_size,
+                entry,
+                pl.generation_mfu,
+                sdt,
+                decode_length("transformers", 0.0, suite.max_new_tokens),
+            )
     qty, usd = hours_usd(entry, seconds, 1, 1, c.pricing_tier)
-    est = EvaluationEstimate(items=sum(n for n, _ in facts.suites.values()), models=roles, seconds=seconds,
-                             price_key=entry.key, unit=entry.unit, quantity=qty, usd=usd)
+    est = EvaluationEstimate(
+        items=sum(n for n, _ in facts.suites.values()),
+        models=roles,
+        seconds=seconds,
+        price_key=entry.key,
+        unit=entry.unit,
+        quantity=qty,
+        usd=usd,
+    )
     if not ev.score_teacher:
         return est
     scoring = []
@@ -200,10 +246,19 @@ def plan_evaluation(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teac
         if as_base:
             n_items = round(n_items * facts.suite_context_share.get(suite.name, 1.0))
         p_tok += facts.template_tokens_teacher - facts.template_tokens_student
-        scoring.append(teacher_estimate(spec, catalog, teacher, n_items, p_tok,
-                                        suite.max_new_tokens * pl.completion_fill, t.batch_size,
-                                        facts.shared_prefix_tokens,
-                                        decode_length(t.backend, 0.0, suite.max_new_tokens)))
+        scoring.append(
+            teacher_estimate(
+                spec,
+                catalog,
+                teacher,
+                n_items,
+                p_tok,
+                suite.max_new_tokens * pl.completion_fill,
+                t.batch_size,
+                facts.shared_prefix_tokens,
+                decode_length(t.backend, 0.0, suite.max_new_tokens),
+            )
+        )
     teacher_usd = None if any(x.usd is None for x in scoring) else sum(x.usd for x in scoring)
     est.models = [*roles, "teacher"]
     est.teacher_price_key, est.teacher_usd = scoring[0].price_key, teacher_usd
@@ -213,14 +268,21 @@ def plan_evaluation(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teac
     if teacher_usd is None:
         est.unknown = scoring[0].unknown
     if as_base:
-        est.teacher_items_from_base = (sum(facts.suites[x.name][0] for x in ev.suites)
-                                       - sum(x.requests for x in scoring))
+        est.teacher_items_from_base = sum(facts.suites[x.name][0] for x in ev.suites) - sum(x.requests for x in scoring)
     return est
 
 
-def plan_on_policy(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teacher: ModelShape | None,
-                   student: ModelShape, entry: PriceEntry, steps: int, rows_per_step: int,
-                   dtype: str) -> OnPolicyEstimate:
+def plan_on_policy(
+    spec: CampaignSpec,
+    catalog: Catalog,
+    facts: DataFacts,
+    teacher: ModelShape | None,
+    student: ModelShape,
+    entry: PriceEntry,
+    steps: int,
+    rows_per_step: int,
+    dtype: str,
+) -> OnPolicyEstimate:
     """On-policy training's own work (``training.distillation.loss: on_policy``), inside ``student_adapter``:
 
     - student sampling: ``lambda`` x the steps after the off-policy warm start, one sample per row of each such
@@ -243,18 +305,36 @@ def plan_on_policy(spec: CampaignSpec, catalog: Catalog, facts: DataFacts, teach
     per_rank = math.ceil(samples / world)
     sampling = 0.0
     if per_rank:
-        sampling = generation_seconds(student.active_params, student.params * DTYPE_BYTES[dtype], per_rank,
-                                      facts.prompt_tokens_student, new_tok, max(1, op.samples_per_round // world),
-                                      entry, pl.generation_mfu, dtype, op.max_new_tokens) \
-            - perf(entry, "generate_startup_s")  # the student is loaded already
+        sampling = generation_seconds(
+            student.active_params,
+            student.params * DTYPE_BYTES[dtype],
+            per_rank,
+            facts.prompt_tokens_student,
+            new_tok,
+            max(1, op.samples_per_round // world),
+            entry,
+            pl.generation_mfu,
+            dtype,
+            op.max_new_tokens,
+        ) - perf(entry, "generate_startup_s")  # the student is loaded already
     # the teacher's prompt: its context only before the prompts of teacher.context_categories
     t_prompt = facts.prompt_tokens_student + facts.context_share * (
-        facts.prompt_tokens_teacher - facts.prompt_tokens_student)
+        facts.prompt_tokens_teacher - facts.prompt_tokens_student
+    )
     prefill = samples * (t_prompt + new_tok)
-    out = OnPolicyEstimate(on_policy_steps=on_steps, off_policy_steps=steps - on_steps, samples=samples,
-                           rounds=rounds, samples_per_round=op.samples_per_round, sampled_tokens=samples * new_tok,
-                           sampling_seconds=sampling, teacher_prefill_tokens=prefill, scoring_seconds_in_process=None,
-                           teacher_price_key=t.price_key or "unpriced", teacher_usd=0.0)
+    out = OnPolicyEstimate(
+        on_policy_steps=on_steps,
+        off_policy_steps=steps - on_steps,
+        samples=samples,
+        rounds=rounds,
+        samples_per_round=op.samples_per_round,
+        sampled_tokens=samples * new_tok,
+        sampling_seconds=sampling,
+        teacher_prefill_tokens=prefill,
+        scoring_seconds_in_process=None,
+        teacher_price_key=t.price_key or "unpriced",
+        teacher_usd=0.0,
+    )
     lines, _note = on_policy_scoring_lines(spec, catalog, int(round(prefill)), samples if t.api else 0)
     if lines is None:
         out.teacher_usd, out.unknown = None, UNPRICED
@@ -280,10 +360,19 @@ def plan_sweep(spec: CampaignSpec, entry: PriceEntry, step_s: float, startup_s: 
     seconds = sum(r["trials"] * (r["new_steps"] * step_s + startup_s) for r in rungs)
     qty, usd = hours_usd(entry, seconds, tr.nodes, tr.world_size, c.pricing_tier)
     full = spec.sweep.trials * (tr.max_steps * step_s + startup_s)
-    return SweepEstimate(rungs=rungs, trials=spec.sweep.trials, steps=sum(r["trials"] * r["new_steps"] for r in rungs),
-                         seconds=seconds, every_trial_to_the_end_seconds=full, price_key=entry.key, unit=entry.unit,
-                         quantity=qty, usd=usd, cap_usd=spec.sweep.budget_usd,
-                         within_cap=None if spec.sweep.budget_usd is None else usd <= spec.sweep.budget_usd)
+    return SweepEstimate(
+        rungs=rungs,
+        trials=spec.sweep.trials,
+        steps=sum(r["trials"] * r["new_steps"] for r in rungs),
+        seconds=seconds,
+        every_trial_to_the_end_seconds=full,
+        price_key=entry.key,
+        unit=entry.unit,
+        quantity=qty,
+        usd=usd,
+        cap_usd=spec.sweep.budget_usd,
+        within_cap=None if spec.sweep.budget_usd is None else usd <= spec.sweep.budget_usd,
+    )
 
 
 def sweep_cap_problems(spec: CampaignSpec, catalog: Catalog) -> list[str]:
@@ -301,16 +390,26 @@ def sweep_cap_problems(spec: CampaignSpec, catalog: Catalog) -> list[str]:
         return []
     _qty, usd = hours_usd(entry, seconds, spec.training.nodes, spec.training.world_size, spec.cost.pricing_tier)
     if sw.budget_usd < usd:
-        return [f"sweep.budget_usd ${sw.budget_usd:g} is below the cost of one rung: one trial's first "
-                f"{sw.rungs.min_steps} steps on {entry.key} cost at least ${usd:.6f} (start-up "
-                f"{perf(entry, 'train_startup_s'):g} s + {sw.rungs.min_steps} × {perf(entry, 'step_overhead_s'):g} s "
-                f"step overhead); raise the cap or lower sweep.rungs.min_steps"]
+        return [
+            f"sweep.budget_usd ${sw.budget_usd:g} is below the cost of one rung: one trial's first "
+            f"{sw.rungs.min_steps} steps on {entry.key} cost at least ${usd:.6f} (start-up "
+            f"{perf(entry, 'train_startup_s'):g} s + {sw.rungs.min_steps} × {perf(entry, 'step_overhead_s'):g} s "
+            f"step overhead); raise the cap or lower sweep.rungs.min_steps"
+        ]
     return []
 
 
-def teacher_estimate(spec: CampaignSpec, catalog: Catalog, teacher: ModelShape | None, requests: int,
-                     prompt_tokens: float, new_tokens: float, batch_size: int, shared_prefix: float = 0.0,
-                     decode_tokens: float | None = None) -> TeacherEstimate:
+def teacher_estimate(
+    spec: CampaignSpec,
+    catalog: Catalog,
+    teacher: ModelShape | None,
+    requests: int,
+    prompt_tokens: float,
+    new_tokens: float,
+    batch_size: int,
+    shared_prefix: float = 0.0,
+    decode_tokens: float | None = None,
+) -> TeacherEstimate:
     """Tokens, time and money of ``requests`` teacher answers, at the teacher's one price: tokens x
     ``teacher.price`` for an API, roofline time x ``teacher.hardware`` (x tensor_parallel_size) for a
     self-hosted teacher, in the dtype it resolves to, prefilling ``shared_prefix`` tokens (its context) once
@@ -322,20 +421,46 @@ def teacher_estimate(spec: CampaignSpec, catalog: Catalog, teacher: ModelShape |
     tokens = {"requests": requests, "prompt_tokens": p_tok, "completion_tokens": c_tok, "tokens": p_tok + c_tok}
     entry = teacher_entry(spec, catalog)
     if entry is None:
-        return TeacherEstimate(**tokens, price_key="unpriced", unit="million-tokens", seconds=None,
-                               quantity=(p_tok + c_tok) / 1e6, usd=None, unknown=UNPRICED)
+        return TeacherEstimate(
+            **tokens,
+            price_key="unpriced",
+            unit="million-tokens",
+            seconds=None,
+            quantity=(p_tok + c_tok) / 1e6,
+            usd=None,
+            unknown=UNPRICED,
+        )
     if entry.hourly:
         if teacher is None:
-            raise PlanError(f"teacher {t.model!r} runs on {entry.key} (teacher.hardware, hourly) but its config is not "
-                            "available to size it")
+            raise PlanError(
+                f"teacher {t.model!r} runs on {entry.key} (teacher.hardware, hourly) but its config is not "
+                "available to size it"
+            )
         devices = t.tensor_parallel_size if t.backend == "vllm" else 1
         tdt = compute_dtype_on(t.compute_dtype, entry)
         p_eff = prompt_tokens - shared_prefix * (1 - 1 / max(requests, 1))
-        seconds = generation_seconds(teacher.active_params, teacher.params * DTYPE_BYTES[tdt], requests, p_eff,
-                                     new_tokens, batch_size, entry, pl.generation_mfu, tdt, decode_tokens)
+        seconds = generation_seconds(
+            teacher.active_params,
+            teacher.params * DTYPE_BYTES[tdt],
+            requests,
+            p_eff,
+            new_tokens,
+            batch_size,
+            entry,
+            pl.generation_mfu,
+            tdt,
+            decode_tokens,
+        )
         qty, usd = hours_usd(entry, seconds, 1, devices, c.pricing_tier)
-        return TeacherEstimate(**tokens, price_key=entry.key, unit=entry.unit, seconds=seconds, quantity=qty,
-                               usd=usd, compute_dtype=tdt)
+        return TeacherEstimate(
+            **tokens, price_key=entry.key, unit=entry.unit, seconds=seconds, quantity=qty, usd=usd, compute_dtype=tdt
+        )
     in_usd, out_usd = entry.token_usd(c.teacher_batch_api)
-    return TeacherEstimate(**tokens, price_key=entry.key, unit=entry.unit, seconds=None,
-                           quantity=(p_tok + c_tok) / 1e6, usd=p_tok / 1e6 * in_usd + c_tok / 1e6 * out_usd)
+    return TeacherEstimate(
+        **tokens,
+        price_key=entry.key,
+        unit=entry.unit,
+        seconds=None,
+        quantity=(p_tok + c_tok) / 1e6,
+        usd=p_tok / 1e6 * in_usd + c_tok / 1e6 * out_usd,
+    )

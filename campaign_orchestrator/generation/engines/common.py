@@ -13,14 +13,22 @@ def too_long(prompt_len: int, max_new_tokens: int, context_length: int | None) -
     return bool(context_length) and prompt_len + max_new_tokens > context_length
 
 
-def skip_too_long(enc: Sequence[list[int]], max_new_tokens: int, context_length: int | None, out: list,
-                  on_result: Callable[[int, Completion], None] | None) -> list[int]:
+def skip_too_long(
+    enc: Sequence[list[int]],
+    max_new_tokens: int,
+    context_length: int | None,
+    out: list,
+    on_result: Callable[[int, Completion], None] | None,
+) -> list[int]:
     """Fill ``out`` with an error for each prompt that does not fit the context; returns the others' indexes."""
     fits = []
     for i, e in enumerate(enc):
         if too_long(len(e), max_new_tokens, context_length):
-            out[i] = Completion.failed(f"prompt of {len(e)} tokens + {max_new_tokens} new tokens exceeds the "
-                                       f"teacher's context of {context_length}", len(e))
+            out[i] = Completion.failed(
+                f"prompt of {len(e)} tokens + {max_new_tokens} new tokens exceeds the "
+                f"teacher's context of {context_length}",
+                len(e),
+            )
             if on_result:
                 on_result(i, out[i])
         else:
@@ -32,15 +40,16 @@ def finished(tok, stops: set[int], toks: list[int], prompt_len: int, latency: fl
     """A row's completion from its generated ids (``toks``: up to and including a stop id, if one came)."""
     stopped = bool(toks) and toks[-1] in stops
     text = tok.decode(toks[:-1] if stopped else toks, skip_special_tokens=True)
-    return Completion(text, "stop" if stopped else "length", prompt_len, len(toks), latency, top_logprobs=top,
-                      token_ids=list(toks))
+    return Completion(
+        text, "stop" if stopped else "length", prompt_len, len(toks), latency, top_logprobs=top, token_ids=list(toks)
+    )
 
 
 def cut_at_stop(toks: list[int], stops: set[int], max_new_tokens: int) -> list[int]:
     """Generated ids up to and including the first stop id (at most ``max_new_tokens``)."""
     toks = list(toks[:max_new_tokens])
     end = next((j for j, t in enumerate(toks) if t in stops), None)
-    return toks if end is None else toks[:end + 1]
+    return toks if end is None else toks[: end + 1]
 
 
 def prefix_groups(seqs: Sequence[list[int]], min_tokens: int = GROUP_PREFIX_MIN_TOKENS) -> list[tuple[list[int], int]]:

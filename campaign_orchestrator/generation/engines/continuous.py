@@ -47,8 +47,8 @@ def _slab_layer_class() -> type:
             def __init__(self, keys, values, room: int):
                 super().__init__()
                 self._alloc(keys.shape[0], keys.shape[1], keys.shape[2] + room, keys.shape[3], keys)
-                self._k[:, :, :keys.shape[2]] = keys
-                self._v[:, :, :keys.shape[2]] = values
+                self._k[:, :, : keys.shape[2]] = keys
+                self._v[:, :, : keys.shape[2]] = values
                 self._set_length(keys.shape[2])
 
             @classmethod
@@ -61,8 +61,8 @@ def _slab_layer_class() -> type:
                 rows, t = ka.shape[0] + kb.shape[0], ka.shape[2]
                 self._alloc(rows, ka.shape[1], t + room, ka.shape[3], ka)
                 for buf, a, b in ((self._k, ka, kb), (self._v, va, vb)):
-                    buf[:a.shape[0], :, :t] = a
-                    buf[a.shape[0]:, :, :t] = b
+                    buf[: a.shape[0], :, :t] = a
+                    buf[a.shape[0] :, :, :t] = b
                 self._set_length(t)
                 return self
 
@@ -80,15 +80,16 @@ def _slab_layer_class() -> type:
                 if self.n + q > self._k.shape[2]:  # out of room: grow (one copy), rarely
                     keys, values = self.keys, self.values
                     self._alloc(keys.shape[0], keys.shape[1], 2 * (self.n + q), keys.shape[3], keys)
-                    self._k[:, :, :self.n] = keys
-                    self._v[:, :, :self.n] = values
-                self._k[:, :, self.n:self.n + q] = key_states
-                self._v[:, :, self.n:self.n + q] = value_states
+                    self._k[:, :, : self.n] = keys
+                    self._v[:, :, : self.n] = values
+                self._k[:, :, self.n : self.n + q] = key_states
+                self._v[:, :, self.n : self.n + q] = value_states
                 self._set_length(self.n + q)
                 return self.keys, self.values
 
         _SLAB = SlabLayer
     return _SLAB
+
 
 class ContinuousEngine:
     """The continuous greedy engine over ``gen`` (a :class:`~campaign_orchestrator.generation.local.LocalGenerator`:
@@ -122,8 +123,11 @@ class ContinuousEngine:
             try:
                 with torch.no_grad():
                     _, cache = self._forward(None, input_ids=torch.tensor([[g.tok.pad_token_id]], device=g.device))
-                self._ok = (isinstance(cache, DynamicCache) and len(cache.layers) > 0
-                            and all(type(layer) is DynamicLayer for layer in cache.layers))
+                self._ok = (
+                    isinstance(cache, DynamicCache)
+                    and len(cache.layers) > 0
+                    and all(type(layer) is DynamicLayer for layer in cache.layers)
+                )
             except Exception:  # a model that cannot be driven step by step: stay on generate
                 self._ok = False
         return self._ok
@@ -160,8 +164,9 @@ class ContinuousEngine:
         if prefix_cache is not None:
             cache = copy.deepcopy(prefix_cache)
             cache.batch_repeat_interleave(len(seqs))
-        logits, cache = self._forward(cache, input_ids=ids[:, p:], attention_mask=mask, position_ids=pos[:, p:],
-                                      logits_to_keep=1)
+        logits, cache = self._forward(
+            cache, input_ids=ids[:, p:], attention_mask=mask, position_ids=pos[:, p:], logits_to_keep=1
+        )
         return logits, cache, mask
 
     @staticmethod
@@ -193,8 +198,9 @@ class ContinuousEngine:
         mask = mask.index_select(0, keep)
         first, slab = int(mask.any(0).to(torch.int8).argmax()), _slab_layer_class()
         for n, layer in enumerate(cache.layers):
-            cache.layers[n] = slab(layer.keys[:, :, first:].index_select(0, keep),
-                                         layer.values[:, :, first:].index_select(0, keep), room)
+            cache.layers[n] = slab(
+                layer.keys[:, :, first:].index_select(0, keep), layer.values[:, :, first:].index_select(0, keep), room
+            )
         return cache, mask[:, first:]
 
     @staticmethod
@@ -219,8 +225,11 @@ class ContinuousEngine:
         fits = []
         for i, e in enumerate(enc):
             if g.context_length and len(e) + max_new_tokens > g.context_length:
-                out[i] = Completion.failed(f"prompt of {len(e)} tokens + {max_new_tokens} new tokens exceeds the "
-                                           f"teacher's context of {g.context_length}", len(e))
+                out[i] = Completion.failed(
+                    f"prompt of {len(e)} tokens + {max_new_tokens} new tokens exceeds the "
+                    f"teacher's context of {g.context_length}",
+                    len(e),
+                )
                 if on_result:
                     on_result(i, out[i])
             else:
@@ -244,9 +253,11 @@ class ContinuousEngine:
             if force or now - last_log[0] >= 10.0:
                 last_log[0] = now
                 el = max(stats["wall_s"], 1e-9)
-                (g.log or _log.info)(f"generated {stats['prompts']}/{len(fits)} prompts, {stats['new_tokens']} "
-                                     f"tokens in {el:.1f} s: {stats['prompts'] / el:.2f} prompts/s, "
-                                     f"{stats['new_tokens'] / el:.1f} tokens/s")
+                (g.log or _log.info)(
+                    f"generated {stats['prompts']}/{len(fits)} prompts, {stats['new_tokens']} "
+                    f"tokens in {el:.1f} s: {stats['prompts'] / el:.2f} prompts/s, "
+                    f"{stats['new_tokens'] / el:.1f} tokens/s"
+                )
 
         groups = prefix_groups([enc[i] for i in fits])
         for members, shared in groups:
@@ -263,8 +274,7 @@ class ContinuousEngine:
             # as generate takes; more would fill the room with copies of the prefix, not with answers
             group_rows = g.batch_size if len(prefix) >= PREFIX_MIN_TOKENS else max_rows
             # the group's own longest prompt sizes its room (a call's few long context prompts do not widen it)
-            budget = g.max_batch_tokens or max(g.batch_size * (max(len(enc[i]) for i in idx) + max_new_tokens),
-                                                  floor)
+            budget = g.max_batch_tokens or max(g.batch_size * (max(len(enc[i]) for i in idx) + max_new_tokens), floor)
             queue = sorted(idx, key=lambda i: len(enc[i]))[::-1]  # pop() takes the shortest
             rows: list[int] = []  # prompt index per batch row
             gen: list[list[int]] = []
@@ -275,8 +285,9 @@ class ContinuousEngine:
             while queue or rows:
                 take: list[int] = []
                 # refill once a quarter of the room is free (one prefill admits many prompts)
-                if queue and (not rows or (len(rows) <= group_rows - max(1, g.batch_size // 4)
-                                           and used <= budget - budget // 4)):
+                if queue and (
+                    not rows or (len(rows) <= group_rows - max(1, g.batch_size // 4) and used <= budget - budget // 4)
+                ):
                     while queue and len(rows) + len(take) < group_rows:
                         cost = len(enc[queue[-1]]) + max_new_tokens
                         if (rows or take) and used + cost > budget:
@@ -301,8 +312,9 @@ class ContinuousEngine:
                     chosen_rows = range(first_new, len(rows))
                 else:  # one decoding step for every row
                     mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-                    logits, cache = self._forward(cache, input_ids=last[:, None], attention_mask=mask,
-                                                  position_ids=pos[:, None])
+                    logits, cache = self._forward(
+                        cache, input_ids=last[:, None], attention_mask=mask, position_ids=pos[:, None]
+                    )
                     pos = pos + 1
                     chosen_rows = range(len(rows))
                 stats["forward_passes"] += 1
@@ -328,8 +340,15 @@ class ContinuousEngine:
                     i, toks = rows[r], gen[r]
                     stopped = toks[-1] in stops
                     text = g.tok.decode(toks[:-1] if stopped else toks, skip_special_tokens=True)
-                    out[i] = Completion(text, "stop" if stopped else "length", len(enc[i]), len(toks), now - t_in[r],
-                                        top_logprobs=tops[r] if logprobs else None, token_ids=list(toks))
+                    out[i] = Completion(
+                        text,
+                        "stop" if stopped else "length",
+                        len(enc[i]),
+                        len(toks),
+                        now - t_in[r],
+                        top_logprobs=tops[r] if logprobs else None,
+                        token_ids=list(toks),
+                    )
                     used -= len(enc[i]) + max_new_tokens
                     stats["prompts"] += 1
                     stats["new_tokens"] += len(toks)

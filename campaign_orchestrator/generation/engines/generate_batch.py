@@ -60,8 +60,10 @@ class GenerateBatchEngine:
         from transformers import GenerationConfig
 
         if logprobs:
-            raise ValueError("engine generate_batch cannot return top-k log-probabilities; use engine auto, "
-                             "continuous or hf_generate for requests that ask for them")
+            raise ValueError(
+                "engine generate_batch cannot return top-k log-probabilities; use engine auto, "
+                "continuous or hf_generate for requests that ask for them"
+            )
         g = self.g
         out: list[Completion | None] = [None] * len(enc)
         fits = skip_too_long(enc, max_new_tokens, g.context_length, out, on_result)
@@ -72,8 +74,12 @@ class GenerateBatchEngine:
         rows = [list(enc[i]) for i in fits]
         pages = self._pages(rows, max_new_tokens)
         max_batch = min(sum(len(r) for r in rows) + len(rows), g.batch_size * 64)
-        cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=list(g.stop_ids),
-                               pad_token_id=g.tok.pad_token_id)
+        cfg = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=list(g.stop_ids),
+            pad_token_id=g.tok.pad_token_id,
+        )
         kw: dict = {"progress_bar": False}
         params = inspect.signature(g.model.generate_batch).parameters
         switched = None
@@ -83,8 +89,11 @@ class GenerateBatchEngine:
             ContinuousBatchingConfig = None  # noqa: N806 - older transformers: sizes on the GenerationConfig
         if ContinuousBatchingConfig is not None and "continuous_batching_config" in params:
             kw["continuous_batching_config"] = ContinuousBatchingConfig(
-                num_blocks=pages, page_size=PAGE_TOKENS, max_batch_tokens=max_batch,
-                use_cuda_graph=None if g.device.type == "cuda" else False)
+                num_blocks=pages,
+                page_size=PAGE_TOKENS,
+                max_batch_tokens=max_batch,
+                use_cuda_graph=None if g.device.type == "cuda" else False,
+            )
         else:
             cfg.num_blocks, cfg.block_size, cfg.max_batch_tokens = pages, PAGE_TOKENS, max_batch
             impl = getattr(g.model.config, "_attn_implementation", "sdpa") or "sdpa"
@@ -102,8 +111,10 @@ class GenerateBatchEngine:
         end = time.perf_counter()
         got = list(results.values())
         if len(got) != len(rows):
-            raise RuntimeError(f"generate_batch answered {len(got)} of {len(rows)} prompts (transformers logged "
-                               "which failed); use engine continuous or hf_generate")
+            raise RuntimeError(
+                f"generate_batch answered {len(got)} of {len(rows)} prompts (transformers logged "
+                "which failed); use engine continuous or hf_generate"
+            )
         stops = set(g.stop_ids)
         for i, r in zip(fits, got, strict=True):
             if r.error is not None:

@@ -50,7 +50,6 @@ class _StepClock:
         return self.times[n_tokens - 1] - t0
 
 
-
 class HFGenerateEngine:
     """``generate`` over ``gen`` (a :class:`~campaign_orchestrator.generation.local.LocalGenerator`)."""
 
@@ -64,8 +63,17 @@ class HFGenerateEngine:
     def unavailable(self) -> str | None:
         return None
 
-    def generate(self, enc, max_new_tokens, logprobs=None, progress=None, on_result=None, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0) -> list[Completion]:
+    def generate(
+        self,
+        enc,
+        max_new_tokens,
+        logprobs=None,
+        progress=None,
+        on_result=None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[Completion]:
         """The ``transformers`` ``generate`` path: length-sorted batches of ``batch_size`` rows, each decoded
         until its longest answer ends, one shared prefix per call prefilled once; sampling (``temperature > 0``)
         seeds each batch with ``seed`` + its first index."""
@@ -91,8 +99,11 @@ class HFGenerateEngine:
             idx = order[start : start + g.batch_size]
             too_long = [i for i in idx if g.context_length and len(enc[i]) + max_new_tokens > g.context_length]
             for i in too_long:
-                out[i] = Completion.failed(f"prompt of {len(enc[i])} tokens + {max_new_tokens} new tokens exceeds the "
-                                           f"teacher's context of {g.context_length}", len(enc[i]))
+                out[i] = Completion.failed(
+                    f"prompt of {len(enc[i])} tokens + {max_new_tokens} new tokens exceeds the "
+                    f"teacher's context of {g.context_length}",
+                    len(enc[i]),
+                )
                 if on_result:
                     on_result(i, out[i])
             idx = [i for i in idx if i not in too_long]
@@ -104,8 +115,11 @@ class HFGenerateEngine:
             width = max(len(enc[i]) - p for i in idx)
             ids, mask = g._batch_inputs([enc[i][p:] for i in idx], width, prefix)
             width += p
-            gen_kwargs: dict = {"max_new_tokens": max_new_tokens, "pad_token_id": g.tok.pad_token_id,
-                                "eos_token_id": list(g.stop_ids)}
+            gen_kwargs: dict = {
+                "max_new_tokens": max_new_tokens,
+                "pad_token_id": g.tok.pad_token_id,
+                "eos_token_id": list(g.stop_ids),
+            }
             if prefix_cache is not None:
                 cache = copy.deepcopy(prefix_cache)
                 cache.batch_repeat_interleave(len(idx))
@@ -140,10 +154,13 @@ class HFGenerateEngine:
                 text = g.tok.decode(toks, skip_special_tokens=True)
                 top = None
                 if recorder is not None:
-                    top = [[(tid, None, lp) for tid, lp in zip(top_i[row][step], top_v[row][step], strict=True)]
-                           for step in range(n_out)]
-                out[i] = Completion(text, reason, len(enc[i]), n_out, clock.latency(t0, end, n_out), top_logprobs=top,
-                                    token_ids=ids_out)
+                    top = [
+                        [(tid, None, lp) for tid, lp in zip(top_i[row][step], top_v[row][step], strict=True)]
+                        for step in range(n_out)
+                    ]
+                out[i] = Completion(
+                    text, reason, len(enc[i]), n_out, clock.latency(t0, end, n_out), top_logprobs=top, token_ids=ids_out
+                )
                 if on_result:
                     on_result(i, out[i])
             if progress:

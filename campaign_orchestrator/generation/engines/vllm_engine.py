@@ -54,14 +54,22 @@ def lora_rank(adapter_dir: str | Path) -> int:
     try:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path} is missing or unreadable ({e}): a LoRA adapter for vLLM needs its "
-                         "adapter_config.json (as PEFT saves it)") from e
+        raise ValueError(
+            f"{path} is missing or unreadable ({e}): a LoRA adapter for vLLM needs its "
+            "adapter_config.json (as PEFT saves it)"
+        ) from e
     r = max([int(cfg.get("r") or 8), *[int(v) for v in (cfg.get("rank_pattern") or {}).values()]])
     return next((x for x in LORA_RANKS if x >= r), r)
 
 
-def engine_args(model: str | Path, *, dtype: str, adapter_dir: str | Path | None = None, top_k: int | None = None,
-                extra: dict | None = None) -> dict:
+def engine_args(
+    model: str | Path,
+    *,
+    dtype: str,
+    adapter_dir: str | Path | None = None,
+    top_k: int | None = None,
+    extra: dict | None = None,
+) -> dict:
     """``vllm.LLM`` keyword arguments: the resolved ``dtype``, prefix caching on, ``max_logprobs`` = ``top_k``
     (vLLM refuses a request asking for more than the engine's ``max_logprobs``), LoRA enabled with the adapter's
     rank when there is one; ``extra`` (the campaign's ``engine_args``) wins over all of them."""
@@ -84,8 +92,9 @@ def lora_request(adapter_dir: str | Path | None, request_class=None):
     return request_class("adapter", 1, str(adapter_dir))
 
 
-def vllm_completion(ro, co, k: int | None, latency: float, stops: set[int] | None = None,
-                    max_new_tokens: int | None = None, tok=None) -> Completion:
+def vllm_completion(
+    ro, co, k: int | None, latency: float, stops: set[int] | None = None, max_new_tokens: int | None = None, tok=None
+) -> Completion:
     """One vLLM output as a :class:`Completion`: top-k per position sorted and cut to ``k``; with ``stops`` (the
     local engine) the stop id vLLM stopped at is kept in ``token_ids``, as every engine keeps it."""
     top = None
@@ -101,14 +110,22 @@ def vllm_completion(ro, co, k: int | None, latency: float, stops: set[int] | Non
         if co.finish_reason == "stop" and (not toks or toks[-1] not in stops) and isinstance(stop, int):
             toks.append(stop)
         toks = cut_at_stop(toks, stops, max_new_tokens or len(toks))
-        c = finished(tok, stops, toks, plen, latency, top[:len(toks)] if top is not None else None)
+        c = finished(tok, stops, toks, plen, latency, top[: len(toks)] if top is not None else None)
         return c
     reason = co.finish_reason or "stop"
     err = None
     if reason not in ("stop", "length"):
         err, reason = f"vLLM finished the request with {co.finish_reason!r}", "error"
-    return Completion(co.text or "", reason, plen, len(co.token_ids), latency,
-                      error=err, top_logprobs=top, token_ids=[int(t) for t in co.token_ids])
+    return Completion(
+        co.text or "",
+        reason,
+        plen,
+        len(co.token_ids),
+        latency,
+        error=err,
+        top_logprobs=top,
+        token_ids=[int(t) for t in co.token_ids],
+    )
 
 
 class VLLMEngine:
@@ -144,8 +161,9 @@ class VLLMEngine:
             return
         model_dir, adapter_dir = self.g.source
         dtype = self.g.precision.dtype if self.g.precision is not None else "auto"
-        args = engine_args(model_dir, dtype=resolve_dtype(model_dir, dtype), adapter_dir=adapter_dir,
-                           top_k=max(top_k, 1))
+        args = engine_args(
+            model_dir, dtype=resolve_dtype(model_dir, dtype), adapter_dir=adapter_dir, top_k=max(top_k, 1)
+        )
         dev = self.g.device
         if dev.type == "cuda":  # beside the transformers model already loaded: a share of what is free
             import torch

@@ -29,12 +29,14 @@ import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m campaign_orchestrator.generation.scaleout",
-                                 description="Run one sharded generation job on a Ray cluster (a KubeRay RayJob's "
-                                             "entry point).")
+    ap = argparse.ArgumentParser(
+        prog="python -m campaign_orchestrator.generation.scaleout",
+        description="Run one sharded generation job on a Ray cluster (a KubeRay RayJob's entry point).",
+    )
     ap.add_argument("--job", required=True, help="JOB.json: the job (campaign_orchestrator/generation/scaleout/job.py)")
-    ap.add_argument("--address", default="auto", help="Ray address to connect to (default: auto, the cluster this "
-                                                      "process runs in)")
+    ap.add_argument(
+        "--address", default="auto", help="Ray address to connect to (default: auto, the cluster this process runs in)"
+    )
     ap.add_argument("--summary", default=None, help="also write the JSON summary to this file")
     return ap.parse_args(argv)
 
@@ -60,8 +62,11 @@ class _Report:
 
     def done(self, summary: dict) -> None:
         if self.pipes is not None:
-            self.pipes.report_asset_materialization(metadata={
-                k: {"raw_value": v, "type": "json"} if isinstance(v, dict | list) else v for k, v in summary.items()})
+            self.pipes.report_asset_materialization(
+                metadata={
+                    k: {"raw_value": v, "type": "json"} if isinstance(v, dict | list) else v for k, v in summary.items()
+                }
+            )
 
     def close(self) -> None:
         if self.pipes is not None:
@@ -85,10 +90,18 @@ class _PipesBudget:
 
 def shard_message(rep, run) -> dict:
     """The ``ray_shard`` Pipes message of a finished shard: what it paid for, for the stage's budget guard."""
-    return {"kind": "ray_shard", "shard": rep.id, "generated": rep.generated, "failed": rep.failed,
-            "prompt_tokens": rep.prompt_tokens, "completion_tokens": rep.completion_tokens,
-            "seconds": round(float(rep.seconds), 6), "shards_done": run.done, "shards_total": len(run.shards),
-            "final": run.done == len(run.shards)}
+    return {
+        "kind": "ray_shard",
+        "shard": rep.id,
+        "generated": rep.generated,
+        "failed": rep.failed,
+        "prompt_tokens": rep.prompt_tokens,
+        "completion_tokens": rep.completion_tokens,
+        "seconds": round(float(rep.seconds), 6),
+        "shards_done": run.done,
+        "shards_total": len(run.shards),
+        "final": run.done == len(run.shards),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,17 +125,30 @@ def main(argv: list[str] | None = None) -> int:
         def on_shard(rep, run) -> None:
             report.custom(shard_message(rep, run))
             if worth_a_line(rep, run):
-                report.log(f"shard {rep.id} done ({run.done}/{len(run.shards)}) on {rep.worker}: {rep.generated} "
-                           f"generated, {rep.failed} failed, {rep.completion_tokens} tokens in {rep.seconds:.1f} s")
+                report.log(
+                    f"shard {rep.id} done ({run.done}/{len(run.shards)}) on {rep.worker}: {rep.generated} "
+                    f"generated, {rep.failed} failed, {rep.completion_tokens} tokens in {rep.seconds:.1f} s"
+                )
 
-        res, run = run_job(job, log=report.log, on_shard=on_shard,
-                           budget=_PipesBudget(report) if report.pipes is not None else None)
+        res, run = run_job(
+            job, log=report.log, on_shard=on_shard, budget=_PipesBudget(report) if report.pipes is not None else None
+        )
         st = res.stats
-        summary = {"kind": job.kind, "output": job.output, "rows": len(res.rows), "generated": st.generated,
-                   "cache_hits": st.cache_hits, "failed": st.failed, "prompt_tokens": st.new_prompt_tokens,
-                   "completion_tokens": st.new_completion_tokens, "generate_seconds": st.generate_s,
-                   "shards_total": len(run.shards), "shards_done": run.done, "lost_workers": run.lost_workers,
-                   "nodes": run.nodes}
+        summary = {
+            "kind": job.kind,
+            "output": job.output,
+            "rows": len(res.rows),
+            "generated": st.generated,
+            "cache_hits": st.cache_hits,
+            "failed": st.failed,
+            "prompt_tokens": st.new_prompt_tokens,
+            "completion_tokens": st.new_completion_tokens,
+            "generate_seconds": st.generate_s,
+            "shards_total": len(run.shards),
+            "shards_done": run.done,
+            "lost_workers": run.lost_workers,
+            "nodes": run.nodes,
+        }
         print(json.dumps(summary))
         if args.summary:
             with open(args.summary, "w") as f:

@@ -42,18 +42,28 @@ class AnswerRecipe:
     def build(self):
         from campaign_orchestrator.generation.backends import TransformersBackend
 
-        return TransformersBackend(self.generator.model_dir, self.model, self.identity, generator=self.generator.build())
+        return TransformersBackend(
+            self.generator.model_dir, self.model, self.identity, generator=self.generator.build()
+        )
 
 
 def recipe_to_json(recipe) -> dict:
     from campaign_orchestrator.generation.recipes import BackendRecipe
 
     if isinstance(recipe, BackendRecipe):
-        return {"type": "backend", "spec": recipe.spec.model_dump(mode="json"), "model_path": recipe.model_path,
-                "weights_id": recipe.weights_id}
+        return {
+            "type": "backend",
+            "spec": recipe.spec.model_dump(mode="json"),
+            "model_path": recipe.model_path,
+            "weights_id": recipe.weights_id,
+        }
     if isinstance(recipe, AnswerRecipe):
-        return {"type": "answer", "generator": asdict(recipe.generator), "identity": recipe.identity,
-                "model": recipe.model}
+        return {
+            "type": "answer",
+            "generator": asdict(recipe.generator),
+            "identity": recipe.identity,
+            "model": recipe.model,
+        }
     raise TypeError(f"no JSON form for recipe {type(recipe).__name__}")
 
 
@@ -90,8 +100,11 @@ class Job:
     @classmethod
     def from_json(cls, text: str, source: str = "JOB.json") -> Job:
         d = json.loads(text)
-        missing = [k for k in ("kind", "recipe", "identity", "prompts", "output", "cache", "sampling", "execution")
-                   if k not in d]
+        missing = [
+            k
+            for k in ("kind", "recipe", "identity", "prompts", "output", "cache", "sampling", "execution")
+            if k not in d
+        ]
         if missing:
             raise ValueError(f"{source}: missing field(s) {missing}")
         if d["kind"] not in KINDS:

@@ -37,8 +37,9 @@ class ShardFailed(RuntimeError):
 
     def __init__(self, shard: str, worker: dict, reason: str, attempts: int):
         self.shard, self.worker, self.reason, self.attempts = shard, worker, reason, attempts
-        super().__init__(f"shard {shard} failed on worker {describe_worker(worker)} after {attempts} attempt(s): "
-                         f"{reason}")
+        super().__init__(
+            f"shard {shard} failed on worker {describe_worker(worker)} after {attempts} attempt(s): {reason}"
+        )
 
 
 def describe_worker(w: dict | None) -> str:
@@ -55,14 +56,23 @@ _SESSION: dict = {}  # the pools of the ray_session this process opened (closed 
 def session_pool(execution, log: Callable[[str], None] = print) -> tuple[ShardPool, bool]:
     """A pool for ``execution`` (``replicas``, CPUs/GPUs per replica): the open :func:`ray_session`'s (kept for the
     stage's next models) and False, or a new one the caller closes and True."""
-    key = (execution.replicas, execution.num_cpus_per_replica, execution.num_gpus_per_replica,
-           execution.max_shard_retries)
+    key = (
+        execution.replicas,
+        execution.num_cpus_per_replica,
+        execution.num_gpus_per_replica,
+        execution.max_shard_retries,
+    )
     pools = _SESSION.get("pools")
     if pools is not None and key in pools:
         pools[key].log = log
         return pools[key], False
-    pool = ShardPool(replicas=execution.replicas, num_cpus=execution.num_cpus_per_replica,
-                     num_gpus=execution.num_gpus_per_replica, max_shard_retries=execution.max_shard_retries, log=log)
+    pool = ShardPool(
+        replicas=execution.replicas,
+        num_cpus=execution.num_cpus_per_replica,
+        num_gpus=execution.num_gpus_per_replica,
+        max_shard_retries=execution.max_shard_retries,
+        log=log,
+    )
     if pools is not None:
         pools[key] = pool
         return pool, False
@@ -106,8 +116,15 @@ class _Running:
     attempt: int
     worker: object
     where: dict
-    seen: dict = field(default_factory=lambda: {"generated": 0, "failed": 0, "prompt_tokens": 0,
-                                                "completion_tokens": 0, "seconds": 0.0})
+    seen: dict = field(
+        default_factory=lambda: {
+            "generated": 0,
+            "failed": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "seconds": 0.0,
+        }
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -135,9 +152,24 @@ def _lost(e: BaseException) -> bool:
     """The worker is gone (actor died, node lost), as opposed to the engine raising inside it."""
     import ray.exceptions as rx
 
-    lost = tuple(c for c in (getattr(rx, n, None) for n in (
-        "RayActorError", "ActorDiedError", "ActorUnavailableError", "WorkerCrashedError", "NodeDiedError",
-        "ObjectLostError", "OwnerDiedError", "LocalRayletDiedError", "OutOfMemoryError")) if c is not None)
+    lost = tuple(
+        c
+        for c in (
+            getattr(rx, n, None)
+            for n in (
+                "RayActorError",
+                "ActorDiedError",
+                "ActorUnavailableError",
+                "WorkerCrashedError",
+                "NodeDiedError",
+                "ObjectLostError",
+                "OwnerDiedError",
+                "LocalRayletDiedError",
+                "OutOfMemoryError",
+            )
+        )
+        if c is not None
+    )
     return isinstance(e, lost) and not isinstance(e, rx.RayTaskError)
 
 
@@ -145,10 +177,19 @@ class ShardPool:
     """``replicas`` workers, each reserving ``num_cpus``/``num_gpus``; :meth:`run` gives them shards of one recipe
     (a pool serves the recipes of a stage one after the other: the evaluation's candidate, base and teacher)."""
 
-    def __init__(self, *, replicas: int, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                 max_shard_retries: int = 3, job_id: str | None = None, poll_s: float = 0.25,
-                 start_timeout_s: float = 900.0, gone_timeout_s: float = 30.0,
-                 log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        *,
+        replicas: int,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        max_shard_retries: int = 3,
+        job_id: str | None = None,
+        poll_s: float = 0.25,
+        start_timeout_s: float = 900.0,
+        gone_timeout_s: float = 30.0,
+        log: Callable[[str], None] = print,
+    ):
         self.replicas, self.num_cpus, self.num_gpus = replicas, num_cpus, num_gpus
         self.max_shard_retries, self.poll_s, self.log = max_shard_retries, poll_s, log
         self.job_id = job_id or uuid.uuid4().hex[:12]
@@ -199,7 +240,6 @@ class ShardPool:
             ray.wait(probes, num_returns=len(probes), timeout=wait_s)
             # Ray may report an actor dead before its process has exited (and released its spool's lock): wait for
             # the processes on this machine too
-            import psutil
 
             host = os.uname().nodename
             pids = [self.where[w]["pid"] for w in workers if self.where.get(w, {}).get("host") == host]
@@ -228,8 +268,10 @@ class ShardPool:
         try:
             cache.recover(spool, on_rows=count)
         except Exception as e:  # noqa: BLE001 - the rows stay in the spool; the stage's final recovery seals them
-            self.log(f"shard {r.shard.id}: sealing the lost worker's spool failed ({e}); its answers are sealed "
-                     "at the end of the stage")
+            self.log(
+                f"shard {r.shard.id}: sealing the lost worker's spool failed ({e}); its answers are sealed "
+                "at the end of the stage"
+            )
             return
         seen = dict(r.seen)
         usage_delta(r, {**seen, **{k: max(seen[k], got[k]) for k in got}})
@@ -238,9 +280,18 @@ class ShardPool:
             carry[k] += got[k]
         carry["seconds"] += seen["seconds"]  # its generation time up to the last poll
 
-    def run(self, recipe, cache, shards: list, sampling, *, limits: str | None = None, on_usage: Callable[[dict], None] | None = None,
-            on_shard: Callable[[dict], None] | None = None,
-            before_retry: Callable[[object, dict], None] | None = None) -> dict[str, dict]:
+    def run(
+        self,
+        recipe,
+        cache,
+        shards: list,
+        sampling,
+        *,
+        limits: str | None = None,
+        on_usage: Callable[[dict], None] | None = None,
+        on_shard: Callable[[dict], None] | None = None,
+        before_retry: Callable[[object, dict], None] | None = None,
+    ) -> dict[str, dict]:
         """Run every shard with ``recipe``'s engine into ``cache`` (a :class:`~campaign_orchestrator.generation.scaleout.worker.
         CacheConfig`; ``limits``: the name of the job's shared rate limits); returns ``{key: row}`` of the requests that failed (errors are never cached).
         ``on_usage(delta)``: new generations' ``generated``, ``failed``, ``prompt_tokens``,
@@ -280,9 +331,14 @@ class ShardPool:
                 if not running and not self._starting:
                     raise ShardFailed(queue[0][0].id, {}, "no worker left to run it", queue[0][1])
                 if not running and all(time.monotonic() - t > self.start_timeout_s for _, t in self._starting.values()):
-                    raise ShardFailed(queue[0][0].id, {}, f"no worker could be placed on the cluster within "
-                                      f"{self.start_timeout_s:.0f} s ({self.num_cpus} CPUs, {self.num_gpus} GPUs "
-                                      f"per replica)", queue[0][1])
+                    raise ShardFailed(
+                        queue[0][0].id,
+                        {},
+                        f"no worker could be placed on the cluster within "
+                        f"{self.start_timeout_s:.0f} s ({self.num_cpus} CPUs, {self.num_gpus} GPUs "
+                        f"per replica)",
+                        queue[0][1],
+                    )
                 ready, _ = ray.wait(list(running) + list(self._starting), num_returns=1, timeout=self.poll_s)
                 for ref in ready:
                     if ref in self._starting:
@@ -292,12 +348,20 @@ class ShardPool:
                         except Exception as e:  # noqa: BLE001
                             self._drop(w)
                             if not _lost(e):  # the engine cannot be built: no retry helps
-                                raise ShardFailed(queue[0][0].id if queue else "-", {}, "the worker could not build "
-                                                  f"its engine: {reason_of(e)}", 0) from e
+                                raise ShardFailed(
+                                    queue[0][0].id if queue else "-",
+                                    {},
+                                    f"the worker could not build its engine: {reason_of(e)}",
+                                    0,
+                                ) from e
                             self.lost_workers.append({"shard": None, "worker": {}, "reason": reason_of(e)})
                             if len(self.lost_workers) > self.max_shard_retries + want:
-                                raise ShardFailed(queue[0][0].id if queue else "-", {}, "workers keep dying "
-                                                  f"before they start: {reason_of(e)}", 0) from e
+                                raise ShardFailed(
+                                    queue[0][0].id if queue else "-",
+                                    {},
+                                    f"workers keep dying before they start: {reason_of(e)}",
+                                    0,
+                                ) from e
                             self._start_worker()
                             continue
                         self._idle.append(w)
@@ -311,8 +375,10 @@ class ShardPool:
                         if not _lost(e):
                             raise ShardFailed(r.shard.id, where, reason, r.attempt) from e
                         self.lost_workers.append({"shard": r.shard.id, "worker": where, "reason": reason})
-                        self.log(f"shard {r.shard.id} lost with worker {describe_worker(where)} ({reason}); "
-                                 f"attempt {r.attempt} of {self.max_shard_retries + 1}")
+                        self.log(
+                            f"shard {r.shard.id} lost with worker {describe_worker(where)} ({reason}); "
+                            f"attempt {r.attempt} of {self.max_shard_retries + 1}"
+                        )
                         self._drop(r.worker)
                         self._bill_lost(r, where, cache, paid, usage_delta)
                         if r.attempt > self.max_shard_retries:

@@ -98,5 +98,7 @@ def shared_buckets(job_id: str) -> tuple[SharedBucket | None, SharedBucket | Non
     except ValueError:
         return None, None
     kinds = ray.get(actor.stats.remote())["reserved"]
-    return (SharedBucket(actor, "rpm") if "rpm" in kinds else None,
-            SharedBucket(actor, "tpm") if "tpm" in kinds else None)
+    return (
+        SharedBucket(actor, "rpm") if "rpm" in kinds else None,
+        SharedBucket(actor, "tpm") if "tpm" in kinds else None,
+    )

@@ -45,6 +45,6 @@ def make_shards(requests: Sequence, size: int) -> list[Shard]:
     distinct = sorted({r.key: r for r in requests}.values(), key=lambda r: r.key)
     out = []
     for i, start in enumerate(range(0, len(distinct), size)):
-        part = distinct[start:start + size]
+        part = distinct[start : start + size]
         out.append(Shard(shard_id(r.key for r in part), i, part))
     return out

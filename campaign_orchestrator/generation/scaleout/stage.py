@@ -62,18 +62,29 @@ class RayRun:
         return sum(1 for s in self.shards if s.attempts or not (s.requests - s.cached))
 
     def as_dict(self) -> dict:
-        return {"shards_total": len(self.shards), "shards_done": self.done, "shards_cached": sum(
-            1 for s in self.shards if not s.attempts), "lost_workers": self.lost_workers, "retried": self.retried,
-            "nodes": self.nodes, "wall_s": self.wall_s, "shards": [asdict(s) for s in self.shards]}
+        return {
+            "shards_total": len(self.shards),
+            "shards_done": self.done,
+            "shards_cached": sum(1 for s in self.shards if not s.attempts),
+            "lost_workers": self.lost_workers,
+            "retried": self.retried,
+            "nodes": self.nodes,
+            "wall_s": self.wall_s,
+            "shards": [asdict(s) for s in self.shards],
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> RayRun:
         """The run a job's summary describes (``as_dict``, as ``python -m campaign_orchestrator.generation.scaleout --summary``
         writes it under ``ray``)."""
         known = {f.name for f in fields(ShardReport)}
-        return cls(shards=[ShardReport(**{k: v for k, v in s.items() if k in known}) for s in d.get("shards", [])],
-                   lost_workers=list(d.get("lost_workers", [])), retried=list(d.get("retried", [])),
-                   nodes=dict(d.get("nodes", {})), wall_s=float(d.get("wall_s", 0.0)))
+        return cls(
+            shards=[ShardReport(**{k: v for k, v in s.items() if k in known}) for s in d.get("shards", [])],
+            lost_workers=list(d.get("lost_workers", [])),
+            retried=list(d.get("retried", [])),
+            nodes=dict(d.get("nodes", {})),
+            wall_s=float(d.get("wall_s", 0.0)),
+        )
 
 
 def stats_from_dict(d: dict) -> GenerationStats:
@@ -86,8 +97,9 @@ def price_shard(rep: ShardReport, price: Callable[[dict], list | None] | None) -
     """Price a finished shard's usage (``price(usage)``: its cost lines, None when unpriced); a shard that asked
     nothing (found in the cache meanwhile) costs nothing."""
     if price is not None and (rep.generated or rep.failed):
-        rep.lines = price({"seconds": rep.seconds, "prompt_tokens": rep.prompt_tokens,
-                           "completion_tokens": rep.completion_tokens})
+        rep.lines = price(
+            {"seconds": rep.seconds, "prompt_tokens": rep.prompt_tokens, "completion_tokens": rep.completion_tokens}
+        )
         rep.usd = None if rep.lines is None else float(sum(x["usd"] for x in rep.lines))
 
 
@@ -110,10 +122,18 @@ class RayExecutor:
 
     answered_by = "the Ray workers"
 
-    def __init__(self, recipe, identity: str, cache_config: CacheConfig, execution, *,
-                 price: Callable[[dict], list | None] | None = None,
-                 on_shard: Callable[[ShardReport, RayRun], None] | None = None,
-                 rate_limits: tuple[float | None, float | None] = (None, None), pool: ShardPool | None = None):
+    def __init__(
+        self,
+        recipe,
+        identity: str,
+        cache_config: CacheConfig,
+        execution,
+        *,
+        price: Callable[[dict], list | None] | None = None,
+        on_shard: Callable[[ShardReport, RayRun], None] | None = None,
+        rate_limits: tuple[float | None, float | None] = (None, None),
+        pool: ShardPool | None = None,
+    ):
         self.recipe, self.identity, self.cache_config, self.execution = recipe, identity, cache_config, execution
         self.price, self.on_shard, self.rate_limits, self.pool = price, on_shard, rate_limits, pool
         self.run = RayRun()
@@ -128,19 +148,30 @@ class RayExecutor:
         shards, whatever is cached; a shard whose keys are all cached is done ($0)."""
         st, ex = work.stats, self.execution
         self._shards = make_shards([r for rs in work.reqs for r in rs], ex.shard_prompts)
-        self.run = RayRun(shards=[ShardReport(s.id, s.index, len(s), cached=sum(k in work.found for k in s.keys))
-                                  for s in self._shards])
+        self.run = RayRun(
+            shards=[
+                ShardReport(s.id, s.index, len(s), cached=sum(k in work.found for k in s.keys)) for s in self._shards
+            ]
+        )
         todo = sum(1 for rep in self.run.shards if rep.cached < rep.requests)
-        return (f"{st.requests} requests ({st.distinct_requests} distinct) in {len(self._shards)} shards of up to "
-                f"{ex.shard_prompts}: {st.cache_hits} cache hits ($0), {len(self._shards) - todo} shards complete, "
-                f"{len(work.missing)} requests in {todo} shards to generate on {min(ex.replicas, todo)} Ray workers")
+        return (
+            f"{st.requests} requests ({st.distinct_requests} distinct) in {len(self._shards)} shards of up to "
+            f"{ex.shard_prompts}: {st.cache_hits} cache hits ($0), {len(self._shards) - todo} shards complete, "
+            f"{len(work.missing)} requests in {todo} shards to generate on {min(ex.replicas, todo)} Ray workers"
+        )
 
     def execute(self, work) -> dict[str, dict]:
         """The shards the cache lacks on the pool (which asks only their missing keys); the budget is charged with
         every worker's new usage as it is polled, each finished shard priced and reported. The rows are read back
         from the cache (errors, never cached, come from the workers)."""
-        run, st, cache, cfg, per_key, budget = self.run, work.stats, work.cache, self.cache_config, work.per_key, \
-            work.budget
+        run, st, cache, cfg, per_key, budget = (
+            self.run,
+            work.stats,
+            work.cache,
+            self.cache_config,
+            work.per_key,
+            work.budget,
+        )
         todo = [s for s, rep in zip(self._shards, run.shards, strict=True) if rep.cached < rep.requests]
         missing = len(work.missing)
         by_id = {r.id: r for r in run.shards}
@@ -152,8 +183,13 @@ class RayExecutor:
             nonlocal answered
             answered += d["generated"] + d["failed"]
             if budget is not None:
-                budget.charge(items=d["generated"] + d["failed"], prompt_tokens=d["prompt_tokens"],
-                              completion_tokens=d["completion_tokens"], seconds=d["seconds"], final=answered >= missing)
+                budget.charge(
+                    items=d["generated"] + d["failed"],
+                    prompt_tokens=d["prompt_tokens"],
+                    completion_tokens=d["completion_tokens"],
+                    seconds=d["seconds"],
+                    final=answered >= missing,
+                )
 
         def shard_done(summary: dict) -> None:
             rep = by_id[summary["shard"]]
@@ -184,8 +220,11 @@ class RayExecutor:
         # paid in this run: what the cache lacked at the start and was answered since (a lost worker's finished part
         # included); rows a killed earlier run left in a spool that a worker sealed meanwhile are cache hits ($0)
         found = work.found
-        late = {k for k in per_key if k not in found and k in results
-                and (results[k].get("created_at") or work.started_at) < work.started_at}
+        late = {
+            k
+            for k in per_key
+            if k not in found and k in results and (results[k].get("created_at") or work.started_at) < work.started_at
+        }
         st.cache_hits += len(late)
         found.update({k: results[k] for k in late})
         new = [results[k] for k in per_key if k not in found and k in results]
@@ -209,14 +248,22 @@ class RayExecutor:
         limits_id = uuid.uuid4().hex[:12]
         limits = start_limits(limits_id, *self.rate_limits)
         try:
-            failed_rows = pool.run(self.recipe, cfg, todo, work.sampling, limits=limits_id if limits else None,
-                                   on_usage=on_usage, on_shard=shard_done,
-                                   before_retry=lambda _s, w: cfg.recover(w.get("spool") or None) if w.get("spool")
-                                   else 0)
+            failed_rows = pool.run(
+                self.recipe,
+                cfg,
+                todo,
+                work.sampling,
+                limits=limits_id if limits else None,
+                on_usage=on_usage,
+                on_shard=shard_done,
+                before_retry=lambda _s, w: cfg.recover(w.get("spool") or None) if w.get("spool") else 0,
+            )
         except BaseException:  # a budget stop, a failed shard: what the stopped workers finished goes to the cache
             try:
-                work.log(f"generation stopped; {cfg.recover()} answers the stopped workers finished are sealed into "
-                         f"the cache ({work.cache.store.url}); a re-run continues from there")
+                work.log(
+                    f"generation stopped; {cfg.recover()} answers the stopped workers finished are sealed into "
+                    f"the cache ({work.cache.store.url}); a re-run continues from there"
+                )
             except Exception as e:  # noqa: BLE001 - keep the original error; the spools stay for the next run
                 work.log(f"generation stopped, and sealing the workers' spools failed too ({e})")
             raise
@@ -247,11 +294,23 @@ def run_job(job, log: Callable[[str], None] = print, on_shard=None, budget=None)
     execution = SimpleNamespace(**job.execution)
     rows = read_prompt_table(job.prompts)
     spec = getattr(job.recipe, "spec", None)
-    limits = (spec.requests_per_minute, spec.tokens_per_minute) if spec is not None and spec.backend == "openai" \
+    limits = (
+        (spec.requests_per_minute, spec.tokens_per_minute)
+        if spec is not None and spec.backend == "openai"
         else (None, None)
+    )
     ex = RayExecutor(job.recipe, job.identity, cfg, execution, on_shard=on_shard, rate_limits=limits)
-    res = run_generation(rows, ex, sampling, cache, chat=job.chat, context=job.context,
-                         context_categories=job.context_categories, log=log, budget=budget)
+    res = run_generation(
+        rows,
+        ex,
+        sampling,
+        cache,
+        chat=job.chat,
+        context=job.context,
+        context_categories=job.context_categories,
+        log=log,
+        budget=budget,
+    )
     write_generations(res.rows, job.output)
     return res, ex.run
 
@@ -273,17 +332,30 @@ def refuse_unlaunched_kuberay(execution) -> None:
         raise KubeRayNotLaunched(
             "execution.kuberay: this stage runs as a KubeRay RayJob launched by its Dagster asset "
             "(assets/ray_dispatch.py: the `kuberay` resource), not on a Ray cluster where this process is; to use a "
-            "running cluster from here, remove execution.kuberay and set execution.ray_address")
+            "running cluster from here, remove execution.kuberay and set execution.ray_address"
+        )
 
 
-def run_on_ray(execution, prompts: Sequence[dict], recipe, identity: str, sampling: Sampling, cache_config: CacheConfig,
-               *, log: Callable[[str], None], label: str = "generations", chat: bool = False,
-               context: Sequence[dict] = (), context_categories: Sequence[str] | None = None,
-               progress: Callable[[int], None] | None = None, budget=None,
-               price: Callable[[dict], list | None] | None = None,
-               on_shard: Callable[[ShardReport, RayRun], None] | None = None,
-               rate_limits: tuple[float | None, float | None] = (None, None),
-               pool: ShardPool | None = None) -> tuple[GenerationResult, RayRun]:
+def run_on_ray(
+    execution,
+    prompts: Sequence[dict],
+    recipe,
+    identity: str,
+    sampling: Sampling,
+    cache_config: CacheConfig,
+    *,
+    log: Callable[[str], None],
+    label: str = "generations",
+    chat: bool = False,
+    context: Sequence[dict] = (),
+    context_categories: Sequence[str] | None = None,
+    progress: Callable[[int], None] | None = None,
+    budget=None,
+    price: Callable[[dict], list | None] | None = None,
+    on_shard: Callable[[ShardReport, RayRun], None] | None = None,
+    rate_limits: tuple[float | None, float | None] = (None, None),
+    pool: ShardPool | None = None,
+) -> tuple[GenerationResult, RayRun]:
     """:func:`~campaign_orchestrator.generation.runner.run_generation` with a :class:`RayExecutor` inside a
     :func:`ray_session` for ``execution`` (a local cluster the stage starts and stops, or ``execution.ray_address``),
     logging each finished shard: shards done/total, the worker, tokens/s and dollars so far (the stage's progress
@@ -301,15 +373,28 @@ def run_on_ray(execution, prompts: Sequence[dict], recipe, identity: str, sampli
         tokens = sum(r.completion_tokens for r in run.shards)
         paid = [r.usd for r in run.shards if r.attempts]
         usd = None if any(u is None for u in paid) else sum(paid)
-        log(f"{label}: shard {rep.id} done ({run.done}/{len(run.shards)} shards) on {rep.worker}: "
+        log(
+            f"{label}: shard {rep.id} done ({run.done}/{len(run.shards)} shards) on {rep.worker}: "
             f"{rep.generated} generated, {rep.failed} failed, {rep.completion_tokens} tokens in {rep.seconds:.1f} s, "
-            f"{_usd(rep.usd)}; so far {tokens / el:.1f} tokens/s, {_usd(usd)}")
+            f"{_usd(rep.usd)}; so far {tokens / el:.1f} tokens/s, {_usd(usd)}"
+        )
 
-    ex = RayExecutor(recipe, identity, cache_config, execution, price=price, on_shard=logged,
-                     rate_limits=rate_limits, pool=pool)
+    ex = RayExecutor(
+        recipe, identity, cache_config, execution, price=price, on_shard=logged, rate_limits=rate_limits, pool=pool
+    )
     with ray_session(getattr(execution, "ray_address", None), log=log):
-        res = run_generation(prompts, ex, sampling, cache_config.open(), chat=chat, context=context,
-                             context_categories=context_categories, progress=progress, log=log, budget=budget)
+        res = run_generation(
+            prompts,
+            ex,
+            sampling,
+            cache_config.open(),
+            chat=chat,
+            context=context,
+            context_categories=context_categories,
+            progress=progress,
+            log=log,
+            budget=budget,
+        )
     return res, ex.run
 
 
@@ -328,17 +413,46 @@ def ray_metadata(run: RayRun) -> dict:
     """The Ray side of a stage, for its manifest and asset metadata."""
     d = run.as_dict()
     tokens = sum(r.completion_tokens for r in run.shards)
-    return {"shards_total": d["shards_total"], "shards_done": d["shards_done"], "shards_cached": d["shards_cached"],
-            "shards_retried": len(run.retried), "lost_workers": run.lost_workers, "nodes": run.nodes,
-            "ray_wall_seconds": run.wall_s, "ray_tokens_per_s": tokens / run.wall_s if run.wall_s else 0.0,
-            "shards": [{"id": r.id, "requests": r.requests, "cached": r.cached, "generated": r.generated,
-                        "failed": r.failed, "tokens": r.prompt_tokens + r.completion_tokens, "seconds": round(r.seconds, 3),
-                        "usd": r.usd, "worker": r.worker, "attempts": r.attempts} for r in run.shards]}
+    return {
+        "shards_total": d["shards_total"],
+        "shards_done": d["shards_done"],
+        "shards_cached": d["shards_cached"],
+        "shards_retried": len(run.retried),
+        "lost_workers": run.lost_workers,
+        "nodes": run.nodes,
+        "ray_wall_seconds": run.wall_s,
+        "ray_tokens_per_s": tokens / run.wall_s if run.wall_s else 0.0,
+        "shards": [
+            {
+                "id": r.id,
+                "requests": r.requests,
+                "cached": r.cached,
+                "generated": r.generated,
+                "failed": r.failed,
+                "tokens": r.prompt_tokens + r.completion_tokens,
+                "seconds": round(r.seconds, 3),
+                "usd": r.usd,
+                "worker": r.worker,
+                "attempts": r.attempts,
+            }
+            for r in run.shards
+        ],
+    }
 
 
-def answers_on_ray(execution, prompts: Sequence[str], recipe, identity: str, max_new_tokens: int,
-                   cache_config_for: Callable[[Sampling], CacheConfig], *, log: Callable[[str], None],
-                   label: str, run: Callable | None = None, **kwargs) -> tuple[list, RayRun, GenerationStats]:
+def answers_on_ray(
+    execution,
+    prompts: Sequence[str],
+    recipe,
+    identity: str,
+    max_new_tokens: int,
+    cache_config_for: Callable[[Sampling], CacheConfig],
+    *,
+    log: Callable[[str], None],
+    label: str,
+    run: Callable | None = None,
+    **kwargs,
+) -> tuple[list, RayRun, GenerationStats]:
     """Greedy answers of a local model (an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerRecipe`) to
     ``prompts`` on Ray, in order, as ``generate(prompts, max_new_tokens)`` returns them (``text``, ``latency_s``,
     ``error``); cached under ``identity`` like teacher generations, so a lost shard costs its in-flight prompts.
@@ -348,6 +462,7 @@ def answers_on_ray(execution, prompts: Sequence[str], recipe, identity: str, max
 
     sampling = Sampling(max_new_tokens=max_new_tokens)
     rows = [{"id": str(i), "prompt": p} for i, p in enumerate(prompts)]
-    res, run = (run or run_on_ray)(execution, rows, recipe, identity, sampling, cache_config_for(sampling), log=log,
-                                   label=label, **kwargs)
+    res, run = (run or run_on_ray)(
+        execution, rows, recipe, identity, sampling, cache_config_for(sampling), log=log, label=label, **kwargs
+    )
     return answers(res.rows), run, res.stats

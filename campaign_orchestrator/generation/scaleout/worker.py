@@ -98,8 +98,11 @@ class GenerationWorker:
             import ray
 
             ctx = ray.get_runtime_context()
-            out |= {"node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id(),
-                    "node_ip": ray.util.get_node_ip_address()}
+            out |= {
+                "node_id": ctx.get_node_id(),
+                "actor_id": ctx.get_actor_id(),
+                "node_ip": ray.util.get_node_ip_address(),
+            }
         except Exception:  # noqa: BLE001 - outside Ray (unit tests)
             pass
         return out
@@ -126,8 +129,16 @@ class GenerationWorker:
         with self._lock:
             return None if self._current is None else asdict(self._current) | {"failed_rows": {}}
 
-    def run_shard(self, recipe, cache: CacheConfig, shard_id: str, attempt: int, requests: list, sampling,
-                  limits: str | None = None) -> dict:
+    def run_shard(
+        self,
+        recipe,
+        cache: CacheConfig,
+        shard_id: str,
+        attempt: int,
+        requests: list,
+        sampling,
+        limits: str | None = None,
+    ) -> dict:
         """Answer what the cache lacks of one shard; returns its :class:`ShardProgress` as a dict."""
         from campaign_orchestrator.generation.runner import _cache_row
 

@@ -21,16 +21,25 @@ from training.recipes import LoraFinetuneRecipe
 
 def reference(job: TrainJob, trainer: LoraFinetuneRecipe) -> dict:
     torch.manual_seed(job.training.seed)
-    ref = load_student(job.base_model_path, job.student, torch.device("cpu"),
-                       activation_checkpointing=job.training.activation_checkpointing,
-                       attn_implementation=trainer.attn_implementation, compute_dtype=trainer.precision.dtype)
+    ref = load_student(
+        job.base_model_path,
+        job.student,
+        torch.device("cpu"),
+        activation_checkpointing=job.training.activation_checkpointing,
+        attn_implementation=trainer.attn_implementation,
+        compute_dtype=trainer.precision.dtype,
+    )
     perturb([(n, p) for n, p in ref.named_parameters() if p.requires_grad], collective=False)
     ref.train()
     plan = trainer.plan
     rows = [i for r in range(plan.world) for micro in plan.step_rows(0, r) for i in micro]
     batch = tdata.collate(trainer.rows, sorted(rows), trainer.pad_id)
-    out = ref(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-              position_ids=batch["position_ids"], labels=batch["labels"])
+    out = ref(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        labels=batch["labels"],
+    )
     out.loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters() if p.requires_grad}
     return {"loss": float(out.loss), "grads": grads, "rows": sorted(rows), "model": ref}
@@ -79,8 +88,14 @@ def main(out_file: str, *job_files: str) -> None:
         grads = {n: full_tensor(p.grad.detach()).clone() for n, p in t.named_trainable}
         per_rank: list = [None] * t.world
         dist.all_gather_object(per_rank, local_tokens)
-        entry = {"loss": res.loss, "global_tokens": counts[0], "tokens_per_rank_micro": per_rank,
-                 "sharding": job.training.sharding, "mesh": str(t.mesh), "grads": grads}
+        entry = {
+            "loss": res.loss,
+            "global_tokens": counts[0],
+            "tokens_per_rank_micro": per_rank,
+            "sharding": job.training.sharding,
+            "mesh": str(t.mesh),
+            "grads": grads,
+        }
         t.optimizer.zero_grad(set_to_none=True)
         ref = reference(job, t) if t.rank == 0 else None
         # Forwards are collective for the sharded model: every rank runs them, rank 0 compares.

@@ -25,8 +25,13 @@ from training.recipes import LoraFinetuneRecipe
 
 def reference(job: TrainJob, trainer: LoraFinetuneRecipe) -> dict:
     torch.manual_seed(job.training.seed)
-    ref = load_student(job.base_model_path, job.student, torch.device("cpu"),
-                       attn_implementation=trainer.attn_implementation, compute_dtype=trainer.precision.dtype)
+    ref = load_student(
+        job.base_model_path,
+        job.student,
+        torch.device("cpu"),
+        attn_implementation=trainer.attn_implementation,
+        compute_dtype=trainer.precision.dtype,
+    )
     perturb([(n, p) for n, p in ref.named_parameters() if p.requires_grad], collective=False)
     ref.train()
     plan, coef = trainer.plan, job.student.moe.aux_loss_coef
@@ -39,11 +44,23 @@ def reference(job: TrainJob, trainer: LoraFinetuneRecipe) -> dict:
         ref.zero_grad(set_to_none=True)
         loss_total = 0.0
         for b in batches:
-            o = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"],
-                    output_router_logits=True, use_cache=False)
+            o = ref(
+                input_ids=b["input_ids"],
+                attention_mask=b["attention_mask"],
+                position_ids=b["position_ids"],
+                output_router_logits=True,
+                use_cache=False,
+            )
             logits = o.logits[:, :-1].float()
-            ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), b["labels"][:, 1:].reshape(-1),
-                                                   ignore_index=-100, reduction="sum") / ce_tokens
+            ce = (
+                torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.size(-1)),
+                    b["labels"][:, 1:].reshape(-1),
+                    ignore_index=-100,
+                    reduction="sum",
+                )
+                / ce_tokens
+            )
             loss = ce + (coef * o.aux_loss * int(b["attention_mask"].sum()) / real_tokens if with_aux else 0.0)
             loss.backward()
             loss_total += float(loss)
@@ -66,9 +83,17 @@ def main(out_file: str, *job_files: str) -> None:
         grads = {n: full_tensor(p.grad.detach()).clone() for n, p in t.named_trainable}
         routed = t.moe.counts.clone()
         dist.all_reduce(routed)
-        entry = {"loss": res.loss, "aux": res.aux, "ce": res.ce, "counts": counts, "grads": grads, "mesh": str(t.mesh),
-                 "routed_tokens": routed, "grad_checks": t.moe.grad_checks,
-                 "sharded": [n for n, p in t.named_trainable if hasattr(p, "device_mesh")]}
+        entry = {
+            "loss": res.loss,
+            "aux": res.aux,
+            "ce": res.ce,
+            "counts": counts,
+            "grads": grads,
+            "mesh": str(t.mesh),
+            "routed_tokens": routed,
+            "grad_checks": t.moe.grad_checks,
+            "sharded": [n for n, p in t.named_trainable if hasattr(p, "device_mesh")],
+        }
         t.optimizer.zero_grad(set_to_none=True)
         if t.rank == 0:
             ref = reference(job, t)
