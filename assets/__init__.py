@@ -13,7 +13,8 @@ tokenized_dataset      campaign_orchestrator.dataset.tokenize (formatting, packi
 hparam_sweep           campaign_orchestrator.sweep (Optuna; each rung a launch as below)
 sweep_trial            hparam_sweep (one dynamic partition per trial, reported by the sweep step)
 student_adapter        training (``python -m training`` through resources.training_launcher)
-evaluation             evaluation (runner, suite, gate, report; local generation: .generation.local; lm_eval suites: harness)
+evaluation             evaluation (runner, suite, gate, report; local generation: .generation.local; lm_eval suites:
+harness)
 promoted_model         evaluation.approval
 campaign_cost          resources.pricing (the cost report and dashboard; every asset prices through it)
 drift_evaluation       evaluation.drift (automation group: sensors.py, plain logic in .triggers)
@@ -23,6 +24,7 @@ Beside them: ``demo_models`` (campaign_orchestrator.demo.build), ``cluster`` (th
 training.cluster), ``invalid_campaigns`` (a broken campaign file, campaigns.loader).
 ``location.py`` builds the ``Definitions``; ``sensors.py`` and ``versions.py`` add the campaigns'
 sensors, schedules and code versions; ``common.py``, ``io_manager.py``, ``progress.py``,
-``perf_metadata.py``, ``tracking.py`` (MLflow) and ``harness.py`` (lm_eval suites, for evaluation and distillation_set) are
+``perf_metadata.py``, ``tracking.py`` (MLflow) and ``harness.py`` (lm_eval suites, for evaluation and distillation_set)
+are
 shared helpers.
 """

@@ -5,7 +5,8 @@ INCONCLUSIVE stops promotion in the same run.
 The check is a step of its own after the evaluation's materialization: it reads the judgement the
 evaluation step wrote (``gate.json``, through the manifest the evaluation materialized) and fails
 its own step on anything but GO (the evaluation step succeeds), so the steps downstream
-(``promoted_model``, ``campaign_cost``) are skipped. Its evaluation is stored after the materialization it judges and names it as its
+(``promoted_model``, ``campaign_cost``) are skipped. Its evaluation is stored after the materialization it judges and
+names it as its
 target.
 
 Two stage directories: ``evaluation_items/<key>`` holds every model's answers (slow to make;
@@ -159,7 +160,7 @@ def teacher_scorer(
         st = res.stats
         log(
             f"teacher on {len(prompts)} held-out prompts: {st.cache_hits} from the generation cache, {st.generated} "
-            f"generated"
+            "generated"
         )
         tally(spend, "answers", st)
         lines = (

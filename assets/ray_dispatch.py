@@ -6,7 +6,8 @@
   cluster the stage starts and stops, or the cluster at ``execution.ray_address``);
 - ``execution.kuberay`` set: in a KubeRay ``RayJob`` the stage launches (``KubeRayJobLauncher``, the ``kuberay``
   resource). The stage writes the prompts (Parquet) and ``ray_job.json`` (a
-  :class:`campaign_orchestrator.generation.scaleout.job.Job`) under its work directory on the artifact root, which the Ray
+  :class:`campaign_orchestrator.generation.scaleout.job.Job`) under its work directory on the artifact root, which the
+  Ray
   pods mount at the same path; the job's driver runs ``python -m campaign_orchestrator.generation.scaleout`` inside the
   cluster, whose finished shards are charged to the stage's budget guard as they arrive (``ray_shard`` Pipes
   messages); the rows come back from the job's output Parquet, the statistics and shard reports from its

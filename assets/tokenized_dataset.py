@@ -33,7 +33,8 @@ def build_settings(spec: CampaignSpec):
     )
 
 
-# The teacher columns' format (``campaign_orchestrator.dataset.topk``): part of the key of a campaign whose teacher stores
+# The teacher columns' format (``campaign_orchestrator.dataset.topk``): part of the key of a campaign whose teacher
+# stores
 # top-k log-probabilities, so a dataset built before they were written is never reused for it.
 TEACHER_TOPK_FORMAT = "teacher_topk/v1"
 

@@ -2,7 +2,8 @@
 
 A stage against a fake backend, shaped as the Ray stage runs it: the prompts' request keys (random 256-bit hex,
 as :func:`campaign_orchestrator.generation.requests.request_key` makes them) cut into shards of contiguous key
-ranges (:func:`campaign_orchestrator.generation.scaleout.shards.make_shards`), and per shard what a worker does: look the
+ranges (:func:`campaign_orchestrator.generation.scaleout.shards.make_shards`), and per shard what a worker does: look
+the
 shard's keys up, answer the missing ones (the fake backend: a row per key, at once), write each to a cache writer
 (spool, flushed per row) and seal the shard into one Parquet file. Then the next stage's start: ``compact()``
 (the shards into one run); then a warm pass: every shard's keys looked up again (each must be found, with its own

@@ -584,8 +584,8 @@ def main() -> int:
             )
         n_diff = sum(len(v) for v in diff.values())
 
-        def total(engine: int, key: str, name: str | None = None) -> float:
-            return sum((p[engine]["suites"][name] if name else p[engine])[key] for p in pairs)
+        def total(engine: int, key: str, name: str | None = None, runs: list = pairs) -> float:
+            return sum((p[engine]["suites"][name] if name else p[engine])[key] for p in runs)
 
         r = {
             "prompts": new["prompts"],

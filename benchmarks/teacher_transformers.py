@@ -60,7 +60,8 @@ def main() -> int:
     model_dir = resolve("@demo/teacher", a.artifacts)
     if not (model_dir / "config.json").exists():
         raise SystemExit(
-            f"demo teacher not built at {model_dir}: run `python -m campaign_orchestrator.demo --artifacts {a.artifacts}`"
+            f"demo teacher not built at {model_dir}: run `python -m campaign_orchestrator.demo --artifacts "
+            f"{a.artifacts}`"
         )
     gen = LocalGenerator.from_path(model_dir)
     rows = prompts(a.prompts)

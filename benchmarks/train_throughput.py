@@ -1,4 +1,5 @@
-"""Training throughput at real shapes: this trainer against TRL's SFTTrainer at its fastest, on SmolLM2-135M (prints JSON).
+"""Training throughput at real shapes: this trainer against TRL's SFTTrainer at its fastest, on SmolLM2-135M (prints
+JSON).
 
 Model: SmolLM2-135M-Instruct (``@packaged/smollm2-135m-instruct``, 30 layers, vocabulary 49,152),
 built by ``training.model.load_student`` for both trainers, with the smollm2 campaign's LoRA (r16,
@@ -486,7 +487,10 @@ def report(args, kinds, runs, built, model: Path, load_before, spec, ablation=No
     out = {
         "benchmark": "train_throughput",
         "date": time.strftime("%Y-%m-%d"),
-        "model": f"SmolLM2-135M-Instruct ({model.name}), LoRA r{spec.student.lora.r} on {','.join(spec.student.lora.target_modules)}, {dtype}",
+        "model": (
+            f"SmolLM2-135M-Instruct ({model.name}), LoRA r{spec.student.lora.r} on "
+            f"{','.join(spec.student.lora.target_modules)}, {dtype}"
+        ),
         "tokens_per_s": {k: round(b["tokens_per_s"], 1) for k, b in best.items()},
         "tokens_per_s_whole_train_call": {k: round(b["tokens_per_s_train_call"], 1) for k, b in best.items()},
         "tokens_per_s_best_single_step": {

@@ -6,7 +6,8 @@
 * CPU: a short timed matmul (fp32 and bf16 at 512² on one thread, about a second once per host; best of
   several rounds, since other processes only ever slow a round down); bf16 when it is at least as fast
   as fp32 (AMX, avx512_bf16), else fp32. The verdict is one per host, whatever a process's thread count:
-  the resolved dtype is part of cache keys, so a 2-thread Dagster run and a 1-thread trainer agree. The chosen dtype is then timed at 2048²,
+  the resolved dtype is part of cache keys, so a 2-thread Dagster run and a 1-thread trainer agree. The chosen dtype is
+  then timed at 2048²,
   compute bound, for the planner's peak. A CPU can report
   ``AVX512`` and still have no native bf16 instruction, where bf16 runs hundreds of times slower than fp32
   (docs/results.md, "Compute dtype on CPU"). The capability string is recorded, never trusted alone.

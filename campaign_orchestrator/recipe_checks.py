@@ -99,8 +99,8 @@ def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
                 round(per_step, 2),
                 (
                     f"~{per_step:.1f} examples ({per_step * facts.tokens_per_row / max(1.0, per_row):.0f} tokens) per "
-                    f"optimizer step: each step's gradient is one or two items' (fewer than {MIN_EXAMPLES_PER_STEP}); raise "
-                    "micro_batch_size or gradient_accumulation_steps"
+                    f"optimizer step: each step's gradient is one or two items' (fewer than {MIN_EXAMPLES_PER_STEP}); "
+                    "raise micro_batch_size or gradient_accumulation_steps"
                 ),
             )
         )
@@ -111,9 +111,9 @@ def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
                 "task_epochs",
                 round(epochs, 1),
                 (
-                    f"{epochs:.1f} passes over the {facts.task_examples} task examples: the student memorises its training "
-                    f"items instead of learning the task (more than {MAX_TASK_EPOCHS:g}); add task prompts, or lower "
-                    "training.epochs / max_steps and keep the best checkpoint (training.selection)"
+                    f"{epochs:.1f} passes over the {facts.task_examples} task examples: the student memorises its "
+                    f"training items instead of learning the task (more than {MAX_TASK_EPOCHS:g}); add task prompts, "
+                    "or lower training.epochs / max_steps and keep the best checkpoint (training.selection)"
                 ),
             )
         )
@@ -126,8 +126,8 @@ def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
                 0.0,
                 (
                     f"no replay, and the gate guards general ability ({', '.join(guards)}) while the teacher "
-                    f"({spec.teacher.model}) is not the student's base: trained on the task alone the student forgets what it "
-                    "could do; add data.replay (general prompts answered by the base student, share 0.3-0.5)"
+                    f"({spec.teacher.model}) is not the student's base: trained on the task alone the student forgets "
+                    "what it could do; add data.replay (general prompts answered by the base student, share 0.3-0.5)"
                 ),
             )
         )
@@ -138,8 +138,8 @@ def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
                 "replay",
                 round(share, 3),
                 (
-                    f"replay is {share:.0%} of the training mix (fewer than {MIN_REPLAY_SHARE:.0%}): too little to keep the "
-                    f"base's behaviour; raise data.replay.share or add prompts to {rp.source}"
+                    f"replay is {share:.0%} of the training mix (fewer than {MIN_REPLAY_SHARE:.0%}): too little to "
+                    f"keep the base's behaviour; raise data.replay.share or add prompts to {rp.source}"
                 ),
             )
         )
@@ -171,8 +171,8 @@ def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
                     "heldout_size",
                     n,
                     (
-                        f"suite {s.name!r} has {n} items, fewer than the gate's min_items {need}: the gate can only say "
-                        "INCONCLUSIVE; "
+                        f"suite {s.name!r} has {n} items, fewer than the gate's min_items {need}: the gate can only "
+                        "say INCONCLUSIVE; "
                         + (
                             "raise data.heldout.fraction or max_items"
                             if s.source == "heldout"

@@ -154,13 +154,13 @@ def diagnose(task: SuiteItems, guards: Sequence[SuiteItems], train_sample: Seque
             {
                 "cause": "forgot" + (" (missing replay)" if missing else ""),
                 "evidence": (
-                    f"{s.name}: {c:.0%} against the base's {b:.0%} ({c - b:+.0%}, allowed -{allowed:.0%}); by category: "
-                    f"{cats or 'spread evenly'}"
+                    f"{s.name}: {c:.0%} against the base's {b:.0%} ({c - b:+.0%}, allowed -{allowed:.0%}); by "
+                    f"category: {cats or 'spread evenly'}"
                 ),
                 "by_category": dict(by_cat),
                 "fix": (
-                    "add data.replay: general prompts answered by the base student (answered_by: base, share 0.3-0.5), so "
-                    "the student rehearses what it could do"
+                    "add data.replay: general prompts answered by the base student (answered_by: base, share "
+                    "0.3-0.5), so the student rehearses what it could do"
                     if missing
                     else f"raise data.replay.share (now {ctx.replay_share:.0%})"
                     if ctx.has_replay and ctx.replay_share is not None and ctx.replay_share < 0.5

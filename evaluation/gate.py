@@ -316,7 +316,8 @@ def decide(
             status,
             d.estimate if overall.n else None,
             -policy.max_regression_vs_base,
-            f"candidate − base {_pts(d.estimate)} pts {_ci(d)}, allowed drop {policy.max_regression_vs_base * 100:.1f} pts",
+            f"candidate − base {_pts(d.estimate)} pts {_ci(d)}, allowed drop "
+            f"{policy.max_regression_vs_base * 100:.1f} pts",
         )
     if policy.max_category_regression is not None:
         allowed = policy.max_category_regression

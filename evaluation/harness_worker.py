@@ -22,7 +22,8 @@ The preflight runs before any model is loaded, and refuses (exit 2, ``status: re
 problem in ``problems``): an include_path that is missing; a YAML file that does not load (the
 harness's index skips those silently: a missing ``include:`` file, a syntax error); a task name no
 YAML defines; a missing local data file; offline, a Hugging Face dataset that is not in the local
-datasets cache (the message says how to fetch it on a connected machine); a metric that is neither built in nor a ``!function`` shipped
+datasets cache (the message says how to fetch it on a connected machine); a metric that is neither built in nor a
+``!function`` shipped
 with the task (it would fall back to ``evaluate.load``, the hub), or one marked ``hf_evaluate``; an
 unknown filter; a gated metric whose aggregation is not ``mean``; a ``category_field`` missing from a
 document; and base and candidate prompts that differ (rendered with each model's tokenizer: a
@@ -283,9 +284,8 @@ def _static_checks(task: str, cfg: dict, root: Path | None, suite: dict, problem
             pass  # a !function metric, or process_results: local code shipped with the task
         elif mc.get("hf_evaluate") is True:
             problems.append(
-                f"{where}: metric {name!r} has `hf_evaluate: true` (evaluate.load from the Hugging Face "
-                "hub); only local metrics are allowed: a built-in one or a `!function` shipped with the "
-                "task"
+                f"{where}: metric {name!r} has `hf_evaluate: true` (evaluate.load from the Hugging Face hub); only "
+                "local metrics are allowed: a built-in one or a `!function` shipped with the task"
             )
         elif name not in metric_registry:
             problems.append(

@@ -9,7 +9,8 @@ The run owns its trainers: each torchrun gets SIGKILL from the kernel when the p
 it dies (``PR_SET_PDEATHSIG``, ``training.trainer_guards``), its workers do the same with torchrun, every
 process carries the Dagster run id (``CAMPAIGN_RUN_ID``) and the launch records the process groups
 (pgid, start time, boot id, PID namespace) in the run's owner record (``campaign/owner``), so the reaper
-(``assets/run_recovery.py``) kills whatever is left of a dead run before it frees its pool slot. Metrics the trainer streams (global rank 0, through
+(``assets/run_recovery.py``) kills whatever is left of a dead run before it frees its pool slot. Metrics the trainer
+streams (global rank 0, through
 Pipes) become ``AssetObservation`` events while training runs, so the asset's plots fill live.
 """
 
@@ -176,7 +177,8 @@ class LocalTorchrunLauncher(ConfigurableResource):
     )
 
     def launch(self, context, job: TrainJob, workdir: Path, budget=None) -> dict:
-        """``budget``: a ``campaign_orchestrator.costs.budget.BudgetGuard`` checked while training runs; when it stops the
+        """``budget``: a ``campaign_orchestrator.costs.budget.BudgetGuard`` checked while training runs; when it stops
+        the
         stage, every process is terminated (SIGTERM, as on preemption: the trainer checkpoints) and
         its failure is raised."""
         workdir.mkdir(parents=True, exist_ok=True)

@@ -284,9 +284,9 @@ LANG = [
     ("Serbia", "Serbian"),
     ("Bulgaria", "Bulgarian"),
 ]
-for c, *l in LANG:
-    add("language", ck(c), f"What language is mainly spoken in {c}?", *l)
-    add("language", ck(c), f"What is the official language of {c}?", *l)
+for c, *langs in LANG:
+    add("language", ck(c), f"What language is mainly spoken in {c}?", *langs)
+    add("language", ck(c), f"What is the official language of {c}?", *langs)
 add("language", ck("the United States"), "What is the primary language of the United States?", "English")
 for c, cur in [
     ("Japan", ["yen"]),

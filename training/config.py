@@ -51,7 +51,9 @@ class TrainJob(BaseModel):
     training: TrainingSpec
     teacher_tokenizer_path: str | None = Field(
         None,
-        description="Directory with the teacher's tokenizer; required for logit distillation (vocabularies must match).",
+        description=(
+            "Directory with the teacher's tokenizer; required for logit distillation (vocabularies must match)."
+        ),
     )
     gpu_required: bool = Field(
         False,
@@ -72,7 +74,9 @@ class TrainJob(BaseModel):
     )
     checkpoint_uri: str | None = Field(
         None,
-        description="Where this run's checkpoints are mirrored (s3://bucket/prefix/...), unique per run; None: local only.",
+        description=(
+            "Where this run's checkpoints are mirrored (s3://bucket/prefix/...), unique per run; None: local only."
+        ),
     )
 
     @classmethod

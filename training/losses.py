@@ -27,7 +27,8 @@ token *at* ``t``, so they are shifted exactly like the labels)::
 
 The tokenized dataset carries them as ``teacher_topk_ids: list<list<int32>>`` and
 ``teacher_topk_logprobs: list<list<float32>>`` (one list per input token, empty where the
-teacher said nothing); :func:`campaign_orchestrator.dataset.topk.align_top_logprobs` builds those lists from a teacher generation's
+teacher said nothing); :func:`campaign_orchestrator.dataset.topk.align_top_logprobs` builds those lists from a teacher
+generation's
 ``top_logprobs`` (one list per generated token of ``{token_id, logprob}``).
 """
 

@@ -222,11 +222,11 @@ def refuse_frozen_experts(breakdown: dict[str, Any], student: StudentSpec, where
     if not experts or breakdown["trainable"]["routed_experts"] or student.moe.experts == "frozen":
         return
     raise TrainingError(
-        f"{where} has {breakdown['num_experts']} routed experts per MoE layer ({experts:,} parameters) and none of them "
-        f"would be trained: student.lora.target_modules {list(student.lora.target_modules)} reach only nn.Linear layers "
-        f"(attention, dense MLPs), not the fused expert tensors. Set student.lora.target_parameters (e.g. "
-        f"[mlp.experts.gate_up_proj, mlp.experts.down_proj]) to train them, or student.moe.experts: frozen to train "
-        f"without them on purpose"
+        f"{where} has {breakdown['num_experts']} routed experts per MoE layer ({experts:,} parameters) and none of "
+        f"them would be trained: student.lora.target_modules {list(student.lora.target_modules)} reach only nn.Linear "
+        "layers (attention, dense MLPs), not the fused expert tensors. Set student.lora.target_parameters (e.g. "
+        "[mlp.experts.gate_up_proj, mlp.experts.down_proj]) to train them, or student.moe.experts: frozen to train "
+        "without them on purpose"
     )
 
 
@@ -356,9 +356,9 @@ class MoeMonitor:
         )
         if loras and compute_dtype in (torch.bfloat16, torch.float16):
             log(
-                f"WARNING: expert LoRA is folded into the {str(compute_dtype).removeprefix('torch.')} expert weights at "
-                "every forward (PEFT's ParamWrapper), which rounds small early updates; quantization.compute_dtype "
-                "float32 avoids it"
+                f"WARNING: expert LoRA is folded into the {str(compute_dtype).removeprefix('torch.')} expert weights "
+                "at every forward (PEFT's ParamWrapper), which rounds small early updates; "
+                "quantization.compute_dtype float32 avoids it"
             )
         return mon
 

@@ -374,7 +374,8 @@ class LocalScorer:
                     out[i] = scored
             rest = [i for i in idx if out[i] is None]
             if rest:
-                for i, scored in zip(rest, gen.score([prompts[i] for i in rest], [cont[i] for i in rest], top_k), strict=False):
+                scores = gen.score([prompts[i] for i in rest], [cont[i] for i in rest], top_k)
+                for i, scored in zip(rest, scores, strict=False):
                     out[i] = scored
         self.prefill_tokens += sum(s.prompt_tokens + len(c) for s, c in zip(out, cont, strict=False) if not s.error)
         return out

@@ -1,4 +1,5 @@
-"""``campaign ladder`` and ``triage``: validate a cluster, explain slow training (``k8s-render`` is in resources.k8s.render)."""
+"""``campaign ladder`` and ``triage``: validate a cluster, explain slow training (``k8s-render`` is in
+resources.k8s.render)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ def costs_command(args: argparse.Namespace) -> int:
 
             print(
                 f"  {r['run_id']:36s} {str(r['started_at'])[:19]:19s} {col('usd'):>11s} "
-                f"{col('teacher_usd', 'teacher'):>11s} {col('training_usd', 'training'):>11s} {col('evaluation_usd', 'evaluation'):>11s} "
+                f"{col('teacher_usd', 'teacher'):>11s} {col('training_usd', 'training'):>11s} "
+                f"{col('evaluation_usd', 'evaluation'):>11s} "
                 f"{money(r['interrupted_usd']):>11s}"
             )
             if r["unknown"]:

@@ -38,7 +38,8 @@ def approve_command(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     if not created:
         print(
-            f"candidate {approval.candidate_key} was already approved by {approval.approved_by} at {approval.approved_at}"
+            f"candidate {approval.candidate_key} was already approved by {approval.approved_by} at "
+            f"{approval.approved_at}"
         )
         return EXIT_OK
     dagster_home()

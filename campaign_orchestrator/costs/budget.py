@@ -216,9 +216,10 @@ class BudgetGuard:
                 raise self.on_exceeded(
                     BudgetExceeded(
                         f"budget: stopped {self.stage} mid-way: {lim.scope} has spent ${spent:.6f} of its "
-                        f"${lim.budget_usd:.6f} budget (this attempt ${now:.6f}, recorded in the ledger as interrupted); "
-                        f"${max(0.0, lim.budget_usd - spent):.6f} remains and the next chunk would cost about ${step:.6f}. "
-                        f"Work finished so far is kept: raise the budget and materialize again to resume.",
+                        f"${lim.budget_usd:.6f} budget (this attempt ${now:.6f}, recorded in the ledger as "
+                        f"interrupted); ${max(0.0, lim.budget_usd - spent):.6f} remains and the next chunk would cost "
+                        f"about ${step:.6f}. Work finished so far is kept: raise the budget and materialize again to "
+                        "resume.",
                         scope=lim.scope,
                         budget_usd=lim.budget_usd,
                         spent_usd=spent,

@@ -389,7 +389,7 @@ def price_problems(spec, catalog) -> list[str]:
         teacher_entry(spec, catalog)
     except PricingError as e:
         problems.append(str(e))
-    for field, key in (
+    for where, key in (
         ("training.hardware", spec.training.hardware),
         ("training.cpu_hardware", getattr(spec.training, "cpu_hardware", None)),
     ):
@@ -398,10 +398,10 @@ def price_problems(spec, catalog) -> list[str]:
         try:
             entry = catalog.get(key)
         except PricingError as e:
-            problems.append(f"{field}: {e}")
+            problems.append(f"{where}: {e}")
             continue
         if not entry.hourly:
-            problems.append(f"{field} {key!r} is priced per {entry.unit}; training runs on hardware priced per hour")
+            problems.append(f"{where} {key!r} is priced per {entry.unit}; training runs on hardware priced per hour")
     return problems
 
 

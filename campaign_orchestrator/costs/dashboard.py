@@ -42,9 +42,11 @@ main{padding:20px 28px;max-width:1280px}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:14px}
 .card{background:#fff;border-radius:10px;padding:14px 16px;box-shadow:0 1px 3px rgba(0,0,0,.08)}
 .card h2{font-size:15px;margin:0 0 8px}
-table{border-collapse:collapse;width:100%;font-size:13px}th,td{padding:6px 8px;border-bottom:1px solid #eef0f4;text-align:right}
+table{border-collapse:collapse;width:100%;font-size:13px}th,td{padding:6px 8px;border-bottom:1px solid
+#eef0f4;text-align:right}
 th:first-child,td:first-child{text-align:left}th{color:#6b7280;font-weight:600}
-.legend span{display:inline-block;margin-right:12px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
+.legend span{display:inline-block;margin-right:12px;font-size:12px}.legend
+i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
 .warn{color:#b91c1c;font-weight:600}.muted{color:#9ca3af}
 svg text{font-size:11px;fill:#4b5563}
 """
@@ -103,7 +105,8 @@ class _Plot:
                 f'<text x="{px:.1f}" y="{self.h - self.b + 16}" text-anchor="middle">{_e(xfmt(x))}</text>'
             )
         self.parts.append(
-            f'<line x1="{self.l}" x2="{self.w - self.r}" y1="{self.h - self.b}" y2="{self.h - self.b}" stroke="#9ca3af"/>'
+            f'<line x1="{self.l}" x2="{self.w - self.r}" y1="{self.h - self.b}" y2="{self.h - self.b}" '
+            'stroke="#9ca3af"/>'
         )
         if xlabel:
             self.parts.append(
@@ -169,8 +172,7 @@ def chart_spend_over_time(lines: list[dict], budget: float | None) -> str:
         p.parts.append(
             f'<circle cx="{p.px(x):.1f}" cy="{p.py(y):.1f}" r="4" fill="{color}"><title>'
             f"{_e(line['asset'])} ({_e(line['status'])}) {_e(dollars(float(line['usd'])))} · run "
-            f"{_e(str(line['run_id'])[:8])}"
-            f" · cumulative {_e(dollars(y))}</title></circle>"
+            f"{_e(str(line['run_id'])[:8])} · cumulative {_e(dollars(y))}</title></circle>"
         )
     return p.svg("cumulative spend over time")
 
@@ -606,14 +608,19 @@ def render_dashboard(
 <p>From the cost ledger ({_e(ledger.path.name)}) · generated {generated} · hover a mark for its numbers</p></header>
 <main><section class="tiles">{"".join(tiles)}</section>
 <section class="grid">
-<div class="card"><h2>Spend over time and budget</h2>{chart_spend_over_time(lines, budget_usd)}{chart_budget(spent, budget_usd)}</div>
+<div class="card"><h2>Spend over time and budget</h2>{chart_spend_over_time(lines, budget_usd)}{
+        chart_budget(spent, budget_usd)
+    }</div>
 <div class="card"><h2>Spend per run, by stage</h2>{chart_runs_by_stage(runs)}</div>
 <div class="card"><h2>Cost of each result against its score</h2>{chart_cost_vs_score(reports)}</div>
 <div class="card"><h2>Planner estimate against actual (latest result)</h2>{chart_plan_vs_actual(latest)}</div>
 </section>
 <section class="card" style="margin-top:14px"><h2>Runs</h2><table>
-<tr><th>run</th><th>first record (UTC)</th><th>spent in run</th><th>budget-stopped</th><th>verdict</th><th>score</th><th>$ / point (lower bound)</th></tr>
-{run_rows}</table></section>{sweep_section(sweep, sweep_trial_costs(ledger, campaign, sweep["key"]) if sweep else {})}</main>
+<tr><th>run</th><th>first record (UTC)</th><th>spent in
+run</th><th>budget-stopped</th><th>verdict</th><th>score</th><th>$ / point (lower bound)</th></tr>
+{run_rows}</table></section>{
+        sweep_section(sweep, sweep_trial_costs(ledger, campaign, sweep["key"]) if sweep else {})
+    }</main>
 <script type="application/json" id="dashboard-data">{html.escape(json.dumps(data, default=str), quote=False)}</script>
 </body></html>"""
 
@@ -764,11 +771,13 @@ def team_data(ledger) -> dict:
                         "miss": _miss(act / mem),
                     }
                 )
+
     def rows(acc):
         return [
             {"period": p, "campaign": c, "stage": s, "usd": v}  # noqa: E731
             for (p, c, s), v in sorted(acc.items())
         ]
+
     return {
         "spend_by_day": rows(by_day),
         "spend_by_week": rows(by_week),
@@ -847,8 +856,7 @@ def chart_team_cost_vs_score(runs: list[dict], campaigns: list[str]) -> str:
         for suite, score in r["scores"].items():
             primary = suite == r.get("primary_suite")
             p.parts.append(
-                f'<circle cx="{p.px(r["total_usd"]):.1f}" cy="{p.py(score * 100):.1f}" '
-                f'r="{6 if primary else 4}" '
+                f'<circle cx="{p.px(r["total_usd"]):.1f}" cy="{p.py(score * 100):.1f}" r="{6 if primary else 4}" '
                 f'fill="{color[r["campaign"]]}" fill-opacity="{0.9 if primary else 0.45}"><title>'
                 f"{_e(r['campaign'])} run {_e(r['run_id'][:8])} · {_e(suite)} {score:.1%} · "
                 f"{_e(dollars(r['total_usd']))} · {_e(r.get('verdict'))}</title></circle>"
@@ -905,9 +913,9 @@ def render_team_dashboard(ledger, now: dt.datetime | None = None, links: dict[st
                 _e(dollars(c["budget_usd"]) if c["budget_usd"] else "none"),
                 _e("n/a" if c["budget_used"] is None else f"{c['budget_used']:.1%}"),
                 (
-                    f'<svg width="120" height="10" aria-label="budget burn"><rect width="120" height="10" fill="#eef0f4"/>'
-                    f'<rect width="{min(c["budget_used"], 1) * 120:.1f}" height="10" fill="'
-                    f'{COLORS["budget"] if c["budget_used"] >= 0.9 else COLORS["line"]}"/></svg>'
+                    '<svg width="120" height="10" aria-label="budget burn"><rect width="120" height="10" '
+                    f'fill="#eef0f4"/><rect width="{min(c["budget_used"], 1) * 120:.1f}" height="10" '
+                    f'fill="{COLORS["budget"] if c["budget_used"] >= 0.9 else COLORS["line"]}"/></svg>'
                 )
                 if c["budget_used"]
                 else "",

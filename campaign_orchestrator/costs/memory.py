@@ -410,7 +410,8 @@ def moe_facts(shape: ModelShape, student, dtype_bytes: float = 2) -> dict:
             "active_params": shape.active_params,
             "expert_params": shape.expert_params,
             "router_params": shape.router_params,
-            "experts_quantized": False,  # fused 3-D tensors are not nn.Linear: bitsandbytes leaves them in the compute dtype
+            # fused 3-D tensors are not nn.Linear: bitsandbytes leaves them in the compute dtype
+            "experts_quantized": False,
             "expert_weights_gb": dtype_bytes * (shape.expert_params + shape.router_params) / GB,
             "expert_rank": rank if student.lora.target_parameters else None,
             "expert_lora_params": shape.expert_lora_params(rank, student.lora.target_parameters)
@@ -463,8 +464,10 @@ def moe_problems(shape: ModelShape, student) -> list[str]:
         why = (
             "every layer's MLP is routed experts, so they match no module"
             if not shape.dense_layers
-            else "PEFT (on transformers 5) rewrites these names of a mixture of experts into targets on the fused expert "
-            "tensors, so the dense MLP layers would get no LoRA and gate_up_proj rank 2r"
+            else (
+                "PEFT (on transformers 5) rewrites these names of a mixture of experts into targets on the fused "
+                "expert tensors, so the dense MLP layers would get no LoRA and gate_up_proj rank 2r"
+            )
         )
         out.append(
             f"student.lora.target_modules {mlp}: {why}; target the routed experts with student.lora.target_parameters"

@@ -204,7 +204,8 @@ def encode_sources(
     """Tokenize every source with ``Dataset.map(batched=True, num_proc=...)``; one Arrow table out.
 
     When any source carries teacher top-k log-probabilities, every example gets the teacher
-    columns (``campaign_orchestrator.dataset.topk``; empty lists for examples without them); otherwise they are absent."""
+    columns (``campaign_orchestrator.dataset.topk``; empty lists for examples without them); otherwise they are
+    absent."""
     import datasets
 
     from campaign_orchestrator.dataset.formatting import EncodeSettings

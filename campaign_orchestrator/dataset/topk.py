@@ -57,7 +57,8 @@ def align_top_logprobs(
     """Place a generation's per-token top-k lists on a tokenized row's label positions.
 
     ``labels`` is the row's label list (-100 on prompt tokens; the completion's tokens then EOS
-    carry labels, as ``campaign_orchestrator.dataset.formatting`` writes them for the plain template). ``top_logprobs`` holds one
+    carry labels, as ``campaign_orchestrator.dataset.formatting`` writes them for the plain template). ``top_logprobs``
+    holds one
     list per generated token of ``{"token_id": int, "logprob": float}``. The generation either
     includes the EOS token (one list per label position) or stopped without it (one list fewer:
     the appended EOS gets no teacher distribution). With ``generated_ids`` each paired label is

@@ -7,7 +7,8 @@ rest are done. Errors that concern one request (a prompt longer than the context
 the endpoint refuses) come back as a completion with ``error`` set; errors that concern the
 whole backend (no vLLM installed, a rejected API key, an unreachable endpoint) raise.
 
-- :class:`TransformersBackend`: a local checkpoint through :class:`campaign_orchestrator.generation.local.LocalGenerator`
+- :class:`TransformersBackend`: a local checkpoint through
+:class:`campaign_orchestrator.generation.local.LocalGenerator`
   (batched, left-padded, batches bucketed by prompt length).
 - :class:`VLLMBackend`: offline batch inference with ``vllm.LLM.generate`` and
   ``SamplingParams``; vLLM is imported only here, only when used (``pip install '.[vllm]'``

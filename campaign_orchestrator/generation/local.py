@@ -11,7 +11,8 @@ completion carries the top-k log-probabilities of every generated token (raw mod
 distribution, captured by a logits processor as generation runs, so memory stays at
 batch x k per step). Each completion's ``latency_s`` is measured per item: from the start of its
 batch until its last token was chosen (a logits processor notes when each decoding step ends), so
-a short answer in a batch of long ones is not charged the whole batch's time. The model runs on the GPU when torch sees one (``cuda``), else on the CPU
+a short answer in a batch of long ones is not charged the whole batch's time. The model runs on the GPU when torch sees
+one (``cuda``), else on the CPU
 (:func:`default_device`); inputs go to the model's device and results come back to the CPU.
 Prompts are rendered by :func:`campaign_orchestrator.dataset.formatting.render_prompt_ids`, the
 function the dataset stage uses for training rows, so a model is asked exactly what it was

@@ -230,7 +230,8 @@ class OpenAICompatibleClient:
         self.max_retry_after_s = max_retry_after_s
         self.max_consecutive_failures = max_consecutive_failures or max(16, 2 * max_concurrency)
         self.stats = ClientStats()
-        # (rpm, tpm) buckets shared with other clients (the workers of one Ray job: campaign_orchestrator/generation/scaleout/
+        # (rpm, tpm) buckets shared with other clients (the workers of one Ray job:
+        # campaign_orchestrator/generation/scaleout/
         # ratelimit.py), objects with TokenBucket's acquire/refund; None: this client's own buckets per run
         self.buckets: tuple | None = None
         self._consecutive_failures = 0
@@ -391,7 +392,7 @@ class OpenAICompatibleClient:
                     with attempt:
                         if pending is not None:  # the first failure is tenacity's attempt 1: it waits, then retries
                             e, pending = pending, None
-                            raise e
+                            raise e from None
                         data = await attempt_once()
         except _Retryable as e:
             self.stats.failed += 1

@@ -21,7 +21,9 @@ class NewDataSpec(_Strict):
     min_new_fraction: float | None = Field(
         None,
         gt=0.0,
-        description="And only once new rows / rows already used reach this fraction (e.g. 0.1); unset: no fraction rule.",
+        description=(
+            "And only once new rows / rows already used reach this fraction (e.g. 0.1); unset: no fraction rule."
+        ),
     )
     interval_s: int = Field(60, ge=5, le=86_400, description="Seconds between two evaluations of the sensor.")
 

@@ -67,7 +67,8 @@ class MoeSpec(_Strict):
     experts: Literal["trained", "frozen"] = Field(
         "trained",
         description="trained: a student with routed experts must get LoRA on them "
-        "(student.lora.target_parameters), or the run is refused before training; frozen: train without them on purpose.",
+        "(student.lora.target_parameters), or the run is refused before training; frozen: train without them on "
+        "purpose.",
     )
     expert_rank: Literal["full", "divided"] = Field(
         "full",
@@ -85,8 +86,8 @@ class MoeSpec(_Strict):
         ge=0.0,
         le=1.0,
         description="Weight of the router's load-balancing loss (Switch Transformer: "
-        "num_experts · sum_e tokens_e · mean_prob_e, Hugging Face's formula) added to the training loss; 0 turns it off. "
-        "With a frozen router it still acts, through the hidden states the router sees.",
+        "num_experts · sum_e tokens_e · mean_prob_e, Hugging Face's formula) added to the training loss; 0 turns it "
+        "off. With a frozen router it still acts, through the hidden states the router sees.",
     )
     collapse_share: float = Field(
         0.9,

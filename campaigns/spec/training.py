@@ -359,15 +359,17 @@ class TrainingSpec(_Strict):
     compile: bool | Literal["auto"] = Field(
         "auto",
         description="torch.compile each decoder layer's forward (in place: parameter names, checkpoints, "
-        "adapters unchanged). auto: on for CUDA, off on the CPU. The compiling first step(s) are reported apart from the "
-        "timed ones (`compile` in the summary; `compiling` per step in metrics.parquet). Under compile the exact "
+        "adapters unchanged). auto: on for CUDA, off on the CPU. The compiling first step(s) are reported apart from "
+        "the timed ones (`compile` in the summary; `compiling` per step in metrics.parquet). Under compile the exact "
         "cheap-activation recompute is left to the compiler's own partitioner (`recompute` is then `none`).",
     )
     collective_timeout_s: int = Field(
         600,
         ge=10,
         le=86_400,
-        description="Process-group timeout: a rank that dies or hangs makes every other rank fail after at most this long.",
+        description=(
+            "Process-group timeout: a rank that dies or hangs makes every other rank fail after at most this long."
+        ),
     )
     eval_rows: int = Field(
         64,

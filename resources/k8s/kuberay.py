@@ -4,7 +4,8 @@ With ``execution.kuberay`` a generation stage (teacher generations, evaluation a
 runs as a KubeRay ``RayJob`` (``ray.io/v1``): the operator creates a Ray cluster for the job (one head pod,
 ``execution.replicas`` worker pods in one worker group, each worker holding one model replica with
 ``num_gpus_per_replica`` GPUs rounded up, as ``nvidia.com/gpu`` requests and limits), runs the entrypoint
-``python -m campaign_orchestrator.generation.scaleout --job JOB.json`` on the head through a submitter pod (``K8sJobMode``:
+``python -m campaign_orchestrator.generation.scaleout --job JOB.json`` on the head through a submitter pod
+(``K8sJobMode``:
 a Kubernetes Job that runs ``ray job submit`` and prints the job's log, so the driver's Dagster Pipes messages
 reach Dagster through that pod's log, as the trainer's do), and deletes the cluster when the job ends
 (``shutdownAfterJobFinishes``, ``ttlSecondsAfterFinished``). With ``execution.kuberay.ray_cluster`` the job is

@@ -61,7 +61,8 @@ from resources.k8s.logs import PodLogsMessageReader
 from resources.k8s.status import PodProblem, pod_finished, pod_name, pod_problem, pod_started
 from resources.pricing import charge_shard
 
-# paths inside JOB.json the Ray pods open (campaign_orchestrator/generation/scaleout/job.py): the prompts, the output, the
+# paths inside JOB.json the Ray pods open (campaign_orchestrator/generation/scaleout/job.py): the prompts, the output,
+# the
 # generation cache, and the model a worker loads (a backend recipe's checkpoint; an answering model's base and
 # adapter); s3:// URIs need no volume
 JOB_PATHS = (
@@ -125,9 +126,11 @@ class KubeRayJobLauncher(ConfigurableResource):
     def launch(
         self, context, spec: CampaignSpec, stage: str, job: dict[str, Any], workdir: Path, budget=None, on_shard=None
     ) -> dict:
-        """Run ``job`` (a JOB.json as a dict: ``campaign_orchestrator.generation.scaleout.job.Job``) as a RayJob for ``stage`` of
+        """Run ``job`` (a JOB.json as a dict: ``campaign_orchestrator.generation.scaleout.job.Job``) as a RayJob for
+        ``stage`` of
         ``spec``; return the job's summary (``ray_summary.json`` beside JOB.json: rows, tokens, shards, nodes, lost
-        workers, as ``python -m campaign_orchestrator.generation.scaleout --summary`` writes it), the submitter's log, the
+        workers, as ``python -m campaign_orchestrator.generation.scaleout --summary`` writes it), the submitter's log,
+        the
         driver's Pipes metadata and the RayJob's name.
 
         ``budget``: a ``campaign_orchestrator.costs.budget.BudgetGuard``, charged with each finished shard's usage

@@ -65,7 +65,8 @@ from resources.pricing import charge_round
 def delete_run_workloads(where: dict[str, Any], run_id: str) -> list[str]:
     """Delete every Job, PyTorchJob, RayJob and Service labelled with ``run_id`` in ``where["namespace"]`` of the
     cluster ``where`` names (the owner record's ``k8s``: namespace, kubeconfig_file, kube_context, in_cluster); the pods
-    go with their Job (a RayJob's cluster and submitter with it). Returns ``Kind/name`` of what was deleted; raises when the API cannot be reached."""
+    go with their Job (a RayJob's cluster and submitter with it). Returns ``Kind/name`` of what was deleted; raises when
+    the API cannot be reached."""
     from kubernetes import client
     from kubernetes.client import ApiException
 
@@ -193,7 +194,8 @@ class K8sTrainingLauncher(ConfigurableResource):
     def launch(self, context, job, workdir: Path, kubernetes: KubernetesSpec, budget=None) -> dict:
         """Run ``job`` (a ``training.config.TrainJob``) on the cluster; return its node logs and Pipes metadata.
 
-        ``budget``: a ``campaign_orchestrator.costs.budget.BudgetGuard`` checked at every poll while the workload runs; when it
+        ``budget``: a ``campaign_orchestrator.costs.budget.BudgetGuard`` checked at every poll while the workload runs;
+        when it
         stops the stage, the Job and Service are deleted (every pod gets SIGTERM: the trainer checkpoints)
         and its failure is raised, as the local launcher does."""
         cluster = kubernetes

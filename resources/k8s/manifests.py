@@ -248,7 +248,8 @@ def volumes_and_mounts(w: Workload) -> tuple[list[dict[str, Any]], list[dict[str
 
 
 def cluster_volumes(c: KubernetesSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, mounts) of every pod of the campaign: /dev/shm, the artifacts claim, ``volumes``, ``secret_volumes``."""
+    """(volumes, mounts) of every pod of the campaign: /dev/shm, the artifacts claim, ``volumes``,
+    ``secret_volumes``."""
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": c.shm_size}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     for vname, claim in [("artifacts", c.artifacts)] + [(f"volume-{i}", v) for i, v in enumerate(c.volumes)]:

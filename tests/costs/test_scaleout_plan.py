@@ -51,7 +51,10 @@ def endpoint_spec():
     return parse_campaign_text(yaml.safe_dump(raw), "cluster.yaml")
 
 
-def _self_hosted(spec, replicas, assume=ScaleAssumptions(cluster_start_s=60.0), requests=10_000, devices=1):
+DEFAULT_ASSUME = ScaleAssumptions(cluster_start_s=60.0)
+
+
+def _self_hosted(spec, replicas, assume=DEFAULT_ASSUME, requests=10_000, devices=1):
     entry = catalog_for(spec, CATALOG).get("h100-sxm")
     return scale_self_hosted(
         requests=requests,

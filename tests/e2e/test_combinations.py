@@ -2,7 +2,8 @@
 
 Student sources: ``@demo/student`` (a demo_models asset), a local directory (a copy of the demo
 student, given relative to the campaign's project), and the real model
-(``@packaged/smollm2-135m-instruct``, run end to end in tests/e2e/test_real_campaign.py). Teacher backends: ``transformers`` (the demo teacher), ``openai`` (the project's test
+(``@packaged/smollm2-135m-instruct``, run end to end in tests/e2e/test_real_campaign.py). Teacher backends:
+``transformers`` (the demo teacher), ``openai`` (the project's test
 server), ``vllm`` (needs the vllm package and a GPU). Each combination passes ``campaign validate``,
 builds its job (the demo models are one subsettable multi-asset: a job may select either model
 alone) and resolves its execution plan. Every teacher backend and every student source runs end to

@@ -1,5 +1,6 @@
 """The project installed non-editable into a fresh venv: exactly the five requested packages, the
-library below them and the app on top land at top level, and `campaign` validates and runs a campaign from another folder
+library below them and the app on top land at top level, and `campaign` validates and runs a campaign from another
+folder
 (paths come from the working directory and the campaign file, never from the checkout)."""
 
 from __future__ import annotations

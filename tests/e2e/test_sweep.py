@@ -81,7 +81,8 @@ def _sweep_rows(root: Path, name: str) -> list[dict]:
 
 def test_sweep_prunes_bad_rates_early_and_its_best_trial_reaches_the_gate(root):
     name = "sweepy"
-    # The campaign's own rate is a poor first guess here (half the rate that learns the task in 90 steps), and the shipped start points
+    # The campaign's own rate is a poor first guess here (half the rate that learns the task in 90 steps), and the
+    # shipped start points
     # get a third, the demo's 1e-2: then a better configuration than trial 0 is always in reach. (With the
     # shipped 1e-2 as trial 0, whether one of the two sampled trials beats it depends on the host's float
     # rounding: on one CPU none did, and trial 0 was the only one left at the last rung.)
@@ -182,8 +183,8 @@ def test_sweep_prunes_bad_rates_early_and_its_best_trial_reaches_the_gate(root):
 
     print(
         f"\nmeasured: {m['trials_run']} trials, {m['trials_pruned']} pruned ({m['pruned_at_first_rung']} at the first "
-        f"rung), spent ${m['spent_usd']:.6f} of a ${m['cap_usd']:g} cap; trials took {m['trial_seconds']:.0f} s against "
-        f"{m['every_trial_to_the_end_seconds']:.0f} s had every trial run to the end (saved "
+        f"rung), spent ${m['spent_usd']:.6f} of a ${m['cap_usd']:g} cap; trials took {m['trial_seconds']:.0f} s "
+        f"against {m['every_trial_to_the_end_seconds']:.0f} s had every trial run to the end (saved "
         f"{m['time_saved_seconds']:.0f} s); best {m['best_params']} eval loss {m['best_value']:.4f} vs default "
         f"{m['default_value']:.4f}; whole campaign {wall:.0f} s"
     )

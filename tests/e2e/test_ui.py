@@ -46,7 +46,8 @@ SENSOR_TICKS = """
 query Ticks($selector: SensorSelector!) {
   sensorOrError(sensorSelector: $selector) {
     __typename
-    ... on Sensor { sensorState { status ticks(limit: 10) { status timestamp skipReason runIds cursor error { message } } } }
+    ... on Sensor { sensorState { status ticks(limit: 10) { status timestamp skipReason runIds cursor error { message }
+    } } }
     ... on PythonError { message }
   }
 }"""
@@ -315,7 +316,8 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
                 browser.close()
         timings["total_s"] = time.monotonic() - t0
         print(
-            f"\nUI e2e timings (s): {json.dumps({k: round(v, 1) for k, v in timings.items()})}; screenshots in {screenshots}"
+            f"\nUI e2e timings (s): {json.dumps({k: round(v, 1) for k, v in timings.items()})}; "
+            f"screenshots in {screenshots}"
         )
     finally:
         pgid = dagster.proc.pid

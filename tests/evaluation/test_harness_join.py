@@ -79,7 +79,8 @@ def test_runs_join_on_task_and_doc_id_into_item_results():
         ),
         (
             lambda e: e["runs"]["base"]["aggregates"].update(t_gen=0.5),
-            "the harness's aggregate and the mean of its per-document scores disagree: s/t_gen base: harness 0.5 vs 0.25",
+            "the harness's aggregate and the mean of its per-document scores disagree: s/t_gen base: harness 0.5 vs "
+            "0.25",
         ),
     ],
 )

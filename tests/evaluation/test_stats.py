@@ -8,7 +8,8 @@ from evaluation import stats
 
 
 def test_wilson_matches_hand_computed_interval():
-    # 8 of 10: p = 0.8, z = 1.959964; center = (0.8 + z²/20) / (1 + z²/10), half = z·sqrt(p(1-p)/10 + z²/400) / (1 + z²/10)
+    # 8 of 10: p = 0.8, z = 1.959964; center = (0.8 + z²/20) / (1 + z²/10), half = z·sqrt(p(1-p)/10 + z²/400) / (1 +
+    # z²/10)
     iv = stats.wilson(8, 10)
     assert iv.estimate == 0.8
     assert iv.lo == pytest.approx(0.4902, abs=1e-4)

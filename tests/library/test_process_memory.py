@@ -10,7 +10,10 @@ import pytest
 from campaign_orchestrator.process_memory import peak_rss_mb
 from tests.support import REPO_ROOT
 
-CHILD = "import sys; sys.path.insert(0, '.'); from campaign_orchestrator.process_memory import peak_rss_mb; print(peak_rss_mb())"
+CHILD = (
+    "import sys; sys.path.insert(0, '.'); from campaign_orchestrator.process_memory import peak_rss_mb; "
+    "print(peak_rss_mb())"
+)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM: Linux")

@@ -423,9 +423,11 @@ def test_env_set_twice_fails_before_creating_anything(api_server, cluster_spec, 
 def test_reaper_deletes_a_dead_runs_workloads_by_run_label_before_freeing_its_slot(
     api_server, cluster_spec, tmp_path, monkeypatch
 ):
-    """The `campaign run` that launched on the cluster died without cleaning up (SIGKILL): its Job and Service still run.
+    """The `campaign run` that launched on the cluster died without cleaning up (SIGKILL): its Job and Service still
+    run.
     The reaper finds the cluster in the run's owner tag (``campaign/owner``: ``k8s``, what the launcher records) and
-    deletes the Job and Service labelled with the dead run's id (the pods go with the Job), then frees the slot; another run's Job stays."""
+    deletes the Job and Service labelled with the dead run's id (the pods go with the Job), then frees the slot; another
+    run's Job stays."""
     import subprocess
     import sys
 

@@ -585,8 +585,8 @@ def test_render_cli(tmp_path):
 
 def test_code_location_does_not_import_the_kubernetes_client():
     code = (
-        "import sys, campaign_app.definitions; bad = [m for m in ('kubernetes', 'dagster_k8s', 'kubernetes_validate', 'kmock') "
-        "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+        "import sys, campaign_app.definitions; bad = [m for m in ('kubernetes', 'dagster_k8s', "
+        "'kubernetes_validate', 'kmock') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

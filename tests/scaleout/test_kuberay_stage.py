@@ -1,7 +1,8 @@
 """The teacher stage launched as a KubeRay RayJob, end to end: a shrunken demo campaign with ``execution.kuberay`` and
 a ``kubernetes:`` section is materialized through Dagster against the emulated Kubernetes API (kmock) with the fake
 KubeRay operator (tests/support/kuberay_fake.py), whose driver runs the REAL entry point (``python -m
-campaign_orchestrator.generation.scaleout``, unmodified: ``--address auto``) on a real Ray cluster: a head node started here
+campaign_orchestrator.generation.scaleout``, unmodified: ``--address auto``) on a real Ray cluster: a head node started
+here
 with ``ray start --head`` (what a KubeRay head pod runs; its address in ``RAY_ADDRESS``, as KubeRay sets it in the
 head's environment), the demo teacher in a Ray worker. The stage's answers equal the in-process stage's; the RayJob
 carries the campaign's labels and is deleted at the end; the manifest and metadata carry the shards done/total;
@@ -45,7 +46,8 @@ RAY = shutil.which("ray", path=os.path.dirname(sys.executable))
 
 
 def driver(address: str) -> str:
-    """The submitter's command: ``python -m campaign_orchestrator.generation.scaleout`` in the head's environment (the Ray
+    """The submitter's command: ``python -m campaign_orchestrator.generation.scaleout`` in the head's environment (the
+    Ray
     address, and the token auth the head was started with)."""
     return (
         f"import os, runpy\nos.environ.update(RAY_ADDRESS={address!r}, RAY_AUTH_MODE='token')\n"

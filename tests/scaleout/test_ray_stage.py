@@ -242,7 +242,8 @@ def test_the_budget_sees_every_worker_and_stops_the_whole_job(ray_cluster, tmp_p
 
 
 def test_the_rayjob_entry_point_runs_a_job_file_on_the_cluster(ray_cluster, tmp_path):
-    """``python -m campaign_orchestrator.generation.scaleout --job JOB.json`` (a KubeRay RayJob's command), connected to the
+    """``python -m campaign_orchestrator.generation.scaleout --job JOB.json`` (a KubeRay RayJob's command), connected to
+    the
     module's cluster: rows in the output Parquet, a JSON summary, the cache filled; a bad job file exits 2."""
     import json
     import subprocess

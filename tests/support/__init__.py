@@ -1,4 +1,5 @@
-"""Test helpers, imported one way: ``from tests.support.<module> import ...``; fixtures live in ``tests/conftest.py``."""
+"""Test helpers, imported one way: ``from tests.support.<module> import ...``; fixtures live in
+``tests/conftest.py``."""
 
 from pathlib import Path
 

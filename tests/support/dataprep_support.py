@@ -1,4 +1,5 @@
-"""Shared by the dataset-stage tests: a chat template in the demo vocabulary, and expected ids built without calling the tokenizer on the text."""
+"""Shared by the dataset-stage tests: a chat template in the demo vocabulary, and expected ids built without calling
+the tokenizer on the text."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ class ModelServer:
     """``POST /v1/completions`` answered by real local models (transformers, greedy), by model name;
     ``POST /v1/load_lora_adapter`` loads a PEFT adapter on top of ``lora_base`` (like vLLM with
     ``--enable-lora``; ``--lora-modules NAME=PATH`` is a load at start); ``GET /v1/models`` lists them with
-    their ``root`` and ``parent`` as vLLM does. Fault injection for client tests: a prompt containing ``crash_marker`` gets
+    their ``root`` and ``parent`` as vLLM does. Fault injection for client tests: a prompt containing ``crash_marker``
+    gets
     HTTP 500, one containing ``hang_marker`` is answered only after ``hang_s`` seconds."""
 
     def __init__(

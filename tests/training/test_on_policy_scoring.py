@@ -51,4 +51,5 @@ def _check_prefix_cached_scoring(demo_models):
             atol=1e-4,
         )
     # metered like an API bills a prompt_logprobs request: every prompt token and every scored token
-    assert cached.prefill_tokens == plain.prefill_tokens == sum(w.prompt_tokens + len(c) for w, c in zip(want, conts, strict=False))
+    billed = sum(w.prompt_tokens + len(c) for w, c in zip(want, conts, strict=False))
+    assert cached.prefill_tokens == plain.prefill_tokens == billed

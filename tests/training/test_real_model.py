@@ -51,7 +51,8 @@ def test_qlora_steps_on_the_real_model_lower_the_loss_and_the_adapter_loads(smol
         port = s.getsockname()[1]
     for k, v in zip(
         ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"),
-        ("0", "0", "1", "1", "127.0.0.1", str(port)), strict=False,
+        ("0", "0", "1", "1", "127.0.0.1", str(port)),
+        strict=False,
     ):
         monkeypatch.setenv(k, v)
     Path(job.output_dir).mkdir(parents=True)

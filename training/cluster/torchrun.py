@@ -24,7 +24,8 @@ class LaunchError(RuntimeError):
 def torchrun_commands(
     target: list[str], nodes: int, procs: int, python: str, port: int, run_id: str
 ) -> list[list[str]]:
-    """One torchrun command per node; ``target`` is what follows (e.g. ``["-m", "training.cluster.collectives", ...]``)."""
+    """One torchrun command per node; ``target`` is what follows (e.g.
+    ``["-m", "training.cluster.collectives", ...]``)."""
     base = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(procs)]
     if nodes == 1:
         return [base + ["--standalone"] + target]

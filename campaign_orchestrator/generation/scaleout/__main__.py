@@ -2,7 +2,8 @@
 
     python -m campaign_orchestrator.generation.scaleout --job JOB.json [--address auto] [--summary OUT.json]
 
-``JOB.json`` is a :class:`campaign_orchestrator.generation.scaleout.job.Job`: the stage kind, the recipe a worker builds its
+``JOB.json`` is a :class:`campaign_orchestrator.generation.scaleout.job.Job`: the stage kind, the recipe a worker builds
+its
 engine from (a teacher ``teacher:`` section, or a local model answering evaluation prompts), the prompts'
 Parquet path or URI, the generation cache (store URL, namespace, spool directory), the sampling, the
 ``execution:`` settings, and where the rows go (``output``). The job connects with ``ray.init(address=

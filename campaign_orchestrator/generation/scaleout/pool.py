@@ -292,8 +292,10 @@ class ShardPool:
         on_shard: Callable[[dict], None] | None = None,
         before_retry: Callable[[object, dict], None] | None = None,
     ) -> dict[str, dict]:
-        """Run every shard with ``recipe``'s engine into ``cache`` (a :class:`~campaign_orchestrator.generation.scaleout.worker.
-        CacheConfig`; ``limits``: the name of the job's shared rate limits); returns ``{key: row}`` of the requests that failed (errors are never cached).
+        """Run every shard with ``recipe``'s engine into ``cache`` (a
+        :class:`~campaign_orchestrator.generation.scaleout.worker.
+        CacheConfig`; ``limits``: the name of the job's shared rate limits); returns ``{key: row}`` of the requests that
+        failed (errors are never cached).
         ``on_usage(delta)``: new generations' ``generated``, ``failed``, ``prompt_tokens``,
         ``completion_tokens``, ``seconds`` since the last call (any worker); ``on_shard(summary)`` per finished
         shard (``summary``: the worker's :class:`ShardProgress` plus ``worker``); ``before_retry(shard, worker)`` runs

@@ -75,7 +75,8 @@ class RayRun:
 
     @classmethod
     def from_dict(cls, d: dict) -> RayRun:
-        """The run a job's summary describes (``as_dict``, as ``python -m campaign_orchestrator.generation.scaleout --summary``
+        """The run a job's summary describes (``as_dict``, as ``python -m campaign_orchestrator.generation.scaleout
+        --summary``
         writes it under ``ray``)."""
         known = {f.name for f in fields(ShardReport)}
         return cls(

@@ -2,7 +2,8 @@
 
 :class:`GenerationWorker` is a plain class (``ray.remote`` is applied by the pool, :func:`worker_class`), so
 it is importable and testable without Ray. It builds its engine once from a recipe, owns a writer of the
-generation cache (its own spool directory), and per shard: looks the shard's keys up, asks only what the cache lacks, writes each finished generation to its spool as it finishes (flushed per
+generation cache (its own spool directory), and per shard: looks the shard's keys up, asks only what the cache lacks,
+writes each finished generation to its spool as it finishes (flushed per
 row: it survives this process's death) and seals the shard into one Parquet file of the cache at the end.
 ``progress()`` (answered while a shard runs: the actor has two threads) tells the driver what the running
 shard has paid for so far.
@@ -72,7 +73,8 @@ class ShardProgress:
 
 class GenerationWorker:
     """One model replica. Each shard comes with its ``recipe`` (a :class:`~campaign_orchestrator.generation.recipes.
-    BackendRecipe`: a teacher backend, or an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerRecipe`: a local
+    BackendRecipe`: a teacher backend, or an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerRecipe`: a
+    local
     model answering evaluation prompts) and its cache; the engine is built on the first shard of a recipe and
     kept while the next shards bring the same recipe (one process serves a stage's models one after the other:
     its interpreter, torch and the Ray worker start once). ``limits``: the name of the job's shared rate limits."""
