@@ -83,6 +83,44 @@ def _baseline_check(name: str, verdict, metrics: dict[str, float]) -> AssetCheck
 # --------------------------------------------------------------------------- rung 1
 
 
+def _environment_smoke(out: Path, timeout_s: float) -> dict:
+    """Run ``training.cluster.smoke env`` in a fresh interpreter; returns the environment it wrote to ``out``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "training.cluster.smoke", "env", "--out", str(out)],
+        cwd=paths.project_dir(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"environment smoke failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def _devices_visible(env: dict, need: int) -> tuple[bool, str]:
+    """(ok, why): ``need`` GPUs per node and NCCL, or gloo when no GPU is visible."""
+    if env["cuda_available"]:
+        ok = env["device_count"] >= need and env["nccl_available"]
+        why = (
+            f"{env['device_count']} GPU(s) visible ({', '.join(env['devices'])}), {need} needed per node; NCCL "
+            f"{env['nccl_version'] or 'missing'}"
+        )
+    else:
+        ok = env["gloo_available"]
+        why = (
+            f"no GPU: {need} gloo process(es) per node on {env.get('usable_cpus', env['cpu_count'])} usable CPU core(s)"
+        )
+    return ok, why
+
+
+def _environment_change_text(first: bool, rebaseline: bool, changes: list[str]) -> str:
+    if first:
+        return "baseline recorded"
+    if rebaseline:
+        return "rebaselined" + (f"; changes accepted: {'; '.join(changes)}" if changes else "")
+    return ("changed since the baseline: " + "; ".join(changes)) if changes else "unchanged since the baseline"
+
+
 @asset(
     key=_key("environment"),
     group_name=GROUP,
@@ -108,16 +146,7 @@ def environment(context: AssetExecutionContext, storage: ArtifactStore, cluster:
     from training.cluster.smoke import fingerprint
 
     out = _rung_dir(storage, "environment", context) / "environment.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "training.cluster.smoke", "env", "--out", str(out)],
-        cwd=paths.project_dir(),
-        capture_output=True,
-        text=True,
-        timeout=cluster.timeout_s,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"environment smoke failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    env = json.loads(out.read_text())
+    env = _environment_smoke(out, cluster.timeout_s)
     shape = ladder.shape(env, cluster.nodes, cluster.processes_per_node)
     fp = fingerprint(env)
     store = _store(storage, cluster)
@@ -125,18 +154,7 @@ def environment(context: AssetExecutionContext, storage: ArtifactStore, cluster:
     changes = environment_changes(fp, base["environment"]) if base else []
     if base is None or cluster.rebaseline:
         store.save("environment", shape, {}, fp)
-    need = cluster.processes_per_node
-    if env["cuda_available"]:
-        ok = env["device_count"] >= need and env["nccl_available"]
-        why = (
-            f"{env['device_count']} GPU(s) visible ({', '.join(env['devices'])}), {need} needed per node; NCCL "
-            f"{env['nccl_version'] or 'missing'}"
-        )
-    else:
-        ok = env["gloo_available"]
-        why = (
-            f"no GPU: {need} gloo process(es) per node on {env.get('usable_cpus', env['cpu_count'])} usable CPU core(s)"
-        )
+    ok, why = _devices_visible(env, cluster.processes_per_node)
     yield Output(
         {"environment": env, "shape": shape, "fingerprint": fp, "path": str(out)},
         metadata={
@@ -158,17 +176,11 @@ def environment(context: AssetExecutionContext, storage: ArtifactStore, cluster:
         description=why,
         metadata={"device_count": env["device_count"], "backend": env["backend"]},
     )
-    if base is None:
-        desc = "baseline recorded"
-    elif cluster.rebaseline:
-        desc = "rebaselined" + (f"; changes accepted: {'; '.join(changes)}" if changes else "")
-    else:
-        desc = ("changed since the baseline: " + "; ".join(changes)) if changes else "unchanged since the baseline"
     yield AssetCheckResult(
         check_name="environment_vs_baseline",
         passed=not changes or cluster.rebaseline,
         severity=AssetCheckSeverity.WARN,
-        description=desc,
+        description=_environment_change_text(base is None, cluster.rebaseline, changes),
         metadata={"changes": MetadataValue.md("\n".join(f"- {c}" for c in changes) or "- none")},
     )
 
@@ -241,6 +253,10 @@ def allreduce_smoke(context: AssetExecutionContext, env: dict, storage: Artifact
 # --------------------------------------------------------------------------- rung 3
 
 
+def _sweep_args(cluster: ClusterValidation) -> list[str]:
+    return ["--max-bytes", cluster.max_bytes, "--iters", str(cluster.iters), "--warmup", str(cluster.warmup)]
+
+
 @asset(
     key=_key("collective_bandwidth"),
     group_name=GROUP,
@@ -269,18 +285,7 @@ def collective_bandwidth(context: AssetExecutionContext, env: dict, storage: Art
 
     d = _rung_dir(storage, "collective_bandwidth", context)
     run_torchrun(
-        [
-            "-m",
-            "training.cluster.collectives",
-            "--max-bytes",
-            cluster.max_bytes,
-            "--iters",
-            str(cluster.iters),
-            "--warmup",
-            str(cluster.warmup),
-            "--out",
-            str(d / "sweep.json"),
-        ],
+        ["-m", "training.cluster.collectives", *_sweep_args(cluster), "--out", str(d / "sweep.json")],
         cluster.nodes,
         cluster.processes_per_node,
         d,
@@ -321,6 +326,34 @@ def collective_bandwidth(context: AssetExecutionContext, env: dict, storage: Art
 # --------------------------------------------------------------------------- rung 4
 
 
+def _tiny_train_job(cluster: ClusterValidation, student: Path, dataset: Path, out: Path):
+    """The rung's :class:`training.config.TrainJob`: the real trainer, profiled, on the ladder's shape."""
+    from campaigns.spec import DistributedEnvSpec, ProfilingSpec, StudentSpec, TrainingSpec
+    from training.config import TrainJob
+
+    training = TrainingSpec(
+        max_steps=cluster.train_steps,
+        learning_rate=cluster.learning_rate,
+        warmup_steps=5,
+        micro_batch_size=cluster.micro_batch_size,
+        max_seq_len=64,
+        nodes=cluster.nodes,
+        processes_per_node=cluster.processes_per_node,
+        sharding="hybrid" if cluster.nodes > 1 else "full",
+        log_every=10,
+        profiling=ProfilingSpec(enabled=True),
+        distributed_env=DistributedEnvSpec(**cluster.distributed_env),
+    )
+    return TrainJob(
+        campaign=GROUP,
+        base_model_path=str(student),
+        dataset_path=str(dataset),
+        output_dir=str(out),
+        student=StudentSpec(base_model=STUDENT),
+        training=training,
+    )
+
+
 @asset(
     key=_key("tiny_training"),
     group_name=GROUP,
@@ -350,38 +383,15 @@ def tiny_training(
     cluster: ClusterValidation,
     launcher: LocalTorchrunLauncher,
 ):
-    from campaigns.spec import DistributedEnvSpec, ProfilingSpec, StudentSpec, TrainingSpec
     from training.cluster import ladder
-    from training.config import TrainJob
 
     d = _rung_dir(storage, "tiny_training", context)
     student = storage.resolve_model(STUDENT)
     train, heldout = ladder.tiny_task(cluster.train_items, cluster.eval_items)
     dataset = ladder.tokenize_tiny(student, train, d / "dataset")
     (d / "heldout.json").write_text(json.dumps(heldout))
-    training = TrainingSpec(
-        max_steps=cluster.train_steps,
-        learning_rate=cluster.learning_rate,
-        warmup_steps=5,
-        micro_batch_size=cluster.micro_batch_size,
-        max_seq_len=64,
-        nodes=cluster.nodes,
-        processes_per_node=cluster.processes_per_node,
-        sharding="hybrid" if cluster.nodes > 1 else "full",
-        log_every=10,
-        profiling=ProfilingSpec(enabled=True),
-        distributed_env=DistributedEnvSpec(**cluster.distributed_env),
-    )
     out = d / "run"
-    job = TrainJob(
-        campaign=GROUP,
-        base_model_path=str(student),
-        dataset_path=str(dataset),
-        output_dir=str(out),
-        student=StudentSpec(base_model=STUDENT),
-        training=training,
-    )
-    launcher.launch(context, job, out)
+    launcher.launch(context, _tiny_train_job(cluster, student, dataset, out), out)
     s = json.loads((out / "summary.json").read_text())
     metrics = {"tokens_per_s": float(s["tokens_per_s"])}
     ok = s["final_loss"] is not None and s["first_loss"] is not None and s["final_loss"] < 0.5 * s["first_loss"]
@@ -422,6 +432,47 @@ def tiny_training(
 # --------------------------------------------------------------------------- rung 5
 
 
+def _run_gate(trained: dict, d: Path, min_score: float, log) -> tuple[dict, str]:
+    """The real evaluation gate on the rung-4 adapter against its base over the held-out cipher items; writes
+    ``items.parquet`` and ``gate.json`` under ``d``. Returns (report, report markdown)."""
+    from campaign_orchestrator.generation.local import LocalGenerator
+    from evaluation.gate import GatePolicy, StatsPolicy, combine
+    from evaluation.report import build_report
+    from evaluation.runner import BASE, CANDIDATE, SuiteGate, SuiteRun, answer_suites, judge, scores
+    from evaluation.scorers import build_scorer
+    from evaluation.suite import read_item_results, write_item_rows
+
+    items = json.loads(Path(trained["heldout_path"]).read_text())
+    scorer = build_scorer("exact_match")
+    suites = [SuiteRun("cipher", items, scorer, 16)]
+
+    def local(adapter_dir=None):
+        def factory():
+            g = LocalGenerator.from_path(trained["base_model_path"], adapter_dir, True, "bfloat16", batch_size=64)
+            return lambda prompts, n: g.generate(prompts, n)
+
+        return factory
+
+    rows = answer_suites(suites, {CANDIDATE: local(trained["adapter_path"]), BASE: local()}, log=log)
+    res = read_item_results(write_item_rows(rows, d / "items.parquet"))
+    policy = GatePolicy(min_score=min_score, min_items=min(20, len(items)))
+    sp = StatsPolicy()
+    reports = judge(res, [SuiteGate("cipher", policy, scorer.binary)], sp)
+    doc = build_report(
+        reports, {"cipher": (res[CANDIDATE]["cipher"], res[BASE]["cipher"])}, sp, trained.get("key", "ladder")
+    )
+    verdict_text = combine(reports)
+    result_scores = scores(res)
+    report = {
+        "verdict": verdict_text,
+        "scores": result_scores,
+        "suites": [r.as_dict() for r in reports],
+        "reasons": doc["reasons"],
+    }
+    (d / "gate.json").write_text(json.dumps(report, indent=2))
+    return report, doc["markdown"]
+
+
 @asset(
     key=_key("eval_gate"),
     group_name=GROUP,
@@ -445,43 +496,11 @@ def tiny_training(
 def eval_gate(
     context: AssetExecutionContext, env: dict, trained: dict, storage: ArtifactStore, cluster: ClusterValidation
 ):
-    from campaign_orchestrator.generation.local import LocalGenerator
-    from evaluation.gate import GatePolicy, StatsPolicy, combine
-    from evaluation.report import build_report
-    from evaluation.runner import BASE, CANDIDATE, SuiteGate, SuiteRun, answer_suites, judge, scores
-    from evaluation.scorers import build_scorer
-    from evaluation.suite import read_item_results, write_item_rows
     from training.cluster import ladder
 
     d = _rung_dir(storage, "eval_gate", context)
-    items = json.loads(Path(trained["heldout_path"]).read_text())
-    scorer = build_scorer("exact_match")
-    suites = [SuiteRun("cipher", items, scorer, 16)]
-
-    def local(adapter_dir=None):
-        def factory():
-            g = LocalGenerator.from_path(trained["base_model_path"], adapter_dir, True, "bfloat16", batch_size=64)
-            return lambda prompts, n: g.generate(prompts, n)
-
-        return factory
-
-    rows = answer_suites(suites, {CANDIDATE: local(trained["adapter_path"]), BASE: local()}, log=context.log.info)
-    res = read_item_results(write_item_rows(rows, d / "items.parquet"))
-    policy = GatePolicy(min_score=cluster.gate_min_score, min_items=min(20, len(items)))
-    sp = StatsPolicy()
-    reports = judge(res, [SuiteGate("cipher", policy, scorer.binary)], sp)
-    doc = build_report(
-        reports, {"cipher": (res[CANDIDATE]["cipher"], res[BASE]["cipher"])}, sp, trained.get("key", "ladder")
-    )
-    verdict_text = combine(reports)
-    result_scores = scores(res)
-    report = {
-        "verdict": verdict_text,
-        "scores": result_scores,
-        "suites": [r.as_dict() for r in reports],
-        "reasons": doc["reasons"],
-    }
-    (d / "gate.json").write_text(json.dumps(report, indent=2))
+    report, markdown = _run_gate(trained, d, cluster.gate_min_score, context.log.info)
+    verdict_text, result_scores = report["verdict"], report["scores"]
     candidate = result_scores["candidate"]["cipher"] or 0.0
     metrics = {"candidate_score": float(candidate)}
     bverdict = _store(storage, cluster).check(
@@ -499,7 +518,7 @@ def eval_gate(
             "verdict": verdict_text,
             "candidate_score": float(candidate),
             "base_score": float(result_scores["base"]["cipher"] or 0.0),
-            "report": MetadataValue.md(doc["markdown"]),
+            "report": MetadataValue.md(markdown),
         },
     )
     yield AssetCheckResult(

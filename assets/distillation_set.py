@@ -3,6 +3,7 @@ overlap with every gate suite's documents (the blocking ``decontamination`` chec
 overlapping examples are dropped and counted, or the check fails (``data.decontamination``)."""
 
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -92,22 +93,8 @@ def materialize(
     from campaign_orchestrator.generation.rows import read_generations
     from evaluation.scorers import get_scorer
 
-    f, dc, rp = spec.data.filters, spec.data.decontamination, spec.data.replay
-
-    gate_docs = None
-    if dc.action != "off":
-        from assets.harness import gate_documents_identity
-
-        gate_docs = gate_documents_identity(spec, storage, prompts["heldout_sha256"])
-    k = stage_key(
-        "distill/v2",
-        generations["key"],
-        f.model_dump(),
-        prompts["train_sha256"] if f.scorer else None,
-        *([dc.model_dump(), gate_docs] if gate_docs is not None else []),
-        *([replay_identity(spec, storage)] if rp is not None else []),
-    )
-    sd = storage.stage(spec.name, "distillation_set", k)
+    f = spec.data.filters
+    sd = storage.stage(spec.name, "distillation_set", _distillation_key(spec, generations, prompts, storage))
     cached = sd.is_complete()
     if not cached:
         t0 = time.perf_counter()
@@ -121,21 +108,7 @@ def materialize(
         kept, counts = filter_generations(rows, FilterRules(**f.model_dump()), refs, score_fn=score_fn)
         kept, replay, replay_lines = with_replay(spec, storage, resources, kept, context)
         kept, contamination = _decontaminate(spec, kept, prompts, storage, sd, context)
-        table = pa.Table.from_pylist(
-            [
-                {
-                    "id": f"{r['id']}#{r['sample_index']}" if r["sample_index"] else r["id"],
-                    "prompt": r["prompt"],
-                    "completion": r["completion"],
-                    "completion_token_ids": r.get("completion_token_ids"),
-                    "top_logprobs": r.get("top_logprobs"),
-                }
-                for r in kept
-            ],
-            schema=distill_schema(),
-        )
-        path = sd.ensure() / "distillation.parquet"
-        pq.write_table(table, path)
+        path = _write_distillation(kept, sd.ensure() / "distillation.parquet")
         if replay is not None:  # what is left of the replay after decontamination
             replay["rows"] = sum(1 for r in kept if str(r["id"]).startswith(REPLAY_PREFIX))
             replay["share_actual"] = replay["rows"] / max(1, len(kept))
@@ -151,6 +124,44 @@ def materialize(
             }
         )
     return sd.manifest(), cached
+
+
+def _distillation_key(spec: CampaignSpec, generations: dict, prompts: dict, storage: ArtifactStore) -> str:
+    """The stage's content key: the generations, the filter rules (and the references they score against), the
+    decontamination settings and gate documents when on, the replay's identity when on."""
+    f, dc, rp = spec.data.filters, spec.data.decontamination, spec.data.replay
+    gate_docs = None
+    if dc.action != "off":
+        from assets.harness import gate_documents_identity
+
+        gate_docs = gate_documents_identity(spec, storage, prompts["heldout_sha256"])
+    return stage_key(
+        "distill/v2",
+        generations["key"],
+        f.model_dump(),
+        prompts["train_sha256"] if f.scorer else None,
+        *([dc.model_dump(), gate_docs] if gate_docs is not None else []),
+        *([replay_identity(spec, storage)] if rp is not None else []),
+    )
+
+
+def _write_distillation(kept: list[dict], path: Path) -> Path:
+    """The kept rows as ``distillation.parquet`` (a row's id carries ``#<sample>`` past the first sample)."""
+    table = pa.Table.from_pylist(
+        [
+            {
+                "id": f"{r['id']}#{r['sample_index']}" if r["sample_index"] else r["id"],
+                "prompt": r["prompt"],
+                "completion": r["completion"],
+                "completion_token_ids": r.get("completion_token_ids"),
+                "top_logprobs": r.get("top_logprobs"),
+            }
+            for r in kept
+        ],
+        schema=distill_schema(),
+    )
+    pq.write_table(table, path)
+    return path
 
 
 def distillation_metadata(m: dict, cached: bool) -> dict:

@@ -73,38 +73,47 @@ def promotion_data(storage: ArtifactStore, spec: CampaignSpec, promoted_at: str 
     return (keys, trained | held, held - trained) if keys else None
 
 
+def _pick_items(spec: CampaignSpec, rows: list[dict], seen: tuple | None, newest: list[Path], promoted_at):
+    """``(items, fresh, earlier, new ids, summary)``: the fresh held-out items topped up with promotion-time ones
+    when what the promoted model saw is known (``seen``: :func:`promotion_data`), else the current held-out split
+    (fresh, earlier and new ids None)."""
+    from campaign_orchestrator.dataset import prompts as P
+
+    h, min_items = spec.data.heldout, spec.evaluation.gate.min_items
+    if seen is None:  # unknown: the current split (its held-out items were held out then too)
+        _, items = P.split(rows, h.fraction, h.seed, h.max_items)
+        how = (
+            f"what the promoted model saw is unknown (no prompts stage committed before its promoted_at "
+            f"{promoted_at!r}): {len(items)} item(s) of the current held-out split"
+        )
+        return items, None, None, None, how
+    fresh, earlier = P.fresh_heldout(
+        rows, h.fraction, h.seed, seen[1], seen[2], [f.name for f in newest], h.max_items, min_items
+    )
+    items, new_ids = fresh + earlier, {r["id"] for r in rows if r["id"] not in seen[1]}
+    used = sorted({r["source_file"] for r in fresh})
+    how = (
+        f"{len(fresh)} fresh held-out item(s) (prompts the promoted model never saw) from "
+        f"{', '.join(used) or 'no file'}"
+        + (
+            f" + {len(earlier)} of its promotion-time held-out item(s) to reach the gate's min_items {min_items}"
+            if earlier
+            else ""
+        )
+    )
+    return items, fresh, earlier, new_ids, how
+
+
 def select_items(
     storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | None, files: list[Path], rows: list[dict]
 ) -> tuple[list[dict], dict]:
     """The held-out rows to re-score the promoted model on, and the record of how they were chosen."""
     from campaign_orchestrator.content import file_sha256
-    from campaign_orchestrator.dataset import prompts as P
 
     h, min_items = spec.data.heldout, spec.evaluation.gate.min_items
     newest = sorted(files, key=lambda f: (f.stat().st_mtime_ns, f.name), reverse=True)
     seen = promotion_data(storage, spec, promoted_at)
-    if seen is None:  # unknown: the current split (its held-out items were held out then too)
-        _, items = P.split(rows, h.fraction, h.seed, h.max_items)
-        fresh = earlier = new_ids = None
-        how = (
-            f"what the promoted model saw is unknown (no prompts stage committed before its promoted_at "
-            f"{promoted_at!r}): {len(items)} item(s) of the current held-out split"
-        )
-    else:
-        fresh, earlier = P.fresh_heldout(
-            rows, h.fraction, h.seed, seen[1], seen[2], [f.name for f in newest], h.max_items, min_items
-        )
-        items, new_ids = fresh + earlier, {r["id"] for r in rows if r["id"] not in seen[1]}
-        used = sorted({r["source_file"] for r in fresh})
-        how = (
-            f"{len(fresh)} fresh held-out item(s) (prompts the promoted model never saw) from "
-            f"{', '.join(used) or 'no file'}"
-            + (
-                f" + {len(earlier)} of its promotion-time held-out item(s) to reach the gate's min_items {min_items}"
-                if earlier
-                else ""
-            )
-        )
+    items, fresh, earlier, new_ids, how = _pick_items(spec, rows, seen, newest, promoted_at)
 
     def per_file(part):
         return None if part is None else Counter(r["source_file"] for r in part)
@@ -202,32 +211,38 @@ def _drift_suites(context, spec: CampaignSpec, storage: ArtifactStore, promoted)
     return files, held, selection, item_suites, suites
 
 
+def _drift_key(spec: CampaignSpec, promoted, suites: list[dict], item_suites: list, selection: dict) -> str:
+    """The stage's content key: promoted model, items, suites, thresholds, selection, endpoint."""
+    from campaign_orchestrator.content import value_sha256
+
+    ev = spec.evaluation
+    served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.backend == "openai" else None
+    return stage_key(
+        "drift/v2",
+        promoted.key,
+        value_sha256([s["items"] for s in suites]),
+        [s.model_dump(exclude={"kind", "lm_eval"}) for s in item_suites],
+        ev.gate.min_score,
+        max_drop(spec),
+        ev.statistics.confidence,
+        ev.gate.min_items,
+        selection,
+        served,
+    )
+
+
 def materialize(
     context, spec: CampaignSpec, storage: ArtifactStore, pricing: PricingResource, promoted
 ) -> tuple[dict, bool]:
     """The promoted model scored on fresh held-out items and the drift verdict, unless the stage's content key
     (promoted model, items, suites, thresholds, selection, endpoint) is complete: ``(manifest, cached)``."""
-    from campaign_orchestrator.content import value_sha256
     from evaluation.drift import decide, score_promoted
     from evaluation.suite import write_item_rows
 
     ev = spec.evaluation
     files, held, selection, item_suites, suites = _drift_suites(context, spec, storage, promoted)
     floor, drop, conf = ev.gate.min_score, max_drop(spec), ev.statistics.confidence
-    served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.backend == "openai" else None
-    k = stage_key(
-        "drift/v2",
-        promoted.key,
-        value_sha256([s["items"] for s in suites]),
-        [s.model_dump(exclude={"kind", "lm_eval"}) for s in item_suites],
-        floor,
-        drop,
-        conf,
-        ev.gate.min_items,
-        selection,
-        served,
-    )
-    sd = storage.stage(spec.name, STAGE, k)
+    sd = storage.stage(spec.name, STAGE, _drift_key(spec, promoted, suites, item_suites, selection))
     cached = sd.is_complete()
     if not cached:
         from types import SimpleNamespace

@@ -87,6 +87,51 @@ def _suite_identity(spec: CampaignSpec, x: SuiteSpec, harness: list | None = Non
     return ident
 
 
+def _ask_teacher(
+    spec: CampaignSpec, resources: tuple, rows: list[dict], sampling, log, spend: dict, launch=None, budget=None
+) -> tuple:
+    """One round of :func:`teacher_scorer`'s questions through the teacher's generation cache, locally or (engine
+    ``ray``) sharded on the stage's Ray cluster and billed per shard: ``(result, the Ray run's cost lines)``
+    (``resources``: storage, teacher, pricing)."""
+    from assets.teacher_generations import teacher_setup
+    from campaign_orchestrator.generation.runner import run_generation
+
+    storage, teacher, pricing = resources
+    t = spec.teacher
+    backend, cache, identity, _store = teacher_setup(storage, teacher, spec, sampling)
+    if spec.execution.engine != "ray":
+        res = run_generation(
+            rows,
+            backend,
+            sampling,
+            cache,
+            chat=t.chat,
+            context=[m.model_dump() for m in t.context],
+            context_categories=t.context_categories,
+            log=log,
+        )
+        return res, None
+    from assets.teacher_generations import teacher_model_path, teacher_on_ray
+
+    tpath = teacher_model_path(storage, spec)
+    res, ray_lines, ray_md = teacher_on_ray(
+        spec,
+        storage,
+        pricing,
+        rows,
+        sampling,
+        tpath,
+        model_identity(tpath, t.revision) if tpath is not None else None,
+        identity,
+        "teacher_scoring",
+        log,
+        launch=launch and launch.at(f"teacher@{sampling.max_new_tokens}"),
+        **({"budget": budget} if spec.execution.kuberay is not None else {}),
+    )
+    spend.setdefault("ray", []).append(ray_md)
+    return res, ray_lines
+
+
 def teacher_scorer(
     spec: CampaignSpec,
     storage: ArtifactStore,
@@ -107,49 +152,19 @@ def teacher_scorer(
     the stage's guard, checked while the job runs; its stop fails the stage, never the teacher's items)."""
     from types import SimpleNamespace
 
-    from assets.teacher_generations import teacher_setup, teacher_usage
+    from assets.teacher_generations import teacher_usage
     from campaign_orchestrator.generation.requests import Sampling
-    from campaign_orchestrator.generation.runner import answers, run_generation
+    from campaign_orchestrator.generation.runner import answers
 
-    t = spec.teacher
     spend: dict = {"lines": [], "unknown": False, "seconds": 0.0}
+    resources = (storage, teacher, pricing)
 
     def generate(prompts, max_new_tokens):
         sampling = Sampling(max_new_tokens=max_new_tokens)
+        rows = [{"id": str(i), "prompt": p, "category": (categories or {}).get(p)} for i, p in enumerate(prompts)]
         t0 = time.perf_counter()
         try:
-            backend, cache, identity, _store = teacher_setup(storage, teacher, spec, sampling)
-            rows = [{"id": str(i), "prompt": p, "category": (categories or {}).get(p)} for i, p in enumerate(prompts)]
-            if spec.execution.engine == "ray":  # shards on the stage's Ray cluster, billed per shard
-                from assets.teacher_generations import teacher_model_path, teacher_on_ray
-
-                tpath = teacher_model_path(storage, spec)
-                res, ray_lines, ray_md = teacher_on_ray(
-                    spec,
-                    storage,
-                    pricing,
-                    rows,
-                    sampling,
-                    tpath,
-                    model_identity(tpath, t.revision) if tpath is not None else None,
-                    identity,
-                    "teacher_scoring",
-                    log,
-                    launch=launch and launch.at(f"teacher@{max_new_tokens}"),
-                    **({"budget": budget} if spec.execution.kuberay is not None else {}),
-                )
-                spend.setdefault("ray", []).append(ray_md)
-            else:
-                res = run_generation(
-                    rows,
-                    backend,
-                    sampling,
-                    cache,
-                    chat=t.chat,
-                    context=[m.model_dump() for m in t.context],
-                    context_categories=t.context_categories,
-                    log=log,
-                )
+            res, ray_lines = _ask_teacher(spec, resources, rows, sampling, log, spend, launch, budget)
         except Exception as e:  # noqa: BLE001 - an unreachable teacher is an error on its items, not a failed gate
             if isinstance(e, BudgetStop):  # the stage's budget, not the teacher: the stage stops
                 raise
@@ -203,41 +218,10 @@ def build(spec: CampaignSpec):
         teacher: TeacherResource,
         kuberay: KubeRayJobLauncher,
     ):
-        from evaluation.judging import judge_stage, judging_key
-        from evaluation.scorers import build_scorer
-
-        scorers = {
-            x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir)
-            for x in ev.suites
-            if not is_harness(x)
-        }
-        harness = harness_suites(spec, storage)  # lm_eval suites: their task directories, content-addressed
-        base = storage.resolve_model(s.base_model, spec.project_dir) if local else None
-        items_key = answers_key(spec, storage, prompts, adapter, base, harness)
-        isd = storage.stage(spec.name, "evaluation_items", items_key)
-        cached = isd.is_complete()
-        if not cached:
-            answer_items(
-                context,
-                spec,
-                isd,
-                items_key,
-                prompts,
-                adapter,
-                base,
-                scorers,
-                harness,
-                (storage, pricing, teacher, kuberay),
-            )
-        m = judge_stage(
-            spec,
-            storage.stage(spec.name, "evaluation", judging_key(spec, items_key)),
-            isd.manifest(),
-            items_key,
-            {n: sc.binary for n, sc in scorers.items()},
-            adapter["key"],
-            conflicts=distillation_conflicts(spec, storage),
-        )
+        scorers = item_scorers(spec)
+        resources = (storage, pricing, teacher, kuberay)
+        isd, items_key, cached = answers_stage(context, spec, prompts, adapter, scorers, resources)
+        m = judge_answers(spec, storage, isd, items_key, scorers, adapter)
         report = json.loads(open(m["gate_path"]).read())
         md = evaluation_metadata(m, report, cached)
         if spec.tracking.mlflow is not None and not cached:  # the training run's verdict (assets/tracking.py)
@@ -248,6 +232,47 @@ def build(spec: CampaignSpec):
         return Output(m, metadata=for_people(md))
 
     return evaluation
+
+
+def item_scorers(spec: CampaignSpec) -> dict:
+    """A scorer per item suite (lm_eval suites score themselves)."""
+    from evaluation.scorers import build_scorer
+
+    return {
+        x.name: build_scorer(x.scorer, x.labels, x.pattern, x.json_schema, spec.project_dir)
+        for x in spec.evaluation.suites
+        if not is_harness(x)
+    }
+
+
+def answers_stage(context, spec: CampaignSpec, prompts: dict, adapter: dict, scorers: dict, resources: tuple):
+    """The answers stage ``(stage dir, key, cached)``, every model's answers made (:func:`answer_items`) unless
+    its content key is complete (``resources``: storage, pricing, teacher, kuberay)."""
+    storage = resources[0]
+    local = spec.evaluation.backend == "local"
+    harness = harness_suites(spec, storage)  # lm_eval suites: their task directories, content-addressed
+    base = storage.resolve_model(spec.student.base_model, spec.project_dir) if local else None
+    items_key = answers_key(spec, storage, prompts, adapter, base, harness)
+    isd = storage.stage(spec.name, "evaluation_items", items_key)
+    cached = isd.is_complete()
+    if not cached:
+        answer_items(context, spec, isd, items_key, prompts, adapter, base, scorers, harness, resources)
+    return isd, items_key, cached
+
+
+def judge_answers(spec: CampaignSpec, storage: ArtifactStore, isd, items_key: str, scorers: dict, adapter: dict):
+    """The gate's judgement of the stored answers (its own stage, keyed by the answers and the gate policy)."""
+    from evaluation.judging import judge_stage, judging_key
+
+    return judge_stage(
+        spec,
+        storage.stage(spec.name, "evaluation", judging_key(spec, items_key)),
+        isd.manifest(),
+        items_key,
+        {n: sc.binary for n, sc in scorers.items()},
+        adapter["key"],
+        conflicts=distillation_conflicts(spec, storage),
+    )
 
 
 def gate(spec: CampaignSpec):
@@ -338,19 +363,8 @@ def answer_items(
     wall = time.perf_counter() - t0
     # local models' time on the hardware they ran on; the teacher at its own price (its seconds not twice)
     local_s = wall - (spend["seconds"] if spend and not spec.teacher.api else 0.0)
-    bill = (
-        pricing.bill(
-            spec,
-            "evaluation",
-            {
-                "seconds": local_s,
-                "device": device,
-                "parts": {"lm_eval": harness_run.wall_seconds} if harness_run else {},
-            },
-        )
-        if local
-        else None
-    )
+    parts = {"lm_eval": harness_run.wall_seconds} if harness_run else {}
+    bill = pricing.bill(spec, "evaluation", {"seconds": local_s, "device": device, "parts": parts}) if local else None
     isd.commit(
         answers_manifest(out / "items.parquet", len(rows), adapter["key"], wall, bill, spend, dtypes, harness_run)
         | {"train_sample_path": sample}

@@ -136,6 +136,25 @@ def rung_runner(
     )
 
 
+def _rung_recorder(context, spec: CampaignSpec, ledger, k: str):
+    """``record_lines(trial, steps, lines)``: a rung's cost lines into the ledger, one production per rung."""
+    step_key = context.get_step_execution_context().step.key
+
+    def record_lines(rec, steps: int, lines: list[dict]) -> None:
+        ledger.record_lines(
+            campaign=spec.name,
+            asset=STAGE,
+            run_id=context.run_id,
+            step_key=step_key,
+            attempt=context.retry_number,
+            stage_key=k,
+            production_id=f"{STAGE}:{k}:{trial_partition(rec.root)}:rung-{steps}",
+            lines=lines,
+        )
+
+    return record_lines
+
+
 def run_sweep(
     context,
     spec: CampaignSpec,
@@ -154,23 +173,11 @@ def run_sweep(
     sw, workdir = spec.sweep, sd.ensure()
     ledger = pricing.ledger_at(sd.root)
     rungs = rung_runner(context, spec, k, base, dataset, storage, launcher, pricing, sd.root)  # the plan first
-    step_key = context.get_step_execution_context().step.key
 
     def spent_usd() -> float:
         return ledger.stage_spent(spec.name, STAGE, k)
 
-    def record_lines(rec, steps: int, lines: list[dict]) -> None:
-        ledger.record_lines(
-            campaign=spec.name,
-            asset=STAGE,
-            run_id=context.run_id,
-            step_key=step_key,
-            attempt=context.retry_number,
-            stage_key=k,
-            production_id=f"{STAGE}:{k}:{trial_partition(rec.root)}:rung-{steps}",
-            lines=lines,
-        )
-
+    record_lines = _rung_recorder(context, spec, ledger, k)
     url = storage_url(spec, sd.root)
     sweep = Sweep(
         spec,

@@ -17,14 +17,36 @@ def _latest(storage, campaign: str, stage: str) -> dict:
     return json.loads(p.read_text()) if p.exists() else {}
 
 
+def _lineage(spec: CampaignSpec, m: dict) -> dict:
+    """Where the adapter's data came from: prompts, teacher, the filters' drops, replay and decontamination
+    (``m``: the stages' manifests)."""
+    t, dist = spec.teacher, m["distillation_set"]
+    return {
+        "prompts": {
+            "source": spec.data.source,
+            "train": m["prompts"].get("train_rows"),
+            "heldout": m["prompts"].get("heldout_rows"),
+        },
+        "teacher": {
+            "backend": t.backend,
+            "model": t.model,
+            "base_url": t.base_url,
+            "generations": m["teacher_generations"].get("rows"),
+        },
+        "filters": {k: v for k, v in (dist.get("filter_counts") or {}).items() if v},
+        "rows": dist.get("rows"),
+        "replay": dist.get("replay"),
+        "decontamination": dist.get("decontamination"),
+    }
+
+
 def card_info(spec: CampaignSpec, storage, evaluation: dict, adapter: dict) -> dict:
     from evaluation.model_card import teacher_intervals
 
     m = {st: _latest(storage, spec.name, st) for st in ("prompts", "teacher_generations", "distillation_set")}
     m["student_adapter"], m["evaluation"] = adapter, evaluation
     base_card = Path(adapter["base_model_path"]) / "model_card.json"
-    t, tr, sm = spec.teacher, spec.training, adapter.get("summary") or {}
-    dist = m["distillation_set"]
+    tr, sm = spec.training, adapter.get("summary") or {}
     gate = json.loads(Path(evaluation["gate_path"]).read_text())
     st = spec.evaluation.statistics
     items = evaluation.get("items_path")
@@ -39,23 +61,7 @@ def card_info(spec: CampaignSpec, storage, evaluation: dict, adapter: dict) -> d
         "candidate_key": adapter["key"],
         "base_model": spec.student.base_model,
         "base_model_card": json.loads(base_card.read_text()) if base_card.exists() else None,
-        "lineage": {
-            "prompts": {
-                "source": spec.data.source,
-                "train": m["prompts"].get("train_rows"),
-                "heldout": m["prompts"].get("heldout_rows"),
-            },
-            "teacher": {
-                "backend": t.backend,
-                "model": t.model,
-                "base_url": t.base_url,
-                "generations": m["teacher_generations"].get("rows"),
-            },
-            "filters": {k: v for k, v in (dist.get("filter_counts") or {}).items() if v},
-            "rows": dist.get("rows"),
-            "replay": dist.get("replay"),
-            "decontamination": dist.get("decontamination"),
-        },
+        "lineage": _lineage(spec, m),
         "recipe": {
             "lora": spec.student.lora.model_dump(include={"r", "alpha", "target_modules"}),
             "steps": sm.get("steps"),

@@ -105,6 +105,66 @@ def _keep_candidate_items(items_path: str, dest) -> None:
     pq.write_table(t.filter(pc.equal(t["model"], "candidate")), dest)
 
 
+def _awaiting_review(context, spec: CampaignSpec, evaluation: dict, adapter: dict) -> AssetObservation:
+    """The observation (and warning) of a GO candidate that waits for a reviewer's approval."""
+    msg = (
+        f"candidate {adapter['key']} passed the gate and awaits human review; approve it with "
+        f"{approve_hint(spec.name, adapter['key'])}, then materialize promoted_model"
+    )
+    context.log.warning(msg)
+    return AssetObservation(
+        asset_key=context.asset_key,
+        description="Awaiting human review",
+        metadata={
+            "status": "awaiting human review",
+            "candidate_key": adapter["key"],
+            "evaluation_key": evaluation["key"],
+            "how_to_approve": msg,
+        },
+    )
+
+
+def promote(spec: CampaignSpec, storage: ArtifactStore, evaluation: dict, adapter: dict, approval, run_id: str):
+    """Copy the adapter, its candidate items, ``promotion.json`` and its model card to the campaign's
+    ``promoted_model/<key>`` (atomically, once per key), and point ``CURRENT`` at it; returns that directory."""
+    dest = storage.campaign_dir(spec.name) / "promoted_model" / adapter["key"]
+    if not (dest / "promotion.json").exists():
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(adapter["adapter_path"], tmp / "adapter")
+        _keep_candidate_items(evaluation["items_path"], tmp / PROMOTION_ITEMS)  # what drift compares with
+        record = {
+            "candidate_key": adapter["key"],
+            "base_model_path": adapter["base_model_path"],
+            "evaluation_key": evaluation["key"],
+            "verdict": evaluation["verdict"],
+            "scores": evaluation["scores"],
+            "items": PROMOTION_ITEMS,
+            "approval": approval.as_dict() if approval else None,
+            "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "run_id": run_id,
+        }
+        (tmp / "promotion.json").write_text(json.dumps(record, indent=2))
+        write_model_card(spec, storage, evaluation, adapter, tmp / "adapter")  # README.md, Hugging Face format
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    current = storage.campaign_dir(spec.name) / "promoted_model" / "CURRENT"
+    current.write_text(adapter["key"])
+    return dest
+
+
+def _promotion_metadata(dest, adapter: dict, record: dict) -> dict:
+    md = {
+        "adapter": MetadataValue.path(str(dest / "adapter")),
+        "candidate_key": adapter["key"],
+        "verdict": record["verdict"],
+        "promoted_at": record["promoted_at"],
+    }
+    if record.get("approval"):
+        md |= {"approved_by": record["approval"]["approved_by"], "approved_at": record["approval"]["approved_at"]}
+    return md
+
+
 def build(spec: CampaignSpec):
     review = spec.evaluation.requires_human_review
 
@@ -128,56 +188,12 @@ def build(spec: CampaignSpec):
         if review:
             approval = find_approval(storage.campaign_dir(spec.name), adapter["key"], evaluation["key"])
             if approval is None:
-                msg = (
-                    f"candidate {adapter['key']} passed the gate and awaits human review; approve it with "
-                    f"{approve_hint(spec.name, adapter['key'])}, then materialize promoted_model"
-                )
-                context.log.warning(msg)
-                yield AssetObservation(
-                    asset_key=context.asset_key,
-                    description="Awaiting human review",
-                    metadata={
-                        "status": "awaiting human review",
-                        "candidate_key": adapter["key"],
-                        "evaluation_key": evaluation["key"],
-                        "how_to_approve": msg,
-                    },
-                )
+                yield _awaiting_review(context, spec, evaluation, adapter)
                 return
-        dest = storage.campaign_dir(spec.name) / "promoted_model" / adapter["key"]
-        if not (dest / "promotion.json").exists():
-            tmp = dest.with_name(dest.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(adapter["adapter_path"], tmp / "adapter")
-            _keep_candidate_items(evaluation["items_path"], tmp / PROMOTION_ITEMS)  # what drift compares with
-            record = {
-                "candidate_key": adapter["key"],
-                "base_model_path": adapter["base_model_path"],
-                "evaluation_key": evaluation["key"],
-                "verdict": evaluation["verdict"],
-                "scores": evaluation["scores"],
-                "items": PROMOTION_ITEMS,
-                "approval": approval.as_dict() if approval else None,
-                "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "run_id": context.run_id,
-            }
-            (tmp / "promotion.json").write_text(json.dumps(record, indent=2))
-            write_model_card(spec, storage, evaluation, adapter, tmp / "adapter")  # README.md, Hugging Face format
-            shutil.rmtree(dest, ignore_errors=True)
-            os.replace(tmp, dest)
-        current = storage.campaign_dir(spec.name) / "promoted_model" / "CURRENT"
-        current.write_text(adapter["key"])
+        dest = promote(spec, storage, evaluation, adapter, approval, context.run_id)
         record = json.loads((dest / "promotion.json").read_text())
         manifest = {"key": adapter["key"], "path": str(dest), "adapter_path": str(dest / "adapter"), **record}
-        md = {
-            "adapter": MetadataValue.path(str(dest / "adapter")),
-            "candidate_key": adapter["key"],
-            "verdict": record["verdict"],
-            "promoted_at": record["promoted_at"],
-        }
-        if record.get("approval"):
-            md |= {"approved_by": record["approval"]["approved_by"], "approved_at": record["approval"]["approved_at"]}
-        yield Output(manifest, metadata=md)
+        yield Output(manifest, metadata=_promotion_metadata(dest, adapter, record))
 
     return promoted_model
 

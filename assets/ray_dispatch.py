@@ -76,6 +76,29 @@ def ray_runner(spec, launch: KubeRayLaunch | None, kind: str) -> Callable:
     return run
 
 
+def _job_files(workdir: Path, prompts: Sequence[dict]) -> tuple[Path, Path]:
+    """The job's prompt table written under ``workdir`` and its (cleared) output path: ``(prompts, output)``."""
+    from campaign_orchestrator.dataset.prompts import write_prompts
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    prompts_file, output = workdir / "prompts.parquet", workdir / "generations.parquet"
+    output.unlink(missing_ok=True)  # an earlier attempt's rows are never read as this job's
+    write_prompts(
+        [{"id": str(p["id"]), "prompt": p["prompt"], "category": p.get("category")} for p in prompts], prompts_file
+    )
+    return prompts_file, output
+
+
+def _run_line(run, stats, price) -> str:
+    """What a finished RayJob did: shards, rows, lost workers, and what its shards cost when priced."""
+    paid = [r.usd for r in run.shards if r.attempts]
+    usd = "" if price is None else "; $ unknown (unpriced)" if any(u is None for u in paid) else f"; ${sum(paid):.6f}"
+    return (
+        f"{run.done}/{len(run.shards)} shards, {stats.generated} generated, {stats.cache_hits} cache hits, "
+        f"{stats.failed} failed, {len(run.lost_workers)} lost worker(s){usd}"
+    )
+
+
 def run_on_kuberay(
     spec,
     launch: KubeRayLaunch,
@@ -100,7 +123,6 @@ def run_on_kuberay(
 ):
     """One stage's shards as a KubeRay RayJob: ``(GenerationResult, RayRun)`` as :func:`run_on_ray` returns them.
     (``rate_limits``: the driver takes them from the recipe's teacher section; ``pool``, ``on_shard``: local only.)"""
-    from campaign_orchestrator.dataset.prompts import write_prompts
     from campaign_orchestrator.generation.rows import read_generations
     from campaign_orchestrator.generation.runner import GenerationError, GenerationResult
     from campaign_orchestrator.generation.scaleout.job import Job
@@ -109,12 +131,7 @@ def run_on_kuberay(
     if not prompts:
         raise GenerationError("no prompts to generate for: the prompt table is empty")
     workdir = Path(launch.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    prompts_file, output = workdir / "prompts.parquet", workdir / "generations.parquet"
-    output.unlink(missing_ok=True)  # an earlier attempt's rows are never read as this job's
-    write_prompts(
-        [{"id": str(p["id"]), "prompt": p["prompt"], "category": p.get("category")} for p in prompts], prompts_file
-    )
+    prompts_file, output = _job_files(workdir, prompts)
     job = Job(
         kind,
         recipe,
@@ -150,13 +167,8 @@ def run_on_kuberay(
             price_shard(rep, price)
     if progress is not None and len(rows) > sent:  # cache hits, and rows of samples beyond the first
         progress(len(rows) - sent)
-    paid = [r.usd for r in run.shards if r.attempts]
-    usd = "" if price is None else "; $ unknown (unpriced)" if any(u is None for u in paid) else f"; ${sum(paid):.6f}"
-    log(
-        f"{label}: RayJob {out['ray_job']} finished in {time.perf_counter() - t0:.0f} s: {run.done}/{len(run.shards)} "
-        f"shards, {stats.generated} generated, {stats.cache_hits} cache hits, {stats.failed} failed, "
-        f"{len(run.lost_workers)} lost worker(s){usd}"
-    )
+    wall = time.perf_counter() - t0
+    log(f"{label}: RayJob {out['ray_job']} finished in {wall:.0f} s: {_run_line(run, stats, price)}")
     for f in (prompts_file, output):  # the rows are the stage's output now; the job file, summary and log stay
         f.unlink(missing_ok=True)
     return GenerationResult(rows, stats), run

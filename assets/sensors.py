@@ -114,6 +114,30 @@ def new_data_sensor(spec: CampaignSpec, job_name: str):
     return new_data
 
 
+def _materialized(instance, order: list[str], upstream: set[str]) -> tuple[dict, dict]:
+    """``(latest, recorded)``: each asset's latest data version, and for the campaign's stages (``order``) the code
+    version and input data versions their latest materialization was made with (None: never materialized)."""
+    from dagster import AssetKey, DataProvenance
+
+    from campaign_orchestrator.triggers.staleness import Recorded
+
+    latest, recorded = {}, {}
+    for k in set(order) | upstream:
+        ev = instance.get_latest_materialization_event(AssetKey.from_user_string(k))
+        tags = ev.asset_materialization.tags if ev and ev.asset_materialization else None
+        latest[k] = (tags or {}).get("dagster/data_version")
+        if k in order:
+            prov = DataProvenance.from_tags(tags) if tags else None
+            recorded[k] = (
+                None
+                if prov is None
+                else Recorded(
+                    prov.code_version, {p.to_user_string(): v.value for p, v in prov.input_data_versions.items()}
+                )
+            )
+    return latest, recorded
+
+
 def model_change_sensor(spec: CampaignSpec, job_name: str):
     mc = spec.automation.model_change
 
@@ -127,10 +151,10 @@ def model_change_sensor(spec: CampaignSpec, job_name: str):
         f"(code version) or from an older upstream asset, and everything downstream of them.",
     )
     def model_change(context: SensorEvaluationContext):
-        from dagster import AssetKey, DataProvenance, RunsFilter
+        from dagster import AssetKey, RunsFilter
 
         from assets.versions import COVERS, code_versions
-        from campaign_orchestrator.triggers.staleness import Recorded, plan
+        from campaign_orchestrator.triggers.staleness import plan
 
         instance = context.instance
         busy = instance.get_run_records(RunsFilter(tags={"campaign": spec.name}, statuses=IN_PROGRESS), limit=1)
@@ -144,20 +168,7 @@ def model_change_sensor(spec: CampaignSpec, job_name: str):
             key(spec, st).to_user_string(): v for st, v in code_versions(spec).items()
         }  # fresh: sees new weights
         upstream = {p for ps in parents.values() for p in ps}
-        latest, recorded = {}, {}
-        for k in set(order) | upstream:
-            ev = instance.get_latest_materialization_event(AssetKey.from_user_string(k))
-            tags = ev.asset_materialization.tags if ev and ev.asset_materialization else None
-            latest[k] = (tags or {}).get("dagster/data_version")
-            if k in order:
-                prov = DataProvenance.from_tags(tags) if tags else None
-                recorded[k] = (
-                    None
-                    if prov is None
-                    else Recorded(
-                        prov.code_version, {p.to_user_string(): v.value for p, v in prov.input_data_versions.items()}
-                    )
-                )
+        latest, recorded = _materialized(instance, order, upstream)
         p = plan(
             order,
             parents,

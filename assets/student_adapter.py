@@ -237,16 +237,23 @@ def adopt_trial(sweep: dict, out, precision: str | None = None) -> dict | None:
     return summary
 
 
-def build(spec: CampaignSpec):
-    s, tr = spec.student, spec.training
+def _adapter_ins(spec: CampaignSpec) -> dict:
+    """The asset's inputs: the tokenized dataset (the prompts, fully on-policy without a teacher stage), the
+    prompts as well for on-policy distillation, the sweep's best trial when the campaign sweeps."""
+    tr = spec.training
     # fully on-policy without a teacher stage: the prompts are the trainer's only data
     ins = {"dataset": AssetIn(key(spec, "prompts" if tr.distillation.skips_teacher else "tokenized_dataset"))}
     if tr.distillation.loss == "on_policy" and not tr.distillation.skips_teacher:
         ins["prompts"] = AssetIn(key(spec, "prompts"))
     if spec.sweep is not None:
         ins["sweep"] = AssetIn(key(spec, "hparam_sweep"))
+    return ins
 
-    decorate = asset(
+
+def _adapter_asset(spec: CampaignSpec, ins: dict):
+    """The ``@asset`` decorator of the campaign's ``student_adapter``."""
+    s, tr = spec.student, spec.training
+    return asset(
         key=key(spec, "student_adapter"),
         group_name=spec.name,
         kinds={"pytorch"},
@@ -259,6 +266,11 @@ def build(spec: CampaignSpec):
             + ("; parameters from the sweep's best trial (hparam_sweep)." if spec.sweep else ".")
         ),
     )
+
+
+def build(spec: CampaignSpec):
+    ins = _adapter_ins(spec)
+    decorate = _adapter_asset(spec, ins)
     if spec.sweep is None and "prompts" in ins:
 
         @decorate
