@@ -42,11 +42,11 @@ main{padding:20px 28px;max-width:1280px}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:14px}
 .card{background:#fff;border-radius:10px;padding:14px 16px;box-shadow:0 1px 3px rgba(0,0,0,.08)}
 .card h2{font-size:15px;margin:0 0 8px}
-table{border-collapse:collapse;width:100%;font-size:13px}th,td{padding:6px 8px;border-bottom:1px solid
-#eef0f4;text-align:right}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{padding:6px 8px;border-bottom:1px solid #eef0f4;text-align:right}
 th:first-child,td:first-child{text-align:left}th{color:#6b7280;font-weight:600}
-.legend span{display:inline-block;margin-right:12px;font-size:12px}.legend
-i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
+.legend span{display:inline-block;margin-right:12px;font-size:12px}
+.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
 .warn{color:#b91c1c;font-weight:600}.muted{color:#9ca3af}
 svg text{font-size:11px;fill:#4b5563}
 """
@@ -601,6 +601,8 @@ def render_dashboard(
         "sweep": sweep,
     }
     generated = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%d %H:%M UTC")
+    spend_charts = chart_spend_over_time(lines, budget_usd) + chart_budget(spent, budget_usd)
+    sweep_html = sweep_section(sweep, sweep_trial_costs(ledger, campaign, sweep["key"]) if sweep else {})
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Cost dashboard · {_e(campaign)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
@@ -608,19 +610,15 @@ def render_dashboard(
 <p>From the cost ledger ({_e(ledger.path.name)}) · generated {generated} · hover a mark for its numbers</p></header>
 <main><section class="tiles">{"".join(tiles)}</section>
 <section class="grid">
-<div class="card"><h2>Spend over time and budget</h2>{chart_spend_over_time(lines, budget_usd)}{
-        chart_budget(spent, budget_usd)
-    }</div>
+<div class="card"><h2>Spend over time and budget</h2>{spend_charts}</div>
 <div class="card"><h2>Spend per run, by stage</h2>{chart_runs_by_stage(runs)}</div>
 <div class="card"><h2>Cost of each result against its score</h2>{chart_cost_vs_score(reports)}</div>
 <div class="card"><h2>Planner estimate against actual (latest result)</h2>{chart_plan_vs_actual(latest)}</div>
 </section>
 <section class="card" style="margin-top:14px"><h2>Runs</h2><table>
-<tr><th>run</th><th>first record (UTC)</th><th>spent in
-run</th><th>budget-stopped</th><th>verdict</th><th>score</th><th>$ / point (lower bound)</th></tr>
-{run_rows}</table></section>{
-        sweep_section(sweep, sweep_trial_costs(ledger, campaign, sweep["key"]) if sweep else {})
-    }</main>
+<tr><th>run</th><th>first record (UTC)</th><th>spent in run</th><th>budget-stopped</th><th>verdict</th><th>score</th>
+<th>$ / point (lower bound)</th></tr>
+{run_rows}</table></section>{sweep_html}</main>
 <script type="application/json" id="dashboard-data">{html.escape(json.dumps(data, default=str), quote=False)}</script>
 </body></html>"""
 

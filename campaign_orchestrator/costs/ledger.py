@@ -447,10 +447,10 @@ class Ledger:
             SELECT r.run_id, r.started_at, r.ended_at, u.unknown,
                    COALESCE(SUM(l.usd), 0) AS usd,
                    COALESCE(SUM(l.usd) FILTER (WHERE l.kind = 'teacher' AND l.status = 'completed'), 0) AS teacher_usd,
-                   COALESCE(SUM(l.usd) FILTER (WHERE l.kind = 'training' AND l.status = 'completed'), 0) AS
-                   training_usd,
-                   COALESCE(SUM(l.usd) FILTER (WHERE l.kind = 'evaluation' AND l.status = 'completed'), 0) AS
-                   evaluation_usd,
+                   COALESCE(SUM(l.usd) FILTER (WHERE l.kind = 'training' AND l.status = 'completed'), 0)
+                       AS training_usd,
+                   COALESCE(SUM(l.usd) FILTER (WHERE l.kind = 'evaluation' AND l.status = 'completed'), 0)
+                       AS evaluation_usd,
                    COALESCE(SUM(l.usd) FILTER (WHERE l.status = 'interrupted'), 0) AS interrupted_usd
             FROM r LEFT JOIN cost_lines l ON l.run_id = r.run_id AND l.campaign = $1 LEFT JOIN u ON u.run_id = r.run_id
             GROUP BY ALL ORDER BY r.started_at

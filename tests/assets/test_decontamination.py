@@ -22,8 +22,8 @@ pytestmark = pytest.mark.stage
 def _campaign(source: Path, action: str) -> str:
     return f"""
 name: decon_{action}
-teacher: {{backend: transformers, model: "@demo/teacher", sampling: {{max_new_tokens: 16}}, batch_size: 64, hardware:
-cpu-2vcpu}}
+teacher: {{backend: transformers, model: "@demo/teacher", sampling: {{max_new_tokens: 16}}, batch_size: 64,
+  hardware: cpu-2vcpu}}
 student: {{base_model: "@demo/student", quantization: {{load_in_4bit: false, compute_dtype: float32}}}}
 data:
   source: "{source}"

@@ -46,8 +46,9 @@ SENSOR_TICKS = """
 query Ticks($selector: SensorSelector!) {
   sensorOrError(sensorSelector: $selector) {
     __typename
-    ... on Sensor { sensorState { status ticks(limit: 10) { status timestamp skipReason runIds cursor error { message }
-    } } }
+    ... on Sensor {
+      sensorState { status ticks(limit: 10) { status timestamp skipReason runIds cursor error { message } } }
+    }
     ... on PythonError { message }
   }
 }"""

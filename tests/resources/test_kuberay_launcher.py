@@ -33,8 +33,8 @@ from dagster_pipes import open_dagster_pipes
 job = json.loads(Path(sys.argv[sys.argv.index("--job") + 1]).read_text())
 assert os.environ.get("HF_TOKEN"), "secretKeyRef was not resolved"
 shards = int(job["execution"]["fake_shards"])
-usage = job["execution"].get("fake_usage")  # the real driver's budget messages
-(campaign_orchestrator/generation/scaleout)
+# the real driver's budget messages (campaign_orchestrator/generation/scaleout)
+usage = job["execution"].get("fake_usage")
 with open_dagster_pipes() as pipes:
     print(f"driver: {job['kind']} on {job['execution']['replicas']} replicas", flush=True)
     if usage:
