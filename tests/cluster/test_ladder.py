@@ -172,10 +172,11 @@ def test_bandwidth_rung_records_a_baseline_then_names_a_drop(artifact_root):
             assert r["algbw_gbps"] == pytest.approx(algbw)
             assert r["busbw_gbps"] == pytest.approx(algbw * factor[op])
 
-    # Make the numbers drop: a baseline ten times faster than this machine.
+    # Make the numbers drop: a baseline a thousand times faster than this machine (tiny messages on a loaded
+    # host vary several-fold between runs, so a tenfold baseline could be met).
     base_file = next((artifact_root / "cluster" / "baselines").glob("collective_bandwidth-gloo-cpu-1x2.json"))
     base = json.loads(base_file.read_text())
-    base["metrics"] = {k: v * 10 if k.endswith("plateau_busbw_gbps") else v for k, v in base["metrics"].items()}
+    base["metrics"] = {k: v * 1000 if k.endswith("plateau_busbw_gbps") else v for k, v in base["metrics"].items()}
     base_file.write_text(json.dumps(base))
     second = materialize(
         [cluster.environment, cluster.collective_bandwidth],
