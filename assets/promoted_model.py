@@ -153,13 +153,18 @@ def promote(spec: CampaignSpec, storage: ArtifactStore, evaluation: dict, adapte
     return dest
 
 
-def _promotion_metadata(dest, adapter: dict, record: dict) -> dict:
+def _promotion_metadata(dest, adapter: dict, record: dict, run_id: str) -> dict:
+    """What the UI shows; a candidate promoted by an earlier run (promotion is once per key) is ``reused``."""
     md = {
         "adapter": MetadataValue.path(str(dest / "adapter")),
         "candidate_key": adapter["key"],
+        "content_key": adapter["key"],
         "verdict": record["verdict"],
         "promoted_at": record["promoted_at"],
+        "reused": record.get("run_id") != run_id,
     }
+    if md["reused"]:
+        md["reused_from_run"] = record.get("run_id")
     if record.get("approval"):
         md |= {"approved_by": record["approval"]["approved_by"], "approved_at": record["approval"]["approved_at"]}
     return md
@@ -193,7 +198,7 @@ def build(spec: CampaignSpec):
         dest = promote(spec, storage, evaluation, adapter, approval, context.run_id)
         record = json.loads((dest / "promotion.json").read_text())
         manifest = {"key": adapter["key"], "path": str(dest), "adapter_path": str(dest / "adapter"), **record}
-        yield Output(manifest, metadata=_promotion_metadata(dest, adapter, record))
+        yield Output(manifest, metadata=_promotion_metadata(dest, adapter, record, context.run_id))
 
     return promoted_model
 

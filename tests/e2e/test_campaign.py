@@ -84,6 +84,10 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
         "evaluation",
     ):
         assert _metadata(again, AssetKey(["mini", stage]))["cached"] is True, stage
+    # promotion is once per candidate: the rerun reports the first run's promotion as reused
+    promoted = _metadata(again, AssetKey(["mini", "promoted_model"]))
+    assert promoted["reused"] is True and promoted["reused_from_run"] == result.run_id
+    assert _metadata(result, AssetKey(["mini", "promoted_model"]))["reused"] is False
 
 
 def _gate_follows_its_materialization(instance: DagsterInstance, run_id: str, asset: AssetKey) -> None:
