@@ -15,12 +15,12 @@ from campaign_orchestrator.costs.catalog import PriceEntry, token_lines
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.generation.recipes import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, namespace
-from campaign_orchestrator.generation.runner import run_generation
 from campaign_orchestrator.generation.scaleout.pool import ShardPool
-from campaign_orchestrator.generation.scaleout.stage import RayExecutor, shard_cost_lines
+from campaign_orchestrator.generation.scaleout.stage import shard_cost_lines
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaigns.spec import TeacherSpec
 from tests.support.processes import wait_for
+from tests.support.ray_support import on_ray
 from tests.support.testserver import ServerConfig, ServerThread
 
 pytestmark = pytest.mark.slow
@@ -30,23 +30,7 @@ API = PriceEntry(key="api", unit="million-tokens", input_usd=1.0, output_usd=2.0
 
 
 def _on_ray(prompts, recipe, ident, cfg, execution, budget=None, **executor):
-    """``run_generation`` with the Ray executor: ``(result, what the pool did)``."""
-    ex = RayExecutor(recipe, ident, cfg, execution, **executor)
-    return run_generation(prompts, ex, S, cfg.open(), budget=budget), ex.run
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}},
-    )
-    yield ray
-    ray.shutdown()
+    return on_ray(prompts, S, recipe, ident, cfg, execution, budget=budget, **executor)
 
 
 def _prompts(n: int) -> list[dict]:

@@ -14,13 +14,13 @@ import pytest
 
 from campaign_orchestrator.generation.recipes import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
-from campaign_orchestrator.generation.runner import run_generation
 from campaign_orchestrator.generation.scaleout.pool import ShardFailed, ShardPool
 from campaign_orchestrator.generation.scaleout.shards import make_shards
 from campaign_orchestrator.generation.scaleout.stage import RayExecutor
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaigns.spec import TeacherSpec
 from tests.support.processes import wait_for
+from tests.support.ray_support import on_ray
 from tests.support.testserver import ServerConfig, ServerThread
 
 pytestmark = pytest.mark.slow
@@ -30,23 +30,7 @@ CONCURRENCY = 2  # requests in flight per worker
 
 
 def _on_ray(prompts, recipe, ident, cfg, execution, budget=None, **executor):
-    """``run_generation`` with the Ray executor: ``(result, what the pool did)``."""
-    ex = RayExecutor(recipe, ident, cfg, execution, **executor)
-    return run_generation(prompts, ex, S, cfg.open(), budget=budget), ex.run
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}},
-    )
-    yield ray
-    ray.shutdown()
+    return on_ray(prompts, S, recipe, ident, cfg, execution, budget=budget, **executor)
 
 
 def _execution(**kw):

@@ -19,12 +19,11 @@ import pytest
 
 from campaign_orchestrator.generation.recipes import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, namespace
-from campaign_orchestrator.generation.runner import run_generation
 from campaign_orchestrator.generation.scaleout.pool import ShardPool
-from campaign_orchestrator.generation.scaleout.stage import RayExecutor
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig
 from campaigns.spec import TeacherSpec
 from tests.support.processes import wait_for
+from tests.support.ray_support import on_ray
 from tests.support.testserver import ServerConfig, ServerThread
 
 pytestmark = pytest.mark.slow
@@ -35,9 +34,7 @@ RAY = shutil.which("ray", path=os.path.dirname(sys.executable))
 
 
 def _on_ray(prompts, recipe, ident, cfg, execution, budget=None, **executor):
-    """``run_generation`` with the Ray executor: ``(result, what the pool did)``."""
-    ex = RayExecutor(recipe, ident, cfg, execution, **executor)
-    return run_generation(prompts, ex, S, cfg.open(), budget=budget), ex.run
+    return on_ray(prompts, S, recipe, ident, cfg, execution, budget=budget, **executor)
 
 
 def _free_port() -> int:

@@ -2,45 +2,21 @@
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
 import torch
 
+from tests.support.attention_support import llama_pair, logits_and_grads
 from training import attention
 
 
 @pytest.fixture(scope="module")
 def models():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    attention.register()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=61,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    # each model its own config: transformers keeps the object it is given, and the kernel is a config field
-    eager = LlamaForCausalLM(copy.deepcopy(cfg))
-    eager.config._attn_implementation = "eager"
-    seg = LlamaForCausalLM(copy.deepcopy(cfg))
-    seg.load_state_dict(eager.state_dict())
-    seg.config._attn_implementation = attention.NAME
-    assert eager.config._attn_implementation == "eager"
-    return eager, seg
+    return llama_pair(attention.NAME)
 
 
-def _grads(model, **inputs):
-    model.zero_grad(set_to_none=True)
-    logits = model(**inputs, use_cache=False).logits
-    (logits.float() ** 2).mean().backward()
-    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+_grads = logits_and_grads
 
 
 def test_segments_of_a_packed_row():
