@@ -19,8 +19,10 @@ def skip_too_long(
     context_length: int | None,
     out: list,
     on_result: Callable[[int, Completion], None] | None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[int]:
-    """Fill ``out`` with an error for each prompt that does not fit the context; returns the others' indexes."""
+    """Fill ``out`` with an error for each prompt that does not fit the context (counted to ``progress``); returns
+    the others' indexes."""
     fits = []
     for i, e in enumerate(enc):
         if too_long(len(e), max_new_tokens, context_length):
@@ -33,6 +35,8 @@ def skip_too_long(
                 on_result(i, out[i])
         else:
             fits.append(i)
+    if progress and len(fits) < len(enc):
+        progress(len(enc) - len(fits))
     return fits
 
 

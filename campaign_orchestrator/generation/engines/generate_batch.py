@@ -66,9 +66,7 @@ class GenerateBatchEngine:
             )
         g = self.g
         out: list[Completion | None] = [None] * len(enc)
-        fits = skip_too_long(enc, max_new_tokens, g.context_length, out, on_result)
-        if progress and len(fits) < len(enc):
-            progress(len(enc) - len(fits))
+        fits = skip_too_long(enc, max_new_tokens, g.context_length, out, on_result, progress)
         if not fits:
             return out  # type: ignore[return-value]
         rows = [list(enc[i]) for i in fits]

@@ -181,9 +181,7 @@ class VLLMEngine:
     def generate(self, enc, max_new_tokens, logprobs=None, progress=None, on_result=None) -> list[Completion]:
         g = self.g
         out: list[Completion | None] = [None] * len(enc)
-        fits = skip_too_long(enc, max_new_tokens, g.context_length, out, on_result)
-        if progress and len(fits) < len(enc):
-            progress(len(enc) - len(fits))
+        fits = skip_too_long(enc, max_new_tokens, g.context_length, out, on_result, progress)
         if not fits:
             return out  # type: ignore[return-value]
         self._start(logprobs or 0)
