@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install system-deps demo real test test-fast lint format ui validate bench clean
+.PHONY: install system-deps demo real test test-heavy test-fast lint format ui validate bench clean
 
 # The venv is rebuilt when pyproject.toml changes. torch is pinned to the CPU build that lies on
 # this machine's disk (a GPU image installs the CUDA build of the same version instead).
@@ -47,11 +47,14 @@ real: install $(DAGSTER_HOME)/dagster.yaml   ## the real model: fetch SmolLM2-13
 	$(BIN)/campaign fetch-model smollm2-135m-instruct
 	$(BIN)/campaign run smollm2
 
-test: install system-deps                      ## run the test suite
-	$(BIN)/python -m pytest tests
+test: install system-deps                      ## run the test suite (not the `heavy` tests: `make test-heavy`)
+	$(BIN)/python -m pytest tests -m "not heavy and not vllm"
+
+test-heavy: install system-deps                ## the heavy tests (inductor, vLLM's CPU build in its own venv, extra models); .ci/run runs it after `make test`
+	$(BIN)/python -m pytest tests -m "heavy and not vllm" || test $$? -eq 5  # 5: none collected
 
 test-fast: install                             ## unit tests only (no `stage` or `slow` tests), under 2 minutes
-	$(BIN)/python -m pytest tests -m "not slow and not stage" -q
+	$(BIN)/python -m pytest tests -m "not slow and not stage and not heavy and not vllm" -q
 
 lint: install                                  ## ruff: lint rules and formatting (.ci/run runs this before the tests)
 	$(BIN)/ruff check .
