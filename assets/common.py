@@ -1,25 +1,22 @@
-"""Helpers shared by the stage asset factories: keys, model dependencies, costs, metadata."""
+"""What every asset adapter shares: asset keys, model dependencies, the stage context built from the resources,
+stage errors as Dagster failures, and metadata for people."""
 
-from pathlib import Path
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
-from dagster import AssetKey, MetadataValue
+from dagster import AssetKey, Failure, MetadataValue
 
-from campaign_orchestrator.content import HashCache, model_fingerprint, short, value_sha256
-from campaign_orchestrator.demo import recipe
-from campaigns import paths
 from campaigns.spec import CampaignSpec
+from stages.common import STAGES, demo_model_name, usd
+from stages.context import StageContext, TeacherSettings
+from stages.errors import StageError
+from stages.pricing import dollars, seconds
 
-STAGES = (
-    "prompts",
-    "teacher_generations",
-    "distillation_set",
-    "tokenized_dataset",
-    "student_adapter",
-    "evaluation",
-    "promoted_model",
-    "campaign_cost",
-)
+__all__ = ["STAGES", "DEMO_GROUP", "key", "demo_model_key", "model_deps", "stage_context", "dagster_failures"]
 
 DEMO_GROUP = "demo_models"
 
@@ -29,26 +26,40 @@ def key(spec: CampaignSpec, stage: str) -> AssetKey:
 
 
 def demo_model_key(ref: str) -> AssetKey:
-    return AssetKey([DEMO_GROUP, ref.removeprefix(recipe.PREFIX)])
+    return AssetKey([DEMO_GROUP, demo_model_name(ref) or ref])
 
 
 def model_deps(*refs: str) -> list[AssetKey]:
     """Asset keys of the demo models a stage reads (other models are plain paths)."""
-    return sorted({demo_model_key(r) for r in refs if recipe.is_demo_ref(r)}, key=lambda k: k.path)
+    return sorted({demo_model_key(r) for r in refs if demo_model_name(r) is not None}, key=lambda k: k.path)
 
 
-def stage_key(*parts: Any) -> str:
-    return short(value_sha256(list(parts)), 20)
+def stage_context(context, storage, pricing=None, teacher=None, launcher=None, kuberay=None) -> StageContext:
+    """The plain :class:`stages.context.StageContext` of an asset's step: the resources' plain objects (storage,
+    pricing, teacher settings), the launchers bound to this run, and the run, step and attempt the ledger
+    records."""
+    step = context.get_step_execution_context().step.key
+    return StageContext(
+        store=storage.store(),
+        pricing=pricing.service() if pricing is not None else StageContext().pricing,
+        run_id=context.run_id,
+        step_key=step,
+        attempt=context.retry_number,
+        log=context.log,
+        teacher=TeacherSettings(teacher.vllm_chunk_size) if teacher is not None else TeacherSettings(),
+        train=partial(launcher.launch, context) if launcher is not None else None,
+        kuberay=partial(kuberay.launch, context) if kuberay is not None else None,
+    )
 
 
-def model_identity(path: Path, revision: str | None = None) -> str:
-    """Content fingerprint of a model directory (every byte; each file version read once, digests kept
-    in the per-user hash cache), plus its revision."""
-    return f"{model_fingerprint(path, HashCache(paths.hash_cache_file()))}@{revision or ''}"
-
-
-def usd(lines: list[dict]) -> float:
-    return float(sum(line["usd"] for line in lines))
+@contextmanager
+def dagster_failures() -> Iterator[None]:
+    """A stage's :class:`stages.errors.StageError` (a budget stop among them) as a Dagster ``Failure`` with its
+    message and metadata, retried only when a retry can help."""
+    try:
+        yield
+    except StageError as e:
+        raise Failure(description=str(e), metadata=e.metadata or None, allow_retries=e.retry) from e
 
 
 def _sig(x: float, digits: int = 4) -> float:
@@ -75,8 +86,6 @@ def for_people(md: dict[str, Any]) -> dict[str, Any]:
 def base_metadata(manifest: dict, cached: bool) -> dict[str, Any]:
     """What every stage's materialization shows: where its output is, its content key, and (for people) its time
     and cost with units. A cache hit shows the time it took when it was produced, not as this run's time."""
-    from resources.pricing import dollars, seconds
-
     wall, cost = float(manifest.get("wall_seconds", 0.0)), usd(manifest.get("cost_lines", []))
     md: dict[str, Any] = {
         "path": MetadataValue.path(manifest["path"]),

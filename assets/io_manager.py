@@ -11,15 +11,16 @@ from pathlib import Path
 
 from dagster import ConfigurableIOManager, InputContext, OutputContext
 
-from resources.storage import ArtifactStore
+from stages.pricing import Pricing
+from stages.storage import Store
 
 
 class ManifestIOManager(ConfigurableIOManager):
     root: str = "artifacts"
-    ledger: str | None = None  # cost ledger file; default <root>/cost_ledger.duckdb (see resources/pricing.py)
+    ledger: str | None = None  # cost ledger file; default <root>/cost_ledger.duckdb (see stages/pricing.py)
 
     def _pointer(self, key_path: list[str]) -> Path:
-        return ArtifactStore(root=self.root).root_path() / Path(*key_path[:-1]) / key_path[-1] / "LATEST.json"
+        return Store(root=self.root).root_path() / Path(*key_path[:-1]) / key_path[-1] / "LATEST.json"
 
     def handle_output(self, context: OutputContext, obj: dict) -> None:
         if obj is None:
@@ -33,10 +34,8 @@ class ManifestIOManager(ConfigurableIOManager):
             self._record_cost(context, obj)
 
     def _record_cost(self, context: OutputContext, manifest: dict) -> None:
-        from resources.pricing import PricingResource
-
         key = list(context.asset_key.path)
-        ledger = PricingResource(ledger=self.ledger).ledger_at(ArtifactStore(root=self.root).root_path())
+        ledger = Pricing(ledger=self.ledger).ledger_at(Store(root=self.root).root_path())
         res = ledger.record_stage(
             campaign=manifest.get("campaign", key[0]),
             asset=key[-1],

@@ -11,10 +11,10 @@ from campaign_app.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
 
 def costs_command(args: argparse.Namespace) -> int:
     from campaign_orchestrator.costs.report import money
-    from resources.pricing import STAGE_KIND, PricingResource
     from resources.storage import ArtifactStore
+    from stages.pricing import STAGE_KIND, Pricing
 
-    ledger = PricingResource().ledger_at(ArtifactStore(root=args.artifacts).root_path())
+    ledger = Pricing().ledger_at(ArtifactStore(root=args.artifacts).root_path())
     if args.sql:
         import duckdb
 
@@ -66,11 +66,11 @@ def dashboard_command(args: argparse.Namespace) -> int:
     dashboard across every campaign in the ledger (``<root>/dashboards/index.html``); ``--serve``: then serve
     that folder over HTTP, so the links in the UI's metadata (``PricingResource.dashboard_url``) open."""
     from campaign_orchestrator.costs.dashboard import write_dashboard, write_team_dashboard
-    from resources.pricing import PricingResource, latest_sweep
     from resources.storage import ArtifactStore
+    from stages.pricing import Pricing, latest_sweep
 
     root = ArtifactStore(root=args.artifacts).root_path()
-    ledger = PricingResource().ledger_at(root)
+    ledger = Pricing().ledger_at(root)
     pages = {}
     if args.campaign:
         spec = resolve_spec(args.campaign)

@@ -69,9 +69,9 @@ def run_costs(artifacts: Path, spec, run_id: str, attempted: set[str] = frozense
     """The cost report of ``run_id`` (reused from campaign_cost when it ran) or the run's spend: None
     (unknown, never $0) when the run produced something at an unknown price (an unpriced teacher),
     or ran an unpriced teacher stage that stopped before it finished."""
-    from resources.pricing import PricingResource, cost_report
+    from stages.pricing import Pricing, cost_report
 
-    pricing = PricingResource()
+    pricing = Pricing()
     ledger = pricing.ledger_at(artifacts)
     done = ledger.assets_materialized(spec.name, run_id)
     out: dict = {

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 from dagster import AssetKey, DagsterInstance, Output, asset, materialize
 
+from assets.common import dagster_failures, stage_context
 from assets.io_manager import ManifestIOManager
 from campaign_orchestrator.costs.budget import BudgetExceeded, BudgetGuard, Limit
 from campaign_orchestrator.costs.ledger import Ledger
@@ -55,18 +56,23 @@ class _Progress:
 def _stage(spec, computed: list[int]):
     @asset(key=AssetKey([spec.name, "evaluation"]))
     def evaluation(context, storage: ArtifactStore, pricing: PricingResource):
+        with dagster_failures():
+            return _work(context, storage, pricing)
+
+    def _work(context, storage, pricing):
         sd = storage.stage(spec.name, "evaluation", "k1")
         if not sd.is_complete():
             out = sd.ensure()
             todo = [i for i in range(CHUNKS) if not (out / f"part-{i}.txt").exists()]
             clock = _Clock()
-            progress = pricing.guard(context, spec, sd, clock=clock).watch(_Progress(len(todo)))
+            guard = pricing.service().guard(stage_context(context, storage, pricing), spec, sd, clock=clock)
+            progress = guard.watch(_Progress(len(todo)))
             for i in todo:
                 (out / f"part-{i}.txt").write_text(f"chunk {i}")  # the work, kept as it finishes
                 computed.append(i)
                 clock.t += CHUNK_S
                 progress(1)
-            lines = pricing.bill(spec, "evaluation", {"seconds": clock.t})["lines"]
+            lines = pricing.service().bill(spec, "evaluation", {"seconds": clock.t})["lines"]
             sd.commit({"cost_lines": lines, "chunks": CHUNKS, "wall_seconds": clock.t})
         return Output(sd.manifest())
 

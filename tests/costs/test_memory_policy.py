@@ -126,7 +126,7 @@ def test_auto_micro_batch_is_refused_for_on_policy():
 def test_speed_only_fields_stay_out_of_the_adapter_key():
     """reshard_after_forward and compile change how fast, not what is trained: no cached adapter is retrained
     because the spec grew them."""
-    from assets.student_adapter import training_key_fields
+    from stages.student_adapter import training_key_fields
     from tests.support.train_support import demo_spec
 
     key = training_key_fields(demo_spec())["training"]

@@ -80,15 +80,15 @@ def test_validate_refuses_a_teacher_it_cannot_price(tmp_path, capsys, teacher, c
 def test_planner_guard_and_ledger_read_the_same_price(tmp_path, artifact_root):
     """The README's openai example: before, the planner read `teacher.hardware` (cpu-2vcpu, hourly) and
     failed for want of a local model to size; now all three price its tokens at `teacher.price`."""
-    from assets.teacher_generations import teacher_usage
     from campaign_orchestrator.costs.budget import Usage
     from campaign_orchestrator.costs.catalog import teacher_entry
     from campaign_orchestrator.generation.runner import GenerationStats
-    from resources.pricing import PricingResource, _teacher_meter
+    from stages.pricing import Pricing, _teacher_meter
+    from stages.teacher import teacher_usage
 
     spec = load_campaign_file(_campaign(tmp_path, _api("api-open-70b"), {"overrides": OVERRIDE}))
     assert cli.main(["validate", str(tmp_path / "priced.yaml")]) == cli.EXIT_OK
-    pricing = PricingResource()
+    pricing = Pricing()
     catalog = pricing.catalog_for(spec)
     assert (teacher_entry(spec, catalog).input_usd, teacher_entry(spec, catalog).output_usd) == (2.0, 4.0)
 

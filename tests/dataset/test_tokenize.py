@@ -178,6 +178,7 @@ def test_asset_is_keyed_by_content_and_consumed_by_the_loader(artifact_root, tmp
     from assets.io_manager import ManifestIOManager
     from campaigns.loader import load_campaigns
     from resources.storage import ArtifactStore
+    from stages import tokenized_dataset as stage
     from training.data import DatasetMismatch, TokenizedDataset
 
     spec = load_campaigns(["campaigns/demo.yaml"]).campaigns["demo"]
@@ -213,8 +214,8 @@ def test_asset_is_keyed_by_content_and_consumed_by_the_loader(artifact_root, tmp
     longer = spec.model_copy(update={"training": spec.training.model_copy(update={"max_seq_len": 48})})
     other = run(longer)
     assert not other["cached"] and other["content_key"] != first["content_key"]
-    settings = tokenized.build_settings(spec)  # a new tokenizer is a new dataset too
-    assert tokenized.content_key("d", "tok-a", settings, None) != tokenized.content_key("d", "tok-b", settings, None)
+    settings = stage.build_settings(spec)  # a new tokenizer is a new dataset too
+    assert stage.content_key("d", "tok-a", settings, None) != stage.content_key("d", "tok-b", settings, None)
     manifest = json.loads((artifact_root / "demo" / "tokenized_dataset" / "LATEST.json").read_text())
     ds = TokenizedDataset(
         manifest["dataset_path"], cache_dir=tmp_path / "cache", expect_tokenizer_hash=manifest["tokenizer_hash"]

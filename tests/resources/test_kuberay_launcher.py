@@ -17,6 +17,7 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, Failure, MaterializeResult, asset, materialize
 
+from assets.common import dagster_failures
 from campaigns.loader import parse_campaign_text
 from resources.k8s.kuberay_launcher import KubeRayJobLauncher, job_paths
 from tests.support import REPO_ROOT
@@ -121,7 +122,8 @@ def _run(spec, job, server, tmp_path, monkeypatch, budget=None, **launcher_kw):
 
     @asset(key=AssetKey([spec.name, "teacher_generations"]))
     def teacher_generations(context, kuberay: KubeRayJobLauncher) -> MaterializeResult:
-        out = kuberay.launch(context, spec, "teacher_generations", job, workdir, budget=budget)
+        with dagster_failures():  # a budget stop (a stage error) as the asset adapters report it
+            out = kuberay.launch(context, spec, "teacher_generations", job, workdir, budget=budget)
         return MaterializeResult(
             metadata={**out["pipes_metadata"], "ray_job": out["ray_job"], "summary_rows": out["summary"]["rows"]}
         )
@@ -313,7 +315,7 @@ def test_each_finished_shard_is_charged_to_the_guard_and_a_budget_stop_deletes_t
     looked up) checks the guard's planner estimate: an estimate over the budget stops the job before any shard."""
     from campaign_orchestrator.costs.budget import BudgetGuard, Limit
     from campaign_orchestrator.costs.ledger import Ledger
-    from resources.pricing import BudgetStop
+    from stages.errors import BudgetStopped
 
     _plant_secret(api_server)
     ledger = Ledger(tmp_path / "ledger.duckdb")
@@ -340,7 +342,7 @@ def test_each_finished_shard_is_charged_to_the_guard_and_a_budget_stop_deletes_t
         stage_key="k1",
         limits=[Limit(f"campaign {spec.name}", 0.475, 0.0)],
         metered=priced,
-        on_exceeded=BudgetStop,
+        on_exceeded=BudgetStopped,
         log=print,
     )
     guard.planned_usd = planned_usd

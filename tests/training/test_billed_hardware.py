@@ -24,9 +24,9 @@ def _spec(**training):
 
 
 def _catalog(spec):
-    from resources.pricing import PricingResource
+    from stages.pricing import Pricing
 
-    return PricingResource().catalog_for(spec)
+    return Pricing().catalog_for(spec)
 
 
 def test_a_campaign_names_its_training_hardware():

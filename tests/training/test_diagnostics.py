@@ -91,9 +91,9 @@ def test_distributed_env_is_validated_and_exported_as_one_dict():
 
 
 def test_adapter_key_ignores_env_and_diagnostics_but_not_profiling():
-    from assets.student_adapter import training_key_fields
     from campaigns.loader import load_campaign_file
     from campaigns.paths import shipped_campaigns_dir
+    from stages.student_adapter import training_key_fields
 
     spec = load_campaign_file(shipped_campaigns_dir() / "demo.yaml")
     noisy = spec.model_copy(

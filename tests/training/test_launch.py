@@ -100,8 +100,8 @@ def test_training_spec_defaults_and_validation():
 
 
 def test_checkpoint_and_timeout_settings_do_not_change_the_adapter_key():
-    from assets.student_adapter import training_key_fields
     from campaigns.spec import CampaignSpec
+    from stages.student_adapter import training_key_fields
 
     a = CampaignSpec.model_validate(_demo())
     d = _demo()

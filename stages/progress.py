@@ -1,13 +1,18 @@
-"""Progress for long work: a tqdm bar on stderr and a line in the Dagster run log every ~10%."""
+"""Progress for long work: a tqdm bar on stderr and a line in the run's log every ~10%."""
+
+from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 from tqdm import tqdm
 
 
 class RunProgress:
-    def __init__(self, log, total: int, label: str, unit: str = "it"):
+    """``progress(n)`` after ``n`` more units are done; ``log``: a callable taking one line (the run's logger)."""
+
+    def __init__(self, log: Callable[[str], None], total: int, label: str, unit: str = "it"):
         self.log, self.total, self.label, self.unit = log, total, label, unit
         self.done = 0
         self.t0 = time.perf_counter()
@@ -20,7 +25,7 @@ class RunProgress:
         frac = self.done / self.total if self.total else 1.0
         if frac >= self._next or self.done == self.total:
             rate = self.done / max(1e-9, time.perf_counter() - self.t0)
-            self.log.info(f"{self.label}: {self.done}/{self.total} {self.unit} ({frac:.0%}, {rate:.1f} {self.unit}/s)")
+            self.log(f"{self.label}: {self.done}/{self.total} {self.unit} ({frac:.0%}, {rate:.1f} {self.unit}/s)")
             while self._next <= frac:
                 self._next += 0.1
 

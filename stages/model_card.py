@@ -1,5 +1,5 @@
 """The promoted adapter's ``README.md`` model card (Hugging Face format): the inputs gathered from the campaign's
-stage manifests, rendered by :func:`evaluation.model_card.render_card`. No asset of its own: ``promoted_model``
+stage manifests, rendered by :func:`evaluation.model_card.render_card`. No stage of its own: ``promoted_model``
 calls :func:`write_model_card`."""
 
 from __future__ import annotations

@@ -1,0 +1,134 @@
+"""tokenized_dataset: the distillation set (plus any extra sources) tokenized with the student's
+tokenizer, packed and sharded into Parquet (``campaign_orchestrator.dataset.tokenize``).
+
+What its two blocking checks judge (``campaign_orchestrator.dataset.checks``): every example's loss ends on the stop
+token (the manifest's ``stop_token``) and, for logit distillation, the teacher's and student's vocabularies
+(:func:`vocabulary_report`)."""
+
+from __future__ import annotations
+
+import time
+
+from campaigns.spec import CampaignSpec
+from stages.common import stage_key
+from stages.outcome import Outcome
+
+STAGE_VERSION = "tokenized/v3"  # v3: a chat turn's loss ends on its end-of-turn token
+
+
+def build_settings(spec: CampaignSpec):
+    from campaign_orchestrator.dataset.tokenize import BuildSettings
+
+    d = spec.dataset
+    return BuildSettings(
+        max_seq_len=spec.training.max_seq_len,
+        template=d.template,
+        train_on_prompt=d.train_on_prompt,
+        packing=d.packing,
+        padding=d.padding,
+        too_long=d.too_long,
+        shard_size_bytes=int(d.shard_size_mb * (1 << 20)),
+        validation_fraction=d.validation_fraction,
+        split_seed=d.split_seed,
+        num_proc=d.num_proc,
+    )
+
+
+# The teacher columns' format (``campaign_orchestrator.dataset.topk``): part of the key of a campaign whose teacher
+# stores
+# top-k log-probabilities, so a dataset built before they were written is never reused for it.
+TEACHER_TOPK_FORMAT = "teacher_topk/v1"
+
+
+def content_key(
+    distillation_key: str, tokenizer: str, settings, extra_sources_hash: str | None, teacher_topk: bool = False
+) -> str:
+    """Same inputs and settings → same key (a no-op); a new tokenizer or max length → a new dataset."""
+    parts = [STAGE_VERSION, distillation_key, tokenizer, settings.key_fields(), extra_sources_hash]
+    return stage_key(*parts, TEACHER_TOPK_FORMAT) if teacher_topk else stage_key(*parts)
+
+
+def check_teacher_topk(spec: CampaignSpec, manifest: dict) -> None:
+    """Logit distillation needs teacher lists on the rows: fail here, naming why, rather than train on none."""
+    if spec.training.distillation.loss != "logits":
+        return
+    t = manifest.get("teacher_topk")
+    if not t or not t["positions"]:
+        examples = {k: v for k, v in (t or {}).get("examples", {}).items() if v}
+        raise ValueError(
+            "training.distillation.loss is 'logits' but no token of the tokenized dataset carries a teacher top-k "
+            f"distribution (examples by teacher_status: {examples or 'no top_logprobs in the distillation set'}). "
+            "no_token_ids: the teacher backend returns token text only (use a local transformers or vllm teacher); "
+            "not_found: the re-tokenized completions are not the tokens the teacher generated (the student needs the "
+            "teacher's tokenizer and the plain template, or a chat template that keeps the answer verbatim)"
+        )
+
+
+def teacher_tokenizer_ref(spec: CampaignSpec) -> str | None:
+    """Where the teacher's tokenizer is, for logit distillation (None: an endpoint without one)."""
+    tr = spec.training.distillation
+    if tr.teacher_tokenizer:
+        return tr.teacher_tokenizer
+    return spec.teacher.model if spec.teacher.backend != "openai" else None
+
+
+def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
+    """The tokenized dataset's stage (``inputs["distillation"]``: the distillation set's manifest), built unless its
+    content key is complete; ``notes["model_path"]``: the student's base (its tokenizer), checked teacher top-k
+    (:func:`check_teacher_topk`)."""
+    from campaign_orchestrator.dataset.sources import resolve_source, source_hash
+    from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset, tokenizer_hash
+
+    distillation, storage, log = inputs["distillation"], ctx.store, ctx.log.info
+    d = spec.dataset
+    model_path = storage.resolve_model(spec.student.base_model, spec.project_dir)
+    tok_hash = tokenizer_hash(model_path)
+    settings = build_settings(spec)
+    extra = source_hash([resolve_source(x, spec.project_dir) for x in d.extra_sources]) if d.extra_sources else None
+    k = content_key(
+        distillation["key"], tok_hash, settings, extra, teacher_topk=spec.teacher.sampling.logprobs is not None
+    )
+    sd = storage.stage(spec.name, "tokenized_dataset", k)
+    cached = sd.is_complete()
+    if not cached:
+        t0 = time.perf_counter()
+        report = build_tokenized_dataset(
+            model_path,
+            [distillation["distillation_path"], *d.extra_sources],
+            sd.ensure(),
+            settings,
+            base_dir=spec.project_dir,
+            extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
+            log=log,
+        )
+        sd.commit(
+            report
+            | {
+                "dataset_path": str(sd.path / "train"),
+                "validation_path": str(sd.path / "validation"),
+                "tokenizer_hash": tok_hash,
+                "wall_seconds": time.perf_counter() - t0,
+                "cost_lines": [],
+            }
+        )
+    m = sd.manifest()
+    check_teacher_topk(spec, m)
+    return Outcome(m, cached, {"model_path": model_path})
+
+
+def vocabulary_report(spec: CampaignSpec, ctx, model_path) -> dict | None:
+    """Logit distillation: whether the teacher's tokenizer and vocabulary are the student's
+    (``campaign_orchestrator.dataset.checks.vocabulary_report``); None when the teacher has no tokenizer here
+    (an endpoint without ``training.distillation.teacher_tokenizer``)."""
+    from campaign_orchestrator.dataset.checks import vocabulary_report as report
+
+    ref = teacher_tokenizer_ref(spec)
+    if ref is None:
+        return None
+    return report(ctx.store.resolve_model(ref, spec.project_dir), model_path)
+
+
+def describe_stop_tokens(stop: dict) -> str:
+    from campaign_orchestrator.dataset.checks import describe_stop_tokens as describe
+
+    return describe(stop)
