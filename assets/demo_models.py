@@ -11,8 +11,10 @@ materialization reports only the selected models.
 from dagster import AssetExecutionContext, AssetOut, MetadataValue, Output, asset, multi_asset
 
 from assets.common import DEMO_GROUP
-from campaign_orchestrator.demo.recipe import moe_recipe_hash, recipe_hash
 from resources.storage import ArtifactStore
+from stages import demo_models as stage
+
+RECIPE_HASH, MOE_RECIPE_HASH = stage.recipe_hashes()
 
 NAMES = ("teacher", "student")
 
@@ -28,18 +30,11 @@ NAMES = ("teacher", "student")
         )
         for name in NAMES
     },
-    code_version=recipe_hash(),
+    code_version=RECIPE_HASH,
     can_subset=True,
 )
 def demo_models(context: AssetExecutionContext, storage: ArtifactStore):
-    from campaign_orchestrator.demo.recipe import cached_report, models_dir
-
-    report = cached_report(storage.root_path())
-    if report is None:  # build them (imports torch; a built set is only read)
-        from campaign_orchestrator.demo.build import build_demo_models
-
-        report = build_demo_models(storage.root_path(), log=context.log.info, moe=False)
-    root = models_dir(storage.root_path())
+    report, root = stage.demo_models(storage.store(), context.log.info)
     for name in NAMES:
         if name not in context.op_execution_context.selected_output_names:
             continue
@@ -62,15 +57,11 @@ def demo_models(context: AssetExecutionContext, storage: ArtifactStore):
     key=[DEMO_GROUP, "moe_student"],
     group_name=DEMO_GROUP,
     kinds={"pytorch"},
-    code_version=moe_recipe_hash(),
+    code_version=MOE_RECIPE_HASH,
     description="Demo mixture-of-experts student base (a real Qwen3-MoE checkpoint: 4 routed experts, top-2).",
 )
 def demo_moe_student(context: AssetExecutionContext, storage: ArtifactStore):
-    from campaign_orchestrator.demo.build import build_moe_student
-    from campaign_orchestrator.demo.recipe import resolve
-
-    r = build_moe_student(storage.root_path(), log=context.log.info)
-    path = resolve("@demo/moe_student", storage.root_path())
+    r, path = stage.moe_student(storage.store(), context.log.info)
     return Output(
         {"key": r["recipe_hash"], "path": str(path)},
         metadata={

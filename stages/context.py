@@ -3,17 +3,18 @@
 The Dagster assets build one from their resources and context (``assets/common.py: stage_context``); a test or a
 script builds one directly (``StageContext(store=Store(root=tmp))``). Everything a stage calls lives at or below
 its layer, except the launchers it is handed (``train``, ``kuberay``) and the sweep's ``on_trial`` report, which
-the adapter binds to its own run.
+the adapter binds to its own run. What the stages hand down to be called back (progress, log, meters, prices) lives
+in the library (``campaign_orchestrator.progress``, ``campaign_orchestrator.costs.meters``), so no call climbs back
+up into this layer.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stages.progress import RunProgress
+from campaign_orchestrator.progress import LoggerLog, RunProgress
 from stages.storage import Store
 
 
@@ -21,19 +22,6 @@ class Log(Protocol):
     def info(self, msg: str) -> Any: ...
 
     def warning(self, msg: str) -> Any: ...
-
-
-class LoggerLog:
-    """A :class:`Log` over a ``logging.Logger`` (the default of a plain context)."""
-
-    def __init__(self, logger: logging.Logger | None = None):
-        self.logger = logger or logging.getLogger("stages")
-
-    def info(self, msg: str) -> None:
-        self.logger.info(msg)
-
-    def warning(self, msg: str) -> None:
-        self.logger.warning(msg)
 
 
 @dataclass(frozen=True)
@@ -55,8 +43,8 @@ class StageContext:
     ``run_id``/``step_key``/``attempt``: what the ledger records a stage's lines under; ``log``: the run's log;
     ``train``: ``launch(job, workdir, budget=None, **cluster) -> dict`` (a training launcher bound to the run);
     ``kuberay``: ``launch(spec, stage, job, workdir, budget=None, on_shard=None) -> dict`` (a KubeRay RayJob
-    launcher bound to the run, for ``execution.kuberay``); ``on_trial``: a sweep trial's report (rung or state
-    change) to the orchestrator."""
+    launcher bound to the run, for ``execution.kuberay``); ``on_trial(trial, sweep_key)``: a sweep trial's report
+    (rung or state change) to the orchestrator."""
 
     store: Store = field(default_factory=Store)
     pricing: Any = field(default_factory=_default_pricing)  # stages.pricing.Pricing

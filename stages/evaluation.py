@@ -24,6 +24,7 @@ from stages.errors import BudgetStopped, StageError
 from stages.executors import executor_for
 from stages.harness import harness_identity, harness_models, harness_suites, is_harness
 from stages.outcome import Outcome
+from stages.pricing import accrue_also
 
 STAGE = "evaluation"
 
@@ -249,8 +250,7 @@ def _answerers(
         return models, None
     ask_teacher, spend = teacher_scorer(spec, ctx, executor, categories, budget=guard)
     models["teacher"] = lambda: ask_teacher
-    local_lines = guard.line_fn  # the guard accrues the teacher's spend as well as the time
-    guard.line_fn = lambda seconds, items: local_lines(seconds, items) + spend["lines"]
+    guard.line_fn = accrue_also(guard.line_fn, spend["lines"])  # the teacher's spend as well as the time
     return models, spend
 
 

@@ -194,7 +194,7 @@ class RayPool(InProcess):
             log=log,
             label=stage.replace("_", " "),
             **ask_kwargs(t),
-            price=lambda usage: ctx.pricing.bill(spec, stage, usage)["lines"],
+            price=ctx.pricing.price_fn(spec, stage),
             rate_limits=(t.requests_per_minute, t.tokens_per_minute) if t.api else (None, None),
             **kwargs,
         )

@@ -20,10 +20,13 @@ from campaign_orchestrator.costs.catalog import (
     billed_hardware,
     catalog_for,
     gpu_priced,
-    stage_bill,
     teacher_entry,
 )
 from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
+from campaign_orchestrator.costs.meters import on_policy_meter as _on_policy_meter
+from campaign_orchestrator.costs.meters import teacher_meter as _teacher_meter
+from campaign_orchestrator.costs.meters import timed_lines as _line_fn
+from campaign_orchestrator.costs.meters import usage_lines
 
 # numbers for people (``$0.00052``, ``21.8 s``): stages and assets format metadata with these, through this one door
 from campaign_orchestrator.costs.report import dollars as dollars
@@ -86,6 +89,10 @@ class Pricing:
         stamped ``round``; ``parts_usd`` per round); a self-hosted teacher scores in process and its time is in
         the training line (no line; ``billing_note`` says so). Student sampling is training-host time."""
         return bill_at(spec, self._catalog_path(spec), stage, usage)
+
+    def price_fn(self, spec: CampaignSpec, stage: str):
+        """``price(usage) -> lines`` as ``bill`` prices ``stage`` (what a Ray shard is priced with)."""
+        return usage_lines(spec, self._catalog_path(spec), stage)
 
     def gpu_required(self, spec: CampaignSpec) -> bool:
         """``training.hardware`` is priced per GPU-hour: the trainer must find a GPU (or refuse)."""
@@ -217,20 +224,6 @@ class Pricing:
         return guard
 
 
-def _teacher_meter(spec: CampaignSpec, catalog: Catalog):
-    """The teacher guard's lines for the usage its new generations reported: ``stage_bill``, the ledger's own
-    pricing (an unpriced teacher accrues nothing: the spec refuses a budget over it)."""
-    return lambda u: (
-        stage_bill(
-            spec,
-            catalog,
-            "teacher_generations",
-            {"seconds": u.seconds, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens},
-        )["lines"]
-        or []
-    )
-
-
 def charge_round(guard, row: dict) -> None:
     """Charge one finished on-policy round (the trainer's ``on_policy_round`` row: ``teacher_prefill_tokens``,
     ``samples``, optional ``teacher_completion_tokens``) to a ``student_adapter`` guard; the guard then checks the
@@ -264,22 +257,6 @@ def charge_shard(guard, msg: dict) -> None:
         seconds=float(msg.get("seconds") or 0.0),
         final=bool(msg.get("final")),
     )
-
-
-def _on_policy_meter(spec: CampaignSpec, catalog: Catalog):
-    """The on-policy guard's lines for the teacher prefills charged so far (``stage_bill`` of
-    ``on_policy_scoring``, as the ledger prices them)."""
-
-    def lines(u) -> list[dict]:
-        usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
-        return stage_bill(spec, catalog, "on_policy_scoring", usage)["lines"] or []
-
-    return lines
-
-
-def _line_fn(spec: CampaignSpec, stage: str, catalog: Catalog, usage: dict):
-    """Cost lines of ``seconds`` of work for a timed stage (what the guard accrues; the teacher is metered)."""
-    return lambda seconds, items: stage_bill(spec, catalog, stage, usage | {"seconds": seconds})["lines"]
 
 
 def refuse_student(spec: CampaignSpec, base: Path) -> list[str]:

@@ -360,3 +360,10 @@ def recipe_findings(spec: CampaignSpec, dataset: dict, ctx) -> list:
     for f in findings:
         ctx.log.warning(f"recipe check {f.check}: {f.message}")
     return findings
+
+
+def triage_table(triage: dict) -> str:
+    """A profiled run's per-rank triage as a Markdown table (``training.triage.markdown_table``)."""
+    from training.triage import markdown_table
+
+    return markdown_table(triage)

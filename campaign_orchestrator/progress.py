@@ -1,7 +1,10 @@
-"""Progress for long work: a tqdm bar on stderr and a line in the run's log every ~10%."""
+"""What long work reports to as it goes, handed down by the stages (``stages/context.py``): a progress bar that logs
+every ~10%, and a log over a ``logging.Logger``. They live here, below every layer that calls them, so a callback
+never calls back up into the layer that handed it down (tests/stages/test_stages.py traces it)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -31,3 +34,16 @@ class RunProgress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+class LoggerLog:
+    """A run log (``info``, ``warning``) over a ``logging.Logger`` (the default of a plain stage context)."""
+
+    def __init__(self, logger: logging.Logger | None = None):
+        self.logger = logger or logging.getLogger("stages")
+
+    def info(self, msg: str) -> None:
+        self.logger.info(msg)
+
+    def warning(self, msg: str) -> None:
+        self.logger.warning(msg)
