@@ -24,6 +24,7 @@ from campaign_orchestrator.costs.catalog import (
 )
 from campaign_orchestrator.costs.ledger import DEFAULT_NAME, Ledger
 from campaign_orchestrator.costs.meters import on_policy_meter as _on_policy_meter
+from campaign_orchestrator.costs.meters import plus_lines as accrue_also  # noqa: F401 - re-exported for the stages
 from campaign_orchestrator.costs.meters import teacher_meter as _teacher_meter
 from campaign_orchestrator.costs.meters import timed_lines as _line_fn
 from campaign_orchestrator.costs.meters import usage_lines

@@ -20,7 +20,7 @@ names (``teacher.api_key_env``); it is never logged nor put in an error.
 
 ``prefill_tokens`` counts prompt + continuation tokens of every pair the teacher scored (what an API bills as
 input), ``completion_tokens`` what it generated besides (``max_tokens`` per pair, billed as output); the
-ledger prices them per round (``PricingResource.bill(spec, "on_policy_scoring", ...)``).
+ledger prices them per round (``stages.pricing.Pricing.bill(spec, "on_policy_scoring", ...)``).
 """
 
 from __future__ import annotations

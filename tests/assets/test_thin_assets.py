@@ -60,7 +60,7 @@ RUNNER_NAMES = frozenset({"openai", "vllm", "transformers", "ray", "local", "k8s
 
 
 def _names_in(node: ast.AST) -> set[str]:
-    """The runner names among the string constants of ``node`` (a tuple or set of them counts: ``x in ("ray", ...)``)."""
+    """The runner names among the string constants of ``node`` (a tuple or set of them counts: ``x in ("ray",)``)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return {node.value} & RUNNER_NAMES
     if isinstance(node, ast.Tuple | ast.List | ast.Set):

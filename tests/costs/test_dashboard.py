@@ -154,6 +154,7 @@ def campaign(artifact_root):
 def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, capsys):
     from assets import campaign_cost as cost
     from assets.location import default_resources
+    from stages import campaign_cost as cost_stage
 
     root, _gen = campaign
     spec, _ = resolve_campaign("demo")
@@ -167,7 +168,7 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
 
     # run-2 materializes campaign_cost itself (upstream manifests come through the IO manager)
     defs = Definitions(
-        assets=[cost.build(spec), *[AssetSpec(AssetKey(["demo", s])) for s in cost.STAGES]],
+        assets=[cost.build(spec), *[AssetSpec(AssetKey(["demo", s])) for s in cost_stage.STAGES]],
         jobs=[define_asset_job("cost_only", selection=[AssetKey(["demo", "campaign_cost"])])],
         resources=default_resources(str(root)),
     )

@@ -327,12 +327,12 @@ class KubeRayNotLaunched(RuntimeError):
 def refuse_unlaunched_kuberay(execution) -> None:
     """Refuse ``execution.kuberay`` here: this module runs Ray where its process is (a local cluster or
     ``execution.ray_address``). A stage with ``execution.kuberay`` is launched as a KubeRay RayJob by its Dagster
-    asset (``assets/ray_dispatch.py``), whose driver runs :func:`run_job` inside the cluster; running it on a local
-    cluster instead would not be what the campaign asked for."""
+    asset (the stage's executor, ``stages/executors.py``), whose driver runs :func:`run_job` inside the cluster;
+    running it on a local cluster instead would not be what the campaign asked for."""
     if getattr(execution, "kuberay", None) is not None:
         raise KubeRayNotLaunched(
             "execution.kuberay: this stage runs as a KubeRay RayJob launched by its Dagster asset "
-            "(assets/ray_dispatch.py: the `kuberay` resource), not on a Ray cluster where this process is; to use a "
+            "(stages/executors.py: the `kuberay` resource), not on a Ray cluster where this process is; to use a "
             "running cluster from here, remove execution.kuberay and set execution.ray_address"
         )
 
