@@ -9,6 +9,7 @@ from functools import partial
 from typing import Any
 
 from dagster import AssetKey, Failure, MetadataValue
+from dagster._core.errors import DagsterInvalidPropertyError
 
 from campaigns.spec import CampaignSpec
 from stages.common import STAGES, demo_model_name, usd
@@ -38,18 +39,27 @@ def stage_context(context, storage, pricing=None, teacher=None, launcher=None, k
     """The plain :class:`stages.context.StageContext` of an asset's step: the resources' plain objects (storage,
     pricing, teacher settings), the launchers bound to this run, and the run, step and attempt the ledger
     records."""
-    step = context.get_step_execution_context().step.key
+    step, attempt = _step_and_attempt(context)
     return StageContext(
         store=storage.store(),
         pricing=pricing.service() if pricing is not None else StageContext().pricing,
         run_id=context.run_id,
         step_key=step,
-        attempt=context.retry_number,
+        attempt=attempt,
         log=context.log,
         teacher=TeacherSettings(teacher.vllm_chunk_size) if teacher is not None else TeacherSettings(),
         train=partial(launcher.launch, context) if launcher is not None else None,
         kuberay=partial(kuberay.launch, context) if kuberay is not None else None,
     )
+
+
+def _step_and_attempt(context) -> tuple[str, int]:
+    """The step's key and retry number the ledger records; an asset invoked directly (``build_asset_context``, no
+    step) is step ``direct``, attempt 0."""
+    try:
+        return context.get_step_execution_context().step.key, context.retry_number
+    except (DagsterInvalidPropertyError, AttributeError):
+        return "direct", 0
 
 
 @contextmanager
