@@ -122,7 +122,7 @@ def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact
     from campaign_orchestrator.costs.ledger import Ledger
     from campaign_orchestrator.costs.plan.render import render_plan
     from campaign_orchestrator.costs.report import build_report, render_text
-    from resources.pricing import PricingResource
+    from stages.pricing import Pricing
 
     with ServerThread() as srv:
         path = _campaign(tmp_path, _api("unpriced", base_url=srv.base_url), {}, name="unpriced")
@@ -196,6 +196,6 @@ def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact
     html = render_dashboard(spec.name, ledger)
     assert "+ unknown" in html and "unpriced: teacher: teacher_generations unknown" in html
 
-    plan = PricingResource().plan(spec, artifact_root)
+    plan = Pricing().plan(spec, artifact_root)
     assert plan.stages["teacher_generations"].usd is None and plan.total_usd is None
     assert "unknown   (teacher_generations: teacher.price is `unpriced`" in render_plan(plan)
