@@ -36,6 +36,7 @@ from assets.evaluation import GATE_CHECK, approve_hint
 from assets.model_card import write_model_card
 from campaigns.spec import CampaignSpec
 from evaluation.drift import PROMOTION_ITEMS
+from evaluation.promotion import base_model_record, make_portable
 from resources.storage import ArtifactStore
 
 
@@ -133,9 +134,12 @@ def promote(spec: CampaignSpec, storage: ArtifactStore, evaluation: dict, adapte
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(adapter["adapter_path"], tmp / "adapter")
         _keep_candidate_items(evaluation["items_path"], tmp / PROMOTION_ITEMS)  # what drift compares with
+        base = base_model_record(  # no absolute path in the promoted folder (evaluation/promotion.py)
+            spec.student.base_model, adapter["base_model_path"], storage.root_path(), spec.project_dir
+        )
         record = {
             "candidate_key": adapter["key"],
-            "base_model_path": adapter["base_model_path"],
+            **base,
             "evaluation_key": evaluation["key"],
             "verdict": evaluation["verdict"],
             "scores": evaluation["scores"],
@@ -145,7 +149,8 @@ def promote(spec: CampaignSpec, storage: ArtifactStore, evaluation: dict, adapte
             "run_id": run_id,
         }
         (tmp / "promotion.json").write_text(json.dumps(record, indent=2))
-        write_model_card(spec, storage, evaluation, adapter, tmp / "adapter")  # README.md, Hugging Face format
+        write_model_card(spec, storage, evaluation, adapter, tmp / "adapter", record)  # README.md, Hugging Face format
+        make_portable(tmp, [storage.root_path(), spec.project_dir], base["base_model_hub_id"] or base["base_model"])
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
     current = storage.campaign_dir(spec.name) / "promoted_model" / "CURRENT"
