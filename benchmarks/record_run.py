@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+ROOT_MARK = "<artifact root>"  # the artifact root as the recorded text shows it: no path of the recording machine
 
 
 def _campaign(*args: str) -> tuple[int, float, list[str]]:
@@ -54,9 +55,12 @@ def host() -> dict:
 
 
 def latest_report(artifacts: Path, campaign: str, after: float) -> dict | None:
-    """The cost report the run wrote (the newest one written after ``after``), or None."""
+    """The cost report the run wrote (the newest one written after ``after``), its paths under the artifact root
+    written ``<artifact root>/...`` as in the transcript; None when it wrote none."""
     reports = [p for p in (artifacts / campaign / "campaign_cost").glob("*.json") if p.stat().st_mtime >= after]
-    return json.loads(max(reports, key=lambda p: p.stat().st_mtime).read_text()) if reports else None
+    if not reports:
+        return None
+    return json.loads(max(reports, key=lambda p: p.stat().st_mtime).read_text().replace(str(artifacts), ROOT_MARK))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.plan or a.plan_only:
         rc, _wall, lines = _campaign("plan", a.campaign, "--artifacts", str(artifacts), "--json")
         out["plan_command"] = f"campaign plan {a.campaign} --json"
-        out["plan"] = json.loads("\n".join(lines)) if rc == 0 else {"exit_code": rc}
+        text = "\n".join(lines).replace(str(artifacts), ROOT_MARK).replace(str(ROOT) + "/", "")  # no local paths
+        out["plan"] = json.loads(text) if rc == 0 else {"exit_code": rc}
     if not a.plan_only:
         out["command"] = f"campaign run {a.campaign} --artifacts <artifact root>"
         out["runs"] = []
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "exit_code": code,
                     "wall_s": wall,
-                    "stdout": [line.replace(str(artifacts), "<artifact root>") for line in lines],
+                    "stdout": [line.replace(str(artifacts), ROOT_MARK) for line in lines],
                     "report": latest_report(artifacts, name, started),
                 }
             )

@@ -7,7 +7,8 @@ the link's fragment is the key path inside it, dots between keys, a number for a
 
 The printed number must equal the JSON value rounded to the printed decimals (``%`` and ``pts`` print a fraction
 times 100; thousands separators, ``**``, ``$``, ``+`` and ``−`` are read as written). Outside citations, no number
-with a unit (s, min, ms, µs, tok/s, tokens/s, prompts/s, GB, MB, GiB, MiB, %, pts, ×, x, $) may appear, and no
+with a unit (s, min, seconds, minutes, hours, ms, µs, tok/s, tokens/s, prompts/s, GB, MB, GiB, MiB, %, pts, ×,
+x, $) may appear, and no
 table cell may be a bare number, unless the line matches the short allowlist below (goals and prices, which are
 settings, not measurements). A recorded transcript is a fenced block right after ``<!-- output: <json>#<key> -->``:
 each of its lines (but ``...``) must be a line of the string (or list of strings) at that key. Fenced code blocks
@@ -31,7 +32,8 @@ CITE = re.compile(r"\[(?P<text>[^\[\]]+)\]\((?P<path>[^()\s#]*benchmarks/data/[^
 OUTPUT = re.compile(r"<!--\s*output:\s*(?P<path>\S*benchmarks/data/\S+\.json)#(?P<key>\S+)\s*-->")
 NUMBER = re.compile(r"(?P<sign>[+\-−])?(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)")
 UNIT = (
-    r"(?:%|\s?pts\b|×(?!\s?\d)|x\b(?!\s?\d)|\s?(?:ms|µs|s|min|h)\b|\s?(?:tok|tokens|prompts|items|GFLOP|TFLOP)/s"
+    r"(?:%|\s?pts\b|×(?!\s?\d)|x\b(?!\s?\d)|\s?(?:ms|µs|s|min|h|seconds?|minutes?|hours?)\b"
+    r"|\s?(?:tok|tokens|prompts|items|GFLOP|TFLOP)/s"
     r"|\s?(?:GB|MB|KB|GiB|MiB|KiB|TB)\b)"
 )
 WITH_UNIT = re.compile(r"(?<![\w.#/-])(?:\$\s?\d[\d,]*(?:\.\d+)?|[+\-−]?\d[\d,]*(?:\.\d+)?" + UNIT + r")")
@@ -183,7 +185,7 @@ def data(tmp_path):
     d = tmp_path / "benchmarks" / "data"
     d.mkdir(parents=True)
     (d / "run.json").write_text(
-        json.dumps({"wall_s": 32.4, "score": 0.825, "runs": [{"usd": 0.000554}], "out": "a line\n  b: 1.5 s"})
+        json.dumps({"wall_s": 32.4, "score": 0.825, "ratio": 4.28, "runs": [{"usd": 0.000554}], "out": "a line\n  b: 1.5 s"})
     )
     return tmp_path
 
@@ -211,7 +213,7 @@ def test_an_uncited_figure_fails_and_settings_pass(data):
     for md in (
         "the 2-core machine, 8 steps, 391 prompts, 1.1B model, 4 × 1024 tokens, micro-batch 4 x 1024",
         "at $2.99/GPU-hour",
-        "**4.28×** (goal ≥ 3×)",
+        "[**4.28×**](benchmarks/data/run.json#ratio) (≥ 3×), the goal of 2× missed",
         "```\nteacher 41.6 s\n```",
         "<!-- an old note: 32 s -->",
     ):
