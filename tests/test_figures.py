@@ -185,7 +185,9 @@ def data(tmp_path):
     d = tmp_path / "benchmarks" / "data"
     d.mkdir(parents=True)
     (d / "run.json").write_text(
-        json.dumps({"wall_s": 32.4, "score": 0.825, "ratio": 4.28, "runs": [{"usd": 0.000554}], "out": "a line\n  b: 1.5 s"})
+        json.dumps(
+            {"wall_s": 32.4, "score": 0.825, "ratio": 4.28, "runs": [{"usd": 0.000554}], "out": "a line\n  b: 1.5 s"}
+        )
     )
     return tmp_path
 
