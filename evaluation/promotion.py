@@ -2,9 +2,10 @@
 it: the folder is what a team copies, uploads to a hub or hands on, so a path on the build machine means nothing
 there and says where someone's home directory is.
 
-* A path under the artifact root is written relative to it (``models/gguf/<hash>``,
-  ``<campaign>/tokenized_dataset/<key>``); one under the campaign's project directory relative to that
-  (``campaigns/data/demo/*.jsonl``, as a campaign file writes it); any other absolute path by its last name only.
+* In the project's records (``promotion.json``, the adapter's ``adapter_config.json`` and ``reproducibility.json``;
+  the model card is rendered from portable values), a path under the artifact root is written relative to it
+  (``models/gguf/<hash>``, ``<campaign>/tokenized_dataset/<key>``); one under the campaign's project directory
+  relative to that (``campaigns/data/demo/*.jsonl``, as a campaign file writes it); any other by its last name.
 * ``adapter/adapter_config.json``'s ``base_model_name_or_path`` names the base as the world knows it: its hub id
   where one is known (the packaged SmolLM2: ``HuggingFaceTB/SmolLM2-135M-Instruct``), else the campaign's model
   reference (``@demo/student``). PEFT reads it only to load a base for you; the documented way,
@@ -55,13 +56,20 @@ def portable_json(value, roots: Iterable[str | Path]):
     return value
 
 
+# The project's own records in the promoted folder; the rest (weights, the base's tokenizer and serving files, the
+# item rows) is copied as it is: a tokenizer's vocabulary may hold tokens that look like paths (`/api`).
+RECORDS = ("promotion.json", "adapter/" + ADAPTER_CONFIG, "adapter/reproducibility.json")
+
+
 def make_portable(folder: str | Path, roots: Iterable[str | Path], base_model_name: str) -> list[Path]:
-    """Rewrite every JSON file under ``folder`` without absolute paths, and point the adapter's
+    """Rewrite the project's records in ``folder`` (:data:`RECORDS`) without absolute paths, and point the adapter's
     ``base_model_name_or_path`` at ``base_model_name`` (a hub id or the campaign's reference); returns the files
     changed."""
     roots = list(roots)
     changed = []
-    for f in sorted(Path(folder).rglob("*.json")):
+    for f in (Path(folder) / r for r in RECORDS):
+        if not f.is_file():
+            continue
         doc = json.loads(f.read_text())
         new = portable_json(doc, roots)
         if f.name == ADAPTER_CONFIG and isinstance(new, dict):
