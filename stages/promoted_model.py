@@ -13,6 +13,7 @@ import time
 
 from campaigns.spec import CampaignSpec
 from evaluation.drift import PROMOTION_ITEMS
+from evaluation.promotion import base_model_record, make_portable
 from stages.errors import StageError
 from stages.evaluation import approve_hint
 from stages.model_card import write_model_card
@@ -111,9 +112,12 @@ def promote(spec: CampaignSpec, storage: Store, evaluation: dict, adapter: dict,
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(adapter["adapter_path"], tmp / "adapter")
         _keep_candidate_items(evaluation["items_path"], tmp / PROMOTION_ITEMS)  # what drift compares with
+        base = base_model_record(  # no absolute path in the promoted folder (evaluation/promotion.py)
+            spec.student.base_model, adapter["base_model_path"], storage.root_path(), spec.project_dir
+        )
         record = {
             "candidate_key": adapter["key"],
-            "base_model_path": adapter["base_model_path"],
+            **base,
             "evaluation_key": evaluation["key"],
             "verdict": evaluation["verdict"],
             "scores": evaluation["scores"],
@@ -123,7 +127,8 @@ def promote(spec: CampaignSpec, storage: Store, evaluation: dict, adapter: dict,
             "run_id": run_id,
         }
         (tmp / "promotion.json").write_text(json.dumps(record, indent=2))
-        write_model_card(spec, storage, evaluation, adapter, tmp / "adapter")  # README.md, Hugging Face format
+        write_model_card(spec, storage, evaluation, adapter, tmp / "adapter", record)  # README.md, Hugging Face format
+        make_portable(tmp, [storage.root_path(), spec.project_dir], base["base_model_hub_id"] or base["base_model"])
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
     current = storage.campaign_dir(spec.name) / "promoted_model" / "CURRENT"

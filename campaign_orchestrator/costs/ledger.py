@@ -474,6 +474,22 @@ class Ledger:
         )
         return {r["asset"]: r["producer"] for r in rows}
 
+    def stage_outcomes(self) -> dict[tuple[str, str, str], dict]:
+        """``(campaign, run_id, asset)`` -> ``{"produced": bool, "reused_from": run or None}`` for every stage
+        output every run materialized: produced by that run, or reused from the run that produced it."""
+        rows = self.query(
+            "SELECT m.campaign, m.run_id, m.asset, bool_or(NOT m.reused) AS produced, min(p.run_id) AS producer "
+            "FROM materializations m LEFT JOIN materializations p ON m.reused AND p.production_id = m.production_id "
+            "AND NOT p.reused GROUP BY ALL"
+        )
+        return {
+            (r["campaign"], r["run_id"], r["asset"]): {
+                "produced": bool(r["produced"]),
+                "reused_from": None if r["produced"] else r["producer"],
+            }
+            for r in rows
+        }
+
     def runs_reusing_everything(self) -> set[str]:
         """The runs whose every materialization was a cache hit (they produced nothing)."""
         return {

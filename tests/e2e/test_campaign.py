@@ -66,6 +66,7 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
     assert current.exists()
     # the candidate's per-item scores travel with it: drift compares fresh scores with these
     assert (current.parent / current.read_text() / "promotion_items.parquet").exists()
+    _the_promoted_folder_is_portable(current.parent / current.read_text(), ev, artifact_root, tmp_path, train)
     checks = [e for e in result.get_asset_check_evaluations() if e.check_name == "gate"]
     assert checks and checks[-1].passed
     assert [e.passed for e in result.get_asset_check_evaluations() if e.check_name == "decontamination"] == [True]
@@ -88,6 +89,41 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
     promoted = _metadata(again, AssetKey(["mini", "promoted_model"]))
     assert promoted["reused"] is True and promoted["reused_from_run"] == result.run_id
     assert _metadata(result, AssetKey(["mini", "promoted_model"]))["reused"] is False
+
+
+def _the_promoted_folder_is_portable(folder: Path, ev: dict, artifact_root: Path, tmp_path: Path, train: dict):
+    """A model card the hub's library loads, whose model-index holds the gate's suites; no absolute path in any
+    file of the folder; the adapter loads the documented way (``PeftModel.from_pretrained(base, folder)``) and
+    holds the trained weights."""
+    import json
+
+    import torch
+    from huggingface_hub import ModelCard
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from evaluation.drift import current_promoted
+    from tests.conftest import MODELS_ROOT
+    from tests.evaluation.test_model_card import hub_checks
+    from tests.support.promoted_support import absolute_paths_in
+
+    card = ModelCard.load(folder / "adapter" / "README.md")
+    hub_checks(card)
+    suites = {r.dataset_name for r in card.data.eval_results}
+    assert suites == {k.removesuffix("_candidate_score") for k in ev if k.endswith("_candidate_score")}, suites
+    assert "base_model" not in card.data.to_dict() and "`@demo/student`: a local model" in card.text  # no hub id
+    assert absolute_paths_in(folder, [tmp_path, artifact_root, MODELS_ROOT, REPO]) == []
+    config = json.loads((folder / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "@demo/student"
+    promoted = current_promoted(artifact_root / "mini")
+    assert promoted.base_model_path().is_dir()  # recorded relative to the artifact root; drift resolves it there
+    base = AutoModelForCausalLM.from_pretrained(str(promoted.base_model_path()), dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(folder / "adapter"))
+    loaded = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    trained = load_file(str(Path(train["adapter"]) / "adapter_model.safetensors"))
+    assert len(loaded) == len(trained) > 0
+    assert all(torch.equal(loaded[k.replace(".weight", ".default.weight")], v) for k, v in trained.items())
 
 
 def _gate_follows_its_materialization(instance: DagsterInstance, run_id: str, asset: AssetKey) -> None:

@@ -25,6 +25,10 @@ from tests.support.k8s_fake_cluster import NS, EmulatedApiServer
 from tests.support.kuberay_fake import GROUP, PLURAL, VERSION, FakeKubeRayOperator, driver_program
 
 PLANTED = "hf_PLANTED_SECRET_value_3b9d1e"  # lives only in a Kubernetes Secret and the Dagster process env
+# "Stops fast" tells a stopped job from one left to run: the driver would take FAR shards of 0.05 s (~200 s), ten
+# times the bound, so a loaded host (which slows the Dagster run around the job, not the driver's sleeps) cannot
+# bridge it.
+FAR, FAST_S = 4000, 100
 
 # The driver's stand-in for `python -m campaign_orchestrator.generation.scaleout --job JOB.json`: Pipes over stderr.
 DRIVER = r"""
@@ -249,12 +253,12 @@ def test_unschedulable_worker_times_out(api_server, spec, tmp_path, monkeypatch)
     }
     with FakeKubeRayOperator(api_server, driver_program(DRIVER), pending=stuck) as operator:
         result, _, seconds = _run(
-            spec, _job(spec, tmp_path, shards=400), api_server, tmp_path, monkeypatch, pending_timeout_s=1.0
+            spec, _job(spec, tmp_path, shards=FAR), api_server, tmp_path, monkeypatch, pending_timeout_s=1.0
         )
         gone = operator.wait_all_deleted()
     data = _failure(result)
     assert data.metadata["reason"].value == "Unschedulable" and "Insufficient nvidia.com/gpu" in data.description
-    assert data.metadata["role"].value == "worker" and seconds < 20  # the driver alone would run ~20 s
+    assert data.metadata["role"].value == "worker" and seconds < FAST_S  # the driver alone would run ~200 s
     assert gone and _rayjobs(api_server) == [] and _pods(api_server) == []
 
 
@@ -295,10 +299,10 @@ def test_budget_stop_deletes_the_rayjob(api_server, spec, tmp_path, monkeypatch)
 
     with FakeKubeRayOperator(api_server, driver_program(DRIVER)) as operator:
         result, instance, seconds = _run(
-            spec, _job(spec, tmp_path, shards=400), api_server, tmp_path, monkeypatch, budget=Budget()
+            spec, _job(spec, tmp_path, shards=FAR), api_server, tmp_path, monkeypatch, budget=Budget()
         )
         gone = operator.wait_all_deleted()
-    assert "budget: stopped teacher_generations mid-way" in _failure(result).description and seconds < 20
+    assert "budget: stopped teacher_generations mid-way" in _failure(result).description and seconds < FAST_S
     assert any(
         "budget: stopping RayJob ray-cluster-ray-dist-gen-" in r.user_message for r in instance.all_logs(result.run_id)
     )
@@ -348,11 +352,11 @@ def test_each_finished_shard_is_charged_to_the_guard_and_a_budget_stop_deletes_t
     guard.planned_usd = planned_usd
     with FakeKubeRayOperator(api_server, driver_program(DRIVER)) as operator:
         result, instance, seconds = _run(
-            spec, _job(spec, tmp_path, shards=400, fake_usage=True), api_server, tmp_path, monkeypatch, budget=guard
+            spec, _job(spec, tmp_path, shards=FAR, fake_usage=True), api_server, tmp_path, monkeypatch, budget=guard
         )
         gone = operator.wait_all_deleted()
     why = _failure(result).description
-    assert seconds < 20 and gone and _rayjobs(api_server) == [] and _pods(api_server) == []
+    assert seconds < FAST_S and gone and _rayjobs(api_server) == [] and _pods(api_server) == []
     assert any(
         "budget: stopping RayJob ray-cluster-ray-dist-gen-" in r.user_message for r in instance.all_logs(result.run_id)
     )

@@ -32,7 +32,7 @@ from assets.location import build_definitions, default_resources
 from campaign_orchestrator.dataset import prompts as P
 from campaign_orchestrator.demo import cipher
 from campaigns.loader import load_campaign_file
-from evaluation.drift import DRIFTED, INCONCLUSIVE, STABLE, decide
+from evaluation.drift import DRIFTED, INCONCLUSIVE, STABLE, current_promoted, decide
 from resources.storage import ArtifactStore
 from tests.support import REPO_ROOT as REPO
 
@@ -247,7 +247,10 @@ def test_drift_below_the_floor_requests_a_retraining_run(tmp_path, artifact_root
         md = {k: v.value for k, v in mat.metadata.items()}
         assert md["verdict"] == "DRIFTED" and md["drifted"] is True
         assert md["heldout_items"] >= 20 and md["cipher_fresh_score"] < 0.2
-        assert "below the gate floor 0.800" in md["summary"] and "promotion-time score 1.000" in md["summary"]
+        # what the adapter scored at promotion: 40 of 40 where this was written, 39 on an AVX512-BF16 build host
+        at_promotion = current_promoted(artifact_root / "drifty").item_scores()["cipher"]
+        assert "below the gate floor 0.800" in md["summary"]
+        assert f"promotion-time score {sum(at_promotion) / len(at_promotion):.3f}" in md["summary"]
         # No prompts stage from before the promotion here: what it saw is unknown, the current split is used.
         assert md["fresh_items"] is None and "unknown" in md["item_selection"]["summary"]
 
