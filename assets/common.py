@@ -5,7 +5,8 @@ from typing import Any
 
 from dagster import AssetKey, MetadataValue
 
-from campaign_orchestrator.content import HashCache, model_fingerprint, short, value_sha256
+from campaign_orchestrator import content
+from campaign_orchestrator.content import HashCache, model_fingerprint
 from campaign_orchestrator.demo import recipe
 from campaigns import paths
 from campaigns.spec import CampaignSpec
@@ -38,7 +39,7 @@ def model_deps(*refs: str) -> list[AssetKey]:
 
 
 def stage_key(*parts: Any) -> str:
-    return short(value_sha256(list(parts)), 20)
+    return content.stage_key(*parts)  # warns when an input holds `auto` (campaign_orchestrator/content.py)
 
 
 def model_identity(path: Path, revision: str | None = None) -> str:

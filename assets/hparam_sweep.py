@@ -18,7 +18,7 @@ import time
 from dagster import AssetExecutionContext, AssetIn, AssetMaterialization, Failure, MetadataValue, Output, asset
 
 from assets.common import base_metadata, key, model_deps, model_identity, stage_key
-from assets.student_adapter import teacher_tokenizer_path, training_key_fields
+from assets.student_adapter import adapter_key_fields, adapter_precision, key_policy, teacher_tokenizer_path
 from assets.sweep_trial import trial_key, trial_partition, trial_partitions
 from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource, sweep_panel
@@ -31,10 +31,9 @@ STAGE = "hparam_sweep"
 NOT_IN_KEY = {"budget_usd", "parallel", "storage", "heartbeat_s", "grace_s", "max_retries"}
 
 
-def sweep_key(spec: CampaignSpec, dataset_key: str, base_identity: str) -> str:
-    return stage_key(
-        "sweep/v1", dataset_key, base_identity, training_key_fields(spec), spec.sweep.model_dump(exclude=NOT_IN_KEY)
-    )
+def sweep_key(spec: CampaignSpec, dataset_key: str, base_identity: str, training_fields: dict) -> str:
+    """``training_fields``: the adapter's, resolved (``campaign_orchestrator.keys.adapter_key_fields``)."""
+    return stage_key("sweep/v1", dataset_key, base_identity, training_fields, spec.sweep.model_dump(exclude=NOT_IN_KEY))
 
 
 def build(spec: CampaignSpec):
@@ -62,7 +61,10 @@ def build(spec: CampaignSpec):
         pricing: PricingResource,
     ) -> Output[dict]:
         base = storage.resolve_model(s.base_model, spec.project_dir)
-        k = sweep_key(spec, dataset["key"], model_identity(base, s.revision))
+        precision = adapter_precision(spec)  # resolved, as the adapter's key (campaign_orchestrator/keys.py)
+        rows = dataset.get("splits", {}).get("train", {}).get("rows")
+        fields = adapter_key_fields(spec, precision, key_policy(spec, pricing.catalog_for(spec), base, precision, rows))
+        k = sweep_key(spec, dataset["key"], model_identity(base, s.revision), fields)
         sd = storage.stage(spec.name, STAGE, k)
         cached = sd.is_complete()
         if cached and sd.manifest().get("stopped_by_cap") and sd.manifest().get("cap_usd") != sw.budget_usd:

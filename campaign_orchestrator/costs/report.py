@@ -303,8 +303,10 @@ def build_report(
 
 
 def reused_stages(ledger, campaign: str, run_id: str) -> dict[str, str]:
-    """Stage -> the run that produced the output ``run_id`` reused (a cache hit: it ran nothing for it)."""
-    return ledger.reused_from(campaign, run_id)
+    """Stage -> the run whose actuals the stage's output of ``run_id`` shows: the run that produced an output
+    ``run_id`` reused (a cache hit: it ran nothing for it), or the run that paid for the lines an output carries
+    (a re-judgement of answers that run paid for: this run spent nothing on them)."""
+    return ledger.carried_from(campaign, run_id) | ledger.reused_from(campaign, run_id)
 
 
 # --------------------------------------------------------------------------- rendering

@@ -33,9 +33,21 @@ def test_a_production_is_paid_once_retries_and_reuse_add_nothing(tmp_path):
     first = ledger.record_stage(run_id="r1", step_key="s", **kw)
     retry = ledger.record_stage(run_id="r1", step_key="s", attempt=1, **kw)
     reuse = ledger.record_stage(run_id="r2", step_key="s", **kw)
-    assert first == {"reused": False, "spent_usd": 0.05, "production_usd": 0.05, "produced_by": "r1"}
+    assert first == {
+        "reused": False,
+        "spent_usd": 0.05,
+        "production_usd": 0.05,
+        "produced_by": "r1",
+        "lines_paid_by": "r1",
+    }
     assert retry["reused"] is False
-    assert reuse == {"reused": True, "spent_usd": 0.0, "production_usd": 0.05, "produced_by": "r1"}
+    assert reuse == {
+        "reused": True,
+        "spent_usd": 0.0,
+        "production_usd": 0.05,
+        "produced_by": "r1",
+        "lines_paid_by": "r1",
+    }
     assert ledger.spent("camp") == pytest.approx(0.05)
     assert ledger.spent("camp", run_id="r1") == pytest.approx(0.05) and ledger.spent("camp", run_id="r2") == 0.0
     assert len(ledger.lines("camp")) == 1
