@@ -9,14 +9,15 @@ from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
 from assets.common import base_metadata, key, model_deps, model_identity, stage_key
 from assets.perf_metadata import profile_metadata
-from campaign_orchestrator.costs.memory_policy import resolved_spec
 
 # what keys the adapter, resolved for where the trainer runs (never `auto`): campaign_orchestrator/keys.py
 from campaign_orchestrator.keys import (  # noqa: F401 - re-exported: versions, the sweep and tests use them
     ADDED_STUDENT_DEFAULTS,
     adapter_key_fields,
+    job_policy_terms,
     key_policy,
     policy_mismatch,
+    spec_as_trained,
     student_key_fields,
     training_key_fields,
 )
@@ -300,7 +301,7 @@ def train_adapter(
         spec, pricing.catalog_for(spec), base, precision, dataset.get("splits", {}).get("train", {}).get("rows")
     )
     key_parts = [dataset["key"], model_identity(base, s.revision), adapter_key_fields(spec, precision, policy)]
-    recipe = recipe_findings(resolved_spec(spec, policy), dataset, context)  # campaign_orchestrator/recipe_checks.py
+    recipe = recipe_findings(spec_as_trained(spec, policy), dataset, context)  # campaign_orchestrator/recipe_checks.py
     if on_policy is not None:
         key_parts.append(on_policy_key_fields(spec, on_policy))
     k = stage_key("adapter/v1", *key_parts)
@@ -357,7 +358,6 @@ def _train(
 ) -> None:
     """Launch the trainer into ``sd`` under the stage's budget guard, bill what it ran on and commit
     (``keyed``: the precision and training policy the key names; ``resources``: storage, launcher, pricing)."""
-    from campaign_orchestrator.costs.memory_policy import policy_terms
     from training.config import TrainJob
 
     precision, policy = keyed
@@ -380,7 +380,7 @@ def _train(
         on_policy=on_policy,
         gpu_required=pricing.gpu_required(spec),
         checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None,
-        policy_terms=policy_terms(spec, pricing.catalog_for(spec)),  # the planner's inputs, for `auto`
+        policy_terms=job_policy_terms(spec, pricing.catalog_for(spec)),  # the planner's inputs, for `auto`
     )
     t0 = time.perf_counter()
     cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run

@@ -148,3 +148,19 @@ def policy_mismatch(summary: dict, policy) -> str | None:
         f"(training.micro_batch_size: auto, resolved for {policy.device.type} with {policy.device.memory_gb:g} GB); "
         "set training.micro_batch_size to a number, or run the trainer on the device it was keyed for"
     )
+
+
+def job_policy_terms(spec, catalog) -> dict:
+    """What the trainer's job carries so it resolves ``auto`` with the planner's inputs
+    (``costs.memory_policy.policy_terms``)."""
+    from campaign_orchestrator.costs.memory_policy import policy_terms
+
+    return policy_terms(spec, catalog)
+
+
+def spec_as_trained(spec, policy):
+    """``spec`` with the ``auto`` fields ``policy`` resolved (``costs.memory_policy.resolved_spec``): what reads the
+    effective batch (the recipe checks) reads numbers."""
+    from campaign_orchestrator.costs.memory_policy import resolved_spec
+
+    return resolved_spec(spec, policy)

@@ -16,6 +16,8 @@ Tables (query them with SQL: ``campaign costs --sql "..."`` or any DuckDB client
       shard           the Ray shard the line paid for (``execution.engine: ray``: a generation stage's lines are
                       per shard); NULL otherwise. Added after the first ledgers: an older file gains the column
                       (NULL in its rows) when it is next opened
+      verified        false: paid, usage unknown, billed at its upper bound (requests in flight when a Ray worker
+                      was lost: generation/scaleout/journal.py); true otherwise (NULL in rows of older ledgers)
     materializations  one row per (run, step, production): reused = the output came from an
                       earlier run (its cost is in that run's lines, not this one's); cost_unknown =
                       why what it cost is unknown (an unpriced teacher: no line, and never $0);
@@ -76,6 +78,7 @@ LINE_COLUMNS = (
     "catalog_version",
     "recorded_at",
     "shard",
+    "verified",
 )
 
 SCHEMA = """
@@ -99,7 +102,8 @@ CREATE TABLE IF NOT EXISTS cost_lines (
     pricing_tier VARCHAR,
     catalog_version VARCHAR,
     recorded_at TIMESTAMP NOT NULL,
-    shard VARCHAR
+    shard VARCHAR,
+    verified BOOLEAN
 );
 CREATE TABLE IF NOT EXISTS materializations (
     run_id VARCHAR NOT NULL,
@@ -151,6 +155,7 @@ def _insert_line(con, line_id: str, who: list, line: dict, now) -> None:
             line.get("catalog_version"),
             now,
             line.get("shard"),
+            bool(line.get("verified", True)),
         ],
     )
 
@@ -208,6 +213,7 @@ class Ledger:
             con.execute("ALTER TABLE materializations ADD COLUMN IF NOT EXISTS cost_unknown VARCHAR")
             con.execute("ALTER TABLE cost_lines ADD COLUMN IF NOT EXISTS shard VARCHAR")
             con.execute("ALTER TABLE materializations ADD COLUMN IF NOT EXISTS lines_of VARCHAR")
+            con.execute("ALTER TABLE cost_lines ADD COLUMN IF NOT EXISTS verified BOOLEAN")
             _SCHEMA_READY.add(str(self.path))
         return con
 
