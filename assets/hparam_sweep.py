@@ -18,7 +18,13 @@ import time
 from dagster import AssetExecutionContext, AssetIn, AssetMaterialization, Failure, MetadataValue, Output, asset
 
 from assets.common import base_metadata, key, model_deps, model_identity, stage_key
-from assets.student_adapter import adapter_key_fields, adapter_precision, key_policy, teacher_tokenizer_path
+from assets.student_adapter import (
+    adapter_key_fields,
+    adapter_precision,
+    job_policy_terms,
+    key_policy,
+    teacher_tokenizer_path,
+)
 from assets.sweep_trial import trial_key, trial_partition, trial_partitions
 from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource, sweep_panel
@@ -135,6 +141,7 @@ def rung_runner(
         log=context.log.info,
         warn=context.log.warning,
         fail=Failure,
+        policy_terms=job_policy_terms(spec, pricing.catalog_for(spec)),  # as the adapter's trainer gets them
     )
 
 

@@ -33,8 +33,11 @@ def _edit(path, change) -> None:
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
 
 
-def test_settings_that_only_rejudge_or_promote_bill_nothing_again(tmp_path, artifact_root, monkeypatch, capsys):
+def test_settings_that_only_rejudge_or_promote_bill_nothing_again(
+    tmp_path, artifact_root, monkeypatch, capsys, recwarn
+):
     from campaign_app import cli
+    from campaign_orchestrator.content import UnresolvedKeyWarning
     from campaign_orchestrator.costs.ledger import Ledger
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
@@ -49,6 +52,9 @@ def test_settings_that_only_rejudge_or_promote_bill_nothing_again(tmp_path, arti
     total = ledger.spent("rejudge")
     assert total > 0 and ledger.spent("rejudge", asset="evaluation") > 0  # priced: the answers cost something
     result_cost = _dollars(out, "cost of this result")
+    # every stage key of the run was made from resolved inputs (campaign_orchestrator.content.stage_key names any
+    # `auto`): the template, the compute dtype, the attention kernel left to the run
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, UnresolvedKeyWarning)]
 
     # (a) only a gate threshold: the answers are re-judged, nothing is billed again
     _edit(path, lambda s: s["evaluation"]["gate"].update(min_score=0.05))

@@ -190,9 +190,9 @@ class GenerationWorker:
                 client.journal = None
                 journal.close()  # the attempt ended here: its usage is in the summary
         with self._lock:
-            # the shard's seconds stay those its progress reported at its last answer: the driver charged the budget
-            # with them as it polled, and a summary on another clock (the backend's, which runs on after the last
-            # answer) would charge the difference again after the work was complete
+            # the shard's seconds are those its progress reported at its last answer, one clock for the polls and the
+            # summary: the driver charges the budget the difference between them, which must be nothing once every
+            # answer was polled (the budget's final charge is made once)
             if todo and not (prog.generated or prog.failed):
                 prog.seconds = (backend.generate_s - g0) if g0 is not None else time.perf_counter() - t0
             prog.backend_stats = _stats_delta(s0, backend.stats()) if todo else {}
