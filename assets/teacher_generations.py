@@ -79,6 +79,8 @@ def generations_metadata(m: dict, cached: bool) -> dict:
         }
         if r["lost_workers"]:
             md["ray_lost_workers"] = MetadataValue.json(r["lost_workers"])
+        if r.get("unverified_requests"):  # in flight when a worker was lost: paid at their upper bound
+            md["ray_unverified"] = stage.unverified_text(r)
     if st["retry_reasons"]:
         md["retry_reasons"] = MetadataValue.json(st["retry_reasons"])
     if m.get("cost_unknown"):  # never $0: the tokens were bought at a price nobody told us

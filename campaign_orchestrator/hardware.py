@@ -267,6 +267,16 @@ def device_kind(device: str) -> str:
     return "cuda" if str(device).startswith("cuda") else "cpu"
 
 
+def device_memory_gb(device) -> float:
+    """The memory a device (``torch.device`` or its name) offers training, decimal GB: the GPU's total memory, or the
+    host's physical memory for the CPU (the memory policy sizes ``auto`` fields against it)."""
+    if device_kind(str(device)) == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory / 1e9
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+
+
 def default_device() -> str:
     """Where a local model runs unless told otherwise (the local generator, local evaluation, the local
     trainer): ``cuda`` when torch sees a GPU, else ``cpu``."""

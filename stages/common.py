@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from campaign_orchestrator.content import HashCache, model_fingerprint, short, value_sha256
+from campaign_orchestrator import content
+from campaign_orchestrator.content import HashCache, model_fingerprint
 from campaigns import paths
 
 # A campaign's stages in pipeline order (the asset keys of its graph, and the ledger's ``asset`` names).
@@ -23,8 +24,9 @@ STAGES = (
 
 def stage_key(*parts: Any) -> str:
     """A stage directory's content key: the first 20 hex digits of the sha256 of ``parts`` (never change it: every
-    stored artifact is found by it; tests/stages/test_content_keys.py holds the shipped campaigns' keys)."""
-    return short(value_sha256(list(parts)), 20)
+    stored artifact is found by it; tests/stages/test_content_keys.py holds the shipped campaigns' keys). Its inputs
+    hold resolved values, never ``auto``: :func:`campaign_orchestrator.content.stage_key` warns on one."""
+    return content.stage_key(*parts)
 
 
 def model_identity(path: Path, revision: str | None = None) -> str:

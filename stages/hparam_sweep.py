@@ -19,7 +19,13 @@ from stages.common import model_identity, stage_key
 from stages.errors import StageError
 from stages.outcome import Outcome
 from stages.pricing import sweep_panel
-from stages.student_adapter import teacher_tokenizer_path, training_key_fields
+from stages.student_adapter import (
+    adapter_key_fields,
+    adapter_precision,
+    job_policy_terms,
+    key_policy,
+    teacher_tokenizer_path,
+)
 
 STAGE = "hparam_sweep"
 # what a sweep's result does not depend on: how much money, how many at once, where the study lives
@@ -31,10 +37,9 @@ def trial_partition(root: int) -> str:
     return f"trial-{root:03d}"
 
 
-def sweep_key(spec: CampaignSpec, dataset_key: str, base_identity: str) -> str:
-    return stage_key(
-        "sweep/v1", dataset_key, base_identity, training_key_fields(spec), spec.sweep.model_dump(exclude=NOT_IN_KEY)
-    )
+def sweep_key(spec: CampaignSpec, dataset_key: str, base_identity: str, training_fields: dict) -> str:
+    """``training_fields``: the adapter's, resolved (``campaign_orchestrator.keys.adapter_key_fields``)."""
+    return stage_key("sweep/v1", dataset_key, base_identity, training_fields, spec.sweep.model_dump(exclude=NOT_IN_KEY))
 
 
 def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
@@ -42,7 +47,10 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     content key is complete (a sweep stopped by a cap that has since changed resumes: no rung is retrained)."""
     s, sw, dataset = spec.student, spec.sweep, inputs["dataset"]
     base = ctx.store.resolve_model(s.base_model, spec.project_dir)
-    k = sweep_key(spec, dataset["key"], model_identity(base, s.revision))
+    precision = adapter_precision(spec)  # resolved, as the adapter's key (campaign_orchestrator/keys.py)
+    rows = dataset.get("splits", {}).get("train", {}).get("rows")
+    fields = adapter_key_fields(spec, precision, key_policy(spec, ctx.pricing.catalog_for(spec), base, precision, rows))
+    k = sweep_key(spec, dataset["key"], model_identity(base, s.revision), fields)
     sd = ctx.store.stage(spec.name, STAGE, k)
     cached = sd.is_complete()
     if cached and sd.manifest().get("stopped_by_cap") and sd.manifest().get("cap_usd") != sw.budget_usd:
@@ -105,6 +113,7 @@ def rung_runner(ctx, spec: CampaignSpec, k: str, base, dataset: dict, root):
         log=ctx.log.info,
         warn=ctx.log.warning,
         fail=StageError,
+        policy_terms=job_policy_terms(spec, ctx.pricing.catalog_for(spec)),  # as the adapter's trainer gets them
     )
 
 

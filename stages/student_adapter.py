@@ -8,60 +8,23 @@ import shutil
 import time
 from pathlib import Path
 
+# what keys the adapter, resolved for where the trainer runs (never `auto`): campaign_orchestrator/keys.py
+from campaign_orchestrator.keys import (  # noqa: F401 - re-exported: versions, the sweep and tests use them
+    ADDED_STUDENT_DEFAULTS,
+    adapter_key_fields,
+    job_policy_terms,
+    key_policy,
+    policy_mismatch,
+    spec_as_trained,
+    student_key_fields,
+    training_key_fields,
+)
 from campaigns.spec import CampaignSpec
 from stages.common import model_identity, stage_key
 from stages.errors import StageError
 from stages.outcome import Outcome
 from stages.pricing import refuse_student
 from stages.storage import Store
-
-# Student fields added after adapters were first keyed: left out of the key at their defaults, so adding
-# them changed no existing adapter's key (nor its cache, nor the model-change sensor's versions).
-ADDED_STUDENT_DEFAULTS = {("lora", "target_parameters"): [], ("lora", "use_dora"): False}
-
-
-def student_key_fields(spec: CampaignSpec) -> dict:
-    """The student settings that key its adapter (see ``ADDED_STUDENT_DEFAULTS``; ``moe`` at its defaults too)."""
-    from campaigns.spec import MoeSpec
-
-    out = spec.student.model_dump()
-    for (section, name), default in ADDED_STUDENT_DEFAULTS.items():
-        if out[section][name] == default:
-            del out[section][name]
-    if spec.student.moe == MoeSpec():
-        del out["moe"]
-    return out
-
-
-def training_key_fields(spec: CampaignSpec, precision: str | None = None) -> dict:
-    """Settings that change the trained adapter (launcher, logging, checkpointing and timeouts do not,
-    so changing them keeps an interrupted run's checkpoints usable). With ``precision`` (the resolved
-    ``<device>:<dtype>``, :func:`adapter_precision`) it replaces ``quantization.compute_dtype``, so the
-    adapter's key says what it was trained in, never ``auto`` (without: the spec's setting, for the code
-    versions computed when the code location loads, where torch is not imported)."""
-    student = student_key_fields(spec)
-    if precision is not None:
-        student["quantization"]["compute_dtype"] = precision
-    training = spec.training.model_dump(
-        exclude={
-            "launcher",
-            "log_every",
-            "hardware",
-            "allow_cpu_fallback",
-            "cpu_hardware",
-            "checkpoint",
-            "collective_timeout_s",
-            "diagnostics",
-            "distributed_env",
-            "reshard_after_forward",
-            "compile",
-        }
-    )  # speed, not the adapter
-    if spec.training.distillation.loss != "on_policy":  # added with on-policy distillation: keys no other adapter
-        del training["distillation"]["on_policy"]
-    if spec.training.selection.rule == "last":  # added with checkpoint selection: keys no other adapter
-        del training["selection"]
-    return {"student": student, "training": training}
 
 
 def adapter_precision(spec: CampaignSpec) -> str:
@@ -195,13 +158,17 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     s, tr = spec.student, spec.training
     base = storage.resolve_model(s.base_model, spec.project_dir)
     refuse_before_launch(spec, base)
-    recipe = recipe_findings(spec, dataset, ctx)  # recipe checks: campaign_orchestrator/recipe_checks.py
     precision = adapter_precision(spec)  # resolved: an adapter trained in bf16 is not one trained in fp32
     skips = tr.distillation.skips_teacher
     on_policy = None
     if tr.distillation.loss == "on_policy":
         on_policy = on_policy_job(spec, storage, dataset if skips else prompts)
-    key_parts = [dataset["key"], model_identity(base, s.revision), training_key_fields(spec, precision)]
+    # `micro_batch_size: auto` keyed as the micro-batch the trainer will pick on its device (campaign_orchestrator/keys)
+    policy = key_policy(
+        spec, ctx.pricing.catalog_for(spec), base, precision, dataset.get("splits", {}).get("train", {}).get("rows")
+    )
+    key_parts = [dataset["key"], model_identity(base, s.revision), adapter_key_fields(spec, precision, policy)]
+    recipe = recipe_findings(spec_as_trained(spec, policy), dataset, ctx)  # campaign_orchestrator/recipe_checks.py
     if on_policy is not None:
         key_parts.append(on_policy_key_fields(spec, on_policy))
     k = content_key(*key_parts)
@@ -211,7 +178,7 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     if not cached and sweep is not None:
         adopted = _adopt_best_trial(ctx, spec, sd, base, sweep, precision)
     if not cached and adopted is None:
-        _train(ctx, spec, sd, k, base, dataset, on_policy, precision)
+        _train(ctx, spec, sd, k, base, dataset, on_policy, (precision, policy))
     m = sd.manifest()
     notes: dict = {"recipe": recipe}
     if spec.tracking.mlflow is not None and not cached:
@@ -261,10 +228,12 @@ def _adopt_best_trial(ctx, spec: CampaignSpec, sd, base, sweep: dict, precision:
     return adopted
 
 
-def _train(ctx, spec: CampaignSpec, sd, k: str, base, dataset: dict, on_policy, precision: str) -> None:
+def _train(ctx, spec: CampaignSpec, sd, k: str, base, dataset: dict, on_policy, keyed: tuple) -> None:
     """Launch the trainer into ``sd`` with the context's launcher under the stage's budget guard, bill what it ran
-    on and commit."""
+    on and commit (``keyed``: the precision and training policy the key names)."""
     from training.config import TrainJob
+
+    precision, policy = keyed
 
     storage, pricing = ctx.store, ctx.pricing
     s, tr = spec.student, spec.training
@@ -284,6 +253,7 @@ def _train(ctx, spec: CampaignSpec, sd, k: str, base, dataset: dict, on_policy, 
         on_policy=on_policy,
         gpu_required=pricing.gpu_required(spec),
         checkpoint_uri=f"{remote.rstrip('/')}/{spec.name}/student_adapter/{k}" if remote else None,
+        policy_terms=job_policy_terms(spec, pricing.catalog_for(spec)),  # the planner's inputs, for `auto`
     )
     t0 = time.perf_counter()
     cluster = {"kubernetes": spec.kubernetes} if tr.launcher == "k8s" else {}  # k8s: where to run
@@ -291,6 +261,8 @@ def _train(ctx, spec: CampaignSpec, sd, k: str, base, dataset: dict, on_policy, 
     wall = time.perf_counter() - t0
     summary = json.loads((out / "summary.json").read_text())
     check_precision(spec, summary, precision, out)
+    if reason := policy_mismatch(summary, policy):  # stored under a key for another micro-batch: refused
+        raise StageError(f"campaign {spec.name}: {reason} ({out})", retry=False)
     sd.commit(
         {
             "adapter_path": str(out / "adapter"),

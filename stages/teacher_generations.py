@@ -87,3 +87,10 @@ def _generate(spec: CampaignSpec, ctx, sd, prompts: dict, tm: TeacherModel, samp
             **({"ray": ray_md} if ray_md else {}),
         }
     )
+
+
+def unverified_text(ray: dict) -> str:
+    """The paid-unverified share of a Ray stage's bill (requests in flight when a worker was lost), for people."""
+    from campaign_orchestrator.generation.scaleout.stage import unverified_text as text
+
+    return text(ray)

@@ -83,7 +83,7 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     d = spec.dataset
     model_path = storage.resolve_model(spec.student.base_model, spec.project_dir)
     tok_hash = tokenizer_hash(model_path)
-    settings = build_settings(spec)
+    settings = build_settings(spec).resolved(model_path)  # `template: auto` as the tokenizer resolves it, keyed so
     extra = source_hash([resolve_source(x, spec.project_dir) for x in d.extra_sources]) if d.extra_sources else None
     k = content_key(
         distillation["key"], tok_hash, settings, extra, teacher_topk=spec.teacher.sampling.logprobs is not None

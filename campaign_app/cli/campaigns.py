@@ -188,8 +188,10 @@ def add_parsers(sub) -> None:
 
 def recipe_checks(spec, plan) -> list:
     """The recipe checks (campaign_orchestrator/recipe_checks.py) on the plan's data facts (``plan``: a ``Plan``)."""
+    from campaign_orchestrator.costs.memory_policy import resolved_spec
     from campaign_orchestrator.recipe_checks import check_recipe, facts_from_plan
 
+    spec = resolved_spec(spec, plan.memory.get("training_policy"))  # `auto` as the trainer will run it
     available = None
     if spec.data.replay is not None:
         from campaign_orchestrator.dataset.replay import read_prompts

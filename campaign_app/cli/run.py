@@ -141,6 +141,17 @@ def stage_outcomes(events, campaign: str, spent_by_stage: dict[str, float] | Non
     return list(out.values())
 
 
+def mark_carried(outcomes: list[dict], artifacts: Path, campaign: str, run_id: str) -> None:
+    """Each stage the run produced from work an earlier run paid for (a re-judgement of stored answers) gets
+    ``carried_from``: that run (the ledger's ``carried_from``); it spent nothing on it."""
+    from resources.pricing import PricingResource
+
+    carried = PricingResource().ledger_at(artifacts).carried_from(campaign, run_id)
+    for o in outcomes:
+        if not o["reused"] and o["stage"] in carried:
+            o["carried_from"] = carried[o["stage"]]
+
+
 def run_tags(summary: dict) -> dict[str, str]:
     """The run's verdict, what it spent and how much it reused, as run tags (the UI's runs list shows them)."""
     from campaign_orchestrator.costs.report import dollars
@@ -156,6 +167,10 @@ def run_tags(summary: dict) -> dict[str, str]:
     return tags
 
 
+# A stage that carries the lines of work an earlier run paid for (the ledger's ``carried_from``): what it did, and
+# what it was made from
+CARRIED = {"evaluation": "re-judged"}
+CARRIED_INPUT = {"evaluation": "answers"}
 REPORTS = ("campaign_cost",)  # recomputed from the ledger by every run (no spend): not counted as stages
 
 
@@ -170,6 +185,9 @@ def stage_lines(outcomes: list[dict]) -> list[str]:
         elif o["reused"]:
             src = f", from run {str(o['from_run'])[:8]}" if o.get("from_run") else ""
             what = f"reused (key {o['key']}{src})"
+        elif o.get("carried_from") and not o["usd"]:  # made from work an earlier run paid for
+            what = f"{CARRIED.get(o['stage'], 'ran')} ({CARRIED_INPUT.get(o['stage'], 'inputs')} from run "
+            what += f"{str(o['carried_from'])[:8]}), nothing spent"
         else:
             what = f"ran {seconds(o['seconds'])}" + (
                 ", spent unknown (unpriced)" if o["usd"] is None else f", spent {dollars(o['usd'])}" if o["usd"] else ""
@@ -335,6 +353,7 @@ def _run(args: argparse.Namespace, spec, source) -> int:
         )
     summary["run_status"] = "succeeded" if result.success else "failed"
     summary["stages"] = stage_outcomes(result.all_events, spec.name, summary.get("spent_by_stage"))
+    mark_carried(summary["stages"], ArtifactStore(root=args.artifacts).root_path(), spec.name, run_id)
     with DagsterInstance.get() as instance:  # what a person scans the runs list for
         instance.add_run_tags(run_id, run_tags(summary))
     print_summary(summary, seconds)

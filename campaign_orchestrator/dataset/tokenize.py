@@ -36,7 +36,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +115,19 @@ class BuildSettings:
 
     def key_fields(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "num_proc"}
+
+    def resolved(self, tokenizer_dir: str | Path) -> BuildSettings:
+        """These settings with ``template: auto`` resolved for the tokenizer in ``tokenizer_dir`` (``chat`` when it
+        has a chat template, else ``plain``): what the rows are built with, and what the content key holds (a
+        key holds resolved values, never ``auto``; the same rows either way)."""
+        if self.template != "auto":
+            return self
+        from transformers import AutoTokenizer
+
+        from campaign_orchestrator.dataset.formatting import resolve_template
+
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        return replace(self, template=resolve_template(tok, "auto").kind)
 
 
 @dataclass

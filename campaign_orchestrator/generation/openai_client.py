@@ -196,6 +196,11 @@ def _top_from_chat(lp: dict | None, k: int | None) -> list | None:
     return out
 
 
+# Special and template tokens a server may add to each message of a request (BOS, role markers, separators): part of
+# a request's upper bound (OpenAICompatibleClient.usage_bound). ChatML adds 5 per message; Llama 3's template ~8.
+PROMPT_OVERHEAD_TOKENS = 16
+
+
 class OpenAICompatibleClient:
     def __init__(
         self,
@@ -234,6 +239,10 @@ class OpenAICompatibleClient:
         # campaign_orchestrator/generation/scaleout/
         # ratelimit.py), objects with TokenBucket's acquire/refund; None: this client's own buckets per run
         self.buckets: tuple | None = None
+        # an object with sent(req, bound) and received(req, completion) (scaleout/journal.py): told of each request
+        # before it is sent (with its usage's upper bound: :meth:`usage_bound`) and of each answer as soon as it is
+        # received, before it is handed on; None: nothing is told
+        self.journal = None
         self._consecutive_failures = 0
 
     def __repr__(self) -> str:  # never the key
@@ -273,6 +282,15 @@ class OpenAICompatibleClient:
             if s.logprobs:
                 body["logprobs"] = s.logprobs
         return body
+
+    @staticmethod
+    def usage_bound(req: GenRequest, s: Sampling) -> tuple[int, int]:
+        """The most a request can be billed, ``(prompt tokens, completion tokens)``, before its answer says: the
+        prompt's UTF-8 bytes (a byte-level or byte-fallback tokenizer's every token holds at least one byte) plus
+        ``PROMPT_OVERHEAD_TOKENS`` per message for the special and template tokens a server adds, and
+        ``max_tokens``."""
+        texts = [req.prompt] if req.messages is None else [m.get("content") or "" for m in req.messages]
+        return sum(len(t.encode()) + PROMPT_OVERHEAD_TOKENS for t in texts), s.max_new_tokens
 
     @staticmethod
     def _estimate_tokens(req: GenRequest, s: Sampling) -> int:
@@ -454,10 +472,17 @@ class OpenAICompatibleClient:
         it = iter(requests)
 
         async with self._session() as session:
+            journal = self.journal
 
             async def worker() -> None:
                 for req in it:  # shared iterator: each request is taken by exactly one worker
-                    on_done(req, await self.complete(session, req, sampling, rpm, tpm))
+                    if journal is None:
+                        on_done(req, await self.complete(session, req, sampling, rpm, tpm))
+                        continue
+                    journal.sent(req, self.usage_bound(req, sampling))
+                    c = await self.complete(session, req, sampling, rpm, tpm)
+                    journal.received(req, c)  # what it was billed, before the answer goes anywhere
+                    on_done(req, c)
 
             tasks = [asyncio.create_task(worker()) for _ in range(min(self.max_concurrency, max(1, len(requests))))]
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

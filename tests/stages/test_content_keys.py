@@ -1,4 +1,11 @@
-"""The stage move (issue 44) changed no content key: no artifact is rebuilt and nothing is paid again.
+"""Content keys change only on purpose: no artifact is rebuilt and nothing is paid again by accident.
+
+The stage move (issue 44) changed no key: these values equalled the keys of main at 039f5fc. Issue 42 then changed
+them once, on purpose, where a key held `auto`: ``dataset.template: auto`` is keyed as the template the tokenizer
+resolves (``plain`` for the demo's, ``chat`` for SmolLM2's), an ``auto`` attention kernel or activation policy is left
+out (speed only), and ``micro_batch_size`` is keyed as the number the trainer will run. So every shipped campaign
+tokenizes, trains and evaluates once more; its teacher generations (the paid stage), distillation set and prompts keep
+their keys.
 
 ``GOLDEN`` holds every stage's content key for the shipped campaigns as the code before the move computed them
 (main at 039f5fc, the stages still in ``assets/``), with the same deterministic stand-ins for what is host- or
@@ -9,6 +16,7 @@ the stage directory), so a change to any key's parts fails this test."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,63 +31,63 @@ GOLDEN = {
     "demo": {
         "teacher_generations": "dcfa6c38d48d7995c58d",
         "distillation_set": "fa50e71bd4a2d09891eb",
-        "tokenized_dataset": "83e8b55b4496383f7a81",
-        "student_adapter": "c7d425c251eb74ca6106",
-        "evaluation_items": "1e5a2f36d193a6b6dcf7",
-        "evaluation": "f854423a76915ef78981",
-        "drift_evaluation": "5e559c961b61ddd01c61",
-    },
-    "demo_sweep": {
-        "teacher_generations": "dcfa6c38d48d7995c58d",
-        "distillation_set": "8e8b879a52223c71e105",
-        "tokenized_dataset": "12af0f70ec4b9a77b238",
-        "hparam_sweep": "4e442f02d9b2ba97ba24",
-        "student_adapter": "49b65ee10330f6abc304",
-        "evaluation_items": "b93b80ae2ad9c90965e6",
-        "evaluation": "a4d70f8e1c29176f734d",
-        "drift_evaluation": "edc100cc02af8749c83e",
+        "tokenized_dataset": "daca22a3edd54ca88017",
+        "student_adapter": "e13dc30b40f317574094",
+        "evaluation_items": "7366480519725e938fea",
+        "evaluation": "b0c907d7a51942c6c407",
+        "drift_evaluation": "3c160859da5df60a86c1",
     },
     "demo_moe": {
         "teacher_generations": "dcfa6c38d48d7995c58d",
         "distillation_set": "8e8b879a52223c71e105",
-        "tokenized_dataset": "b8feefa6fe079a1998f2",
-        "student_adapter": "4bcb5a4340a3fd444cf0",
-        "evaluation_items": "9b3e4be9c757a306e16f",
-        "evaluation": "36c5e275c00f107d290b",
-        "drift_evaluation": "44fc190bc35f719532a4",
+        "tokenized_dataset": "2a263620f96bf2b43368",
+        "student_adapter": "890c705b4ab9d03156a0",
+        "evaluation_items": "82829cfb2425acd03630",
+        "evaluation": "2cb58efab6ffc01f3332",
+        "drift_evaluation": "f81f3003dd8cf1297374",
     },
     "demo_ray": {
         "teacher_generations": "dcfa6c38d48d7995c58d",
         "distillation_set": "fa50e71bd4a2d09891eb",
-        "tokenized_dataset": "83e8b55b4496383f7a81",
-        "student_adapter": "c7d425c251eb74ca6106",
-        "evaluation_items": "1e5a2f36d193a6b6dcf7",
-        "evaluation": "f854423a76915ef78981",
-        "drift_evaluation": "5e559c961b61ddd01c61",
+        "tokenized_dataset": "daca22a3edd54ca88017",
+        "student_adapter": "e13dc30b40f317574094",
+        "evaluation_items": "7366480519725e938fea",
+        "evaluation": "b0c907d7a51942c6c407",
+        "drift_evaluation": "3c160859da5df60a86c1",
+    },
+    "demo_sweep": {
+        "teacher_generations": "dcfa6c38d48d7995c58d",
+        "distillation_set": "8e8b879a52223c71e105",
+        "tokenized_dataset": "3edb0ee85694ef8bed58",
+        "hparam_sweep": "d45e67b514faca6fa459",
+        "student_adapter": "1e6cb9971335a5e71aa9",
+        "evaluation_items": "f4d48ae07b40f64f6226",
+        "evaluation": "f2edcc08e89c5e52303c",
+        "drift_evaluation": "0e97289a777b95da4adf",
     },
     "smollm2": {
         "teacher_generations": "c7d4b9d08da20922d41f",
         "distillation_set": "227945463625abb0f839",
-        "tokenized_dataset": "e6185f24efc9ce02550e",
-        "student_adapter": "c0e59ca09a8887d866f3",
-        "evaluation_items": "3d3bc592e82122a9ab3e",
-        "evaluation": "0f18c080301d0751e139",
-        "drift_evaluation": "a3787a63eb2e4ae1f2ba",
+        "tokenized_dataset": "141a78e1adbb97f0e86e",
+        "student_adapter": "316d0aa55e585a9c8e34",
+        "evaluation_items": "8bc4b3673eef27c7f49e",
+        "evaluation": "f3cb08f35c625c7a751d",
+        "drift_evaluation": "a9b4e9750748123b6543",
     },
     "smollm2_api": {
         "teacher_generations": "4ff58393bd80c7a7d7aa",
         "distillation_set": "08d13fd1545366b6fcc7",
-        "tokenized_dataset": "3dc8efa1204ddabeb764",
-        "student_adapter": "93b3c862f5a72b9cfc26",
-        "evaluation_items": "0cc215c9dcfd42ae3762",
-        "evaluation": "af10549f057f442dc1b3",
-        "drift_evaluation": "3c47f4e7cf25126e22c6",
+        "tokenized_dataset": "c937cebd0d882ecdd69c",
+        "student_adapter": "d2fe55da9607a21ed548",
+        "evaluation_items": "f93711529bf327fc4480",
+        "evaluation": "1882dc5d85f0ae4c30a4",
+        "drift_evaluation": "a022f523824946693e69",
     },
     "smollm2_on_policy": {
-        "student_adapter": "1e1321f81e9358329602",
-        "evaluation_items": "d4f564b04c6fec344a8c",
-        "evaluation": "82845e29abf65e2b05c3",
-        "drift_evaluation": "6da48fd8b8a01392ed84",
+        "student_adapter": "f9eed3bcfd8c412ad32f",
+        "evaluation_items": "98b6d1a2480809f3c0d6",
+        "evaluation": "9d57cd68103cd043de48",
+        "drift_evaluation": "1250c08d90fac174d9e2",
     },
 }
 
@@ -114,6 +122,12 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(hw, "key_precision", lambda requested, device=None, peak=None: "cpu:float32")
     monkeypatch.setattr(tok, "tokenizer_hash", lambda path: f"tok:{Path(path).name}")
     monkeypatch.setattr(stages.common, "model_fingerprint", lambda path, cache=None: f"fp:{Path(path).name}")
+
+    def resolved(self, tokenizer_dir):  # `template: auto` as the shipped tokenizers resolve it (SmolLM2's has ChatML)
+        kind = "chat" if "smollm2" in str(tokenizer_dir).lower() else "plain"
+        return self if self.template != "auto" else replace(self, template=kind)
+
+    monkeypatch.setattr(tok.BuildSettings, "resolved", resolved)
 
 
 def captured(fn, *args) -> str:
@@ -153,7 +167,12 @@ def stage_keys(name: str, root: Path) -> dict[str, str]:
         dataset = dict(prompts)
     base = store.resolve_model(spec.student.base_model)
     if spec.sweep is not None:
-        out["hparam_sweep"] = hparam_sweep.sweep_key(spec, dataset["key"], model_identity(base, spec.student.revision))
+        precision = hparam_sweep.adapter_precision(spec)
+        policy = hparam_sweep.key_policy(spec, ctx.pricing.catalog_for(spec), base, precision, None)
+        fields = hparam_sweep.adapter_key_fields(spec, precision, policy)
+        out["hparam_sweep"] = hparam_sweep.sweep_key(
+            spec, dataset["key"], model_identity(base, spec.student.revision), fields
+        )
     inputs = {"dataset": dataset, "prompts": prompts}
     out["student_adapter"] = captured(student_adapter.run, spec, inputs, ctx)
     adapter = {"key": out["student_adapter"], "adapter_path": "/adapters/x"}

@@ -81,6 +81,8 @@ def test_the_trainer_honours_and_reports_the_memory_policy(
     )
     m = s["memory_policy"]
     assert s["activation_policy"] == m["activation_policy"] == policy
+    ran = s["training_policy"]  # what it ran, as `campaign plan` prints it (costs.memory_policy.describe_policy)
+    assert (ran["micro_batch_size"], ran["activation_policy"], ran["compile"]) == (s["micro_batch_size"], policy, False)
     assert built == {"checkpointing": policy == "full", "recompute": False}
     assert m["chosen"] == ["micro_batch_size", "activation_checkpointing"] and m["device_memory_gb"] == memory_gb
     if policy == "full":

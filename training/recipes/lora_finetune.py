@@ -38,7 +38,6 @@ Raises
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -219,47 +218,41 @@ class LoraFinetuneRecipe:
         self.load_checkpoint()
 
     def _setup_memory_policy(self) -> None:
-        """The activation policy and micro-batch: ``auto`` fields resolved against this device's memory by the
-        planner's rule (campaign_orchestrator.costs.memory_policy; rank 0's choice on every rank), set fields kept.
-        Under torch.compile (``training.compile``) the exact cheap recompute is the compiler's partitioner's job."""
-        from campaign_orchestrator.costs.memory_policy import activation_policy_of, resolved_training
+        """What this trainer runs on its device (:meth:`policy_for`; rank 0's choice on every rank): ``auto``
+        micro-batch and activation policy resolved by the planner's own call, compile, the activation policy."""
+        from campaign_orchestrator.costs.memory_policy import resolved_training
 
-        self.compiled = self.spec.compiling(self.device.type)
-        recompute = self.recompute_cheap and not self.compiled
-        self.memory_policy = None
-        if "auto" in (self.spec.micro_batch_size, self.spec.activation_checkpointing):
-            from campaign_orchestrator.costs.memory import ModelShape
-            from campaign_orchestrator.costs.memory_policy import choose_memory_policy
+        choice = [self.policy_for(self.device)]
+        if self.world > 1:
+            dist.broadcast_object_list(choice, src=0)
+        self.training_policy = p = choice[0]
+        self.memory_policy = p.memory
+        if p.memory is not None:
+            self.spec = resolved_training(self.spec, p.memory)
+        self.compiled = p.compile
+        self.activation_policy = p.activation_policy
+        self.report.log(f"training policy: {p.describe()}")
 
-            dtype = resolve_compute_dtype(self.job.student.quantization.compute_dtype, self.device.type).dtype
-            attention = "eager" if self.job.student.attn_implementation == "eager" else "sdpa"
-            choice = [
-                choose_memory_policy(
-                    ModelShape.from_model_dir(Path(self.job.base_model_path)),
-                    self.job.student,
-                    self.spec,
-                    device_memory_gb=device_memory_gb(self.device),
-                    seq_len=self.spec.max_seq_len,
-                    device_type=self.device.type,
-                    compute_dtype=dtype,
-                    attention=attention,
-                    recompute_cheap=recompute,
-                )
-            ]
-            if self.world > 1:
-                dist.broadcast_object_list(choice, src=0)
-            self.memory_policy = choice[0]
-            self.spec = resolved_training(self.spec, self.memory_policy)
-            m = self.memory_policy
-            self.report.log(
-                f"memory policy: micro-batch {m.micro_batch_size}, activations {m.activation_policy} "
-                f"(chosen: {', '.join(m.chosen)}), estimated peak {m.estimated_peak_gb:.1f} GB of "
-                f"{m.usable_gb:.1f} GB usable on {m.device_memory_gb:.1f} GB"
-                + ("" if m.fits else "; nothing fits the estimate: the leanest choice is tried")
-            )
-        self.activation_policy = activation_policy_of(self.spec.activation_checkpointing, recompute)
-        if self.activation_policy == "recompute" and not recompute:
-            self.activation_policy = "none"
+    def policy_for(self, device: torch.device):
+        """The :class:`~campaign_orchestrator.costs.memory_policy.TrainingPolicy` of this job on ``device``, its
+        inputs derived here as the trainer sees them: the device's memory (``training.model.device_memory_gb``),
+        the compute dtype it resolves to, the allocator this process runs on, and the job's policy terms (the
+        catalog's and the campaign's, as the planner has them); the same call as ``campaign plan``'s."""
+        from campaign_orchestrator.costs.memory import ModelShape
+        from campaign_orchestrator.costs.memory_policy import DEFAULT_HEADROOM, device_facts, resolve_training_policy
+
+        terms = self.job.policy_terms or {}
+        auto = "auto" in (self.spec.micro_batch_size, self.spec.activation_checkpointing)
+        facts = device_facts(terms, device.type, device_memory_gb(device), allocator.in_use())
+        return resolve_training_policy(
+            ModelShape.from_model_dir(Path(self.job.base_model_path)) if auto else None,
+            self.job.student,
+            self.spec,
+            facts,
+            compute_dtype=resolve_compute_dtype(self.job.student.quantization.compute_dtype, device.type).dtype,
+            headroom=float(terms.get("headroom", DEFAULT_HEADROOM)),
+            recompute_available=self.recompute_cheap,
+        )
 
     def _on_sigterm(self, signum, _frame) -> None:
         self._stop_signal = signum
@@ -303,17 +296,17 @@ class LoraFinetuneRecipe:
 
     def _fit_auto_micro_batch(self, rows: int) -> None:
         """An ``auto`` micro-batch larger than the dataset allows (one step: micro × world × accumulation rows)
-        shrinks to what the rows fill."""
-        m = self.memory_policy
-        if m is None or "micro_batch_size" not in m.chosen:
-            return
-        cap = max(1, rows // (self.world * self.spec.gradient_accumulation_steps))
-        if self.spec.micro_batch_size > cap:
+        shrinks to what the rows fill (``costs.memory_policy.fit_micro_batch``, as the adapter's key has it)."""
+        from campaign_orchestrator.costs.memory_policy import fit_micro_batch
+
+        p = fit_micro_batch(self.training_policy, rows, self.world, self.spec.gradient_accumulation_steps)
+        if p.micro_batch_size != self.spec.micro_batch_size:
             self.report.log(
-                f"memory policy: micro-batch {self.spec.micro_batch_size} lowered to {cap}, what {rows} rows fill"
+                f"memory policy: micro-batch {self.spec.micro_batch_size} lowered to {p.micro_batch_size}, "
+                f"what {rows} rows fill"
             )
-            self.memory_policy = dataclasses.replace(m, micro_batch_size=cap)
-            self.spec = self.spec.model_copy(update={"micro_batch_size": cap})
+            self.training_policy, self.memory_policy = p, p.memory
+            self.spec = self.spec.model_copy(update={"micro_batch_size": p.micro_batch_size})
 
     def _validation_rows(self, model_hash: str):
         """The eval-loss rows: the validation split when the dataset has one, else the training rows."""
@@ -933,6 +926,7 @@ class LoraFinetuneRecipe:
         return {
             "activation_policy": self.activation_policy,
             "memory_policy": self.memory_policy.as_dict() if self.memory_policy is not None else None,
+            "training_policy": self.training_policy.as_dict(),
             "reshard_after_forward": self.spec.resharding_after_forward if self.mesh is not None else None,
             "compile": self._compile_report(),
         }
