@@ -144,9 +144,9 @@ def stage_outcomes(events, campaign: str, spent_by_stage: dict[str, float] | Non
 def mark_carried(outcomes: list[dict], artifacts: Path, campaign: str, run_id: str) -> None:
     """Each stage the run produced from work an earlier run paid for (a re-judgement of stored answers) gets
     ``carried_from``: that run (the ledger's ``carried_from``); it spent nothing on it."""
-    from resources.pricing import PricingResource
+    from stages.pricing import Pricing
 
-    carried = PricingResource().ledger_at(artifacts).carried_from(campaign, run_id)
+    carried = Pricing().ledger_at(artifacts).carried_from(campaign, run_id)
     for o in outcomes:
         if not o["reused"] and o["stage"] in carried:
             o["carried_from"] = carried[o["stage"]]
