@@ -1,0 +1,52 @@
+"""``campaign dashboard --serve`` in a process of its own, as a person runs it beside the UI."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.support import REPO_ROOT
+
+SERVING = re.compile(r"serving the cost dashboards at (http://127\.0\.0\.1:\d+)/")
+
+
+@contextmanager
+def served_dashboards(root: Path, *args: str, timeout: float = 120) -> Iterator[tuple[str, list[str]]]:
+    """Serve the dashboards of the artifact root ``root`` (``args``: e.g. ``--port 0``) until the block ends: the URL
+    it says it serves at, and every line it printed up to then."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "campaign_app.cli", "dashboard", "--artifacts", str(root), "--serve", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + timeout
+        url = None
+        while url is None:
+            line = proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"`campaign dashboard --serve` exited ({proc.wait()}): {''.join(lines)}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"`campaign dashboard --serve` never said where it serves: {''.join(lines)}")
+            lines.append(line)
+            m = SERVING.search(line)
+            url = m.group(1) if m else None
+        lines.append(proc.stdout.readline())  # what it says about the UI's links
+        yield url, lines
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
