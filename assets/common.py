@@ -126,12 +126,13 @@ def base_metadata(manifest: dict, reused: bool, made_from: str | None = None) ->
         took = f"{made_from} (they took {seconds(wall)} when produced)"
     else:
         took = seconds(wall)
+    paid = dollars(cost) + (" (paid when produced; nothing in this run)" if reused and cost > 0 else "")
     return {
         "path": MetadataValue.path(manifest["path"]),
         "content_key": manifest["key"],
         "reused": reused,
         "time": took,
-        "cost": manifest.get("cost_unknown") or dollars(cost),  # never $0 for an unpriced teacher's work
+        "cost": manifest.get("cost_unknown") or paid,  # never $0 for an unpriced teacher's work
     }
 
 

@@ -60,9 +60,11 @@ class ManifestIOManager(ConfigurableIOManager):
 def ledger_metadata(res: dict, run_id: str) -> dict:
     """What the ledger knows better than the stage (``res``: ``Ledger.record_stage``'s answer), over the stage's
     own metadata (``assets/common.base_metadata``; these keys win): whether the output is reused, from which run,
-    and, when this run spent nothing on an output that cost something, who paid."""
+    and, for an output that cost something, who paid: this run, or another one (then nothing in this run)."""
     md = reused_metadata(res["produced_by"], run_id)
     paid_by = res.get("lines_paid_by") or res["produced_by"]  # the run that paid for the lines the output carries
-    if res["production_usd"] > 0 and res["spent_usd"] == 0 and paid_by != run_id:
-        md["cost"] = f"{dollars(res['production_usd'])} (paid in run {paid_by[:8]}; nothing in this run)"
+    if res["production_usd"] > 0:
+        paid_here = res["spent_usd"] > 0 or paid_by == run_id
+        note = "" if paid_here else f" (paid in run {paid_by[:8]}; nothing in this run)"
+        md["cost"] = dollars(res["production_usd"]) + note
     return md

@@ -60,7 +60,9 @@ def gate_rules(report: dict) -> list[dict]:
     for s in report["suites"]:
         for r in s["rules"]:
             measured = rule_value(r["rule"], r["value"])
-            if r["rule"] == "max_regression_vs_base":  # the rule judges the interval's low end
+            if r["value"] is None or r["value"] != r["value"]:  # nothing measured (e.g. one category): why
+                measured = f"not measured ({r['detail']})"
+            elif r["rule"] == "max_regression_vs_base":  # the rule judges the interval's low end
                 measured += f" {points_interval(s['overall']['delta'])}"
             rows.append(
                 {

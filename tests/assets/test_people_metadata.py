@@ -50,7 +50,8 @@ def test_the_ledger_says_who_paid_for_a_reused_output():
     """A reused output that cost something says so in its one cost figure: paid in the run that produced it, nothing
     in this one (the ledger's answer overrides the stage's ``cost``)."""
     stage = base_metadata({"path": "/x", "key": "k", "wall_seconds": 14.44, "cost_lines": [{"usd": 0.00092}]}, True)
-    assert (stage["time"], stage["cost"]) == ("reused (took 14.4 s when produced)", "$0.00092")
+    assert stage["time"] == "reused (took 14.4 s when produced)"
+    assert stage["cost"] == "$0.00092 (paid when produced; nothing in this run)"  # what the stage knows
     ledger = ledger_metadata(
         {"reused": True, "spent_usd": 0.0, "production_usd": 0.00092, "produced_by": "1a2b3c4d-run"}, "this-run"
     )
@@ -59,7 +60,7 @@ def test_the_ledger_says_who_paid_for_a_reused_output():
     paid_here = ledger_metadata(
         {"reused": False, "spent_usd": 0.00092, "production_usd": 0.00092, "produced_by": "this-run"}, "this-run"
     )
-    assert paid_here == {"reused": False}  # the stage's own cost stands
+    assert paid_here == {"reused": False, "cost": "$0.00092"}  # this run paid
     unpriced = base_metadata({"path": "/x", "key": "k", "cost_lines": [], "cost_unknown": "unknown: unpriced"}, False)
     assert unpriced["cost"] == "unknown: unpriced"  # never $0
 
