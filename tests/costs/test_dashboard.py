@@ -177,7 +177,7 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
         resources=default_resources(str(root)),
     )
     with served_dashboards(root, "--port", "0") as (url, said):
-        assert url != "http://127.0.0.1:8765" and "dashboard links point here" in said[-1], said
+        assert url != "http://127.0.0.1:8765", said
         with DagsterInstance.ephemeral() as instance:
             result = defs.resolve_job_def("cost_only").execute_in_process(instance=instance, run_id=RUN_2)
             tags = instance.get_run_by_id(RUN_2).tags

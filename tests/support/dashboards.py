@@ -41,7 +41,6 @@ def served_dashboards(root: Path, *args: str, timeout: float = 120) -> Iterator[
             lines.append(line)
             m = SERVING.search(line)
             url = m.group(1) if m else None
-        lines.append(proc.stdout.readline())  # what it says about the UI's links
         yield url, lines
     finally:
         proc.terminate()
