@@ -18,7 +18,7 @@ from dagster import AssetKey, AssetSpec, DagsterInstance, Definitions, define_as
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.stage_dir import StageDir
 from campaigns.loader import resolve_campaign
-from tests.support.dashboards import served_dashboards
+from tests.support.dashboards import served_here
 
 RUN_2 = str(uuid.uuid4())
 CHROMIUM = "/usr/bin/chromium"
@@ -176,8 +176,8 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
         jobs=[define_asset_job("cost_only", selection=[AssetKey(["demo", "campaign_cost"])])],
         resources=default_resources(str(root)),
     )
-    with served_dashboards(root, "--port", "0") as (url, said):
-        assert url != "http://127.0.0.1:8765", said
+    with served_here(root, "--port", "0") as url:
+        assert url != "http://127.0.0.1:8765"
         with DagsterInstance.ephemeral() as instance:
             result = defs.resolve_job_def("cost_only").execute_in_process(instance=instance, run_id=RUN_2)
             tags = instance.get_run_by_id(RUN_2).tags
@@ -186,7 +186,7 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
         assert md["dashboard"].value == f"{url}/demo.html" and md["team_dashboard"].value == f"{url}/index.html"
         page = httpx.get(md["dashboard"].value, timeout=30)  # the link opens what campaign_cost just wrote
         assert page.status_code == 200 and "<title>Cost dashboard · demo</title>" in page.text
-    with served_dashboards(root) as (again, _):  # without --port: where it served last, so those links open again
+    with served_here(root) as again:  # without --port: where it served last, so those links open again
         assert again == url and httpx.get(md["team_dashboard"].value, timeout=30).status_code == 200
     # the runs list shows the result first: Dagster orders a run's tags by key, capitalized before lowercase
     assert tags["Verdict"] == "GO" and tags["Cost"] == "$0.012"

@@ -1,4 +1,5 @@
-"""``campaign dashboard --serve`` in a process of its own, as a person runs it beside the UI."""
+"""``campaign dashboard --serve`` in a process of its own, as a person runs it beside the UI, or in a thread of this
+one (fast: for tests that are not marked slow)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,3 +51,32 @@ def served_dashboards(root: Path, *args: str, timeout: float = 120) -> Iterator[
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+@contextmanager
+def served_here(root: Path, *args: str, timeout: float = 60) -> Iterator[str]:
+    """``campaign dashboard --artifacts ROOT --serve ARGS`` through the CLI's entry point in a thread of this process
+    until the block ends: the URL it serves at."""
+    from campaign_app.cli import costs, main
+
+    servers: list = []
+    real = costs.serve
+
+    def serve(folder, port, ready=None):  # the CLI's own serve, telling us its server too
+        real(folder, port, lambda server: (ready and ready(server), servers.append(server)))
+
+    costs.serve = serve
+    thread = threading.Thread(target=main, args=(["dashboard", "--artifacts", str(root), "--serve", *args],))
+    thread.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not servers:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise AssertionError("`campaign dashboard --serve` did not start serving")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{servers[0].server_address[1]}"
+    finally:
+        costs.serve = real
+        if servers:
+            servers[0].shutdown()
+        thread.join(timeout=30)
