@@ -84,7 +84,7 @@ def report_trial(context, spec: CampaignSpec, rec, k: str) -> None:
         md["retry_of"] = rec.root
     context.log_event(
         AssetMaterialization(
-            asset_key=trial_key(spec), partition=pk, metadata={a: b for a, b in md.items() if b is not None}
+            asset_key=trial_key(spec), partition=pk, metadata=for_people({a: b for a, b in md.items() if b is not None})
         )
     )
 
