@@ -40,8 +40,8 @@ GATE_DESCRIPTION = (
 
 def gate_check_result(report: dict, evaluation_key: str | None = None) -> AssetCheckResult:
     """The gate's verdict as the check's result, for people: each suite's verdict and scores in percent, then each
-    of its rules with what was measured, its threshold and its result (``cipher · min_score``: ``99.5% · threshold
-    ≥ 80.0% · PASS``), and why the gate failed when it did (the rules that did not pass, with their numbers)."""
+    of its rules (``<suite> · <rule>``) with what was measured, its threshold and its result, in the units of
+    ``evaluation/report.py``'s rule table, and why the gate failed when it did (the rules that did not pass)."""
     verdict, rules = report["verdict"], stage.gate_rules(report)
     md: dict = {"verdict": verdict}
     if report["reasons"]:
