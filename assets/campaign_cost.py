@@ -11,7 +11,7 @@ import math
 
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
-from assets.common import dagster_failures, for_people, key, stage_context, tag_run
+from assets.common import dagster_failures, key, rounded, stage_context, tag_run
 from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
@@ -48,13 +48,18 @@ PLOTTED = (
 )
 
 
+# counts among them: shown as integers (a float rounded to 4 figures read 50520 for 50,522 tokens)
+COUNTS = ("teacher_tokens", "accepted_examples")
+
+
 def report_metadata(report: dict, dashboard_url: str | None = None) -> dict:
-    """The report as metadata: the plotted figures, the report in markdown, and the dashboards as links a browser
-    opens from the UI (``dashboard_url``: where ``campaign dashboard --serve`` serves them)."""
+    """The report as metadata: the result for people in one line, the plotted figures (numbers, rounded: Dagster
+    plots them across materializations; counts as integers), the report in markdown, and the dashboards as links a
+    browser opens from the UI (``dashboard_url``: where they are served)."""
     md = {"result": result_line(report)}
-    md |= for_people(
+    md |= rounded(
         {
-            k: float(report[k])
+            k: int(report[k]) if k in COUNTS else float(report[k])
             for k in PLOTTED
             if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))
         }
@@ -89,10 +94,13 @@ def build(spec: CampaignSpec):
         context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource, **manifests: dict
     ) -> Output[dict]:
         # one manifest per upstream stage in ``ins`` (a fully on-policy campaign has no teacher stages)
+        ctx = stage_context(context, storage, pricing)
         with dagster_failures():
-            out = stage.run(spec, manifests, stage_context(context, storage, pricing))
+            out = stage.run(spec, manifests, ctx)
         r = out.manifest
         tag_run(context, verdict=r.get("verdict") or "not evaluated", cost=dollars(r.get("total_usd")))
-        return Output(r, metadata=report_metadata(r, pricing.dashboard_url))
+        # where the dashboards are served: the resource's URL, else where `campaign dashboard --serve` serves them
+        url = pricing.dashboard_url or stage.dashboards_url(ctx.store.root_path())
+        return Output(r, metadata=report_metadata(r, url))
 
     return campaign_cost

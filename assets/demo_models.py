@@ -10,13 +10,21 @@ materialization reports only the selected models.
 
 from dagster import AssetExecutionContext, AssetOut, MetadataValue, Output, asset, multi_asset
 
-from assets.common import DEMO_GROUP
+from assets.common import DEMO_GROUP, for_people
 from resources.storage import ArtifactStore
 from stages import demo_models as stage
+from stages.pricing import seconds
 
 RECIPE_HASH, MOE_RECIPE_HASH = stage.recipe_hashes()
 
 NAMES = ("teacher", "student")
+
+
+def built(reused: bool, build_seconds: float) -> dict:
+    """Whether the models were built by this materialization or found built (by their recipe hash), and one duration:
+    the build's (not this run's when found built)."""
+    took = seconds(build_seconds)
+    return {"reused": reused, "time": f"reused (took {took} when built)" if reused else took}
 
 
 @multi_asset(
@@ -42,14 +50,15 @@ def demo_models(context: AssetExecutionContext, storage: ArtifactStore):
         yield Output(
             {"key": report["recipe_hash"], "path": str(root / name)},
             output_name=name,
-            metadata={
-                "path": MetadataValue.path(str(root / name)),
-                "exact_match_on_task": r["exact_match"],
-                "parameters": r["parameters"],
-                "train_seconds": r["train_seconds"],
-                "cached": report["cached"],
-                "build_seconds": report["build_seconds"],
-            },
+            metadata=for_people(
+                {
+                    "path": MetadataValue.path(str(root / name)),
+                    **built(report["cached"], report["build_seconds"]),
+                    "exact_match_on_task": r["exact_match"],
+                    "parameters": r["parameters"],
+                    "train_seconds": r["train_seconds"],
+                }
+            ),
         )
 
 
@@ -64,14 +73,15 @@ def demo_moe_student(context: AssetExecutionContext, storage: ArtifactStore):
     r, path = stage.moe_student(storage.store(), context.log.info)
     return Output(
         {"key": r["recipe_hash"], "path": str(path)},
-        metadata={
-            "path": MetadataValue.path(str(path)),
-            "exact_match_on_task": r["exact_match"],
-            "copy_exact_match": r["copy_exact_match"],
-            "parameters": r["parameters"],
-            "num_experts": r["num_experts"],
-            "num_experts_per_tok": r["num_experts_per_tok"],
-            "cached": r["cached"],
-            "build_seconds": r["build_seconds"],
-        },
+        metadata=for_people(
+            {
+                "path": MetadataValue.path(str(path)),
+                **built(r["cached"], r["build_seconds"]),
+                "exact_match_on_task": r["exact_match"],
+                "copy_exact_match": r["copy_exact_match"],
+                "parameters": r["parameters"],
+                "num_experts": r["num_experts"],
+                "num_experts_per_tok": r["num_experts_per_tok"],
+            }
+        ),
     )

@@ -5,7 +5,7 @@
 
 from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
-from assets.common import base_metadata, dagster_failures, key, model_deps, stage_context
+from assets.common import base_metadata, dagster_failures, for_people, key, model_deps, stage_context
 from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
@@ -53,16 +53,17 @@ def build(spec: CampaignSpec):
         ctx = stage_context(context, storage, pricing, teacher)
         with dagster_failures():
             out = stage.run(spec, {"generations": generations, "prompts": prompts}, ctx)
-        yield Output(out.manifest, metadata=distillation_metadata(out.manifest, out.cached))
+        yield Output(out.manifest, metadata=for_people(distillation_metadata(out.manifest, out.cached)))
         yield decontamination_check(out.manifest.get("decontamination"))
 
     return distillation_set
 
 
-def distillation_metadata(m: dict, cached: bool) -> dict:
-    """The distillation set's manifest as Dagster metadata: rows kept, each filter rule's drops, contamination."""
+def distillation_metadata(m: dict, reused: bool) -> dict:
+    """The distillation set's manifest as Dagster metadata: rows kept, each filter rule's drops, contamination; the
+    replay answers this run generated only when this run made the set."""
     c = m["filter_counts"]
-    md = base_metadata(m, cached) | {
+    md = base_metadata(m, reused) | {
         "rows": m["rows"],
         "input_rows": c["input"],
         "kept_fraction": m["rows"] / max(1, c["input"]),
@@ -76,10 +77,13 @@ def distillation_metadata(m: dict, cached: bool) -> dict:
             "task_rows": m["rows"] - r["rows"],
             "replay_share": r["share_actual"],
             "replay_answered_by": r["answered_by"],
-            "replay_generated": r.get("generated", 0),
-            "replay_cache_hits": r.get("cache_hits", 0),
-            "replay": MetadataValue.json(r),
         }
+        if not reused:
+            md |= {
+                "replay_generated": r.get("generated", 0),
+                "replay_cache_hits": r.get("cache_hits", 0),
+                "replay": MetadataValue.json(r),
+            }
     dec = m.get("decontamination")
     if dec is not None:
         md |= {"contaminated_rows": dec["contaminated_rows"], "decontamination": MetadataValue.json(dec)}

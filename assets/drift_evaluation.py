@@ -17,7 +17,7 @@ fresh items were used is in the manifest, ``drift.json`` and the metadata (``ite
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
-from assets.common import dagster_failures, key, stage_context
+from assets.common import base_metadata, dagster_failures, for_people, key, stage_context
 from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
@@ -45,21 +45,20 @@ def build(spec: CampaignSpec):
     ) -> MaterializeResult:
         with dagster_failures():
             out = stage.run(spec, {}, stage_context(context, storage, pricing))
-        return MaterializeResult(metadata=drift_metadata(spec, out.manifest, out.cached))
+        return MaterializeResult(metadata=for_people(drift_metadata(spec, out.manifest, out.cached)))
 
     return drift_evaluation
 
 
-def drift_metadata(spec: CampaignSpec, m: dict, cached: bool) -> dict:
+def drift_metadata(spec: CampaignSpec, m: dict, reused: bool) -> dict:
     """The drift stage's manifest as Dagster metadata: the verdict, its reasons, the scores per suite."""
     ev, r = spec.evaluation, m["report"]
-    md = {
+    md = base_metadata(m, reused) | {
         "verdict": r["verdict"],
         "drifted": r["verdict"] == "DRIFTED",
         "summary": r["summary"],
         "reasons": MetadataValue.md("\n".join(f"- {x}" for x in r["reasons"]) or "- none"),
         "promoted_key": m["promoted_key"],
-        "drift_key": m["key"],
         "heldout_items": m["heldout_items"],
         "fresh_items": m["item_selection"]["fresh_items"],
         "earlier_items": m["item_selection"]["earlier_items"],
@@ -67,10 +66,7 @@ def drift_metadata(spec: CampaignSpec, m: dict, cached: bool) -> dict:
         "floor": ev.gate.min_score,
         "max_drop": max_drop(spec),
         "confidence": ev.statistics.confidence,
-        "cached": cached,
         "backend": m["backend"],
-        "cost_usd": float(sum(x["usd"] for x in m["cost_lines"])),
-        "path": MetadataValue.path(m["path"]),
     }
     for s in r["suites"]:
         md[f"{s['suite']}_fresh_score"] = s["score"] if s["score"] is not None else float("nan")

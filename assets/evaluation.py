@@ -39,28 +39,31 @@ GATE_DESCRIPTION = (
 
 
 def gate_check_result(report: dict, evaluation_key: str | None = None) -> AssetCheckResult:
-    verdict = report["verdict"]
-    md = {
-        "verdict": verdict,
-        "candidate_key": report.get("candidate_key", ""),
-        "reasons": MetadataValue.md("\n".join(f"- {r}" for r in report["reasons"]) or "- every rule passes"),
-    }
+    """The gate's verdict as the check's result, for people: each suite's verdict and scores in percent, then each
+    of its rules (``<suite> · <rule>``) with what was measured, its threshold and its result, in the units of
+    ``evaluation/report.py``'s rule table, and why the gate failed when it did (the rules that did not pass)."""
+    verdict, rules = report["verdict"], stage.gate_rules(report)
+    md: dict = {"verdict": verdict}
+    if report["reasons"]:
+        md["reasons"] = MetadataValue.md("\n".join(f"- {r}" for r in report["reasons"]))
+    for s in report["suites"]:
+        md[s["suite"]] = f"{s['verdict']}" + (" (advisory suite)" if s.get("tier") == "advisory" else "")
+        md[s["suite"]] += f" · {stage.gate_scores(s)}"
+        for r in (r for r in rules if r["suite"] == s["suite"]):
+            result = r["result"] + (" (advisory)" if r["advisory"] else "")
+            md[f"{s['suite']} · {r['rule']}"] = f"{r['measured']} · threshold {r['threshold']} · {result}"
+    md["candidate_key"] = report.get("candidate_key", "")
     if evaluation_key:
         md["evaluation_key"] = evaluation_key
-    for s in report["suites"]:
-        o = s["overall"]
-        nan = float("nan")
-        md[f"{s['suite']}_candidate"] = s["candidate"]["score"] if s["candidate"]["score"] is not None else nan
-        md[f"{s['suite']}_base"] = s["base"]["score"] if s["base"]["score"] is not None else nan
-        md[f"{s['suite']}_delta_lo"] = o["delta"]["lo"]
-        md[f"{s['suite']}_delta_hi"] = o["delta"]["hi"]
-        md[f"{s['suite']}_verdict"] = s["verdict"]
+    blocking = [r for r in rules if not r["advisory"]]
+    failed = [f"{r['suite']} {r['rule']}" for r in blocking if r["result"] != "PASS"]
+    passed = f"{len(blocking) - len(failed)} of {len(blocking)} blocking rules pass"
     return AssetCheckResult(
         check_name=GATE_CHECK,
         passed=verdict == "GO",
         severity=AssetCheckSeverity.ERROR,
         metadata=md,
-        description=f"Gate verdict {verdict}",
+        description=f"{verdict}: {passed}" + (f" (not: {', '.join(failed)})" if failed else ""),
     )
 
 
@@ -90,7 +93,7 @@ def build(spec: CampaignSpec):
         with dagster_failures():
             out = stage.run(spec, {"prompts": prompts, "adapter": adapter}, ctx)
         m, report = out.manifest, out.notes["report"]
-        md = evaluation_metadata(m, report, out.cached)
+        md = evaluation_metadata(m, report, out.cached, out.notes["answers_reused"])
         if "mlflow_runs_tagged" in out.notes:  # the training run's verdict (stages/tracking.py)
             md["mlflow_runs_tagged"] = out.notes["mlflow_runs_tagged"]
         tag_run(context, verdict=report["verdict"])  # the runs list shows the verdict (assets/common.py)
@@ -112,9 +115,12 @@ def gate(spec: CampaignSpec):
     return gate_check
 
 
-def evaluation_metadata(m: dict, report: dict, cached: bool) -> dict:
-    """The judgement's manifest and report as Dagster metadata."""
-    md = base_metadata(m, cached) | {
+def evaluation_metadata(m: dict, report: dict, reused: bool, answers_reused: bool | None = None) -> dict:
+    """The judgement's manifest and report as Dagster metadata. ``reused``: the judgement was stored already;
+    ``answers_reused`` (default: as ``reused``): the answers were, so how they were made (counts generated, Ray
+    shards, the harness's share) was this run's work only when they were not."""
+    answers_reused = reused if answers_reused is None else answers_reused
+    md = base_metadata(m, reused, None if reused or not answers_reused else "re-judged stored answers") | {
         "verdict": report["verdict"],
         "report": MetadataValue.md(report["markdown"]),
         "items": MetadataValue.path(m["items_path"]),
@@ -126,11 +132,6 @@ def evaluation_metadata(m: dict, report: dict, cached: bool) -> dict:
         md["diagnosis"] = MetadataValue.md(report["diagnosis"]["markdown"])
     if m.get("compute_dtype"):
         md["compute_dtype"] = MetadataValue.json(m["compute_dtype"])
-    if m.get("answers"):  # per role: generated in this run, found in the generation cache
-        md["answers"] = MetadataValue.json(m["answers"])
-    if m.get("ray_shards"):  # execution.engine ray: shards done/total per model and answer length
-        md["ray_shards"] = MetadataValue.json(m["ray_shards"])
-    md |= {k: m[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in m}
     for role, by_suite in m["scores"].items():
         for suite, score in by_suite.items():
             if score is not None:
@@ -138,8 +139,13 @@ def evaluation_metadata(m: dict, report: dict, cached: bool) -> dict:
     for suite, ratio in (m.get("student_teacher_ratio") or {}).items():
         if ratio is not None:
             md[f"{suite}_student_teacher_ratio"] = ratio
-    if m.get("cost_unknown"):
-        md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
     if m.get("billing_note"):
         md["billing_note"] = m["billing_note"]
+    if answers_reused:
+        return md
+    if m.get("answers"):  # per role: generated in this run, found in the generation cache
+        md["answers"] = MetadataValue.json(m["answers"])
+    if m.get("ray_shards"):  # execution.engine ray: shards done/total per model and answer length
+        md["ray_shards"] = MetadataValue.json(m["ray_shards"])
+    md |= {k: m[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in m}
     return md

@@ -18,7 +18,7 @@ from functools import partial
 
 from dagster import AssetExecutionContext, AssetIn, AssetMaterialization, MetadataValue, Output, asset
 
-from assets.common import base_metadata, dagster_failures, key, model_deps, stage_context
+from assets.common import base_metadata, dagster_failures, for_people, key, model_deps, stage_context
 from assets.sweep_trial import trial_key, trial_partition, trial_partitions
 from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource
@@ -26,6 +26,7 @@ from resources.storage import ArtifactStore
 from resources.training_launcher import TrainingLauncher
 from stages import hparam_sweep as stage
 from stages.hparam_sweep import STAGE
+from stages.pricing import dollars
 
 
 def build(spec: CampaignSpec):
@@ -56,7 +57,7 @@ def build(spec: CampaignSpec):
         ctx.on_trial = partial(report_trial, context, spec)
         with dagster_failures():
             out = stage.run(spec, {"dataset": dataset}, ctx)
-        return Output(out.manifest, metadata=sweep_metadata(out.manifest, out.cached))
+        return Output(out.manifest, metadata=for_people(sweep_metadata(out.manifest, out.cached)))
 
     return hparam_sweep
 
@@ -74,7 +75,7 @@ def report_trial(context, spec: CampaignSpec, rec, k: str) -> None:
         "rung_eval_loss": MetadataValue.json({str(k2): v["value"] for k2, v in sorted(rec.rungs.items())}),
         "steps": last,
         "eval_loss": rec.rungs[last]["value"] if rec.rungs else None,
-        "cost_usd": rec.usd,
+        "cost": dollars(rec.usd),
         "rungs": MetadataValue.json({str(k2): v for k2, v in sorted(rec.rungs.items())}),
         "sweep": k,
         **{f"param {n}": v for n, v in rec.params.items()},
@@ -83,16 +84,17 @@ def report_trial(context, spec: CampaignSpec, rec, k: str) -> None:
         md["retry_of"] = rec.root
     context.log_event(
         AssetMaterialization(
-            asset_key=trial_key(spec), partition=pk, metadata={a: b for a, b in md.items() if b is not None}
+            asset_key=trial_key(spec), partition=pk, metadata=for_people({a: b for a, b in md.items() if b is not None})
         )
     )
 
 
-def sweep_metadata(m: dict, cached: bool) -> dict:
-    """The sweep's manifest as Dagster metadata (None values left out)."""
-    md = base_metadata(m, cached) | {
-        "cost_usd": m["spent_usd"],
-        "spent_this_run_usd": 0.0 if cached else m["spent_usd"],
+def sweep_metadata(m: dict, reused: bool) -> dict:
+    """The sweep's manifest as Dagster metadata (None values left out). Its cost is its trials' (each rung's lines
+    are in the ledger under the trial, not in the manifest)."""
+    spent = dollars(m["spent_usd"])
+    md = base_metadata(m, reused) | {
+        "cost": f"{spent} (paid when produced; nothing in this run)" if reused and m["spent_usd"] else spent,
         "trials_run": m["trials_run"],
         "trials_pruned": m["trials_pruned"],
         "pruned_at_first_rung": m["pruned_at_first_rung"],

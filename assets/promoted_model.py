@@ -26,7 +26,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.common import dagster_failures, key, stage_context
+from assets.common import dagster_failures, key, reused_metadata, stage_context
 from assets.evaluation import GATE_CHECK
 from campaigns.spec import CampaignSpec
 from resources.storage import ArtifactStore
@@ -91,17 +91,14 @@ def _awaiting_review(context, spec: CampaignSpec, evaluation: dict, adapter: dic
 
 
 def _promotion_metadata(dest, adapter: dict, record: dict, run_id: str) -> dict:
-    """What the UI shows; a candidate promoted by an earlier run (promotion is once per key) is ``reused``."""
+    """What the UI shows (``content_key``: the candidate's, the adapter's key); a candidate promoted by an earlier
+    run (promotion is once per key) is ``reused``, from that run."""
     md = {
         "adapter": MetadataValue.path(str(dest / "adapter")),
-        "candidate_key": adapter["key"],
         "content_key": adapter["key"],
         "verdict": record["verdict"],
         "promoted_at": record["promoted_at"],
-        "reused": record.get("run_id") != run_id,
-    }
-    if md["reused"]:
-        md["reused_from_run"] = record.get("run_id")
+    } | reused_metadata(record.get("run_id"), run_id)
     if record.get("approval"):
         md |= {"approved_by": record["approval"]["approved_by"], "approved_at": record["approval"]["approved_at"]}
     return md

@@ -2,7 +2,7 @@
 
 from dagster import AssetExecutionContext, MetadataValue, Output, asset
 
-from assets.common import base_metadata, dagster_failures, key, stage_context
+from assets.common import base_metadata, dagster_failures, for_people, key, stage_context
 from campaigns.spec import CampaignSpec
 from resources.storage import ArtifactStore
 from stages import prompts as stage
@@ -26,6 +26,6 @@ def build(spec: CampaignSpec):
             "heldout_rows": m["heldout_rows"],
             "source_files": MetadataValue.json(m["files"]),
         }
-        return Output(m, metadata=md)
+        return Output(m, metadata=for_people(md))
 
     return prompts

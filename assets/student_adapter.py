@@ -3,7 +3,7 @@
 
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
-from assets.common import base_metadata, dagster_failures, key, model_deps, stage_context
+from assets.common import base_metadata, dagster_failures, for_people, key, model_deps, stage_context
 from assets.perf_metadata import profile_metadata
 from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource
@@ -153,14 +153,14 @@ def train_adapter(
     md["recipe_checks"] = MetadataValue.json([f.as_dict() for f in recipe]) if recipe else "all pass"
     if "mlflow_run_id" in out.notes:
         md["mlflow_run_id"] = out.notes["mlflow_run_id"]
-    return Output(out.manifest, metadata={k: v for k, v in md.items() if v is not None})
+    return Output(out.manifest, metadata=for_people({k: v for k, v in md.items() if v is not None}))
 
 
-def adapter_metadata(m: dict, cached: bool, sweep: dict | None) -> dict:
+def adapter_metadata(m: dict, reused: bool, sweep: dict | None) -> dict:
     """The adapter stage's manifest as Dagster metadata (None values still in: the caller drops them)."""
     sm = m["summary"]
     md = (
-        base_metadata(m, cached)
+        base_metadata(m, reused)
         | {
             "adapter": MetadataValue.path(m["adapter_path"]),
             "metrics": MetadataValue.path(m["metrics_path"]),
@@ -200,8 +200,6 @@ def adapter_metadata(m: dict, cached: bool, sweep: dict | None) -> dict:
     if sm.get("merged_dir"):
         md["merged_model"] = MetadataValue.path(sm["merged_dir"])
     md |= moe_metadata(sm.get("moe"))
-    if m.get("cost_unknown"):  # never $0: an unpriced API teacher scored the student's samples
-        md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
     if m.get("from_sweep_trial") is not None or sweep is not None:
         md |= {
             "from_sweep_trial": m.get("from_sweep_trial"),

@@ -6,7 +6,7 @@ commit; the loop, the content-addressed cache and the backends live in ``campaig
 
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
-from assets.common import base_metadata, dagster_failures, key, model_deps, stage_context
+from assets.common import base_metadata, dagster_failures, for_people, key, model_deps, stage_context
 from campaigns.spec import CampaignSpec
 from resources.k8s.kuberay_launcher import KubeRayJobLauncher
 from resources.pricing import PricingResource
@@ -39,22 +39,31 @@ def build(spec: CampaignSpec):
         ctx = stage_context(context, storage, pricing, teacher, kuberay=kuberay)
         with dagster_failures():
             out = stage.run(spec, {"prompts": prompts}, ctx)
-        return Output(out.manifest, metadata=generations_metadata(out.manifest, out.cached))
+        return Output(out.manifest, metadata=for_people(generations_metadata(out.manifest, out.cached)))
 
     return teacher_generations
 
 
-def generations_metadata(m: dict, cached: bool) -> dict:
-    """The generations' manifest as Dagster metadata."""
+def generations_metadata(m: dict, reused: bool) -> dict:
+    """The generations' manifest as Dagster metadata: the output, and (when this run made it) the work this run did
+    to make it; a reused output claims none of it (it was done in the run it came from)."""
     st = m["stats"]
-    md = base_metadata(m, cached) | {
+    md = base_metadata(m, reused) | {
         "rows": m["rows"],
         "prompt_tokens": m["prompt_tokens"],
         "completion_tokens": m["completion_tokens"],
         "errors": m["errors"],
-        "cache_hits": st["cache_hits"],
+        "finish_reasons": MetadataValue.json(st["finish_reasons"]),
+        "cache": m["cache"],
+        "model_identity": m["model_identity"][:48],
+    }
+    if st.get("compute_dtype"):
+        md["compute_dtype"] = st["compute_dtype"]
+    if reused:
+        return md
+    md |= {
         "new_generations": st["generated"],
-        "cache_hits_cost": f"{st['cache_hits']} cache hits ($0)",
+        "cache_hits": st["cache_hits"],  # free: never paid twice (the cost says what this output cost)
         "recovered_from_killed_run": st["recovered_rows"],
         "failures": st["failed"],
         "retries": st["retries"],
@@ -62,12 +71,7 @@ def generations_metadata(m: dict, cached: bool) -> dict:
         "rows_per_s": st["rows_per_s"],
         "tokens_per_s": st["tokens_per_s"],
         "generate_seconds": st["generate_s"],
-        "finish_reasons": MetadataValue.json(st["finish_reasons"]),
-        "cache": m["cache"],
-        "model_identity": m["model_identity"][:48],
     }
-    if st.get("compute_dtype"):
-        md["compute_dtype"] = st["compute_dtype"]
     if m.get("ray"):  # shards done/total, per-node work, lost workers, per-shard tokens/seconds/dollars
         r = m["ray"]
         md |= {
@@ -83,6 +87,4 @@ def generations_metadata(m: dict, cached: bool) -> dict:
             md["ray_unverified"] = stage.unverified_text(r)
     if st["retry_reasons"]:
         md["retry_reasons"] = MetadataValue.json(st["retry_reasons"])
-    if m.get("cost_unknown"):  # never $0: the tokens were bought at a price nobody told us
-        md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
     return md

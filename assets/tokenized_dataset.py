@@ -6,7 +6,7 @@ loss ends on the stop token) and, for logit distillation, ``vocabularies_compati
 
 from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
-from assets.common import base_metadata, dagster_failures, key, model_deps, stage_context
+from assets.common import base_metadata, dagster_failures, for_people, key, model_deps, stage_context
 from campaigns.spec import CampaignSpec
 from resources.storage import ArtifactStore
 from stages import tokenized_dataset as stage
@@ -54,7 +54,7 @@ def build(spec: CampaignSpec):
         with dagster_failures():
             out = stage.run(spec, {"distillation": distillation}, ctx)
         m = out.manifest
-        yield Output(m, metadata=dataset_metadata(m, out.cached))
+        yield Output(m, metadata=for_people(dataset_metadata(m, out.cached)))
         yield stop_check(m["stop_token"])
         if logits:
             yield vocabulary_check(stage.vocabulary_report(spec, ctx, out.notes["model_path"]))
@@ -62,10 +62,10 @@ def build(spec: CampaignSpec):
     return tokenized_dataset
 
 
-def dataset_metadata(m: dict, cached: bool) -> dict:
+def dataset_metadata(m: dict, reused: bool) -> dict:
     """The tokenized dataset's manifest as Dagster metadata."""
     tsplit, vsplit = m["splits"]["train"], m["splits"]["validation"]
-    md = base_metadata(m, cached) | {
+    md = base_metadata(m, reused) | {
         "examples_in": m["examples_in"],
         "examples_out": m["examples_out"],
         "dropped_total": m["dropped_total"],

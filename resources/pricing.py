@@ -17,10 +17,11 @@ class PricingResource(ConfigurableResource):
     ledger: str | None = Field(
         None, description="DuckDB cost ledger file; default <artifact root>/cost_ledger.duckdb (relative: to the root)."
     )
-    dashboard_url: str = Field(
-        "http://127.0.0.1:8765",
-        description="Where `campaign dashboard --serve` (or any web server) serves "
-        "<artifact root>/dashboards/: the cost dashboards the UI links to.",
+    dashboard_url: str | None = Field(
+        None,
+        description="Where a web server serves <artifact root>/dashboards/ (the cost dashboards the UI links to). "
+        "Unset: where `campaign dashboard --serve` serves them (the URL it records when it starts; before it first "
+        "served, http://127.0.0.1:8765).",
     )
 
     def service(self) -> Pricing:

@@ -4,9 +4,21 @@ records its lines as it completes); ``campaign run`` reports it with the same :f
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from pathlib import Path
+
 from campaigns.spec import CampaignSpec
 from stages.outcome import Outcome
 from stages.pricing import cost_report, dollars
+
+# Where the cost dashboards of an artifact root are served: `campaign dashboard --serve` records the URL it serves
+# them at (``<root>/dashboards/served_at.json``) and serves there again by default, so the links in campaign_cost's
+# metadata follow the port it serves on; before it first served, its default port. The ``pricing`` resource's
+# ``dashboard_url`` overrides both (another web server serving ``<root>/dashboards/``).
+DASHBOARD_PORT = 8765
+SERVED_AT = "served_at.json"
 
 STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")
 # Not in the graph of a fully on-policy campaign (training.distillation.on_policy.teacher_generations: none).
@@ -39,3 +51,38 @@ def result_line(report: dict) -> str:
         f"{dollars(report.get('total_usd'))}{unknown} · spent in this run "
         f"{dollars(report.get('spent_this_run_usd'))}"
     )
+
+
+def _served_at(root: Path) -> Path:
+    from campaign_orchestrator.costs.dashboard import TEAM_DIR
+
+    return Path(root) / TEAM_DIR / SERVED_AT
+
+
+def dashboards_url(root: Path) -> str:
+    """The URL the cost dashboards of the artifact root ``root`` are served at: where ``campaign dashboard --serve``
+    last served them (:func:`record_dashboards_url`), else where it serves them by default."""
+    try:
+        return str(json.loads(_served_at(root).read_text())["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"http://127.0.0.1:{DASHBOARD_PORT}"
+
+
+def dashboards_port(root: Path) -> int:
+    """The port ``campaign dashboard --serve`` serves at without ``--port``: the one it last served at (so the links
+    already shown in the UI open again), else :data:`DASHBOARD_PORT`."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(dashboards_url(root)).port or DASHBOARD_PORT
+
+
+def record_dashboards_url(root: Path, url: str) -> str | None:
+    """Record that the dashboards of ``root`` are served at ``url`` (the links campaign_cost's metadata makes from
+    now on point there); the URL recorded before, if any."""
+    before = dashboards_url(root) if _served_at(root).exists() else None
+    p = _served_at(root)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "since": time.time()}))
+    os.replace(tmp, p)
+    return before

@@ -31,19 +31,72 @@ STAGE = "evaluation"
 
 def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     """Every model's answers (made unless their content key is complete) judged by the gate (``inputs``: the
-    ``prompts`` and ``adapter`` manifests): the judgement's manifest; ``notes["report"]``: the gate's report,
-    ``notes["mlflow_runs_tagged"]``: the training runs tagged with the verdict (``tracking.mlflow``)."""
+    ``prompts`` and ``adapter`` manifests): the judgement's manifest, found complete when the judgement itself was
+    (``cached``); ``notes["answers_reused"]``: the answers were stored already (a changed gate re-judges them),
+    ``notes["report"]``: the gate's report, ``notes["mlflow_runs_tagged"]``: the training runs tagged with the
+    verdict (``tracking.mlflow``)."""
     prompts, adapter = inputs["prompts"], inputs["adapter"]
     scorers = item_scorers(spec)
     isd, items_key, cached = answers_stage(ctx, spec, prompts, adapter, scorers)
+    judged = judgement_dir(spec, ctx.store, items_key).is_complete()
     m = judge_answers(spec, ctx.store, isd, items_key, scorers, adapter)
     report = json.loads(open(m["gate_path"]).read())
-    notes: dict = {"report": report}
+    notes: dict = {"report": report, "answers_reused": cached}
     if spec.tracking.mlflow is not None and not cached:  # the training run's verdict (stages/tracking.py)
         from stages.tracking import set_verdict
 
         notes["mlflow_runs_tagged"] = set_verdict(spec, ctx.store.root_path(), m["candidate_key"], report["verdict"])
-    return Outcome(m, cached, notes)
+    return Outcome(m, cached and judged, notes)
+
+
+def gate_rules(report: dict) -> list[dict]:
+    """Every rule of every suite of a gate report (``gate.json``) for people: ``suite``, ``rule``, ``measured`` (a
+    share in percent; a change against the base in points of percent, with the interval the rule judges; seconds;
+    items), ``threshold`` (with the side the value must be on), ``result`` (PASS, BREACH, INSUFFICIENT_EVIDENCE),
+    ``advisory`` (never blocks)."""
+    from evaluation.report import rule_threshold, rule_value
+
+    rows = []
+    for s in report["suites"]:
+        for r in s["rules"]:
+            measured = rule_value(r["rule"], r["value"])
+            if r["value"] is None or r["value"] != r["value"]:  # nothing measured (e.g. one category): why
+                measured = f"not measured ({r['detail']})"
+            elif r["rule"] == "max_regression_vs_base":  # the rule judges the interval's low end
+                measured += f" {points_interval(s['overall']['delta'])}"
+            rows.append(
+                {
+                    "suite": s["suite"],
+                    "rule": r["rule"],
+                    "measured": measured,
+                    "threshold": rule_threshold(r["rule"], r["threshold"]),
+                    "result": r["status"],
+                    "advisory": r.get("tier") == "advisory",
+                }
+            )
+    return rows
+
+
+def gate_scores(suite: dict) -> str:
+    """A suite of a gate report for people: the candidate's and the base's score on the paired items, in percent,
+    and the change with its interval, in points of percent."""
+    o = suite["overall"]
+
+    def pct(iv: dict) -> str:
+        x = iv.get("estimate")
+        return "n/a" if x is None or x != x else f"{x:.1%}"
+
+    d = o["delta"]
+    change = "n/a" if d["estimate"] != d["estimate"] else f"{d['estimate'] * 100:+.1f} pts {points_interval(d)}"
+    return f"candidate {pct(o['candidate'])}, base {pct(o['base'])}, candidate − base {change} on {o['n']} items"
+
+
+def points_interval(iv: dict) -> str:
+    """An interval of a change (fractions) in points of percent: ``[+1.0, +7.5]``, ``[undefined]``."""
+    lo, hi = iv.get("lo"), iv.get("hi")
+    if lo is None or hi is None or lo != lo or hi != hi:
+        return "[undefined]"
+    return f"[{lo * 100:+.1f}, {hi * 100:+.1f}]"
 
 
 def batch_size(spec: CampaignSpec) -> int:
@@ -152,13 +205,20 @@ def answers_stage(ctx, spec: CampaignSpec, prompts: dict, adapter: dict, scorers
     return isd, items_key, cached
 
 
+def judgement_dir(spec: CampaignSpec, storage, items_key: str):
+    """The judgement's stage directory: keyed by the answers and the gate policy."""
+    from evaluation.judging import judging_key
+
+    return storage.stage(spec.name, STAGE, judging_key(spec, items_key))
+
+
 def judge_answers(spec: CampaignSpec, storage, isd, items_key: str, scorers: dict, adapter: dict):
     """The gate's judgement of the stored answers (its own stage, keyed by the answers and the gate policy)."""
-    from evaluation.judging import judge_stage, judging_key
+    from evaluation.judging import judge_stage
 
     return judge_stage(
         spec,
-        storage.stage(spec.name, "evaluation", judging_key(spec, items_key)),
+        judgement_dir(spec, storage, items_key),
         isd.manifest(),
         items_key,
         {n: sc.binary for n, sc in scorers.items()},

@@ -118,7 +118,8 @@ def test_a_dagster_step_retried_after_its_output_was_recorded_does_not_double_co
     ledger = Ledger(root / "cost_ledger.duckdb")
     assert len(ledger.lines("camp")) == 1 and ledger.spent("camp", run_id=result.run_id) == pytest.approx(0.05)
     mats = result.asset_materializations_for_node("camp__teacher_generations")
-    assert [m.metadata["ledger_spent_this_run_usd"].value for m in mats] == [0.05, 0.05]
+    # both attempts are this run's own output (not reused), paid in this run (no "paid in run …; nothing in this run")
+    assert [(m.metadata["reused"].value, m.metadata["cost"].value) for m in mats] == [(False, "$0.05")] * 2
 
 
 def test_lines_keep_their_ray_shard_and_an_older_ledger_gains_the_column_without_losing_rows(tmp_path):

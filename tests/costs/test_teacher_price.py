@@ -137,8 +137,8 @@ def test_an_unpriced_teacher_is_unknown_everywhere_never_zero(tmp_path, artifact
     assert result.success
     (mat,) = result.asset_materializations_for_node("unpriced__teacher_generations")
     md = {k: v.value for k, v in mat.metadata.items()}
-    assert md["cost_usd"] == md["spent_this_run_usd"] == "unknown: teacher.price is `unpriced`"
-    assert md["cache_hits_cost"] == f"{md['cache_hits']} cache hits ($0)"  # hits are reported as hits, free
+    assert md["cost"] == "unknown: teacher.price is `unpriced`"  # one cost, never $0
+    assert not {"cost_usd", "spent_this_run_usd", "cache_hits_cost"} & md.keys() and isinstance(md["cache_hits"], int)
     gen = result.asset_value(teacher_generations.build(spec).key)
     assert gen["cost_unknown"] and gen["cost_lines"] == [] and gen["completion_tokens"] > 0
     ledger = Ledger(artifact_root / "cost_ledger.duckdb")

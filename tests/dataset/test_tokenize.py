@@ -203,17 +203,17 @@ def test_asset_is_keyed_by_content_and_consumed_by_the_loader(artifact_root, tmp
         return {k: v.value for k, v in mat.metadata.items()}
 
     first = run(spec)
-    assert not first["cached"] and first["examples_in"] == 120 and first["rows"] < 120
+    assert not first["reused"] and first["examples_in"] == 120 and first["rows"] < 120
     assert (
         0 < first["packing_efficiency"] <= 1
         and first["shards"] >= 1
         and "| example tokens |" in first["sequence_lengths"]
     )
     again = run(spec)
-    assert again["cached"] and again["content_key"] == first["content_key"]
+    assert again["reused"] and again["content_key"] == first["content_key"]
     longer = spec.model_copy(update={"training": spec.training.model_copy(update={"max_seq_len": 48})})
     other = run(longer)
-    assert not other["cached"] and other["content_key"] != first["content_key"]
+    assert not other["reused"] and other["content_key"] != first["content_key"]
     settings = stage.build_settings(spec)  # a new tokenizer is a new dataset too
     assert stage.content_key("d", "tok-a", settings, None) != stage.content_key("d", "tok-b", settings, None)
     manifest = json.loads((artifact_root / "demo" / "tokenized_dataset" / "LATEST.json").read_text())

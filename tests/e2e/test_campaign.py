@@ -1,6 +1,7 @@
 """End to end through Dagster on a shrunken demo: the student beats its base and is promoted; a
 re-run is a no-op; the broken campaign is blocked by the gate and never promoted."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,11 @@ import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterEventType, DagsterInstance
 
 from assets.location import build_definitions, campaign_job_name
+from assets.run_recovery import LEASE_TAG
+from campaign_orchestrator.costs.report import dollars, seconds
 from campaign_orchestrator.demo import cipher
+from resources.run_owner import OWNER_TAG
+from stages.common import usd
 from tests.support import REPO_ROOT as REPO
 
 pytestmark = pytest.mark.slow
@@ -59,7 +64,9 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root, recwarn):
     # the lm_eval suite (the shipped cipher tasks through lm-evaluation-harness) gates too, paired, and is priced
     assert ev["harness_cipher_base_score"] == 0.0 and ev["harness_cipher_candidate_score"] >= 0.8
     assert "harness_cipher_teacher_score" not in ev  # the teacher is scored on the project's suites only
-    assert 0 < ev["lm_eval_seconds"] < ev["wall_seconds"] and 0 < ev["lm_eval_usd"] < ev["cost_usd"]
+    man = json.loads((artifact_root / "mini" / "evaluation" / "LATEST.json").read_text())  # the raw figures
+    assert 0 < man["lm_eval_seconds"] < man["wall_seconds"] and 0 < man["lm_eval_usd"] < usd(man["cost_lines"])
+    assert ev["lm_eval_seconds"] == seconds(man["lm_eval_seconds"]) and ev["lm_eval_usd"] == dollars(man["lm_eval_usd"])
     assert "| harness_cipher | cipher_gen | candidate | exact_match | 60 |" in ev["report"]
     dist = _metadata(result, AssetKey(["mini", "distillation_set"]))
     assert dist["decontamination"]["suites"]["harness_cipher/cipher_mc"]["documents_checked"] == 60
@@ -88,7 +95,10 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root, recwarn):
         "student_adapter",
         "evaluation",
     ):
-        assert _metadata(again, AssetKey(["mini", stage]))["cached"] is True, stage
+        md = _metadata(again, AssetKey(["mini", stage]))
+        assert md["reused"] is True and md["reused_from_run"] == result.run_id, stage
+        assert md["time"].startswith("reused (took ") and ("nothing in this run" in md["cost"] or md["cost"] == "$0")
+        assert not {"answers", "new_generations", "cache_hits"} & md.keys(), (stage, md.keys())  # not this run's work
     # promotion is once per candidate: the rerun reports the first run's promotion as reused
     promoted = _metadata(again, AssetKey(["mini", "promoted_model"]))
     assert promoted["reused"] is True and promoted["reused_from_run"] == result.run_id
@@ -187,6 +197,12 @@ def test_campaign_run_command_prints_scores_verdict_reason_and_cost(tmp_path, ar
     assert not (artifact_root / "mini_cli" / "promoted_model").exists()
     first_run = out.split("dagster run id: ")[1].split()[0]
     assert "  student_adapter      ran " in out and "0 of 6 stages reused; ran prompts" in out, out
+    # its tags: the verdict and the result's cost lead (Dagster orders them by key); the reaper's are hidden
+    with DagsterInstance.get() as instance:
+        tags = instance.get_run_by_id(first_run).tags
+    shown = [k for k in tags if not k.startswith((".dagster/", "dagster/"))]
+    assert shown[:2] == ["Cost", "Verdict"] and tags["Verdict"] == "NO-GO" and tags["Cost"].startswith("$"), tags
+    assert not [k for k in shown if k.startswith("campaign/")] and {OWNER_TAG, LEASE_TAG} <= tags.keys(), tags
 
     # unchanged: every stage says where it came from, and the run spent nothing
     assert cli.main(["run", str(path), "--artifacts", str(artifact_root), "--log-level", "WARNING"]) == cli.EXIT_BLOCKED

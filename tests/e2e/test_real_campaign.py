@@ -9,6 +9,7 @@ NO-GO (at 20x, on these 60 items, it lost 17 pts: INCONCLUSIVE, not yet a breach
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -69,10 +70,22 @@ def _run(path: Path, name: str, artifact_root: Path):
     return {k: v.value for k, v in mats[-1].metadata.items()}, result
 
 
-def _gate(result) -> dict:
-    """The blocking gate check's metadata (per suite: candidate, base, paired delta interval, verdict)."""
+def _gate(result, artifact_root: Path, name: str) -> dict:
+    """The gate's numbers per suite (candidate score, paired delta interval, verdict) from the judgement the blocking
+    check reads (``gate.json``; the check's metadata shows them in percent), and that check's verdict."""
     check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "gate")
-    return {k: getattr(v, "value", v) for k, v in check.metadata.items()}
+    manifest = json.loads((artifact_root / name / "evaluation" / "LATEST.json").read_text())
+    doc = json.loads(Path(manifest["gate_path"]).read_text())
+    out = {"verdict": check.metadata["verdict"].value}
+    for s in doc["suites"]:
+        d = s["overall"]["delta"]
+        out |= {
+            f"{s['suite']}_delta_lo": d["lo"],
+            f"{s['suite']}_delta_hi": d["hi"],
+            f"{s['suite']}_candidate": s["candidate"]["score"],
+            f"{s['suite']}_verdict": s["verdict"],
+        }
+    return out
 
 
 def expected_verdicts(gate: dict) -> dict[str, str]:
@@ -96,7 +109,7 @@ def test_real_model_campaign_runs_end_to_end_and_a_hundred_times_its_learning_ra
     smollm2, tmp_path, artifact_root
 ):
     ev, result = _run(_campaign(tmp_path, "smol_mini"), "smol_mini", artifact_root)
-    gate = _gate(result)
+    gate = _gate(result, artifact_root, "smol_mini")
     want = expected_verdicts(gate)  # from the scores against base and the campaign's thresholds
     assert (ev["verdict"], gate["plurals_verdict"], gate["general_verdict"]) == (
         want["overall"],

@@ -146,8 +146,8 @@ def test_the_generation_stage_regenerates_on_a_host_that_resolves_another_dtype(
     host("fp32")
     fp32 = _generations(spec, artifact_root)
     assert bf16["compute_dtype"] == "bfloat16" and fp32["compute_dtype"] == "float32"  # what ran, as keyed
-    assert not fp32["cached"] and fp32["content_key"] != bf16["content_key"]  # another stage key
+    assert not fp32["reused"] and fp32["content_key"] != bf16["content_key"]  # another stage key
     assert fp32["new_generations"] == bf16["new_generations"] > 0 and fp32["cache_hits"] == 0  # no sample reused
     host("bf16")
     again = _generations(spec, artifact_root)  # back on the bf16 host: its stage again, nothing generated
-    assert again["cached"] and again["content_key"] == bf16["content_key"]
+    assert again["reused"] and again["content_key"] == bf16["content_key"]

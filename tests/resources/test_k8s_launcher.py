@@ -21,6 +21,7 @@ from dagster import AssetKey, AssetsDefinition, DagsterInstance, asset, material
 
 from assets import student_adapter as adapter
 from campaigns.loader import parse_campaign_text
+from resources import run_owner
 from resources.k8s import K8sTrainingLauncher
 from resources.local_launcher import LocalTorchrunLauncher
 from resources.pricing import PricingResource
@@ -181,7 +182,7 @@ def test_success_streams_rank0_messages_cleans_up_and_leaks_no_secret(
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
     assert job["metadata"]["labels"]["dagster/run-id"] == result.run_id
     # the run names the cluster its workloads live in: the reaper deletes them there if this process dies
-    assert json.loads(instance.get_run_by_id(result.run_id).tags["campaign/owner"])["k8s"]["namespace"] == NS
+    assert json.loads(instance.get_run_by_id(result.run_id).tags[run_owner.OWNER_TAG])["k8s"]["namespace"] == NS
     assert job["metadata"]["labels"]["dagster/asset-key"] == "cluster_distill.student_adapter"
     cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[:5] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8"] and cmd[-4:-1] == [
@@ -437,7 +438,6 @@ def test_reaper_deletes_a_dead_runs_workloads_by_run_label_before_freeing_its_sl
     from dagster import DagsterRunStatus, job, op
 
     from assets.run_recovery import owner_tags, reap_dead_runs
-    from resources import run_owner
     from resources.k8s import manifests as mf
     from tests.support.campaign_support import instance_home
 

@@ -19,6 +19,7 @@ from dagster import AssetKey, DagsterInstance, Failure, MaterializeResult, asset
 
 from assets.common import dagster_failures
 from campaigns.loader import parse_campaign_text
+from resources import run_owner
 from resources.k8s.kuberay_launcher import KubeRayJobLauncher, job_paths
 from tests.support import REPO_ROOT
 from tests.support.k8s_fake_cluster import NS, EmulatedApiServer
@@ -173,7 +174,7 @@ def test_success_streams_the_drivers_messages_deletes_the_rayjob_and_leaks_no_se
     assert rj["kind"] == "RayJob" and rj["metadata"]["labels"]["dagster/run-id"] == result.run_id
     assert rj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 3
     assert (
-        json.loads(instance.get_run_by_id(result.run_id).tags["campaign/owner"])["k8s"]["namespace"] == NS
+        json.loads(instance.get_run_by_id(result.run_id).tags[run_owner.OWNER_TAG])["k8s"]["namespace"] == NS
     )  # reaper's
     # the driver's Pipes messages: log lines at once, progress as observations, the result as the materialization
     logs = [r.user_message for r in instance.all_logs(result.run_id)]
