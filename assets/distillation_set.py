@@ -19,7 +19,8 @@ from resources.teacher import TeacherResource
 
 def distill_schema() -> pa.Schema:
     """id, prompt, completion; plus the teacher's generated token ids and top-k logprobs
-    (null unless ``teacher.sampling.logprobs`` was set; see ``campaign_orchestrator/generation/rows.py``)."""
+    (null unless ``teacher.sampling.logprobs`` was set; see ``campaign_orchestrator/generation/rows.py``), an API
+    teacher's generated tokens as text, and which teacher answered (its model reference)."""
     from campaign_orchestrator.generation.rows import TOP_LOGPROBS_TYPE
 
     return pa.schema(
@@ -29,6 +30,8 @@ def distill_schema() -> pa.Schema:
             ("completion", pa.string()),
             ("completion_token_ids", pa.list_(pa.int32())),
             ("top_logprobs", TOP_LOGPROBS_TYPE),
+            ("completion_token_strings", pa.list_(pa.string())),
+            ("teacher", pa.string()),
         ]
     )
 
@@ -155,6 +158,8 @@ def _write_distillation(kept: list[dict], path: Path) -> Path:
                 "completion": r["completion"],
                 "completion_token_ids": r.get("completion_token_ids"),
                 "top_logprobs": r.get("top_logprobs"),
+                "completion_token_strings": r.get("completion_token_strings"),
+                "teacher": r.get("model"),
             }
             for r in kept
         ],

@@ -1,8 +1,9 @@
 """tokenized_dataset: the distillation set (plus any extra sources) tokenized with the student's
 tokenizer, packed and sharded into Parquet (``campaign_orchestrator.dataset.tokenize``).
 
-Two blocking checks (``campaign_orchestrator.dataset.checks``): ``stop_token_trained`` (every example's
-loss ends on the stop token) and, for logit distillation, ``vocabularies_compatible``."""
+A blocking check (``campaign_orchestrator.dataset.checks``): ``stop_token_trained`` (every example's
+loss ends on the stop token). Logit distillation from a teacher with another tokenizer (or an API teacher, which
+returns text) places its top-k by byte offsets (``campaign_orchestrator.dataset.xtok``)."""
 
 import time
 
@@ -40,11 +41,19 @@ TEACHER_TOPK_FORMAT = "teacher_topk/v1"
 
 
 def content_key(
-    distillation_key: str, tokenizer: str, settings, extra_sources_hash: str | None, teacher_topk: bool = False
+    distillation_key: str,
+    tokenizer: str,
+    settings,
+    extra_sources_hash: str | None,
+    teacher_topk: bool = False,
+    alignment: list | None = None,
 ) -> str:
-    """Same inputs and settings → same key (a no-op); a new tokenizer or max length → a new dataset."""
+    """Same inputs and settings → same key (a no-op); a new tokenizer or max length → a new dataset.
+    ``alignment``: a teacher of another tokenizer (``CrossTokenizer.key``); absent, the key is as before it."""
     parts = [STAGE_VERSION, distillation_key, tokenizer, settings.key_fields(), extra_sources_hash]
-    return stage_key(*parts, TEACHER_TOPK_FORMAT) if teacher_topk else stage_key(*parts)
+    if not teacher_topk:
+        return stage_key(*parts)
+    return stage_key(*parts, TEACHER_TOPK_FORMAT, *([alignment] if alignment is not None else []))
 
 
 def check_teacher_topk(spec: CampaignSpec, manifest: dict) -> None:
@@ -57,13 +66,14 @@ def check_teacher_topk(spec: CampaignSpec, manifest: dict) -> None:
         raise ValueError(
             "training.distillation.loss is 'logits' but no token of the tokenized dataset carries a teacher top-k "
             f"distribution (examples by teacher_status: {examples or 'no top_logprobs in the distillation set'}). "
-            "no_token_ids: the teacher backend returns token text only (use a local transformers or vllm teacher); "
-            "not_found: the re-tokenized completions are not the tokens the teacher generated (the student needs the "
-            "teacher's tokenizer and the plain template, or a chat template that keeps the answer verbatim)"
+            "not_found: the row's answer tokens are not the teacher's tokens (same tokenizer) or do not spell its "
+            "text (a chat template that rewrites the answer: use one that keeps it verbatim); no_token_text: an API "
+            "teacher's rows without their tokens' text (generated before they were kept: regenerate); "
+            "teacher_text_mismatch: the teacher's tokens do not spell its completion (a stop sequence inside a token)"
         )
 
 
-STOP_CHECK, VOCAB_CHECK = "stop_token_trained", "vocabularies_compatible"
+STOP_CHECK = "stop_token_trained"
 
 
 def teacher_tokenizer_ref(spec: CampaignSpec) -> str | None:
@@ -74,9 +84,20 @@ def teacher_tokenizer_ref(spec: CampaignSpec) -> str | None:
     return spec.teacher.model if spec.teacher.backend != "openai" else None
 
 
+def cross_tokenizer(spec: CampaignSpec, storage: ArtifactStore, model_path):
+    """Logit distillation from a teacher whose token ids are not the student's (another tokenizer, or an API
+    teacher, which returns text): the byte alignment of ``campaign_orchestrator.dataset.xtok``; None otherwise."""
+    if spec.training.distillation.loss != "logits" or spec.teacher.sampling.logprobs is None:
+        return None
+    from campaign_orchestrator.dataset.xtok import CrossTokenizer
+
+    ref = teacher_tokenizer_ref(spec)
+    tdir = storage.resolve_model(ref, spec.project_dir) if ref else None
+    return CrossTokenizer.for_teacher(model_path, spec.teacher.model, tdir, spec.teacher.api)
+
+
 def build(spec: CampaignSpec):
     s, tr, d = spec.student, spec.training, spec.dataset
-    logits = tr.distillation.loss == "logits"
     checks = [
         AssetCheckSpec(
             STOP_CHECK,
@@ -86,16 +107,6 @@ def build(spec: CampaignSpec):
             "student learns to stop; rows cut by too_long: truncate are counted apart.",
         )
     ]
-    if logits:
-        checks.append(
-            AssetCheckSpec(
-                VOCAB_CHECK,
-                asset=key(spec, "tokenized_dataset"),
-                blocking=True,
-                description="Teacher and student share one tokenizer and vocabulary size, so "
-                "the teacher's top-k token ids mean what the student's do.",
-            )
-        )
 
     @asset(
         key=key(spec, "tokenized_dataset"),
@@ -110,12 +121,10 @@ def build(spec: CampaignSpec):
         ),
     )
     def tokenized_dataset(context: AssetExecutionContext, distillation: dict, storage: ArtifactStore):
-        m, cached, model_path = materialize(spec, distillation, storage, context.log.info)
+        m, cached, _model_path = materialize(spec, distillation, storage, context.log.info)
         check_teacher_topk(spec, m)
         yield Output(m, metadata=dataset_metadata(m, cached))
         yield stop_check(m["stop_token"])
-        if logits:
-            yield vocabulary_check(spec, storage, model_path)
 
     return tokenized_dataset
 
@@ -130,8 +139,14 @@ def materialize(spec: CampaignSpec, distillation: dict, storage: ArtifactStore, 
     tok_hash = tokenizer_hash(model_path)
     settings = build_settings(spec)
     extra = source_hash([resolve_source(x, spec.project_dir) for x in d.extra_sources]) if d.extra_sources else None
+    xtok = cross_tokenizer(spec, storage, model_path)
     k = content_key(
-        distillation["key"], tok_hash, settings, extra, teacher_topk=spec.teacher.sampling.logprobs is not None
+        distillation["key"],
+        tok_hash,
+        settings,
+        extra,
+        teacher_topk=spec.teacher.sampling.logprobs is not None,
+        alignment=xtok.key() if xtok is not None else None,
     )
     sd = storage.stage(spec.name, "tokenized_dataset", k)
     cached = sd.is_complete()
@@ -145,6 +160,7 @@ def materialize(spec: CampaignSpec, distillation: dict, storage: ArtifactStore, 
             base_dir=spec.project_dir,
             extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
             log=log,
+            cross_tokenizer=xtok,
         )
         sd.commit(
             report
@@ -192,6 +208,10 @@ def dataset_metadata(m: dict, cached: bool) -> dict:
             "teacher_topk_positions": t["positions"],
             "teacher_topk_examples": MetadataValue.json(t["examples"]),
         }
+        if t.get("alignment"):  # by byte offsets (a teacher of another tokenizer): the share of each part
+            a = t["alignment"]
+            md |= {f"teacher_{k}_positions": v for k, v in a["positions"].items()}
+            md |= {f"teacher_{k}_share": float(v) for k, v in a["shares"].items()}
     stop = m["stop_token"]
     md |= {
         "stop_token_ids": MetadataValue.json(stop["stop_token_ids"]),
@@ -210,29 +230,4 @@ def stop_check(stop: dict) -> AssetCheckResult:
         description=describe_stop_tokens(stop),
         metadata={k: v for k, v in stop.items() if k != "missing_examples"}
         | {"missing_examples": MetadataValue.json(stop["missing_examples"])},
-    )
-
-
-def vocabulary_check(spec: CampaignSpec, storage: ArtifactStore, model_path) -> AssetCheckResult:
-    """Logit distillation: the teacher's tokenizer and vocabulary are the student's."""
-    from campaign_orchestrator.dataset.checks import vocabulary_report
-
-    ref = teacher_tokenizer_ref(spec)
-    if ref is None:
-        return AssetCheckResult(
-            check_name=VOCAB_CHECK,
-            passed=False,
-            description="logit distillation from an endpoint needs the teacher's tokenizer: "
-            "set training.distillation.teacher_tokenizer",
-        )
-    v = vocabulary_report(storage.resolve_model(ref, spec.project_dir), model_path)
-    return AssetCheckResult(
-        check_name=VOCAB_CHECK,
-        passed=v["passed"],
-        description="; ".join(v["reasons"]) or "same tokenizer and vocabulary size",
-        metadata={k: v[k] for k in ("teacher_vocab_size", "student_vocab_size") if v[k] is not None}
-        | {
-            "teacher_tokenizer_hash": v["teacher_tokenizer_hash"][:16],
-            "student_tokenizer_hash": v["student_tokenizer_hash"][:16],
-        },
     )

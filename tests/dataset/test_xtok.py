@@ -1,0 +1,264 @@
+"""Cross-tokenizer alignment by byte offsets (campaign_orchestrator.dataset.xtok) on pairs of real tokenizers:
+the demo's character tokenizer and its byte-level BPE teacher's, and SmolLM2-135M-Instruct's (multi-byte
+characters split across tokens, whitespace runs merged into one token), through the dataset's encode path."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from campaign_orchestrator.dataset.formatting import EncodeSettings, encode_batch, resolve_template
+from campaign_orchestrator.dataset.topk import TEACHER_IDS, TEACHER_LOGPROBS
+from campaign_orchestrator.dataset.xtok import (
+    EXACT,
+    NO_TOKEN_TEXT,
+    NONE,
+    TEACHER_ALIGN,
+    TEACHER_SPAN,
+    TEACHER_TEXT_MISMATCH,
+    ULD_CONT,
+    ULD_HEAD,
+    CrossTokenizer,
+    TokenizerBytes,
+    align_spans,
+    string_bytes,
+    token_string,
+)
+from campaign_orchestrator.demo import cipher
+
+_VIEWS: dict[int, TokenizerBytes] = {}
+
+
+def view(tok) -> TokenizerBytes:
+    """A tokenizer's bytes, built once per tokenizer (SmolLM2's 49,152 tokens take a moment)."""
+    if id(tok) not in _VIEWS:
+        _VIEWS[id(tok)] = TokenizerBytes.from_tokenizer(tok, getattr(tok, "name_or_path", "") or "demo")
+    return _VIEWS[id(tok)]
+
+
+TEXT = "Größe: 日本語 —  “quoted”\n\n    indented\ttab end."
+
+
+@pytest.fixture(scope="module")
+def char_tok():
+    from campaign_orchestrator.demo.build import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def bpe_tok():
+    from campaign_orchestrator.demo.build import build_xtok_tokenizer
+
+    return build_xtok_tokenizer()
+
+
+def generation(tok, text: str, k: int = 3, seed: int = 0, stop: bool = True) -> dict:
+    """A teacher generation of ``text`` in ``tok``'s own tokens (its stop token last), with top-k lists of real ids
+    of its vocabulary, the generated token first."""
+    rng = random.Random(seed)
+    ids = tok(text, add_special_tokens=False).input_ids + ([tok.eos_token_id] if stop else [])
+    top = []
+    for n, tid in enumerate(ids):
+        others = [i for i in rng.sample(range(len(tok)), k + 1) if i != tid][: k - 1]
+        lps = sorted((-0.05 * (n % 3) - 0.1 * j - rng.random() for j in range(k)), reverse=True)
+        top.append([{"token_id": c, "token": None, "logprob": lp} for c, lp in zip([tid, *others], lps, strict=True)])
+    return {"completion": text, "completion_token_ids": ids, "top_logprobs": top}
+
+
+def as_api(tok, gen: dict) -> dict:
+    """The same generation as an API returns it: tokens as text (``bytes:`` for part of a character), no ids."""
+    v = view(tok)
+
+    def text(i: int) -> str:
+        b = v.bytes_of(i)
+        return token_string(b) if b is not None else tok.convert_ids_to_tokens(i)
+
+    return gen | {
+        "completion_token_ids": None,
+        "completion_token_strings": [text(i) for i in gen["completion_token_ids"]],
+        "top_logprobs": [
+            [{"token_id": None, "token": text(e["token_id"]), "logprob": e["logprob"]} for e in pos]
+            for pos in gen["top_logprobs"]
+        ],
+    }
+
+
+def encode(student, teacher, rows: list[dict], api: bool = False, max_len: int = 256, template: str = "auto"):
+    s = view(student)
+    t = None if api else view(teacher)
+    xt = CrossTokenizer(s, {"teacher": t}, {"teacher": "teacher-tok"}, "teacher")
+    batch = {
+        k: [r.get(k) for r in rows]
+        for k in ("id", "prompt", "completion", "completion_token_ids", "top_logprobs", "completion_token_strings")
+    }
+    return encode_batch(batch, student, resolve_template(student, template), EncodeSettings(max_len), xt)
+
+
+def groups_of(align: list[int]) -> list[list[int]]:
+    """Positions of each loss term: an exact position alone, a ULD head with its continuations."""
+    out: list[list[int]] = []
+    for p, a in enumerate(align):
+        if a in (EXACT, ULD_HEAD):
+            out.append([p])
+        elif a == ULD_CONT:
+            assert out and align[out[-1][0]] == ULD_HEAD, f"continuation at {p} without a head"
+            out[-1].append(p)
+    return out
+
+
+def check_row(student, out: dict, b: int, text: str):
+    """Every term covers a span of the answer: an exact position's candidates are student tokens of the teacher's
+    candidates' bytes; a ULD head carries the teacher's sorted top-k and the log-prob of the rest of its group."""
+    s = view(student)
+    ids, align = out["input_ids"][b], out[TEACHER_ALIGN][b]
+    answer = [p for p, y in enumerate(out["labels"][b]) if y != -100]
+    assert [p for p, a in enumerate(align) if a != NONE] == answer  # every answer token, nothing else
+    for g in groups_of(align):
+        lps = out[TEACHER_LOGPROBS][b][g[0]]
+        if align[g[0]] == EXACT:  # the generated token is the teacher's too, under the student's id
+            assert ids[g[0]] in out[TEACHER_IDS][b][g[0]] and len(g) == 1
+        else:
+            assert lps == sorted(lps, reverse=True) and set(out[TEACHER_IDS][b][g[0]]) == {-1}
+    assert b"".join(s.bytes_of(ids[p]) or b"" for p in answer) == text.encode()  # stop token: no bytes
+
+
+def test_token_text_round_trips_part_of_a_character():
+    for b in ["é".encode(), "é".encode()[:1], "日".encode()[1:], b" \xe6", b"bytes:x", b"plain"]:
+        assert string_bytes(token_string(b)) == b
+    assert token_string(b"\xc3") == "bytes:\\xc3" and token_string(b"ab") == "ab"
+
+
+def test_spans_group_where_both_tokenizations_agree_on_a_boundary():
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 30)
+        cuts_a = sorted(rng.sample(range(1, n), rng.randint(0, n - 1))) if n > 1 else []
+        cuts_b = sorted(rng.sample(range(1, n), rng.randint(0, n - 1))) if n > 1 else []
+        a = list(zip([0, *cuts_a], [*cuts_a, n], strict=True))
+        b = list(zip([0, *cuts_b], [*cuts_b, n], strict=True))
+        groups = align_spans(a, b)
+        shared = sorted(set(cuts_a) & set(cuts_b))
+        assert [a[g[0][-1]][1] for g in groups] == [*shared, n]  # a group closes exactly at a shared boundary
+        assert [i for g in groups for i in g[0]] == list(range(len(a)))
+        assert [j for g in groups for j in g[1]] == list(range(len(b)))
+
+
+def test_the_demo_pair_char_student_bpe_teacher(char_tok, bpe_tok):
+    """The demo student's characters against its BPE teacher's tokens: the merged ' x' and letter pairs are ULD
+    groups, single letters and the stop token exact, on every cipher answer; ULD covers well over 20%."""
+    items = cipher.items(60, seed=3)
+    rows = [
+        {"id": it["id"], "prompt": it["prompt"]} | generation(bpe_tok, " " + it["reference"], seed=i)
+        for i, it in enumerate(items)
+    ]
+    out = encode(char_tok, bpe_tok, rows)
+    assert out["teacher_status"] == ["aligned"] * len(rows)
+    kinds = {EXACT: 0, ULD_HEAD: 0, ULD_CONT: 0}
+    for b, r in enumerate(rows):
+        check_row(char_tok, out, b, r["completion"])
+        for a in out[TEACHER_ALIGN][b]:
+            if a != NONE:
+                kinds[a] += 1
+        first = out["labels"][b].index(next(y for y in out["labels"][b] if y != -100))
+        t_first = bpe_tok.convert_ids_to_tokens(r["completion_token_ids"][0])
+        assert t_first.startswith("Ġ") and len(t_first) > 1  # " x": the space and the first letter, one token
+        assert out[TEACHER_ALIGN][b][first : first + 2] == [ULD_HEAD, ULD_CONT]
+        assert out[TEACHER_ALIGN][b][-1] == EXACT  # the stop token
+        assert out[TEACHER_IDS][b][-1][0] == char_tok.eos_token_id  # ... the teacher's </s> as the student's
+        # a head's span: the teacher's log-prob of the rest of its group (its later tokens, chosen: listed first)
+        for g in groups_of(out[TEACHER_ALIGN][b]):
+            assert out[TEACHER_SPAN][b][g[0]] <= 0.0
+    uld = kinds[ULD_HEAD] + kinds[ULD_CONT]
+    assert uld / (uld + kinds[EXACT]) > 0.2 and kinds[EXACT] > 0
+
+
+@pytest.mark.stage  # SmolLM2's tokenizer: the converted model (a conversion on a fresh clone)
+def test_an_api_teachers_text_places_exactly_like_its_ids(char_tok, bpe_tok, smollm2_tok):
+    """Token strings (an API teacher) and token ids read through the teacher's tokenizer (local, vLLM) give the
+    same columns, multi-byte characters split across teacher tokens included."""
+    for student, teacher, text in ((char_tok, bpe_tok, " nvvqsz"), (smollm2_tok, bpe_tok, TEXT)):
+        gen = generation(teacher, text, seed=4)
+        rows_ids = [{"id": "a", "prompt": "encode x ="} | gen]
+        rows_api = [{"id": "a", "prompt": "encode x ="} | as_api(teacher, gen)]
+        by_ids, by_text = encode(student, teacher, rows_ids), encode(student, teacher, rows_api, api=True)
+        assert by_ids["teacher_status"] == by_text["teacher_status"] == ["aligned"]
+        for c in (TEACHER_ALIGN, TEACHER_SPAN, TEACHER_IDS, TEACHER_LOGPROBS):
+            assert by_ids[c] == by_text[c], c
+
+
+@pytest.fixture(scope="module")
+def smollm2_tok(smollm2):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2))
+
+
+@pytest.mark.stage  # SmolLM2's tokenizer: the converted model (a conversion on a fresh clone)
+def test_smollm2_student_and_the_bpe_teacher_multibyte_and_whitespace(smollm2_tok, bpe_tok):
+    """SmolLM2 (chat template: the answer inside the assistant turn, <|im_end|> its stop) against the BPE teacher,
+    which splits every non-ASCII character into single bytes: characters split differently on each side, and
+    SmolLM2's merged whitespace runs, are ULD groups; the teacher's </s> lands on <|im_end|>."""
+    gen = generation(bpe_tok, TEXT, seed=1)
+    out = encode(smollm2_tok, bpe_tok, [{"id": "a", "prompt": "Say it."} | gen])
+    assert out["teacher_status"] == ["aligned"]
+    check_row(smollm2_tok, out, 0, TEXT)
+    ids, align = out["input_ids"][0], out[TEACHER_ALIGN][0]
+    student = view(smollm2_tok)
+    by_text = {student.bytes_of(ids[g[0]]): align[g[0]] for g in groups_of(align) if len(g) == 1}
+    assert by_text[b"\n\n   "] == ULD_HEAD  # one student token, five teacher tokens
+    assert by_text["ö".encode()] == ULD_HEAD  # one student token, two single-byte teacher tokens
+    assert by_text[b"e"] == EXACT  # the same letter on both sides
+    assert by_text[b" \xe6"] == ULD_HEAD  # a space and part of 日 in one student token; two teacher tokens
+    assert by_text[b"\x97"] == EXACT  # the rest of 日 split alike on both sides: parts of a character, exact
+    stop = len(align) - 1 - align[::-1].index(EXACT)
+    assert ids[stop] == smollm2_tok.convert_tokens_to_ids("<|im_end|>") == out[TEACHER_IDS][0][stop][0]
+
+
+@pytest.mark.stage  # SmolLM2's tokenizer: the converted model (a conversion on a fresh clone)
+def test_smollm2_teacher_and_the_char_student(smollm2_tok, char_tok):
+    """The other way round: a teacher whose tokens are longer (SmolLM2's words) than the student's characters."""
+    text = " itssg qzz"
+    gen = generation(smollm2_tok, text, seed=2)
+    gen["completion_token_ids"][-1] = smollm2_tok.convert_tokens_to_ids("<|im_end|>")  # SmolLM2's stop token
+    out = encode(char_tok, smollm2_tok, [{"id": "a", "prompt": "encode x ="} | gen])
+    assert out["teacher_status"] == ["aligned"]
+    check_row(char_tok, out, 0, text)
+    assert out[TEACHER_IDS][0][-1][0] == char_tok.eos_token_id  # <|im_end|> as the student's </s>
+
+
+def test_rows_that_cannot_be_aligned_keep_cross_entropy_and_are_counted(char_tok, bpe_tok):
+    good = generation(bpe_tok, " abc")
+    other = generation(bpe_tok, " abd")  # the teacher's tokens spell another text than the completion
+    no_text = as_api(bpe_tok, good) | {"completion_token_strings": None}
+    rows = [
+        {"id": "x", "prompt": "encode ab =", **other, "completion": " abc"},
+        {"id": "y", "prompt": "encode ab =", **no_text},
+        {"id": "z", "prompt": "encode ab =", "completion": " abc", "top_logprobs": None},
+    ]
+    out = encode(char_tok, bpe_tok, rows)
+    assert out["teacher_status"] == [TEACHER_TEXT_MISMATCH, NO_TOKEN_TEXT, "none"]
+    assert all(a == NONE for r in out[TEACHER_ALIGN] for a in r) and out["status"] == ["ok"] * 3
+    # the student's template rewrites the answer (a completion its tokenizer cannot spell: <unk>)
+    odd = generation(bpe_tok, " aé")
+    assert encode(char_tok, bpe_tok, [{"id": "u", "prompt": "encode a ="} | odd])["teacher_status"] == ["not_found"]
+
+
+def test_truncation_drops_a_group_it_cuts(char_tok, bpe_tok):
+    gen = generation(bpe_tok, " " + cipher.encode("hello"), seed=5)
+    full = encode(char_tok, bpe_tok, [{"id": "a", "prompt": "encode hello ="} | gen])
+    align = full[TEACHER_ALIGN][0]
+    head = next(p for p, a in enumerate(align) if a == ULD_HEAD)
+    cut_truncated = [{"id": "a", "prompt": "encode hello ="} | gen]
+    xt = CrossTokenizer(view(char_tok), {"t": view(bpe_tok)}, {"t": "t"}, "t")
+    batch = {
+        k: [r.get(k) for r in cut_truncated]
+        for k in ("id", "prompt", "completion", "completion_token_ids", "top_logprobs")
+    }
+    cut = encode_batch(
+        batch, char_tok, resolve_template(char_tok, "auto"), EncodeSettings(head + 1, too_long="truncate"), xt
+    )
+    assert cut["status"] == ["truncated"] and len(cut[TEACHER_ALIGN][0]) == head + 1
+    assert cut[TEACHER_ALIGN][0][head] == NONE and cut[TEACHER_IDS][0][head] == []  # its continuation was cut
+    assert cut[TEACHER_ALIGN][0][:head] == align[:head]
