@@ -1,5 +1,5 @@
-"""demo_models: the tiny teacher and student base built from a seed (cached by recipe hash), and the MoE
-student base (its own recipe and hash).
+"""demo_models: the tiny teacher and student base built from a seed (cached by recipe hash), the MoE
+student base, and the teacher with a byte-level BPE tokenizer (each its own recipe and hash).
 
 The dense pair is one multi-asset, subsettable: both models come out of one build (one tokenizer trained
 once, one cache directory with one ``_SUCCESS`` marker per recipe hash), so they stay one computation, but
@@ -11,7 +11,7 @@ materialization reports only the selected models.
 from dagster import AssetExecutionContext, AssetOut, MetadataValue, Output, asset, multi_asset
 
 from assets.common import DEMO_GROUP
-from campaign_orchestrator.demo.recipe import moe_recipe_hash, recipe_hash
+from campaign_orchestrator.demo.recipe import moe_recipe_hash, recipe_hash, xtok_recipe_hash
 from resources.storage import ArtifactStore
 
 NAMES = ("teacher", "student")
@@ -80,6 +80,33 @@ def demo_moe_student(context: AssetExecutionContext, storage: ArtifactStore):
             "parameters": r["parameters"],
             "num_experts": r["num_experts"],
             "num_experts_per_tok": r["num_experts_per_tok"],
+            "cached": r["cached"],
+            "build_seconds": r["build_seconds"],
+        },
+    )
+
+
+@asset(
+    key=[DEMO_GROUP, "teacher_bpe"],
+    group_name=DEMO_GROUP,
+    kinds={"pytorch"},
+    code_version=xtok_recipe_hash(),
+    description="Demo cipher teacher with a byte-level BPE tokenizer (another tokenizer than the student's: "
+    "cross-tokenizer logit distillation), a real Llama checkpoint.",
+)
+def demo_xtok_teacher(context: AssetExecutionContext, storage: ArtifactStore):
+    from campaign_orchestrator.demo.build import build_xtok_teacher
+    from campaign_orchestrator.demo.recipe import resolve
+
+    r = build_xtok_teacher(storage.root_path(), log=context.log.info)
+    path = resolve("@demo/teacher_bpe", storage.root_path())
+    return Output(
+        {"key": r["recipe_hash"], "path": str(path)},
+        metadata={
+            "path": MetadataValue.path(str(path)),
+            "exact_match_on_task": r["exact_match"],
+            "vocab_size": r["vocab_size"],
+            "parameters": r["parameters"],
             "cached": r["cached"],
             "build_seconds": r["build_seconds"],
         },

@@ -262,3 +262,61 @@ def test_truncation_drops_a_group_it_cuts(char_tok, bpe_tok):
     assert cut["status"] == ["truncated"] and len(cut[TEACHER_ALIGN][0]) == head + 1
     assert cut[TEACHER_ALIGN][0][head] == NONE and cut[TEACHER_IDS][0][head] == []  # its continuation was cut
     assert cut[TEACHER_ALIGN][0][:head] == align[:head]
+
+
+# ------------------------------------------------------------------ keys: same-tokenizer campaigns are unchanged
+
+
+def test_same_tokenizer_keys_are_the_ones_before_cross_tokenizer_distillation():
+    """The tokenized dataset's key without a byte alignment is the one main computed before this change
+    (039f5fc, pinned): a campaign whose teacher shares the student's tokenizer rebuilds nothing."""
+    from assets.tokenized_dataset import content_key
+    from campaign_orchestrator.dataset.tokenize import BuildSettings
+
+    s = BuildSettings(max_seq_len=64, template="auto", validation_fraction=0.1)
+    assert content_key("d" * 20, "t" * 64, s, None, teacher_topk=True) == "50574bf8097ab2dc4630"
+    assert content_key("d" * 20, "t" * 64, s, "e" * 64, teacher_topk=False) == "f851c3af6e3734fc21ea"
+    aligned = content_key("d" * 20, "t" * 64, s, None, teacher_topk=True, alignment=["teacher_alignment/v1", "x"])
+    assert aligned != "50574bf8097ab2dc4630"
+
+
+def test_a_teacher_of_the_students_tokenizer_takes_the_id_path(demo_models_root, tmp_path):
+    """The demo campaign with logit distillation (teacher and student share the character tokenizer) keeps the
+    same-vocabulary path, so its key has no alignment part; the BPE teacher, or an API teacher, is aligned."""
+    from assets.tokenized_dataset import cross_tokenizer
+    from campaigns.loader import parse_campaign_text
+    from resources.storage import ArtifactStore
+    from tests.support import REPO_ROOT
+
+    raw = yaml_load(REPO_ROOT / "campaigns" / "demo.yaml")
+    raw["teacher"]["sampling"]["logprobs"] = 4
+    raw["training"]["distillation"] = {"loss": "logits"}
+    spec = parse_campaign_text(yaml_dump(raw))
+    storage = ArtifactStore(root=str(demo_models_root))
+    student = storage.resolve_model(spec.student.base_model, spec.project_dir)
+    assert cross_tokenizer(spec, storage, student) is None
+    raw["training"]["distillation"] = {"loss": "sequence"}
+    assert cross_tokenizer(parse_campaign_text(yaml_dump(raw)), storage, student) is None
+    api = yaml_load(REPO_ROOT / "campaigns" / "demo_xtok.yaml")
+    api["teacher"] = {
+        "backend": "openai",
+        "base_url": "http://127.0.0.1:9/v1",
+        "model": "cipher-teacher",
+        "price": "api-open-70b",
+        "sampling": {"logprobs": 4},
+    }
+    xt = cross_tokenizer(parse_campaign_text(yaml_dump(api)), storage, student)
+    assert xt is not None and xt.identities == {"cipher-teacher": "api:cipher-teacher"}
+    assert xt.teachers == {"cipher-teacher": None}  # its rows carry their tokens' text
+
+
+def yaml_load(path):
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def yaml_dump(raw: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(raw, sort_keys=False)
