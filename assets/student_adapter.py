@@ -508,6 +508,8 @@ def adapter_metadata(m: dict, cached: bool, sweep: dict | None) -> dict:
         }
     if sm.get("merged_dir"):
         md["merged_model"] = MetadataValue.path(sm["merged_dir"])
+    if sm.get("distillation_alignment"):  # a teacher of another tokenizer: positions per part of the loss
+        md["distillation_alignment"] = MetadataValue.json(sm["distillation_alignment"])
     md |= moe_metadata(sm.get("moe"))
     if m.get("cost_unknown"):  # never $0: an unpriced API teacher scored the student's samples
         md |= {"cost_usd": m["cost_unknown"], "spent_this_run_usd": "0 (cached)" if cached else m["cost_unknown"]}
