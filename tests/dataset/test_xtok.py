@@ -4,6 +4,7 @@ characters split across tokens, whitespace runs merged into one token), through 
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -320,3 +321,43 @@ def yaml_dump(raw: dict) -> str:
     import yaml
 
     return yaml.safe_dump(raw, sort_keys=False)
+
+
+def test_the_dataset_build_writes_the_alignment_and_both_tokenizers(tmp_path, char_tok, bpe_tok):
+    """build_tokenized_dataset from a distillation set (Parquet) of the BPE teacher's rows onto the character
+    student: the alignment columns packed with the rows, the shares in the report, and each teacher's tokenizer
+    identity recorded beside the student's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from assets.distillation_set import distill_schema
+    from campaign_orchestrator.dataset.tokenize import BuildSettings, build_tokenized_dataset, dataset_metadata
+    from campaign_orchestrator.dataset.xtok import CrossTokenizer
+
+    student_dir, teacher_dir = tmp_path / "student", tmp_path / "teacher"
+    char_tok.save_pretrained(student_dir)
+    bpe_tok.save_pretrained(teacher_dir)
+    items = cipher.items(40, seed=9)
+    rows = []
+    for i, it in enumerate(items):  # half of the rows as an API returns them (token text): the same placement
+        gen = generation(bpe_tok, " " + it["reference"], seed=i)
+        gen = as_api(bpe_tok, gen) if i % 2 else gen | {"completion_token_strings": None}
+        rows.append({"id": it["id"], "prompt": it["prompt"], "teacher": "@demo/teacher_bpe"} | gen)
+    src = tmp_path / "distillation.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=distill_schema()), src)
+    xt = CrossTokenizer.for_teacher(student_dir, "@demo/teacher_bpe", teacher_dir, api=False)
+    assert xt is not None and CrossTokenizer.for_teacher(student_dir, "x", student_dir, api=False) is None
+    report = build_tokenized_dataset(
+        student_dir, [src], tmp_path / "ds", BuildSettings(max_seq_len=64, num_proc=1), cross_tokenizer=xt
+    )
+    a = report["teacher_topk"]["alignment"]
+    assert report["teacher_topk"]["examples"]["aligned"] == 40 and a["positions"]["none"] == 0
+    assert a["shares"]["uld"] > 0.2 and a["positions"]["exact"] + a["positions"]["uld"] == report["loss_tokens"]
+    md = dataset_metadata(tmp_path / "ds" / "train")
+    assert json.loads(md["campaign.teacher_tokenizers"]) == {"@demo/teacher_bpe": xt.identities["@demo/teacher_bpe"]}
+    assert md["campaign.tokenizer_hash"] == xt.student.identity != xt.identities["@demo/teacher_bpe"]
+    assert json.loads(md["campaign.teacher_topk"])["alignment"] == "bytes"
+    t = pq.read_table(next((tmp_path / "ds" / "train").glob("*.parquet")))
+    for r in t.to_pylist():  # packed: one entry per input token, a ULD continuation always after its group's head
+        assert len(r[TEACHER_ALIGN]) == len(r["input_ids"]) == len(r[TEACHER_SPAN]) == len(r[TEACHER_IDS])
+        assert all(r[TEACHER_ALIGN][p - 1] in (ULD_HEAD, ULD_CONT) for p, x in enumerate(r[TEACHER_ALIGN]) if x == 3)
