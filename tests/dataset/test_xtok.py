@@ -361,3 +361,19 @@ def test_the_dataset_build_writes_the_alignment_and_both_tokenizers(tmp_path, ch
     for r in t.to_pylist():  # packed: one entry per input token, a ULD continuation always after its group's head
         assert len(r[TEACHER_ALIGN]) == len(r["input_ids"]) == len(r[TEACHER_SPAN]) == len(r[TEACHER_IDS])
         assert all(r[TEACHER_ALIGN][p - 1] in (ULD_HEAD, ULD_CONT) for p, x in enumerate(r[TEACHER_ALIGN]) if x == 3)
+
+
+@pytest.mark.stage  # SmolLM2's tokenizer
+def test_the_teacher_server_writes_each_token_as_its_exact_bytes(smollm2_tok):
+    """The project's teacher server (the stand-in for an API) names tokens by their bytes, a token that holds part
+    of a character as ``bytes:``, so a client with another tokenizer aligns by them; specials by name."""
+    from types import SimpleNamespace
+
+    from campaign_orchestrator.teacher.server import TeacherServer
+
+    server = TeacherServer(SimpleNamespace(tok=smollm2_tok), "t")
+    ids = smollm2_tok(TEXT, add_special_tokens=False).input_ids
+    texts = [server._token_text(i) for i in ids]
+    assert b"".join(string_bytes(t) for t in texts) == TEXT.encode()
+    assert any(t.startswith("bytes:") for t in texts) and "\n\n   " in texts
+    assert server._token_text(smollm2_tok.convert_tokens_to_ids("<|im_end|>")) == "<|im_end|>"
