@@ -11,7 +11,7 @@ artifact root so the second arm reads the teacher stage from the cache):
   text). It keeps ``teacher.sampling.logprobs`` so both arms train on the same teacher generations (one teacher
   stage, its answers byte for byte the same: greedy).
 
-Same data, same steps (``--steps``, default the shipped 150), same seed, same evaluation items. Per arm: the
+Same data, same steps (``--steps``, default the shipped 150), same seeds, same evaluation items. Per arm: the
 gate's verdict and the cipher suite's score with its paired 95% interval against the base, the format suite
 (advisory), steps to reach the gate (the first checkpoint, every ``--every`` steps, whose held-out cipher exact
 match reaches the gate's floor ``min_score``; the demo has no general suite, so the regression part of the gate
@@ -48,8 +48,8 @@ API_PRICE_KEY = "api-open-70b"
 
 def campaign_yaml(arm: str, steps: int, every: int, seed: int) -> dict:
     c = yaml.safe_load((REPO / "campaigns" / "demo_xtok.yaml").read_text())
-    c["name"] = f"xtok_cmp_{arm}"
-    c["description"] = f"benchmarks/xtok_comparison.py: {arm}"
+    c["name"] = f"xtok_cmp_{arm}_s{seed}"
+    c["description"] = f"benchmarks/xtok_comparison.py: {arm}, seed {seed}"
     tr = c["training"]
     tr["max_steps"], tr["seed"] = steps, seed
     tr["checkpoint"] = {"every_steps": every, "every_minutes": None, "keep_last": steps // every + 1}
@@ -59,7 +59,7 @@ def campaign_yaml(arm: str, steps: int, every: int, seed: int) -> dict:
     return c
 
 
-def write_project(root: Path, steps: int, every: int, seed: int) -> dict[str, Path]:
+def write_project(root: Path, arms: list[str], steps: int, every: int, seeds: list[int]) -> dict[tuple, Path]:
     camp = root / "campaigns"
     (camp / "data" / "demo").mkdir(parents=True, exist_ok=True)
     for f in (REPO / "campaigns" / "data" / "demo").glob("*.jsonl"):
@@ -67,10 +67,12 @@ def write_project(root: Path, steps: int, every: int, seed: int) -> dict[str, Pa
     (camp / "pricing").mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / "campaigns" / "pricing" / "catalog.yaml", camp / "pricing" / "catalog.yaml")
     files = {}
-    for arm in ARMS:
-        f = camp / f"xtok_cmp_{arm}.yaml"
-        f.write_text(yaml.safe_dump(campaign_yaml(arm, steps, every, seed), sort_keys=False))
-        files[arm] = f
+    for seed in seeds:
+        for arm in arms:
+            c = campaign_yaml(arm, steps, every, seed)
+            f = camp / f"{c['name']}.yaml"
+            f.write_text(yaml.safe_dump(c, sort_keys=False))
+            files[(arm, seed)] = f
     return files
 
 
@@ -197,11 +199,46 @@ def run_arm(project: Path, artifacts: Path, yaml_file: Path, arm: str, catalog) 
     }
 
 
+def summarize(runs: list[dict]) -> dict:
+    """An arm over its seeds: verdicts, the cipher score, steps to the gate's floor (mean and each), the held-out
+    exact match by step averaged over seeds, teacher tokens and cost, training time."""
+    ok = [r for r in runs if "verdict" in r]
+    if not ok:
+        return {"error": "no run finished"}
+
+    def mean(xs):
+        xs = [x for x in xs if x is not None]
+        return sum(xs) / len(xs) if xs else None
+
+    steps = [r["steps_to_gate"]["first_step_at_floor"] for r in ok]
+    by_step: dict[int, list[float]] = {}
+    for r in ok:
+        for s, v in r["steps_to_gate"]["exact_match_by_step"].items():
+            by_step.setdefault(int(s), []).append(v)
+    return {
+        "runs": len(ok),
+        "verdicts": [r["verdict"] for r in ok],
+        "cipher_candidate_mean": mean([r["cipher"]["candidate"] for r in ok]),
+        "cipher_delta_lo_min": min(r["cipher"]["delta_lo"] for r in ok),
+        "format_candidate_mean": mean([r["format"]["candidate"] for r in ok]),
+        "general": "the demo has no general suite",
+        "steps_to_gate": steps,
+        "steps_to_gate_mean": mean(steps),
+        "exact_match_by_step_mean": {s: sum(v) / len(v) for s, v in sorted(by_step.items())},
+        "teacher_tokens": ok[0]["teacher_tokens"],
+        "teacher_usd_at_api_price": ok[0]["teacher_usd_at_api_price"],
+        "usd_with_its_teacher_stage_mean": mean([r["usd_with_its_teacher_stage"] for r in ok]),
+        "train_s_mean": mean([r["train_s"] for r in ok]),
+        "final_loss_mean": mean([r["final_loss"] for r in ok]),
+        "distillation_alignment": ok[0]["distillation_alignment"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=150, help="optimizer steps per arm (shipped: 150)")
-    ap.add_argument("--every", type=int, default=10, help="checkpoint (and steps-to-gate evaluation) interval")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--every", type=int, default=5, help="checkpoint (and steps-to-gate evaluation) interval")
+    ap.add_argument("--seeds", default="0,1,2", help="training seeds (LoRA init, data order), one run per arm each")
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument(
         "--models-root",
@@ -232,20 +269,30 @@ def main(argv: list[str] | None = None) -> int:
     from campaign_orchestrator.demo.build import build_xtok_teacher
 
     build = build_xtok_teacher(artifacts, log=lambda m: print(m, file=sys.stderr, flush=True))
-    files = write_project(project, a.steps, a.every, a.seed)
-    arms = {}
-    for arm in a.arms.split(","):
-        arms[arm] = run_arm(project, artifacts, files[arm], arm, catalog)
-        print(json.dumps(arms[arm], default=str), file=sys.stderr, flush=True)
+    seeds = [int(x) for x in a.seeds.split(",")]
+    files = write_project(project, a.arms.split(","), a.steps, a.every, seeds)
+    runs = []
+    for (arm, seed), f in files.items():
+        runs.append(run_arm(project, artifacts, f, arm, catalog) | {"seed": seed})
+        print(json.dumps(runs[-1], default=str), file=sys.stderr, flush=True)
+    # the teacher stage is paid once (the first run; the others read the generation cache): each run is charged it
+    paid = max((r.get("ledger_usd_by_kind", {}).get("teacher", 0.0) for r in runs), default=0.0)
+    for r in runs:
+        if "ledger_usd_this_run" in r:
+            r["usd_with_its_teacher_stage"] = (
+                r["ledger_usd_this_run"] - r["ledger_usd_by_kind"].get("teacher", 0.0) + paid
+            )
+    arms = {arm: summarize([r for r in runs if r["arm"] == arm]) for arm in a.arms.split(",")}
     report = {
         "benchmark": "xtok_comparison",
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "command": "benchmarks/xtok_comparison.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "runs_per_arm": 1,
-        "seed": a.seed,
+        "runs_per_arm": len(seeds),
+        "seeds": seeds,
         "teacher_bpe_build": build | {"built_in_this_run": not built_before},
         "arms": arms,
+        "runs": runs,
         "wall_s": time.perf_counter() - t_all,
         "load_average_1m": {"start": load0[0], "end": os.getloadavg()[0]},
         "workdir": str(work),
@@ -254,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if a.out:
         Path(a.out).write_text(text + "\n")
-    return 0 if all("verdict" in x for x in arms.values()) else 1
+    return 0 if all("verdict" in r for r in runs) else 1
 
 
 if __name__ == "__main__":
