@@ -131,6 +131,17 @@ def test_token_text_round_trips_part_of_a_character():
     assert token_string(b"\xc3") == "bytes:\\xc3" and token_string(b"ab") == "ab"
 
 
+def test_a_tokenizer_without_its_tokenizer_json_is_refused_clearly():
+    from types import SimpleNamespace
+
+    from campaign_orchestrator.dataset.xtok import XtokError
+
+    with pytest.raises(XtokError, match=r"'slow-tok' is not a fast tokenizer: cross-tokenizer distillation reads"):
+        TokenizerBytes.from_tokenizer(SimpleNamespace(name_or_path="slow-tok"))
+    with pytest.raises(XtokError, match="do not cover the same bytes"):
+        align_spans([(0, 2)], [(0, 1)])
+
+
 def test_spans_group_where_both_tokenizations_agree_on_a_boundary():
     rng = random.Random(0)
     for _ in range(200):
