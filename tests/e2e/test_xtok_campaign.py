@@ -100,16 +100,16 @@ def _train(path: Path, name: str, artifact_root: Path, stages=TRAIN_STAGES):
 def test_logit_distillation_from_an_api_teacher_trains(tmp_path, artifact_root, demo_models):
     name = "api_logits"
     with teacher_server(demo_models["teacher"], "cipher-teacher") as url:
-        path = _api_campaign(tmp_path, name, url, "cipher-teacher", items=160, steps=30)
+        path = _api_campaign(tmp_path, name, url, "cipher-teacher", items=120, steps=24)
         result = _train(path, name, artifact_root)
     tok = _metadata(result, AssetKey([name, "tokenized_dataset"]))
-    assert tok["teacher_topk_examples"]["aligned"] == tok["examples_out"] > 100
+    assert tok["teacher_topk_examples"]["aligned"] == tok["examples_out"] > 80
     # the API's token text placed by bytes: the student's own tokenizer, so every answer token is exact
     assert tok["teacher_exact_positions"] == tok["loss_tokens"] and tok["teacher_uld_positions"] == 0
     train = _metadata(result, AssetKey([name, "student_adapter"]))
     metrics = pq.read_table(Path(str(train["metrics"]))).to_pylist()
     kl = [m["kl_loss"] for m in metrics]
-    assert len(kl) == 30 and all(x is not None and math.isfinite(x) and x >= 0 for x in kl)
+    assert len(kl) == 24 and all(x is not None and math.isfinite(x) and x >= 0 for x in kl)
     assert sum(kl[-3:]) / 3 < sum(kl[:3]) / 3 / 2, kl
     assert train["distillation_alignment"]["shares"] == {"exact": 1.0, "uld": 0.0, "none": 0.0}
 
