@@ -92,6 +92,7 @@ def _conform(t: pa.Table) -> pa.Table:
             t = t.append_column(f, pa.nulls(len(t), f.type))
     return t.select(CACHE_SCHEMA.names).cast(CACHE_SCHEMA)
 
+
 PREFIX = "generations"
 
 

@@ -355,8 +355,8 @@ class OpenAICompatibleClient:
                 f"{self.base_url}{self.path} answered without log-probabilities, but teacher.sampling.logprobs asks "
                 f"for the top {s.logprobs}: this endpoint does not return them (or not on "
                 f"{'chat' if self.chat else 'completions'} requests); stopping before paying for the rest. Remove "
-                "teacher.sampling.logprobs and use training.distillation.loss 'sequence', or use a teacher that returns "
-                "top-k log-probabilities"
+                "teacher.sampling.logprobs and use training.distillation.loss 'sequence', or use a teacher that "
+                "returns top-k log-probabilities"
             )
         return Completion(
             text or "",
