@@ -1,5 +1,5 @@
-"""demo_models: the tiny teacher and student base built from a seed (cached by recipe hash), and the MoE
-student base (its own recipe and hash).
+"""demo_models: the tiny teacher and student base built from a seed (cached by recipe hash), the MoE
+student base, and the teacher with a byte-level BPE tokenizer (each its own recipe and hash).
 
 The dense pair is one multi-asset, subsettable: both models come out of one build (one tokenizer trained
 once, one cache directory with one ``_SUCCESS`` marker per recipe hash), so they stay one computation, but
@@ -15,7 +15,7 @@ from resources.storage import ArtifactStore
 from stages import demo_models as stage
 from stages.pricing import seconds
 
-RECIPE_HASH, MOE_RECIPE_HASH = stage.recipe_hashes()
+RECIPE_HASH, MOE_RECIPE_HASH, XTOK_RECIPE_HASH = stage.recipe_hashes()
 
 NAMES = ("teacher", "student")
 
@@ -82,6 +82,30 @@ def demo_moe_student(context: AssetExecutionContext, storage: ArtifactStore):
                 "parameters": r["parameters"],
                 "num_experts": r["num_experts"],
                 "num_experts_per_tok": r["num_experts_per_tok"],
+            }
+        ),
+    )
+
+
+@asset(
+    key=[DEMO_GROUP, "teacher_bpe"],
+    group_name=DEMO_GROUP,
+    kinds={"pytorch"},
+    code_version=XTOK_RECIPE_HASH,
+    description="Demo cipher teacher with a byte-level BPE tokenizer (another tokenizer than the student's: "
+    "cross-tokenizer logit distillation), a real Llama checkpoint.",
+)
+def demo_xtok_teacher(context: AssetExecutionContext, storage: ArtifactStore):
+    r, path = stage.xtok_teacher(storage.store(), context.log.info)
+    return Output(
+        {"key": r["recipe_hash"], "path": str(path)},
+        metadata=for_people(
+            {
+                "path": MetadataValue.path(str(path)),
+                **built(r["cached"], r["build_seconds"]),
+                "exact_match_on_task": r["exact_match"],
+                "vocab_size": r["vocab_size"],
+                "parameters": r["parameters"],
             }
         ),
     )

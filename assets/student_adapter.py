@@ -199,6 +199,8 @@ def adapter_metadata(m: dict, reused: bool, sweep: dict | None) -> dict:
         }
     if sm.get("merged_dir"):
         md["merged_model"] = MetadataValue.path(sm["merged_dir"])
+    if sm.get("distillation_alignment"):  # a teacher of another tokenizer: positions per part of the loss
+        md["distillation_alignment"] = MetadataValue.json(sm["distillation_alignment"])
     md |= moe_metadata(sm.get("moe"))
     if m.get("from_sweep_trial") is not None or sweep is not None:
         md |= {

@@ -1,8 +1,9 @@
 """tokenized_dataset: the distillation set (plus any extra sources) tokenized with the student's
 tokenizer, packed and sharded into Parquet (``stages/tokenized_dataset.py``).
 
-Two blocking checks (``campaign_orchestrator.dataset.checks``): ``stop_token_trained`` (every example's
-loss ends on the stop token) and, for logit distillation, ``vocabularies_compatible``."""
+A blocking check: ``stop_token_trained`` (every example's loss ends on the stop token). Logit distillation from a
+teacher with another tokenizer (or an API teacher, which returns text) places its top-k by byte offsets
+(``campaign_orchestrator.dataset.xtok``)."""
 
 from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
@@ -11,12 +12,11 @@ from campaigns.spec import CampaignSpec
 from resources.storage import ArtifactStore
 from stages import tokenized_dataset as stage
 
-STOP_CHECK, VOCAB_CHECK = "stop_token_trained", "vocabularies_compatible"
+STOP_CHECK = "stop_token_trained"
 
 
 def build(spec: CampaignSpec):
     s, tr, d = spec.student, spec.training, spec.dataset
-    logits = tr.distillation.loss == "logits"
     checks = [
         AssetCheckSpec(
             STOP_CHECK,
@@ -26,16 +26,6 @@ def build(spec: CampaignSpec):
             "student learns to stop; rows cut by too_long: truncate are counted apart.",
         )
     ]
-    if logits:
-        checks.append(
-            AssetCheckSpec(
-                VOCAB_CHECK,
-                asset=key(spec, "tokenized_dataset"),
-                blocking=True,
-                description="Teacher and student share one tokenizer and vocabulary size, so "
-                "the teacher's top-k token ids mean what the student's do.",
-            )
-        )
 
     @asset(
         key=key(spec, "tokenized_dataset"),
@@ -56,8 +46,6 @@ def build(spec: CampaignSpec):
         m = out.manifest
         yield Output(m, metadata=for_people(dataset_metadata(m, out.cached)))
         yield stop_check(m["stop_token"])
-        if logits:
-            yield vocabulary_check(stage.vocabulary_report(spec, ctx, out.notes["model_path"]))
 
     return tokenized_dataset
 
@@ -95,6 +83,10 @@ def dataset_metadata(m: dict, reused: bool) -> dict:
             "teacher_topk_positions": t["positions"],
             "teacher_topk_examples": MetadataValue.json(t["examples"]),
         }
+        if t.get("alignment"):  # by byte offsets (a teacher of another tokenizer): the share of each part
+            a = t["alignment"]
+            md |= {f"teacher_{k}_positions": v for k, v in a["positions"].items()}
+            md |= {f"teacher_{k}_share": float(v) for k, v in a["shares"].items()}
     stop = m["stop_token"]
     md |= {
         "stop_token_ids": MetadataValue.json(stop["stop_token_ids"]),
@@ -111,26 +103,4 @@ def stop_check(stop: dict) -> AssetCheckResult:
         description=stage.describe_stop_tokens(stop),
         metadata={k: v for k, v in stop.items() if k != "missing_examples"}
         | {"missing_examples": MetadataValue.json(stop["missing_examples"])},
-    )
-
-
-def vocabulary_check(v: dict | None) -> AssetCheckResult:
-    """Logit distillation: the teacher's tokenizer and vocabulary are the student's (``v``: the stage's
-    ``vocabulary_report``, None without the teacher's tokenizer)."""
-    if v is None:
-        return AssetCheckResult(
-            check_name=VOCAB_CHECK,
-            passed=False,
-            description="logit distillation from an endpoint needs the teacher's tokenizer: "
-            "set training.distillation.teacher_tokenizer",
-        )
-    return AssetCheckResult(
-        check_name=VOCAB_CHECK,
-        passed=v["passed"],
-        description="; ".join(v["reasons"]) or "same tokenizer and vocabulary size",
-        metadata={k: v[k] for k in ("teacher_vocab_size", "student_vocab_size") if v[k] is not None}
-        | {
-            "teacher_tokenizer_hash": v["teacher_tokenizer_hash"][:16],
-            "student_tokenizer_hash": v["student_tokenizer_hash"][:16],
-        },
     )

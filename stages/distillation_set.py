@@ -30,6 +30,8 @@ def distill_schema() -> pa.Schema:
             ("completion", pa.string()),
             ("completion_token_ids", pa.list_(pa.int32())),
             ("top_logprobs", TOP_LOGPROBS_TYPE),
+            ("completion_token_strings", pa.list_(pa.string())),
+            ("teacher", pa.string()),
         ]
     )
 
@@ -106,6 +108,8 @@ def _write_distillation(kept: list[dict], path: Path) -> Path:
                 "completion": r["completion"],
                 "completion_token_ids": r.get("completion_token_ids"),
                 "top_logprobs": r.get("top_logprobs"),
+                "completion_token_strings": r.get("completion_token_strings"),
+                "teacher": r.get("model"),
             }
             for r in kept
         ],

@@ -1,9 +1,9 @@
 """tokenized_dataset: the distillation set (plus any extra sources) tokenized with the student's
 tokenizer, packed and sharded into Parquet (``campaign_orchestrator.dataset.tokenize``).
 
-What its two blocking checks judge (``campaign_orchestrator.dataset.checks``): every example's loss ends on the stop
-token (the manifest's ``stop_token``) and, for logit distillation, the teacher's and student's vocabularies
-(:func:`vocabulary_report`)."""
+What its blocking check judges (``campaign_orchestrator.dataset.checks``): every example's loss ends on the stop
+token (the manifest's ``stop_token``). Logit distillation from a teacher whose token ids are not the student's
+places the teacher's top-k by byte offsets (:func:`cross_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -41,11 +41,19 @@ TEACHER_TOPK_FORMAT = "teacher_topk/v1"
 
 
 def content_key(
-    distillation_key: str, tokenizer: str, settings, extra_sources_hash: str | None, teacher_topk: bool = False
+    distillation_key: str,
+    tokenizer: str,
+    settings,
+    extra_sources_hash: str | None,
+    teacher_topk: bool = False,
+    alignment: list | None = None,
 ) -> str:
-    """Same inputs and settings → same key (a no-op); a new tokenizer or max length → a new dataset."""
+    """Same inputs and settings → same key (a no-op); a new tokenizer or max length → a new dataset.
+    ``alignment``: a teacher of another tokenizer (``CrossTokenizer.key``); absent, the key is as before it."""
     parts = [STAGE_VERSION, distillation_key, tokenizer, settings.key_fields(), extra_sources_hash]
-    return stage_key(*parts, TEACHER_TOPK_FORMAT) if teacher_topk else stage_key(*parts)
+    if not teacher_topk:
+        return stage_key(*parts)
+    return stage_key(*parts, TEACHER_TOPK_FORMAT, *([alignment] if alignment is not None else []))
 
 
 def check_teacher_topk(spec: CampaignSpec, manifest: dict) -> None:
@@ -58,9 +66,10 @@ def check_teacher_topk(spec: CampaignSpec, manifest: dict) -> None:
         raise ValueError(
             "training.distillation.loss is 'logits' but no token of the tokenized dataset carries a teacher top-k "
             f"distribution (examples by teacher_status: {examples or 'no top_logprobs in the distillation set'}). "
-            "no_token_ids: the teacher backend returns token text only (use a local transformers or vllm teacher); "
-            "not_found: the re-tokenized completions are not the tokens the teacher generated (the student needs the "
-            "teacher's tokenizer and the plain template, or a chat template that keeps the answer verbatim)"
+            "not_found: the row's answer tokens are not the teacher's tokens (same tokenizer) or do not spell its "
+            "text (a chat template that rewrites the answer: use one that keeps it verbatim); no_token_text: an API "
+            "teacher's rows without their tokens' text (generated before they were kept: regenerate); "
+            "teacher_text_mismatch: the teacher's tokens do not spell its completion (a stop sequence inside a token)"
         )
 
 
@@ -85,8 +94,14 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     tok_hash = tokenizer_hash(model_path)
     settings = build_settings(spec).resolved(model_path)  # `template: auto` as the tokenizer resolves it, keyed so
     extra = source_hash([resolve_source(x, spec.project_dir) for x in d.extra_sources]) if d.extra_sources else None
+    xtok = cross_tokenizer(spec, storage, model_path)
     k = content_key(
-        distillation["key"], tok_hash, settings, extra, teacher_topk=spec.teacher.sampling.logprobs is not None
+        distillation["key"],
+        tok_hash,
+        settings,
+        extra,
+        teacher_topk=spec.teacher.sampling.logprobs is not None,
+        alignment=xtok.key() if xtok is not None else None,
     )
     sd = storage.stage(spec.name, "tokenized_dataset", k)
     cached = sd.is_complete()
@@ -100,6 +115,7 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
             base_dir=spec.project_dir,
             extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
             log=log,
+            cross_tokenizer=xtok,
         )
         sd.commit(
             report
@@ -116,16 +132,16 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     return Outcome(m, cached, {"model_path": model_path})
 
 
-def vocabulary_report(spec: CampaignSpec, ctx, model_path) -> dict | None:
-    """Logit distillation: whether the teacher's tokenizer and vocabulary are the student's
-    (``campaign_orchestrator.dataset.checks.vocabulary_report``); None when the teacher has no tokenizer here
-    (an endpoint without ``training.distillation.teacher_tokenizer``)."""
-    from campaign_orchestrator.dataset.checks import vocabulary_report as report
+def cross_tokenizer(spec: CampaignSpec, storage, model_path):
+    """Logit distillation from a teacher whose token ids are not the student's (another tokenizer, or an API
+    teacher, which returns text): the byte alignment of ``campaign_orchestrator.dataset.xtok``; None otherwise."""
+    if spec.training.distillation.loss != "logits" or spec.teacher.sampling.logprobs is None:
+        return None
+    from campaign_orchestrator.dataset.xtok import CrossTokenizer
 
     ref = teacher_tokenizer_ref(spec)
-    if ref is None:
-        return None
-    return report(ctx.store.resolve_model(ref, spec.project_dir), model_path)
+    tdir = storage.resolve_model(ref, spec.project_dir) if ref else None
+    return CrossTokenizer.for_teacher(model_path, spec.teacher.model, tdir, spec.teacher.api)
 
 
 def describe_stop_tokens(stop: dict) -> str:

@@ -12,7 +12,7 @@ from tests.support import REPO_ROOT
 
 # A test that needs the built demo models (or the MoE student) is a stage test by definition: `make test-fast`
 # (`-m "not slow and not stage"`) then never builds a model, on a fresh clone or after `make clean`.
-MODEL_FIXTURES = frozenset({"demo_models_root", "demo_models", "artifact_root", "moe_student"})
+MODEL_FIXTURES = frozenset({"demo_models_root", "demo_models", "artifact_root", "moe_student", "xtok_teacher"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,6 +55,18 @@ def moe_student(demo_models_root) -> Path:
 
     build_moe_student(demo_models_root, log=lambda _m: None)
     return resolve("@demo/moe_student", demo_models_root)
+
+
+@pytest.fixture(scope="session")
+def xtok_teacher(demo_models_root) -> Path:
+    """The demo cipher teacher with a byte-level BPE tokenizer (``@demo/teacher_bpe``), built once like the demo
+    models (its build time: docs/results.md, "Cross-tokenizer logit distillation"); tests that ask for it are
+    ``heavy`` (``make test-heavy``)."""
+    from campaign_orchestrator.demo.build import build_xtok_teacher
+    from campaign_orchestrator.demo.recipe import resolve
+
+    build_xtok_teacher(demo_models_root, log=lambda _m: None)
+    return resolve("@demo/teacher_bpe", demo_models_root)
 
 
 @pytest.fixture

@@ -176,24 +176,37 @@ class ClientStats:
         }
 
 
-def _top_from_completions(lp: dict | None, k: int | None) -> list | None:
+def _top_from_completions(lp: dict | None, k: int | None) -> tuple[list | None, list[str] | None]:
+    """The completions API's top-k (``{token text: logprob}`` per position, most likely first) and the generated
+    tokens' text, or ``(None, None)``."""
     if not lp or not k or lp.get("top_logprobs") is None:
-        return None
+        return None, None
     out = []
     for pos in lp["top_logprobs"]:
         items = sorted((pos or {}).items(), key=lambda kv: -kv[1])[:k]
         out.append([(None, tok, float(v)) for tok, v in items])
-    return out
+    tokens = lp.get("tokens")
+    return out, (list(tokens) if tokens is not None and len(tokens) == len(out) else None)
 
 
-def _top_from_chat(lp: dict | None, k: int | None) -> list | None:
+def _token_text(e: dict) -> str:
+    """A chat logprobs entry's token as stored (campaign_orchestrator.dataset.xtok.token_string): its ``bytes``
+    when the API gives them (a token may hold part of a character), else its text."""
+    from campaign_orchestrator.dataset.xtok import token_string
+
+    return token_string(bytes(e["bytes"])) if e.get("bytes") is not None else e["token"]
+
+
+def _top_from_chat(lp: dict | None, k: int | None) -> tuple[list | None, list[str] | None]:
+    """The chat API's top-k per position (most likely first) and the generated tokens' text, or ``(None, None)``."""
     if not lp or not k or lp.get("content") is None:
-        return None
-    out = []
+        return None, None
+    out, tokens = [], []
     for pos in lp["content"]:
         items = sorted(pos.get("top_logprobs") or [], key=lambda e: -e["logprob"])[:k]
-        out.append([(None, e["token"], float(e["logprob"])) for e in items])
-    return out
+        out.append([(None, _token_text(e), float(e["logprob"])) for e in items])
+        tokens.append(_token_text(pos) if pos.get("token") is not None else None)
+    return out, (tokens if all(t is not None for t in tokens) else None)
 
 
 # Special and template tokens a server may add to each message of a request (BOS, role markers, separators): part of
@@ -354,7 +367,15 @@ class OpenAICompatibleClient:
                 f"unexpected response shape: {self._redact(json.dumps(data)[:200])}", latency_s=latency, retries=retries
             )
         usage = data.get("usage") or {}
-        top = (_top_from_chat if self.chat else _top_from_completions)(ch.get("logprobs"), s.logprobs)
+        top, tokens = (_top_from_chat if self.chat else _top_from_completions)(ch.get("logprobs"), s.logprobs)
+        if s.logprobs and top is None and text:
+            raise EndpointError(
+                f"{self.base_url}{self.path} answered without log-probabilities, but teacher.sampling.logprobs asks "
+                f"for the top {s.logprobs}: this endpoint does not return them (or not on "
+                f"{'chat' if self.chat else 'completions'} requests); stopping before paying for the rest. Remove "
+                "teacher.sampling.logprobs and use training.distillation.loss 'sequence', or use a teacher that "
+                "returns top-k log-probabilities"
+            )
         return Completion(
             text or "",
             ch.get("finish_reason") or "stop",
@@ -362,6 +383,7 @@ class OpenAICompatibleClient:
             usage.get("completion_tokens"),
             latency,
             top_logprobs=top,
+            token_strings=tokens,
             retries=retries,
         )
 

@@ -93,6 +93,7 @@ def _cache_row(req: GenRequest, c: Completion, backend: Backend) -> dict:
         "retries": c.retries,
         "top_logprobs": c.top_logprobs,
         "completion_token_ids": c.token_ids,
+        "completion_token_strings": c.token_strings,
         "backend": backend.name,
         "model": backend.model,
         "teacher_identity": backend.identity,
@@ -169,6 +170,7 @@ def assemble_rows(
                     "retries": 0 if cached else c["retries"],
                     "error": c.get("error"),
                     "completion_token_ids": c["completion_token_ids"],
+                    "completion_token_strings": c.get("completion_token_strings"),  # None in older cache files
                     "top_logprobs": c["top_logprobs"],
                 }
             )

@@ -258,7 +258,10 @@ class DistillationSpec(_Strict):
         "sequence",
         description="sequence: cross-entropy on the teacher's text; logits: forward KL against the teacher's stored "
         "top-k log-probabilities (remaining mass as one tail bucket) mixed with cross-entropy. `logits` needs "
-        "teacher.sampling.logprobs and a teacher that shares the student's tokenizer. on_policy: the student "
+        "teacher.sampling.logprobs (an API teacher that returns them). A teacher with another tokenizer than the "
+        "student's, or an API teacher (it returns text), is aligned by byte offsets: exact KL where the two "
+        "tokenizers' tokens match, a vocabulary-free (ULD, sorted probabilities) term elsewhere; the trainer's "
+        "summary says which share of positions each covered. on_policy: the student "
         "samples, the teacher scores its tokens, generalized JSD on them (`on_policy` section; a teacher that "
         "shares the student's tokenizer: a local `transformers` one, in process beside the student, or an "
         "`openai` server that returns prompt_logprobs).",
@@ -272,7 +275,8 @@ class DistillationSpec(_Strict):
     teacher_tokenizer: str | None = Field(
         None,
         description="`logits` or `on_policy` with a remote teacher (openai/vllm served name): a directory holding the "
-        "teacher's tokenizer, checked against the student's before training starts. Local teachers are checked "
+        "teacher's tokenizer, checked against the student's before training starts (`logits`: recorded as the "
+        "teacher's tokenizer identity; without it an API teacher is `api:<model>`). Local teachers are checked "
         "directly.",
     )
     on_policy: OnPolicySpec = Field(

@@ -52,6 +52,7 @@ class ServerConfig:
     seed: int = 0
     hold: threading.Event | None = None  # while set, answers wait; one whose client went away is never served
     release: set[str] = field(default_factory=set)  # prompts answered even while `hold` is set
+    logprobs: bool = True  # False: an API that answers without log-probabilities whatever it is asked
 
 
 @dataclass
@@ -181,7 +182,7 @@ def build_app(cfg: ServerConfig) -> tuple[Starlette, ServerStats]:
                 stats.held_by_prompt[prompt] -= 1
         t0 = time.perf_counter()
         k = body.get("top_logprobs") if chat else body.get("logprobs")
-        k = int(k) if k and not isinstance(k, bool) else None
+        k = int(k) if k and not isinstance(k, bool) and cfg.logprobs else None
         if generator is not None:
 
             def run():

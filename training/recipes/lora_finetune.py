@@ -172,6 +172,7 @@ class LoraFinetuneRecipe:
         self._out_lock: OutputDirLock | None = None
         self.selector = None  # training.selection: the best checkpoint by held-out loss (training/selection.py)
         self._stopped_at: int | None = None  # early stop: the step at which selection's patience ran out
+        self.teacher_alignment: dict | None = None  # rows aligned by byte offsets: what each part of the loss covers
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -323,13 +324,18 @@ class LoraFinetuneRecipe:
         return val, "validation"
 
     def _load_teacher_topk(self) -> dict[str, Any]:
-        """The teacher's top-k columns as Arrow arrays (compact buffers, decoded per batch by ``take``)."""
+        """The teacher's top-k columns as Arrow arrays (compact buffers, decoded per batch by ``take``); from a
+        teacher of another tokenizer also its alignment columns (``self.teacher_alignment``: what each part of the
+        loss covers over the training rows, for the summary)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        files = data.parquet_files(self.job.dataset_path)
+        xtok = all(losses.TEACHER_ALIGN in pq.read_schema(f).names for f in files)
         cols = [losses.TEACHER_IDS, losses.TEACHER_LOGPROBS]
-        parts: dict[str, list] = {c: [] for c in cols}
-        for f in data.parquet_files(self.job.dataset_path):
+        cols += [losses.TEACHER_ALIGN, losses.TEACHER_SPAN] if xtok else []
+        parts: dict[str, list] = {c: [] for c in [*cols, "labels"]}
+        for f in files:
             names = pq.read_schema(f).names
             if not all(c in names for c in cols):
                 raise TrainingError(
@@ -338,15 +344,21 @@ class LoraFinetuneRecipe:
                     f"writes them when the distillation set has top_logprobs: set teacher.sampling.logprobs; see "
                     f"campaign_orchestrator.dataset.topk), or use loss 'sequence'"
                 )
-            t = pq.read_table(f, columns=cols, memory_map=True)
-            for c in cols:
+            t = pq.read_table(f, columns=[*cols, "labels"] if xtok else cols, memory_map=True)
+            for c in t.column_names:
                 parts[c] += t.column(c).chunks
+        if xtok:
+            from campaign_orchestrator.dataset.xtok import alignment_report
+
+            labels = pa.chunked_array(parts["labels"])
+            self.teacher_alignment = alignment_report(pa.chunked_array(parts[losses.TEACHER_ALIGN]), labels)
         return {c: pa.chunked_array(parts[c]) for c in cols}
 
     @property
     def compares_teacher_tokens(self) -> bool:
-        """Whether the loss compares the teacher's and the student's token ids (one vocabulary needed)."""
-        return self.distill
+        """Whether the loss compares the teacher's and the student's token ids (one vocabulary needed): not from
+        rows aligned by byte offsets (a teacher of another tokenizer, campaign_orchestrator.dataset.xtok)."""
+        return self.distill and self.teacher_alignment is None
 
     def _check_teacher_tokenizer(self) -> None:
         """Logit and on-policy distillation compare token ids: teacher and student must share one vocabulary."""
@@ -464,22 +476,14 @@ class LoraFinetuneRecipe:
     def _batch(self, idx: list[int]) -> dict[str, torch.Tensor]:
         batch = data.collate(self.rows, idx, self.pad_id)
         if self.distill:
-            t_ids = self.teacher[losses.TEACHER_IDS].take(idx).to_pylist()
-            t_lps = self.teacher[losses.TEACHER_LOGPROBS].take(idx).to_pylist()
-            n, width = batch["input_ids"].shape
-            if n == 1 and len(idx) > 1:  # padding-free collation: the rows laid end to end in one row
-                t_ids, t_lps = [[p for r in t_ids for p in r]], [[p for r in t_lps for p in r]]
-            ids, lps = losses.teacher_topk_tensors(t_ids, t_lps, width)
-            batch[losses.TEACHER_IDS], batch[losses.TEACHER_LOGPROBS] = ids, lps
+            batch |= losses.teacher_batch(self.teacher, idx, tuple(batch["input_ids"].shape))
         if self.moe is not None:
             batch[moe.MASK] = moe.token_mask(batch, [len(self.rows["input_ids"][i]) for i in idx])
         return batch
 
     @staticmethod
     def _kl_token_count(batch: dict[str, torch.Tensor]) -> int:
-        if losses.TEACHER_IDS not in batch:
-            return 0
-        return int(((batch["labels"][:, 1:] != -100) & (batch[losses.TEACHER_IDS][:, 1:, 0] >= 0)).sum())
+        return losses.distill_token_count(batch)
 
     def _scored(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """With ``labelled_head``, the batch the LM head and loss see at the labelled positions only
