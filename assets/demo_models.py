@@ -109,3 +109,6 @@ def demo_xtok_teacher(context: AssetExecutionContext, storage: ArtifactStore):
             }
         ),
     )
+
+
+ASSETS = [demo_models, demo_moe_student, demo_xtok_teacher]  # what the code location loads

@@ -87,12 +87,7 @@ def build_definitions(
     loaded = load_campaigns(campaign_files)
     for err in loaded.errors:
         log.warning("invalid campaign file (other campaigns still load):\n%s", err.render())
-    assets: list = [
-        demo_models.demo_models,
-        demo_models.demo_moe_student,
-        demo_models.demo_xtok_teacher,
-        *cluster.ASSETS,
-    ]
+    assets: list = [*demo_models.ASSETS, *cluster.ASSETS]
     jobs, schedules, sensors = [cluster.job()], [], [reaper_sensor()]
     for name, spec in loaded.campaigns.items():
         assets += with_versions(campaign_assets(spec), spec)

@@ -282,7 +282,7 @@ def test_truncation_drops_a_group_it_cuts(char_tok, bpe_tok):
 def test_same_tokenizer_keys_are_the_ones_before_cross_tokenizer_distillation():
     """The tokenized dataset's key without a byte alignment is the one main computed before this change
     (039f5fc, pinned): a campaign whose teacher shares the student's tokenizer rebuilds nothing."""
-    from assets.tokenized_dataset import content_key
+    from stages.tokenized_dataset import content_key
     from campaign_orchestrator.dataset.tokenize import BuildSettings
 
     s = BuildSettings(max_seq_len=64, template="auto", validation_fraction=0.1)
@@ -295,16 +295,16 @@ def test_same_tokenizer_keys_are_the_ones_before_cross_tokenizer_distillation():
 def test_a_teacher_of_the_students_tokenizer_takes_the_id_path(demo_models_root, tmp_path):
     """The demo campaign with logit distillation (teacher and student share the character tokenizer) keeps the
     same-vocabulary path, so its key has no alignment part; the BPE teacher, or an API teacher, is aligned."""
-    from assets.tokenized_dataset import cross_tokenizer
+    from stages.tokenized_dataset import cross_tokenizer
     from campaigns.loader import parse_campaign_text
-    from resources.storage import ArtifactStore
+    from stages.storage import Store
     from tests.support import REPO_ROOT
 
     raw = yaml_load(REPO_ROOT / "campaigns" / "demo.yaml")
     raw["teacher"]["sampling"]["logprobs"] = 4
     raw["training"]["distillation"] = {"loss": "logits"}
     spec = parse_campaign_text(yaml_dump(raw))
-    storage = ArtifactStore(root=str(demo_models_root))
+    storage = Store(str(demo_models_root))
     student = storage.resolve_model(spec.student.base_model, spec.project_dir)
     assert cross_tokenizer(spec, storage, student) is None
     raw["training"]["distillation"] = {"loss": "sequence"}
@@ -341,7 +341,7 @@ def test_the_dataset_build_writes_the_alignment_and_both_tokenizers(tmp_path, ch
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from assets.distillation_set import distill_schema
+    from stages.distillation_set import distill_schema
     from campaign_orchestrator.dataset.tokenize import BuildSettings, build_tokenized_dataset, dataset_metadata
     from campaign_orchestrator.dataset.xtok import CrossTokenizer
 
