@@ -267,7 +267,7 @@ def run_one(
 
     def recording_setup(self):  # which fused kernels the run used (the trainer logs them too)
         real_setup(self)
-        seen.update(liger=list(self.liger_applied), cross_entropy=self.fused_ce[0] if self.fused_ce else "logits")
+        seen.update(liger=list(self.liger_applied), cross_entropy=self.fused_ce.kind if self.fused_ce else "logits")
 
     recipes.LoraFinetuneRecipe._setup_model = recording_setup
     real_cleanup, nf4 = recipes.LoraFinetuneRecipe.cleanup, {}
@@ -410,7 +410,7 @@ def bare_loop(
             "logits_to_keep": keep,
         }
         if fused is not None:
-            sums = losses.loss_sums_hidden(head.hidden_states(model, inputs), fused[1], scored, fused[0])
+            sums = fused.loss_sums(model, inputs, scored["labels"])
         else:
             sums = losses.loss_sums(model(**inputs).logits, scored, False)
         loss = sums["ce_sum"] / sums["ce_tokens"]

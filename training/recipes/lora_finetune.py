@@ -424,10 +424,10 @@ class LoraFinetuneRecipe:
             # numerics are those of the sharded path (base units in the compute dtype, LoRA in fp32).
             self.mesh, self.model = None, model
         self.model.train()
-        self.fused_ce = linear_ce.plan(self.model, self.device, self.distill, self.fused_loss)  # (kind, head weight)
+        self.fused_ce = linear_ce.plan(self.model, self.device, self.distill, self.fused_loss)
         self.report.log(
             f"fused kernels: {', '.join(self.liger_applied) or 'none'} (Liger); cross-entropy "
-            f"{self.fused_ce[0] + ' linear' if self.fused_ce else 'on logits'}"
+            f"{self.fused_ce.kind + ' linear' if self.fused_ce else 'on logits'}"
         )
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.moe = moe.MoeMonitor.attach(
@@ -496,13 +496,13 @@ class LoraFinetuneRecipe:
         keep, batch = head.compact(batch, LABEL_ALIGNED)
         return batch | {"logits_to_keep": keep}
 
-    def _forward(self, batch: dict[str, torch.Tensor], hidden: bool = False) -> torch.Tensor:
-        """The logits, or with ``hidden`` the LM head's input at the same positions (the head scores none)."""
+    def _forward(self, batch: dict[str, torch.Tensor], fused: linear_ce.FusedHead | None = None):
+        """The logits, or with ``fused`` the cross-entropy sums its kernel computes in place of the LM head."""
         skip = data.NON_MODEL_KEYS | losses.TEACHER_KEYS | moe.BATCH_KEYS
         inputs = {k: v for k, v in batch.items() if k not in skip}
         inputs["use_cache"] = False  # training never reuses a KV cache; building one costs time and memory
-        if hidden:
-            return head.hidden_states(self.model, inputs)
+        if fused is not None:
+            return fused.loss_sums(self.model, inputs, batch["labels"])
         return self.model(**inputs).logits
 
     def _loss_step(
@@ -515,8 +515,7 @@ class LoraFinetuneRecipe:
             self.moe.begin()
         batch = self._scored(batch)
         if self.fused_ce is not None:  # no [tokens x vocab] logits (training.kernels.linear_ce)
-            kind, weight = self.fused_ce
-            sums = losses.loss_sums_hidden(self._forward(batch, hidden=True), weight, batch, kind)
+            sums = self._forward(batch, self.fused_ce)
         else:
             sums = losses.loss_sums(self._forward(batch), batch, self.distill)
         w = self.spec.distillation.kl_weight if self.distill else 0.0
@@ -935,6 +934,7 @@ class LoraFinetuneRecipe:
             "memory_policy": self.memory_policy.as_dict() if self.memory_policy is not None else None,
             "reshard_after_forward": self.spec.resharding_after_forward if self.mesh is not None else None,
             "compile": self._compile_report(),
+            "fused_cross_entropy": self.fused_ce.report() if self.fused_ce is not None else None,
         }
 
     def _compile_report(self) -> dict:
