@@ -172,6 +172,7 @@ class LoraFinetuneRecipe:
         self._old_sigterm = None
         self._out_lock: OutputDirLock | None = None
         self.selector = None  # training.selection: the best checkpoint by held-out loss (training/selection.py)
+        self.compile_auto = None  # training.compile_choice: what `compile: auto` resolved to on a CPU, and why
         self._stopped_at: int | None = None  # early stop: the step at which selection's patience ran out
 
     # ------------------------------------------------------------------ setup
@@ -210,6 +211,7 @@ class LoraFinetuneRecipe:
             # a mask inherited blocked (a parent that blocks it while it spawns) would keep the stop from arriving
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
         self.allocator = allocator.in_use()
+        self._resolve_compile()
         self._setup_memory_policy()
         self._setup_data()
         self._check_teacher_tokenizer()
@@ -260,6 +262,48 @@ class LoraFinetuneRecipe:
         self.activation_policy = activation_policy_of(self.spec.activation_checkpointing, recompute)
         if self.activation_policy == "recompute" and not recompute:
             self.activation_policy = "none"
+
+    def _resolve_compile(self) -> None:
+        """``training.compile: auto`` on a CPU: compiled where ``training.compile_choice`` measures that compiling pays
+        for this run (rank 0 decides, every rank follows); on CUDA ``auto`` keeps ``TrainingSpec.compiling``'s rule."""
+        self.compile_auto = None
+        if self.spec.compile != "auto" or self.device.type != "cpu":
+            return
+        choice = [self._measure_compile() if self.is_main else None]
+        if self.world > 1:
+            dist.broadcast_object_list(choice, src=0)
+        self.compile_auto = choice[0]
+        self.spec = self.spec.model_copy(update={"compile": self.compile_auto.compile})
+        self.report.log(f"compile auto -> {'on' if self.compile_auto.compile else 'off'}: {self.compile_auto.why}")
+
+    def _measure_compile(self):
+        """:func:`training.compile_choice.choose` for this run: micro-steps per rank over the whole run (with
+        ``epochs``, from the dataset's row count) of ``micro_batch_size × max_seq_len`` tokens (an ``auto`` micro-batch
+        counts as one row: the run's work is then underestimated, never over)."""
+        from transformers import AutoConfig
+
+        from training import compile_choice
+
+        spec, student = self.spec, self.job.student
+        if student.quantization.load_in_4bit:
+            return compile_choice.CompileChoice(
+                False, "a 4-bit base is not measured (the probe builds plain layers): eager", 0, 0, 0, {}, False
+            )
+        micro = spec.micro_batch_size if isinstance(spec.micro_batch_size, int) else 1
+        steps = spec.max_steps
+        if steps is None:
+            import pyarrow.parquet as pq
+
+            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in data.parquet_files(self.job.dataset_path))
+            steps = max(1, math.ceil(spec.epochs * rows / (micro * self.world * spec.gradient_accumulation_steps)))
+        dtype = getattr(torch, resolve_compute_dtype(student.quantization.compute_dtype, "cpu").dtype)
+        return compile_choice.choose(
+            AutoConfig.from_pretrained(self.job.base_model_path),
+            student,
+            dtype,
+            tokens=micro * spec.max_seq_len,
+            micro_steps=steps * spec.gradient_accumulation_steps,
+        )
 
     def _on_sigterm(self, signum, _frame) -> None:
         self._stop_signal = signum
@@ -938,8 +982,9 @@ class LoraFinetuneRecipe:
         }
 
     def _compile_report(self) -> dict:
+        auto = {"auto": self.compile_auto.as_dict()} if self.compile_auto is not None else {}
         if not self.compiled:
-            return {"enabled": False}
+            return {"enabled": False} | auto
         new = [r for r in self.metrics if self.resumed_from is None or r["step"] > self.resumed_from]
         warm = [r for r in new if r.get("compiling")]
         timed = [r for r in new if not r.get("compiling")]
@@ -952,7 +997,7 @@ class LoraFinetuneRecipe:
             "timed_steps": len(timed),
             "timed_seconds": seconds,
             "timed_tokens_per_s": sum(r["tokens"] for r in timed) / seconds if seconds > 0 else None,
-        }
+        } | auto
 
     def cleanup(self, ok: bool = True) -> None:
         self.report.close()
