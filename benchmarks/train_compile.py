@@ -95,22 +95,23 @@ def _child(args: list[str], threads: int, **env) -> None:
 
 
 def steady(run: dict, compiled: bool) -> dict:
-    """Tokens/s over the steady steps, and the warm-up's extra seconds over as many steady steps."""
+    """Tokens/s over the steady steps, the warm-up seconds, and (compiled) how many steps compiled graphs."""
     steps = run["steps"]
-    if compiled:
-        last = max((i for i, r in enumerate(steps) if r["compiling"]), default=-1)
-        warm = last + 2  # the compiling steps and the one after them
-    else:
-        warm = WARM_EAGER
-    tail = steps[warm:]
-    per_step = sum(r["step_s"] for r in tail) / len(tail)
-    return {
-        "steady_tokens_per_s": round(sum(r["tokens"] for r in tail) / sum(r["step_s"] for r in tail), 1),
-        "steady_step_s": round(per_step, 4),
+    compiling = [i for i, r in enumerate(steps) if r["compiling"]]
+    warm = (compiling[-1] + 2 if compiling else 1) if compiled else WARM_EAGER  # compiled: and the step after
+    tail = steps[warm:] or [r for r in steps if not r["compiling"]][1:]  # still compiling late: its other steps
+    out = {
+        "steady_tokens_per_s": round(sum(r["tokens"] for r in tail) / sum(r["step_s"] for r in tail), 1)
+        if tail
+        else None,
+        "steady_steps": len(tail),
         "warmup_steps": warm,
         "warmup_s": round(sum(r["step_s"] for r in steps[:warm]), 2),
         "train_seconds": round(run["summary"]["train_seconds"], 2),
     }
+    if compiled:
+        out["compiling_steps"] = [i + 1 for i in compiling]
+    return out
 
 
 def demo_jobs(work: Path, steps: int) -> tuple[dict, int]:
@@ -223,8 +224,8 @@ def main() -> int:
             )
             eager = [r for r in runs if not r["compiled"]]
             comp = [r for r in runs if r["compiled"]]
-            best_e = max(r["steady_tokens_per_s"] for r in eager)
-            best_c = max(r["steady_tokens_per_s"] for r in comp)
+            best_e = max(r["steady_tokens_per_s"] or 0 for r in eager)
+            best_c = max(r["steady_tokens_per_s"] or 0 for r in comp)
             diffs = [abs(a - b) / abs(b) for r in comp for a, b in zip(r["losses"], eager[0]["losses"], strict=True)]
             report["models"][name] = {
                 "steady_tokens_per_s": {"eager": best_e, "compiled": best_c},

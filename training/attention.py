@@ -51,6 +51,10 @@ def segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     return [(s, e) for s, e in zip(bounds, bounds[1:], strict=False) if e > s]
 
 
+# Outside any compiled graph (``training.compile``): the sequences are read on the host (``segments``), so a compiled
+# layer would be specialized, and compiled again, for every count of sequences a row holds (recompiles until dynamo's
+# limit, then eager frames); disabled, the layer's graph stops before it and resumes after it.
+@torch.compiler.disable
 def segment_eager_forward(
     module: nn.Module,
     query: torch.Tensor,

@@ -266,7 +266,6 @@ class LoraFinetuneRecipe:
     def _resolve_compile(self) -> None:
         """``training.compile: auto`` on a CPU: compiled where ``training.compile_choice`` measures that compiling pays
         for this run (rank 0 decides, every rank follows); on CUDA ``auto`` keeps ``TrainingSpec.compiling``'s rule."""
-        self.compile_auto = None
         if self.spec.compile != "auto" or self.device.type != "cpu":
             return
         choice = [self._measure_compile() if self.is_main else None]
@@ -285,10 +284,13 @@ class LoraFinetuneRecipe:
         from training import compile_choice
 
         spec, student = self.spec, self.job.student
+        unmeasured = None
         if student.quantization.load_in_4bit:
-            return compile_choice.CompileChoice(
-                False, "a 4-bit base is not measured (the probe builds plain layers): eager", 0, 0, 0, {}, False
-            )
+            unmeasured = "a 4-bit base is not measured (the probe builds plain layers): eager"
+        elif spec.distillation.loss == "on_policy":
+            unmeasured = "on-policy distillation samples with the same layers, which the probe does not time: eager"
+        if unmeasured:
+            return compile_choice.CompileChoice(False, unmeasured, 0, 0, 0, {}, False)
         micro = spec.micro_batch_size if isinstance(spec.micro_batch_size, int) else 1
         steps = spec.max_steps
         if steps is None:
