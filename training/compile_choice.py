@@ -7,16 +7,19 @@ sequence length and once more for the dynamic graph: docs/results.md, "torch.com
 process pays it; the steps after it are not always faster. So ``auto`` compiles only where both hold, measured at
 the run's shape:
 
-* a compiled step is faster: a probe model of the student's architecture with one decoder layer (random weights, its
-  LoRA targets, the compute dtype, the attention kernel; a 256-token vocabulary) trains one micro-batch of the run's
-  tokens, forward and backward, compiled with inductor and eager (a twin with the same weights), taking turns round
-  by round, best of ``ROUNDS`` each;
-* the run pays the warm-up back: ``layers × micro-steps × (eager − compiled)`` above the probe's measured warm-up
-  (both graphs: the static one, then the dynamic one a second sequence length brings).
+* a compiled step is faster: a probe model of the student's architecture with two decoder layers (random weights,
+  its LoRA targets, the compute dtype, the attention kernel; a 256-token vocabulary) trains one micro-batch of the
+  run's tokens, forward and backward, compiled with inductor and eager (a twin with the same weights), taking turns
+  round by round, best of ``ROUNDS`` each. Two layers, because the first layer's input needs no gradient (the
+  embeddings are frozen) and the others' does: the compiler builds a graph for each, as in the whole model;
+* the run pays the warm-up back: ``layers / 2 × micro-steps × (eager − compiled)`` above the probe's measured
+  warm-up (every graph: static ones, then the dynamic ones a second sequence length brings; measured 2026-12-05 on
+  SmolLM2: the probe's 84 s against the whole trainer's 246 s from an empty inductor cache, 45 s from a warm one,
+  ``benchmarks/data/train_compile_2026-12-05.json``).
 
 Before compiling anything, the probe asks whether the run could pay a warm-up back at all. Its decoder layers take
-``layers × micro-steps × eager`` seconds eager, and a compiled step of no time at all saves no more than that; a
-warm-up costs at least the capture inductor starts with (dynamo's capture of the layer and AOTAutograd's of its
+``layers / 2 × micro-steps × eager`` seconds eager, and a compiled step of no time at all saves no more than that; a
+warm-up costs at least the capture inductor starts with (dynamo's capture of the layers and AOTAutograd's of their
 joint forward and backward, partitioned: the ``aot_eager`` backend, measured here, without inductor's code generation
 and build). A run below that floor is decided without inductor, in a few seconds; the floor is an empty cache's
 (inductor's on-disk caches can make a later warm-up shorter), so a borderline run stays eager.
@@ -42,6 +45,7 @@ import torch
 CACHE_FILE = "compile_choice.json"
 ROUNDS = 5
 GRAPHS = 2  # training.model.compile_layers: a static graph at the first sequence length, then a dynamic one
+PROBE_LAYERS = 2
 PROBE_VOCAB = 256
 PROBE_ATTENTION = ("eager", "sdpa")  # a student on another kernel (auto, segment_eager, ...) is probed on sdpa
 
@@ -63,7 +67,7 @@ class CompileChoice:
 
 
 def probe_model(config, student, dtype: torch.dtype, attention: str):
-    """The student's architecture with one decoder layer and a ``PROBE_VOCAB``-token vocabulary, random weights in
+    """The student's architecture with ``PROBE_LAYERS`` decoder layers and a ``PROBE_VOCAB``-token vocabulary, random weights in
     ``dtype``, frozen, with the student's LoRA (PEFT, as ``training.model.load_student`` adds it)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -72,13 +76,13 @@ def probe_model(config, student, dtype: torch.dtype, attention: str):
 
     cfg = copy.deepcopy(config)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    text.num_hidden_layers = 1
+    text.num_hidden_layers = PROBE_LAYERS
     text.vocab_size = PROBE_VOCAB
     for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if isinstance(getattr(text, k, None), int) and getattr(text, k) >= PROBE_VOCAB:
             setattr(text, k, None)
     if hasattr(text, "layer_types") and text.layer_types:
-        text.layer_types = text.layer_types[:1]
+        text.layer_types = text.layer_types[:PROBE_LAYERS]
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attention, dtype=dtype)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -110,8 +114,9 @@ def _probe(*args):
 
 def measure_eager(config, student, dtype: torch.dtype, attention: str, tokens: int) -> dict:
     """``eager_s``: one step of the probe model, best of ``ROUNDS`` after a warm-up; ``capture_s``: what capturing its
-    decoder layer costs (``aot_eager``: dynamo's capture of the forward and AOTAutograd's of the joint forward and
-    backward, partitioned, run without code generation: what inductor does first, on an empty cache), one graph."""
+    decoder layers costs (``aot_eager``: dynamo's capture of the forward and AOTAutograd's of the joint forward and
+    backward, partitioned, run without code generation: what inductor does first, on an empty cache), at one
+    sequence length."""
     from training.model import compile_layers
 
     with torch.random.fork_rng(devices=[]):
@@ -185,7 +190,8 @@ def choose(
     args = (config, student, dtype, attention, tokens)
     first, now = measured_once(path, key + "|eager", lambda: measure_eager(*args))
     measured = {"attention": attention, "capture_s": first["capture_s"]}
-    run_eager = layers * micro_steps * first["eager_s"]
+    share = layers / PROBE_LAYERS  # the run's decoder layers, in probe models
+    run_eager = share * micro_steps * first["eager_s"]
     floor = GRAPHS * first["capture_s"]
 
     def done(compile_: bool, why: str) -> CompileChoice:
@@ -202,9 +208,10 @@ def choose(
     ind, now_ind = measured_once(path, key + "|inductor", lambda: measure_inductor(*args))
     measured |= ind
     now = now or now_ind
-    saved = layers * micro_steps * (ind["eager_s"] - ind["compiled_s"])
+    saved = share * micro_steps * (ind["eager_s"] - ind["compiled_s"])
     figures = (
-        f"a layer's step {ind['eager_s'] * 1e3:.1f} ms eager, {ind['compiled_s'] * 1e3:.1f} ms compiled; "
+        f"a {PROBE_LAYERS}-layer probe's step {ind['eager_s'] * 1e3:.1f} ms eager, {ind['compiled_s'] * 1e3:.1f} ms "
+        "compiled; "
         f"warm-up {ind['warmup_s']:.1f} s; {layers} layers x {micro_steps} micro-steps"
     )
     if ind["compiled_s"] >= ind["eager_s"]:
