@@ -67,8 +67,8 @@ class CompileChoice:
 
 
 def probe_model(config, student, dtype: torch.dtype, attention: str):
-    """The student's architecture with ``PROBE_LAYERS`` decoder layers and a ``PROBE_VOCAB``-token vocabulary, random weights in
-    ``dtype``, frozen, with the student's LoRA (PEFT, as ``training.model.load_student`` adds it)."""
+    """The student's architecture with ``PROBE_LAYERS`` decoder layers and a ``PROBE_VOCAB``-token vocabulary, random
+    weights in ``dtype``, frozen, with the student's LoRA (PEFT, as ``training.model.load_student`` adds it)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
