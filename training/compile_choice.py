@@ -13,9 +13,9 @@ the run's shape:
   round by round, best of ``ROUNDS`` each. Two layers, because the first layer's input needs no gradient (the
   embeddings are frozen) and the others' does: the compiler builds a graph for each, as in the whole model;
 * the run pays the warm-up back: ``layers / 2 × micro-steps × (eager − compiled)`` above the probe's measured
-  warm-up (every graph: static ones, then the dynamic ones a second sequence length brings; measured 2026-12-05 on
-  SmolLM2: the probe's 84 s against the whole trainer's 246 s from an empty inductor cache, 45 s from a warm one,
-  ``benchmarks/data/train_compile_2026-12-05.json``).
+  warm-up (every graph: static ones, then the dynamic ones a second sequence length brings; on SmolLM2 the probe's
+  104 s against the whole trainer's 148-246 s from an empty inductor cache and 38-45 s from a warm one: docs/results.md,
+  "torch.compile on a CPU").
 
 Before compiling anything, the probe asks whether the run could pay a warm-up back at all. Its decoder layers take
 ``layers / 2 × micro-steps × eager`` seconds eager, and a compiled step of no time at all saves no more than that; a

@@ -25,6 +25,9 @@ TINY = dict(
 )
 
 
+pytestmark = pytest.mark.stage  # the probe builds a model and captures it (seconds)
+
+
 @pytest.fixture
 def student():
     from tests.support.train_support import demo_spec

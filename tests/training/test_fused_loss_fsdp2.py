@@ -8,14 +8,17 @@ them again before the final norm). The trainer's own counter says the fused path
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import sys
 
 import pytest
 import torch
 
+from tests.conftest import DIST_ENV
 from tests.support.train_support import PYTHON, REPO_ROOT, child_env, make_job, write_pairs_dataset
 
-pytestmark = pytest.mark.slow  # two torchrun launches
+pytestmark = pytest.mark.slow  # a torchrun launch of two processes
 
 FP32 = {
     "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"]},
@@ -40,7 +43,37 @@ def _torchrun(nproc: int, out, runs: list[str]) -> dict:
     return torch.load(out, weights_only=False)
 
 
-def test_world2_fused_loss_with_a_sharded_head_equals_world1(tmp_path, demo_models):
+def _world_of_one(job_file: str, fused: bool, monkeypatch) -> dict:
+    """What fused_ce_check.py records, for a world of one in this process."""
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "support" / "train_scripts"))
+    from grad_check import perturb
+
+    from training.config import TrainJob
+    from training.recipes import LoraFinetuneRecipe
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in zip(DIST_ENV, ("0", "0", "1", "1", "127.0.0.1", str(port)), strict=True):
+        monkeypatch.setenv(k, v)
+    t = LoraFinetuneRecipe(TrainJob.read(job_file))
+    t.fused_loss = fused
+    try:
+        t.setup()
+        perturb(t.named_trainable)
+        batches, counts, _ = t.prepare(0)
+        res = t.accumulate(batches, counts)
+        return {
+            "loss": res.loss,
+            "sharded": t.mesh is not None,
+            "fused": t.fused_ce.report() if t.fused_ce is not None else None,
+            "grads": {n: p.grad.detach().clone() for n, p in t.named_trainable},
+        }
+    finally:
+        t.cleanup()
+
+
+def test_world2_fused_loss_with_a_sharded_head_equals_world1(tmp_path, demo_models, monkeypatch):
     student = demo_models["student"]
     long = " " + " ".join(["qwertyui"] * 4)
     ds = write_pairs_dataset(
@@ -64,9 +97,9 @@ def test_world2_fused_loss_with_a_sharded_head_equals_world1(tmp_path, demo_mode
         ],
     )
     one = {"nodes": 1, "processes_per_node": 1, "micro_batch_size": 1, "gradient_accumulation_steps": 4}
-    w1 = _torchrun(1, tmp_path / "w1.pt", ["fused:" + job("w1_fused", **one), "logits:" + job("w1_logits", **one)])
+    fused1 = _world_of_one(job("w1_fused", **one), True, monkeypatch)
+    logits1 = _world_of_one(job("w1_logits", **one), False, monkeypatch)
     (kept,), (freed,) = ([v for k, v in w2.items() if name in k] for name in ("w2_kept", "w2_freed"))
-    (fused1,), (logits1,) = ([v for k, v in w1.items() if k.startswith(p)] for p in ("fused:", "logits:"))
     assert kept["sharded"] and freed["sharded"] and not fused1["sharded"] and kept["world"] == 2
     # the fused path ran on every micro-batch of every rank (counted where the head computes the loss)
     assert kept["fused"] == freed["fused"] == {"kind": "chunked", "micro_batches": 2}
