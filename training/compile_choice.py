@@ -164,7 +164,12 @@ def _key(config, student, dtype: torch.dtype, attention: str, tokens: int) -> st
         getattr(text, "num_key_value_heads", None) or heads,
         getattr(text, "head_dim", None) or text.hidden_size // heads,
     )
-    lora = (student.lora.r, "+".join(sorted(student.lora.target_modules)), student.lora.use_dora)
+    lora = (
+        student.lora.r,
+        "+".join(sorted(student.lora.target_modules)),
+        "+".join(sorted(student.lora.target_parameters or ())),
+        student.lora.use_dora,
+    )
     parts = (socket.gethostname(), torch.__version__, torch.get_num_threads(), "cpu", str(dtype)[6:], *shape, *lora)
     return "|".join(map(str, (*parts, attention, tokens)))
 
