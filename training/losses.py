@@ -298,23 +298,6 @@ def loss_sums(logits: torch.Tensor, batch: dict[str, torch.Tensor], distill: boo
     return out
 
 
-def loss_sums_hidden(
-    hidden: torch.Tensor, weight: torch.Tensor, batch: dict[str, torch.Tensor], kind: str, chunk: int | None = None
-) -> dict[str, torch.Tensor | int]:
-    """:func:`loss_sums` for cross-entropy alone, from the LM head's input ``hidden`` [B, T, D] and its ``weight``
-    (``training.head.hidden_states``): the fused or chunked linear cross-entropy of ``training.kernels.linear_ce``
-    (``kind``: ``liger`` or ``chunked``), which never materializes the ``[tokens × vocab]`` logits.
-
-    Logit distillation stays on :func:`loss_sums` (the logits at the labelled positions only, ``training.head``):
-    its KL needs the student's whole log-softmax at each scored position (the top-k gather and the tail bucket
-    over every other token), which a chunked kernel would have to recompute per chunk with the teacher's top-k;
-    those positions are the labelled ones, a small share of the row, so the logits it keeps are small too."""
-    from training.kernels.linear_ce import linear_cross_entropy_sum
-
-    ce, n = linear_cross_entropy_sum(hidden, weight, batch["labels"], kind, chunk)
-    return {"ce_sum": ce, "ce_tokens": n}
-
-
 def mix(
     ce_sum: torch.Tensor, ce_tokens: int, kl_sum: torch.Tensor | None, kl_tokens: int, kl_weight: float
 ) -> torch.Tensor:

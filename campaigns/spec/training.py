@@ -363,7 +363,9 @@ class TrainingSpec(_Strict):
     compile: bool | Literal["auto"] = Field(
         "auto",
         description="torch.compile each decoder layer's forward (in place: parameter names, checkpoints, "
-        "adapters unchanged). auto: on for CUDA, off on the CPU. The compiling first step(s) are reported apart from "
+        "adapters unchanged). auto: on for CUDA; on a CPU, on only where a measurement on the host says the run pays "
+        "inductor's warm-up back with faster steps (training/compile_choice.py; the reason in the summary's "
+        "`compile.auto`). The compiling first step(s) are reported apart from "
         "the timed ones (`compile` in the summary; `compiling` per step in metrics.parquet). Under compile the exact "
         "cheap-activation recompute is left to the compiler's own partitioner (`recompute` is then `none`).",
     )
@@ -443,7 +445,8 @@ class TrainingSpec(_Strict):
         return self.reshard_after_forward
 
     def compiling(self, device_type: str) -> bool:
-        """``compile`` resolved for a device type (``cuda``, ``cpu``): ``auto`` compiles on CUDA only."""
+        """``compile`` resolved for a device type (``cuda``, ``cpu``) without measuring: ``auto`` compiles on CUDA
+        only. The trainer resolves ``auto`` on a CPU by measurement first (``training.compile_choice``)."""
         if self.compile == "auto":
             return device_type == "cuda"
         return self.compile

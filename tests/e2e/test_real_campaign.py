@@ -43,6 +43,9 @@ def _campaign(tmp_path: Path, name: str, lr_factor: float = 1.0, general_only: b
     spec["name"] = name
     spec["data"]["source"] = str(data / "train-*.jsonl")
     spec["training"]["learning_rate"] *= lr_factor
+    # compile: auto would measure inductor on this CPU first (minutes, once per host: training/compile_choice.py,
+    # tested in tests/training/test_compile_choice.py); this test is about the campaign's outcome
+    spec["training"]["compile"] = False
     spec["teacher"]["sampling"]["max_new_tokens"] = 32  # the shipped 64 keeps more general replay; 32 is faster
     suites = {s["name"]: s for s in spec["evaluation"]["suites"]}
     suites["plurals"]["source"] = _take(DATA / "suite-plural.jsonl", data / "suite-plural.jsonl", 60)

@@ -171,6 +171,7 @@ class LoraFinetuneRecipe:
         self._old_sigterm = None
         self._out_lock: OutputDirLock | None = None
         self.selector = None  # training.selection: the best checkpoint by held-out loss (training/selection.py)
+        self.compile_auto = None  # training.compile_choice: what `compile: auto` resolved to on a CPU, and why
         self._stopped_at: int | None = None  # early stop: the step at which selection's patience ran out
         self.teacher_alignment: dict | None = None  # rows aligned by byte offsets: what each part of the loss covers
 
@@ -210,6 +211,7 @@ class LoraFinetuneRecipe:
             # a mask inherited blocked (a parent that blocks it while it spawns) would keep the stop from arriving
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
         self.allocator = allocator.in_use()
+        self._resolve_compile()
         self._setup_memory_policy()
         self._setup_data()
         self._check_teacher_tokenizer()
@@ -253,6 +255,50 @@ class LoraFinetuneRecipe:
             compute_dtype=resolve_compute_dtype(self.job.student.quantization.compute_dtype, device.type).dtype,
             headroom=float(terms.get("headroom", DEFAULT_HEADROOM)),
             recompute_available=self.recompute_cheap,
+        )
+
+    def _resolve_compile(self) -> None:
+        """``training.compile: auto`` on a CPU: compiled where ``training.compile_choice`` measures that compiling pays
+        for this run (rank 0 decides, every rank follows); on CUDA ``auto`` keeps ``TrainingSpec.compiling``'s rule."""
+        if self.spec.compile != "auto" or self.device.type != "cpu":
+            return
+        choice = [self._measure_compile() if self.is_main else None]
+        if self.world > 1:
+            dist.broadcast_object_list(choice, src=0)
+        self.compile_auto = choice[0]
+        self.spec = self.spec.model_copy(update={"compile": self.compile_auto.compile})
+        self.report.log(f"compile auto -> {'on' if self.compile_auto.compile else 'off'}: {self.compile_auto.why}")
+
+    def _measure_compile(self):
+        """:func:`training.compile_choice.choose` for this run: micro-steps per rank over the whole run (with
+        ``epochs``, from the dataset's row count) of ``micro_batch_size × max_seq_len`` tokens (an ``auto`` micro-batch
+        counts as one row: the run's work is then underestimated, never over)."""
+        from transformers import AutoConfig
+
+        from training import compile_choice
+
+        spec, student = self.spec, self.job.student
+        unmeasured = None
+        if student.quantization.load_in_4bit:
+            unmeasured = "a 4-bit base is not measured (the probe builds plain layers): eager"
+        elif spec.distillation.loss == "on_policy":
+            unmeasured = "on-policy distillation samples with the same layers, which the probe does not time: eager"
+        if unmeasured:
+            return compile_choice.CompileChoice(False, unmeasured, 0, 0, 0, {}, False)
+        micro = spec.micro_batch_size if isinstance(spec.micro_batch_size, int) else 1
+        steps = spec.max_steps
+        if steps is None:
+            import pyarrow.parquet as pq
+
+            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in data.parquet_files(self.job.dataset_path))
+            steps = max(1, math.ceil(spec.epochs * rows / (micro * self.world * spec.gradient_accumulation_steps)))
+        dtype = getattr(torch, resolve_compute_dtype(student.quantization.compute_dtype, "cpu").dtype)
+        return compile_choice.choose(
+            AutoConfig.from_pretrained(self.job.base_model_path),
+            student,
+            dtype,
+            tokens=micro * spec.max_seq_len,
+            micro_steps=steps * spec.gradient_accumulation_steps,
         )
 
     def _on_sigterm(self, signum, _frame) -> None:
@@ -429,10 +475,10 @@ class LoraFinetuneRecipe:
             # numerics are those of the sharded path (base units in the compute dtype, LoRA in fp32).
             self.mesh, self.model = None, model
         self.model.train()
-        self.fused_ce = linear_ce.plan(self.model, self.device, self.distill, self.fused_loss)  # (kind, head weight)
+        self.fused_ce = linear_ce.plan(self.model, self.device, self.distill, self.fused_loss)
         self.report.log(
             f"fused kernels: {', '.join(self.liger_applied) or 'none'} (Liger); cross-entropy "
-            f"{self.fused_ce[0] + ' linear' if self.fused_ce else 'on logits'}"
+            f"{self.fused_ce.kind + ' linear' if self.fused_ce else 'on logits'}"
         )
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.moe = moe.MoeMonitor.attach(
@@ -493,13 +539,13 @@ class LoraFinetuneRecipe:
         keep, batch = head.compact(batch, LABEL_ALIGNED)
         return batch | {"logits_to_keep": keep}
 
-    def _forward(self, batch: dict[str, torch.Tensor], hidden: bool = False) -> torch.Tensor:
-        """The logits, or with ``hidden`` the LM head's input at the same positions (the head scores none)."""
+    def _forward(self, batch: dict[str, torch.Tensor], fused: linear_ce.FusedHead | None = None):
+        """The logits, or with ``fused`` the cross-entropy sums its kernel computes in place of the LM head."""
         skip = data.NON_MODEL_KEYS | losses.TEACHER_KEYS | moe.BATCH_KEYS
         inputs = {k: v for k, v in batch.items() if k not in skip}
         inputs["use_cache"] = False  # training never reuses a KV cache; building one costs time and memory
-        if hidden:
-            return head.hidden_states(self.model, inputs)
+        if fused is not None:
+            return fused.loss_sums(self.model, inputs, batch["labels"])
         return self.model(**inputs).logits
 
     def _loss_step(
@@ -512,8 +558,7 @@ class LoraFinetuneRecipe:
             self.moe.begin()
         batch = self._scored(batch)
         if self.fused_ce is not None:  # no [tokens x vocab] logits (training.kernels.linear_ce)
-            kind, weight = self.fused_ce
-            sums = losses.loss_sums_hidden(self._forward(batch, hidden=True), weight, batch, kind)
+            sums = self._forward(batch, self.fused_ce)
         else:
             sums = losses.loss_sums(self._forward(batch), batch, self.distill)
         w = self.spec.distillation.kl_weight if self.distill else 0.0
@@ -933,11 +978,13 @@ class LoraFinetuneRecipe:
             "training_policy": self.training_policy.as_dict(),
             "reshard_after_forward": self.spec.resharding_after_forward if self.mesh is not None else None,
             "compile": self._compile_report(),
+            "fused_cross_entropy": self.fused_ce.report() if self.fused_ce is not None else None,
         }
 
     def _compile_report(self) -> dict:
+        auto = {"auto": self.compile_auto.as_dict()} if self.compile_auto is not None else {}
         if not self.compiled:
-            return {"enabled": False}
+            return {"enabled": False} | auto
         new = [r for r in self.metrics if self.resumed_from is None or r["step"] > self.resumed_from]
         warm = [r for r in new if r.get("compiling")]
         timed = [r for r in new if not r.get("compiling")]
@@ -950,7 +997,7 @@ class LoraFinetuneRecipe:
             "timed_steps": len(timed),
             "timed_seconds": seconds,
             "timed_tokens_per_s": sum(r["tokens"] for r in timed) / seconds if seconds > 0 else None,
-        }
+        } | auto
 
     def cleanup(self, ok: bool = True) -> None:
         self.report.close()
