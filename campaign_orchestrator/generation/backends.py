@@ -266,14 +266,16 @@ class VLLMBackend:
         lora_request_class: Callable[..., Any] | None = None,
     ):
         from campaign_orchestrator.generation.engines.vllm_engine import engine_args as vllm_args
-        from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype
+        from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype, vllm_device
 
         self.model, self.revision = model, revision
         extra = dict(engine_args or {})
-        # the dtype vLLM computes in, resolved before it starts and passed to it, so the key names what runs
-        self.dtype = resolve_dtype(model, extra.pop("dtype", None) or dtype or "auto")
+        # where and in what dtype vLLM computes, resolved before it starts and passed to it, so the key names what
+        # runs (checked against the started engine: _load)
+        self.device = vllm_device()
+        self.dtype = resolve_dtype(model, extra.pop("dtype", None) or dtype or "auto", self.device)
         self.identity = identity or teacher_identity(
-            "vllm", model, None, revision, engine_args=engine_args, precision=f"cuda:{self.dtype}"
+            "vllm", model, None, revision, engine_args=engine_args, precision=f"{self.device}:{self.dtype}"
         )
         self.chunk_size = chunk_size
         self._llm, self._sp, self._llm_class = llm, sampling_params, llm_class
@@ -281,7 +283,7 @@ class VLLMBackend:
         self._engine = {
             "tensor_parallel_size": tensor_parallel_size,
             "seed": seed,
-            **vllm_args(model, dtype=self.dtype, adapter_dir=adapter_dir, top_k=top_k, extra=extra),
+            **vllm_args(model, dtype=self.dtype, adapter_dir=adapter_dir, top_k=top_k, extra=extra, device=self.device),
         }
         self._engine.pop("model")
         self.generate_s = 0.0
@@ -305,6 +307,19 @@ class VLLMBackend:
             self._llm_class = self._llm_class or vllm.LLM
         if self._llm is None:
             self._llm = self._llm_class(model=self.model, revision=self.revision, **self._engine)
+            ran = self.ran_dtype()
+            if ran is not None and self.dtype != "default" and ran != self.dtype:
+                raise BackendError(
+                    f"teacher {self.model}: its generations are keyed for {self.device}:{self.dtype} but vLLM "
+                    f"started in {ran}; name the dtype in teacher.engine_args.dtype or teacher.compute_dtype"
+                )
+
+    def ran_dtype(self) -> str | None:
+        """The dtype the started engine computes in, as vLLM reports it (None before it starts, or for an
+        engine that does not say: a stand-in)."""
+        cfg = getattr(getattr(self._llm, "llm_engine", None), "model_config", None)
+        dtype = getattr(cfg, "dtype", None)
+        return None if dtype is None else str(dtype).removeprefix("torch.")
 
     def _lora(self):
         from campaign_orchestrator.generation.engines.vllm_engine import lora_request
@@ -414,7 +429,17 @@ class VLLMBackend:
         self._deliver(part, outputs, sampling, latency, on_done)
 
     def stats(self) -> dict:
-        return {}
+        ran = self.ran_dtype()
+        if ran is None:
+            return {}
+        return {"engine": "vllm", "compute_dtype": ran, "compute_dtype_reason": f"vLLM on {self.device}"}
+
+    def close(self) -> None:
+        """Stop the engine (vLLM's engine-core process and its memory); a later request starts another."""
+        from campaign_orchestrator.generation.engines.vllm_engine import shutdown_llm
+
+        llm, self._llm, self._tok = self._llm, None, None
+        shutdown_llm(llm)
 
 
 # --------------------------------------------------------------------------- OpenAI-compatible
@@ -454,10 +479,11 @@ def spec_identity(
     if spec.backend == "transformers" and precision is None:
         precision = local_precision(spec.compute_dtype)
     if spec.backend == "vllm":
-        from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype
+        from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype, vllm_device
 
         dtype = (spec.engine_args or {}).get("dtype") or spec.compute_dtype
-        precision = f"cuda:{resolve_dtype(model_path or spec.model, dtype)}"
+        device = vllm_device()
+        precision = f"{device}:{resolve_dtype(model_path or spec.model, dtype, device)}"
     return teacher_identity(
         spec.backend,
         spec.model,
