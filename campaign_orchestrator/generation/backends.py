@@ -237,7 +237,8 @@ def _max_model_len(llm) -> int | None:
 class VLLMBackend:
     """Offline batch generation with ``vllm.LLM``.
 
-    Requests go to ``LLM.generate`` (``LLM.chat`` for chat requests) in chunks of
+    Requests go to ``LLM.generate`` as token ids, rendered as every local backend renders them (:meth:`_render`:
+    the chat template for a bare prompt when the tokenizer has one, the context messages whole), in chunks of
     ``chunk_size`` prompts; each chunk's results reach the cache before the next chunk starts.
     When every sample of a prompt is missing and sampling is not greedy, the prompt is sent
     once with ``SamplingParams(n=...)`` (vLLM shares the prompt's KV cache across samples);
@@ -336,17 +337,27 @@ class VLLMBackend:
         self._load()
         return self._sp
 
-    def _prompt_len(self, req: GenRequest) -> int | None:
-        try:
-            if self._tok is None:
+    @property
+    def tokenizer(self):
+        """The teacher's tokenizer: loaded with transformers from a local checkpoint (the one every local backend
+        renders with), else vLLM's own (a hub id vLLM fetched)."""
+        if self._tok is None:
+            if (Path(self.model) / "config.json").exists():
+                from transformers import AutoTokenizer
+
+                self._tok = AutoTokenizer.from_pretrained(self.model, revision=self.revision)
+            else:
                 self._tok = self.llm.get_tokenizer()
-            if req.messages is not None:
-                ids = self._tok.apply_chat_template(list(req.messages), add_generation_prompt=True, tokenize=True)
-                ids = ids["input_ids"] if not isinstance(ids, list) else ids  # transformers 5 returns a BatchEncoding
-                return len(ids)
-            return len(self._tok.encode(req.prompt))
-        except Exception:  # a tokenizer without a chat template, say: let vLLM judge
-            return None
+        return self._tok
+
+    def _render(self, req: GenRequest) -> list[int]:
+        """The prompt's token ids, rendered as every local backend renders it
+        (:func:`~campaign_orchestrator.dataset.formatting.render_prompt_ids`: a bare prompt as one user turn of
+        the chat template when the tokenizer has one, context messages whole), so a ``vllm`` teacher answers what
+        a ``transformers`` teacher over the same weights is asked, and what the student is trained on."""
+        from campaign_orchestrator.dataset.formatting import render_prompt_ids
+
+        return render_prompt_ids(self.tokenizer, list(req.messages) if req.messages is not None else req.prompt)
 
     def _params(self, s: Sampling, n: int, seed: int):
         kw: dict = {"n": n, "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_new_tokens}
@@ -361,17 +372,14 @@ class VLLMBackend:
 
         return vllm_completion(ro, co, k, latency)
 
-    def _call(self, items: list[tuple[list[GenRequest], Any]]) -> list:
-        chat = items[0][0][0].messages is not None
-        inputs = [list(g[0].messages) if chat else g[0].prompt for g, _ in items]
-        params = [p for _, p in items]
+    def _call(self, items: list[tuple[list[GenRequest], Any, list[int]]]) -> list:
+        prompts = [{"prompt_token_ids": ids} for _g, _p, ids in items]
+        params = [p for _g, p, _ids in items]
         lora = {"lora_request": self._lora()} if self.adapter_dir is not None else {}
-        if chat:
-            return self.llm.chat(inputs, sampling_params=params, use_tqdm=False, **lora)
-        return self.llm.generate(inputs, sampling_params=params, use_tqdm=False, **lora)
+        return self.llm.generate(prompts, sampling_params=params, use_tqdm=False, **lora)
 
     def _deliver(self, items, outputs, s: Sampling, latency: float, on_done: OnDone) -> None:
-        for (group, _), ro in zip(items, outputs, strict=True):
+        for (group, _p, _ids), ro in zip(items, outputs, strict=True):
             for req, co in zip(group, ro.outputs, strict=True):
                 on_done(req, self._completion(ro, co, s.logprobs, latency))
 
@@ -382,35 +390,28 @@ class VLLMBackend:
         groups: dict[str, list[GenRequest]] = {}
         for r in requests:
             groups.setdefault(json.dumps(r.payload), []).append(r)
-        items: list[tuple[list[GenRequest], Any]] = []
+        items: list[tuple[list[GenRequest], Any, list[int]]] = []
         for group in groups.values():
-            plen = self._prompt_len(group[0]) if self._max_len else None
-            if plen is not None and plen >= self._max_len:
+            ids = self._render(group[0])
+            if self._max_len and len(ids) >= self._max_len:
                 for r in group:
                     on_done(
                         r,
                         Completion.failed(
-                            f"prompt of {plen} tokens does not fit the teacher's context "
+                            f"prompt of {len(ids)} tokens does not fit the teacher's context "
                             f"(max_model_len {self._max_len})",
-                            plen,
+                            len(ids),
                         ),
                     )
                 continue
             indexes = sorted(r.sample_index for r in group)
             if not sampling.greedy and len(group) > 1 and indexes == list(range(len(group))):
-                items.append(
-                    (sorted(group, key=lambda r: r.sample_index), self._params(sampling, len(group), sampling.seed))
-                )
+                params = self._params(sampling, len(group), sampling.seed)
+                items.append((sorted(group, key=lambda r: r.sample_index), params, ids))
             else:
-                items += [([r], self._params(sampling, 1, r.seed)) for r in group]
-        # same-kind inputs per call (vLLM's generate and chat take one or the other)
-        items.sort(key=lambda it: it[0][0].messages is not None)
+                items += [([r], self._params(sampling, 1, r.seed), ids) for r in group]
         for start in range(0, len(items), self.chunk_size):
-            chunk = items[start : start + self.chunk_size]
-            for kind in (False, True):
-                part = [it for it in chunk if (it[0][0].messages is not None) == kind]
-                if part:
-                    self._run_part(part, sampling, on_done)
+            self._run_part(items[start : start + self.chunk_size], sampling, on_done)
 
     def _run_part(self, part, sampling: Sampling, on_done: OnDone) -> None:
         t0 = time.perf_counter()
@@ -429,10 +430,16 @@ class VLLMBackend:
         self._deliver(part, outputs, sampling, latency, on_done)
 
     def stats(self) -> dict:
+        """What the started engine computed in and vLLM's own prefix-cache counters (tokens looked up and found
+        cached: a teacher context shared by many prompts is found after its first prefill); ``{}`` before it
+        starts."""
+        from campaign_orchestrator.generation.engines.vllm_engine import prefix_cache_counts
+
         ran = self.ran_dtype()
         if ran is None:
             return {}
-        return {"engine": "vllm", "compute_dtype": ran, "compute_dtype_reason": f"vLLM on {self.device}"}
+        out = {"engine": "vllm", "compute_dtype": ran, "compute_dtype_reason": f"vLLM on {self.device}"}
+        return out | (prefix_cache_counts(self._llm) or {})
 
     def close(self) -> None:
         """Stop the engine (vLLM's engine-core process and its memory); a later request starts another."""

@@ -134,7 +134,8 @@ def engine_args(
     rank when there is one, and on the CPU build (``device``, default :func:`vllm_device`) the key/value cache's
     size (:func:`cpu_kv_cache_bytes`) unless ``$VLLM_CPU_KVCACHE_SPACE`` sets it; ``extra`` (the campaign's
     ``engine_args``) wins over all of them."""
-    args: dict = {"model": str(model), "enable_prefix_caching": True}
+    # stats on: vLLM's counters (prefix-cache queries and hits, :func:`prefix_cache_counts`) are read back
+    args: dict = {"model": str(model), "enable_prefix_caching": True, "disable_log_stats": False}
     if dtype != "default":
         args["dtype"] = dtype
     if top_k:
@@ -144,6 +145,25 @@ def engine_args(
     if (device or vllm_device()) == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         args["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(model, dtype)
     return args | dict(extra or {})
+
+
+def prefix_cache_counts(llm) -> dict | None:
+    """vLLM's own prefix-cache counters of ``llm``: ``{"prefix_cache_queries": tokens looked up,
+    "prefix_cache_hits": tokens found cached}`` so far (None for an engine that keeps no stats: a stand-in, or one
+    started with ``disable_log_stats``)."""
+    get = getattr(llm, "get_metrics", None)
+    if get is None:
+        return None
+    try:
+        metrics = get()
+    except AssertionError:  # vLLM asserts its stats are on
+        return None
+    out = {"prefix_cache_queries": 0, "prefix_cache_hits": 0}
+    for m in metrics:
+        key = m.name.removeprefix("vllm:")
+        if key in out:
+            out[key] += int(getattr(m, "value", 0))
+    return out
 
 
 def shutdown_llm(llm) -> None:
