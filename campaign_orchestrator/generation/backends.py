@@ -307,7 +307,10 @@ class VLLMBackend:
             self._sp = self._sp or vllm.SamplingParams
             self._llm_class = self._llm_class or vllm.LLM
         if self._llm is None:
+            from campaign_orchestrator.generation.engines.vllm_engine import stop_with
+
             self._llm = self._llm_class(model=self.model, revision=self.revision, **self._engine)
+            stop_with(self, self._llm)
             ran = self.ran_dtype()
             if ran is not None and self.dtype != "default" and ran != self.dtype:
                 raise BackendError(

@@ -47,13 +47,16 @@ def test_the_vllm_teacher_answers_as_transformers_with_topk_prefix_cache_and_its
     assert auto.endswith(f"|cpu:{resolve_compute_dtype('auto', 'cpu').dtype}")
     assert spec_identity(spec, smollm2, weights_id="w").endswith("|cpu:float32")
 
+    from campaign_orchestrator.generation.runner import LocalExecutor
+
     b = make_backend(spec, smollm2, weights_id="w")
     assert b.identity == spec_identity(spec, smollm2, weights_id="w") and b._engine["max_logprobs"] == k
     s = Sampling(max_new_tokens=24, logprobs=k)
     rows = _rows(10, 10)
     ctx = dict(context=teacher["context"], context_categories=teacher["context_categories"])
     try:
-        res = run_generation(rows, b, s, _cache(tmp_path / "v", b, s), **ctx)
+        # run through an executor of this test's: a bare backend would be closed when the call returns
+        res = run_generation(rows, LocalExecutor(b), s, _cache(tmp_path / "v", b, s), **ctx)
         assert res.stats.generated == len(rows) and res.stats.failed == 0
         assert b.ran_dtype() == "float32" and b.stats()["compute_dtype"] == "float32"
         assert all(len(pos) == k for r in res.rows for pos in r["top_logprobs"])

@@ -169,9 +169,26 @@ def prefix_cache_counts(llm) -> dict | None:
 def shutdown_llm(llm) -> None:
     """Stop a ``vllm.LLM``'s engine core (a process of its own, with the model and key/value cache) now rather
     than whenever the object is collected. Objects without one (a stand-in) are left alone."""
+    if llm is None:
+        return
     core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if core is not None and hasattr(core, "shutdown"):
+    if core is not None and hasattr(core, "shutdown") and not getattr(llm, "_campaign_stopped", False):
+        llm._campaign_stopped = True  # once: close() and the finalizer of stop_with may both ask
         core.shutdown()
+
+
+def stop_with(owner, llm) -> None:
+    """Stop ``llm``'s engine core when ``owner`` is collected, and at the latest when the interpreter exits. The
+    engine core is a non-daemon child process that does not stop by itself: one still up at exit leaves the
+    process waiting forever in multiprocessing's exit handler (a ``campaign run`` that printed its result and
+    never returned). The exit hook is registered now, after vLLM's import registered that handler, so it runs
+    first; it holds ``llm`` weakly, and :func:`weakref.finalize` holds it until ``owner`` goes."""
+    import atexit
+    import weakref
+
+    weakref.finalize(owner, shutdown_llm, llm)
+    ref = weakref.ref(llm)
+    atexit.register(lambda: shutdown_llm(ref()))
 
 
 def lora_request(adapter_dir: str | Path | None, request_class=None):
@@ -277,6 +294,7 @@ class VLLMEngine:
             cls = vllm.LLM
         self.top_k, self.args = max(top_k, 1), args
         self.llm = cls(**args)
+        stop_with(self, self.llm)
 
     def close(self) -> None:
         """Stop the engine (its engine-core process and the memory it holds); the next call starts another."""
