@@ -68,8 +68,9 @@ real: install $(DAGSTER_HOME)/dagster.yaml   ## the real model: fetch SmolLM2-13
 test: install system-deps                      ## run the test suite (not the `heavy` tests: `make test-heavy`)
 	$(BIN)/python -m pytest tests -m "not heavy and not vllm"
 
-test-heavy: install system-deps                ## the heavy tests (inductor, vLLM's CPU build in its own venv, extra models); .ci/run runs it after `make test`
+test-heavy: install system-deps vllm-venv      ## the heavy tests (inductor, vLLM's CPU build in its own venv, extra models); .ci/run runs it after `make test`
 	$(BIN)/python -m pytest tests -m "heavy and not vllm" || test $$? -eq 5  # 5: none collected
+	CAMPAIGN_REQUIRE_VLLM=1 $(VBIN)/python -m pytest tests/vllm -m vllm
 
 test-fast: install                             ## unit tests only (no `stage` or `slow` tests), under 2 minutes
 	$(BIN)/python -m pytest tests -m "not slow and not stage and not heavy and not vllm" -q
