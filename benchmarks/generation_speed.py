@@ -395,6 +395,7 @@ def engines_worker(a) -> int:
             texts = texts or [it["prompt"] for it in cipher.items(n, seed=7, id_prefix="e")]
             enc = [render_prompt_ids(gen.tok, p) for p in texts]
         rec: dict = {"model": str(path), "prompts": len(enc), "new_tokens": new, "dtype": gen.precision.dtype}
+        rec["load_average_1min"] = [round(os.getloadavg()[0], 2)]  # at the start and at the end: a shared host
         rec["engines"] = {}
         ref = None
         for eng in ("hf_generate", *[e for e in ENGINE_MODULES if e != "hf_generate"]):
@@ -462,6 +463,7 @@ def engines_worker(a) -> int:
             rec["auto_vs_fastest"] = round(rec["auto"]["tokens_per_s"] / ran[fastest], 3)
             if "hf_generate" in ran:
                 rec["auto_vs_hf_generate"] = round(rec["auto"]["tokens_per_s"] / ran["hf_generate"], 3)
+        rec["load_average_1min"].append(round(os.getloadavg()[0], 2))
         out["shapes"][name] = rec
         for inst in list(gen.engines.values()) + list(auto.engines.values()):
             getattr(inst, "close", lambda: None)()  # vLLM's engine core goes before the next shape's

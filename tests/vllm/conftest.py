@@ -61,6 +61,8 @@ def smollm2_prompts(n_plural: int, n_general: int) -> tuple[list, dict]:
     data = Path(REPO_ROOT) / "campaigns" / "data" / "smollm2"
 
     def rows(name, n):
+        if n == 0:
+            return []
         lines = [json.loads(x) for x in (data / name).read_text().splitlines() if x.strip()]
         return lines[:: max(1, len(lines) // n)][:n]
 

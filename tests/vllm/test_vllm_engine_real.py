@@ -113,7 +113,7 @@ def test_smollm2_fp32_answers_and_logprobs_match_transformers(smol):
 @pytest.fixture(scope="module")
 def adapter(smollm2, tmp_path_factory):
     """A LoRA adapter trained on SmolLM2 for real: a few AdamW steps with PEFT on plural answers (r 8, the
-    smollm2 campaign's attention projections), fp32."""
+    smollm2 campaign's attention projections, 8 steps of 8 examples), fp32."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -136,9 +136,9 @@ def adapter(smollm2, tmp_path_factory):
         p = render_prompt_ids(tok, f"Plural of {w}?")
         a = tok(plural[w], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         rows.append((p + a, [-100] * len(p) + a))
-    opt = torch.optim.AdamW([p for p in peft.parameters() if p.requires_grad], lr=2e-3)
+    opt = torch.optim.AdamW([p for p in peft.parameters() if p.requires_grad], lr=3e-3)
     losses = []
-    for _ in range(12):
+    for _ in range(8):
         for ids, labels in rows:
             loss = peft(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss
             loss.backward()
