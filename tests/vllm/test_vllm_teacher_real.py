@@ -31,7 +31,9 @@ def _cache(root, backend, sampling):
     return GenerationCache(LocalStore(root / "store"), namespace(backend.identity, sampling), root / "spool")
 
 
-def test_the_vllm_teacher_answers_as_transformers_with_topk_prefix_cache_and_its_dtype_in_the_key(smollm2, tmp_path):
+def test_the_vllm_teacher_answers_as_transformers_with_topk_prefix_cache_and_its_dtype_in_the_key(
+    smollm2, tmp_path, monkeypatch
+):
     from campaign_orchestrator.generation.backends import make_backend, spec_identity
     from campaign_orchestrator.generation.requests import Sampling, build_requests
     from campaign_orchestrator.generation.runner import run_generation
@@ -76,7 +78,9 @@ def test_the_vllm_teacher_answers_as_transformers_with_topk_prefix_cache_and_its
     finally:
         b.close()
 
-    # the transformers teacher over the same weights and dtype, asked the same: the same answers
+    # the transformers teacher over the same weights and dtype, asked the same: the same answers (on transformers'
+    # generate: here auto's probe would measure vLLM too, and might answer the reference with it)
+    monkeypatch.setenv("CAMPAIGN_GENERATION_ENGINE", "hf_generate")
     t = make_backend(spec.model_copy(update={"backend": "transformers"}), smollm2, weights_id="w")
     ref = run_generation(rows, t, s, _cache(tmp_path / "t", t, s), **ctx)
     same = sum(a["completion"] == r["completion"] for a, r in zip(res.rows, ref.rows, strict=True))
