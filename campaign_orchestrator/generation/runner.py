@@ -237,6 +237,13 @@ class LocalExecutor:
     def recover(self) -> int:
         return 0
 
+    def close(self) -> None:
+        """Stop the backend's engine when it has one (a ``close`` method: vLLM's engine-core process and its
+        memory); a backend without one (a transformers model, an HTTP client) is left to be collected."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
     def prepare(self, work: GenerationWork) -> str:
         st, b = work.stats, self.backend
         return (
@@ -324,9 +331,26 @@ def run_generation(
     order. ``executor`` runs what the cache lacks: a :class:`LocalExecutor` (a bare backend is run by one) or the
     Ray executor (:class:`campaign_orchestrator.generation.scaleout.stage.RayExecutor`); ``cache`` is this
     process's view of the cache the executor writes. Whichever runs, the same requests give the same rows, the
-    same cache keys and the same usage charged to ``budget``."""
-    if not hasattr(executor, "execute"):
-        executor = LocalExecutor(executor)
+    same cache keys and the same usage charged to ``budget``. A bare backend is this call's: its engine, if it
+    has one (vLLM), is stopped when the call returns (:meth:`LocalExecutor.close`; every stage builds its backend
+    for one call), so no engine process outlives its stage or keeps a process from exiting; pass a
+    :class:`LocalExecutor` to keep it for more calls."""
+    if hasattr(executor, "execute"):
+        return _run_generation(
+            prompts, executor, sampling, cache, chat, context, context_categories, progress, log, budget
+        )
+    local = LocalExecutor(executor)
+    try:
+        return _run_generation(
+            prompts, local, sampling, cache, chat, context, context_categories, progress, log, budget
+        )
+    finally:
+        local.close()
+
+
+def _run_generation(
+    prompts, executor, sampling, cache, chat, context, context_categories, progress, log, budget
+) -> GenerationResult:
     log = log or (lambda _m: None)
     t_start, t_wall0 = time.perf_counter(), time.time()
     st, reqs, per_key, found = open_requests(

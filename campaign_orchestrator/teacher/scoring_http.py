@@ -1,6 +1,7 @@
 """A :class:`~campaign_orchestrator.teacher.scoring.TeacherScorer` over HTTP: any OpenAI-compatible server that
 answers vLLM's ``prompt_logprobs`` (vLLM's own ``vllm serve``, or the project's teacher server,
-``python -m campaign_orchestrator.teacher serve``).
+``python -m campaign_orchestrator.teacher serve``). Against ``vllm serve`` itself (its CPU build) the scores equal
+the in-process teacher's within 1e-3: tests/vllm/test_vllm_scoring_real.py.
 
 For each (prompt, continuation) pair the teacher's prompt is rendered here, with the teacher's tokenizer and
 chat template exactly as :func:`campaign_orchestrator.dataset.formatting.render_prompt_ids` renders it for
