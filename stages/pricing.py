@@ -127,16 +127,20 @@ class Pricing:
         """The campaign's :class:`~campaign_orchestrator.costs.plan.campaign.Plan`, its models resolved under
         ``artifact_root``."""
         from campaign_orchestrator import models
-        from campaign_orchestrator.costs.plan.campaign import plan_campaign
+        from campaign_orchestrator.costs.plan.campaign import plan_campaign, plan_routed
 
-        t, s = spec.teacher, spec.student
-        return plan_campaign(
-            spec,
-            self.catalog_for(spec),
-            spec.project_dir,
-            models.resolve(t.model, artifact_root, spec.project_dir, t.revision) if t.backend != "openai" else None,
-            models.resolve(s.base_model, artifact_root, spec.project_dir, s.revision),
-        )
+        s = spec.student
+
+        def where(t):
+            return (
+                models.resolve(t.model, artifact_root, spec.project_dir, t.revision) if t.backend != "openai" else None
+            )
+
+        student = models.resolve(s.base_model, artifact_root, spec.project_dir, s.revision)
+        if spec.several_teachers:  # each teacher over its share of the prompts, at its own price
+            dirs = {e.name: where(e) for e in spec.teachers}
+            return plan_routed(spec, self.catalog_for(spec), spec.project_dir, dirs, student)
+        return plan_campaign(spec, self.catalog_for(spec), spec.project_dir, where(spec.teacher), student)
 
     # ------------------------------------------------------------------ budgets
     def guard(
