@@ -358,6 +358,13 @@ def report_text(report: dict) -> tuple[str, str]:
     return per_point_text(report), render_markdown(report)
 
 
+def team_dir() -> str:
+    """The team dashboard's folder name under an artifact root."""
+    from campaign_orchestrator.costs.dashboard import TEAM_DIR
+
+    return TEAM_DIR
+
+
 def sweep_panel(result: dict) -> dict:
     """A sweep's result as the dashboard's sweep panel draws it."""
     from campaign_orchestrator.costs.dashboard import sweep_panel_data

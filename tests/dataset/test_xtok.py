@@ -282,8 +282,8 @@ def test_truncation_drops_a_group_it_cuts(char_tok, bpe_tok):
 def test_same_tokenizer_keys_are_the_ones_before_cross_tokenizer_distillation():
     """The tokenized dataset's key without a byte alignment is the one main computed before this change
     (039f5fc, pinned): a campaign whose teacher shares the student's tokenizer rebuilds nothing."""
-    from stages.tokenized_dataset import content_key
     from campaign_orchestrator.dataset.tokenize import BuildSettings
+    from stages.tokenized_dataset import content_key
 
     s = BuildSettings(max_seq_len=64, template="auto", validation_fraction=0.1)
     assert content_key("d" * 20, "t" * 64, s, None, teacher_topk=True) == "50574bf8097ab2dc4630"
@@ -295,9 +295,9 @@ def test_same_tokenizer_keys_are_the_ones_before_cross_tokenizer_distillation():
 def test_a_teacher_of_the_students_tokenizer_takes_the_id_path(demo_models_root, tmp_path):
     """The demo campaign with logit distillation (teacher and student share the character tokenizer) keeps the
     same-vocabulary path, so its key has no alignment part; the BPE teacher, or an API teacher, is aligned."""
-    from stages.tokenized_dataset import cross_tokenizer
     from campaigns.loader import parse_campaign_text
     from stages.storage import Store
+    from stages.tokenized_dataset import cross_tokenizer
     from tests.support import REPO_ROOT
 
     raw = yaml_load(REPO_ROOT / "campaigns" / "demo.yaml")
@@ -341,9 +341,9 @@ def test_the_dataset_build_writes_the_alignment_and_both_tokenizers(tmp_path, ch
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from stages.distillation_set import distill_schema
     from campaign_orchestrator.dataset.tokenize import BuildSettings, build_tokenized_dataset, dataset_metadata
     from campaign_orchestrator.dataset.xtok import CrossTokenizer
+    from stages.distillation_set import distill_schema
 
     student_dir, teacher_dir = tmp_path / "student", tmp_path / "teacher"
     char_tok.save_pretrained(student_dir)
