@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from campaigns.spec.common import SLUG, _Strict
 
@@ -207,17 +207,22 @@ class TeacherEntry(TeacherSpec):
         'others go on (docs/teacher.md, "Several teachers"). Unset: only the campaign\'s budgets apply.',
     )
 
+    @field_validator("categories")
+    @classmethod
+    def _routes_something(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError(
+                "`categories: []` routes no prompt to this teacher: list its categories, or remove `categories` "
+                "to make it the default teacher (it answers every prompt no other teacher lists)"
+            )
+        return v
+
     @model_validator(mode="after")
-    def _named_and_routed(self) -> TeacherEntry:
+    def _named(self) -> TeacherEntry:
         if not SLUG.match(self.name):
             raise ValueError(
                 f"`name` must be a slug (lowercase letter first, then lowercase letters, digits or '_'), "
                 f"got {self.name!r}"
-            )
-        if self.categories is not None and not self.categories:
-            raise ValueError(
-                "`categories: []` routes no prompt to this teacher: list its categories, or remove `categories` "
-                "to make it the default teacher (it answers every prompt no other teacher lists)"
             )
         return self
 
