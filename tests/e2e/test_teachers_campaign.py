@@ -1,11 +1,8 @@
 """campaigns/demo_teachers.yaml as shipped, end to end through Dagster (issue 45, a teacher per category): the short
 words to the ``short`` teacher, the rest to the default ``general`` one, to a GO verdict, each row of the distillation
 set naming its teacher, the cost report with each teacher's spend and the gate report with each category's teacher.
-Then the content keys of the teacher stage: one teacher changed re-asks only its prompts; a category moved to the
-other teacher re-asks only the moved rows (each teacher's generation cache keeps its answers).
-
-~40 s of CPU for the whole demo (2,200 prompts, 150 steps; docs/results.md, "A teacher per category"), a few more for
-the teacher stage three times on 300 prompts."""
+~40 s of CPU for the whole demo (2,200 prompts, 150 steps; docs/results.md, "A teacher per category"). The teacher
+stage's content keys with several teachers: tests/stages/test_teachers.py."""
 
 from __future__ import annotations
 
@@ -19,7 +16,6 @@ from dagster import AssetKey, DagsterInstance
 
 from assets.location import build_definitions, campaign_job_name
 from campaign_orchestrator.costs.report import render_text
-from campaign_orchestrator.demo import cipher
 from tests.support import REPO_ROOT as REPO
 
 pytestmark = pytest.mark.stage
@@ -87,36 +83,3 @@ def test_two_teachers_routed_by_category_reach_go_and_each_is_priced(tmp_path, a
     assert sum(x["generations_usd"] for x in t.values()) == pytest.approx(cost["teacher_usd"])
     line = next(x for x in render_text(json.loads(Path(cost["report_path"]).read_text())) if "per teacher" in x)
     assert line.startswith("spend per teacher: general $") and "; short $" in line and "(short; 1," in line
-
-
-def test_a_changed_teacher_or_a_moved_category_re_asks_only_its_rows(tmp_path, artifact_root):
-    data = tmp_path / "prompts.jsonl"
-    cipher.write_jsonl(cipher.items(300, seed=7), data)
-
-    def few(spec):  # the shipped teachers on 300 prompts
-        spec["data"]["source"] = str(data)
-
-    def short_asks_longer(spec):
-        few(spec)
-        spec["teacher"][0]["sampling"]["max_new_tokens"] = 10
-
-    def long_moves_to_short(spec):
-        few(spec)
-        spec["teacher"][0]["categories"] = ["short", "long"]
-
-    stages = ("prompts", "teacher_generations")
-    _run(_shipped(tmp_path, few), artifact_root, stages)
-    first = _manifest(artifact_root, "teacher_generations")["teachers"]
-    n_short, n_long = first["short"]["rows"], first["general"]["rows"]
-    assert first["short"]["generated"] == n_short and first["general"]["generated"] == n_long
-
-    _run(_shipped(tmp_path, short_asks_longer), artifact_root, stages)
-    changed = _manifest(artifact_root, "teacher_generations")
-    assert changed["teachers"]["short"]["generated"] == n_short  # the changed teacher: asked again
-    assert changed["teachers"]["general"]["generated"] == 0  # the other: every answer from its cache
-    assert changed["teachers"]["general"]["cache_hits"] == n_long
-
-    _run(_shipped(tmp_path, long_moves_to_short), artifact_root, stages)
-    moved = _manifest(artifact_root, "teacher_generations")["teachers"]
-    assert moved["short"]["rows"] == n_short + n_long and moved["general"]["rows"] == 0
-    assert moved["short"]["generated"] == n_long and moved["short"]["cache_hits"] == n_short  # the moved rows only

@@ -1,7 +1,8 @@
-"""Several teachers in the teacher stage, on real tiny data (issue 45): the demo cipher teacher answering 60 prompts
-as two teachers routed by category (``short`` first, then the default ``general``), without Dagster. A teacher over
-its ``budget_share`` is stopped mid-way and the other goes on; the stage commits every finished row, each naming
-its teacher, and the cost lines and the cost report say who spent what and who was stopped."""
+"""Several teachers in the teacher stage, on real tiny data (issue 45): the demo cipher teacher answering a few dozen
+prompts as two teachers routed by category (``short`` first, then the default ``general``), without Dagster. A
+changed teacher or a moved category re-asks only its rows; a teacher over its ``budget_share`` is stopped mid-way
+and the other goes on (the stage commits every finished row, each naming its teacher, and the cost lines and the
+cost report say who spent what and who was stopped); on Ray each teacher's prompts are sharded as in process."""
 
 from __future__ import annotations
 
@@ -28,11 +29,55 @@ class Lines:
 
 def teachers(short: dict | None = None) -> list[dict]:
     """The demo teacher as two: ``short`` (the short words, asked 4 prompts a batch so a budget can stop it
-    between batches) and the default ``general``."""
+    between batches, at most 12 tokens) and the default ``general`` (16 tokens): two identities, two caches (the
+    same model asked the same way would be one: an identical request is never paid for twice)."""
     return [
-        demo_teacher() | {"name": "short", "categories": ["short"], "batch_size": 4} | (short or {}),
+        demo_teacher()
+        | {"name": "short", "categories": ["short"], "batch_size": 4, "sampling": {"max_new_tokens": 12}}
+        | (short or {}),
         demo_teacher() | {"name": "general"},
     ]
+
+
+def _stage(tmp_path, project: str, teacher: list[dict], prompts_n: int = 40, **sections):
+    """The prompts and teacher stages of a shrunk demo campaign with ``teacher`` (a list), in ``project`` under
+    ``tmp_path`` with its own artifact root (the demo models linked from ``tmp_path/models``); ``(manifest, rows by
+    id, the training prompts)``."""
+    from stages import prompts, teacher_generations
+
+    spec = load_campaign_file(write_campaign(tmp_path / project, "routed", teacher, prompts=prompts_n, **sections))
+    root = tmp_path / "artifacts"
+    ctx = StageContext(store=Store(root=str(root)), run_id=project, log=Lines())
+    p = prompts.run(spec, {}, ctx).manifest
+    m = teacher_generations.run(spec, {"prompts": p}, ctx).manifest
+    rows = {r["id"]: r for r in pq.read_table(m["generations_path"]).to_pylist()}
+    return m, rows, pq.read_table(p["train_path"]).to_pylist()
+
+
+def test_a_changed_teacher_or_a_moved_category_re_asks_only_its_rows(tmp_path, artifact_root):
+    """The stage's key holds every teacher's name, categories, identity and sampling; each teacher's generation
+    cache keeps its answers, so a rerun asks only what changed. A single teacher's keys are pinned, unchanged, by
+    tests/stages/test_content_keys.py."""
+    fast = {"batch_size": 64}
+    first, _rows, train = _stage(artifact_root.parent, "first", teachers(fast), 80)
+    n_short = sum(r["category"] == "short" for r in train)
+    n_long = len(train) - n_short
+    assert first["teachers"]["short"]["generated"] == n_short and first["teachers"]["general"]["generated"] == n_long
+
+    changed, _rows, _ = _stage(
+        artifact_root.parent, "changed", teachers(fast | {"sampling": {"max_new_tokens": 10}}), 80
+    )
+    assert changed["key"] != first["key"]
+    assert changed["teachers"]["short"]["generated"] == n_short  # the changed teacher: asked again
+    assert changed["teachers"]["general"]["generated"] == 0  # the other: every answer from its cache
+    assert changed["teachers"]["general"]["cache_hits"] == n_long
+
+    moved, rows, _ = _stage(artifact_root.parent, "moved", teachers(fast | {"categories": ["short", "long"]}), 80)
+    assert moved["key"] not in (first["key"], changed["key"])
+    assert moved["teachers"]["short"]["rows"] == len(train) and moved["teachers"]["general"]["rows"] == 0
+    assert moved["teachers"]["short"]["generated"] == n_long  # the moved rows only
+    assert moved["teachers"]["short"]["cache_hits"] == n_short
+    assert {r["teacher"] for r in rows.values()} == {"short"}
 
 
 def test_a_teacher_over_its_budget_share_is_stopped_and_the_other_goes_on(tmp_path, artifact_root):
@@ -91,3 +136,26 @@ def test_a_teacher_over_its_budget_share_is_stopped_and_the_other_goes_on(tmp_pa
     g = again.manifest["teachers"]["general"]
     assert g["generated"] == 0 and g["cache_hits"] == g["rows"]
     assert set(again.manifest["stopped_teachers"]) == {"short"}
+
+
+@pytest.mark.slow  # a local Ray cluster started and stopped (~50 s on the loaded 2-core host)
+def test_several_teachers_on_ray_answer_as_in_process(tmp_path, artifact_root):
+    """The routed teacher stage on a local Ray cluster (one replica): each teacher's prompts as shards of their
+    own, every shard done, and the rows those of the same teachers in process (greedy: identical completions)."""
+    for project in ("local", "ray"):  # each its own artifact root (own generation cache), the models linked
+        (tmp_path / project / "artifacts").mkdir(parents=True)
+        (tmp_path / project / "artifacts" / "models").symlink_to(artifact_root / "models")
+    local, local_rows, _ = _stage(tmp_path / "local", "local", teachers())
+    execution = {"engine": "ray", "replicas": 1, "num_cpus_per_replica": 1, "shard_prompts": 8}
+    ray, ray_rows, _ = _stage(tmp_path / "ray", "ray", teachers(), execution=execution)
+
+    assert set(ray["ray_teachers"]) == {"short", "general"}
+    for name, r in ray["ray_teachers"].items():
+        assert r["shards_done"] == r["shards_total"] >= 2, name
+        assert ray["teachers"][name]["generated"] == local["teachers"][name]["generated"] > 0
+    assert ray_rows.keys() == local_rows.keys()
+    assert all(
+        ray_rows[i]["completion"] == r["completion"] and ray_rows[i]["teacher"] == r["teacher"]
+        for i, r in local_rows.items()
+    )
+    assert {x["teacher"] for x in ray["cost_lines"]} == {"short", "general"}
