@@ -159,3 +159,35 @@ def test_several_teachers_on_ray_answer_as_in_process(tmp_path, artifact_root):
         for i, r in local_rows.items()
     )
     assert {x["teacher"] for x in ray["cost_lines"]} == {"short", "general"}
+
+
+def test_replay_answered_by_the_teachers_routes_each_prompt_by_its_category(tmp_path, artifact_root):
+    """``data.replay.answered_by: teacher`` with several teachers: each replay prompt answered by the teacher of its
+    category (rows and cost lines naming it); a rerun of the stage asks nothing."""
+    import yaml
+
+    from campaign_orchestrator.demo import cipher
+    from stages import distillation_set, prompts, teacher_generations
+
+    path = write_campaign(tmp_path / "project", "replayed", teachers({"batch_size": 64}), prompts=40)
+    raw = yaml.safe_load(path.read_text())
+    replay = tmp_path / "replay.jsonl"
+    cipher.write_jsonl(cipher.items(30, seed=3), replay)
+    raw["data"]["replay"] = {"source": str(replay), "answered_by": "teacher", "share": 0.25, "max_new_tokens": 8}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    spec = load_campaign_file(path)
+    ctx = StageContext(store=Store(root=str(artifact_root)), run_id="replay-1", log=Lines())
+    p = prompts.run(spec, {}, ctx).manifest
+    g = teacher_generations.run(spec, {"prompts": p}, ctx).manifest
+    d = distillation_set.run(spec, {"generations": g, "prompts": p}, ctx).manifest
+
+    cat = {f"replay:{r['id']}": r["category"] for r in cipher.items(30, seed=3)}
+    rows = [r for r in pq.read_table(d["distillation_path"]).to_pylist() if r["id"].startswith("replay:")]
+    assert rows and d["replay"]["answered_by"] == "teacher" and d["replay"]["generated"] == d["replay"]["prompts"]
+    assert {cat[r["id"]] for r in rows} == {"short", "long"}  # both teachers had replay prompts
+    assert all(r["teacher"] == ("short" if cat[r["id"]] == "short" else "general") for r in rows)
+    replay_lines = [x for x in d["cost_lines"] if x.get("teacher")]
+    assert {x["teacher"] for x in replay_lines} == {"short", "general"} and all(x["usd"] > 0 for x in replay_lines)
+
+    again = distillation_set.run(spec, {"generations": g, "prompts": p}, ctx)
+    assert again.cached
