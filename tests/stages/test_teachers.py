@@ -191,3 +191,27 @@ def test_replay_answered_by_the_teachers_routes_each_prompt_by_its_category(tmp_
 
     again = distillation_set.run(spec, {"generations": g, "prompts": p}, ctx)
     assert again.cached
+
+
+def test_the_plan_prices_each_teacher_over_its_share(artifact_root):
+    """`campaign plan` of the shipped two-teacher demo: each teacher over its share of the training prompts and of
+    the held-out items at its own price, the teacher stage their sum, and a line per teacher."""
+    from campaign_orchestrator.costs.plan.render import render_plan
+    from stages.pricing import Pricing
+    from tests.support import REPO_ROOT
+
+    spec = load_campaign_file(REPO_ROOT / "campaigns" / "demo_teachers.yaml")
+    plan = Pricing().plan(spec, artifact_root)
+    t = plan.teachers
+    assert set(t) == {"short", "general"}
+    assert sum(x["train_share"] for x in t.values()) == pytest.approx(1.0)
+    assert sum(x["heldout_share"] for x in t.values()) == pytest.approx(1.0)
+    assert 0.3 < t["short"]["train_share"] < 0.7  # the demo's words: about half of them short
+    gen = plan.stages["teacher_generations"]
+    assert gen.usd == pytest.approx(sum(x["teacher_generations_usd"] for x in t.values())) and gen.usd > 0
+    ev = plan.stages["evaluation"]
+    assert ev.teacher_usd == pytest.approx(sum(x["scoring_usd"] for x in t.values()))
+    assert plan.total_usd == pytest.approx(sum(s.usd for s in plan.stages.values()))
+    text = render_plan(plan)
+    assert f"teacher short: {t['short']['train_share']:.0%} of the training prompts" in text
+    assert "teacher general: " in text
