@@ -284,7 +284,7 @@ def _share_limit(spec: CampaignSpec, ledger: Ledger, stage: str, t: TeacherShare
     if t.share is None or base is None:
         return []
     spent = ledger.teacher_spent(spec.name, t.name, asset=stage, run_id=run_id)
-    scope = SHARE_SCOPE.format(name=t.name) + f" ({t.share:.0%} of ${base:.6f})"
+    scope = SHARE_SCOPE.format(name=t.name) + f" ({t.share * 100:g}% of ${base:.6f})"
     return [Limit(scope, t.share * base, spent)]
 
 

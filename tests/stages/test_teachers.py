@@ -104,7 +104,7 @@ def test_a_teacher_over_its_budget_share_is_stopped_and_the_other_goes_on(tmp_pa
     n_short = sum(r["category"] == "short" for r in train)
     assert 4 < n_short < len(train)  # both teachers have prompts, the short one more than one batch
     assert set(m["stopped_teachers"]) == {"short"}
-    assert "budget_share" in m["stopped_teachers"]["short"]
+    assert "teacher short's budget_share (0.0001% of $1.000000)" in m["stopped_teachers"]["short"]
     t = m["teachers"]
     assert 0 < t["short"]["rows"] < n_short and t["short"]["stopped"]  # stopped mid-way: its finished rows kept
     assert t["general"]["rows"] == len(train) - n_short and t["general"]["generated"] == t["general"]["rows"]
