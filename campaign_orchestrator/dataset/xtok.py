@@ -461,7 +461,7 @@ def alignment_report(align, labels) -> dict:
 class CrossTokenizer:
     """What :func:`campaign_orchestrator.dataset.formatting.encode_batch` needs to place a teacher of another
     tokenizer on the student's rows: the student's bytes, and each teacher's, by the ``teacher`` value of a row
-    (``default`` for rows without one; a later campaign may route rows to several teachers). A teacher without a
+    (``default`` for rows without one; with several teachers routed by category, each row's own). A teacher without a
     tokenizer here (an API teacher) is None: its rows carry their tokens' text. ``identities``: each teacher's
     tokenizer identity (a tokenizer hash, or ``api:<model>``), recorded in the dataset beside the student's."""
 
