@@ -66,8 +66,9 @@ def regression_suites(spec) -> list[str]:
 
 
 def teacher_is_base(spec) -> bool:
-    t, s = spec.teacher, spec.student
-    return t.backend != "openai" and t.model == s.base_model and t.revision == s.revision
+    """The teacher is the student's base (several teachers: every one is)."""
+    s = spec.student
+    return all(t.backend != "openai" and t.model == s.base_model and t.revision == s.revision for t in spec.teachers)
 
 
 def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:

@@ -109,7 +109,7 @@ def _write_distillation(kept: list[dict], path: Path) -> Path:
                 "completion_token_ids": r.get("completion_token_ids"),
                 "top_logprobs": r.get("top_logprobs"),
                 "completion_token_strings": r.get("completion_token_strings"),
-                "teacher": r.get("model"),
+                "teacher": r.get("teacher") or r.get("model"),  # its name with several teachers
             }
             for r in kept
         ],
@@ -180,8 +180,11 @@ def replay_identity(spec: CampaignSpec, storage: Store) -> dict:
         out["base"] = answer_identity(spec, storage.resolve_model(spec.student.base_model, spec.project_dir), None)[0]
     elif rp.answered_by == "file":
         out["answers_sha256"] = file_sha256(spec.path(rp.answers))
-    else:
+    elif not spec.several_teachers:
         out["teacher"] = spec.teacher.model_dump(include={"backend", "model", "base_url", "revision", "chat"})
+    else:  # each teacher answers the replay prompts of its categories
+        fields = {"name", "categories", "backend", "model", "base_url", "revision", "chat"}
+        out["teachers"] = [e.model_dump(include=fields) for e in spec.teachers]
     return out
 
 
@@ -231,13 +234,27 @@ def answer_replay(spec: CampaignSpec, ctx, task_rows: int):
 
 def _replay_by_teacher(spec: CampaignSpec, ctx, chosen, sampling):
     """The teacher answers the replay prompts in this process through its backend and cache (chat, no context
-    turns), billed at its price."""
-    from campaign_orchestrator.generation.runner import run_generation
-    from stages.teacher import teacher_setup, teacher_usage
+    turns), billed at its price; several teachers each answer the prompts of their categories (rows and cost lines
+    named by teacher)."""
+    from campaign_orchestrator.generation.runner import GenerationResult, GenerationStats, run_generation
+    from stages.pricing import tag_lines
+    from stages.teacher import route, teacher_setup, teacher_usage
 
-    backend, cache, _tm = teacher_setup(ctx, spec, sampling)
-    res = run_generation(chosen, backend, sampling, cache, chat=spec.teacher.chat, log=ctx.log.info)
-    return res, ctx.pricing.bill(spec, "teacher_generations", teacher_usage(res.stats))["lines"] or []
+    if not spec.several_teachers:
+        backend, cache, _tm = teacher_setup(ctx, spec, sampling)
+        res = run_generation(chosen, backend, sampling, cache, chat=spec.teacher.chat, log=ctx.log.info)
+        return res, ctx.pricing.bill(spec, "teacher_generations", teacher_usage(res.stats))["lines"] or []
+    rows, stats, lines = {}, [], []
+    for name, part in route(spec, chosen).items():
+        if not part:
+            continue
+        view = spec.for_teacher(name)
+        backend, cache, _tm = teacher_setup(ctx, view, sampling)
+        res = run_generation(part, backend, sampling, cache, chat=view.teacher.chat, log=ctx.log.info)
+        rows |= {r["id"]: r | {"teacher": name} for r in res.rows}
+        stats.append(res.stats)
+        lines += tag_lines(ctx.pricing.bill(view, "teacher_generations", teacher_usage(res.stats))["lines"], name) or []
+    return GenerationResult([rows[p["id"]] for p in chosen], GenerationStats.merged(stats)), lines
 
 
 def _replay_by_base(spec: CampaignSpec, ctx, chosen, sampling):

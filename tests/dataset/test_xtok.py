@@ -388,3 +388,30 @@ def test_the_teacher_server_writes_each_token_as_its_exact_bytes(smollm2_tok):
     assert b"".join(string_bytes(t) for t in texts) == TEXT.encode()
     assert any(t.startswith("bytes:") for t in texts) and "\n\n   " in texts
     assert server._token_text(smollm2_tok.convert_tokens_to_ids("<|im_end|>")) == "<|im_end|>"
+
+
+def test_rows_of_several_teachers_are_each_placed_by_their_own_tokenizer(char_tok, bpe_tok):
+    """A teacher per category (issue 45): one batch with rows of the character teacher and of the BPE teacher, each
+    naming its teacher, placed by that teacher's tokenizer: every row aligned, the character teacher's rows exact at
+    every position, the BPE teacher's with ULD groups. Placed by the other's tokenizer, the BPE rows' ids read as
+    characters do not spell the completion and are refused."""
+    items = cipher.items(20, seed=4)
+    rows = [
+        {"id": it["id"], "prompt": it["prompt"], "teacher": "char" if i % 2 else "bpe"}
+        | generation(char_tok if i % 2 else bpe_tok, " " + it["reference"], seed=i)
+        for i, it in enumerate(items)
+    ]
+    keys = ("id", "prompt", "completion", "completion_token_ids", "top_logprobs", "completion_token_strings", "teacher")
+    batch = {k: [r.get(k) for r in rows] for k in keys}
+    xt = CrossTokenizer(
+        view(char_tok), {"char": view(char_tok), "bpe": view(bpe_tok)}, {"char": "c", "bpe": "b"}, "bpe"
+    )
+    out = encode_batch(batch, char_tok, resolve_template(char_tok, "auto"), EncodeSettings(256), xt)
+    assert out["teacher_status"] == ["aligned"] * len(rows)
+    for b, r in enumerate(rows):
+        kinds = {a for a in out[TEACHER_ALIGN][b] if a != NONE}
+        assert kinds == ({EXACT} if r["teacher"] == "char" else {EXACT, ULD_HEAD, ULD_CONT}), (r["teacher"], kinds)
+    wrong = CrossTokenizer(view(char_tok), {"char": view(char_tok)}, {"char": "c"}, "char")  # every row as `char`
+    bpe_rows = {k: [v for v, r in zip(batch[k], rows, strict=True) if r["teacher"] == "bpe"] for k in keys}
+    bad = encode_batch(bpe_rows, char_tok, resolve_template(char_tok, "auto"), EncodeSettings(256), wrong)
+    assert "aligned" not in bad["teacher_status"]
