@@ -18,7 +18,9 @@ from assets.location import build_definitions, campaign_job_name
 from campaign_orchestrator.costs.report import render_text
 from tests.support import REPO_ROOT as REPO
 
-pytestmark = pytest.mark.stage
+# the whole demo through Dagster: `make test-heavy`; the routing, keys, shares and cost lines are
+# tested stage by stage in tests/stages/test_teachers.py, which `make test` runs
+pytestmark = [pytest.mark.stage, pytest.mark.heavy]
 
 NAME = "demo_teachers"
 

@@ -138,7 +138,7 @@ def test_a_teacher_over_its_budget_share_is_stopped_and_the_other_goes_on(tmp_pa
     assert set(again.manifest["stopped_teachers"]) == {"short"}
 
 
-@pytest.mark.slow  # a local Ray cluster started and stopped (~50 s on the loaded 2-core host)
+@pytest.mark.heavy  # a local Ray cluster started and stopped: `make test-heavy`
 def test_several_teachers_on_ray_answer_as_in_process(tmp_path, artifact_root):
     """The routed teacher stage on a local Ray cluster (one replica): each teacher's prompts as shards of their
     own, every shard done, and the rows those of the same teachers in process (greedy: identical completions)."""
