@@ -43,7 +43,9 @@ def build(spec: CampaignSpec):
         key=key(spec, "distillation_set"),
         group_name=spec.name,
         kinds={"python", "parquet"},
-        deps=model_deps(spec.student.base_model) if rp is not None and rp.answered_by == "base" else None,
+        deps=model_deps(spec.student.base_model)
+        if (rp is not None and rp.answered_by == "base") or spec.data.targets.content == "base"
+        else None,
         ins={"generations": AssetIn(key(spec, "teacher_generations")), "prompts": AssetIn(key(spec, "prompts"))},
         check_specs=[
             AssetCheckSpec(
@@ -106,6 +108,7 @@ def materialize(
             refs = {r["id"]: r["reference"] for r in read_prompt_table(prompts["train_path"])}
         score_fn = get_scorer(f.scorer) if f.scorer else None
         kept, counts = filter_generations(rows, FilterRules(**f.model_dump()), refs, score_fn=score_fn)
+        kept, targets, target_lines = with_base_targets(spec, storage, resources, kept, context)
         kept, replay, replay_lines = with_replay(spec, storage, resources, kept, context)
         kept, contamination = _decontaminate(spec, kept, prompts, storage, sd, context)
         path = _write_distillation(kept, sd.ensure() / "distillation.parquet")
@@ -119,8 +122,9 @@ def materialize(
                 "filter_counts": counts,
                 "decontamination": contamination,
                 "wall_seconds": time.perf_counter() - t0,
-                "cost_lines": replay_lines,
+                "cost_lines": target_lines + replay_lines,
                 **({"replay": replay} if replay is not None else {}),
+                **({"targets": targets} if targets is not None else {}),
             }
         )
     return sd.manifest(), cached
@@ -142,6 +146,11 @@ def _distillation_key(spec: CampaignSpec, generations: dict, prompts: dict, stor
         prompts["train_sha256"] if f.scorer else None,
         *([dc.model_dump(), gate_docs] if gate_docs is not None else []),
         *([replay_identity(spec, storage)] if rp is not None else []),
+        *(
+            [spec.data.targets.model_dump(), _base_identity(spec, storage)]
+            if spec.data.targets.content == "base"
+            else []
+        ),
     )
 
 
@@ -187,6 +196,9 @@ def distillation_metadata(m: dict, cached: bool) -> dict:
             "replay_cache_hits": r.get("cache_hits", 0),
             "replay": MetadataValue.json(r),
         }
+    if m.get("targets"):  # data.targets.content: base
+        md |= {"targets_kept": m["targets"]["kept"], "targets_disagree": m["targets"]["disagree"]}
+        md["targets"] = MetadataValue.json(m["targets"])
     dec = m.get("decontamination")
     if dec is not None:
         md |= {"contaminated_rows": dec["contaminated_rows"], "decontamination": MetadataValue.json(dec)}
@@ -288,14 +300,36 @@ def replay_identity(spec: CampaignSpec, storage: ArtifactStore) -> dict:
     rp = spec.data.replay
     out = {"replay": rp.model_dump(), "source_sha256": file_sha256(spec.path(rp.source))}
     if rp.answered_by == "base":
-        from assets.evaluation import answer_identity
-
-        out["base"] = answer_identity(spec, storage.resolve_model(spec.student.base_model, spec.project_dir), None)[0]
+        out["base"] = _base_identity(spec, storage)
     elif rp.answered_by == "file":
         out["answers_sha256"] = file_sha256(spec.path(rp.answers))
     else:
         out["teacher"] = spec.teacher.model_dump(include={"backend", "model", "base_url", "revision", "chat"})
     return out
+
+
+def _base_identity(spec: CampaignSpec, storage: ArtifactStore) -> str:
+    from assets.evaluation import answer_identity
+
+    return answer_identity(spec, storage.resolve_model(spec.student.base_model, spec.project_dir), None)[0]
+
+
+def with_base_targets(spec: CampaignSpec, storage: ArtifactStore, resources: tuple, kept: list[dict], context):
+    """``(rows, summary, cost lines)``: with ``data.targets.content: base``, the task rows the base's own answers
+    agree with (campaign_orchestrator/dataset/targets.py; answered like base replay); the rows as they are else."""
+    if spec.data.targets.content != "base":
+        return kept, None, []
+    from campaign_orchestrator.dataset.targets import base_targets
+    from campaign_orchestrator.generation.requests import Sampling
+    from evaluation.scorers import contains_answer
+
+    def answer(prompts):
+        sampling = Sampling(max_new_tokens=spec.data.targets.max_new_tokens)
+        res, lines = _replay_by_base(spec, storage, *resources, prompts, sampling, context)
+        st = res.stats
+        return res.rows, lines, {"generated": st.generated, "cache_hits": st.cache_hits, "seconds": st.generate_s}
+
+    return base_targets(kept, answer, contains_answer, context.log.info)
 
 
 def answer_replay(spec: CampaignSpec, storage: ArtifactStore, teacher, pricing, task_rows: int, context):

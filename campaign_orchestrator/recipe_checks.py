@@ -16,12 +16,17 @@ The rules (the measurements behind each threshold: docs/real-model.md, "Recipe c
   [``MIN_LORA_LR_SCALE``, ``MAX_LORA_LR_SCALE``]: the range the shipped campaigns train well in, with a tenfold
   margin each way; 0 trains nothing.
 * ``heldout_size``: every suite's items >= the gate's ``min_items`` (fewer is INCONCLUSIVE whatever is trained).
+* ``keep_knowledge``: the campaign's last evaluation diagnosed "knew it, lost it" (``evaluation/diagnosis.py``: the
+  base's own answers held the task's content, the candidate lost it) and the recipe still trains on the teacher's
+  answers: set ``data.targets.content: base`` (the measurements: docs/results.md, "Keeping what the student knows").
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 MIN_STEPS = 30
 MIN_EXAMPLES_PER_STEP = 4
@@ -70,8 +75,23 @@ def teacher_is_base(spec) -> bool:
     return t.backend != "openai" and t.model == s.base_model and t.revision == s.revision
 
 
-def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
-    """Every check that fails, each with its number, why it matters and what to change (empty: none fails)."""
+def keeps_knowledge(spec) -> bool:
+    """The training targets carry the student's own answers (``data.targets.content: base``)."""
+    t = getattr(spec.data, "targets", None)
+    return t is not None and t.content == "base"
+
+
+def latest_diagnosis(campaign_dir: str | Path) -> list[dict]:
+    """The causes of the campaign's latest judged evaluation (``<campaign dir>/evaluation/LATEST.json``; empty when
+    it was never evaluated)."""
+    p = Path(campaign_dir) / "evaluation" / "LATEST.json"
+    return list(json.loads(p.read_text()).get("diagnosis") or []) if p.exists() else []
+
+
+def check_recipe(spec, facts: RecipeFacts, diagnosis: list[dict] | None = None) -> list[Finding]:
+    """Every check that fails, each with its number, why it matters and what to change (empty: none fails);
+    ``diagnosis``: the causes of the campaign's last evaluation (:func:`latest_diagnosis`), for the checks that
+    learn from it."""
     tr, out = spec.training, []
     examples = facts.task_examples + facts.replay_examples
     per_row = examples / max(1.0, facts.rows)
@@ -159,6 +179,23 @@ def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
                         else f"above {MAX_LORA_LR_SCALE:g}, LoRA updates this large overwrite what the base knew; "
                         f"lower learning_rate to <= {MAX_LORA_LR_SCALE * lo.r / lo.alpha:.2g}"
                     )
+                ),
+            )
+        )
+    lost = next((c for c in diagnosis or [] if c.get("cause") == "knew it, lost it"), None)
+    if lost is not None and not keeps_knowledge(spec):
+        k = lost.get("knowledge") or {}
+        out.append(
+            Finding(
+                "keep_knowledge",
+                round(float(k.get("base_lenient") or 0.0), 3),
+                (
+                    f"the last evaluation found the student knew the task's content and lost it: the base's own "
+                    f"answers held {k.get('base_lenient', 0):.0%} of it (lenient), the candidate answered "
+                    f"{k.get('candidate_strict', 0):.0%} (strict); trained on the teacher's answers, the student "
+                    "learns the format and loses the recall. Set data.targets.content: base, so each target is the "
+                    "student's own answer put in the teacher's format (docs/real-model.md, \"Keeping what the "
+                    'student knows")'
                 ),
             )
         )

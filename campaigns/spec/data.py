@@ -46,6 +46,27 @@ class FilterSpec(_Strict):
         return v
 
 
+class TargetsSpec(_Strict):
+    """Whose knowledge the training targets carry. ``content: teacher`` (default) trains on the teacher's answers.
+    ``content: base`` keeps what the student knows while it learns the teacher's format: the student's base model
+    answers every task prompt in its own words (the local engine and the generation cache, as ``data.replay``
+    answers replay prompts; priced as local compute), and a task row is kept only where the teacher's answer
+    appears in the base's own answer as a whole word (``contains_answer``): the target is the student's own
+    answer in the teacher's short form. The other rows are dropped and counted (``disagree``): there the teacher
+    would teach the student something it does not hold (a fact it never knew, or one the teacher got wrong),
+    which trains the format and breaks the recall ("knew it, lost it" in the diagnosis). Measured:
+    docs/results.md, "Keeping what the student knows"."""
+
+    content: Literal["teacher", "base"] = Field(
+        "teacher",
+        description="teacher: the teacher's answers as they are; base: only the teacher's answers the student's "
+        "base already gives in its own words (the rest dropped and counted as `disagree`).",
+    )
+    max_new_tokens: int = Field(
+        48, ge=1, le=4096, description="`content: base`: the longest answer the base gives to a task prompt."
+    )
+
+
 class DataSpec(_Strict):
     """Where the prompts come from, which are held out, and the filters on the teacher's answers."""
 
@@ -65,6 +86,11 @@ class DataSpec(_Strict):
         None,
         description="General prompts answered by the base student (default), the teacher or a file, mixed into "
         "training at `share`: keeps what the student could do before (self-replay, any teacher).",
+    )
+    targets: TargetsSpec = Field(
+        TargetsSpec(),
+        description="Whose knowledge the training targets carry: the teacher's answers (default), or only those "
+        "the student's base already gives in its own words (`content: base`: keeps what the student knows).",
     )
 
 
