@@ -315,13 +315,13 @@ def _base_identity(spec: CampaignSpec, storage: ArtifactStore) -> str:
 
 
 def with_base_targets(spec: CampaignSpec, storage: ArtifactStore, resources: tuple, kept: list[dict], context):
-    """``(rows, summary, cost lines)``: with ``data.targets.content: base``, the task rows the base's own answers
-    agree with (campaign_orchestrator/dataset/targets.py; answered like base replay); the rows as they are else."""
+    """``(rows, summary, cost lines)``: with ``data.targets.content: base``, the task rows with targets built from the
+    base's own answers (campaign_orchestrator/dataset/targets.py; answered like base replay); as they are else."""
     if spec.data.targets.content != "base":
         return kept, None, []
     from campaign_orchestrator.dataset.targets import base_targets
     from campaign_orchestrator.generation.requests import Sampling
-    from evaluation.scorers import contains_answer
+    from evaluation.scorers import normalize_answer
 
     def answer(prompts):
         sampling = Sampling(max_new_tokens=spec.data.targets.max_new_tokens)
@@ -329,7 +329,7 @@ def with_base_targets(spec: CampaignSpec, storage: ArtifactStore, resources: tup
         st = res.stats
         return res.rows, lines, {"generated": st.generated, "cache_hits": st.cache_hits, "seconds": st.generate_s}
 
-    return base_targets(kept, answer, contains_answer, context.log.info)
+    return base_targets(kept, answer, normalize_answer, spec.data.targets.rule, context.log.info)
 
 
 def answer_replay(spec: CampaignSpec, storage: ArtifactStore, teacher, pricing, task_rows: int, context):

@@ -50,17 +50,21 @@ class TargetsSpec(_Strict):
     """Whose knowledge the training targets carry. ``content: teacher`` (default) trains on the teacher's answers.
     ``content: base`` keeps what the student knows while it learns the teacher's format: the student's base model
     answers every task prompt in its own words (the local engine and the generation cache, as ``data.replay``
-    answers replay prompts; priced as local compute), and a task row is kept only where the teacher's answer
-    appears in the base's own answer as a whole word (``contains_answer``): the target is the student's own
-    answer in the teacher's short form. The other rows are dropped and counted (``disagree``): there the teacher
-    would teach the student something it does not hold (a fact it never knew, or one the teacher got wrong),
-    which trains the format and breaks the recall ("knew it, lost it" in the diagnosis). Measured:
-    docs/results.md, "Keeping what the student knows"."""
+    answers replay prompts; priced as local compute), and each target is built from that answer in the teacher's
+    short form (``rule``). Where the teacher's answer says something the student does not hold (a fact it never
+    knew, or one the teacher got wrong), training on it teaches the format and breaks the recall ("knew it, lost
+    it" in the diagnosis). Measured: docs/results.md, "Keeping what the student knows"."""
 
     content: Literal["teacher", "base"] = Field(
         "teacher",
-        description="teacher: the teacher's answers as they are; base: only the teacher's answers the student's "
-        "base already gives in its own words (the rest dropped and counted as `disagree`).",
+        description="teacher: the teacher's answers as they are; base: targets built from the student's base's own "
+        "answers to the task prompts, in the teacher's short form (`rule`).",
+    )
+    rule: Literal["short_form", "agree"] = Field(
+        "short_form",
+        description="`content: base`. short_form: the target is the teacher's short form (any answer the teacher gave "
+        "in the task, normalized) that the base's answer names, written as the teacher writes it; rows whose base "
+        "answer names none are dropped. agree: only the rows whose own teacher answer the base's answer names.",
     )
     max_new_tokens: int = Field(
         48, ge=1, le=4096, description="`content: base`: the longest answer the base gives to a task prompt."
