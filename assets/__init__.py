@@ -1,30 +1,16 @@
-"""Dagster asset factories, one module per asset key. Thin: read the spec, call a plain module or a
-resource, write files, return metadata. Nothing here imports torch at module level.
+"""Dagster asset factories, one module per asset key. They only adapt: each reads its slice of the spec, builds the
+plain stage context from its resources (``common.stage_context``), calls its stage's ``run`` (``stages/``, the table
+of what each stage's work is done by is in ``stages/__init__.py``) and turns the outcome into metadata and asset
+checks, and a stage error into a Dagster ``Failure`` (``common.dagster_failures``). Nothing here imports torch, the
+trainer, evaluation or the library (the contracts in pyproject.toml; no comparison on a backend, engine or executor
+name: tests/assets/test_thin_assets.py).
 
-A campaign's graph, in pipeline order, and the library module that does each asset's work:
+The campaign's graph, in pipeline order: prompts, teacher_generations, distillation_set, tokenized_dataset,
+hparam_sweep (with sweep_trial, one dynamic partition per trial), student_adapter, evaluation (and its blocking
+``gate`` check), promoted_model, campaign_cost; drift_evaluation (automation group: sensors.py).
 
-=====================  =========================================================================
-asset (module)         work done by
-=====================  =========================================================================
-prompts                campaign_orchestrator.dataset.prompts (sources: .triggers.sources)
-teacher_generations    campaign_orchestrator.generation (runner, cache, backends; resources.teacher)
-distillation_set       campaign_orchestrator.dataset.filtering (scorer: evaluation.scorers), .decontamination
-tokenized_dataset      campaign_orchestrator.dataset.tokenize (formatting, packing, topk)
-hparam_sweep           campaign_orchestrator.sweep (Optuna; each rung a launch as below)
-sweep_trial            hparam_sweep (one dynamic partition per trial, reported by the sweep step)
-student_adapter        training (``python -m training`` through resources.training_launcher)
-evaluation             evaluation (runner, suite, gate, report; local generation: .generation.local; lm_eval suites:
-harness)
-promoted_model         evaluation.approval
-campaign_cost          resources.pricing (the cost report and dashboard; every asset prices through it)
-drift_evaluation       evaluation.drift (automation group: sensors.py, plain logic in .triggers)
-=====================  =========================================================================
-
-Beside them: ``demo_models`` (campaign_orchestrator.demo.build), ``cluster`` (the validation ladder,
-training.cluster), ``invalid_campaigns`` (a broken campaign file, campaigns.loader).
-``location.py`` builds the ``Definitions``; ``sensors.py`` and ``versions.py`` add the campaigns'
-sensors, schedules and code versions; ``common.py``, ``io_manager.py``, ``progress.py``,
-``perf_metadata.py``, ``tracking.py`` (MLflow) and ``harness.py`` (lm_eval suites, for evaluation and distillation_set)
-are
-shared helpers.
+Beside them: ``demo_models`` (the demo's models), ``cluster`` (the validation ladder, training.cluster),
+``invalid_campaigns`` (a broken campaign file, campaigns.loader). ``location.py`` builds the ``Definitions``;
+``sensors.py``, ``versions.py`` and ``run_recovery.py`` add the campaigns' sensors, schedules, code versions and the
+reaper; ``common.py``, ``io_manager.py`` and ``perf_metadata.py`` are shared helpers.
 """

@@ -1,5 +1,5 @@
-"""campaign_cost: what this campaign's result cost, from the cost ledger, next to the planner's
-estimates, with the campaign's dashboard (a static HTML page) linked from its metadata.
+"""campaign_cost: what this campaign's result cost (``stages/campaign_cost.py``), from the cost ledger, next to the
+planner's estimates, with the campaign's dashboard (a static HTML page) linked from its metadata.
 
 It sits downstream of evaluation, so when the gate blocks (a blocking asset check) Dagster skips
 it in that run: a cost *per result* is not reported for a result that is not shipped. The spend
@@ -11,14 +11,13 @@ import math
 
 from dagster import AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
-from assets.common import for_people, key, tag_run
+from assets.common import dagster_failures, key, rounded, stage_context, tag_run
 from campaigns.spec import CampaignSpec
-from resources.pricing import PricingResource, cost_report, dollars, report_text
+from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
-
-STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset", "student_adapter", "evaluation")
-# Not in the graph of a fully on-policy campaign (training.distillation.on_policy.teacher_generations: none).
-TEACHER_STAGES = ("teacher_generations", "distillation_set", "tokenized_dataset")
+from stages import campaign_cost as stage
+from stages.campaign_cost import result_line
+from stages.pricing import dollars, report_text
 
 # numeric report fields shown as metadata; Dagster plots them across materializations
 PLOTTED = (
@@ -49,29 +48,18 @@ PLOTTED = (
 )
 
 
-def result_line(report: dict) -> str:
-    """The result for people: verdict, score, cost and what this run spent, e.g. ``GO · cipher 90.0% (base 0.0%) ·
-    result $0.012 · spent in this run $0.011``."""
-
-    def pct(x):
-        return "n/a" if x is None else f"{x:.1%}"
-
-    unknown = " (+ unknown)" if report.get("unknown_costs") else ""
-    return (
-        f"{report.get('verdict') or 'not evaluated'} · {report.get('primary_suite') or 'score'} "
-        f"{pct(report.get('candidate_score'))} (base {pct(report.get('base_score'))}) · result "
-        f"{dollars(report.get('total_usd'))}{unknown} · spent in this run "
-        f"{dollars(report.get('spent_this_run_usd'))}"
-    )
+# counts among them: shown as integers (a float rounded to 4 figures read 50520 for 50,522 tokens)
+COUNTS = ("teacher_tokens", "accepted_examples")
 
 
 def report_metadata(report: dict, dashboard_url: str | None = None) -> dict:
-    """The report as metadata: the plotted figures, the report in markdown, and the dashboards as links a browser
-    opens from the UI (``dashboard_url``: where ``campaign dashboard --serve`` serves them)."""
+    """The report as metadata: the result for people in one line, the plotted figures (numbers, rounded: Dagster
+    plots them across materializations; counts as integers), the report in markdown, and the dashboards as links a
+    browser opens from the UI (``dashboard_url``: where they are served)."""
     md = {"result": result_line(report)}
-    md |= for_people(
+    md |= rounded(
         {
-            k: float(report[k])
+            k: int(report[k]) if k in COUNTS else float(report[k])
             for k in PLOTTED
             if isinstance(report.get(k), int | float) and math.isfinite(float(report[k]))
         }
@@ -89,8 +77,7 @@ def report_metadata(report: dict, dashboard_url: str | None = None) -> dict:
 
 
 def build(spec: CampaignSpec):
-    stages = [s for s in STAGES if not (spec.training.distillation.skips_teacher and s in TEACHER_STAGES)]
-    ins = {s: AssetIn(key(spec, s)) for s in stages}
+    ins = {s: AssetIn(key(spec, s)) for s in stage.upstream(spec)}
     if spec.sweep is not None:  # the candidate came out of the sweep: its trials are part of the result's cost
         ins["hparam_sweep"] = AssetIn(key(spec, "hparam_sweep"))
 
@@ -107,10 +94,13 @@ def build(spec: CampaignSpec):
         context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource, **manifests: dict
     ) -> Output[dict]:
         # one manifest per upstream stage in ``ins`` (a fully on-policy campaign has no teacher stages)
-        r = cost_report(pricing, spec, storage.root_path(), context.run_id, manifests, log=context.log.warning)
+        ctx = stage_context(context, storage, pricing)
+        with dagster_failures():
+            out = stage.run(spec, manifests, ctx)
+        r = out.manifest
         tag_run(context, verdict=r.get("verdict") or "not evaluated", cost=dollars(r.get("total_usd")))
-        return Output(
-            {"key": context.run_id, "path": r["report_path"], **r}, metadata=report_metadata(r, pricing.dashboard_url)
-        )
+        # where the dashboards are served: the resource's URL, else where `campaign dashboard --serve` serves them
+        url = pricing.dashboard_url or stage.dashboards_url(ctx.store.root_path())
+        return Output(r, metadata=report_metadata(r, url))
 
     return campaign_cost

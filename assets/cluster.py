@@ -29,7 +29,7 @@ from dagster import (
     define_asset_job,
 )
 
-from assets.common import demo_model_key
+from assets.common import demo_model_key, for_people
 from assets.perf_metadata import profile_metadata
 from campaigns import paths
 from resources.cluster import ClusterValidation
@@ -232,14 +232,18 @@ def allreduce_smoke(context: AssetExecutionContext, env: dict, storage: Artifact
     )
     yield Output(
         result | {"path": str(d)},
-        metadata={
-            "world_size": result["world_size"],
-            "backend": result["backend"],
-            "sum_max_abs_diff": result["sum_max_abs_diff"],
-            "avg_max_abs_diff": result["avg_max_abs_diff"] if result["avg_max_abs_diff"] is not None else float("nan"),
-            "ranks_agree": result["ranks_agree"],
-            "wall_seconds": wall,
-        },
+        metadata=for_people(
+            {
+                "world_size": result["world_size"],
+                "backend": result["backend"],
+                "sum_max_abs_diff": result["sum_max_abs_diff"],
+                "avg_max_abs_diff": result["avg_max_abs_diff"]
+                if result["avg_max_abs_diff"] is not None
+                else float("nan"),
+                "ranks_agree": result["ranks_agree"],
+                "wall_seconds": wall,
+            }
+        ),
     )
     yield AssetCheckResult(
         check_name="gradient_equality",
@@ -421,7 +425,7 @@ def tiny_training(
             "summary": s,
             "path": str(d),
         },
-        metadata=md,
+        metadata=for_people(md),
     )
     yield AssetCheckResult(
         check_name="loss_decreased", passed=bool(ok), description=f"loss {s['first_loss']} → {s['final_loss']}"

@@ -1,5 +1,5 @@
-"""demo_models: the tiny teacher and student base built from a seed (cached by recipe hash), and the MoE
-student base (its own recipe and hash).
+"""demo_models: the tiny teacher and student base built from a seed (cached by recipe hash), the MoE
+student base, and the teacher with a byte-level BPE tokenizer (each its own recipe and hash).
 
 The dense pair is one multi-asset, subsettable: both models come out of one build (one tokenizer trained
 once, one cache directory with one ``_SUCCESS`` marker per recipe hash), so they stay one computation, but
@@ -10,11 +10,21 @@ materialization reports only the selected models.
 
 from dagster import AssetExecutionContext, AssetOut, MetadataValue, Output, asset, multi_asset
 
-from assets.common import DEMO_GROUP
-from campaign_orchestrator.demo.recipe import moe_recipe_hash, recipe_hash
+from assets.common import DEMO_GROUP, for_people
 from resources.storage import ArtifactStore
+from stages import demo_models as stage
+from stages.pricing import seconds
+
+RECIPE_HASH, MOE_RECIPE_HASH, XTOK_RECIPE_HASH = stage.recipe_hashes()
 
 NAMES = ("teacher", "student")
+
+
+def built(reused: bool, build_seconds: float) -> dict:
+    """Whether the models were built by this materialization or found built (by their recipe hash), and one duration:
+    the build's (not this run's when found built)."""
+    took = seconds(build_seconds)
+    return {"reused": reused, "time": f"reused (took {took} when built)" if reused else took}
 
 
 @multi_asset(
@@ -28,18 +38,11 @@ NAMES = ("teacher", "student")
         )
         for name in NAMES
     },
-    code_version=recipe_hash(),
+    code_version=RECIPE_HASH,
     can_subset=True,
 )
 def demo_models(context: AssetExecutionContext, storage: ArtifactStore):
-    from campaign_orchestrator.demo.recipe import cached_report, models_dir
-
-    report = cached_report(storage.root_path())
-    if report is None:  # build them (imports torch; a built set is only read)
-        from campaign_orchestrator.demo.build import build_demo_models
-
-        report = build_demo_models(storage.root_path(), log=context.log.info, moe=False)
-    root = models_dir(storage.root_path())
+    report, root = stage.demo_models(storage.store(), context.log.info)
     for name in NAMES:
         if name not in context.op_execution_context.selected_output_names:
             continue
@@ -47,14 +50,15 @@ def demo_models(context: AssetExecutionContext, storage: ArtifactStore):
         yield Output(
             {"key": report["recipe_hash"], "path": str(root / name)},
             output_name=name,
-            metadata={
-                "path": MetadataValue.path(str(root / name)),
-                "exact_match_on_task": r["exact_match"],
-                "parameters": r["parameters"],
-                "train_seconds": r["train_seconds"],
-                "cached": report["cached"],
-                "build_seconds": report["build_seconds"],
-            },
+            metadata=for_people(
+                {
+                    "path": MetadataValue.path(str(root / name)),
+                    **built(report["cached"], report["build_seconds"]),
+                    "exact_match_on_task": r["exact_match"],
+                    "parameters": r["parameters"],
+                    "train_seconds": r["train_seconds"],
+                }
+            ),
         )
 
 
@@ -62,25 +66,49 @@ def demo_models(context: AssetExecutionContext, storage: ArtifactStore):
     key=[DEMO_GROUP, "moe_student"],
     group_name=DEMO_GROUP,
     kinds={"pytorch"},
-    code_version=moe_recipe_hash(),
+    code_version=MOE_RECIPE_HASH,
     description="Demo mixture-of-experts student base (a real Qwen3-MoE checkpoint: 4 routed experts, top-2).",
 )
 def demo_moe_student(context: AssetExecutionContext, storage: ArtifactStore):
-    from campaign_orchestrator.demo.build import build_moe_student
-    from campaign_orchestrator.demo.recipe import resolve
-
-    r = build_moe_student(storage.root_path(), log=context.log.info)
-    path = resolve("@demo/moe_student", storage.root_path())
+    r, path = stage.moe_student(storage.store(), context.log.info)
     return Output(
         {"key": r["recipe_hash"], "path": str(path)},
-        metadata={
-            "path": MetadataValue.path(str(path)),
-            "exact_match_on_task": r["exact_match"],
-            "copy_exact_match": r["copy_exact_match"],
-            "parameters": r["parameters"],
-            "num_experts": r["num_experts"],
-            "num_experts_per_tok": r["num_experts_per_tok"],
-            "cached": r["cached"],
-            "build_seconds": r["build_seconds"],
-        },
+        metadata=for_people(
+            {
+                "path": MetadataValue.path(str(path)),
+                **built(r["cached"], r["build_seconds"]),
+                "exact_match_on_task": r["exact_match"],
+                "copy_exact_match": r["copy_exact_match"],
+                "parameters": r["parameters"],
+                "num_experts": r["num_experts"],
+                "num_experts_per_tok": r["num_experts_per_tok"],
+            }
+        ),
     )
+
+
+@asset(
+    key=[DEMO_GROUP, "teacher_bpe"],
+    group_name=DEMO_GROUP,
+    kinds={"pytorch"},
+    code_version=XTOK_RECIPE_HASH,
+    description="Demo cipher teacher with a byte-level BPE tokenizer (another tokenizer than the student's: "
+    "cross-tokenizer logit distillation), a real Llama checkpoint.",
+)
+def demo_xtok_teacher(context: AssetExecutionContext, storage: ArtifactStore):
+    r, path = stage.xtok_teacher(storage.store(), context.log.info)
+    return Output(
+        {"key": r["recipe_hash"], "path": str(path)},
+        metadata=for_people(
+            {
+                "path": MetadataValue.path(str(path)),
+                **built(r["cached"], r["build_seconds"]),
+                "exact_match_on_task": r["exact_match"],
+                "vocab_size": r["vocab_size"],
+                "parameters": r["parameters"],
+            }
+        ),
+    )
+
+
+ASSETS = [demo_models, demo_moe_student, demo_xtok_teacher]  # what the code location loads

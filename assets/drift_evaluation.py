@@ -1,4 +1,4 @@
-"""drift_evaluation: the promoted model re-scored on the freshest held-out data.
+"""drift_evaluation: the promoted model re-scored on the freshest held-out data (``stages/drift_evaluation.py``).
 
 Run by the campaign's drift schedule (``<campaign>_drift``), never by the campaign job. It scores the
 promoted model through the campaign's evaluation backend (locally, or through the endpoint after
@@ -15,132 +15,18 @@ items, newest file first; an item it may have trained on is never used. Which fi
 fresh items were used is in the manifest, ``drift.json`` and the metadata (``item_selection``).
 """
 
-import datetime as dt
-import json
-import time
-from collections import Counter
-from pathlib import Path
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
-from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
-
-from assets.common import key, stage_key
+from assets.common import base_metadata, dagster_failures, for_people, key, stage_context
 from campaigns.spec import CampaignSpec
 from resources.pricing import PricingResource
 from resources.storage import ArtifactStore
-
-STAGE = "drift_evaluation"
+from stages import drift_evaluation as stage
+from stages.drift_evaluation import STAGE, max_drop
 
 
 def drift_key(spec: CampaignSpec):
     return key(spec, STAGE)
-
-
-def max_drop(spec: CampaignSpec) -> float:
-    d = spec.automation.drift.max_drop
-    return spec.evaluation.gate.max_regression_vs_base if d is None else d
-
-
-def source_cache_dir(storage: ArtifactStore, spec: CampaignSpec):
-    """Where an ``s3://`` prompt source is mirrored (content-addressed) under the artifact root."""
-    return storage.root_path() / "_sources" / spec.name
-
-
-def promotion_data(storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | None):
-    """What a model promoted at ``promoted_at`` may have seen: every complete ``prompts`` stage
-    committed before then. Returns (their keys, every id in them, their held-out ids that none of
-    them trains on), or None when unknown (no ``promoted_at``, or no such stage left)."""
-    import pyarrow.parquet as pq
-
-    from campaign_orchestrator.stage_dir import MANIFEST, SUCCESS
-
-    try:  # promoted_at has whole seconds: a stage committed in the same second counts as before
-        cutoff = dt.datetime.fromisoformat(promoted_at) + dt.timedelta(seconds=1) if promoted_at else None
-    except ValueError:
-        cutoff = None
-    if cutoff is None:
-        return None
-    keys, trained, held = [], set(), set()
-    stages = storage.campaign_dir(spec.name) / "prompts"
-    for d in sorted(stages.iterdir()) if stages.is_dir() else []:
-        if not (d / SUCCESS).exists():
-            continue
-        m = json.loads((d / MANIFEST).read_text())
-        if dt.datetime.fromisoformat(m["committed_at"]) >= cutoff:
-            continue
-        keys.append(m["key"])
-        trained |= set(pq.read_table(d / "train.parquet", columns=["id"]).column("id").to_pylist())
-        held |= set(pq.read_table(d / "heldout.parquet", columns=["id"]).column("id").to_pylist())
-    return (keys, trained | held, held - trained) if keys else None
-
-
-def _pick_items(spec: CampaignSpec, rows: list[dict], seen: tuple | None, newest: list[Path], promoted_at):
-    """``(items, fresh, earlier, new ids, summary)``: the fresh held-out items topped up with promotion-time ones
-    when what the promoted model saw is known (``seen``: :func:`promotion_data`), else the current held-out split
-    (fresh, earlier and new ids None)."""
-    from campaign_orchestrator.dataset import prompts as P
-
-    h, min_items = spec.data.heldout, spec.evaluation.gate.min_items
-    if seen is None:  # unknown: the current split (its held-out items were held out then too)
-        _, items = P.split(rows, h.fraction, h.seed, h.max_items)
-        how = (
-            f"what the promoted model saw is unknown (no prompts stage committed before its promoted_at "
-            f"{promoted_at!r}): {len(items)} item(s) of the current held-out split"
-        )
-        return items, None, None, None, how
-    fresh, earlier = P.fresh_heldout(
-        rows, h.fraction, h.seed, seen[1], seen[2], [f.name for f in newest], h.max_items, min_items
-    )
-    items, new_ids = fresh + earlier, {r["id"] for r in rows if r["id"] not in seen[1]}
-    used = sorted({r["source_file"] for r in fresh})
-    how = (
-        f"{len(fresh)} fresh held-out item(s) (prompts the promoted model never saw) from "
-        f"{', '.join(used) or 'no file'}"
-        + (
-            f" + {len(earlier)} of its promotion-time held-out item(s) to reach the gate's min_items {min_items}"
-            if earlier
-            else ""
-        )
-    )
-    return items, fresh, earlier, new_ids, how
-
-
-def select_items(
-    storage: ArtifactStore, spec: CampaignSpec, promoted_at: str | None, files: list[Path], rows: list[dict]
-) -> tuple[list[dict], dict]:
-    """The held-out rows to re-score the promoted model on, and the record of how they were chosen."""
-    from campaign_orchestrator.content import file_sha256
-
-    h, min_items = spec.data.heldout, spec.evaluation.gate.min_items
-    newest = sorted(files, key=lambda f: (f.stat().st_mtime_ns, f.name), reverse=True)
-    seen = promotion_data(storage, spec, promoted_at)
-    items, fresh, earlier, new_ids, how = _pick_items(spec, rows, seen, newest, promoted_at)
-
-    def per_file(part):
-        return None if part is None else Counter(r["source_file"] for r in part)
-
-    counts = {
-        "rows": per_file(rows),
-        "new_rows": per_file(None if new_ids is None else [r for r in rows if r["id"] in new_ids]),
-        "items": per_file(items),
-        "fresh_items": per_file(fresh),
-        "earlier_items": per_file(earlier),
-    }
-    record = {
-        "summary": how,
-        "promoted_at": promoted_at,
-        "promotion_prompts": seen[0] if seen else None,
-        "items": len(items),
-        "fresh_items": None if fresh is None else len(fresh),
-        "earlier_items": None if earlier is None else len(earlier),
-        "min_items": min_items,
-        "max_items": h.max_items,
-        "files": [
-            {"name": f.name, "sha256": file_sha256(f)}
-            | {k: None if c is None else c[f.name] for k, c in counts.items()}
-            for f in newest
-        ],
-    }
-    return items, record
 
 
 def build(spec: CampaignSpec):
@@ -157,138 +43,22 @@ def build(spec: CampaignSpec):
     def drift_evaluation(
         context: AssetExecutionContext, storage: ArtifactStore, pricing: PricingResource
     ) -> MaterializeResult:
-        promoted = _current_promoted(spec, storage)
-        m, cached = materialize(context, spec, storage, pricing, promoted)
-        r = m["report"]
-        context.log.info(f"drift verdict {r['verdict']}: {r['summary']}")
-        return MaterializeResult(metadata=drift_metadata(spec, m, cached))
+        with dagster_failures():
+            out = stage.run(spec, {}, stage_context(context, storage, pricing))
+        return MaterializeResult(metadata=for_people(drift_metadata(spec, out.manifest, out.cached)))
 
     return drift_evaluation
 
 
-def _current_promoted(spec: CampaignSpec, storage: ArtifactStore):
-    """The campaign's promoted model (``evaluation.drift.Promoted``); a Failure naming what is missing without one."""
-    from evaluation.drift import DriftError, current_promoted
-
-    try:
-        promoted = current_promoted(storage.campaign_dir(spec.name))
-    except DriftError as e:
-        raise Failure(str(e)) from None
-    if promoted is None:
-        raise Failure(
-            f"campaign {spec.name} has no promoted model yet (no "
-            f"{storage.campaign_dir(spec.name) / 'promoted_model' / 'CURRENT'}); run the campaign first"
-        )
-    return promoted
-
-
-def _drift_suites(context, spec: CampaignSpec, storage: ArtifactStore, promoted) -> tuple:
-    """The fresh held-out items and the item suites they are scored by:
-    ``(prompt files, held-out rows, item selection record, the spec's item suites, suites to score)``."""
-    from campaign_orchestrator.dataset import prompts as P
-    from campaign_orchestrator.triggers.sources import prompt_files
-    from evaluation.scorers import build_scorer
-    from evaluation.suite import load_items
-
-    ev, d = spec.evaluation, spec.data
-    files = prompt_files(d.source, spec.project_dir, source_cache_dir(storage, spec))
-    rows = P.read_prompts(files, P.SourceFields(d.id_field, d.prompt_field, d.reference_field, d.category_field))
-    held, selection = select_items(storage, spec, promoted.record.get("promoted_at"), files, rows)
-    context.log.info(f"drift items: {selection['summary']}")
-    item_suites = [s for s in ev.suites if s.kind == "items"]  # lm_eval suites are fixed documents: no drift
-    scorers = {
-        s.name: build_scorer(s.scorer, s.labels, s.pattern, s.json_schema, spec.project_dir) for s in item_suites
-    }
-    suites = [
-        {
-            "name": s.name,
-            "items": load_items(s.source, held, spec.project_dir, scorers[s.name]),
-            "scorer": scorers[s.name],
-            "max_new_tokens": s.max_new_tokens,
-        }
-        for s in item_suites
-    ]
-    return files, held, selection, item_suites, suites
-
-
-def _drift_key(spec: CampaignSpec, promoted, suites: list[dict], item_suites: list, selection: dict) -> str:
-    """The stage's content key: promoted model, items, suites, thresholds, selection, endpoint."""
-    from campaign_orchestrator.content import value_sha256
-
-    ev = spec.evaluation
-    served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.backend == "openai" else None
-    return stage_key(
-        "drift/v2",
-        promoted.key,
-        value_sha256([s["items"] for s in suites]),
-        [s.model_dump(exclude={"kind", "lm_eval"}) for s in item_suites],
-        ev.gate.min_score,
-        max_drop(spec),
-        ev.statistics.confidence,
-        ev.gate.min_items,
-        selection,
-        served,
-    )
-
-
-def materialize(
-    context, spec: CampaignSpec, storage: ArtifactStore, pricing: PricingResource, promoted
-) -> tuple[dict, bool]:
-    """The promoted model scored on fresh held-out items and the drift verdict, unless the stage's content key
-    (promoted model, items, suites, thresholds, selection, endpoint) is complete: ``(manifest, cached)``."""
-    from evaluation.drift import decide, score_promoted
-    from evaluation.suite import write_item_rows
-
-    ev = spec.evaluation
-    files, held, selection, item_suites, suites = _drift_suites(context, spec, storage, promoted)
-    floor, drop, conf = ev.gate.min_score, max_drop(spec), ev.statistics.confidence
-    sd = storage.stage(spec.name, STAGE, _drift_key(spec, promoted, suites, item_suites, selection))
-    cached = sd.is_complete()
-    if not cached:
-        from types import SimpleNamespace
-
-        # priced and inside the campaign's budget, like evaluation (stopped between suites when it would pass)
-        device = _local_device(spec)  # None: an endpoint, billed nowhere here (as in evaluation)
-        guard = pricing.guard(context, spec, sd, device=device)
-        t0 = time.perf_counter()
-        generate = _promoted_model(spec, storage, promoted, context)
-        scores, item_rows = score_promoted(
-            generate, [SimpleNamespace(**s) for s in suites], log=context.log.info, progress=guard.watch()
-        )
-        report = decide(scores, _promotion_scores(promoted, item_suites), floor, drop, ev.gate.min_items, conf)
-        out = sd.ensure()
-        write_item_rows(item_rows, out / "items.parquet")
-        (out / "drift.json").write_text(json.dumps(report.as_dict() | {"item_selection": selection}, indent=2))
-        wall = time.perf_counter() - t0
-        bill = pricing.bill(spec, STAGE, {"seconds": wall, "device": device}) if device else None
-        lines, note = (bill["lines"], bill["billing_note"]) if bill else ([], None)
-        sd.commit(
-            {
-                "promoted_key": promoted.key,
-                "report": report.as_dict(),
-                "heldout_items": len(held),
-                "item_selection": selection,
-                "source_files": [f.name for f in files],
-                "backend": ev.backend,
-                "wall_seconds": wall,
-                "cost_lines": lines,
-                **({"billing_note": note} if note else {}),
-            }
-        )
-        _record_cost(pricing, storage, spec, context, sd.manifest())
-    return sd.manifest(), cached
-
-
-def drift_metadata(spec: CampaignSpec, m: dict, cached: bool) -> dict:
+def drift_metadata(spec: CampaignSpec, m: dict, reused: bool) -> dict:
     """The drift stage's manifest as Dagster metadata: the verdict, its reasons, the scores per suite."""
     ev, r = spec.evaluation, m["report"]
-    md = {
+    md = base_metadata(m, reused) | {
         "verdict": r["verdict"],
         "drifted": r["verdict"] == "DRIFTED",
         "summary": r["summary"],
         "reasons": MetadataValue.md("\n".join(f"- {x}" for x in r["reasons"]) or "- none"),
         "promoted_key": m["promoted_key"],
-        "drift_key": m["key"],
         "heldout_items": m["heldout_items"],
         "fresh_items": m["item_selection"]["fresh_items"],
         "earlier_items": m["item_selection"]["earlier_items"],
@@ -296,10 +66,7 @@ def drift_metadata(spec: CampaignSpec, m: dict, cached: bool) -> dict:
         "floor": ev.gate.min_score,
         "max_drop": max_drop(spec),
         "confidence": ev.statistics.confidence,
-        "cached": cached,
         "backend": m["backend"],
-        "cost_usd": float(sum(x["usd"] for x in m["cost_lines"])),
-        "path": MetadataValue.path(m["path"]),
     }
     for s in r["suites"]:
         md[f"{s['suite']}_fresh_score"] = s["score"] if s["score"] is not None else float("nan")
@@ -308,64 +75,3 @@ def drift_metadata(spec: CampaignSpec, m: dict, cached: bool) -> dict:
         if s.get("delta_lo") is not None:
             md[f"{s['suite']}_change_lo"], md[f"{s['suite']}_change_hi"] = s["delta_lo"], s["delta_hi"]
     return md
-
-
-def _promotion_scores(promoted, suites) -> dict[str, list[float] | None]:
-    """suite -> the promoted candidate's per-item scores at promotion (None: that suite was not scored)."""
-    items = promoted.item_scores()
-    return {s.name: items.get(s.name) for s in suites}
-
-
-def _local_device(spec: CampaignSpec) -> str | None:
-    """Where the promoted model runs when scored locally ("cuda"/"cpu"), None through an endpoint."""
-    if spec.evaluation.backend == "openai":
-        return None
-    from assets.evaluation import local_device
-
-    return local_device()
-
-
-def _promoted_model(spec: CampaignSpec, storage: ArtifactStore, promoted, context):
-    """The promoted model's ``generate`` through the campaign's evaluation backend."""
-    ev, q = spec.evaluation, spec.student.quantization
-    if ev.backend == "openai":
-        from evaluation.endpoint import AdapterNotVerified, OpenAIEndpoint
-
-        e = ev.endpoint
-        name = e.candidate_model
-        ep = OpenAIEndpoint(e.base_url, name or "", api_key_env=e.api_key_env, timeout_s=e.timeout_s)
-        if e.load_adapter:
-            name = f"{spec.name}-{promoted.key}"
-            ep.load_adapter(name, str(promoted.adapter_path))
-        try:  # the score is the promoted adapter's only if the server serves exactly it
-            ep.verify_adapter(name, promoted.adapter_path)
-        except AdapterNotVerified as err:
-            raise Failure(str(err), allow_retries=False) from None
-        context.log.info(f"scoring the promoted model through {e.base_url} as {name!r}")
-        return OpenAIEndpoint(
-            e.base_url, name, api_key_env=e.api_key_env, max_concurrency=e.max_concurrency, timeout_s=e.timeout_s
-        ).generate
-    from evaluation.drift import local_generate
-
-    base = promoted.base_model_path()
-    if base is None or not base.exists():
-        base = storage.resolve_model(spec.student.base_model, spec.project_dir)
-    return local_generate(
-        base,
-        promoted.adapter_path,
-        q.load_in_4bit,
-        q.compute_dtype,
-        max((s.batch_size for s in ev.suites if s.kind == "items"), default=64),
-    )
-
-
-def _record_cost(pricing: PricingResource, storage: ArtifactStore, spec: CampaignSpec, context, manifest: dict) -> None:
-    """The drift check's spend in the cost ledger (it has no IO manager output to record it)."""
-    pricing.ledger_at(storage.root_path()).record_stage(
-        campaign=spec.name,
-        asset=STAGE,
-        run_id=context.run_id,
-        step_key=context.get_step_execution_context().step.key,
-        manifest=manifest,
-        attempt=context.retry_number,
-    )

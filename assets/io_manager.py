@@ -11,15 +11,17 @@ from pathlib import Path
 
 from dagster import ConfigurableIOManager, InputContext, OutputContext
 
-from resources.storage import ArtifactStore
+from assets.common import reused_metadata
+from stages.pricing import Pricing, dollars
+from stages.storage import Store
 
 
 class ManifestIOManager(ConfigurableIOManager):
     root: str = "artifacts"
-    ledger: str | None = None  # cost ledger file; default <root>/cost_ledger.duckdb (see resources/pricing.py)
+    ledger: str | None = None  # cost ledger file; default <root>/cost_ledger.duckdb (see stages/pricing.py)
 
     def _pointer(self, key_path: list[str]) -> Path:
-        return ArtifactStore(root=self.root).root_path() / Path(*key_path[:-1]) / key_path[-1] / "LATEST.json"
+        return Store(root=self.root).root_path() / Path(*key_path[:-1]) / key_path[-1] / "LATEST.json"
 
     def handle_output(self, context: OutputContext, obj: dict) -> None:
         if obj is None:
@@ -33,10 +35,8 @@ class ManifestIOManager(ConfigurableIOManager):
             self._record_cost(context, obj)
 
     def _record_cost(self, context: OutputContext, manifest: dict) -> None:
-        from resources.pricing import PricingResource
-
         key = list(context.asset_key.path)
-        ledger = PricingResource(ledger=self.ledger).ledger_at(ArtifactStore(root=self.root).root_path())
+        ledger = Pricing(ledger=self.ledger).ledger_at(Store(root=self.root).root_path())
         res = ledger.record_stage(
             campaign=manifest.get("campaign", key[0]),
             asset=key[-1],
@@ -45,10 +45,7 @@ class ManifestIOManager(ConfigurableIOManager):
             manifest=manifest,
             attempt=context.step_context.previous_attempt_count,
         )
-        md = {"ledger_spent_this_run_usd": res["spent_usd"], "ledger_reused": res["reused"], "reused": res["reused"]}
-        if res["reused"]:  # a cache hit: the output (and its cost) belong to the run that produced it
-            md["reused_from_run"] = res["produced_by"]
-        context.add_output_metadata(md)
+        context.add_output_metadata(ledger_metadata(res, context.run_id, manifest.get("cost_unknown")))
 
     def load_input(self, context: InputContext) -> dict:
         key = list(context.asset_key.path)
@@ -58,3 +55,17 @@ class ManifestIOManager(ConfigurableIOManager):
                 f"asset {'/'.join(key)} has not been materialized yet (no {p}); materialize it first"
             )
         return json.loads(p.read_text())
+
+
+def ledger_metadata(res: dict, run_id: str, unknown: str | None = None) -> dict:
+    """What the ledger knows better than the stage (``res``: ``Ledger.record_stage``'s answer), over the stage's
+    own metadata (``assets/common.base_metadata``; these keys win): whether the output is reused, from which run,
+    and, for an output that cost something, who paid: this run, or another one (then nothing in this run). An output
+    whose cost is ``unknown`` (an unpriced teacher's work) keeps the stage's "unknown" over the priced part."""
+    md = reused_metadata(res["produced_by"], run_id)
+    paid_by = res.get("lines_paid_by") or res["produced_by"]  # the run that paid for the lines the output carries
+    if res["production_usd"] > 0 and not unknown:
+        paid_here = res["spent_usd"] > 0 or paid_by == run_id
+        note = "" if paid_here else f" (paid in run {paid_by[:8]}; nothing in this run)"
+        md["cost"] = dollars(res["production_usd"]) + note
+    return md

@@ -39,6 +39,7 @@ from resources.cluster import ClusterValidation
 from resources.k8s import K8sTrainingLauncher
 from resources.k8s.kuberay_launcher import KubeRayJobLauncher
 from resources.training_launcher import TrainingLauncher
+from stages.campaign_cost import upstream
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,9 @@ STAGE_BUILDERS = (
 
 
 def campaign_assets(spec: CampaignSpec) -> list:
-    skipped = campaign_cost.TEACHER_STAGES if spec.training.distillation.skips_teacher else ()
     # a fully on-policy campaign (teacher_generations: none) has no teacher stage: its prompts feed the trainer
-    out = [m.build(spec) for m in STAGE_BUILDERS if m.__name__.rpartition(".")[2] not in skipped]
+    kept = {*upstream(spec), "prompts", "promoted_model", "campaign_cost"}
+    out = [m.build(spec) for m in STAGE_BUILDERS if m.__name__.rpartition(".")[2] in kept]
     out.append(evaluation.gate(spec))  # the blocking gate check: its own step, after the evaluation
     if spec.sweep is not None:  # the sweep step and its per-trial partitions (docs/sweeps.md)
         out += [hparam_sweep.build(spec), sweep_trial.build(spec)]
@@ -76,7 +77,7 @@ def default_resources(artifact_root: str = "artifacts", ledger: str | None = Non
         "launcher": TrainingLauncher(local=LocalTorchrunLauncher(), k8s=K8sTrainingLauncher()),
         "pricing": PricingResource(ledger=ledger),
         "cluster": ClusterValidation(),
-        "kuberay": KubeRayJobLauncher(),  # generation stages with execution.kuberay (assets/ray_dispatch.py)
+        "kuberay": KubeRayJobLauncher(),  # generation stages with execution.kuberay (stages/executors.py)
     }
 
 
@@ -86,7 +87,7 @@ def build_definitions(
     loaded = load_campaigns(campaign_files)
     for err in loaded.errors:
         log.warning("invalid campaign file (other campaigns still load):\n%s", err.render())
-    assets: list = [demo_models.demo_models, demo_models.demo_moe_student, *cluster.ASSETS]
+    assets: list = [*demo_models.ASSETS, *cluster.ASSETS]
     jobs, schedules, sensors = [cluster.job()], [], [reaper_sensor()]
     for name, spec in loaded.campaigns.items():
         assets += with_versions(campaign_assets(spec), spec)

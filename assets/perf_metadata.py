@@ -24,7 +24,7 @@ def _diagnostics_md(index: list[dict]) -> str:
 
 def profile_metadata(stage_dir: str | Path) -> dict[str, Any]:
     """Metadata entries from ``<stage_dir>/profile/report.json``; empty when the run wrote none."""
-    from training.triage import markdown_table
+    from stages.student_adapter import triage_table
 
     p = Path(stage_dir) / "profile" / "report.json"
     if not p.exists():
@@ -50,7 +50,7 @@ def profile_metadata(stage_dir: str | Path) -> dict[str, Any]:
         "triage_verdict": t["verdict"],
         "triage_reason": t["reason"],
         "triage_fixes": MetadataValue.md("\n".join(f"- {f}" for f in t["fixes"])),
-        "triage_per_rank": MetadataValue.md(markdown_table(t)),
+        "triage_per_rank": MetadataValue.md(triage_table(t)),
         "triage_decision_path": MetadataValue.md("\n".join(f"{i + 1}. {x}" for i, x in enumerate(t["decision_path"]))),
         "topology_advice": MetadataValue.md(t["topology_advice"]),
         "step_ms": float(t["step_ms"]),

@@ -1,4 +1,4 @@
-"""promoted_model: the candidate adapter published as the campaign's current model.
+"""promoted_model: the candidate adapter published as the campaign's current model (``stages/promoted_model.py``).
 
 In the same run the blocking ``gate`` check stops it; across runs it checks again before copying
 anything: the evaluation it reads must be of this very candidate with verdict GO, and the latest
@@ -7,11 +7,6 @@ candidate. With ``evaluation.requires_human_review`` it also waits (materializes
 observation saying so) until an approval of this exact candidate and evaluation exists; approve with
 ``campaign approve`` or the ``<campaign>_approve`` job, then materialize promoted_model again.
 """
-
-import json
-import os
-import shutil
-import time
 
 from dagster import (
     AssetCheckKey,
@@ -31,27 +26,21 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.common import key
-from assets.evaluation import GATE_CHECK, approve_hint
-from assets.model_card import write_model_card
+from assets.common import dagster_failures, key, reused_metadata, stage_context
+from assets.evaluation import GATE_CHECK
 from campaigns.spec import CampaignSpec
-from evaluation.drift import PROMOTION_ITEMS
 from resources.storage import ArtifactStore
+from stages import promoted_model as stage
+from stages.promoted_model import latest_evaluation  # noqa: F401 - the review CLI reads it here too
 
 
 def gate_refusal(instance: DagsterInstance, evaluation_key: AssetKey, evaluation: dict, adapter: dict) -> str | None:
-    """Why this candidate must not be promoted, or None."""
+    """Why this candidate must not be promoted, or None: what its evaluation says (the stage's refusal), then the
+    latest ``gate`` check recorded for it in the instance."""
+    why = stage.refusal(evaluation, adapter)
+    if why:
+        return why
     cand = adapter["key"]
-    if evaluation.get("candidate_key") != cand:
-        return (
-            f"the latest evaluation scored candidate {evaluation.get('candidate_key')}, not the current adapter "
-            f"{cand}; materialize evaluation first"
-        )
-    if evaluation.get("verdict") != "GO":
-        why = "; ".join(evaluation.get("reasons", [])[:3])
-        return f"gate verdict for candidate {cand} is {evaluation.get('verdict')}: not promoting" + (
-            f" ({why})" if why else ""
-        )
     record = instance.get_latest_asset_check_evaluation_record(AssetCheckKey(evaluation_key, GATE_CHECK))
     if record is None:
         return None
@@ -87,31 +76,8 @@ def approval_observation(spec: CampaignSpec, approval) -> AssetObservation:
     )
 
 
-def latest_evaluation(storage: ArtifactStore, campaign: str) -> dict:
-    """The evaluation asset's latest manifest (what the IO manager hands downstream)."""
-    p = storage.campaign_dir(campaign) / "evaluation" / "LATEST.json"
-    if not p.exists():
-        raise FileNotFoundError(f"campaign {campaign} has no evaluation yet ({p}); materialize its evaluation first")
-    return json.loads(p.read_text())
-
-
-def _keep_candidate_items(items_path: str, dest) -> None:
-    """The candidate's per-item rows of its evaluation, kept with the promoted adapter: drift compares
-    fresh scores with these (an interval needs the items, not the mean)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    t = pq.read_table(items_path)
-    pq.write_table(t.filter(pc.equal(t["model"], "candidate")), dest)
-
-
-def _awaiting_review(context, spec: CampaignSpec, evaluation: dict, adapter: dict) -> AssetObservation:
-    """The observation (and warning) of a GO candidate that waits for a reviewer's approval."""
-    msg = (
-        f"candidate {adapter['key']} passed the gate and awaits human review; approve it with "
-        f"{approve_hint(spec.name, adapter['key'])}, then materialize promoted_model"
-    )
-    context.log.warning(msg)
+def _awaiting_review(context, spec: CampaignSpec, evaluation: dict, adapter: dict, msg: str) -> AssetObservation:
+    """The observation of a GO candidate that waits for a reviewer's approval."""
     return AssetObservation(
         asset_key=context.asset_key,
         description="Awaiting human review",
@@ -124,47 +90,15 @@ def _awaiting_review(context, spec: CampaignSpec, evaluation: dict, adapter: dic
     )
 
 
-def promote(spec: CampaignSpec, storage: ArtifactStore, evaluation: dict, adapter: dict, approval, run_id: str):
-    """Copy the adapter, its candidate items, ``promotion.json`` and its model card to the campaign's
-    ``promoted_model/<key>`` (atomically, once per key), and point ``CURRENT`` at it; returns that directory."""
-    dest = storage.campaign_dir(spec.name) / "promoted_model" / adapter["key"]
-    if not (dest / "promotion.json").exists():
-        tmp = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(adapter["adapter_path"], tmp / "adapter")
-        _keep_candidate_items(evaluation["items_path"], tmp / PROMOTION_ITEMS)  # what drift compares with
-        record = {
-            "candidate_key": adapter["key"],
-            "base_model_path": adapter["base_model_path"],
-            "evaluation_key": evaluation["key"],
-            "verdict": evaluation["verdict"],
-            "scores": evaluation["scores"],
-            "items": PROMOTION_ITEMS,
-            "approval": approval.as_dict() if approval else None,
-            "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "run_id": run_id,
-        }
-        (tmp / "promotion.json").write_text(json.dumps(record, indent=2))
-        write_model_card(spec, storage, evaluation, adapter, tmp / "adapter")  # README.md, Hugging Face format
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
-    current = storage.campaign_dir(spec.name) / "promoted_model" / "CURRENT"
-    current.write_text(adapter["key"])
-    return dest
-
-
 def _promotion_metadata(dest, adapter: dict, record: dict, run_id: str) -> dict:
-    """What the UI shows; a candidate promoted by an earlier run (promotion is once per key) is ``reused``."""
+    """What the UI shows (``content_key``: the candidate's, the adapter's key); a candidate promoted by an earlier
+    run (promotion is once per key) is ``reused``, from that run."""
     md = {
         "adapter": MetadataValue.path(str(dest / "adapter")),
-        "candidate_key": adapter["key"],
         "content_key": adapter["key"],
         "verdict": record["verdict"],
         "promoted_at": record["promoted_at"],
-        "reused": record.get("run_id") != run_id,
-    }
-    if md["reused"]:
-        md["reused_from_run"] = record.get("run_id")
+    } | reused_metadata(record.get("run_id"), run_id)
     if record.get("approval"):
         md |= {"approved_by": record["approval"]["approved_by"], "approved_at": record["approval"]["approved_at"]}
     return md
@@ -184,21 +118,16 @@ def build(spec: CampaignSpec):
         + ", copied to the campaign's promoted location.",
     )
     def promoted_model(context: AssetExecutionContext, evaluation: dict, adapter: dict, storage: ArtifactStore):
-        from evaluation.approval import find_approval
-
         refusal = gate_refusal(context.instance, key(spec, "evaluation"), evaluation, adapter)
         if refusal:
             raise Failure(refusal)
-        approval = None
-        if review:
-            approval = find_approval(storage.campaign_dir(spec.name), adapter["key"], evaluation["key"])
-            if approval is None:
-                yield _awaiting_review(context, spec, evaluation, adapter)
-                return
-        dest = promote(spec, storage, evaluation, adapter, approval, context.run_id)
-        record = json.loads((dest / "promotion.json").read_text())
-        manifest = {"key": adapter["key"], "path": str(dest), "adapter_path": str(dest / "adapter"), **record}
-        yield Output(manifest, metadata=_promotion_metadata(dest, adapter, record, context.run_id))
+        with dagster_failures():
+            out = stage.run(spec, {"evaluation": evaluation, "adapter": adapter}, stage_context(context, storage))
+        if out.manifest is None:
+            yield _awaiting_review(context, spec, evaluation, adapter, out.notes["awaiting_review"])
+            return
+        md = _promotion_metadata(out.notes["dest"], adapter, out.notes["record"], context.run_id)
+        yield Output(out.manifest, metadata=md)
 
     return promoted_model
 
@@ -220,20 +149,15 @@ def approve_job(spec: CampaignSpec):
 
     @op(name=f"{spec.name}_approve_candidate", description="Record an approval of this exact candidate.")
     def approve_candidate(context: OpExecutionContext, config: ApproveConfig, storage: ArtifactStore) -> None:
-        from evaluation.approval import ApprovalError, record_approval
-
-        try:
-            approval, created = record_approval(
-                spec.name,
-                storage.campaign_dir(spec.name),
-                latest_evaluation(storage, spec.name),
+        with dagster_failures():
+            approval, created = stage.approve(
+                spec,
+                storage.store(),
                 config.candidate_key,
                 config.approved_by,
                 config.note,
                 via=f"dagster run {context.run_id}",
             )
-        except ApprovalError as e:
-            raise Failure(str(e)) from None
         if created:
             context.log_event(approval_observation(spec, approval))
             context.log.info(

@@ -8,10 +8,10 @@ preempted node) leaves its run ``STARTED`` and keeps the pool slot its step held
 every campaign waits for it forever. A waiter killed while queued blocks the pool the same way:
 when the slot is freed it is assigned to the oldest pending step, the dead one.
 
-So every run ``campaign run`` starts carries its owner in one tag, ``campaign/owner`` (compact JSON,
-``resources/run_owner.py``; :func:`owner_tags`): host, pid, start time, and where the process runs: the
-kernel's boot id and its PID namespace's inode (runs recorded before that tag carry the same facts as separate
-tags: :func:`_owner` reads both). :func:`reap_dead_runs` finds the runs it can judge (same boot id and PID
+So every run ``campaign run`` starts carries its owner in one tag, hidden from the UI (``.dagster/campaign-owner``,
+compact JSON, ``resources/run_owner.py``; :func:`owner_tags`): host, pid, start time, and where the process runs: the
+kernel's boot id and its PID namespace's inode (runs recorded before carry the same facts as ``campaign/owner`` or as
+separate tags: :func:`_owner` reads them all). :func:`reap_dead_runs` finds the runs it can judge (same boot id and PID
 namespace as the reaper; runs recorded before these two existed: same host name) that are not finished but whose
 process is gone (or is another process that reused the pid: one created after the run started). Before anything
 is freed it kills what the dead run left running: its trainer processes (the process groups the local launcher
@@ -30,12 +30,12 @@ cluster unreachable) keeps its slot until a later reap succeeds. It runs
 
 A run of another machine or container (another boot id or PID namespace; for old runs, another host
 name) cannot be judged by its pid: a process id means nothing there. It is judged by its lease instead:
-while ``campaign run`` lives it renews ``campaign/lease-until`` (:func:`hold_lease`: a heartbeat thread,
-every ``LEASE_RENEW_S``, the tag set ``LEASE_S`` ahead), so a run whose owner died with its container
-(and whose PID namespace went with it) is reaped once its lease has expired; a live one never is, wherever
-it runs. A lease judges by wall-clock time across machines: ``LEASE_S`` is far above any clock skew between
-hosts that share an instance. Runs without these tags (launched from the UI, by a schedule or a sensor) are
-Dagster's own: its run launcher and run monitoring look after them.
+while ``campaign run`` lives it renews the hidden tag ``.dagster/campaign-lease-until`` (:func:`hold_lease`: a
+heartbeat thread, every ``LEASE_RENEW_S``, the tag set ``LEASE_S`` ahead; ``campaign/lease-until`` on older runs),
+so a run whose owner died with its container (and whose PID namespace went with it) is reaped once its lease has
+expired; a live one never is, wherever it runs. A lease judges by wall-clock time across machines: ``LEASE_S`` is
+far above any clock skew between hosts that share an instance. Runs without these tags (launched from the UI, by a
+schedule or a sensor) are Dagster's own: its run launcher and run monitoring look after them.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ FINISHED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus
 SENSOR_NAME = "reap_dead_campaign_runs"
 SENSOR_INTERVAL_S = 30
 PID_REUSE_SLACK_S = 1.0  # process start times are rounded by the kernel (clock ticks)
-LEASE_TAG = "campaign/lease-until"  # unix time until which the owner vouches for the run (hold_lease renews it)
+# unix time until which the owner vouches for the run (hold_lease renews it); hidden, as the owner tag
+LEASE_TAG = f"{run_owner.HIDDEN}campaign-lease-until"
+VISIBLE_LEASE_TAG = "campaign/lease-until"  # the same, on runs recorded before it was hidden (read, never written)
 LEASE_S = 300.0  # a lease lasts this long unrenewed: ten renewals may fail (a busy storage) before a reap
 LEASE_RENEW_S = 30.0
 
@@ -84,11 +86,16 @@ def lease_tags(ttl_s: float = LEASE_S, now: float | None = None) -> dict[str, st
 def lease_alive(run, now: float | None = None) -> bool | None:
     """Whether the run's lease still holds: None when it has none (a run tagged before leases, or not a
     ``campaign run`` run)."""
+    until = lease_until(run)
+    return None if until is None else (time.time() if now is None else now) <= until
+
+
+def lease_until(run) -> float | None:
+    """The unix time the run's lease runs to (None: none)."""
     try:
-        until = float(run.tags[LEASE_TAG])
-    except (KeyError, ValueError):
+        return float(run.tags.get(LEASE_TAG, run.tags.get(VISIBLE_LEASE_TAG)))
+    except (TypeError, ValueError):
         return None
-    return (time.time() if now is None else now) <= until
 
 
 @contextmanager
@@ -134,8 +141,8 @@ def owner_tags(pid: int | None = None, start: float | None = None) -> dict[str, 
 
 
 def _owner(run) -> dict:
-    """The run's owner record (``resources/run_owner.py``: ``campaign/owner``, or the separate tags of a run
-    recorded before it); no ``pid`` when no ``campaign run`` owns the run."""
+    """The run's owner record (``resources/run_owner.py``: its hidden owner tag, or the tags of a run recorded
+    before it); no ``pid`` when no ``campaign run`` owns the run."""
     return run_owner.read(run.tags)
 
 
@@ -197,7 +204,7 @@ def reap_dead_runs(instance: DagsterInstance, log: Callable[[str], None] = print
         gone = (
             "is gone (killed or crashed)"
             if can_judge(run)
-            else f"stopped renewing its lease (expired {_iso_ts(run.tags[LEASE_TAG])}: its container or machine died)"
+            else f"stopped renewing its lease (expired {_iso_ts(lease_until(run))}: its container or machine died)"
         )
         owner = _owner(run)
         msg = (
@@ -253,8 +260,8 @@ def remove_leftovers(run, log: Callable[[str], None] = print) -> bool:
     return True
 
 
-def _iso_ts(unix: str) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(unix)))
+def _iso_ts(unix: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
 
 
 def _iso(ts) -> str:

@@ -86,16 +86,12 @@ def new_data_sensor(spec: CampaignSpec, job_name: str):
         + " are pending.",
     )
     def new_data(context: SensorEvaluationContext):
-        from campaign_orchestrator.triggers.newdata import NewDataState, Threshold, observe
-        from campaign_orchestrator.triggers.sources import SourceError, list_source
+        from stages.automation import new_data as check
 
-        state = NewDataState.from_cursor(context.cursor)
-        try:
-            files = list_source(spec.data.source, spec.project_dir, cache=state.stat_cache)
-        except SourceError as e:
-            return SkipReason(str(e))
-        decision = observe(state, files, Threshold(nd.min_new_rows, nd.min_new_fraction))
-        context.update_cursor(state.to_cursor())
+        decision, cursor, error = check(spec, context.cursor)
+        if error is not None:
+            return SkipReason(error)
+        context.update_cursor(cursor)
         context.log.info(decision.reason)
         if not decision.request:
             return SkipReason(decision.reason)
@@ -119,7 +115,7 @@ def _materialized(instance, order: list[str], upstream: set[str]) -> tuple[dict,
     version and input data versions their latest materialization was made with (None: never materialized)."""
     from dagster import AssetKey, DataProvenance
 
-    from campaign_orchestrator.triggers.staleness import Recorded
+    from stages.automation import recorded as Recorded
 
     latest, recorded = {}, {}
     for k in set(order) | upstream:
@@ -154,7 +150,7 @@ def model_change_sensor(spec: CampaignSpec, job_name: str):
         from dagster import AssetKey, RunsFilter
 
         from assets.versions import COVERS, code_versions
-        from campaign_orchestrator.triggers.staleness import plan
+        from stages.automation import stale_plan as plan
 
         instance = context.instance
         busy = instance.get_run_records(RunsFilter(tags={"campaign": spec.name}, statuses=IN_PROGRESS), limit=1)
@@ -243,7 +239,7 @@ def drift_retrain_sensor(spec: CampaignSpec, job_name: str):
         # One request per (promoted model, fresh data): a drift that persists on the same data
         # does not retrain again and again; new data gives a new key.
         return RunRequest(
-            run_key=f"drift-{md['drift_key']}",
+            run_key=f"drift-{md['content_key']}",
             asset_selection=stage_keys(spec),
             tags=trigger_tags(
                 spec, "drift", reason, drifted_model=str(md["promoted_key"]), drift_run=asset_event.run_id

@@ -6,6 +6,7 @@ from dagster import AssetKey, AssetSpec, DynamicPartitionsDefinition
 
 from assets.common import key
 from campaigns.spec import CampaignSpec
+from stages.hparam_sweep import trial_partition  # noqa: F401 - a trial's partition name, the stage's
 
 TRIAL = "sweep_trial"
 
@@ -16,11 +17,6 @@ def trial_partitions(spec: CampaignSpec) -> DynamicPartitionsDefinition:
 
 def trial_key(spec: CampaignSpec) -> AssetKey:
     return key(spec, TRIAL)
-
-
-def trial_partition(root: int) -> str:
-    """A trial's partition, named by its original trial number (a retry of a killed trial keeps it)."""
-    return f"trial-{root:03d}"
 
 
 def build(spec: CampaignSpec) -> AssetSpec:

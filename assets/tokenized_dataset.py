@@ -1,82 +1,22 @@
 """tokenized_dataset: the distillation set (plus any extra sources) tokenized with the student's
-tokenizer, packed and sharded into Parquet (``campaign_orchestrator.dataset.tokenize``).
+tokenizer, packed and sharded into Parquet (``stages/tokenized_dataset.py``).
 
-Two blocking checks (``campaign_orchestrator.dataset.checks``): ``stop_token_trained`` (every example's
-loss ends on the stop token) and, for logit distillation, ``vocabularies_compatible``."""
-
-import time
+A blocking check: ``stop_token_trained`` (every example's loss ends on the stop token). Logit distillation from a
+teacher with another tokenizer (or an API teacher, which returns text) places its top-k by byte offsets
+(``campaign_orchestrator.dataset.xtok``)."""
 
 from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetIn, MetadataValue, Output, asset
 
-from assets.common import base_metadata, key, model_deps, stage_key
+from assets.common import base_metadata, dagster_failures, for_people, key, model_deps, stage_context
 from campaigns.spec import CampaignSpec
 from resources.storage import ArtifactStore
+from stages import tokenized_dataset as stage
 
-STAGE_VERSION = "tokenized/v3"  # v3: a chat turn's loss ends on its end-of-turn token
-
-
-def build_settings(spec: CampaignSpec):
-    from campaign_orchestrator.dataset.tokenize import BuildSettings
-
-    d = spec.dataset
-    return BuildSettings(
-        max_seq_len=spec.training.max_seq_len,
-        template=d.template,
-        train_on_prompt=d.train_on_prompt,
-        packing=d.packing,
-        padding=d.padding,
-        too_long=d.too_long,
-        shard_size_bytes=int(d.shard_size_mb * (1 << 20)),
-        validation_fraction=d.validation_fraction,
-        split_seed=d.split_seed,
-        num_proc=d.num_proc,
-    )
-
-
-# The teacher columns' format (``campaign_orchestrator.dataset.topk``): part of the key of a campaign whose teacher
-# stores
-# top-k log-probabilities, so a dataset built before they were written is never reused for it.
-TEACHER_TOPK_FORMAT = "teacher_topk/v1"
-
-
-def content_key(
-    distillation_key: str, tokenizer: str, settings, extra_sources_hash: str | None, teacher_topk: bool = False
-) -> str:
-    """Same inputs and settings → same key (a no-op); a new tokenizer or max length → a new dataset."""
-    parts = [STAGE_VERSION, distillation_key, tokenizer, settings.key_fields(), extra_sources_hash]
-    return stage_key(*parts, TEACHER_TOPK_FORMAT) if teacher_topk else stage_key(*parts)
-
-
-def check_teacher_topk(spec: CampaignSpec, manifest: dict) -> None:
-    """Logit distillation needs teacher lists on the rows: fail here, naming why, rather than train on none."""
-    if spec.training.distillation.loss != "logits":
-        return
-    t = manifest.get("teacher_topk")
-    if not t or not t["positions"]:
-        examples = {k: v for k, v in (t or {}).get("examples", {}).items() if v}
-        raise ValueError(
-            "training.distillation.loss is 'logits' but no token of the tokenized dataset carries a teacher top-k "
-            f"distribution (examples by teacher_status: {examples or 'no top_logprobs in the distillation set'}). "
-            "no_token_ids: the teacher backend returns token text only (use a local transformers or vllm teacher); "
-            "not_found: the re-tokenized completions are not the tokens the teacher generated (the student needs the "
-            "teacher's tokenizer and the plain template, or a chat template that keeps the answer verbatim)"
-        )
-
-
-STOP_CHECK, VOCAB_CHECK = "stop_token_trained", "vocabularies_compatible"
-
-
-def teacher_tokenizer_ref(spec: CampaignSpec) -> str | None:
-    """Where the teacher's tokenizer is, for logit distillation (None: an endpoint without one)."""
-    tr = spec.training.distillation
-    if tr.teacher_tokenizer:
-        return tr.teacher_tokenizer
-    return spec.teacher.model if spec.teacher.backend != "openai" else None
+STOP_CHECK = "stop_token_trained"
 
 
 def build(spec: CampaignSpec):
     s, tr, d = spec.student, spec.training, spec.dataset
-    logits = tr.distillation.loss == "logits"
     checks = [
         AssetCheckSpec(
             STOP_CHECK,
@@ -86,16 +26,6 @@ def build(spec: CampaignSpec):
             "student learns to stop; rows cut by too_long: truncate are counted apart.",
         )
     ]
-    if logits:
-        checks.append(
-            AssetCheckSpec(
-                VOCAB_CHECK,
-                asset=key(spec, "tokenized_dataset"),
-                blocking=True,
-                description="Teacher and student share one tokenizer and vocabulary size, so "
-                "the teacher's top-k token ids mean what the student's do.",
-            )
-        )
 
     @asset(
         key=key(spec, "tokenized_dataset"),
@@ -110,59 +40,20 @@ def build(spec: CampaignSpec):
         ),
     )
     def tokenized_dataset(context: AssetExecutionContext, distillation: dict, storage: ArtifactStore):
-        m, cached, model_path = materialize(spec, distillation, storage, context.log.info)
-        check_teacher_topk(spec, m)
-        yield Output(m, metadata=dataset_metadata(m, cached))
+        ctx = stage_context(context, storage)
+        with dagster_failures():
+            out = stage.run(spec, {"distillation": distillation}, ctx)
+        m = out.manifest
+        yield Output(m, metadata=for_people(dataset_metadata(m, out.cached)))
         yield stop_check(m["stop_token"])
-        if logits:
-            yield vocabulary_check(spec, storage, model_path)
 
     return tokenized_dataset
 
 
-def materialize(spec: CampaignSpec, distillation: dict, storage: ArtifactStore, log) -> tuple[dict, bool, object]:
-    """The tokenized dataset's stage, built unless its content key is complete: ``(manifest, cached, base path)``."""
-    from campaign_orchestrator.dataset.sources import resolve_source, source_hash
-    from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset, tokenizer_hash
-
-    d = spec.dataset
-    model_path = storage.resolve_model(spec.student.base_model, spec.project_dir)
-    tok_hash = tokenizer_hash(model_path)
-    settings = build_settings(spec)
-    extra = source_hash([resolve_source(x, spec.project_dir) for x in d.extra_sources]) if d.extra_sources else None
-    k = content_key(
-        distillation["key"], tok_hash, settings, extra, teacher_topk=spec.teacher.sampling.logprobs is not None
-    )
-    sd = storage.stage(spec.name, "tokenized_dataset", k)
-    cached = sd.is_complete()
-    if not cached:
-        t0 = time.perf_counter()
-        report = build_tokenized_dataset(
-            model_path,
-            [distillation["distillation_path"], *d.extra_sources],
-            sd.ensure(),
-            settings,
-            base_dir=spec.project_dir,
-            extra_metadata={"campaign.dataset_key": k, "campaign.source_key": distillation["key"]},
-            log=log,
-        )
-        sd.commit(
-            report
-            | {
-                "dataset_path": str(sd.path / "train"),
-                "validation_path": str(sd.path / "validation"),
-                "tokenizer_hash": tok_hash,
-                "wall_seconds": time.perf_counter() - t0,
-                "cost_lines": [],
-            }
-        )
-    return sd.manifest(), cached, model_path
-
-
-def dataset_metadata(m: dict, cached: bool) -> dict:
+def dataset_metadata(m: dict, reused: bool) -> dict:
     """The tokenized dataset's manifest as Dagster metadata."""
     tsplit, vsplit = m["splits"]["train"], m["splits"]["validation"]
-    md = base_metadata(m, cached) | {
+    md = base_metadata(m, reused) | {
         "examples_in": m["examples_in"],
         "examples_out": m["examples_out"],
         "dropped_total": m["dropped_total"],
@@ -192,6 +83,10 @@ def dataset_metadata(m: dict, cached: bool) -> dict:
             "teacher_topk_positions": t["positions"],
             "teacher_topk_examples": MetadataValue.json(t["examples"]),
         }
+        if t.get("alignment"):  # by byte offsets (a teacher of another tokenizer): the share of each part
+            a = t["alignment"]
+            md |= {f"teacher_{k}_positions": v for k, v in a["positions"].items()}
+            md |= {f"teacher_{k}_share": float(v) for k, v in a["shares"].items()}
     stop = m["stop_token"]
     md |= {
         "stop_token_ids": MetadataValue.json(stop["stop_token_ids"]),
@@ -202,37 +97,10 @@ def dataset_metadata(m: dict, cached: bool) -> dict:
 
 
 def stop_check(stop: dict) -> AssetCheckResult:
-    from campaign_orchestrator.dataset.checks import describe_stop_tokens
-
     return AssetCheckResult(
         check_name=STOP_CHECK,
         passed=stop["passed"],
-        description=describe_stop_tokens(stop),
+        description=stage.describe_stop_tokens(stop),
         metadata={k: v for k, v in stop.items() if k != "missing_examples"}
         | {"missing_examples": MetadataValue.json(stop["missing_examples"])},
-    )
-
-
-def vocabulary_check(spec: CampaignSpec, storage: ArtifactStore, model_path) -> AssetCheckResult:
-    """Logit distillation: the teacher's tokenizer and vocabulary are the student's."""
-    from campaign_orchestrator.dataset.checks import vocabulary_report
-
-    ref = teacher_tokenizer_ref(spec)
-    if ref is None:
-        return AssetCheckResult(
-            check_name=VOCAB_CHECK,
-            passed=False,
-            description="logit distillation from an endpoint needs the teacher's tokenizer: "
-            "set training.distillation.teacher_tokenizer",
-        )
-    v = vocabulary_report(storage.resolve_model(ref, spec.project_dir), model_path)
-    return AssetCheckResult(
-        check_name=VOCAB_CHECK,
-        passed=v["passed"],
-        description="; ".join(v["reasons"]) or "same tokenizer and vocabulary size",
-        metadata={k: v[k] for k in ("teacher_vocab_size", "student_vocab_size") if v[k] is not None}
-        | {
-            "teacher_tokenizer_hash": v["teacher_tokenizer_hash"][:16],
-            "student_tokenizer_hash": v["student_tokenizer_hash"][:16],
-        },
     )

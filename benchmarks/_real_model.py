@@ -62,8 +62,8 @@ def tokenized_dataset(out: Path, spec=None, num_proc: int | None = 1) -> dict:
     """Build the campaign's tokenized dataset from the frozen distillation set into ``out``; the stage's report."""
     import dataclasses
 
-    from assets.tokenized_dataset import build_settings
     from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset
+    from stages.tokenized_dataset import build_settings
 
     spec = spec or campaign()
     settings = dataclasses.replace(build_settings(spec), num_proc=num_proc)

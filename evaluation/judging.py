@@ -10,7 +10,8 @@ changed threshold re-judges stored answers instead of generating them again.
 import json
 from pathlib import Path
 
-from campaign_orchestrator.content import file_sha256, short, value_sha256
+from campaign_orchestrator import content
+from campaign_orchestrator.content import file_sha256
 from campaigns.spec import CampaignSpec
 
 JUDGING_VERSION = "evaluation/v3"
@@ -37,7 +38,7 @@ def review_line(spec: CampaignSpec, verdict: str, candidate_key: str) -> str | N
 
 def _stage_key(*parts) -> str:
     """As ``assets.common.stage_key``: the stage's content key."""
-    return short(value_sha256(list(parts)), 20)
+    return content.stage_key(*parts)
 
 
 def gate_policies(spec: CampaignSpec) -> tuple[dict, object]:
@@ -108,8 +109,10 @@ def write_judgement(doc: dict, out: Path) -> tuple[Path, Path]:
 def judgement_manifest(
     spec: CampaignSpec, items: dict, items_key: str, candidate_key: str, doc: dict, gate: Path, report: Path
 ) -> dict:
-    """The judgement stage's manifest: the verdict and scores, with the answers' cost and provenance carried over
-    (the answers' stage is where they were spent)."""
+    """The judgement stage's manifest: the verdict and scores, with the answers' cost and provenance carried over.
+    The answers' stage is where they were spent: ``cost_lines_of`` names its production as the owner of the lines,
+    so the ledger records them once, whichever judgement of the answers comes first, and a re-judgement (another
+    gate policy) spends nothing while its result's cost still counts them (``costs/ledger.py``, "Carried lines")."""
     from campaign_orchestrator.costs.report import student_teacher_ratio
 
     ev, im = spec.evaluation, items
@@ -127,12 +130,21 @@ def judgement_manifest(
         "requires_human_review": ev.requires_human_review,
         "wall_seconds": im["wall_seconds"],
         "cost_lines": im["cost_lines"],
+        "cost_lines_of": carried_lines_owner(im, "evaluation_items"),
         **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
         "student_teacher_ratio": {x.name: student_teacher_ratio(doc["scores"], x.name) for x in ev.suites},
         "compute_dtype": im.get("compute_dtype", {}),
         "answers": im.get("answers", {}),
         **({"ray_shards": im["ray_shards"]} if "ray_shards" in im else {}),
     } | {k: im[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in im}
+
+
+def carried_lines_owner(manifest: dict, stage: str) -> dict:
+    """What a manifest that carries another stage output's ``cost_lines`` names as their owner (``cost_lines_of``):
+    that output's stage, content key and production (``StageDir.commit`` gave it one)."""
+    from campaign_orchestrator.costs.ledger import production_id
+
+    return {"stage": stage, "key": manifest.get("key"), "production_id": production_id(manifest)}
 
 
 def judge_stage(

@@ -67,7 +67,8 @@ def _p(p: float | None) -> str:
     return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
-def _value(rule: str, x: float | None) -> str:
+def rule_value(rule: str, x: float | None) -> str:
+    """A gate rule's measured value for people: a share in percent, a change in points of percent, seconds, items."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
     if rule == "min_items":
@@ -79,14 +80,15 @@ def _value(rule: str, x: float | None) -> str:
     return f"{x:.1%}"
 
 
-def _threshold(rule: str, x: float | None) -> str:
+def rule_threshold(rule: str, x: float | None) -> str:
+    """A gate rule's threshold for people, with the side a value must be on (in the units of :func:`rule_value`)."""
     if x is None:
         return "—"
     if rule == "min_items" or rule == "min_score":
-        return "≥ " + _value(rule, x)
+        return "≥ " + rule_value(rule, x)
     if rule in ("max_regression_vs_base", "max_category_regression"):
         return f"CI low ≥ {_pts(x)} pts"
-    return "≤ " + _value(rule, x)
+    return "≤ " + rule_value(rule, x)
 
 
 def disagreements(
@@ -230,8 +232,8 @@ def markdown(
         for i, rule in enumerate(rules):
             lines.append(
                 f"| {r.suite if i == 0 else ''} | {v if i == 0 else ''} | {rule.rule} | {rule.tier} | "
-                f"{_MARK.get(rule.status, rule.status)} | {_value(rule.rule, rule.value)} | "
-                f"{_threshold(rule.rule, rule.threshold)} | {rule.detail.replace('|', '/')} |"
+                f"{_MARK.get(rule.status, rule.status)} | {rule_value(rule.rule, rule.value)} | "
+                f"{rule_threshold(rule.rule, rule.threshold)} | {rule.detail.replace('|', '/')} |"
             )
     lines += ["", f"### Most informative disagreements ({len(shown)} of {total})", ""]
     if not shown:
@@ -250,4 +252,4 @@ def markdown(
     return "\n".join(lines)
 
 
-__all__ = ["ALL", "build_report", "disagreements", "markdown"]
+__all__ = ["ALL", "build_report", "disagreements", "markdown", "rule_threshold", "rule_value"]

@@ -38,7 +38,7 @@ from pydantic import Field
 from campaign_orchestrator import allocator
 from campaigns import paths
 from resources import run_owner
-from resources.pricing import charge_round
+from stages.pricing import charge_round
 from training import run_processes
 from training.config import TrainJob
 from training.diagnostics import distributed_env
@@ -139,7 +139,7 @@ def metric_observations(messages, seen: int) -> tuple[list[dict], int]:
 
 def round_messages(messages, seen: int) -> list[dict]:
     """New ``on_policy_round`` rows among the Pipes custom messages (a finished on-policy round: what the teacher
-    scored, for the budget guard: ``resources.pricing.charge_round``)."""
+    scored, for the budget guard: ``stages.pricing.charge_round``)."""
     return [m for m in list(messages)[seen:] if isinstance(m, dict) and m.get("kind") == "on_policy_round"]
 
 

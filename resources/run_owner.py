@@ -1,4 +1,8 @@
-"""The one run tag that says who owns a ``campaign run`` run and what it started: ``campaign/owner``, compact JSON.
+"""The one run tag that says who owns a ``campaign run`` run and what it started: :data:`OWNER_TAG`, compact JSON.
+
+It is internal (only the run reaper reads it), so it is one of Dagster's hidden tags (prefix ``.dagster/``: the UI's
+runs list and run page never show them, GraphQL leaves them out, ``DagsterRun.tags`` keeps them): the tags people read,
+verdict and cost first, are not buried under a JSON blob. Runs recorded before that carry it as ``campaign/owner``.
 
 ``campaign run`` writes the owner process when it creates the run (``assets/run_recovery.py``: ``owner_tags``); the
 launchers add what the reaper must remove if that process dies: the local launcher its trainers' process groups
@@ -10,9 +14,10 @@ launchers add what the reaper must remove if that process dies: the local launch
 * ``trainers``: process groups (``training.run_processes.group_record``),
 * ``k8s``: the cluster (namespace, kubeconfig_file, kube_context, in_cluster).
 
-Runs recorded before this tag carry the same facts as separate tags (:data:`LEGACY_TAGS`); :func:`read` falls back to
-them, so a run started before an upgrade is still judged (and its leftovers removed) after it. The run lease
-(``campaign/lease-until``) stays a tag of its own: it is rewritten every renewal.
+Runs recorded before this tag carry the same facts as ``campaign/owner`` or, older still, as separate tags
+(:data:`LEGACY_TAGS`); :func:`read` falls back to them, so a run started before an upgrade is still judged (and its
+leftovers removed) after it. The run lease (``assets/run_recovery.py``: ``LEASE_TAG``, hidden too) stays a tag of its
+own: it is rewritten every renewal.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from collections.abc import Mapping
 
 from training import run_processes
 
-OWNER_TAG = "campaign/owner"
-# the separate tags runs carried before OWNER_TAG (read, never written)
+HIDDEN = ".dagster/"  # Dagster's prefix of hidden tags (dagster._core.storage.tags.HIDDEN_TAG_PREFIX)
+OWNER_TAG = f"{HIDDEN}campaign-owner"
+VISIBLE_OWNER_TAG = "campaign/owner"  # the same record, as runs carried it before it was hidden (read, never written)
+# the separate tags runs carried before VISIBLE_OWNER_TAG (read, never written)
 LEGACY_TAGS = {
     "host": "campaign/host",
     "pid": "campaign/pid",
@@ -43,12 +50,14 @@ def _json(text: str | None, kind: type):
 
 
 def read(tags: Mapping[str, str]) -> dict:
-    """The owner record of a run's tags: ``campaign/owner``, over the separate tags of a run recorded before it (no
-    ``pid`` for a run no ``campaign run`` owns). ``trainers`` is always there: a list of valid process groups."""
+    """The owner record of a run's tags: :data:`OWNER_TAG`, over ``campaign/owner`` and the separate tags of runs
+    recorded before them (no ``pid`` for a run no ``campaign run`` owns). ``trainers`` is always there: a list of
+    valid process groups."""
     owner: dict = {k: tags[t] for k, t in LEGACY_TAGS.items() if t in tags}
     owner["trainers"] = run_processes.decode_groups(tags.get(LEGACY_TRAINERS_TAG))
     if LEGACY_K8S_TAG in tags:
         owner["k8s"] = _json(tags[LEGACY_K8S_TAG], dict)
+    owner |= _json(tags.get(VISIBLE_OWNER_TAG), dict) or {}
     owner |= _json(tags.get(OWNER_TAG), dict) or {}
     trainers = owner["trainers"]
     owner["trainers"] = run_processes.valid_groups(trainers if isinstance(trainers, list) else [])

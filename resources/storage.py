@@ -1,12 +1,11 @@
-"""The artifact store: one root directory, stage directories keyed by content hash, and the
-generation cache (``<root>/cache`` by default, or an S3 bucket through boto3).
+"""The ``storage`` resource: where artifacts and the generation cache live. It holds the settings and hands the
+stages a plain :class:`stages.storage.Store` (``store()``); its methods are the store's, for the code that holds the
+resource (sensors, the CLI).
 
-Stage directories stay on the local root (the trainer and evaluation read them as files). The
-generation cache is shared across campaigns and re-runs, so it may live in S3 where several
-machines (or a fresh pod) find it: set ``cache_url: s3://bucket/prefix`` (credentials from the
-usual boto3 chain: environment, profile, instance or pod role; ``s3_endpoint_url`` for MinIO,
-R2 or any S3-compatible service). Spool files of in-progress generations always stay local
-under ``<root>/cache/spool``.
+Stage directories stay on the local root (the trainer and evaluation read them as files). The generation cache may
+live in S3 where several machines (or a fresh pod) find it: set ``cache_url: s3://bucket/prefix`` (credentials from
+the usual boto3 chain: environment, profile, instance or pod role; ``s3_endpoint_url`` for MinIO, R2 or any
+S3-compatible service). Spool files of in-progress generations always stay local under ``<root>/cache/spool``.
 """
 
 from __future__ import annotations
@@ -16,10 +15,7 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from campaign_orchestrator import models
-from campaign_orchestrator.stage_dir import StageDir
-from campaigns import paths
-from campaigns.object_store import is_s3_url
+from stages.storage import Store
 
 
 class ArtifactStore(ConfigurableResource):
@@ -32,29 +28,24 @@ class ArtifactStore(ConfigurableResource):
     s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...); default: AWS.")
     s3_region: str | None = Field(None, description="S3 region; default: the boto3 configuration's.")
 
-    def root_path(self) -> Path:
-        return paths.artifact_root(self.root)
+    def store(self) -> Store:
+        """The plain store these settings describe (what the stages get)."""
+        return Store(self.root, self.cache_url, self.s3_endpoint_url, self.s3_region)
 
-    def stage(self, campaign: str, stage: str, key: str) -> StageDir:
-        return StageDir(self.root_path(), campaign, stage, key)
+    def root_path(self) -> Path:
+        return self.store().root_path()
+
+    def stage(self, campaign: str, stage: str, key: str):
+        return self.store().stage(campaign, stage, key)
 
     def cache_store(self):
-        """The generation cache's object store (:mod:`campaign_orchestrator.generation.blobstore`)."""
-        from campaign_orchestrator.generation.blobstore import open_store
-
-        url = self.cache_url or str(self.root_path() / "cache")
-        if not is_s3_url(url):
-            url = str(paths.resolve(url))
-        return open_store(url, endpoint_url=self.s3_endpoint_url, region=self.s3_region)
+        return self.store().cache_store()
 
     def spool_dir(self) -> Path:
-        """Local directory for spool files of generations in progress."""
-        return self.root_path() / "cache" / "spool"
+        return self.store().spool_dir()
 
     def campaign_dir(self, campaign: str) -> Path:
-        return self.root_path() / campaign
+        return self.store().campaign_dir(campaign)
 
     def resolve_model(self, ref: str, base: Path | None = None, revision: str | None = None, log=None) -> Path:
-        """A campaign's model reference as a checkpoint directory (:func:`campaign_orchestrator.models.resolve`:
-        ``@demo/<name>``, a directory or ``.gguf`` file relative to ``base``, ``s3://``, a hub id)."""
-        return models.resolve(ref, self.root_path(), base, revision, log=log)
+        return self.store().resolve_model(ref, base, revision, log=log)

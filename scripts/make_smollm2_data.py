@@ -13,10 +13,11 @@ bottom package `campaigns` may not):
                         before any training. An item the base gets right only under one phrasing is a coin
                         flip, and any fine-tune flips some of those: a regression suite of them measures noise.
 
-  train-facts.jsonl     "In which country is the city of <city>?" prompts (campaigns/smollm2_facts*.yaml): one
+  facts-train.jsonl     "In which country is the city of <city>?" prompts (campaigns/smollm2_facts*.yaml): one
                         lowercase country name, for cities the BASE model names the country of in a sentence
                         under at least one of two phrasings (bare, "Which country is <city> in?"); split by city
-  suite-facts.jsonl     the held-out cities (about a third): the task suite (exact match)
+  facts-suite.jsonl     the held-out cities (about a third): the task suite (exact match)
+                        (named facts-*, not train-*: campaigns/smollm2.yaml trains on train-*.jsonl)
 
 General questions are split between suite and replay by ENTITY KEY (country, opposite pair, coloured
 object, ...; sha256 of the key), so no suite entity appears in replay or in the teacher's context.
@@ -990,7 +991,7 @@ def fact_side(city):
 
 
 def facts_files(cache_dir, threads, gen=None):
-    """train-facts.jsonl and suite-facts.jsonl: the cities whose country the base names in a sentence under at least
+    """facts-train.jsonl and facts-suite.jsonl: the cities whose country the base names in a sentence under at least
     one phrasing (its answers cached per phrasing in ``cache_dir``), split by city hash; returns the generator (to
     share the loaded model) and the counts."""
     pool = cities()
@@ -1033,8 +1034,8 @@ def main():
 
     os.makedirs(a.cache, exist_ok=True)
     gen, facts = facts_files(a.cache, a.threads)
-    dump("train-facts.jsonl", facts["train"])
-    dump("suite-facts.jsonl", facts["suite"])
+    dump("facts-train.jsonl", facts["train"])
+    dump("facts-suite.jsonl", facts["suite"])
     print(f"facts: {len(facts['train'])} train, {len(facts['suite'])} suite cities")
     if a.only == "facts":
         return

@@ -12,7 +12,7 @@ from tests.support import REPO_ROOT
 
 # A test that needs the built demo models (or the MoE student) is a stage test by definition: `make test-fast`
 # (`-m "not slow and not stage"`) then never builds a model, on a fresh clone or after `make clean`.
-MODEL_FIXTURES = frozenset({"demo_models_root", "demo_models", "artifact_root", "moe_student"})
+MODEL_FIXTURES = frozenset({"demo_models_root", "demo_models", "artifact_root", "moe_student", "xtok_teacher"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,6 +55,18 @@ def moe_student(demo_models_root) -> Path:
 
     build_moe_student(demo_models_root, log=lambda _m: None)
     return resolve("@demo/moe_student", demo_models_root)
+
+
+@pytest.fixture(scope="session")
+def xtok_teacher(demo_models_root) -> Path:
+    """The demo cipher teacher with a byte-level BPE tokenizer (``@demo/teacher_bpe``), built once like the demo
+    models (its build time: docs/results.md, "Cross-tokenizer logit distillation"); tests that ask for it are
+    ``heavy`` (``make test-heavy``)."""
+    from campaign_orchestrator.demo.build import build_xtok_teacher
+    from campaign_orchestrator.demo.recipe import resolve
+
+    build_xtok_teacher(demo_models_root, log=lambda _m: None)
+    return resolve("@demo/teacher_bpe", demo_models_root)
 
 
 @pytest.fixture
@@ -160,11 +172,24 @@ def smollm2() -> Path:
     return models.resolve(SMOLLM2, MODELS_ROOT)
 
 
+AUTO_DTYPE_ENV = "CAMPAIGN_TEST_AUTO_DTYPE"  # float32 | bfloat16: what `compute_dtype: auto` resolves to in a session
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _host_measurements_in_a_temp_dir(tmp_path_factory):
     """The compute-dtype measurement cache of a test session is its own (a loaded CI box must not leave
-    a slow figure in the user's cache)."""
-    os.environ.setdefault("CAMPAIGN_CACHE_DIR", str(tmp_path_factory.mktemp("host-cache")))
+    a slow figure in the user's cache). With ``CAMPAIGN_TEST_AUTO_DTYPE=float32`` (or ``bfloat16``) the session
+    runs as the other kind of host would: the cache holds that verdict for this host, so ``auto`` resolves to it
+    here and in every process the tests start (an AVX2-only host picks float32, an AVX512-BF16 one bfloat16)."""
+    forced = os.environ.get(AUTO_DTYPE_ENV)
+    if not forced:
+        os.environ.setdefault("CAMPAIGN_CACHE_DIR", str(tmp_path_factory.mktemp("host-cache")))
+        return
+    if forced not in ("float32", "bfloat16"):
+        raise pytest.UsageError(f"{AUTO_DTYPE_ENV}={forced!r}: expected float32 or bfloat16")
+    from tests.support.hosts import force_auto_dtype
+
+    os.environ["CAMPAIGN_CACHE_DIR"] = str(force_auto_dtype(tmp_path_factory.mktemp("host-cache"), forced))
 
 
 # ------------------------------------------------------------------ PostgreSQL

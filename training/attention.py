@@ -51,6 +51,10 @@ def segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     return [(s, e) for s, e in zip(bounds, bounds[1:], strict=False) if e > s]
 
 
+# Outside any compiled graph (``training.compile``): the sequences are read on the host (``segments``), so a compiled
+# layer would be specialized, and compiled again, for every count of sequences a row holds (recompiles until dynamo's
+# limit, then eager frames); disabled, the layer's graph stops before it and resumes after it.
+@torch.compiler.disable
 def segment_eager_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -289,6 +293,45 @@ def _block_masks(lengths: list[int], device):
     return allowed[None, None], additive[None, None]
 
 
+class _Probe(nn.Module):
+    """The attention module a kernel sees in the measurement: training mode, grouped-query groups."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.num_key_value_groups = groups
+
+
+def _eager_step(layer, q, k, v, *, allowed, additive, position_ids, scaling):
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    return eager_attention_forward(layer, q, k, v, additive, scaling=scaling)[0]
+
+
+def _sdpa_step(layer, q, k, v, *, allowed, additive, position_ids, scaling):
+    g = layer.num_key_value_groups
+    return nn.functional.scaled_dot_product_attention(
+        q, _repeat_kv(k, g), _repeat_kv(v, g), attn_mask=allowed, scale=scaling
+    )
+
+
+def _segment_step(layer, q, k, v, *, allowed, additive, position_ids, scaling):
+    return segment_eager_forward(layer, q, k, v, None, scaling=scaling, position_ids=position_ids)[0]
+
+
+def _varlen_step(layer, q, k, v, *, allowed, additive, position_ids, scaling):
+    return varlen_forward(layer, q, k, v, None, scaling=scaling, position_ids=position_ids)[0]
+
+
+# One attention forward of each kernel as the measurement runs it: (layer, q, k, v, *, allowed, additive,
+# position_ids, scaling) -> the output (the masks transformers would build for eager and sdpa are given).
+KERNEL_STEPS = {"eager": _eager_step, "sdpa": _sdpa_step, NAME: _segment_step, VARLEN: _varlen_step}
+
+
+def kernel_steps(device: torch.device) -> dict:
+    """``{name: step}`` of the kernels measured on ``device`` (:func:`candidates`)."""
+    return {k: KERNEL_STEPS[k] for k in candidates(device)}
+
+
 def time_kernels(
     heads: int,
     kv_heads: int,
@@ -296,16 +339,17 @@ def time_kernels(
     lengths: list[int],
     device: torch.device,
     dtype: torch.dtype = torch.float32,
-    rounds: int = 3,
+    rounds: int = 5,
+    kernels: dict | None = None,
 ) -> dict[str, float]:
     """Seconds of one attention forward + backward per candidate kernel on a padding-free row of sequences
-    of ``lengths`` (best of ``rounds`` after a warm-up; other processes only ever slow a round down)."""
-    from transformers.models.llama.modeling_llama import eager_attention_forward
+    of ``lengths``: the best of ``rounds`` after a warm-up, the kernels taking turns round by round (other processes
+    only ever slow a round down, and a busy spell then falls on every kernel alike). ``kernels``:
+    ``{name: step}`` as :data:`KERNEL_STEPS` (default: :func:`kernel_steps` of ``device``)."""
+    import time
 
-    class _Layer(nn.Module):
-        num_key_value_groups = heads // kv_heads
-
-    layer = _Layer().train()
+    kernels = kernels if kernels is not None else kernel_steps(device)
+    layer = _Probe(heads // kv_heads).train()
     t = sum(lengths)
     pos = torch.cat([torch.arange(n, device=device) for n in lengths])[None]
     allowed, additive = _block_masks(lengths, device)
@@ -316,26 +360,15 @@ def time_kernels(
     v0 = torch.randn(1, kv_heads, t, head_dim, generator=g).to(device, dtype)
     scale = head_dim**-0.5
 
-    def step(kind: str) -> None:
+    def step(fn) -> None:
         q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
-        if kind == "eager":
-            out, _ = eager_attention_forward(layer, q, k, v, additive, scaling=scale)
-        elif kind == NAME:
-            out, _ = segment_eager_forward(layer, q, k, v, None, scaling=scale, position_ids=pos)
-        elif kind == VARLEN:
-            out, _ = varlen_forward(layer, q, k, v, None, scaling=scale, position_ids=pos)
-        else:
-            out = nn.functional.scaled_dot_product_attention(
-                q, _repeat_kv(k, heads // kv_heads), _repeat_kv(v, heads // kv_heads), attn_mask=allowed, scale=scale
-            )
+        out = fn(layer, q, k, v, allowed=allowed, additive=additive, position_ids=pos, scaling=scale)
         out.float().sum().backward()
 
-    import time
-
-    best = {}
-    for kind in candidates(device):
+    runnable = {}
+    for kind, fn in kernels.items():
         try:
-            step(kind)  # warm-up
+            step(fn)  # warm-up
         except Exception as e:  # noqa: BLE001 - a fused kernel this device or dtype cannot run is no candidate
             if kind in CANDIDATES:
                 raise
@@ -345,17 +378,18 @@ def time_kernels(
                 f"attention kernel {kind!r} left out of the measurement: {type(e).__name__}: {e}", stacklevel=2
             )
             continue
-        times = []
-        for _ in range(rounds):
+        runnable[kind] = fn
+    times: dict[str, list[float]] = {k: [] for k in runnable}
+    for _ in range(rounds):  # round by round (A, B, C, A, B, C, ...): a busy spell falls on every kernel alike
+        for kind, fn in runnable.items():
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            step(kind)
+            step(fn)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-        best[kind] = min(times)
-    return best
+            times[kind].append(time.perf_counter() - t0)
+    return {k: min(v) for k, v in times.items()}
 
 
 def choose_kernel(
@@ -365,17 +399,21 @@ def choose_kernel(
     seq_len: int,
     dtype: torch.dtype = torch.float32,
     cache_dir: str | None = None,
+    kernels: dict | None = None,
 ) -> tuple[str, dict]:
     """The fastest attention kernel for a padding-free micro-batch of ``row_tokens`` tokens holding sequences of
     ``seq_len`` tokens, measured here once per host, torch version, threads, device, dtype and shape, then reused
     from the cache (``$CAMPAIGN_CACHE_DIR``, as ``campaign_orchestrator.hardware``), so every later run and every
-    rank of one machine computes with the same kernel. Returns the kernel and the record."""
+    rank of one machine computes with the same kernel; processes that ask together wait for the one that measures
+    (``hardware.measured_once``). ``kernels``: the candidates (``{name: step}``, default :func:`kernel_steps`).
+    Returns the kernel and the record (``measured_now``: whether this call measured)."""
     import socket
     from pathlib import Path
 
     from campaign_orchestrator.hardware import cache_dir as host_cache_dir
-    from campaign_orchestrator.hardware import read_host_cache, write_host_cache
+    from campaign_orchestrator.hardware import measured_once
 
+    kernels = kernels if kernels is not None else kernel_steps(device)
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -396,25 +434,23 @@ def choose_kernel(
                 head_dim,
                 row_tokens,
                 seq_len,
-                "+".join(candidates(device)),
+                "+".join(kernels),
             ),
         )
     )
-    path = Path(cache_dir or host_cache_dir()) / CACHE_FILE
-    cached = read_host_cache(path)
-    if key in cached:
-        return cached[key]["kernel"], cached[key]
-    seconds = time_kernels(heads, kv, head_dim, lengths, device, dtype)
-    record = {
-        "kernel": min(seconds, key=seconds.get),
-        "seconds": {k: round(v, 6) for k, v in seconds.items()},
-        "row_tokens": row_tokens,
-        "seq_len": seq_len,
-        "varlen_backend": varlen_backend(device),
-    }
-    cached[key] = record
-    write_host_cache(path, cached)
-    return record["kernel"], record
+
+    def measure() -> dict:
+        seconds = time_kernels(heads, kv, head_dim, lengths, device, dtype, kernels=kernels)
+        return {
+            "kernel": min(seconds, key=seconds.get),
+            "seconds": {k: round(v, 6) for k, v in seconds.items()},
+            "row_tokens": row_tokens,
+            "seq_len": seq_len,
+            "varlen_backend": varlen_backend(device),
+        }
+
+    record, measured = measured_once(Path(cache_dir or host_cache_dir()) / CACHE_FILE, key, measure)
+    return record["kernel"], record | {"measured_now": measured}
 
 
 def batch_shape(rows, micro_batch: int) -> tuple[int, int]:

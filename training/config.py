@@ -72,6 +72,13 @@ class TrainJob(BaseModel):
         description="`training.distillation.loss: on_policy`: prompts and teacher scoring. With "
         "`teacher_generations: none` there is no tokenized dataset (dataset_path empty).",
     )
+    policy_terms: dict | None = Field(
+        None,
+        description="What the training policy adds to the device the trainer sees (campaign_orchestrator.costs."
+        "memory_policy.policy_terms, from the campaign and its pricing catalog): the headroom and, per device kind, "
+        "the process's own memory and the C heap's retention, so the trainer resolves `auto` with the planner's "
+        "inputs. None: headroom 0.9, nothing else counted.",
+    )
     checkpoint_uri: str | None = Field(
         None,
         description=(

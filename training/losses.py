@@ -30,6 +30,26 @@ The tokenized dataset carries them as ``teacher_topk_ids: list<list<int32>>`` an
 teacher said nothing); :func:`campaign_orchestrator.dataset.topk.align_top_logprobs` builds those lists from a teacher
 generation's
 ``top_logprobs`` (one list per generated token of ``{token_id, logprob}``).
+
+**A teacher with another tokenizer** (cross-tokenizer logit distillation; the rows placed by byte offsets in
+:mod:`campaign_orchestrator.dataset.xtok`) adds two label-aligned keys::
+
+    teacher_align          int64   [B, T]      0 none, 1 exact, 2 ULD group head, 3 ULD group continuation
+    teacher_span_logprob   float32 [B, T]      at a head: the teacher's log-prob of the rest of its group
+
+and its ``teacher_topk_ids`` are padded with -2 (-1: a candidate the student's vocabulary lacks, or a ULD head's).
+:func:`xtok_sums` is the top-k + tail KL above at the exact positions (the teacher's candidates that are student
+tokens, the rest of its mass in the tail) plus, per ULD group, a vocabulary-free term in the style of ULD
+(Boizard et al. 2024): both distributions at the group's first position, each scaled by its model's probability
+of the rest of the group (the chain rule over the group's later tokens: the student's from its own logits, the
+teacher's stored), sorted, compared by L1 over the teacher's top-k plus one tail bucket::
+
+    P_j = c_T p_(j)     Q_j = c_S q_(j)      (p_(j), q_(j): the j-th largest probabilities, j <= k)
+    ULD = sum_j |P_j - Q_j| + |c_T (1 - sum_j p_(j)) - c_S (1 - sum_j q_(j))|
+
+The tail bucket is the L1 of the rest lower-bounded by its mass (the teacher's tail is known only in total). With
+identical vocabularies every position is exact and the sum equals :func:`topk_kl_sum`
+(tests/training/test_losses_xtok.py).
 """
 
 from __future__ import annotations
@@ -43,9 +63,11 @@ import torch.nn.functional as F
 # The alignment of a generation's top-k lists onto tokenized rows is data preparation (torch-free, in
 # campaign_orchestrator.dataset.topk); re-exported here because the loss and the columns it reads are one contract.
 from campaign_orchestrator.dataset.topk import TEACHER_IDS, TEACHER_LOGPROBS, AlignmentError, align_top_logprobs  # noqa: F401
+from campaign_orchestrator.dataset.xtok import EXACT, TEACHER_ALIGN, TEACHER_SPAN, ULD_CONT, ULD_HEAD
 
 IGNORE = -100
-TEACHER_KEYS = frozenset({TEACHER_IDS, TEACHER_LOGPROBS})
+TEACHER_KEYS = frozenset({TEACHER_IDS, TEACHER_LOGPROBS, TEACHER_ALIGN, TEACHER_SPAN})
+ABSENT = -2  # a padded top-k slot, in a cross-tokenizer batch (-1 there: a candidate without a student id)
 
 
 # --------------------------------------------------------------------------- losses
@@ -182,31 +204,98 @@ def generalized_jsd_sum(
     return generalized_jsd(log_p, log_q, valid, beta).sum(), n
 
 
+def uld_sum(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    topk_logprobs: torch.Tensor,
+    present: torch.Tensor,
+    align: torch.Tensor,
+    span: torch.Tensor,
+) -> tuple[torch.Tensor, int]:
+    """Summed vocabulary-free (ULD) term over the ULD groups of a cross-tokenizer batch, and the number of groups.
+
+    ``logits`` [B, T, V]; ``labels``, ``align``, ``span`` [B, T]; ``topk_logprobs`` / ``present`` [B, T, K] (the
+    teacher's sorted log-probabilities at each group head, ``present`` False on padded slots), all aligned with
+    ``labels``. A group is its head (``align`` 2) and the continuations (3) that follow it in its row."""
+    lab, kind = labels[:, 1:], align[:, 1:]
+    labelled = lab != IGNORE
+    head = (kind == ULD_HEAD) & labelled
+    if not bool(head.any()):
+        return logits.sum() * 0.0, 0
+    member = (head | (kind == ULD_CONT)) & labelled
+    vocab = logits.size(-1)
+    flat = member.reshape(-1).nonzero(as_tuple=True)[0]
+    log_q = torch.log_softmax(logits[:, :-1].reshape(-1, vocab)[flat].float(), dim=-1)  # [N, V], row order
+    is_head = head.reshape(-1)[flat]
+    group = torch.cumsum(is_head.long(), 0) - 1  # a continuation follows its head in flattened row order
+    n_groups = int(is_head.sum())
+    cont = ~is_head
+    cont_lp = log_q[cont].gather(-1, lab.reshape(-1)[flat][cont].long()[:, None])[:, 0]
+    log_c_s = torch.zeros(n_groups, dtype=log_q.dtype, device=log_q.device).index_add(0, group[cont], cont_lp)
+    hsel = head.reshape(-1)
+    lp_t = topk_logprobs[:, 1:].reshape(-1, topk_logprobs.size(-1))[hsel].float()  # [G, K], most likely first
+    ok = present[:, 1:].reshape(-1, present.size(-1))[hsel]
+    log_c_t = span[:, 1:].reshape(-1)[hsel].float()
+    k = lp_t.size(-1)
+    log_q_top = log_q[is_head].topk(min(k, vocab), dim=-1).values
+    if log_q_top.size(-1) < k:  # a student vocabulary smaller than the teacher's top-k: zero-probability slots
+        log_q_top = torch.cat([log_q_top, log_q_top.new_full((n_groups, k - log_q_top.size(-1)), -1e30)], -1)
+    zero = torch.zeros_like(lp_t)
+    p = torch.where(ok, lp_t.exp(), zero)
+    q = torch.where(ok, log_q_top.exp(), zero)
+    c_t, c_s = log_c_t.exp(), log_c_s.exp()
+    tops = (c_t[:, None] * p - c_s[:, None] * q).abs().sum(-1)
+    tail = (c_t * (1.0 - p.sum(-1)).clamp(min=0.0) - c_s * (1.0 - q.sum(-1)).clamp(min=0.0)).abs()
+    return (tops + tail).sum(), n_groups
+
+
+def xtok_sums(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_logprobs: torch.Tensor,
+    align: torch.Tensor,
+    span: torch.Tensor,
+) -> dict[str, torch.Tensor | int]:
+    """Cross-tokenizer distillation sums: the top-k + tail KL at the exact positions (:func:`topk_kl_sum` on the
+    teacher's candidates that are student tokens) and the ULD term per group (:func:`uld_sum`); ``kl_sum`` /
+    ``kl_tokens`` are their totals (one term per exact position and per group)."""
+    exact_labels = torch.where(align == EXACT, labels, torch.full_like(labels, IGNORE))
+    kl, n_exact = topk_kl_sum(logits, exact_labels, topk_ids, topk_logprobs)
+    uld, n_groups = uld_sum(logits, labels, topk_logprobs, topk_ids != ABSENT, align, span)
+    return {"kl_sum": kl + uld, "kl_tokens": n_exact + n_groups, "exact_tokens": n_exact, "uld_groups": n_groups}
+
+
+def distill_token_count(batch: dict[str, torch.Tensor]) -> int:
+    """Terms of the distillation loss in a batch (label positions with a teacher distribution; across
+    tokenizers, exact positions and ULD groups); the trainer sums them over ranks and micro-batches."""
+    if TEACHER_IDS not in batch:
+        return 0
+    labelled = batch["labels"][:, 1:] != IGNORE
+    if TEACHER_ALIGN in batch:
+        kind = batch[TEACHER_ALIGN][:, 1:]
+        return int((labelled & ((kind == EXACT) | (kind == ULD_HEAD))).sum())
+    return int((labelled & (batch[TEACHER_IDS][:, 1:, 0] >= 0)).sum())
+
+
 def loss_sums(logits: torch.Tensor, batch: dict[str, torch.Tensor], distill: bool) -> dict[str, torch.Tensor | int]:
-    """The per-micro-batch sums the trainer normalizes globally: CE always, KL when distilling logits."""
+    """The per-micro-batch sums the trainer normalizes globally: CE always, KL when distilling logits (across
+    tokenizers: :func:`xtok_sums`)."""
     ce, n_ce = cross_entropy_sum(logits, batch["labels"])
     out: dict[str, torch.Tensor | int] = {"ce_sum": ce, "ce_tokens": n_ce}
-    if distill:
+    if distill and TEACHER_ALIGN in batch:
+        out |= xtok_sums(
+            logits,
+            batch["labels"],
+            batch[TEACHER_IDS],
+            batch[TEACHER_LOGPROBS],
+            batch[TEACHER_ALIGN],
+            batch[TEACHER_SPAN],
+        )
+    elif distill:
         kl, n_kl = topk_kl_sum(logits, batch["labels"], batch[TEACHER_IDS], batch[TEACHER_LOGPROBS])
         out |= {"kl_sum": kl, "kl_tokens": n_kl}
     return out
-
-
-def loss_sums_hidden(
-    hidden: torch.Tensor, weight: torch.Tensor, batch: dict[str, torch.Tensor], kind: str, chunk: int | None = None
-) -> dict[str, torch.Tensor | int]:
-    """:func:`loss_sums` for cross-entropy alone, from the LM head's input ``hidden`` [B, T, D] and its ``weight``
-    (``training.head.hidden_states``): the fused or chunked linear cross-entropy of ``training.kernels.linear_ce``
-    (``kind``: ``liger`` or ``chunked``), which never materializes the ``[tokens × vocab]`` logits.
-
-    Logit distillation stays on :func:`loss_sums` (the logits at the labelled positions only, ``training.head``):
-    its KL needs the student's whole log-softmax at each scored position (the top-k gather and the tail bucket
-    over every other token), which a chunked kernel would have to recompute per chunk with the teacher's top-k;
-    those positions are the labelled ones, a small share of the row, so the logits it keeps are small too."""
-    from training.kernels.linear_ce import linear_cross_entropy_sum
-
-    ce, n = linear_cross_entropy_sum(hidden, weight, batch["labels"], kind, chunk)
-    return {"ce_sum": ce, "ce_tokens": n}
 
 
 def mix(
@@ -227,10 +316,11 @@ def teacher_topk_tensors(
     rows_logprobs: Sequence[Sequence[Sequence[float]]],
     width: int,
     k: int | None = None,
+    absent: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad per-row, per-position top-k lists into ``[B, width, K]`` tensors (-1 / 0 where absent)."""
+    """Pad per-row, per-position top-k lists into ``[B, width, K]`` tensors (``absent`` / 0 where absent)."""
     k = k or max((len(p) for r in rows_ids for p in r), default=1) or 1
-    ids = torch.full((len(rows_ids), width, k), -1, dtype=torch.long)
+    ids = torch.full((len(rows_ids), width, k), absent, dtype=torch.long)
     lps = torch.zeros((len(rows_ids), width, k), dtype=torch.float32)
     for b, (r_ids, r_lps) in enumerate(zip(rows_ids, rows_logprobs, strict=False)):
         for t, (p_ids, p_lps) in enumerate(zip(r_ids[:width], r_lps[:width], strict=False)):
@@ -239,3 +329,25 @@ def teacher_topk_tensors(
                 ids[b, t, :kk] = torch.as_tensor(list(p_ids[:kk]), dtype=torch.long)
                 lps[b, t, :kk] = torch.as_tensor(list(p_lps[:kk]), dtype=torch.float32)
     return ids, lps
+
+
+def teacher_batch(columns: dict, idx: list[int], shape: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """The teacher's batch tensors for dataset rows ``idx`` from their Arrow columns (``columns``: the
+    ``teacher_*`` columns present, chunked arrays), laid out as the collated batch of ``shape`` ``[B, T]`` (one row
+    of the rows end to end when ``B`` is 1 and ``idx`` several: padding-free collation)."""
+    n, width = shape
+    rows = {c: columns[c].take(idx).to_pylist() for c in columns}
+    if n == 1 and len(idx) > 1:
+        rows = {c: [[p for r in v for p in r]] for c, v in rows.items()}
+    xtok = TEACHER_ALIGN in rows
+    ids, lps = teacher_topk_tensors(rows[TEACHER_IDS], rows[TEACHER_LOGPROBS], width, absent=ABSENT if xtok else -1)
+    out = {TEACHER_IDS: ids, TEACHER_LOGPROBS: lps}
+    if xtok:
+        align = torch.zeros((n, width), dtype=torch.long)
+        span = torch.zeros((n, width), dtype=torch.float32)
+        for b, (a, s) in enumerate(zip(rows[TEACHER_ALIGN], rows[TEACHER_SPAN], strict=True)):
+            m = min(width, len(a))
+            align[b, :m] = torch.as_tensor(a[:m], dtype=torch.long)
+            span[b, :m] = torch.as_tensor(s[:m], dtype=torch.float32)
+        out |= {TEACHER_ALIGN: align, TEACHER_SPAN: span}
+    return out

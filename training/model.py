@@ -26,6 +26,7 @@ import os
 import torch
 from torch import nn
 
+from campaign_orchestrator.hardware import device_memory_gb  # noqa: F401 - the trainer's and the benchmarks' name
 from campaigns.spec import StudentSpec, TrainingSpec
 
 
@@ -48,14 +49,6 @@ def device_for(
             "training.allow_cpu_fallback: true with training.cpu_hardware to train on the CPU billed as CPU time"
         )
     return torch.device("cpu")
-
-
-def device_memory_gb(device: torch.device) -> float:
-    """The memory the device offers training, decimal GB: the GPU's total memory, or the host's physical memory
-    for the CPU (the memory policy sizes ``auto`` fields against it)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory / 1e9
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
 
 
 def compile_layers(model: nn.Module, backend: str = "inductor") -> int:

@@ -44,7 +44,8 @@ class RungRunner:
     such a failure was a non-finite loss (the trial's value is then ``inf``, not an error); ``bill(usage)``
     prices ``{"seconds", "hardware" | "device"}`` into cost lines; ``fail(message)`` builds the error raised when
     a rung has no eval loss; ``planned``: the planner's ``(startup seconds, seconds per step)`` or None;
-    ``partition(root)``: the trial's name in paths (``trial-000``)."""
+    ``partition(root)``: the trial's name in paths (``trial-000``); ``policy_terms``: what the trainer's policy adds
+    to its device (``campaign_orchestrator.costs.memory_policy.policy_terms``), as the adapter's own job has it."""
 
     spec: CampaignSpec
     key: str
@@ -61,6 +62,7 @@ class RungRunner:
     warn: Callable[[str], None] = print
     fail: Callable[[str], Exception] = RuntimeError
     measured: list[tuple[int, float]] = field(default_factory=list)
+    policy_terms: dict | None = None  # the trainer's policy inputs from the catalog (TrainJob.policy_terms)
 
     def seconds_for(self, steps: int) -> float:
         """Seconds a launch of ``steps`` steps takes: this host's measured rate, else the planner's."""
@@ -93,6 +95,7 @@ class RungRunner:
             teacher_tokenizer_path=self.teacher_tokenizer,
             gpu_required=self.gpu_required,
             stop_at_step=steps if steps < tr.max_steps else None,
+            policy_terms=self.policy_terms,
             checkpoint_uri=(
                 f"{remote.rstrip('/')}/{spec.name}/{STAGE}/{self.key}/{self.partition(rec.root)}" if remote else None
             ),

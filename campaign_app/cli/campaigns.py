@@ -17,10 +17,10 @@ def price_problems(spec) -> list[str]:
     from campaign_orchestrator.costs.catalog import PricingError
     from campaign_orchestrator.costs.catalog import price_problems as problems
     from campaign_orchestrator.costs.plan.stages import sweep_cap_problems
-    from resources.pricing import PricingResource
+    from stages.pricing import Pricing
 
     try:
-        catalog = PricingResource().catalog_for(spec)
+        catalog = Pricing().catalog_for(spec)
         return problems(spec, catalog) + sweep_cap_problems(spec, catalog)
     except PricingError as e:  # the catalog itself (missing, unreadable, another version than pinned)
         return [str(e)]
@@ -88,14 +88,14 @@ def plan_command(args: argparse.Namespace) -> int:
     from campaign_orchestrator.costs.catalog import PricingError
     from campaign_orchestrator.costs.memory import PlanError
     from campaign_orchestrator.costs.plan.render import render_plan
-    from resources.pricing import PricingResource
     from resources.storage import ArtifactStore
+    from stages.pricing import Pricing
 
     spec = resolve_spec(args.campaign)
     if spec is None:
         return EXIT_INVALID
     root = ArtifactStore(root=args.artifacts).root_path()
-    pricing = PricingResource()
+    pricing = Pricing()
     try:
         plan = pricing.plan(spec, root)
         if args.replicas or args.assume:  # the teacher stage on the replica counts asked for, any engine
@@ -188,8 +188,10 @@ def add_parsers(sub) -> None:
 
 def recipe_checks(spec, plan) -> list:
     """The recipe checks (campaign_orchestrator/recipe_checks.py) on the plan's data facts (``plan``: a ``Plan``)."""
+    from campaign_orchestrator.costs.memory_policy import resolved_spec
     from campaign_orchestrator.recipe_checks import check_recipe, facts_from_plan
 
+    spec = resolved_spec(spec, plan.memory.get("training_policy"))  # `auto` as the trainer will run it
     available = None
     if spec.data.replay is not None:
         from campaign_orchestrator.dataset.replay import read_prompts

@@ -11,10 +11,10 @@ from campaign_app.cli.common import EXIT_INVALID, EXIT_OK, resolve_spec
 
 def costs_command(args: argparse.Namespace) -> int:
     from campaign_orchestrator.costs.report import money
-    from resources.pricing import STAGE_KIND, PricingResource
     from resources.storage import ArtifactStore
+    from stages.pricing import STAGE_KIND, Pricing
 
-    ledger = PricingResource().ledger_at(ArtifactStore(root=args.artifacts).root_path())
+    ledger = Pricing().ledger_at(ArtifactStore(root=args.artifacts).root_path())
     if args.sql:
         import duckdb
 
@@ -64,13 +64,16 @@ def costs_command(args: argparse.Namespace) -> int:
 def dashboard_command(args: argparse.Namespace) -> int:
     """``campaign dashboard [NAME]``: write the campaign's dashboard (with NAME; its path is printed) and the team's
     dashboard across every campaign in the ledger (``<root>/dashboards/index.html``); ``--serve``: then serve
-    that folder over HTTP, so the links in the UI's metadata (``PricingResource.dashboard_url``) open."""
+    that folder over HTTP and record where (``stages.campaign_cost.record_dashboards_url``), so the links in the UI's
+    metadata follow: campaign_cost links the URL served (unless ``PricingResource.dashboard_url`` names another
+    server). Without ``--port`` it serves where it served last (links already shown open again), else at 8765."""
     from campaign_orchestrator.costs.dashboard import write_dashboard, write_team_dashboard
-    from resources.pricing import PricingResource, latest_sweep
     from resources.storage import ArtifactStore
+    from stages.campaign_cost import dashboards_port
+    from stages.pricing import Pricing, latest_sweep
 
     root = ArtifactStore(root=args.artifacts).root_path()
-    ledger = PricingResource().ledger_at(root)
+    ledger = Pricing().ledger_at(root)
     pages = {}
     if args.campaign:
         spec = resolve_spec(args.campaign)
@@ -88,8 +91,18 @@ def dashboard_command(args: argparse.Namespace) -> int:
     team = write_team_dashboard(root, ledger, pages)
     print(pages[spec.name] if args.campaign else team)
     if args.serve:
-        serve(team.parent, args.port)
+        serve(team.parent, dashboards_port(root) if args.port is None else args.port, lambda srv: _record(root, srv))
     return EXIT_OK
+
+
+def _record(root: Path, server) -> None:
+    """Record the URL ``server`` serves the dashboards of ``root`` at: where the UI's links point from now on."""
+    from stages.campaign_cost import record_dashboards_url
+
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    before = record_dashboards_url(root, url)
+    moved = f"; links shown before point at {before} (serve there to open them)" if before not in (None, url) else ""
+    print(f"campaign_cost's dashboard links point here from its next materialization{moved}", flush=True)
 
 
 def serve(folder: Path, port: int, ready=None) -> None:
@@ -133,5 +146,11 @@ def add_parsers(sub) -> None:
     d.add_argument("campaign", nargs="?", help="one campaign (default: only the team's page)")
     d.add_argument("--artifacts", default="artifacts")
     d.add_argument("--serve", action="store_true", help="serve <artifacts>/dashboards/ at http://127.0.0.1:PORT/")
-    d.add_argument("--port", type=int, default=8765, help="port for --serve (default 8765, the UI links' default)")
+    d.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="port for --serve (0: any free port); the UI's links follow it. Default: the port it served at last, "
+        "else 8765",
+    )
     d.set_defaults(fn=dashboard_command)

@@ -18,9 +18,10 @@ def approve_command(args: argparse.Namespace) -> int:
     except (CampaignError, KeyError) as e:
         print(e.args[0] if isinstance(e, KeyError) else f"invalid campaign:\n{e}", file=sys.stderr)
         return EXIT_INVALID
-    from assets.promoted_model import approval_observation, latest_evaluation
+    from assets.promoted_model import approval_observation
     from evaluation.approval import ApprovalError, record_approval
     from resources.storage import ArtifactStore
+    from stages.promoted_model import latest_evaluation
 
     storage = ArtifactStore(root=args.artifacts)
     try:

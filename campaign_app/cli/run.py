@@ -69,9 +69,9 @@ def run_costs(artifacts: Path, spec, run_id: str, attempted: set[str] = frozense
     """The cost report of ``run_id`` (reused from campaign_cost when it ran) or the run's spend: None
     (unknown, never $0) when the run produced something at an unknown price (an unpriced teacher),
     or ran an unpriced teacher stage that stopped before it finished."""
-    from resources.pricing import PricingResource, cost_report
+    from stages.pricing import Pricing, cost_report
 
-    pricing = PricingResource()
+    pricing = Pricing()
     ledger = pricing.ledger_at(artifacts)
     done = ledger.assets_materialized(spec.name, run_id)
     out: dict = {
@@ -109,7 +109,14 @@ def run_costs(artifacts: Path, spec, run_id: str, attempted: set[str] = frozense
     return out
 
 
-def stage_outcomes(events, campaign: str, spent_by_stage: dict[str, float] | None = None) -> list[dict]:
+def _wall_seconds(artifacts: Path | None, campaign: str, stage: str) -> float | None:
+    m = latest_manifest(artifacts, campaign, stage) if artifacts is not None else None
+    return (m or {}).get("wall_seconds")
+
+
+def stage_outcomes(
+    events, campaign: str, spent_by_stage: dict[str, float] | None = None, artifacts: Path | None = None
+) -> list[dict]:
     """What each stage of the campaign did in a run, from its Dagster events: ``reused`` (a cache hit: its content
     ``key`` and the run it came from) or ran (``seconds``, the step's time; ``usd``, what this run spent on it).
     Stages in materialization order; the run's other assets (demo models) are left out."""
@@ -128,34 +135,52 @@ def stage_outcomes(events, campaign: str, spent_by_stage: dict[str, float] | Non
         if len(path) != 2 or path[0] != campaign:
             continue
         md = {k: v.value for k, v in ev.step_materialization_data.materialization.metadata.items()}
-        reused = bool(md["reused"] if "reused" in md else md.get("cached", False))
         out[path[1]] = {
             "stage": path[1],
-            "reused": reused,
+            "reused": bool(md.get("reused", False)),
             "key": md.get("content_key"),
             "from_run": md.get("reused_from_run"),
-            # a step a blocking check failed has no success event: its own time is in its metadata
-            "seconds": seconds.get(ev.step_key, md.get("wall_seconds")),
+            # a step a blocking check failed has no success event: its own time is in its manifest
+            "seconds": seconds[ev.step_key] if ev.step_key in seconds else _wall_seconds(artifacts, campaign, path[1]),
             "usd": (spent_by_stage or {}).get(path[1], 0.0),
         }  # None: unknown (an unpriced teacher)
     return list(out.values())
 
 
+def mark_carried(outcomes: list[dict], artifacts: Path, campaign: str, run_id: str) -> None:
+    """Each stage the run produced from work an earlier run paid for (a re-judgement of stored answers) gets
+    ``carried_from``: that run (the ledger's ``carried_from``); it spent nothing on it."""
+    from stages.pricing import Pricing
+
+    carried = Pricing().ledger_at(artifacts).carried_from(campaign, run_id)
+    for o in outcomes:
+        if not o["reused"] and o["stage"] in carried:
+            o["carried_from"] = carried[o["stage"]]
+
+
 def run_tags(summary: dict) -> dict[str, str]:
-    """The run's verdict, what it spent and how much it reused, as run tags (the UI's runs list shows them)."""
+    """The run's verdict and what its result cost (the first tags of the UI's runs list: ``assets/common.py``), what
+    the run spent and how much it reused, as run tags."""
+    from assets.common import COST_TAG, VERDICT_TAG
     from campaign_orchestrator.costs.report import dollars
 
     stages = [o for o in summary.get("stages", []) if o["stage"] not in REPORTS]
     spent = summary.get("spent_this_run_usd", (summary.get("cost") or {}).get("spent_this_run_usd"))
-    tags = {
-        "verdict": summary.get("verdict") or "not evaluated",
-        "spent": "unknown" if spent is None and summary.get("spent_unknown") else dollars(spent),
-    }
+    tags = {VERDICT_TAG: summary.get("verdict") or "not evaluated"}
+    cost = summary.get("cost") or {}
+    if "total_usd" in cost:  # the result's cost (the ledger's report; a gate-blocked result's too)
+        unknown = cost["total_usd"] is None and cost.get("unknown_costs")
+        tags[COST_TAG] = "unknown" if unknown else dollars(cost["total_usd"])
+    tags["spent"] = "unknown" if spent is None and summary.get("spent_unknown") else dollars(spent)
     if stages:
         tags["reused"] = f"{sum(o['reused'] for o in stages)} of {len(stages)} stages"
     return tags
 
 
+# A stage that carries the lines of work an earlier run paid for (the ledger's ``carried_from``): what it did, and
+# what it was made from
+CARRIED = {"evaluation": "re-judged"}
+CARRIED_INPUT = {"evaluation": "answers"}
 REPORTS = ("campaign_cost",)  # recomputed from the ledger by every run (no spend): not counted as stages
 
 
@@ -170,6 +195,9 @@ def stage_lines(outcomes: list[dict]) -> list[str]:
         elif o["reused"]:
             src = f", from run {str(o['from_run'])[:8]}" if o.get("from_run") else ""
             what = f"reused (key {o['key']}{src})"
+        elif o.get("carried_from") and not o["usd"]:  # made from work an earlier run paid for
+            what = f"{CARRIED.get(o['stage'], 'ran')} ({CARRIED_INPUT.get(o['stage'], 'inputs')} from run "
+            what += f"{str(o['carried_from'])[:8]}), nothing spent"
         else:
             what = f"ran {seconds(o['seconds'])}" + (
                 ", spent unknown (unpriced)" if o["usd"] is None else f", spent {dollars(o['usd'])}" if o["usd"] else ""
@@ -334,7 +362,9 @@ def _run(args: argparse.Namespace, spec, source) -> int:
             "promotion blocked by the gate (campaign_cost is skipped with it; the cost below comes from the ledger)"
         )
     summary["run_status"] = "succeeded" if result.success else "failed"
-    summary["stages"] = stage_outcomes(result.all_events, spec.name, summary.get("spent_by_stage"))
+    root = ArtifactStore(root=args.artifacts).root_path()
+    summary["stages"] = stage_outcomes(result.all_events, spec.name, summary.get("spent_by_stage"), root)
+    mark_carried(summary["stages"], root, spec.name, run_id)
     with DagsterInstance.get() as instance:  # what a person scans the runs list for
         instance.add_run_tags(run_id, run_tags(summary))
     print_summary(summary, seconds)

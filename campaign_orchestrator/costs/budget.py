@@ -1,7 +1,7 @@
 """Budgets that stop spending: checked before a stage from the planner's estimate and during it
 from the spend accrued so far.
 
-A stage that spends money takes a :class:`BudgetGuard` (from ``PricingResource.guard``)
+A stage that spends money takes a :class:`BudgetGuard` (from ``stages.pricing.Pricing.guard``)
 before it starts and lets it see its progress::
 
     guard = pricing.guard(context, spec, sd)             # refuses to start if the estimate won't fit

@@ -13,6 +13,8 @@ Format (``campaigns/pricing/catalog.yaml``)::
           - {as_of: "2026-01-15", usd: 2.99, spot_usd: 2.10, source: "..."}
       api-open-70b:
         unit: million-tokens
+        top_logprobs: 20             # optional: the most top-k log-probabilities per token the API returns
+                                     # (0: none); `campaign validate` refuses logit distillation beyond it
         prices:
           - {as_of: "2026-01-15", input_usd: 0.88, output_usd: 0.88, batch_discount: 0.5, source: "..."}
 
@@ -212,6 +214,12 @@ def read_catalog(
         if price is None:
             undated[key] = f"{p}: entries.{key} has no price dated on or before {on}"
             continue
+        top = e.get("top_logprobs")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0 or e["unit"] != UNITS[2]):
+            raise PricingError(
+                f"{p}: entries.{key}.top_logprobs is what an API (unit million-tokens) returns at most per token: "
+                f"an integer >= 0 (0: no log-probabilities), got {top!r} on a {e['unit']} entry"
+            )
         perf = e.get("perf") or {}
         if not isinstance(perf, dict) or set(perf) - set(PERF_FIELDS):
             raise PricingError(f"{p}: entries.{key}.perf must be a mapping of {PERF_FIELDS}, got {perf!r}")

@@ -667,6 +667,24 @@ def _miss(ratio: float | None) -> bool:
     return ratio is not None and not MISS_LOW <= ratio <= MISS_HIGH
 
 
+def _judged(
+    outcomes: dict, campaign: str, run_id: str, stage: str, ratio: float | None, reported_from: str | None = None
+) -> dict:
+    """A plan row's verdict: a miss only where this run produced the stage (every later run that reuses the output
+    repeats the producing run's actuals: one planner miss is counted once); a reused stage says from which run
+    (the ledger's materializations; else what the run's report recorded); a stage the run did not materialize is
+    neither."""
+    o = outcomes.get((campaign, run_id, stage))
+    produced = o is not None and o["produced"]
+    src = None if produced else (o or {}).get("reused_from") or reported_from
+    return {
+        "produced_here": produced,
+        "reused": not produced and (o is not None or src is not None),
+        "reused_from_run": src,
+        "miss": produced and _miss(ratio),
+    }
+
+
 def team_data(ledger) -> dict:
     """Every series the team dashboard draws, from the ledger's rows (``cost_lines``, ``materializations``,
     ``cost_reports``)::
@@ -676,7 +694,8 @@ def team_data(ledger) -> dict:
         hardware                       [{campaign, resource, unit, quantity, usd}]  (gpu-hour / host-hour lines)
         runs                           [{campaign, run_id, started_at, usd, verdict, total_usd, scores,
                                          base_scores, reused_everything}]
-        plan                           [{campaign, run_id, stage, estimated_usd, actual_usd, usd_ratio, miss, ...}]
+        plan                           [{campaign, run_id, stage, estimated_usd, actual_usd, usd_ratio, miss,
+                                         produced_here, reused, reused_from_run, ...}]  (miss: only if produced_here)
     """
     lines = ledger.lines()
     by_day: dict[tuple, float] = {}
@@ -692,6 +711,7 @@ def team_data(ledger) -> dict:
             h[0] += float(x["quantity"])
             h[1] += usd_
     reused_all = ledger.runs_reusing_everything()
+    outcomes = ledger.stage_outcomes()
     runs, plan, campaigns = [], [], []
     for name in ledger.campaigns():
         reports = {r["run_id"]: r["report"] for r in ledger.reports(name)}
@@ -740,21 +760,14 @@ def team_data(ledger) -> dict:
                         "run_id": run_id,
                         **{
                             k: p.get(k)
-                            for k in (
-                                "stage",
-                                "estimated_usd",
-                                "actual_usd",
-                                "usd_ratio",
-                                "estimated_seconds",
-                                "actual_seconds",
-                                "reused_from_run",
-                            )
+                            for k in ("stage", "estimated_usd", "actual_usd", "usd_ratio", "estimated_seconds")
                         },
-                        "miss": _miss(p.get("usd_ratio")),
+                        "actual_seconds": p.get("actual_seconds"),
+                        **_judged(outcomes, name, run_id, p["stage"], p.get("usd_ratio"), p.get("reused_from_run")),
                     }
                 )
             mem, act = rep.get("plan_memory_gb"), rep.get("actual_peak_memory_gb")
-            if mem and act is not None:
+            if mem and act is not None:  # the trainer's peak: a planner miss of the run that trained
                 plan.append(
                     {
                         "campaign": name,
@@ -766,7 +779,7 @@ def team_data(ledger) -> dict:
                         "estimated_gb": mem,
                         "actual_gb": act,
                         "memory_ratio": act / mem,
-                        "miss": _miss(act / mem),
+                        **_judged(outcomes, name, run_id, "student_adapter", act / mem),
                     }
                 )
 
@@ -886,7 +899,7 @@ def render_team_dashboard(ledger, now: dt.datetime | None = None, links: dict[st
         _tile(
             "planner misses",
             str(len(misses)),
-            f"actual outside {MISS_LOW:g}×–{MISS_HIGH:g}× of the estimate",
+            f"a produced stage's actual outside {MISS_LOW:g}×–{MISS_HIGH:g}× of its estimate; reused ones never count",
             "warn" if misses else "",
         ),
         _tile("runs that reused everything", str(len(reused)), "spent nothing"),
@@ -934,7 +947,9 @@ def render_team_dashboard(ledger, now: dt.datetime | None = None, links: dict[st
             est, act, ratio = f"{p['estimated_gb']:.2f} GB", f"{p['actual_gb']:.2f} GB", p["memory_ratio"]
         else:
             est, act, ratio = dollars(p["estimated_usd"]), dollars(p["actual_usd"]), p["usd_ratio"]
-        flag = '<span class="warn">MISS</span>' if p["miss"] else ("reused" if p.get("reused_from_run") else "")
+        src = p.get("reused_from_run")
+        flag = "reused" + (f" (from run {_e(src[:8])})" if src else "") if p.get("reused") else ""
+        flag = '<span class="warn">MISS</span>' if p["miss"] else flag
         plan_rows.append(
             [
                 _e(p["campaign"]),

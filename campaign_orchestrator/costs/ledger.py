@@ -16,15 +16,27 @@ Tables (query them with SQL: ``campaign costs --sql "..."`` or any DuckDB client
       shard           the Ray shard the line paid for (``execution.engine: ray``: a generation stage's lines are
                       per shard); NULL otherwise. Added after the first ledgers: an older file gains the column
                       (NULL in its rows) when it is next opened
+      verified        false: paid, usage unknown, billed at its upper bound (requests in flight when a Ray worker
+                      was lost: generation/scaleout/journal.py); true otherwise (NULL in rows of older ledgers)
     materializations  one row per (run, step, production): reused = the output came from an
                       earlier run (its cost is in that run's lines, not this one's); cost_unknown =
-                      why what it cost is unknown (an unpriced teacher: no line, and never $0)
+                      why what it cost is unknown (an unpriced teacher: no line, and never $0);
+                      lines_of = the production that owns the lines this output carries (a judgement
+                      of stored answers carries the answers' lines: see "Carried lines" below), NULL
+                      when the output owns its lines. Added after the first ledgers, like ``shard``
     cost_reports      the cost-per-result report of each run (JSON), for dashboards
 
 Spent now or reused? A stage output is produced once, in the run that first records its
 ``production_id``; every later materialization that finds it complete (a cache hit, a retried
 step) adds only a ``materializations`` row with ``reused = true``, never lines. So a run's spend
 is ``SUM(usd) WHERE run_id = ?`` and a result's cost is the lines of the productions it used.
+
+Carried lines: a stage output may carry the lines of another production it was made from (the evaluation's
+judgement carries its answers' lines: a changed gate threshold re-judges the same answers). Its manifest names
+that production (``cost_lines_of: {"production_id": ...}``); the lines are recorded once, under that production,
+by the first run that records any output carrying them. A later output carrying the same lines (a re-judgement)
+is produced by its run, which spends nothing on it: the run that paid is ``lines_paid_by``, and a result's cost
+still finds the lines through the ``lines_of`` of the outputs it used.
 
 DuckDB allows one writing process per file: every call opens, works in one transaction and
 closes, retrying for a while when another process holds the lock (Dagster's multiprocess
@@ -66,6 +78,7 @@ LINE_COLUMNS = (
     "catalog_version",
     "recorded_at",
     "shard",
+    "verified",
 )
 
 SCHEMA = """
@@ -89,7 +102,8 @@ CREATE TABLE IF NOT EXISTS cost_lines (
     pricing_tier VARCHAR,
     catalog_version VARCHAR,
     recorded_at TIMESTAMP NOT NULL,
-    shard VARCHAR
+    shard VARCHAR,
+    verified BOOLEAN
 );
 CREATE TABLE IF NOT EXISTS materializations (
     run_id VARCHAR NOT NULL,
@@ -102,6 +116,7 @@ CREATE TABLE IF NOT EXISTS materializations (
     production_usd DOUBLE NOT NULL,
     recorded_at TIMESTAMP NOT NULL,
     cost_unknown VARCHAR,
+    lines_of VARCHAR,
     PRIMARY KEY (run_id, step_key, production_id)
 );
 CREATE TABLE IF NOT EXISTS cost_reports (
@@ -140,6 +155,7 @@ def _insert_line(con, line_id: str, who: list, line: dict, now) -> None:
             line.get("catalog_version"),
             now,
             line.get("shard"),
+            bool(line.get("verified", True)),
         ],
     )
 
@@ -192,9 +208,12 @@ class Ledger:
             # DDL costs a checkpoint: run it only when the tables are missing, once per process and file
             if con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'run_costs'").fetchone()[0] == 0:
                 con.execute(SCHEMA)
-            # ledgers written before unknown costs were kept, and before lines named their Ray shard
+            # ledgers written before unknown costs were kept, before lines named their Ray shard, and before
+            # outputs named the production whose lines they carry
             con.execute("ALTER TABLE materializations ADD COLUMN IF NOT EXISTS cost_unknown VARCHAR")
             con.execute("ALTER TABLE cost_lines ADD COLUMN IF NOT EXISTS shard VARCHAR")
+            con.execute("ALTER TABLE materializations ADD COLUMN IF NOT EXISTS lines_of VARCHAR")
+            con.execute("ALTER TABLE cost_lines ADD COLUMN IF NOT EXISTS verified BOOLEAN")
             _SCHEMA_READY.add(str(self.path))
         return con
 
@@ -226,31 +245,47 @@ class Ledger:
         self, *, campaign: str, asset: str, run_id: str, step_key: str, manifest: dict, attempt: int = 0
     ) -> dict:
         """Record a materialized stage output. Its cost lines are written once, by the first run
-        that records its production; later runs (cache hits) and retried steps add nothing.
+        that records its production; later runs (cache hits) and retried steps add nothing. Lines the
+        output carries from another production (``cost_lines_of``) are written once for that production,
+        whichever output carries them first (see "Carried lines" above).
         Returns ``{"reused": bool, "spent_usd": float (spent by this run), "production_usd": float,
-        "produced_by": the run that produced it (this run unless reused)}``."""
+        "produced_by": the run that produced it (this run unless reused), "lines_paid_by": the run whose
+        spend its lines are (this run when it spent them)}``."""
         pid = production_id(manifest)
+        carried = (manifest.get("cost_lines_of") or {}).get("production_id")
+        lines_pid = str(carried) if carried else pid
         lines = list(manifest.get("cost_lines") or [])
         now = _now()
         with self.connect(write=True) as con:
-            owner = con.execute("SELECT run_id FROM cost_lines WHERE production_id = ? LIMIT 1", [pid]).fetchone()
+            owner = con.execute("SELECT run_id FROM cost_lines WHERE production_id = ? LIMIT 1", [lines_pid]).fetchone()
             seen = con.execute(
                 "SELECT run_id FROM materializations WHERE production_id = ? ORDER BY recorded_at LIMIT 1", [pid]
             ).fetchone()
-            producer = (owner or seen or (run_id,))[0]
+            if carried:  # lines with no row (none, or unpriced) are paid by the first output that carried them
+                owner = (
+                    owner
+                    or con.execute(
+                        "SELECT run_id FROM materializations WHERE lines_of = ? ORDER BY recorded_at LIMIT 1",
+                        [lines_pid],
+                    ).fetchone()
+                )
+                producer = (seen or (run_id,))[0]
+            else:
+                producer = (owner or seen or (run_id,))[0]
+            payer = (owner or (producer,))[0]
             if producer == run_id and not owner:
                 for i, line in enumerate(lines):
                     _insert_line(
                         con,
-                        _sha(pid, i),
-                        [campaign, asset, run_id, step_key, attempt, pid, manifest.get("key"), "completed"],
+                        _sha(lines_pid, i),
+                        [campaign, asset, run_id, step_key, attempt, lines_pid, manifest.get("key"), "completed"],
                         line,
                         now,
                     )
             usd = float(sum(float(x["usd"]) for x in lines))
             con.execute(
                 "INSERT INTO materializations (run_id, step_key, campaign, asset, production_id, stage_key, "
-                "reused, production_usd, recorded_at, cost_unknown) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "reused, production_usd, recorded_at, cost_unknown, lines_of) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT DO NOTHING",
                 [
                     run_id,
@@ -262,14 +297,17 @@ class Ledger:
                     producer != run_id,
                     usd,
                     now,
-                    manifest.get("cost_unknown"),
+                    # what carried lines cost is unknown where they were paid, not in a run that only carries them
+                    manifest.get("cost_unknown") if payer == run_id else None,
+                    lines_pid if carried else None,
                 ],
             )
         return {
             "reused": producer != run_id,
-            "spent_usd": 0.0 if producer != run_id else usd,
+            "spent_usd": usd if producer == run_id and payer == run_id else 0.0,
             "production_usd": usd,
             "produced_by": producer,
+            "lines_paid_by": payer,
         }
 
     def record_interrupted(
@@ -421,14 +459,30 @@ class Ledger:
 
     def lineage_lines(self, campaign: str, outputs: dict[str, str]) -> list[dict]:
         """Every line (completed and interrupted, any run) paid for the stage outputs
-        ``{asset: stage_key}`` a result was built from."""
+        ``{asset: stage_key}`` a result was built from, and the lines they carry from other productions
+        (a re-judged evaluation's answers), each once."""
         if not outputs:
             return []
         cond = " OR ".join("(asset = ? AND stage_key = ?)" for _ in outputs)
-        params = [campaign] + [x for pair in outputs.items() for x in pair]
+        pairs = [x for pair in outputs.items() for x in pair]
         return self.query(
-            f"SELECT * FROM cost_lines WHERE campaign = ? AND ({cond}) ORDER BY recorded_at, line_id", params
+            f"SELECT * FROM cost_lines WHERE campaign = ? AND (({cond}) OR production_id IN ("
+            f"SELECT lines_of FROM materializations WHERE campaign = ? AND lines_of IS NOT NULL AND ({cond}))) "
+            "ORDER BY recorded_at, line_id",
+            [campaign, *pairs, campaign, *pairs],
         )
+
+    def carried_from(self, campaign: str, run_id: str) -> dict[str, str]:
+        """Asset -> the run that paid for the lines an output of ``run_id`` carries (a re-judgement of answers an
+        earlier run paid for: this run produced the output and spent nothing on it)."""
+        rows = self.query(
+            "SELECT m.asset, min(p.run_id) AS payer FROM materializations m JOIN ("
+            "SELECT lines_of, arg_min(run_id, recorded_at) AS run_id FROM materializations WHERE campaign = ? "
+            "AND lines_of IS NOT NULL GROUP BY lines_of) p ON p.lines_of = m.lines_of "
+            "WHERE m.campaign = ? AND m.run_id = ? AND NOT m.reused AND p.run_id <> m.run_id GROUP BY m.asset",
+            [campaign, campaign, run_id],
+        )
+        return {r["asset"]: r["payer"] for r in rows}
 
     def runs(self, campaign: str) -> list[dict]:
         """Per run: first/last record time, total spend, completed spend by kind and budget-stopped
@@ -473,6 +527,22 @@ class Ledger:
             [campaign, run_id],
         )
         return {r["asset"]: r["producer"] for r in rows}
+
+    def stage_outcomes(self) -> dict[tuple[str, str, str], dict]:
+        """``(campaign, run_id, asset)`` -> ``{"produced": bool, "reused_from": run or None}`` for every stage
+        output every run materialized: produced by that run, or reused from the run that produced it."""
+        rows = self.query(
+            "SELECT m.campaign, m.run_id, m.asset, bool_or(NOT m.reused) AS produced, min(p.run_id) AS producer "
+            "FROM materializations m LEFT JOIN materializations p ON m.reused AND p.production_id = m.production_id "
+            "AND NOT p.reused GROUP BY ALL"
+        )
+        return {
+            (r["campaign"], r["run_id"], r["asset"]): {
+                "produced": bool(r["produced"]),
+                "reused_from": None if r["produced"] else r["producer"],
+            }
+            for r in rows
+        }
 
     def runs_reusing_everything(self) -> set[str]:
         """The runs whose every materialization was a cache hit (they produced nothing)."""

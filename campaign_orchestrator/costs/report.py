@@ -140,6 +140,8 @@ def cost_per_result(
         **{f"{k}_usd": by_kind.get(k, 0.0) for k in SPEND_KINDS},
         "other_usd": float(sum(v for k, v in by_kind.items() if k not in SPEND_KINDS)),
         "interrupted_usd": float(sum(float(x["usd"]) for x in lines if x.get("status") == "interrupted")),
+        # paid, usage unknown: requests in flight when a Ray worker was lost, at their upper bound
+        "unverified_usd": float(sum(float(x["usd"]) for x in lines if x.get("verified") is False)),
         "teacher_tokens": teacher_tokens,
         "usd_per_million_teacher_tokens": _div(teacher, teacher_tokens / 1e6 if teacher_tokens else None),
         "accepted_examples": accepted_examples,
@@ -303,8 +305,10 @@ def build_report(
 
 
 def reused_stages(ledger, campaign: str, run_id: str) -> dict[str, str]:
-    """Stage -> the run that produced the output ``run_id`` reused (a cache hit: it ran nothing for it)."""
-    return ledger.reused_from(campaign, run_id)
+    """Stage -> the run whose actuals the stage's output of ``run_id`` shows: the run that produced an output
+    ``run_id`` reused (a cache hit: it ran nothing for it), or the run that paid for the lines an output carries
+    (a re-judgement of answers that run paid for: this run spent nothing on them)."""
+    return ledger.carried_from(campaign, run_id) | ledger.reused_from(campaign, run_id)
 
 
 # --------------------------------------------------------------------------- rendering
@@ -375,6 +379,12 @@ def render_text(r: dict) -> list[str]:
         f"cost of this result: {usd(r, 'total_usd')} (teacher {usd(r, 'teacher_usd')}, training "
         f"{usd(r, 'training_usd')}, evaluation {usd(r, 'evaluation_usd')})"
         + (f", of which {money(r['interrupted_usd'])} in budget-stopped attempts" if r.get("interrupted_usd") else "")
+        + (
+            f", of which {money(r['unverified_usd'])} ({r['unverified_usd'] / r['total_usd']:.1%}) paid-unverified "
+            "(requests in flight when a Ray worker was lost, at their upper bound)"
+            if r.get("unverified_usd") and r.get("total_usd")
+            else ""
+        )
         + (
             f"; unknown: {'; '.join(r['unknown_costs'])} (priced stages {money(r.get('known_usd'))})"
             if r.get("unknown_costs")

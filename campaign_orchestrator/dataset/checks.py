@@ -6,10 +6,10 @@
   template whose turn ends after the label span: TRL #1623, #734, #2059). Examples cut by
   ``dataset.too_long: truncate`` lose their stop token by construction: counted apart, named in the
   report, never passed silently.
-* :func:`vocabulary_report`: logit distillation compares token ids, so teacher and student must share
-  one tokenizer (same content hash) and one vocabulary size; Qwen-style embeddings padded to a
-  multiple of 64/128 make two ``vocab_size`` figures differ for the same tokenizer, which would
-  misalign every distribution: refused with both sizes named.
+* :func:`vocabulary_report`: whether a teacher's token ids mean the student's: one tokenizer (same content
+  hash) and one vocabulary size; Qwen-style embeddings padded to a multiple of 64/128 make two ``vocab_size``
+  figures differ for the same tokenizer, which would misalign every distribution. Logit distillation compares
+  ids when it passes, and aligns the teacher's tokens by bytes otherwise (``campaign_orchestrator.dataset.xtok``).
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ one list per input token, placed on the tokens of its last assistant turn that a
 the teacher generated (``campaign_orchestrator.dataset.topk.locate_teacher_topk``; plain template: the completion and
 EOS; chat template: the completion inside the turn, plus the turn's EOS when it is the teacher's
 stop token), and cut with the row when it is truncated. The pair fast path is skipped for them.
+A teacher with another tokenizer (``teacher`` a :class:`campaign_orchestrator.dataset.xtok.CrossTokenizer`) is
+placed by byte offsets instead, with the columns ``teacher_align`` / ``teacher_span_logprob`` beside them.
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ from campaign_orchestrator.dataset.topk import (
     TEACHER_IDS,
     TEACHER_LOGPROBS,
     locate_teacher_topk,
+)
+from campaign_orchestrator.dataset.xtok import (
+    SOURCE_TEACHER,
+    SOURCE_TOKEN_STRINGS,
+    TEACHER_ALIGN,
+    TEACHER_SPAN,
+    CrossTokenizer,
 )
 
 IGNORE = -100
@@ -271,7 +280,11 @@ def tokenize_texts(tok, texts: list[str]) -> list[list[int]]:
 
 
 def encode_batch(
-    batch: dict[str, list], tok, template: Template, settings: EncodeSettings, teacher: bool | None = None
+    batch: dict[str, list],
+    tok,
+    template: Template,
+    settings: EncodeSettings,
+    teacher: bool | CrossTokenizer | None = None,
 ) -> dict[str, list]:
     """``Dataset.map(batched=True)`` body: one fast-tokenizer call for every text piece of the batch.
 
@@ -281,13 +294,17 @@ def encode_batch(
     ``top_logprobs`` in the batch also ``teacher_topk_ids``, ``teacher_topk_logprobs`` (one list
     per input token, cut with the row when it is truncated) and ``teacher_status``
     (``campaign_orchestrator.dataset.topk``). ``teacher=True`` writes those columns (empty lists) for a batch without
-    ``top_logprobs`` too, so every source of a build has the same columns.
+    ``top_logprobs`` too, so every source of a build has the same columns. ``teacher`` a ``CrossTokenizer``: the
+    teacher has another tokenizer; its top-k is placed by byte offsets (``campaign_orchestrator.dataset.xtok``),
+    with ``teacher_align`` and ``teacher_span_logprob`` also written.
     """
     n = len(batch["id"])
     if teacher is None:
         teacher = SOURCE_TOP_LOGPROBS in batch
+    xtok = teacher if isinstance(teacher, CrossTokenizer) else None
     no_lists = [None] * n
     tops, gens = batch.get(SOURCE_TOP_LOGPROBS, no_lists), batch.get(SOURCE_TOKEN_IDS, no_lists)
+    strings, answered_by = batch.get(SOURCE_TOKEN_STRINGS, no_lists), batch.get(SOURCE_TEACHER, no_lists)
     cols = [c for c in ("prompt", "completion", "messages") if c in batch]
     rows = [{c: batch[c][i] for c in cols} for i in range(n)]
     per_row: list[tuple[list[tuple[str, bool]] | None, str | None]] = [_example_pieces(r, template, tok) for r in rows]
@@ -303,9 +320,11 @@ def encode_batch(
     }
     if teacher:
         out |= {TEACHER_IDS: [], TEACHER_LOGPROBS: [], "teacher_status": []}
+    if xtok is not None:
+        out |= {TEACHER_ALIGN: [], TEACHER_SPAN: []}
     k = 0
     for i, (pieces, bad) in enumerate(per_row):
-        t_ids = t_lps = None
+        t_ids = t_lps = placed = None
         t_status = "none"
         if pieces is None:
             ids, labels, n_loss, status = [], [], 0, bad
@@ -316,7 +335,20 @@ def encode_batch(
                 chunk, [f for _t, f in pieces], template, settings.train_on_prompt
             )
             ids, labels, n_loss, status = finish_row(full_ids, full_labels, settings)
-            if teacher and ids:
+            if xtok is not None and ids:
+                source = {
+                    SOURCE_TOP_LOGPROBS: tops[i],
+                    SOURCE_TOKEN_IDS: gens[i],
+                    SOURCE_TOKEN_STRINGS: strings[i],
+                    SOURCE_TEACHER: answered_by[i],
+                }
+                placed, t_status = xtok.locate(
+                    full_ids, full_labels, answer, _answer_text(rows[i]), source, template.eos_id
+                )
+                if placed is not None:
+                    placed = placed.cut(len(ids))  # truncation cuts the lists with the row
+                    t_ids, t_lps = placed.ids, placed.logprobs
+            elif teacher and ids:
                 t_ids, t_lps, t_status = locate_teacher_topk(
                     full_ids, full_labels, answer, tops[i], gens[i], str(batch["id"][i])
                 )
@@ -332,7 +364,18 @@ def encode_batch(
             out[TEACHER_IDS].append(t_ids[: len(ids)])  # truncation cuts the lists with the row
             out[TEACHER_LOGPROBS].append(t_lps[: len(ids)])
             out["teacher_status"].append(t_status)
+        if xtok is not None:
+            out[TEACHER_ALIGN].append(placed.align if placed is not None else [0] * len(ids))
+            out[TEACHER_SPAN].append(placed.span if placed is not None else [0.0] * len(ids))
     return out
+
+
+def _answer_text(row: dict) -> str | None:
+    """The text of an example's last assistant turn (what the teacher generated)."""
+    if "messages" in row:
+        turns = [m for m in row["messages"] or [] if isinstance(m, dict) and m.get("role") == "assistant"]
+        return turns[-1].get("content") if turns else None
+    return row.get("completion")
 
 
 def render_prompt_ids(tok, prompt: str | Sequence[dict], mode: str = "auto") -> list[int]:
@@ -468,7 +511,9 @@ def _plain_pairs_arrow(batch: dict[str, list], tok, template: Template, settings
     )
 
 
-def encode_batch_arrow(batch, tok, template: Template, settings: EncodeSettings, teacher: bool | None = None):
+def encode_batch_arrow(
+    batch, tok, template: Template, settings: EncodeSettings, teacher: bool | CrossTokenizer | None = None
+):
     """``encode_batch`` returning a ``pyarrow.Table`` (what ``Dataset.map`` writes without converting);
     ``batch`` is a dict of lists or an Arrow table (an Arrow-formatted dataset's batch)."""
     import pyarrow as pa
@@ -493,4 +538,7 @@ def encode_batch_arrow(batch, tok, template: Template, settings: EncodeSettings,
         cols[TEACHER_IDS] = pa.array(out[TEACHER_IDS], pa.list_(pa.list_(pa.int32())))
         cols[TEACHER_LOGPROBS] = pa.array(out[TEACHER_LOGPROBS], pa.list_(pa.list_(pa.float32())))
         cols["teacher_status"] = pa.array(out["teacher_status"], pa.string())
+    if TEACHER_ALIGN in out:
+        cols[TEACHER_ALIGN] = pa.array(out[TEACHER_ALIGN], pa.list_(pa.int8()))
+        cols[TEACHER_SPAN] = pa.array(out[TEACHER_SPAN], pa.list_(pa.float32()))
     return pa.table(cols)

@@ -114,7 +114,9 @@ def _flat(arr: pa.ChunkedArray | pa.Array) -> pa.ListArray:
 TOKEN_ALIGNED = (
     "teacher_topk_ids",
     "teacher_topk_logprobs",
-)  # one entry per input token (campaign_orchestrator.dataset.topk)
+    "teacher_align",
+    "teacher_span_logprob",
+)  # one entry per input token (campaign_orchestrator.dataset.topk, campaign_orchestrator.dataset.xtok)
 
 
 def pack_rows(examples: pa.Table, bins: list[list[int]]) -> pa.Table:
@@ -122,9 +124,10 @@ def pack_rows(examples: pa.Table, bins: list[list[int]]) -> pa.Table:
     per-token top-k lists when present).
 
     Output columns: input_ids, labels, position_ids (list<int32>), num_tokens, num_loss_tokens
-    (int32), example_ids (list<string>), plus teacher_topk_ids / teacher_topk_logprobs when the
-    examples have them. Each row is its bins' sequences back to back; a per-token column is laid
-    out with exactly the offsets of input_ids, so its entry ``t`` belongs to token ``t``.
+    (int32), example_ids (list<string>), plus teacher_topk_ids / teacher_topk_logprobs (and a teacher of another
+    tokenizer's teacher_align / teacher_span_logprob) when the examples have them. Each row is its bins'
+    sequences back to back; a per-token column is laid out with exactly the offsets of input_ids, so its entry
+    ``t`` belongs to token ``t``.
     """
     flat_order = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=sum(len(b) for b in bins))
     aligned = [c for c in TOKEN_ALIGNED if c in examples.column_names]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from campaign_orchestrator.content import dir_sha256, file_sha256
 from campaign_orchestrator.dataset.topk import SOURCE_COLUMNS
+from campaign_orchestrator.dataset.xtok import XTOK_SOURCE_COLUMNS
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -178,8 +179,9 @@ def load_source(src: Source, cache_dir: str | Path):
             f"data source {', '.join(map(str, src.files))}: expected columns `prompt` and `completion` "
             f"(strings) or `messages` (list of {{role, content}}); found {sorted(cols)}"
         )
-    # the teacher's generated ids and top-k log-probabilities (logit distillation), when the source has them
-    keep += [c for c in SOURCE_COLUMNS if c in cols]
+    # the teacher's generated ids and top-k log-probabilities (logit distillation), an API teacher's tokens as text
+    # and which teacher answered (cross-tokenizer: campaign_orchestrator.dataset.xtok), when the source has them
+    keep += [c for c in (*SOURCE_COLUMNS, *XTOK_SOURCE_COLUMNS) if c in cols]
     if "id" in cols:
         ds = ds.select_columns(["id", *keep])
         if ds.features["id"].dtype not in ("string", "large_string"):

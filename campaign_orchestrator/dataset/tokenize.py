@@ -22,7 +22,14 @@ With teacher top-k log-probabilities in the sources (``teacher.sampling.logprobs
 distillation), also (``TEACHER_ROW_SCHEMA``, ``campaign_orchestrator.dataset.topk``):
   teacher_topk_ids: list<list<int32>>             one list per input token, laid out like input_ids;
   teacher_topk_logprobs: list<list<float32>>      empty where the teacher gave no distribution
-and the ``campaign.teacher_topk`` metadata key; without them in the sources these are absent.
+and the ``campaign.teacher_topk`` metadata key; without them in the sources these are absent. A teacher with
+another tokenizer (``cross_tokenizer``: cross-tokenizer logit distillation, ``campaign_orchestrator.dataset.xtok``)
+adds, aligned the same way:
+  teacher_align: list<int8>                       0 none, 1 exact, 2 ULD group head, 3 ULD group continuation
+  teacher_span_logprob: list<float32>             at a ULD head, the teacher's log-prob of the rest of the group
+and ``campaign.teacher_topk`` says ``"alignment": "bytes"`` with the positions of each kind.
+``campaign.teacher_tokenizers`` records each teacher's tokenizer identity (a tokenizer hash, or ``api:<model>``
+for an endpoint without one) beside ``campaign.tokenizer_hash``, the student's.
 File metadata (``campaign.*`` keys, see ``dataset_metadata``): tokenizer hash, template,
 max length, packing settings, split, source hash, dataset key and format version. The trainer
 refuses a dataset whose tokenizer hash is not its model's, and a directory of mixed datasets.
@@ -36,7 +43,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +59,14 @@ from campaign_orchestrator.dataset.topk import (
     TEACHER_IDS,
     TEACHER_LOGPROBS,
     TEACHER_STATUSES,
+)
+from campaign_orchestrator.dataset.xtok import (
+    TEACHER_ALIGN,
+    TEACHER_SPAN,
+    XTOK_SOURCE_COLUMNS,
+    XTOK_STATUSES,
+    CrossTokenizer,
+    alignment_report,
 )
 
 FORMAT_VERSION = "2"
@@ -83,6 +98,9 @@ TEACHER_FIELDS = [
 ]
 TEACHER_ROW_SCHEMA = pa.schema([*ROW_SCHEMA, *TEACHER_FIELDS])
 TEACHER_FIELDS_NAMES = tuple(f.name for f in TEACHER_FIELDS)
+# With a teacher of another tokenizer (cross-tokenizer logit distillation, ``campaign_orchestrator.dataset.xtok``).
+XTOK_FIELDS = [pa.field(TEACHER_ALIGN, pa.list_(pa.int8())), pa.field(TEACHER_SPAN, pa.list_(pa.float32()))]
+XTOK_ROW_SCHEMA = pa.schema([*TEACHER_ROW_SCHEMA, *XTOK_FIELDS])
 
 
 class TokenizationError(ValueError):
@@ -116,6 +134,19 @@ class BuildSettings:
     def key_fields(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "num_proc"}
 
+    def resolved(self, tokenizer_dir: str | Path) -> BuildSettings:
+        """These settings with ``template: auto`` resolved for the tokenizer in ``tokenizer_dir`` (``chat`` when it
+        has a chat template, else ``plain``): what the rows are built with, and what the content key holds (a
+        key holds resolved values, never ``auto``; the same rows either way)."""
+        if self.template != "auto":
+            return self
+        from transformers import AutoTokenizer
+
+        from campaign_orchestrator.dataset.formatting import resolve_template
+
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        return replace(self, template=resolve_template(tok, "auto").kind)
+
 
 @dataclass
 class SplitStats:
@@ -146,7 +177,7 @@ def default_num_proc(n_examples: int, requested: int | None = None, per_proc: in
 # --------------------------------------------------------------------------- tokenizing
 
 
-def _encoded_features(teacher: bool = False):
+def _encoded_features(teacher: bool = False, xtok: bool = False):
     import datasets
 
     ints = datasets.List(datasets.Value("int32"))
@@ -164,6 +195,11 @@ def _encoded_features(teacher: bool = False):
             TEACHER_IDS: datasets.List(ints),
             TEACHER_LOGPROBS: datasets.List(floats),
             "teacher_status": datasets.Value("string"),
+        }
+    if xtok:
+        features |= {
+            TEACHER_ALIGN: datasets.List(datasets.Value("int8")),
+            TEACHER_SPAN: datasets.List(datasets.Value("float32")),
         }
     return datasets.Features(features)
 
@@ -200,12 +236,14 @@ def encode_sources(
     work: Path,
     log: Callable[[str], None],
     timings: dict[str, float] | None = None,
+    cross_tokenizer: CrossTokenizer | None = None,
 ) -> pa.Table:
     """Tokenize every source with ``Dataset.map(batched=True, num_proc=...)``; one Arrow table out.
 
     When any source carries teacher top-k log-probabilities, every example gets the teacher
     columns (``campaign_orchestrator.dataset.topk``; empty lists for examples without them); otherwise they are
-    absent."""
+    absent. ``cross_tokenizer``: the teacher has another tokenizer; its top-k is placed by byte offsets
+    (``campaign_orchestrator.dataset.xtok``, with the alignment columns)."""
     import datasets
 
     from campaign_orchestrator.dataset.formatting import EncodeSettings
@@ -215,11 +253,13 @@ def encode_sources(
     t0 = time.perf_counter()
     loaded = [(src, load_source(src, work / "cache")) for src in sources]
     teacher = any(has_teacher_topk(ds) for _src, ds in loaded)
-    if not teacher:  # columns of nulls (a generation without logprobs): not worth converting
-        loaded = [(src, ds.remove_columns([c for c in SOURCE_COLUMNS if c in ds.column_names])) for src, ds in loaded]
+    unused = [*SOURCE_COLUMNS, *XTOK_SOURCE_COLUMNS] if not teacher else [] if cross_tokenizer else XTOK_SOURCE_COLUMNS
+    # columns of nulls (a generation without logprobs), or not read on this path: not worth converting
+    loaded = [(src, ds.remove_columns([c for c in unused if c in ds.column_names])) for src, ds in loaded]
     if timings is not None:
         timings["read_s"] = timings.get("read_s", 0.0) + time.perf_counter() - t0
-    features = _encoded_features(teacher)
+    xtok = cross_tokenizer if teacher else None
+    features = _encoded_features(teacher, xtok is not None)
     tables = []
     for i, (src, ds) in enumerate(loaded):
         t1 = time.perf_counter()
@@ -228,6 +268,7 @@ def encode_sources(
         log(
             f"tokenizing {len(ds):,} examples of {src.name} with {nproc} process(es)"
             + (" (with the teacher's top-k log-probabilities)" if teacher else "")
+            + (", placed by byte offsets (the teacher has another tokenizer)" if xtok is not None else "")
         )
         if len(ds) == 0:
             continue
@@ -241,7 +282,7 @@ def encode_sources(
             batched=True,
             batch_size=1000,
             num_proc=nproc if nproc > 1 else None,
-            fn_kwargs={"tok": tok, "template": template, "settings": enc, "teacher": teacher},
+            fn_kwargs={"tok": tok, "template": template, "settings": enc, "teacher": xtok or teacher},
             remove_columns=ds.column_names,
             features=features,
             cache_file_name=str(work / f"encoded-{i}.arrow"),
@@ -273,19 +314,25 @@ def _check_ids(table: pa.Table, sources) -> None:
 
 def teacher_report(kept: pa.Table) -> dict | None:
     """What the teacher columns of the kept examples hold: ``k``, positions that carry a teacher
-    distribution, and examples per ``teacher_status`` (None without teacher columns)."""
+    distribution, and examples per ``teacher_status`` (None without teacher columns). With a teacher of another
+    tokenizer also ``alignment`` (``campaign_orchestrator.dataset.xtok``): the label positions per part of the
+    loss (``exact``, ``uld``: heads and continuations, ``none``), their shares, and the ULD groups."""
     if TEACHER_IDS not in kept.column_names:
         return None
     per_token = pc.list_flatten(kept.column(TEACHER_IDS))
     lens = pc.list_value_length(per_token)
-    examples = {s: 0 for s in TEACHER_STATUSES}
+    xtok = TEACHER_ALIGN in kept.column_names
+    examples = {s: 0 for s in (*TEACHER_STATUSES, *(XTOK_STATUSES if xtok else ()))}
     for item in pc.value_counts(kept.column("teacher_status")).to_pylist():
         examples[item["values"]] = item["counts"]
-    return {
+    report = {
         "k": int(pc.max(lens).as_py() or 0) if len(lens) else 0,
         "positions": int(pc.sum(pc.greater(lens, 0)).as_py() or 0) if len(lens) else 0,
         "examples": examples,
     }
+    if xtok:
+        report["alignment"] = alignment_report(kept.column(TEACHER_ALIGN), kept.column("labels"))
+    return report
 
 
 # --------------------------------------------------------------------------- writing
@@ -303,7 +350,13 @@ def write_shards(
     (a shard closes after the row group that reaches the target; row groups hold about
     min(8 MiB, target) of uncompressed rows)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    base = TEACHER_ROW_SCHEMA if TEACHER_IDS in rows.column_names else ROW_SCHEMA
+    base = (
+        XTOK_ROW_SCHEMA
+        if TEACHER_ALIGN in rows.column_names
+        else TEACHER_ROW_SCHEMA
+        if TEACHER_IDS in rows.column_names
+        else ROW_SCHEMA
+    )
     schema = base.with_metadata(metadata)
     rows = rows.select(base.names).cast(base)
     per_row = max(1, rows.nbytes // max(1, rows.num_rows))
@@ -348,6 +401,22 @@ def dataset_metadata(path: str | Path) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in md.items() if k.startswith(b"campaign.")}
 
 
+def _topk_metadata(teacher: dict) -> str:
+    """``campaign.teacher_topk``: k and the columns (and, by byte offsets, the alignment and its shares)."""
+    if "alignment" not in teacher:
+        return json.dumps({"k": teacher["k"], "columns": list(TEACHER_FIELDS_NAMES)})
+    a = teacher["alignment"]
+    return json.dumps(
+        {
+            "k": teacher["k"],
+            "columns": [*TEACHER_FIELDS_NAMES, TEACHER_ALIGN, TEACHER_SPAN],
+            "alignment": a["by"],
+            "positions": a["positions"],
+        },
+        sort_keys=True,
+    )
+
+
 def length_histogram(lengths: Sequence[int] | np.ndarray, bins: int = 8, label: str = "tokens") -> str:
     """A markdown table of sequence lengths (for the UI)."""
     arr = np.asarray(lengths, dtype=np.int64)
@@ -376,10 +445,12 @@ def build_tokenized_dataset(
     base_dir: str | Path | None = None,
     extra_metadata: dict[str, str] | None = None,
     log: Callable[[str], None] = lambda _m: None,
+    cross_tokenizer: CrossTokenizer | None = None,
 ) -> dict:
     """Tokenize, split, pack and shard ``sources`` into ``out_dir``; returns the report (also
     written as ``out_dir/dataset_info.json``). Raises TokenizationError / SourceError /
-    FormatError with the file or field at fault."""
+    FormatError with the file or field at fault. ``cross_tokenizer``: the teacher's top-k come from another
+    tokenizer and are placed by byte offsets (``campaign_orchestrator.dataset.xtok``)."""
     import datasets
     from transformers import AutoTokenizer
 
@@ -409,7 +480,7 @@ def build_tokenized_dataset(
     datasets.disable_progress_bars()
     try:
         timings: dict[str, float] = {}
-        table = encode_sources(resolved, tok, template, settings, work, log, timings)
+        table = encode_sources(resolved, tok, template, settings, work, log, timings, cross_tokenizer)
         t_split = time.perf_counter()
         examples_in = table.num_rows
         if examples_in == 0:
@@ -464,9 +535,10 @@ def build_tokenized_dataset(
                 sort_keys=True,
             ),
             "campaign.source_hash": src_hash,
+            **({"campaign.teacher_topk": _topk_metadata(teacher)} if teacher else {}),
             **(
-                {"campaign.teacher_topk": json.dumps({"k": teacher["k"], "columns": list(TEACHER_FIELDS_NAMES)})}
-                if teacher
+                {"campaign.teacher_tokenizers": json.dumps(cross_tokenizer.identities, sort_keys=True)}
+                if cross_tokenizer is not None
                 else {}
             ),
             **(extra_metadata or {}),

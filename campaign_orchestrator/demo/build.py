@@ -4,7 +4,9 @@ Run ``python -m campaign_orchestrator.demo --artifacts DIR``. The result is cach
 ``DIR/models/demo-<recipe hash>/`` with a ``_SUCCESS`` marker; a second call is a no-op. The
 models are real ``LlamaForCausalLM`` checkpoints loaded back with ``from_pretrained(path)``.
 The MoE student (``Qwen3MoeForCausalLM``, :data:`campaign_orchestrator.demo.recipe.MOE_RECIPE`) is
-built the same way under ``DIR/models/demo-moe-<its hash>/`` (:func:`build_moe_student`).
+built the same way under ``DIR/models/demo-moe-<its hash>/`` (:func:`build_moe_student`), and the teacher with
+a byte-level BPE tokenizer (:data:`campaign_orchestrator.demo.recipe.XTOK_RECIPE`) under
+``DIR/models/demo-xtok-<its hash>/`` (:func:`build_xtok_teacher`).
 """
 
 from __future__ import annotations
@@ -17,17 +19,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from campaign_orchestrator.demo import cipher
 from campaign_orchestrator.demo.recipe import (
     MOE_RECIPE,
     RECIPE,
+    XTOK_RECIPE,
     models_dir,
     moe_models_dir,
     moe_recipe_hash,
     recipe_hash,
+    xtok_models_dir,
+    xtok_recipe_hash,
 )
 
 Log = Callable[[str], None]
@@ -46,6 +51,35 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=64, special_tokens=spec["special_tokens"]))
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    hf.add_bos_token = True
+    return hf
+
+
+def build_xtok_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (GPT-2's byte alphabet, so any text encodes) trained on the task's text with
+    ``tokenizers``: the second demo teacher's (:data:`XTOK_RECIPE`). Its merges join an answer's leading space to
+    its first letter and frequent letter pairs, so its tokens straddle the demo student's characters."""
+    spec = XTOK_RECIPE["tokenizer"]
+    rng = random.Random(spec["seed"])
+    corpus = []
+    for mapping in (cipher.CIPHER, cipher.IDENTITY):
+        gen = cipher.pairs(rng, mapping)
+        corpus += [p + c for p, c in (next(gen) for _ in range(spec["corpus_items"] // 2))]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=spec["vocab_size"],
+            special_tokens=spec["special_tokens"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
@@ -72,12 +106,12 @@ def _batch(tok: PreTrainedTokenizerFast, gen, bs: int) -> dict[str, torch.Tensor
     return {"input_ids": x, "labels": y, "attention_mask": m}
 
 
-def _train(tok: PreTrainedTokenizerFast, spec: dict, log: Log) -> LlamaForCausalLM:
+def _train(tok: PreTrainedTokenizerFast, spec: dict, log: Log, recipe: dict = RECIPE) -> LlamaForCausalLM:
     torch.manual_seed(spec["seed"])
     cfg = LlamaConfig(
         vocab_size=len(tok),
         num_key_value_heads=spec["config"]["num_attention_heads"],
-        max_position_embeddings=RECIPE["max_position_embeddings"],
+        max_position_embeddings=recipe["max_position_embeddings"],
         tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
@@ -150,13 +184,51 @@ def exact_match_on_task(
     return sum(t.strip() == ref for t, ref in zip(texts, refs, strict=True)) / n
 
 
-def build_demo_models(artifact_root: str | Path, log: Log = print, force: bool = False, moe: bool = True) -> dict:
+def build_demo_models(
+    artifact_root: str | Path, log: Log = print, force: bool = False, moe: bool = True, xtok: bool = False
+) -> dict:
     """Build (or reuse) the demo models; returns the build report (``moe``: also the MoE student, whose
-    report is under ``moe_student``)."""
+    report is under ``moe_student``; ``xtok``: also the byte-level BPE teacher, under ``teacher_bpe``)."""
     report = _build_dense(artifact_root, log, force)
     if moe:
         report["moe_student"] = build_moe_student(artifact_root, log, force)
+    if xtok:
+        report["teacher_bpe"] = build_xtok_teacher(artifact_root, log, force)
     return report
+
+
+def build_xtok_teacher(artifact_root: str | Path, log: Log = print, force: bool = False) -> dict:
+    """Build (or reuse) the cipher teacher with a byte-level BPE tokenizer ``@demo/teacher_bpe``; returns its
+    build report (``build_seconds``: the wall time of the build that made it)."""
+    final = xtok_models_dir(artifact_root)
+    if (final / "_SUCCESS").exists() and not force:
+        return json.loads((final / "build_report.json").read_text()) | {"cached": True}
+    t0 = time.perf_counter()
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tok = build_xtok_tokenizer()
+    spec = XTOK_RECIPE["teacher_bpe"]
+    log(
+        f"training demo teacher_bpe (byte-level BPE, {len(tok)} tokens, {spec['mapping']} mapping, "
+        f"{spec['steps']} steps)"
+    )
+    model = _train(tok, spec, log, XTOK_RECIPE)
+    report = {
+        "recipe_hash": xtok_recipe_hash(),
+        "vocab_size": len(tok),
+        "exact_match": exact_match_on_task(model, tok, XTOK_RECIPE["eval_items"]),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    model.save_pretrained(tmp / "teacher_bpe")
+    tok.save_pretrained(tmp / "teacher_bpe")
+    report["train_seconds"] = report["build_seconds"] = round(time.perf_counter() - t0, 2)
+    log(f"demo teacher_bpe: exact match on the cipher task {report['exact_match']:.3f}")
+    (tmp / "build_report.json").write_text(json.dumps(report, indent=2))
+    (tmp / "_SUCCESS").write_text("")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return report | {"cached": False}
 
 
 def build_moe_student(artifact_root: str | Path, log: Log = print, force: bool = False) -> dict:

@@ -72,8 +72,34 @@ MOE_RECIPE = {
     "eval_items": 200,
 }
 
-MODEL_NAMES = ("teacher", "student", "moe_student")
+# A second teacher of the same cipher with another tokenizer: byte-level BPE (every byte is a token, so any
+# text encodes) trained with ``tokenizers`` on the task's text, whose merges join the space and the first letter
+# of an answer and frequent letter pairs, so its tokens straddle the student's character tokens: the student of
+# campaigns/demo_xtok.yaml learns from it by cross-tokenizer logit distillation (campaign_orchestrator.dataset.xtok).
+XTOK_RECIPE = {
+    "version": 1,
+    "tokenizer": {
+        "kind": "byte-bpe",
+        "special_tokens": ["<pad>", "<s>", "</s>", "<unk>"],
+        "vocab_size": 600,
+        "corpus_items": 4000,
+        "seed": 13,
+    },
+    "max_position_embeddings": RECIPE["max_position_embeddings"],
+    "teacher_bpe": {
+        "mapping": "cipher",
+        "config": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 3, "num_attention_heads": 4},
+        "steps": 900,
+        "batch_size": 64,
+        "lr": 3e-3,
+        "seed": 4,
+    },
+    "eval_items": 200,
+}
+
+MODEL_NAMES = ("teacher", "student", "moe_student", "teacher_bpe")
 MOE_NAMES = ("moe_student",)
+XTOK_NAMES = ("teacher_bpe",)
 PREFIX = "@demo/"
 
 
@@ -90,6 +116,15 @@ def models_dir(artifact_root: str | Path) -> Path:
     return Path(artifact_root) / "models" / f"demo-{recipe_hash()}"
 
 
+def xtok_recipe_hash() -> str:
+    return hashlib.sha256(json.dumps(XTOK_RECIPE, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def xtok_models_dir(artifact_root: str | Path) -> Path:
+    """The byte-level BPE teacher's directory (its own recipe and hash)."""
+    return Path(artifact_root) / "models" / f"demo-xtok-{xtok_recipe_hash()}"
+
+
 def moe_models_dir(artifact_root: str | Path) -> Path:
     """The MoE student's directory (its own recipe and hash)."""
     return Path(artifact_root) / "models" / f"demo-moe-{moe_recipe_hash()}"
@@ -97,7 +132,7 @@ def moe_models_dir(artifact_root: str | Path) -> Path:
 
 def model_dirs(artifact_root: str | Path) -> list[Path]:
     """Every demo build directory of the current recipes (built or not)."""
-    return [models_dir(artifact_root), moe_models_dir(artifact_root)]
+    return [models_dir(artifact_root), moe_models_dir(artifact_root), xtok_models_dir(artifact_root)]
 
 
 def is_demo_ref(ref: str) -> bool:
@@ -109,7 +144,9 @@ def resolve(ref: str, artifact_root: str | Path) -> Path:
     name = ref[len(PREFIX) :]
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown demo model {ref!r}; expected one of {[PREFIX + n for n in MODEL_NAMES]}")
-    return (moe_models_dir(artifact_root) if name in MOE_NAMES else models_dir(artifact_root)) / name
+    if name in MOE_NAMES:
+        return moe_models_dir(artifact_root) / name
+    return (xtok_models_dir(artifact_root) if name in XTOK_NAMES else models_dir(artifact_root)) / name
 
 
 def cached_report(artifact_root: str | Path) -> dict | None:

@@ -1,19 +1,24 @@
 """``auto``: the generation engine chosen by a short measured probe, per host, device, dtype and model shape.
 
 As the training attention kernel is chosen (``training/attention.py``), the candidates for this device run the
-same small greedy workload once (synthetic prompts of the model's vocabulary, lengths spread over the context),
-their new tokens per second are recorded in the host cache (``$CAMPAIGN_CACHE_DIR/generation_engines.json``,
-:mod:`campaign_orchestrator.hardware`), and every later generator of that host, device, dtype and model shape
-reads the record instead of measuring again. A request runs on the fastest measured engine that can serve it: one
-that asks for top-k log-probabilities never runs on an engine that cannot return them (``top_logprobs`` False).
-An engine that fails its probe is recorded with its error and never chosen. The choice and its reason are logged.
+same small greedy workload (synthetic prompts of the model's vocabulary, lengths spread over the context, each
+after the shared prefix of the prompts being answered when they have one: a teacher's context, which the engines
+with prefix caching prefill once); each engine is warmed up, then timed :data:`REPEATS` times and its best new
+tokens per second kept (a shared host's load slows some runs, never speeds one up). The record goes to the host
+cache (``$CAMPAIGN_CACHE_DIR/generation_engines.json``, :mod:`campaign_orchestrator.hardware`), and every later
+generator of that host, device, dtype, model shape and prefix length reads it instead of measuring again. The first
+process of a host measures under a file lock beside the cache; one started at the same time waits and reads its
+record (tests/teacher/test_auto_timings.py starts two). A request runs on the fastest measured engine that can
+serve it: one that asks for top-k log-probabilities never runs on an engine that cannot return them
+(``top_logprobs`` False). An engine that fails its probe is recorded with its error and never chosen. The choice
+and its reason are logged.
 
 Candidates are the engines whose ``devices`` hold the device kind and that are usable here
-(:mod:`campaign_orchestrator.generation.engines`): on a CPU the continuous engine and ``generate``
-(``generate_batch`` runs there when named, but is no candidate: its module says why); on a GPU
-``generate_batch``, ``generate`` and vLLM when importable (the continuous engine is CPU-tuned: its module says why
-it is not a GPU candidate). Whatever the probe says, ``$CAMPAIGN_GENERATION_ENGINE``
-names the engine for a whole process tree (a measurement switch).
+(:mod:`campaign_orchestrator.generation.engines`): on a CPU the continuous engine, ``generate`` and vLLM's CPU
+build when it is importable (``generate_batch`` runs there when named, but is no candidate: its module says why);
+on a GPU ``generate_batch``, ``generate`` and vLLM when importable (the continuous engine is CPU-tuned: its module
+says why it is not a GPU candidate). Whatever the probe says, ``$CAMPAIGN_GENERATION_ENGINE`` names the engine for
+a whole process tree (a measurement switch).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 CACHE_FILE = "generation_engines.json"
 # the probe: this many prompts x new tokens per engine (after a two-prompt warm-up), on a CPU and on a GPU
 PROBE = {"cpu": (16, 16), "cuda": (64, 32)}
+REPEATS = 3  # timed runs per engine after the warm-up; the best counts
 
 _log = logging.getLogger("campaign_orchestrator.generation.local")
 
@@ -66,7 +72,7 @@ def model_shape(model) -> dict:
     }
 
 
-def probe_key(device, dtype: str, shape: dict, names) -> str:
+def probe_key(device, dtype: str, shape: dict, names, prefix_tokens: int = 0) -> str:
     import socket
 
     import torch
@@ -86,41 +92,85 @@ def probe_key(device, dtype: str, shape: dict, names) -> str:
         ",".join(f"{k}={v}" for k, v in sorted(shape.items())),
         "+".join(sorted(names)),
     )
-    return "|".join(map(str, parts))
+    key = "|".join(map(str, parts))
+    return key + (f"|prefix={prefix_tokens}" if prefix_tokens else "")
+
+
+PROBE_LENGTHS = {"cpu": (8, 64), "cuda": (32, 256)}  # the probe prompts' own tokens (after any shared prefix)
+
+
+def fit_prefix(prefix: list[int] | None, context: int | None, new_tokens: int, device_type: str) -> list[int]:
+    """``prefix`` cut to leave room in ``context`` for the shortest probe prompt and ``new_tokens``."""
+    prefix = list(prefix or ())
+    if context:
+        prefix = prefix[: max(0, context - new_tokens - PROBE_LENGTHS.get(device_type, PROBE_LENGTHS["cuda"])[0])]
+    return prefix
 
 
 def probe_prompts(
-    vocab_size: int, special: set[int], n: int, context: int | None, new_tokens: int, device_type: str
+    vocab_size: int,
+    special: set[int],
+    n: int,
+    context: int | None,
+    new_tokens: int,
+    device_type: str,
+    prefix: list[int] | None = None,
 ) -> list[list[int]]:
-    """``n`` deterministic synthetic prompts (ids outside ``special``), lengths spread from short to long."""
+    """``n`` deterministic synthetic prompts (ids outside ``special``), lengths spread from short to long, each
+    after ``prefix`` (the shared prefix of the prompts being answered: :func:`fit_prefix` cuts it)."""
     import random
 
     rng = random.Random(0)
-    lo, hi = (8, 64) if device_type == "cpu" else (32, 256)
+    lo, hi = PROBE_LENGTHS.get(device_type, PROBE_LENGTHS["cuda"])
+    prefix = fit_prefix(prefix, context, new_tokens, device_type)
     if context:
-        hi = max(2, min(hi, context - new_tokens))
+        hi = max(2, min(hi, context - new_tokens - len(prefix)))
         lo = max(1, min(lo, hi))
     ids = [i for i in range(min(vocab_size, 50_000)) if i not in special] or [0]
-    return [[rng.choice(ids) for _ in range(lo + (hi - lo) * j // max(1, n - 1))] for j in range(n)]
+    return [prefix + [rng.choice(ids) for _ in range(lo + (hi - lo) * j // max(1, n - 1))] for j in range(n)]
 
 
-def measure(engine, prompts: list[list[int]], new_tokens: int, sync: Callable[[], None] = lambda: None) -> float:
-    """New tokens per second of ``engine`` on ``prompts`` (greedy), after a two-prompt warm-up."""
+def shared_prefix(enc: list[list[int]] | None, min_tokens: int) -> list[int]:
+    """The prefix the largest group of ``enc`` shares (at least ``min_tokens`` long), or ``[]``."""
+    from campaign_orchestrator.generation.engines.common import prefix_groups
+
+    if not enc:
+        return []
+    groups = [(idx, n) for idx, n in prefix_groups(enc, min_tokens) if n >= min_tokens]
+    if not groups:
+        return []
+    idx, n = max(groups, key=lambda g: (len(g[0]), g[1]))
+    return list(enc[idx[0]][:n])
+
+
+def measure(
+    engine,
+    prompts: list[list[int]],
+    new_tokens: int,
+    sync: Callable[[], None] = lambda: None,
+    repeats: int | None = None,
+) -> list[float]:
+    """New tokens per second of ``engine`` on ``prompts`` (greedy) in each of ``repeats`` (default
+    :data:`REPEATS`) timed runs, after a two-prompt warm-up."""
     engine.generate(prompts[:2], 2)
     sync()
-    t0 = time.perf_counter()
-    out = engine.generate(prompts, new_tokens)
-    sync()
-    seconds = max(time.perf_counter() - t0, 1e-9)
-    return sum(c.completion_tokens or 0 for c in out) / seconds
+    rates = []
+    for _ in range(repeats or REPEATS):
+        t0 = time.perf_counter()
+        out = engine.generate(prompts, new_tokens)
+        sync()
+        seconds = max(time.perf_counter() - t0, 1e-9)
+        rates.append(sum(c.completion_tokens or 0 for c in out) / seconds)
+    return rates
 
 
 def probe(engines: dict, prompts: list[list[int]], new_tokens: int, sync=lambda: None) -> dict:
-    """``{name: {"tokens_per_s": x}}`` or ``{name: {"error": ...}}`` for each engine."""
+    """``{name: {"tokens_per_s": best, "runs": [...]}}`` or ``{name: {"error": ...}}`` for each engine."""
     rec = {}
     for name, eng in engines.items():
         try:
-            rec[name] = {"tokens_per_s": round(measure(eng, prompts, new_tokens, sync), 3)}
+            runs = measure(eng, prompts, new_tokens, sync)
+            rec[name] = {"tokens_per_s": round(max(runs), 3), "runs": [round(r, 3) for r in runs]}
         except Exception as e:  # noqa: BLE001 - an engine that cannot run this model is recorded, never chosen
             rec[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
     return rec
@@ -164,10 +214,12 @@ def choose(
     cache_dir: str | Path | None = None,
     device=None,
     log: Callable[[str], None] | None = None,
+    prefix: list[int] | None = None,
 ) -> tuple[str | None, dict]:
     """The engine ``auto`` runs for ``gen`` (a LocalGenerator) and a request (``needs_topk``), and the record:
-    measured once per host, device, dtype and model shape (cached; the first process measures under a lock
-    beside the cache file, so every process of a host runs the same engine), then read."""
+    measured once per host, device, dtype, model shape and ``prefix`` length (the shared prefix of the prompts
+    being answered, put before every probe prompt; cached: the first process measures under a lock beside the
+    cache file, so every process of a host runs the same engine), then read."""
     import torch
 
     from campaign_orchestrator.hardware import cache_dir as host_cache_dir
@@ -180,7 +232,13 @@ def choose(
         if gen.precision is not None
         else str(getattr(gen.model, "dtype", "")).removeprefix("torch.")
     )
-    key = probe_key(device, dtype, model_shape(gen.model), cands)
+    n, new = PROBE.get(device.type, PROBE["cuda"])
+    vocab = getattr(gen.model.config, "vocab_size", None) or len(gen.tok)
+    prompts = probe_prompts(
+        vocab, set(gen.tok.all_special_ids) | set(gen.stop_ids), n, gen.context_length, new, device.type, prefix
+    )
+    prefix_tokens = len(fit_prefix(prefix, gen.context_length, new, device.type))
+    key = probe_key(device, dtype, model_shape(gen.model), cands, prefix_tokens)
     path = Path(cache_dir or host_cache_dir()) / CACHE_FILE
     cached = read_host_cache(path)
     measured = False
@@ -189,17 +247,12 @@ def choose(
             cached = read_host_cache(path)
             if key not in cached:
                 measured = True
-                n, new = PROBE.get(device.type, PROBE["cuda"])
-                vocab = getattr(gen.model.config, "vocab_size", None) or len(gen.tok)
-                prompts = probe_prompts(
-                    vocab, set(gen.tok.all_special_ids) | set(gen.stop_ids), n, gen.context_length, new, device.type
-                )
                 on_gpu = device.type == "cuda" and torch.cuda.is_available()  # (a mocked device: nothing to wait for)
                 sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None)
                 cached[key] = {
                     "device": device.type,
                     "dtype": dtype,
-                    "probe": {"prompts": n, "new_tokens": new},
+                    "probe": {"prompts": n, "new_tokens": new, "repeats": REPEATS, "prefix_tokens": prefix_tokens},
                     "engines": probe(cands, prompts, new, sync),
                     "not_candidates": why_not,
                 }

@@ -237,7 +237,8 @@ def _max_model_len(llm) -> int | None:
 class VLLMBackend:
     """Offline batch generation with ``vllm.LLM``.
 
-    Requests go to ``LLM.generate`` (``LLM.chat`` for chat requests) in chunks of
+    Requests go to ``LLM.generate`` as token ids, rendered as every local backend renders them (:meth:`_render`:
+    the chat template for a bare prompt when the tokenizer has one, the context messages whole), in chunks of
     ``chunk_size`` prompts; each chunk's results reach the cache before the next chunk starts.
     When every sample of a prompt is missing and sampling is not greedy, the prompt is sent
     once with ``SamplingParams(n=...)`` (vLLM shares the prompt's KV cache across samples);
@@ -266,14 +267,16 @@ class VLLMBackend:
         lora_request_class: Callable[..., Any] | None = None,
     ):
         from campaign_orchestrator.generation.engines.vllm_engine import engine_args as vllm_args
-        from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype
+        from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype, vllm_device
 
         self.model, self.revision = model, revision
         extra = dict(engine_args or {})
-        # the dtype vLLM computes in, resolved before it starts and passed to it, so the key names what runs
-        self.dtype = resolve_dtype(model, extra.pop("dtype", None) or dtype or "auto")
+        # where and in what dtype vLLM computes, resolved before it starts and passed to it, so the key names what
+        # runs (checked against the started engine: _load)
+        self.device = vllm_device()
+        self.dtype = resolve_dtype(model, extra.pop("dtype", None) or dtype or "auto", self.device)
         self.identity = identity or teacher_identity(
-            "vllm", model, None, revision, engine_args=engine_args, precision=f"cuda:{self.dtype}"
+            "vllm", model, None, revision, engine_args=engine_args, precision=f"{self.device}:{self.dtype}"
         )
         self.chunk_size = chunk_size
         self._llm, self._sp, self._llm_class = llm, sampling_params, llm_class
@@ -281,7 +284,7 @@ class VLLMBackend:
         self._engine = {
             "tensor_parallel_size": tensor_parallel_size,
             "seed": seed,
-            **vllm_args(model, dtype=self.dtype, adapter_dir=adapter_dir, top_k=top_k, extra=extra),
+            **vllm_args(model, dtype=self.dtype, adapter_dir=adapter_dir, top_k=top_k, extra=extra, device=self.device),
         }
         self._engine.pop("model")
         self.generate_s = 0.0
@@ -304,7 +307,23 @@ class VLLMBackend:
             self._sp = self._sp or vllm.SamplingParams
             self._llm_class = self._llm_class or vllm.LLM
         if self._llm is None:
+            from campaign_orchestrator.generation.engines.vllm_engine import stop_with
+
             self._llm = self._llm_class(model=self.model, revision=self.revision, **self._engine)
+            stop_with(self, self._llm)
+            ran = self.ran_dtype()
+            if ran is not None and self.dtype != "default" and ran != self.dtype:
+                raise BackendError(
+                    f"teacher {self.model}: its generations are keyed for {self.device}:{self.dtype} but vLLM "
+                    f"started in {ran}; name the dtype in teacher.engine_args.dtype or teacher.compute_dtype"
+                )
+
+    def ran_dtype(self) -> str | None:
+        """The dtype the started engine computes in, as vLLM reports it (None before it starts, or for an
+        engine that does not say: a stand-in)."""
+        cfg = getattr(getattr(self._llm, "llm_engine", None), "model_config", None)
+        dtype = getattr(cfg, "dtype", None)
+        return None if dtype is None else str(dtype).removeprefix("torch.")
 
     def _lora(self):
         from campaign_orchestrator.generation.engines.vllm_engine import lora_request
@@ -321,17 +340,27 @@ class VLLMBackend:
         self._load()
         return self._sp
 
-    def _prompt_len(self, req: GenRequest) -> int | None:
-        try:
-            if self._tok is None:
+    @property
+    def tokenizer(self):
+        """The teacher's tokenizer: loaded with transformers from a local checkpoint (the one every local backend
+        renders with), else vLLM's own (a hub id vLLM fetched)."""
+        if self._tok is None:
+            if (Path(self.model) / "config.json").exists():
+                from transformers import AutoTokenizer
+
+                self._tok = AutoTokenizer.from_pretrained(self.model, revision=self.revision)
+            else:
                 self._tok = self.llm.get_tokenizer()
-            if req.messages is not None:
-                ids = self._tok.apply_chat_template(list(req.messages), add_generation_prompt=True, tokenize=True)
-                ids = ids["input_ids"] if not isinstance(ids, list) else ids  # transformers 5 returns a BatchEncoding
-                return len(ids)
-            return len(self._tok.encode(req.prompt))
-        except Exception:  # a tokenizer without a chat template, say: let vLLM judge
-            return None
+        return self._tok
+
+    def _render(self, req: GenRequest) -> list[int]:
+        """The prompt's token ids, rendered as every local backend renders it
+        (:func:`~campaign_orchestrator.dataset.formatting.render_prompt_ids`: a bare prompt as one user turn of
+        the chat template when the tokenizer has one, context messages whole), so a ``vllm`` teacher answers what
+        a ``transformers`` teacher over the same weights is asked, and what the student is trained on."""
+        from campaign_orchestrator.dataset.formatting import render_prompt_ids
+
+        return render_prompt_ids(self.tokenizer, list(req.messages) if req.messages is not None else req.prompt)
 
     def _params(self, s: Sampling, n: int, seed: int):
         kw: dict = {"n": n, "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_new_tokens}
@@ -346,17 +375,14 @@ class VLLMBackend:
 
         return vllm_completion(ro, co, k, latency)
 
-    def _call(self, items: list[tuple[list[GenRequest], Any]]) -> list:
-        chat = items[0][0][0].messages is not None
-        inputs = [list(g[0].messages) if chat else g[0].prompt for g, _ in items]
-        params = [p for _, p in items]
+    def _call(self, items: list[tuple[list[GenRequest], Any, list[int]]]) -> list:
+        prompts = [{"prompt_token_ids": ids} for _g, _p, ids in items]
+        params = [p for _g, p, _ids in items]
         lora = {"lora_request": self._lora()} if self.adapter_dir is not None else {}
-        if chat:
-            return self.llm.chat(inputs, sampling_params=params, use_tqdm=False, **lora)
-        return self.llm.generate(inputs, sampling_params=params, use_tqdm=False, **lora)
+        return self.llm.generate(prompts, sampling_params=params, use_tqdm=False, **lora)
 
     def _deliver(self, items, outputs, s: Sampling, latency: float, on_done: OnDone) -> None:
-        for (group, _), ro in zip(items, outputs, strict=True):
+        for (group, _p, _ids), ro in zip(items, outputs, strict=True):
             for req, co in zip(group, ro.outputs, strict=True):
                 on_done(req, self._completion(ro, co, s.logprobs, latency))
 
@@ -367,35 +393,28 @@ class VLLMBackend:
         groups: dict[str, list[GenRequest]] = {}
         for r in requests:
             groups.setdefault(json.dumps(r.payload), []).append(r)
-        items: list[tuple[list[GenRequest], Any]] = []
+        items: list[tuple[list[GenRequest], Any, list[int]]] = []
         for group in groups.values():
-            plen = self._prompt_len(group[0]) if self._max_len else None
-            if plen is not None and plen >= self._max_len:
+            ids = self._render(group[0])
+            if self._max_len and len(ids) >= self._max_len:
                 for r in group:
                     on_done(
                         r,
                         Completion.failed(
-                            f"prompt of {plen} tokens does not fit the teacher's context "
+                            f"prompt of {len(ids)} tokens does not fit the teacher's context "
                             f"(max_model_len {self._max_len})",
-                            plen,
+                            len(ids),
                         ),
                     )
                 continue
             indexes = sorted(r.sample_index for r in group)
             if not sampling.greedy and len(group) > 1 and indexes == list(range(len(group))):
-                items.append(
-                    (sorted(group, key=lambda r: r.sample_index), self._params(sampling, len(group), sampling.seed))
-                )
+                params = self._params(sampling, len(group), sampling.seed)
+                items.append((sorted(group, key=lambda r: r.sample_index), params, ids))
             else:
-                items += [([r], self._params(sampling, 1, r.seed)) for r in group]
-        # same-kind inputs per call (vLLM's generate and chat take one or the other)
-        items.sort(key=lambda it: it[0][0].messages is not None)
+                items += [([r], self._params(sampling, 1, r.seed), ids) for r in group]
         for start in range(0, len(items), self.chunk_size):
-            chunk = items[start : start + self.chunk_size]
-            for kind in (False, True):
-                part = [it for it in chunk if (it[0][0].messages is not None) == kind]
-                if part:
-                    self._run_part(part, sampling, on_done)
+            self._run_part(items[start : start + self.chunk_size], sampling, on_done)
 
     def _run_part(self, part, sampling: Sampling, on_done: OnDone) -> None:
         t0 = time.perf_counter()
@@ -414,7 +433,23 @@ class VLLMBackend:
         self._deliver(part, outputs, sampling, latency, on_done)
 
     def stats(self) -> dict:
-        return {}
+        """What the started engine computed in and vLLM's own prefix-cache counters (tokens looked up and found
+        cached: a teacher context shared by many prompts is found after its first prefill); ``{}`` before it
+        starts."""
+        from campaign_orchestrator.generation.engines.vllm_engine import prefix_cache_counts
+
+        ran = self.ran_dtype()
+        if ran is None:
+            return {}
+        out = {"engine": "vllm", "compute_dtype": ran, "compute_dtype_reason": f"vLLM on {self.device}"}
+        return out | (prefix_cache_counts(self._llm) or {})
+
+    def close(self) -> None:
+        """Stop the engine (vLLM's engine-core process and its memory); a later request starts another."""
+        from campaign_orchestrator.generation.engines.vllm_engine import shutdown_llm
+
+        llm, self._llm, self._tok = self._llm, None, None
+        shutdown_llm(llm)
 
 
 # --------------------------------------------------------------------------- OpenAI-compatible
@@ -454,10 +489,11 @@ def spec_identity(
     if spec.backend == "transformers" and precision is None:
         precision = local_precision(spec.compute_dtype)
     if spec.backend == "vllm":
-        from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype
+        from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype, vllm_device
 
         dtype = (spec.engine_args or {}).get("dtype") or spec.compute_dtype
-        precision = f"cuda:{resolve_dtype(model_path or spec.model, dtype)}"
+        device = vllm_device()
+        precision = f"{device}:{resolve_dtype(model_path or spec.model, dtype, device)}"
     return teacher_identity(
         spec.backend,
         spec.model,

@@ -79,8 +79,19 @@ CACHE_SCHEMA = pa.schema(
         ("model", pa.string()),
         ("teacher_identity", pa.string()),
         ("created_at", pa.float64()),  # unix time the generation finished
+        ("completion_token_strings", pa.list_(pa.string())),  # HTTP teachers with top-k (generation/rows.py)
     ]
 )
+
+
+def _conform(t: pa.Table) -> pa.Table:
+    """``t`` with CACHE_SCHEMA's columns in its order: a column added to the schema after a file was written is
+    read as nulls (older files lack it)."""
+    for f in CACHE_SCHEMA:
+        if f.name not in t.column_names:
+            t = t.append_column(f, pa.nulls(len(t), f.type))
+    return t.select(CACHE_SCHEMA.names).cast(CACHE_SCHEMA)
+
 
 PREFIX = "generations"
 
@@ -333,7 +344,7 @@ def merge_files(cache: GenerationCache, inputs: list[CacheFile], run_bytes: int 
         try:
             for i, p in enumerate(paths):
                 for batch in pq.ParquetFile(p).iter_batches(batch_size=ROW_GROUP_ROWS):
-                    t = pa.Table.from_batches([batch]).select(CACHE_SCHEMA.names).cast(CACHE_SCHEMA)
+                    t = _conform(pa.Table.from_batches([batch]))
                     t = t.append_column("_src", pa.array(np.full(len(t), i, dtype=np.int32)))
                     if parts == 1:
                         groups = [(0, t)]

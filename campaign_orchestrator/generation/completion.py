@@ -19,6 +19,9 @@ class Completion:
     error: str | None = None
     top_logprobs: TopLogprobs | None = None
     token_ids: list[int] | None = None  # generated token ids (local backends), stop token included
+    # the generated tokens' text (HTTP backends with top-k: one per top-k list, stop token included when the API
+    # lists it; a token that is not whole UTF-8 as campaign_orchestrator.dataset.xtok.token_string writes it)
+    token_strings: list[str] | None = None
     retries: int = 0  # HTTP attempts beyond the first (rate limits, 5xx, timeouts)
     extra: dict = field(default_factory=dict)
 

@@ -232,27 +232,32 @@ class LocalGenerator:
             self.engines[name] = engine_class(name)(self)
         return self.engines[name]
 
-    def engine_for(self, needs_topk: bool = False) -> str:
-        """The engine a greedy request runs on (``needs_topk``: it asks for top-k log-probabilities)."""
+    def engine_for(self, needs_topk: bool = False, enc: Sequence[list[int]] | None = None) -> str:
+        """The engine a greedy request runs on (``needs_topk``: it asks for top-k log-probabilities; ``enc``: its
+        rendered prompts, whose shared prefix the first ``auto`` probe puts before its own prompts)."""
         name = self.setting
         if name == "auto":
-            name = forced_engine() or self._auto(needs_topk)
+            name = forced_engine() or self._auto(needs_topk, enc)
         if needs_topk and not getattr(engine_class(name), "top_logprobs", False):
             name = "hf_generate"  # the request asks for what this engine cannot return
         if name == "continuous" and not self.engine_instance(name)._supports_continuous():
             name = "hf_generate"  # a model whose cache cannot be driven row by row
         return name
 
-    def _auto(self, needs_topk: bool) -> str:
+    def _auto(self, needs_topk: bool, enc: Sequence[list[int]] | None = None) -> str:
         if needs_topk not in self.choice:
-            from campaign_orchestrator.generation.auto import choose
+            from campaign_orchestrator.generation.auto import choose, shared_prefix
 
             engines = {n: self.engine_instance(n) for n in ENGINES[1:]}
-            name, record = choose(self, engines, needs_topk, log=self.log)
+            prefix = shared_prefix(list(enc or ()), PREFIX_MIN_TOKENS)
+            name, record = choose(self, engines, needs_topk, log=self.log, prefix=prefix)
             self.choice[needs_topk] = record | {"chosen": name or "hf_generate"}
             if record.get("measured_now"):  # what the probe started and auto did not choose goes (a vLLM engine
-                keep = {c["chosen"] for c in self.choice.values()} | {"hf_generate"}  # holds GPU memory)
-                self.engines = {n: e for n, e in self.engines.items() if n in keep}
+                keep = {c["chosen"] for c in self.choice.values()} | {"hf_generate"}  # holds its process, memory)
+                for n in [n for n in self.engines if n not in keep]:
+                    close = getattr(self.engines.pop(n), "close", None)
+                    if close is not None:
+                        close()
         return self.choice[needs_topk]["chosen"]
 
     @property
@@ -335,7 +340,7 @@ class LocalGenerator:
                 return self.engine_instance("hf_generate").generate(
                     enc, max_new_tokens, logprobs, progress, on_result, temperature=temperature, top_p=top_p, seed=seed
                 )
-            name = self.engine_for(bool(logprobs))
+            name = self.engine_for(bool(logprobs), enc)
             self.last_engine = name
             return self.engine_instance(name).generate(enc, max_new_tokens, logprobs, progress, on_result)
         finally:  # the call's key/value caches are gone: their pages go back, not into the next model's peak

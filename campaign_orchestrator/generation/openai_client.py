@@ -176,24 +176,42 @@ class ClientStats:
         }
 
 
-def _top_from_completions(lp: dict | None, k: int | None) -> list | None:
+def _top_from_completions(lp: dict | None, k: int | None) -> tuple[list | None, list[str] | None]:
+    """The completions API's top-k (``{token text: logprob}`` per position, most likely first) and the generated
+    tokens' text, or ``(None, None)``."""
     if not lp or not k or lp.get("top_logprobs") is None:
-        return None
+        return None, None
     out = []
     for pos in lp["top_logprobs"]:
         items = sorted((pos or {}).items(), key=lambda kv: -kv[1])[:k]
         out.append([(None, tok, float(v)) for tok, v in items])
-    return out
+    tokens = lp.get("tokens")
+    return out, (list(tokens) if tokens is not None and len(tokens) == len(out) else None)
 
 
-def _top_from_chat(lp: dict | None, k: int | None) -> list | None:
+def _token_text(e: dict) -> str:
+    """A chat logprobs entry's token as stored (campaign_orchestrator.dataset.xtok.token_string): its ``bytes``
+    when the API gives them (a token may hold part of a character), else its text."""
+    from campaign_orchestrator.dataset.xtok import token_string
+
+    return token_string(bytes(e["bytes"])) if e.get("bytes") is not None else e["token"]
+
+
+def _top_from_chat(lp: dict | None, k: int | None) -> tuple[list | None, list[str] | None]:
+    """The chat API's top-k per position (most likely first) and the generated tokens' text, or ``(None, None)``."""
     if not lp or not k or lp.get("content") is None:
-        return None
-    out = []
+        return None, None
+    out, tokens = [], []
     for pos in lp["content"]:
         items = sorted(pos.get("top_logprobs") or [], key=lambda e: -e["logprob"])[:k]
-        out.append([(None, e["token"], float(e["logprob"])) for e in items])
-    return out
+        out.append([(None, _token_text(e), float(e["logprob"])) for e in items])
+        tokens.append(_token_text(pos) if pos.get("token") is not None else None)
+    return out, (tokens if all(t is not None for t in tokens) else None)
+
+
+# Special and template tokens a server may add to each message of a request (BOS, role markers, separators): part of
+# a request's upper bound (OpenAICompatibleClient.usage_bound). ChatML adds 5 per message; Llama 3's template ~8.
+PROMPT_OVERHEAD_TOKENS = 16
 
 
 class OpenAICompatibleClient:
@@ -234,6 +252,10 @@ class OpenAICompatibleClient:
         # campaign_orchestrator/generation/scaleout/
         # ratelimit.py), objects with TokenBucket's acquire/refund; None: this client's own buckets per run
         self.buckets: tuple | None = None
+        # an object with sent(req, bound) and received(req, completion) (scaleout/journal.py): told of each request
+        # before it is sent (with its usage's upper bound: :meth:`usage_bound`) and of each answer as soon as it is
+        # received, before it is handed on; None: nothing is told
+        self.journal = None
         self._consecutive_failures = 0
 
     def __repr__(self) -> str:  # never the key
@@ -273,6 +295,15 @@ class OpenAICompatibleClient:
             if s.logprobs:
                 body["logprobs"] = s.logprobs
         return body
+
+    @staticmethod
+    def usage_bound(req: GenRequest, s: Sampling) -> tuple[int, int]:
+        """The most a request can be billed, ``(prompt tokens, completion tokens)``, before its answer says: the
+        prompt's UTF-8 bytes (a byte-level or byte-fallback tokenizer's every token holds at least one byte) plus
+        ``PROMPT_OVERHEAD_TOKENS`` per message for the special and template tokens a server adds, and
+        ``max_tokens``."""
+        texts = [req.prompt] if req.messages is None else [m.get("content") or "" for m in req.messages]
+        return sum(len(t.encode()) + PROMPT_OVERHEAD_TOKENS for t in texts), s.max_new_tokens
 
     @staticmethod
     def _estimate_tokens(req: GenRequest, s: Sampling) -> int:
@@ -336,7 +367,15 @@ class OpenAICompatibleClient:
                 f"unexpected response shape: {self._redact(json.dumps(data)[:200])}", latency_s=latency, retries=retries
             )
         usage = data.get("usage") or {}
-        top = (_top_from_chat if self.chat else _top_from_completions)(ch.get("logprobs"), s.logprobs)
+        top, tokens = (_top_from_chat if self.chat else _top_from_completions)(ch.get("logprobs"), s.logprobs)
+        if s.logprobs and top is None and text:
+            raise EndpointError(
+                f"{self.base_url}{self.path} answered without log-probabilities, but teacher.sampling.logprobs asks "
+                f"for the top {s.logprobs}: this endpoint does not return them (or not on "
+                f"{'chat' if self.chat else 'completions'} requests); stopping before paying for the rest. Remove "
+                "teacher.sampling.logprobs and use training.distillation.loss 'sequence', or use a teacher that "
+                "returns top-k log-probabilities"
+            )
         return Completion(
             text or "",
             ch.get("finish_reason") or "stop",
@@ -344,6 +383,7 @@ class OpenAICompatibleClient:
             usage.get("completion_tokens"),
             latency,
             top_logprobs=top,
+            token_strings=tokens,
             retries=retries,
         )
 
@@ -454,10 +494,17 @@ class OpenAICompatibleClient:
         it = iter(requests)
 
         async with self._session() as session:
+            journal = self.journal
 
             async def worker() -> None:
                 for req in it:  # shared iterator: each request is taken by exactly one worker
-                    on_done(req, await self.complete(session, req, sampling, rpm, tpm))
+                    if journal is None:
+                        on_done(req, await self.complete(session, req, sampling, rpm, tpm))
+                        continue
+                    journal.sent(req, self.usage_bound(req, sampling))
+                    c = await self.complete(session, req, sampling, rpm, tpm)
+                    journal.received(req, c)  # what it was billed, before the answer goes anywhere
+                    on_done(req, c)
 
             tasks = [asyncio.create_task(worker()) for _ in range(min(self.max_concurrency, max(1, len(requests))))]
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

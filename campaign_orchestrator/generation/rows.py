@@ -26,8 +26,12 @@ Columns (``GENERATION_SCHEMA``):
   model distribution (temperature 1, before top-p). Local backends (``transformers``,
   ``vllm``) set ``token_id`` (ids of the teacher's tokenizer) and may leave ``token`` null;
   HTTP backends (``openai``) only know the token's text: ``token`` is set and ``token_id`` is
-  null, so a consumer maps the strings back to ids with the teacher's tokenizer.
-  For logit distillation the student's tokenizer must match the teacher's (same ids).
+  null. A token that is not whole UTF-8 on its own (a byte-level token holding part of a character) is written
+  ``bytes:\\xNN...`` (``campaign_orchestrator.dataset.xtok.token_string``).
+- ``completion_token_strings`` (list<string>, null for local backends and without ``logprobs``): an HTTP
+  teacher's generated tokens as text, one per top-k list, written like ``token``; with the completion text
+  they give each position's byte offsets, so a student with another tokenizer is aligned by bytes
+  (``campaign_orchestrator.dataset.xtok``). Local teachers' ids go through their tokenizer instead.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ GENERATION_SCHEMA = pa.schema(
         ("error", pa.string()),
         ("completion_token_ids", pa.list_(pa.int32())),
         ("top_logprobs", TOP_LOGPROBS_TYPE),
+        ("completion_token_strings", pa.list_(pa.string())),
     ]
 )
 

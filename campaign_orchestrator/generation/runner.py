@@ -93,6 +93,7 @@ def _cache_row(req: GenRequest, c: Completion, backend: Backend) -> dict:
         "retries": c.retries,
         "top_logprobs": c.top_logprobs,
         "completion_token_ids": c.token_ids,
+        "completion_token_strings": c.token_strings,
         "backend": backend.name,
         "model": backend.model,
         "teacher_identity": backend.identity,
@@ -169,6 +170,7 @@ def assemble_rows(
                     "retries": 0 if cached else c["retries"],
                     "error": c.get("error"),
                     "completion_token_ids": c["completion_token_ids"],
+                    "completion_token_strings": c.get("completion_token_strings"),  # None in older cache files
                     "top_logprobs": c["top_logprobs"],
                 }
             )
@@ -234,6 +236,13 @@ class LocalExecutor:
 
     def recover(self) -> int:
         return 0
+
+    def close(self) -> None:
+        """Stop the backend's engine when it has one (a ``close`` method: vLLM's engine-core process and its
+        memory); a backend without one (a transformers model, an HTTP client) is left to be collected."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
 
     def prepare(self, work: GenerationWork) -> str:
         st, b = work.stats, self.backend
@@ -322,9 +331,26 @@ def run_generation(
     order. ``executor`` runs what the cache lacks: a :class:`LocalExecutor` (a bare backend is run by one) or the
     Ray executor (:class:`campaign_orchestrator.generation.scaleout.stage.RayExecutor`); ``cache`` is this
     process's view of the cache the executor writes. Whichever runs, the same requests give the same rows, the
-    same cache keys and the same usage charged to ``budget``."""
-    if not hasattr(executor, "execute"):
-        executor = LocalExecutor(executor)
+    same cache keys and the same usage charged to ``budget``. A bare backend is this call's: its engine, if it
+    has one (vLLM), is stopped when the call returns (:meth:`LocalExecutor.close`; every stage builds its backend
+    for one call), so no engine process outlives its stage or keeps a process from exiting; pass a
+    :class:`LocalExecutor` to keep it for more calls."""
+    if hasattr(executor, "execute"):
+        return _run_generation(
+            prompts, executor, sampling, cache, chat, context, context_categories, progress, log, budget
+        )
+    local = LocalExecutor(executor)
+    try:
+        return _run_generation(
+            prompts, local, sampling, cache, chat, context, context_categories, progress, log, budget
+        )
+    finally:
+        local.close()
+
+
+def _run_generation(
+    prompts, executor, sampling, cache, chat, context, context_categories, progress, log, budget
+) -> GenerationResult:
     log = log or (lambda _m: None)
     t_start, t_wall0 = time.perf_counter(), time.time()
     st, reqs, per_key, found = open_requests(

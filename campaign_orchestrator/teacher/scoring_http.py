@@ -1,6 +1,7 @@
 """A :class:`~campaign_orchestrator.teacher.scoring.TeacherScorer` over HTTP: any OpenAI-compatible server that
 answers vLLM's ``prompt_logprobs`` (vLLM's own ``vllm serve``, or the project's teacher server,
-``python -m campaign_orchestrator.teacher serve``).
+``python -m campaign_orchestrator.teacher serve``). Against ``vllm serve`` itself (its CPU build) the scores equal
+the in-process teacher's within 1e-3: tests/vllm/test_vllm_scoring_real.py.
 
 For each (prompt, continuation) pair the teacher's prompt is rendered here, with the teacher's tokenizer and
 chat template exactly as :func:`campaign_orchestrator.dataset.formatting.render_prompt_ids` renders it for
@@ -20,7 +21,7 @@ names (``teacher.api_key_env``); it is never logged nor put in an error.
 
 ``prefill_tokens`` counts prompt + continuation tokens of every pair the teacher scored (what an API bills as
 input), ``completion_tokens`` what it generated besides (``max_tokens`` per pair, billed as output); the
-ledger prices them per round (``PricingResource.bill(spec, "on_policy_scoring", ...)``).
+ledger prices them per round (``stages.pricing.Pricing.bill(spec, "on_policy_scoring", ...)``).
 """
 
 from __future__ import annotations

@@ -77,6 +77,8 @@ class TeacherServer:
         self.max_logprobs = max_logprobs
         self.lock = threading.Lock()
         self._decoded: dict[int, str] = {}
+        self._texts: dict[int, str] = {}
+        self._bytes = None  # the tokenizer's tokens as bytes (campaign_orchestrator.dataset.xtok), built on first use
         self.stats = {"requests": 0, "prompts": 0, "prompt_tokens": 0, "completion_tokens": 0, "forward_passes": 0}
 
     def __repr__(self) -> str:  # never the key
@@ -225,6 +227,20 @@ class TeacherServer:
             s = self._decoded[tid] = self.gen.tok.decode([tid])
         return s
 
+    def _token_text(self, tid: int) -> str:
+        """A generated token as the completions API's ``tokens`` and ``top_logprobs`` write it: its exact bytes as
+        text, ``bytes:\\xNN...`` for a token that holds part of a character (xtok.token_string), a special
+        token by its name; so a client with another tokenizer can align by bytes."""
+        s = self._texts.get(tid)
+        if s is None:
+            from campaign_orchestrator.dataset.xtok import TokenizerBytes, token_string
+
+            if self._bytes is None:
+                self._bytes = TokenizerBytes.from_tokenizer(self.gen.tok)
+            b = self._bytes.bytes_of(tid)
+            s = self._texts[tid] = token_string(b) if b is not None else self._decode(tid)
+        return s
+
     def _entry(self, tid: int, lp: float, rank: int) -> dict:
         return {"logprob": max(float(lp), LOGPROB_FLOOR), "rank": int(rank), "decoded_token": self._decode(tid)}
 
@@ -325,7 +341,7 @@ class TeacherServer:
             tokens, token_lps, tops, offsets, at = [], [], [], [], 0
             for step, tid in enumerate(toks):
                 dist = torch.log_softmax(o.logits[step][0].float(), dim=-1)
-                s = self._decode(tid)
+                s = self._token_text(tid)
                 tokens.append(s)
                 token_lps.append(max(float(dist[tid]), LOGPROB_FLOOR))
                 offsets.append(at)
@@ -333,7 +349,10 @@ class TeacherServer:
                 if k:
                     tv, ti = dist.topk(min(k, dist.shape[-1]))
                     tops.append(
-                        {self._decode(a): max(v, LOGPROB_FLOOR) for a, v in zip(ti.tolist(), tv.tolist(), strict=True)}
+                        {
+                            self._token_text(a): max(v, LOGPROB_FLOOR)
+                            for a, v in zip(ti.tolist(), tv.tolist(), strict=True)
+                        }
                     )
                 else:
                     tops.append(None)

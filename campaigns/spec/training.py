@@ -258,7 +258,10 @@ class DistillationSpec(_Strict):
         "sequence",
         description="sequence: cross-entropy on the teacher's text; logits: forward KL against the teacher's stored "
         "top-k log-probabilities (remaining mass as one tail bucket) mixed with cross-entropy. `logits` needs "
-        "teacher.sampling.logprobs and a teacher that shares the student's tokenizer. on_policy: the student "
+        "teacher.sampling.logprobs (an API teacher that returns them). A teacher with another tokenizer than the "
+        "student's, or an API teacher (it returns text), is aligned by byte offsets: exact KL where the two "
+        "tokenizers' tokens match, a vocabulary-free (ULD, sorted probabilities) term elsewhere; the trainer's "
+        "summary says which share of positions each covered. on_policy: the student "
         "samples, the teacher scores its tokens, generalized JSD on them (`on_policy` section; a teacher that "
         "shares the student's tokenizer: a local `transformers` one, in process beside the student, or an "
         "`openai` server that returns prompt_logprobs).",
@@ -272,7 +275,8 @@ class DistillationSpec(_Strict):
     teacher_tokenizer: str | None = Field(
         None,
         description="`logits` or `on_policy` with a remote teacher (openai/vllm served name): a directory holding the "
-        "teacher's tokenizer, checked against the student's before training starts. Local teachers are checked "
+        "teacher's tokenizer, checked against the student's before training starts (`logits`: recorded as the "
+        "teacher's tokenizer identity; without it an API teacher is `api:<model>`). Local teachers are checked "
         "directly.",
     )
     on_policy: OnPolicySpec = Field(
@@ -359,7 +363,9 @@ class TrainingSpec(_Strict):
     compile: bool | Literal["auto"] = Field(
         "auto",
         description="torch.compile each decoder layer's forward (in place: parameter names, checkpoints, "
-        "adapters unchanged). auto: on for CUDA, off on the CPU. The compiling first step(s) are reported apart from "
+        "adapters unchanged). auto: on for CUDA; on a CPU, on only where a measurement on the host says the run pays "
+        "inductor's warm-up back with faster steps (training/compile_choice.py; the reason in the summary's "
+        "`compile.auto`). The compiling first step(s) are reported apart from "
         "the timed ones (`compile` in the summary; `compiling` per step in metrics.parquet). Under compile the exact "
         "cheap-activation recompute is left to the compiler's own partitioner (`recompute` is then `none`).",
     )
@@ -439,7 +445,8 @@ class TrainingSpec(_Strict):
         return self.reshard_after_forward
 
     def compiling(self, device_type: str) -> bool:
-        """``compile`` resolved for a device type (``cuda``, ``cpu``): ``auto`` compiles on CUDA only."""
+        """``compile`` resolved for a device type (``cuda``, ``cpu``) without measuring: ``auto`` compiles on CUDA
+        only. The trainer resolves ``auto`` on a CPU by measurement first (``training.compile_choice``)."""
         if self.compile == "auto":
             return device_type == "cuda"
         return self.compile

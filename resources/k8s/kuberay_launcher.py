@@ -59,7 +59,7 @@ from resources.k8s import manifests as mf
 from resources.k8s.launcher import K8sTrainingLauncher
 from resources.k8s.logs import PodLogsMessageReader
 from resources.k8s.status import PodProblem, pod_finished, pod_name, pod_problem, pod_started
-from resources.pricing import charge_shard
+from stages.pricing import charge_shard
 
 # paths inside JOB.json the Ray pods open (campaign_orchestrator/generation/scaleout/job.py): the prompts, the output,
 # the
@@ -373,7 +373,7 @@ class KubeRayJobLauncher(ConfigurableResource):
             return
         try:
             (charge or budget.check)()
-        except Exception:  # the budget stop (a Dagster Failure)
+        except Exception:  # the budget stop (stages.errors.BudgetStopped)
             context.log.warning(
                 f"budget: stopping RayJob {w.name} ({w.spec.execution.replicas} replica(s)); what the "
                 f"workers finished is in the generation cache and is not paid again"

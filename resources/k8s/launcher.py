@@ -59,7 +59,7 @@ from resources.k8s.status import (
     pod_started,
     workload_state,
 )
-from resources.pricing import charge_round
+from stages.pricing import charge_round
 
 
 def delete_run_workloads(where: dict[str, Any], run_id: str) -> list[str]:

@@ -83,6 +83,19 @@ def test_blocking_gate_stops_promotion_in_the_run_and_across_runs(seeded, tmp_pa
     check = result.get_asset_check_evaluations()[0]
     assert check.check_name == "gate" and not check.passed and check.metadata["verdict"].value == "NO-GO"
     assert check.metadata["candidate_key"].value == cand["key"]
+    # the check page shows each rule with what was measured, its threshold and its result, in percent
+    assert check.metadata["cipher · min_score"].value == "0.0% · threshold ≥ 80.0% · BREACH"
+    regression = check.metadata["cipher · max_regression_vs_base"].value
+    assert regression == "+0.0 pts [+0.0, +0.0] · threshold CI low ≥ -3.0 pts · PASS", regression  # B = 0
+    assert check.metadata["cipher"].value.startswith("NO-GO · candidate 0.0%, base 0.0%, candidate − base +0.0 pts")
+    assert check.description.startswith("NO-GO: ") and "(not: cipher min_score)" in check.description
+    first = {
+        k: v.value
+        for k, v in instance.get_latest_materialization_event(
+            key(spec, "evaluation")
+        ).asset_materialization.metadata.items()
+    }
+    assert first["reused"] is False and first["time"].endswith(" s") and "answers" in first
     promo = [e.event_type_value for e in result.all_events if e.step_key == f"{NAME}__promoted_model"]
     assert "STEP_START" not in promo and "STEP_SUCCESS" not in promo  # never ran
     assert instance.get_latest_materialization_event(key(spec, "promoted_model")) is None
@@ -99,6 +112,10 @@ def test_blocking_gate_stops_promotion_in_the_run_and_across_runs(seeded, tmp_pa
     go, _ = write_spec(tmp_path, min_score=0.0, review=False)
     ok = run(go, root, instance, "evaluation", "promoted_model")
     assert ok.success and latest(root, "evaluation")["items_key"] == ev["items_key"]
+    # a new judgement of stored answers: not reused, and it claims none of the answering as this run's work
+    rejudged = {k: v.value for k, v in ok.asset_materializations_for_node(f"{NAME}__evaluation")[-1].metadata.items()}
+    assert rejudged["reused"] is False and rejudged["time"].startswith("re-judged stored answers (they took ")
+    assert not {"answers", "ray_shards", "lm_eval_seconds"} & rejudged.keys(), rejudged
     assert latest(root, "promoted_model")["candidate_key"] == cand["key"]
 
     # the instance's latest gate check failing (e.g. re-run elsewhere) blocks promotion across runs

@@ -6,8 +6,9 @@ import pytest
 from dagster import AssetKey
 
 from assets.location import build_definitions, campaign_job_name
-from assets.student_adapter import moe_metadata, refuse_before_launch
+from assets.student_adapter import moe_metadata
 from campaigns.loader import load_campaign_file
+from stages.student_adapter import refuse_before_launch
 from tests.support import REPO_ROOT as REPO
 
 
@@ -69,7 +70,7 @@ def test_moe_summary_becomes_metadata_by_kind():
 def test_adapter_keys_of_dense_campaigns_did_not_change_with_the_moe_fields():
     """The new student fields at their defaults stay out of the adapter's key: no cached adapter is retrained
     and no model-change sensor fires because the spec grew."""
-    from assets.student_adapter import training_key_fields
+    from stages.student_adapter import training_key_fields
 
     dense = training_key_fields(load_campaign_file(REPO / "campaigns" / "demo.yaml"))["student"]
     assert "moe" not in dense and {"target_parameters", "use_dora"}.isdisjoint(dense["lora"])

@@ -73,11 +73,11 @@ def test_replay_rows_are_the_base_students_cached_answers(tmp_path, artifact_roo
 
     # the answers are the base student's: the generation cache holds them under the base's identity, and a
     # backend that would fail if asked finds them all there
-    from assets.evaluation import answer_identity
     from campaign_orchestrator.generation.cache import GenerationCache
     from campaign_orchestrator.generation.requests import Sampling, namespace
     from campaign_orchestrator.generation.runner import run_generation
     from resources.storage import ArtifactStore
+    from stages.evaluation import answer_identity
 
     storage = ArtifactStore(root=str(artifact_root))
     ident, _ = answer_identity(spec, storage.resolve_model("@demo/student", spec.project_dir), None)

@@ -64,6 +64,15 @@ def _old_style_other_namespace_owner() -> dict[str, str]:
     }
 
 
+def _visible(tags: dict[str, str]) -> dict[str, str]:
+    """Owner and lease tags under the visible names runs carried before they were hidden."""
+    from assets.run_recovery import LEASE_TAG, VISIBLE_LEASE_TAG
+    from resources import run_owner
+
+    names = {run_owner.OWNER_TAG: run_owner.VISIBLE_OWNER_TAG, LEASE_TAG: VISIBLE_LEASE_TAG}
+    return {names.get(k, k): v for k, v in tags.items()}
+
+
 def test_another_namespaces_run_is_reaped_when_its_lease_expires(instance):
     from assets.run_recovery import lease_tags, reap_dead_runs
 
@@ -76,15 +85,18 @@ def test_another_namespaces_run_is_reaped_when_its_lease_expires(instance):
             ("no lease", new, {}),
             ("old expired", old, lease_tags(ttl_s=-1)),
             ("old held", old, lease_tags(ttl_s=60)),
+            ("visible expired", _visible(new), _visible(lease_tags(ttl_s=-1))),
+            ("visible held", _visible(new), _visible(lease_tags(ttl_s=60))),
         ]
     }
     assert instance.event_log_storage.claim_concurrency_slot(POOL, runs["expired"], "noop").is_claimed
     said: list[str] = []
-    assert sorted(reap_dead_runs(instance, log=said.append)) == sorted([runs["expired"], runs["old expired"]])
-    assert all("stopped renewing its lease (expired " in m and "process 1 on " in m for m in said[-2:])
+    reaped = [runs["expired"], runs["old expired"], runs["visible expired"]]
+    assert sorted(reap_dead_runs(instance, log=said.append)) == sorted(reaped)
+    assert all("stopped renewing its lease (expired " in m and "process 1 on " in m for m in said[-3:])
     assert instance.get_run_by_id(runs["expired"]).status == DagsterRunStatus.FAILURE
     assert not instance.event_log_storage.get_concurrency_run_ids()  # its pool slot is free
-    assert {instance.get_run_by_id(runs[k]).status for k in ("held", "no lease", "old held")} == {
+    assert {instance.get_run_by_id(runs[k]).status for k in ("held", "no lease", "old held", "visible held")} == {
         DagsterRunStatus.STARTED
     }
 

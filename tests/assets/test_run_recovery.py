@@ -159,10 +159,14 @@ def test_old_runs_tagged_with_host_and_pid_only_are_still_judged(instance):
 
 def test_a_run_shows_one_ownership_tag_holding_its_owner_trainers_and_cluster(instance, tmp_path):
     """`campaign run`'s owner, the local launcher's trainers and the Kubernetes launcher's cluster all land in one
-    compact tag, ``campaign/owner``; the lease (rewritten every renewal) is the only other internal tag."""
-    from assets.run_recovery import lease_tags, owner_tags
+    compact tag; the lease (rewritten every renewal) is the only other internal tag. Both are Dagster hidden tags:
+    the UI and its GraphQL never show them, so the runs list leads with the tags people read."""
+    from dagster._core.storage.tags import TagType, get_tag_type
+
+    from assets.run_recovery import LEASE_TAG, lease_tags, owner_tags
     from resources.k8s.launcher import K8sTrainingLauncher
     from resources.local_launcher import record_trainers
+    from resources.run_owner import OWNER_TAG
 
     run_id = _started_run(instance, owner_tags() | lease_tags(), claim=False)
     trainer = sleeping_node(tmp_path / "torchrun.log")
@@ -174,8 +178,9 @@ def test_a_run_shows_one_ownership_tag_holding_its_owner_trainers_and_cluster(in
         trainer.kill()
         trainer.wait(10)
     tags = instance.get_run_by_id(run_id).tags
-    assert {k for k in tags if k.startswith("campaign/")} == {"campaign/owner", "campaign/lease-until"}, tags
-    owner = json.loads(tags["campaign/owner"])
+    assert {k for k in tags if "campaign" in k} == {OWNER_TAG, LEASE_TAG}, tags
+    assert {get_tag_type(k) for k in (OWNER_TAG, LEASE_TAG)} == {TagType.HIDDEN}  # a Dagster upgrade must keep this
+    owner = json.loads(tags[OWNER_TAG])
     assert owner["pid"] == os.getpid() and owner["pid_ns"] == str(os.stat("/proc/self/ns/pid").st_ino)
     assert [g["pgid"] for g in owner["trainers"]] == [trainer.pid, trainer.pid]
     assert owner["k8s"] == {
@@ -187,7 +192,7 @@ def test_a_run_shows_one_ownership_tag_holding_its_owner_trainers_and_cluster(in
 
 
 def test_an_old_style_run_is_still_judged_and_its_trainers_killed(instance, tmp_path):
-    """Runs recorded before ``campaign/owner`` (separate host, pid, start, boot-id, pid-ns, trainers tags) are judged
+    """Runs recorded before the owner tag (separate host, pid, start, boot-id, pid-ns, trainers tags) are judged
     as before an upgrade: dead and of this namespace, reaped with its trainers; alive, or of another namespace, kept."""
     from assets.run_recovery import can_judge, reap_dead_runs
     from training import run_processes
@@ -212,8 +217,8 @@ def test_an_old_style_run_is_still_judged_and_its_trainers_killed(instance, tmp_
 
 
 _OWNER = (
-    "import time; from assets.run_recovery import owner_tags; print(owner_tags()['campaign/owner'], flush=True); "
-    "time.sleep(120)"
+    "import time; from assets.run_recovery import owner_tags; from resources.run_owner import OWNER_TAG; "
+    "print(owner_tags()[OWNER_TAG], flush=True); time.sleep(120)"
 )
 _REAPER = (
     "import json; from dagster import DagsterInstance; from assets.run_recovery import reap_dead_runs; "

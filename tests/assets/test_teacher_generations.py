@@ -88,7 +88,7 @@ def test_openai_campaign_is_cached_across_campaigns_and_priced(tmp_path, artifac
     assert [line["price_key"] for line in man["cost_lines"]] == ["api-open-70b:input", "api-open-70b:output"]
     assert sum(line["usd"] for line in man["cost_lines"]) == pytest.approx(tok / 1e6 * 0.88)
     md_b = _metadata(res_b, "gen_b__teacher_generations")
-    assert md_b["cache_hits"] == len(rows) and md_b["new_generations"] == 0 and md_b["spent_this_run_usd"] == 0.0
+    assert md_b["cache_hits"] == len(rows) and md_b["new_generations"] == 0 and md_b["cost"] == "$0"
     dist = _metadata(res, "gen_a__distillation_set")
     assert dist["rows"] + dist["dropped_scorer"] + dist["dropped_format"] == len(rows)
     # the key never lands in manifests, metadata or the cache

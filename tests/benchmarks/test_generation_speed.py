@@ -1,5 +1,6 @@
 """benchmarks/generation_speed.py --tiny: both engines on the demo teacher, outputs compared, a JSON report; its
-``--device cuda`` sections are skipped cleanly on a host without a GPU."""
+``--device cuda`` sections are skipped cleanly on a host without a GPU; its ``engines`` section on a CPU measures
+every local engine (vLLM where its CPU build is importable: tests/vllm/ runs the script there)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,30 @@ def test_tiny_compares_both_engines_and_reports_identical_outputs(tmp_path, demo
     assert r["new"]["engine"] == "continuous" and r["old"]["engine"] == "hf_generate" and r["prompts"] == 12
     assert r["prompts_per_s_ratio"] > 0 and r["peak_rss_ratio"] > 0 and r["new"]["threads"] == 1
     assert r["per_suite"]["teacher"]["shared_prefix_new"] >= 8  # the header group shared its prefill
+
+
+@pytest.mark.stage
+def test_tiny_engines_section_on_a_cpu_measures_every_engine_and_autos_choice(tmp_path, demo_models):
+    from campaign_orchestrator.generation.engines.vllm_engine import vllm_importable
+
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--sections", "engines", "--device", "cpu", "--prompts", "12"]
+        + ["--out", str(tmp_path / "r.json")],
+        cwd=REPO_ROOT,
+        env=child_env(threads=1),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-4000:]
+    rec = json.loads((tmp_path / "r.json").read_text())["sections"]["engines"]["shapes"]["demo-teacher"]
+    ran = {n for n, r in rec["engines"].items() if "tokens_per_s" in r}
+    assert {"hf_generate", "continuous", "generate_batch"} <= ran
+    assert all(rec["engines"][n]["same_as_hf_generate"] == 1.0 for n in ran)
+    assert ("vllm" in ran) == vllm_importable(), rec["engines"]["vllm"]
+    probe = rec["auto"]["probe"]
+    assert rec["auto"]["chosen"] == max(probe, key=lambda n: probe[n].get("tokens_per_s", 0))
+    assert all(len(r["runs"]) == 3 for r in probe.values())
 
 
 def test_the_bf16_sign_test_fails_only_a_clearly_less_faithful_engine():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -195,3 +196,42 @@ def test_the_gpu_check_script_runs_each_step_and_leaves_its_files(tmp_path):
     assert json.loads((out / "train_gpu_step.json").read_text())["skipped"] == "no CUDA device on this machine"
     env_txt = (out / "env.txt").read_text()
     assert "== nvidia-smi" in env_txt and "torch " in env_txt and "cuda None available False" in env_txt
+
+
+@pytest.mark.stage  # two short trainer runs of the tiny model on the CPU
+def test_the_gpu_check_fails_on_a_missed_goal_and_keeps_generation_its_own_budget(tmp_path):
+    """A planted goal no run can meet (a world of one 1000x the bare loop), enforced on this CPU: train_gpu_step.py
+    measures for real, misses it and exits 1, and gpu_check.sh exits 1 naming the step. Generation still gets its
+    own GEN_SECONDS, however much training was allowed (TRAIN_SECONDS above the whole budget)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the real check is not a unit test")
+    out = tmp_path / "out"
+    planted = "--tiny --steps 2 --sections bare_loop --enforce-goals --goal world_of_one_vs_bare_loop=1000"
+    env = child_env(threads=1) | {
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "GPU_CHECK_SECONDS": "400",
+        "TRAIN_SECONDS": "1000",
+        "GEN_SECONDS": "45",
+        "TRAIN_ARGS": planted,
+    }
+    p = subprocess.run(
+        ["bash", str(REPO_ROOT / "benchmarks" / "gpu_check.sh")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    summary = (out / "gpu_check.txt").read_text()
+    assert p.returncode == 1, summary + p.stderr[-2000:]
+    train = re.search(r"train_gpu_step: exit (\d+) in \d+s \(limit (\d+)s\)", summary)
+    assert train and train[1] == "1" and int(train[2]) <= 400 - 45, summary
+    assert re.search(r"generation_speed: exit 0 in \d+s \(limit 45s\)", summary), summary
+    assert "FAILED: train_gpu_step" in summary
+    r = json.loads((out / "train_gpu_step.json").read_text())
+    g = r["goals"]["world_of_one_vs_bare_loop"]
+    assert r["goals_enforced"] and r["goals_missed"] == ["world_of_one_vs_bare_loop"] and not r["failed"]
+    assert g["target"] == ">= 1000" and g["met"] is False and 0 < g["value"] < 1000  # measured, then judged

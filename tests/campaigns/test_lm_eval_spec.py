@@ -77,9 +77,9 @@ def test_shipped_task_files_are_what_the_demo_module_writes():
 def test_a_suite_of_the_harness_task_library_needs_no_include_path(tmp_path):
     """`tasks: [arc_easy, hellaswag]` alone: the harness's own tasks, no task directory to copy; its
     identity is the installed lm_eval (whose registry defines them)."""
-    from assets.harness import TASKS_DIR, harness_identity, harness_suites
     from evaluation.harness import registry_sha256
     from resources.storage import ArtifactStore
+    from stages.harness import TASKS_DIR, harness_identity, harness_suites
 
     def library(d):
         s = _harness(d)

@@ -9,6 +9,7 @@ import uuid
 import zlib
 from pathlib import Path
 
+import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -17,6 +18,7 @@ from dagster import AssetKey, AssetSpec, DagsterInstance, Definitions, define_as
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.stage_dir import StageDir
 from campaigns.loader import resolve_campaign
+from tests.support.dashboards import served_here
 
 RUN_2 = str(uuid.uuid4())
 CHROMIUM = "/usr/bin/chromium"
@@ -154,6 +156,7 @@ def campaign(artifact_root):
 def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, capsys):
     from assets import campaign_cost as cost
     from assets.location import default_resources
+    from stages import campaign_cost as cost_stage
 
     root, _gen = campaign
     spec, _ = resolve_campaign("demo")
@@ -165,23 +168,36 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
     assert blocked["cost"]["total_usd"] == pytest.approx(0.0145)
     assert blocked["cost"]["usd_per_point_gained_lcb"] is None  # 4% vs 0% on 50 items: lower bound < 0
 
-    # run-2 materializes campaign_cost itself (upstream manifests come through the IO manager)
+    # run-2 materializes campaign_cost itself (upstream manifests come through the IO manager), while `campaign
+    # dashboard --serve --port 0` serves the dashboards at a port of its choosing: the UI's links follow it
+    assert cost_stage.dashboards_url(root) == "http://127.0.0.1:8765"  # before anything served them
     defs = Definitions(
-        assets=[cost.build(spec), *[AssetSpec(AssetKey(["demo", s])) for s in cost.STAGES]],
+        assets=[cost.build(spec), *[AssetSpec(AssetKey(["demo", s])) for s in cost_stage.STAGES]],
         jobs=[define_asset_job("cost_only", selection=[AssetKey(["demo", "campaign_cost"])])],
         resources=default_resources(str(root)),
     )
-    with DagsterInstance.ephemeral() as instance:
-        result = defs.resolve_job_def("cost_only").execute_in_process(instance=instance, run_id=RUN_2)
-        tags = instance.get_run_by_id(RUN_2).tags
-    assert result.success
-    assert tags["verdict"] == "GO" and tags["cost"] == "$0.012"  # the runs list shows the result
-    md = result.asset_materializations_for_node("demo__campaign_cost")[0].metadata
+    with served_here(root, "--port", "0") as url:
+        assert url != "http://127.0.0.1:8765"
+        with DagsterInstance.ephemeral() as instance:
+            result = defs.resolve_job_def("cost_only").execute_in_process(instance=instance, run_id=RUN_2)
+            tags = instance.get_run_by_id(RUN_2).tags
+        assert result.success
+        md = result.asset_materializations_for_node("demo__campaign_cost")[0].metadata
+        assert md["dashboard"].value == f"{url}/demo.html" and md["team_dashboard"].value == f"{url}/index.html"
+        page = httpx.get(md["dashboard"].value, timeout=30)  # the link opens what campaign_cost just wrote
+        assert page.status_code == 200 and "<title>Cost dashboard · demo</title>" in page.text
+    with served_here(root) as again:  # without --port: where it served last, so those links open again
+        assert again == url and httpx.get(md["team_dashboard"].value, timeout=30).status_code == 200
+    # the runs list shows the result first: Dagster orders a run's tags by key, capitalized before lowercase
+    assert tags["Verdict"] == "GO" and tags["Cost"] == "$0.012"
+    assert [k for k in tags if not k.startswith(("dagster/", ".dagster/"))][:2] == ["Cost", "Verdict"], tags
     total = 0.0010 + 0.0100 + 0.0012  # the teacher's output reused from run-1 is part of this result's cost
     assert md["total_usd"].value == pytest.approx(total)
     assert md["spent_this_run_usd"].value == pytest.approx(0.0112)
     assert md["usd_per_million_teacher_tokens"].value == pytest.approx(0.0010 / 0.05)
     assert md["usd_per_1k_accepted_examples"].value == pytest.approx(0.0010 / 1.6)
+    assert md["teacher_tokens"].value == 50_000 and md["accepted_examples"].value == 1600  # counts: integers
+    assert isinstance(md["teacher_tokens"].value, int) and isinstance(md["accepted_examples"].value, int)
     assert md["gain_points"].value == pytest.approx(90.0)
     assert md["usd_per_point_gained_lcb"].value == pytest.approx(total / md["gain_points_low"].value, rel=1e-3)
     # for people: the result in one line, numbers rounded (the report file keeps the raw values)
@@ -190,9 +206,6 @@ def test_cost_asset_metadata_and_the_dashboard_in_chromium(campaign, tmp_path, c
     assert md["plan_total_usd"].value > 0 and md["budget_used_fraction"].value == pytest.approx(
         0.0257
     )  # all spend of both runs
-    # the UI links pages a browser opens from a web page (served by `campaign dashboard --serve`), never file://
-    assert md["dashboard"].value == "http://127.0.0.1:8765/demo.html"
-    assert md["team_dashboard"].value == "http://127.0.0.1:8765/index.html"
     assert (root / "dashboards" / "demo.html").exists() and (root / "dashboards" / "index.html").exists()
     dash = Path(md["dashboard_file"].value)
     assert dash.exists() and [r["run_id"] for r in ledger.reports("demo")] == ["run-1", RUN_2]

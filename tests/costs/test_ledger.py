@@ -33,9 +33,21 @@ def test_a_production_is_paid_once_retries_and_reuse_add_nothing(tmp_path):
     first = ledger.record_stage(run_id="r1", step_key="s", **kw)
     retry = ledger.record_stage(run_id="r1", step_key="s", attempt=1, **kw)
     reuse = ledger.record_stage(run_id="r2", step_key="s", **kw)
-    assert first == {"reused": False, "spent_usd": 0.05, "production_usd": 0.05, "produced_by": "r1"}
+    assert first == {
+        "reused": False,
+        "spent_usd": 0.05,
+        "production_usd": 0.05,
+        "produced_by": "r1",
+        "lines_paid_by": "r1",
+    }
     assert retry["reused"] is False
-    assert reuse == {"reused": True, "spent_usd": 0.0, "production_usd": 0.05, "produced_by": "r1"}
+    assert reuse == {
+        "reused": True,
+        "spent_usd": 0.0,
+        "production_usd": 0.05,
+        "produced_by": "r1",
+        "lines_paid_by": "r1",
+    }
     assert ledger.spent("camp") == pytest.approx(0.05)
     assert ledger.spent("camp", run_id="r1") == pytest.approx(0.05) and ledger.spent("camp", run_id="r2") == 0.0
     assert len(ledger.lines("camp")) == 1
@@ -106,7 +118,8 @@ def test_a_dagster_step_retried_after_its_output_was_recorded_does_not_double_co
     ledger = Ledger(root / "cost_ledger.duckdb")
     assert len(ledger.lines("camp")) == 1 and ledger.spent("camp", run_id=result.run_id) == pytest.approx(0.05)
     mats = result.asset_materializations_for_node("camp__teacher_generations")
-    assert [m.metadata["ledger_spent_this_run_usd"].value for m in mats] == [0.05, 0.05]
+    # both attempts are this run's own output (not reused), paid in this run (no "paid in run …; nothing in this run")
+    assert [(m.metadata["reused"].value, m.metadata["cost"].value) for m in mats] == [(False, "$0.05")] * 2
 
 
 def test_lines_keep_their_ray_shard_and_an_older_ledger_gains_the_column_without_losing_rows(tmp_path):
@@ -118,7 +131,7 @@ def test_lines_keep_their_ray_shard_and_an_older_ledger_gains_the_column_without
     from campaign_orchestrator.costs import ledger as ledger_mod
 
     path = tmp_path / "old.duckdb"
-    old_schema = ledger_mod.SCHEMA.replace(",\n    shard VARCHAR\n", "\n")
+    old_schema = ledger_mod.SCHEMA.replace(",\n    shard VARCHAR,\n    verified BOOLEAN\n", "\n")
     assert "shard" not in old_schema.split("CREATE TABLE IF NOT EXISTS materializations")[0]
     con = duckdb.connect(str(path))
     con.execute(old_schema)  # the ledger as it was before lines named their shard
@@ -136,12 +149,12 @@ def test_lines_keep_their_ray_shard_and_an_older_ledger_gains_the_column_without
         step_key="s",
         manifest=_commit(tmp_path, key="k1", lines=shards),
     )
-    rows = ledger.query("SELECT run_id, shard, usd FROM cost_lines ORDER BY run_id, shard NULLS LAST")
-    assert rows == [
-        {"run_id": "r0", "shard": None, "usd": 0.05},
-        {"run_id": "r1", "shard": "a1b2c3", "usd": 0.05},
-        {"run_id": "r1", "shard": "d4e5f6", "usd": 0.05},
-        {"run_id": "r1", "shard": None, "usd": 0.05},
+    rows = ledger.query("SELECT run_id, shard, usd, verified FROM cost_lines ORDER BY run_id, shard NULLS LAST")
+    assert rows == [  # the old row: no shard, and not known to be unverified (the column came later too)
+        {"run_id": "r0", "shard": None, "usd": 0.05, "verified": None},
+        {"run_id": "r1", "shard": "a1b2c3", "usd": 0.05, "verified": True},
+        {"run_id": "r1", "shard": "d4e5f6", "usd": 0.05, "verified": True},
+        {"run_id": "r1", "shard": None, "usd": 0.05, "verified": True},
     ]
     assert ledger.spent("camp") == pytest.approx(0.20) and len(ledger.lines("camp")) == 4
     fresh = Ledger(tmp_path / "new.duckdb")  # a new file has the column from the start

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from campaign_orchestrator.costs.memory import ModelShape, training_memory
-from campaign_orchestrator.costs.memory_policy import choose_memory_policy, plan_memory_policy, resolved_training
+from campaign_orchestrator.costs.memory_policy import (
+    DeviceFacts,
+    choose_memory_policy,
+    plan_memory_policy,
+    resolve_training_policy,
+    resolved_training,
+)
 from campaigns.spec import StudentSpec, TrainingSpec
 
 # TinyLlama-1.1B's shape (benchmarks/train_gpu_step.py's model), LoRA r16 on all seven projections
@@ -104,18 +110,35 @@ def test_the_planner_resolves_auto_for_its_device():
     from tests.support.train_support import demo_spec
 
     base = demo_spec().model_dump(mode="json", by_alias=True, exclude_unset=True)
-    base["training"] |= {"micro_batch_size": "auto", "activation_checkpointing": "auto"}
+    base["training"] |= {"micro_batch_size": "auto", "activation_checkpointing": "auto", "max_seq_len": 1024}
     spec = CampaignSpec.model_validate(base)
-    kw = dict(seq_len=1024, device_type="cuda", compute_dtype="bfloat16", headroom=0.9, attention="sdpa")
-    out80, p80 = plan_memory_policy(spec, TINYLLAMA, device_memory_gb=80, **kw)
-    out24, p24 = plan_memory_policy(spec, TINYLLAMA, device_memory_gb=24, **kw)
+    kw = dict(compute_dtype="bfloat16", headroom=0.9)
+    out80, p80 = plan_memory_policy(spec, TINYLLAMA, DeviceFacts("cuda", 80), **kw)
+    out24, p24 = plan_memory_policy(spec, TINYLLAMA, DeviceFacts("cuda", 24), **kw)
     assert out80.training.micro_batch_size == p80.micro_batch_size and isinstance(out80.training.micro_batch_size, int)
-    assert out24.training.activation_checkpointing == p24.activation_policy
+    assert out24.training.activation_checkpointing == p24.memory.activation_policy
     assert (p80.micro_batch_size, p80.activation_policy) != (p24.micro_batch_size, p24.activation_policy)
+    assert p80.seq_len == p24.seq_len == 1024  # the longest row the trainer may get, as the trainer sizes it
     with pytest.raises(ValueError, match="has no memory_gb"):
-        plan_memory_policy(spec, TINYLLAMA, device_memory_gb=None, **kw)
-    fixed = demo_spec()
-    assert plan_memory_policy(fixed, TINYLLAMA, device_memory_gb=80, **kw) == (fixed, None)
+        plan_memory_policy(spec, TINYLLAMA, DeviceFacts("cuda", None), **kw)
+    fixed = demo_spec()  # nothing auto: the campaign as it is, and what it runs
+    same, p = plan_memory_policy(fixed, TINYLLAMA, DeviceFacts("cuda", 80), **kw)
+    assert same == fixed and p.memory is None and p.micro_batch_size == fixed.training.micro_batch_size
+
+
+def test_under_compile_the_cheap_recompute_is_the_compiler_s():
+    """compile (auto: on CUDA) leaves the exact recompute to the compiler's partitioner: `auto` chooses between none
+    and full, and a set `recompute` (or false) runs as none, on the planner's side as on the trainer's."""
+    st = student()
+    on_cuda = resolve_training_policy(TINYLLAMA, st, training(), DeviceFacts("cuda", 24), compute_dtype="bfloat16")
+    on_cpu = resolve_training_policy(
+        TINYLLAMA, st, training(compile=False), DeviceFacts("cuda", 24), compute_dtype="bfloat16"
+    )
+    assert on_cuda.compile and on_cuda.activation_policy in ("none", "full")
+    assert not on_cpu.compile and on_cpu.activation_policy == "recompute"  # what the memory allows without compile
+    fixed = training(micro_batch_size=2, activation_checkpointing=False)
+    ran = resolve_training_policy(TINYLLAMA, st, fixed, DeviceFacts("cuda", 80), compute_dtype="bfloat16")
+    assert (ran.micro_batch_size, ran.activation_policy, ran.memory) == (2, "none", None)
 
 
 def test_auto_micro_batch_is_refused_for_on_policy():
@@ -125,9 +148,15 @@ def test_auto_micro_batch_is_refused_for_on_policy():
 
 def test_speed_only_fields_stay_out_of_the_adapter_key():
     """reshard_after_forward and compile change how fast, not what is trained: no cached adapter is retrained
-    because the spec grew them."""
-    from assets.student_adapter import training_key_fields
+    because the spec grew them. Resolved for the key, an `auto` attention kernel and activation policy stay out too
+    (chosen per device at run time), and the micro-batch is a number."""
+    from campaign_orchestrator.keys import training_key_fields
     from tests.support.train_support import demo_spec
 
     key = training_key_fields(demo_spec())["training"]
     assert {"reshard_after_forward", "compile"}.isdisjoint(key) and "micro_batch_size" in key
+    auto = demo_spec()
+    auto = auto.model_copy(update={"training": auto.training.model_copy(update={"activation_checkpointing": "auto"})})
+    resolved = training_key_fields(auto, "cuda:bfloat16", micro_batch=None)
+    assert "activation_checkpointing" not in resolved["training"] and "attn_implementation" not in resolved["student"]
+    assert resolved["training"]["micro_batch_size"] == auto.training.micro_batch_size

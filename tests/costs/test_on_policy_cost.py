@@ -1,5 +1,5 @@
 """On-policy distillation's cost (issue 26): the teacher's prefills of the student's samples are billed per round
-through the one door (PricingResource.bill, "on_policy_scoring") at an API teacher's input price, land in the
+through the one door (Pricing.bill, "on_policy_scoring") at an API teacher's input price, land in the
 ledger as teacher lines, are watched by the training guard beside the training time, and are planned."""
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ def catalog():
 
 
 def test_api_teacher_prefills_are_billed_per_round_at_the_input_price(catalog):
-    from resources.pricing import PricingResource
+    from stages.pricing import Pricing
 
     spec = on_policy_spec()
     in_usd, out_usd = catalog.get("api-open-70b").token_usd()
-    bill = PricingResource().bill(spec, "on_policy_scoring", {"rounds": ROUNDS})
+    bill = Pricing().bill(spec, "on_policy_scoring", {"rounds": ROUNDS})
     lines = bill["lines"]
     assert [(x["round"], x["price_key"], x["kind"]) for x in lines] == [
         (0, "api-open-70b:input", "teacher"),
@@ -88,7 +88,7 @@ def test_an_in_process_teacher_has_no_line_of_its_own_and_unpriced_is_unknown(ca
 def test_the_training_guard_counts_time_and_the_rounds_teacher_prefills(tmp_path, catalog):
     """A timed guard that is also metered: the rounds' prefills charged as they finish stop training when the
     next round would cross the budget, and the stop records both kinds of spend as interrupted."""
-    from resources.pricing import _line_fn, _on_policy_meter, charge_round
+    from stages.pricing import _line_fn, _on_policy_meter, charge_round
 
     spec = on_policy_spec()
     now = [0.0]
@@ -127,7 +127,7 @@ def test_the_plan_of_an_on_policy_campaign(demo_models):
     or as training-host time (in process)."""
     from campaign_orchestrator.costs.plan.render import render_plan
     from campaign_orchestrator.costs.plan.stages import plan_on_policy
-    from resources.pricing import PricingResource
+    from stages.pricing import Pricing
 
     specs = {}
     for api in (True, False):
@@ -150,7 +150,7 @@ def test_the_plan_of_an_on_policy_campaign(demo_models):
         data["data"].pop("filters", None)
         specs[api] = parse_campaign_text(yaml.safe_dump(data), str(REPO_ROOT / "campaigns" / "demo.yaml"))
         specs[api].set_project_dir(REPO_ROOT)
-    plan = PricingResource().plan(specs[True], demo_models["student"].parents[1].parent)
+    plan = Pricing().plan(specs[True], demo_models["student"].parents[1].parent)
     assert "teacher_generations" not in plan.stages
     sa = plan.stages["student_adapter"]
     op = sa.on_policy
@@ -178,7 +178,7 @@ def test_launchers_charge_each_finished_round_as_its_message_arrives(tmp_path, c
 
     from resources.k8s.launcher import K8sTrainingLauncher
     from resources.local_launcher import round_messages
-    from resources.pricing import _line_fn, _on_policy_meter
+    from stages.pricing import _line_fn, _on_policy_meter
 
     spec = on_policy_spec()
     guard = BudgetGuard(

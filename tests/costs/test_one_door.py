@@ -1,5 +1,6 @@
-"""Cost goes through one door (issue 27): assets price and guard their spend through the pricing resource
-only, ledger SQL lives in the ledger module only, and following a stage's billing call to its ledger line
+"""Cost goes through one door (issues 27, 44): stages price and guard their spend through ``stages/pricing.py``
+only (assets and resources import no cost module; the pricing resource only configures it), ledger SQL lives in
+the ledger module only, and following a stage's billing call to its ledger line
 stays short (a few project files, a few returns between them)."""
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ import pytest
 from campaigns.loader import load_campaign_file
 from tests.support import REPO_ROOT
 
-PACKAGES = ("assets", "resources", "campaign_orchestrator", "campaign_app", "campaigns", "training", "evaluation")
+PACKAGES = (
+    "assets",
+    "resources",
+    "stages",
+    "campaign_orchestrator",
+    "campaign_app",
+    "campaigns",
+    "training",
+    "evaluation",
+)
 LEDGER = REPO_ROOT / "campaign_orchestrator" / "costs" / "ledger.py"
 # the project writes SQL keywords in capitals (prose such as "turns events into materializations" is not SQL)
 LEDGER_SQL = re.compile(
@@ -43,12 +53,17 @@ def cost_imports(path: Path) -> list[str]:
     return sorted(found, key=lambda x: int(x.split(":")[0]))
 
 
-def test_assets_import_no_cost_module_only_the_pricing_resource(tmp_path):
-    offenders = {p.name: cost_imports(p) for p in sorted((REPO_ROOT / "assets").glob("*.py"))}
+DOOR = REPO_ROOT / "stages" / "pricing.py"
+
+
+def test_only_the_stages_pricing_module_imports_cost_code(tmp_path):
+    files = [p for pkg in ("assets", "resources", "stages") for p in sorted((REPO_ROOT / pkg).rglob("*.py"))]
+    assert DOOR in files and cost_imports(DOOR)  # the door itself imports cost code (the walk sees it)
+    offenders = {str(p.relative_to(REPO_ROOT)): cost_imports(p) for p in files if p != DOOR}
     offenders = {k: v for k, v in offenders.items() if v}
     assert not offenders, (
-        f"assets import campaign_orchestrator.costs directly: {offenders}; price and guard through "
-        "resources/pricing.py (PricingResource.bill / .guard) instead"
+        f"campaign_orchestrator.costs imported outside {DOOR.relative_to(REPO_ROOT)}: {offenders}; price and guard "
+        "through stages.pricing.Pricing (.bill / .guard) instead"
     )
     # the walk sees lazy imports and `from campaign_orchestrator import costs` alike (it can fail)
     bad = tmp_path / "bad.py"
@@ -135,15 +150,15 @@ def walk(fn, *args, **kwargs):
     ],
 )
 def test_a_stage_billing_call_reaches_its_ledger_line_in_a_short_walk(stage, usage, kind):
-    """The demo campaign's billing call as its asset makes it (pricing.bill), traced to the line it returns."""
-    from resources.pricing import PricingResource
+    """The demo campaign's billing call as its stage makes it (ctx.pricing.bill), traced to the line it returns."""
+    from stages.pricing import Pricing
 
     spec = load_campaign_file(REPO_ROOT / "campaigns" / "demo.yaml")
-    pricing = PricingResource()
+    pricing = Pricing()
     bill, files, returns = walk(pricing.bill, spec, stage, usage)
     assert [line["kind"] for line in bill["lines"]] == [kind] and bill["usd"] > 0
     assert bill == pricing.bill(spec, stage, usage)  # untraced, the same
-    assert "resources/pricing.py" in files and "campaign_orchestrator/costs/catalog.py" in files
+    assert "stages/pricing.py" in files and "campaign_orchestrator/costs/catalog.py" in files
     assert len(files) <= MAX_FILES, f"{stage}: the billing walk visits {len(files)} project files: {sorted(files)}"
     assert len(returns) <= MAX_RETURNS, f"{stage}: {len(returns)} returns between files: {returns}"
     print(f"{stage}: {len(files)} files {sorted(files)}, {len(returns)} returns between files")

@@ -257,9 +257,9 @@ def test_the_plan_is_typed_and_its_json_is_the_same_plan(artifact_root, capsys):
     from campaign_orchestrator.costs.plan.stages import EvaluationEstimate, TeacherEstimate, TrainingEstimate
     from campaigns.loader import load_campaign_file
     from campaigns.paths import shipped_campaigns_dir
-    from resources.pricing import PricingResource
+    from stages.pricing import Pricing
 
-    plan = PricingResource().plan(load_campaign_file(shipped_campaigns_dir() / "demo.yaml"), artifact_root)
+    plan = Pricing().plan(load_campaign_file(shipped_campaigns_dir() / "demo.yaml"), artifact_root)
     assert isinstance(plan.data, DataFacts) and plan.data.train_prompts > 0
     st = plan.stages
     assert [type(st[k]) for k in ("teacher_generations", "student_adapter", "evaluation")] == [

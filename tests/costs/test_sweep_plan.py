@@ -7,7 +7,7 @@ from campaign_orchestrator.costs.dashboard import render_dashboard, sweep_panel_
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.sweep import plan_rungs
 from campaigns.loader import parse_campaign_text
-from resources.pricing import PricingResource
+from stages.pricing import Pricing
 from tests.support import REPO_ROOT as REPO
 
 
@@ -16,7 +16,7 @@ def test_plan_rungs_and_the_planner_estimate(artifact_root):
     rungs = plan_rungs(spec.sweep, spec.training.max_steps)
     # 6 trials, eta 3: 6 run 30 steps, 2 go on to 90 (60 more), 1 to 270 (180 more)
     assert [(r["trials"], r["steps"], r["new_steps"]) for r in rungs] == [(6, 30, 30), (2, 90, 60), (1, 270, 180)]
-    plan = PricingResource().plan(spec, artifact_root)
+    plan = Pricing().plan(spec, artifact_root)
     sw, ad = plan.stages["hparam_sweep"], plan.stages["student_adapter"]
     startup = 8.0  # cpu-2vcpu perf.train_startup_s
     step_s = (ad.seconds - startup) / ad.steps

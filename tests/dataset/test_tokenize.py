@@ -178,6 +178,7 @@ def test_asset_is_keyed_by_content_and_consumed_by_the_loader(artifact_root, tmp
     from assets.io_manager import ManifestIOManager
     from campaigns.loader import load_campaigns
     from resources.storage import ArtifactStore
+    from stages import tokenized_dataset as stage
     from training.data import DatasetMismatch, TokenizedDataset
 
     spec = load_campaigns(["campaigns/demo.yaml"]).campaigns["demo"]
@@ -202,19 +203,19 @@ def test_asset_is_keyed_by_content_and_consumed_by_the_loader(artifact_root, tmp
         return {k: v.value for k, v in mat.metadata.items()}
 
     first = run(spec)
-    assert not first["cached"] and first["examples_in"] == 120 and first["rows"] < 120
+    assert not first["reused"] and first["examples_in"] == 120 and first["rows"] < 120
     assert (
         0 < first["packing_efficiency"] <= 1
         and first["shards"] >= 1
         and "| example tokens |" in first["sequence_lengths"]
     )
     again = run(spec)
-    assert again["cached"] and again["content_key"] == first["content_key"]
+    assert again["reused"] and again["content_key"] == first["content_key"]
     longer = spec.model_copy(update={"training": spec.training.model_copy(update={"max_seq_len": 48})})
     other = run(longer)
-    assert not other["cached"] and other["content_key"] != first["content_key"]
-    settings = tokenized.build_settings(spec)  # a new tokenizer is a new dataset too
-    assert tokenized.content_key("d", "tok-a", settings, None) != tokenized.content_key("d", "tok-b", settings, None)
+    assert not other["reused"] and other["content_key"] != first["content_key"]
+    settings = stage.build_settings(spec)  # a new tokenizer is a new dataset too
+    assert stage.content_key("d", "tok-a", settings, None) != stage.content_key("d", "tok-b", settings, None)
     manifest = json.loads((artifact_root / "demo" / "tokenized_dataset" / "LATEST.json").read_text())
     ds = TokenizedDataset(
         manifest["dataset_path"], cache_dir=tmp_path / "cache", expect_tokenizer_hash=manifest["tokenizer_hash"]

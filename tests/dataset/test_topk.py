@@ -165,7 +165,6 @@ def test_packed_rows_keep_every_teacher_list_on_its_token(tok):
 
 
 def test_build_writes_teacher_columns_in_both_splits_only_when_the_source_has_them(tmp_path, demo_models, tok):
-    from assets.distillation_set import distill_schema
     from campaign_orchestrator.dataset.tokenize import (
         ROW_SCHEMA,
         TEACHER_ROW_SCHEMA,
@@ -174,6 +173,7 @@ def test_build_writes_teacher_columns_in_both_splits_only_when_the_source_has_th
         dataset_metadata,
     )
     from campaign_orchestrator.demo import cipher
+    from stages.distillation_set import distill_schema
 
     items = cipher.items(60, seed=3)
     rows = [
@@ -222,10 +222,10 @@ def test_asset_key_and_the_logits_guard():
     dataset whose rows carry no teacher distribution fails, naming why."""
     import yaml
 
-    from assets import tokenized_dataset as tokenized
-    from assets.common import stage_key
     from campaign_orchestrator.dataset.tokenize import BuildSettings
     from campaigns.spec import CampaignSpec
+    from stages import tokenized_dataset as tokenized
+    from stages.common import stage_key
 
     s = BuildSettings(max_seq_len=64)
     assert tokenized.content_key("d", "t", s, None) == stage_key(

@@ -1,6 +1,7 @@
 """End to end through Dagster on a shrunken demo: the student beats its base and is promoted; a
 re-run is a no-op; the broken campaign is blocked by the gate and never promoted."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,11 @@ import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterEventType, DagsterInstance
 
 from assets.location import build_definitions, campaign_job_name
+from assets.run_recovery import LEASE_TAG
+from campaign_orchestrator.costs.report import dollars, seconds
 from campaign_orchestrator.demo import cipher
+from resources.run_owner import OWNER_TAG
+from stages.common import usd
 from tests.support import REPO_ROOT as REPO
 
 pytestmark = pytest.mark.slow
@@ -39,13 +44,17 @@ def _metadata(result, key: AssetKey) -> dict:
     return {k: v.value for k, v in mats[-1].metadata.items()}
 
 
-def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
+def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root, recwarn):
+    from campaign_orchestrator.content import UnresolvedKeyWarning
+
     path = _campaign(tmp_path, "mini", harness=True)
     defs = build_definitions([str(path)], artifact_root=str(artifact_root))
     job = defs.resolve_job_def(campaign_job_name("mini"))
     instance = DagsterInstance.ephemeral()
     result = job.execute_in_process(instance=instance, raise_on_error=False)
     assert result.success
+    # no stage key of the demo holds `auto` (campaign_orchestrator.content.stage_key names any it sees)
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, UnresolvedKeyWarning)]
     ev = _metadata(result, AssetKey(["mini", "evaluation"]))
     assert ev["verdict"] == "GO"
     assert ev["cipher_base_score"] <= 0.2
@@ -55,7 +64,9 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
     # the lm_eval suite (the shipped cipher tasks through lm-evaluation-harness) gates too, paired, and is priced
     assert ev["harness_cipher_base_score"] == 0.0 and ev["harness_cipher_candidate_score"] >= 0.8
     assert "harness_cipher_teacher_score" not in ev  # the teacher is scored on the project's suites only
-    assert 0 < ev["lm_eval_seconds"] < ev["wall_seconds"] and 0 < ev["lm_eval_usd"] < ev["cost_usd"]
+    man = json.loads((artifact_root / "mini" / "evaluation" / "LATEST.json").read_text())  # the raw figures
+    assert 0 < man["lm_eval_seconds"] < man["wall_seconds"] and 0 < man["lm_eval_usd"] < usd(man["cost_lines"])
+    assert ev["lm_eval_seconds"] == seconds(man["lm_eval_seconds"]) and ev["lm_eval_usd"] == dollars(man["lm_eval_usd"])
     assert "| harness_cipher | cipher_gen | candidate | exact_match | 60 |" in ev["report"]
     dist = _metadata(result, AssetKey(["mini", "distillation_set"]))
     assert dist["decontamination"]["suites"]["harness_cipher/cipher_mc"]["documents_checked"] == 60
@@ -66,6 +77,7 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
     assert current.exists()
     # the candidate's per-item scores travel with it: drift compares fresh scores with these
     assert (current.parent / current.read_text() / "promotion_items.parquet").exists()
+    _the_promoted_folder_is_portable(current.parent / current.read_text(), ev, artifact_root, tmp_path, train)
     checks = [e for e in result.get_asset_check_evaluations() if e.check_name == "gate"]
     assert checks and checks[-1].passed
     assert [e.passed for e in result.get_asset_check_evaluations() if e.check_name == "decontamination"] == [True]
@@ -83,11 +95,49 @@ def test_demo_campaign_distils_and_promotes(tmp_path, artifact_root):
         "student_adapter",
         "evaluation",
     ):
-        assert _metadata(again, AssetKey(["mini", stage]))["cached"] is True, stage
+        md = _metadata(again, AssetKey(["mini", stage]))
+        assert md["reused"] is True and md["reused_from_run"] == result.run_id, stage
+        assert md["time"].startswith("reused (took ") and ("nothing in this run" in md["cost"] or md["cost"] == "$0")
+        assert not {"answers", "new_generations", "cache_hits"} & md.keys(), (stage, md.keys())  # not this run's work
     # promotion is once per candidate: the rerun reports the first run's promotion as reused
     promoted = _metadata(again, AssetKey(["mini", "promoted_model"]))
     assert promoted["reused"] is True and promoted["reused_from_run"] == result.run_id
     assert _metadata(result, AssetKey(["mini", "promoted_model"]))["reused"] is False
+
+
+def _the_promoted_folder_is_portable(folder: Path, ev: dict, artifact_root: Path, tmp_path: Path, train: dict):
+    """A model card the hub's library loads, whose model-index holds the gate's suites; no absolute path in any
+    file of the folder; the adapter loads the documented way (``PeftModel.from_pretrained(base, folder)``) and
+    holds the trained weights."""
+    import json
+
+    import torch
+    from huggingface_hub import ModelCard
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from evaluation.drift import current_promoted
+    from tests.conftest import MODELS_ROOT
+    from tests.evaluation.test_model_card import hub_checks
+    from tests.support.promoted_support import absolute_paths_in
+
+    card = ModelCard.load(folder / "adapter" / "README.md")
+    hub_checks(card)
+    suites = {r.dataset_name for r in card.data.eval_results}
+    assert suites == {k.removesuffix("_candidate_score") for k in ev if k.endswith("_candidate_score")}, suites
+    assert "base_model" not in card.data.to_dict() and "`@demo/student`: a local model" in card.text  # no hub id
+    assert absolute_paths_in(folder, [tmp_path, artifact_root, MODELS_ROOT, REPO]) == []
+    config = json.loads((folder / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "@demo/student"
+    promoted = current_promoted(artifact_root / "mini")
+    assert promoted.base_model_path().is_dir()  # recorded relative to the artifact root; drift resolves it there
+    base = AutoModelForCausalLM.from_pretrained(str(promoted.base_model_path()), dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(folder / "adapter"))
+    loaded = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    trained = load_file(str(Path(train["adapter"]) / "adapter_model.safetensors"))
+    assert len(loaded) == len(trained) > 0
+    assert all(torch.equal(loaded[k.replace(".weight", ".default.weight")], v) for k, v in trained.items())
 
 
 def _gate_follows_its_materialization(instance: DagsterInstance, run_id: str, asset: AssetKey) -> None:
@@ -147,6 +197,12 @@ def test_campaign_run_command_prints_scores_verdict_reason_and_cost(tmp_path, ar
     assert not (artifact_root / "mini_cli" / "promoted_model").exists()
     first_run = out.split("dagster run id: ")[1].split()[0]
     assert "  student_adapter      ran " in out and "0 of 6 stages reused; ran prompts" in out, out
+    # its tags: the verdict and the result's cost lead (Dagster orders them by key); the reaper's are hidden
+    with DagsterInstance.get() as instance:
+        tags = instance.get_run_by_id(first_run).tags
+    shown = [k for k in tags if not k.startswith((".dagster/", "dagster/"))]
+    assert shown[:2] == ["Cost", "Verdict"] and tags["Verdict"] == "NO-GO" and tags["Cost"].startswith("$"), tags
+    assert not [k for k in shown if k.startswith("campaign/")] and {OWNER_TAG, LEASE_TAG} <= tags.keys(), tags
 
     # unchanged: every stage says where it came from, and the run spent nothing
     assert cli.main(["run", str(path), "--artifacts", str(artifact_root), "--log-level", "WARNING"]) == cli.EXIT_BLOCKED
@@ -168,4 +224,6 @@ def test_campaign_run_command_prints_scores_verdict_reason_and_cost(tmp_path, ar
     path.write_text(yaml.safe_dump(spec))
     assert cli.main(["run", str(path), "--artifacts", str(artifact_root), "--log-level", "WARNING"]) == cli.EXIT_BLOCKED
     out = capsys.readouterr().out
-    assert "  evaluation           ran " in out and "5 of 6 stages reused; ran evaluation" in out, out
+    # ... and bills nothing new: the answers were paid for by the first run (tests/e2e/test_rejudge_cost.py)
+    assert f"  evaluation           re-judged (answers from run {first_run[:8]}), nothing spent" in out, out
+    assert "5 of 6 stages reused; ran evaluation; nothing spent" in out, out

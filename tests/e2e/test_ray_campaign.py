@@ -79,7 +79,7 @@ def test_demo_on_ray_reaches_the_in_process_answers_and_verdict(tmp_path, artifa
     assert all(v.split("/")[0] == v.split("/")[1] for v in r_ev["ray_shards"].values())
     # greedy: identical teacher completions, identical answers of every model, identical scores and verdict
     assert [(g["id"], g["completion"]) for g in r_gens] == [(g["id"], g["completion"]) for g in l_gens]
-    assert _metadata(r_result, AssetKey(["mini", "student_adapter"]))["cached"] is True
+    assert _metadata(r_result, AssetKey(["mini", "student_adapter"]))["reused"] is True
     key = lambda r: (r["model"], r["suite"], r["item_id"])  # noqa: E731
     assert sorted((key(r), r["output"], r["score"]) for r in r_items) == sorted(
         (key(r), r["output"], r["score"]) for r in l_items

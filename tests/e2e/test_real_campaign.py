@@ -9,6 +9,7 @@ NO-GO (at 20x, on these 60 items, it lost 17 pts: INCONCLUSIVE, not yet a breach
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,9 @@ def _campaign(tmp_path: Path, name: str, lr_factor: float = 1.0, general_only: b
     spec["name"] = name
     spec["data"]["source"] = str(data / "train-*.jsonl")
     spec["training"]["learning_rate"] *= lr_factor
+    # compile: auto would measure inductor on this CPU first (minutes, once per host: training/compile_choice.py,
+    # tested in tests/training/test_compile_choice.py); this test is about the campaign's outcome
+    spec["training"]["compile"] = False
     spec["teacher"]["sampling"]["max_new_tokens"] = 32  # the shipped 64 keeps more general replay; 32 is faster
     suites = {s["name"]: s for s in spec["evaluation"]["suites"]}
     suites["plurals"]["source"] = _take(DATA / "suite-plural.jsonl", data / "suite-plural.jsonl", 60)
@@ -69,10 +73,22 @@ def _run(path: Path, name: str, artifact_root: Path):
     return {k: v.value for k, v in mats[-1].metadata.items()}, result
 
 
-def _gate(result) -> dict:
-    """The blocking gate check's metadata (per suite: candidate, base, paired delta interval, verdict)."""
+def _gate(result, artifact_root: Path, name: str) -> dict:
+    """The gate's numbers per suite (candidate score, paired delta interval, verdict) from the judgement the blocking
+    check reads (``gate.json``; the check's metadata shows them in percent), and that check's verdict."""
     check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "gate")
-    return {k: getattr(v, "value", v) for k, v in check.metadata.items()}
+    manifest = json.loads((artifact_root / name / "evaluation" / "LATEST.json").read_text())
+    doc = json.loads(Path(manifest["gate_path"]).read_text())
+    out = {"verdict": check.metadata["verdict"].value}
+    for s in doc["suites"]:
+        d = s["overall"]["delta"]
+        out |= {
+            f"{s['suite']}_delta_lo": d["lo"],
+            f"{s['suite']}_delta_hi": d["hi"],
+            f"{s['suite']}_candidate": s["candidate"]["score"],
+            f"{s['suite']}_verdict": s["verdict"],
+        }
+    return out
 
 
 def expected_verdicts(gate: dict) -> dict[str, str]:
@@ -96,7 +112,7 @@ def test_real_model_campaign_runs_end_to_end_and_a_hundred_times_its_learning_ra
     smollm2, tmp_path, artifact_root
 ):
     ev, result = _run(_campaign(tmp_path, "smol_mini"), "smol_mini", artifact_root)
-    gate = _gate(result)
+    gate = _gate(result, artifact_root, "smol_mini")
     want = expected_verdicts(gate)  # from the scores against base and the campaign's thresholds
     assert (ev["verdict"], gate["plurals_verdict"], gate["general_verdict"]) == (
         want["overall"],
@@ -124,7 +140,9 @@ def test_real_model_campaign_runs_end_to_end_and_a_hundred_times_its_learning_ra
     }
     assert tok["template"] == "chat"
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert checks["stop_token_trained"] and checks["vocabularies_compatible"]
+    assert checks["stop_token_trained"]
+    # the teacher is the student's own model: the token-id path (no byte alignment), every answer token covered
+    assert "teacher_uld_share" not in tok and tok["teacher_topk_positions"] > 0
 
     over, _ = _run(_campaign(tmp_path, "smol_over", lr_factor=100.0, general_only=True), "smol_over", artifact_root)
     assert over["verdict"] == "NO-GO"

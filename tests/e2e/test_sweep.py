@@ -19,6 +19,7 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from assets.location import build_definitions, campaign_job_name
 from campaign_orchestrator.costs.ledger import Ledger
+from campaign_orchestrator.costs.report import dollars
 from campaign_orchestrator.demo import cipher
 from tests.support import REPO_ROOT as REPO
 from tests.support.sweep_run import run_sweep
@@ -131,7 +132,7 @@ def test_sweep_prunes_bad_rates_early_and_its_best_trial_reaches_the_gate(root):
 
     # the chosen parameters reach student_adapter (the best trial's full-length adapter), and the gate judges it
     ad = _metadata(result, AssetKey([name, "student_adapter"]))
-    assert ad["from_sweep_trial"] == m["best_trial"] and ad["spent_this_run_usd"] == 0.0
+    assert ad["from_sweep_trial"] == m["best_trial"] and ad["cost"] == "$0"
     adapter = json.loads((root / name / "student_adapter" / "LATEST.json").read_text())
     cfg = json.loads((Path(adapter["adapter_path"]) / "adapter_config.json").read_text())
     assert cfg["r"] == m["best_params"]["student.lora.r"] and adapter["summary"]["steps"] == 90
@@ -150,7 +151,7 @@ def test_sweep_prunes_bad_rates_early_and_its_best_trial_reaches_the_gate(root):
         assert len(mats) == len(t["rungs"])  # one per rung, latest first
         latest = {k: v.value for k, v in mats[0].metadata.items()}
         assert latest["state"] == t["state"] and latest["steps"] == t["last_step"]
-        assert latest["cost_usd"] == pytest.approx(t["usd"]) and latest["params"] == t["params"]
+        assert latest["cost"] == dollars(t["usd"]) and latest["params"] == t["params"]
 
     # money: one ledger production per trial and rung, summing to what the sweep reports
     rows = _sweep_rows(root, name)

@@ -12,7 +12,10 @@ foundation end-to-end test's job).
 After the sensor's first tick has recorded the baseline, the test drops a new prompt file,
 waits for the sensor's run to succeed, checks the run's tags and the cursor stored in the
 instance, then opens the asset graph and the run page in headless Chromium (Playwright) and
-saves screenshots (to ``$UI_E2E_SCREENSHOTS`` when set, else the test's tmp dir). Everything
+saves screenshots (to ``$UI_E2E_SCREENSHOTS`` when set, else the test's tmp dir). In the same
+browser it reads what a person reads (issue 42): the gate check's page (each rule with its measured value, threshold
+and result, in percent), the runs list (the verdict and cost tags first) and the dashboard link of ``campaign_cost``,
+which follows the port ``campaign dashboard --serve --port 0`` (started before the run) serves at. Everything
 it started is stopped (its process group), pass or fail.
 """
 
@@ -26,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -34,6 +38,7 @@ import yaml
 
 from campaign_orchestrator.demo import cipher
 from tests.support import REPO_ROOT as REPO
+from tests.support.dashboards import served_dashboards
 from training.net import free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -200,7 +205,10 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
     }
     env.pop("DAGSTER_HOME", None)
     dagster = Dagster(home, env, tmp_path / "dagster-dev.log")
+    stack = ExitStack()
     try:
+        # the cost dashboards served at a port of the server's choosing: campaign_cost's links must follow it
+        dash_url, _ = stack.enter_context(served_dashboards(artifact_root, "--port", "0"))
         dagster.wait("the webserver", lambda: dagster.client.get("/server_info").status_code == 200, 180)
         entries = dagster.wait(
             "the code location",
@@ -259,6 +267,25 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
         cursor = json.loads(tick["cursor"])
         assert {v["name"]: v["status"] for v in cursor["seen"].values()}["prompts-0002.jsonl"] == "consumed"
 
+        # `campaign run` on the same instance (every stage reused): its run carries the reaper's owner and lease
+        # tags, hidden from the UI (GraphQL leaves them out), and leads with its verdict and cost like the other
+        t_cli = time.monotonic()
+        cli = subprocess.run(
+            [sys.executable, "-m", "campaign_app.cli", "run", str(tmp_path / "campaigns" / "demo.yaml")]
+            + ["--artifacts", str(artifact_root), "--log-level", "WARNING"],
+            cwd=REPO,
+            env={**env, "DAGSTER_HOME": str(home)},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert cli.returncode == 0, cli.stdout[-4000:] + cli.stderr[-4000:]
+        cli_run = cli.stdout.split("dagster run id: ")[1].split()[0]
+        shown = {t["key"]: t["value"] for t in dagster.gql(RUN, runId=cli_run)["runOrError"]["tags"]}
+        assert shown["Verdict"] == "GO" and shown["Cost"].startswith("$") and shown["trigger"] == "manual", shown
+        assert not [k for k in shown if "owner" in k or "lease" in k], shown  # the reaper's tags: hidden
+        timings["campaign_run_s"] = time.monotonic() - t_cli
+
         # The UI: the campaign's asset graph and the run page with its trigger reason. Dagster's first-visit
         # community dialog (localhost only) opens at any moment and its backdrop eats clicks: mark it seen on
         # the instance, as its own "Skip" does, so it never opens; dismiss_dialogs stays as a second guard.
@@ -310,6 +337,9 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
                     ).wait_for(timeout=30_000)
                     page.wait_for_timeout(600)  # let the dialog's fade-in finish before the screenshot
                     page.screenshot(path=str(screenshots / "run-tags.png"))
+                    page.keyboard.press("Escape")
+
+                    read_what_people_read(page, dagster.url, (run_id, cli_run), dash_url, screenshots)
                 except Exception:
                     page.screenshot(path=str(screenshots / "failure.png"))
                     raise
@@ -321,6 +351,51 @@ def test_new_prompt_file_runs_the_campaign_and_the_ui_shows_why(tmp_path, artifa
             f"screenshots in {screenshots}"
         )
     finally:
+        stack.close()
         pgid = dagster.proc.pid
         dagster.stop()
         assert not _live_members(pgid), f"processes of the dagster dev group survived: {_live_members(pgid)}"
+
+
+def read_what_people_read(page, url: str, runs: tuple[str, str], dash_url: str, screenshots: Path) -> None:
+    """Issue 42 in the UI, after the sensor's run and a `campaign run` that reused it: the gate check's page shows
+    each rule of each suite with what was measured, its threshold and its result, in percent (the shrunken demo's
+    floor is 0%, its empty-output limit 100%; the advisory format suite keeps its own 95% floor); the runs list shows
+    each run's verdict and cost before its other tags, and no internal tag (the `campaign run` run carries the
+    reaper's); campaign_cost links the dashboard where `campaign dashboard --serve` serves it, and the link opens
+    it."""
+    page.goto(f"{url}/assets/demo/evaluation?view=checks&checkDetail=gate", wait_until="domcontentloaded")
+    page.get_by_text("cipher · min_score", exact=True).wait_for(timeout=120_000)  # the latest execution's metadata
+    dismiss_dialogs(page)
+    text = page.inner_text("body")
+    page.screenshot(path=str(screenshots / "gate-check.png"))
+    for needle in (
+        "threshold ≥ 0.0% · PASS",  # cipher · min_score: the candidate's score in percent against the floor
+        "threshold ≤ 100.0% · PASS",  # cipher · max_empty_output_rate
+        "threshold CI low ≥ -3.0 pts",  # cipher · max_regression_vs_base: the change in points of percent
+        "threshold ≥ 95.0%",  # format · min_score (advisory suite)
+        "(advisory)",
+        "candidate − base",
+    ):
+        assert needle in text, (needle, text)
+    assert re.search(r"cipher · min_score\s+\d+\.\d% · threshold ≥ 0\.0% · PASS", text), text
+    assert re.search(r"GO: \d+ of \d+ blocking rules pass", text), text  # the check's description
+
+    page.goto(f"{url}/runs", wait_until="domcontentloaded")
+    for run_id in runs:  # the run's cell: its id (a link to its page) above the tags the list shows, in order
+        cell = page.locator(f'a[href="/runs/{run_id}"]').first.locator("xpath=..")
+        cell.locator('[data-tooltip^="Verdict: "]').first.wait_for(timeout=120_000)
+        dismiss_dialogs(page)
+        shown = cell.locator("[data-tooltip]").evaluate_all("els => els.map(e => e.dataset.tooltip)")
+        tags = [t for t in shown if re.match(r"[\w/.-]+: ", t)]
+        keys = [t.split(": ", 1)[0] for t in tags]
+        assert keys[:2] == ["Cost", "Verdict"] and len(keys) > 2, shown  # the result first, then the others
+        assert re.fullmatch(r"Cost: \$\d[\d.]*", tags[0]) and tags[1] == "Verdict: GO", shown
+        assert not [k for k in keys if "owner" in k or "lease" in k or k.startswith("campaign/")], shown
+    page.screenshot(path=str(screenshots / "runs-list.png"))
+
+    page.goto(f"{url}/assets/demo/campaign_cost", wait_until="domcontentloaded")
+    link = page.locator(f'a[href="{dash_url}/demo.html"]')
+    link.first.wait_for(timeout=120_000)
+    page.screenshot(path=str(screenshots / "cost-links.png"))
+    assert page.goto(f"{dash_url}/demo.html").ok and "Cost dashboard" in page.inner_text("body")

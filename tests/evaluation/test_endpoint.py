@@ -130,7 +130,7 @@ def test_evaluation_asset_scores_the_served_candidate(server, demo_models, artif
     assert server.loaded[f"served-{cand['key']}"] == str(adapter)  # the exact candidate was served
     check = result.get_asset_check_evaluations()[0]
     assert check.passed and check.metadata["verdict"].value == "GO"
-    assert check.metadata["cipher_delta_lo"].value == 0.0 == check.metadata["cipher_delta_hi"].value  # B = 0
+    assert "candidate − base +0.0 pts [+0.0, +0.0]" in check.metadata["cipher"].value  # B = 0: the base's answers
 
 
 @pytest.mark.stage

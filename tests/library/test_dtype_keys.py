@@ -9,13 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from dagster import Failure, materialize
+from dagster import materialize
 
 from assets import prompts as prompts_asset
 from assets import teacher_generations as generations
-from assets.evaluation import local_quantization_key
 from assets.location import default_resources
-from assets.student_adapter import adapter_precision, adopt_trial, check_precision, training_key_fields
 from campaign_orchestrator import hardware
 from campaign_orchestrator.content import value_sha256
 from campaign_orchestrator.demo import cipher
@@ -23,6 +21,9 @@ from campaign_orchestrator.generation.backends import spec_identity, teacher_ide
 from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaign_orchestrator.hardware import CpuPeak, key_precision
 from campaigns.loader import parse_campaign_text
+from stages.errors import StageError
+from stages.evaluation import local_quantization_key
+from stages.student_adapter import adapter_precision, adopt_trial, check_precision, training_key_fields
 
 BF16_NATIVE = CpuPeak(host="h", capability="AVX512", threads=2, torch="x", fp32_gflops=150.0, bf16_gflops=300.0)
 NO_BF16 = CpuPeak(host="h", capability="AVX2", threads=2, torch="x", fp32_gflops=150.0, bf16_gflops=0.3)
@@ -112,7 +113,7 @@ def test_a_kubernetes_adapter_is_keyed_for_the_clusters_gpus_and_a_mismatch_is_n
     k8s = _spec(launcher="k8s")
     assert adapter_precision(k8s) == "cuda:bfloat16"  # where `auto` runs there (the planner assumes it too)
     check_precision(k8s, {"device": "cuda", "compute_dtype": "bfloat16"}, "cuda:bfloat16", tmp_path)
-    with pytest.raises(Failure, match="trained in cuda:float16 but its cache key was made for cuda:bfloat16"):
+    with pytest.raises(StageError, match="trained in cuda:float16 but its cache key was made for cuda:bfloat16"):
         check_precision(k8s, {"device": "cuda", "compute_dtype": "float16"}, "cuda:bfloat16", tmp_path)
     # a sweep trial trained on another host (another dtype) is not adopted as this host's adapter
     best = tmp_path / "trial"
@@ -145,8 +146,8 @@ def test_the_generation_stage_regenerates_on_a_host_that_resolves_another_dtype(
     host("fp32")
     fp32 = _generations(spec, artifact_root)
     assert bf16["compute_dtype"] == "bfloat16" and fp32["compute_dtype"] == "float32"  # what ran, as keyed
-    assert not fp32["cached"] and fp32["content_key"] != bf16["content_key"]  # another stage key
+    assert not fp32["reused"] and fp32["content_key"] != bf16["content_key"]  # another stage key
     assert fp32["new_generations"] == bf16["new_generations"] > 0 and fp32["cache_hits"] == 0  # no sample reused
     host("bf16")
     again = _generations(spec, artifact_root)  # back on the bf16 host: its stage again, nothing generated
-    assert again["cached"] and again["content_key"] == bf16["content_key"]
+    assert again["reused"] and again["content_key"] == bf16["content_key"]

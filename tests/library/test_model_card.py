@@ -38,7 +38,9 @@ def packaged_q4(tmp_path, monkeypatch) -> Path:
     import gguf
 
     f = _tiny_gguf(tmp_path / "Tiny.Q4_1.gguf", gguf.LlamaFileType.MOSTLY_Q4_1)
-    pm = models.PackagedModel("llm-tiny==0.0.1", "llm_tiny/Tiny.Q4_1.gguf", file_sha256(f), "Apache-2.0", "Tiny (test)")
+    pm = models.PackagedModel(
+        "llm-tiny==0.0.1", "llm_tiny/Tiny.Q4_1.gguf", file_sha256(f), "Apache-2.0", "Tiny (test)", hub_id="org/tiny"
+    )
     monkeypatch.setitem(models.PACKAGED, "tiny", pm)
     return f
 
@@ -56,8 +58,13 @@ def test_the_card_records_the_package_file_sha256_and_that_q4_1_was_dequantized_
         "file": "llm_tiny/Tiny.Q4_1.gguf",
         "license": "Apache-2.0",
         "about": "Tiny (test)",
+        "hub_id": "org/tiny",  # the release it was made from: the promoted adapter's card names it as its base
         "sha256": file_sha256(packaged_q4),
     }
+    assert models.hub_id(str(out), card=card) == models.hub_id("@packaged/tiny") == "org/tiny"
+    assert models.hub_id("@demo/student") is None and models.hub_id("HuggingFaceTB/SmolLM2-135M-Instruct") == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
     assert card["quantization"] == "Q4_1" and card["gguf_file_type"] == "MOSTLY_Q4_1"
     assert card["conversion"]["dtype"] == "float32" and card["conversion"]["dequantized"] is True
     assert "Q4_1 weights were dequantized to float32" in card["conversion"]["note"]

@@ -17,13 +17,19 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, Failure, MaterializeResult, asset, materialize
 
+from assets.common import dagster_failures
 from campaigns.loader import parse_campaign_text
+from resources import run_owner
 from resources.k8s.kuberay_launcher import KubeRayJobLauncher, job_paths
 from tests.support import REPO_ROOT
 from tests.support.k8s_fake_cluster import NS, EmulatedApiServer
 from tests.support.kuberay_fake import GROUP, PLURAL, VERSION, FakeKubeRayOperator, driver_program
 
 PLANTED = "hf_PLANTED_SECRET_value_3b9d1e"  # lives only in a Kubernetes Secret and the Dagster process env
+# "Stops fast" tells a stopped job from one left to run: the driver would take FAR shards of 0.05 s (~200 s), ten
+# times the bound, so a loaded host (which slows the Dagster run around the job, not the driver's sleeps) cannot
+# bridge it.
+FAR, FAST_S = 4000, 100
 
 # The driver's stand-in for `python -m campaign_orchestrator.generation.scaleout --job JOB.json`: Pipes over stderr.
 DRIVER = r"""
@@ -121,7 +127,8 @@ def _run(spec, job, server, tmp_path, monkeypatch, budget=None, **launcher_kw):
 
     @asset(key=AssetKey([spec.name, "teacher_generations"]))
     def teacher_generations(context, kuberay: KubeRayJobLauncher) -> MaterializeResult:
-        out = kuberay.launch(context, spec, "teacher_generations", job, workdir, budget=budget)
+        with dagster_failures():  # a budget stop (a stage error) as the asset adapters report it
+            out = kuberay.launch(context, spec, "teacher_generations", job, workdir, budget=budget)
         return MaterializeResult(
             metadata={**out["pipes_metadata"], "ray_job": out["ray_job"], "summary_rows": out["summary"]["rows"]}
         )
@@ -167,7 +174,7 @@ def test_success_streams_the_drivers_messages_deletes_the_rayjob_and_leaks_no_se
     assert rj["kind"] == "RayJob" and rj["metadata"]["labels"]["dagster/run-id"] == result.run_id
     assert rj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 3
     assert (
-        json.loads(instance.get_run_by_id(result.run_id).tags["campaign/owner"])["k8s"]["namespace"] == NS
+        json.loads(instance.get_run_by_id(result.run_id).tags[run_owner.OWNER_TAG])["k8s"]["namespace"] == NS
     )  # reaper's
     # the driver's Pipes messages: log lines at once, progress as observations, the result as the materialization
     logs = [r.user_message for r in instance.all_logs(result.run_id)]
@@ -247,12 +254,12 @@ def test_unschedulable_worker_times_out(api_server, spec, tmp_path, monkeypatch)
     }
     with FakeKubeRayOperator(api_server, driver_program(DRIVER), pending=stuck) as operator:
         result, _, seconds = _run(
-            spec, _job(spec, tmp_path, shards=400), api_server, tmp_path, monkeypatch, pending_timeout_s=1.0
+            spec, _job(spec, tmp_path, shards=FAR), api_server, tmp_path, monkeypatch, pending_timeout_s=1.0
         )
         gone = operator.wait_all_deleted()
     data = _failure(result)
     assert data.metadata["reason"].value == "Unschedulable" and "Insufficient nvidia.com/gpu" in data.description
-    assert data.metadata["role"].value == "worker" and seconds < 20  # the driver alone would run ~20 s
+    assert data.metadata["role"].value == "worker" and seconds < FAST_S  # the driver alone would run ~200 s
     assert gone and _rayjobs(api_server) == [] and _pods(api_server) == []
 
 
@@ -293,10 +300,10 @@ def test_budget_stop_deletes_the_rayjob(api_server, spec, tmp_path, monkeypatch)
 
     with FakeKubeRayOperator(api_server, driver_program(DRIVER)) as operator:
         result, instance, seconds = _run(
-            spec, _job(spec, tmp_path, shards=400), api_server, tmp_path, monkeypatch, budget=Budget()
+            spec, _job(spec, tmp_path, shards=FAR), api_server, tmp_path, monkeypatch, budget=Budget()
         )
         gone = operator.wait_all_deleted()
-    assert "budget: stopped teacher_generations mid-way" in _failure(result).description and seconds < 20
+    assert "budget: stopped teacher_generations mid-way" in _failure(result).description and seconds < FAST_S
     assert any(
         "budget: stopping RayJob ray-cluster-ray-dist-gen-" in r.user_message for r in instance.all_logs(result.run_id)
     )
@@ -313,7 +320,7 @@ def test_each_finished_shard_is_charged_to_the_guard_and_a_budget_stop_deletes_t
     looked up) checks the guard's planner estimate: an estimate over the budget stops the job before any shard."""
     from campaign_orchestrator.costs.budget import BudgetGuard, Limit
     from campaign_orchestrator.costs.ledger import Ledger
-    from resources.pricing import BudgetStop
+    from stages.errors import BudgetStopped
 
     _plant_secret(api_server)
     ledger = Ledger(tmp_path / "ledger.duckdb")
@@ -340,17 +347,17 @@ def test_each_finished_shard_is_charged_to_the_guard_and_a_budget_stop_deletes_t
         stage_key="k1",
         limits=[Limit(f"campaign {spec.name}", 0.475, 0.0)],
         metered=priced,
-        on_exceeded=BudgetStop,
+        on_exceeded=BudgetStopped,
         log=print,
     )
     guard.planned_usd = planned_usd
     with FakeKubeRayOperator(api_server, driver_program(DRIVER)) as operator:
         result, instance, seconds = _run(
-            spec, _job(spec, tmp_path, shards=400, fake_usage=True), api_server, tmp_path, monkeypatch, budget=guard
+            spec, _job(spec, tmp_path, shards=FAR, fake_usage=True), api_server, tmp_path, monkeypatch, budget=guard
         )
         gone = operator.wait_all_deleted()
     why = _failure(result).description
-    assert seconds < 20 and gone and _rayjobs(api_server) == [] and _pods(api_server) == []
+    assert seconds < FAST_S and gone and _rayjobs(api_server) == [] and _pods(api_server) == []
     assert any(
         "budget: stopping RayJob ray-cluster-ray-dist-gen-" in r.user_message for r in instance.all_logs(result.run_id)
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from resources import run_owner
 from tests.support import REPO_ROOT
 from tests.support.campaign_support import cli_env, instance_home
 from tests.support.processes import run_processes, trainer_workers, wait_for
@@ -104,8 +105,8 @@ def test_sigkill_of_the_parent_alone_kills_its_trainers_and_rerun_resumes(tmp_pa
         with DagsterInstance.get() as instance:
             dead = instance.get_run_by_id(first_id)
             # one ownership tag (the owner and the trainers it started) beside the lease
-            assert {k for k in dead.tags if k.startswith("campaign/")} == {"campaign/owner"}, dead.tags
-            owner = json.loads(dead.tags["campaign/owner"])
+            assert {k for k in dead.tags if "campaign" in k and "lease" not in k} == {run_owner.OWNER_TAG}, dead.tags
+            owner = json.loads(dead.tags[run_owner.OWNER_TAG])
             assert owner["pid"] == first.pid and owner["trainers"] and "pid_ns" in owner["trainers"][0]
             assert dead.status == DagsterRunStatus.STARTED
             assert reap_dead_runs(instance, log=lambda m: None) == [first_id]

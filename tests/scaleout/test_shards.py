@@ -128,24 +128,29 @@ def test_a_worker_answers_what_the_cache_lacks_and_its_spool_outlives_it(tmp_pat
         assert "encode zz =" not in srv.stats.received_by_prompt and srv.stats.received_by_prompt["encode yy ="] == 1
 
 
-def test_run_on_ray_refuses_a_kuberay_stage_and_the_assets_launch_it_instead():
+def test_run_on_ray_refuses_a_kuberay_stage_and_the_stages_launch_it_instead():
     """``run_on_ray`` runs Ray where its process is: a campaign with execution.kuberay is refused there (never run on
-    a local cluster instead). The asset layer's dispatch (assets/ray_dispatch.py) gives such a stage the KubeRay
+    a local cluster instead). The stages' executor choice (stages/executors.py) gives such a stage the KubeRay
     runner, and refuses it too when the stage was given no launcher."""
     from types import SimpleNamespace
 
-    from assets.ray_dispatch import KubeRayLaunch, ray_runner
     from campaign_orchestrator.generation.scaleout.stage import KubeRayNotLaunched, run_on_ray
+    from stages.context import StageContext
+    from stages.executors import InProcess, KubeRayJob, RayPool, executor_for
 
-    execution = SimpleNamespace(kuberay=SimpleNamespace(), ray_address=None)
+    execution = SimpleNamespace(kuberay=SimpleNamespace(), ray_address=None, engine="ray")
     with pytest.raises(KubeRayNotLaunched, match="launched by its Dagster asset"):
         run_on_ray(execution, [{"id": "0", "prompt": "x"}], None, "id", None, None, log=print)
     kuberay = SimpleNamespace(name="c", execution=execution)
-    assert ray_runner(SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None)), None, "answers") is run_on_ray
-    runner = ray_runner(kuberay, KubeRayLaunch(None, object(), "evaluation", "/x"), "answers")
+    pool = SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None, ray_address=None, engine="ray"))
+    local = SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None, ray_address=None, engine="local"))
+    assert type(executor_for(local, "answers", StageContext())) is InProcess
+    assert type(executor_for(pool, "answers", StageContext())) is RayPool
+    assert executor_for(pool, "answers", StageContext()).runner("answers") is run_on_ray
+    runner = executor_for(kuberay, "evaluation", StageContext(kuberay=object()), "/x").runner("answers")
     assert runner is not run_on_ray and runner.__name__ == "run"
     with pytest.raises(KubeRayNotLaunched, match="no KubeRay launcher"):
-        ray_runner(kuberay, None, "answers")
+        KubeRayJob(kuberay, None, "evaluation", "/x").runner("answers")
 
 
 def test_a_job_summary_gives_back_the_stats_and_shard_reports_priced_on_the_dagster_side():

@@ -51,6 +51,8 @@ class ServerConfig:
     retry_after_s: float | None = 0.05
     seed: int = 0
     hold: threading.Event | None = None  # while set, answers wait; one whose client went away is never served
+    release: set[str] = field(default_factory=set)  # prompts answered even while `hold` is set
+    logprobs: bool = True  # False: an API that answers without log-probabilities whatever it is asked
 
 
 @dataclass
@@ -63,6 +65,8 @@ class ServerStats:
     in_flight: int = 0
     max_in_flight: int = 0
     held: int = 0  # answers waiting on ServerConfig.hold now
+    held_by_prompt: Counter = field(default_factory=Counter)  # of them, per prompt
+    dropped_by_prompt: Counter = field(default_factory=Counter)  # held requests whose client went away (499)
     served_prompt_tokens: int = 0  # the usage of every answer sent (what a provider bills)
     served_completion_tokens: int = 0
 
@@ -76,6 +80,8 @@ class ServerStats:
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "held": self.held,
+            "held_by_prompt": {k: v for k, v in self.held_by_prompt.items() if v},
+            "dropped_by_prompt": dict(self.dropped_by_prompt),
             "served_prompt_tokens": self.served_prompt_tokens,
             "served_completion_tokens": self.served_completion_tokens,
         }
@@ -162,18 +168,21 @@ def build_app(cfg: ServerConfig) -> tuple[Starlette, ServerStats]:
         roll -= cfg.fail_429
         if roll < cfg.fail_500:
             return error(500, "The server had an error while processing your request.")
-        if cfg.hold is not None and cfg.hold.is_set():
+        if cfg.hold is not None and cfg.hold.is_set() and prompt not in cfg.release:
             stats.held += 1
+            stats.held_by_prompt[prompt] += 1
             try:
-                while cfg.hold.is_set():
+                while cfg.hold.is_set() and prompt not in cfg.release:
                     if await request.is_disconnected():
+                        stats.dropped_by_prompt[prompt] += 1
                         return error(499, "client closed the request")  # never served, never billed
                     await asyncio.sleep(0.01)
             finally:
                 stats.held -= 1
+                stats.held_by_prompt[prompt] -= 1
         t0 = time.perf_counter()
         k = body.get("top_logprobs") if chat else body.get("logprobs")
-        k = int(k) if k and not isinstance(k, bool) else None
+        k = int(k) if k and not isinstance(k, bool) and cfg.logprobs else None
         if generator is not None:
 
             def run():

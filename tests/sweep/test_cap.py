@@ -137,10 +137,15 @@ def test_a_failed_plan_under_a_cap_is_an_error_not_a_free_rung(tmp_path, artifac
     from assets import hparam_sweep
     from resources.pricing import PricingResource
     from resources.storage import ArtifactStore
+    from stages.pricing import Pricing
 
-    class BrokenPlanner(PricingResource):
+    class BrokenPlan(Pricing):
         def plan(self, spec, artifact_root):
             raise ValueError("teacher model directory missing")
+
+    class BrokenPlanner(PricingResource):
+        def service(self):
+            return BrokenPlan()
 
     class NoLaunch:
         def launch(self, *a, **k):

@@ -185,8 +185,9 @@ class FakeLLM:
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None):
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         assert len(params) == len(prompts) and not use_tqdm
-        for p in prompts:
-            n = len(self.gen.tok(p)["input_ids"])
+        enc = [list(p["prompt_token_ids"]) for p in prompts]  # the backend sends rendered token ids
+        for ids in enc:
+            n = len(ids)
             if n >= 64:
                 raise ValueError(f"The decoder prompt (length {n}) is longer than the maximum model length of 64.")
         self.calls.append(list(params))
@@ -195,12 +196,14 @@ class FakeLLM:
             groups.setdefault(repr(sp), (sp, []))[1].append(i)
         comps: dict[int, list] = {}
         for sp, idx in groups.values():
-            flat = [prompts[i] for i in idx for _ in range(sp.n)]
-            res = self.gen.generate(flat, sp.max_tokens, sp.temperature, sp.top_p, sp.seed or 0, logprobs=sp.logprobs)
+            flat = [enc[i] for i in idx for _ in range(sp.n)]
+            hf = self.gen.engine_instance("hf_generate")
+            kw = {"temperature": sp.temperature, "top_p": sp.top_p, "seed": sp.seed or 0} if sp.temperature else {}
+            res = hf.generate(flat, sp.max_tokens, sp.logprobs, **kw)
             for j, i in enumerate(idx):
                 comps[i] = res[j * sp.n : (j + 1) * sp.n]
         out = []
-        for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        for i, sp in enumerate(params):
             outputs = []
             for j, c in enumerate(comps[i]):
                 lps = None
@@ -215,7 +218,7 @@ class FakeLLM:
                         index=j, text=c.text, token_ids=tuple(c.token_ids), finish_reason=c.finish_reason, logprobs=lps
                     )
                 )
-            out.append(SimpleNamespace(prompt=p, prompt_token_ids=self.gen.tok(p)["input_ids"], outputs=outputs))
+            out.append(SimpleNamespace(prompt=None, prompt_token_ids=enc[i], outputs=outputs))
         return out
 
 

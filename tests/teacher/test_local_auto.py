@@ -55,7 +55,7 @@ def _fake_gen(device="cpu"):
 
 
 def test_auto_follows_measured_speed_and_never_picks_a_slow_engine(tmp_path):
-    from campaign_orchestrator.generation.auto import choose
+    from campaign_orchestrator.generation.auto import REPEATS, choose
 
     slow = FakeEngine("slow", 0.004)
     fast = FakeEngine("fast", 0.0, top_logprobs=False)  # fastest, but returns no top-k (as generate_batch)
@@ -63,13 +63,13 @@ def test_auto_follows_measured_speed_and_never_picks_a_slow_engine(tmp_path):
     engines = {"slow": slow, "fast": fast, "mid": mid}
     lines: list[str] = []
     name, rec = choose(_fake_gen(), engines, needs_topk=False, cache_dir=tmp_path, log=lines.append)
-    assert name == "fast" and rec["measured_now"] and slow.calls == 2  # warm-up + the timed run
+    assert name == "fast" and rec["measured_now"] and slow.calls == 1 + REPEATS  # warm-up + the timed runs
     assert "fast" in lines[-1] and "new tokens/s" in lines[-1]
     t = {n: r["tokens_per_s"] for n, r in rec["engines"].items()}
     assert t["fast"] > t["mid"] > t["slow"]
     # a request for top-k: the fastest engine that can return them, still never the slow one
     name, rec = choose(_fake_gen(), engines, needs_topk=True, cache_dir=tmp_path, log=lines.append)
-    assert name == "mid" and not rec["measured_now"] and slow.calls == 2  # read from the host cache
+    assert name == "mid" and not rec["measured_now"] and slow.calls == 1 + REPEATS  # read from the host cache
     assert "fast left out" in rec["why"]
     # an engine that fails its probe is recorded with its error and never chosen
     broken = FakeEngine("broken", 0.0, fails=True)
@@ -79,7 +79,7 @@ def test_auto_follows_measured_speed_and_never_picks_a_slow_engine(tmp_path):
 
 def test_a_cuda_device_gets_a_probe_not_a_default(tmp_path):
     """On a (mocked) GPU the candidates for that device are measured; the CPU-tuned continuous engine is not one."""
-    from campaign_orchestrator.generation.auto import choose
+    from campaign_orchestrator.generation.auto import REPEATS, choose
 
     cpu_only = FakeEngine("continuous", 0.0, devices=("cpu",))
     a, b = (
@@ -94,7 +94,7 @@ def test_a_cuda_device_gets_a_probe_not_a_default(tmp_path):
         log=lambda _m: None,
     )
     assert name == "hf_generate" and rec["device"] == "cuda" and rec["measured_now"]
-    assert a.calls == 2 and b.calls == 2 and cpu_only.calls == 0
+    assert a.calls == b.calls == 1 + REPEATS and cpu_only.calls == 0
     assert "not a candidate on cuda" in rec["not_candidates"]["continuous"]
     assert rec["probe"]["prompts"] == 64  # the GPU probe's size, not the CPU's
 
@@ -107,6 +107,7 @@ def test_a_real_generator_on_a_mocked_gpu_probes_its_engines(demo_models, tmp_pa
     from campaign_orchestrator.generation.local import ENGINES, LocalGenerator
 
     monkeypatch.setitem(auto.PROBE, "cuda", (6, 4))  # a small probe: this test checks the path, not the speeds
+    monkeypatch.setattr(auto, "REPEATS", 1)
     gen = LocalGenerator.from_path(demo_models["teacher"], compute_dtype="float32", device="cpu", batch_size=8)
     engines = {n: gen.engine_instance(n) for n in ENGINES[1:]}
     name, rec = auto.choose(gen, engines, cache_dir=tmp_path, device=torch.device("cuda"), log=lambda _m: None)

@@ -198,3 +198,43 @@ def test_the_local_and_the_ray_executor_give_equal_rows_and_equal_billed_usage(t
     assert_same(out)
     run = out["ray"]["executor"].run  # 4 shards of the 26 distinct requests; only those the cache lacks are run
     assert len(run.shards) == 4 and pool.shards_run == sum(1 for s in run.shards if s.cached < s.requests) >= 1
+
+
+def test_a_shard_s_summary_reports_its_progress_clock_so_the_final_charge_is_made_once(tmp_path):
+    """The Ray driver charges the budget from each running shard's progress as it polls, then from the finished
+    shard's summary (the difference). A shard whose answers were all polled must add nothing then: its summary's
+    usage is what its progress showed at its last answer. (Its seconds were the backend's clock, which runs on past
+    the last answer: a seconds-only charge came after the final one, and the guard saw two final charges.)"""
+    from dataclasses import dataclass
+
+    worker = GenerationWorker(threads=1)
+    snapshots: list[dict] = []
+
+    @dataclass(frozen=True)
+    class Watched:  # the worker's own progress, read right after each answer was handed on (a poll that saw it)
+        inner: object
+
+        def build(self):
+            backend = self.inner.build()
+            run = backend.run
+
+            def watched(requests, sampling, on_done):
+                run(requests, sampling, lambda r, c: (on_done(r, c), snapshots.append(worker.progress())))
+
+            backend.run = watched
+            return backend
+
+    with ServerThread(ServerConfig(latency_s=0.02)) as srv:
+        recipe, _ident, cfg = setup(srv, tmp_path)
+        from campaign_orchestrator.generation.requests import build_requests
+
+        reqs = [
+            r for rs in build_requests(recipe.build().identity, S, [p["prompt"] for p in prompts()[10:20]]) for r in rs
+        ]
+        summary = worker.run_shard(Watched(recipe), cfg, "s1", 1, reqs, S)
+    last = snapshots[-1]
+    assert summary["generated"] == last["generated"] == 10
+    remainder = {
+        k: summary[k] - last[k] for k in ("generated", "failed", "prompt_tokens", "completion_tokens", "seconds")
+    }
+    assert not any(remainder.values()), remainder  # nothing to charge after the last answer's

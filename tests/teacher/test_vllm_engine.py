@@ -2,7 +2,8 @@
 with token-id prompts, ``SamplingParams`` and ``LoRARequest``) that answers with the demo models through
 transformers: the candidate's adapter goes to vLLM as a LoRA request (enable_lora, max_lora_rank from the adapter
 config), prefix caching is on, ``max_logprobs`` follows the top-k asked for, and the resolved dtype is in the
-teacher's cache key."""
+teacher's cache key. These check the arguments the project builds, without vLLM; the real engine (vLLM's CPU
+build, in .venv-vllm) is tested in tests/vllm/ (`make test-heavy`)."""
 
 from __future__ import annotations
 
@@ -186,13 +187,16 @@ def test_the_vllm_teacher_starts_with_prefix_caching_its_dtype_and_the_campaigns
     from campaign_orchestrator.generation.requests import Sampling, namespace
     from campaign_orchestrator.generation.runner import run_generation
 
-    class GenerateOnly(StandInLLM):  # the backend sends prompt text: render it as vLLM would
+    class GenerateOnly(StandInLLM):  # the backend sends rendered token ids with one SamplingParams per prompt
         def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None):
             from campaign_orchestrator.dataset.formatting import render_prompt_ids
 
+            assert [p["prompt_token_ids"] for p in prompts] == [
+                render_prompt_ids(self.base.tok, cipher.prompt_for(w)) for w in WORDS[: len(prompts)]
+            ]
             sp = sampling_params[0] if isinstance(sampling_params, list) else sampling_params  # greedy: all alike
             return super().generate(
-                [{"prompt_token_ids": render_prompt_ids(self.base.tok, p)} for p in prompts],
+                prompts,
                 SamplingParams(**{**sp.__dict__, "stop_token_ids": self.base.stop_ids}),
                 use_tqdm=use_tqdm,
                 lora_request=lora_request,

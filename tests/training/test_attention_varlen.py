@@ -160,23 +160,115 @@ def test_a_model_on_varlen_equals_eager_on_a_packed_row(models, monkeypatch, bac
         assert len(calls) == var.config.num_hidden_layers and calls[0][0] == [6, 4, 5]
 
 
-def test_varlen_is_a_measured_candidate_only_where_it_has_a_kernel(monkeypatch, tmp_path):
-    from transformers import LlamaConfig
-
+def test_varlen_is_a_measured_candidate_only_where_it_has_a_kernel(monkeypatch):
     assert attention.varlen_backend(torch.device("cpu")) == attention.NAME
     assert attention.candidates(torch.device("cpu")) == attention.CANDIDATES  # on a CPU it is segment_eager again
+    assert list(attention.kernel_steps(torch.device("cpu"))) == list(attention.CANDIDATES)
     cuda = torch.device("cuda", 0)
     expected = "flash_varlen" if attention.flash_varlen() is not None else "flex"
     assert attention.varlen_backend(cuda) == expected
     assert attention.varlen_backend(cuda, torch.float32) == "flex"  # flash kernels take half precision only
     assert attention.candidates(cuda) == (*attention.CANDIDATES, attention.VARLEN)
+    assert list(attention.kernel_steps(cuda)) == [*attention.CANDIDATES, attention.VARLEN]  # measured, not assumed
     monkeypatch.setattr(attention, "flash_varlen", lambda: None)
     assert attention.varlen_backend(cuda) == "flex"  # a torch without varlen_attn: FlexAttention's document mask
-    # chosen by the measurement at the shape, not assumed: the fastest measured kernel wins, either way
-    cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
-    for fastest in ("sdpa", attention.VARLEN):
-        seconds = {k: (0.001 if k == fastest else 0.002) for k in attention.candidates(cuda)}
-        monkeypatch.setattr(attention, "time_kernels", lambda *a, s=seconds, **kw: s)
-        kernel, rec = attention.choose_kernel(cfg, cuda, row_tokens=64, seq_len=16, cache_dir=str(tmp_path / fastest))
-        assert kernel == fastest and set(rec["seconds"]) == set(attention.candidates(cuda))
-        assert rec["varlen_backend"] == "flex"
+
+
+# --------------------------------------------------------------------------- the choice, by real timings
+
+REPEATS = 8  # the planted kernel does this many times a real kernel's work: at least 5x slower by construction
+
+
+def repeated(step, times: int = REPEATS):
+    """A real kernel made ``times`` times slower for real: it computes the attention ``times`` times and averages
+    the outputs, so forward and backward both run every copy."""
+
+    def slow(layer, q, k, v, **kw):
+        out = step(layer, q, k, v, **kw)
+        for _ in range(times - 1):
+            out = out + step(layer, q, k, v, **kw)
+        return out / times
+
+    return slow
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread, as the local launcher gives each training rank: on a loaded 2-core host a 2-thread
+    kernel waits on its slower thread every round (the rounds then vary tenfold), one thread needs one free core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_kernel_is_chosen_by_real_timings_and_a_planted_slow_kernel_is_never_chosen(tmp_path, one_thread):
+    """The real selection among the CPU candidates (eager, sdpa, segment_eager: timed forward + backward, best of 5
+    after a warm-up, taking turns), with a slowed copy of each planted beside it: the same kernel repeating its work
+    8 times. Whatever the load on the host, no planted copy is ever chosen: a busy core only ever slows a round
+    down, and each kernel keeps its best round. No timing is replaced."""
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    cpu = torch.device("cpu")
+    shape = {"row_tokens": 192, "seq_len": 48}
+    chosen, rec = attention.choose_kernel(cfg, cpu, **shape, cache_dir=str(tmp_path / "real"))
+    assert chosen in attention.CANDIDATES and set(rec["seconds"]) == set(attention.CANDIDATES)
+    assert rec["measured_now"] and chosen == min(rec["seconds"], key=rec["seconds"].get)
+    real = attention.kernel_steps(cpu)
+    planted = {f"{k}_x{REPEATS}": repeated(step) for k, step in real.items()}
+    for trial in range(3):
+        kernel, r = attention.choose_kernel(
+            cfg, cpu, **shape, cache_dir=str(tmp_path / f"planted{trial}"), kernels=real | planted
+        )
+        s = r["seconds"]
+        assert r["measured_now"] and set(s) == set(real) | set(planted), s
+        assert kernel in real and kernel == min(s, key=s.get), s
+
+
+@pytest.mark.slow  # two processes (torch and transformers imported in each)
+def test_processes_asking_together_record_one_measurement(tmp_path):
+    """Two processes reach the measurement at the same instant (each says it is ready after its imports, then waits
+    for the go both get at once): exactly one measures, under the lock beside the cache file, the other waits and
+    reads its record."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.support import REPO_ROOT
+    from tests.support.train_support import child_env
+
+    code = f"""
+import json, sys
+import torch
+from transformers import LlamaConfig
+from training import attention
+print("ready", flush=True)
+sys.stdin.readline()
+kernel, rec = attention.choose_kernel(
+    LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2), torch.device("cpu"),
+    row_tokens=192, seq_len=48, cache_dir={str(tmp_path / "cache")!r})
+print(json.dumps({{"kernel": kernel, "measured_now": rec["measured_now"]}}), flush=True)
+"""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=REPO_ROOT,
+            env=child_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    outs = [json.loads(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sorted(o["measured_now"] for o in outs) == [False, True], outs
+    assert outs[0]["kernel"] == outs[1]["kernel"]
+    cached = json.loads((tmp_path / "cache" / attention.CACHE_FILE).read_text())
+    assert len(cached) == 1

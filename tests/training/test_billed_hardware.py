@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -24,9 +23,9 @@ def _spec(**training):
 
 
 def _catalog(spec):
-    from resources.pricing import PricingResource
+    from stages.pricing import Pricing
 
-    return PricingResource().catalog_for(spec)
+    return Pricing().catalog_for(spec)
 
 
 def test_a_campaign_names_its_training_hardware():
@@ -72,7 +71,6 @@ def test_the_trainer_refuses_a_gpu_priced_job_without_a_gpu_before_loading_anyth
         ).write(p)
         return str(p)
 
-    t0 = time.monotonic()
     r = subprocess.run(
         [sys.executable, "-m", "training", "--config", job()],
         cwd=REPO_ROOT,
@@ -82,4 +80,4 @@ def test_the_trainer_refuses_a_gpu_priced_job_without_a_gpu_before_loading_anyth
     )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "training.hardware 'h100-sxm' is priced per GPU-hour but this process sees no GPU" in r.stderr
-    assert not (tmp_path / "out" / "summary.json").exists() and time.monotonic() - t0 < 120
+    assert not (tmp_path / "out" / "summary.json").exists()  # refused before training (no timing: the message says)

@@ -48,6 +48,18 @@ def test_compiled_layers_train_like_eager_ones_and_their_warmup_is_reported_apar
         )
 
 
+def test_compile_auto_on_a_cpu_follows_the_measurement_and_says_why(run_job, tmp_path, demo_models, same_length_ds):
+    """``compile: auto`` on a CPU asks training.compile_choice before the memory policy: a 2-step run cannot pay a
+    warm-up back (measured), so it trains eager, keeps the exact recompute, and its summary says why."""
+    kw = dict(student=SMALL, max_steps=2, micro_batch_size=4, eval_rows=0, checkpoint={"every_steps": None})
+    s = run_job(make_job(tmp_path / "auto", demo_models["student"], same_length_ds, compile="auto", **kw), "auto")
+    c = s["compile"]
+    assert c["enabled"] is False and s["activation_policy"] == "recompute"
+    a = c["auto"]
+    assert a["compile"] is False and a["layers"] == 2 and a["micro_steps"] == 2 and a["tokens"] == 4 * 64
+    assert a["measured"]["eager_s"] > 0 and a["measured"]["capture_s"] > 0 and "inductor not measured" in a["why"]
+
+
 @pytest.mark.parametrize("memory_gb,policy", [(1e-4, "full"), (1e4, "none")])
 def test_the_trainer_honours_and_reports_the_memory_policy(
     run_job, tmp_path, demo_models, same_length_ds, monkeypatch, memory_gb, policy
@@ -81,6 +93,8 @@ def test_the_trainer_honours_and_reports_the_memory_policy(
     )
     m = s["memory_policy"]
     assert s["activation_policy"] == m["activation_policy"] == policy
+    ran = s["training_policy"]  # what it ran, as `campaign plan` prints it (costs.memory_policy.describe_policy)
+    assert (ran["micro_batch_size"], ran["activation_policy"], ran["compile"]) == (s["micro_batch_size"], policy, False)
     assert built == {"checkpointing": policy == "full", "recompute": False}
     assert m["chosen"] == ["micro_batch_size", "activation_checkpointing"] and m["device_memory_gb"] == memory_gb
     if policy == "full":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -57,11 +58,11 @@ def test_supervise_stops_the_other_nodes_when_one_fails(tmp_path):
             start_new_session=True,
         ),
     ]
-    t0 = time.monotonic()
     with pytest.raises(NodeFailed, match="node 1 exited with code 3") as e:
         supervise(procs, logs, time.monotonic() + 30, poll_s=0.05)
     assert e.value.log == logs[1]
-    assert procs[0].poll() is not None and time.monotonic() - t0 < 20
+    # stopped, not left to its minute: a node that ended by itself exits 0, a stopped one by the signal
+    assert procs[0].poll() in (-signal.SIGTERM, -signal.SIGKILL), procs[0].returncode
 
 
 def test_metric_messages_become_observations_once():
@@ -100,8 +101,8 @@ def test_training_spec_defaults_and_validation():
 
 
 def test_checkpoint_and_timeout_settings_do_not_change_the_adapter_key():
-    from assets.student_adapter import training_key_fields
     from campaigns.spec import CampaignSpec
+    from stages.student_adapter import training_key_fields
 
     a = CampaignSpec.model_validate(_demo())
     d = _demo()

@@ -107,7 +107,9 @@ def models():
     return out
 
 
-def test_hidden_state_forward_and_linear_ce_equal_the_labelled_head_and_plain_loss(models):
+def test_the_head_computing_the_linear_ce_equals_the_labelled_head_and_plain_loss(models):
+    """The fused loss computed by the head inside the forward (``training.head.head_loss``) on a PEFT model: the
+    labelled-positions head + plain loss's sum, token count and LoRA gradients."""
     model = models["lora"]
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(3, 97, (1, 15), generator=g)
@@ -116,26 +118,28 @@ def test_hidden_state_forward_and_linear_ce_equal_the_labelled_head_and_plain_lo
     labels[0, 3:6], labels[0, 12:] = ids[0, 3:6], ids[0, 12:]
     keep, batch = head.compact({"input_ids": ids, "position_ids": pos, "labels": labels}, LABEL_ALIGNED)
     inputs = {"input_ids": ids, "position_ids": pos, "logits_to_keep": keep, "use_cache": False}
+    fused = linear_ce.FusedHead("chunked")
 
-    def grads(fused):
+    def grads(fuse):
         model.zero_grad(set_to_none=True)
-        if fused:
-            w = linear_ce.head_weight(model)
-            sums = losses.loss_sums_hidden(head.hidden_states(model, inputs), w, batch, "chunked")
+        if fuse:
+            sums = fused.loss_sums(model, inputs, batch["labels"])
         else:
             sums = losses.loss_sums(model(**inputs).logits, batch, False)
         sums["ce_sum"].backward()
         return sums, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
     (s1, g1), (s2, g2) = grads(True), grads(False)
-    assert s1["ce_tokens"] == s2["ce_tokens"] == 6
+    assert s1["ce_tokens"] == s2["ce_tokens"] == 6 and fused.report() == {"kind": "chunked", "micro_batches": 1}
     torch.testing.assert_close(s1["ce_sum"], s2["ce_sum"], rtol=1e-5, atol=1e-5)
     assert g1.keys() == g2.keys() and len(g1) == 16
     for n in g1:
         torch.testing.assert_close(g1[n], g2[n], rtol=1e-4, atol=1e-6, msg=n)
-    # the decoder's output at the kept positions is the LM head's input there
-    hidden = head.hidden_states(model, inputs)
-    torch.testing.assert_close(model.get_base_model().lm_head(hidden), model(**inputs).logits)
+    # the head's input there is the decoder's output at the kept positions, and the head is itself again after
+    lm_head = model.get_base_model().lm_head
+    seen = head.head_loss(model, inputs, lambda hidden, weight: (hidden, weight))
+    assert seen[1] is lm_head.weight and "forward" not in lm_head.__dict__
+    torch.testing.assert_close(lm_head(seen[0]), model(**inputs).logits)
 
 
 def test_the_plan_fuses_on_cuda_only_and_never_a_head_it_cannot_read(models, monkeypatch):
@@ -143,15 +147,15 @@ def test_the_plan_fuses_on_cuda_only_and_never_a_head_it_cannot_read(models, mon
     model = models["lora"]
     w = model.get_base_model().lm_head.weight
     assert linear_ce.plan(model, cpu, distill=False) is None  # auto: CPU keeps the plain path
-    kind, weight = linear_ce.plan(model, cpu, distill=False, policy=True)
-    assert kind == "chunked" and weight is w
+    fused = linear_ce.plan(model, cpu, distill=False, policy=True)
+    assert fused.kind == "chunked" and linear_ce.head_weight(model) is w
     assert linear_ce.plan(model, cuda, distill=True) is None  # logit distillation: plain path
     assert linear_ce.plan(model, cuda, distill=False, policy=False) is None
     assert linear_ce.head_weight(models["lora_head"]) is None  # a LoRA-wrapped head is not a plain Linear
     monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", types.ModuleType("liger_kernel.transformers"))
-    assert linear_ce.plan(model, cuda, distill=False) == ("liger", w)  # Liger importable, CUDA: Liger
+    assert linear_ce.plan(model, cuda, distill=False).kind == "liger"  # Liger importable, CUDA: Liger
     assert linear_ce.backend(cpu) == "chunked"
     monkeypatch.delitem(sys.modules, "liger_kernel.transformers")
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", None)  # not importable
-    assert linear_ce.plan(model, cuda, distill=False) == ("chunked", w)
+    assert linear_ce.plan(model, cuda, distill=False).kind == "chunked"

@@ -123,7 +123,7 @@ def test_no_teacher_stage_in_the_graph_when_fully_on_policy(tmp_path):
 
 def test_adapter_keys_of_other_losses_are_unchanged():
     """The `on_policy` section is left out of the adapter key of every other loss (existing adapters keep theirs)."""
-    from assets.student_adapter import training_key_fields
+    from stages.student_adapter import training_key_fields
 
     for name in ("demo", "smollm2"):
         spec = load_campaign_file(REPO_ROOT / "campaigns" / f"{name}.yaml")

@@ -1,6 +1,16 @@
 """training.selection in the real trainer (demo student, one process): a planted over-trained tail (the held-out
 rows contradict what the training rows teach, so held-out loss rises as training goes on) makes the stage return
-the best evaluated checkpoint, not the last, with the step and the reason in its summary; patience stops early."""
+the best evaluated checkpoint, not the last, with the step and the reason in its summary; patience stops early.
+
+Both run in float32 and in bfloat16 (an AVX2-only host's `auto` and an AVX512-BF16 host's): what they check must
+not depend on which one the host picks. The held-out rows are the base's own answers to the training prompts (the
+demo student copies the word: `encode hello =` -> ` hello`), so every step that teaches the cipher raises their
+loss from the first evaluation on, in either dtype (measured at 5e-2 in both: 3.9-4.0 at step 2, 5.3-5.5 at step
+4, 4.9-5.3 at step 8).
+They used to be the training prompts with each other's cipher answers, whose loss fell for the 8 or 12 steps these
+tests run (the format is learned first) and rose only where the loss diverged at learning rate 5e-2: in bf16 on the
+host they were written on, in fp32 on no host (AVX2 hosts failed the patience test), and on an AVX512-BF16 build
+host at 039f5fc in neither (both tests failed there in bf16)."""
 
 from __future__ import annotations
 
@@ -10,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.support.hosts import DTYPES
 from tests.support.train_support import make_job, write_rows
 
 pytestmark = pytest.mark.stage
@@ -17,16 +28,21 @@ pytestmark = pytest.mark.stage
 SMALL = {"lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}}
 
 
+def small(dtype: str) -> dict:
+    """The small LoRA on the demo's 4-bit student, computing in ``dtype`` (never `auto`)."""
+    return SMALL | {"quantization": {"load_in_4bit": True, "compute_dtype": dtype}}
+
+
 def _datasets(tmp_path, tok_dir):
+    """Training rows (cipher pairs) and held-out rows that contradict them: the first 8 training prompts answered
+    with the word itself, what the base student says; half of them labelled replay rows."""
     from campaign_orchestrator.demo import cipher
 
     rng = random.Random(3)
     gen = cipher.pairs(rng, cipher.CIPHER)
     train = [next(gen) for _ in range(24)]
     ds = write_rows(tmp_path / "train", tok_dir, train)
-    # held out: the same prompts with each other's answers: the answer format is learned first (held-out loss
-    # falls), then each prompt's own answer (it rises: the over-trained tail); half of them labelled replay rows
-    held = [(train[i][0], train[(i + 1) % 8][1]) for i in range(8)]
+    held = [(p, " " + p.split()[1]) for p, _ in train[:8]]  # "encode hello =" -> " hello"
     val = write_rows(tmp_path / "validation", tok_dir, held)
     f = next(val.glob("*.parquet"))
     t = pq.read_table(f)
@@ -36,13 +52,14 @@ def _datasets(tmp_path, tok_dir):
     return ds, val
 
 
-def test_the_kept_checkpoint_is_the_best_not_the_last(run_job, tmp_path, demo_models):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_kept_checkpoint_is_the_best_not_the_last(run_job, tmp_path, demo_models, dtype):
     ds, val = _datasets(tmp_path, demo_models["student"])
     job = make_job(
         tmp_path / "out",
         demo_models["student"],
         ds,
-        student=SMALL,
+        student=small(dtype),
         max_steps=8,
         learning_rate=5e-2,
         micro_batch_size=4,
@@ -54,6 +71,7 @@ def test_the_kept_checkpoint_is_the_best_not_the_last(run_job, tmp_path, demo_mo
     s = run_job(job)
     sel = s["selection"]
     evals = sel["evaluations"]
+    assert s["compute_dtype"] == dtype
     assert [e["step"] for e in evals] == [2, 4, 6, 8]
     assert all(e["task_loss"] is not None and e["replay_loss"] is not None for e in evals)  # both splits measured
     best = min(evals, key=lambda e: (e["score"], e["step"]))
@@ -65,13 +83,14 @@ def test_the_kept_checkpoint_is_the_best_not_the_last(run_job, tmp_path, demo_mo
     assert kept != (out / "checkpoints" / "step-00000008" / "adapter_model.safetensors").read_bytes()
 
 
-def test_patience_stops_training_early(run_job, tmp_path, demo_models):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_patience_stops_training_early(run_job, tmp_path, demo_models, dtype):
     ds, val = _datasets(tmp_path, demo_models["student"])
     job = make_job(
         tmp_path / "out",
         demo_models["student"],
         ds,
-        student=SMALL,
+        student=small(dtype),
         max_steps=12,
         learning_rate=5e-2,
         micro_batch_size=4,
@@ -82,4 +101,8 @@ def test_patience_stops_training_early(run_job, tmp_path, demo_models):
     job.validation_path = str(val)
     s = run_job(job)
     sel = s["selection"]
-    assert sel["stopped_early"] and len(sel["evaluations"]) < 6 and "stopped early" in sel["reason"]
+    evals = sel["evaluations"]
+    assert s["compute_dtype"] == dtype
+    assert [e["step"] for e in evals] == [2, 4] and evals[1]["score"] > evals[0]["score"], evals  # rose at once
+    assert sel["stopped_early"] and sel["kept_step"] == 2 and "stopped early" in sel["reason"]
+    assert s["trained_steps"] == 4  # of 12: stopped at the second evaluation

@@ -11,11 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.hosts import DTYPES
 from tests.support.train_support import make_job, write_cipher_dataset
 
 pytestmark = pytest.mark.stage  # real training runs on the demo models
 
 SMALL = {"lora": {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "down_proj"]}}
+TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def small(dtype: str) -> dict:
+    """SMALL on the demo's 4-bit student computing in ``dtype`` (named: `auto` is fp32 on AVX2 hosts, bf16 on
+    AVX512-BF16 ones, and these tests compare against references computed in a named dtype)."""
+    return SMALL | {"quantization": {"load_in_4bit": True, "compute_dtype": dtype}}
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +160,8 @@ def test_adapter_only_checkpoint_is_a_small_share_of_the_base(run_job, tmp_path,
     assert s["adapter_bytes"] / s["base_model_bytes"] <= 0.02
 
 
-def test_merged_export_matches_the_adapter(run_job, tmp_path, demo_models, cipher_ds):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_merged_export_matches_the_adapter(run_job, tmp_path, demo_models, cipher_ds, dtype):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -161,7 +170,7 @@ def test_merged_export_matches_the_adapter(run_job, tmp_path, demo_models, ciphe
             tmp_path / "out",
             demo_models["student"],
             cipher_ds,
-            student=SMALL,
+            student=small(dtype),
             max_steps=3,
             micro_batch_size=8,
             eval_rows=0,
@@ -177,8 +186,9 @@ def test_merged_export_matches_the_adapter(run_job, tmp_path, demo_models, ciphe
         m, p = merged(input_ids=x).logits, peft(input_ids=x).logits
         with peft.disable_adapter():
             b = peft(input_ids=x).logits
-    # The merged weights are stored in the compute dtype (bf16): equal up to its rounding, unlike the base.
-    assert float((m - p).norm() / p.norm()) < 1e-2
+    # The merged weights are stored in the compute dtype: equal up to its rounding, unlike the base.
+    assert s["compute_dtype"] == dtype
+    assert float((m - p).norm() / p.norm()) < (1e-2 if dtype == "bfloat16" else 1e-4)
     assert float((b - p).norm() / p.norm()) > 5 * float((m - p).norm() / p.norm())
     assert (Path(s["merged_dir"]) / "tokenizer.json").exists()
 
@@ -309,8 +319,9 @@ def test_sigterm_and_time_based_checkpoints(run_job, tmp_path, demo_models, ciph
     assert len(steps) >= 5, steps  # one before (almost) every step, plus the final one
 
 
-def _base_loss(base: Path, ds: Path, rows: int) -> float:
-    """Mean token cross-entropy of the 4-bit base (what an untrained LoRA computes) on ``rows`` rows of ``ds``."""
+def _base_loss(base: Path, ds: Path, rows: int, dtype: str) -> float:
+    """Mean token cross-entropy of the 4-bit base computing in ``dtype`` (what an untrained LoRA computes) on
+    ``rows`` rows of ``ds``."""
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     from training import data as tdata
@@ -319,10 +330,10 @@ def _base_loss(base: Path, ds: Path, rows: int) -> float:
     q = BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
-        bnb_4bit_compute_dtype=torch.bfloat16,
-        bnb_4bit_quant_storage=torch.bfloat16,
+        bnb_4bit_compute_dtype=TORCH[dtype],
+        bnb_4bit_quant_storage=TORCH[dtype],
     )
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16, quantization_config=q).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=TORCH[dtype], quantization_config=q).eval()
     data = tdata.load_rows(ds)
     total = n = 0.0
     with torch.no_grad():
@@ -335,21 +346,25 @@ def _base_loss(base: Path, ds: Path, rows: int) -> float:
     return total / n
 
 
-def test_eval_loss_is_measured_on_the_validation_split(run_job, tmp_path, demo_models, cipher_ds):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_eval_loss_is_measured_on_the_validation_split(run_job, tmp_path, demo_models, cipher_ds, dtype):
     """With a validation split the eval loss is its loss (not the training rows'); without one the trainer
     says it fell back to training rows; a dataset that records no tokenizer is refused before training."""
     from training.recipes import TrainingError
 
     val = write_cipher_dataset(tmp_path / "val", demo_models["student"], 16, seed=11, long_every=2)
-    kw = dict(student=SMALL, max_steps=2, micro_batch_size=8, eval_rows=64)
+    kw = dict(student=small(dtype), max_steps=2, micro_batch_size=8, eval_rows=64)
     job = make_job(tmp_path / "v", demo_models["student"], cipher_ds, **kw).model_copy(
         update={"validation_path": str(val)}
     )
     s = run_job(job, "v")
     assert (s["eval_source"], s["eval_rows"]) == ("validation", 16)
-    on_val, on_train = _base_loss(demo_models["student"], val, 16), _base_loss(demo_models["student"], cipher_ds, 16)
+    on_val = _base_loss(demo_models["student"], val, 16, dtype)
+    on_train = _base_loss(demo_models["student"], cipher_ds, 16, dtype)
     assert abs(on_val - on_train) > 0.05, (on_val, on_train)  # the two sets are told apart
-    assert s["eval_loss_before"] == pytest.approx(on_val, rel=2e-2), (s["eval_loss_before"], on_val, on_train)
+    assert s["compute_dtype"] == dtype
+    rel = 2e-2 if dtype == "bfloat16" else 1e-3  # the trainer's batches against these: bf16 rounds per batch
+    assert s["eval_loss_before"] == pytest.approx(on_val, rel=rel), (s["eval_loss_before"], on_val, on_train)
     s = run_job(
         make_job(tmp_path / "t", demo_models["student"], cipher_ds, **kw).model_copy(
             update={"validation_path": str(tmp_path / "empty")}

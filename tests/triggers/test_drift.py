@@ -29,10 +29,11 @@ from dagster import (
 from assets import prompts
 from assets.common import STAGES
 from assets.location import build_definitions, default_resources
+from campaign_orchestrator.costs.report import dollars
 from campaign_orchestrator.dataset import prompts as P
 from campaign_orchestrator.demo import cipher
 from campaigns.loader import load_campaign_file
-from evaluation.drift import DRIFTED, INCONCLUSIVE, STABLE, decide
+from evaluation.drift import DRIFTED, INCONCLUSIVE, STABLE, current_promoted, decide
 from resources.storage import ArtifactStore
 from tests.support import REPO_ROOT as REPO
 
@@ -205,7 +206,7 @@ def test_a_trained_adapter_is_stable_on_its_distribution_and_drifts_off_it(
         assert stable["verdict"] == "STABLE", stable.get("summary", stable.get("failure"))
         assert stable["fresh_items"] == 40 and stable["cipher_fresh_score"] >= 0.9
         assert stable["cipher_change_lo"] <= 0 <= stable["cipher_change_hi"] + 1e-9  # no drift shown
-        assert stable["cost_usd"] > 0 and stable["backend"] == "local"
+        assert stable["cost"].startswith("$") and stable["cost"] != "$0" and stable["backend"] == "local"
         ledger = Ledger(artifact_root / "cost_ledger.duckdb")
         spent = {
             r["status"]: r["usd"]
@@ -213,7 +214,7 @@ def test_a_trained_adapter_is_stable_on_its_distribution_and_drifts_off_it(
                 "SELECT status, SUM(usd) AS usd FROM cost_lines WHERE asset = 'drift_evaluation' GROUP BY status"
             )
         }
-        assert spent["completed"] == pytest.approx(stable["cost_usd"]) and spent["interrupted"] > 0
+        assert stable["cost"] == dollars(spent["completed"]) and spent["interrupted"] > 0
 
         fresh.unlink()  # the world moves on: new prompts are words over the other letters
         cipher.write_jsonl(items(words(240, NZ, seed=3), "c"), tmp_path / "drops" / "c.jsonl")
@@ -247,7 +248,10 @@ def test_drift_below_the_floor_requests_a_retraining_run(tmp_path, artifact_root
         md = {k: v.value for k, v in mat.metadata.items()}
         assert md["verdict"] == "DRIFTED" and md["drifted"] is True
         assert md["heldout_items"] >= 20 and md["cipher_fresh_score"] < 0.2
-        assert "below the gate floor 0.800" in md["summary"] and "promotion-time score 1.000" in md["summary"]
+        # what the adapter scored at promotion: 40 of 40 where this was written, 39 on an AVX512-BF16 build host
+        at_promotion = current_promoted(artifact_root / "drifty").item_scores()["cipher"]
+        assert "below the gate floor 0.800" in md["summary"]
+        assert f"promotion-time score {sum(at_promotion) / len(at_promotion):.3f}" in md["summary"]
         # No prompts stage from before the promotion here: what it saw is unknown, the current split is used.
         assert md["fresh_items"] is None and "unknown" in md["item_selection"]["summary"]
 
@@ -257,7 +261,7 @@ def test_drift_below_the_floor_requests_a_retraining_run(tmp_path, artifact_root
         assert req.tags["trigger"] == "drift" and req.tags["drifted_model"] == key
         assert "below the gate floor" in req.tags["trigger_reason"] and req.tags["drift_run"] == result.run_id
         assert set(req.asset_selection) == {AssetKey(["drifty", s]) for s in STAGES}
-        assert req.run_key == f"drift-{md['drift_key']}"
+        assert req.run_key == f"drift-{md['content_key']}"
 
         # A STABLE re-evaluation requests nothing.
         instance.report_runless_asset_event(

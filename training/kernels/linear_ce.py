@@ -132,8 +132,9 @@ def linear_cross_entropy_sum(
 
 def head_weight(model) -> torch.Tensor | None:
     """The LM head's weight when the fused loss can stand in for the head + plain loss, else None: a plain
-    ``nn.Linear`` without bias (not a LoRA-wrapped or quantized head, not a DTensor shard), and no logit
-    soft-capping or scaling in the model's config."""
+    ``nn.Linear`` without bias (not a LoRA-wrapped or quantized head), and no logit soft-capping or scaling in the
+    model's config. Under FSDP2 it is a ``DTensor`` shard between steps; the loss reads it whole, inside the
+    forward (:class:`FusedHead`)."""
     from torch import nn
 
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -146,24 +147,56 @@ def head_weight(model) -> torch.Tensor | None:
     if type(head) is not nn.Linear or head.bias is not None:
         return None
     w = head.weight
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch without DTensor shards nothing
-        DTensor = ()  # noqa: N806
-    if not w.is_floating_point() or isinstance(w, DTensor):
-        return None
-    return w
+    return w if w.is_floating_point() else None
 
 
-def plan(model, device: torch.device, distill: bool, policy: str | bool = "auto") -> tuple[str, torch.Tensor] | None:
-    """``(kind, head weight)`` when the trainer's cross-entropy runs fused, else None (the head + plain loss).
+class FusedHead:
+    """The trainer's fused cross-entropy: ``kind`` (``liger`` or ``chunked``) and how many micro-batches ran it.
+
+    :meth:`loss_sums` computes the loss inside the model's forward, in place of the LM head
+    (``training.head.head_loss``), from the head's input and its weight as the head holds it there. Under FSDP2 that
+    is the whole weight, gathered by the root unit for its forward like the embeddings and the final norm, whatever
+    ``reshard_after_forward`` says (no copy, no all-gather of its own), and the loss is the root's output, so backward
+    gathers the root again before it reaches the final norm. The base is frozen (LoRA): the gradient reaches the
+    LoRA parameters through the head's input, as in a world of one (``tests/training/test_fused_loss_fsdp2.py``).
+    ``micro_batches`` counts the losses that ran fused; the trainer reports it (``summary.json``'s
+    ``fused_cross_entropy``)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.micro_batches = 0
+
+    def loss_sums(self, model, inputs: dict, labels: torch.Tensor, chunk: int | None = None) -> dict:
+        """``training.losses.loss_sums`` for cross-entropy alone (``ce_sum``, ``ce_tokens``) from one forward of
+        ``model`` on ``inputs`` (whose ``logits_to_keep`` and ``labels`` are aligned as ``training.head.compact``
+        makes them), the summed next-token cross-entropy computed by this kernel in place of the LM head."""
+        from training.head import head_loss
+
+        counted = {}
+
+        def loss(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            ce, counted["n"] = linear_cross_entropy_sum(hidden, weight, labels, self.kind, chunk)
+            self.micro_batches += 1
+            return ce
+
+        ce = head_loss(model, inputs, loss)
+        return {"ce_sum": ce, "ce_tokens": counted["n"]}
+
+    def report(self) -> dict:
+        return {"kind": self.kind, "micro_batches": self.micro_batches}
+
+
+def plan(model, device: torch.device, distill: bool, policy: str | bool = "auto") -> FusedHead | None:
+    """The trainer's fused cross-entropy (:class:`FusedHead`), or None for the head + plain loss.
 
     ``policy``: ``auto`` fuses on CUDA only (there the logits are the step's largest activation and Liger's
     kernel is at hand; on a CPU the labelled-positions head already keeps them small, and the plain path is
     what ``benchmarks/train_throughput.py`` measures), True wherever the head allows it (a CPU gets the chunked
-    kernel), False never. Logit distillation keeps the plain path (``training.losses.loss_sums_hidden`` says
-    why), as does a head :func:`head_weight` refuses."""
+    kernel), False never. A head :func:`head_weight` refuses keeps the plain path, and so does logit distillation:
+    its KL needs the student's whole log-softmax at each scored position (the top-k gather and the tail bucket
+    over every other token), which a chunked kernel would have to recompute per chunk with the teacher's top-k;
+    those positions are the labelled ones (``training.head``), a small share of the row, so the logits it keeps
+    are small too. A head sharded by FSDP2 is fused like any other (:class:`FusedHead`)."""
     if policy is False or distill or (policy == "auto" and device.type != "cuda"):
         return None
-    w = head_weight(model)
-    return None if w is None else (backend(device), w)
+    return None if head_weight(model) is None else FusedHead(backend(device))

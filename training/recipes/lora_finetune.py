@@ -38,7 +38,6 @@ Raises
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -172,7 +171,9 @@ class LoraFinetuneRecipe:
         self._old_sigterm = None
         self._out_lock: OutputDirLock | None = None
         self.selector = None  # training.selection: the best checkpoint by held-out loss (training/selection.py)
+        self.compile_auto = None  # training.compile_choice: what `compile: auto` resolved to on a CPU, and why
         self._stopped_at: int | None = None  # early stop: the step at which selection's patience ran out
+        self.teacher_alignment: dict | None = None  # rows aligned by byte offsets: what each part of the loss covers
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -210,6 +211,7 @@ class LoraFinetuneRecipe:
             # a mask inherited blocked (a parent that blocks it while it spawns) would keep the stop from arriving
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
         self.allocator = allocator.in_use()
+        self._resolve_compile()
         self._setup_memory_policy()
         self._setup_data()
         self._check_teacher_tokenizer()
@@ -219,47 +221,85 @@ class LoraFinetuneRecipe:
         self.load_checkpoint()
 
     def _setup_memory_policy(self) -> None:
-        """The activation policy and micro-batch: ``auto`` fields resolved against this device's memory by the
-        planner's rule (campaign_orchestrator.costs.memory_policy; rank 0's choice on every rank), set fields kept.
-        Under torch.compile (``training.compile``) the exact cheap recompute is the compiler's partitioner's job."""
-        from campaign_orchestrator.costs.memory_policy import activation_policy_of, resolved_training
+        """What this trainer runs on its device (:meth:`policy_for`; rank 0's choice on every rank): ``auto``
+        micro-batch and activation policy resolved by the planner's own call, compile, the activation policy."""
+        from campaign_orchestrator.costs.memory_policy import resolved_training
 
-        self.compiled = self.spec.compiling(self.device.type)
-        recompute = self.recompute_cheap and not self.compiled
-        self.memory_policy = None
-        if "auto" in (self.spec.micro_batch_size, self.spec.activation_checkpointing):
-            from campaign_orchestrator.costs.memory import ModelShape
-            from campaign_orchestrator.costs.memory_policy import choose_memory_policy
+        choice = [self.policy_for(self.device)]
+        if self.world > 1:
+            dist.broadcast_object_list(choice, src=0)
+        self.training_policy = p = choice[0]
+        self.memory_policy = p.memory
+        if p.memory is not None:
+            self.spec = resolved_training(self.spec, p.memory)
+        self.compiled = p.compile
+        self.activation_policy = p.activation_policy
+        self.report.log(f"training policy: {p.describe()}")
 
-            dtype = resolve_compute_dtype(self.job.student.quantization.compute_dtype, self.device.type).dtype
-            attention = "eager" if self.job.student.attn_implementation == "eager" else "sdpa"
-            choice = [
-                choose_memory_policy(
-                    ModelShape.from_model_dir(Path(self.job.base_model_path)),
-                    self.job.student,
-                    self.spec,
-                    device_memory_gb=device_memory_gb(self.device),
-                    seq_len=self.spec.max_seq_len,
-                    device_type=self.device.type,
-                    compute_dtype=dtype,
-                    attention=attention,
-                    recompute_cheap=recompute,
-                )
-            ]
-            if self.world > 1:
-                dist.broadcast_object_list(choice, src=0)
-            self.memory_policy = choice[0]
-            self.spec = resolved_training(self.spec, self.memory_policy)
-            m = self.memory_policy
-            self.report.log(
-                f"memory policy: micro-batch {m.micro_batch_size}, activations {m.activation_policy} "
-                f"(chosen: {', '.join(m.chosen)}), estimated peak {m.estimated_peak_gb:.1f} GB of "
-                f"{m.usable_gb:.1f} GB usable on {m.device_memory_gb:.1f} GB"
-                + ("" if m.fits else "; nothing fits the estimate: the leanest choice is tried")
-            )
-        self.activation_policy = activation_policy_of(self.spec.activation_checkpointing, recompute)
-        if self.activation_policy == "recompute" and not recompute:
-            self.activation_policy = "none"
+    def policy_for(self, device: torch.device):
+        """The :class:`~campaign_orchestrator.costs.memory_policy.TrainingPolicy` of this job on ``device``, its
+        inputs derived here as the trainer sees them: the device's memory (``training.model.device_memory_gb``),
+        the compute dtype it resolves to, the allocator this process runs on, and the job's policy terms (the
+        catalog's and the campaign's, as the planner has them); the same call as ``campaign plan``'s."""
+        from campaign_orchestrator.costs.memory import ModelShape
+        from campaign_orchestrator.costs.memory_policy import DEFAULT_HEADROOM, device_facts, resolve_training_policy
+
+        terms = self.job.policy_terms or {}
+        auto = "auto" in (self.spec.micro_batch_size, self.spec.activation_checkpointing)
+        facts = device_facts(terms, device.type, device_memory_gb(device), allocator.in_use())
+        return resolve_training_policy(
+            ModelShape.from_model_dir(Path(self.job.base_model_path)) if auto else None,
+            self.job.student,
+            self.spec,
+            facts,
+            compute_dtype=resolve_compute_dtype(self.job.student.quantization.compute_dtype, device.type).dtype,
+            headroom=float(terms.get("headroom", DEFAULT_HEADROOM)),
+            recompute_available=self.recompute_cheap,
+        )
+
+    def _resolve_compile(self) -> None:
+        """``training.compile: auto`` on a CPU: compiled where ``training.compile_choice`` measures that compiling pays
+        for this run (rank 0 decides, every rank follows); on CUDA ``auto`` keeps ``TrainingSpec.compiling``'s rule."""
+        if self.spec.compile != "auto" or self.device.type != "cpu":
+            return
+        choice = [self._measure_compile() if self.is_main else None]
+        if self.world > 1:
+            dist.broadcast_object_list(choice, src=0)
+        self.compile_auto = choice[0]
+        self.spec = self.spec.model_copy(update={"compile": self.compile_auto.compile})
+        self.report.log(f"compile auto -> {'on' if self.compile_auto.compile else 'off'}: {self.compile_auto.why}")
+
+    def _measure_compile(self):
+        """:func:`training.compile_choice.choose` for this run: micro-steps per rank over the whole run (with
+        ``epochs``, from the dataset's row count) of ``micro_batch_size × max_seq_len`` tokens (an ``auto`` micro-batch
+        counts as one row: the run's work is then underestimated, never over)."""
+        from transformers import AutoConfig
+
+        from training import compile_choice
+
+        spec, student = self.spec, self.job.student
+        unmeasured = None
+        if student.quantization.load_in_4bit:
+            unmeasured = "a 4-bit base is not measured (the probe builds plain layers): eager"
+        elif spec.distillation.loss == "on_policy":
+            unmeasured = "on-policy distillation samples with the same layers, which the probe does not time: eager"
+        if unmeasured:
+            return compile_choice.CompileChoice(False, unmeasured, 0, 0, 0, {}, False)
+        micro = spec.micro_batch_size if isinstance(spec.micro_batch_size, int) else 1
+        steps = spec.max_steps
+        if steps is None:
+            import pyarrow.parquet as pq
+
+            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in data.parquet_files(self.job.dataset_path))
+            steps = max(1, math.ceil(spec.epochs * rows / (micro * self.world * spec.gradient_accumulation_steps)))
+        dtype = getattr(torch, resolve_compute_dtype(student.quantization.compute_dtype, "cpu").dtype)
+        return compile_choice.choose(
+            AutoConfig.from_pretrained(self.job.base_model_path),
+            student,
+            dtype,
+            tokens=micro * spec.max_seq_len,
+            micro_steps=steps * spec.gradient_accumulation_steps,
+        )
 
     def _on_sigterm(self, signum, _frame) -> None:
         self._stop_signal = signum
@@ -303,17 +343,17 @@ class LoraFinetuneRecipe:
 
     def _fit_auto_micro_batch(self, rows: int) -> None:
         """An ``auto`` micro-batch larger than the dataset allows (one step: micro × world × accumulation rows)
-        shrinks to what the rows fill."""
-        m = self.memory_policy
-        if m is None or "micro_batch_size" not in m.chosen:
-            return
-        cap = max(1, rows // (self.world * self.spec.gradient_accumulation_steps))
-        if self.spec.micro_batch_size > cap:
+        shrinks to what the rows fill (``costs.memory_policy.fit_micro_batch``, as the adapter's key has it)."""
+        from campaign_orchestrator.costs.memory_policy import fit_micro_batch
+
+        p = fit_micro_batch(self.training_policy, rows, self.world, self.spec.gradient_accumulation_steps)
+        if p.micro_batch_size != self.spec.micro_batch_size:
             self.report.log(
-                f"memory policy: micro-batch {self.spec.micro_batch_size} lowered to {cap}, what {rows} rows fill"
+                f"memory policy: micro-batch {self.spec.micro_batch_size} lowered to {p.micro_batch_size}, "
+                f"what {rows} rows fill"
             )
-            self.memory_policy = dataclasses.replace(m, micro_batch_size=cap)
-            self.spec = self.spec.model_copy(update={"micro_batch_size": cap})
+            self.training_policy, self.memory_policy = p, p.memory
+            self.spec = self.spec.model_copy(update={"micro_batch_size": p.micro_batch_size})
 
     def _validation_rows(self, model_hash: str):
         """The eval-loss rows: the validation split when the dataset has one, else the training rows."""
@@ -330,13 +370,18 @@ class LoraFinetuneRecipe:
         return val, "validation"
 
     def _load_teacher_topk(self) -> dict[str, Any]:
-        """The teacher's top-k columns as Arrow arrays (compact buffers, decoded per batch by ``take``)."""
+        """The teacher's top-k columns as Arrow arrays (compact buffers, decoded per batch by ``take``); from a
+        teacher of another tokenizer also its alignment columns (``self.teacher_alignment``: what each part of the
+        loss covers over the training rows, for the summary)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        files = data.parquet_files(self.job.dataset_path)
+        xtok = all(losses.TEACHER_ALIGN in pq.read_schema(f).names for f in files)
         cols = [losses.TEACHER_IDS, losses.TEACHER_LOGPROBS]
-        parts: dict[str, list] = {c: [] for c in cols}
-        for f in data.parquet_files(self.job.dataset_path):
+        cols += [losses.TEACHER_ALIGN, losses.TEACHER_SPAN] if xtok else []
+        parts: dict[str, list] = {c: [] for c in [*cols, "labels"]}
+        for f in files:
             names = pq.read_schema(f).names
             if not all(c in names for c in cols):
                 raise TrainingError(
@@ -345,15 +390,21 @@ class LoraFinetuneRecipe:
                     f"writes them when the distillation set has top_logprobs: set teacher.sampling.logprobs; see "
                     f"campaign_orchestrator.dataset.topk), or use loss 'sequence'"
                 )
-            t = pq.read_table(f, columns=cols, memory_map=True)
-            for c in cols:
+            t = pq.read_table(f, columns=[*cols, "labels"] if xtok else cols, memory_map=True)
+            for c in t.column_names:
                 parts[c] += t.column(c).chunks
+        if xtok:
+            from campaign_orchestrator.dataset.xtok import alignment_report
+
+            labels = pa.chunked_array(parts["labels"])
+            self.teacher_alignment = alignment_report(pa.chunked_array(parts[losses.TEACHER_ALIGN]), labels)
         return {c: pa.chunked_array(parts[c]) for c in cols}
 
     @property
     def compares_teacher_tokens(self) -> bool:
-        """Whether the loss compares the teacher's and the student's token ids (one vocabulary needed)."""
-        return self.distill
+        """Whether the loss compares the teacher's and the student's token ids (one vocabulary needed): not from
+        rows aligned by byte offsets (a teacher of another tokenizer, campaign_orchestrator.dataset.xtok)."""
+        return self.distill and self.teacher_alignment is None
 
     def _check_teacher_tokenizer(self) -> None:
         """Logit and on-policy distillation compare token ids: teacher and student must share one vocabulary."""
@@ -424,10 +475,10 @@ class LoraFinetuneRecipe:
             # numerics are those of the sharded path (base units in the compute dtype, LoRA in fp32).
             self.mesh, self.model = None, model
         self.model.train()
-        self.fused_ce = linear_ce.plan(self.model, self.device, self.distill, self.fused_loss)  # (kind, head weight)
+        self.fused_ce = linear_ce.plan(self.model, self.device, self.distill, self.fused_loss)
         self.report.log(
             f"fused kernels: {', '.join(self.liger_applied) or 'none'} (Liger); cross-entropy "
-            f"{self.fused_ce[0] + ' linear' if self.fused_ce else 'on logits'}"
+            f"{self.fused_ce.kind + ' linear' if self.fused_ce else 'on logits'}"
         )
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.moe = moe.MoeMonitor.attach(
@@ -471,22 +522,14 @@ class LoraFinetuneRecipe:
     def _batch(self, idx: list[int]) -> dict[str, torch.Tensor]:
         batch = data.collate(self.rows, idx, self.pad_id)
         if self.distill:
-            t_ids = self.teacher[losses.TEACHER_IDS].take(idx).to_pylist()
-            t_lps = self.teacher[losses.TEACHER_LOGPROBS].take(idx).to_pylist()
-            n, width = batch["input_ids"].shape
-            if n == 1 and len(idx) > 1:  # padding-free collation: the rows laid end to end in one row
-                t_ids, t_lps = [[p for r in t_ids for p in r]], [[p for r in t_lps for p in r]]
-            ids, lps = losses.teacher_topk_tensors(t_ids, t_lps, width)
-            batch[losses.TEACHER_IDS], batch[losses.TEACHER_LOGPROBS] = ids, lps
+            batch |= losses.teacher_batch(self.teacher, idx, tuple(batch["input_ids"].shape))
         if self.moe is not None:
             batch[moe.MASK] = moe.token_mask(batch, [len(self.rows["input_ids"][i]) for i in idx])
         return batch
 
     @staticmethod
     def _kl_token_count(batch: dict[str, torch.Tensor]) -> int:
-        if losses.TEACHER_IDS not in batch:
-            return 0
-        return int(((batch["labels"][:, 1:] != -100) & (batch[losses.TEACHER_IDS][:, 1:, 0] >= 0)).sum())
+        return losses.distill_token_count(batch)
 
     def _scored(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """With ``labelled_head``, the batch the LM head and loss see at the labelled positions only
@@ -496,13 +539,13 @@ class LoraFinetuneRecipe:
         keep, batch = head.compact(batch, LABEL_ALIGNED)
         return batch | {"logits_to_keep": keep}
 
-    def _forward(self, batch: dict[str, torch.Tensor], hidden: bool = False) -> torch.Tensor:
-        """The logits, or with ``hidden`` the LM head's input at the same positions (the head scores none)."""
+    def _forward(self, batch: dict[str, torch.Tensor], fused: linear_ce.FusedHead | None = None):
+        """The logits, or with ``fused`` the cross-entropy sums its kernel computes in place of the LM head."""
         skip = data.NON_MODEL_KEYS | losses.TEACHER_KEYS | moe.BATCH_KEYS
         inputs = {k: v for k, v in batch.items() if k not in skip}
         inputs["use_cache"] = False  # training never reuses a KV cache; building one costs time and memory
-        if hidden:
-            return head.hidden_states(self.model, inputs)
+        if fused is not None:
+            return fused.loss_sums(self.model, inputs, batch["labels"])
         return self.model(**inputs).logits
 
     def _loss_step(
@@ -515,8 +558,7 @@ class LoraFinetuneRecipe:
             self.moe.begin()
         batch = self._scored(batch)
         if self.fused_ce is not None:  # no [tokens x vocab] logits (training.kernels.linear_ce)
-            kind, weight = self.fused_ce
-            sums = losses.loss_sums_hidden(self._forward(batch, hidden=True), weight, batch, kind)
+            sums = self._forward(batch, self.fused_ce)
         else:
             sums = losses.loss_sums(self._forward(batch), batch, self.distill)
         w = self.spec.distillation.kl_weight if self.distill else 0.0
@@ -933,13 +975,16 @@ class LoraFinetuneRecipe:
         return {
             "activation_policy": self.activation_policy,
             "memory_policy": self.memory_policy.as_dict() if self.memory_policy is not None else None,
+            "training_policy": self.training_policy.as_dict(),
             "reshard_after_forward": self.spec.resharding_after_forward if self.mesh is not None else None,
             "compile": self._compile_report(),
+            "fused_cross_entropy": self.fused_ce.report() if self.fused_ce is not None else None,
         }
 
     def _compile_report(self) -> dict:
+        auto = {"auto": self.compile_auto.as_dict()} if self.compile_auto is not None else {}
         if not self.compiled:
-            return {"enabled": False}
+            return {"enabled": False} | auto
         new = [r for r in self.metrics if self.resumed_from is None or r["step"] > self.resumed_from]
         warm = [r for r in new if r.get("compiling")]
         timed = [r for r in new if not r.get("compiling")]
@@ -952,7 +997,7 @@ class LoraFinetuneRecipe:
             "timed_steps": len(timed),
             "timed_seconds": seconds,
             "timed_tokens_per_s": sum(r["tokens"] for r in timed) / seconds if seconds > 0 else None,
-        }
+        } | auto
 
     def cleanup(self, ok: bool = True) -> None:
         self.report.close()

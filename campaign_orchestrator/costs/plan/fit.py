@@ -8,7 +8,7 @@ import math
 
 from campaign_orchestrator.costs.catalog import Catalog, PriceEntry
 from campaign_orchestrator.costs.memory import DTYPE_BYTES, ModelShape, moe_facts, training_memory
-from campaign_orchestrator.costs.memory_policy import plan_memory_policy
+from campaign_orchestrator.costs.memory_policy import device_facts, device_type_of, plan_memory_policy, policy_terms
 from campaign_orchestrator.costs.plan.facts import DataFacts
 from campaign_orchestrator.costs.plan.roofline import compute_dtype_on, packed_rows
 from campaigns.spec import CampaignSpec
@@ -32,10 +32,11 @@ def heap_retention(entry: PriceEntry, spec: CampaignSpec) -> tuple[float, str]:
 def memory_fit(
     spec: CampaignSpec, catalog: Catalog, facts: DataFacts, student: ModelShape
 ) -> tuple[CampaignSpec, dict]:
-    """The campaign with its ``auto`` micro-batch and activation policy resolved for the device's memory (as the
-    trainer resolves them: ``costs.memory_policy``), and the student's training memory per device
-    (``costs.memory.training_memory``'s table, with the allocator, the MoE facts, the memory policy and, where the
-    device's memory is known, whether it fits under ``planner.memory_headroom``)."""
+    """The campaign with its ``auto`` micro-batch and activation policy resolved for the device's memory (by the
+    trainer's own call: ``costs.memory_policy.resolve_training_policy``), and the student's training memory per device
+    (``costs.memory.training_memory``'s table at the rows' estimated length, with the allocator, the MoE facts, what
+    the trainer will run (``training_policy``) and, where the device's memory is known, whether it fits under
+    ``planner.memory_headroom``)."""
     pl = spec.cost.planner
     seq = int(
         math.ceil(
@@ -47,29 +48,18 @@ def memory_fit(
     if spec.dataset.packing:
         seq = spec.training.max_seq_len  # the longest packed row sets the peak
     device = catalog.get(spec.training.hardware)
-    attention = spec.student.attn_implementation
-    if attention == "auto":  # as training.model.attention_kernel resolves it
-        attention = "eager" if device.perf.get("host_measured_peak") and spec.training.max_seq_len <= 512 else "sdpa"
     sdt = compute_dtype_on(spec.student.quantization.compute_dtype, device)
     retention, alloc = heap_retention(device, spec)
-    spec, policy = plan_memory_policy(
-        spec,
-        student,
-        device_memory_gb=device.memory_gb,
-        seq_len=seq,
-        device_type="cpu" if device.perf.get("host_measured_peak") else "cuda",
-        compute_dtype=sdt,
-        headroom=pl.memory_headroom,
-        attention=attention,
-        runtime_gb=float(device.perf.get("runtime_gb", 0.0)),
-        heap_retention=retention,
-    )
-    mem = training_memory(student, spec, seq, sdt, float(device.perf.get("runtime_gb", 0.0)), attention, retention)
+    # what the trainer will run there: its own call, with the inputs the trainer has (costs.memory_policy)
+    on = device_facts(policy_terms(spec, catalog), device_type_of(device), device.memory_gb, alloc)
+    spec, policy = plan_memory_policy(spec, student, on, compute_dtype=sdt, headroom=pl.memory_headroom)
+    mem = training_memory(student, spec, seq, sdt, on.runtime_gb, policy.attention, retention)
     mem["allocator"] = alloc
     mem |= moe_facts(student, spec.student, DTYPE_BYTES[sdt])  # MoE: total vs active parameters, expert tensors
     ckpt = spec.training.activation_checkpointing in (True, "full")
-    if policy is not None:
-        mem["memory_policy"] = policy.as_dict()
+    mem["training_policy"] = policy.as_dict()
+    if policy.memory is not None:
+        mem["memory_policy"] = policy.memory.as_dict()
     if device.memory_gb is not None:
         usable = device.memory_gb * pl.memory_headroom
         mem |= {

@@ -75,6 +75,10 @@ def _memory_lines(m: dict) -> list[str]:
         ("heap kept by the C allocator (CPU)", gb.get("heap_retained", 0.0)),
     ]
     lines += [f"  {name:34s} {_gb(v)}" for name, v in rows]
+    if m.get("training_policy"):  # the trainer's own resolution on this device (costs.memory_policy)
+        from campaign_orchestrator.costs.memory_policy import describe_policy
+
+        lines.insert(1, f"  the trainer will run: {describe_policy(m['training_policy'])}")
     lines += _moe_lines(m)
     lines.append(f"  {'total (no checkpointing)':34s} {_gb(m['total_gb'])}")
     lines.append(f"  {'total (activation checkpointing)':34s} {_gb(m['total_checkpointed_gb'])}")

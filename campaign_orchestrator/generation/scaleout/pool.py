@@ -12,13 +12,17 @@ stage. Either failure names the shard, the worker (node, actor, pid) and the rea
 When ``on_usage`` raises (a budget stop), every worker is killed and the error propagates: what the workers
 finished is in the cache.
 
-**Every paid row is billed once.** A worker writes each answer to its spool as it finishes, with its token
-counts. When a worker is lost, the pool waits for its process to be gone (on this machine), seals its spool into
-the cache itself and counts those rows as the lost attempt's usage: what is left of it after the last progress
-poll goes to ``on_usage`` at once (the budget sees it), and all of it is added to the shard's summary when the
-shard finally finishes, so the shard's cost lines include what its lost attempts were paid for. The retry looks
-the shard's keys up and asks only what the cache still lacks, so no row is billed twice: each is billed by the
-attempt whose spool holds it.
+**Every paid answer is billed, and none twice.** A worker writes each answer to its spool as it finishes, with its
+token counts, and keeps a usage journal of its running shard (``journal.py``): each request before it is sent, with
+its upper bound, and each answer as it is received, before it is handed on. When a worker is lost, the pool waits
+for its process to be gone (on this machine), seals its spool into the cache itself and bills the lost attempt from
+its journal: every answer it received from its usage, every request in flight at the loss at its upper bound
+(paid-unverified: its answer never arrived, so its usage is unknown). What is new since the last progress poll goes
+to ``on_usage`` at once (the budget sees it), and all of it is added to the shard's summary when the shard finally
+finishes, so the shard's cost lines include what its lost attempts were paid for. The retry looks the shard's keys
+up and asks only what the cache still lacks: a spooled answer is billed by the attempt whose spool holds it, and an
+answer that was received but not spooled, or in flight, is asked (and paid) again, so the ledger is never below
+what was served.
 """
 
 from __future__ import annotations
@@ -146,6 +150,8 @@ def _wait_gone(where: dict, timeout_s: float) -> None:
 
 
 USAGE = ("generated", "prompt_tokens", "completion_tokens", "seconds")
+# a lost attempt's requests in flight, billed at their upper bound (journal.py): paid, usage unknown
+UNVERIFIED = ("unverified_requests", "unverified_prompt_tokens", "unverified_completion_tokens")
 
 
 def _lost(e: BaseException) -> bool:
@@ -250,10 +256,14 @@ class ShardPool:
                     time.sleep(0.05)
 
     # ------------------------------------------------------------------ shards
-    def _bill_lost(self, r: _Running, where: dict, cache, paid: dict, usage_delta) -> None:
-        """Seal a lost worker's spool into the cache and count its rows as the lost attempt's usage: the part after
-        its last progress poll to ``on_usage`` (through ``usage_delta``), all of it to ``paid[shard]`` for the
-        shard's summary. The retry then finds those rows cached and does not ask (or bill) them again."""
+    def _bill_lost(self, r: _Running, where: dict, cache, paid: dict, usage_delta, on_usage) -> None:
+        """Bill a lost attempt and seal its worker's spool into the cache (the retry then finds those rows cached and
+        does not ask, or bill, them again). From the attempt's usage journal (``journal.py``) when the worker's node
+        is this machine: every answer it received, from its usage (verified), and every request in flight at the
+        loss at its upper bound (paid-unverified); else from the spool's rows. What is new since the last progress
+        poll goes to ``on_usage`` at once (through ``usage_delta`` for the answers), all of it to ``paid[shard]``
+        for the shard's summary. Answers counted as done (``generated``) are the spooled ones: the others are
+        asked again by the retry."""
         spool = where.get("spool")
         if not spool:
             return
@@ -273,12 +283,44 @@ class ShardPool:
                 "at the end of the stage"
             )
             return
+        tally = None
+        if where.get("host") == os.uname().nodename:
+            from campaign_orchestrator.generation.scaleout.journal import journal_path, read_journal
+
+            path = journal_path(cache.spool_dir, spool, r.shard.id, r.attempt)
+            tally = read_journal(path)
+        if tally is not None:  # every answer received was billed, spooled or not
+            got["prompt_tokens"] = max(got["prompt_tokens"], tally.prompt_tokens)
+            got["completion_tokens"] = max(got["completion_tokens"], tally.completion_tokens)
         seen = dict(r.seen)
         usage_delta(r, {**seen, **{k: max(seen[k], got[k]) for k in got}})
-        carry = paid.setdefault(r.shard.id, dict.fromkeys(USAGE, 0))
+        carry = paid.setdefault(r.shard.id, dict.fromkeys(USAGE + UNVERIFIED, 0))
         for k in got:
             carry[k] += got[k]
         carry["seconds"] += seen["seconds"]  # its generation time up to the last poll
+        if tally is not None and tally.in_flight:
+            carry["unverified_requests"] += tally.in_flight
+            carry["unverified_prompt_tokens"] += tally.bound_prompt_tokens
+            carry["unverified_completion_tokens"] += tally.bound_completion_tokens
+            if on_usage is not None:  # the budget sees what they may have cost; none is answered (the retry asks)
+                on_usage(
+                    {
+                        "generated": 0,
+                        "failed": 0,
+                        "prompt_tokens": tally.bound_prompt_tokens,
+                        "completion_tokens": tally.bound_completion_tokens,
+                        "seconds": 0.0,
+                    }
+                )
+        if tally is not None and (tally.in_flight or tally.answers > got["generated"]):
+            self.log(
+                f"shard {r.shard.id}: the lost worker had {tally.answers - got['generated']} answer(s) received and "
+                f"not in the cache (billed from their usage) and {tally.in_flight} request(s) in flight (billed as "
+                f"paid-unverified at their upper bound: {tally.bound_prompt_tokens} prompt + "
+                f"{tally.bound_completion_tokens} completion tokens); the retry asks them again"
+            )
+        if tally is not None:
+            path.unlink(missing_ok=True)
 
     def run(
         self,
@@ -382,7 +424,7 @@ class ShardPool:
                             f"attempt {r.attempt} of {self.max_shard_retries + 1}"
                         )
                         self._drop(r.worker)
-                        self._bill_lost(r, where, cache, paid, usage_delta)
+                        self._bill_lost(r, where, cache, paid, usage_delta, on_usage)
                         if r.attempt > self.max_shard_retries:
                             raise ShardFailed(r.shard.id, where, reason, r.attempt) from e
                         if before_retry is not None:

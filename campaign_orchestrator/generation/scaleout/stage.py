@@ -45,6 +45,12 @@ class ShardReport:
     lines: list | None = None  # its cost lines as the ledger records them (None: unpriced)
     worker: str = ""
     attempts: int = 0
+    # requests in flight when a worker running the shard was lost (scaleout/journal.py): paid, usage unknown, billed
+    # at their upper bound in lines marked ``verified: false`` (their dollars: ``unverified_usd``, inside ``usd``)
+    unverified_requests: int = 0
+    unverified_prompt_tokens: int = 0
+    unverified_completion_tokens: int = 0
+    unverified_usd: float = 0.0
 
 
 @dataclass
@@ -96,11 +102,24 @@ def stats_from_dict(d: dict) -> GenerationStats:
 
 def price_shard(rep: ShardReport, price: Callable[[dict], list | None] | None) -> None:
     """Price a finished shard's usage (``price(usage)``: its cost lines, None when unpriced); a shard that asked
-    nothing (found in the cache meanwhile) costs nothing."""
-    if price is not None and (rep.generated or rep.failed):
+    nothing (found in the cache meanwhile) costs nothing. Requests in flight when a worker was lost are priced at
+    their upper bound on lines of their own, marked ``verified: false`` (paid, usage unknown); where the price is
+    by time (a local model) their time is in the attempt's seconds already."""
+    if price is not None and (rep.generated or rep.failed or rep.unverified_requests):
         rep.lines = price(
             {"seconds": rep.seconds, "prompt_tokens": rep.prompt_tokens, "completion_tokens": rep.completion_tokens}
         )
+        if rep.lines is not None and rep.unverified_requests:
+            bound = price(
+                {
+                    "seconds": 0.0,
+                    "prompt_tokens": rep.unverified_prompt_tokens,
+                    "completion_tokens": rep.unverified_completion_tokens,
+                }
+            )
+            unverified = [x | {"verified": False} for x in bound or [] if x["usd"]]
+            rep.lines = None if bound is None else rep.lines + unverified
+            rep.unverified_usd = float(sum(x["usd"] for x in unverified))
         rep.usd = None if rep.lines is None else float(sum(x["usd"] for x in rep.lines))
 
 
@@ -197,6 +216,9 @@ class RayExecutor:
             rep.generated, rep.failed = summary["generated"], summary["failed"]
             rep.prompt_tokens, rep.completion_tokens = summary["prompt_tokens"], summary["completion_tokens"]
             rep.seconds, rep.attempts = summary["seconds"], summary["attempt"]
+            rep.unverified_requests = summary.get("unverified_requests", 0)
+            rep.unverified_prompt_tokens = summary.get("unverified_prompt_tokens", 0)
+            rep.unverified_completion_tokens = summary.get("unverified_completion_tokens", 0)
             rep.worker = describe_worker(summary["worker"])
             w = summary["worker"]
             node = f"{w.get('node_ip') or w.get('host', '?')} {(w.get('node_id') or '')[:8]}".strip()
@@ -327,12 +349,12 @@ class KubeRayNotLaunched(RuntimeError):
 def refuse_unlaunched_kuberay(execution) -> None:
     """Refuse ``execution.kuberay`` here: this module runs Ray where its process is (a local cluster or
     ``execution.ray_address``). A stage with ``execution.kuberay`` is launched as a KubeRay RayJob by its Dagster
-    asset (``assets/ray_dispatch.py``), whose driver runs :func:`run_job` inside the cluster; running it on a local
-    cluster instead would not be what the campaign asked for."""
+    asset (the stage's executor, ``stages/executors.py``), whose driver runs :func:`run_job` inside the cluster;
+    running it on a local cluster instead would not be what the campaign asked for."""
     if getattr(execution, "kuberay", None) is not None:
         raise KubeRayNotLaunched(
             "execution.kuberay: this stage runs as a KubeRay RayJob launched by its Dagster asset "
-            "(assets/ray_dispatch.py: the `kuberay` resource), not on a Ray cluster where this process is; to use a "
+            "(stages/executors.py: the `kuberay` resource), not on a Ray cluster where this process is; to use a "
             "running cluster from here, remove execution.kuberay and set execution.ray_address"
         )
 
@@ -410,11 +432,34 @@ def shard_cost_lines(run: RayRun) -> list[dict] | None:
     return out
 
 
+def unverified_summary(run: RayRun) -> dict:
+    """The run's paid-unverified share: requests in flight when a worker was lost, billed at their upper bound
+    (``unverified_requests``, ``unverified_usd``, and ``unverified_share`` of the run's dollars; None: unpriced)."""
+    usd = [r.usd for r in run.shards if r.attempts]
+    total = None if any(u is None for u in usd) else float(sum(usd))
+    unverified = float(sum(r.unverified_usd for r in run.shards))
+    return {
+        "unverified_requests": sum(r.unverified_requests for r in run.shards),
+        "unverified_usd": unverified,
+        "unverified_share": unverified / total if total else (None if total is None else 0.0),
+    }
+
+
+def unverified_text(ray: dict) -> str:
+    """The paid-unverified share of a Ray stage (its ``ray_metadata``), for people."""
+    share = ray.get("unverified_share")
+    return (
+        f"{ray['unverified_requests']} request(s) in flight when a worker was lost, billed at their upper bound: "
+        f"${ray['unverified_usd']:.6f}" + ("" if share is None else f" ({share:.1%} of the stage's bill)")
+    )
+
+
 def ray_metadata(run: RayRun) -> dict:
     """The Ray side of a stage, for its manifest and asset metadata."""
     d = run.as_dict()
     tokens = sum(r.completion_tokens for r in run.shards)
     return {
+        **unverified_summary(run),
         "shards_total": d["shards_total"],
         "shards_done": d["shards_done"],
         "shards_cached": d["shards_cached"],
@@ -435,6 +480,7 @@ def ray_metadata(run: RayRun) -> dict:
                 "usd": r.usd,
                 "worker": r.worker,
                 "attempts": r.attempts,
+                **({"unverified_requests": r.unverified_requests} if r.unverified_requests else {}),
             }
             for r in run.shards
         ],

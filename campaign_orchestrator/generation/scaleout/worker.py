@@ -151,6 +151,11 @@ class GenerationWorker:
 
             buckets = shared_buckets(limits) if limits else (None, None)
             client.buckets = buckets if buckets != (None, None) else None  # the job's buckets, not this worker's
+        journal = None
+        if client is not None and hasattr(client, "journal"):  # what each request may cost and each answer did
+            from campaign_orchestrator.generation.scaleout.journal import UsageJournal, journal_path
+
+            journal = client.journal = UsageJournal(journal_path(cache.spool_dir, self.spool, shard_id, attempt))
         gc = cache.open(shard_rows=max(256, len(requests) + 1), shard_seconds=float("inf"), worker=self.spool)
         found = gc.lookup(r.key for r in requests)
         todo = [r for r in requests if r.key not in found]
@@ -173,7 +178,7 @@ class GenerationWorker:
                 else:
                     prog.failed += 1
                     prog.failed_rows[req.key] = row
-                prog.seconds = time.perf_counter() - t0
+                prog.seconds = time.perf_counter() - t0  # generation up to this answer: the shard's one clock
 
         writer = gc.writer()
         try:
@@ -181,8 +186,14 @@ class GenerationWorker:
                 backend.run(todo, sampling, on_done)
         finally:
             writer.close()  # one Parquet file of the cache for this shard
+            if journal is not None:
+                client.journal = None
+                journal.close()  # the attempt ended here: its usage is in the summary
         with self._lock:
-            if todo:
+            # the shard's seconds are those its progress reported at its last answer, one clock for the polls and the
+            # summary: the driver charges the budget the difference between them, which must be nothing once every
+            # answer was polled (the budget's final charge is made once)
+            if todo and not (prog.generated or prog.failed):
                 prog.seconds = (backend.generate_s - g0) if g0 is not None else time.perf_counter() - t0
             prog.backend_stats = _stats_delta(s0, backend.stats()) if todo else {}
             prog.done = True

@@ -95,6 +95,7 @@ def main(out_file: str, *job_files: str) -> None:
             "sharding": job.training.sharding,
             "mesh": str(t.mesh),
             "grads": grads,
+            "compute_dtype": t.precision.dtype,
         }
         t.optimizer.zero_grad(set_to_none=True)
         ref = reference(job, t) if t.rank == 0 else None

@@ -1,5 +1,5 @@
 """The promoted adapter's ``README.md`` model card (Hugging Face format): the inputs gathered from the campaign's
-stage manifests, rendered by :func:`evaluation.model_card.render_card`. No asset of its own: ``promoted_model``
+stage manifests, rendered by :func:`evaluation.model_card.render_card`. No stage of its own: ``promoted_model``
 calls :func:`write_model_card`."""
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ def _lineage(spec: CampaignSpec, m: dict) -> dict:
     }
 
 
-def card_info(spec: CampaignSpec, storage, evaluation: dict, adapter: dict) -> dict:
-    from evaluation.model_card import teacher_intervals
+def card_info(spec: CampaignSpec, storage, evaluation: dict, adapter: dict, promotion: dict | None = None) -> dict:
+    from evaluation.model_card import spec_facts, teacher_intervals
 
     m = {st: _latest(storage, spec.name, st) for st in ("prompts", "teacher_generations", "distillation_set")}
     m["student_adapter"], m["evaluation"] = adapter, evaluation
     base_card = Path(adapter["base_model_path"]) / "model_card.json"
+    base_card = json.loads(base_card.read_text()) if base_card.exists() else None
     tr, sm = spec.training, adapter.get("summary") or {}
     gate = json.loads(Path(evaluation["gate_path"]).read_text())
     st = spec.evaluation.statistics
@@ -60,7 +61,9 @@ def card_info(spec: CampaignSpec, storage, evaluation: dict, adapter: dict) -> d
         "description": spec.description,
         "candidate_key": adapter["key"],
         "base_model": spec.student.base_model,
-        "base_model_card": json.loads(base_card.read_text()) if base_card.exists() else None,
+        "base_model_card": base_card,
+        **spec_facts(spec, base_card),  # the hub id, suites' scorers, datasets
+        "promotion": promotion,  # promoted_at, run_id
         "lineage": _lineage(spec, m),
         "recipe": {
             "lora": spec.student.lora.model_dump(include={"r", "alpha", "target_modules"}),
@@ -77,9 +80,15 @@ def card_info(spec: CampaignSpec, storage, evaluation: dict, adapter: dict) -> d
     }
 
 
-def write_model_card(spec: CampaignSpec, storage, evaluation: dict, adapter: dict, adapter_dir: Path) -> Path:
+def write_model_card(
+    spec: CampaignSpec, storage, evaluation: dict, adapter: dict, adapter_dir: Path, promotion: dict | None = None
+) -> Path:
     from evaluation.model_card import render_card
+    from evaluation.promotion import portable_json
 
     path = Path(adapter_dir) / "README.md"
-    path.write_text(render_card(card_info(spec, storage, evaluation, adapter)))
+    info = portable_json(
+        card_info(spec, storage, evaluation, adapter, promotion), [storage.root_path(), spec.project_dir]
+    )
+    path.write_text(render_card(info))
     return path

@@ -1,18 +1,18 @@
-"""The asset layer's one door to Ray (assets/ray_dispatch.py) with ``execution.kuberay``, without Kubernetes or Ray:
-the teacher stage and evaluation's answers hand a KubeRay launcher a job file and prompts on the shared volume, and
-get back the rows, statistics and shard reports the job's driver wrote, each shard priced on the Dagster side. The
+"""The stages' KubeRay executor (``stages/executors.py``: ``execution.kuberay``), without Kubernetes or Ray: the
+teacher stage and evaluation's answers hand a KubeRay launcher a job file and prompts on the shared volume, and get
+back the rows, statistics and shard reports the job's driver wrote, each shard priced on the orchestrator's side. The
 launcher here plays the RayJob's driver (tests/resources/test_kuberay_launcher.py and
 tests/scaleout/test_kuberay_stage.py drive the real launcher and the real entry point)."""
 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
 
-from assets.ray_dispatch import KubeRayLaunch
 from campaign_orchestrator.dataset.prompts import read_prompt_table
 from campaign_orchestrator.generation.requests import Sampling
 from campaign_orchestrator.generation.rows import write_generations
@@ -20,8 +20,10 @@ from campaign_orchestrator.generation.runner import GenerationStats
 from campaign_orchestrator.generation.scaleout.job import Job
 from campaign_orchestrator.generation.scaleout.stage import RayRun, ShardReport
 from campaigns.loader import parse_campaign_text
-from resources.pricing import PricingResource
-from resources.storage import ArtifactStore
+from stages.context import StageContext
+from stages.executors import KubeRayJob
+from stages.storage import Store
+from stages.teacher import TeacherModel
 from tests.support import REPO_ROOT
 
 
@@ -116,24 +118,20 @@ def spec(tmp_path):
 
 
 def test_the_teacher_stage_gets_the_jobs_rows_and_prices_each_shard(spec, tmp_path):
-    from assets.teacher_generations import teacher_on_ray
-
-    storage, launcher = ArtifactStore(root=str(tmp_path / "artifacts")), FakeLauncher()
+    ctx, launcher = StageContext(store=Store(root=str(tmp_path / "artifacts"))), FakeLauncher()
     rows = [{"id": f"p{i}", "prompt": f"encode w{i} =", "category": "short"} for i in range(6)]
     done: list[int] = []
     workdir = tmp_path / "artifacts" / spec.name / "teacher_generations" / "k1" / "ray"
-    res, lines, ray_md = teacher_on_ray(
+    executor = KubeRayJob(spec, partial(launcher.launch, None), "teacher_generations", workdir)
+    res, lines, ray_md = executor.teacher(
+        ctx,
         spec,
-        storage,
-        PricingResource(),
+        None,
         rows,
         Sampling(max_new_tokens=16),
-        "/app/artifacts/models/teacher",
-        "w1",
-        "vllm:teacher@w1",
+        TeacherModel(Path("/app/artifacts/models/teacher"), "w1", "vllm:teacher@w1"),
         "teacher_generations",
-        print,
-        launch=KubeRayLaunch(None, launcher, "teacher_generations", workdir),
+        log=print,
         progress=done.append,
     )
     ((stage, job, where),) = launcher.calls
@@ -163,27 +161,17 @@ def test_the_teacher_stage_gets_the_jobs_rows_and_prices_each_shard(spec, tmp_pa
 
 
 def test_evaluation_answers_launch_one_job_per_model_and_length(spec, tmp_path, monkeypatch):
-    import assets.evaluation as ev
+    import stages.evaluation as ev
 
     monkeypatch.setattr(ev, "local_quantization_key", lambda q: {"compute_dtype": "cuda:bfloat16"})  # no torch here
     base = tmp_path / "artifacts" / "models" / "base"
     base.mkdir(parents=True)
     (base / "config.json").write_text("{}")
     adapter = {"key": "a1", "adapter_path": str(tmp_path / "artifacts" / spec.name / "student_adapter" / "a1")}
-    storage, launcher, dtypes = ArtifactStore(root=str(tmp_path / "artifacts")), FakeLauncher(), {}
+    ctx, launcher, dtypes = StageContext(store=Store(root=str(tmp_path / "artifacts"))), FakeLauncher(), {}
     items = tmp_path / "artifacts" / spec.name / "evaluation_items" / "k1" / "ray"
-    generate = ev._ray_answers(
-        spec,
-        storage,
-        "candidate",
-        base,
-        adapter,
-        False,
-        8,
-        print,
-        dtypes,
-        KubeRayLaunch(None, launcher, "evaluation", items),
-    )
+    executor = KubeRayJob(spec, partial(launcher.launch, None), "evaluation", items)
+    generate = executor.answerer(ctx, spec, "candidate", base, adapter, dtypes)()
     outs = generate(["encode ab =", "encode cd ="], 16)
     assert [o.text for o in outs] == ["ENCODE AB =", "ENCODE CD ="] and not any(o.error for o in outs)
     ((stage, job, where),) = launcher.calls
@@ -196,4 +184,4 @@ def test_evaluation_answers_launch_one_job_per_model_and_length(spec, tmp_path, 
         "_answers": {"candidate": {"generated": 2, "from_cache": 0}},
     }
     with pytest.raises(Exception, match="no KubeRay launcher"):  # a kuberay stage never falls back to a local cluster
-        ev._ray_answers(spec, storage, "base", base, None, False, 8, print, dtypes)(["x"], 16)
+        KubeRayJob(spec, None, "evaluation", items).answerer(ctx, spec, "base", base, None, dtypes)()(["x"], 16)

@@ -1,4 +1,4 @@
-"""``lm_eval`` suites in the evaluation and distillation_set assets (shared helper, no asset of its own).
+"""``lm_eval`` suites in the evaluation and distillation_set stages (shared helper, no stage of its own).
 
 - :func:`harness_suites`: each ``kind: lm_eval`` suite with a content-addressed local copy of its
   ``include_path`` (``<artifact root>/_lm_eval_tasks/<sha256>``; ``s3://`` prefixes are downloaded;
@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from campaigns.spec import CampaignSpec, SuiteSpec
-from resources.storage import ArtifactStore
+from stages.storage import Store
 
 TASKS_DIR = "_lm_eval_tasks"
 
@@ -27,7 +27,7 @@ def is_harness(x: SuiteSpec) -> bool:
     return x.kind == "lm_eval"
 
 
-def harness_suites(spec: CampaignSpec, storage: ArtifactStore) -> list:
+def harness_suites(spec: CampaignSpec, storage: Store) -> list:
     from evaluation.harness import HarnessSuite, registry_sha256, task_dir
 
     out = []
@@ -59,9 +59,7 @@ def harness_models(spec: CampaignSpec, adapter: dict, base: Path) -> list:
     return [HarnessModel("base", **common), HarnessModel("candidate", adapter=adapter["adapter_path"], **common)]
 
 
-def gate_documents(
-    spec: CampaignSpec, heldout_rows: list[dict], storage: ArtifactStore, workdir: Path, log=print
-) -> list:
+def gate_documents(spec: CampaignSpec, heldout_rows: list[dict], storage: Store, workdir: Path, log=print) -> list:
     """Every gate suite's documents as ``campaign_orchestrator.dataset.decontamination.SuiteDocs``
     (a harness suite: one entry per task, named ``<suite>/<task>``)."""
     from campaign_orchestrator.dataset.decontamination import SuiteDocs
@@ -85,7 +83,7 @@ def gate_documents(
     return out
 
 
-def gate_documents_identity(spec: CampaignSpec, storage: ArtifactStore, heldout_sha256: str) -> list:
+def gate_documents_identity(spec: CampaignSpec, storage: Store, heldout_sha256: str) -> list:
     """What the gate documents depend on (for the distillation set's content key)."""
     from campaign_orchestrator.content import file_sha256
 

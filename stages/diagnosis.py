@@ -1,4 +1,4 @@
-"""The evaluation asset's diagnosis (no asset of its own): the candidate answers a sample of its training task
+"""The evaluation stage's diagnosis (no stage of its own): the candidate answers a sample of its training task
 items (part of the evaluation stage, billed with it), and :func:`evaluation.diagnosis.campaign_diagnosis` says
 why a candidate fails beside the gate's verdict (memorised, not learned, format drift, forgot, conflicting data)."""
 

@@ -1,0 +1,25 @@
+"""The exceptions a stage raises for its adapter to translate (the Dagster assets turn them into ``Failure``s with
+the same description and metadata; plain callers see them as they are)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StageError(Exception):
+    """A stage refused or failed with a message for people; ``metadata`` says more, ``retry`` False when a retry
+    cannot help (a wrong setting, a budget)."""
+
+    def __init__(self, message: str, *, metadata: dict[str, Any] | None = None, retry: bool = True):
+        super().__init__(message)
+        self.metadata = dict(metadata or {})
+        self.retry = retry
+
+
+class BudgetStopped(StageError):
+    """A budget stop (a ``campaign_orchestrator.costs.budget.BudgetExceeded``, kept as ``budget``): never retried,
+    retrying cannot make money appear. The budget guards of the stages raise it (``stages.pricing``)."""
+
+    def __init__(self, exc):
+        super().__init__(str(exc), metadata=exc.metadata(), retry=False)
+        self.budget = exc
