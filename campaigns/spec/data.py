@@ -93,8 +93,8 @@ class DataSpec(_Strict):
     )
     targets: TargetsSpec = Field(
         TargetsSpec(),
-        description="Whose knowledge the training targets carry: the teacher's answers (default), or only those "
-        "the student's base already gives in its own words (`content: base`: keeps what the student knows).",
+        description="Whose knowledge the training targets carry: the teacher's answers (default), or the student's "
+        "base's own answers in the teacher's short form (`content: base`: keeps what the student knows).",
     )
 
 

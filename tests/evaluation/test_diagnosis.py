@@ -1,7 +1,11 @@
 """evaluation/diagnosis.py on four shrunken planted failures (memorised, not learned, format drift, forgot), a
-clean candidate, and conflicting task/replay data: each names its cause and the recipe change."""
+clean candidate, and conflicting task/replay data: each names its cause and the recipe change; "knew it, lost it"
+and "never knew" on planted cases and on SmolLM2-135M-Instruct's real answers to the facts task."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from evaluation.diagnosis import Context, SuiteItems, conflicts, diagnose
 from evaluation.gate import ItemResult
@@ -176,3 +180,42 @@ def test_conflicting_data_same_prompt_shape_different_answer_formats():
         Context(has_replay=True, conflicts=found),
     )
     assert causes(d) == ["conflicting data"]
+
+
+def real_facts(ids: list[str]) -> SuiteItems:
+    """The facts task as SmolLM2-135M-Instruct answered it (tests/evaluation/data/smollm2_facts_items.json: the
+    baseline's base, candidate and teacher on held-out cities), scored by the suite's scorer, floor 60% as shipped."""
+    from evaluation.scorers import get_scorer
+
+    doc = json.loads((Path(__file__).parent / "data" / "smollm2_facts_items.json").read_text())
+    by = {x["id"]: x for x in doc["items"]}
+    exact = get_scorer("exact_match")
+
+    def rows(role):
+        return [
+            ItemResult(
+                i,
+                "country",
+                by[i][role],
+                exact(by[i][role], by[i]["reference"]),
+                0.1,
+                None,
+                by[i]["prompt"],
+                by[i]["reference"],
+            )
+            for i in doc[ids]
+        ]
+
+    return SuiteItems("facts", rows("candidate"), rows("base"), None, rows("teacher"), min_score=0.6)
+
+
+def test_real_answers_knew_it_lost_it_and_never_knew():
+    # 24 held-out cities: the base's sentences name the country of 22, the trained candidate answers 8 right, 7 of those 22
+    d = diagnose(real_facts("first"), [healthy_general()], None, Context(has_replay=True))
+    assert causes(d) == ["knew it, lost it"]
+    k = d["causes"][0]["knowledge"]
+    assert (k["items"], k["base_knew"], k["candidate_kept"]) == (24, 22, 7) and k["difference"]["lo"] > 0
+    assert "contain the reference on 92% of the 24 items (lenient)" in d["causes"][0]["evidence"]
+    # 12 cities whose country the base's sentence does not name: the candidate's few right answers are no loss
+    d = diagnose(real_facts("base_did_not_name"), [healthy_general()], None, Context(has_replay=True))
+    assert causes(d) == ["never knew"] and d["causes"][0]["knowledge"]["base_lenient"] == 0.0
