@@ -48,6 +48,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "targets_base_mlp": (FACTS, {"student.lora.target_modules": MLP}),
     "targets_base_lr2e-4": (FACTS, {"training.learning_rate": 2.0e-4}),
     "targets_base_agree": (FACTS, {"data.targets.rule": "agree"}),
+    "targets_ref": (FACTS, {"data.targets.rule": "short_form_or_reference"}),
+    "targets_ref_mlp": (FACTS, {"data.targets.rule": "short_form_or_reference", "student.lora.target_modules": MLP}),
     "teacher_mlp": (BASELINE, {"student.lora.target_modules": MLP}),
     "teacher_lr1e-4": (BASELINE, {"training.learning_rate": 1.0e-4}),
 }

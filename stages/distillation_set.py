@@ -59,7 +59,7 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
             refs = {r["id"]: r["reference"] for r in read_prompt_table(prompts["train_path"])}
         score_fn = get_scorer(f.scorer) if f.scorer else None
         kept, counts = filter_generations(rows, FilterRules(**f.model_dump()), refs, score_fn=score_fn)
-        kept, targets, target_lines = with_base_targets(spec, ctx, kept)
+        kept, targets, target_lines = with_base_targets(spec, ctx, kept, prompts)
         kept, replay, replay_lines = with_replay(spec, ctx, kept)
         kept, contamination = _decontaminate(spec, kept, prompts, ctx, sd)
         path = _write_distillation(kept, sd.ensure() / "distillation.parquet")
@@ -194,10 +194,11 @@ def base_identity(spec: CampaignSpec, storage: Store) -> str:
     return answer_identity(spec, storage.resolve_model(spec.student.base_model, spec.project_dir), None)[0]
 
 
-def with_base_targets(spec: CampaignSpec, ctx, kept: list[dict]):
+def with_base_targets(spec: CampaignSpec, ctx, kept: list[dict], prompts: dict):
     """``(rows, summary, cost lines)``: with ``data.targets.content: base``, the task rows with targets built from the
     base's own answers to their prompts (``campaign_orchestrator/dataset/targets.py``; the base answers them as it
-    answers replay prompts); the rows as they are, no summary, else."""
+    answers replay prompts; ``prompts``: the prompts stage's manifest, whose training references are the task's
+    answer set); the rows as they are, no summary, else."""
     if not targets_from_base(spec):
         return kept, None, []
     from campaign_orchestrator.dataset.targets import base_targets
@@ -211,7 +212,12 @@ def with_base_targets(spec: CampaignSpec, ctx, kept: list[dict]):
         st = res.stats
         return res.rows, lines, {"generated": st.generated, "cache_hits": st.cache_hits, "seconds": st.generate_s}
 
-    return base_targets(kept, answer, normalize_answer, t.rule, ctx.log.info)
+    references: list[str] = []
+    if t.rule == "short_form_or_reference":  # the task's answer set: the training prompts' references
+        from campaign_orchestrator.dataset.prompts import read_prompt_table
+
+        references = sorted({r["reference"] for r in read_prompt_table(prompts["train_path"]) if r.get("reference")})
+    return base_targets(kept, answer, normalize_answer, t.rule, ctx.log.info, references)
 
 
 def answer_replay(spec: CampaignSpec, ctx, task_rows: int):

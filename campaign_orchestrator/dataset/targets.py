@@ -15,6 +15,11 @@ in the teacher's short form. The teacher's short forms are the answers it gave a
   words; the earliest one when it names several), written as the teacher writes it: "The city of Leuven is in the
   French region of France" gives ``france``, whatever the teacher answered for Leuven. Rows whose base answer names
   none of the teacher's short forms are dropped (``unnamed``).
+* ``rule: short_form_or_reference``: the same, with the task's own answer set in the vocabulary too: the references
+  of the training prompts (``reference`` in the prompt file) the teacher never gave, as the data writes them. A
+  weak teacher's vocabulary misses answers the base knows ("argentina" when the teacher never said it): with the
+  task's labels those rows keep the base's answer instead of being dropped. The target is still what the base
+  names, never the row's own reference unless the base names it.
 * ``rule: agree``: only the rows whose own teacher answer the base's answer names are kept; the others are dropped
   (``disagree``).
 
@@ -29,20 +34,26 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 EXAMPLES = 5  # changed and dropped rows shown in the summary
-RULES = ("short_form", "agree")
+RULES = ("short_form", "short_form_or_reference", "agree")
 
 Normalize = Callable[[str], str]
 
 
-def short_forms(rows: Sequence[dict], normalize: Normalize) -> dict[str, str]:
-    """The teacher's vocabulary: each normalized answer -> the way the teacher writes it most often."""
+def short_forms(rows: Sequence[dict], normalize: Normalize, references: Sequence[str] = ()) -> dict[str, str]:
+    """The teacher's vocabulary: each normalized answer -> the way the teacher writes it most often; then the task's
+    ``references`` the teacher never gave, as the data writes them."""
     seen: dict[str, Counter] = {}
     for r in rows:
         text = (r.get("completion") or "").strip()
         key = normalize(text)
         if key:
             seen.setdefault(key, Counter())[text] += 1
-    return {k: c.most_common(1)[0][0] for k, c in seen.items()}
+    forms = {k: c.most_common(1)[0][0] for k, c in seen.items()}
+    for ref in references:
+        key = normalize(ref or "")
+        if key and key not in forms:
+            forms[key] = ref.strip()
+    return forms
 
 
 def named(answer: str, forms: dict[str, str], normalize: Normalize) -> str | None:
@@ -57,14 +68,18 @@ def named(answer: str, forms: dict[str, str], normalize: Normalize) -> str | Non
 
 
 def build(
-    rows: Sequence[dict], base_answers: dict[str, str], normalize: Normalize, rule: str = "short_form"
+    rows: Sequence[dict],
+    base_answers: dict[str, str],
+    normalize: Normalize,
+    rule: str = "short_form",
+    references: Sequence[str] = (),
 ) -> tuple[list[dict], dict]:
     """``(rows, summary)``: the task rows with the targets built from the base's answers (``base_answers``: prompt
     -> answer) under ``rule``; the summary counts the kept rows, how many targets differ from the teacher's own
     answer (``changed``), the dropped (``unnamed`` / ``disagree``; ``unanswered``: no base answer) and shows a few."""
     if rule not in RULES:
         raise ValueError(f"data.targets.rule must be one of {RULES}, got {rule!r}")
-    forms = short_forms(rows, normalize)
+    forms = short_forms(rows, normalize, references if rule == "short_form_or_reference" else ())
     kept, changed, dropped, unanswered = [], [], [], 0
     for r in rows:
         said = base_answers.get(r["prompt"])
@@ -72,7 +87,7 @@ def build(
             unanswered += 1
             continue
         own = normalize(r.get("completion") or "")
-        if rule == "short_form":
+        if rule != "agree":
             key = named(said, forms, normalize)
         else:
             key = own if own and f" {own} " in f" {normalize(said)} " else None
@@ -88,7 +103,7 @@ def build(
         "input": len(rows),
         "kept": len(kept),
         "changed": len(changed),
-        "unnamed" if rule == "short_form" else "disagree": len(dropped),
+        "disagree" if rule == "agree" else "unnamed": len(dropped),
         "unanswered": unanswered,
         "short_forms": len(forms),
         "kept_fraction": len(kept) / max(1, len(rows)),
@@ -108,14 +123,15 @@ def base_targets(
     normalize: Normalize,
     rule: str = "short_form",
     log=None,
+    references: Sequence[str] = (),
 ) -> tuple[list[dict], dict, list[dict]]:
     """``(rows, summary, cost lines)``: the filtered task rows with targets built from the base's own answers to
     their prompts (``answer(prompts)`` -> (generation rows, cost lines, generation stats): the asset's local engine
-    and cache), each prompt asked once."""
+    and cache), each prompt asked once; ``references``: the task's answer set (``rule: short_form_or_reference``)."""
     prompts = list({r["prompt"]: {"id": str(r["id"]), "prompt": r["prompt"]} for r in rows}.values())
     answered, lines, stats = answer(prompts)
     said = {g["prompt"]: g.get("completion") or "" for g in answered if not g.get("error")}
-    kept, summary = build(rows, said, normalize, rule)
+    kept, summary = build(rows, said, normalize, rule, references)
     summary |= stats | {"usd": sum(x["usd"] for x in lines)}
     if log is not None:
         log(

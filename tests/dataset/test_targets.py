@@ -66,3 +66,15 @@ def test_agree_keeps_only_the_teachers_answers_the_base_names():
     assert (s["kept"], s["changed"], s["disagree"], s["unanswered"]) == (3, 0, 2, 1)
     with pytest.raises(ValueError, match="data.targets.rule"):
         build(rows(), said(), normalize_answer, "vote")
+
+
+def test_short_form_or_reference_adds_the_tasks_answer_set():
+    # the teacher never said "poland": with the task's references in the vocabulary, Krakow keeps the base's answer
+    base = said() | {"In which country is the city of Krakow?": "The city of Krakow is located in southern Poland."}
+    refs = ["france", "germany", "poland", "Japan", "portugal"]
+    kept, s = build(rows(), base, normalize_answer, "short_form_or_reference", refs)
+    got = {r["prompt"].split()[-1].rstrip("?"): r["completion"] for r in kept}
+    assert got["Krakow"] == "poland" and got["Osaka"] == "Japan."  # the teacher's spelling first
+    assert (s["kept"], s["unnamed"], s["short_forms"]) == (5, 0, 6)
+    # the references count only under this rule
+    assert "Krakow" not in {r["prompt"].split()[-1].rstrip("?") for r in build(rows(), base, normalize_answer)[0]}
