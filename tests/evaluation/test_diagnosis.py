@@ -210,7 +210,7 @@ def real_facts(ids: list[str]) -> SuiteItems:
 
 
 def test_real_answers_knew_it_lost_it_and_never_knew():
-    # 24 held-out cities: the base's sentences name the country of 22, the trained candidate answers 8 right, 7 of those 22
+    # 24 held-out cities: the base's sentences name the country of 22; the candidate answers 8 right, 7 of those
     d = diagnose(real_facts("first"), [healthy_general()], None, Context(has_replay=True))
     assert causes(d) == ["knew it, lost it"]
     k = d["causes"][0]["knowledge"]
