@@ -50,6 +50,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "targets_base_agree": (FACTS, {"data.targets.rule": "agree"}),
     "targets_ref": (FACTS, {"data.targets.rule": "short_form_or_reference"}),
     "targets_ref_mlp": (FACTS, {"data.targets.rule": "short_form_or_reference", "student.lora.target_modules": MLP}),
+    "targets_ref_mlp_6ep": (
+        FACTS,
+        {"data.targets.rule": "short_form_or_reference", "student.lora.target_modules": MLP, "training.epochs": 6},
+    ),
     "teacher_mlp": (BASELINE, {"student.lora.target_modules": MLP}),
     "teacher_lr1e-4": (BASELINE, {"training.learning_rate": 1.0e-4}),
 }

@@ -17,8 +17,10 @@ The rules (the measurements behind each threshold: docs/real-model.md, "Recipe c
   margin each way; 0 trains nothing.
 * ``heldout_size``: every suite's items >= the gate's ``min_items`` (fewer is INCONCLUSIVE whatever is trained).
 * ``keep_knowledge``: the campaign's last evaluation diagnosed "knew it, lost it" (``evaluation/diagnosis.py``: the
-  base's own answers held the task's content, the candidate lost it) and the recipe still trains on the teacher's
-  answers: set ``data.targets.content: base`` (the measurements: docs/results.md, "Keeping what the student knows").
+  base's own answers held the task's content, the candidate lost it) and the recipe lacks part of the setting that
+  kept it best on the facts task: targets from the base's own answers (``data.targets.content: base``, rule
+  ``short_form_or_reference``) and LoRA on the MLP too (the measurements: docs/results.md, "Keeping what the student
+  knows").
 """
 
 from __future__ import annotations
@@ -75,10 +77,34 @@ def teacher_is_base(spec) -> bool:
     return t.backend != "openai" and t.model == s.base_model and t.revision == s.revision
 
 
+# the MLP's linear layers as LoRA targets name them (Llama/Qwen/SmolLM2; OPT/Phi; GPT-2; Mixtral's experts)
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2", "c_fc", "w1", "w2", "w3")
+
+
 def keeps_knowledge(spec) -> bool:
     """The training targets carry the student's own answers (``data.targets.content: base``)."""
     t = getattr(spec.data, "targets", None)
     return t is not None and t.content == "base"
+
+
+def lora_on_mlp(spec) -> bool:
+    """LoRA adapts the MLP too (where models keep most of what they know), not the attention alone."""
+    return any(m.rsplit(".", 1)[-1] in MLP_MODULES for m in spec.student.lora.target_modules)
+
+
+def keep_knowledge_changes(spec) -> list[str]:
+    """What the recipe lacks of the setting measured to keep what the student knows (docs/results.md, "Keeping what
+    the student knows"): targets from the base's own answers, LoRA on the MLP too."""
+    out = []
+    if not keeps_knowledge(spec):
+        out.append(
+            "data.targets: {content: base, rule: short_form_or_reference} (each target is the student's own answer "
+            "put in the teacher's format; the rule also takes the prompts' references as short forms, use "
+            "short_form when they have none)"
+        )
+    if not lora_on_mlp(spec):
+        out.append("student.lora.target_modules with the MLP too (gate_proj, up_proj, down_proj: the default)")
+    return out
 
 
 def latest_diagnosis(campaign_dir: str | Path) -> list[dict]:
@@ -183,7 +209,8 @@ def check_recipe(spec, facts: RecipeFacts, diagnosis: list[dict] | None = None) 
             )
         )
     lost = next((c for c in diagnosis or [] if c.get("cause") == "knew it, lost it"), None)
-    if lost is not None and not keeps_knowledge(spec):
+    missing = keep_knowledge_changes(spec) if lost is not None else []
+    if missing:
         k = lost.get("knowledge") or {}
         out.append(
             Finding(
@@ -192,10 +219,8 @@ def check_recipe(spec, facts: RecipeFacts, diagnosis: list[dict] | None = None) 
                 (
                     f"the last evaluation found the student knew the task's content and lost it: the base's own "
                     f"answers held {k.get('base_lenient', 0):.0%} of it (lenient), the candidate answered "
-                    f"{k.get('candidate_strict', 0):.0%} (strict); trained on the teacher's answers, the student "
-                    "learns the format and loses the recall. Set data.targets.content: base, so each target is the "
-                    "student's own answer put in the teacher's format (docs/real-model.md, \"Keeping what the "
-                    'student knows")'
+                    f"{k.get('candidate_strict', 0):.0%} (strict): the student learned the format and lost the "
+                    f'recall. Set {"; and ".join(missing)} (docs/real-model.md, "Keeping what the student knows")'
                 ),
             )
         )

@@ -47,13 +47,15 @@ FORGOT_DROP = 0.05
 CONFLICT_RATIO = 2.0
 EXAMPLES = 3  # items shown as evidence of "knew it, lost it"
 KEEP_KNOWLEDGE_FIX = (
-    "keep what the student knows: set data.targets.content: base, so the training targets are the student's own "
-    "answers put in the teacher's format instead of the teacher's answers (docs/real-model.md, \"Keeping what the "
-    'student knows")'
+    "keep what the student knows: set data.targets: {content: base, rule: short_form_or_reference}, so the training "
+    "targets are the student's own answers put in the teacher's format instead of the teacher's answers, and train "
+    "LoRA on the MLP too (student.lora.target_modules: gate_proj, up_proj, down_proj besides the attention) "
+    '(docs/real-model.md, "Keeping what the student knows")'
 )
 KEEP_KNOWLEDGE_FIX_ON = (
-    "data.targets.content: base is on already: fewer steps or a lower learning rate, LoRA on the MLP as well, "
-    "and keep the best checkpoint (training.selection)"
+    "data.targets.content: base is on already: LoRA on the MLP too if it is not, rule: short_form_or_reference where "
+    "the prompts carry references, and more epochs while the kept checkpoint is the last one (docs/results.md, "
+    '"Keeping what the student knows")'
 )
 
 _WORD = re.compile(r"\w+")

@@ -109,7 +109,13 @@ def test_keep_knowledge_after_a_knew_it_lost_it_diagnosis(tmp_path):
     assert diagnosis == [LOST] and latest_diagnosis(tmp_path / "never-evaluated") == []
     f = {x.check: x for x in check_recipe(spec(), GOOD, diagnosis)}["keep_knowledge"]
     assert f.value == 0.77 and "held 77% of it (lenient)" in f.message and "answered 0% (strict)" in f.message
-    assert "data.targets.content: base" in f.message
+    assert "data.targets: {content: base, rule: short_form_or_reference}" in f.message
+    assert "target_modules" not in f.message  # LoRA on the MLP already (the default target modules)
+    # targets from the base, but LoRA on the attention alone (smollm2_api's choice): the MLP part only
+    attention = BASE.replace("lora: {r: 8, alpha: 16}", "lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}")
+    half = spec(attention.replace("  replay:", "  targets: {content: base}\n  replay:"))
+    f = {x.check: x for x in check_recipe(half, GOOD, diagnosis)}["keep_knowledge"]
+    assert "target_modules with the MLP too" in f.message and "data.targets" not in f.message
     # the setting on: silent; other causes ("never knew" needs facts, not this setting): silent
     on = spec(BASE.replace("  replay:", "  targets: {content: base}\n  replay:"))
     assert "keep_knowledge" not in {x.check for x in check_recipe(on, GOOD, diagnosis)}
