@@ -2,8 +2,8 @@
 
 Each variant is ``campaign run`` of a campaign file as a user runs it (``benchmarks/record_run.py``: a fresh process,
 the transcript, the cost report, the host): ``baseline`` is ``campaigns/smollm2_facts_baseline.yaml``
-(``smollm2_api.yaml``'s recipe on the facts task), ``targets_base`` is ``campaigns/smollm2_facts.yaml``
-(``data.targets.content: base``), and the others change one or two settings of one of those two, written to
+(``smollm2_api.yaml``'s recipe on the facts task), ``facts`` is ``campaigns/smollm2_facts.yaml`` (the recipe kept),
+and the others change one to three settings of the baseline, written to
 ``<artifacts>/_variants/<name>.yaml`` (relative paths resolve from the repository, as the shipped files' do). The
 teacher server must be running, as for ``smollm2_api.yaml``:
 
@@ -41,18 +41,22 @@ from record_run import ROOT_MARK, _campaign, host, latest_report  # noqa: E402
 
 BASELINE, FACTS = "smollm2_facts_baseline.yaml", "smollm2_facts.yaml"
 MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# name -> (shipped campaign file, settings changed: dotted path -> value)
+BASE_TARGETS = {"content": "base"}
+REF_TARGETS = {"content": "base", "rule": "short_form_or_reference"}
+# name -> (shipped campaign file, settings changed: dotted path -> value). ``facts`` is the shipped example (the
+# baseline with ``targets_ref_mlp``'s two changes); the others are the baseline with what they name changed.
 VARIANTS: dict[str, tuple[str, dict]] = {
     "baseline": (BASELINE, {}),
-    "targets_base": (FACTS, {}),
-    "targets_base_mlp": (FACTS, {"student.lora.target_modules": MLP}),
-    "targets_base_lr2e-4": (FACTS, {"training.learning_rate": 2.0e-4}),
-    "targets_base_agree": (FACTS, {"data.targets.rule": "agree"}),
-    "targets_ref": (FACTS, {"data.targets.rule": "short_form_or_reference"}),
-    "targets_ref_mlp": (FACTS, {"data.targets.rule": "short_form_or_reference", "student.lora.target_modules": MLP}),
+    "facts": (FACTS, {}),
+    "targets_base": (BASELINE, {"data.targets": BASE_TARGETS}),
+    "targets_base_mlp": (BASELINE, {"data.targets": BASE_TARGETS, "student.lora.target_modules": MLP}),
+    "targets_base_lr2e-4": (BASELINE, {"data.targets": BASE_TARGETS, "training.learning_rate": 2.0e-4}),
+    "targets_base_agree": (BASELINE, {"data.targets": BASE_TARGETS | {"rule": "agree"}}),
+    "targets_ref": (BASELINE, {"data.targets": REF_TARGETS}),
+    "targets_ref_mlp": (BASELINE, {"data.targets": REF_TARGETS, "student.lora.target_modules": MLP}),
     "targets_ref_mlp_6ep": (
-        FACTS,
-        {"data.targets.rule": "short_form_or_reference", "student.lora.target_modules": MLP, "training.epochs": 6},
+        BASELINE,
+        {"data.targets": REF_TARGETS, "student.lora.target_modules": MLP, "training.epochs": 6},
     ),
     "teacher_mlp": (BASELINE, {"student.lora.target_modules": MLP}),
     "teacher_lr1e-4": (BASELINE, {"training.learning_rate": 1.0e-4}),
