@@ -1,4 +1,4 @@
-"""Generation on Ray (``execution.engine: ray``) against the same stage in one process, ratios from one run.
+"""Generation on Ray (``execution.executor: ray``) against the same stage in one process, ratios from one run.
 
     python benchmarks/ray_generation.py [--endpoint-prompts 480] [--latency-ms 200] [--concurrency 4]
                                         [--local-prompts 2000] [--max-new-tokens 4] [--skip-local]
@@ -131,7 +131,7 @@ def local(a) -> dict:
         "shard_prompts": shard,
     }
 
-    # in process: 1 worker x 2 threads (the stage as engine: local runs it)
+    # in process: 1 worker x 2 threads (the stage as executor: local runs it)
     import torch
 
     torch.set_num_threads(2)

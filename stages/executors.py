@@ -2,8 +2,8 @@
 or a KubeRay RayJob. The teacher stage, the teacher's scoring in evaluation and the evaluated models' answers all
 ask the executor they are given the same way, and get rows, cost lines and statistics of the same shape.
 
-- :class:`InProcess` (``execution.engine: local``): the generation loop here, through the generation cache.
-- :class:`RayPool` (``execution.engine: ray`` without ``execution.kuberay``): the prompts as shards on a Ray actor
+- :class:`InProcess` (``execution.executor: local``): the generation loop here, through the generation cache.
+- :class:`RayPool` (``execution.executor: ray`` without ``execution.kuberay``): the prompts as shards on a Ray actor
   pool (:func:`campaign_orchestrator.generation.scaleout.stage.run_on_ray`: a local cluster the stage starts and
   stops, or the cluster at ``execution.ray_address``); the workers write the same generation cache.
 - :class:`KubeRayJob` (``execution.kuberay`` set): a KubeRay ``RayJob`` the stage launches through the context's
@@ -32,9 +32,9 @@ from stages.teacher import TeacherModel, ask_kwargs, teacher_usage
 def executor_for(spec: CampaignSpec, stage: str, ctx, workdir: Path | None = None):
     """The executor of ``stage``'s generation work: :class:`InProcess`, :class:`RayPool` or :class:`KubeRayJob`
     (its job files under ``workdir``, launched with ``ctx.kuberay``). The one place that reads
-    ``execution.engine`` and ``execution.kuberay``."""
+    ``execution.executor`` and ``execution.kuberay``."""
     ex = spec.execution
-    if ex.engine != "ray":
+    if ex.executor != "ray":
         return InProcess()
     if ex.kuberay is None:
         return RayPool(ex)
@@ -57,7 +57,7 @@ def cache_config(store, identity: str, sampling):
 
 
 class InProcess:
-    """Generation in this process (``execution.engine: local``)."""
+    """Generation in this process (``execution.executor: local``)."""
 
     def at(self, sub: str) -> InProcess:
         return self
@@ -137,7 +137,7 @@ class InProcess:
 
 
 class RayPool(InProcess):
-    """Shards on a Ray actor pool here or at ``execution.ray_address`` (``execution.engine: ray``)."""
+    """Shards on a Ray actor pool here or at ``execution.ray_address`` (``execution.executor: ray``)."""
 
     def __init__(self, execution):
         self.execution = execution

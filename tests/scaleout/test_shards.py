@@ -138,12 +138,12 @@ def test_run_on_ray_refuses_a_kuberay_stage_and_the_stages_launch_it_instead():
     from stages.context import StageContext
     from stages.executors import InProcess, KubeRayJob, RayPool, executor_for
 
-    execution = SimpleNamespace(kuberay=SimpleNamespace(), ray_address=None, engine="ray")
+    execution = SimpleNamespace(kuberay=SimpleNamespace(), ray_address=None, executor="ray")
     with pytest.raises(KubeRayNotLaunched, match="launched by its Dagster asset"):
         run_on_ray(execution, [{"id": "0", "prompt": "x"}], None, "id", None, None, log=print)
     kuberay = SimpleNamespace(name="c", execution=execution)
-    pool = SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None, ray_address=None, engine="ray"))
-    local = SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None, ray_address=None, engine="local"))
+    pool = SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None, ray_address=None, executor="ray"))
+    local = SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None, ray_address=None, executor="local"))
     assert type(executor_for(local, "answers", StageContext())) is InProcess
     assert type(executor_for(pool, "answers", StageContext())) is RayPool
     assert executor_for(pool, "answers", StageContext()).runner("answers") is run_on_ray

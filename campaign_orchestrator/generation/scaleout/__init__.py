@@ -1,4 +1,4 @@
-"""Generation stages on a Ray cluster (``execution.engine: ray``): shards on an actor pool, resumable per shard.
+"""Generation stages on a Ray cluster (``execution.executor: ray``): shards on an actor pool, resumable per shard.
 
 A stage's distinct requests are split into **shards by content hash** (:mod:`.shards`: the requests sorted by
 key, cut every ``execution.shard_prompts``; a shard's id hashes its request keys, so a re-run of the same
