@@ -138,7 +138,7 @@ def local(a) -> dict:
     weights = weights_identity(model)
     t0 = time.perf_counter()
     backend = make_backend(spec, model, weights_id=weights)
-    backend.generator  # noqa: B018 - load now
+    backend.local_model  # noqa: B018 - load now
     out["in_process_load_s"] = round(time.perf_counter() - t0, 2)
     ident = spec_identity(spec, model, weights)
     d = tempfile.mkdtemp(prefix="raybench-")

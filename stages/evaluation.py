@@ -316,7 +316,7 @@ def _answerers(
 
 def local_quantization_key(q) -> dict:
     """The student's quantization settings as they key local answers, ``compute_dtype`` resolved for this host
-    (``<device kind>:<dtype>``: the models load where ``LocalGenerator`` puts them), never ``auto``."""
+    (``<device kind>:<dtype>``: the models load where ``LocalModel`` puts them), never ``auto``."""
     from campaign_orchestrator.hardware import key_precision
 
     return q.model_dump() | {"compute_dtype": key_precision(q.compute_dtype)}

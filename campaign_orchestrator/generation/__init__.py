@@ -6,7 +6,7 @@ through this package.
 - :mod:`.requests`: requests and their cache keys (teacher identity, sampling, prompt, sample index);
   :mod:`.completion`: what every engine returns for one request; :mod:`.rows`: the Parquet schema of the
   generation table, including ``top_logprobs``.
-- :mod:`.local`: the :class:`~.local.LocalGenerator` a local model answers with, over the engines of
+- :mod:`.local`: the :class:`~.local.LocalModel` a local model answers with, over the engines of
   :mod:`.engines`, one module each (the continuous engine, ``generate``, transformers' ``generate_batch``, vLLM),
   ``auto`` choosing among them by a measured probe (:mod:`.auto`); :mod:`.openai_client`: any OpenAI-compatible
   endpoint. :mod:`.backends` puts them behind one interface (``transformers``, ``vllm``, ``openai``) and

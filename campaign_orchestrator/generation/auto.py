@@ -216,7 +216,7 @@ def choose(
     log: Callable[[str], None] | None = None,
     prefix: list[int] | None = None,
 ) -> tuple[str | None, dict]:
-    """The engine ``auto`` runs for ``gen`` (a LocalGenerator) and a request (``needs_topk``), and the record:
+    """The engine ``auto`` runs for ``gen`` (a LocalModel) and a request (``needs_topk``), and the record:
     measured once per host, device, dtype, model shape and ``prefix`` length (the shared prefix of the prompts
     being answered, put before every probe prompt; cached: the first process measures under a lock beside the
     cache file, so every process of a host runs the same engine), then read."""

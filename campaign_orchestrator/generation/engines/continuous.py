@@ -92,7 +92,7 @@ def _slab_layer_class() -> type:
 
 
 class ContinuousEngine:
-    """The continuous greedy engine over ``gen`` (a :class:`~campaign_orchestrator.generation.local.LocalGenerator`:
+    """The continuous greedy engine over ``gen`` (a :class:`~campaign_orchestrator.generation.local.LocalModel`:
     its model, tokenizer, batch settings; ``gen.last_stats`` and ``gen.last_shared_prefix`` report each call)."""
 
     name = "continuous"

@@ -3,7 +3,7 @@
 names what runs), ``max_logprobs`` set to the top-k asked for.
 
 Two users: :class:`VLLMEngine`, the ``vllm`` engine of a :class:`~campaign_orchestrator.generation.local.
-LocalGenerator` (evaluation's candidate and base answers, drift, on-policy sampling: a candidate's adapter goes
+LocalModel` (evaluation's candidate and base answers, drift, on-policy sampling: a candidate's adapter goes
 to vLLM as a LoRA request on the base), and the teacher's ``vllm`` backend
 (:class:`~campaign_orchestrator.generation.backends.VLLMBackend`), which builds its engine with
 :func:`engine_args`. vLLM is imported only when an engine starts: ``pip install '.[vllm]'`` on a GPU image, or
@@ -237,7 +237,7 @@ def vllm_completion(
 
 
 class VLLMEngine:
-    """The ``vllm`` engine of a :class:`~campaign_orchestrator.generation.local.LocalGenerator` built from paths
+    """The ``vllm`` engine of a :class:`~campaign_orchestrator.generation.local.LocalModel` built from paths
     (``gen.source``: the base checkpoint and the adapter): prompts go to vLLM as the token ids every engine gets
     (rendered alike), greedy, with the generator's stop ids. The engine starts on the first call, in the
     generator's dtype, and again only when a call asks for more top-k than it was started with. It is a

@@ -43,7 +43,7 @@ class AnswerRecipe:
         from campaign_orchestrator.generation.backends import TransformersBackend
 
         return TransformersBackend(
-            self.generator.model_dir, self.model, self.identity, generator=self.generator.build()
+            self.generator.model_dir, self.model, self.identity, local_model=self.generator.build()
         )
 
 

@@ -120,7 +120,7 @@ class GenerationWorker:
 
                 gc.collect()
                 backend = recipe.build()
-                getattr(backend, "generator", None)  # a local model loads now, not inside a shard's clock
+                getattr(backend, "local_model", None)  # a local model loads now, not inside a shard's clock
                 if self.threads and "torch" in sys.modules:
                     sys.modules["torch"].set_num_threads(self.threads)
                 self.backend, self.recipe = backend, recipe
