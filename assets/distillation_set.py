@@ -84,6 +84,9 @@ def distillation_metadata(m: dict, reused: bool) -> dict:
                 "replay_cache_hits": r.get("cache_hits", 0),
                 "replay": MetadataValue.json(r),
             }
+    t = m.get("targets")
+    if t:  # data.targets.content: base
+        md |= {"targets_kept": t["kept"], "targets_changed": t["changed"], "targets": MetadataValue.json(t)}
     dec = m.get("decontamination")
     if dec is not None:
         md |= {"contaminated_rows": dec["contaminated_rows"], "decontamination": MetadataValue.json(dec)}

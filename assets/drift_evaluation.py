@@ -1,19 +1,7 @@
-"""drift_evaluation: the promoted model re-scored on the freshest held-out data (``stages/drift_evaluation.py``).
-
-Run by the campaign's drift schedule (``<campaign>_drift``), never by the campaign job. It scores the
-promoted model through the campaign's evaluation backend (locally, or through the endpoint after
-checking it serves this adapter), is priced like evaluation and checked against the campaign's
-budget (ledger asset ``drift_evaluation``), and compares the fresh scores with the promotion-time
-ones on an unpaired interval (``evaluation/drift.py``). Its metadata carries the verdict (DRIFTED /
-STABLE / INCONCLUSIVE) and the reasons; the
-``<campaign>_drift_retrain`` sensor turns a DRIFTED verdict into a retraining run.
-
-The items are the held-out rows (the campaign's hash rule) of prompts the promoted model never
-saw: every ``prompts`` stage committed before its ``promoted_at`` is what it may have seen. Too
-few of them (under the gate's ``min_items``) are topped up with its own promotion-time held-out
-items, newest file first; an item it may have trained on is never used. Which files and how many
-fresh items were used is in the manifest, ``drift.json`` and the metadata (``item_selection``).
-"""
+"""drift_evaluation: the Dagster asset of ``stages/drift_evaluation.py`` (the promoted model re-scored on the
+freshest held-out data; what it scores, prices and compares is in that module's docstring). Run by the campaign's
+drift schedule (``<campaign>_drift``), never by the campaign job; its metadata carries the verdict and reasons, and
+the ``<campaign>_drift_retrain`` sensor turns a DRIFTED verdict into a retraining run."""
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 

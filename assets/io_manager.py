@@ -45,7 +45,7 @@ class ManifestIOManager(ConfigurableIOManager):
             manifest=manifest,
             attempt=context.step_context.previous_attempt_count,
         )
-        context.add_output_metadata(ledger_metadata(res, context.run_id))
+        context.add_output_metadata(ledger_metadata(res, context.run_id, manifest.get("cost_unknown")))
 
     def load_input(self, context: InputContext) -> dict:
         key = list(context.asset_key.path)
@@ -57,13 +57,14 @@ class ManifestIOManager(ConfigurableIOManager):
         return json.loads(p.read_text())
 
 
-def ledger_metadata(res: dict, run_id: str) -> dict:
+def ledger_metadata(res: dict, run_id: str, unknown: str | None = None) -> dict:
     """What the ledger knows better than the stage (``res``: ``Ledger.record_stage``'s answer), over the stage's
     own metadata (``assets/common.base_metadata``; these keys win): whether the output is reused, from which run,
-    and, for an output that cost something, who paid: this run, or another one (then nothing in this run)."""
+    and, for an output that cost something, who paid: this run, or another one (then nothing in this run). An output
+    whose cost is ``unknown`` (an unpriced teacher's work) keeps the stage's "unknown" over the priced part."""
     md = reused_metadata(res["produced_by"], run_id)
     paid_by = res.get("lines_paid_by") or res["produced_by"]  # the run that paid for the lines the output carries
-    if res["production_usd"] > 0:
+    if res["production_usd"] > 0 and not unknown:
         paid_here = res["spent_usd"] > 0 or paid_by == run_id
         note = "" if paid_here else f" (paid in run {paid_by[:8]}; nothing in this run)"
         md["cost"] = dollars(res["production_usd"]) + note

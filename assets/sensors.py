@@ -239,7 +239,7 @@ def drift_retrain_sensor(spec: CampaignSpec, job_name: str):
         # One request per (promoted model, fresh data): a drift that persists on the same data
         # does not retrain again and again; new data gives a new key.
         return RunRequest(
-            run_key=f"drift-{md['drift_key']}",
+            run_key=f"drift-{md['content_key']}",
             asset_selection=stage_keys(spec),
             tags=trigger_tags(
                 spec, "drift", reason, drifted_model=str(md["promoted_key"]), drift_run=asset_event.run_id

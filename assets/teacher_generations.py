@@ -16,17 +16,25 @@ from stages import teacher_generations as stage
 
 
 def build(spec: CampaignSpec):
-    t = spec.teacher
+    t, ts = spec.teacher, spec.teachers
+    about = (
+        f"Teacher `{t.model}` ({t.backend}) answers every training prompt "
+        f"(n={t.sampling.n}, content-addressed cache: never paid for twice)."
+        if not spec.several_teachers
+        else "Teachers "
+        + ", ".join(f"`{e.name}` ({e.backend} `{e.model}`: {', '.join(e.categories or ['the rest'])})" for e in ts)
+        + " answer the training prompts of their categories (each its own content-addressed cache: never paid "
+        "for twice)."
+    )
 
     @asset(
         key=key(spec, "teacher_generations"),
         group_name=spec.name,
-        kinds={"parquet", "python" if t.api else "pytorch"},
+        kinds={"parquet", *("python" if e.api else "pytorch" for e in ts)},
         ins={"prompts": AssetIn(key(spec, "prompts"))},
-        deps=model_deps(t.model),
+        deps=model_deps(*dict.fromkeys(e.model for e in ts)),
         pool="teacher",
-        description=f"Teacher `{t.model}` ({t.backend}) answers every training prompt "
-        f"(n={t.sampling.n}, content-addressed cache: never paid for twice).",
+        description=about,
     )
     def teacher_generations(
         context: AssetExecutionContext,
@@ -59,6 +67,10 @@ def generations_metadata(m: dict, reused: bool) -> dict:
     }
     if st.get("compute_dtype"):
         md["compute_dtype"] = st["compute_dtype"]
+    if m.get("teachers"):  # several teachers: each one's categories, rows, new generations, cache hits, dollars
+        md["teachers"] = MetadataValue.json(m["teachers"])
+    if m.get("stopped_teachers"):  # stopped by their budget share, the others went on
+        md["stopped_teachers"] = MetadataValue.json(m["stopped_teachers"])
     if reused:
         return md
     md |= {
@@ -72,6 +84,8 @@ def generations_metadata(m: dict, reused: bool) -> dict:
         "tokens_per_s": st["tokens_per_s"],
         "generate_seconds": st["generate_s"],
     }
+    for name, r in (m.get("ray_teachers") or {}).items():  # several teachers on Ray: each one's shards
+        md[f"shards {name}"] = f"{r['shards_done']}/{r['shards_total']}"
     if m.get("ray"):  # shards done/total, per-node work, lost workers, per-shard tokens/seconds/dollars
         r = m["ray"]
         md |= {

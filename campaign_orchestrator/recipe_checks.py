@@ -16,12 +16,19 @@ The rules (the measurements behind each threshold: docs/real-model.md, "Recipe c
   [``MIN_LORA_LR_SCALE``, ``MAX_LORA_LR_SCALE``]: the range the shipped campaigns train well in, with a tenfold
   margin each way; 0 trains nothing.
 * ``heldout_size``: every suite's items >= the gate's ``min_items`` (fewer is INCONCLUSIVE whatever is trained).
+* ``keep_knowledge``: the campaign's last evaluation diagnosed "knew it, lost it" (``evaluation/diagnosis.py``: the
+  base's own answers held the task's content, the candidate lost it) and the recipe lacks part of the setting that
+  kept it best on the facts task: targets from the base's own answers (``data.targets.content: base``, rule
+  ``short_form_or_reference``) and LoRA on the MLP too (the measurements: docs/results.md, "Keeping what the student
+  knows").
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 MIN_STEPS = 30
 MIN_EXAMPLES_PER_STEP = 4
@@ -66,12 +73,52 @@ def regression_suites(spec) -> list[str]:
 
 
 def teacher_is_base(spec) -> bool:
-    t, s = spec.teacher, spec.student
-    return t.backend != "openai" and t.model == s.base_model and t.revision == s.revision
+    """The teacher is the student's base (several teachers: every one is)."""
+    s = spec.student
+    return all(t.backend != "openai" and t.model == s.base_model and t.revision == s.revision for t in spec.teachers)
 
 
-def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
-    """Every check that fails, each with its number, why it matters and what to change (empty: none fails)."""
+# the MLP's linear layers as LoRA targets name them (Llama/Qwen/SmolLM2; OPT/Phi; GPT-2; Mixtral's experts)
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2", "c_fc", "w1", "w2", "w3")
+
+
+def keeps_knowledge(spec) -> bool:
+    """The training targets carry the student's own answers (``data.targets.content: base``)."""
+    t = getattr(spec.data, "targets", None)
+    return t is not None and t.content == "base"
+
+
+def lora_on_mlp(spec) -> bool:
+    """LoRA adapts the MLP too (where models keep most of what they know), not the attention alone."""
+    return any(m.rsplit(".", 1)[-1] in MLP_MODULES for m in spec.student.lora.target_modules)
+
+
+def keep_knowledge_changes(spec) -> list[str]:
+    """What the recipe lacks of the setting measured to keep what the student knows (docs/results.md, "Keeping what
+    the student knows"): targets from the base's own answers, LoRA on the MLP too."""
+    out = []
+    if not keeps_knowledge(spec):
+        out.append(
+            "data.targets: {content: base, rule: short_form_or_reference} (each target is the student's own answer "
+            "put in the teacher's format; the rule also takes the prompts' references as short forms, use "
+            "short_form when they have none)"
+        )
+    if not lora_on_mlp(spec):
+        out.append("student.lora.target_modules with the MLP too (gate_proj, up_proj, down_proj: the default)")
+    return out
+
+
+def latest_diagnosis(campaign_dir: str | Path) -> list[dict]:
+    """The causes of the campaign's latest judged evaluation (``<campaign dir>/evaluation/LATEST.json``; empty when
+    it was never evaluated)."""
+    p = Path(campaign_dir) / "evaluation" / "LATEST.json"
+    return list(json.loads(p.read_text()).get("diagnosis") or []) if p.exists() else []
+
+
+def check_recipe(spec, facts: RecipeFacts, diagnosis: list[dict] | None = None) -> list[Finding]:
+    """Every check that fails, each with its number, why it matters and what to change (empty: none fails);
+    ``diagnosis``: the causes of the campaign's last evaluation (:func:`latest_diagnosis`), for the checks that
+    learn from it."""
     tr, out = spec.training, []
     examples = facts.task_examples + facts.replay_examples
     per_row = examples / max(1.0, facts.rows)
@@ -159,6 +206,22 @@ def check_recipe(spec, facts: RecipeFacts) -> list[Finding]:
                         else f"above {MAX_LORA_LR_SCALE:g}, LoRA updates this large overwrite what the base knew; "
                         f"lower learning_rate to <= {MAX_LORA_LR_SCALE * lo.r / lo.alpha:.2g}"
                     )
+                ),
+            )
+        )
+    lost = next((c for c in diagnosis or [] if c.get("cause") == "knew it, lost it"), None)
+    missing = keep_knowledge_changes(spec) if lost is not None else []
+    if missing:
+        k = lost.get("knowledge") or {}
+        out.append(
+            Finding(
+                "keep_knowledge",
+                round(float(k.get("base_lenient") or 0.0), 3),
+                (
+                    f"the last evaluation found the student knew the task's content and lost it: the base's own "
+                    f"answers held {k.get('base_lenient', 0):.0%} of it (lenient), the candidate answered "
+                    f"{k.get('candidate_strict', 0):.0%} (strict): the student learned the format and lost the "
+                    f'recall. Set {"; and ".join(missing)} (docs/real-model.md, "Keeping what the student knows")'
                 ),
             )
         )

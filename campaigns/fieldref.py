@@ -101,6 +101,7 @@ def render() -> str:
     lines = [HEADER]
     queue: list[tuple[str, type[BaseModel]]] = [("", CampaignSpec)]
     seen: set[str] = set()
+    documented: dict[type[BaseModel], str] = {}
     while queue:
         prefix, model = queue.pop(0)
         if prefix in seen:
@@ -111,15 +112,22 @@ def render() -> str:
         doc = (model.__doc__ or "").strip().split("\n\n")[0]
         if doc:
             lines += [_cell(doc), ""]
+        fields = model.model_fields
+        parent = documented.get(model.__mro__[1])
+        if parent is not None:  # a model that extends a documented one (a list entry of `teacher`): what it adds
+            lines += [f"Every field of `{parent}`, and:", ""]
+            fields = {n: f for n, f in fields.items() if n not in model.__mro__[1].model_fields}
+        documented[model] = prefix
         lines += ["| field | type | default | description |", "|---|---|---|---|"]
         nested = []
-        for name, f in model.model_fields.items():
+        for name, f in fields.items():
             key = f.alias or name
             subs = _models_in(f.annotation)
             about = f.description or (subs and (subs[0].__doc__ or "").strip().split("\n\n")[0]) or ""
             lines.append(f"| `{key}` | {_cell(_type_name(f.annotation))} | {_cell(_default(f))} | {_cell(about)} |")
-            for sub in subs:
-                nested.append((f"{prefix}.{key}" if prefix else key, sub))
+            base = f"{prefix}.{key}" if prefix else key
+            for i, sub in enumerate(subs):  # a field that is a model or a list of another (`teacher`): `name[]`
+                nested.append((base if i == 0 else f"{base}[]", sub))
         queue.extend(nested)
     return "\n".join(lines) + "\n"
 

@@ -24,7 +24,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from campaigns import paths
-from campaigns.spec import CampaignSpec
+from campaigns.spec import TEACHER_FORMS, CampaignSpec
+from campaigns.spec.common import FieldValueError
 
 
 @dataclass(frozen=True)
@@ -94,23 +95,49 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class that owns the last element of ``loc`` (for listing allowed keys)."""
     model: Any = CampaignSpec
-    for part in loc[:-1]:
+    for i, part in enumerate(loc[:-1]):
         if isinstance(part, int):
             continue
         if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
             return None
         ann = model.model_fields[part].annotation
-        model = _unwrap(ann)
+        model = _unwrap(ann, listed=isinstance(loc[i + 1], int))
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def _unwrap(ann: Any) -> Any:
-    for _ in range(4):
-        args = [a for a in get_args(ann) if a is not type(None)]
-        if get_origin(ann) is None or not args:
-            return ann
-        ann = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), args[0])
-    return ann
+def _unwrap(ann: Any, listed: bool = False) -> Any:
+    """The model an annotation holds (``X``, ``X | None``, ``list[X]``, ``dict[str, X]``); ``listed``: the
+    location goes on with an index, so where a field may be a model or a list of models (``teacher``), the list's."""
+    from typing import Annotated, Union
+
+    def leaves(a: Any) -> list[Any]:
+        origin = get_origin(a)
+        if origin is Annotated:
+            return leaves(get_args(a)[0])
+        if origin is Union or type(a).__name__ == "UnionType":
+            return [x for arg in get_args(a) if arg is not type(None) for x in leaves(arg)]
+        return [a]
+
+    options = leaves(ann)
+    if listed:
+        options = [o for o in options if get_origin(o) is list] or options
+    for o in options:
+        inner = o
+        for _ in range(4):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                return inner
+            args = [a for a in get_args(inner) if a is not type(None)]
+            if not args:
+                break
+            inner = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), args[-1])
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            return inner
+    return options[0] if options else ann
+
+
+def _without_forms(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A pydantic location without the tag of the form a field was written in (``teacher``: a mapping or a list)."""
+    return tuple(p for i, p in enumerate(loc) if not (i == 1 and loc[0] == "teacher" and p in TEACHER_FORMS))
 
 
 def did_you_mean(word: str, choices) -> str:
@@ -185,6 +212,15 @@ def _catalog_keys(data: dict, project_dir: Path) -> tuple[dict[str, Any] | None,
 CATALOG_FIELDS = (("teacher", "hardware"), ("teacher", "price"), ("training", "hardware"), ("training", "cpu_hardware"))
 
 
+def _catalog_fields(data: dict) -> list[tuple[Any, ...]]:
+    """:data:`CATALOG_FIELDS`, each teacher's own when ``teacher:`` is a list."""
+    teachers = _get(data, "teacher")
+    if not isinstance(teachers, list):
+        return list(CATALOG_FIELDS)
+    out = [loc for loc in CATALOG_FIELDS if loc[0] != "teacher"]
+    return [("teacher", i, f) for i in range(len(teachers)) for f in ("hardware", "price")] + out
+
+
 def file_problems(data: dict, root: yaml.Node | None, project_dir: Path) -> list[FieldProblem]:
     """What a campaign file names that is not there: data sources and suite files that match no file,
     pricing-catalog keys (hardware, teacher price, overrides) the catalog does not have."""
@@ -220,7 +256,7 @@ def file_problems(data: dict, root: yaml.Node | None, project_dir: Path) -> list
     if keys is None:
         out.append(FieldProblem("cost.catalog", _line_of(root, ("cost", "catalog")), why or ""))
         return out
-    named = [(loc, _get(data, *loc)) for loc in CATALOG_FIELDS]
+    named = [(loc, _get(data, *loc)) for loc in _catalog_fields(data)]
     named += [(("cost", "overrides", k), k) for k in (_get(data, "cost", "overrides") or {})]
     for loc, value in named:
         if isinstance(value, str) and value != "unpriced" and value not in keys:
@@ -240,22 +276,33 @@ def _logprobs_problems(data: dict, root: yaml.Node | None, entries: dict[str, An
     """Logit distillation from an API teacher whose pricing-catalog entry says it returns no top-k
     log-probabilities, or fewer than asked (``top_logprobs``): refused here, before the teacher is paid. An entry
     that does not say is not refused (the client stops at the first answer without them)."""
-    if _get(data, "training", "distillation", "loss") != "logits" or _get(data, "teacher", "backend") != "openai":
+    teachers = _get(data, "teacher")
+    if isinstance(teachers, list):
+        return [p for i in range(len(teachers)) for p in _logprobs_problem(data, root, entries, ("teacher", i))]
+    return _logprobs_problem(data, root, entries, ("teacher",))
+
+
+def _logprobs_problem(
+    data: dict, root: yaml.Node | None, entries: dict[str, Any], at: tuple[Any, ...]
+) -> list[FieldProblem]:
+    """:func:`_logprobs_problems` of the teacher section at ``at``."""
+    if _get(data, "training", "distillation", "loss") != "logits" or _get(data, *at, "backend") != "openai":
         return []
-    price, k = _get(data, "teacher", "price"), _get(data, "teacher", "sampling", "logprobs")
+    price, k = _get(data, *at, "price"), _get(data, *at, "sampling", "logprobs")
     entry = entries.get(price) if isinstance(price, str) else None
     cap = entry.get("top_logprobs") if isinstance(entry, dict) else None
     if not isinstance(cap, int) or not isinstance(k, int) or k <= cap:
         return []
     if cap == 0:
         loc: tuple[Any, ...] = ("training", "distillation", "loss")
+        who = "the teacher's" if len(at) == 1 else f"teacher {_get(data, *at, 'name')}'s"
         msg = (
-            f"'logits' needs the teacher's top-k log-probabilities, but its API returns none (pricing-catalog entry "
+            f"'logits' needs {who} top-k log-probabilities, but its API returns none (pricing-catalog entry "
             f"{price!r}: top_logprobs: 0); nothing to distil from: write `loss: sequence` (and remove "
-            "teacher.sampling.logprobs), or use a teacher that returns log-probabilities"
+            f"{_dotted((*at, 'sampling', 'logprobs'))}), or use a teacher that returns log-probabilities"
         )
     else:
-        loc = ("teacher", "sampling", "logprobs")
+        loc = (*at, "sampling", "logprobs")
         msg = (
             f"asks for the top {k} log-probabilities, but the teacher's API returns at most {cap} (pricing-catalog "
             f"entry {price!r}: top_logprobs: {cap}): write `logprobs: {cap}` or less"
@@ -266,7 +313,11 @@ def _logprobs_problems(data: dict, root: yaml.Node | None, entries: dict[str, An
 def _problems(exc: ValidationError, root: yaml.Node | None) -> list[FieldProblem]:
     out = []
     for err in exc.errors():
-        loc = tuple(err["loc"])
+        loc = _without_forms(tuple(err["loc"]))
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldValueError):  # a campaign-wide rule that names the field it is broken at
+            out.append(FieldProblem(_dotted(cause.loc), _line_of(root, cause.loc), str(cause)))
+            continue
         dotted = _dotted(loc)
         kind = err["type"]
         if kind == "extra_forbidden":

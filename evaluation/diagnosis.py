@@ -6,10 +6,17 @@ Causes, checked in this order (thresholds below, each a named constant):
 * **memorised**: the candidate scores ``MEMORISED_GAP`` (0.3) or more higher on a sample of its own training items
   than on the held-out task items, and at least ``LEARNED`` (0.5) on the training items. Fix: more distinct task
   prompts, fewer epochs, keep the best checkpoint by held-out loss (``training.selection``).
-* **not learned**: below ``LEARNED`` on the held-out task items *and* on its training items. With the right answer
-  format on at least half of the items (``format_ok``: as many words as the reference, give or take a third) it is
-  "the right format, the wrong content" (the knowledge did not come with the format: more task data per fact, more
-  epochs, or a student that knows the facts); otherwise nothing was learned (too few steps, too low a learning rate).
+* **knew it, lost it** / **never knew**: the candidate fails the task (below ``LEARNED``, or below the task suite's
+  score floor) with the right answer format on at least half of the items (``format_ok``: as many words as the
+  reference, give or take a third). Did the student know the content before? The base's own free-form answers to
+  the task items are scored leniently (the reference appears in the answer as a whole word: ``contains_answer``)
+  and paired with the candidate's strict scores: when the paired interval of base-lenient minus candidate-strict
+  excludes 0, the base knew what the candidate lost ("knew it, lost it": the fine-tune taught the format and broke
+  the recall; fix: ``data.targets.content: base``, targets built from the student's own answers in the teacher's
+  format). Otherwise the base never knew it ("never knew": a distillation carries a format, not facts the student
+  lacks; fix: more examples per fact, or a student that knows them).
+* **not learned**: below ``LEARNED`` on the held-out task items *and* on its training items, and the answer format
+  is not there either (too few steps, too low a learning rate).
 * **format drift**: the candidate's empty outputs exceed the base's by ``EMPTY_DRIFT`` (5 points), or its median
   answer length on a guard suite moved beyond ``LENGTH_DRIFT`` (x2 or /2) of the base's. Fix: replay, fewer steps or
   a lower learning rate, the end-of-turn token in the training rows.
@@ -29,12 +36,27 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from evaluation.gate import StatsPolicy
+from evaluation.scorers import contains_answer
+
 MEMORISED_GAP = 0.3
 LEARNED = 0.5
 EMPTY_DRIFT = 0.05
 LENGTH_DRIFT = 2.0
 FORGOT_DROP = 0.05
 CONFLICT_RATIO = 2.0
+EXAMPLES = 3  # items shown as evidence of "knew it, lost it"
+KEEP_KNOWLEDGE_FIX = (
+    "keep what the student knows: set data.targets: {content: base, rule: short_form_or_reference}, so the training "
+    "targets are the student's own answers put in the teacher's format instead of the teacher's answers, and train "
+    "LoRA on the MLP too (student.lora.target_modules: gate_proj, up_proj, down_proj besides the attention) "
+    '(docs/real-model.md, "Keeping what the student knows")'
+)
+KEEP_KNOWLEDGE_FIX_ON = (
+    "data.targets.content: base is on already: LoRA on the MLP too if it is not, rule: short_form_or_reference where "
+    "the prompts carry references, and more epochs while the kept checkpoint is the last one (docs/results.md, "
+    '"Keeping what the student knows")'
+)
 
 _WORD = re.compile(r"\w+")
 
@@ -57,12 +79,15 @@ def mean(xs: Sequence[float]) -> float | None:
 
 @dataclass
 class SuiteItems:
-    """One suite's item results per role (objects with ``category``, ``output``, ``score``, ``reference``)."""
+    """One suite's item results per role (objects with ``item_id``, ``category``, ``output``, ``score``,
+    ``reference``, ``prompt``); ``min_score``: the suite's score floor in the gate (None: none)."""
 
     name: str
     candidate: list
     base: list
     max_regression: float | None = None
+    teacher: list | None = None
+    min_score: float | None = None
 
 
 @dataclass
@@ -73,6 +98,8 @@ class Context:
     teacher_is_base: bool = False
     replay_share: float | None = None
     conflicts: list[dict] = field(default_factory=list)
+    keeps_knowledge: bool = False  # data.targets.content: base is on already
+    stats: StatsPolicy = field(default_factory=StatsPolicy)  # the campaign's interval method for the paired checks
 
 
 def _score(items) -> float | None:
@@ -97,29 +124,8 @@ def diagnose(task: SuiteItems, guards: Sequence[SuiteItems], train_sample: Seque
                 "held-out loss (training.selection.rule: best_heldout_loss)",
             }
         )
-    elif held is not None and held < LEARNED and (train is None or train < LEARNED):
-        fmt = mean([float(format_ok(i.output, i.reference)) for i in task.candidate])
-        where = f"{held:.0%} held-out" + (f", {train:.0%} on its training items" if train is not None else "")
-        if fmt is not None and fmt >= 0.5:
-            causes.append(
-                {
-                    "cause": "not learned: the right format, the wrong content",
-                    "evidence": (f"{task.name}: {where}; {fmt:.0%} of the answers have the reference's format"),
-                    "fix": "the format came without the knowledge: more task examples per fact, more epochs, or a "
-                    "student that already knows the facts",
-                }
-            )
-        else:
-            causes.append(
-                {
-                    "cause": "not learned",
-                    "evidence": f"{task.name}: {where}; {(fmt or 0):.0%} of the answers have the reference's format",
-                    "fix": (
-                        "too little training to learn the answer format: raise training.epochs (see the recipe checks: "
-                        "optimizer steps) or the learning rate"
-                    ),
-                }
-            )
+    else:
+        causes += _task_failure(task, held, train, ctx)
     for s in [task, *guards]:
         ce = mean([float(not i.output.strip()) for i in s.candidate]) or 0.0
         be = mean([float(not i.output.strip()) for i in s.base]) or 0.0
@@ -180,6 +186,125 @@ def diagnose(task: SuiteItems, guards: Sequence[SuiteItems], train_sample: Seque
             }
         )
     return {"causes": causes, "markdown": markdown(causes)}
+
+
+def knowledge(task: SuiteItems, sp: StatsPolicy) -> dict | None:
+    """Did the base know the task's content? Per item (paired by id): the base's own free-form answer scored
+    leniently (the reference appears in it as a whole word, ``contains_answer``) against the candidate's strict
+    score; the paired interval of base-lenient minus candidate-strict, the items the base knew and how many of
+    those the candidate answers right, and a few the candidate lost (None: no paired item with a reference)."""
+    from evaluation.stats import paired_difference
+
+    base = {i.item_id: i for i in task.base}
+    teacher = {i.item_id: i for i in task.teacher or []}
+    pairs = [
+        (base[c.item_id], c)
+        for c in task.candidate
+        if c.item_id in base and c.score is not None and (c.reference or base[c.item_id].reference)
+    ]
+    if not pairs:
+        return None
+    lenient = [contains_answer(b.output, b.reference or c.reference) for b, c in pairs]
+    strict = [float(c.score) for _, c in pairs]
+    iv = paired_difference(lenient, strict, sp.confidence, sp.method, sp.resamples, sp.seed)
+    known = [k for k, x in enumerate(lenient) if x]
+    lost = [k for k in known if strict[k] < 1.0]
+    taught = [teacher[pairs[k][1].item_id] for k in lost if pairs[k][1].item_id in teacher]
+    return {
+        "items": len(pairs),
+        "base_lenient": mean(lenient),
+        "candidate_strict": mean(strict),
+        "difference": iv.as_dict(),
+        "knew": iv.defined and iv.lo > 0,
+        "base_knew": len(known),
+        "candidate_kept": len(known) - len(lost),
+        "teacher_right_on_lost": sum(float(t.score or 0.0) >= 1.0 for t in taught) if taught else None,
+        "teacher_scored_lost": len(taught),
+        "examples": [
+            {
+                "prompt": pairs[k][1].prompt,
+                "reference": pairs[k][1].reference or pairs[k][0].reference,
+                "base": pairs[k][0].output,
+                "candidate": pairs[k][1].output,
+            }
+            for k in lost[:EXAMPLES]
+        ],
+    }
+
+
+def _task_failure(task: SuiteItems, held: float | None, train: float | None, ctx: Context) -> list[dict]:
+    """Why the candidate fails the task when it did not memorise it: it knew the content and lost it, it never
+    knew it, or it did not learn the answer format."""
+    if held is None:
+        return []
+    floor = max(LEARNED, task.min_score or 0.0)
+    if held >= floor:
+        return []
+    fmt = mean([float(format_ok(i.output, i.reference)) for i in task.candidate]) or 0.0
+    where = f"{held:.0%} held-out" + (f", {train:.0%} on its training items" if train is not None else "")
+    if fmt < 0.5:
+        if held >= LEARNED or (train is not None and train >= LEARNED):
+            return []
+        return [
+            {
+                "cause": "not learned",
+                "evidence": f"{task.name}: {where}; {fmt:.0%} of the answers have the reference's format",
+                "fix": (
+                    "too little training to learn the answer format: raise training.epochs (see the recipe checks: "
+                    "optimizer steps) or the learning rate"
+                ),
+            }
+        ]
+    k = knowledge(task, ctx.stats)
+    if k is None:
+        return []
+    d = k["difference"]
+    interval = f"{d['estimate'] * 100:+.1f} pts [{d['lo'] * 100:+.1f}, {d['hi'] * 100:+.1f}]"
+    scores = (
+        f"{task.name}: the base's own answers contain the reference on {k['base_lenient']:.0%} of the "
+        f"{k['items']} items (lenient), the candidate answers {k['candidate_strict']:.0%} right (strict); "
+        f"base-lenient minus candidate-strict {interval}"
+    )
+    if k["knew"]:
+        teacher = (
+            f"; the teacher was right on {k['teacher_right_on_lost']} of the {k['teacher_scored_lost']} it lost"
+            if k["teacher_scored_lost"]
+            else ""
+        )
+        examples = "; ".join(
+            f"{e['prompt']!r}: base {_clip(e['base'])!r}, candidate {_clip(e['candidate'])!r} "
+            f"(reference {e['reference']!r})"
+            for e in k["examples"]
+        )
+        return [
+            {
+                "cause": "knew it, lost it",
+                "evidence": (
+                    f"{scores}; of the {k['base_knew']} items the base knew it keeps {k['candidate_kept']}{teacher}; "
+                    f"e.g. {examples}"
+                ),
+                "knowledge": k,
+                "fix": KEEP_KNOWLEDGE_FIX_ON if ctx.keeps_knowledge else KEEP_KNOWLEDGE_FIX,
+            }
+        ]
+    if k["base_lenient"] >= floor:  # the base knew enough to pass, and the loss is within the noise
+        return []
+    return [
+        {
+            "cause": "never knew",
+            "evidence": f"{scores}: the base did not know the content either (below the task's {floor:.0%}); "
+            f"{fmt:.0%} of the candidate's answers have the reference's format",
+            "knowledge": k,
+            "fix": "a distillation teaches the format, not facts the student lacks: more task examples per fact and "
+            "more epochs (the facts must be memorised, and held-out facts will not follow), a student that "
+            "knows the facts (a larger base), or a task limited to what the student knows",
+        }
+    ]
+
+
+def _clip(text: str, n: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _drift_fix(ctx: Context) -> str:
@@ -251,29 +376,34 @@ def campaign_diagnosis(spec, res: dict, train_sample_path: str | None, found: li
     (``found``)."""
     from pathlib import Path
 
-    from campaign_orchestrator.recipe_checks import regression_suites, teacher_is_base
+    from campaign_orchestrator.recipe_checks import keeps_knowledge, regression_suites, teacher_is_base
     from evaluation.suite import read_item_results
 
     ev = spec.evaluation
-    cand, base = res.get("candidate", {}), res.get("base", {})
+    cand, base, teacher = res.get("candidate", {}), res.get("base", {}), res.get("teacher", {})
 
     def items(name):
+        gate = ev.gate_for(next(s for s in ev.suites if s.name == name))
         return SuiteItems(
             name,
             cand.get(name, []),
             base.get(name, []),
-            ev.gate_for(next(s for s in ev.suites if s.name == name)).max_regression_vs_base,
+            gate.max_regression_vs_base,
+            teacher.get(name),
+            gate.min_score,
         )
 
     guards = [items(n) for n in regression_suites(spec) if n in cand]
     sample = None
     if train_sample_path and Path(train_sample_path).exists():
         sample = read_item_results(train_sample_path).get("candidate", {}).get("train_sample")
-    rp = spec.data.replay
+    rp, st = spec.data.replay, ev.statistics
     ctx = Context(
         has_replay=rp is not None,
         teacher_is_base=teacher_is_base(spec),
         replay_share=rp.share if rp is not None else None,
         conflicts=found or [],
+        keeps_knowledge=keeps_knowledge(spec),
+        stats=StatsPolicy(st.interval, st.confidence, st.resamples, st.seed),
     )
     return diagnose(items(ev.suites[0].name), guards, sample, ctx)

@@ -84,8 +84,18 @@ def judge_answers(
     res = read_item_results(items["items_path"])
     reports = judge(res, [SuiteGate(x.name, policies[x.name], binary.get(x.name), x.tier) for x in ev.suites], sp)
     pairs = {x.name: (res[CANDIDATE][x.name], res[BASE][x.name]) for x in ev.suites}
+    teacher_of = None
+    if spec.several_teachers:  # each category's reference is the teacher that answers it
+        cats = {it.category for by_suite in res.values() for items in by_suite.values() for it in items}
+        teacher_of = {c: spec.teacher_for(c).name for c in sorted(cats)}
     doc = build_report(
-        reports, pairs, sp, candidate_key, res.get("teacher"), review_line(spec, combine(reports), candidate_key)
+        reports,
+        pairs,
+        sp,
+        candidate_key,
+        res.get("teacher"),
+        review_line(spec, combine(reports), candidate_key),
+        teacher_of,
     )
     doc["scores"] = scores(res)
     doc["diagnosis"] = campaign_diagnosis(spec, res, items.get("train_sample_path"), conflicts)  # why
@@ -133,6 +143,7 @@ def judgement_manifest(
         "cost_lines_of": carried_lines_owner(im, "evaluation_items"),
         **{k: im[k] for k in ("cost_unknown", "billed_hardware", "billing_note") if k in im},
         "student_teacher_ratio": {x.name: student_teacher_ratio(doc["scores"], x.name) for x in ev.suites},
+        **({"teacher_reference": doc["teacher_reference"]} if doc.get("teacher_reference") else {}),
         "compute_dtype": im.get("compute_dtype", {}),
         "answers": im.get("answers", {}),
         **({"ray_shards": im["ray_shards"]} if "ray_shards" in im else {}),
@@ -175,10 +186,12 @@ def tally(counts: dict, role: str, st) -> None:
 def answer_counts(dtypes: dict, spend: dict | None) -> dict:
     """role -> answers generated in this run and found in the generation cache (distinct prompts per suite
     length): the base answered once across candidates, a context-distillation teacher's bare prompts taken from
-    the base's answers."""
+    the base's answers; with several teachers also ``teacher <name>``, each on its own categories."""
     out = dict(dtypes.get("_answers", {}))
     if spend and spend.get("answers"):
         out["teacher"] = spend["answers"]
+    for name, counts in ((spend or {}).get("teachers") or {}).items():  # several teachers: each on its categories
+        out[f"teacher {name}"] = counts
     return out
 
 

@@ -230,10 +230,14 @@ def render_card(info: dict) -> str:
         "",
         f"- **Prompts**: `{lin['prompts']['source']}`: {lin['prompts'].get('train', '?')} for training, "
         f"{lin['prompts'].get('heldout', '?')} held out.",
-        f"- **Teacher**: {lin['teacher']['backend']} `{lin['teacher']['model']}`"
-        + (f" at {lin['teacher']['base_url']}" if lin["teacher"].get("base_url") else "")
-        + (f", {lin['teacher']['generations']} generations" if lin["teacher"].get("generations") else "")
-        + ".",
+        *(
+            [_teacher_line("Teacher", lin["teacher"])]
+            if not lin.get("teachers")
+            else [
+                _teacher_line(f"Teacher `{t['name']}` ({', '.join(t['categories'] or ['the other categories'])})", t)
+                for t in lin["teachers"]
+            ]
+        ),
         f"- **Filters**: {json.dumps(lin.get('filters', {}))}: {lin.get('rows', '?')} training examples kept.",
     ]
     rp = lin.get("replay")
@@ -292,3 +296,13 @@ def render_card(info: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _teacher_line(label: str, t: dict) -> str:
+    """A teacher in the data lineage: backend, model, endpoint, generations (several teachers: one line each)."""
+    return (
+        f"- **{label}**: {t['backend']} `{t['model']}`"
+        + (f" at {t['base_url']}" if t.get("base_url") else "")
+        + (f", {t['generations']} generations" if t.get("generations") else "")
+        + "."
+    )

@@ -140,6 +140,35 @@ def _by_category(results: list[ItemResult]) -> dict[str, float | None]:
     return {k: sum(v) / len(v) for k, v in acc.items()}
 
 
+def teacher_reference(
+    reports: list[GateReport], teacher_scores: dict[str, dict[str, float | None]], teacher_of: dict[str, str] | None
+) -> dict[str, list[dict]]:
+    """Per suite, per category (``all`` first): the teacher that answers the category (``teacher_of``: category ->
+    its name, several teachers; None: the one teacher), its score, the candidate's, and student ÷ teacher (None when
+    the teacher was not scored or scored 0)."""
+    out: dict[str, list[dict]] = {}
+    for r in reports:
+        by_cat = teacher_scores.get(r.suite)
+        if by_cat is None:
+            continue
+        rows = []
+        for c in [r.overall, *r.categories]:
+            t, cand = by_cat.get(c.category), c.candidate.estimate
+            cand = None if cand is None or math.isnan(cand) else cand
+            name = None if c.category == ALL or teacher_of is None else teacher_of.get(c.category)
+            rows.append(
+                {
+                    "category": c.category,
+                    "teacher": name if teacher_of is not None else "teacher",
+                    "teacher_score": t,
+                    "candidate_score": cand,
+                    "student_teacher_ratio": cand / t if cand is not None and t else None,
+                }
+            )
+        out[r.suite] = rows
+    return out
+
+
 def build_report(
     reports: list[GateReport],
     items: dict[str, tuple[list[ItemResult], list[ItemResult]]],
@@ -147,9 +176,12 @@ def build_report(
     candidate_key: str,
     teacher: dict[str, list[ItemResult]] | None = None,
     review: str | None = None,
+    teacher_of: dict[str, str] | None = None,
 ) -> dict:
     """The gate document: verdict, reasons, per-suite numbers and the markdown report. ``teacher``
-    (suite -> item results) adds the teacher's scores as the ceiling column."""
+    (suite -> item results) adds the teacher's scores as the ceiling column, and ``teacher_reference`` (student ÷
+    teacher per suite and category); ``teacher_of`` (category -> teacher name, several teachers): the teacher each
+    category's reference is, named in the column."""
     verdict = combine(reports)
     teacher_scores = {suite: _by_category(res) for suite, res in (teacher or {}).items()}
     shown, total = disagreements(items)
@@ -164,7 +196,9 @@ def build_report(
         "disagreements": shown,
         "disagreements_total": total,
     }
-    doc["markdown"] = markdown(reports, sp, candidate_key, shown, total, teacher_scores, review)
+    if teacher_scores:
+        doc["teacher_reference"] = teacher_reference(reports, teacher_scores, teacher_of)
+    doc["markdown"] = markdown(reports, sp, candidate_key, shown, total, teacher_scores, review, teacher_of)
     return doc
 
 
@@ -176,6 +210,7 @@ def markdown(
     total: int,
     teacher_scores: dict[str, dict[str, float | None]] | None = None,
     review: str | None = None,
+    teacher_of: dict[str, str] | None = None,
 ) -> str:
     verdict = combine(reports)
     sizes = ", ".join(f"{r.suite} {r.overall.n}" + (" (advisory)" if r.tier == ADVISORY else "") for r in reports)
@@ -209,7 +244,8 @@ def markdown(
             f"{c.wins} / {c.losses} / {c.ties} | {_p(c.mcnemar_p)} |"
         )
         if teacher:
-            line += f" {_pct(teacher.get(r.suite, {}).get(c.category))} |"
+            who = (teacher_of or {}).get(c.category)  # several teachers: the one that answers the category
+            line += f" {_pct(teacher.get(r.suite, {}).get(c.category))}{f' ({who})' if who else ''} |"
         return line
 
     for r in reports:

@@ -1,4 +1,4 @@
-"""Deterministic data for the SmolLM2-135M-Instruct campaign (campaigns/smollm2.yaml).
+"""Deterministic data for the SmolLM2-135M-Instruct campaigns (campaigns/smollm2*.yaml).
 
 Writes, into campaigns/data/smollm2/ (this script lives in scripts/ because it imports the library, which the
 bottom package `campaigns` may not):
@@ -13,13 +13,19 @@ bottom package `campaigns` may not):
                         before any training. An item the base gets right only under one phrasing is a coin
                         flip, and any fine-tune flips some of those: a regression suite of them measures noise.
 
+  facts-train.jsonl     "In which country is the city of <city>?" prompts (campaigns/smollm2_facts*.yaml): one
+                        lowercase country name, for cities the BASE model names the country of in a sentence
+                        under at least one of two phrasings (bare, "Which country is <city> in?"); split by city
+  facts-suite.jsonl     the held-out cities (about a third): the task suite (exact match)
+                        (named facts-*, not train-*: campaigns/smollm2.yaml trains on train-*.jsonl)
+
 General questions are split between suite and replay by ENTITY KEY (country, opposite pair, coloured
 object, ...; sha256 of the key), so no suite entity appears in replay or in the teacher's context.
 
-Only suite-general.jsonl needs the model (its outputs are cached in --cache, so a rerun is instant and
-byte-identical):
+Only suite-general.jsonl and the facts files need the model (its outputs are cached in --cache, so a rerun is
+instant and byte-identical); --only facts writes the facts files alone:
 
-    .venv/bin/python scripts/make_smollm2_data.py [--cache DIR] [--threads 1]
+    .venv/bin/python scripts/make_smollm2_data.py [--cache DIR] [--threads 1] [--only facts]
 """
 
 import argparse
@@ -860,16 +866,179 @@ def base_generate(threads):
     return gen
 
 
+# ---------------------------------------------------------------- facts: the country a city is in
+# Non-capital cities of countries with one-word English names (capitals are the general suite's and a hidden task's;
+# "the United States" or "South Africa" would not be one word; "the Philippines" would carry an article). Left out:
+# names shared by two well-known places (Valencia, Cordoba, Perth, Victoria, Halifax, Alexandria, Salvador, Natal,
+# Newcastle, Kingston, Hamilton, Tripoli, Leon, Cuenca, Lagos in Portugal) and islands.
+CITIES = {
+    "france": "Lyon Nice Bordeaux Toulouse Lille Strasbourg Nantes Cannes Montpellier Rennes Reims Grenoble "
+    "Dijon Avignon Le_Havre Toulon Versailles Calais Biarritz Lourdes Chamonix Orleans Limoges Rouen "
+    "Amiens Metz Perpignan Ajaccio Saint_Tropez",
+    "germany": "Hamburg Frankfurt Cologne Stuttgart Dresden Leipzig Dusseldorf Bremen Nuremberg Hanover "
+    "Dortmund Essen Heidelberg Bonn Mainz Freiburg Augsburg Potsdam Kiel Rostock Wiesbaden Karlsruhe "
+    "Mannheim Regensburg Wurzburg Aachen Munster Bielefeld Duisburg Bochum Wuppertal Lubeck Weimar",
+    "italy": "Venice Florence Naples Turin Bologna Genoa Palermo Verona Pisa Bari Catania Siena Padua Trieste "
+    "Parma Modena Messina Rimini Ravenna Lucca Bergamo Brescia Perugia Cagliari Sorrento Amalfi "
+    "Assisi Como",
+    "spain": "Seville Bilbao Malaga Granada Zaragoza Toledo Salamanca Alicante Pamplona Cadiz Murcia Marbella "
+    "Benidorm Santander Valladolid Gijon Oviedo Almeria Tarragona Girona Segovia Burgos",
+    "portugal": "Porto Faro Coimbra Braga Funchal Sintra Evora Aveiro Cascais",
+    "japan": "Kyoto Hiroshima Nagasaki Yokohama Sapporo Kobe Nagoya Fukuoka Nara Sendai Okinawa Kawasaki "
+    "Kagoshima Kanazawa Nikko Hakodate Matsuyama Okayama Kumamoto Niigata Shizuoka Chiba",
+    "china": "Shanghai Guangzhou Shenzhen Chengdu Wuhan Nanjing Hangzhou Tianjin Harbin Chongqing Xian "
+    "Qingdao Suzhou Dalian Kunming Guilin Lhasa Xiamen Ningbo Shenyang Changsha Zhengzhou Jinan "
+    "Urumqi",
+    "india": "Bangalore Kolkata Chennai Hyderabad Jaipur Agra Pune Ahmedabad Varanasi Lucknow Kanpur Surat "
+    "Amritsar Mysore Bhopal Indore Nagpur Patna Kochi Madurai Udaipur Jodhpur Shimla Darjeeling "
+    "Rishikesh Visakhapatnam Chandigarh Coimbatore",
+    "australia": "Melbourne Brisbane Adelaide Darwin Hobart Cairns Geelong Wollongong Townsville Launceston "
+    "Ballarat Bendigo Toowoomba Fremantle",
+    "canada": "Vancouver Montreal Calgary Edmonton Winnipeg Saskatoon Regina Mississauga Kelowna Whistler "
+    "Banff Moncton Kamloops Nanaimo Thunder_Bay",
+    "brazil": "Recife Manaus Fortaleza Curitiba Belem Sao_Paulo Rio_de_Janeiro Porto_Alegre Florianopolis "
+    "Goiania Campinas",
+    "russia": "Novosibirsk Vladivostok Kazan Sochi Yekaterinburg Murmansk Omsk Samara Volgograd Irkutsk "
+    "Saint_Petersburg Krasnoyarsk Chelyabinsk Kaliningrad Rostov Ufa Perm Tomsk Khabarovsk Yakutsk "
+    "Arkhangelsk",
+    "mexico": "Cancun Guadalajara Monterrey Tijuana Acapulco Puebla Oaxaca Merida Veracruz Mazatlan Ensenada "
+    "Queretaro Cuernavaca Tulum Playa_del_Carmen",
+    "turkey": "Istanbul Izmir Antalya Bursa Konya Adana Trabzon Bodrum Gaziantep Diyarbakir Kayseri Eskisehir Samsun",
+    "egypt": "Luxor Aswan Giza Sharm_el_Sheikh Hurghada Port_Said Suez",
+    "switzerland": "Zurich Geneva Basel Lucerne Lausanne Lugano Zermatt Interlaken Davos Montreux",
+    "austria": "Salzburg Innsbruck Graz Linz Hallstatt Klagenfurt Bregenz Villach",
+    "poland": "Krakow Gdansk Wroclaw Poznan Lodz Katowice Lublin Szczecin Bydgoszcz Torun Zakopane",
+    "greece": "Thessaloniki Patras Heraklion Larissa Volos Kalamata Chania Ioannina",
+    "argentina": "Mendoza Rosario Ushuaia Bariloche Salta Tucuman La_Plata Mar_del_Plata",
+    "pakistan": "Karachi Lahore Peshawar Quetta Faisalabad Rawalpindi Multan Sialkot",
+    "morocco": "Casablanca Marrakech Fez Tangier Agadir Meknes Essaouira Chefchaouen Ouarzazate",
+    "nigeria": "Lagos Kano Ibadan Kaduna Enugu Port_Harcourt",
+    "kenya": "Mombasa Kisumu Nakuru Eldoret",
+    "thailand": "Phuket Pattaya Chiang_Mai Krabi Ayutthaya Hua_Hin Chiang_Rai",
+    "israel": "Haifa Eilat Nazareth Tel_Aviv",
+    "ireland": "Cork Galway Limerick Kilkenny Waterford Sligo",
+    "belgium": "Antwerp Bruges Ghent Liege Leuven Namur Mons Ostend",
+    "sweden": "Gothenburg Malmo Uppsala Kiruna Lund Linkoping Orebro",
+    "norway": "Bergen Trondheim Stavanger Tromso Alesund Bodo",
+    "denmark": "Aarhus Odense Aalborg Esbjerg",
+    "finland": "Tampere Turku Oulu Rovaniemi Espoo Lahti",
+    "colombia": "Medellin Cartagena Cali Barranquilla Santa_Marta Bucaramanga",
+    "peru": "Cusco Arequipa Trujillo Iquitos Chiclayo Piura Puno",
+    "chile": "Valparaiso Antofagasta Valdivia Iquique Punta_Arenas Concepcion",
+    "netherlands": "Rotterdam Utrecht Eindhoven Haarlem Leiden Delft Groningen Maastricht",
+    "scotland": "Glasgow Aberdeen Dundee Inverness Stirling",
+    "vietnam": "Saigon Haiphong Hue Da_Nang Nha_Trang Hoi_An Can_Tho",
+    "indonesia": "Surabaya Bandung Medan Yogyakarta Denpasar Makassar Semarang Palembang",
+    "iran": "Isfahan Shiraz Tabriz Mashhad Qom Yazd Kerman Ahvaz",
+    "iraq": "Basra Mosul Kirkuk Erbil Najaf Karbala",
+    "ukraine": "Odessa Kharkiv Lviv Dnipro Zaporizhzhia Donetsk Mariupol Chernobyl",
+    "venezuela": "Maracaibo Barquisimeto Ciudad_Bolivar",
+    "ecuador": "Guayaquil Manta",
+    "bangladesh": "Chittagong Khulna Sylhet",
+    "syria": "Aleppo Homs Latakia Palmyra",
+    "croatia": "Split Dubrovnik Zadar Rijeka Pula",
+    "romania": "Cluj Timisoara Brasov Constanta Iasi Sibiu",
+    "malaysia": "Penang Ipoh Malacca Kuching",
+    "hungary": "Debrecen Szeged Pecs",
+    "bulgaria": "Plovdiv Varna Burgas",
+    "serbia": "Novi_Sad Nis",
+    "slovakia": "Kosice",
+    "cuba": "Santiago_de_Cuba Varadero",
+    "jamaica": "Montego_Bay",
+    "nepal": "Pokhara",
+    "jordan": "Petra Aqaba",
+    "lebanon": "Byblos",
+    "tunisia": "Sousse Sfax",
+    "algeria": "Oran",
+    "ethiopia": "Gondar Lalibela",
+    "tanzania": "Arusha",
+    "ghana": "Kumasi",
+    "cameroon": "Douala",
+    "uganda": "Entebbe",
+    "wales": "Swansea",
+}
+CITY_DEMO = [  # the teacher's few-shot turns (campaigns/smollm2_facts*.yaml); never in the train or suite files
+    ("Marseille", "france"),
+    ("Munich", "germany"),
+    ("Osaka", "japan"),
+    ("Barcelona", "spain"),
+    ("Toronto", "canada"),
+    ("Mumbai", "india"),
+    ("Sydney", "australia"),
+    ("Milan", "italy"),
+]
+CITY_PHRASINGS = [
+    ("bare", "In which country is the city of {c}?"),  # the task's prompt
+    ("which", "Which country is {c} in?"),
+]
+FACTS_SUITE_SHARE = 0.35
+
+
+def cities():
+    out = [(c.replace("_", " "), k) for k, v in CITIES.items() for c in v.split()]
+    demo = {c for c, _ in CITY_DEMO}
+    assert not demo & {c for c, _ in out} and len({c for c, _ in out}) == len(out)
+    return out
+
+
+def fact_prompt(city):
+    return CITY_PHRASINGS[0][1].format(c=city)
+
+
+def fact_side(city):
+    h = int(hashlib.sha256(("facts:" + city).encode()).hexdigest(), 16)
+    return "suite" if (h % 1000) < FACTS_SUITE_SHARE * 1000 else "train"
+
+
+def facts_files(cache_dir, threads, gen=None):
+    """facts-train.jsonl and facts-suite.jsonl: the cities whose country the base names in a sentence under at least
+    one phrasing (its answers cached per phrasing in ``cache_dir``), split by city hash; returns the generator (to
+    share the loaded model) and the counts."""
+    pool = cities()
+    known = set()
+    for name, tpl in CITY_PHRASINGS:
+        path = os.path.join(cache_dir, f"facts_{name}.json")
+        cache = json.load(open(path)) if os.path.exists(path) else {}
+        todo = [tpl.format(c=c) for c, _ in pool if tpl.format(c=c) not in cache]
+        if todo:
+            gen = gen or base_generate(threads)
+            cache.update(gen(todo))
+            json.dump(cache, open(path, "w"), indent=0, sort_keys=True)
+        right = {c for c, k in pool if contains_answer(cache[tpl.format(c=c)], k)}
+        print(f"facts, {name}: the base names the country of {len(right)} of {len(pool)} cities", flush=True)
+        known |= right
+    rows = {"train": [], "suite": []}
+    for c, k in pool:
+        if c in known:
+            rows[fact_side(c)].append((c, k))
+    out = {}
+    for side, tag in (("train", "tr"), ("suite", "te")):
+        out[side] = [
+            dict(id=f"fa-{tag}-{i:03d}", prompt=fact_prompt(c), reference=k, category="country")
+            for i, (c, k) in enumerate(sorted(rows[side], key=lambda x: (x[1], x[0])))
+        ]
+    return gen, out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", default=os.path.join(HERE, ".cache"), help="the base model's outputs (JSON per variant)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", choices=["facts"], help="write only these files (the others need their own cache)")
     a = ap.parse_args()
 
     def dump(name, rows):
         with open(os.path.join(HERE, name), "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
+
+    os.makedirs(a.cache, exist_ok=True)
+    gen, facts = facts_files(a.cache, a.threads)
+    dump("facts-train.jsonl", facts["train"])
+    dump("facts-suite.jsonl", facts["suite"])
+    print(f"facts: {len(facts['train'])} train, {len(facts['suite'])} suite cities")
+    if a.only == "facts":
+        return
 
     tr, te = plural_split()
     dump(
@@ -900,8 +1069,6 @@ def main():
         ],
     )
 
-    os.makedirs(a.cache, exist_ok=True)
-    gen = None
     alive = list(suite_c)
     ok_alts = {x["prompt"]: list(x["alts"]) for x in alive}
     for name, tpl in VARIANTS:  # sequential: each phrasing only on the survivors (same result as "all")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from campaigns.spec import CampaignSpec
 from stages.outcome import Outcome
-from stages.pricing import cost_report, dollars
+from stages.pricing import cost_report, dollars, team_dir
 
 # Where the cost dashboards of an artifact root are served: `campaign dashboard --serve` records the URL it serves
 # them at (``<root>/dashboards/served_at.json``) and serves there again by default, so the links in campaign_cost's
@@ -54,9 +54,7 @@ def result_line(report: dict) -> str:
 
 
 def _served_at(root: Path) -> Path:
-    from campaign_orchestrator.costs.dashboard import TEAM_DIR
-
-    return Path(root) / TEAM_DIR / SERVED_AT
+    return Path(root) / team_dir() / SERVED_AT
 
 
 def dashboards_url(root: Path) -> str:

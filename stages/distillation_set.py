@@ -59,6 +59,7 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
             refs = {r["id"]: r["reference"] for r in read_prompt_table(prompts["train_path"])}
         score_fn = get_scorer(f.scorer) if f.scorer else None
         kept, counts = filter_generations(rows, FilterRules(**f.model_dump()), refs, score_fn=score_fn)
+        kept, targets, target_lines = with_base_targets(spec, ctx, kept, prompts)
         kept, replay, replay_lines = with_replay(spec, ctx, kept)
         kept, contamination = _decontaminate(spec, kept, prompts, ctx, sd)
         path = _write_distillation(kept, sd.ensure() / "distillation.parquet")
@@ -72,8 +73,9 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
                 "filter_counts": counts,
                 "decontamination": contamination,
                 "wall_seconds": time.perf_counter() - t0,
-                "cost_lines": replay_lines,
+                "cost_lines": target_lines + replay_lines,
                 **({"replay": replay} if replay is not None else {}),
+                **({"targets": targets} if targets is not None else {}),
             }
         )
     return Outcome(sd.manifest(), cached)
@@ -81,7 +83,8 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
 
 def content_key(spec: CampaignSpec, generations: dict, prompts: dict, storage: Store) -> str:
     """The stage's content key: the generations, the filter rules (and the references they score against), the
-    decontamination settings and gate documents when on, the replay's identity when on."""
+    decontamination settings and gate documents when on, the replay's identity when on, the targets section and the
+    base's identity with ``data.targets.content: base`` (left out at the default: the other campaigns' keys stay)."""
     f, dc, rp = spec.data.filters, spec.data.decontamination, spec.data.replay
     gate_docs = None
     if dc.action != "off":
@@ -95,6 +98,7 @@ def content_key(spec: CampaignSpec, generations: dict, prompts: dict, storage: S
         prompts["train_sha256"] if f.scorer else None,
         *([dc.model_dump(), gate_docs] if gate_docs is not None else []),
         *([replay_identity(spec, storage)] if rp is not None else []),
+        *([spec.data.targets.model_dump(), base_identity(spec, storage)] if targets_from_base(spec) else []),
     )
 
 
@@ -109,7 +113,7 @@ def _write_distillation(kept: list[dict], path: Path) -> Path:
                 "completion_token_ids": r.get("completion_token_ids"),
                 "top_logprobs": r.get("top_logprobs"),
                 "completion_token_strings": r.get("completion_token_strings"),
-                "teacher": r.get("model"),
+                "teacher": r.get("teacher") or r.get("model"),  # its name with several teachers
             }
             for r in kept
         ],
@@ -175,14 +179,48 @@ def replay_identity(spec: CampaignSpec, storage: Store) -> dict:
     rp = spec.data.replay
     out = {"replay": rp.model_dump(), "source_sha256": file_sha256(spec.path(rp.source))}
     if rp.answered_by == "base":
-        from stages.evaluation import answer_identity
-
-        out["base"] = answer_identity(spec, storage.resolve_model(spec.student.base_model, spec.project_dir), None)[0]
+        out["base"] = base_identity(spec, storage)
     elif rp.answered_by == "file":
         out["answers_sha256"] = file_sha256(spec.path(rp.answers))
-    else:
+    elif not spec.several_teachers:
         out["teacher"] = spec.teacher.model_dump(include={"backend", "model", "base_url", "revision", "chat"})
+    else:  # each teacher answers the replay prompts of its categories
+        fields = {"name", "categories", "backend", "model", "base_url", "revision", "chat"}
+        out["teachers"] = [e.model_dump(include=fields) for e in spec.teachers]
     return out
+
+
+def base_identity(spec: CampaignSpec, storage: Store) -> str:
+    """The content identity the student's base answers under (evaluation's: the same prompts share its cache)."""
+    from stages.evaluation import answer_identity
+
+    return answer_identity(spec, storage.resolve_model(spec.student.base_model, spec.project_dir), None)[0]
+
+
+def with_base_targets(spec: CampaignSpec, ctx, kept: list[dict], prompts: dict):
+    """``(rows, summary, cost lines)``: with ``data.targets.content: base``, the task rows with targets built from the
+    base's own answers to their prompts (``campaign_orchestrator/dataset/targets.py``; the base answers them as it
+    answers replay prompts; ``prompts``: the prompts stage's manifest, whose training references are the task's
+    answer set); the rows as they are, no summary, else."""
+    if not targets_from_base(spec):
+        return kept, None, []
+    from campaign_orchestrator.dataset.targets import base_targets
+    from campaign_orchestrator.generation.requests import Sampling
+    from evaluation.scorers import normalize_answer
+
+    t = spec.data.targets
+
+    def answer(prompts):
+        res, lines = _replay_by_base(spec, ctx, prompts, Sampling(max_new_tokens=t.max_new_tokens))
+        st = res.stats
+        return res.rows, lines, {"generated": st.generated, "cache_hits": st.cache_hits, "seconds": st.generate_s}
+
+    references: list[str] = []
+    if t.rule == "short_form_or_reference":  # the task's answer set: the training prompts' references
+        from campaign_orchestrator.dataset.prompts import read_prompt_table
+
+        references = sorted({r["reference"] for r in read_prompt_table(prompts["train_path"]) if r.get("reference")})
+    return base_targets(kept, answer, normalize_answer, t.rule, ctx.log.info, references)
 
 
 def answer_replay(spec: CampaignSpec, ctx, task_rows: int):
@@ -231,13 +269,27 @@ def answer_replay(spec: CampaignSpec, ctx, task_rows: int):
 
 def _replay_by_teacher(spec: CampaignSpec, ctx, chosen, sampling):
     """The teacher answers the replay prompts in this process through its backend and cache (chat, no context
-    turns), billed at its price."""
-    from campaign_orchestrator.generation.runner import run_generation
-    from stages.teacher import teacher_setup, teacher_usage
+    turns), billed at its price; several teachers each answer the prompts of their categories (rows and cost lines
+    named by teacher)."""
+    from campaign_orchestrator.generation.runner import GenerationResult, GenerationStats, run_generation
+    from stages.pricing import tag_lines
+    from stages.teacher import route, teacher_setup, teacher_usage
 
-    backend, cache, _tm = teacher_setup(ctx, spec, sampling)
-    res = run_generation(chosen, backend, sampling, cache, chat=spec.teacher.chat, log=ctx.log.info)
-    return res, ctx.pricing.bill(spec, "teacher_generations", teacher_usage(res.stats))["lines"] or []
+    if not spec.several_teachers:
+        backend, cache, _tm = teacher_setup(ctx, spec, sampling)
+        res = run_generation(chosen, backend, sampling, cache, chat=spec.teacher.chat, log=ctx.log.info)
+        return res, ctx.pricing.bill(spec, "teacher_generations", teacher_usage(res.stats))["lines"] or []
+    rows, stats, lines = {}, [], []
+    for name, part in route(spec, chosen).items():
+        if not part:
+            continue
+        view = spec.for_teacher(name)
+        backend, cache, _tm = teacher_setup(ctx, view, sampling)
+        res = run_generation(part, backend, sampling, cache, chat=view.teacher.chat, log=ctx.log.info)
+        rows |= {r["id"]: r | {"teacher": name} for r in res.rows}
+        stats.append(res.stats)
+        lines += tag_lines(ctx.pricing.bill(view, "teacher_generations", teacher_usage(res.stats))["lines"], name) or []
+    return GenerationResult([rows[p["id"]] for p in chosen], GenerationStats.merged(stats)), lines
 
 
 def _replay_by_base(spec: CampaignSpec, ctx, chosen, sampling):
@@ -278,7 +330,13 @@ def rule_names() -> tuple:
     return tuple(RULES)
 
 
+def targets_from_base(spec: CampaignSpec) -> bool:
+    """The training targets are built from the base's own answers (``data.targets.content: base``)."""
+    return spec.data.targets.content == "base"
+
+
 def replays_base(spec: CampaignSpec) -> bool:
-    """The student's base answers the replay prompts (``data.replay.answered_by: base``): the stage reads it."""
+    """The student's base answers prompts for the stage: the replay prompts (``data.replay.answered_by: base``) or
+    the task prompts (``data.targets.content: base``); the stage reads it."""
     rp = spec.data.replay
-    return rp is not None and rp.answered_by == "base"
+    return (rp is not None and rp.answered_by == "base") or targets_from_base(spec)

@@ -23,3 +23,12 @@ class BudgetStopped(StageError):
     def __init__(self, exc):
         super().__init__(str(exc), metadata=exc.metadata(), retry=False)
         self.budget = exc
+
+
+class TeacherStopped(BudgetStopped):
+    """One teacher of several stopped by its ``budget_share`` (``teacher``: its name): the teacher stage stops asking
+    it and goes on with the others (``stages/teacher_generations.py``); anywhere else it is a budget stop."""
+
+    def __init__(self, exc, teacher: str):
+        super().__init__(exc)
+        self.teacher = teacher

@@ -128,16 +128,17 @@ def teacher_scorer(spec: CampaignSpec, ctx, executor, categories: dict[str, str]
     (here, a Ray pool, a KubeRay RayJob per answer length; ``budget``: the stage's guard, checked while a RayJob
     runs; its stop fails the stage, never the teacher's items)."""
     from campaign_orchestrator.generation.requests import Sampling
-    from campaign_orchestrator.generation.runner import answers
-    from stages.teacher import teacher_setup
+    from campaign_orchestrator.generation.runner import GenerationResult, GenerationStats, answers
+    from stages.pricing import tag_lines
+    from stages.teacher import route, teacher_setup
 
     spend: dict = {"lines": [], "unknown": False, "seconds": 0.0}
 
-    def ask(rows: list[dict], sampling):
-        backend, _cache, tm = teacher_setup(ctx, spec, sampling)
-        res, lines, ray_md = executor.at(f"teacher@{sampling.max_new_tokens}").teacher(
+    def ask_one(view: CampaignSpec, rows: list[dict], sampling, sub: str):
+        backend, _cache, tm = teacher_setup(ctx, view, sampling)
+        res, lines, ray_md = executor.at(f"{sub}@{sampling.max_new_tokens}").teacher(
             ctx,
-            spec,
+            view,
             backend,
             rows,
             sampling,
@@ -150,6 +151,24 @@ def teacher_scorer(spec: CampaignSpec, ctx, executor, categories: dict[str, str]
         if ray_md is not None:
             spend.setdefault("ray", []).append(ray_md)
         return res, lines
+
+    def ask(rows: list[dict], sampling):
+        if not spec.several_teachers:
+            return ask_one(spec, rows, sampling, "teacher")
+        # each teacher scored on its own categories: its answers, its price, its lines
+        answered, stats, lines = {}, [], []
+        for name, part in route(spec, rows).items():
+            if not part:
+                continue
+            view, t0 = spec.for_teacher(name), time.perf_counter()
+            res, got = ask_one(view, part, sampling, f"teacher-{name}")
+            if not view.teacher.api:
+                spend["local_seconds"] = spend.get("local_seconds", 0.0) + time.perf_counter() - t0
+            answered |= {r["id"]: r | {"teacher": name} for r in res.rows}
+            stats.append(res.stats)
+            tally(spend.setdefault("teachers", {}), name, res.stats)
+            lines = None if got is None or lines is None else lines + tag_lines(got, name)
+        return GenerationResult([answered[r["id"]] for r in rows], GenerationStats.merged(stats)), lines
 
     def generate(prompts, max_new_tokens):
         sampling = Sampling(max_new_tokens=max_new_tokens)
@@ -233,11 +252,18 @@ def content_key(spec: CampaignSpec, storage, prompts: dict, adapter: dict, base,
     served endpoint, every suite's identity."""
     ev, s, t = spec.evaluation, spec.student, spec.teacher
     local = ev.backend == "local"
-    teacher_id = None
+    teacher_id = context = None
     if ev.score_teacher:
         from stages.teacher import teacher_model
 
         teacher_id = [teacher_model(storage, spec).identity, t.chat]
+        context = [[m.model_dump() for m in t.context], t.context_categories]
+    if ev.score_teacher and spec.several_teachers:  # each teacher, the categories it answers and how it is asked
+        views = [(e, spec.for_teacher(e).teacher) for e in spec.teachers]
+        teacher_id = [
+            [e.name, e.categories, teacher_model(storage, spec.for_teacher(e)).identity, v.chat] for e, v in views
+        ]
+        context = [[[m.model_dump() for m in v.context], v.context_categories] for _e, v in views]
     served = ev.endpoint.model_dump(exclude={"api_key_env"}) if ev.endpoint and not local else None
     return stage_key(
         "evaluation-items/v4",
@@ -245,7 +271,7 @@ def content_key(spec: CampaignSpec, storage, prompts: dict, adapter: dict, base,
         prompts["heldout_sha256"],
         model_identity(base, s.revision) if base else None,
         teacher_id,
-        [[m.model_dump() for m in t.context], t.context_categories] if ev.score_teacher else None,
+        context,
         local_quantization_key(s.quantization) if local else None,
         served,
         [_suite_identity(spec, x, harness) for x in ev.suites],
@@ -290,13 +316,23 @@ def answer_items(
     write_item_rows(rows, out / "items.parquet")
     wall = time.perf_counter() - t0
     # local models' time on the hardware they ran on; the teacher at its own price (its seconds not twice)
-    local_s = wall - (spend["seconds"] if spend and not spec.teacher.api else 0.0)
+    local_s = wall - _teacher_local_seconds(spec, spend)
     parts = {"lm_eval": harness_run.wall_seconds} if harness_run else {}
     bill = ctx.pricing.bill(spec, STAGE, {"seconds": local_s, "device": device, "parts": parts}) if local else None
     isd.commit(
         answers_manifest(out / "items.parquet", len(rows), adapter["key"], wall, bill, spend, dtypes, harness_run)
         | {"train_sample_path": sample}
     )
+
+
+def _teacher_local_seconds(spec: CampaignSpec, spend: dict | None) -> float:
+    """The seconds a self-hosted teacher answered in (billed at its own hardware, so not in the local models' time;
+    an API teacher's wait is the host's time too); several teachers: the self-hosted ones'."""
+    if not spend:
+        return 0.0
+    if spec.several_teachers:
+        return spend.get("local_seconds", 0.0)
+    return spend["seconds"] if not spec.teacher.api else 0.0
 
 
 def _answerers(
@@ -420,9 +456,10 @@ def answer_identity(spec: CampaignSpec, base, adapter: dict | None) -> tuple[str
 def models_read(spec: CampaignSpec) -> list[str]:
     """The model references the stage reads here: the student's base when the models answer locally, the teacher
     when it is scored and runs here (not an API)."""
-    ev, s, t = spec.evaluation, spec.student, spec.teacher
+    ev, s = spec.evaluation, spec.student
     local = ev.backend == "local"
-    return ([s.base_model] if local else []) + ([t.model] if ev.score_teacher and not t.api else [])
+    scored = [e.model for e in spec.teachers if not e.api] if ev.score_teacher else []
+    return ([s.base_model] if local else []) + list(dict.fromkeys(scored))
 
 
 def where_models_answer(spec: CampaignSpec) -> str:

@@ -33,11 +33,28 @@ def _lineage(spec: CampaignSpec, m: dict) -> dict:
             "base_url": t.base_url,
             "generations": m["teacher_generations"].get("rows"),
         },
+        **({"teachers": _teachers(spec, m["teacher_generations"])} if spec.several_teachers else {}),
         "filters": {k: v for k, v in (dist.get("filter_counts") or {}).items() if v},
         "rows": dist.get("rows"),
         "replay": dist.get("replay"),
         "decontamination": dist.get("decontamination"),
     }
+
+
+def _teachers(spec: CampaignSpec, generations: dict) -> list[dict]:
+    """Several teachers: each one's name, categories, backend, model, endpoint and rows."""
+    rows = generations.get("teachers") or {}
+    return [
+        {
+            "name": e.name,
+            "categories": e.categories,
+            "backend": e.backend,
+            "model": e.model,
+            "base_url": e.base_url,
+            "generations": (rows.get(e.name) or {}).get("rows"),
+        }
+        for e in spec.teachers
+    ]
 
 
 def card_info(spec: CampaignSpec, storage, evaluation: dict, adapter: dict, promotion: dict | None = None) -> dict:

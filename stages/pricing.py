@@ -10,7 +10,8 @@ cost code; the ``pricing`` resource (``resources/pricing.py``) holds the setting
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from campaign_orchestrator.costs.catalog import (
@@ -34,7 +35,7 @@ from campaign_orchestrator.costs.report import dollars as dollars
 from campaign_orchestrator.costs.report import seconds as seconds
 from campaigns import paths
 from campaigns.spec import CampaignSpec
-from stages.errors import BudgetStopped, StageError
+from stages.errors import BudgetStopped, StageError, TeacherStopped
 
 SHIPPED_CATALOG = "pricing/catalog.yaml"
 
@@ -54,6 +55,25 @@ def ledger_path(artifact_root: str | Path, configured: str | None = None) -> Pat
         p = Path(configured)
         return p if p.is_absolute() else root / p
     return root / DEFAULT_NAME
+
+
+@dataclass(frozen=True)
+class TeacherShare:
+    """One of several teachers, as its budget guard in teacher_generations sees it: ``name``, ``share`` (its
+    ``budget_share`` or None), ``prompt_share`` (its share of the stage's prompts: of the planner's estimate) and
+    ``earlier()`` (what the teachers asked before it accrued in this attempt, not in the ledger yet)."""
+
+    name: str
+    share: float | None
+    prompt_share: float
+    earlier: Callable[[], float]
+
+
+def tag_lines(lines: list[dict] | None, teacher: str | None) -> list[dict] | None:
+    """Cost lines tagged with the teacher they paid (the ledger's ``teacher`` column); None stays None (unknown)."""
+    if lines is None or teacher is None:
+        return lines
+    return [x | {"teacher": teacher} for x in lines]
 
 
 @dataclass(frozen=True)
@@ -107,16 +127,20 @@ class Pricing:
         """The campaign's :class:`~campaign_orchestrator.costs.plan.campaign.Plan`, its models resolved under
         ``artifact_root``."""
         from campaign_orchestrator import models
-        from campaign_orchestrator.costs.plan.campaign import plan_campaign
+        from campaign_orchestrator.costs.plan.campaign import plan_campaign, plan_routed
 
-        t, s = spec.teacher, spec.student
-        return plan_campaign(
-            spec,
-            self.catalog_for(spec),
-            spec.project_dir,
-            models.resolve(t.model, artifact_root, spec.project_dir, t.revision) if t.backend != "openai" else None,
-            models.resolve(s.base_model, artifact_root, spec.project_dir, s.revision),
-        )
+        s = spec.student
+
+        def where(t):
+            return (
+                models.resolve(t.model, artifact_root, spec.project_dir, t.revision) if t.backend != "openai" else None
+            )
+
+        student = models.resolve(s.base_model, artifact_root, spec.project_dir, s.revision)
+        if spec.several_teachers:  # each teacher over its share of the prompts, at its own price
+            dirs = {e.name: where(e) for e in spec.teachers}
+            return plan_routed(spec, self.catalog_for(spec), spec.project_dir, dirs, student)
+        return plan_campaign(spec, self.catalog_for(spec), spec.project_dir, where(spec.teacher), student)
 
     # ------------------------------------------------------------------ budgets
     def guard(
@@ -128,6 +152,7 @@ class Pricing:
         device: str | None = None,
         limits: list[tuple] | None = None,
         part: str | None = None,
+        teacher: TeacherShare | None = None,
     ):
         """The one budget guard factory: a :class:`campaign_orchestrator.costs.budget.BudgetGuard` for the stage
         directory ``sd`` about to be computed, accruing lines priced as ``bill`` prices them.
@@ -142,6 +167,13 @@ class Pricing:
 
         ``limits``: a sweep rung's guard, ``[(what, cap_usd, spent_now)]`` (what is left of each cap is
         watched, no planner check), ``part`` naming the rung within the step.
+
+        ``teacher``: one of several teachers in teacher_generations (``spec``: the campaign as that teacher sees it,
+        ``CampaignSpec.for_teacher``). Its lines are tagged with its name; the campaign's and the stage's budgets
+        count what the teachers before it accrued in this attempt; its ``budget_share`` is one more limit (of
+        ``cost.stage_budgets_usd.teacher_generations``, else ``cost.budget_usd``, against its own spend in the
+        ledger), whose stop raises :class:`stages.errors.TeacherStopped` (the stage goes on with the others); the
+        planner's estimate is scaled to its share of the prompts.
 
         On-policy training with an API teacher: the ``student_adapter`` guard is timed and metered; charge each
         finished round's teacher prefills as the trainer reports it (its ``on_policy_round`` message) with
@@ -179,8 +211,11 @@ class Pricing:
             c.stage_budgets_usd.get(stage),
             ctx.run_id if c.budget_scope == "run" else None,
         )
-        teacher = stage == "teacher_generations"
-        if teacher:
+        if teacher is not None:
+            limits_ = [replace(lim, spent_now=_plus(lim.spent_before_usd, teacher.earlier)) for lim in limits_]
+            limits_ += _share_limit(spec, ledger, stage, teacher, ctx.run_id if c.budget_scope == "run" else None)
+        metered_stage = stage == "teacher_generations"
+        if metered_stage:
             teacher_entry(spec, catalog)  # refuses a wrong entry now
         plan = None
         if limits_ and c.check_estimates and stage in PLANNED:
@@ -190,18 +225,24 @@ class Pricing:
                 ctx.log.warning(f"budget: no planner estimate for {stage} ({e}); checking actual spend only")
         # the teacher is metered: only what its new generations report (tokens, generation seconds) is charged,
         # priced exactly as the ledger will price it; a cache hit costs nothing
-        timed = {} if teacher else {"line_fn": _line_fn(spec, stage, catalog, {})}
-        metered = {"metered": _teacher_meter(spec, catalog)} if teacher else {}
+        timed = {} if metered_stage else {"line_fn": _line_fn(spec, stage, catalog, {})}
+        metered = {"metered": _teacher_meter(spec, catalog)} if metered_stage else {}
+        stop = BudgetStopped
+        if teacher is not None:
+            meter, name = metered["metered"], teacher.name
+            metered = {"metered": lambda u: tag_lines(meter(u), name)}
+            stop = _stops_teacher(name)
         if stage == "student_adapter" and spec.training.distillation.loss == "on_policy" and spec.teacher.api:
             metered = {"metered": _on_policy_meter(spec, catalog)}  # the teacher's prefills, charged per round
         guard = BudgetGuard(
             **step,
             limits=limits_,
             log=ctx.log.info,
-            on_exceeded=BudgetStopped,
+            on_exceeded=stop,
             **timed,
             **metered,
             **({"clock": clock} if clock is not None else {}),
+            **({"part": f"teacher:{teacher.name}"} if teacher is not None else {}),
         )
         if limits_:
             ctx.log.info(
@@ -211,7 +252,9 @@ class Pricing:
                 )
             )
         estimate = None if plan is None else plan.stage_usd(stage)
-        if estimate is not None and teacher:  # checked once the cache says how much is left to pay for
+        if estimate is not None and teacher is not None:  # the planner priced every prompt at this teacher's price
+            estimate *= teacher.prompt_share
+        if estimate is not None and metered_stage:  # checked once the cache says how much is left to pay for
             guard.planned_usd = float(estimate)
         elif estimate is not None:
             guard.check_estimate(float(estimate), ledger.stage_spent(spec.name, stage, sd.key, status="interrupted"))
@@ -223,6 +266,36 @@ class Pricing:
             except PricingError as e:
                 raise StageError(str(e), retry=False) from None
         return guard
+
+
+SHARE_SCOPE = "teacher {name}'s budget_share"  # the scope of a teacher's own limit (BudgetExceeded.scope)
+
+
+def _plus(before: float, earlier: Callable[[], float]) -> Callable[[], float]:
+    return lambda: before + float(earlier())
+
+
+def _share_limit(spec: CampaignSpec, ledger: Ledger, stage: str, t: TeacherShare, run_id: str | None) -> list:
+    """A teacher's ``budget_share`` of the teacher budget as a limit on its own spend in ``stage`` (none unset)."""
+    from campaign_orchestrator.costs.budget import Limit
+
+    c = spec.cost
+    base = c.stage_budgets_usd.get("teacher_generations", c.budget_usd)
+    if t.share is None or base is None:
+        return []
+    spent = ledger.teacher_spent(spec.name, t.name, asset=stage, run_id=run_id)
+    scope = SHARE_SCOPE.format(name=t.name) + f" ({t.share * 100:g}% of ${base:.6f})"
+    return [Limit(scope, t.share * base, spent)]
+
+
+def _stops_teacher(name: str) -> Callable:
+    """``on_exceeded`` of a teacher's guard: its own share stops the teacher alone, any other budget the stage."""
+    own = SHARE_SCOPE.format(name=name)
+
+    def stop(e):
+        return TeacherStopped(e, name) if e.scope.startswith(own) else BudgetStopped(e)
+
+    return stop
 
 
 def charge_round(guard, row: dict) -> None:
@@ -283,6 +356,13 @@ def report_text(report: dict) -> tuple[str, str]:
     from campaign_orchestrator.costs.report import per_point_text, render_markdown
 
     return per_point_text(report), render_markdown(report)
+
+
+def team_dir() -> str:
+    """The team dashboard's folder name under an artifact root."""
+    from campaign_orchestrator.costs.dashboard import TEAM_DIR
+
+    return TEAM_DIR
 
 
 def sweep_panel(result: dict) -> dict:

@@ -18,11 +18,12 @@ def prompt_files(spec: CampaignSpec, ctx) -> list:
 
 
 def content_key(spec: CampaignSpec, files: list) -> str:
-    """The files' names and content, and the data settings (not its filters or decontamination)."""
+    """The files' names and content, and the data settings (not its filters, decontamination or training targets:
+    the distillation set reads those)."""
     return stage_key(
         "prompts/v1",
         [(f.name, file_sha256(f)) for f in files],
-        spec.data.model_dump(exclude={"filters", "decontamination"}),
+        spec.data.model_dump(exclude={"filters", "decontamination", "targets"}),
     )
 
 

@@ -314,8 +314,9 @@ def _training_cost(ctx, spec: CampaignSpec, summary: dict, wall: float) -> dict:
 
 def recipe_findings(spec: CampaignSpec, dataset: dict, ctx) -> list:
     """The recipe checks on the tokenized dataset about to be trained on (its train split; replay examples are the
-    ``replay:`` ids), each failing one logged as a warning before any training time is spent."""
-    from campaign_orchestrator.recipe_checks import check_recipe, facts_from_dataset
+    ``replay:`` ids) and the campaign's last evaluated diagnosis, each failing one logged as a warning before any
+    training time is spent."""
+    from campaign_orchestrator.recipe_checks import check_recipe, facts_from_dataset, latest_diagnosis
 
     if "splits" not in dataset:  # on-policy without a teacher stage: the prompts are the data
         return []
@@ -328,7 +329,8 @@ def recipe_findings(spec: CampaignSpec, dataset: dict, ctx) -> list:
         for f in sorted(Path(dataset["dataset_path"]).glob("*.parquet")):
             for ids in pq.read_table(f, columns=["example_ids"]).column("example_ids").to_pylist():
                 replay += sum(str(x).startswith(REPLAY_PREFIX) for x in ids)
-    findings = check_recipe(spec, facts_from_dataset(spec, dataset, replay))
+    diagnosis = latest_diagnosis(ctx.store.root_path() / spec.name)  # the last evaluation's causes, if any
+    findings = check_recipe(spec, facts_from_dataset(spec, dataset, replay), diagnosis)
     for f in findings:
         ctx.log.warning(f"recipe check {f.check}: {f.message}")
     return findings

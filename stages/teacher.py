@@ -92,3 +92,12 @@ def ask_kwargs(t: TeacherSpec) -> dict:
     """How the teacher is asked, as every executor takes it: chat, its context turns and the categories they
     precede."""
     return {"chat": t.chat, "context": [m.model_dump() for m in t.context], "context_categories": t.context_categories}
+
+
+def route(spec: CampaignSpec, rows: list[dict]) -> dict[str, list[dict]]:
+    """Each teacher's rows (by the row's ``category``; the default teacher takes the rest), every teacher present,
+    in the file's order; one teacher takes every row."""
+    out: dict[str, list[dict]] = {e.name: [] for e in spec.teachers}
+    for r in rows:
+        out[spec.teacher_for(r.get("category")).name].append(r)
+    return out

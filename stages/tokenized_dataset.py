@@ -100,7 +100,7 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
         tok_hash,
         settings,
         extra,
-        teacher_topk=spec.teacher.sampling.logprobs is not None,
+        teacher_topk=any(e.sampling.logprobs is not None for e in spec.teachers),
         alignment=xtok.key() if xtok is not None else None,
     )
     sd = storage.stage(spec.name, "tokenized_dataset", k)
@@ -134,11 +134,17 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
 
 def cross_tokenizer(spec: CampaignSpec, storage, model_path):
     """Logit distillation from a teacher whose token ids are not the student's (another tokenizer, or an API
-    teacher, which returns text): the byte alignment of ``campaign_orchestrator.dataset.xtok``; None otherwise."""
+    teacher, which returns text), or from several teachers (each by its own tokenizer): the byte alignment of
+    ``campaign_orchestrator.dataset.xtok``; None otherwise."""
     if spec.training.distillation.loss != "logits" or spec.teacher.sampling.logprobs is None:
         return None
     from campaign_orchestrator.dataset.xtok import CrossTokenizer
 
+    if spec.several_teachers:  # each teacher's tokenizer by its name (the rows' `teacher`)
+        views = [(e.name, spec.for_teacher(e)) for e in spec.teachers]
+        refs = [(n, v.teacher, teacher_tokenizer_ref(v)) for n, v in views]
+        dirs = [(n, t.model, storage.resolve_model(r, spec.project_dir) if r else None, t.api) for n, t, r in refs]
+        return CrossTokenizer.for_teachers(model_path, dirs, spec.teacher.default.name)
     ref = teacher_tokenizer_ref(spec)
     tdir = storage.resolve_model(ref, spec.project_dir) if ref else None
     return CrossTokenizer.for_teacher(model_path, spec.teacher.model, tdir, spec.teacher.api)

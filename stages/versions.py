@@ -77,7 +77,13 @@ def model_ref_identity(ref: str, revision: str | None, base: Path | None = None)
     return out
 
 
-def teacher_identity(spec: CampaignSpec) -> dict:
+def teacher_identity(spec: CampaignSpec) -> dict | list:
+    """The teacher's identity for the code version (several teachers: each one's, with its name and categories, so
+    a change to any of them, or a category moved, is seen)."""
+    if spec.several_teachers:
+        return [
+            {"name": e.name, "categories": e.categories, **teacher_identity(spec.for_teacher(e))} for e in spec.teachers
+        ]
     t = spec.teacher
     if t.backend == "openai":
         ident = {"ref": t.model, "revision": t.revision, "base_url": t.base_url, "chat": t.chat}

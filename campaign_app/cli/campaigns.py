@@ -105,7 +105,7 @@ def plan_command(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     spent = pricing.ledger_at(root).spent(spec.name)
     plan.campaign_spent_usd = spent
-    checks = recipe_checks(spec, plan)  # campaign_orchestrator/recipe_checks.py on the plan's data facts
+    checks = recipe_checks(spec, plan, root)  # campaign_orchestrator/recipe_checks.py on the plan's data facts
     if args.json:
         print(json.dumps(plan.as_dict() | {"recipe_checks": [f.as_dict() for f in checks]}, indent=2, default=str))
         return EXIT_OK
@@ -186,10 +186,11 @@ def add_parsers(sub) -> None:
     d.set_defaults(fn=docs_command)
 
 
-def recipe_checks(spec, plan) -> list:
-    """The recipe checks (campaign_orchestrator/recipe_checks.py) on the plan's data facts (``plan``: a ``Plan``)."""
+def recipe_checks(spec, plan, root=None) -> list:
+    """The recipe checks (campaign_orchestrator/recipe_checks.py) on the plan's data facts (``plan``: a ``Plan``) and
+    the campaign's last evaluated diagnosis under the artifact root ``root``, if any."""
     from campaign_orchestrator.costs.memory_policy import resolved_spec
-    from campaign_orchestrator.recipe_checks import check_recipe, facts_from_plan
+    from campaign_orchestrator.recipe_checks import check_recipe, facts_from_plan, latest_diagnosis
 
     spec = resolved_spec(spec, plan.memory.get("training_policy"))  # `auto` as the trainer will run it
     available = None
@@ -197,4 +198,5 @@ def recipe_checks(spec, plan) -> list:
         from campaign_orchestrator.dataset.replay import read_prompts
 
         available = len(read_prompts(spec.path(spec.data.replay.source)))
-    return check_recipe(spec, facts_from_plan(spec, plan.data, available))
+    diagnosis = latest_diagnosis(Path(root) / spec.name) if root is not None else None
+    return check_recipe(spec, facts_from_plan(spec, plan.data, available), diagnosis)

@@ -45,6 +45,8 @@ def campaign_summary(
         from campaign_orchestrator.costs.report import student_teacher_ratio
 
         out["student_teacher_ratio"] = student_teacher_ratio(scores, primary_suite)
+        ref = (gate.get("teacher_reference") or {}).get(primary_suite) or []
+        out["teacher_reference"] = [r for r in ref if r["teacher"] not in (None, "teacher")]  # several teachers
     train = latest_manifest(artifacts, campaign, "student_adapter")
     report = Path(train["path"]) / "profile" / "report.json" if train else None
     if report is not None and report.exists() and (json.loads(report.read_text()).get("triage") or {}).get("verdict"):
@@ -80,7 +82,11 @@ def run_costs(artifacts: Path, spec, run_id: str, attempted: set[str] = frozense
         "spent_by_stage": ledger.spent_by_asset(spec.name, run_id),
     }
     unknown = ledger.unknown(spec.name, run_id=run_id)
-    if spec.teacher.unpriced and "teacher_generations" in attempted and "teacher_generations" not in done:
+    if (
+        any(e.unpriced for e in spec.teachers)
+        and "teacher_generations" in attempted
+        and "teacher_generations" not in done
+    ):
         unknown["teacher_generations"] = (
             "unknown: teacher.price is `unpriced` (the stage stopped part-way; what it was paid for is unknown)"
         )
@@ -236,6 +242,12 @@ def print_summary(s: dict, seconds: float) -> None:
     print(f"student   {score}: {_fmt(s.get('candidate'))}")
     if s.get("student_teacher_ratio") is not None:
         print(f"student ÷ teacher: {s['student_teacher_ratio']:.1%}")
+    for r in s.get("teacher_reference") or []:  # several teachers: each category against the teacher that answers it
+        ratio = "n/a" if r["student_teacher_ratio"] is None else f"{r['student_teacher_ratio']:.1%}"
+        print(
+            f"  {r['category']}: teacher {r['teacher']} {_fmt(r['teacher_score'])}, student "
+            f"{_fmt(r['candidate_score'])}, student ÷ teacher {ratio}"
+        )
     print(f"gate verdict: {s.get('verdict', 'not evaluated')}")
     for r in s.get("reasons", []):
         print(f"  - {r}")

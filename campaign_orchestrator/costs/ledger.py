@@ -18,6 +18,8 @@ Tables (query them with SQL: ``campaign costs --sql "..."`` or any DuckDB client
                       (NULL in its rows) when it is next opened
       verified        false: paid, usage unknown, billed at its upper bound (requests in flight when a Ray worker
                       was lost: generation/scaleout/journal.py); true otherwise (NULL in rows of older ledgers)
+      teacher         the teacher the line paid (its name, when ``teacher:`` is a list of teachers routed by
+                      category: generations, scoring, replay); NULL otherwise. Added like ``shard``
     materializations  one row per (run, step, production): reused = the output came from an
                       earlier run (its cost is in that run's lines, not this one's); cost_unknown =
                       why what it cost is unknown (an unpriced teacher: no line, and never $0);
@@ -79,6 +81,7 @@ LINE_COLUMNS = (
     "recorded_at",
     "shard",
     "verified",
+    "teacher",
 )
 
 SCHEMA = """
@@ -132,6 +135,9 @@ CREATE OR REPLACE VIEW run_costs AS
 """
 
 
+# Added by every opening (a new file too), after SCHEMA: the column came with several teachers.
+TEACHER_COLUMN = "ALTER TABLE cost_lines ADD COLUMN IF NOT EXISTS teacher VARCHAR"
+
 _SCHEMA_READY: set[str] = set()
 
 
@@ -156,6 +162,7 @@ def _insert_line(con, line_id: str, who: list, line: dict, now) -> None:
             now,
             line.get("shard"),
             bool(line.get("verified", True)),
+            line.get("teacher"),
         ],
     )
 
@@ -209,11 +216,12 @@ class Ledger:
             if con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'run_costs'").fetchone()[0] == 0:
                 con.execute(SCHEMA)
             # ledgers written before unknown costs were kept, before lines named their Ray shard, and before
-            # outputs named the production whose lines they carry
+            # outputs named the production whose lines they carry, and before lines named their teacher
             con.execute("ALTER TABLE materializations ADD COLUMN IF NOT EXISTS cost_unknown VARCHAR")
             con.execute("ALTER TABLE cost_lines ADD COLUMN IF NOT EXISTS shard VARCHAR")
             con.execute("ALTER TABLE materializations ADD COLUMN IF NOT EXISTS lines_of VARCHAR")
             con.execute("ALTER TABLE cost_lines ADD COLUMN IF NOT EXISTS verified BOOLEAN")
+            con.execute(TEACHER_COLUMN)
             _SCHEMA_READY.add(str(self.path))
         return con
 
@@ -224,6 +232,7 @@ class Ledger:
         if not write and not self.path.exists():
             con = duckdb.connect(":memory:")
             con.execute(SCHEMA)
+            con.execute(TEACHER_COLUMN)
         else:
             con = self._open(read_only=False)
         try:
@@ -426,6 +435,17 @@ class Ledger:
     def spent(self, campaign: str, asset: str | None = None, run_id: str | None = None) -> float:
         """Dollars recorded for a campaign (optionally one asset and/or one run), completed + interrupted."""
         sql, params = "SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ?", [campaign]
+        if asset is not None:
+            sql, params = sql + " AND asset = ?", params + [asset]
+        if run_id is not None:
+            sql, params = sql + " AND run_id = ?", params + [run_id]
+        return float(self.query(sql, params)[0]["usd"])
+
+    def teacher_spent(self, campaign: str, teacher: str, asset: str | None = None, run_id: str | None = None) -> float:
+        """Dollars recorded for one teacher of a campaign with several (its tagged lines; optionally one asset
+        and/or one run), completed + interrupted."""
+        sql = "SELECT COALESCE(SUM(usd), 0) AS usd FROM cost_lines WHERE campaign = ? AND teacher = ?"
+        params: list = [campaign, teacher]
         if asset is not None:
             sql, params = sql + " AND asset = ?", params + [asset]
         if run_id is not None:

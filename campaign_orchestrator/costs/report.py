@@ -15,6 +15,9 @@ Figures (``cost_per_result``):
   points): the price of the gain the evaluation can vouch for. ``None`` — "not meaningful" —
   when that bound is ≤ 0 (no gain shown). ``usd_per_point_gained`` uses the point estimate.
 * ``gpu_hours``, ``host_hours``; ``teacher_tokens_per_s``, ``training_tokens_per_s``.
+* ``teachers`` (several teachers routed by category; None with one): each teacher's spend in the result from its
+  tagged ledger lines (generations, scoring in evaluation, replay, budget-stopped attempts), its categories, rows
+  and tokens, and why its budget share stopped it (:func:`teacher_spend`).
 
 The gain's interval comes from the evaluation when it provides one (a ``delta_ci`` field, per
 suite in ``gate.json`` or the manifest) and otherwise from a paired 95% t-interval over the
@@ -197,6 +200,50 @@ def unknown_costs(manifests: dict[str, dict]) -> dict[str, str]:
     return out
 
 
+TEACHER_ASSETS = {
+    "teacher_generations": "generations_usd",
+    "evaluation": "scoring_usd",
+    "distillation_set": "replay_usd",
+}
+
+
+def teacher_spend(lines: list[dict], generations: dict) -> dict[str, dict] | None:
+    """Per teacher of a campaign with several (None otherwise): what its tagged lines cost in this result, split by
+    what it did (``generations_usd``, ``scoring_usd`` in evaluation, ``replay_usd``; ``interrupted_usd``: attempts a
+    budget stopped), with its categories, rows and tokens from the teacher stage's manifest (``generations``) and
+    why its budget share stopped it; ``usd`` None: unpriced (unknown, never $0)."""
+    per = generations.get("teachers") or {}
+    tagged = [x for x in lines if x.get("teacher")]
+    if not per and not tagged:
+        return None
+    out: dict[str, dict] = {}
+    for name, t in per.items():
+        out[name] = {
+            "categories": t.get("categories"),
+            "rows": t.get("rows", 0),
+            "prompt_tokens": t.get("prompt_tokens", 0),
+            "completion_tokens": t.get("completion_tokens", 0),
+            "usd": 0.0,
+            **{k: 0.0 for k in TEACHER_ASSETS.values()},
+            "interrupted_usd": 0.0,
+            **({"stopped": t["stopped"]} if t.get("stopped") else {}),
+        }
+    for x in tagged:
+        d = out.setdefault(
+            x["teacher"], {"usd": 0.0, **{k: 0.0 for k in TEACHER_ASSETS.values()}, "interrupted_usd": 0.0}
+        )
+        usd = float(x["usd"])
+        d["usd"] += usd
+        what = TEACHER_ASSETS.get(x.get("asset"), f"{x.get('asset')}_usd")
+        d[what] = d.get(what, 0.0) + usd
+        if x.get("status") == "interrupted":
+            d["interrupted_usd"] += usd
+    for name, t in per.items():
+        if t.get("rows") and t.get("usd") is None:  # an unpriced teacher's spend is unknown
+            out[name] |= {"usd": None, "generations_usd": None}
+    return out
+
+
 def plan_vs_actual(
     plan: dict | None, lines: list[dict], manifests: dict[str, dict], reused: dict[str, str] | None = None
 ) -> list[dict]:
@@ -292,6 +339,7 @@ def build_report(
         "verdict": (ev or {}).get("verdict"),
         "primary_suite": primary_suite,
         "stage_keys": outputs,
+        "teachers": teacher_spend(lines, gen),
         "teacher_cache_hits": int((gen.get("stats") or {}).get("cache_hits", 0)),
         "teacher_generations": int(gen.get("rows", 0)),
         "plan_vs_actual": plan_vs_actual(plan, lines, manifests, reused_stages(ledger, campaign, run_id)),
@@ -399,6 +447,8 @@ def render_text(r: dict) -> list[str]:
         f"cost per result: {usd(r, 'usd_per_million_teacher_tokens')} per M teacher tokens ({r['teacher_tokens']:,} "
         f"tokens); {usd(r, 'usd_per_1k_accepted_examples')} per 1k accepted examples ({r['accepted_examples']:,})",
     ]
+    if r.get("teachers"):
+        out.append("spend per teacher: " + "; ".join(_teacher_text(n, t) for n, t in r["teachers"].items()))
     if r.get("teacher_cache_hits"):
         out.append(
             f"  {r['teacher_cache_hits']:,} of {r.get('teacher_generations') or r['teacher_cache_hits']:,} teacher "
@@ -425,6 +475,18 @@ def render_text(r: dict) -> list[str]:
                 + (f"  reused (actuals of run {str(src)[:8]})" if src else "")
             )
     return out
+
+
+def _teacher_text(name: str, t: dict) -> str:
+    """One teacher's spend for people: ``char $0.00027 (short; 27 rows; generations $0.00027, scoring $0)``."""
+    cats = "the rest" if t.get("categories") is None else ", ".join(t["categories"])
+    parts = [f"generations {money(t.get('generations_usd'))}"]
+    parts += [f"{k.removesuffix('_usd')} {money(t[k])}" for k in ("scoring_usd", "replay_usd") if t.get(k)]
+    if t.get("interrupted_usd"):
+        parts.append(f"of which {money(t['interrupted_usd'])} in a stopped attempt")
+    stopped = f"; STOPPED: {t['stopped']}" if t.get("stopped") else ""
+    usd = "unknown (unpriced)" if t.get("usd") is None else money(t["usd"])
+    return f"{name} {usd} ({cats}; {t.get('rows', 0):,} rows; {', '.join(parts)}){stopped}"
 
 
 def _num(x: float | None) -> str:
@@ -454,6 +516,7 @@ def render_markdown(r: dict) -> str:
         ),
         ("GPU-hours / host-hours", f"{r['gpu_hours']:.6f} / {r['host_hours']:.6f}"),
     ]
+    rows[2:2] = [(f"teacher `{n}`", _teacher_text(n, t).split(" ", 1)[1]) for n, t in (r.get("teachers") or {}).items()]
     md = ["| figure | value |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
     if r.get("plan_total_usd") is not None:
         md += ["", "| stage | estimated | actual | ratio |", "|---|---:|---:|---:|"]

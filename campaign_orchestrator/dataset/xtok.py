@@ -461,7 +461,7 @@ def alignment_report(align, labels) -> dict:
 class CrossTokenizer:
     """What :func:`campaign_orchestrator.dataset.formatting.encode_batch` needs to place a teacher of another
     tokenizer on the student's rows: the student's bytes, and each teacher's, by the ``teacher`` value of a row
-    (``default`` for rows without one; a later campaign may route rows to several teachers). A teacher without a
+    (``default`` for rows without one; with several teachers routed by category, each row's own). A teacher without a
     tokenizer here (an API teacher) is None: its rows carry their tokens' text. ``identities``: each teacher's
     tokenizer identity (a tokenizer hash, or ``api:<model>``), recorded in the dataset beside the student's."""
 
@@ -486,6 +486,23 @@ class CrossTokenizer:
         identity = tokenizer_hash(teacher_dir) if teacher_dir is not None else f"api:{teacher}"
         view = None if api or teacher_dir is None else TokenizerBytes.from_dir(teacher_dir)
         return cls(TokenizerBytes.from_dir(student_dir), {teacher: view}, {teacher: identity}, teacher)
+
+    @classmethod
+    def for_teachers(
+        cls, student_dir: str | Path, teachers: Sequence[tuple[str, str, str | Path | None, bool]], default: str
+    ) -> CrossTokenizer:
+        """Several teachers routed by category (rows name theirs in ``teacher``): each ``(name, model reference,
+        tokenizer directory or None, api)`` placed by bytes under its own tokenizer identity, even one whose ids
+        are the student's (rows of several teachers go through one path; where the tokens match every position is
+        exact). ``default``: the teacher of a row that names none."""
+        from campaign_orchestrator.dataset.tokenize import tokenizer_hash
+
+        views: dict[str, TokenizerBytes | None] = {}
+        identities: dict[str, str] = {}
+        for name, model, tdir, api in teachers:
+            identities[name] = tokenizer_hash(tdir) if tdir is not None else f"api:{model}"
+            views[name] = None if api or tdir is None else TokenizerBytes.from_dir(tdir)
+        return cls(TokenizerBytes.from_dir(student_dir), views, identities, default)
 
     def key(self) -> list:
         """What the alignment depends on, for the tokenized dataset's content key."""

@@ -32,6 +32,8 @@ Columns (``GENERATION_SCHEMA``):
   teacher's generated tokens as text, one per top-k list, written like ``token``; with the completion text
   they give each position's byte offsets, so a student with another tokenizer is aligned by bytes
   (``campaign_orchestrator.dataset.xtok``). Local teachers' ids go through their tokenizer instead.
+- ``teacher`` (string, null with one teacher): the name of the teacher that answered the row, when ``teacher:``
+  is a list of teachers routed by category (older files lack the column: read as null).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ GENERATION_SCHEMA = pa.schema(
         ("completion_token_ids", pa.list_(pa.int32())),
         ("top_logprobs", TOP_LOGPROBS_TYPE),
         ("completion_token_strings", pa.list_(pa.string())),
+        ("teacher", pa.string()),
     ]
 )
 

@@ -71,6 +71,23 @@ class GenerationStats:
     def as_dict(self) -> dict:
         return asdict(self) | {"rows_per_s": self.rows_per_s, "tokens_per_s": self.tokens_per_s}
 
+    @classmethod
+    def merged(cls, parts: Sequence[GenerationStats]) -> GenerationStats:
+        """Several generations' stats as one (several teachers' in one stage): counts, tokens and seconds added,
+        reasons counted together, the compute dtypes each named once."""
+        out = cls()
+        for p in parts:
+            for name, value in asdict(p).items():
+                if isinstance(value, dict):
+                    mine = getattr(out, name)
+                    for k, v in value.items():
+                        mine[k] = mine.get(k, 0) + v
+                elif isinstance(value, int | float) and not isinstance(value, bool):
+                    setattr(out, name, getattr(out, name) + value)
+        dtypes = sorted({p.compute_dtype for p in parts if p.compute_dtype})
+        out.compute_dtype = ", ".join(dtypes) or None
+        return out
+
 
 @dataclass
 class GenerationResult:
@@ -384,6 +401,31 @@ def _run_generation(
     if st.failed and st.failed == len(missing) and not st.cache_hits:
         first = next(r["error"] for r in rows if r["error"])
         raise GenerationError(f"every one of {st.failed} requests failed; first error: {first}")
+    return GenerationResult(rows, st)
+
+
+def cached_rows(
+    prompts: Sequence[dict],
+    identity: str,
+    sampling: Sampling,
+    cache: GenerationCache,
+    *,
+    chat: bool = False,
+    context: Sequence[dict] = (),
+    context_categories: Sequence[str] | None = None,
+) -> GenerationResult:
+    """The rows the cache holds for ``prompts`` as ``identity`` answers them, asking nothing: the prompts whose every
+    sample is in the cache (what a stopped run finished: paid for, sealed), the others left out. A teacher that a
+    budget stopped keeps these in its stage's output."""
+    if not prompts:
+        return GenerationResult([], GenerationStats())
+    st, reqs, per_key, found = open_requests(
+        prompts, identity, sampling, cache, chat=chat, context=context, context_categories=context_categories
+    )
+    whole = [i for i, rs in enumerate(reqs) if all(r.key in found for r in rs)]
+    kept, kept_reqs = [prompts[i] for i in whole], [reqs[i] for i in whole]
+    st.prompts = len(kept)
+    rows = assemble_rows(kept, kept_reqs, found, lambda _key: True, sampling, st)
     return GenerationResult(rows, st)
 
 

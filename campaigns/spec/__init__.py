@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, field_serializer, field_validator, model_validator
 
 from campaigns import paths
 from campaigns.spec.automation import (
@@ -35,10 +35,10 @@ from campaigns.spec.automation import (
 from campaigns.spec.common import (
     SLUG as SLUG,
 )
+from campaigns.spec.common import FieldValueError, _Strict
 from campaigns.spec.common import (
     S3Uri as S3Uri,
 )
-from campaigns.spec.common import _Strict
 from campaigns.spec.cost import (
     CostSpec as CostSpec,
 )
@@ -151,6 +151,9 @@ from campaigns.spec.sweep import (
     SweepSpec as SweepSpec,
 )
 from campaigns.spec.teacher import (
+    SINGLE_NAME as SINGLE_NAME,
+)
+from campaigns.spec.teacher import (
     UNPRICED as UNPRICED,
 )
 from campaigns.spec.teacher import (
@@ -158,6 +161,12 @@ from campaigns.spec.teacher import (
 )
 from campaigns.spec.teacher import (
     SamplingSpec as SamplingSpec,
+)
+from campaigns.spec.teacher import (
+    TeacherEntry as TeacherEntry,
+)
+from campaigns.spec.teacher import (
+    TeacherList as TeacherList,
 )
 from campaigns.spec.teacher import (
     TeacherSpec as TeacherSpec,
@@ -196,13 +205,26 @@ from campaigns.spec.training import (
     TrainingSpec as TrainingSpec,
 )
 
+TEACHER_FORMS = ("mapping", "list")  # the two ways to write `teacher:` (a validation error's location names the form)
+
+
+def _teacher_form(v) -> str:
+    return "list" if isinstance(v, list | tuple) else "mapping"
+
 
 class CampaignSpec(_Strict):
     """One distillation / fine-tune campaign."""
 
     name: Annotated[str, Field(description="Slug: lowercase letters, digits, underscores; the asset key prefix.")]
     description: str = Field("", description="Free text shown in the UI.")
-    teacher: TeacherSpec
+    teacher: Annotated[
+        Annotated[TeacherSpec, Tag("mapping")] | Annotated[list[TeacherEntry], Tag("list")],
+        Discriminator(_teacher_form),
+    ] = Field(
+        description="The model that writes the answers the student learns from; or a list of teachers, each answering "
+        "the prompts of its `categories` (data.category_field) with its own backend, price and budget share, one "
+        'entry without `categories` answering the rest (docs/teacher.md, "Several teachers").'
+    )
     student: StudentSpec
     data: DataSpec
     training: TrainingSpec
@@ -241,6 +263,58 @@ class CampaignSpec(_Strict):
     def project_dir(self) -> Path:
         """What the campaign's relative paths are relative to (default: the project directory)."""
         return self._project_dir or paths.project_dir()
+
+    # ------------------------------------------------------------------ teachers
+    @property
+    def several_teachers(self) -> bool:
+        """``teacher:`` is a list (routed by category); a single teacher's campaign keeps its keys as before."""
+        return isinstance(self.teacher, TeacherList)
+
+    @property
+    def teachers(self) -> tuple[TeacherEntry, ...]:
+        """Every teacher with its name and categories, in the file's order; a single teacher is one entry named
+        ``teacher`` that answers every prompt."""
+        if isinstance(self.teacher, TeacherList):
+            return self.teacher.entries
+        return (TeacherEntry.model_validate(self.teacher.model_dump() | {"name": SINGLE_NAME}),)
+
+    def teacher_named(self, name: str) -> TeacherEntry:
+        for e in self.teachers:
+            if e.name == name:
+                return e
+        raise KeyError(f"campaign {self.name} has no teacher {name!r}; its teachers: {[e.name for e in self.teachers]}")
+
+    def teacher_for(self, category: str | None) -> TeacherEntry:
+        """The teacher that answers a prompt of ``category``."""
+        if isinstance(self.teacher, TeacherList):
+            return self.teacher.for_category(category)
+        return self.teachers[0]
+
+    def for_teacher(self, entry: TeacherEntry | str) -> CampaignSpec:
+        """The campaign as one of its teachers sees it: ``teacher`` is that teacher's plain section, so everything
+        that asks, caches and prices one teacher serves each of several (the campaign itself with one teacher)."""
+        if not isinstance(self.teacher, TeacherList):
+            return self
+        e = self.teacher_named(entry) if isinstance(entry, str) else entry
+        return self.model_copy(update={"teacher": e.section()})
+
+    @field_validator("teacher", mode="after")
+    @classmethod
+    def _teacher_list(cls, v):
+        return TeacherList.of(v) if isinstance(v, list) else v
+
+    @field_serializer("teacher", mode="wrap")
+    def _teacher_as_written(self, v, handler, info):
+        if not isinstance(v, TeacherList):
+            return handler(v)
+        how = {
+            "mode": info.mode,
+            "by_alias": bool(info.by_alias),
+            "exclude_unset": info.exclude_unset,
+            "exclude_defaults": info.exclude_defaults,
+            "exclude_none": info.exclude_none,
+        }
+        return [e.model_dump(**how) for e in v.entries]
 
     def path(self, p: str | Path) -> Path:
         """A path from the campaign file (data source, suite, catalog, local model) as an absolute path."""
@@ -320,9 +394,12 @@ class CampaignSpec(_Strict):
             for s in ("teacher_generations", "evaluation")
             if s in c.stage_budgets_usd and (s == "teacher_generations" or self.evaluation.score_teacher)
         ]
-        if self.teacher.unpriced and covered:
+        unpriced = [(i, e) for i, e in enumerate(self.teachers) if e.unpriced]
+        if unpriced and covered:
+            i, e = unpriced[0]
+            where = f"teacher[{i}].price ({e.name})" if self.several_teachers else "teacher.price"
             raise ValueError(
-                f"teacher.price is `unpriced`, so its spend is unknown and {' and '.join(covered)} cannot be kept: "
+                f"{where} is `unpriced`, so its spend is unknown and {' and '.join(covered)} cannot be kept: "
                 "price the teacher (a catalog entry, or your own catalog with its real price, even 0 for a server you "
                 "already pay for) or remove the budget"
             )
@@ -330,17 +407,57 @@ class CampaignSpec(_Strict):
 
     @model_validator(mode="after")
     def _logit_distillation_needs_logprobs(self) -> CampaignSpec:
-        if self.training.distillation.loss == "logits" and self.teacher.sampling.logprobs is None:
+        if self.training.distillation.loss != "logits":
+            return self
+        if not self.several_teachers and self.teacher.sampling.logprobs is None:
             raise ValueError(
                 "training.distillation.loss 'logits' needs the teacher's top-k log-probabilities: "
                 "set teacher.sampling.logprobs (e.g. 8)"
             )
+        for i, e in enumerate(self.teachers if self.several_teachers else ()):
+            if e.sampling.logprobs is None:
+                raise FieldValueError(
+                    ("teacher", i, "sampling"),
+                    f"training.distillation.loss 'logits' needs every teacher's top-k log-probabilities; teacher "
+                    f"{e.name} has none: set its sampling.logprobs (e.g. 8)",
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _several_teachers_fit(self) -> CampaignSpec:
+        """What a list of teachers cannot do (yet), refused here with the field to change."""
+        if not self.several_teachers:
+            return self
+        d = self.training.distillation
+        if d.loss == "on_policy":
+            raise FieldValueError(
+                ("training", "distillation", "loss"),
+                "'on_policy' scores the student's samples with one teacher inside training, and `teacher:` is a list "
+                "(a teacher per category): on-policy scoring is not routed by category yet. Write `loss: sequence` "
+                "or `loss: logits` (each teacher answers its own categories), or keep one teacher (a `teacher:` "
+                "mapping) for on-policy distillation",
+            )
+        if d.teacher_tokenizer:
+            raise FieldValueError(
+                ("training", "distillation", "teacher_tokenizer"),
+                "names one tokenizer, but `teacher:` is a list: each local teacher's tokenizer is its own model's "
+                "and an API teacher's rows carry their tokens' text: remove `teacher_tokenizer`",
+            )
+        c = self.cost
+        base = c.stage_budgets_usd.get("teacher_generations", c.budget_usd)
+        for i, e in enumerate(self.teachers):
+            if e.budget_share is not None and base is None:
+                raise FieldValueError(
+                    ("teacher", i, "budget_share"),
+                    f"teacher {e.name}'s budget_share is a share of the teacher budget, but the campaign has none: "
+                    "set cost.stage_budgets_usd.teacher_generations (or cost.budget_usd), or remove budget_share",
+                )
         return self
 
     @model_validator(mode="after")
     def _on_policy_has_a_scorer(self) -> CampaignSpec:
         d = self.training.distillation
-        if d.loss != "on_policy":
+        if d.loss != "on_policy" or self.several_teachers:  # several teachers: refused by _several_teachers_fit
             return self
         if self.teacher.backend == "vllm":
             raise ValueError(

@@ -32,3 +32,13 @@ def _cron(v: str) -> str:
 
 
 Cron = Annotated[str, AfterValidator(_cron)]
+
+
+class FieldValueError(ValueError):
+    """A campaign-wide rule broken at one field: a model validator raises it with the field's location
+    (``("teacher", 1, "budget_share")``), so ``campaign validate`` names that field and its line rather than the top
+    level (``campaigns.loader``)."""
+
+    def __init__(self, loc: tuple, message: str):
+        super().__init__(message)
+        self.loc = tuple(loc)

@@ -46,6 +46,33 @@ class FilterSpec(_Strict):
         return v
 
 
+class TargetsSpec(_Strict):
+    """Whose knowledge the training targets carry. ``content: teacher`` (default) trains on the teacher's answers.
+    ``content: base`` keeps what the student knows while it learns the teacher's format: the student's base model
+    answers every task prompt in its own words (the local engine and the generation cache, as ``data.replay``
+    answers replay prompts; priced as local compute), and each target is built from that answer in the teacher's
+    short form (``rule``). Where the teacher's answer says something the student does not hold (a fact it never
+    knew, or one the teacher got wrong), training on it teaches the format and breaks the recall ("knew it, lost
+    it" in the diagnosis). Measured: docs/results.md, "Keeping what the student knows"."""
+
+    content: Literal["teacher", "base"] = Field(
+        "teacher",
+        description="teacher: the teacher's answers as they are; base: targets built from the student's base's own "
+        "answers to the task prompts, in the teacher's short form (`rule`).",
+    )
+    rule: Literal["short_form", "short_form_or_reference", "agree"] = Field(
+        "short_form",
+        description="`content: base`. short_form: the target is the teacher's short form (any answer the teacher gave "
+        "in the task, normalized) that the base's answer names, written as the teacher writes it; rows whose base "
+        "answer names none are dropped. short_form_or_reference: the same, the training prompts' references (the "
+        "task's answer set) among the short forms too. agree: only the rows whose own teacher answer the base's "
+        "answer names.",
+    )
+    max_new_tokens: int = Field(
+        48, ge=1, le=4096, description="`content: base`: the longest answer the base gives to a task prompt."
+    )
+
+
 class DataSpec(_Strict):
     """Where the prompts come from, which are held out, and the filters on the teacher's answers."""
 
@@ -65,6 +92,11 @@ class DataSpec(_Strict):
         None,
         description="General prompts answered by the base student (default), the teacher or a file, mixed into "
         "training at `share`: keeps what the student could do before (self-replay, any teacher).",
+    )
+    targets: TargetsSpec = Field(
+        TargetsSpec(),
+        description="Whose knowledge the training targets carry: the teacher's answers (default), or the student's "
+        "base's own answers in the teacher's short form (`content: base`: keeps what the student knows).",
     )
 
 

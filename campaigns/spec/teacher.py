@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from campaigns.spec.common import _Strict
+from campaigns.spec.common import SLUG, _Strict
 
 UNPRICED = "unpriced"  # `teacher.price: unpriced`: an API teacher whose spend is unknown
 
@@ -176,3 +176,111 @@ class TeacherSpec(_Strict):
                     "alone: remove `price`"
                 )
         return self
+
+
+# --------------------------------------------------------------------------- several teachers
+
+ROUTING_FIELDS = frozenset({"name", "categories", "budget_share"})  # what a list entry adds to a teacher section
+SINGLE_NAME = "teacher"  # the one teacher of a `teacher:` mapping, where every teacher has a name
+
+
+class TeacherEntry(TeacherSpec):
+    """One teacher of a list (``teacher:`` as a list): a teacher section of its own (backend, model, price or
+    hardware, sampling, ...) plus its name, the categories it answers and its share of the budget."""
+
+    name: str = Field(
+        description="Slug naming the teacher (lowercase letters, digits, '_'): the distillation set's `teacher` "
+        "column, its cost lines in the ledger and the cost report, its budget stop."
+    )
+    categories: list[str] | None = Field(
+        None,
+        description="The prompt categories (data.category_field) this teacher answers, for training, evaluation "
+        "and replay alike. Exactly one entry leaves it unset: the default teacher, which answers every other "
+        "prompt (and prompts without a category).",
+    )
+    budget_share: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="The largest share of the teacher budget (cost.stage_budgets_usd.teacher_generations, else "
+        "cost.budget_usd) this teacher may spend in teacher_generations; past it the teacher is stopped and the "
+        'others go on (docs/teacher.md, "Several teachers"). Unset: only the campaign\'s budgets apply.',
+    )
+
+    @field_validator("categories")
+    @classmethod
+    def _routes_something(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError(
+                "`categories: []` routes no prompt to this teacher: list its categories, or remove `categories` "
+                "to make it the default teacher (it answers every prompt no other teacher lists)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _named(self) -> TeacherEntry:
+        if not SLUG.match(self.name):
+            raise ValueError(
+                f"`name` must be a slug (lowercase letter first, then lowercase letters, digits or '_'), "
+                f"got {self.name!r}"
+            )
+        return self
+
+    def section(self) -> TeacherSpec:
+        """This teacher as a plain ``teacher:`` section (what the backends, the cache and the prices read)."""
+        return TeacherSpec.model_validate(self.model_dump(exclude=set(ROUTING_FIELDS)))
+
+    @property
+    def is_default(self) -> bool:
+        return self.categories is None
+
+
+class TeacherList(TeacherSpec):
+    """Several teachers, routed by category (``teacher:`` written as a list of :class:`TeacherEntry`). Its own
+    fields are the default entry's, so what reads the teacher's settings alone (a replay's teacher, the model
+    card's lineage) reads the default teacher; ``entries`` holds every teacher in the file's order."""
+
+    entries: tuple[TeacherEntry, ...]
+
+    @classmethod
+    def of(cls, entries: list[TeacherEntry]) -> TeacherList:
+        """The list as written, checked: names unique, exactly one default entry, each category routed once."""
+        problems = []
+        names = [e.name for e in entries]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            problems.append(f"teacher names must be unique: {', '.join(twice)} named twice")
+        defaults = [f"teacher[{i}] ({e.name})" for i, e in enumerate(entries) if e.is_default]
+        if len(defaults) != 1:
+            problems.append(
+                "exactly one teacher of the list leaves `categories` unset (the default teacher: it answers every "
+                "prompt the others do not list); "
+                + (
+                    "every entry lists categories: remove `categories` from the one that should answer the rest"
+                    if not defaults
+                    else f"{' and '.join(defaults)} both do: give all but one their `categories`"
+                )
+            )
+        owner: dict[str, str] = {}
+        for e in entries:
+            for c in e.categories or []:
+                if c in owner and owner[c] != e.name:
+                    problems.append(
+                        f"category {c!r} is routed to two teachers ({owner[c]} and {e.name}): keep it in one"
+                    )
+                owner.setdefault(c, e.name)
+        if problems:
+            raise ValueError("; ".join(problems))
+        default = next(e for e in entries if e.is_default)
+        return cls.model_validate(default.section().model_dump() | {"entries": tuple(entries)})
+
+    @property
+    def default(self) -> TeacherEntry:
+        return next(e for e in self.entries if e.is_default)
+
+    def for_category(self, category: str | None) -> TeacherEntry:
+        """The teacher that answers a prompt of ``category`` (the default one when no entry lists it)."""
+        for e in self.entries:
+            if e.categories is not None and category in e.categories:
+                return e
+        return self.default

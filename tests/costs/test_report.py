@@ -181,3 +181,40 @@ def test_report_says_when_teacher_generations_came_from_the_cache(tmp_path):
         campaign="camp", run_id="r", ledger=ledger, primary_suite="s", manifests={"teacher_generations": gen_fresh}
     )
     assert "content-addressed cache" not in "\n".join(render_text(r))
+
+
+def test_spend_per_teacher_by_hand():
+    """Several teachers: each one's tagged lines split by what it did (generations, scoring in evaluation, replay,
+    a stopped attempt), its rows and categories from the teacher stage; an unpriced teacher's spend is unknown."""
+    from campaign_orchestrator.costs.report import _teacher_text, teacher_spend
+
+    def line(teacher, usd, asset, status="completed"):
+        return _line("teacher", usd, 1.0, "host-hour", status, asset) | {"teacher": teacher}
+
+    lines = [
+        line("code", 0.25, "teacher_generations"),
+        line("code", 0.5, "teacher_generations", "interrupted"),
+        line("code", 0.125, "evaluation"),
+        line("rest", 1.0, "teacher_generations"),
+        line("rest", 0.0625, "distillation_set"),
+        _line("training", 3.0, 1.0, "gpu-hour"),  # no teacher: not a teacher's spend
+    ]
+    gen = {
+        "teachers": {
+            "code": {"categories": ["code"], "rows": 40, "usd": 0.25, "stopped": "teacher code's budget_share"},
+            "rest": {"categories": None, "rows": 60, "usd": 1.0},
+            "api": {"categories": ["math"], "rows": 5, "usd": None},  # unpriced
+        }
+    }
+    t = teacher_spend(lines, gen)
+    assert t["code"]["usd"] == pytest.approx(0.875) and t["code"]["generations_usd"] == pytest.approx(0.75)
+    assert t["code"]["interrupted_usd"] == pytest.approx(0.5) and t["code"]["scoring_usd"] == pytest.approx(0.125)
+    assert t["code"]["stopped"] == "teacher code's budget_share" and t["code"]["rows"] == 40
+    assert t["rest"]["usd"] == pytest.approx(1.0625) and t["rest"]["replay_usd"] == pytest.approx(0.0625)
+    assert t["api"]["usd"] is None and t["api"]["generations_usd"] is None
+    assert teacher_spend([_line("teacher", 1.0, 1.0, "host-hour")], {}) is None  # one teacher: no split
+
+    text = "; ".join(_teacher_text(n, x) for n, x in t.items())  # the cost report's `spend per teacher`
+    assert "code $0.875000 (code; 40 rows; generations $0.750000, scoring $0.125000, of which $0.500000 in a " in text
+    assert "STOPPED: teacher code's budget_share" in text and "api unknown (unpriced) (math; 5 rows" in text
+    assert "rest $1.062500 (the rest; 60 rows; generations $1.000000, replay $0.062500)" in text

@@ -282,8 +282,8 @@ def test_truncation_drops_a_group_it_cuts(char_tok, bpe_tok):
 def test_same_tokenizer_keys_are_the_ones_before_cross_tokenizer_distillation():
     """The tokenized dataset's key without a byte alignment is the one main computed before this change
     (039f5fc, pinned): a campaign whose teacher shares the student's tokenizer rebuilds nothing."""
-    from stages.tokenized_dataset import content_key
     from campaign_orchestrator.dataset.tokenize import BuildSettings
+    from stages.tokenized_dataset import content_key
 
     s = BuildSettings(max_seq_len=64, template="auto", validation_fraction=0.1)
     assert content_key("d" * 20, "t" * 64, s, None, teacher_topk=True) == "50574bf8097ab2dc4630"
@@ -295,9 +295,9 @@ def test_same_tokenizer_keys_are_the_ones_before_cross_tokenizer_distillation():
 def test_a_teacher_of_the_students_tokenizer_takes_the_id_path(demo_models_root, tmp_path):
     """The demo campaign with logit distillation (teacher and student share the character tokenizer) keeps the
     same-vocabulary path, so its key has no alignment part; the BPE teacher, or an API teacher, is aligned."""
-    from stages.tokenized_dataset import cross_tokenizer
     from campaigns.loader import parse_campaign_text
     from stages.storage import Store
+    from stages.tokenized_dataset import cross_tokenizer
     from tests.support import REPO_ROOT
 
     raw = yaml_load(REPO_ROOT / "campaigns" / "demo.yaml")
@@ -341,9 +341,9 @@ def test_the_dataset_build_writes_the_alignment_and_both_tokenizers(tmp_path, ch
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from stages.distillation_set import distill_schema
     from campaign_orchestrator.dataset.tokenize import BuildSettings, build_tokenized_dataset, dataset_metadata
     from campaign_orchestrator.dataset.xtok import CrossTokenizer
+    from stages.distillation_set import distill_schema
 
     student_dir, teacher_dir = tmp_path / "student", tmp_path / "teacher"
     char_tok.save_pretrained(student_dir)
@@ -388,3 +388,30 @@ def test_the_teacher_server_writes_each_token_as_its_exact_bytes(smollm2_tok):
     assert b"".join(string_bytes(t) for t in texts) == TEXT.encode()
     assert any(t.startswith("bytes:") for t in texts) and "\n\n   " in texts
     assert server._token_text(smollm2_tok.convert_tokens_to_ids("<|im_end|>")) == "<|im_end|>"
+
+
+def test_rows_of_several_teachers_are_each_placed_by_their_own_tokenizer(char_tok, bpe_tok):
+    """A teacher per category (issue 45): one batch with rows of the character teacher and of the BPE teacher, each
+    naming its teacher, placed by that teacher's tokenizer: every row aligned, the character teacher's rows exact at
+    every position, the BPE teacher's with ULD groups. Placed by the other's tokenizer, the BPE rows' ids read as
+    characters do not spell the completion and are refused."""
+    items = cipher.items(20, seed=4)
+    rows = [
+        {"id": it["id"], "prompt": it["prompt"], "teacher": "char" if i % 2 else "bpe"}
+        | generation(char_tok if i % 2 else bpe_tok, " " + it["reference"], seed=i)
+        for i, it in enumerate(items)
+    ]
+    keys = ("id", "prompt", "completion", "completion_token_ids", "top_logprobs", "completion_token_strings", "teacher")
+    batch = {k: [r.get(k) for r in rows] for k in keys}
+    xt = CrossTokenizer(
+        view(char_tok), {"char": view(char_tok), "bpe": view(bpe_tok)}, {"char": "c", "bpe": "b"}, "bpe"
+    )
+    out = encode_batch(batch, char_tok, resolve_template(char_tok, "auto"), EncodeSettings(256), xt)
+    assert out["teacher_status"] == ["aligned"] * len(rows)
+    for b, r in enumerate(rows):
+        kinds = {a for a in out[TEACHER_ALIGN][b] if a != NONE}
+        assert kinds == ({EXACT} if r["teacher"] == "char" else {EXACT, ULD_HEAD, ULD_CONT}), (r["teacher"], kinds)
+    wrong = CrossTokenizer(view(char_tok), {"char": view(char_tok)}, {"char": "c"}, "char")  # every row as `char`
+    bpe_rows = {k: [v for v, r in zip(batch[k], rows, strict=True) if r["teacher"] == "bpe"] for k in keys}
+    bad = encode_batch(bpe_rows, char_tok, resolve_template(char_tok, "auto"), EncodeSettings(256), wrong)
+    assert "aligned" not in bad["teacher_status"]

@@ -17,6 +17,7 @@ import psutil
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context
 
+from resources import run_owner
 from tests.support.campaign_support import instance_home, openai_teacher, start_cli, write_campaign
 from tests.support.testserver import ServerProcess
 
@@ -118,7 +119,8 @@ def test_waiting_step_names_the_holder_sleeps_and_signals_cancel_it(
             logs["hold_a"],
         )
         a = _run_of(instance, "hold_a")
-        assert _holders(instance) == {a.run_id} and json.loads(a.tags["campaign/owner"])["pid"] == procs["hold_a"].pid
+        owner = json.loads(a.tags[run_owner.OWNER_TAG])
+        assert _holders(instance) == {a.run_id} and owner["pid"] == procs["hold_a"].pid
         start("wait_b")
         start("wait_c")
         pat = re.compile(
@@ -239,7 +241,7 @@ def test_sigkill_mid_teacher_then_rerun_resumes_and_finishes(tmp_path, artifact_
     assert "recovered" in out or "in the cache" in out
     assert instance.get_run_by_id(dead.run_id).status == DagsterRunStatus.FAILURE
     rerun = _run_of(instance, "crashy", statuses=[DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE])
-    assert rerun.run_id != dead.run_id and json.loads(rerun.tags["campaign/owner"])["pid"] == second.pid
+    assert rerun.run_id != dead.run_id and json.loads(rerun.tags[run_owner.OWNER_TAG])["pid"] == second.pid
     assert not instance.event_log_storage.get_concurrency_run_ids()
     asked = stats["received_by_prompt"]
     twice = sorted(p for p, n in asked.items() if n > 1)

@@ -21,7 +21,16 @@ from tests.support import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
-TOP_LEVEL = {"campaigns", "assets", "resources", "training", "evaluation", "campaign_orchestrator", "campaign_app"}
+TOP_LEVEL = {
+    "campaigns",
+    "assets",
+    "resources",
+    "stages",
+    "training",
+    "evaluation",
+    "campaign_orchestrator",
+    "campaign_app",
+}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +69,7 @@ def installed(tmp_path_factory) -> Path:
     return root
 
 
-def test_installs_only_the_seven_top_level_names(installed):
+def test_installs_only_the_eight_top_level_names(installed):
     py = installed / "bin" / "python"
     site = Path(
         subprocess.run(

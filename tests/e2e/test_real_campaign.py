@@ -20,7 +20,8 @@ from assets.location import build_definitions, campaign_job_name
 from campaign_orchestrator.hardware import resolve_compute_dtype
 from tests.support import REPO_ROOT as REPO
 
-pytestmark = pytest.mark.slow
+# minutes on a 2-core host (the SmolLM2 teacher, training and two suites, twice): `make test-heavy` runs it
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 DATA = REPO / "campaigns" / "data" / "smollm2"
 

@@ -45,7 +45,9 @@ CHROMIUM = "/usr/bin/chromium"
 LOCATION = "campaigns"  # workspace.yaml location_name
 REPO_PATH = f"__repository__@{LOCATION}"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+# the real `dagster dev`, a sensor-launched campaign and Chromium over the UI: minutes on a 2-core host, so it runs in
+# `make test-heavy` (which .ci/run calls after `make test`)
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(1500)]
 
 SENSOR_TICKS = """
 query Ticks($selector: SensorSelector!) {

@@ -34,14 +34,17 @@ def _suite(tmp: Path, name: str, include: Path, registry_cache: Path | None = No
 
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory, demo_models):
-    """A good adapter (the cipher, 80 steps: most answers right, not all) and a broken one (trained the
-    same way on another substitution, so it answers confidently wrong)."""
+    """A good adapter (the cipher, 80 steps: nearly every answer right), a partial one (66 steps: on the cipher's
+    steep slope between 60 steps, about a fifth right, and 74, nearly all; some answers right and some wrong, so
+    item-by-item agreement is not trivial) and a broken one (trained the same way on another substitution, so it
+    answers confidently wrong)."""
     from campaign_orchestrator.demo import cipher
 
     root = tmp_path_factory.mktemp("adapters")
     base = demo_models["student"]
     return {
         "good": train_adapter(root / "good", base, steps=80),
+        "partial": train_adapter(root / "partial", base, steps=66),
         "broken": train_adapter(root / "broken", base, steps=40, examples=600, mapping=cipher.cipher_map(seed=8)),
     }
 
@@ -53,6 +56,7 @@ def harness_run(tmp_path_factory, demo_models, adapters):
     models = [
         HarnessModel("base", base, None, True, "bfloat16"),
         HarnessModel("candidate", base, str(adapters["good"]), True, "bfloat16"),
+        HarnessModel("partial", base, str(adapters["partial"]), True, "bfloat16"),
         HarnessModel("broken", base, str(adapters["broken"]), True, "bfloat16"),
     ]
     events = []
@@ -73,10 +77,10 @@ def _rows(run, role: str, task: str) -> dict[str, dict]:
 
 def test_harness_scores_equal_the_projects_own_item_by_item(harness_run, demo_models, adapters):
     run, raw, events = harness_run
-    assert events.count(120) == 3, events  # one progress tick per model: 60 + 60 documents each
+    assert events.count(120) == 4, events  # one progress tick per model: 60 + 60 documents each
     base = demo_models["student"]
     figures = {}
-    for role, adapter in (("base", None), ("candidate", adapters["good"])):
+    for role, adapter in (("base", None), ("candidate", adapters["good"]), ("partial", adapters["partial"])):
         gen = project_generation_scores(base, adapter)
         h = _rows(run, role, "cipher_gen")
         assert set(h) == set(gen) and len(gen) == 60
@@ -102,7 +106,8 @@ def test_harness_scores_equal_the_projects_own_item_by_item(harness_run, demo_mo
             assert a.agrees and a.documents == 60
             assert a.harness == pytest.approx(project, abs=1e-12) and a.project == pytest.approx(project, abs=1e-12)
     assert figures["base"] == {"cipher_gen": 0.0, "cipher_mc": 0.0}  # the base copies the word
-    assert 0.5 < figures["candidate"]["cipher_gen"] < 1.0  # right and wrong answers: agreement is not trivial
+    assert figures["candidate"]["cipher_gen"] > 0.5
+    assert 0.0 < figures["partial"]["cipher_gen"] < 1.0  # right and wrong answers: agreement is not trivial
     print("agreement (harness == project):", json.dumps(figures))
 
 

@@ -172,3 +172,24 @@ def test_what_the_card_takes_from_the_shipped_campaigns():
     }
     demo = spec_facts(load_campaign(REPO_ROOT / "campaigns" / "demo.yaml"), None)
     assert demo["base_model_hub_id"] is None and demo["datasets"] == ["campaigns/data/demo/*.jsonl"]
+
+
+def test_several_teachers_each_have_a_lineage_line(tmp_path):
+    """A campaign with a teacher per category: the card's data lineage names each teacher, its categories (the
+    default one: the other categories), backend, model and rows, in place of the one teacher line."""
+    info = _info(tmp_path)
+    info["lineage"]["teachers"] = [
+        {"name": "code", "categories": ["code"], "backend": "vllm", "model": "coder", "generations": 120},
+        {
+            "name": "general",
+            "categories": None,
+            "backend": "openai",
+            "model": "t",
+            "base_url": "http://x/v1",
+            "generations": 74,
+        },
+    ]
+    card = render_card(info)
+    assert "- **Teacher `code` (code)**: vllm `coder`, 120 generations." in card
+    assert "- **Teacher `general` (the other categories)**: openai `t` at http://x/v1, 74 generations." in card
+    assert "- **Teacher**: " not in card

@@ -3,6 +3,7 @@ and what to change, and stays silent on the shipped campaigns (the two shipped t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,38 @@ def test_a_learning_rate_out_of_range_for_the_lora_scale(lr, word):
 def test_a_suite_smaller_than_the_gates_min_items():
     f = fired(spec(), RecipeFacts(150, 150, 100, 115, {"plurals": 30, "general": 150}))["heldout_size"]
     assert f.value == 30 and "'plurals' has 30 items" in f.message and "INCONCLUSIVE" in f.message
+
+
+LOST = {
+    "cause": "knew it, lost it",
+    "evidence": "...",
+    "knowledge": {"base_lenient": 0.77, "candidate_strict": 0.0, "knew": True},
+    "fix": "...",
+}
+
+
+def test_keep_knowledge_after_a_knew_it_lost_it_diagnosis(tmp_path):
+    from campaign_orchestrator.recipe_checks import latest_diagnosis
+
+    assert "keep_knowledge" not in fired(spec())  # no evaluation yet: nothing to learn from
+    (tmp_path / "evaluation").mkdir()
+    (tmp_path / "evaluation" / "LATEST.json").write_text(json.dumps({"verdict": "NO-GO", "diagnosis": [LOST]}))
+    diagnosis = latest_diagnosis(tmp_path)
+    assert diagnosis == [LOST] and latest_diagnosis(tmp_path / "never-evaluated") == []
+    f = {x.check: x for x in check_recipe(spec(), GOOD, diagnosis)}["keep_knowledge"]
+    assert f.value == 0.77 and "held 77% of it (lenient)" in f.message and "answered 0% (strict)" in f.message
+    assert "data.targets: {content: base, rule: short_form_or_reference}" in f.message
+    assert "target_modules" not in f.message  # LoRA on the MLP already (the default target modules)
+    # targets from the base, but LoRA on the attention alone (smollm2_api's choice): the MLP part only
+    attention = BASE.replace("lora: {r: 8, alpha: 16}", "lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}")
+    half = spec(attention.replace("  replay:", "  targets: {content: base}\n  replay:"))
+    f = {x.check: x for x in check_recipe(half, GOOD, diagnosis)}["keep_knowledge"]
+    assert "target_modules with the MLP too" in f.message and "data.targets" not in f.message
+    # the setting on: silent; other causes ("never knew" needs facts, not this setting): silent
+    on = spec(BASE.replace("  replay:", "  targets: {content: base}\n  replay:"))
+    assert "keep_knowledge" not in {x.check for x in check_recipe(on, GOOD, diagnosis)}
+    never = [dict(LOST, cause="never knew")]
+    assert "keep_knowledge" not in {x.check for x in check_recipe(spec(), GOOD, never)}
 
 
 # shipped to fail: the demo's lr 0 on purpose, the API example's naive variant; the cluster examples train 150 steps

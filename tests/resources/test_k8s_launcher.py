@@ -206,7 +206,7 @@ def test_success_streams_rank0_messages_cleans_up_and_leaks_no_secret(
     assert [o.metadata["step"].value for o in obs] == [1, 2, 3]  # only rank 0 reported, once per step
     assert obs[-1].asset_key == AssetKey(["cluster_distill", "student_adapter"])
     mat = result.asset_materializations_for_node("cluster_distill__student_adapter")[0]
-    assert mat.metadata["final_loss"].value == pytest.approx(2.0 / 3)
+    assert mat.metadata["final_loss"].value == pytest.approx(2.0 / 3, abs=5e-5)  # shown to 4 figures, for people
     # both nodes' plain log lines landed in per-node log files next to the adapter
     logs_md = json.loads((artifact_root / "cluster_distill" / "student_adapter" / "LATEST.json").read_text())["logs"]
     assert [Path(p).name for p in logs_md] == ["node-0.log", "node-1.log"]

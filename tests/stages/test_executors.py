@@ -185,3 +185,46 @@ def test_evaluation_answers_launch_one_job_per_model_and_length(spec, tmp_path, 
     }
     with pytest.raises(Exception, match="no KubeRay launcher"):  # a kuberay stage never falls back to a local cluster
         KubeRayJob(spec, None, "evaluation", items).answerer(ctx, spec, "base", base, None, dtypes)()(["x"], 16)
+
+
+def test_several_teachers_on_kuberay_launch_one_job_each_in_its_own_directory(spec, tmp_path):
+    """A teacher per category on KubeRay: the routed teacher stage launches one RayJob per teacher, each with only
+    its categories' prompts, its own identity and sampling, its job files under ``ray/<teacher>``; every row and
+    every shard's cost line names its teacher."""
+    from campaign_orchestrator.demo import cipher
+    from stages import prompts, teacher_generations
+
+    data = tmp_path / "prompts.jsonl"
+    cipher.write_jsonl(cipher.items(40, seed=1), data)
+    raw = spec.model_dump(mode="json", exclude_unset=True)
+    one = raw["teacher"]
+    raw["teacher"] = [
+        one | {"name": "short", "categories": ["short"], "model": "org/short-words", "revision": "r1"},
+        one | {"name": "general", "model": "org/general", "revision": "r2"},
+    ]
+    raw["data"] = raw["data"] | {"source": str(data), "heldout": {"fraction": 0.1, "seed": 0}}
+    routed = parse_campaign_text(yaml.safe_dump(raw), "cluster_ray_teachers.yaml")
+    launcher, asked = FakeLauncher(), {}
+
+    def launch(spec, stage, job, workdir, budget=None, on_shard=None):  # the prompts each job was given
+        asked[Path(workdir).name] = {r["id"] for r in read_prompt_table(job["prompts"])}
+        return launcher.launch(None, spec, stage, job, workdir, budget=budget, on_shard=on_shard)
+
+    ctx = StageContext(store=Store(root=str(tmp_path / "artifacts")), kuberay=launch)
+    p = prompts.run(routed, {}, ctx).manifest
+    m = teacher_generations.run(routed, {"prompts": p}, ctx).manifest
+
+    train = read_prompt_table(p["train_path"])
+    short = {r["id"] for r in train if r["category"] == "short"}
+    assert 0 < len(short) < len(train)
+    by_dir = {where.name: job for _stage, job, where in launcher.calls}
+    assert set(by_dir) == {"short", "general"}
+    assert all(where.parent == Path(m["path"]) / "ray" for _s, _j, where in launcher.calls)
+    assert "org/short-words" in by_dir["short"]["identity"] and "org/general" in by_dir["general"]["identity"]
+    assert asked == {"short": short, "general": {r["id"] for r in train} - short}
+    rows = read_prompt_table(m["generations_path"])
+    assert all(r["teacher"] == ("short" if r["id"] in short else "general") for r in rows)
+    assert {(x["teacher"], x["shard"]) for x in m["cost_lines"]} == {
+        (t, s) for t in ("short", "general") for s in ("s-one", "s-two")
+    }
+    assert set(m["ray_teachers"]) == {"short", "general"}

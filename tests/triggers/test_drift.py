@@ -261,7 +261,7 @@ def test_drift_below_the_floor_requests_a_retraining_run(tmp_path, artifact_root
         assert req.tags["trigger"] == "drift" and req.tags["drifted_model"] == key
         assert "below the gate floor" in req.tags["trigger_reason"] and req.tags["drift_run"] == result.run_id
         assert set(req.asset_selection) == {AssetKey(["drifty", s]) for s in STAGES}
-        assert req.run_key == f"drift-{md['drift_key']}"
+        assert req.run_key == f"drift-{md['content_key']}"
 
         # A STABLE re-evaluation requests nothing.
         instance.report_runless_asset_event(

@@ -3,7 +3,7 @@ fits, every stage's estimate, the total against the budget, and the teacher stag
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from campaign_orchestrator.costs.catalog import Catalog
@@ -11,7 +11,7 @@ from campaign_orchestrator.costs.memory import ModelShape
 from campaign_orchestrator.costs.plan.facts import DataFacts, data_facts
 from campaign_orchestrator.costs.plan.fit import memory_fit
 from campaign_orchestrator.costs.plan.scaleout import ScaleOut, plan_scaleout
-from campaign_orchestrator.costs.plan.stages import StageEstimate, plan_stages
+from campaign_orchestrator.costs.plan.stages import EvaluationEstimate, StageEstimate, TeacherEstimate, plan_stages
 from campaigns.spec import CampaignSpec
 
 
@@ -35,6 +35,7 @@ class Plan:
     within_budget: bool | None
     scaleout: ScaleOut | None = None
     campaign_spent_usd: float | None = None  # the ledger's spend, when the caller read it
+    teachers: dict | None = None  # several teachers: each one's shares and dollars (:func:`plan_routed`)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -79,3 +80,81 @@ def plan_campaign(
     if spec.execution.executor == "ray" and "teacher_generations" in stages:  # the teacher stage on 1..64 replicas
         plan.scaleout = plan_scaleout(spec, catalog, facts, teacher)
     return plan
+
+
+MIXED = "(per teacher)"  # the unit of a stage estimate that adds several teachers' prices (render.py lists them)
+
+
+def plan_routed(
+    spec: CampaignSpec, catalog: Catalog, repo_root: Path, teacher_dirs: dict[str, Path | None], student_dir: Path
+) -> Plan:
+    """Several teachers routed by category: the plan of the default teacher's view (data, memory, training), with
+    the teacher stage the sum of each teacher's estimate over its share of the training prompts and the teacher's
+    part of evaluation the sum over its share of the held-out items (each at its own price); ``teachers``: each
+    one's shares and dollars."""
+    from campaign_orchestrator.costs.plan.facts import route_shares
+
+    shares = route_shares(spec, repo_root)
+    plans = {
+        e.name: plan_campaign(spec.for_teacher(e), catalog, repo_root, teacher_dirs.get(e.name), student_dir)
+        for e in spec.teachers
+    }
+    plan = plans[spec.teacher.default.name]
+    per: dict[str, dict] = {n: {"train_share": shares[n][0], "heldout_share": shares[n][1]} for n in plans}
+    gen = [(n, p.stages.get("teacher_generations"), shares[n][0]) for n, p in plans.items()]
+    if all(est is not None for _n, est, _s in gen):
+        parts = [_scaled(est, share) for _n, est, share in gen]
+        for (n, _e, _s), part in zip(gen, parts, strict=True):
+            per[n]["teacher_generations_usd"] = part.usd
+        plan.stages["teacher_generations"] = _added(parts)
+    ev = plan.stages.get("evaluation")
+    if isinstance(ev, EvaluationEstimate) and spec.evaluation.score_teacher:
+        scoring = {n: p.stages["evaluation"].teacher_usd for n, p in plans.items()}
+        local = None if ev.usd is None or ev.teacher_usd is None else ev.usd - ev.teacher_usd
+        for n, usd in scoring.items():
+            per[n]["scoring_usd"] = None if usd is None else usd * shares[n][1]
+        teacher_usd = (
+            None if any(v["scoring_usd"] is None for v in per.values()) else sum(v["scoring_usd"] for v in per.values())
+        )
+        ev.teacher_usd, ev.teacher_price_key = teacher_usd, MIXED
+        ev.usd = None if local is None or teacher_usd is None else local + teacher_usd
+    plan.unknown = [f"{name}: {st.unknown}" for name, st in plan.stages.items() if st.usd is None]
+    plan.total_usd = None if plan.unknown else sum(st.usd for st in plan.stages.values())
+    b = spec.cost.budget_usd
+    plan.within_budget = None if b is None or plan.total_usd is None else plan.total_usd <= b
+    plan.teachers = per
+    return plan
+
+
+def _scaled(est: TeacherEstimate, share: float) -> TeacherEstimate:
+    """A teacher's estimate over every prompt, scaled to its share of them."""
+    return replace(
+        est,
+        requests=round(est.requests * share),
+        prompt_tokens=est.prompt_tokens * share,
+        completion_tokens=est.completion_tokens * share,
+        tokens=est.tokens * share,
+        quantity=est.quantity * share,
+        seconds=None if est.seconds is None else est.seconds * share,
+        usd=None if est.usd is None else est.usd * share,
+    )
+
+
+def _added(parts: list[TeacherEstimate]) -> TeacherEstimate:
+    """Several teachers' estimates as one stage row: counts and dollars added (None when any is unknown), one
+    quantity where they share a unit, else :data:`MIXED`."""
+    units = {p.unit for p in parts}
+    same = len(units) == 1
+    unknown = [p.unknown for p in parts if p.usd is None]
+    return TeacherEstimate(
+        requests=sum(p.requests for p in parts),
+        prompt_tokens=sum(p.prompt_tokens for p in parts),
+        completion_tokens=sum(p.completion_tokens for p in parts),
+        tokens=sum(p.tokens for p in parts),
+        seconds=None if any(p.seconds is None for p in parts) else sum(p.seconds for p in parts),
+        price_key=" + ".join(dict.fromkeys(p.price_key for p in parts)),
+        unit=units.pop() if same else MIXED,
+        quantity=sum(p.quantity for p in parts) if same else 0.0,
+        usd=None if unknown else sum(p.usd for p in parts),
+        unknown=unknown[0] if unknown else None,
+    )

@@ -171,3 +171,25 @@ def data_facts(spec: CampaignSpec, repo_root: Path, teacher_dir: Path | None, st
         suite_context_share=suite_context_shares(spec, held, files),
         tokenizer="model tokenizer" if t_tok is not None else "~4 characters per token",
     )
+
+
+def route_shares(spec: CampaignSpec, repo_root: Path) -> dict[str, tuple[float, float]]:
+    """Several teachers: each one's share of the training prompts and of the held-out items (routed by category,
+    the default teacher taking the rest), as the teacher stage and evaluation route them."""
+    from campaign_orchestrator.dataset import prompts as P
+
+    d = spec.data
+    rows = P.read_prompts(
+        P.source_files(d.source, repo_root),
+        P.SourceFields(d.id_field, d.prompt_field, d.reference_field, d.category_field),
+    )
+    train, held = P.split(rows, d.heldout.fraction, d.heldout.seed, d.heldout.max_items)
+
+    def shares(part: list[dict]) -> dict[str, float]:
+        n = {e.name: 0 for e in spec.teachers}
+        for r in part:
+            n[spec.teacher_for(r.get("category")).name] += 1
+        return {k: v / len(part) if part else 0.0 for k, v in n.items()}
+
+    tr, he = shares(train), shares(held)
+    return {e.name: (tr[e.name], he[e.name]) for e in spec.teachers}

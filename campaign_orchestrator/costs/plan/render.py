@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from campaign_orchestrator.costs.plan.campaign import Plan
+from campaign_orchestrator.costs.plan.campaign import MIXED, Plan
 from campaign_orchestrator.costs.plan.scaleout import ScaleOut
 from campaign_orchestrator.costs.plan.stages import (
     EvaluationEstimate,
@@ -37,8 +37,17 @@ def render_plan(plan: Plan) -> str:
     for name, s in plan.stages.items():
         secs = "—" if s.seconds is None else f"{s.seconds:.0f} s"
         cost = "unknown" if s.usd is None else f"${s.usd:.6f}"
+        qty = f"{s.quantity:.6f} {s.unit:14s}" if s.unit != MIXED else f"{MIXED:29s}"
+        lines.append(f"  {name:20s} {secs:>9s}  {qty} {cost}   ({_stage_text(s)}, {s.price_key})")
+    for name, t in (plan.teachers or {}).items():  # several teachers: each one's share and dollars
         lines.append(
-            f"  {name:20s} {secs:>9s}  {s.quantity:.6f} {s.unit:14s} {cost}   ({_stage_text(s)}, {s.price_key})"
+            f"    teacher {name}: {t['train_share']:.0%} of the training prompts, "
+            f"{_usd(t.get('teacher_generations_usd'))}"
+            + (
+                f"; {t['heldout_share']:.0%} of the held-out items, {_usd(t['scoring_usd'])}"
+                if "scoring_usd" in t
+                else ""
+            )
         )
     total = "unknown" if plan.total_usd is None else f"${plan.total_usd:.6f}"
     lines.append(
@@ -197,3 +206,7 @@ def _duration(seconds: float) -> str:
     if seconds >= 180:
         return f"{seconds / 60:.1f} min"
     return f"{seconds:.1f} s"
+
+
+def _usd(x: float | None) -> str:
+    return "unknown" if x is None else f"${x:.6f}"
