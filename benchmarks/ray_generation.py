@@ -62,7 +62,7 @@ def _ray_stage(rows, recipe, ident, sampling, ex, pool):
 
 
 def endpoint(a) -> dict:
-    from campaign_orchestrator.generation.recipes import BackendRecipe
+    from campaign_orchestrator.generation.factories import BackendRecipe
     from campaign_orchestrator.generation.requests import Sampling
     from campaign_orchestrator.generation.scaleout.pool import ShardPool
     from campaigns.spec import TeacherSpec
@@ -110,7 +110,7 @@ def local(a) -> dict:
     from campaign_orchestrator.generation.backends import make_backend, spec_identity, weights_identity
     from campaign_orchestrator.generation.blobstore import LocalStore
     from campaign_orchestrator.generation.cache import GenerationCache
-    from campaign_orchestrator.generation.recipes import BackendRecipe
+    from campaign_orchestrator.generation.factories import BackendRecipe
     from campaign_orchestrator.generation.requests import Sampling, namespace
     from campaign_orchestrator.generation.runner import run_generation
     from campaign_orchestrator.generation.scaleout.pool import ShardPool

@@ -176,7 +176,7 @@ class RayPool(InProcess):
         """The teacher answering ``rows`` on Ray: ``(result, cost lines per shard tagged with the shard id or None
         when unpriced, the Ray metadata)``; the workers write the same generation cache. ``stage``:
         ``teacher_generations`` or ``teacher_scoring``."""
-        from campaign_orchestrator.generation.recipes import BackendRecipe
+        from campaign_orchestrator.generation.factories import BackendRecipe
         from campaign_orchestrator.generation.scaleout.stage import ray_metadata, shard_cost_lines
 
         t = spec.teacher
@@ -213,7 +213,7 @@ class RayPool(InProcess):
     def _ray_answers(
         self, ctx, spec: CampaignSpec, role: str, base, adapter: dict | None, dtypes: dict | None, remote_budget=None
     ):
-        from campaign_orchestrator.generation.recipes import GeneratorRecipe
+        from campaign_orchestrator.generation.factories import GeneratorRecipe
         from campaign_orchestrator.generation.scaleout.job import AnswerRecipe
         from campaign_orchestrator.generation.scaleout.stage import answers_on_ray
         from evaluation.judging import tally

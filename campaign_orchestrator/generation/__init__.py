@@ -10,7 +10,7 @@ through this package.
   :mod:`.engines`, one module each (the continuous engine, ``generate``, transformers' ``generate_batch``, vLLM),
   ``auto`` choosing among them by a measured probe (:mod:`.auto`); :mod:`.openai_client`: any OpenAI-compatible
   endpoint. :mod:`.backends` puts them behind one interface (``transformers``, ``vllm``, ``openai``) and
-  :mod:`.recipes` rebuilds one from a picklable recipe.
+  :mod:`.factories` rebuilds one in another process from a picklable factory.
 - :mod:`.cache`: the content-addressed generation cache, shards on local disk or S3 (:mod:`.blobstore`).
 - :mod:`.runner`: :func:`~.runner.run_generation`, the one loop (cache lookup, generate what is missing, rows in
   prompt order) with an executor plugged in: :class:`~.runner.LocalExecutor` (a backend in this process) or

@@ -400,7 +400,7 @@ def test_paths_off_the_shared_volume_fail_before_creating_anything(api_server, s
 def test_the_models_a_job_loads_must_lie_on_a_volume_the_pods_mount(spec):
     """A worker loads the teacher checkpoint (a backend recipe's ``model_path``) or an answering model's base and
     adapter (``generator.model_dir`` / ``adapter_dir``): they are checked like the job's other paths."""
-    from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
+    from campaign_orchestrator.generation.factories import BackendRecipe, GeneratorRecipe
     from campaign_orchestrator.generation.scaleout.job import AnswerRecipe, recipe_to_json
     from resources.k8s import manifests as mf
 

@@ -13,7 +13,7 @@ import pytest
 
 from campaign_orchestrator.costs.catalog import PriceEntry, token_lines
 from campaign_orchestrator.costs.ledger import Ledger
-from campaign_orchestrator.generation.recipes import BackendRecipe
+from campaign_orchestrator.generation.factories import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaign_orchestrator.generation.scaleout.pool import ShardPool
 from campaign_orchestrator.generation.scaleout.stage import shard_cost_lines

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from campaign_orchestrator.generation.recipes import BackendRecipe
+from campaign_orchestrator.generation.factories import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
 from campaign_orchestrator.generation.scaleout.pool import ShardFailed, ShardPool
 from campaign_orchestrator.generation.scaleout.shards import make_shards

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
+from campaign_orchestrator.generation.factories import BackendRecipe, GeneratorRecipe
 from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
 from campaign_orchestrator.generation.scaleout.job import AnswerRecipe, Job
 from campaign_orchestrator.generation.scaleout.ratelimit import BucketState

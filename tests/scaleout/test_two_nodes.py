@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from campaign_orchestrator.generation.recipes import BackendRecipe
+from campaign_orchestrator.generation.factories import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaign_orchestrator.generation.scaleout.pool import ShardPool
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig

@@ -155,7 +155,7 @@ def test_score_matches_a_one_sequence_forward_and_generated_logprobs(demo_models
 
 
 def test_shards_on_two_workers_give_the_tokens_of_one_call(demo_models):
-    """What a distributor relies on (campaign_orchestrator/generation/recipes.py, promise 2): in fp32 a greedy answer
+    """What a distributor relies on (campaign_orchestrator/generation/factories.py, promise 2): in fp32 a greedy answer
     does not depend on the other prompts of its call, so the prompts split into two shards, answered by two
     generators (two workers) with other batch shapes, give the tokens one call gives."""
     one = _gen(demo_models, "float32", batch_size=8)  # every prompt in one batch

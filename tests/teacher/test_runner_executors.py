@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from campaign_orchestrator.costs.catalog import PriceEntry, token_lines
-from campaign_orchestrator.generation.recipes import BackendRecipe
+from campaign_orchestrator.generation.factories import BackendRecipe
 from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaign_orchestrator.generation.runner import LocalExecutor, run_generation
 from campaign_orchestrator.generation.scaleout.stage import RayExecutor, shard_cost_lines

@@ -32,7 +32,7 @@ KINDS = ("teacher_generations", "teacher_scoring", "answers")
 @dataclass(frozen=True)
 class AnswerRecipe:
     """A local model (+ adapter) answering evaluation prompts, as a teacher-like backend: a
-    :class:`~campaign_orchestrator.generation.recipes.GeneratorRecipe` plus the identity its answers are cached
+    :class:`~campaign_orchestrator.generation.factories.GeneratorRecipe` plus the identity its answers are cached
     under (its weights, adapter and resolved dtype), so evaluation answers are resumable per shard too."""
 
     generator: Any  # GeneratorRecipe
@@ -48,7 +48,7 @@ class AnswerRecipe:
 
 
 def recipe_to_json(recipe) -> dict:
-    from campaign_orchestrator.generation.recipes import BackendRecipe
+    from campaign_orchestrator.generation.factories import BackendRecipe
 
     if isinstance(recipe, BackendRecipe):
         return {
@@ -68,7 +68,7 @@ def recipe_to_json(recipe) -> dict:
 
 
 def recipe_from_json(d: dict):
-    from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
+    from campaign_orchestrator.generation.factories import BackendRecipe, GeneratorRecipe
 
     if d.get("type") == "backend":
         from campaigns.spec import TeacherSpec

@@ -72,7 +72,7 @@ class ShardProgress:
 
 
 class GenerationWorker:
-    """One model replica. Each shard comes with its ``recipe`` (a :class:`~campaign_orchestrator.generation.recipes.
+    """One model replica. Each shard comes with its ``recipe`` (a :class:`~campaign_orchestrator.generation.factories.
     BackendRecipe`: a teacher backend, or an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerRecipe`: a
     local
     model answering evaluation prompts) and its cache; the engine is built on the first shard of a recipe and
