@@ -176,7 +176,7 @@ class RayPool(InProcess):
         """The teacher answering ``rows`` on Ray: ``(result, cost lines per shard tagged with the shard id or None
         when unpriced, the Ray metadata)``; the workers write the same generation cache. ``stage``:
         ``teacher_generations`` or ``teacher_scoring``."""
-        from campaign_orchestrator.generation.factories import BackendRecipe
+        from campaign_orchestrator.generation.factories import BackendFactory
         from campaign_orchestrator.generation.scaleout.stage import ray_metadata, shard_cost_lines
 
         t = spec.teacher
@@ -187,7 +187,7 @@ class RayPool(InProcess):
         res, run = self.runner(stage)(
             spec.execution,
             rows,
-            BackendRecipe(t, str(tm.path) if tm.path else None, tm.weights_id),
+            BackendFactory(t, str(tm.path) if tm.path else None, tm.weights_id),
             tm.identity,
             sampling,
             cache_config(ctx.store, tm.identity, sampling),
@@ -213,8 +213,8 @@ class RayPool(InProcess):
     def _ray_answers(
         self, ctx, spec: CampaignSpec, role: str, base, adapter: dict | None, dtypes: dict | None, remote_budget=None
     ):
-        from campaign_orchestrator.generation.factories import GeneratorRecipe
-        from campaign_orchestrator.generation.scaleout.job import AnswerRecipe
+        from campaign_orchestrator.generation.factories import LocalModelFactory
+        from campaign_orchestrator.generation.scaleout.job import AnswerFactory
         from campaign_orchestrator.generation.scaleout.stage import answers_on_ray
         from evaluation.judging import tally
         from stages.evaluation import answer_identity, batch_size
@@ -222,8 +222,8 @@ class RayPool(InProcess):
         s, q = spec.student, spec.student.quantization
         adapter_dir = adapter["adapter_path"] if adapter else None
         identity, _precision = answer_identity(spec, base, adapter)
-        recipe = AnswerRecipe(
-            GeneratorRecipe(
+        recipe = AnswerFactory(
+            LocalModelFactory(
                 str(base),
                 str(adapter_dir) if adapter_dir else None,
                 q.load_in_4bit,

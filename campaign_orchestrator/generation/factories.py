@@ -1,13 +1,13 @@
-"""Picklable recipes that build a generation engine inside a worker (a Ray actor, a pod, a subprocess).
+"""Picklable factories that build a backend or a local model inside a worker (a Ray actor, a pod, a subprocess).
 
 This is the interface between the code that *batches* (the engines: :class:`LocalModel` and the
 teacher backends) and the code that *distributes* (the Ray execution of a stage): a worker receives a
-recipe, calls :meth:`build` once (the model loads there, not in the driver), and then calls only the
+factory, calls :meth:`build` once (the model loads there, not in the driver), and then calls only the
 engine's own methods on its shard.
 
-- :class:`BackendRecipe` builds a teacher :class:`~campaign_orchestrator.generation.backends.Backend`:
+- :class:`BackendFactory` builds a teacher :class:`~campaign_orchestrator.generation.backends.Backend`:
   ``run(requests, sampling, on_done)`` (teacher generations, the teacher answering held-out items).
-- :class:`GeneratorRecipe` builds a :class:`~campaign_orchestrator.generation.local.LocalModel`:
+- :class:`LocalModelFactory` builds a :class:`~campaign_orchestrator.generation.local.LocalModel`:
   ``generate(prompts, max_new_tokens, ..., on_result=...)`` (candidate and base answers in evaluation)
   and ``score(prompts, continuations, top_k)`` (log-likelihood of given text, one forward pass).
 
@@ -20,7 +20,7 @@ What the engines promise a distributor:
 3. Errors that concern one input come back as a completion with ``error`` set; errors that concern the
    engine (no model, a rejected API key) raise from ``build`` or the first call.
 
-Recipes hold no secrets: an endpoint's API key travels as the *name* of its environment variable
+Factories hold no secrets: an endpoint's API key travels as the *name* of its environment variable
 (``TeacherSpec.api_key_env``) and is read in the worker's environment. Nothing here imports torch.
 """
 
@@ -32,7 +32,7 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class GeneratorRecipe:
+class LocalModelFactory:
     """How to load a local model (+ adapter) as a :class:`LocalModel` in another process."""
 
     model_dir: str
@@ -60,7 +60,7 @@ class GeneratorRecipe:
 
 
 @dataclass(frozen=True)
-class BackendRecipe:
+class BackendFactory:
     """How to build a campaign's teacher backend in another process: the ``teacher:`` section (a frozen
     pydantic model, picklable), the resolved local checkpoint and its precomputed fingerprint (so a worker
     does not hash the weights again, and every worker keys its generations alike)."""

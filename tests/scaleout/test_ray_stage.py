@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from campaign_orchestrator.generation.factories import BackendRecipe
+from campaign_orchestrator.generation.factories import BackendFactory
 from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
 from campaign_orchestrator.generation.scaleout.pool import ShardFailed, ShardPool
 from campaign_orchestrator.generation.scaleout.shards import make_shards
@@ -58,7 +58,7 @@ def _setup(tmp_path, srv, **teacher):
         max_concurrency=CONCURRENCY,
         **teacher,
     )
-    recipe = BackendRecipe(spec)
+    recipe = BackendFactory(spec)
     ident = recipe.build().identity if not teacher.get("api_key_env") else "openai:keyed"
     cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))
     return recipe, ident, cfg

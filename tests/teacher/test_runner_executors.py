@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from campaign_orchestrator.costs.catalog import PriceEntry, token_lines
-from campaign_orchestrator.generation.factories import BackendRecipe
+from campaign_orchestrator.generation.factories import BackendFactory
 from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaign_orchestrator.generation.runner import LocalExecutor, run_generation
 from campaign_orchestrator.generation.scaleout.stage import RayExecutor, shard_cost_lines
@@ -107,7 +107,7 @@ class InProcessPool:
 
 def setup(srv, root) -> tuple:
     """The teacher's recipe and identity, and the cache config under ``root`` (the first 10 prompts cached)."""
-    recipe = BackendRecipe(
+    recipe = BackendFactory(
         TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=2)
     )
     ident = recipe.build().identity

@@ -73,7 +73,7 @@ class ShardProgress:
 
 class GenerationWorker:
     """One model replica. Each shard comes with its ``recipe`` (a :class:`~campaign_orchestrator.generation.factories.
-    BackendRecipe`: a teacher backend, or an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerRecipe`: a
+    BackendFactory`: a teacher backend, or an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerFactory`: a
     local
     model answering evaluation prompts) and its cache; the engine is built on the first shard of a recipe and
     kept while the next shards bring the same recipe (one process serves a stage's models one after the other:
