@@ -100,11 +100,11 @@ class InProcess:
     ) -> Callable:
         """A factory of the local model's ``generate(prompts, max_new_tokens)`` (the student's base, or with
         ``adapter`` the candidate) answering through the generation cache under its content identity
-        (:func:`stages.evaluation.answer_identity`): loaded only when some item is not there yet."""
+        (:func:`stages.answers.answer_identity`): loaded only when some item is not there yet."""
         from campaign_orchestrator.generation.backends import TransformersBackend
         from campaign_orchestrator.generation.runner import cached_answers
         from evaluation.judging import tally
-        from stages.evaluation import answer_identity, batch_size
+        from stages.answers import answer_identity, batch_size
         from stages.teacher import teacher_cache
 
         s, q = spec.student, spec.student.quantization
@@ -217,7 +217,7 @@ class RayPool(InProcess):
         from campaign_orchestrator.generation.scaleout.job import AnswerFactory
         from campaign_orchestrator.generation.scaleout.stage import answers_on_ray
         from evaluation.judging import tally
-        from stages.evaluation import answer_identity, batch_size
+        from stages.answers import answer_identity, batch_size
 
         s, q = spec.student, spec.student.quantization
         adapter_dir = adapter["adapter_path"] if adapter else None

@@ -5,6 +5,7 @@ package (a script in a folder without ``__init__.py`` too, which the contracts d
 from __future__ import annotations
 
 import ast
+import functools
 import tomllib
 from pathlib import Path
 
@@ -84,6 +85,39 @@ def test_find_cycle_reports_the_old_layouts_cycles():
     assert (
         find_cycle({k: v - {"campaign_orchestrator"} for k, v in old.items() if k != "campaign_orchestrator"}) is None
     )
+
+
+@functools.cache
+def module_graph() -> dict[str, set[str]]:
+    """The import graph between the project's modules (lazy imports included): module -> the modules it imports."""
+    graph = grimp.build_graph(*ROOTS, cache_dir=None)
+    return {m: set(graph.find_modules_directly_imported_by(m)) & graph.modules for m in graph.modules}
+
+
+def test_no_import_cycle_between_modules():
+    """Issue 44 untied dataset.checks <-> dataset.tokenize (and xtok), training.model <-> training.moe and
+    stages.evaluation <-> stages.executors: what both sides read sits below them (dataset/tokenizer_files.py,
+    training/sharded.py, stages/answers.py). A circle that comes back fails here, naming its modules."""
+    graph = module_graph()
+    assert "training.moe" in graph and "campaign_orchestrator.dataset.tokenize" in graph  # the walk saw the modules
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between modules: " + " -> ".join(cycle)
+
+
+def test_training_kernels_import_nothing_of_the_trainer_above_them():
+    """The fused kernels sit at the bottom of training/: the LM head's in-forward loss lives with the fused
+    cross-entropy (training/kernels/linear_ce.py), and the checks that compare each kernel with the plain path it
+    replaces sit above both (training/kernel_checks.py)."""
+    graph = module_graph()
+    kernels = {m for m in graph if m == "training.kernels" or m.startswith("training.kernels.")}
+    assert {"training.kernels.linear_ce", "training.kernels.liger"} <= kernels
+    climbs = sorted(
+        f"{a} -> {b}"
+        for a in kernels
+        for b in graph[a]
+        if (b == "training" or b.startswith("training.")) and b not in kernels
+    )
+    assert climbs == []
 
 
 def test_layers_contract_orders_every_installed_package():

@@ -161,9 +161,9 @@ def test_the_teacher_stage_gets_the_jobs_rows_and_prices_each_shard(spec, tmp_pa
 
 
 def test_evaluation_answers_launch_one_job_per_model_and_length(spec, tmp_path, monkeypatch):
-    import stages.evaluation as ev
+    import stages.answers as ans
 
-    monkeypatch.setattr(ev, "local_quantization_key", lambda q: {"compute_dtype": "cuda:bfloat16"})  # no torch here
+    monkeypatch.setattr(ans, "local_quantization_key", lambda q: {"compute_dtype": "cuda:bfloat16"})  # no torch here
     base = tmp_path / "artifacts" / "models" / "base"
     base.mkdir(parents=True)
     (base / "config.json").write_text("{}")

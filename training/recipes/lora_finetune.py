@@ -71,7 +71,6 @@ from training.model import (
     compile_layers,
     device_for,
     device_memory_gb,
-    full_tensor,
     load_student,
     packed_4bit_checksums,
     shard,
@@ -82,6 +81,7 @@ from training.net import free_port
 from training.profiling import RunProfiler
 from training.reporting import Reporter
 from training.schedule import cosine_with_warmup
+from training.sharded import full_tensor
 from training.summary import run_summary, write_reproducibility_card
 from training.trainer_guards import OutputDirLock, OutputDirLocked
 
@@ -305,7 +305,7 @@ class LoraFinetuneRecipe:
         self._stop_signal = signum
 
     def _setup_data(self) -> None:
-        from campaign_orchestrator.dataset.tokenize import tokenizer_hash
+        from campaign_orchestrator.dataset.tokenizer_files import tokenizer_hash
 
         model_hash = tokenizer_hash(self.job.base_model_path)
         try:
