@@ -176,3 +176,22 @@ def test_upward_imports_sees_a_script_outside_the_modules(tmp_path):
     (tmp_path / "training").mkdir()
     (tmp_path / "training" / "ok.py").write_text("from campaign_orchestrator import models\nimport evaluation\n")
     assert upward_imports(tmp_path) == ["campaigns/data/x/make.py: campaign_orchestrator", "training/ok.py: evaluation"]
+
+
+def test_the_tests_mirror_the_code_tree():
+    """tests/<package>/<subpackage...>/test_*.py (issue 44): each folder holding tests is the mirror of a code package
+    or module (``tests/campaign_orchestrator/sweep/`` for campaign_orchestrator/sweep.py), besides the one end-to-end
+    folder and the vLLM tests that run in vLLM's own venv (``make test-heavy``); no two test files share a basename."""
+    tests = REPO / "tests"
+    files = sorted(tests.rglob("test_*.py"))
+    assert len(files) > 100  # the walk saw the suite
+    names = [f.name for f in files]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    groups = {("e2e",), ("vllm",)}  # run groups, not code: one end-to-end folder, one for vLLM's venv
+    stray = []
+    for f in files:
+        parts = f.parent.relative_to(tests).parts
+        code = REPO.joinpath(*parts)
+        if parts and parts not in groups and not (code.is_dir() or code.with_suffix(".py").is_file()):
+            stray.append(str(f.relative_to(REPO)))
+    assert stray == [], "test files in a folder that mirrors no code package or module"

@@ -2,7 +2,8 @@
 teacher stage and evaluation's answers hand a KubeRay launcher a job file and prompts on the shared volume, and get
 back the rows, statistics and shard reports the job's driver wrote, each shard priced on the orchestrator's side. The
 launcher here plays the RayJob's driver (tests/resources/test_kuberay_launcher.py and
-tests/scaleout/test_kuberay_stage.py drive the real launcher and the real entry point)."""
+tests/campaign_orchestrator/generation/scaleout/test_kuberay_stage.py drive the real launcher and the real entry
+point)."""
 
 from __future__ import annotations
 

