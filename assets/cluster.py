@@ -439,7 +439,7 @@ def tiny_training(
 def _run_gate(trained: dict, d: Path, min_score: float, log) -> tuple[dict, str]:
     """The real evaluation gate on the rung-4 adapter against its base over the held-out cipher items; writes
     ``items.parquet`` and ``gate.json`` under ``d``. Returns (report, report markdown)."""
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
     from evaluation.gate import GatePolicy, StatsPolicy, combine
     from evaluation.report import build_report
     from evaluation.runner import BASE, CANDIDATE, SuiteGate, SuiteRun, answer_suites, judge, scores
@@ -452,7 +452,7 @@ def _run_gate(trained: dict, d: Path, min_score: float, log) -> tuple[dict, str]
 
     def local(adapter_dir=None):
         def factory():
-            g = LocalGenerator.from_path(trained["base_model_path"], adapter_dir, True, "bfloat16", batch_size=64)
+            g = LocalModel.from_path(trained["base_model_path"], adapter_dir, True, "bfloat16", batch_size=64)
             return lambda prompts, n: g.generate(prompts, n)
 
         return factory

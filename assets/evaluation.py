@@ -145,7 +145,7 @@ def evaluation_metadata(m: dict, report: dict, reused: bool, answers_reused: boo
         return md
     if m.get("answers"):  # per role: generated in this run, found in the generation cache
         md["answers"] = MetadataValue.json(m["answers"])
-    if m.get("ray_shards"):  # execution.engine ray: shards done/total per model and answer length
+    if m.get("ray_shards"):  # execution.executor ray: shards done/total per model and answer length
         md["ray_shards"] = MetadataValue.json(m["ray_shards"])
     md |= {k: m[k] for k in ("lm_eval_seconds", "lm_eval_usd") if k in m}
     return md

@@ -36,7 +36,7 @@ def main() -> None:
     from campaign_orchestrator.dataset.prompts import read_prompts, source_files, split
     from campaign_orchestrator.demo.build import build_demo_models
     from campaign_orchestrator.demo.recipe import resolve
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
     from evaluation.gate import GatePolicy, ItemResult, StatsPolicy
     from evaluation.report import build_report
     from evaluation.runner import SuiteGate, SuiteRun, answer_suites, judge
@@ -52,7 +52,7 @@ def main() -> None:
     items = load_items("heldout", held, ".", scorer)
 
     t0 = time.perf_counter()
-    gen = LocalGenerator.from_path(student, None, True, "bfloat16", batch_size=64)
+    gen = LocalModel.from_path(student, None, True, "bfloat16", batch_size=64)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = answer_suites(

@@ -1,4 +1,4 @@
-"""Benchmark: LocalGenerator's continuous engine (forward + DynamicCache: finished rows leave the batch,
+"""Benchmark: LocalModel's continuous engine (forward + DynamicCache: finished rows leave the batch,
 waiting prompts take their room, prompts sharing a prefix share its prefill) against the ``transformers``
 ``generate`` path, on the same prompts in the same run.
 
@@ -167,7 +167,7 @@ def worker(a) -> int:
     import torch
 
     torch.set_num_threads(a.threads)
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
     from campaign_orchestrator.process_memory import peak_rss_mb
 
     lines: list[str] = []
@@ -181,7 +181,7 @@ def worker(a) -> int:
         if adapter not in loaded:
             loaded.clear()
             gc.collect()
-            g = LocalGenerator.from_path(a.model, adapter, compute_dtype=a.dtype, device="cpu", engine=a.engine)
+            g = LocalModel.from_path(a.model, adapter, compute_dtype=a.dtype, device="cpu", engine=a.engine)
             g.log = lines.append
             loaded[adapter] = g
         return loaded[adapter]
@@ -284,7 +284,7 @@ class _StageAnswers:
         role, ident = job["role"], self.identity[job["role"]]
         gen = self.generator(role)
         gen.batch_size = job["batch_size"]
-        backend = TransformersBackend(self.model_path, f"benchmark ({role})", ident, generator=gen)
+        backend = TransformersBackend(self.model_path, f"benchmark ({role})", ident, local_model=gen)
         sampling = Sampling(max_new_tokens=job["max_new_tokens"])
         res = run_generation(
             job["rows"],
@@ -374,7 +374,7 @@ def engines_worker(a) -> int:
     from campaign_orchestrator.demo.build import build_demo_models
     from campaign_orchestrator.demo.recipe import resolve
     from campaign_orchestrator.generation.engines import ENGINE_MODULES
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
     build_demo_models(Path(a.artifacts), log=lambda _m: None, moe=False)  # a cache hit once built
     demo = Path(resolve("@demo/teacher", a.artifacts))
@@ -385,7 +385,7 @@ def engines_worker(a) -> int:
     out: dict = {"device": dev, "shapes": {}}
     for name in shapes:
         path, texts, (n, lo, hi, new, batch) = _shape(name, a, demo, dev)
-        gen = LocalGenerator.from_path(path, compute_dtype=a.dtype, device=dev, batch_size=batch)
+        gen = LocalModel.from_path(path, compute_dtype=a.dtype, device=dev, batch_size=batch)
         if lo:
             enc = _random_prompts(n, lo, hi, gen.model.config.vocab_size, set(gen.tok.all_special_ids))
         else:
@@ -437,9 +437,7 @@ def engines_worker(a) -> int:
             if eng == "vllm":
                 rec["engines"][eng]["engine_args"] = {k: v for k, v in inst.args.items() if k != "model"}
         lines: list[str] = []
-        auto = LocalGenerator(
-            gen.model, gen.tok, batch, gen.precision, engine="auto", log=lines.append, source=gen.source
-        )
+        auto = LocalModel(gen.model, gen.tok, batch, gen.precision, engine="auto", log=lines.append, source=gen.source)
         auto.engines = gen.engines  # the engines measured above (a started vLLM engine is not started again)
         chosen = auto.engine_for(False, enc)  # the probe runs here, on the prompts' shared prefix (or the host cache)
         auto.engine_instance(chosen).generate(enc[:2], 2)

@@ -1,4 +1,4 @@
-"""Generation on Ray (``execution.engine: ray``) against the same stage in one process, ratios from one run.
+"""Generation on Ray (``execution.executor: ray``) against the same stage in one process, ratios from one run.
 
     python benchmarks/ray_generation.py [--endpoint-prompts 480] [--latency-ms 200] [--concurrency 4]
                                         [--local-prompts 2000] [--max-new-tokens 4] [--skip-local]
@@ -62,7 +62,7 @@ def _ray_stage(rows, recipe, ident, sampling, ex, pool):
 
 
 def endpoint(a) -> dict:
-    from campaign_orchestrator.generation.recipes import BackendRecipe
+    from campaign_orchestrator.generation.factories import BackendFactory
     from campaign_orchestrator.generation.requests import Sampling
     from campaign_orchestrator.generation.scaleout.pool import ShardPool
     from campaigns.spec import TeacherSpec
@@ -75,7 +75,7 @@ def endpoint(a) -> dict:
         spec = TeacherSpec(
             backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=a.concurrency
         )
-        recipe = BackendRecipe(spec)
+        recipe = BackendFactory(spec)
         ident = recipe.build().identity
         for workers in (1, 4):
             ex = _execution(workers, 0.25, max(1, len(rows) // 16))
@@ -110,7 +110,7 @@ def local(a) -> dict:
     from campaign_orchestrator.generation.backends import make_backend, spec_identity, weights_identity
     from campaign_orchestrator.generation.blobstore import LocalStore
     from campaign_orchestrator.generation.cache import GenerationCache
-    from campaign_orchestrator.generation.recipes import BackendRecipe
+    from campaign_orchestrator.generation.factories import BackendFactory
     from campaign_orchestrator.generation.requests import Sampling, namespace
     from campaign_orchestrator.generation.runner import run_generation
     from campaign_orchestrator.generation.scaleout.pool import ShardPool
@@ -131,14 +131,14 @@ def local(a) -> dict:
         "shard_prompts": shard,
     }
 
-    # in process: 1 worker x 2 threads (the stage as engine: local runs it)
+    # in process: 1 worker x 2 threads (the stage as executor: local runs it)
     import torch
 
     torch.set_num_threads(2)
     weights = weights_identity(model)
     t0 = time.perf_counter()
     backend = make_backend(spec, model, weights_id=weights)
-    backend.generator  # noqa: B018 - load now
+    backend.local_model  # noqa: B018 - load now
     out["in_process_load_s"] = round(time.perf_counter() - t0, 2)
     ident = spec_identity(spec, model, weights)
     d = tempfile.mkdtemp(prefix="raybench-")
@@ -175,7 +175,7 @@ def local(a) -> dict:
     try:
         ex = _execution(2, 1.0, shard)
         pool = ShardPool(replicas=2, num_cpus=1.0, max_shard_retries=1, log=lambda _m: None)
-        recipe = BackendRecipe(spec, str(model), weights)
+        recipe = BackendFactory(spec, str(model), weights)
         t0 = time.perf_counter()  # workers start and load the model (a one-row shard each)
         _ray_stage(prompts(2, seed=99), recipe, ident, s, _execution(2, 1.0, 1), pool)
         ready_s = time.perf_counter() - t0

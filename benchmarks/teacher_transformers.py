@@ -27,7 +27,7 @@ def run(model_dir, rows, batch_size: int, gen) -> dict:
 
     gen.batch_size = batch_size
     s = Sampling(max_new_tokens=16)
-    backend = TransformersBackend(model_dir, "@demo/teacher", f"bench:{batch_size}", generator=gen)
+    backend = TransformersBackend(model_dir, "@demo/teacher", f"bench:{batch_size}", local_model=gen)
     d = tempfile.mkdtemp()
     t0 = time.perf_counter()
     res = run_generation(rows, backend, s, GenerationCache(LocalStore(d), namespace(backend.identity, s), d + "/spool"))
@@ -55,7 +55,7 @@ def main() -> int:
     import torch
 
     from campaign_orchestrator.demo.recipe import resolve
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
     model_dir = resolve("@demo/teacher", a.artifacts)
     if not (model_dir / "config.json").exists():
@@ -63,7 +63,7 @@ def main() -> int:
             f"demo teacher not built at {model_dir}: run `python -m campaign_orchestrator.demo --artifacts "
             f"{a.artifacts}`"
         )
-    gen = LocalGenerator.from_path(model_dir)
+    gen = LocalModel.from_path(model_dir)
     rows = prompts(a.prompts)
     load0 = load_average()
     run(model_dir, prompts(16, seed=1), a.batch_size, gen)  # warm-up

@@ -27,7 +27,7 @@ this process, a few steps each:
 each with real tokens/s after the first (warm-up) step, MFU against this GPU's measured bf16 matmul
 peak (8192², same run) and peak allocated memory. ``kernel_checks``: every fused kernel (varlen attention,
 linear cross-entropy, Liger's RMSNorm / SwiGLU / RoPE) against its plain path on this device
-(``training.kernels.checks``). ``ratios`` and ``goals`` compare them (issue 35): >= 1.5x TRL's fastest
+(``training.kernel_checks``). ``ratios`` and ``goals`` compare them (issue 35): >= 1.5x TRL's fastest
 tokens/s with peak memory <= TRL's leanest (checkpointing on); MFU >= 35% (4N per token) at the planned
 micro-batch on the 1.1B shape; a world of one <= 3% slower than the bare loop; QLoRA >= 0.75x LoRA's
 tokens/s. Then, when ``vllm`` is importable, the ``vllm``
@@ -814,7 +814,7 @@ def main() -> int:
                 }
         snapshot()
         if "kernel_checks" in wanted and not out_of_time("kernel_checks"):
-            from training.kernels import checks
+            from training import kernel_checks as checks
 
             try:
                 results["kernel_checks"] = checks.run(device, getattr(torch, dtype))

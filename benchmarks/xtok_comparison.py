@@ -102,7 +102,7 @@ def steps_to_gate(artifacts: Path, campaign: str, spec: dict, floor: float) -> d
     import pyarrow.parquet as pq
 
     from campaign_orchestrator.demo.recipe import resolve
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
     from evaluation.scorers import exact_match
 
     prompts = _manifest(artifacts, campaign, "prompts")
@@ -113,7 +113,7 @@ def steps_to_gate(artifacts: Path, campaign: str, spec: dict, floor: float) -> d
     scores = {}
     for c in ckpts:
         step = int(c.name.split("-")[1])
-        g = LocalGenerator.from_path(base, c, spec["student"]["quantization"]["load_in_4bit"], "auto", batch_size=64)
+        g = LocalModel.from_path(base, c, spec["student"]["quantization"]["load_in_4bit"], "auto", batch_size=64)
         outs = g.generate([r["prompt"] for r in held], 16)
         scores[step] = sum(exact_match(o.text, r["reference"]) for o, r in zip(outs, held, strict=True)) / len(held)
     first = next((s for s in sorted(scores) if scores[s] >= floor), None)

@@ -205,9 +205,9 @@ def current_promoted(campaign_dir: Path) -> Promoted | None:
 
 def local_generate(base_model: Path, adapter: Path, load_in_4bit: bool, compute_dtype: str, batch_size: int):
     """``generate(prompts, max_new_tokens)`` of base + adapter loaded here (imports torch)."""
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    return LocalGenerator.from_path(base_model, adapter, load_in_4bit, compute_dtype, batch_size=batch_size).generate
+    return LocalModel.from_path(base_model, adapter, load_in_4bit, compute_dtype, batch_size=batch_size).generate
 
 
 def score_promoted(

@@ -593,9 +593,9 @@ def _with_example_prompts(problems, loaded, suite, models, tokenizers) -> list[s
 
 
 def _load(model: dict):
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    g = LocalGenerator.from_path(
+    g = LocalModel.from_path(
         model["path"],
         model.get("adapter"),
         bool(model.get("load_in_4bit")),

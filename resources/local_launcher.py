@@ -40,6 +40,7 @@ from campaigns import paths
 from resources import run_owner
 from stages.pricing import charge_round
 from training import run_processes
+from training.cluster import torchrun as cluster_torchrun
 from training.config import TrainJob
 from training.diagnostics import distributed_env
 from training.net import free_port
@@ -49,29 +50,11 @@ from training.trainer_guards import DIE_WITH_PARENT_ENV, RUN_ID_ENV, parent_deat
 def torchrun_commands(
     job_file: Path, nodes: int, procs: int, python: str, port: int, run_id: str, host: str = "127.0.0.1"
 ) -> list[list[str]]:
-    """One torchrun command per node (pure: unit-tested). No restarts inside torchrun: a failed
-    rank fails the job, and the next launch resumes from the last complete checkpoint."""
-    base = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--max-restarts", "0"]
-    tail = ["-m", "training", "--config", str(job_file)]
-    if nodes == 1:
-        return [base + ["--standalone"] + tail]
-    return [
-        base
-        + [
-            "--nnodes",
-            str(nodes),
-            "--node-rank",
-            str(i),
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            f"{host}:{port}",
-            "--rdzv-id",
-            run_id,
-        ]
-        + tail
-        for i in range(nodes)
-    ]
+    """One torchrun command per node around ``python -m training --config FILE``, built where every torchrun command
+    on this machine is (:func:`training.cluster.torchrun.torchrun_commands`: no restarts inside torchrun, a failed
+    rank fails the job and the next launch resumes from the last complete checkpoint)."""
+    target = ["-m", "training", "--config", str(job_file)]
+    return cluster_torchrun.torchrun_commands(target, nodes, procs, python, port, run_id, host)
 
 
 class NodeFailed(RuntimeError):

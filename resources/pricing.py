@@ -1,6 +1,6 @@
 """The ``pricing`` resource: which pricing catalog and cost ledger this deployment uses, and where its cost
 dashboards are served. It hands the stages a plain :class:`stages.pricing.Pricing` (``service()``), the one door to
-prices, the ledger, budgets and the planner (``tests/costs/test_one_door.py``)."""
+prices, the ledger, budgets and the planner (``tests/campaign_orchestrator/costs/test_one_door.py``)."""
 
 from __future__ import annotations
 

@@ -10,14 +10,14 @@ shift || true
 PATHS=("$@")
 if [ ${#PATHS[@]} -eq 0 ]; then
   PATHS=(
-    tests/scaleout/
+    tests/campaign_orchestrator/generation/scaleout/
     tests/training/test_selection_train.py
     tests/training/test_distributed.py
     tests/training/test_diagnostics.py
     tests/resources/test_k8s_launcher.py
     tests/resources/test_kuberay_launcher.py
     tests/e2e/test_crash_recovery.py
-    tests/costs/test_scaleout_plan.py
+    tests/campaign_orchestrator/costs/test_scaleout_plan.py
   )
 fi
 command -v stress-ng >/dev/null || { echo "stress-ng is missing: apt-get install stress-ng" >&2; exit 2; }

@@ -192,7 +192,7 @@ def replay_identity(spec: CampaignSpec, storage: Store) -> dict:
 
 def base_identity(spec: CampaignSpec, storage: Store) -> str:
     """The content identity the student's base answers under (evaluation's: the same prompts share its cache)."""
-    from stages.evaluation import answer_identity
+    from stages.answers import answer_identity
 
     return answer_identity(spec, storage.resolve_model(spec.student.base_model, spec.project_dir), None)[0]
 
@@ -297,7 +297,7 @@ def _replay_by_base(spec: CampaignSpec, ctx, chosen, sampling):
     base with; billed as local compute where it ran (cache hits cost nothing)."""
     from campaign_orchestrator.generation.backends import TransformersBackend
     from campaign_orchestrator.generation.runner import run_generation
-    from stages.evaluation import answer_identity, batch_size
+    from stages.answers import answer_identity, batch_size
     from stages.teacher import teacher_cache
 
     storage = ctx.store

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from campaign_orchestrator.content import file_sha256
 from campaigns.spec import CampaignSpec, SuiteSpec
 from evaluation.judging import approve_hint, review_line, tally  # noqa: F401 - approve_hint, review_line: re-exported
+from stages.answers import local_quantization_key
 from stages.common import model_identity, stage_key
 from stages.diagnosis import distillation_conflicts, score_training_sample
 from stages.errors import BudgetStopped, StageError
@@ -97,11 +98,6 @@ def points_interval(iv: dict) -> str:
     if lo is None or hi is None or lo != lo or hi != hi:
         return "[undefined]"
     return f"[{lo * 100:+.1f}, {hi * 100:+.1f}]"
-
-
-def batch_size(spec: CampaignSpec) -> int:
-    """The batch the local models answer in: the largest of the suites'."""
-    return max(x.batch_size for x in spec.evaluation.suites)
 
 
 def _suite_identity(spec: CampaignSpec, x: SuiteSpec, harness: list | None = None) -> dict:
@@ -350,14 +346,6 @@ def _answerers(
     return models, spend
 
 
-def local_quantization_key(q) -> dict:
-    """The student's quantization settings as they key local answers, ``compute_dtype`` resolved for this host
-    (``<device kind>:<dtype>``: the models load where ``LocalGenerator`` puts them), never ``auto``."""
-    from campaign_orchestrator.hardware import key_precision
-
-    return q.model_dump() | {"compute_dtype": key_precision(q.compute_dtype)}
-
-
 def local_device() -> str:
     """Where local evaluation runs ("cuda" where torch sees a GPU, else "cpu"): it is billed at the hardware used
     (``training.hardware``; without a GPU a GPU entry is refused unless ``training.allow_cpu_fallback``)."""
@@ -431,26 +419,6 @@ def _endpoint_models(spec: CampaignSpec, adapter: dict, ctx) -> dict:
         )
 
     return {"candidate": endpoint(cand_name), "base": endpoint(e.base_model)}
-
-
-def answer_identity(spec: CampaignSpec, base, adapter: dict | None) -> tuple[str, str]:
-    """``(identity, precision)`` under which the student's base (``adapter`` None) or a candidate caches its
-    answers: its weights, the compute dtype resolved for where it runs (``<device kind>:<dtype>``), the adapter's
-    content key, its 4-bit settings. The base's is a ``transformers`` teacher's identity over the same weights and
-    precision, so a context-distillation teacher's bare-prompt answers are the base's (answered once)."""
-    from campaign_orchestrator.generation.backends import answer_identity as identity_of
-
-    s, q = spec.student, spec.student.quantization
-    precision = local_quantization_key(q)["compute_dtype"]
-    return identity_of(
-        s.base_model,
-        base,
-        s.revision,
-        weights_id=model_identity(base, s.revision),
-        precision=precision,
-        adapter_id=adapter["key"] if adapter else None,
-        quantization=q.model_dump() if q.load_in_4bit else None,
-    ), precision
 
 
 def models_read(spec: CampaignSpec) -> list[str]:

@@ -2,8 +2,8 @@
 or a KubeRay RayJob. The teacher stage, the teacher's scoring in evaluation and the evaluated models' answers all
 ask the executor they are given the same way, and get rows, cost lines and statistics of the same shape.
 
-- :class:`InProcess` (``execution.engine: local``): the generation loop here, through the generation cache.
-- :class:`RayPool` (``execution.engine: ray`` without ``execution.kuberay``): the prompts as shards on a Ray actor
+- :class:`InProcess` (``execution.executor: local``): the generation loop here, through the generation cache.
+- :class:`RayPool` (``execution.executor: ray`` without ``execution.kuberay``): the prompts as shards on a Ray actor
   pool (:func:`campaign_orchestrator.generation.scaleout.stage.run_on_ray`: a local cluster the stage starts and
   stops, or the cluster at ``execution.ray_address``); the workers write the same generation cache.
 - :class:`KubeRayJob` (``execution.kuberay`` set): a KubeRay ``RayJob`` the stage launches through the context's
@@ -32,9 +32,9 @@ from stages.teacher import TeacherModel, ask_kwargs, teacher_usage
 def executor_for(spec: CampaignSpec, stage: str, ctx, workdir: Path | None = None):
     """The executor of ``stage``'s generation work: :class:`InProcess`, :class:`RayPool` or :class:`KubeRayJob`
     (its job files under ``workdir``, launched with ``ctx.kuberay``). The one place that reads
-    ``execution.engine`` and ``execution.kuberay``."""
+    ``execution.executor`` and ``execution.kuberay``."""
     ex = spec.execution
-    if ex.engine != "ray":
+    if ex.executor != "ray":
         return InProcess()
     if ex.kuberay is None:
         return RayPool(ex)
@@ -57,7 +57,7 @@ def cache_config(store, identity: str, sampling):
 
 
 class InProcess:
-    """Generation in this process (``execution.engine: local``)."""
+    """Generation in this process (``execution.executor: local``)."""
 
     def at(self, sub: str) -> InProcess:
         return self
@@ -100,11 +100,11 @@ class InProcess:
     ) -> Callable:
         """A factory of the local model's ``generate(prompts, max_new_tokens)`` (the student's base, or with
         ``adapter`` the candidate) answering through the generation cache under its content identity
-        (:func:`stages.evaluation.answer_identity`): loaded only when some item is not there yet."""
+        (:func:`stages.answers.answer_identity`): loaded only when some item is not there yet."""
         from campaign_orchestrator.generation.backends import TransformersBackend
         from campaign_orchestrator.generation.runner import cached_answers
         from evaluation.judging import tally
-        from stages.evaluation import answer_identity, batch_size
+        from stages.answers import answer_identity, batch_size
         from stages.teacher import teacher_cache
 
         s, q = spec.student, spec.student.quantization
@@ -137,7 +137,7 @@ class InProcess:
 
 
 class RayPool(InProcess):
-    """Shards on a Ray actor pool here or at ``execution.ray_address`` (``execution.engine: ray``)."""
+    """Shards on a Ray actor pool here or at ``execution.ray_address`` (``execution.executor: ray``)."""
 
     def __init__(self, execution):
         self.execution = execution
@@ -176,7 +176,7 @@ class RayPool(InProcess):
         """The teacher answering ``rows`` on Ray: ``(result, cost lines per shard tagged with the shard id or None
         when unpriced, the Ray metadata)``; the workers write the same generation cache. ``stage``:
         ``teacher_generations`` or ``teacher_scoring``."""
-        from campaign_orchestrator.generation.recipes import BackendRecipe
+        from campaign_orchestrator.generation.factories import BackendFactory
         from campaign_orchestrator.generation.scaleout.stage import ray_metadata, shard_cost_lines
 
         t = spec.teacher
@@ -187,7 +187,7 @@ class RayPool(InProcess):
         res, run = self.runner(stage)(
             spec.execution,
             rows,
-            BackendRecipe(t, str(tm.path) if tm.path else None, tm.weights_id),
+            BackendFactory(t, str(tm.path) if tm.path else None, tm.weights_id),
             tm.identity,
             sampling,
             cache_config(ctx.store, tm.identity, sampling),
@@ -213,17 +213,17 @@ class RayPool(InProcess):
     def _ray_answers(
         self, ctx, spec: CampaignSpec, role: str, base, adapter: dict | None, dtypes: dict | None, remote_budget=None
     ):
-        from campaign_orchestrator.generation.recipes import GeneratorRecipe
-        from campaign_orchestrator.generation.scaleout.job import AnswerRecipe
+        from campaign_orchestrator.generation.factories import LocalModelFactory
+        from campaign_orchestrator.generation.scaleout.job import AnswerFactory
         from campaign_orchestrator.generation.scaleout.stage import answers_on_ray
         from evaluation.judging import tally
-        from stages.evaluation import answer_identity, batch_size
+        from stages.answers import answer_identity, batch_size
 
         s, q = spec.student, spec.student.quantization
         adapter_dir = adapter["adapter_path"] if adapter else None
         identity, _precision = answer_identity(spec, base, adapter)
-        recipe = AnswerRecipe(
-            GeneratorRecipe(
+        recipe = AnswerFactory(
+            LocalModelFactory(
                 str(base),
                 str(adapter_dir) if adapter_dir else None,
                 q.load_in_4bit,

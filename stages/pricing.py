@@ -1,4 +1,5 @@
-"""Cost: the one door to prices, the cost ledger, budgets and the planner (``tests/costs/test_one_door.py``).
+"""Cost: the one door to prices, the cost ledger, budgets and the planner
+(``tests/campaign_orchestrator/costs/test_one_door.py``).
 
 Every stage that spends money bills its work with one call, ``pricing.bill(spec, stage, usage)`` (its ledger lines,
 the hardware it is billed at and a billing note), and takes its budget guard from one factory,

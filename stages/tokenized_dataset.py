@@ -86,7 +86,8 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     content key is complete; ``notes["model_path"]``: the student's base (its tokenizer), checked teacher top-k
     (:func:`check_teacher_topk`)."""
     from campaign_orchestrator.dataset.sources import resolve_source, source_hash
-    from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset, tokenizer_hash
+    from campaign_orchestrator.dataset.tokenize import build_tokenized_dataset
+    from campaign_orchestrator.dataset.tokenizer_files import tokenizer_hash
 
     distillation, storage, log = inputs["distillation"], ctx.store, ctx.log.info
     d = spec.dataset

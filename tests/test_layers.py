@@ -5,6 +5,7 @@ package (a script in a folder without ``__init__.py`` too, which the contracts d
 from __future__ import annotations
 
 import ast
+import functools
 import tomllib
 from pathlib import Path
 
@@ -86,6 +87,39 @@ def test_find_cycle_reports_the_old_layouts_cycles():
     )
 
 
+@functools.cache
+def module_graph() -> dict[str, set[str]]:
+    """The import graph between the project's modules (lazy imports included): module -> the modules it imports."""
+    graph = grimp.build_graph(*ROOTS, cache_dir=None)
+    return {m: set(graph.find_modules_directly_imported_by(m)) & graph.modules for m in graph.modules}
+
+
+def test_no_import_cycle_between_modules():
+    """Issue 44 untied dataset.checks <-> dataset.tokenize (and xtok), training.model <-> training.moe and
+    stages.evaluation <-> stages.executors: what both sides read sits below them (dataset/tokenizer_files.py,
+    training/sharded.py, stages/answers.py). A circle that comes back fails here, naming its modules."""
+    graph = module_graph()
+    assert "training.moe" in graph and "campaign_orchestrator.dataset.tokenize" in graph  # the walk saw the modules
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between modules: " + " -> ".join(cycle)
+
+
+def test_training_kernels_import_nothing_of_the_trainer_above_them():
+    """The fused kernels sit at the bottom of training/: the LM head's in-forward loss lives with the fused
+    cross-entropy (training/kernels/linear_ce.py), and the checks that compare each kernel with the plain path it
+    replaces sit above both (training/kernel_checks.py)."""
+    graph = module_graph()
+    kernels = {m for m in graph if m == "training.kernels" or m.startswith("training.kernels.")}
+    assert {"training.kernels.linear_ce", "training.kernels.liger"} <= kernels
+    climbs = sorted(
+        f"{a} -> {b}"
+        for a in kernels
+        for b in graph[a]
+        if (b == "training" or b.startswith("training.")) and b not in kernels
+    )
+    assert climbs == []
+
+
 def test_layers_contract_orders_every_installed_package():
     include = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
     installed = sorted(p.rstrip("*") for p in include)
@@ -142,3 +176,22 @@ def test_upward_imports_sees_a_script_outside_the_modules(tmp_path):
     (tmp_path / "training").mkdir()
     (tmp_path / "training" / "ok.py").write_text("from campaign_orchestrator import models\nimport evaluation\n")
     assert upward_imports(tmp_path) == ["campaigns/data/x/make.py: campaign_orchestrator", "training/ok.py: evaluation"]
+
+
+def test_the_tests_mirror_the_code_tree():
+    """tests/<package>/<subpackage...>/test_*.py (issue 44): each folder holding tests is the mirror of a code package
+    or module (``tests/campaign_orchestrator/sweep/`` for campaign_orchestrator/sweep.py), besides the one end-to-end
+    folder and the vLLM tests that run in vLLM's own venv (``make test-heavy``); no two test files share a basename."""
+    tests = REPO / "tests"
+    files = sorted(tests.rglob("test_*.py"))
+    assert len(files) > 100  # the walk saw the suite
+    names = [f.name for f in files]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    groups = {("e2e",), ("vllm",)}  # run groups, not code: one end-to-end folder, one for vLLM's venv
+    stray = []
+    for f in files:
+        parts = f.parent.relative_to(tests).parts
+        code = REPO.joinpath(*parts)
+        if parts and parts not in groups and not (code.is_dir() or code.with_suffix(".py").is_file()):
+            stray.append(str(f.relative_to(REPO)))
+    assert stray == [], "test files in a folder that mirrors no code package or module"

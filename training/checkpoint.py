@@ -228,7 +228,7 @@ def write_metrics(metrics: list[dict], path: Path) -> None:
 
 def gather_adapter(named_trainable, is_main: bool) -> dict:
     """LoRA weights as full tensors on global rank 0 (collective; empty elsewhere)."""
-    from training.model import full_tensor
+    from training.sharded import full_tensor
 
     out = {}
     for name, p in named_trainable:
@@ -242,7 +242,7 @@ def gather_optimizer(optimizer, named_trainable, is_main: bool) -> dict:
     """The optimizer state as full tensors by parameter name on global rank 0 (collective)."""
     import torch
 
-    from training.model import full_tensor
+    from training.sharded import full_tensor
 
     state: dict[str, dict] = {}
     for name, p in named_trainable:
@@ -322,7 +322,7 @@ def load_training_state(
     import torch
     import torch.distributed as dist
 
-    from training.model import load_full_into
+    from training.sharded import load_full_into
 
     box: list = [None]
     if is_main:
@@ -378,7 +378,7 @@ def scatter_optimizer(optimizer, named_trainable, optim: dict | None, is_main: b
     import torch
     import torch.distributed as dist
 
-    from training.model import load_full_into
+    from training.sharded import load_full_into
 
     box: list = [(sorted(optim["state"]), optim["param_groups"]) if is_main else None]
     dist.broadcast_object_list(box, src=0)

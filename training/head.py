@@ -42,28 +42,3 @@ def compact(batch: dict[str, torch.Tensor], label_keys: frozenset[str] | set[str
         if k in batch:
             out[k] = batch[k].index_select(1, targets)
     return keep, out
-
-
-def head_loss(model, inputs: dict, loss) -> torch.Tensor:
-    """One forward of ``model`` (PEFT-wrapped or not) on ``inputs`` in which the LM head, instead of scoring, returns
-    ``loss(hidden, weight)``: its input (the decoder's output, after the last norm, at the positions
-    ``inputs["logits_to_keep"]`` selects) and its own weight; returns what ``loss`` returned (the model's ``logits``).
-    For a loss that takes the head's weight itself (``training.kernels.linear_ce``).
-
-    Inside the forward because of FSDP2 (``training.model.shard``): the head, the embeddings and the final norm are
-    the root unit's parameters, whole only from the root's forward to its backward. Within the forward the head holds
-    its whole weight (no copy, no extra all-gather), and the loss is the root's output, so FSDP2's pre-backward hook
-    gathers the root's parameters again before backward runs through the final norm. A loss computed outside,
-    from hidden states captured on the way, would leave that hook unfired: a root that reshards after its forward
-    would be differentiated through freed parameters (``tests/training/test_fused_loss_fsdp2.py``)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lm_head = inner.get_output_embeddings()
-    own = lm_head.__dict__.get("forward")
-    lm_head.forward = lambda hidden: loss(hidden, lm_head.weight)
-    try:
-        return model(**inputs).logits
-    finally:
-        if own is None:
-            del lm_head.forward
-        else:
-            lm_head.forward = own

@@ -263,7 +263,7 @@ def _load_balancing_fn(model: nn.Module):
 def _per_expert_abs(t: torch.Tensor, num_experts: int, kind: str) -> torch.Tensor:
     """|t| summed per expert for a ParamWrapper's lora_A ``(r·E, in)`` (rows grouped by expert) or lora_B
     ``(out, r·E)`` (columns interleaved, expert fastest); collective for a sharded tensor."""
-    from training.model import full_tensor
+    from training.sharded import full_tensor
 
     if kind == "A":
         return full_tensor(t.abs().sum(dim=1)).reshape(num_experts, -1).sum(1)

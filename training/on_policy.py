@@ -326,11 +326,11 @@ class RoundStore:
 
 class LocalScorer:
     """:class:`~campaign_orchestrator.teacher.scoring.TeacherScorer` over an in-process teacher: a thin shell over a
-    :class:`~campaign_orchestrator.generation.local.LocalGenerator` that meters prefill tokens. Prompts that share a
+    :class:`~campaign_orchestrator.generation.local.LocalModel` that meters prefill tokens. Prompts that share a
     long prefix (context distillation: the system prompt and few-shot turns before every prompt of a category)
     are scored with that prefix's key/value cache computed once per call (:meth:`_score_group`, the technique of
     the generator's own prefix caching); the rest through
-    :meth:`~campaign_orchestrator.generation.local.LocalGenerator.score` (one forward pass per batch). Both give the
+    :meth:`~campaign_orchestrator.generation.local.LocalModel.score` (one forward pass per batch). Both give the
     same log-probabilities (``tests/training/test_on_policy_scoring.py``)."""
 
     def __init__(self, generator, identity: str, prefix_caching: bool = True):
@@ -341,11 +341,9 @@ class LocalScorer:
 
     @classmethod
     def load(cls, model_path: str, compute_dtype: str, device: torch.device, identity: str, batch_size: int = 16):
-        from campaign_orchestrator.generation.local import LocalGenerator
+        from campaign_orchestrator.generation.local import LocalModel
 
-        gen = LocalGenerator.from_path(
-            model_path, compute_dtype=compute_dtype, batch_size=batch_size, device=str(device)
-        )
+        gen = LocalModel.from_path(model_path, compute_dtype=compute_dtype, batch_size=batch_size, device=str(device))
         return cls(gen, identity)
 
     def score(self, prompts, continuations, top_k: int):

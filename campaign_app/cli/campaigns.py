@@ -98,7 +98,7 @@ def plan_command(args: argparse.Namespace) -> int:
     pricing = Pricing()
     try:
         plan = pricing.plan(spec, root)
-        if args.replicas or args.assume:  # the teacher stage on the replica counts asked for, any engine
+        if args.replicas or args.assume:  # the teacher stage on the replica counts asked for, any executor
             plan.scaleout = scaleout_plan(spec, pricing, plan, args.replicas, args.assume)
     except (PlanError, PricingError, FileNotFoundError, ValueError) as e:
         print(f"cannot plan campaign {spec.name}: {e}", file=sys.stderr)
@@ -170,7 +170,7 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "--replicas",
         help="estimate the teacher stage on these Ray replica counts, e.g. 1,2,4,8,16 "
-        "(default with execution.engine ray: 1..64 and execution.replicas)",
+        "(default with execution.executor ray: 1..64 and execution.replicas)",
     )
     p.add_argument(
         "--assume",

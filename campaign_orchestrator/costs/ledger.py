@@ -13,7 +13,7 @@ Tables (query them with SQL: ``campaign costs --sql "..."`` or any DuckDB client
       kind            teacher | training | evaluation (what the money bought)
       resource, quantity, unit, unit_price, usd, price_as_of, pricing_tier, catalog_version
       recorded_at     UTC
-      shard           the Ray shard the line paid for (``execution.engine: ray``: a generation stage's lines are
+      shard           the Ray shard the line paid for (``execution.executor: ray``: a generation stage's lines are
                       per shard); NULL otherwise. Added after the first ledgers: an older file gains the column
                       (NULL in its rows) when it is next opened
       verified        false: paid, usage unknown, billed at its upper bound (requests in flight when a Ray worker

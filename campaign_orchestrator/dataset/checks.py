@@ -86,7 +86,7 @@ def _vocab(model_dir: Path) -> int | None:
 
 def vocabulary_report(teacher_dir: str | Path, student_dir: str | Path) -> dict:
     """Whether the teacher's token ids mean what the student's mean (logit distillation)."""
-    from campaign_orchestrator.dataset.tokenize import tokenizer_hash
+    from campaign_orchestrator.dataset.tokenizer_files import tokenizer_hash
 
     t, s = Path(teacher_dir), Path(student_dir)
     th, sh = tokenizer_hash(t), tokenizer_hash(s)

@@ -51,8 +51,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from campaign_orchestrator.content import file_sha256
 from campaign_orchestrator.dataset.formatting import DROP_STATUSES, OK, STATUSES, TRUNCATED
+from campaign_orchestrator.dataset.tokenizer_files import TokenizationError, tokenizer_hash
 from campaign_orchestrator.dataset.topk import (
     SOURCE_COLUMNS,
     SOURCE_TOP_LOGPROBS,
@@ -70,15 +70,6 @@ from campaign_orchestrator.dataset.xtok import (
 )
 
 FORMAT_VERSION = "2"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-)
 SPLITS = ("train", "validation")
 
 ROW_SCHEMA = pa.schema(
@@ -101,19 +92,6 @@ TEACHER_FIELDS_NAMES = tuple(f.name for f in TEACHER_FIELDS)
 # With a teacher of another tokenizer (cross-tokenizer logit distillation, ``campaign_orchestrator.dataset.xtok``).
 XTOK_FIELDS = [pa.field(TEACHER_ALIGN, pa.list_(pa.int8())), pa.field(TEACHER_SPAN, pa.list_(pa.float32()))]
 XTOK_ROW_SCHEMA = pa.schema([*TEACHER_ROW_SCHEMA, *XTOK_FIELDS])
-
-
-class TokenizationError(ValueError):
-    pass
-
-
-def tokenizer_hash(model_dir: str | Path) -> str:
-    """Identity of a tokenizer: hash over its files present in ``model_dir``."""
-    d = Path(model_dir)
-    parts = [f"{n}:{file_sha256(d / n)}" for n in TOKENIZER_FILES if (d / n).exists()]
-    if not parts:
-        raise TokenizationError(f"no tokenizer files in {d} (expected one of {TOKENIZER_FILES})")
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

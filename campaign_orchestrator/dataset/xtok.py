@@ -198,7 +198,7 @@ class TokenizerBytes:
     def from_dir(cls, model_dir: str | Path) -> TokenizerBytes:
         from transformers import AutoTokenizer
 
-        from campaign_orchestrator.dataset.tokenize import tokenizer_hash
+        from campaign_orchestrator.dataset.tokenizer_files import tokenizer_hash
 
         return cls.from_tokenizer(AutoTokenizer.from_pretrained(str(model_dir)), tokenizer_hash(model_dir))
 
@@ -479,7 +479,7 @@ class CrossTokenizer:
         the student's (a local teacher with the same tokenizer and vocabulary size: the id path of
         campaign_orchestrator.dataset.topk). An API teacher is always aligned by bytes (it returns text)."""
         from campaign_orchestrator.dataset.checks import vocabulary_report
-        from campaign_orchestrator.dataset.tokenize import tokenizer_hash
+        from campaign_orchestrator.dataset.tokenizer_files import tokenizer_hash
 
         if teacher_dir is not None and not api and vocabulary_report(teacher_dir, student_dir)["passed"]:
             return None
@@ -495,7 +495,7 @@ class CrossTokenizer:
         tokenizer directory or None, api)`` placed by bytes under its own tokenizer identity, even one whose ids
         are the student's (rows of several teachers go through one path; where the tokens match every position is
         exact). ``default``: the teacher of a row that names none."""
-        from campaign_orchestrator.dataset.tokenize import tokenizer_hash
+        from campaign_orchestrator.dataset.tokenizer_files import tokenizer_hash
 
         views: dict[str, TokenizerBytes | None] = {}
         identities: dict[str, str] = {}

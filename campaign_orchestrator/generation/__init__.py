@@ -6,11 +6,11 @@ through this package.
 - :mod:`.requests`: requests and their cache keys (teacher identity, sampling, prompt, sample index);
   :mod:`.completion`: what every engine returns for one request; :mod:`.rows`: the Parquet schema of the
   generation table, including ``top_logprobs``.
-- :mod:`.local`: the :class:`~.local.LocalGenerator` a local model answers with, over the engines of
+- :mod:`.local`: the :class:`~.local.LocalModel` a local model answers with, over the engines of
   :mod:`.engines`, one module each (the continuous engine, ``generate``, transformers' ``generate_batch``, vLLM),
   ``auto`` choosing among them by a measured probe (:mod:`.auto`); :mod:`.openai_client`: any OpenAI-compatible
   endpoint. :mod:`.backends` puts them behind one interface (``transformers``, ``vllm``, ``openai``) and
-  :mod:`.recipes` rebuilds one from a picklable recipe.
+  :mod:`.factories` rebuilds one in another process from a picklable factory.
 - :mod:`.cache`: the content-addressed generation cache, shards on local disk or S3 (:mod:`.blobstore`).
 - :mod:`.runner`: :func:`~.runner.run_generation`, the one loop (cache lookup, generate what is missing, rows in
   prompt order) with an executor plugged in: :class:`~.runner.LocalExecutor` (a backend in this process) or

@@ -8,10 +8,10 @@ tokens per second kept (a shared host's load slows some runs, never speeds one u
 cache (``$CAMPAIGN_CACHE_DIR/generation_engines.json``, :mod:`campaign_orchestrator.hardware`), and every later
 generator of that host, device, dtype, model shape and prefix length reads it instead of measuring again. The first
 process of a host measures under a file lock beside the cache; one started at the same time waits and reads its
-record (tests/teacher/test_auto_timings.py starts two). A request runs on the fastest measured engine that can
-serve it: one that asks for top-k log-probabilities never runs on an engine that cannot return them
-(``top_logprobs`` False). An engine that fails its probe is recorded with its error and never chosen. The choice
-and its reason are logged.
+record (tests/campaign_orchestrator/generation/test_auto_timings.py starts two). A request runs on the fastest
+measured engine that can serve it: one that asks for top-k log-probabilities never runs on an engine that cannot
+return them (``top_logprobs`` False). An engine that fails its probe is recorded with its error and never chosen.
+The choice and its reason are logged.
 
 Candidates are the engines whose ``devices`` hold the device kind and that are usable here
 (:mod:`campaign_orchestrator.generation.engines`): on a CPU the continuous engine, ``generate`` and vLLM's CPU
@@ -216,7 +216,7 @@ def choose(
     log: Callable[[str], None] | None = None,
     prefix: list[int] | None = None,
 ) -> tuple[str | None, dict]:
-    """The engine ``auto`` runs for ``gen`` (a LocalGenerator) and a request (``needs_topk``), and the record:
+    """The engine ``auto`` runs for ``gen`` (a LocalModel) and a request (``needs_topk``), and the record:
     measured once per host, device, dtype, model shape and ``prefix`` length (the shared prefix of the prompts
     being answered, put before every probe prompt; cached: the first process measures under a lock beside the
     cache file, so every process of a host runs the same engine), then read."""

@@ -8,7 +8,7 @@ the endpoint refuses) come back as a completion with ``error`` set; errors that 
 whole backend (no vLLM installed, a rejected API key, an unreachable endpoint) raise.
 
 - :class:`TransformersBackend`: a local checkpoint through
-:class:`campaign_orchestrator.generation.local.LocalGenerator`
+:class:`campaign_orchestrator.generation.local.LocalModel`
   (batched, left-padded, batches bucketed by prompt length).
 - :class:`VLLMBackend`: offline batch inference with ``vllm.LLM.generate`` and
   ``SamplingParams``; vLLM is imported only here, only when used (``pip install '.[vllm]'``
@@ -149,7 +149,7 @@ class TransformersBackend:
         model: str | None = None,
         identity: str | None = None,
         batch_size: int = 64,
-        generator=None,
+        local_model=None,
         revision: str | None = None,
         compute_dtype: str = "auto",
         precision: str | None = None,
@@ -160,23 +160,23 @@ class TransformersBackend:
         self.adapter_dir, self.load_in_4bit = adapter_dir, load_in_4bit  # a student: its LoRA adapter, 4-bit base
         self.compute_dtype = compute_dtype
         self.model_path = Path(model_path)
-        # what the identity says it computes in: the model it loads must resolve to the same (``generator``)
+        # what the identity says it computes in: the model it loads must resolve to the same (``local_model``)
         self.precision_key = precision or (
-            None if identity and generator is not None else local_precision(compute_dtype)
+            None if identity and local_model is not None else local_precision(compute_dtype)
         )
         self.identity = identity or teacher_identity(
             "transformers", self.model, model_path, revision, precision=self.precision_key
         )
         self.batch_size = batch_size
-        self._gen = generator
+        self._gen = local_model
         self.generate_s = 0.0
 
     @property
-    def generator(self):
+    def local_model(self):
         if self._gen is None:
-            from campaign_orchestrator.generation.local import LocalGenerator
+            from campaign_orchestrator.generation.local import LocalModel
 
-            gen = LocalGenerator.from_path(
+            gen = LocalModel.from_path(
                 self.model_path, self.adapter_dir, self.load_in_4bit, self.compute_dtype, batch_size=self.batch_size
             )
             p = gen.precision
@@ -193,7 +193,7 @@ class TransformersBackend:
     def run(self, requests: Sequence[GenRequest], sampling: Sampling, on_done: OnDone) -> None:
         if not requests:
             return
-        gen = self.generator
+        gen = self.local_model
         by_sample: dict[int, list[GenRequest]] = {}
         for r in requests:
             by_sample.setdefault(r.sample_index, []).append(r)

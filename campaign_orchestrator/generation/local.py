@@ -1,5 +1,5 @@
 """Batched generation with a local ``transformers`` model (optionally 4-bit, optionally + LoRA): the
-:class:`LocalGenerator` every stage answers prompts with, over the engines of
+:class:`LocalModel` every stage answers prompts with, over the engines of
 :mod:`campaign_orchestrator.generation.engines` (one module each), ``auto`` choosing among them by a measured
 probe (:mod:`campaign_orchestrator.generation.auto`).
 
@@ -48,7 +48,7 @@ from campaign_orchestrator.generation.engines.common import (  # noqa: F401 - th
 )
 from campaign_orchestrator.hardware import Resolved, resolve_compute_dtype
 
-__all__ = ["Completion", "LocalGenerator", "Scored", "default_device", "load_model"]
+__all__ = ["Completion", "LocalModel", "Scored", "default_device", "load_model"]
 
 _log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Scored:
 
 PREFIX_MIN_TOKENS = 32  # a shared prefix at least this long is prefilled once per call and reused by every batch
 ENGINES = ("auto", *ENGINE_MODULES)
-ENGINE_ENV = "CAMPAIGN_GENERATION_ENGINE"  # a measurement switch: what ``auto`` resolves to in every LocalGenerator
+ENGINE_ENV = "CAMPAIGN_GENERATION_ENGINE"  # a measurement switch: what ``auto`` resolves to in every LocalModel
 
 
 def forced_engine() -> str | None:
@@ -159,7 +159,7 @@ def stop_token_ids(model, tok) -> list[int]:
     return ids
 
 
-class LocalGenerator:
+class LocalModel:
     """Generate completions for many prompts with one loaded model.
 
     ``engine``: ``auto`` (the default: the fastest engine measured for this host, device, dtype and model shape
@@ -182,7 +182,7 @@ class LocalGenerator:
         load_in_4bit: bool = False,
     ):
         if engine not in ENGINES:
-            raise ValueError(f"LocalGenerator engine {engine!r} is unknown: use one of {', '.join(ENGINES)}")
+            raise ValueError(f"LocalModel engine {engine!r} is unknown: use one of {', '.join(ENGINES)}")
         self.model = model
         self.tok = tokenizer
         self.batch_size = batch_size
@@ -268,7 +268,7 @@ class LocalGenerator:
     @engine.setter
     def engine(self, name: str) -> None:
         if name not in ENGINES:
-            raise ValueError(f"LocalGenerator engine {name!r} is unknown: use one of {', '.join(ENGINES)}")
+            raise ValueError(f"LocalModel engine {name!r} is unknown: use one of {', '.join(ENGINES)}")
         self.setting = name
 
     def _supports_continuous(self) -> bool:

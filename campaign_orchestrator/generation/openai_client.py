@@ -580,7 +580,7 @@ class OpenAICompatibleClient:
         progress: Callable[[int], None] | None = None,
     ) -> list[Completion]:
         """One completion per prompt, in input order (the same call shape as
-        :meth:`campaign_orchestrator.generation.local.LocalGenerator.generate`)."""
+        :meth:`campaign_orchestrator.generation.local.LocalModel.generate`)."""
         s = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, logprobs=logprobs)
         reqs = [GenRequest(str(i), p, 0, seed) for i, p in enumerate(prompts)]
         out: list[Completion | None] = [None] * len(reqs)

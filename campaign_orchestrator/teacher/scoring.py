@@ -4,8 +4,8 @@ On-policy distillation (issue 26) samples completions from the *student* and ask
 top-k log-probabilities at every completion position. A :class:`TeacherScorer` answers that, wherever
 the teacher runs:
 
-- in process, beside the student: a :class:`~campaign_orchestrator.generation.local.LocalGenerator` and its
-  :meth:`~campaign_orchestrator.generation.local.LocalGenerator.score` (one forward pass per batch);
+- in process, beside the student: a :class:`~campaign_orchestrator.generation.local.LocalModel` and its
+  :meth:`~campaign_orchestrator.generation.local.LocalModel.score` (one forward pass per batch);
 - behind an OpenAI-compatible server that returns ``prompt_logprobs`` (vLLM's extra request field; the
   project's own local teacher server answers the same field), over HTTP.
 

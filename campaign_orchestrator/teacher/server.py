@@ -24,7 +24,7 @@ Routes (Starlette on uvicorn, both installed with the Dagster webserver):
     404 for another model name, 401 without the API key (when one is required).
 
 Prompt log-probabilities come from one forward pass per batch of prompts (length-sorted, left-padded, as
-:meth:`campaign_orchestrator.generation.local.LocalGenerator.score` computes them: position ids from the attention
+:meth:`campaign_orchestrator.generation.local.LocalModel.score` computes them: position ids from the attention
 mask, so a padded row computes what it would alone); the model answers one request at a time (a lock), off the
 event loop. The API key (``--api-key-env NAME``: the *name* of the variable holding it) is never logged.
 Imports torch when a model loads: build the app lazily.
@@ -59,7 +59,7 @@ class RequestError(ValueError):
 
 
 class TeacherServer:
-    """Answers completion requests with one loaded :class:`~campaign_orchestrator.generation.local.LocalGenerator`
+    """Answers completion requests with one loaded :class:`~campaign_orchestrator.generation.local.LocalModel`
     (its model, tokenizer, device, batch size and context length)."""
 
     def __init__(
@@ -469,9 +469,9 @@ def serve_main(argv: list[str] | None = None) -> int:
         return 1
     import uvicorn
 
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    gen = LocalGenerator.from_path(model_dir, compute_dtype=a.compute_dtype, batch_size=a.batch_size)
+    gen = LocalModel.from_path(model_dir, compute_dtype=a.compute_dtype, batch_size=a.batch_size)
     server = TeacherServer(gen, a.served_name or a.model, api_key=api_key, max_logprobs=a.max_logprobs)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

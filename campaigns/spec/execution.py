@@ -1,8 +1,8 @@
 """The ``execution:`` section: where the generation stages run (one process, or a Ray cluster).
 
 The generation stages are the teacher's generations, the teacher scoring held-out items, and the
-candidate's and base's answers in evaluation. ``engine: local`` (the default) runs each in the stage's
-own process, as before. ``engine: ray`` splits a stage's prompts into shards by content hash and runs
+candidate's and base's answers in evaluation. ``executor: local`` (the default) runs each in the stage's
+own process, as before. ``executor: ray`` splits a stage's prompts into shards by content hash and runs
 them on an actor pool (one model replica per actor) of a Ray cluster: a local cluster the stage starts
 when ``ray_address`` is empty, an existing one otherwise. On Kubernetes (``execution.kuberay``) the stage is
 meant to run as a KubeRay ``RayJob`` (manifests and launcher exist; the stages refuse it until they call the
@@ -10,12 +10,16 @@ launcher, docs/scaleout.md): a Ray cluster of one head and ``replicas`` worker p
 a long-lived ``RayCluster`` it is submitted to), which runs ``python -m campaign_orchestrator.generation.scaleout --job
 JOB.json``; namespace, image, node selectors, tolerations, volumes and secrets come from the campaign's
 ``kubernetes:`` section, as for training (docs/scaleout.md).
+
+``executor`` was called ``engine`` before issue 44 (an *engine* is the local loop that decodes, docs/concepts.md);
+the old spelling is still read, with a warning that names the new one.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+import warnings
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -113,7 +117,7 @@ class KubeRaySpec(_Strict):
 class ExecutionSpec(_Strict):
     """Where the generation stages run: `local` (one process, the default) or `ray` (shards on an actor pool)."""
 
-    engine: Literal["local", "ray"] = Field(
+    executor: Literal["local", "ray"] = Field(
         "local",
         description="local: each generation stage runs in its own process; ray: its prompts are split into "
         "shards run by `replicas` actors of a Ray cluster, each holding one model replica.",
@@ -143,6 +147,27 @@ class ExecutionSpec(_Strict):
         "`campaign k8s-render`. Empty: Ray runs where the stage runs.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_spelling(cls, data: Any) -> Any:
+        """``execution.engine`` (before issue 44) is read as ``execution.executor``, with a warning naming it."""
+        if not isinstance(data, dict) or "engine" not in data:
+            return data
+        if "executor" in data:
+            raise ValueError(
+                "execution.engine is the old name of execution.executor and both are set; keep only "
+                f"`executor: {data['executor']}`"
+            )
+        data = dict(data)
+        old = data.pop("engine")
+        warnings.warn(
+            f"execution.engine is renamed execution.executor: write `executor: {old}` (the old spelling is still "
+            "read, for now)",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return data | {"executor": old}
+
     @property
     def gpus_per_worker_pod(self) -> int:
         """GPUs of one KubeRay worker pod: one replica's, rounded up to whole devices."""
@@ -150,10 +175,10 @@ class ExecutionSpec(_Strict):
 
     @model_validator(mode="after")
     def _kuberay_runs_ray(self) -> ExecutionSpec:
-        if self.kuberay is not None and self.engine != "ray":
+        if self.kuberay is not None and self.executor != "ray":
             raise ValueError(
                 "execution.kuberay runs the generation stages on a KubeRay cluster, which needs "
-                "execution.engine: ray; set it, or remove execution.kuberay"
+                "execution.executor: ray; set it, or remove execution.kuberay"
             )
         if self.kuberay is not None and self.ray_address:
             raise ValueError(

@@ -45,7 +45,6 @@ from typing import Any
 
 from dagster import (
     AssetObservation,
-    ConfigurableResource,
     Failure,
     MetadataValue,
     PipesEnvContextInjector,
@@ -56,7 +55,7 @@ from pydantic import Field
 from campaigns.spec import CampaignSpec
 from resources.k8s import kuberay as kr
 from resources.k8s import manifests as mf
-from resources.k8s.launcher import K8sTrainingLauncher
+from resources.k8s.connection import KubernetesLauncher
 from resources.k8s.logs import PodLogsMessageReader
 from resources.k8s.status import PodProblem, pod_finished, pod_name, pod_problem, pod_started
 from stages.pricing import charge_shard
@@ -88,23 +87,13 @@ def job_paths(job: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-class KubeRayJobLauncher(ConfigurableResource):
+class KubeRayJobLauncher(KubernetesLauncher):
     """Runs one generation stage as a KubeRay RayJob (a Ray cluster for the job, or a long-lived RayCluster)."""
 
-    kubeconfig_file: str | None = Field(
-        None, description="Kubeconfig to use; default: in-cluster config when running in a pod, else ~/.kube/config."
-    )
-    kube_context: str | None = Field(None, description="Kubeconfig context; default: the current one.")
-    in_cluster: bool | None = Field(None, description="Force (true) or forbid (false) in-cluster config; null: auto.")
     poll_interval_s: float = Field(2.0, gt=0, description="Seconds between two looks at the RayJob and its pods.")
-    pending_timeout_s: float = Field(1800, gt=0, description="Fail when a pod stays unschedulable this long.")
     image_pull_timeout_s: float = Field(
         600, gt=0, description="Fail when an image cannot be pulled for this long (Ray GPU images are large)."
     )
-    timeout_s: float = Field(7 * 24 * 3600, gt=0, description="Stop the job after this many seconds.")
-    log_tail_lines: int = Field(40, ge=1, description="Last log lines of a failed pod shown in the failure.")
-    log_drain_timeout_s: float = Field(60, ge=0, description="Wait this long for the last log lines after success.")
-    api_error_budget: int = Field(5, ge=0, description="Consecutive failed API reads tolerated before failing.")
     delete_on_success: bool = Field(True, description="Delete the RayJob (and so its cluster) when the stage succeeds.")
     echo_logs: bool = Field(True, description="Copy the submitter's log lines to the step's stdout.")
     owned_by_run_pod: bool = Field(
@@ -112,15 +101,6 @@ class KubeRayJobLauncher(ConfigurableResource):
         description="When the Dagster run pod is in the job's namespace, make it the "
         "owner of the RayJob (deleted with the run pod if it dies).",
     )
-
-    def _k8s(self) -> K8sTrainingLauncher:
-        """The training launcher with the same connection settings: its API client, run-pod owner and run tag."""
-        return K8sTrainingLauncher(
-            kubeconfig_file=self.kubeconfig_file,
-            kube_context=self.kube_context,
-            in_cluster=self.in_cluster,
-            owned_by_run_pod=self.owned_by_run_pod,
-        )
 
     # ------------------------------------------------------------------ launch
     def launch(
@@ -156,10 +136,9 @@ class KubeRayJobLauncher(ConfigurableResource):
 
         from kubernetes import client
 
-        k8s = self._k8s()
-        api = k8s.api_client()
+        api = self.api_client()
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        k8s._record_cluster(context, cluster.namespace)
+        self._record_cluster(context, cluster.namespace)
         name = kr.rayjob_name(spec.name, stage, context.run_id, secrets.token_hex(3))
         asset_key = context.asset_key.to_user_string() if context.has_assets_def else ""
         reader = PodLogsMessageReader(
@@ -186,7 +165,7 @@ class KubeRayJobLauncher(ConfigurableResource):
                 run_id=context.run_id,
                 asset_key=asset_key,
                 pipes_env=dict(session.get_bootstrap_env_vars()),
-                owner=k8s.run_pod_owner(core, cluster.namespace) if self.owned_by_run_pod else None,
+                owner=self.run_pod_owner(core, cluster.namespace) if self.owned_by_run_pod else None,
             )
             try:
                 custom.create_namespaced_custom_object(

@@ -30,7 +30,6 @@ Kubernetes never imports it.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import time
 from pathlib import Path
@@ -38,7 +37,6 @@ from typing import Any
 
 from dagster import (
     AssetObservation,
-    ConfigurableResource,
     Failure,
     MetadataValue,
     PipesEnvContextInjector,
@@ -47,8 +45,8 @@ from dagster import (
 from pydantic import Field
 
 from campaigns.spec import KubernetesSpec
-from resources import run_owner
 from resources.k8s import manifests as mf
+from resources.k8s.connection import KubernetesLauncher
 from resources.k8s.logs import PodLogsMessageReader
 from resources.k8s.status import (
     PodProblem,
@@ -142,21 +140,11 @@ def _delete_run_rayjobs(custom, ns: str, selector: str, mine) -> list[str]:
     return deleted
 
 
-class K8sTrainingLauncher(ConfigurableResource):
+class K8sTrainingLauncher(KubernetesLauncher):
     """Runs training as an Indexed Job + headless Service (or a Kubeflow PyTorchJob) on Kubernetes."""
 
-    kubeconfig_file: str | None = Field(
-        None, description="Kubeconfig to use; default: in-cluster config when running in a pod, else ~/.kube/config."
-    )
-    kube_context: str | None = Field(None, description="Kubeconfig context; default: the current one.")
-    in_cluster: bool | None = Field(None, description="Force (true) or forbid (false) in-cluster config; null: auto.")
     poll_interval_s: float = Field(2.0, gt=0, description="Seconds between two looks at the job and its pods.")
-    pending_timeout_s: float = Field(1800, gt=0, description="Fail when a pod stays unschedulable this long.")
     image_pull_timeout_s: float = Field(300, gt=0, description="Fail when an image cannot be pulled for this long.")
-    timeout_s: float = Field(7 * 24 * 3600, gt=0, description="Stop the job after this many seconds.")
-    log_tail_lines: int = Field(40, ge=1, description="Last log lines of a failed pod shown in the failure.")
-    log_drain_timeout_s: float = Field(60, ge=0, description="Wait this long for the last log lines after success.")
-    api_error_budget: int = Field(5, ge=0, description="Consecutive failed API reads tolerated before failing.")
     delete_on_success: bool = Field(True, description="Delete Job and Service when training succeeds.")
     echo_logs: bool = Field(True, description="Copy pod log lines to the step's stdout (captured by Dagster).")
     owned_by_run_pod: bool = Field(
@@ -165,30 +153,6 @@ class K8sTrainingLauncher(ConfigurableResource):
         " the owner of the Job and Service, so Kubernetes deletes them"
         " if the run pod dies without cleaning up.",
     )
-
-    # ------------------------------------------------------------------ API
-    def api_client(self):
-        from kubernetes import client, config
-
-        auto_in_cluster = (
-            self.in_cluster is None and not self.kubeconfig_file and os.environ.get("KUBERNETES_SERVICE_HOST")
-        )
-        if self.in_cluster or auto_in_cluster:
-            cfg = client.Configuration()
-            config.load_incluster_config(client_configuration=cfg)
-            return client.ApiClient(cfg)
-        return config.new_client_from_config(config_file=self.kubeconfig_file, context=self.kube_context)
-
-    def run_pod_owner(self, core, namespace: str) -> dict[str, str] | None:
-        """{name, uid} of the pod this code runs in, if it is a pod of ``namespace`` (else None)."""
-        pod = os.environ.get("HOSTNAME")
-        if not (self.owned_by_run_pod and pod and os.environ.get("KUBERNETES_SERVICE_HOST")):
-            return None
-        try:
-            me = core.read_namespaced_pod(pod, namespace)
-        except Exception:  # another namespace, or no permission: ttlSecondsAfterFinished remains the backstop
-            return None
-        return {"name": me.metadata.name, "uid": me.metadata.uid}
 
     # ------------------------------------------------------------------ launch
     def launch(self, context, job, workdir: Path, kubernetes: KubernetesSpec, budget=None) -> dict:
@@ -288,21 +252,6 @@ class K8sTrainingLauncher(ConfigurableResource):
         for r in results:
             pipes_md.update(getattr(r, "metadata", None) or {})
         return {"logs": logs, "pipes_metadata": pipes_md, "k8s_workload": name, "k8s_namespace": cluster.namespace}
-
-    def _record_cluster(self, context, namespace: str) -> None:
-        """Name the cluster in the run's owner record (``resources/run_owner.py``: ``k8s``) before anything is
-        created: the reaper deletes the run's workloads there if this process dies without cleaning up."""
-        where = {
-            "namespace": namespace,
-            "kubeconfig_file": self.kubeconfig_file,
-            "kube_context": self.kube_context,
-            "in_cluster": self.in_cluster,
-        }
-        try:
-            tags = context.instance.get_run_by_id(context.run_id).tags
-            context.instance.add_run_tags(context.run_id, run_owner.updated(tags, k8s=where))
-        except Exception as e:  # noqa: BLE001 - a bare context without a stored run
-            context.log.debug(f"could not record the cluster in the run's tags: {e}")
 
     # ------------------------------------------------------------------ create / delete
     @staticmethod

@@ -21,7 +21,8 @@ from campaign_orchestrator.demo import cipher
 from campaigns.loader import parse_campaign_text
 
 # teacher and base answers on the demo models through Dagster (a minute on a 2-core host): `make test-heavy`; the
-# targets logic itself is tested on tiny real data in tests/dataset/test_targets.py, which `make test` runs
+# targets logic itself is tested on tiny real data in tests/campaign_orchestrator/dataset/test_targets.py, which
+# `make test` runs
 pytestmark = [pytest.mark.stage, pytest.mark.heavy]
 
 

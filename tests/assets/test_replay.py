@@ -77,7 +77,7 @@ def test_replay_rows_are_the_base_students_cached_answers(tmp_path, artifact_roo
     from campaign_orchestrator.generation.requests import Sampling, namespace
     from campaign_orchestrator.generation.runner import run_generation
     from resources.storage import ArtifactStore
-    from stages.evaluation import answer_identity
+    from stages.answers import answer_identity
 
     storage = ArtifactStore(root=str(artifact_root))
     ident, _ = answer_identity(spec, storage.resolve_model("@demo/student", spec.project_dir), None)

@@ -101,7 +101,7 @@ def test_the_branch_finder_sees_ifs_conditions_and_match_cases(tmp_path):
         "def f(spec):\n"
         "    if spec.teacher.backend == 'openai':\n"
         "        pass\n"
-        "    kind = 'python' if spec.execution.engine != \"ray\" else 'ray'\n"
+        "    kind = 'python' if spec.execution.executor != \"ray\" else 'ray'\n"
         "    ok = spec.training.launcher in ('k8s', 'other')\n"
         "    match spec.evaluation.backend:\n"
         "        case 'local':\n"

@@ -43,6 +43,16 @@ def test_unknown_key_names_file_field_line_and_allowed_keys():
     assert "learning_rate" in msg and "micro_batch_size" in msg  # lists what is allowed
 
 
+def test_the_old_spelling_of_execution_executor_is_read_with_a_warning_naming_the_new_one():
+    # execution.engine (before issue 44) is execution.executor now: a file that says it still loads, the same
+    with pytest.warns(FutureWarning, match=r"execution.engine is renamed execution.executor: write `executor: ray`"):
+        old = parse_campaign_text(_with(lambda d: d.update(execution={"engine": "ray", "replicas": 3})))
+    new = parse_campaign_text(_with(lambda d: d.update(execution={"executor": "ray", "replicas": 3})))
+    assert old.execution == new.execution and new.execution.executor == "ray"
+    msg = _problems(_with(lambda d: d.update(execution={"engine": "ray", "executor": "local"})))
+    assert "bad.yaml" in msg and "execution" in msg and "keep only `executor: local`" in msg
+
+
 def test_wrong_type_names_field_and_value():
     msg = _problems(_with(lambda d: d["training"].update(micro_batch_size="lots")))
     assert "training.micro_batch_size" in msg and "valid integer" in msg and "'lots'" in msg

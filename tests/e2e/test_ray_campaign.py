@@ -1,10 +1,10 @@
-"""The demo on Ray (``execution.engine: ray``) reaches the in-process demo's answers, scores and verdict.
+"""The demo on Ray (``execution.executor: ray``) reaches the in-process demo's answers, scores and verdict.
 
 One shrunken demo campaign, materialized through Dagster in-process, then again with its generation stages on
 a local Ray cluster the stages start and stop (2 replicas; the teacher's generations, the teacher, candidate
 and base answering held-out items), their outputs and the generation cache deleted in between.
 Greedy generation in fp32: the teacher's completions, every item's answers, the scores and the verdict are
-identical. The shipped ``campaigns/demo_ray.yaml`` is the same demo with ``execution: {engine: ray}``.
+identical. The shipped ``campaigns/demo_ray.yaml`` is the same demo with ``execution: {executor: ray}``.
 """
 
 from __future__ import annotations
@@ -46,19 +46,19 @@ def _run(path, root):
 def test_shipped_demo_ray_is_the_demo_on_ray():
     demo = yaml.safe_load((REPO_ROOT / "campaigns" / "demo.yaml").read_text())
     ray = yaml.safe_load((REPO_ROOT / "campaigns" / "demo_ray.yaml").read_text())
-    assert ray.pop("execution")["engine"] == "ray"
+    assert ray.pop("execution")["executor"] == "ray"
     for d in (demo, ray):
         d.pop("name"), d.pop("description"), d.pop("schedule", None)
     assert ray == demo
-    assert load_campaign_file(REPO_ROOT / "campaigns" / "demo_ray.yaml").execution.engine == "ray"
+    assert load_campaign_file(REPO_ROOT / "campaigns" / "demo_ray.yaml").execution.executor == "ray"
 
 
 def test_demo_on_ray_reaches_the_in_process_answers_and_verdict(tmp_path, artifact_root):
     """In-process first; then the generation stages' outputs and the whole generation cache are deleted and the
-    same campaign runs again with ``execution.engine: ray``: the teacher and evaluation stages generate everything
+    same campaign runs again with ``execution.executor: ray``: the teacher and evaluation stages generate everything
     again on Ray, and the stages between them (distillation set, tokenized data, the trained adapter) are cache
     hits: their content keys say the teacher's generations on Ray were identical."""
-    execution = {"engine": "ray", "replicas": 2, "num_cpus_per_replica": 1, "shard_prompts": 32}
+    execution = {"executor": "ray", "replicas": 2, "num_cpus_per_replica": 1, "shard_prompts": 32}
     local = write_campaign(tmp_path / "local", "mini", demo_teacher(), prompts=160, max_steps=4)
     on_ray = write_campaign(tmp_path / "ray", "mini", demo_teacher(), prompts=160, max_steps=4, execution=execution)
 

@@ -43,10 +43,10 @@ def teacher_server(model_dir: Path, name: str):
     thread; yields its base URL."""
     import uvicorn
 
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
     from campaign_orchestrator.teacher.server import TeacherServer, build_app
 
-    gen = LocalGenerator.from_path(model_dir, compute_dtype="float32", batch_size=16)
+    gen = LocalModel.from_path(model_dir, compute_dtype="float32", batch_size=16)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(build_app(TeacherServer(gen, name)), log_level="warning", access_log=False))

@@ -3,7 +3,7 @@ adapters trained here by the project's trainer: the shipped cipher tasks (a gene
 multiple-choice task, custom and local).
 
 - the harness's per-document scores equal the project's own scoring of the same items, item by item:
-  generation through the project's evaluator (LocalGenerator + exact_match), multiple choice by an
+  generation through the project's evaluator (LocalModel + exact_match), multiple choice by an
   independent log-likelihood computation;
 - the gate's paired delta and verdict: GO for a good adapter, NO-GO for a broken one (trained on
   another cipher);

@@ -400,13 +400,13 @@ def test_paths_off_the_shared_volume_fail_before_creating_anything(api_server, s
 def test_the_models_a_job_loads_must_lie_on_a_volume_the_pods_mount(spec):
     """A worker loads the teacher checkpoint (a backend recipe's ``model_path``) or an answering model's base and
     adapter (``generator.model_dir`` / ``adapter_dir``): they are checked like the job's other paths."""
-    from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
-    from campaign_orchestrator.generation.scaleout.job import AnswerRecipe, recipe_to_json
+    from campaign_orchestrator.generation.factories import BackendFactory, LocalModelFactory
+    from campaign_orchestrator.generation.scaleout.job import AnswerFactory, recipe_to_json
     from resources.k8s import manifests as mf
 
     root = spec.kubernetes.artifacts.mount_path
-    teacher = recipe_to_json(BackendRecipe(spec.teacher, "/models/teacher", "w1"))
-    answer = recipe_to_json(AnswerRecipe(GeneratorRecipe(f"{root}/models/base", "/tmp/adapter"), "id"))
+    teacher = recipe_to_json(BackendFactory(spec.teacher, "/models/teacher", "w1"))
+    answer = recipe_to_json(AnswerFactory(LocalModelFactory(f"{root}/models/base", "/tmp/adapter"), "id"))
     assert job_paths({"recipe": teacher}) == {"recipe.model_path": "/models/teacher"}
     assert job_paths({"recipe": answer}) == {
         "recipe.generator.model_dir": f"{root}/models/base",
@@ -415,7 +415,7 @@ def test_the_models_a_job_loads_must_lie_on_a_volume_the_pods_mount(spec):
     assert mf.unreachable_paths(job_paths({"recipe": answer}), spec.kubernetes) == [
         "recipe.generator.adapter_dir=/tmp/adapter"
     ]
-    hub = recipe_to_json(BackendRecipe(spec.teacher, None, None))  # a hub id vLLM downloads itself: no path
+    hub = recipe_to_json(BackendFactory(spec.teacher, None, None))  # a hub id vLLM downloads itself: no path
     assert job_paths({"recipe": hub}) == {}
 
 

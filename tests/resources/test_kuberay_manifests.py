@@ -219,8 +219,8 @@ def test_spec_errors_name_the_field_and_what_to_write(example, tmp_path):
             load_campaign_file(path)
         return str(e.value)
 
-    msg = error(lambda d: d["execution"].update(engine="local"))
-    assert "c.yaml" in msg and "execution" in msg and "needs execution.engine: ray" in msg
+    msg = error(lambda d: d["execution"].update(executor="local"))
+    assert "c.yaml" in msg and "execution" in msg and "needs execution.executor: ray" in msg
     msg = error(lambda d: d["execution"].update(ray_address="ray://head:10001"))
     assert "remove execution.ray_address" in msg
     msg = error(lambda d: d["execution"]["kuberay"].update(ray_cluster="shared-ray"))

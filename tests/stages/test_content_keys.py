@@ -116,11 +116,13 @@ class KeyStore(Store):
 @pytest.fixture
 def stand_ins(monkeypatch):
     import campaign_orchestrator.dataset.tokenize as tok
+    import campaign_orchestrator.dataset.tokenizer_files as tokenizer_files
     import campaign_orchestrator.hardware as hw
     import stages.common
 
     monkeypatch.setattr(hw, "key_precision", lambda requested, device=None, peak=None: "cpu:float32")
     monkeypatch.setattr(tok, "tokenizer_hash", lambda path: f"tok:{Path(path).name}")
+    monkeypatch.setattr(tokenizer_files, "tokenizer_hash", lambda path: f"tok:{Path(path).name}")
     monkeypatch.setattr(stages.common, "model_fingerprint", lambda path, cache=None: f"fp:{Path(path).name}")
 
     def resolved(self, tokenizer_dir):  # `template: auto` as the shipped tokenizers resolve it (SmolLM2's has ChatML)

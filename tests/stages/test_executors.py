@@ -2,7 +2,8 @@
 teacher stage and evaluation's answers hand a KubeRay launcher a job file and prompts on the shared volume, and get
 back the rows, statistics and shard reports the job's driver wrote, each shard priced on the orchestrator's side. The
 launcher here plays the RayJob's driver (tests/resources/test_kuberay_launcher.py and
-tests/scaleout/test_kuberay_stage.py drive the real launcher and the real entry point)."""
+tests/campaign_orchestrator/generation/scaleout/test_kuberay_stage.py drive the real launcher and the real entry
+point)."""
 
 from __future__ import annotations
 
@@ -161,9 +162,9 @@ def test_the_teacher_stage_gets_the_jobs_rows_and_prices_each_shard(spec, tmp_pa
 
 
 def test_evaluation_answers_launch_one_job_per_model_and_length(spec, tmp_path, monkeypatch):
-    import stages.evaluation as ev
+    import stages.answers as ans
 
-    monkeypatch.setattr(ev, "local_quantization_key", lambda q: {"compute_dtype": "cuda:bfloat16"})  # no torch here
+    monkeypatch.setattr(ans, "local_quantization_key", lambda q: {"compute_dtype": "cuda:bfloat16"})  # no torch here
     base = tmp_path / "artifacts" / "models" / "base"
     base.mkdir(parents=True)
     (base / "config.json").write_text("{}")

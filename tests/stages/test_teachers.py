@@ -146,7 +146,7 @@ def test_several_teachers_on_ray_answer_as_in_process(tmp_path, artifact_root):
         (tmp_path / project / "artifacts").mkdir(parents=True)
         (tmp_path / project / "artifacts" / "models").symlink_to(artifact_root / "models")
     local, local_rows, _ = _stage(tmp_path / "local", "local", teachers())
-    execution = {"engine": "ray", "replicas": 1, "num_cpus_per_replica": 1, "shard_prompts": 8}
+    execution = {"executor": "ray", "replicas": 1, "num_cpus_per_replica": 1, "shard_prompts": 8}
     ray, ray_rows, _ = _stage(tmp_path / "ray", "ray", teachers(), execution=execution)
 
     assert set(ray["ray_teachers"]) == {"short", "general"}

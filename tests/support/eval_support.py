@@ -28,9 +28,9 @@ class ModelServer:
         hang_marker: str = "HANG",
         hang_s: float = 3.0,
     ):
-        from campaign_orchestrator.generation.local import LocalGenerator
+        from campaign_orchestrator.generation.local import LocalModel
 
-        self.generators = {name: LocalGenerator.from_path(path, batch_size=1) for name, path in models.items()}
+        self.generators = {name: LocalModel.from_path(path, batch_size=1) for name, path in models.items()}
         self.paths = dict(models)
         self.lora_base = lora_base
         self.crash_marker, self.hang_marker, self.hang_s = crash_marker, hang_marker, hang_s
@@ -98,13 +98,13 @@ class ModelServer:
         return {"object": "list", "data": data}
 
     def load_lora(self, name: str, path: str) -> tuple[int, dict]:
-        from campaign_orchestrator.generation.local import LocalGenerator
+        from campaign_orchestrator.generation.local import LocalModel
 
         if name in self.generators:
             return 400, {"error": {"message": f"The lora adapter '{name}' has already been loaded."}}
         if self.lora_base is None or not Path(path, "adapter_config.json").exists():
             return 400, {"error": {"message": f"cannot load a LoRA adapter from {path}"}}
-        self.generators[name] = LocalGenerator.from_path(self.lora_base, path, batch_size=1)
+        self.generators[name] = LocalModel.from_path(self.lora_base, path, batch_size=1)
         self.loaded[name] = path
         return 200, {"status": "ok"}
 

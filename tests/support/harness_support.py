@@ -37,9 +37,9 @@ def task_docs(name: str) -> list[dict]:
 def project_generation_scores(
     base: Path, adapter: Path | None, load_in_4bit: bool = True, compute_dtype: str = "bfloat16"
 ) -> dict[str, tuple[float, str]]:
-    """cipher_gen through the project's evaluator (LocalGenerator + exact_match scorer): item id
+    """cipher_gen through the project's evaluator (LocalModel + exact_match scorer): item id
     ``cipher_gen/<doc_id>`` -> (score, output)."""
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
     from evaluation.suite import run_suite
 
     items = [
@@ -47,7 +47,7 @@ def project_generation_scores(
         for i, d in enumerate(task_docs("cipher_gen"))
     ]
     with one_thread():
-        g = LocalGenerator.from_path(base, adapter, load_in_4bit, compute_dtype, batch_size=16, device="cpu")
+        g = LocalModel.from_path(base, adapter, load_in_4bit, compute_dtype, batch_size=16, device="cpu")
         results, _ = run_suite("cipher_gen", "m", items, g.generate, "exact_match", 16)
     return {r.item_id: (r.score, r.output) for r in results}
 
@@ -61,9 +61,9 @@ def independent_choice_scores(
     the label else 0.0, argmax, log-likelihoods)."""
     import torch
 
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    g = LocalGenerator.from_path(base, adapter, load_in_4bit, compute_dtype, batch_size=1, device="cpu")
+    g = LocalModel.from_path(base, adapter, load_in_4bit, compute_dtype, batch_size=1, device="cpu")
     model, tok = g.model, g.tok
     out = {}
     with torch.no_grad(), one_thread():

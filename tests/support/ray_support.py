@@ -25,7 +25,7 @@ class GatedRecipe:
     waits before it reaches the worker's spool, and ``<gate_dir>/<pid>.blocked`` says one does. The test's way to
     hold a worker with answers received and not yet recorded, as a loaded host does for a moment."""
 
-    inner: object  # a BackendRecipe
+    inner: object  # a BackendFactory
     gate_dir: str
 
     def build(self):

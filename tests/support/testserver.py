@@ -2,7 +2,7 @@
 
 It serves ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``GET /v1/models`` over
 HTTP (Starlette on uvicorn, both already installed with the Dagster webserver), and answers
-either with a real local model (``--model DIR``: :class:`campaign_orchestrator.generation.local.LocalGenerator`, one
+either with a real local model (``--model DIR``: :class:`campaign_orchestrator.generation.local.LocalModel`, one
 request at a time) or with a deterministic rule (``responder="cipher"``: the demo task's
 answer for ``encode <word> =`` prompts, else the prompt reversed), after a fixed latency.
 
@@ -114,9 +114,9 @@ def build_app(cfg: ServerConfig) -> tuple[Starlette, ServerStats]:
     gen_lock = threading.Lock()
     generator = None
     if cfg.responder == "model":
-        from campaign_orchestrator.generation.local import LocalGenerator
+        from campaign_orchestrator.generation.local import LocalModel
 
-        generator = LocalGenerator.from_path(cfg.model_dir, batch_size=1)
+        generator = LocalModel.from_path(cfg.model_dir, batch_size=1)
 
     def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
         stats.by_status[status] += 1

@@ -2,9 +2,9 @@
 loss, and its loss and LoRA gradients are those of a world of one, fused or on logits.
 
 After ``fully_shard`` the head's weight is a ``DTensor`` shard between steps; the loss runs inside the forward in place
-of the head (``training.head.head_loss``), where the root unit holds it whole, with the root keeping its parameters
-until backward (``reshard_after_forward: false``) or resharding them after its forward (``true``: backward must gather
-them again before the final norm). The trainer's own counter says the fused path ran."""
+of the head (``training.kernels.linear_ce.head_loss``), where the root unit holds it whole, with the root keeping its
+parameters until backward (``reshard_after_forward: false``) or resharding them after its forward (``true``: backward
+must gather them again before the final norm). The trainer's own counter says the fused path ran."""
 
 from __future__ import annotations
 

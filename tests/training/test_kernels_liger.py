@@ -1,6 +1,6 @@
 """Liger's fused RMSNorm / SwiGLU / RoPE (training.kernels.liger): chosen by model type on CUDA, nothing patched on a
 CPU. Their outputs against the plain modules are checked on a GPU by benchmarks/train_gpu_step.py
-(training.kernels.checks)."""
+(training.kernel_checks)."""
 
 from __future__ import annotations
 

@@ -108,8 +108,8 @@ def models():
 
 
 def test_the_head_computing_the_linear_ce_equals_the_labelled_head_and_plain_loss(models):
-    """The fused loss computed by the head inside the forward (``training.head.head_loss``) on a PEFT model: the
-    labelled-positions head + plain loss's sum, token count and LoRA gradients."""
+    """The fused loss computed by the head inside the forward (``training.kernels.linear_ce.head_loss``) on a PEFT
+    model: the labelled-positions head + plain loss's sum, token count and LoRA gradients."""
     model = models["lora"]
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(3, 97, (1, 15), generator=g)
@@ -137,7 +137,7 @@ def test_the_head_computing_the_linear_ce_equals_the_labelled_head_and_plain_los
         torch.testing.assert_close(g1[n], g2[n], rtol=1e-4, atol=1e-6, msg=n)
     # the head's input there is the decoder's output at the kept positions, and the head is itself again after
     lm_head = model.get_base_model().lm_head
-    seen = head.head_loss(model, inputs, lambda hidden, weight: (hidden, weight))
+    seen = linear_ce.head_loss(model, inputs, lambda hidden, weight: (hidden, weight))
     assert seen[1] is lm_head.weight and "forward" not in lm_head.__dict__
     torch.testing.assert_close(lm_head(seen[0]), model(**inputs).logits)
 

@@ -19,11 +19,11 @@ def test_prefix_cached_scoring_equals_plain_scoring(demo_models):
 def _check_prefix_cached_scoring(demo_models):
     import torch
 
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
     from training.on_policy import LocalScorer
 
     torch.set_num_threads(1)  # as a trainer process runs (restored below): on a busy host more threads only spin
-    gen = LocalGenerator.from_path(demo_models["teacher"], compute_dtype="float32", batch_size=3, device="cpu")
+    gen = LocalModel.from_path(demo_models["teacher"], compute_dtype="float32", batch_size=3, device="cpu")
     context = "encode abc = nop encode hello = itssg encode "  # > 32 shared tokens (a character tokenizer)
     prompts = [context + w + " =" for w in ("cat", "dog", "parrots", "a", "hello")] + ["encode zebra ="]
     tok = gen.tok

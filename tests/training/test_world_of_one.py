@@ -35,8 +35,8 @@ def _first_step(job, world_of_one, wrap: bool, probe=None) -> tuple[dict, dict]:
     """One step's loss and LoRA gradients (full tensors) of the recipe, wrapped in FSDP2 or not."""
     from torch.distributed.fsdp import FSDPModule
 
-    from training.model import full_tensor
     from training.recipes import LoraFinetuneRecipe
+    from training.sharded import full_tensor
 
     world_of_one()
     r = LoraFinetuneRecipe(job)

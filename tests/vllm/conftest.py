@@ -27,7 +27,7 @@ def _vllm_here():
 
 
 def close_engines(gen) -> None:
-    """Stop every engine a LocalGenerator started (vLLM's engine-core process among them)."""
+    """Stop every engine a LocalModel started (vLLM's engine-core process among them)."""
     for eng in list(gen.engines.values()):
         close = getattr(eng, "close", None)
         if close is not None:

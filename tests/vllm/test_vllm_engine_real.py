@@ -1,4 +1,4 @@
-"""The ``vllm`` engine of a LocalGenerator on vLLM's CPU build, against transformers on the same weights: exactly
+"""The ``vllm`` engine of a LocalModel on vLLM's CPU build, against transformers on the same weights: exactly
 the same greedy answers on the demo teacher (vLLM's CPU attention takes its head size, 32), the same on >= 95% of
 real prompts on SmolLM2-135M-Instruct with the same log-probabilities (1e-3), the same through a LoRA adapter
 served as a ``LoRARequest`` as through PEFT, top-k at the campaign's k; and ``auto``'s probe measures vLLM beside
@@ -18,9 +18,9 @@ TOL = 1e-3  # log-probability: vLLM's CPU kernels against transformers', both fp
 
 @pytest.fixture(scope="module")
 def demo(demo_models):
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    gen = LocalGenerator.from_path(
+    gen = LocalModel.from_path(
         demo_models["teacher"], compute_dtype="float32", device="cpu", engine="vllm", batch_size=16
     )
     yield gen
@@ -67,9 +67,9 @@ def test_the_engine_probe_measures_vllm_beside_the_cpu_engines(demo, tmp_path):
 
 @pytest.fixture(scope="module")
 def smol(smollm2):
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    gen = LocalGenerator.from_path(smollm2, compute_dtype="float32", device="cpu", engine="vllm", batch_size=16)
+    gen = LocalModel.from_path(smollm2, compute_dtype="float32", device="cpu", engine="vllm", batch_size=16)
     yield gen
     close_engines(gen)
 
@@ -155,11 +155,11 @@ def test_a_lora_adapter_served_as_a_lora_request_scores_as_through_peft(smollm2,
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
     prompts = [f"Plural of {w}?" for w in ("cat", "wolf", "dish", "story", "knife", "car", "glass", "key")]
     prompts += smollm2_prompts(0, 8)[0]
-    cand = LocalGenerator.from_path(smollm2, adapter, compute_dtype="float32", device="cpu", engine="vllm")
+    cand = LocalModel.from_path(smollm2, adapter, compute_dtype="float32", device="cpu", engine="vllm")
     try:
         got = cand.generate(prompts, 24, logprobs=2)
         eng = cand.engines["vllm"]

@@ -84,13 +84,13 @@ def server(smollm2, tmp_path_factory):
 
 def test_on_policy_scoring_through_vllm_serve_matches_the_in_process_teacher(server, smollm2):
     from campaign_orchestrator.dataset.formatting import render_prompt_ids
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
     from campaign_orchestrator.teacher.scoring_http import HTTPTeacherScorer
     from training.on_policy import LocalScorer
 
     prompts, teacher = smollm2_prompts(6, 6)
     k = teacher["sampling"]["logprobs"]
-    gen = LocalGenerator.from_path(smollm2, compute_dtype="float32", device="cpu", engine="hf_generate")
+    gen = LocalModel.from_path(smollm2, compute_dtype="float32", device="cpu", engine="hf_generate")
     # the student's samples: the bare prompts (what the student is asked), sampled
     bare = [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
     samples = [list(c.token_ids) for c in gen.generate(bare, 16, temperature=0.8, seed=3)]

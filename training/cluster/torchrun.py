@@ -22,11 +22,14 @@ class LaunchError(RuntimeError):
 
 
 def torchrun_commands(
-    target: list[str], nodes: int, procs: int, python: str, port: int, run_id: str
+    target: list[str], nodes: int, procs: int, python: str, port: int, run_id: str, host: str = "127.0.0.1"
 ) -> list[list[str]]:
-    """One torchrun command per node; ``target`` is what follows (e.g.
-    ``["-m", "training.cluster.collectives", ...]``)."""
-    base = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(procs)]
+    """One torchrun command per node (pure: unit-tested); ``target`` is what follows (``["-m", "training",
+    "--config", FILE]`` for the trainer: :func:`resources.local_launcher.torchrun_commands`, or
+    ``["-m", "training.cluster.collectives", ...]``). The one place a torchrun command is built on this machine.
+    No restarts inside torchrun (its default, said aloud): a failed rank fails the job, and the next launch resumes
+    from the last complete checkpoint."""
+    base = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--max-restarts", "0"]
     if nodes == 1:
         return [base + ["--standalone"] + target]
     return [
@@ -39,7 +42,7 @@ def torchrun_commands(
             "--rdzv-backend",
             "c10d",
             "--rdzv-endpoint",
-            f"127.0.0.1:{port}",
+            f"{host}:{port}",
             "--rdzv-id",
             run_id,
         ]

@@ -9,7 +9,7 @@ kernels are tied to its own model patching and LoRA; ``torch.compile`` fuses the
 the recipes' ``training.compile`` lever; Apex / TransformerEngine need a CUDA build of their own.
 
 Off on a CPU (Triton kernels: CUDA only) and when ``liger_kernel`` is not importable (``pip install '.[gpu]'``).
-Each kernel's output is checked against the plain module it replaces by ``training.kernels.checks`` (run by
+Each kernel's output is checked against the plain module it replaces by ``training.kernel_checks`` (run by
 ``benchmarks/train_gpu_step.py``).
 """
 

@@ -150,11 +150,36 @@ def head_weight(model) -> torch.Tensor | None:
     return w if w.is_floating_point() else None
 
 
+def head_loss(model, inputs: dict, loss) -> torch.Tensor:
+    """One forward of ``model`` (PEFT-wrapped or not) on ``inputs`` in which the LM head, instead of scoring, returns
+    ``loss(hidden, weight)``: its input (the decoder's output, after the last norm, at the positions
+    ``inputs["logits_to_keep"]`` selects) and its own weight; returns what ``loss`` returned (the model's ``logits``).
+    For a loss that takes the head's weight itself (:class:`FusedHead`).
+
+    Inside the forward because of FSDP2 (``training.model.shard``): the head, the embeddings and the final norm are
+    the root unit's parameters, whole only from the root's forward to its backward. Within the forward the head holds
+    its whole weight (no copy, no extra all-gather), and the loss is the root's output, so FSDP2's pre-backward hook
+    gathers the root's parameters again before backward runs through the final norm. A loss computed outside,
+    from hidden states captured on the way, would leave that hook unfired: a root that reshards after its forward
+    would be differentiated through freed parameters (``tests/training/test_fused_loss_fsdp2.py``)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm_head = inner.get_output_embeddings()
+    own = lm_head.__dict__.get("forward")
+    lm_head.forward = lambda hidden: loss(hidden, lm_head.weight)
+    try:
+        return model(**inputs).logits
+    finally:
+        if own is None:
+            del lm_head.forward
+        else:
+            lm_head.forward = own
+
+
 class FusedHead:
     """The trainer's fused cross-entropy: ``kind`` (``liger`` or ``chunked``) and how many micro-batches ran it.
 
     :meth:`loss_sums` computes the loss inside the model's forward, in place of the LM head
-    (``training.head.head_loss``), from the head's input and its weight as the head holds it there. Under FSDP2 that
+    (:func:`head_loss`), from the head's input and its weight as the head holds it there. Under FSDP2 that
     is the whole weight, gathered by the root unit for its forward like the embeddings and the final norm, whatever
     ``reshard_after_forward`` says (no copy, no all-gather of its own), and the loss is the root's output, so backward
     gathers the root again before it reaches the final norm. The base is frozen (LoRA): the gradient reaches the
@@ -170,8 +195,6 @@ class FusedHead:
         """``training.losses.loss_sums`` for cross-entropy alone (``ce_sum``, ``ce_tokens``) from one forward of
         ``model`` on ``inputs`` (whose ``logits_to_keep`` and ``labels`` are aligned as ``training.head.compact``
         makes them), the summed next-token cross-entropy computed by this kernel in place of the LM head."""
-        from training.head import head_loss
-
         counted = {}
 
         def loss(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -71,7 +71,6 @@ from training.model import (
     compile_layers,
     device_for,
     device_memory_gb,
-    full_tensor,
     load_student,
     packed_4bit_checksums,
     shard,
@@ -82,6 +81,7 @@ from training.net import free_port
 from training.profiling import RunProfiler
 from training.reporting import Reporter
 from training.schedule import cosine_with_warmup
+from training.sharded import full_tensor
 from training.summary import run_summary, write_reproducibility_card
 from training.trainer_guards import OutputDirLock, OutputDirLocked
 
@@ -125,6 +125,22 @@ class StepResult:
     real_tokens: int
     aux: float | None = None  # MoE: the token-weighted mean load-balancing loss of the step's micro-batches
     reverse_kl: float | None = None  # on-policy: the mean reverse KL(student || teacher) on the sampled tokens
+
+    @classmethod
+    def unclipped(cls, loss: float | None, tokens: tuple[int, int, int], **figures) -> StepResult:
+        """A step's result as its micro-batches left it: ``tokens`` = (loss, KL, real) token counts; ``grad_norm``
+        is filled in once the gradients are clipped. ``figures``: ``ce``, ``kl``, ``aux``, ``reverse_kl``."""
+        loss_tokens, kl_tokens, real_tokens = tokens
+        return cls(
+            loss=loss,
+            ce=figures.pop("ce", None),
+            kl=figures.pop("kl", None),
+            grad_norm=float("nan"),
+            loss_tokens=loss_tokens,
+            kl_tokens=kl_tokens,
+            real_tokens=real_tokens,
+            **figures,
+        )
 
 
 class LoraFinetuneRecipe:
@@ -305,7 +321,7 @@ class LoraFinetuneRecipe:
         self._stop_signal = signum
 
     def _setup_data(self) -> None:
-        from campaign_orchestrator.dataset.tokenize import tokenizer_hash
+        from campaign_orchestrator.dataset.tokenizer_files import tokenizer_hash
 
         model_hash = tokenizer_hash(self.job.base_model_path)
         try:
@@ -608,13 +624,7 @@ class LoraFinetuneRecipe:
         ce_tokens, kl_tokens, real_tokens = counts
         if ce_tokens == 0 and kl_tokens == 0:
             return None
-        ce_sum = kl_sum = aux_sum = 0.0
-        for i, b in enumerate(batches):
-            self._set_grad_sync(i == len(batches) - 1)  # reduce gradients once, after the last micro-batch
-            c, k, a = self._loss_step(b, ce_tokens, kl_tokens, real_tokens)
-            ce_sum, kl_sum, aux_sum = ce_sum + c, kl_sum + k, aux_sum + a
-        sums = torch.tensor([ce_sum, kl_sum, aux_sum], dtype=torch.float64)
-        self._all_reduce(sums)
+        sums = self.step_sums(batches, lambda b: self._loss_step(b, ce_tokens, kl_tokens, real_tokens))
         ce = float(sums[0]) / ce_tokens if ce_tokens else None
         kl = float(sums[1]) / kl_tokens if (self.distill and kl_tokens) else None
         w = self.spec.distillation.kl_weight if self.distill else 0.0
@@ -625,16 +635,20 @@ class LoraFinetuneRecipe:
             if self.moe.aux_fn is not None:
                 aux = float(sums[2]) / real_tokens
                 loss = (loss or 0.0) + self.job.student.moe.aux_loss_coef * aux
-        return StepResult(
-            loss=loss,
-            ce=ce,
-            kl=kl,
-            grad_norm=float("nan"),
-            loss_tokens=ce_tokens,
-            kl_tokens=kl_tokens,
-            real_tokens=real_tokens,
-            aux=aux,
-        )
+        return StepResult.unclipped(loss, (ce_tokens, kl_tokens, real_tokens), ce=ce, kl=kl, aux=aux)
+
+    def step_sums(self, batches: list[dict], loss_step) -> torch.Tensor:
+        """``loss_step(batch)`` (forward and backward of one micro-batch, returning its loss sums) on each of this
+        rank's micro-batches, gradients reduced once, after the last; the sums added up in order and all-reduced over
+        the ranks (float64: the step's global sums, the same on every rank)."""
+        total: list[float] = []
+        for i, b in enumerate(batches):
+            self._set_grad_sync(i == len(batches) - 1)  # reduce gradients once, after the last micro-batch
+            part = loss_step(b)
+            total = [t + x for t, x in zip(total or [0.0] * len(part), part, strict=True)]
+        sums = torch.tensor(total, dtype=torch.float64)
+        self._all_reduce(sums)
+        return sums
 
     def _clip(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.named_trainable], self.spec.max_grad_norm)

@@ -274,9 +274,8 @@ class OnPolicyDistillationRecipe(LoraFinetuneRecipe):
         if kl_tokens == 0:
             return None
         beta = self.op.beta
-        jsd_sum = rkl_sum = 0.0
-        for i, b in enumerate(batches):
-            self._set_grad_sync(i == len(batches) - 1)
+
+        def loss_step(b: dict) -> tuple[float, float]:
             b = self._scored({k: v.to(self.device) for k, v in b.items()})
             log_p, log_q, valid, _ = losses.topk_buckets(
                 self._forward(b), b["labels"], b[losses.TEACHER_IDS], b[losses.TEACHER_LOGPROBS]
@@ -285,20 +284,12 @@ class OnPolicyDistillationRecipe(LoraFinetuneRecipe):
             with torch.no_grad():
                 rkl = losses.generalized_jsd(log_p, log_q, valid, 1.0).sum()
             (jsd * (self.world / kl_tokens)).backward()  # FSDP averages over ranks: scale by world (exact sum)
-            jsd_sum, rkl_sum = jsd_sum + float(jsd.detach()), rkl_sum + float(rkl)
-        sums = torch.tensor([jsd_sum, rkl_sum], dtype=torch.float64)
-        self._all_reduce(sums)
+            return float(jsd.detach()), float(rkl)
+
+        sums = self.step_sums(batches, loss_step)
         jsd_mean, rkl_mean = float(sums[0]) / kl_tokens, float(sums[1]) / kl_tokens
-        return StepResult(
-            loss=jsd_mean,
-            ce=None,
-            kl=jsd_mean,
-            grad_norm=float("nan"),
-            loss_tokens=kl_tokens,
-            kl_tokens=kl_tokens,
-            real_tokens=real_tokens,
-            reverse_kl=rkl_mean,
-        )
+        tokens = (kl_tokens, kl_tokens, real_tokens)
+        return StepResult.unclipped(jsd_mean, tokens, kl=jsd_mean, reverse_kl=rkl_mean)
 
     def _finish_round(self, r: int, completed: int) -> None:
         """A round's last step is done: log and report it (samples, mean reverse KL, teacher tokens), checkpoint."""

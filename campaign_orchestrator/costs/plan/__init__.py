@@ -8,7 +8,7 @@ One module per concern, in the order a plan is made:
 - ``stages``: each stage's estimate (teacher generations, the student's training and its on-policy part, the
   sweep, evaluation): dataclasses of :mod:`~campaign_orchestrator.costs.plan.stages`;
 - ``fit``: per-device memory and whether it fits (:mod:`campaign_orchestrator.costs.memory` counts the bytes);
-- ``scaleout``: the teacher stage on 1..N Ray replicas (``execution.engine: ray``, ``campaign plan --replicas``);
+- ``scaleout``: the teacher stage on 1..N Ray replicas (``execution.executor: ray``, ``campaign plan --replicas``);
 - ``campaign``: the whole :class:`~campaign_orchestrator.costs.plan.campaign.Plan`;
 - ``render``: the plan as ``campaign plan`` prints it.
 

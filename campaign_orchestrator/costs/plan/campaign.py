@@ -77,7 +77,7 @@ def plan_campaign(
         budget_usd=budget,
         within_budget=None if budget is None or total is None else total <= budget,
     )
-    if spec.execution.engine == "ray" and "teacher_generations" in stages:  # the teacher stage on 1..64 replicas
+    if spec.execution.executor == "ray" and "teacher_generations" in stages:  # the teacher stage on 1..64 replicas
         plan.scaleout = plan_scaleout(spec, catalog, facts, teacher)
     return plan
 

@@ -1,4 +1,4 @@
-"""The teacher stage (``teacher_generations``) on 1..N Ray replicas (``execution.engine: ray``, ``campaign plan
+"""The teacher stage (``teacher_generations``) on 1..N Ray replicas (``execution.executor: ray``, ``campaign plan
 --replicas``): time and dollars per replica count, an endpoint's rate-limit ceiling, and the knee past which more
 replicas stop helping (:class:`ScaleOut`)."""
 
@@ -50,7 +50,7 @@ class ScaleOut:
     ceiling: dict | None = None  # an endpoint's rate-limit ceiling: requests/s and /min, tokens/min, which binds
     # the stage as planned (plan_scaleout)
     stage: str | None = None
-    engine: str | None = None
+    executor: str | None = None
     configured_replicas: int | None = None
     assumptions: dict = field(default_factory=dict)
     # self-hosted
@@ -367,7 +367,7 @@ def plan_scaleout(
     p_tok = facts.prompt_tokens_teacher
     base = {
         "stage": "teacher_generations",
-        "engine": ex.engine,
+        "executor": ex.executor,
         "configured_replicas": ex.replicas,
         "assumptions": asdict(assume)
         | {

@@ -1,6 +1,6 @@
 """The local model engines, one module each, side by side behind one small interface.
 
-Each engine is built over a :class:`~campaign_orchestrator.generation.local.LocalGenerator` (the loaded model,
+Each engine is built over a :class:`~campaign_orchestrator.generation.local.LocalModel` (the loaded model,
 its tokenizer, stop ids and batch settings) and answers rendered prompts (token ids)::
 
     engine.generate(enc, max_new_tokens, logprobs=None, progress=None, on_result=None) -> list[Completion]

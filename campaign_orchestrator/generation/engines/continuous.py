@@ -3,7 +3,7 @@
 Prompts are grouped by a shared prefix (its cache prefilled once per group); per group, length-sorted prompts are
 admitted while the batch has rows and tokens to spare; each row stops at its own stop id or ``max_new_tokens`` and
 leaves the batch at once, and waiting prompts take the freed room. In fp32 its answers are token-identical to
-``generate``'s (tests/teacher/test_local_engine.py).
+``generate``'s (tests/campaign_orchestrator/generation/test_local_engine.py).
 
 Tuned on CPUs, where it is the fastest engine (benchmarks/generation_speed.py): a finished row's leaving copies
 every layer's cache once (:meth:`ContinuousEngine._keep`), each step reads the chosen tokens back to the host and
@@ -92,7 +92,7 @@ def _slab_layer_class() -> type:
 
 
 class ContinuousEngine:
-    """The continuous greedy engine over ``gen`` (a :class:`~campaign_orchestrator.generation.local.LocalGenerator`:
+    """The continuous greedy engine over ``gen`` (a :class:`~campaign_orchestrator.generation.local.LocalModel`:
     its model, tokenizer, batch settings; ``gen.last_stats`` and ``gen.last_shared_prefix`` report each call)."""
 
     name = "continuous"

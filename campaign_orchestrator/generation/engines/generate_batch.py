@@ -27,7 +27,7 @@ MAX_PAGES_CPU = 4096  # on a CPU: the paged cache never holds more than this man
 
 
 class GenerateBatchEngine:
-    """``model.generate_batch`` over ``gen`` (a :class:`~campaign_orchestrator.generation.local.LocalGenerator`)."""
+    """``model.generate_batch`` over ``gen`` (a :class:`~campaign_orchestrator.generation.local.LocalModel`)."""
 
     name = "generate_batch"
     top_logprobs = False

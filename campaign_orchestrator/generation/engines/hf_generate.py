@@ -51,7 +51,7 @@ class _StepClock:
 
 
 class HFGenerateEngine:
-    """``generate`` over ``gen`` (a :class:`~campaign_orchestrator.generation.local.LocalGenerator`)."""
+    """``generate`` over ``gen`` (a :class:`~campaign_orchestrator.generation.local.LocalModel`)."""
 
     name = "hf_generate"
     top_logprobs = True

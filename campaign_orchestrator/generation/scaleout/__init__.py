@@ -1,10 +1,10 @@
-"""Generation stages on a Ray cluster (``execution.engine: ray``): shards on an actor pool, resumable per shard.
+"""Generation stages on a Ray cluster (``execution.executor: ray``): shards on an actor pool, resumable per shard.
 
 A stage's distinct requests are split into **shards by content hash** (:mod:`.shards`: the requests sorted by
 key, cut every ``execution.shard_prompts``; a shard's id hashes its request keys, so a re-run of the same
 prompts forms the same shards). A pool of ``execution.replicas`` Ray actors (:mod:`.worker`), each reserving
 ``num_cpus_per_replica`` / ``num_gpus_per_replica`` and holding one model replica built once from a picklable
-recipe (:mod:`campaign_orchestrator.generation.recipes`), takes shards one at a time (:mod:`.pool`).
+recipe (:mod:`campaign_orchestrator.generation.factories`), takes shards one at a time (:mod:`.pool`).
 
 **The cache is the one source of truth.** Each actor owns a writer of the content-addressed generation cache
 (:mod:`campaign_orchestrator.generation.cache`): every finished generation goes to its spool at once (flushed

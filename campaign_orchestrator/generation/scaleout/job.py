@@ -9,7 +9,7 @@ JOB.json::
 
     {"kind": "teacher_generations" | "teacher_scoring" | "answers",
      "recipe": {"type": "backend", "spec": {<teacher: section>}, "model_path": ..., "weights_id": ...}
-             | {"type": "answer", "generator": {<GeneratorRecipe fields>}, "identity": "...", "model": "..."},
+             | {"type": "answer", "generator": {<LocalModelFactory fields>}, "identity": "...", "model": "..."},
      "identity": "<the model identity every request key hashes>",
      "prompts": "<Parquet path or s3:// URI: columns id, prompt, optional category>",
      "output": "<Parquet path the generation rows are written to>",
@@ -30,12 +30,12 @@ KINDS = ("teacher_generations", "teacher_scoring", "answers")
 
 
 @dataclass(frozen=True)
-class AnswerRecipe:
+class AnswerFactory:
     """A local model (+ adapter) answering evaluation prompts, as a teacher-like backend: a
-    :class:`~campaign_orchestrator.generation.recipes.GeneratorRecipe` plus the identity its answers are cached
+    :class:`~campaign_orchestrator.generation.factories.LocalModelFactory` plus the identity its answers are cached
     under (its weights, adapter and resolved dtype), so evaluation answers are resumable per shard too."""
 
-    generator: Any  # GeneratorRecipe
+    generator: Any  # LocalModelFactory
     identity: str
     model: str = "local"
 
@@ -43,21 +43,21 @@ class AnswerRecipe:
         from campaign_orchestrator.generation.backends import TransformersBackend
 
         return TransformersBackend(
-            self.generator.model_dir, self.model, self.identity, generator=self.generator.build()
+            self.generator.model_dir, self.model, self.identity, local_model=self.generator.build()
         )
 
 
 def recipe_to_json(recipe) -> dict:
-    from campaign_orchestrator.generation.recipes import BackendRecipe
+    from campaign_orchestrator.generation.factories import BackendFactory
 
-    if isinstance(recipe, BackendRecipe):
+    if isinstance(recipe, BackendFactory):
         return {
             "type": "backend",
             "spec": recipe.spec.model_dump(mode="json"),
             "model_path": recipe.model_path,
             "weights_id": recipe.weights_id,
         }
-    if isinstance(recipe, AnswerRecipe):
+    if isinstance(recipe, AnswerFactory):
         return {
             "type": "answer",
             "generator": asdict(recipe.generator),
@@ -68,14 +68,14 @@ def recipe_to_json(recipe) -> dict:
 
 
 def recipe_from_json(d: dict):
-    from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
+    from campaign_orchestrator.generation.factories import BackendFactory, LocalModelFactory
 
     if d.get("type") == "backend":
         from campaigns.spec import TeacherSpec
 
-        return BackendRecipe(TeacherSpec.model_validate(d["spec"]), d.get("model_path"), d.get("weights_id"))
+        return BackendFactory(TeacherSpec.model_validate(d["spec"]), d.get("model_path"), d.get("weights_id"))
     if d.get("type") == "answer":
-        return AnswerRecipe(GeneratorRecipe(**d["generator"]), d["identity"], d.get("model", "local"))
+        return AnswerFactory(LocalModelFactory(**d["generator"]), d["identity"], d.get("model", "local"))
     raise ValueError(f"JOB.json recipe.type must be 'backend' or 'answer', got {d.get('type')!r}")
 
 

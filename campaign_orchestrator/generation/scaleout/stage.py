@@ -500,7 +500,7 @@ def answers_on_ray(
     run: Callable | None = None,
     **kwargs,
 ) -> tuple[list, RayRun, GenerationStats]:
-    """Greedy answers of a local model (an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerRecipe`) to
+    """Greedy answers of a local model (an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerFactory`) to
     ``prompts`` on Ray, in order, as ``generate(prompts, max_new_tokens)`` returns them (``text``, ``latency_s``,
     ``error``); cached under ``identity`` like teacher generations, so a lost shard costs its in-flight prompts.
     ``run``: what runs the shards, called as :func:`run_on_ray` (the default) is, with ``kwargs`` (e.g. a KubeRay

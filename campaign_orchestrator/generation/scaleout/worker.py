@@ -72,8 +72,8 @@ class ShardProgress:
 
 
 class GenerationWorker:
-    """One model replica. Each shard comes with its ``recipe`` (a :class:`~campaign_orchestrator.generation.recipes.
-    BackendRecipe`: a teacher backend, or an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerRecipe`: a
+    """One model replica. Each shard comes with its ``recipe`` (a :class:`~campaign_orchestrator.generation.factories.
+    BackendFactory`: a teacher backend, or an :class:`~campaign_orchestrator.generation.scaleout.job.AnswerFactory`: a
     local
     model answering evaluation prompts) and its cache; the engine is built on the first shard of a recipe and
     kept while the next shards bring the same recipe (one process serves a stage's models one after the other:
@@ -120,7 +120,7 @@ class GenerationWorker:
 
                 gc.collect()
                 backend = recipe.build()
-                getattr(backend, "generator", None)  # a local model loads now, not inside a shard's clock
+                getattr(backend, "local_model", None)  # a local model loads now, not inside a shard's clock
                 if self.threads and "torch" in sys.modules:
                     sys.modules["torch"].set_num_threads(self.threads)
                 self.backend, self.recipe = backend, recipe

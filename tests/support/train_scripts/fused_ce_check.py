@@ -15,8 +15,8 @@ import torch.distributed as dist
 from grad_check import perturb
 
 from training.config import TrainJob
-from training.model import full_tensor
 from training.recipes import LoraFinetuneRecipe
+from training.sharded import full_tensor
 
 
 def main(out_file: str, *runs: str) -> None:

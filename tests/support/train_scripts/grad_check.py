@@ -15,8 +15,9 @@ import torch.distributed as dist
 
 from training import data as tdata
 from training.config import TrainJob
-from training.model import full_tensor, load_student
+from training.model import load_student
 from training.recipes import LoraFinetuneRecipe
+from training.sharded import full_tensor
 
 
 def reference(job: TrainJob, trainer: LoraFinetuneRecipe) -> dict:
@@ -63,7 +64,7 @@ def forwards(trainer: LoraFinetuneRecipe, ref_model) -> dict:
 
 def perturb(named, seed: int = 123, collective: bool = True) -> None:
     """Give every LoRA matrix random values (PEFT starts B at zero, which would make A's gradient zero)."""
-    from training.model import load_full_into
+    from training.sharded import load_full_into
 
     g = torch.Generator().manual_seed(seed)
     for _, p in sorted(named, key=lambda x: x[0]):

@@ -19,8 +19,9 @@ import torch.distributed as dist
 from tests.support.train_scripts.grad_check import perturb
 from training import data as tdata
 from training.config import TrainJob
-from training.model import full_tensor, load_student
+from training.model import load_student
 from training.recipes import LoraFinetuneRecipe
+from training.sharded import full_tensor
 
 
 def reference(job: TrainJob, trainer: LoraFinetuneRecipe) -> dict:

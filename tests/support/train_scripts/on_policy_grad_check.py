@@ -16,8 +16,9 @@ from tests.support.train_scripts.grad_check import perturb
 from training import losses
 from training import on_policy as opol
 from training.config import TrainJob
-from training.model import full_tensor, load_student
+from training.model import load_student
 from training.recipes import OnPolicyDistillationRecipe
+from training.sharded import full_tensor
 
 
 def main(out_file: str, job_file: str) -> None:

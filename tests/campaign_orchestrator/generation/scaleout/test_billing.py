@@ -13,7 +13,7 @@ import pytest
 
 from campaign_orchestrator.costs.catalog import PriceEntry, token_lines
 from campaign_orchestrator.costs.ledger import Ledger
-from campaign_orchestrator.generation.recipes import BackendRecipe
+from campaign_orchestrator.generation.factories import BackendFactory
 from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaign_orchestrator.generation.scaleout.pool import ShardPool
 from campaign_orchestrator.generation.scaleout.stage import shard_cost_lines
@@ -54,7 +54,7 @@ def test_a_killed_worker_s_answers_are_billed_and_its_requests_in_flight_at_thei
         spec = TeacherSpec(
             backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=2
         )
-        inner = BackendRecipe(spec)
+        inner = BackendFactory(spec)
         recipe = GatedRecipe(inner, str(gates))
         ident = inner.build().identity
         cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))

@@ -5,8 +5,8 @@ budget guard and the same billed tokens (the project's test server, a real OpenA
 Here the Ray executor's shards run on an in-process stand-in for the actor pool (one real
 :class:`GenerationWorker`, as the pool's actors hold, driven through the pool's callbacks): the executor's driver
 side (shards, per-shard billing, rows read back from the cache) without a cluster. The same comparison on a real
-local Ray cluster: ``tests/scaleout/test_ray_stage.py::test_the_ray_executor_gives_the_local_executor_s_rows_and_bill``
-(slow).
+local Ray cluster: ``test_the_ray_executor_gives_the_local_executor_s_rows_and_bill`` in
+tests/campaign_orchestrator/generation/scaleout/test_ray_stage.py (slow).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from campaign_orchestrator.costs.catalog import PriceEntry, token_lines
-from campaign_orchestrator.generation.recipes import BackendRecipe
+from campaign_orchestrator.generation.factories import BackendFactory
 from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaign_orchestrator.generation.runner import LocalExecutor, run_generation
 from campaign_orchestrator.generation.scaleout.stage import RayExecutor, shard_cost_lines
@@ -107,7 +107,7 @@ class InProcessPool:
 
 def setup(srv, root) -> tuple:
     """The teacher's recipe and identity, and the cache config under ``root`` (the first 10 prompts cached)."""
-    recipe = BackendRecipe(
+    recipe = BackendFactory(
         TeacherSpec(backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=2)
     )
     ident = recipe.build().identity

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from campaign_orchestrator.costs.ledger import Ledger
-from tests.costs.test_dashboard import ARGS, CHROMIUM
-from tests.costs.test_team_dashboard import _line
+from tests.campaign_orchestrator.costs.test_dashboard import ARGS, CHROMIUM
+from tests.campaign_orchestrator.costs.test_team_dashboard import _line
 from tests.support.dashboards import served_dashboards
 
 PLAN = {

@@ -104,11 +104,11 @@ def test_a_real_generator_on_a_mocked_gpu_probes_its_engines(demo_models, tmp_pa
     """The real engines over the demo teacher, the device said to be a GPU: each GPU candidate is measured (the
     continuous engine is not one; vLLM is not installed here) and auto picks the fastest that ran."""
     from campaign_orchestrator.generation import auto
-    from campaign_orchestrator.generation.local import ENGINES, LocalGenerator
+    from campaign_orchestrator.generation.local import ENGINES, LocalModel
 
     monkeypatch.setitem(auto.PROBE, "cuda", (6, 4))  # a small probe: this test checks the path, not the speeds
     monkeypatch.setattr(auto, "REPEATS", 1)
-    gen = LocalGenerator.from_path(demo_models["teacher"], compute_dtype="float32", device="cpu", batch_size=8)
+    gen = LocalModel.from_path(demo_models["teacher"], compute_dtype="float32", device="cpu", batch_size=8)
     engines = {n: gen.engine_instance(n) for n in ENGINES[1:]}
     name, rec = auto.choose(gen, engines, cache_dir=tmp_path, device=torch.device("cuda"), log=lambda _m: None)
     speeds = {n: r["tokens_per_s"] for n, r in rec["engines"].items() if "tokens_per_s" in r}
@@ -118,9 +118,9 @@ def test_a_real_generator_on_a_mocked_gpu_probes_its_engines(demo_models, tmp_pa
 
 @pytest.mark.stage
 def test_engines_return_equal_greedy_answers_on_the_demo_teacher(demo_models):
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    gen = LocalGenerator.from_path(demo_models["teacher"], compute_dtype="float32", device="cpu", batch_size=4)
+    gen = LocalModel.from_path(demo_models["teacher"], compute_dtype="float32", device="cpu", batch_size=4)
     prompts = [cipher.prompt_for(w) for w in WORDS] + ["encode " + "abcdefgh" * 8 + " ="]  # the last: too long
     answers = {}
     for name in ("continuous", "hf_generate", "generate_batch"):

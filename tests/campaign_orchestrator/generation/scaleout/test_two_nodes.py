@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from campaign_orchestrator.generation.recipes import BackendRecipe
+from campaign_orchestrator.generation.factories import BackendFactory
 from campaign_orchestrator.generation.requests import Sampling, namespace
 from campaign_orchestrator.generation.scaleout.pool import ShardPool
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig
@@ -145,7 +145,7 @@ def test_both_nodes_do_shards_and_a_lost_node_s_shards_are_redone(two_nodes, tmp
         spec = TeacherSpec(
             backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=2
         )
-        recipe = BackendRecipe(spec)
+        recipe = BackendFactory(spec)
         ident = recipe.build().identity
         cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))
         ex = SimpleNamespace(

@@ -47,7 +47,7 @@ def endpoint_spec():
     raw["teacher"].update(
         requests_per_minute=600, tokens_per_minute=60_000, max_concurrency=2, sampling={"max_new_tokens": 100}
     )
-    raw["execution"] = {"engine": "ray", "replicas": 4, "shard_prompts": 100}
+    raw["execution"] = {"executor": "ray", "replicas": 4, "shard_prompts": 100}
     return parse_campaign_text(yaml.safe_dump(raw), "cluster.yaml")
 
 
@@ -208,7 +208,7 @@ def test_self_hosted_plan_from_the_campaign(gpu_spec):
 def test_cluster_start_follows_where_ray_runs(gpu_spec):
     def with_execution(**ex):
         raw = gpu_spec.model_dump(mode="json", exclude_none=True)
-        raw["execution"] = {"engine": "ray", **ex}
+        raw["execution"] = {"executor": "ray", **ex}
         return parse_campaign_text(yaml.safe_dump(raw), "c.yaml")
 
     assert cluster_start_for(gpu_spec) == 60.0

@@ -22,9 +22,9 @@ TOO_LONG = {"id": "long", "prompt": "encode " + "abcdefgh" * 8 + " ="}  # > 64 p
 
 @pytest.fixture(scope="module")
 def teacher_gen(demo_models):
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    return LocalGenerator.from_path(demo_models["teacher"], batch_size=8)
+    return LocalModel.from_path(demo_models["teacher"], batch_size=8)
 
 
 def _cache(tmp_path, identity, sampling):
@@ -64,7 +64,7 @@ def test_device_is_the_gpu_when_torch_sees_one(monkeypatch):
 def test_inputs_go_to_the_model_device(monkeypatch, demo_models, teacher_gen):
     import torch
 
-    from campaign_orchestrator.generation.local import LocalGenerator, default_device, load_model
+    from campaign_orchestrator.generation.local import LocalModel, default_device, load_model
 
     assert teacher_gen.device.type == default_device()
     seen = []
@@ -101,7 +101,7 @@ def test_inputs_go_to_the_model_device(monkeypatch, demo_models, teacher_gen):
     # data) stands in for a GPU here
     model, tok, precision = load_model(demo_models["teacher"], device="meta")
     assert precision.dtype in ("float32", "bfloat16")  # compute_dtype auto, resolved for the device
-    on_meta = LocalGenerator(model, tok)
+    on_meta = LocalModel(model, tok)
     assert on_meta.device == torch.device("meta") and not model.training
     ids, mask = on_meta._batch_inputs([[5, 6, 7], [8]], 3)
     assert ids.device == mask.device == torch.device("meta") and ids.shape == (2, 3)
@@ -110,7 +110,7 @@ def test_inputs_go_to_the_model_device(monkeypatch, demo_models, teacher_gen):
 def test_transformers_backend_rows_logprobs_skip_and_cache(tmp_path, demo_models, teacher_gen):
     s = Sampling(max_new_tokens=16, logprobs=3)
     ident = teacher_identity("transformers", "@demo/teacher", demo_models["teacher"])
-    backend = TransformersBackend(demo_models["teacher"], "@demo/teacher", ident, generator=teacher_gen)
+    backend = TransformersBackend(demo_models["teacher"], "@demo/teacher", ident, local_model=teacher_gen)
     res = run_generation(PROMPTS + [TOO_LONG], backend, s, _cache(tmp_path, ident, s))
     rows = {r["id"]: r for r in res.rows}
     assert res.stats.generated == len(PROMPTS) and res.stats.failed == 1
@@ -126,7 +126,7 @@ def test_transformers_backend_rows_logprobs_skip_and_cache(tmp_path, demo_models
         def generate(self, *a, **k):
             raise AssertionError("the model was asked although everything is cached")
 
-    again = TransformersBackend(demo_models["teacher"], "@demo/teacher", ident, generator=MustNotLoad())
+    again = TransformersBackend(demo_models["teacher"], "@demo/teacher", ident, local_model=MustNotLoad())
     res2 = run_generation(PROMPTS, again, s, _cache(tmp_path, ident, s))
     assert res2.stats.cache_hits == len(PROMPTS) and res2.stats.generated == 0
     assert [r["completion"] for r in res2.rows] == [r["completion"] for r in good]
@@ -137,7 +137,7 @@ def test_transformers_backend_rows_logprobs_skip_and_cache(tmp_path, demo_models
 def test_sampling_n_samples_per_prompt(tmp_path, demo_models, teacher_gen):
     s = Sampling(max_new_tokens=16, temperature=1.0, n=3, seed=5)
     ident = "transformers:test"
-    backend = TransformersBackend(demo_models["teacher"], "@demo/teacher", ident, generator=teacher_gen)
+    backend = TransformersBackend(demo_models["teacher"], "@demo/teacher", ident, local_model=teacher_gen)
     res = run_generation(PROMPTS[:4], backend, s, _cache(tmp_path, ident, s))
     assert len(res.rows) == 12 and [r["sample_index"] for r in res.rows[:3]] == [0, 1, 2]
     assert len({r["request_key"] for r in res.rows}) == 12

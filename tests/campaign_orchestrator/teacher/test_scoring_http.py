@@ -1,6 +1,6 @@
 """The HTTP teacher scorer (campaign_orchestrator.teacher.scoring_http) against a real server process started
 here (`python -m campaign_orchestrator.teacher serve` on the demo teacher, an API key required): the same
-numbers as the in-process LocalGenerator.score on the same text, chat-message prompts rendered with the
+numbers as the in-process LocalModel.score on the same text, chat-message prompts rendered with the
 teacher's template, a pair past the context failing alone, prefill tokens counted, the key never shown; and
 the OpenAI client's retries under it (a server answering 503 first)."""
 
@@ -29,11 +29,11 @@ LONG = "encode " + "abcdefgh" * 8 + " ="  # past the demo teacher's 64 positions
 
 @pytest.fixture(scope="module")
 def gen(demo_models):
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
     # both sides in fp32: in bf16 (auto on an AVX512-BF16 CPU) the server's batches of 3 and these of 4 pad
     # differently, which moves a log-probability by up to 0.06
-    g = LocalGenerator.from_path(demo_models["teacher"], batch_size=4, compute_dtype="float32")
+    g = LocalModel.from_path(demo_models["teacher"], batch_size=4, compute_dtype="float32")
     g.tok.chat_template = CHAT  # the demo tokenizer has none: messages need one (the server never renders)
     return g
 

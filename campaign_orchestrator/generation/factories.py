@@ -1,13 +1,13 @@
-"""Picklable recipes that build a generation engine inside a worker (a Ray actor, a pod, a subprocess).
+"""Picklable factories that build a backend or a local model inside a worker (a Ray actor, a pod, a subprocess).
 
-This is the interface between the code that *batches* (the engines: :class:`LocalGenerator` and the
+This is the interface between the code that *batches* (the engines: :class:`LocalModel` and the
 teacher backends) and the code that *distributes* (the Ray execution of a stage): a worker receives a
-recipe, calls :meth:`build` once (the model loads there, not in the driver), and then calls only the
+factory, calls :meth:`build` once (the model loads there, not in the driver), and then calls only the
 engine's own methods on its shard.
 
-- :class:`BackendRecipe` builds a teacher :class:`~campaign_orchestrator.generation.backends.Backend`:
+- :class:`BackendFactory` builds a teacher :class:`~campaign_orchestrator.generation.backends.Backend`:
   ``run(requests, sampling, on_done)`` (teacher generations, the teacher answering held-out items).
-- :class:`GeneratorRecipe` builds a :class:`~campaign_orchestrator.generation.local.LocalGenerator`:
+- :class:`LocalModelFactory` builds a :class:`~campaign_orchestrator.generation.local.LocalModel`:
   ``generate(prompts, max_new_tokens, ..., on_result=...)`` (candidate and base answers in evaluation)
   and ``score(prompts, continuations, top_k)`` (log-likelihood of given text, one forward pass).
 
@@ -20,7 +20,7 @@ What the engines promise a distributor:
 3. Errors that concern one input come back as a completion with ``error`` set; errors that concern the
    engine (no model, a rejected API key) raise from ``build`` or the first call.
 
-Recipes hold no secrets: an endpoint's API key travels as the *name* of its environment variable
+Factories hold no secrets: an endpoint's API key travels as the *name* of its environment variable
 (``TeacherSpec.api_key_env``) and is read in the worker's environment. Nothing here imports torch.
 """
 
@@ -32,8 +32,8 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class GeneratorRecipe:
-    """How to load a local model (+ adapter) as a :class:`LocalGenerator` in another process."""
+class LocalModelFactory:
+    """How to load a local model (+ adapter) as a :class:`LocalModel` in another process."""
 
     model_dir: str
     adapter_dir: str | None = None
@@ -45,9 +45,9 @@ class GeneratorRecipe:
     device: str | None = None
 
     def build(self):
-        from campaign_orchestrator.generation.local import LocalGenerator
+        from campaign_orchestrator.generation.local import LocalModel
 
-        return LocalGenerator.from_path(
+        return LocalModel.from_path(
             self.model_dir,
             self.adapter_dir,
             self.load_in_4bit,
@@ -60,7 +60,7 @@ class GeneratorRecipe:
 
 
 @dataclass(frozen=True)
-class BackendRecipe:
+class BackendFactory:
     """How to build a campaign's teacher backend in another process: the ``teacher:`` section (a frozen
     pydantic model, picklable), the resolved local checkpoint and its precomputed fingerprint (so a worker
     does not hash the weights again, and every worker keys its generations alike)."""

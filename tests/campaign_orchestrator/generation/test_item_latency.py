@@ -11,9 +11,9 @@ pytestmark = pytest.mark.stage
 
 
 def test_local_generation_times_each_item_to_its_last_token(demo_models):
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    gen = LocalGenerator.from_path(demo_models["teacher"], batch_size=8, device="cpu")
+    gen = LocalModel.from_path(demo_models["teacher"], batch_size=8, device="cpu")
     prompts = [
         cipher.prompt_for("ab"),
         cipher.prompt_for("abcdefgh"),

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from campaign_orchestrator.generation.recipes import BackendRecipe
+from campaign_orchestrator.generation.factories import BackendFactory
 from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
 from campaign_orchestrator.generation.scaleout.pool import ShardFailed, ShardPool
 from campaign_orchestrator.generation.scaleout.shards import make_shards
@@ -58,7 +58,7 @@ def _setup(tmp_path, srv, **teacher):
         max_concurrency=CONCURRENCY,
         **teacher,
     )
-    recipe = BackendRecipe(spec)
+    recipe = BackendFactory(spec)
     ident = recipe.build().identity if not teacher.get("api_key_env") else "openai:keyed"
     cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))
     return recipe, ident, cfg
@@ -296,9 +296,10 @@ def test_the_rayjob_entry_point_runs_a_job_file_on_the_cluster(ray_cluster, tmp_
 
 def test_the_ray_executor_gives_the_local_executor_s_rows_and_bill(ray_cluster, tmp_path):
     """``run_generation`` with the Ray executor on the module's cluster (two workers) and with the local executor:
-    the same rows, cache keys, budget charges and billed tokens (``tests/teacher/test_runner_executors.py``)."""
+    the same rows, cache keys, budget charges and billed tokens
+    (``tests/campaign_orchestrator/generation/test_runner_executors.py``)."""
     from campaign_orchestrator.costs.catalog import token_lines
-    from tests.teacher.test_runner_executors import API, assert_same, run_both
+    from tests.campaign_orchestrator.generation.test_runner_executors import API, assert_same, run_both
 
     pool = ShardPool(replicas=2, num_cpus=0.5, max_shard_retries=2, log=print)
     price = lambda u: token_lines("teacher", API, u["prompt_tokens"], u["completion_tokens"])  # noqa: E731

@@ -14,9 +14,9 @@ KEY = "sk-test-server-0123456789"
 
 @pytest.fixture(scope="module")
 def gen(demo_models):
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    return LocalGenerator.from_path(demo_models["teacher"], batch_size=4)
+    return LocalModel.from_path(demo_models["teacher"], batch_size=4)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_prompt_logprobs_have_vllms_shape_and_the_models_values(client, gen):
         assert own["decoded_token"] == gen.tok.decode([tid]) and own["logprob"] <= 0
     # the same prompt as token ids: the same answer
     assert post(client, prompt=ids, max_tokens=0, prompt_logprobs=3)[1]["choices"][0]["prompt_logprobs"] == plp
-    # the values are the model's: LocalGenerator.score of the last tokens given the first ones
+    # the values are the model's: LocalModel.score of the last tokens given the first ones
     cut = 4
     scored = gen.score([gen.tok.decode(ids[1:cut])], [ids[cut:]], top_k=3)[0]
     assert [pos[str(t)]["logprob"] for pos, t in zip(plp[cut:], ids[cut:], strict=True)] == pytest.approx(

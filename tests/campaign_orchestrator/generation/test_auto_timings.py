@@ -38,9 +38,9 @@ class Repeated:
 
 @pytest.fixture(scope="module")
 def gen(demo_models):
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    return LocalGenerator.from_path(demo_models["teacher"], compute_dtype="float32", device="cpu", batch_size=16)
+    return LocalModel.from_path(demo_models["teacher"], compute_dtype="float32", device="cpu", batch_size=16)
 
 
 def test_an_engine_five_times_slower_is_never_chosen_even_on_a_loaded_host(gen, tmp_path, monkeypatch):
@@ -100,10 +100,10 @@ CHOOSER = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
     from campaign_orchestrator.generation import auto
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
     model, cache, me, other = sys.argv[1:5]
-    gen = LocalGenerator.from_path(model, compute_dtype="float32", device="cpu", batch_size=16)
+    gen = LocalModel.from_path(model, compute_dtype="float32", device="cpu", batch_size=16)
     calls = []
     class Counted:
         def __init__(self, name):

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from campaign_orchestrator.generation.recipes import BackendRecipe, GeneratorRecipe
+from campaign_orchestrator.generation.factories import BackendFactory, LocalModelFactory
 from campaign_orchestrator.generation.requests import Sampling, build_requests, namespace
-from campaign_orchestrator.generation.scaleout.job import AnswerRecipe, Job
+from campaign_orchestrator.generation.scaleout.job import AnswerFactory, Job
 from campaign_orchestrator.generation.scaleout.ratelimit import BucketState
 from campaign_orchestrator.generation.scaleout.shards import make_shards, shard_id
 from campaign_orchestrator.generation.scaleout.worker import CacheConfig, GenerationWorker, _stats_delta
@@ -66,7 +66,7 @@ def test_job_file_round_trips_and_names_what_is_wrong(tmp_path):
     )
     job = Job(
         "teacher_generations",
-        BackendRecipe(spec),
+        BackendFactory(spec),
         "openai:x",
         "p.parquet",
         "out.parquet",
@@ -78,7 +78,7 @@ def test_job_file_round_trips_and_names_what_is_wrong(tmp_path):
     assert "MY_KEY" in text and "sk-" not in text  # the variable's name travels, never a key
     back = Job.from_json(text)
     assert back.recipe == job.recipe and back.sampling == job.sampling
-    ans = Job("answers", AnswerRecipe(GeneratorRecipe("/m", "/a"), "local:x"), "local:x", "p", "o", {}, {}, {})
+    ans = Job("answers", AnswerFactory(LocalModelFactory("/m", "/a"), "local:x"), "local:x", "p", "o", {}, {}, {})
     assert Job.from_json(ans.to_json()).recipe == ans.recipe
     with pytest.raises(ValueError, match="missing field"):
         Job.from_json(json.dumps({"kind": "answers"}))
@@ -91,7 +91,7 @@ def test_a_worker_answers_what_the_cache_lacks_and_its_spool_outlives_it(tmp_pat
         spec = TeacherSpec(
             backend="openai", model="teacher", base_url=srv.base_url, price="unpriced", max_concurrency=2
         )
-        recipe = BackendRecipe(spec)
+        recipe = BackendFactory(spec)
         ident = recipe.build().identity
         cfg = CacheConfig(str(tmp_path / "store"), namespace(ident, S), str(tmp_path / "spool"))
         reqs = [r for rs in build_requests(ident, S, [f"encode w{chr(97 + i)} =" for i in range(6)]) for r in rs]
@@ -138,12 +138,12 @@ def test_run_on_ray_refuses_a_kuberay_stage_and_the_stages_launch_it_instead():
     from stages.context import StageContext
     from stages.executors import InProcess, KubeRayJob, RayPool, executor_for
 
-    execution = SimpleNamespace(kuberay=SimpleNamespace(), ray_address=None, engine="ray")
+    execution = SimpleNamespace(kuberay=SimpleNamespace(), ray_address=None, executor="ray")
     with pytest.raises(KubeRayNotLaunched, match="launched by its Dagster asset"):
         run_on_ray(execution, [{"id": "0", "prompt": "x"}], None, "id", None, None, log=print)
     kuberay = SimpleNamespace(name="c", execution=execution)
-    pool = SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None, ray_address=None, engine="ray"))
-    local = SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None, ray_address=None, engine="local"))
+    pool = SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None, ray_address=None, executor="ray"))
+    local = SimpleNamespace(name="c", execution=SimpleNamespace(kuberay=None, ray_address=None, executor="local"))
     assert type(executor_for(local, "answers", StageContext())) is InProcess
     assert type(executor_for(pool, "answers", StageContext())) is RayPool
     assert executor_for(pool, "answers", StageContext()).runner("answers") is run_on_ray

@@ -13,7 +13,7 @@ import pytest
 from campaign_orchestrator.costs import ledger as ledger_module
 from campaign_orchestrator.costs.ledger import Ledger
 from campaign_orchestrator.costs.report import dollars
-from tests.costs.test_dashboard import ARGS, CHROMIUM, _png_pixels
+from tests.campaign_orchestrator.costs.test_dashboard import ARGS, CHROMIUM, _png_pixels
 
 DAY1, DAY2 = dt.datetime(2026, 11, 30, 9, 0), dt.datetime(2026, 12, 1, 14, 0)
 

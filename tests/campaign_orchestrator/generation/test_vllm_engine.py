@@ -52,25 +52,23 @@ class StandInLLM:
     started: list[StandInLLM] = []
 
     def __init__(self, **kwargs):
-        from campaign_orchestrator.generation.local import LocalGenerator
+        from campaign_orchestrator.generation.local import LocalModel
 
         self.kwargs, self.calls = kwargs, []
-        self.base = LocalGenerator.from_path(
-            kwargs["model"], compute_dtype="float32", device="cpu", engine="hf_generate"
-        )
+        self.base = LocalModel.from_path(kwargs["model"], compute_dtype="float32", device="cpu", engine="hf_generate")
         self.adapters: dict = {}
         StandInLLM.started.append(self)
 
     def _gen(self, lora):
         from campaign_orchestrator.generation.engines.vllm_engine import lora_rank
-        from campaign_orchestrator.generation.local import LocalGenerator
+        from campaign_orchestrator.generation.local import LocalModel
 
         if lora is None:
             return self.base
         assert self.kwargs.get("enable_lora"), "vLLM: LoRA requests need enable_lora=True"
         assert lora_rank(lora.lora_path) <= self.kwargs["max_lora_rank"]
         if lora.lora_path not in self.adapters:
-            self.adapters[lora.lora_path] = LocalGenerator.from_path(
+            self.adapters[lora.lora_path] = LocalModel.from_path(
                 self.kwargs["model"], lora.lora_path, compute_dtype="float32", device="cpu", engine="hf_generate"
             )
         return self.adapters[lora.lora_path]
@@ -120,10 +118,10 @@ def adapter(demo_models, tmp_path_factory):
 @pytest.mark.stage
 def test_candidate_answers_go_through_a_lora_request(demo_models, adapter):
     from campaign_orchestrator.generation.engines.vllm_engine import VLLMEngine
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
     StandInLLM.started.clear()
-    cand = LocalGenerator.from_path(
+    cand = LocalModel.from_path(
         demo_models["student"], adapter, compute_dtype="float32", device="cpu", engine="vllm", batch_size=4
     )
     cand.engines["vllm"] = VLLMEngine(cand, StandInLLM, SamplingParams, LoRARequest)

@@ -107,7 +107,7 @@ def test_generation_prompt_for_training_and_evaluation_is_one_rendering(tok):
 
 
 def test_a_shared_context_is_prefilled_once_and_changes_no_answer(smollm2):
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
     from campaign_orchestrator.generation.requests import chat_messages
 
     context = [
@@ -121,7 +121,7 @@ def test_a_shared_context_is_prefilled_once_and_changes_no_answer(smollm2):
     # fp32: the claim is the engine's logic (a prefix prefilled once, then each row's own tokens). In bf16 the
     # prefill's matmul shapes (one row of the prefix, against every row's whole prompt) round differently and a
     # near-tie can flip (seen here: "pencils" against "pens"); the demo teacher's engine test covers bf16.
-    gen = LocalGenerator.from_path(smollm2, batch_size=4, compute_dtype="float32")
+    gen = LocalModel.from_path(smollm2, batch_size=4, compute_dtype="float32")
     cached = gen.generate(prompts, 6)
     assert gen.last_shared_prefix >= 40  # the system prompt and the few-shot turns
     gen.prefix_caching = False

@@ -16,9 +16,9 @@ MSGS = [{"role": "system", "content": "encode words"}, {"role": "user", "content
 def test_chat_completions_answer_as_the_local_engine_does(demo_models, chat_tok):
     from starlette.testclient import TestClient
 
-    from campaign_orchestrator.generation.local import LocalGenerator
+    from campaign_orchestrator.generation.local import LocalModel
 
-    gen = LocalGenerator.from_path(demo_models["teacher"], batch_size=4)
+    gen = LocalModel.from_path(demo_models["teacher"], batch_size=4)
     plain = TestClient(build_app(TeacherServer(gen, "t")))
     r = plain.post("/v1/chat/completions", json={"model": "t", "messages": MSGS, "max_tokens": 8})
     assert r.status_code == 400 and "/v1/completions" in r.json()["error"]["message"]

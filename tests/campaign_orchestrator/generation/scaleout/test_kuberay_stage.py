@@ -128,7 +128,7 @@ def _spec(tmp_path, root, kuberay: bool):
     if kuberay:
         sections |= {
             "execution": {
-                "engine": "ray",
+                "executor": "ray",
                 "replicas": 1,
                 "num_cpus_per_replica": 1,
                 "shard_prompts": 8,

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from campaign_orchestrator.dataset import formatting
 from campaign_orchestrator.dataset.checks import last_label_tokens, stop_token_report, vocabulary_report
-from tests.dataset.test_tokenize import pairs
+from tests.campaign_orchestrator.dataset.test_tokenize import pairs
 
 EOS = 2
 

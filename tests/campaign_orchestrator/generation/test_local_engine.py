@@ -1,4 +1,4 @@
-"""The continuous greedy engine of LocalGenerator (forward + DynamicCache; finished rows leave the batch,
+"""The continuous greedy engine of LocalModel (forward + DynamicCache; finished rows leave the batch,
 waiting prompts take their room; prompts that share a prefix share its prefill) against transformers'
 ``generate``, and ``score`` (log-likelihood of given text) against a plain one-sequence forward pass."""
 
@@ -18,15 +18,15 @@ _LOADED: dict = {}  # (teacher path, dtype) -> (model, tokenizer, precision): ea
 
 
 def _gen(demo_models, dtype, **kw):
-    """A fresh LocalGenerator (its own settings and stats) over the demo teacher loaded once in ``dtype``."""
-    from campaign_orchestrator.generation.local import LocalGenerator, load_model
+    """A fresh LocalModel (its own settings and stats) over the demo teacher loaded once in ``dtype``."""
+    from campaign_orchestrator.generation.local import LocalModel, load_model
 
     kw.setdefault("engine", "continuous")
     key = (str(demo_models["teacher"]), dtype)
     if key not in _LOADED:
         _LOADED[key] = load_model(demo_models["teacher"], compute_dtype=dtype, device="cpu")
     model, tok, precision = _LOADED[key]
-    return LocalGenerator(model, tok, kw.pop("batch_size", 64), precision, **kw)
+    return LocalModel(model, tok, kw.pop("batch_size", 64), precision, **kw)
 
 
 def _prompts():
@@ -105,15 +105,15 @@ def test_prefix_groups_share_what_all_their_members_share():
 
 
 def test_engine_choice(demo_models, monkeypatch):
-    from campaign_orchestrator.generation.local import ENGINE_ENV, LocalGenerator, forced_engine
+    from campaign_orchestrator.generation.local import ENGINE_ENV, LocalModel, forced_engine
 
     with pytest.raises(ValueError, match="engine 'tensorrt' is unknown"):
-        LocalGenerator(None, None, engine="tensorrt")
+        LocalModel(None, None, engine="tensorrt")
     g32 = _gen(demo_models, "float32", engine="auto")
     # the measurement switch: $CAMPAIGN_GENERATION_ENGINE decides what auto means (no probe runs)
     monkeypatch.setenv(ENGINE_ENV, "hf_generate")
-    assert forced_engine() == "hf_generate" and LocalGenerator(g32.model, g32.tok).engine == "hf_generate"
-    assert LocalGenerator(g32.model, g32.tok, engine="continuous").engine == "continuous"  # an explicit engine is kept
+    assert forced_engine() == "hf_generate" and LocalModel(g32.model, g32.tok).engine == "hf_generate"
+    assert LocalModel(g32.model, g32.tok, engine="continuous").engine == "continuous"  # an explicit engine is kept
     monkeypatch.setenv(ENGINE_ENV, "tensorrt")
     with pytest.raises(ValueError, match=r"CAMPAIGN_GENERATION_ENGINE='tensorrt' is unknown"):
         forced_engine()
@@ -155,7 +155,7 @@ def test_score_matches_a_one_sequence_forward_and_generated_logprobs(demo_models
 
 
 def test_shards_on_two_workers_give_the_tokens_of_one_call(demo_models):
-    """What a distributor relies on (campaign_orchestrator/generation/recipes.py, promise 2): in fp32 a greedy answer
+    """What a distributor relies on (campaign_orchestrator/generation/factories.py, promise 2): in fp32 a greedy answer
     does not depend on the other prompts of its call, so the prompts split into two shards, answered by two
     generators (two workers) with other batch shapes, give the tokens one call gives."""
     one = _gen(demo_models, "float32", batch_size=8)  # every prompt in one batch
