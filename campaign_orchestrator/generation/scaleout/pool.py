@@ -135,8 +135,9 @@ class _Running:
 def _alive(pid: int) -> bool:
     """Whether the process still holds its files (a spool's lock among them). A zombie leader is not enough: when a
     multi-threaded process is killed its leader thread may turn zombie while the other threads are still exiting
-    with the process's files open, a window a loaded host stretches (tests/campaign_orchestrator/generation/scaleout/test_pool.py). So on Linux the
-    process is gone once every thread of it is a zombie or gone."""
+    with the process's files open, a window a loaded host stretches
+    (tests/campaign_orchestrator/generation/scaleout/test_pool.py). So on Linux the process is gone once every
+    thread of it is a zombie or gone."""
     import psutil
 
     try:
