@@ -368,6 +368,8 @@ def read_what_people_read(page, url: str, runs: tuple[str, str], dash_url: str, 
     it."""
     page.goto(f"{url}/assets/demo/evaluation?view=checks&checkDetail=gate", wait_until="domcontentloaded")
     page.get_by_text("cipher · min_score", exact=True).wait_for(timeout=120_000)  # the latest execution's metadata
+    # the check's description renders apart from its metadata (it was missing from one read taken right after them)
+    page.get_by_text(re.compile(r"GO: \d+ of \d+ blocking rules pass")).first.wait_for(timeout=60_000)
     dismiss_dialogs(page)
     text = page.inner_text("body")
     page.screenshot(path=str(screenshots / "gate-check.png"))
