@@ -13,9 +13,10 @@ bottom package `campaigns` may not):
                         before any training. An item the base gets right only under one phrasing is a coin
                         flip, and any fine-tune flips some of those: a regression suite of them measures noise.
 
-  facts-train.jsonl     "In which country is the city of <city>?" prompts (campaigns/smollm2_facts*.yaml): one
-                        lowercase country name, for cities the BASE model names the country of in a sentence
-                        under at least one of two phrasings (bare, "Which country is <city> in?"); split by city
+  facts-train.jsonl     "In which country is the city of <city>?" prompts (campaigns/smollm2_facts*.yaml): the
+                        country's name as one capitalized word ("Argentina"), for cities the BASE model names the
+                        country of in a sentence to that very prompt (default system prompt, greedy, 32 new
+                        tokens, contains_answer); split by city
   facts-suite.jsonl     the held-out cities (about a third): the task suite (exact match)
                         (named facts-*, not train-*: campaigns/smollm2.yaml trains on train-*.jsonl)
 
@@ -958,19 +959,19 @@ CITIES = {
     "wales": "Swansea",
 }
 CITY_DEMO = [  # the teacher's few-shot turns (campaigns/smollm2_facts*.yaml); never in the train or suite files
-    ("Marseille", "france"),
-    ("Munich", "germany"),
-    ("Osaka", "japan"),
-    ("Barcelona", "spain"),
-    ("Toronto", "canada"),
-    ("Mumbai", "india"),
-    ("Sydney", "australia"),
-    ("Milan", "italy"),
+    ("Marseille", "France"),
+    ("Munich", "Germany"),
+    ("Osaka", "Japan"),
+    ("Barcelona", "Spain"),
+    ("Toronto", "Canada"),
+    ("Mumbai", "India"),
+    ("Sydney", "Australia"),
+    ("Milan", "Italy"),
 ]
-CITY_PHRASINGS = [
-    ("bare", "In which country is the city of {c}?"),  # the task's prompt
-    ("which", "Which country is {c} in?"),
-]
+# The task's prompt, and the only phrasing a city is selected under: "the base knows it" means it names the country
+# when asked the task's own question (a city it names only under another phrasing is a fact the task's prompt does
+# not reach, and the diagnosis scores the base on the task's prompt).
+CITY_PHRASINGS = [("bare", "In which country is the city of {c}?")]
 FACTS_SUITE_SHARE = 0.35
 
 
@@ -991,9 +992,11 @@ def fact_side(city):
 
 
 def facts_files(cache_dir, threads, gen=None):
-    """facts-train.jsonl and facts-suite.jsonl: the cities whose country the base names in a sentence under at least
-    one phrasing (its answers cached per phrasing in ``cache_dir``), split by city hash; returns the generator (to
-    share the loaded model) and the counts."""
+    """facts-train.jsonl and facts-suite.jsonl: the cities whose country the base names in a sentence to the task's
+    prompt (its answers cached in ``cache_dir``), split by city hash, the country capitalized as text writes it (the
+    tokenizer's whole-word pieces: "Argentina" is ``Ar gent ina``, "argentina" ``arg ent ina``;
+    benchmarks/facts_format_probe.py measured the difference); returns the generator (to share the loaded model)
+    and the counts."""
     pool = cities()
     known = set()
     for name, tpl in CITY_PHRASINGS:
@@ -1014,7 +1017,7 @@ def facts_files(cache_dir, threads, gen=None):
     out = {}
     for side, tag in (("train", "tr"), ("suite", "te")):
         out[side] = [
-            dict(id=f"fa-{tag}-{i:03d}", prompt=fact_prompt(c), reference=k, category="country")
+            dict(id=f"fa-{tag}-{i:03d}", prompt=fact_prompt(c), reference=k.title(), category="country")
             for i, (c, k) in enumerate(sorted(rows[side], key=lambda x: (x[1], x[0])))
         ]
     return gen, out
