@@ -31,7 +31,7 @@ linear cross-entropy, Liger's RMSNorm / SwiGLU / RoPE) against its plain path on
 tokens/s with peak memory <= TRL's leanest (checkpointing on); MFU >= 35% (4N per token) at the planned
 micro-batch on the 1.1B shape; a world of one <= 3% slower than the bare loop; QLoRA >= 0.75x LoRA's
 tokens/s. Then, when ``vllm`` is importable, the ``vllm``
-teacher backend (``campaign_orchestrator.generation.backends.VLLMBackend``) generates for the demo
+teacher backend (``campaign_orchestrator.generation.engines.vllm_engine.VLLMEngine``) generates for the demo
 teacher (``@demo/teacher``; built into a temporary artifact root when absent): tokens/s, rows/s and
 exact match against the references.
 
@@ -570,9 +570,9 @@ def vllm_teacher(artifacts: Path, prompts_n: int, work: Path) -> dict:
     from teacher_common import prompts
 
     from campaign_orchestrator.demo.recipe import resolve
-    from campaign_orchestrator.generation.backends import VLLMBackend
     from campaign_orchestrator.generation.blobstore import LocalStore
     from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.engines.vllm_engine import VLLMEngine
     from campaign_orchestrator.generation.requests import Sampling, namespace
     from campaign_orchestrator.generation.runner import run_generation
 
@@ -585,8 +585,10 @@ def vllm_teacher(artifacts: Path, prompts_n: int, work: Path) -> dict:
         build_demo_models(root, log=lambda _m: None, moe=False)
         model_dir, built = resolve("@demo/teacher", root), True
     rows = prompts(prompts_n)
-    backend = VLLMBackend(
-        str(model_dir), "bench:vllm", engine_args={"gpu_memory_utilization": 0.3, "enforce_eager": False}
+    backend = VLLMEngine(
+        model=str(model_dir),
+        identity="bench:vllm",
+        extra_args={"gpu_memory_utilization": 0.3, "enforce_eager": False},
     )
     s = Sampling(max_new_tokens=16)
     t0 = time.perf_counter()

@@ -10,9 +10,10 @@ whole backend (no vLLM installed, a rejected API key, an unreachable endpoint) r
 - :class:`TransformersBackend`: a local checkpoint through
 :class:`campaign_orchestrator.generation.local.LocalModel`
   (batched, left-padded, batches bucketed by prompt length).
-- :class:`VLLMBackend`: offline batch inference with ``vllm.LLM.generate`` and
-  ``SamplingParams``; vLLM is imported only here, only when used (``pip install '.[vllm]'``
-  on a GPU image). Tests inject an object with ``vllm.LLM``'s interface.
+- ``vllm``: offline batch inference with ``vllm.LLM.generate`` and ``SamplingParams``, answered by vLLM's
+  engine itself (:class:`~campaign_orchestrator.generation.engines.vllm_engine.VLLMEngine`, the one class that
+  runs vLLM; ``VLLMBackend``, its old name here, still imports with a warning). vLLM is imported only when used
+  (``pip install '.[vllm]'`` on a GPU image). Tests inject an object with ``vllm.LLM``'s interface.
 - :class:`OpenAIBackend`: any OpenAI-compatible endpoint through
   :class:`campaign_orchestrator.generation.openai_client.OpenAICompatibleClient`.
 """
@@ -23,72 +24,18 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from campaign_orchestrator.generation.completion import Completion
+from campaign_orchestrator.generation.backend_api import (  # noqa: F401 - exported here too, where they were
+    Backend,
+    BackendError,
+    OnDone,
+    teacher_identity,
+    weights_identity,
+)
 from campaign_orchestrator.generation.requests import GenRequest, Sampling
-
-OnDone = Callable[[GenRequest, Completion], None]
-
-
-class BackendError(RuntimeError):
-    pass
-
-
-class Backend(Protocol):
-    name: str
-    model: str
-    identity: str
-
-    def run(self, requests: Sequence[GenRequest], sampling: Sampling, on_done: OnDone) -> None: ...
-
-    def stats(self) -> dict: ...
-
-
-def weights_identity(path: str | Path, revision: str | None = None) -> str:
-    """Content fingerprint of a checkpoint directory (every byte, each file version read once) + revision."""
-    from campaign_orchestrator.content import HashCache, model_fingerprint
-    from campaigns import paths
-
-    return f"{model_fingerprint(Path(path), HashCache(paths.hash_cache_file()))}@{revision or ''}"
-
-
-def teacher_identity(
-    backend: str,
-    model: str,
-    model_path: str | Path | None = None,
-    revision: str | None = None,
-    base_url: str | None = None,
-    engine_args: dict | None = None,
-    weights_id: str | None = None,
-    precision: str | None = None,
-) -> str:
-    """What makes two teachers the same for the cache: backend + weights (+ numerics options).
-
-    Local weights are identified by content (``weights_id``, computed when not given); a model
-    only known by name (a hub id for vLLM, a served name behind an endpoint) by its name,
-    revision and, for endpoints, the URL: pin ``revision`` when the weights behind a name can
-    change. ``precision`` is what a local model computes in, resolved (``cpu:float32``,
-    ``cuda:bfloat16``: :func:`campaign_orchestrator.hardware.key_precision`, never ``auto``): bf16 and
-    fp32 answers of the same weights are different generations."""
-    if backend == "openai":
-        return f"openai:{(base_url or '').rstrip('/')}|{model}@{revision or ''}"
-    if precision is not None and (":" not in precision or "auto" in precision):
-        raise ValueError(
-            f"teacher precision must be a resolved '<device>:<dtype>' (e.g. cpu:float32), got "
-            f"{precision!r}; resolve it with campaign_orchestrator.hardware.key_precision"
-        )
-    wid = weights_id or (
-        weights_identity(model_path, revision) if model_path is not None else f"name:{model}@{revision or ''}"
-    )
-    ident = f"{backend}:{wid}"
-    if engine_args:
-        ident += "|" + hashlib.sha256(json.dumps(engine_args, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    if precision:
-        ident += f"|{precision}"
-    return ident
 
 
 def answer_identity(
@@ -225,231 +172,59 @@ class TransformersBackend:
 # --------------------------------------------------------------------------- vLLM
 
 
-def _max_model_len(llm) -> int | None:
-    for holder in (llm, getattr(llm, "llm_engine", None)):
-        cfg = getattr(holder, "model_config", None)
-        n = getattr(cfg, "max_model_len", None)
-        if isinstance(n, int):
-            return n
-    return None
+def __getattr__(name: str):
+    """``VLLMBackend``, the teacher's vLLM backend before issue 44, still imports, with a warning: one class runs
+    vLLM now, :class:`~campaign_orchestrator.generation.engines.vllm_engine.VLLMEngine` (the teacher's ``vllm``
+    backend and the ``vllm`` engine of a local model)."""
+    if name != "VLLMBackend":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import warnings
+
+    warnings.warn(
+        "campaign_orchestrator.generation.backends.VLLMBackend is now VLLMEngine "
+        "(campaign_orchestrator.generation.engines.vllm_engine): build it with VLLMEngine(model=..., ...), or "
+        "with make_backend from a teacher spec; the old name will be removed",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return _vllm_backend
 
 
-class VLLMBackend:
-    """Offline batch generation with ``vllm.LLM``.
+def _vllm_backend(
+    model: str,
+    identity: str | None = None,
+    revision: str | None = None,
+    llm: Any = None,
+    sampling_params: Any = None,
+    chunk_size: int = 1024,
+    tensor_parallel_size: int = 1,
+    engine_args: dict | None = None,
+    seed: int = 0,
+    dtype: str | None = None,
+    top_k: int | None = None,
+    adapter_dir: str | Path | None = None,
+    llm_class: Any = None,
+    lora_request_class: Any = None,
+):
+    """The old ``VLLMBackend(...)`` call: the same arguments, a :class:`VLLMEngine` in the backend role."""
+    from campaign_orchestrator.generation.engines.vllm_engine import VLLMEngine
 
-    Requests go to ``LLM.generate`` as token ids, rendered as every local backend renders them (:meth:`_render`:
-    the chat template for a bare prompt when the tokenizer has one, the context messages whole), in chunks of
-    ``chunk_size`` prompts; each chunk's results reach the cache before the next chunk starts.
-    When every sample of a prompt is missing and sampling is not greedy, the prompt is sent
-    once with ``SamplingParams(n=...)`` (vLLM shares the prompt's KV cache across samples);
-    otherwise one request per sample with ``seed + sample_index``. Prompts that do not fit
-    ``max_model_len`` are skipped with an error before they reach vLLM; if vLLM still rejects a
-    chunk with ``ValueError``, its prompts are retried one by one so only the bad ones fail.
-    """
-
-    name = "vllm"
-
-    def __init__(
-        self,
-        model: str,
-        identity: str | None = None,
-        revision: str | None = None,
-        llm: Any = None,
-        sampling_params: Callable[..., Any] | None = None,
-        chunk_size: int = 1024,
-        tensor_parallel_size: int = 1,
-        engine_args: dict | None = None,
-        seed: int = 0,
-        dtype: str | None = None,
-        top_k: int | None = None,
-        adapter_dir: str | Path | None = None,
-        llm_class: Callable[..., Any] | None = None,
-        lora_request_class: Callable[..., Any] | None = None,
-    ):
-        from campaign_orchestrator.generation.engines.vllm_engine import engine_args as vllm_args
-        from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype, vllm_device
-
-        self.model, self.revision = model, revision
-        extra = dict(engine_args or {})
-        # where and in what dtype vLLM computes, resolved before it starts and passed to it, so the key names what
-        # runs (checked against the started engine: _load)
-        self.device = vllm_device()
-        self.dtype = resolve_dtype(model, extra.pop("dtype", None) or dtype or "auto", self.device)
-        self.identity = identity or teacher_identity(
-            "vllm", model, None, revision, engine_args=engine_args, precision=f"{self.device}:{self.dtype}"
-        )
-        self.chunk_size = chunk_size
-        self._llm, self._sp, self._llm_class = llm, sampling_params, llm_class
-        self.adapter_dir, self._lora_class = adapter_dir, lora_request_class
-        self._engine = {
-            "tensor_parallel_size": tensor_parallel_size,
-            "seed": seed,
-            **vllm_args(model, dtype=self.dtype, adapter_dir=adapter_dir, top_k=top_k, extra=extra, device=self.device),
-        }
-        self._engine.pop("model")
-        self.generate_s = 0.0
-        self._tok = None
-        self._max_len: int | None = None
-
-    def _load(self) -> None:
-        """Import vLLM and start the engine, on first use only (a fully cached run never does)."""
-        if self._llm is not None and self._sp is not None:
-            return
-        if self._llm_class is None or self._sp is None:
-            try:
-                import vllm
-            except ImportError as e:
-                raise BackendError(
-                    "teacher backend 'vllm' needs the vllm package, which is not installed here; "
-                    "install the `vllm` extra on a GPU image (pip install '.[vllm]') or use backend "
-                    "'transformers' (local) or 'openai' (a served endpoint)"
-                ) from e
-            self._sp = self._sp or vllm.SamplingParams
-            self._llm_class = self._llm_class or vllm.LLM
-        if self._llm is None:
-            from campaign_orchestrator.generation.engines.vllm_engine import stop_with
-
-            self._llm = self._llm_class(model=self.model, revision=self.revision, **self._engine)
-            stop_with(self, self._llm)
-            ran = self.ran_dtype()
-            if ran is not None and self.dtype != "default" and ran != self.dtype:
-                raise BackendError(
-                    f"teacher {self.model}: its generations are keyed for {self.device}:{self.dtype} but vLLM "
-                    f"started in {ran}; name the dtype in teacher.engine_args.dtype or teacher.compute_dtype"
-                )
-
-    def ran_dtype(self) -> str | None:
-        """The dtype the started engine computes in, as vLLM reports it (None before it starts, or for an
-        engine that does not say: a stand-in)."""
-        cfg = getattr(getattr(self._llm, "llm_engine", None), "model_config", None)
-        dtype = getattr(cfg, "dtype", None)
-        return None if dtype is None else str(dtype).removeprefix("torch.")
-
-    def _lora(self):
-        from campaign_orchestrator.generation.engines.vllm_engine import lora_request
-
-        return lora_request(self.adapter_dir, self._lora_class)
-
-    @property
-    def llm(self):
-        self._load()
-        return self._llm
-
-    @property
-    def SamplingParams(self):  # noqa: N802 - vLLM's class name
-        self._load()
-        return self._sp
-
-    @property
-    def tokenizer(self):
-        """The teacher's tokenizer: loaded with transformers from a local checkpoint (the one every local backend
-        renders with), else vLLM's own (a hub id vLLM fetched)."""
-        if self._tok is None:
-            if (Path(self.model) / "config.json").exists():
-                from transformers import AutoTokenizer
-
-                self._tok = AutoTokenizer.from_pretrained(self.model, revision=self.revision)
-            else:
-                self._tok = self.llm.get_tokenizer()
-        return self._tok
-
-    def _render(self, req: GenRequest) -> list[int]:
-        """The prompt's token ids, rendered as every local backend renders it
-        (:func:`~campaign_orchestrator.dataset.formatting.render_prompt_ids`: a bare prompt as one user turn of
-        the chat template when the tokenizer has one, context messages whole), so a ``vllm`` teacher answers what
-        a ``transformers`` teacher over the same weights is asked, and what the student is trained on."""
-        from campaign_orchestrator.dataset.formatting import render_prompt_ids
-
-        return render_prompt_ids(self.tokenizer, list(req.messages) if req.messages is not None else req.prompt)
-
-    def _params(self, s: Sampling, n: int, seed: int):
-        kw: dict = {"n": n, "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_new_tokens}
-        if not s.greedy:
-            kw["seed"] = seed
-        if s.logprobs:
-            kw["logprobs"] = s.logprobs
-        return self.SamplingParams(**kw)
-
-    def _completion(self, ro, co, k: int | None, latency: float) -> Completion:
-        from campaign_orchestrator.generation.engines.vllm_engine import vllm_completion
-
-        return vllm_completion(ro, co, k, latency)
-
-    def _call(self, items: list[tuple[list[GenRequest], Any, list[int]]]) -> list:
-        prompts = [{"prompt_token_ids": ids} for _g, _p, ids in items]
-        params = [p for _g, p, _ids in items]
-        lora = {"lora_request": self._lora()} if self.adapter_dir is not None else {}
-        return self.llm.generate(prompts, sampling_params=params, use_tqdm=False, **lora)
-
-    def _deliver(self, items, outputs, s: Sampling, latency: float, on_done: OnDone) -> None:
-        for (group, _p, _ids), ro in zip(items, outputs, strict=True):
-            for req, co in zip(group, ro.outputs, strict=True):
-                on_done(req, self._completion(ro, co, s.logprobs, latency))
-
-    def run(self, requests: Sequence[GenRequest], sampling: Sampling, on_done: OnDone) -> None:
-        if not requests:
-            return
-        self._max_len = _max_model_len(self.llm)
-        groups: dict[str, list[GenRequest]] = {}
-        for r in requests:
-            groups.setdefault(json.dumps(r.payload), []).append(r)
-        items: list[tuple[list[GenRequest], Any, list[int]]] = []
-        for group in groups.values():
-            ids = self._render(group[0])
-            if self._max_len and len(ids) >= self._max_len:
-                for r in group:
-                    on_done(
-                        r,
-                        Completion.failed(
-                            f"prompt of {len(ids)} tokens does not fit the teacher's context "
-                            f"(max_model_len {self._max_len})",
-                            len(ids),
-                        ),
-                    )
-                continue
-            indexes = sorted(r.sample_index for r in group)
-            if not sampling.greedy and len(group) > 1 and indexes == list(range(len(group))):
-                params = self._params(sampling, len(group), sampling.seed)
-                items.append((sorted(group, key=lambda r: r.sample_index), params, ids))
-            else:
-                items += [([r], self._params(sampling, 1, r.seed), ids) for r in group]
-        for start in range(0, len(items), self.chunk_size):
-            self._run_part(items[start : start + self.chunk_size], sampling, on_done)
-
-    def _run_part(self, part, sampling: Sampling, on_done: OnDone) -> None:
-        t0 = time.perf_counter()
-        try:
-            outputs = self._call(part)
-        except ValueError as e:
-            if len(part) == 1:
-                for r in part[0][0]:
-                    on_done(r, Completion.failed(f"vLLM rejected the prompt: {e}"))
-                return
-            for it in part:  # isolate the prompt(s) vLLM refuses
-                self._run_part([it], sampling, on_done)
-            return
-        latency = time.perf_counter() - t0
-        self.generate_s += latency
-        self._deliver(part, outputs, sampling, latency, on_done)
-
-    def stats(self) -> dict:
-        """What the started engine computed in and vLLM's own prefix-cache counters (tokens looked up and found
-        cached: a teacher context shared by many prompts is found after its first prefill); ``{}`` before it
-        starts."""
-        from campaign_orchestrator.generation.engines.vllm_engine import prefix_cache_counts
-
-        ran = self.ran_dtype()
-        if ran is None:
-            return {}
-        out = {"engine": "vllm", "compute_dtype": ran, "compute_dtype_reason": f"vLLM on {self.device}"}
-        return out | (prefix_cache_counts(self._llm) or {})
-
-    def close(self) -> None:
-        """Stop the engine (vLLM's engine-core process and its memory); a later request starts another."""
-        from campaign_orchestrator.generation.engines.vllm_engine import shutdown_llm
-
-        llm, self._llm, self._tok = self._llm, None, None
-        shutdown_llm(llm)
+    return VLLMEngine(
+        llm_class=llm_class,
+        params_class=sampling_params,
+        request_class=lora_request_class,
+        model=model,
+        identity=identity,
+        revision=revision,
+        adapter_dir=adapter_dir,
+        dtype=dtype,
+        top_k=top_k,
+        extra_args=engine_args,
+        tensor_parallel_size=tensor_parallel_size,
+        seed=seed,
+        chunk_size=chunk_size,
+        llm=llm,
+    )
 
 
 # --------------------------------------------------------------------------- OpenAI-compatible
@@ -536,20 +311,22 @@ def make_backend(
             compute_dtype=spec.compute_dtype,
             precision=precision,
         )
-    if spec.backend == "vllm":
-        return VLLMBackend(
-            str(model_path or spec.model),
-            ident,
-            spec.revision,
-            llm=llm,
-            sampling_params=sampling_params,
-            chunk_size=spec.batch_size,
-            tensor_parallel_size=spec.tensor_parallel_size,
-            engine_args=spec.engine_args,
-            seed=spec.sampling.seed,
+    if spec.backend == "vllm":  # vLLM's engine answers as the backend (no transformers model beside it)
+        from campaign_orchestrator.generation.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(
+            llm_class=llm_class,
+            params_class=sampling_params,
+            model=str(model_path or spec.model),
+            identity=ident,
+            revision=spec.revision,
             dtype=spec.compute_dtype,
             top_k=spec.sampling.logprobs,
-            llm_class=llm_class,
+            extra_args=spec.engine_args,
+            tensor_parallel_size=spec.tensor_parallel_size,
+            seed=spec.sampling.seed,
+            chunk_size=spec.batch_size,
+            llm=llm,
         )
     if spec.backend == "openai":
         from campaign_orchestrator.generation.openai_client import OpenAICompatibleClient

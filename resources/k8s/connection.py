@@ -3,7 +3,8 @@ generation stages' :class:`~resources.k8s.kuberay_launcher.KubeRayJobLauncher`):
 context, in-cluster), how a launch watches its workload (polling, the pending and image-pull limits, the overall
 timeout, failed API reads, log tails and drain), the API client, the run pod as the owner of what a run creates, and the
 cluster named in the run's owner record before anything is created. Each launcher keeps its own defaults and words
-where they differ (what it deletes, whose logs it echoes, how long an image pull may take).
+where they differ (what it deletes, whose logs it echoes, how long an image pull may take). The watch loop these
+settings drive, its pod failures and its clean-up are shared too: ``watch.py``.
 
 The Kubernetes client is imported inside the methods: a code location that never launches on Kubernetes never
 imports it."""

@@ -1,6 +1,8 @@
 """Launch a generation stage as a KubeRay ``RayJob`` and follow it from Dagster (``execution.kuberay``).
 
-Lifecycle of one launch (``KubeRayJobLauncher.launch``), the training launcher's (``launcher.py``) for a RayJob:
+Lifecycle of one launch (``KubeRayJobLauncher.launch``), the training launcher's (``launcher.py``) for a RayJob; the
+watch, the failure of a pod and the clean-up are the ones both launchers share (``watch.py``), in this launcher's
+words (``_RayJobWatch``):
 
 1. Check that every path the job needs (JOB.json, the prompts, the output, the generation cache, the model
    checkpoint and adapter its workers load) lies on a volume the Ray pods mount, write ``ray_job.json`` there,
@@ -39,25 +41,18 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from pathlib import Path
 from typing import Any
 
-from dagster import (
-    AssetObservation,
-    Failure,
-    MetadataValue,
-    PipesEnvContextInjector,
-    open_pipes_session,
-)
+from dagster import AssetObservation, Failure, MetadataValue
 from pydantic import Field
 
 from campaigns.spec import CampaignSpec
 from resources.k8s import kuberay as kr
 from resources.k8s import manifests as mf
 from resources.k8s.connection import KubernetesLauncher
-from resources.k8s.logs import PodLogsMessageReader
-from resources.k8s.status import PodProblem, pod_finished, pod_name, pod_problem, pod_started
+from resources.k8s.status import PodProblem, pod_finished, pod_name
+from resources.k8s.watch import WorkloadWatch, list_pods, pipes_session
 from stages.pricing import charge_shard
 
 # paths inside JOB.json the Ray pods open (campaign_orchestrator/generation/scaleout/job.py): the prompts, the output,
@@ -141,22 +136,9 @@ class KubeRayJobLauncher(KubernetesLauncher):
         self._record_cluster(context, cluster.namespace)
         name = kr.rayjob_name(spec.name, stage, context.run_id, secrets.token_hex(3))
         asset_key = context.asset_key.to_user_string() if context.has_assets_def else ""
-        reader = PodLogsMessageReader(
-            core,
-            cluster.namespace,
-            workdir,
-            kr.SUBMITTER_CONTAINER,
-            tail_lines=self.log_tail_lines,
-            reconnect_s=min(1.0, self.poll_interval_s),
-            echo=self.echo_logs,
-        )
-        created = False
-        with open_pipes_session(
-            context=context,
-            context_injector=PipesEnvContextInjector(),
-            message_reader=reader,
-            extras={"campaign": spec.name, "stage": stage, "ray_job": name},
-        ) as session:
+        extras = {"campaign": spec.name, "stage": stage, "ray_job": name}
+        pipes = pipes_session(self, context, core, cluster.namespace, workdir, kr.SUBMITTER_CONTAINER, extras)
+        with pipes as (session, reader):
             w = kr.RayWorkload(
                 spec=spec,
                 stage=stage,
@@ -167,32 +149,7 @@ class KubeRayJobLauncher(KubernetesLauncher):
                 pipes_env=dict(session.get_bootstrap_env_vars()),
                 owner=self.run_pod_owner(core, cluster.namespace) if self.owned_by_run_pod else None,
             )
-            try:
-                custom.create_namespaced_custom_object(
-                    kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, cluster.namespace, kr.RAYJOB_PLURAL, kr.ray_job(w)
-                )
-                created = True
-                ex, k = spec.execution, spec.execution.kuberay
-                where = (
-                    f"on RayCluster {k.ray_cluster}"
-                    if k.ray_cluster
-                    else f"on a new Ray cluster: {ex.replicas} worker pod(s) x {ex.gpus_per_worker_pod} GPU(s)"
-                )
-                context.log.info(f"created RayJob/{name} in namespace {cluster.namespace} {where}, image {w.image}")
-                self._follow(context, w, core, custom, reader, session, budget, on_shard)
-                if not reader.join(self.log_drain_timeout_s):
-                    context.log.warning("the submitter's log was still streaming when the job finished; it may be cut")
-            except BaseException as exc:  # failure, timeout, budget stop, or the Dagster run was cancelled
-                reader.stop()
-                if created:
-                    self._delete(context, custom, w, why=type(exc).__name__)
-                raise
-            if self.delete_on_success:
-                self._delete(context, custom, w, why="succeeded")
-            results = list(session.get_results())
-        pipes_md: dict[str, Any] = {}
-        for r in results:
-            pipes_md.update(getattr(r, "metadata", None) or {})
+            pipes_md = _RayJobWatch(self, context, core, reader, session, w, custom, budget, on_shard).launch()
         summary_file = Path(kr.summary_path(str(job_file)))
         if not summary_file.exists():
             raise Failure(
@@ -232,118 +189,6 @@ class KubeRayJobLauncher(KubernetesLauncher):
         except Exception as e:  # never hide the original error behind a cleanup error
             context.log.warning(f"could not delete RayJob/{w.name}: {e}")
 
-    # ------------------------------------------------------------------ follow
-    @staticmethod
-    def _list(core, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        resp = core.list_namespaced_pod(
-            namespace, label_selector=",".join(f"{k}={v}" for k, v in selector.items()), _preload_content=False
-        )
-        pods = json.loads(resp.data).get("items", [])
-        # the selector again, client-side: never act on a pod of another launch
-        return [
-            p for p in pods if all((p.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in selector.items())
-        ]
-
-    def _pods(self, core, w: kr.RayWorkload) -> tuple[list[dict], list[dict]]:
-        """(the submitter's pods, the job's Ray pods: head and workers; none with a long-lived cluster)."""
-        submitters = self._list(core, w.namespace, {kr.JOB_NAME_LABEL: w.name})
-        ray_pods = [] if w.spec.execution.kuberay.ray_cluster else self._list(core, w.namespace, kr.selector_labels(w))
-        return submitters, ray_pods
-
-    def _follow(
-        self,
-        context,
-        w: kr.RayWorkload,
-        core,
-        custom,
-        reader: PodLogsMessageReader,
-        session,
-        budget=None,
-        on_shard=None,
-    ) -> None:
-        start = time.monotonic()
-        deadline = start + self.timeout_s
-        slow_since: dict[tuple[str, str], float] = {}
-        reported: set[tuple[str, str]] = set()
-        n_custom, api_errors = 0, 0
-        while True:
-            try:
-                obj = custom.get_namespaced_custom_object(
-                    kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, w.namespace, kr.RAYJOB_PLURAL, w.name
-                )
-                submitters, ray_pods = self._pods(core, w)
-                api_errors = 0
-            except Exception as e:
-                api_errors += 1
-                if api_errors > self.api_error_budget:
-                    raise Failure(f"lost the Kubernetes API while following RayJob/{w.name}: {e}") from e
-                context.log.warning(f"Kubernetes API read failed ({api_errors}/{self.api_error_budget}): {e}")
-                self._check_budget(context, w, budget)
-                time.sleep(self.poll_interval_s)
-                continue
-            now = time.monotonic()
-            for pod in submitters:
-                if pod_started(pod):
-                    reader.follow(pod_name(pod), None)
-                if pod_finished(pod):
-                    reader.mark_finished(pod_name(pod))
-            for pod in submitters + ray_pods:
-                problem = pod_problem(pod)
-                if problem is None:
-                    continue
-                role = self._role(pod, submitters)
-                if problem.fatal and role == "worker" and (problem.exit_code is not None or pod_finished(pod)):
-                    key = (pod_name(pod), f"exit-{problem.exit_code}")
-                    if key not in reported:  # Ray retries the worker's shards elsewhere; KubeRay replaces the pod
-                        reported.add(key)
-                        context.log.warning(
-                            f"Ray worker {problem.describe()}; its shards are retried on the other workers"
-                        )
-                    continue
-                if problem.fatal:
-                    raise self._pod_failure(w, core, reader, problem, role)
-                key = (pod_name(pod), problem.reason)
-                first = slow_since.setdefault(key, now)
-                limit = (
-                    self.image_pull_timeout_s
-                    if problem.reason in ("ErrImagePull", "ImagePullBackOff")
-                    else self.pending_timeout_s
-                )
-                if key not in reported:
-                    reported.add(key)
-                    context.log.warning(f"waiting: Ray {role} {problem.describe()}")
-                if now - first > limit:
-                    raise self._pod_failure(w, core, reader, problem, role, waited_s=now - first)
-            n_custom = self._stream_custom(context, w, session, n_custom, budget, on_shard)
-            state, why = kr.rayjob_state(obj)
-            if state == "succeeded":
-                for pod in submitters:
-                    reader.follow(pod_name(pod), None)  # a submitter that finished between two polls
-                context.log.info(f"RayJob {w.name} succeeded ({why}) after {now - start:.0f}s")
-                self._stream_custom(context, w, session, n_custom, budget, on_shard)
-                return
-            if state == "failed":
-                tail = "\n".join(reader.tail(pod_name(submitters[0]))[-self.log_tail_lines :]) if submitters else ""
-                raise Failure(
-                    f"RayJob {w.name} failed: {why}" + (f"\nlast log lines of the submitter:\n{tail}" if tail else ""),
-                    metadata={
-                        "ray_job": w.name,
-                        "namespace": w.namespace,
-                        "last_lines": MetadataValue.md(f"```\n{tail or '(no log lines)'}\n```"),
-                    },
-                )
-            self._check_budget(context, w, budget)
-            if now > deadline:
-                raise Failure(f"RayJob {w.name} exceeded the launcher timeout ({self.timeout_s:.0f}s); stopped")
-            time.sleep(self.poll_interval_s)
-
-    @staticmethod
-    def _role(pod: dict[str, Any], submitters: list[dict[str, Any]]) -> str:
-        if any(pod_name(pod) == pod_name(s) for s in submitters):
-            return "submitter"
-        node_type = ((pod.get("metadata") or {}).get("labels") or {}).get("ray.io/node-type")
-        return "head" if node_type == "head" else "worker"
-
     @staticmethod
     def _check_budget(context, w: kr.RayWorkload, budget, charge=None) -> None:
         """Check the guard (or run ``charge``, a charge of reported usage, which checks it too); on its budget stop
@@ -379,36 +224,98 @@ class KubeRayJobLauncher(KubernetesLauncher):
                 context.log_event(AssetObservation(asset_key=context.asset_key, metadata=md))
         return len(msgs)
 
-    def _pod_failure(
-        self,
-        w: kr.RayWorkload,
-        core,
-        reader: PodLogsMessageReader,
-        problem: PodProblem,
-        role: str,
-        waited_s: float | None = None,
-    ) -> Failure:
-        container = {"submitter": kr.SUBMITTER_CONTAINER, "head": kr.HEAD_CONTAINER}.get(role, kr.WORKER_CONTAINER)
-        try:
-            text = core.read_namespaced_pod_log(
-                problem.pod, w.namespace, container=container, tail_lines=self.log_tail_lines, _preload_content=False
-            ).data
-            lines = text.decode("utf-8", errors="replace").splitlines()
-        except Exception:
-            lines = []
-        lines = lines or reader.tail(problem.pod)
-        waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
-        tail = "\n".join(lines[-self.log_tail_lines :]) or "(no log lines)"
-        return Failure(
-            description=f"Ray {role} {problem.describe()}{waited}; stopped RayJob {w.name}"
-            f"\nlast log lines of {problem.pod}:\n{tail}",
-            metadata={
-                "pod": problem.pod,
-                "role": role,
-                "reason": problem.reason,
-                "exit_code": problem.exit_code if problem.exit_code is not None else -1,
-                "ray_job": w.name,
-                "namespace": w.namespace,
-                "last_lines": MetadataValue.md(f"```\n{tail}\n```"),
-            },
+
+class _RayJobWatch(WorkloadWatch):
+    """A generation stage's RayJob as :class:`~resources.k8s.watch.WorkloadWatch` watches it: the submitter's log
+    followed (the driver's Pipes messages); the submitter or the head failing fails the stage at once, a worker pod
+    that dies is only reported (Ray retries its shards on the other workers, KubeRay replaces the pod)."""
+
+    title = "RayJob"
+    drain_warning = "the submitter's log was still streaming when the job finished; it may be cut"
+
+    def __init__(self, launcher, context, core, reader, session, w: kr.RayWorkload, custom, budget=None, on_shard=None):
+        super().__init__(launcher, context, core, reader, session, w.name, w.namespace)
+        self.w, self.custom, self.budget, self.on_shard = w, custom, budget, on_shard
+        self.created = False
+
+    def create(self) -> None:
+        w, cluster = self.w, self.w.spec.kubernetes
+        self.custom.create_namespaced_custom_object(
+            kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, cluster.namespace, kr.RAYJOB_PLURAL, kr.ray_job(w)
         )
+        self.created = True
+        ex, k = w.spec.execution, w.spec.execution.kuberay
+        where = (
+            f"on RayCluster {k.ray_cluster}"
+            if k.ray_cluster
+            else f"on a new Ray cluster: {ex.replicas} worker pod(s) x {ex.gpus_per_worker_pod} GPU(s)"
+        )
+        self.context.log.info(f"created RayJob/{w.name} in namespace {cluster.namespace} {where}, image {w.image}")
+
+    def delete(self, why: str) -> None:
+        if self.created:
+            KubeRayJobLauncher._delete(self.context, self.custom, self.w, why=why)
+
+    def read(self):
+        w = self.w
+        obj = self.custom.get_namespaced_custom_object(
+            kr.RAYJOB_GROUP, kr.RAYJOB_VERSION, w.namespace, kr.RAYJOB_PLURAL, w.name
+        )
+        # the submitter's pods, then the job's Ray pods: head and workers (none with a long-lived cluster)
+        submitters = list_pods(self.core, w.namespace, {kr.JOB_NAME_LABEL: w.name})
+        ray_pods = (
+            [] if w.spec.execution.kuberay.ray_cluster else list_pods(self.core, w.namespace, kr.selector_labels(w))
+        )
+        return obj, [(p, self._role(p, submitters)) for p in submitters + ray_pods]
+
+    @staticmethod
+    def _role(pod: dict[str, Any], submitters: list[dict[str, Any]]) -> str:
+        if any(pod_name(pod) == pod_name(s) for s in submitters):
+            return "submitter"
+        node_type = ((pod.get("metadata") or {}).get("labels") or {}).get("ray.io/node-type")
+        return "head" if node_type == "head" else "worker"
+
+    def state(self, obj):
+        return kr.rayjob_state(obj)
+
+    def stream(self, seen: int) -> int:
+        return KubeRayJobLauncher._stream_custom(self.context, self.w, self.session, seen, self.budget, self.on_shard)
+
+    def check_budget(self) -> None:
+        KubeRayJobLauncher._check_budget(self.context, self.w, self.budget)
+
+    def followed(self, role):
+        return role == "submitter"
+
+    def who(self, role):
+        return f"Ray {role} "
+
+    def kind(self, obj):
+        return "RayJob"
+
+    def label(self):
+        return f"RayJob/{self.w.name}"
+
+    def tolerated(self, pod, problem, role):
+        if problem.fatal and role == "worker" and (problem.exit_code is not None or pod_finished(pod)):
+            return f"Ray worker {problem.describe()}; its shards are retried on the other workers"
+        return None
+
+    def failed(self, obj, pods, why):
+        submitters = [p for p, role in pods if role == "submitter"]
+        tail = (
+            "\n".join(self.reader.tail(pod_name(submitters[0]))[-self.launcher.log_tail_lines :]) if submitters else ""
+        )
+        return Failure(
+            f"RayJob {self.w.name} failed: {why}" + (f"\nlast log lines of the submitter:\n{tail}" if tail else ""),
+            metadata={**self.ids(), "last_lines": MetadataValue.md(f"```\n{tail or '(no log lines)'}\n```")},
+        )
+
+    def ids(self):
+        return {"ray_job": self.w.name, "namespace": self.w.namespace}
+
+    def container(self, role):
+        return {"submitter": kr.SUBMITTER_CONTAINER, "head": kr.HEAD_CONTAINER}.get(role, kr.WORKER_CONTAINER)
+
+    def failure_words(self, problem: PodProblem, role):
+        return f"Ray {role}", f"stopped RayJob {self.w.name}", {"role": role}

@@ -18,6 +18,9 @@ Lifecycle of one launch (``K8sTrainingLauncher.launch``):
 4. Delete the Job and the Service when the asset succeeds, fails, is stopped by its budget or the
    Dagster run is cancelled (``ttlSecondsAfterFinished`` is only the backstop).
 
+Steps 3 and 4 are the watch both Kubernetes launchers share (``watch.py``: :class:`~resources.k8s.watch.
+WorkloadWatch`), in this launcher's words (``_JobWatch``).
+
 When the process running the launch dies without cleaning up (SIGKILL, OOM), the run's owner
 record (``campaign/owner``: ``k8s``) names the cluster and namespace, and the stale-run reaper
 (``assets/run_recovery.py``) deletes the dead run's workloads by their ``dagster/run-id`` label
@@ -31,32 +34,17 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from pathlib import Path
 from typing import Any
 
-from dagster import (
-    AssetObservation,
-    Failure,
-    MetadataValue,
-    PipesEnvContextInjector,
-    open_pipes_session,
-)
+from dagster import AssetObservation, Failure, MetadataValue
 from pydantic import Field
 
 from campaigns.spec import KubernetesSpec
 from resources.k8s import manifests as mf
 from resources.k8s.connection import KubernetesLauncher
-from resources.k8s.logs import PodLogsMessageReader
-from resources.k8s.status import (
-    PodProblem,
-    pod_finished,
-    pod_name,
-    pod_node_index,
-    pod_problem,
-    pod_started,
-    workload_state,
-)
+from resources.k8s.status import PodProblem, pod_node_index, workload_state
+from resources.k8s.watch import WorkloadWatch, list_pods, pipes_session
 from stages.pricing import charge_round
 
 
@@ -194,22 +182,8 @@ class K8sTrainingLauncher(KubernetesLauncher):
         name = mf.workload_name(job.campaign, context.run_id, secrets.token_hex(3))
         asset_key = context.asset_key.to_user_string() if context.has_assets_def else ""
         container = mf.PYTORCHJOB_CONTAINER if cluster.workload == "pytorchjob" else mf.CONTAINER
-        reader = PodLogsMessageReader(
-            core,
-            cluster.namespace,
-            workdir,
-            container,
-            tail_lines=self.log_tail_lines,
-            reconnect_s=min(1.0, self.poll_interval_s),
-            echo=self.echo_logs,
-        )
-        created: list[dict[str, Any]] = []
-        with open_pipes_session(
-            context=context,
-            context_injector=PipesEnvContextInjector(),
-            message_reader=reader,
-            extras={"campaign": job.campaign, "workload": name},
-        ) as session:
+        extras = {"campaign": job.campaign, "workload": name}
+        with pipes_session(self, context, core, cluster.namespace, workdir, container, extras) as (session, reader):
             w = mf.Workload(
                 campaign=job.campaign,
                 training=job.training,
@@ -221,26 +195,7 @@ class K8sTrainingLauncher(KubernetesLauncher):
                 pipes_env=dict(session.get_bootstrap_env_vars()),
                 owner=self.run_pod_owner(core, cluster.namespace),
             )
-            try:
-                for m in mf.build_manifests(w):
-                    self._create(core, batch, custom, m)
-                    created.append(m)
-                context.log.info(
-                    f"created {', '.join(m['kind'] + '/' + name for m in created)} in namespace {cluster.namespace}: "
-                    f"{w.nodes} node(s) x {w.gpus} process(es), sharding {job.training.sharding}, image {cluster.image}"
-                )
-                self._follow(context, w, core, batch, custom, reader, session, budget)
-                if not reader.join(self.log_drain_timeout_s):
-                    context.log.warning(
-                        "some pod logs were still streaming when the job finished; node logs may be cut"
-                    )
-            except BaseException as exc:  # failure, timeout, or the Dagster run was cancelled (interrupt)
-                reader.stop()
-                self._delete(context, core, batch, custom, w, created, why=type(exc).__name__)
-                raise
-            if self.delete_on_success:
-                self._delete(context, core, batch, custom, w, created, why="succeeded")
-            results = list(session.get_results())
+            pipes_md = _JobWatch(self, context, core, reader, session, w, batch, custom, budget).launch()
         summary_file = Path(job.output_dir) / "summary.json"
         logs = [str(p) for p in reader.log_files()]
         if not summary_file.exists():
@@ -248,9 +203,6 @@ class K8sTrainingLauncher(KubernetesLauncher):
                 f"training job {name} succeeded but wrote no {summary_file}",
                 metadata={"logs": MetadataValue.json(logs)},
             )
-        pipes_md: dict[str, Any] = {}
-        for r in results:
-            pipes_md.update(getattr(r, "metadata", None) or {})
         return {"logs": logs, "pipes_metadata": pipes_md, "k8s_workload": name, "k8s_namespace": cluster.namespace}
 
     # ------------------------------------------------------------------ create / delete
@@ -299,88 +251,6 @@ class K8sTrainingLauncher(KubernetesLauncher):
         if deleted:
             context.log.info(f"deleted {', '.join(deleted)} ({why})")
 
-    # ------------------------------------------------------------------ follow
-    def _read_workload(self, batch, custom, w: mf.Workload) -> dict[str, Any]:
-        if w.cluster.workload == "pytorchjob":
-            return custom.get_namespaced_custom_object(
-                mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, w.namespace, mf.PYTORCHJOB_PLURAL, w.name
-            )
-        return json.loads(batch.read_namespaced_job(w.name, w.namespace, _preload_content=False).data)
-
-    @staticmethod
-    def _list_pods(core, w: mf.Workload) -> list[dict[str, Any]]:
-        sel = mf.selector_labels(w)
-        resp = core.list_namespaced_pod(
-            w.namespace, label_selector=",".join(f"{k}={v}" for k, v in sel.items()), _preload_content=False
-        )
-        pods = json.loads(resp.data).get("items", [])
-        # the selector again, client-side: never act on a pod of another launch
-        return [p for p in pods if all((p.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in sel.items())]
-
-    def _follow(
-        self, context, w: mf.Workload, core, batch, custom, reader: PodLogsMessageReader, session, budget=None
-    ) -> None:
-        start = time.monotonic()
-        deadline = start + self.timeout_s
-        slow_since: dict[tuple[str, str], float] = {}
-        reported: set[tuple[str, str]] = set()
-        n_custom, api_errors = 0, 0
-        while True:
-            try:
-                obj = self._read_workload(batch, custom, w)
-                pods = self._list_pods(core, w)
-                api_errors = 0
-            except Exception as e:
-                api_errors += 1
-                if api_errors > self.api_error_budget:
-                    raise Failure(f"lost the Kubernetes API while following {w.name}: {e}") from e
-                context.log.warning(f"Kubernetes API read failed ({api_errors}/{self.api_error_budget}): {e}")
-                self._check_budget(context, w, budget)  # the pods keep spending while the API is away
-                time.sleep(self.poll_interval_s)
-                continue
-            now = time.monotonic()
-            for pod in pods:
-                name = pod_name(pod)
-                if pod_started(pod):
-                    reader.follow(name, pod_node_index(pod))
-                if pod_finished(pod):
-                    reader.mark_finished(name)
-                problem = pod_problem(pod)
-                if problem is None:
-                    continue
-                if problem.fatal:
-                    raise self._pod_failure(w, core, reader, problem)
-                key = (name, problem.reason)
-                first = slow_since.setdefault(key, now)
-                limit = (
-                    self.pending_timeout_s
-                    if problem.reason not in ("ErrImagePull", "ImagePullBackOff")
-                    else self.image_pull_timeout_s
-                )
-                if key not in reported:
-                    reported.add(key)
-                    context.log.warning(f"waiting: {problem.describe()}")
-                if now - first > limit:
-                    raise self._pod_failure(w, core, reader, problem, waited_s=now - first)
-            n_custom = self._stream_metrics(context, session, n_custom, budget)
-            state, why = workload_state(obj)
-            if state == "succeeded":
-                for pod in pods:
-                    reader.follow(pod_name(pod), pod_node_index(pod))  # a pod that finished between two polls
-                context.log.info(f"{obj.get('kind', 'workload')} {w.name} succeeded ({why}) after {now - start:.0f}s")
-                self._stream_metrics(context, session, n_custom, budget)
-                return
-            if state == "failed":
-                raise Failure(
-                    f"{obj.get('kind', 'workload')} {w.name} failed: {why}; no failed pod was found to "
-                    f"blame (deadline, backoff limit or deleted pods)",
-                    metadata={"k8s_workload": w.name, "namespace": w.namespace},
-                )
-            self._check_budget(context, w, budget)
-            if now > deadline:
-                raise Failure(f"training job {w.name} exceeded the launcher timeout ({self.timeout_s:.0f}s); stopped")
-            time.sleep(self.poll_interval_s)
-
     @staticmethod
     def _check_budget(context, w: mf.Workload, budget) -> None:
         """Let the guard see the time spent so far; its budget stop propagates to ``launch``, which deletes
@@ -413,35 +283,65 @@ class K8sTrainingLauncher(KubernetesLauncher):
                 context.log_event(AssetObservation(asset_key=context.asset_key, metadata=md))
         return len(msgs)
 
-    def _pod_failure(
-        self, w: mf.Workload, core, reader: PodLogsMessageReader, problem: PodProblem, waited_s: float | None = None
-    ) -> Failure:
-        # The failed container's log is complete: ask the API for its end (the follower thread may not have
-        # read the last lines yet); fall back to what the follower has when the API cannot answer.
-        try:
-            text = core.read_namespaced_pod_log(
-                problem.pod,
-                w.namespace,
-                container=reader.container,
-                tail_lines=self.log_tail_lines,
-                _preload_content=False,
-            ).data
-            lines = text.decode("utf-8", errors="replace").splitlines()
-        except Exception:
-            lines = []
-        lines = lines or reader.tail(problem.pod)
-        waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
-        tail = "\n".join(lines[-self.log_tail_lines :]) or "(no log lines)"
-        return Failure(
-            description=f"training {problem.describe()}{waited}; stopped job {w.name} (all {w.nodes} node(s))"
-            f"\nlast log lines of {problem.pod}:\n{tail}",
-            metadata={
-                "pod": problem.pod,
-                "node": problem.node if problem.node is not None else -1,
-                "reason": problem.reason,
-                "exit_code": problem.exit_code if problem.exit_code is not None else -1,
-                "k8s_workload": w.name,
-                "namespace": w.namespace,
-                "last_lines": MetadataValue.md(f"```\n{tail}\n```"),
-            },
+
+class _JobWatch(WorkloadWatch):
+    """A training launch's Job and Service (or PyTorchJob) as :class:`~resources.k8s.watch.WorkloadWatch` watches
+    it: every pod's log followed (rank 0's carries the Pipes messages), filed by node; any pod that fails fails the
+    launch, without waiting for the other ranks to hit their NCCL timeout."""
+
+    title = "training job"
+    drain_warning = "some pod logs were still streaming when the job finished; node logs may be cut"
+
+    def __init__(self, launcher, context, core, reader, session, w: mf.Workload, batch, custom, budget=None):
+        super().__init__(launcher, context, core, reader, session, w.name, w.namespace)
+        self.w, self.batch, self.custom, self.budget = w, batch, custom, budget
+        self.created: list[dict[str, Any]] = []
+
+    def create(self) -> None:
+        w, cluster = self.w, self.w.cluster
+        for m in mf.build_manifests(w):
+            K8sTrainingLauncher._create(self.core, self.batch, self.custom, m)
+            self.created.append(m)
+        self.context.log.info(
+            f"created {', '.join(m['kind'] + '/' + w.name for m in self.created)} in namespace {cluster.namespace}: "
+            f"{w.nodes} node(s) x {w.gpus} process(es), sharding {w.training.sharding}, image {cluster.image}"
         )
+
+    def delete(self, why: str) -> None:
+        K8sTrainingLauncher._delete(self.context, self.core, self.batch, self.custom, self.w, self.created, why=why)
+
+    def read(self):
+        w = self.w
+        if w.cluster.workload == "pytorchjob":
+            obj = self.custom.get_namespaced_custom_object(
+                mf.PYTORCHJOB_GROUP, mf.PYTORCHJOB_VERSION, w.namespace, mf.PYTORCHJOB_PLURAL, w.name
+            )
+        else:
+            obj = json.loads(self.batch.read_namespaced_job(w.name, w.namespace, _preload_content=False).data)
+        return obj, [(p, None) for p in list_pods(self.core, w.namespace, mf.selector_labels(w))]
+
+    def state(self, obj):
+        return workload_state(obj)
+
+    def stream(self, seen: int) -> int:
+        return K8sTrainingLauncher._stream_metrics(self.context, self.session, seen, self.budget)
+
+    def check_budget(self) -> None:
+        K8sTrainingLauncher._check_budget(self.context, self.w, self.budget)
+
+    def node(self, pod):
+        return pod_node_index(pod)
+
+    def failed(self, obj, pods, why):
+        return Failure(
+            f"{obj.get('kind', 'workload')} {self.w.name} failed: {why}; no failed pod was found to "
+            f"blame (deadline, backoff limit or deleted pods)",
+            metadata=self.ids(),
+        )
+
+    def ids(self):
+        return {"k8s_workload": self.w.name, "namespace": self.w.namespace}
+
+    def failure_words(self, problem: PodProblem, role=None):
+        node = problem.node if problem.node is not None else -1
+        return "training", f"stopped job {self.w.name} (all {self.w.nodes} node(s))", {"node": node}

@@ -32,10 +32,10 @@ SCRIPT = textwrap.dedent(
     def main(model):
         import time
 
-        from campaign_orchestrator.generation.backends import VLLMBackend
+        from campaign_orchestrator.generation.engines.vllm_engine import VLLMEngine
         from campaign_orchestrator.generation.requests import GenRequest, Sampling
 
-        b = VLLMBackend(model, top_k=2)
+        b = VLLMEngine(model=model, top_k=2)
         KEEP.append(b)  # held to the end
         out = []
         b.run([GenRequest("k", "ab=cd ef =", 0, 0, None)], Sampling(max_new_tokens=4), lambda r, c: out.append(c))

@@ -52,7 +52,7 @@ def test_the_vllm_teacher_answers_as_transformers_with_topk_prefix_cache_and_its
     from campaign_orchestrator.generation.runner import LocalExecutor
 
     b = make_backend(spec, smollm2, weights_id="w")
-    assert b.identity == spec_identity(spec, smollm2, weights_id="w") and b._engine["max_logprobs"] == k
+    assert b.identity == spec_identity(spec, smollm2, weights_id="w") and b.args["max_logprobs"] == k
     s = Sampling(max_new_tokens=24, logprobs=k)
     rows = _rows(10, 10)
     ctx = dict(context=teacher["context"], context_categories=teacher["context_categories"])

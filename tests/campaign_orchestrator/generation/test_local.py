@@ -1,5 +1,5 @@
-"""The transformers and vLLM backends on the real demo teacher (vLLM through an injected object
-with ``vllm.LLM``'s offline interface, backed by the same checkpoint)."""
+"""The transformers and vLLM backends on the real demo teacher (vLLM, :class:`VLLMEngine` in its backend role, through
+an injected object with ``vllm.LLM``'s offline interface, backed by the same checkpoint)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from campaign_orchestrator.demo import cipher
-from campaign_orchestrator.generation.backends import BackendError, TransformersBackend, VLLMBackend, teacher_identity
+from campaign_orchestrator.generation.backends import BackendError, TransformersBackend, teacher_identity
 from campaign_orchestrator.generation.blobstore import LocalStore
 from campaign_orchestrator.generation.cache import GenerationCache
+from campaign_orchestrator.generation.engines.vllm_engine import VLLMEngine
 from campaign_orchestrator.generation.requests import GenRequest, Sampling, namespace
 from campaign_orchestrator.generation.runner import run_generation
 
@@ -226,7 +227,9 @@ class FakeLLM:
 def test_vllm_backend_with_injected_llm(tmp_path, teacher_gen):
     llm = FakeLLM(teacher_gen)
     s = Sampling(max_new_tokens=16, logprobs=2)
-    backend = VLLMBackend("@demo/teacher", "vllm:test", llm=llm, sampling_params=FakeSamplingParams, chunk_size=5)
+    backend = VLLMEngine(
+        model="@demo/teacher", identity="vllm:test", llm=llm, params_class=FakeSamplingParams, chunk_size=5
+    )
     res = run_generation(PROMPTS + [TOO_LONG], backend, s, _cache(tmp_path, "vllm:test", s))
     assert [len(c) for c in llm.calls] == [5, 5, 2]  # chunks: each reaches the cache before the next
     sp = llm.calls[0][0]
@@ -244,7 +247,7 @@ def test_vllm_backend_with_injected_llm(tmp_path, teacher_gen):
 def test_vllm_backend_sends_n_once_per_prompt_and_isolates_rejected_prompts(tmp_path, teacher_gen):
     llm = FakeLLM(teacher_gen, max_model_len=None)  # no config to pre-check lengths: vLLM's ValueError is handled
     s = Sampling(max_new_tokens=16, temperature=1.0, n=3, seed=11)
-    backend = VLLMBackend("@demo/teacher", "vllm:n", llm=llm, sampling_params=FakeSamplingParams)
+    backend = VLLMEngine(model="@demo/teacher", identity="vllm:n", llm=llm, params_class=FakeSamplingParams)
     res = run_generation(PROMPTS[:4] + [TOO_LONG], backend, s, _cache(tmp_path, "vllm:n", s))
     assert res.stats.generated == 12 and res.stats.failed == 3
     ok_calls = [c for c in llm.calls if all(p.n == 3 for p in c)]
@@ -259,9 +262,40 @@ def test_vllm_missing_package_is_a_clear_error():
         pytest.skip("vllm is installed here")
     except ImportError:
         pass
-    backend = VLLMBackend("some/model")  # cheap: nothing loads until a request comes
+    backend = VLLMEngine(model="some/model")  # cheap: nothing loads until a request comes
     with pytest.raises(BackendError, match=r"pip install '\.\[vllm\]'"):
         backend.run([GenRequest("k", "p", 0, 0)], Sampling(), lambda r, c: None)
+
+
+def test_the_old_vllm_backend_name_warns_and_builds_the_same_engine():
+    """``VLLMBackend`` (the teacher's vLLM class before issue 44) still imports, with a FutureWarning, and its old
+    call builds the one vLLM class with the identity and engine arguments it had: these values are what
+    ``VLLMBackend`` computed on main at 845e7fa, so no vLLM teacher's generations are keyed anew."""
+    import campaign_orchestrator.generation.backends as backends
+
+    with pytest.warns(FutureWarning, match=r"VLLMBackend is now VLLMEngine"):
+        old = backends.VLLMBackend
+    with pytest.warns(FutureWarning):
+        from campaign_orchestrator.generation.backends import VLLMBackend  # noqa: F401 - the import itself warns
+    extra = {"max_model_len": 256, "dtype": "bfloat16"}
+    b = old("org/teacher", revision="r1", engine_args=extra, top_k=5, seed=3, tensor_parallel_size=2, chunk_size=7)
+    assert isinstance(b, VLLMEngine) and b.chunk_size == 7 and b.llm is None  # nothing starts until a request
+    assert b.identity == "vllm:name:org/teacher@r1|8945647b49fc|cuda:bfloat16"
+    assert b.args == {
+        "model": "org/teacher",
+        "revision": "r1",
+        "tensor_parallel_size": 2,
+        "seed": 3,
+        "enable_prefix_caching": True,
+        "disable_log_stats": False,
+        "dtype": "bfloat16",
+        "max_logprobs": 5,
+        "max_model_len": 256,
+    }
+    new = VLLMEngine(model="org/teacher", revision="r1", extra_args=extra, top_k=5, seed=3, tensor_parallel_size=2)
+    assert (new.identity, new.args) == (b.identity, b.args)
+    with pytest.raises(AttributeError, match="NoSuchBackend"):
+        backends.NoSuchBackend  # noqa: B018 - only the old name is forwarded
 
 
 def test_identity_tracks_weights_and_revision(demo_models):

@@ -153,8 +153,8 @@ def test_candidate_answers_go_through_a_lora_request(demo_models, adapter):
 
 
 def test_the_vllm_teachers_key_holds_its_resolved_dtype(demo_models):
-    from campaign_orchestrator.generation.backends import VLLMBackend, spec_identity
-    from campaign_orchestrator.generation.engines.vllm_engine import resolve_dtype
+    from campaign_orchestrator.generation.backends import spec_identity
+    from campaign_orchestrator.generation.engines.vllm_engine import VLLMEngine, resolve_dtype
 
     def spec(**kw):
         return SimpleNamespace(
@@ -173,15 +173,15 @@ def test_the_vllm_teachers_key_holds_its_resolved_dtype(demo_models):
     assert spec_identity(spec(compute_dtype="bfloat16"), path, weights_id="w").endswith("|cuda:bfloat16")
     assert spec_identity(spec(dtype="float16"), path, weights_id="w") != auto  # engine_args differ too
     assert spec_identity(spec(compute_dtype="float16"), path, weights_id="w") == auto  # what auto resolves to
-    b = VLLMBackend(str(path), top_k=4, llm_class=StandInLLM, sampling_params=SamplingParams)
+    b = VLLMEngine(llm_class=StandInLLM, params_class=SamplingParams, model=str(path), top_k=4)
     assert b.identity.endswith("|cuda:float16") and b.dtype == "float16"
 
 
 @pytest.mark.stage
 def test_the_vllm_teacher_starts_with_prefix_caching_its_dtype_and_the_campaigns_top_k(demo_models, tmp_path):
-    from campaign_orchestrator.generation.backends import VLLMBackend
     from campaign_orchestrator.generation.blobstore import LocalStore
     from campaign_orchestrator.generation.cache import GenerationCache
+    from campaign_orchestrator.generation.engines.vllm_engine import VLLMEngine
     from campaign_orchestrator.generation.requests import Sampling, namespace
     from campaign_orchestrator.generation.runner import run_generation
 
@@ -202,7 +202,7 @@ def test_the_vllm_teacher_starts_with_prefix_caching_its_dtype_and_the_campaigns
 
     StandInLLM.started.clear()
     s = Sampling(max_new_tokens=16, logprobs=4)
-    b = VLLMBackend(str(demo_models["teacher"]), top_k=4, llm_class=GenerateOnly, sampling_params=SamplingParams)
+    b = VLLMEngine(llm_class=GenerateOnly, params_class=SamplingParams, model=str(demo_models["teacher"]), top_k=4)
     cache = GenerationCache(LocalStore(tmp_path / "c"), namespace(b.identity, s), tmp_path / "spool")
     res = run_generation([{"id": w, "prompt": cipher.prompt_for(w)} for w in WORDS[:3]], b, s, cache)
     assert res.stats.generated == 3 and all(len(pos) == 4 for r in res.rows for pos in r["top_logprobs"])
