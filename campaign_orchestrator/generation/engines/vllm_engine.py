@@ -354,9 +354,9 @@ class VLLMEngine:
             import vllm
         except ImportError as e:
             raise BackendError(
-                "teacher backend 'vllm' needs the vllm package, which is not installed here; "
-                "install the `vllm` extra on a GPU image (pip install '.[vllm]') or use backend "
-                "'transformers' (local) or 'openai' (a served endpoint)"
+                f"{'teacher backend' if self.g is None else 'the local engine'} 'vllm' needs the vllm package, "
+                "which is not installed here; install the `vllm` extra (pip install '.[vllm]'; vLLM's CPU build: "
+                "docs/teacher.md) or use backend 'transformers' (local) or 'openai' (a served endpoint)"
             ) from e
         self.llm_class = self.llm_class or vllm.LLM
         self.params_class = self.params_class or vllm.SamplingParams
