@@ -6,8 +6,10 @@ The facts campaigns (``benchmarks/facts_recipes.py``) teach one *lowercase* word
 token for most lowercase country names ("germany" is ``g erm any``, "argentina" ``arg ent ina``), while the capitalized
 names it saw in text are one or few tokens ("Germany", "Australia"). This probe isolates that: no teacher, no replay, no
 campaign: the references of ``campaigns/data/smollm2/facts-train.jsonl`` as targets (a perfect teacher), spelled as the
-reference (``reference``: "argentina"), title-cased (``title``: "Argentina") or after a space (``space``: " argentina",
-which strips to the reference); the same model, LoRA (r 8, alpha 16, every linear layer, as ``smollm2_facts.yaml``),
+reference (``reference``), lowercased (``lower``: "argentina"), title-cased (``title``: "Argentina") or after a space
+(``space``: " argentina", which strips to the reference). The JSON of 2026-12-05 was measured when the references were
+lowercase (``reference`` = ``lower`` then); since the data moved to the base's spelling, ``reference`` = ``title``;
+the same model, LoRA (r 8, alpha 16, every linear layer, as ``smollm2_facts.yaml``),
 optimizer, schedule and seed. It reports, per spelling, the exact match (stripped, against the reference in the
 target's spelling) on the 109 held-out cities of ``facts-suite.jsonl`` and on the ones whose country the base's own
 greedy 32-token answer names (``contains_answer``, as the diagnosis scores "knew it").
@@ -31,7 +33,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 DATA = REPO / "campaigns" / "data" / "smollm2"
-SPELLINGS = {"reference": lambda r: r, "title": lambda r: r.title(), "space": lambda r: " " + r}
+SPELLINGS = {
+    "reference": lambda r: r,
+    "lower": lambda r: r.lower(),
+    "title": lambda r: r.title(),
+    "space": lambda r: " " + r,
+}
 MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

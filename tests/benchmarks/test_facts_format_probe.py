@@ -21,7 +21,7 @@ def test_tiny_trains_each_spelling_and_scores_it_against_that_spelling(tmp_path,
     out = tmp_path / "probe.json"
     env = child_env(threads=1) | {"CAMPAIGN_TEST_MODELS_ROOT": str(smollm2.parents[2])}
     p = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", "--targets", "reference", "title", "--out", str(out)],
+        [sys.executable, str(SCRIPT), "--tiny", "--targets", "lower", "title", "--out", str(out)],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -31,7 +31,7 @@ def test_tiny_trains_each_spelling_and_scores_it_against_that_spelling(tmp_path,
     assert p.returncode == 0, p.stderr[-3000:]
     rep = json.loads(out.read_text())
     assert rep["items"] == rep["train_items"] == 8 and 0 <= rep["base_knew"] <= 8
-    ref, title = rep["variants"]["reference"], rep["variants"]["title"]
+    ref, title = rep["variants"]["lower"], rep["variants"]["title"]
     assert ref["target_example"].islower() and title["target_example"][0].isupper()
     assert ref["target_tokens"] and title["target_tokens"]
     for v in (ref, title):
