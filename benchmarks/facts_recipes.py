@@ -58,6 +58,15 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         BASELINE,
         {"data.targets": REF_TARGETS, "student.lora.target_modules": MLP, "training.epochs": 6},
     ),
+    "targets_ref_mlp_space": (
+        BASELINE,
+        {"data.targets": REF_TARGETS | {"prefix_space": True}, "student.lora.target_modules": MLP},
+    ),
+    "prefix_space": (BASELINE, {"data.targets": {"prefix_space": True}}),
+    "facts_6ep": (FACTS, {"training.epochs": 6}),
+    "facts_lr1e-3": (FACTS, {"training.learning_rate": 1.0e-3}),
+    "facts_replay0.3": (FACTS, {"data.replay.share": 0.3}),
+    "facts_r16": (FACTS, {"student.lora.r": 16, "student.lora.alpha": 32}),
     "teacher_mlp": (BASELINE, {"student.lora.target_modules": MLP}),
     "teacher_lr1e-4": (BASELINE, {"training.learning_rate": 1.0e-4}),
 }

@@ -60,6 +60,7 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
         score_fn = get_scorer(f.scorer) if f.scorer else None
         kept, counts = filter_generations(rows, FilterRules(**f.model_dump()), refs, score_fn=score_fn)
         kept, targets, target_lines = with_base_targets(spec, ctx, kept, prompts)
+        kept = with_prefix_space(spec, ctx, kept)
         kept, replay, replay_lines = with_replay(spec, ctx, kept)
         kept, contamination = _decontaminate(spec, kept, prompts, ctx, sd)
         path = _write_distillation(kept, sd.ensure() / "distillation.parquet")
@@ -84,7 +85,8 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
 def content_key(spec: CampaignSpec, generations: dict, prompts: dict, storage: Store) -> str:
     """The stage's content key: the generations, the filter rules (and the references they score against), the
     decontamination settings and gate documents when on, the replay's identity when on, the targets section and the
-    base's identity with ``data.targets.content: base`` (left out at the default: the other campaigns' keys stay)."""
+    base's identity with ``data.targets.content: base``, the section with ``prefix_space`` on (both left out at the
+    default: the other campaigns' keys stay)."""
     f, dc, rp = spec.data.filters, spec.data.decontamination, spec.data.replay
     gate_docs = None
     if dc.action != "off":
@@ -98,7 +100,13 @@ def content_key(spec: CampaignSpec, generations: dict, prompts: dict, storage: S
         prompts["train_sha256"] if f.scorer else None,
         *([dc.model_dump(), gate_docs] if gate_docs is not None else []),
         *([replay_identity(spec, storage)] if rp is not None else []),
-        *([spec.data.targets.model_dump(), base_identity(spec, storage)] if targets_from_base(spec) else []),
+        *(
+            [spec.data.targets.key_fields(), base_identity(spec, storage)]
+            if targets_from_base(spec)
+            else [spec.data.targets.key_fields()]
+            if spec.data.targets.prefix_space
+            else []
+        ),
     )
 
 
@@ -221,6 +229,15 @@ def with_base_targets(spec: CampaignSpec, ctx, kept: list[dict], prompts: dict):
 
         references = sorted({r["reference"] for r in read_prompt_table(prompts["train_path"]) if r.get("reference")})
     return base_targets(kept, answer, normalize_answer, t.rule, ctx.log.info, references)
+
+
+def with_prefix_space(spec: CampaignSpec, ctx, kept: list[dict]) -> list[dict]:
+    """``data.targets.prefix_space``: each task target written after one space, as the word stands inside a sentence
+    (the replay rows, added after, stay as they are); the rows as they are, else."""
+    if not spec.data.targets.prefix_space:
+        return kept
+    ctx.log.info(f"data.targets.prefix_space: {len(kept)} task targets written after one space")
+    return [r | {"completion": " " + r["completion"].lstrip()} if r.get("completion") else r for r in kept]
 
 
 def answer_replay(spec: CampaignSpec, ctx, task_rows: int):

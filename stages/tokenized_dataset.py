@@ -94,6 +94,8 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     model_path = storage.resolve_model(spec.student.base_model, spec.project_dir)
     tok_hash = tokenizer_hash(model_path)
     settings = build_settings(spec).resolved(model_path)  # `template: auto` as the tokenizer resolves it, keyed so
+    if spec.data.targets.prefix_space:
+        _check_prefix_space(model_path, settings.template)
     extra = source_hash([resolve_source(x, spec.project_dir) for x in d.extra_sources]) if d.extra_sources else None
     xtok = cross_tokenizer(spec, storage, model_path)
     k = content_key(
@@ -131,6 +133,16 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     m = sd.manifest()
     check_teacher_topk(spec, m)
     return Outcome(m, cached, {"model_path": model_path})
+
+
+def _check_prefix_space(model_path, template: str) -> None:
+    """The student's chat template keeps the space ``data.targets.prefix_space`` writes before each target."""
+    from transformers import AutoTokenizer
+
+    from campaign_orchestrator.dataset.formatting import check_prefix_space, resolve_template
+
+    tok = AutoTokenizer.from_pretrained(str(model_path))
+    check_prefix_space(tok, resolve_template(tok, template))
 
 
 def cross_tokenizer(spec: CampaignSpec, storage, model_path):

@@ -163,6 +163,20 @@ def chat_segments(tok, messages: list[dict]) -> list[tuple[str, bool]]:
     return [(t, loss) for t, loss in pieces if t or loss]
 
 
+def check_prefix_space(tok, template: Template) -> None:
+    """``data.targets.prefix_space``: an assistant turn written after one space keeps it through ``template``; a chat
+    template that trims the turn's content (``| trim``) would make the setting change nothing, so it is an error."""
+    if template.kind == "plain":
+        return
+    pieces = chat_segments(tok, [{"role": "user", "content": "q"}, {"role": "assistant", "content": " x"}])
+    if not any(loss and t.startswith(" x") for t, loss in pieces):
+        raise FormatError(
+            "data.targets.prefix_space: true, but the student's chat template strips the space before an assistant "
+            "turn (it renders ' x' as 'x'), so every target would be tokenized without it: set prefix_space: false, "
+            "or dataset.template: plain"
+        )
+
+
 def plain_segments(messages: list[dict]) -> list[tuple[str, bool]] | None:
     """A single exchange as plain text pieces; None for conversations plain mode cannot express."""
     roles = [m["role"] for m in messages]

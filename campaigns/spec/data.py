@@ -71,6 +71,18 @@ class TargetsSpec(_Strict):
     max_new_tokens: int = Field(
         48, ge=1, le=4096, description="`content: base`: the longest answer the base gives to a task prompt."
     )
+    prefix_space: bool = Field(
+        False,
+        description="Write each task target after one space (' Argentina'), as the word stands inside a sentence: a "
+        "byte-level BPE tokenizer (GPT-2, SmolLM2, Llama 3, Qwen) gives a word at the start of a turn another token "
+        "than the same word after a space (tokenizers' `add_prefix_space`), and a short answer's facts live in the "
+        "spelling the base read and wrote in sentences. Scorers strip the space. Any `content`; replay rows are "
+        "left as they are.",
+    )
+
+    def key_fields(self) -> dict:
+        """The section as content keys hash it: ``prefix_space`` only when on (the keys from before it stay)."""
+        return self.model_dump(exclude=set() if self.prefix_space else {"prefix_space"})
 
 
 class DataSpec(_Strict):

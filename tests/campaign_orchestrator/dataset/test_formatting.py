@@ -9,11 +9,12 @@ from campaign_orchestrator.dataset.formatting import (
     EncodeSettings,
     FormatError,
     Template,
+    check_prefix_space,
     encode_batch,
     prompt_token_ids,
     resolve_template,
 )
-from tests.support.dataprep_support import chars
+from tests.support.dataprep_support import CHAT, chars
 
 
 def run(tok, rows: list[dict], max_seq_len: int = 64, template: Template | None = None, **kw) -> dict:
@@ -183,3 +184,11 @@ def test_arrow_pair_path_equals_the_general_path(tok):
     assert encode_batch(msgs, tok, resolve_template(tok), EncodeSettings(30)) == encode_batch(
         pairs5, tok, resolve_template(tok), EncodeSettings(30)
     )
+
+
+def test_prefix_space_is_checked_against_a_template_that_trims_the_turn(tok, chat_tok):
+    check_prefix_space(tok, resolve_template(tok, "plain"))  # prompt and completion are concatenated as written
+    check_prefix_space(chat_tok, resolve_template(chat_tok))  # the content as written: " x" stays " x"
+    chat_tok.chat_template = CHAT.replace("m['content']", "m['content'] | trim")
+    with pytest.raises(FormatError, match="prefix_space: true, but the student's chat template strips the space"):
+        check_prefix_space(chat_tok, resolve_template(chat_tok))
