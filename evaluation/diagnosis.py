@@ -13,8 +13,9 @@ Causes, checked in this order (thresholds below, each a named constant):
   and paired with the candidate's strict scores: when the paired interval of base-lenient minus candidate-strict
   excludes 0, the base knew what the candidate lost ("knew it, lost it": the fine-tune taught the format and broke
   the recall; fix: ``data.targets.content: base``, targets built from the student's own answers in the teacher's
-  format). Otherwise the base never knew it ("never knew": a distillation carries a format, not facts the student
-  lacks; fix: more examples per fact, or a student that knows them).
+  format, each after one space (``prefix_space``); the fix names the parts the recipe lacks). Otherwise the base
+  never knew it ("never knew": a distillation carries a format, not facts the student lacks; fix: more examples per
+  fact, or a student that knows them).
 * **not learned**: below ``LEARNED`` on the held-out task items *and* on its training items, and the answer format
   is not there either (too few steps, too low a learning rate).
 * **format drift**: the candidate's empty outputs exceed the base's by ``EMPTY_DRIFT`` (5 points), or its median
@@ -47,15 +48,16 @@ FORGOT_DROP = 0.05
 CONFLICT_RATIO = 2.0
 EXAMPLES = 3  # items shown as evidence of "knew it, lost it"
 KEEP_KNOWLEDGE_FIX = (
-    "keep what the student knows: set data.targets: {content: base, rule: short_form_or_reference}, so the training "
-    "targets are the student's own answers put in the teacher's format instead of the teacher's answers, and train "
-    "LoRA on the MLP too (student.lora.target_modules: gate_proj, up_proj, down_proj besides the attention) "
-    '(docs/real-model.md, "Keeping what the student knows")'
+    "keep what the student knows: set data.targets: {content: base, rule: short_form_or_reference, prefix_space: "
+    "true}, so the training targets are the student's own answers put in the teacher's format instead of the "
+    "teacher's answers, each written after one space (the token the base writes the word with inside a sentence), "
+    "and train LoRA on the MLP too (student.lora.target_modules: gate_proj, up_proj, down_proj besides the "
+    'attention) (docs/real-model.md, "Keeping what the student knows")'
 )
 KEEP_KNOWLEDGE_FIX_ON = (
-    "data.targets.content: base is on already: LoRA on the MLP too if it is not, rule: short_form_or_reference where "
-    "the prompts carry references, and more epochs while the kept checkpoint is the last one (docs/results.md, "
-    '"Keeping what the student knows")'
+    "the setting that keeps what the student knows is on already (data.targets content: base and prefix_space, LoRA "
+    "on the MLP): rule: short_form_or_reference where the prompts carry references, and more epochs while the kept "
+    'checkpoint is the last one (docs/results.md, "Keeping what the student knows")'
 )
 
 _WORD = re.compile(r"\w+")
@@ -99,6 +101,9 @@ class Context:
     replay_share: float | None = None
     conflicts: list[dict] = field(default_factory=list)
     keeps_knowledge: bool = False  # data.targets.content: base is on already
+    # what the recipe lacks of the setting that keeps what the student knows (recipe_checks.keep_knowledge_changes;
+    # None: not known, the whole setting is named)
+    knowledge_changes: tuple[str, ...] | None = None
     stats: StatsPolicy = field(default_factory=StatsPolicy)  # the campaign's interval method for the paired checks
 
 
@@ -284,7 +289,7 @@ def _task_failure(task: SuiteItems, held: float | None, train: float | None, ctx
                     f"e.g. {examples}"
                 ),
                 "knowledge": k,
-                "fix": KEEP_KNOWLEDGE_FIX_ON if ctx.keeps_knowledge else KEEP_KNOWLEDGE_FIX,
+                "fix": _keep_knowledge_fix(ctx),
             }
         ]
     if k["base_lenient"] >= floor:  # the base knew enough to pass, and the loss is within the noise
@@ -369,6 +374,18 @@ def markdown(causes: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _keep_knowledge_fix(ctx: Context) -> str:
+    """The "knew it, lost it" fix: the parts of the setting the recipe lacks, or what is left to try with it on."""
+    if ctx.knowledge_changes is None:
+        return KEEP_KNOWLEDGE_FIX_ON if ctx.keeps_knowledge else KEEP_KNOWLEDGE_FIX
+    if not ctx.knowledge_changes:
+        return KEEP_KNOWLEDGE_FIX_ON
+    return (
+        f"keep what the student knows: set {'; and '.join(ctx.knowledge_changes)} "
+        '(docs/real-model.md, "Keeping what the student knows")'
+    )
+
+
 def campaign_diagnosis(spec, res: dict, train_sample_path: str | None, found: list | None = None) -> dict:
     """:func:`diagnose` on a campaign's evaluation results (``read_item_results`` of its answers): the primary
     suite as the task, the regression suites as guards, the candidate's scored training sample
@@ -376,7 +393,12 @@ def campaign_diagnosis(spec, res: dict, train_sample_path: str | None, found: li
     (``found``)."""
     from pathlib import Path
 
-    from campaign_orchestrator.recipe_checks import keeps_knowledge, regression_suites, teacher_is_base
+    from campaign_orchestrator.recipe_checks import (
+        keep_knowledge_changes,
+        keeps_knowledge,
+        regression_suites,
+        teacher_is_base,
+    )
     from evaluation.suite import read_item_results
 
     ev = spec.evaluation
@@ -404,6 +426,7 @@ def campaign_diagnosis(spec, res: dict, train_sample_path: str | None, found: li
         replay_share=rp.share if rp is not None else None,
         conflicts=found or [],
         keeps_knowledge=keeps_knowledge(spec),
+        knowledge_changes=tuple(keep_knowledge_changes(spec)),
         stats=StatsPolicy(st.interval, st.confidence, st.resamples, st.seed),
     )
     return diagnose(items(ev.suites[0].name), guards, sample, ctx)
