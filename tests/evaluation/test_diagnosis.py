@@ -95,6 +95,34 @@ def test_knew_it_lost_it_names_the_base_lenient_score_examples_and_the_fix():
     assert "knew it, lost it" in d["markdown"]
 
 
+def test_the_knew_it_lost_it_fix_names_only_what_the_campaign_lacks():
+    from campaign_orchestrator.recipe_checks import keep_knowledge_changes
+    from campaigns.loader import load_campaign_file
+    from evaluation.diagnosis import KEEP_KNOWLEDGE_FIX_ON
+
+    root = Path(__file__).resolve().parents[2] / "campaigns"
+    shipped = load_campaign_file(root / "smollm2_facts.yaml")
+    baseline = load_campaign_file(root / "smollm2_facts_baseline.yaml")
+    assert keep_knowledge_changes(shipped) == []
+    lacks = keep_knowledge_changes(baseline)
+    assert [x.split(" ", 1)[0] for x in lacks] == [
+        "data.targets:",
+        "data.targets.prefix_space:",
+        "student.lora.target_modules",
+    ]
+
+    def fix(changes):
+        ctx = Context(has_replay=True, keeps_knowledge=changes == (), knowledge_changes=changes)
+        d = diagnose(facts(COLLAPSED, KNEW, COLLAPSED), [healthy_general()], None, ctx)
+        return d["causes"][0]["fix"]
+
+    assert fix(()) == KEEP_KNOWLEDGE_FIX_ON  # the whole setting on: what is left to try with it
+    only_space = fix((lacks[1],))
+    assert only_space.startswith("keep what the student knows: set data.targets.prefix_space: true (")
+    assert "content: base" not in only_space and "MLP" not in only_space
+    assert fix(tuple(lacks)).count("; and ") == 2
+
+
 def test_never_knew_when_the_base_did_not_know_either():
     wrong = [f"The city of {c} is in Narnia." for c in CITIES]  # a full sentence, the wrong content
     d = diagnose(facts(COLLAPSED, wrong), [healthy_general()], None, Context(has_replay=True))
