@@ -69,6 +69,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "facts_replay30": (FACTS, {"data.replay.share": 0.3}),
     "facts_r16": (FACTS, {"student.lora.r": 16, "student.lora.alpha": 32}),
     "facts_noreplay": (FACTS, {"data.replay": None}),
+    "facts_example": (FACTS, {"training.loss_normalization": "example"}),
+    "facts_example_6ep": (FACTS, {"training.loss_normalization": "example", "training.epochs": 6}),
     "facts_nopack": (FACTS, {"dataset.packing": False}),
     "teacher_mlp": (BASELINE, {"student.lora.target_modules": MLP}),
     "teacher_lr1e-4": (BASELINE, {"training.learning_rate": 1.0e-4}),

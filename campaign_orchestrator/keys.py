@@ -69,6 +69,8 @@ def training_key_fields(spec, precision: str | None = None, micro_batch: int | N
         del training["distillation"]["on_policy"]
     if spec.training.selection.rule == "last":  # added with checkpoint selection: keys no other adapter
         del training["selection"]
+    if spec.training.loss_normalization == "token":  # added with example normalization: keys no other adapter
+        del training["loss_normalization"]
     if precision is None:
         return {"student": student, "training": training}
     student["quantization"]["compute_dtype"] = precision

@@ -81,6 +81,35 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch
     return loss, int((shifted != IGNORE).sum())
 
 
+EXAMPLE_WEIGHTS = "example_weights"  # the batch key of example_weights' tensor (aligned with labels)
+
+
+def example_weights(labels: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``training.loss_normalization: example``: a weight per label position ``[B, T]``, aligned with ``labels``: 1
+    / the number of loss labels of the example the label belongs to (0 where the label is -100, and at position 0,
+    which no logit predicts), and the number of examples with a loss label. An example is a run of
+    ``position_ids`` from a 0 to the next (packed rows restart them per example; a padded row's pads are a run of
+    their own without labels)."""
+    starts = (position_ids == 0).long()
+    starts[:, 0] = 1
+    seg = starts.cumsum(1)  # 1.. per row
+    seg = seg + torch.arange(seg.size(0), device=seg.device).unsqueeze(1) * (seg.size(1) + 1)
+    has = labels != IGNORE
+    has[:, 0] = False  # the first position's label is never predicted (the shift)
+    counts = torch.bincount(seg[has], minlength=int(seg.max()) + 1)
+    w = torch.where(has, 1.0 / counts[seg].clamp(min=1).float(), torch.zeros((), device=labels.device))
+    return w, int((counts > 0).sum())
+
+
+def weighted_cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy at each label position times its weight (:func:`example_weights`, aligned with
+    ``labels``), summed."""
+    shifted = labels[:, 1:]
+    flat = logits[:, :-1].float().reshape(-1, logits.size(-1))
+    loss = F.cross_entropy(flat, shifted.reshape(-1), ignore_index=IGNORE, reduction="none")
+    return (loss * weights[:, 1:].reshape(-1)).sum()
+
+
 def topk_kl_sum(
     logits: torch.Tensor,
     labels: torch.Tensor,

@@ -39,6 +39,7 @@ def run_summary(
         "gradient_accumulation_steps": trainer.spec.gradient_accumulation_steps,
         "effective_batch": trainer.spec.effective_batch,
         "loss": trainer.spec.distillation.loss,
+        "loss_normalization": trainer.spec.loss_normalization,
         # logit distillation from a teacher of another tokenizer: label positions (and shares) per part of the loss
         "distillation_alignment": getattr(trainer, "teacher_alignment", None),
         "first_loss": sum(head) / len(head) if head else None,

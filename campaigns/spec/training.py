@@ -310,6 +310,14 @@ class TrainingSpec(_Strict):
     gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
     max_seq_len: int = Field(512, ge=8, le=1_048_576, description="Longest tokenized sequence.")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    loss_normalization: Literal["token", "example"] = Field(
+        "token",
+        description="token: the step's cross-entropy is the mean over its loss tokens (each token counts once, so a "
+        "long answer weighs more than a short one); example: the mean over its examples of each example's mean "
+        "token loss (each answer counts once, whatever its length: a one-word task answer beside sentence-long "
+        "replay answers). `example` needs `distillation.loss: sequence` and runs the cross-entropy on the logits "
+        "(no fused linear cross-entropy).",
+    )
     seed: int = Field(0, description="Seed of LoRA init, data order and dropout.")
     nodes: int = Field(1, ge=1, le=4096, description="Machines (torchrun --nnodes).")
     processes_per_node: int = Field(
@@ -398,6 +406,11 @@ class TrainingSpec(_Strict):
     def _steps_or_epochs(self) -> TrainingSpec:
         if (self.max_steps is None) == (self.epochs is None):
             raise ValueError("set exactly one of `max_steps` or `epochs`")
+        if self.loss_normalization == "example" and self.distillation.loss != "sequence":
+            raise ValueError(
+                f"`loss_normalization: example` weighs each example's cross-entropy; it is not for "
+                f"`distillation.loss: {self.distillation.loss}` (set loss_normalization: token)"
+            )
         if self.distillation.loss == "on_policy" and self.micro_batch_size == "auto":
             raise ValueError(
                 "`micro_batch_size: auto` is not for `distillation.loss: on_policy`: a round's "

@@ -109,3 +109,13 @@ def test_an_adapter_trained_with_another_micro_batch_than_keyed_is_refused(tinyl
     assert (
         policy_mismatch({}, p) is None and policy_mismatch({"training_policy": {"micro_batch_size": 3}}, None) is None
     )
+
+
+def test_example_loss_normalization_is_keyed_and_the_token_default_is_not():
+    spec = demo_spec()
+    token = training_key_fields(spec, "cpu:float32")
+    assert "loss_normalization" not in token["training"]  # the default: every adapter keeps the key it had
+    training = spec.training.model_copy(update={"loss_normalization": "example"})
+    example = training_key_fields(spec.model_copy(update={"training": training}), "cpu:float32")
+    assert example["training"]["loss_normalization"] == "example"
+    assert value_sha256(example) != value_sha256(token)

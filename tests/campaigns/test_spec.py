@@ -127,3 +127,12 @@ def test_schema_is_documented():
 
     walk(CampaignSpec, "")
     assert undocumented == [], f"document these fields in campaigns/spec/: {undocumented}"
+
+
+def test_example_loss_normalization_is_for_the_sequence_loss_only():
+    from campaigns.spec import TrainingSpec
+
+    assert TrainingSpec(epochs=1).loss_normalization == "token"
+    assert TrainingSpec(epochs=1, loss_normalization="example").loss_normalization == "example"
+    with pytest.raises(ValueError, match="weighs each example.s cross-entropy; it is not for"):
+        TrainingSpec(epochs=1, loss_normalization="example", distillation={"loss": "logits"})

@@ -140,3 +140,26 @@ def test_padding_entries_do_not_hide_a_real_top_k_token():
     tail_q = torch.logsumexp(q[1:], -1)
     ref = 0.6 * (math.log(0.6) - q[0]) + 0.4 * (math.log(0.4) - tail_q)
     assert n == 1 and float(s) == pytest.approx(float(ref), rel=1e-5)
+
+
+def test_example_weights_give_each_packed_or_padded_example_one_vote():
+    I = losses.IGNORE  # noqa: E741
+    # one packed row of three examples (position_ids restart at 0): 2, 0 and 3 loss labels; then a padded row of
+    # one example with 1 loss label and two pads (their own run of positions, no labels)
+    labels = torch.tensor([[I, I, 5, 6, I, I, I, 7, 8, 9], [I, I, 4, I, I, I, I, I, I, I]])
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 0, 1, 2, 3], [0, 1, 2, 0, 1, 2, 3, 4, 5, 6]])
+    w, n = losses.example_weights(labels, pos)
+    assert n == 3  # the example without a loss label has no vote
+    assert w.shape == labels.shape  # aligned with the labels (position 0 is never predicted: weight 0)
+    assert w[0].tolist() == pytest.approx([0, 0, 0.5, 0.5, 0, 0, 0, 1 / 3, 1 / 3, 1 / 3])
+    assert w[1].tolist() == pytest.approx([0, 0, 1, 0, 0, 0, 0, 0, 0, 0])
+    # the weighted sum over the three examples is the sum of their mean losses
+    torch.manual_seed(0)
+    logits = torch.randn(2, 10, 11)
+    per = F.cross_entropy(logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1), ignore_index=I, reduction="none")
+    per = per.view(2, 9)
+    means = [per[0, 1:3].mean(), per[0, 6:9].mean(), per[1, 1]]
+    got = losses.weighted_cross_entropy_sum(logits, labels, w)
+    assert float(got) == pytest.approx(float(sum(means)), rel=1e-6)
+    # the token mean weighs the three-token example three times the one-token one; the example mean does not
+    assert float(got) / n != pytest.approx(float(per[labels[:, 1:] != I].mean()), rel=1e-3)

@@ -414,3 +414,54 @@ def test_sweep_rungs_stop_and_continue_to_the_adapter_of_one_run(run_job, tmp_pa
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
     assert last["eval_loss"] == pytest.approx(straight["eval_loss"], rel=1e-6)
+
+
+def _base_means(base, ds, dtype: str) -> tuple[float, float]:
+    """The base's next-token loss over every row of ``ds``: (the mean over loss tokens, the mean over examples of
+    each example's mean), each example found by its ``position_ids`` restarting at 0."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from training import data as tdata
+
+    q = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=TORCH[dtype],
+        bnb_4bit_quant_storage=TORCH[dtype],
+    )
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=TORCH[dtype], quantization_config=q).eval()
+    rows = tdata.load_rows(ds)
+    tokens, examples = [], []
+    with torch.no_grad():
+        for i in range(len(rows)):
+            b = tdata.collate(rows, [i], model.config.pad_token_id or 0, padding="longest")
+            logits = model(**{k: v for k, v in b.items() if k not in tdata.NON_MODEL_KEYS}).logits[0, :-1].float()
+            labels, pos = b["labels"][0, 1:], b["position_ids"][0, 1:].tolist()
+            ce = torch.nn.functional.cross_entropy(logits, labels.clamp(min=0), reduction="none")
+            start = 0
+            for j in range(1, len(pos) + 1):  # an example ends where the next one's positions restart
+                if j == len(pos) or pos[j] == 0:
+                    mine = [float(ce[t]) for t in range(start, j) if int(labels[t]) != -100]
+                    tokens += mine
+                    examples += [sum(mine) / len(mine)] if mine else []
+                    start = j
+    return sum(tokens) / len(tokens), sum(examples) / len(examples)
+
+
+def test_example_normalization_weighs_each_example_once(run_job, tmp_path, demo_models):
+    """``training.loss_normalization: example``: the first step's loss (one step over every row, before any update)
+    is the base's mean over examples of each example's mean token loss; ``token`` is the mean over tokens. The
+    dataset mixes short and many-word completions, so the two differ."""
+    from training import data as tdata
+
+    ds = write_cipher_dataset(tmp_path / "ds", demo_models["student"], 24, seed=3, long_every=3)
+    n = len(tdata.load_rows(ds))
+    student = small("float32") | {"lora": SMALL["lora"] | {"dropout": 0.0}}
+    kw = dict(student=student, max_steps=1, micro_batch_size=n, gradient_accumulation_steps=1, eval_rows=1)
+    by_token = run_job(make_job(tmp_path / "t", demo_models["student"], ds, **kw), "t")
+    by_example = run_job(make_job(tmp_path / "e", demo_models["student"], ds, loss_normalization="example", **kw), "e")
+    token_mean, example_mean = _base_means(demo_models["student"], ds, "float32")
+    assert abs(token_mean - example_mean) > 0.05, (token_mean, example_mean)
+    assert by_token["loss_normalization"] == "token" and by_example["loss_normalization"] == "example"
+    assert by_token["first_loss"] == pytest.approx(token_mean, rel=2e-3)
+    assert by_example["first_loss"] == pytest.approx(example_mean, rel=2e-3)

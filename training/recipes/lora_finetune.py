@@ -86,7 +86,7 @@ from training.summary import run_summary, write_reproducibility_card
 from training.trainer_guards import OutputDirLock, OutputDirLocked
 
 # Batch tensors aligned with ``labels`` position by position (gathered with them by ``head.compact``).
-LABEL_ALIGNED = frozenset({"labels", *losses.TEACHER_KEYS})
+LABEL_ALIGNED = frozenset({"labels", losses.EXAMPLE_WEIGHTS, *losses.TEACHER_KEYS})
 
 
 def _r4(x: float | None) -> float | None:
@@ -175,6 +175,9 @@ class LoraFinetuneRecipe:
         self.out = Path(job.output_dir)
         self.report = Reporter(False)
         self.distill = self.spec.distillation.loss == "logits"
+        # training.loss_normalization: example: each example's mean token loss counts once (losses.example_weights)
+        self.example_norm = self.spec.loss_normalization == "example"
+        self.step_examples = 0  # the step's examples with a loss label, all ranks (prepare)
         self.metrics: list[dict] = []
         self.moe: moe.MoeMonitor | None = None  # set by _setup_model for a mixture-of-experts student
         self.skipped = 0
@@ -491,10 +494,14 @@ class LoraFinetuneRecipe:
             # numerics are those of the sharded path (base units in the compute dtype, LoRA in fp32).
             self.mesh, self.model = None, model
         self.model.train()
-        self.fused_ce = linear_ce.plan(self.model, self.device, self.distill, self.fused_loss)
+        # the fused kernel sums per token without weights: example normalization runs the cross-entropy on the logits
+        self.fused_ce = (
+            None if self.example_norm else linear_ce.plan(self.model, self.device, self.distill, self.fused_loss)
+        )
         self.report.log(
             f"fused kernels: {', '.join(self.liger_applied) or 'none'} (Liger); cross-entropy "
             f"{self.fused_ce.kind + ' linear' if self.fused_ce else 'on logits'}"
+            f"{', each example weighted once (loss_normalization: example)' if self.example_norm else ''}"
         )
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.moe = moe.MoeMonitor.attach(
@@ -557,7 +564,7 @@ class LoraFinetuneRecipe:
 
     def _forward(self, batch: dict[str, torch.Tensor], fused: linear_ce.FusedHead | None = None):
         """The logits, or with ``fused`` the cross-entropy sums its kernel computes in place of the LM head."""
-        skip = data.NON_MODEL_KEYS | losses.TEACHER_KEYS | moe.BATCH_KEYS
+        skip = data.NON_MODEL_KEYS | losses.TEACHER_KEYS | moe.BATCH_KEYS | {losses.EXAMPLE_WEIGHTS}
         inputs = {k: v for k, v in batch.items() if k not in skip}
         inputs["use_cache"] = False  # training never reuses a KV cache; building one costs time and memory
         if fused is not None:
@@ -572,9 +579,14 @@ class LoraFinetuneRecipe:
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if self.moe is not None:
             self.moe.begin()
+        if self.example_norm:  # before the head keeps the labelled positions: weights are gathered with the labels
+            batch[losses.EXAMPLE_WEIGHTS] = losses.example_weights(batch["labels"], batch["position_ids"])[0]
         batch = self._scored(batch)
         if self.fused_ce is not None:  # no [tokens x vocab] logits (training.kernels.linear_ce)
             sums = self._forward(batch, self.fused_ce)
+        elif self.example_norm:  # ce_tokens is then the step's example count (accumulate)
+            w = batch[losses.EXAMPLE_WEIGHTS]
+            sums = {"ce_sum": losses.weighted_cross_entropy_sum(self._forward(batch), batch["labels"], w)}
         else:
             sums = losses.loss_sums(self._forward(batch), batch, self.distill)
         w = self.spec.distillation.kl_weight if self.distill else 0.0
@@ -608,12 +620,20 @@ class LoraFinetuneRecipe:
                 sum(data.loss_token_count(b) for b in batches),
                 sum(self._kl_token_count(b) for b in batches),
                 sum(data.real_token_count(b) for b in batches),
+                sum(self._example_count(b) for b in batches),
                 *control,
             ],
             dtype=torch.float64,
         )
         self._all_reduce(counts)
-        return batches, [int(c) for c in counts[:3].tolist()], counts[3:].tolist()
+        self.step_examples = int(counts[3])
+        return batches, [int(c) for c in counts[:3].tolist()], counts[4:].tolist()
+
+    def _example_count(self, batch: dict[str, torch.Tensor]) -> int:
+        """Examples with a loss label in ``batch`` (``loss_normalization: example``; 0 otherwise, not needed)."""
+        if not self.example_norm:
+            return 0
+        return losses.example_weights(batch["labels"], batch["position_ids"])[1]
 
     def accumulate(self, batches: list[dict], counts: list[int]) -> StepResult | None:
         """Forward/backward every micro-batch with exact global normalization; gradients are then final.
@@ -624,8 +644,9 @@ class LoraFinetuneRecipe:
         ce_tokens, kl_tokens, real_tokens = counts
         if ce_tokens == 0 and kl_tokens == 0:
             return None
-        sums = self.step_sums(batches, lambda b: self._loss_step(b, ce_tokens, kl_tokens, real_tokens))
-        ce = float(sums[0]) / ce_tokens if ce_tokens else None
+        ce_norm = self.step_examples if self.example_norm else ce_tokens  # the mean over examples, or over tokens
+        sums = self.step_sums(batches, lambda b: self._loss_step(b, ce_norm, kl_tokens, real_tokens))
+        ce = float(sums[0]) / ce_norm if ce_norm else None
         kl = float(sums[1]) / kl_tokens if (self.distill and kl_tokens) else None
         w = self.spec.distillation.kl_weight if self.distill else 0.0
         loss = (1 - w) * (ce or 0.0) + w * (kl or 0.0) if self.distill else ce
