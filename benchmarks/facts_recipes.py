@@ -71,6 +71,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "facts_noreplay": (FACTS, {"data.replay": None}),
     "facts_example": (FACTS, {"training.loss_normalization": "example"}),
     "facts_example_6ep": (FACTS, {"training.loss_normalization": "example", "training.epochs": 6}),
+    "facts_example_lr1e-3": (FACTS, {"training.loss_normalization": "example", "training.learning_rate": 1.0e-3}),
+    "facts_example_replay30": (FACTS, {"training.loss_normalization": "example", "data.replay.share": 0.3}),
     "facts_nopack": (FACTS, {"dataset.packing": False}),
     "teacher_mlp": (BASELINE, {"student.lora.target_modules": MLP}),
     "teacher_lr1e-4": (BASELINE, {"training.learning_rate": 1.0e-4}),

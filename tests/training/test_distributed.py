@@ -32,8 +32,9 @@ BF16_4BIT = {"quantization": {"load_in_4bit": True, "compute_dtype": "bfloat16"}
 
 def test_world2_accum2_gradients_equal_one_process(tmp_path, demo_models):
     """World 2 × accumulation 2 with uneven loss tokens per rank (one micro-batch has none) gives the
-    gradients of one process on the whole batch, for every sharding topology; sharded forwards equal
-    the unsharded model's, also on later forwards and after eval mode."""
+    gradients of one process on the whole batch, for every sharding topology and with each example counted once
+    (``loss_normalization: example``); sharded forwards equal the unsharded model's, also on later forwards and
+    after eval mode."""
     student = demo_models["student"]
     long = " " + " ".join(["qwertyui"] * 4)
     ds = write_pairs_dataset(
@@ -50,6 +51,11 @@ def test_world2_accum2_gradients_equal_one_process(tmp_path, demo_models):
             FP32_4BIT,
         ),
         "full_bf16": ({"nodes": 1, "processes_per_node": 2, "sharding": "full"}, BF16_4BIT),
+        # each example counted once: the step's example count is global too (all-reduced with the token counts)
+        "full_example": (
+            {"nodes": 1, "processes_per_node": 2, "sharding": "full", "loss_normalization": "example"},
+            FP32_4BIT,
+        ),
     }
     files = []
     for name, (topo, student_over) in variants.items():

@@ -41,9 +41,27 @@ def reference(job: TrainJob, trainer: LoraFinetuneRecipe) -> dict:
         position_ids=batch["position_ids"],
         labels=batch["labels"],
     )
-    out.loss.backward()
+    loss = out.loss if job.training.loss_normalization == "token" else example_mean(out.logits, batch)
+    loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters() if p.requires_grad}
-    return {"loss": float(out.loss), "grads": grads, "rows": sorted(rows), "model": ref}
+    return {"loss": float(loss), "grads": grads, "rows": sorted(rows), "model": ref}
+
+
+def example_mean(logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    """``loss_normalization: example`` written out: each example (a run of position_ids from 0) contributes the mean
+    of its next-token losses, the examples averaged."""
+    means = []
+    for row in range(logits.size(0)):
+        labels, pos = batch["labels"][row], batch["position_ids"][row].tolist()
+        ce = torch.nn.functional.cross_entropy(logits[row, :-1].float(), labels[1:].clamp(min=0), reduction="none")
+        start = 1
+        for j in range(2, len(pos) + 1):
+            if j == len(pos) or pos[j] == 0:
+                mine = [ce[t - 1] for t in range(start, j) if int(labels[t]) != -100]
+                if mine:
+                    means.append(torch.stack(mine).mean())
+                start = j
+    return torch.stack(means).mean()
 
 
 def forwards(trainer: LoraFinetuneRecipe, ref_model) -> dict:
