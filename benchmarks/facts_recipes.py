@@ -75,6 +75,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "facts_example_6ep": (FACTS, {"training.epochs": 6}),
     "facts_example_lr1e-3": (FACTS, {"training.learning_rate": 1.0e-3}),
     "facts_example_replay30": (FACTS, {"data.replay.share": 0.3}),
+    "facts_example_replay40": (FACTS, {"data.replay.share": 0.4}),
+    "facts_example_replay40_6ep": (FACTS, {"data.replay.share": 0.4, "training.epochs": 6}),
     "facts_nopack": (FACTS, {"training.loss_normalization": "token", "dataset.packing": False}),
     "teacher_mlp": (BASELINE, {"student.lora.target_modules": MLP}),
     "teacher_lr1e-4": (BASELINE, {"training.learning_rate": 1.0e-4}),
