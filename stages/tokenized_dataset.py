@@ -94,8 +94,6 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     model_path = storage.resolve_model(spec.student.base_model, spec.project_dir)
     tok_hash = tokenizer_hash(model_path)
     settings = build_settings(spec).resolved(model_path)  # `template: auto` as the tokenizer resolves it, keyed so
-    if spec.data.targets.prefix_space:
-        _check_prefix_space(model_path, settings.template)
     extra = source_hash([resolve_source(x, spec.project_dir) for x in d.extra_sources]) if d.extra_sources else None
     xtok = cross_tokenizer(spec, storage, model_path)
     k = content_key(
@@ -110,6 +108,8 @@ def run(spec: CampaignSpec, inputs: dict, ctx) -> Outcome:
     cached = sd.is_complete()
     if not cached:
         t0 = time.perf_counter()
+        if spec.data.targets.prefix_space:  # checked when the rows are built (a built dataset passed it)
+            _check_prefix_space(model_path, settings.template)
         report = build_tokenized_dataset(
             model_path,
             [distillation["distillation_path"], *d.extra_sources],

@@ -99,8 +99,9 @@ def test_the_knew_it_lost_it_fix_names_only_what_the_campaign_lacks():
     from campaign_orchestrator.recipe_checks import keep_knowledge_changes
     from campaigns.loader import load_campaign_file
     from evaluation.diagnosis import KEEP_KNOWLEDGE_FIX_ON
+    from tests.support import REPO_ROOT
 
-    root = Path(__file__).resolve().parents[2] / "campaigns"
+    root = REPO_ROOT / "campaigns"
     shipped = load_campaign_file(root / "smollm2_facts.yaml")
     baseline = load_campaign_file(root / "smollm2_facts_baseline.yaml")
     assert keep_knowledge_changes(shipped) == []

@@ -319,13 +319,9 @@ def test_sigterm_and_time_based_checkpoints(run_job, tmp_path, demo_models, ciph
     assert len(steps) >= 5, steps  # one before (almost) every step, plus the final one
 
 
-def _base_loss(base: Path, ds: Path, rows: int, dtype: str) -> float:
-    """Mean token cross-entropy of the 4-bit base computing in ``dtype`` (what an untrained LoRA computes) on
-    ``rows`` rows of ``ds``."""
+def _base_4bit(base: Path, dtype: str):
+    """The demo base in 4-bit NF4 computing in ``dtype``, in eval mode: what an untrained LoRA computes."""
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    from training import data as tdata
-    from training import losses
 
     q = BitsAndBytesConfig(
         load_in_4bit=True,
@@ -333,7 +329,16 @@ def _base_loss(base: Path, ds: Path, rows: int, dtype: str) -> float:
         bnb_4bit_compute_dtype=TORCH[dtype],
         bnb_4bit_quant_storage=TORCH[dtype],
     )
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=TORCH[dtype], quantization_config=q).eval()
+    return AutoModelForCausalLM.from_pretrained(str(base), dtype=TORCH[dtype], quantization_config=q).eval()
+
+
+def _base_loss(base: Path, ds: Path, rows: int, dtype: str) -> float:
+    """Mean token cross-entropy of the 4-bit base computing in ``dtype`` (what an untrained LoRA computes) on
+    ``rows`` rows of ``ds``."""
+    from training import data as tdata
+    from training import losses
+
+    model = _base_4bit(base, dtype)
     data = tdata.load_rows(ds)
     total = n = 0.0
     with torch.no_grad():
@@ -419,17 +424,9 @@ def test_sweep_rungs_stop_and_continue_to_the_adapter_of_one_run(run_job, tmp_pa
 def _base_means(base, ds, dtype: str) -> tuple[float, float]:
     """The base's next-token loss over every row of ``ds``: (the mean over loss tokens, the mean over examples of
     each example's mean), each example found by its ``position_ids`` restarting at 0."""
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
     from training import data as tdata
 
-    q = BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_compute_dtype=TORCH[dtype],
-        bnb_4bit_quant_storage=TORCH[dtype],
-    )
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=TORCH[dtype], quantization_config=q).eval()
+    model = _base_4bit(base, dtype)
     rows = tdata.load_rows(ds)
     tokens, examples = [], []
     with torch.no_grad():

@@ -579,9 +579,7 @@ class LoraFinetuneRecipe:
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if self.moe is not None:
             self.moe.begin()
-        if self.example_norm:  # before the head keeps the labelled positions: weights are gathered with the labels
-            batch[losses.EXAMPLE_WEIGHTS] = losses.example_weights(batch["labels"], batch["position_ids"])[0]
-        batch = self._scored(batch)
+        batch = self._scored(batch)  # example weights (prepare) are gathered with the labels
         if self.fused_ce is not None:  # no [tokens x vocab] logits (training.kernels.linear_ce)
             sums = self._forward(batch, self.fused_ce)
         elif self.example_norm:  # ce_tokens is then the step's example count (accumulate)
@@ -620,7 +618,7 @@ class LoraFinetuneRecipe:
                 sum(data.loss_token_count(b) for b in batches),
                 sum(self._kl_token_count(b) for b in batches),
                 sum(data.real_token_count(b) for b in batches),
-                sum(self._example_count(b) for b in batches),
+                sum(self._weigh_examples(b) for b in batches),
                 *control,
             ],
             dtype=torch.float64,
@@ -629,11 +627,13 @@ class LoraFinetuneRecipe:
         self.step_examples = int(counts[3])
         return batches, [int(c) for c in counts[:3].tolist()], counts[4:].tolist()
 
-    def _example_count(self, batch: dict[str, torch.Tensor]) -> int:
-        """Examples with a loss label in ``batch`` (``loss_normalization: example``; 0 otherwise, not needed)."""
+    def _weigh_examples(self, batch: dict[str, torch.Tensor]) -> int:
+        """``loss_normalization: example``: ``batch``'s per-label example weights, added to it once here (the loss
+        step reads them), and its number of examples with a loss label; 0 and nothing added otherwise."""
         if not self.example_norm:
             return 0
-        return losses.example_weights(batch["labels"], batch["position_ids"])[1]
+        batch[losses.EXAMPLE_WEIGHTS], n = losses.example_weights(batch["labels"], batch["position_ids"])
+        return n
 
     def accumulate(self, batches: list[dict], counts: list[int]) -> StepResult | None:
         """Forward/backward every micro-batch with exact global normalization; gradients are then final.
