@@ -78,6 +78,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "facts_example_replay40": (FACTS, {"data.replay.share": 0.4}),
     "facts_example_replay40_6ep": (FACTS, {"data.replay.share": 0.4, "training.epochs": 6}),
     "facts_nopack": (FACTS, {"training.loss_normalization": "token", "dataset.packing": False}),
+    "facts_known": (FACTS, {"data.targets.rule": "known"}),
+    "facts_known_noreplay": (FACTS, {"data.targets.rule": "known", "data.replay": None}),
     "teacher_mlp": (BASELINE, {"student.lora.target_modules": MLP}),
     "teacher_lr1e-4": (BASELINE, {"training.learning_rate": 1.0e-4}),
 }

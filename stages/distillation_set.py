@@ -224,11 +224,20 @@ def with_base_targets(spec: CampaignSpec, ctx, kept: list[dict], prompts: dict):
         return res.rows, lines, {"generated": st.generated, "cache_hits": st.cache_hits, "seconds": st.generate_s}
 
     references: list[str] = []
-    if t.rule == "short_form_or_reference":  # the task's answer set: the training prompts' references
+    row_references: dict[str, str] = {}
+    if t.rule in ("short_form_or_reference", "known"):  # the task's answer set: the training prompts' references
         from campaign_orchestrator.dataset.prompts import read_prompt_table
 
-        references = sorted({r["reference"] for r in read_prompt_table(prompts["train_path"]) if r.get("reference")})
-    return base_targets(kept, answer, normalize_answer, t.rule, ctx.log.info, references)
+        table = read_prompt_table(prompts["train_path"])
+        references = sorted({r["reference"] for r in table if r.get("reference")})
+        row_references = {r["prompt"]: r["reference"] for r in table if r.get("reference")}
+        if t.rule == "known" and not row_references:
+            raise ValueError(
+                f"campaign {spec.name}: data.targets.rule: known keeps the rows whose base answer names their "
+                f"reference, and no training prompt in {spec.data.source} has a `reference`: add references to "
+                "the prompt file, or use rule: short_form"
+            )
+    return base_targets(kept, answer, normalize_answer, t.rule, ctx.log.info, references, row_references)
 
 
 def with_prefix_space(spec: CampaignSpec, ctx, kept: list[dict]) -> list[dict]:

@@ -22,6 +22,13 @@ in the teacher's short form. The teacher's short forms are the answers it gave a
   names, never the row's own reference unless the base names it.
 * ``rule: agree``: only the rows whose own teacher answer the base's answer names are kept; the others are dropped
   (``disagree``).
+* ``rule: known``: only the rows whose base answer names the row's own reference (``reference`` in the prompt file,
+  whole words: the diagnosis's lenient "knew it") are kept, with the reference as the data writes it as the target;
+  the others are dropped (``unknown``). The task's labels set the format and the content, the base's answer decides
+  which facts it already holds: a target is never a fact the student lacks (Gekhman et al. 2024, "Does Fine-Tuning
+  LLMs on New Knowledge Encourage Hallucinations?": fine-tuning on facts the model did not know teaches it to answer
+  wrongly on those it did), and never a weak teacher's non-answer ("Southeast Asia" for a city in China) or its
+  spelling where the labels write another ("The Netherlands" for "Netherlands", which exact match scores wrong).
 
 Plain logic; the asset (``assets/distillation_set.py``) has the base answer the prompts (the local engine and the
 generation cache, as ``data.replay`` does) and passes the normalizer in (``evaluation.scorers.normalize_answer``:
@@ -34,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 EXAMPLES = 5  # changed and dropped rows shown in the summary
-RULES = ("short_form", "short_form_or_reference", "agree")
+RULES = ("short_form", "short_form_or_reference", "agree", "known")
 
 Normalize = Callable[[str], str]
 
@@ -73,12 +80,16 @@ def build(
     normalize: Normalize,
     rule: str = "short_form",
     references: Sequence[str] = (),
+    row_references: dict[str, str] | None = None,
 ) -> tuple[list[dict], dict]:
     """``(rows, summary)``: the task rows with the targets built from the base's answers (``base_answers``: prompt
     -> answer) under ``rule``; the summary counts the kept rows, how many targets differ from the teacher's own
-    answer (``changed``), the dropped (``unnamed`` / ``disagree``; ``unanswered``: no base answer) and shows a few."""
+    answer (``changed``), the dropped (``unnamed`` / ``disagree`` / ``unknown``; ``unanswered``: no base answer) and
+    shows a few. ``row_references`` (prompt -> reference): each row's own label, for ``rule: known``."""
     if rule not in RULES:
         raise ValueError(f"data.targets.rule must be one of {RULES}, got {rule!r}")
+    if rule == "known":
+        return _known(rows, base_answers, normalize, row_references or {})
     forms = short_forms(rows, normalize, references if rule == "short_form_or_reference" else ())
     kept, changed, dropped, unanswered = [], [], [], 0
     for r in rows:
@@ -117,6 +128,42 @@ def build(
     }
 
 
+def _known(rows: Sequence[dict], base_answers: dict[str, str], normalize: Normalize, refs: dict[str, str]):
+    """``rule: known``: the rows whose base answer names their own reference, the reference as the target."""
+    kept, changed, dropped, unanswered = [], [], [], 0
+    for r in rows:
+        said = base_answers.get(r["prompt"])
+        if said is None:
+            unanswered += 1
+            continue
+        ref = (refs.get(r["prompt"]) or "").strip()
+        key = normalize(ref)
+        if not key or f" {key} " not in f" {normalize(said)} ":
+            dropped.append((r, said))
+            continue
+        if (r.get("completion") or "").strip() == ref:
+            kept.append(r)
+        else:
+            kept.append(dict(r, completion=ref))
+            changed.append((r, said, ref))
+    return kept, {
+        "rule": "known",
+        "input": len(rows),
+        "kept": len(kept),
+        "changed": len(changed),
+        "unknown": len(dropped),
+        "unanswered": unanswered,
+        "kept_fraction": len(kept) / max(1, len(rows)),
+        "examples_changed": [
+            {"prompt": r["prompt"], "teacher": r["completion"], "base": said, "target": t}
+            for r, said, t in changed[:EXAMPLES]
+        ],
+        "examples_dropped": [
+            {"prompt": r["prompt"], "teacher": r["completion"], "base": said} for r, said in dropped[:EXAMPLES]
+        ],
+    }
+
+
 def base_targets(
     rows: list[dict],
     answer: Callable[[list[dict]], tuple[list[dict], list[dict], dict]],
@@ -124,14 +171,16 @@ def base_targets(
     rule: str = "short_form",
     log=None,
     references: Sequence[str] = (),
+    row_references: dict[str, str] | None = None,
 ) -> tuple[list[dict], dict, list[dict]]:
     """``(rows, summary, cost lines)``: the filtered task rows with targets built from the base's own answers to
     their prompts (``answer(prompts)`` -> (generation rows, cost lines, generation stats): the asset's local engine
-    and cache), each prompt asked once; ``references``: the task's answer set (``rule: short_form_or_reference``)."""
+    and cache), each prompt asked once; ``references``: the task's answer set (``rule: short_form_or_reference``);
+    ``row_references``: prompt -> its reference (``rule: known``)."""
     prompts = list({r["prompt"]: {"id": str(r["id"]), "prompt": r["prompt"]} for r in rows}.values())
     answered, lines, stats = answer(prompts)
     said = {g["prompt"]: g.get("completion") or "" for g in answered if not g.get("error")}
-    kept, summary = build(rows, said, normalize, rule, references)
+    kept, summary = build(rows, said, normalize, rule, references, row_references)
     summary |= stats | {"usd": sum(x["usd"] for x in lines)}
     if log is not None:
         log(

@@ -60,13 +60,14 @@ class TargetsSpec(_Strict):
         description="teacher: the teacher's answers as they are; base: targets built from the student's base's own "
         "answers to the task prompts, in the teacher's short form (`rule`).",
     )
-    rule: Literal["short_form", "short_form_or_reference", "agree"] = Field(
+    rule: Literal["short_form", "short_form_or_reference", "agree", "known"] = Field(
         "short_form",
         description="`content: base`. short_form: the target is the teacher's short form (any answer the teacher gave "
         "in the task, normalized) that the base's answer names, written as the teacher writes it; rows whose base "
         "answer names none are dropped. short_form_or_reference: the same, the training prompts' references (the "
         "task's answer set) among the short forms too. agree: only the rows whose own teacher answer the base's "
-        "answer names.",
+        "answer names. known: only the rows whose base answer names the row's own `reference` (the facts the "
+        "student holds), with that reference, as the data writes it, as the target.",
     )
     max_new_tokens: int = Field(
         48, ge=1, le=4096, description="`content: base`: the longest answer the base gives to a task prompt."
