@@ -16,7 +16,8 @@ the general suite's change against the base with its paired interval; the task s
 base's own answers got right leniently (the reference in its sentence as a whole word) and how many those are; the
 diagnosis's causes; the kept checkpoint; what the targets step kept and changed; wall seconds and cost.
 
-Usage (one variant per call; the JSON accumulates, one entry per variant, the last run of a variant wins):
+Usage (one variant per call; the JSON accumulates, one entry per variant, the last run of a variant wins; ``--judge``
+re-reads the figures of variants already in the JSON from the evaluations their runs stored):
   python benchmarks/facts_recipes.py baseline targets_base --artifacts /tmp/facts \\
       --out benchmarks/data/facts_recipes_<date>.json
   python benchmarks/facts_recipes.py --list
@@ -30,6 +31,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -80,6 +82,17 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "facts_nopack": (FACTS, {"training.loss_normalization": "token", "dataset.packing": False}),
     "facts_known": (FACTS, {"data.targets.rule": "known"}),
     "facts_known_noreplay": (FACTS, {"data.targets.rule": "known", "data.replay": None}),
+    # the shipped example under other seeds (LoRA init, data order): how much of its margin is the seed
+    "facts_seed1": (FACTS, {"training.seed": 1}),
+    "facts_seed2": (FACTS, {"training.seed": 2}),
+    **{
+        f"facts_{ep}ep{f'_seed{seed}' if seed else ''}": (
+            FACTS,
+            {"training.epochs": ep} | ({"training.seed": seed} if seed else {}),
+        )
+        for ep in (4, 5)
+        for seed in (0, 1, 2)
+    },
     "teacher_mlp": (BASELINE, {"student.lora.target_modules": MLP}),
     "teacher_lr1e-4": (BASELINE, {"training.learning_rate": 1.0e-4}),
 }
@@ -170,7 +183,13 @@ def judged(artifacts: Path, campaign: str, task: str = "facts", general: str = "
         "selection_reason": sel.get("reason"),
         "targets": None
         if tg is None
-        else {k: tg.get(k) for k in ("rule", "input", "kept", "changed", "unnamed", "disagree", "unanswered")},
+        else {
+            k: tg.get(k) for k in ("rule", "input", "kept", "changed", "unnamed", "disagree", "unknown", "unanswered")
+        },
+        # what the candidate answered where the base knew and it lost the fact, commonest first
+        "lost_answers": dict(
+            Counter(cand[k].output.strip() for k in knew if not float(cand[k].score or 0.0)).most_common()
+        ),
         "examples": [
             {
                 "prompt": cand[k].prompt,
@@ -204,12 +223,21 @@ def run_variant(variant: str, artifacts: Path) -> dict:
     } | judged(artifacts, name)
 
 
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variants", nargs="*", help="variants to run, in order (--list names them)")
     ap.add_argument("--artifacts", default="artifacts", help="artifact root (default: ./artifacts)")
     ap.add_argument("--out", help="the JSON to add the variants to (created if missing)")
     ap.add_argument("--list", action="store_true", help="name the variants and what each changes")
+    ap.add_argument(
+        "--judge",
+        action="store_true",
+        help="re-read the figures of each variant's latest run in --out from its stored evaluation, running nothing",
+    )
     a = ap.parse_args(argv)
     if a.list or not a.variants:
         for k, (f, ch) in VARIANTS.items():
@@ -224,7 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out) if a.out else None
     doc = json.loads(out.read_text()) if out and out.exists() else {"benchmark": "facts_recipes", "variants": {}}
     for v in a.variants:
-        row = {"date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"), "code_version": code_version()}
+        if a.judge:  # the run as recorded, its figures re-read from the evaluation it stored
+            old = doc["variants"][v]
+            doc["variants"][v] = old | judged(artifacts, old["campaign"]) | {"judged_again_utc": _now()}
+            if out:
+                out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+            continue
+        row = {"date_utc": _now(), "code_version": code_version()}
         row |= {"host": host()} | run_variant(v, artifacts)
         doc["variants"][v] = row
         if out:

@@ -19,8 +19,9 @@ The rules (the measurements behind each threshold: docs/real-model.md, "Recipe c
 * ``keep_knowledge``: the campaign's last evaluation diagnosed "knew it, lost it" (``evaluation/diagnosis.py``: the
   base's own answers held the task's content, the candidate lost it) and the recipe lacks part of the setting that
   kept it best on the facts task: targets from the base's own answers (``data.targets.content: base``, rule
-  ``short_form_or_reference``), each written after one space (``data.targets.prefix_space``) and LoRA on the MLP too
-  (the measurements: docs/results.md, "Keeping what the student knows").
+  ``known``: only the facts the base's answers hold, in the task's labels), each written after one space
+  (``data.targets.prefix_space``) and LoRA on the MLP too (the measurements: docs/results.md, "Keeping what the
+  student knows").
 """
 
 from __future__ import annotations
@@ -95,15 +96,22 @@ def lora_on_mlp(spec) -> bool:
 
 def keep_knowledge_changes(spec) -> list[str]:
     """What the recipe lacks of the setting measured to keep what the student knows (docs/results.md, "Keeping what
-    the student knows"): targets from the base's own answers, written after one space, LoRA on the MLP too."""
+    the student knows"): targets from the base's own answers (rule ``known``), written after one space, LoRA on the
+    MLP too."""
     out = []
+    t = getattr(spec.data, "targets", None)
     if not keeps_knowledge(spec):
         out.append(
-            "data.targets: {content: base, rule: short_form_or_reference} (each target is the student's own answer "
-            "put in the teacher's format; the rule also takes the prompts' references as short forms, use "
-            "short_form when they have none)"
+            "data.targets: {content: base, rule: known} (train only on the facts the student holds: the rows whose "
+            "base answer names the prompt's reference, that reference as the target; rule: short_form where the "
+            "prompts carry no references)"
         )
-    t = getattr(spec.data, "targets", None)
+    elif t.rule != "known":
+        out.append(
+            "data.targets.rule: known where the training prompts carry references (only the rows whose base answer "
+            "names the prompt's reference, that reference as the target: no fact the student lacks, no teacher "
+            "non-answer or spelling the labels do not use)"
+        )
     if t is None or not t.prefix_space:
         out.append(
             "data.targets.prefix_space: true (each target written after one space, ' Poland': the token the base "

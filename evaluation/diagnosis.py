@@ -48,15 +48,16 @@ FORGOT_DROP = 0.05
 CONFLICT_RATIO = 2.0
 EXAMPLES = 3  # items shown as evidence of "knew it, lost it"
 KEEP_KNOWLEDGE_FIX = (
-    "keep what the student knows: set data.targets: {content: base, rule: short_form_or_reference, prefix_space: "
-    "true}, so the training targets are the student's own answers put in the teacher's format instead of the "
-    "teacher's answers, each written after one space (the token the base writes the word with inside a sentence), "
-    "and train LoRA on the MLP too (student.lora.target_modules: gate_proj, up_proj, down_proj besides the "
-    'attention) (docs/real-model.md, "Keeping what the student knows")'
+    "keep what the student knows: set data.targets: {content: base, rule: known, prefix_space: true}, so the "
+    "student trains only on the facts its own answers hold (the rows whose base answer names the prompt's "
+    "reference, that reference as the target; rule: short_form where the prompts carry no references) instead of "
+    "the teacher's answers, each written after one space (the token the base writes the word with inside a "
+    "sentence), and train LoRA on the MLP too (student.lora.target_modules: gate_proj, up_proj, down_proj besides "
+    'the attention) (docs/real-model.md, "Keeping what the student knows")'
 )
 KEEP_KNOWLEDGE_FIX_ON = (
-    "the setting that keeps what the student knows is on already (data.targets content: base and prefix_space, LoRA "
-    "on the MLP): rule: short_form_or_reference where the prompts carry references, and more epochs while the kept "
+    "the setting that keeps what the student knows is on already (data.targets content: base, rule: known and "
+    "prefix_space, LoRA on the MLP): a larger replay share if general answers drift, more epochs while the kept "
     'checkpoint is the last one (docs/results.md, "Keeping what the student knows")'
 )
 

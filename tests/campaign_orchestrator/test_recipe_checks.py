@@ -109,20 +109,32 @@ def test_keep_knowledge_after_a_knew_it_lost_it_diagnosis(tmp_path):
     assert diagnosis == [LOST] and latest_diagnosis(tmp_path / "never-evaluated") == []
     f = {x.check: x for x in check_recipe(spec(), GOOD, diagnosis)}["keep_knowledge"]
     assert f.value == 0.77 and "held 77% of it (lenient)" in f.message and "answered 0% (strict)" in f.message
-    assert "data.targets: {content: base, rule: short_form_or_reference}" in f.message
+    assert "data.targets: {content: base, rule: known}" in f.message
     assert "target_modules" not in f.message  # LoRA on the MLP already (the default target modules)
     assert "prefix_space: true" in f.message
     # targets from the base, but LoRA on the attention alone (smollm2_api's choice): the MLP part only
     attention = BASE.replace("lora: {r: 8, alpha: 16}", "lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}")
-    half = spec(attention.replace("  replay:", "  targets: {content: base, prefix_space: true}\n  replay:"))
+    half = spec(
+        attention.replace("  replay:", "  targets: {content: base, rule: known, prefix_space: true}\n  replay:")
+    )
     f = {x.check: x for x in check_recipe(half, GOOD, diagnosis)}["keep_knowledge"]
     assert "target_modules with the MLP too" in f.message and "data.targets" not in f.message
     # targets from the base without the space: that part only
-    unspaced = spec(BASE.replace("  replay:", "  targets: {content: base}\n  replay:"))
+    unspaced = spec(BASE.replace("  replay:", "  targets: {content: base, rule: known}\n  replay:"))
     f = {x.check: x for x in check_recipe(unspaced, GOOD, diagnosis)}["keep_knowledge"]
     assert "data.targets.prefix_space: true" in f.message and "content: base" not in f.message
+    assert "rule: known" not in f.message
+    # targets from the base under the teacher's vocabulary (a rule before known): the rule part only
+    for rule in ("short_form", "short_form_or_reference", "agree"):
+        ruled = spec(
+            BASE.replace("  replay:", f"  targets: {{content: base, rule: {rule}, prefix_space: true}}\n  replay:")
+        )
+        f = {x.check: x for x in check_recipe(ruled, GOOD, diagnosis)}["keep_knowledge"]
+        assert (
+            f.message.count("data.targets") == 1 and "data.targets.rule: known where the training prompts" in f.message
+        )
     # the setting on: silent; other causes ("never knew" needs facts, not this setting): silent
-    on = spec(BASE.replace("  replay:", "  targets: {content: base, prefix_space: true}\n  replay:"))
+    on = spec(BASE.replace("  replay:", "  targets: {content: base, rule: known, prefix_space: true}\n  replay:"))
     assert "keep_knowledge" not in {x.check for x in check_recipe(on, GOOD, diagnosis)}
     never = [dict(LOST, cause="never knew")]
     assert "keep_knowledge" not in {x.check for x in check_recipe(spec(), GOOD, never)}

@@ -90,7 +90,7 @@ def test_knew_it_lost_it_names_the_base_lenient_score_examples_and_the_fix():
         in (c["evidence"])
     )
     assert "the teacher was right on 0 of the 9 it lost" in c["evidence"]
-    assert "data.targets: {content: base, rule: short_form_or_reference, prefix_space: true}" in c["fix"]
+    assert "data.targets: {content: base, rule: known, prefix_space: true}" in c["fix"]
     assert "MLP" in c["fix"]
     assert "knew it, lost it" in d["markdown"]
 

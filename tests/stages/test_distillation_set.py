@@ -58,3 +58,52 @@ def test_the_setting_is_keyed_when_on_and_absent_from_the_key_when_off(tmp_path)
     assert distillation_set.content_key(api, gens, prompts, store) != distillation_set.content_key(
         spaced, gens, prompts, store
     )
+
+
+def _known(tmp_path, table: list[dict]):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(table), path)
+    spec = parse_campaign_text(FACTS.read_text(), str(FACTS))
+    assert spec.data.targets.rule == "known"  # the shipped example's rule
+    return spec, {"train_path": str(path)}
+
+
+def test_rule_known_takes_each_rows_reference_from_the_prompt_table(tmp_path, monkeypatch):
+    from campaign_orchestrator.generation.runner import GenerationResult, GenerationStats
+
+    base = {
+        "In which country is the city of Gdansk?": "The city of Gdansk is in northern Poland.",
+        "In which country is the city of Ghent?": "The city of Ghent is located in the Netherlands.",
+    }
+    asked = []
+
+    def answered(spec, ctx, chosen, sampling):
+        asked.extend(p["prompt"] for p in chosen)
+        return GenerationResult([p | {"completion": base[p["prompt"]]} for p in chosen], GenerationStats()), []
+
+    monkeypatch.setattr(distillation_set, "_replay_by_base", answered)
+    spec, prompts = _known(
+        tmp_path,
+        [
+            {"id": f"t{i}", "prompt": p, "reference": r}
+            for i, (p, r) in enumerate(zip(base, ["Poland", "Belgium"], strict=True))
+        ],
+    )
+    teacher = [{"id": f"t{i}", "prompt": p, "completion": "Southeast Asia"} for i, p in enumerate(base)]
+    ctx, said = _ctx()
+    rows, summary, lines = distillation_set.with_base_targets(spec, ctx, teacher, prompts)
+    assert asked == list(base)  # each prompt asked of the base once
+    assert [(r["id"], r["completion"]) for r in rows] == [("t0", "Poland")]  # Ghent: the base names another country
+    assert (summary["rule"], summary["kept"], summary["changed"], summary["unknown"]) == ("known", 1, 1, 1)
+    assert said == [
+        "data.targets: content base (known): 1 of 2 task rows kept, 1 with the base's answer instead of the teacher's"
+    ]
+
+
+def test_rule_known_without_references_says_which_file_lacks_them(tmp_path):
+    spec, prompts = _known(tmp_path, [{"id": "t0", "prompt": "In which country is the city of Gdansk?"}])
+    with pytest.raises(ValueError, match=r"data.targets.rule: known .* no training prompt in .*facts-train.jsonl"):
+        distillation_set.with_base_targets(spec, _ctx()[0], [], prompts)

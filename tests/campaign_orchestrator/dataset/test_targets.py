@@ -1,5 +1,6 @@
 """campaign_orchestrator/dataset/targets.py (``data.targets.content: base``): each target is the teacher's short form
-that the base's own answer names, or, under ``rule: agree``, the teacher's own answer only where the base names it."""
+that the base's own answer names, or, under ``rule: agree``, the teacher's own answer only where the base names it;
+under ``rule: known``, the row's own reference where the base names it."""
 
 from __future__ import annotations
 
@@ -78,3 +79,25 @@ def test_short_form_or_reference_adds_the_tasks_answer_set():
     assert (s["kept"], s["unnamed"], s["short_forms"]) == (5, 0, 6)
     # the references count only under this rule
     assert "Krakow" not in {r["prompt"].split()[-1].rstrip("?") for r in build(rows(), base, normalize_answer)[0]}
+
+
+def test_known_keeps_the_facts_the_base_names_in_the_labels_spelling():
+    # Lyon: the teacher's "france" is the reference; Munich: the teacher is wrong, the base names the reference;
+    # Hamburg: the base names the reference, the label spells it "Germany"; Krakow: the base names another country
+    # (a fact it lacks: dropped, whatever the teacher said); Osaka: the base names Japan, the label is "Japan" and
+    # the teacher wrote "Japan."; Porto: no base answer
+    refs = {
+        f"In which country is the city of {c}?": r
+        for c, r in [("Lyon", "france"), ("Munich", "Germany"), ("Hamburg", "Germany"), ("Krakow", "Poland")]
+        + [("Osaka", "Japan"), ("Porto", "Portugal")]
+    }
+    kept, s = build(rows(), said(), normalize_answer, "known", row_references=refs)
+    got = {r["prompt"].split()[-1].rstrip("?"): r["completion"] for r in kept}
+    assert got == {"Lyon": "france", "Munich": "Germany", "Hamburg": "Germany", "Osaka": "Japan"}
+    assert (s["kept"], s["changed"], s["unknown"], s["unanswered"]) == (4, 3, 1, 1)
+    assert "Krakow" in s["examples_dropped"][0]["prompt"]
+    # a row without a reference is not known; a reference named only inside a longer word is not named
+    kept, s = build(rows(), said(), normalize_answer, "known", row_references={})
+    assert kept == [] and s["unknown"] == 5
+    near = {"In which country is the city of Lyon?": "Fran"}
+    assert build(rows(), said(), normalize_answer, "known", row_references=near)[0] == []
