@@ -80,19 +80,26 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "facts_example_replay40": (FACTS, {"data.replay.share": 0.4}),
     "facts_example_replay40_6ep": (FACTS, {"data.replay.share": 0.4, "training.epochs": 6}),
     "facts_nopack": (FACTS, {"training.loss_normalization": "token", "dataset.packing": False}),
-    "facts_known": (FACTS, {"data.targets.rule": "known"}),
-    "facts_known_noreplay": (FACTS, {"data.targets.rule": "known", "data.replay": None}),
-    # the shipped example under other seeds (LoRA init, data order): how much of its margin is the seed
+    # since rule: known (smollm2_facts.yaml as shipped: rule known, the replay's answers up to 128 tokens; the
+    # FACTS variants above were measured on the file before, rule short_form_or_reference and 64-token replay
+    # answers: benchmarks/data/facts_recipes_2026-12-05_space.json; rerun now, they run on the file as it is)
     "facts_seed1": (FACTS, {"training.seed": 1}),
     "facts_seed2": (FACTS, {"training.seed": 2}),
+    "facts_5ep_seed1": (FACTS, {"training.epochs": 5, "training.seed": 1}),
+    "facts_ref": (FACTS, {"data.targets.rule": "short_form_or_reference"}),
+    # the replay's answers up to 64 tokens, as the file had them before (the longer ones are dropped as truncated)
     **{
-        f"facts_{ep}ep{f'_seed{seed}' if seed else ''}": (
+        f"known_replay64{f'_{ep}ep' if ep != 3 else ''}{f'_seed{seed}' if seed else ''}": (
             FACTS,
-            {"training.epochs": ep} | ({"training.seed": seed} if seed else {}),
+            {"data.replay.max_new_tokens": 64}
+            | ({"training.epochs": ep} if ep != 3 else {})
+            | ({"training.seed": seed} if seed else {}),
         )
-        for ep in (4, 5)
+        for ep in (3, 4, 5)
         for seed in (0, 1, 2)
     },
+    # the shipped file before rule: known (rule short_form_or_reference, replay answers up to 64 tokens)
+    "facts_example": (FACTS, {"data.targets.rule": "short_form_or_reference", "data.replay.max_new_tokens": 64}),
     "teacher_mlp": (BASELINE, {"student.lora.target_modules": MLP}),
     "teacher_lr1e-4": (BASELINE, {"training.learning_rate": 1.0e-4}),
 }
@@ -149,6 +156,7 @@ def judged(artifacts: Path, campaign: str, task: str = "facts", general: str = "
     dset = _latest(artifacts, campaign, "distillation_set") or {}
     sel = (adapter.get("summary") or {}).get("selection") or {}
     tg = dset.get("targets")
+    lost = [cand[k].output.strip() for k in knew if not float(cand[k].score or 0.0)]
     return {
         "evaluated": True,
         "verdict": gate["verdict"],
@@ -186,10 +194,18 @@ def judged(artifacts: Path, campaign: str, task: str = "facts", general: str = "
         else {
             k: tg.get(k) for k in ("rule", "input", "kept", "changed", "unnamed", "disagree", "unknown", "unanswered")
         },
-        # what the candidate answered where the base knew and it lost the fact, commonest first
-        "lost_answers": dict(
-            Counter(cand[k].output.strip() for k in knew if not float(cand[k].score or 0.0)).most_common()
-        ),
+        "replay": None
+        if not dset.get("replay")
+        else {
+            "prompts": dset["replay"].get("prompts"),
+            "rows": dset["replay"].get("rows"),
+            "truncated": (dset["replay"].get("filter_counts") or {}).get("truncated"),
+            "share_asked": dset["replay"].get("share_asked"),
+            "share_actual": dset["replay"].get("share_actual"),
+        },
+        # the items the base knew and the candidate lost, and what it answered on them, commonest first
+        "lost_on_base_knew": len(lost),
+        "lost_answers": [{"answer": a, "count": n} for a, n in Counter(lost).most_common()],
         "examples": [
             {
                 "prompt": cand[k].prompt,
@@ -243,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, (f, ch) in VARIANTS.items():
             print(f"{k:22} {f} {ch or ''}")
         return 0
-    unknown = [v for v in a.variants if v not in VARIANTS]
+    unknown = [v for v in a.variants if v not in VARIANTS and not a.judge]  # --judge: any variant of --out
     if unknown:
         ap.error(f"unknown variant(s) {unknown}: one of {sorted(VARIANTS)}")
     from evaluation.model_card import code_version

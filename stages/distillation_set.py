@@ -155,6 +155,12 @@ def _decontaminate(spec: CampaignSpec, kept: list[dict], prompts: dict, ctx, sd)
     return kept, summary
 
 
+# a warning when this share of the replay's answers is cut at its max_new_tokens and dropped: the replay loses its
+# long answers and part of its share (smollm2_facts.yaml, measured: docs/results.md, "Keeping what the student
+# knows")
+TRUNCATED_REPLAY_WARN = 0.1
+
+
 def with_replay(spec: CampaignSpec, ctx, kept: list[dict]):
     """``(rows, replay summary, cost lines)``: the filtered task rows with the replay rows (``data.replay``) after
     them, answered, filtered (empty, truncated, duplicates; decontaminated with the rest later) and checked for
@@ -169,6 +175,15 @@ def with_replay(spec: CampaignSpec, ctx, kept: list[dict]):
     rkept, rcounts = filter_generations(
         rrows, FilterRules(drop_empty=True, drop_truncated=spec.data.filters.drop_truncated, dedupe=True)
     )
+    cut = rcounts.get("truncated", 0)
+    if cut >= TRUNCATED_REPLAY_WARN * max(1, len(rrows)):
+        ctx.log.warning(
+            f"data.replay: {cut} of {len(rrows)} replay answers reached data.replay.max_new_tokens "
+            f"({rp.max_new_tokens}) and were dropped as truncated (data.filters.drop_truncated): the replay keeps "
+            f"only the shorter answers and is {len(rkept) / max(1, len(kept) + len(rkept)):.0%} of the mix, not the "
+            f"{rp.share:.0%} asked. Raise data.replay.max_new_tokens (and training.max_seq_len if the rows outgrow "
+            'it): docs/results.md, "Keeping what the student knows"'
+        )
     replay |= {
         "filter_counts": rcounts,
         "rows": len(rkept),

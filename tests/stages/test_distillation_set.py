@@ -107,3 +107,31 @@ def test_rule_known_without_references_says_which_file_lacks_them(tmp_path):
     spec, prompts = _known(tmp_path, [{"id": "t0", "prompt": "In which country is the city of Gdansk?"}])
     with pytest.raises(ValueError, match=r"data.targets.rule: known .* no training prompt in .*facts-train.jsonl"):
         distillation_set.with_base_targets(spec, _ctx()[0], [], prompts)
+
+
+def test_replay_answers_cut_at_their_token_limit_are_named_in_a_warning(monkeypatch):
+    from campaigns.loader import parse_campaign_text as parse
+
+    warned = []
+    ctx = SimpleNamespace(log=SimpleNamespace(info=lambda m: None, warning=warned.append))
+
+    def answers(cut: int):
+        rows = [
+            {"id": f"replay:r{i}", "prompt": f"What is {i}?", "completion": f"It is {i}.", "finish_reason": "stop"}
+            for i in range(10)
+        ]
+        for r in rows[:cut]:
+            r["finish_reason"] = "length"
+        monkeypatch.setattr(distillation_set, "answer_replay", lambda spec, ctx, n: (rows, {}, []))
+
+    spec = parse(FACTS.read_text(), str(FACTS))
+    task = [{"id": f"t{i}", "prompt": f"In which country is the city of C{i}?", "completion": " X"} for i in range(10)]
+    answers(cut=4)
+    rows, replay, _ = distillation_set.with_replay(spec, ctx, task)
+    assert replay["rows"] == 6 and replay["filter_counts"]["truncated"] == 4 and len(rows) == 16
+    assert len(warned) == 1 and "4 of 10 replay answers reached data.replay.max_new_tokens (128)" in warned[0]
+    assert "is 38% of the mix, not the 50% asked" in warned[0] and "Raise data.replay.max_new_tokens" in warned[0]
+    warned.clear()
+    answers(cut=0)
+    distillation_set.with_replay(spec, ctx, task)
+    assert warned == []
