@@ -89,69 +89,56 @@ def build(
     if rule not in RULES:
         raise ValueError(f"data.targets.rule must be one of {RULES}, got {rule!r}")
     if rule == "known":
-        return _known(rows, base_answers, normalize, row_references or {})
+        refs = row_references or {}
+
+        def choose(r: dict, said: str) -> tuple[bool, str | None]:
+            ref = (refs.get(r["prompt"]) or "").strip()
+            key = normalize(ref)
+            if not key or f" {key} " not in f" {normalize(said)} ":
+                return False, None
+            return True, None if (r.get("completion") or "").strip() == ref else ref
+
+        return _summarised(rule, rows, base_answers, choose, "unknown")
     forms = short_forms(rows, normalize, references if rule == "short_form_or_reference" else ())
-    kept, changed, dropped, unanswered = [], [], [], 0
-    for r in rows:
-        said = base_answers.get(r["prompt"])
-        if said is None:
-            unanswered += 1
-            continue
+
+    def choose(r: dict, said: str) -> tuple[bool, str | None]:
         own = normalize(r.get("completion") or "")
         if rule != "agree":
             key = named(said, forms, normalize)
         else:
             key = own if own and f" {own} " in f" {normalize(said)} " else None
         if key is None:
-            dropped.append((r, said))
-        elif key == own:
-            kept.append(r)
-        else:
-            kept.append(dict(r, completion=forms[key]))
-            changed.append((r, said, forms[key]))
-    return kept, {
-        "rule": rule,
-        "input": len(rows),
-        "kept": len(kept),
-        "changed": len(changed),
-        "disagree" if rule == "agree" else "unnamed": len(dropped),
-        "unanswered": unanswered,
-        "short_forms": len(forms),
-        "kept_fraction": len(kept) / max(1, len(rows)),
-        "examples_changed": [
-            {"prompt": r["prompt"], "teacher": r["completion"], "base": said, "target": t}
-            for r, said, t in changed[:EXAMPLES]
-        ],
-        "examples_dropped": [
-            {"prompt": r["prompt"], "teacher": r["completion"], "base": said} for r, said in dropped[:EXAMPLES]
-        ],
-    }
+            return False, None
+        return True, None if key == own else forms[key]
+
+    kept, summary = _summarised(rule, rows, base_answers, choose, "disagree" if rule == "agree" else "unnamed")
+    return kept, summary | {"short_forms": len(forms)}
 
 
-def _known(rows: Sequence[dict], base_answers: dict[str, str], normalize: Normalize, refs: dict[str, str]):
-    """``rule: known``: the rows whose base answer names their own reference, the reference as the target."""
+def _summarised(rule: str, rows: Sequence[dict], base_answers: dict[str, str], choose, dropped_as: str):
+    """``(rows, summary)``: each answered row kept as it is, kept with a new target, or dropped, as ``choose(row,
+    base answer)`` -> ``(keep, new target or None)`` says; the summary counts each (``dropped_as``: the dropped rows'
+    name) and shows a few."""
     kept, changed, dropped, unanswered = [], [], [], 0
     for r in rows:
         said = base_answers.get(r["prompt"])
         if said is None:
             unanswered += 1
             continue
-        ref = (refs.get(r["prompt"]) or "").strip()
-        key = normalize(ref)
-        if not key or f" {key} " not in f" {normalize(said)} ":
+        keep, target = choose(r, said)
+        if not keep:
             dropped.append((r, said))
-            continue
-        if (r.get("completion") or "").strip() == ref:
+        elif target is None:
             kept.append(r)
         else:
-            kept.append(dict(r, completion=ref))
-            changed.append((r, said, ref))
+            kept.append(dict(r, completion=target))
+            changed.append((r, said, target))
     return kept, {
-        "rule": "known",
+        "rule": rule,
         "input": len(rows),
         "kept": len(kept),
         "changed": len(changed),
-        "unknown": len(dropped),
+        dropped_as: len(dropped),
         "unanswered": unanswered,
         "kept_fraction": len(kept) / max(1, len(rows)),
         "examples_changed": [
