@@ -83,12 +83,20 @@ def write_rows(
 
 
 def write_cipher_dataset(
-    out_dir: Path, tokenizer_dir: Path, n: int, seed: int = 0, masked_rows: int = 0, long_every: int = 0
+    out_dir: Path,
+    tokenizer_dir: Path,
+    n: int,
+    seed: int = 0,
+    masked_rows: int = 0,
+    long_every: int = 0,
+    padding: str = "longest",
 ) -> Path:
     """A tokenized dataset of ``n`` cipher pairs (the teacher's answers, known by construction).
 
     ``masked_rows`` extra rows have no loss token at all; ``long_every`` > 0 makes every k-th
-    completion many words long, so micro-batches (and ranks) hold very uneven loss-token counts.
+    completion many words long, so micro-batches (and ranks) hold very uneven loss-token counts;
+    ``padding``: the collation the rows ask for (``free``: a micro-batch is one row of its examples
+    back to back, as the tokenized_dataset stage builds them).
     """
     from campaign_orchestrator.demo import cipher
 
@@ -101,7 +109,7 @@ def write_cipher_dataset(
             c = c + "".join(" " + cipher.encode(cipher.random_word(rng)) for _ in range(4))
         pairs.append((p, c))
     pairs += pairs[:masked_rows]
-    return write_rows(out_dir, tokenizer_dir, pairs, masked=set(range(n, n + masked_rows)))
+    return write_rows(out_dir, tokenizer_dir, pairs, masked=set(range(n, n + masked_rows)), padding=padding)
 
 
 def make_job(out: Path, base: Path, dataset: Path, student: dict | None = None, **training):

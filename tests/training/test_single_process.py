@@ -424,34 +424,30 @@ def test_sweep_rungs_stop_and_continue_to_the_adapter_of_one_run(run_job, tmp_pa
 def _base_means(base, ds, dtype: str) -> tuple[float, float]:
     """The base's next-token loss over every row of ``ds``: (the mean over loss tokens, the mean over examples of
     each example's mean), each example found by its ``position_ids`` restarting at 0."""
+    from tests.support.train_scripts.example_losses import per_example
     from training import data as tdata
 
     model = _base_4bit(base, dtype)
     rows = tdata.load_rows(ds)
-    tokens, examples = [], []
+    parts = []
     with torch.no_grad():
         for i in range(len(rows)):
             b = tdata.collate(rows, [i], model.config.pad_token_id or 0, padding="longest")
-            logits = model(**{k: v for k, v in b.items() if k not in tdata.NON_MODEL_KEYS}).logits[0, :-1].float()
-            labels, pos = b["labels"][0, 1:], b["position_ids"][0, 1:].tolist()
-            ce = torch.nn.functional.cross_entropy(logits, labels.clamp(min=0), reduction="none")
-            start = 0
-            for j in range(1, len(pos) + 1):  # an example ends where the next one's positions restart
-                if j == len(pos) or pos[j] == 0:
-                    mine = [float(ce[t]) for t in range(start, j) if int(labels[t]) != -100]
-                    tokens += mine
-                    examples += [sum(mine) / len(mine)] if mine else []
-                    start = j
-    return sum(tokens) / len(tokens), sum(examples) / len(examples)
+            logits = model(**{k: v for k, v in b.items() if k not in tdata.NON_MODEL_KEYS}).logits[0]
+            parts += per_example(logits, b["labels"][0], b["position_ids"][0])
+    tokens = torch.cat(parts)
+    return float(tokens.mean()), float(torch.stack([e.mean() for e in parts]).mean())
 
 
 def test_example_normalization_weighs_each_example_once(run_job, tmp_path, demo_models):
     """``training.loss_normalization: example``: the first step's loss (one step over every row, before any update)
     is the base's mean over examples of each example's mean token loss; ``token`` is the mean over tokens. The
-    dataset mixes short and many-word completions, so the two differ."""
+    dataset mixes short and many-word completions, so the two differ, and its rows collate ``free`` (the stage's
+    default): the micro-batch is one row of every example back to back, told apart by their position_ids alone.
+    The reference takes one example at a time."""
     from training import data as tdata
 
-    ds = write_cipher_dataset(tmp_path / "ds", demo_models["student"], 24, seed=3, long_every=3)
+    ds = write_cipher_dataset(tmp_path / "ds", demo_models["student"], 24, seed=3, long_every=3, padding="free")
     n = len(tdata.load_rows(ds))
     student = small("float32") | {"lora": SMALL["lora"] | {"dropout": 0.0}}
     kw = dict(student=student, max_steps=1, micro_batch_size=n, gradient_accumulation_steps=1, eval_rows=1)

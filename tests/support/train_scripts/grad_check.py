@@ -12,6 +12,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from example_losses import per_example  # this folder: the script's own path
 
 from training import data as tdata
 from training.config import TrainJob
@@ -48,20 +49,10 @@ def reference(job: TrainJob, trainer: LoraFinetuneRecipe) -> dict:
 
 
 def example_mean(logits: torch.Tensor, batch: dict) -> torch.Tensor:
-    """``loss_normalization: example`` written out: each example (a run of position_ids from 0) contributes the mean
-    of its next-token losses, the examples averaged."""
-    means = []
-    for row in range(logits.size(0)):
-        labels, pos = batch["labels"][row], batch["position_ids"][row].tolist()
-        ce = torch.nn.functional.cross_entropy(logits[row, :-1].float(), labels[1:].clamp(min=0), reduction="none")
-        start = 1
-        for j in range(2, len(pos) + 1):
-            if j == len(pos) or pos[j] == 0:
-                mine = [ce[t - 1] for t in range(start, j) if int(labels[t]) != -100]
-                if mine:
-                    means.append(torch.stack(mine).mean())
-                start = j
-    return torch.stack(means).mean()
+    """``loss_normalization: example`` written out: each example's mean next-token loss, the examples averaged."""
+    rows = range(logits.size(0))
+    parts = [e for r in rows for e in per_example(logits[r], batch["labels"][r], batch["position_ids"][r])]
+    return torch.stack([e.mean() for e in parts]).mean()
 
 
 def forwards(trainer: LoraFinetuneRecipe, ref_model) -> dict:
