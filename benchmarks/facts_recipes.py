@@ -267,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     artifacts = Path(a.artifacts).resolve()
     out = Path(a.out) if a.out else None
     doc = json.loads(out.read_text()) if out and out.exists() else {"benchmark": "facts_recipes", "variants": {}}
+    if a.judge and (missing := [v for v in a.variants if v not in doc["variants"]]):
+        ap.error(f"--judge re-reads recorded runs: {missing} not in {out or 'the JSON (give --out)'}")
     for v in a.variants:
         if a.judge:  # the run as recorded, its figures re-read from the evaluation it stored
             old = doc["variants"][v]
